@@ -1,0 +1,1 @@
+//! Replication source (placeholder).
