@@ -971,3 +971,1023 @@ pub mod encode {
         out.put_i32(i32::try_from(n).expect("count or length above i32::MAX"));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    // ---- Frames captured from a real server ----------------------------------------------------
+    //
+    // PostgreSQL 15 (Debian `postgresql-15`), throwaway cluster: `initdb --auth=trust`, started with
+    // `-c wal_level=logical`. Setup:
+    //   CREATE TABLE outbox (id uuid PRIMARY KEY, aggregate_type text NOT NULL, payload jsonb);
+    //   CREATE PUBLICATION p FOR TABLE outbox;
+    //   SELECT pg_create_logical_replication_slot('s1', 'pgoutput');
+    //   INSERT INTO outbox VALUES ('0b6f2a3e-8a6d-4c41-9d8e-2f1c3a4b5c6d', 'order', '{"a":1}');
+    //   SELECT pg_logical_emit_message(true, 'outbox', '{"a":1}');   -- returned 0/1529320
+    //   SELECT pg_logical_emit_message(false, 'outbox', '{"a":1}');  -- returned 0/1529390
+    //   UPDATE outbox SET payload = '{"a":2}';
+    //   UPDATE outbox SET id = '1b6f2a3e-…', payload = NULL;         -- key change: 'K' old tuple
+    //   DELETE FROM outbox;
+    //   TRUNCATE outbox;
+    // then `SELECT lsn, xid, encode(data, 'hex') FROM pg_logical_slot_peek_binary_changes('s1', NULL,
+    // NULL, 'proto_version', '1', 'publication_names', 'p', 'messages', 'true')`, each row's `data`
+    // pasted here as a byte string.
+
+    /// 'B' | final_lsn 0/15292B0 | commit_ts | xid 726
+    const PG15_BEGIN: &[u8] =
+        b"B\x00\x00\x00\x00\x01R\x92\xb0\x00\x03\x04v\x05l\xe0\xb4\x00\x00\x02\xd6";
+    /// 'R' | relid 16384 | "public" | "outbox" | 'd' | 3 cols × (flags | name | oid | typmod)
+    const PG15_RELATION: &[u8] = b"R\x00\x00@\x00public\x00outbox\x00d\x00\x03\x01id\x00\x00\x00\x0b\x86\xff\xff\xff\xff\x00aggregate_type\x00\x00\x00\x00\x19\xff\xff\xff\xff\x00payload\x00\x00\x00\x0e\xda\xff\xff\xff\xff";
+    /// 'I' | relid | 'N' | 3 × 't' len bytes (uuid, text, jsonb text output)
+    const PG15_INSERT: &[u8] = b"I\x00\x00@\x00N\x00\x03t\x00\x00\x00$0b6f2a3e-8a6d-4c41-9d8e-2f1c3a4b5c6dt\x00\x00\x00\x05ordert\x00\x00\x00\x08{\"a\": 1}";
+    /// 'C' | flags 0 | commit_lsn 0/15292B0 | end_lsn 0/15292E0 | commit_ts
+    const PG15_COMMIT: &[u8] = b"C\x00\x00\x00\x00\x00\x01R\x92\xb0\x00\x00\x00\x00\x01R\x92\xe0\x00\x03\x04v\x05l\xe0\xb4";
+    /// 'M' | flags 1 (transactional) | lsn 0/1529320 | "outbox" | len 7 | {"a":1}
+    const PG15_MESSAGE_TX: &[u8] =
+        b"M\x01\x00\x00\x00\x00\x01R\x93 outbox\x00\x00\x00\x00\x07{\"a\":1}";
+    /// 'M' | flags 0 (non-transactional, arrived outside B…C) | lsn 0/1529390 | …
+    const PG15_MESSAGE_NONTX: &[u8] =
+        b"M\x00\x00\x00\x00\x00\x01R\x93\x90outbox\x00\x00\x00\x00\x07{\"a\":1}";
+    /// 'U' | relid | 'N' | new tuple (no old tuple: key unchanged, REPLICA IDENTITY DEFAULT)
+    const PG15_UPDATE: &[u8] = b"U\x00\x00@\x00N\x00\x03t\x00\x00\x00$0b6f2a3e-8a6d-4c41-9d8e-2f1c3a4b5c6dt\x00\x00\x00\x05ordert\x00\x00\x00\x08{\"a\": 2}";
+    /// 'U' | relid | 'K' old key (non-key columns 'n') | 'N' | new tuple (payload now NULL)
+    const PG15_UPDATE_KEY: &[u8] = b"U\x00\x00@\x00K\x00\x03t\x00\x00\x00$0b6f2a3e-8a6d-4c41-9d8e-2f1c3a4b5c6dnnN\x00\x03t\x00\x00\x00$1b6f2a3e-8a6d-4c41-9d8e-2f1c3a4b5c6dt\x00\x00\x00\x05ordern";
+    /// 'D' | relid | 'K' | old key tuple
+    const PG15_DELETE: &[u8] =
+        b"D\x00\x00@\x00K\x00\x03t\x00\x00\x00$1b6f2a3e-8a6d-4c41-9d8e-2f1c3a4b5c6dnn";
+    /// 'T' | nrels 1 | options 0 | relid 16384
+    const PG15_TRUNCATE: &[u8] = b"T\x00\x00\x00\x01\x00\x00\x00@\x00";
+
+    // Streamed frames, same server. Setup:
+    //   CREATE TYPE mood AS ENUM ('ok', 'sad');
+    //   CREATE TABLE big (id int PRIMARY KEY, m mood, t text);
+    //   CREATE PUBLICATION p2 FOR TABLE big;
+    //   SELECT pg_create_logical_replication_slot('s2', 'pgoutput', false, true);
+    //   SET logical_decoding_work_mem = '64kB';
+    //   INSERT INTO big SELECT g, 'ok', repeat('x', 100) FROM generate_series(1, 1000) g;   -- xid 735
+    //   BEGIN; INSERT … generate_series(1001, 2000) g; ROLLBACK;                            -- xid 736
+    // peeked (same session, 64kB) with 'proto_version', '2', 'publication_names', 'p2', 'messages',
+    // 'true', 'streaming', 'on', 'binary', 'true'.
+
+    /// 'S' | xid 735 | first_segment 1
+    const PG15_STREAM_START_FIRST: &[u8] = b"S\x00\x00\x02\xdf\x01";
+    /// 'Y' | xid 735 | type oid 16398 | "public" | "mood"
+    const PG15_STREAM_TYPE: &[u8] = b"Y\x00\x00\x02\xdf\x00\x00@\x0epublic\x00mood\x00";
+    /// 'R' | xid 735 | relid 16403 | "public" | "big" | 'd' | 3 columns
+    const PG15_STREAM_RELATION: &[u8] = b"R\x00\x00\x02\xdf\x00\x00@\x13public\x00big\x00d\x00\x03\x01id\x00\x00\x00\x00\x17\xff\xff\xff\xff\x00m\x00\x00\x00@\x0e\xff\xff\xff\xff\x00t\x00\x00\x00\x00\x19\xff\xff\xff\xff";
+    /// 'I' | xid 735 | relid | 'N' | 3 × 'b' (int4 send, enum send = label, text send)
+    const PG15_STREAM_INSERT_BINARY: &[u8] = b"I\x00\x00\x02\xdf\x00\x00@\x13N\x00\x03b\x00\x00\x00\x04\x00\x00\x00\x01b\x00\x00\x00\x02okb\x00\x00\x00dxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx";
+    /// 'E'
+    const PG15_STREAM_STOP: &[u8] = b"E";
+    /// 'S' | xid 735 | first_segment 0
+    const PG15_STREAM_START_NEXT: &[u8] = b"S\x00\x00\x02\xdf\x00";
+    /// 'c' | xid 735 | flags 0 | commit_lsn 0/156C328 | end_lsn 0/156C358 | commit_ts
+    const PG15_STREAM_COMMIT: &[u8] = b"c\x00\x00\x02\xdf\x00\x00\x00\x00\x00\x01V\xc3(\x00\x00\x00\x00\x01V\xc3X\x00\x03\x04v\x05\xdf\xdb\x8b";
+    /// 'A' | xid 736 | subxid 736 (top-level abort), no abort_lsn/ts: streaming 'on', not 'parallel'
+    const PG15_STREAM_ABORT: &[u8] = b"A\x00\x00\x02\xe0\x00\x00\x02\xe0";
+
+    // ---- Hand-written frames, from the layouts in reference/pgoutput-client.md §3 ----------------
+    // (two-phase needs max_prepared_transactions > 0 and parallel streaming PG16; not on the capture
+    // server, so written by hand).
+
+    /// 'O' | origin_commit_lsn 0/15292B0 | "pg_16385"
+    const ORIGIN: &[u8] = b"O\x00\x00\x00\x00\x01R\x92\xb0pg_16385\x00";
+    /// 'U' | relid 16384 | 'O' full old (t "1", t "a") | 'N' new (t "1", 'u' unchanged TOAST)
+    const UPDATE_FULL: &[u8] =
+        b"U\x00\x00@\x00O\x00\x02t\x00\x00\x00\x011t\x00\x00\x00\x01aN\x00\x02t\x00\x00\x00\x011u";
+    /// 'D' | relid 16384 | 'O' full old (t "1", n)
+    const DELETE_FULL: &[u8] = b"D\x00\x00@\x00O\x00\x02t\x00\x00\x00\x011n";
+    /// 'A' | xid 737 | subxid 738 | abort_lsn 0/15A5948 | abort_ts 1 (streaming 'parallel')
+    const STREAM_ABORT_PARALLEL: &[u8] =
+        b"A\x00\x00\x02\xe1\x00\x00\x02\xe2\x00\x00\x00\x00\x01ZYH\x00\x00\x00\x00\x00\x00\x00\x01";
+    /// 'b' | prepare_lsn 0/1600000 | end_lsn 0/1600100 | prepare_ts 2 | xid 740 | "gx1"
+    const BEGIN_PREPARE: &[u8] = b"b\x00\x00\x00\x00\x01\x60\x00\x00\x00\x00\x00\x00\x01\x60\x01\x00\x00\x00\x00\x00\x00\x00\x00\x02\x00\x00\x02\xe4gx1\x00";
+    /// 'P' | flags 0 | prepare_lsn | end_lsn | prepare_ts 2 | xid 740 | "gx1"
+    const PREPARE: &[u8] = b"P\x00\x00\x00\x00\x00\x01\x60\x00\x00\x00\x00\x00\x00\x01\x60\x01\x00\x00\x00\x00\x00\x00\x00\x00\x02\x00\x00\x02\xe4gx1\x00";
+    /// 'p' | same layout as 'P'
+    const STREAM_PREPARE: &[u8] = b"p\x00\x00\x00\x00\x00\x01\x60\x00\x00\x00\x00\x00\x00\x01\x60\x01\x00\x00\x00\x00\x00\x00\x00\x00\x02\x00\x00\x02\xe4gx1\x00";
+    /// 'K' | flags 0 | commit_lsn 0/1600200 | end_lsn 0/1600300 | commit_ts 3 | xid 740 | "gx1"
+    const COMMIT_PREPARED: &[u8] = b"K\x00\x00\x00\x00\x00\x01\x60\x02\x00\x00\x00\x00\x00\x01\x60\x03\x00\x00\x00\x00\x00\x00\x00\x00\x03\x00\x00\x02\xe4gx1\x00";
+    /// 'r' | flags 0 | prepare_end_lsn 0/1600100 | rollback_end_lsn 0/1600400 | prepare_ts 2 |
+    /// rollback_ts 4 | xid 741 | "gx2"
+    const ROLLBACK_PREPARED: &[u8] = b"r\x00\
+        \x00\x00\x00\x00\x01\x60\x01\x00\
+        \x00\x00\x00\x00\x01\x60\x04\x00\
+        \x00\x00\x00\x00\x00\x00\x00\x02\
+        \x00\x00\x00\x00\x00\x00\x00\x04\
+        \x00\x00\x02\xe5gx2\x00";
+
+    const AT: Lsn = Lsn(0x1_5292_B0);
+    /// PG15 capture commit_ts (2026-11-30 04:57:53.805492 UTC).
+    const TS1: PgTimestamp = 849_329_873_805_492;
+
+    fn decoder(in_stream: bool, parallel: bool) -> Decoder {
+        Decoder {
+            in_stream,
+            parallel,
+        }
+    }
+
+    /// Every test frame with the decoder state it must be decoded in.
+    fn all_frames() -> Vec<(&'static [u8], bool, bool)> {
+        let plain = [
+            PG15_BEGIN,
+            PG15_RELATION,
+            PG15_INSERT,
+            PG15_COMMIT,
+            PG15_MESSAGE_TX,
+            PG15_MESSAGE_NONTX,
+            PG15_UPDATE,
+            PG15_UPDATE_KEY,
+            PG15_DELETE,
+            PG15_TRUNCATE,
+            PG15_STREAM_START_FIRST,
+            PG15_STREAM_START_NEXT,
+            PG15_STREAM_COMMIT,
+            PG15_STREAM_ABORT,
+            ORIGIN,
+            UPDATE_FULL,
+            DELETE_FULL,
+            BEGIN_PREPARE,
+            PREPARE,
+            STREAM_PREPARE,
+            COMMIT_PREPARED,
+            ROLLBACK_PREPARED,
+        ];
+        let streamed = [
+            PG15_STREAM_TYPE,
+            PG15_STREAM_RELATION,
+            PG15_STREAM_INSERT_BINARY,
+            PG15_STREAM_STOP,
+        ];
+        let mut v: Vec<_> = plain.into_iter().map(|f| (f, false, false)).collect();
+        v.extend(streamed.into_iter().map(|f| (f, true, false)));
+        v.push((STREAM_ABORT_PARALLEL, false, true));
+        v
+    }
+
+    fn ok(data: &'static [u8]) -> Message {
+        decoder(false, false)
+            .decode(Bytes::from_static(data), AT)
+            .unwrap()
+    }
+
+    fn ok_streamed(data: &'static [u8]) -> Message {
+        decoder(true, false)
+            .decode(Bytes::from_static(data), AT)
+            .unwrap()
+    }
+
+    fn text(s: &'static str) -> TupleValue {
+        TupleValue::Text(Bytes::from_static(s.as_bytes()))
+    }
+
+    const UUID1: &str = "0b6f2a3e-8a6d-4c41-9d8e-2f1c3a4b5c6d";
+    const UUID2: &str = "1b6f2a3e-8a6d-4c41-9d8e-2f1c3a4b5c6d";
+
+    // ---- One test per message type ---------------------------------------------------------------
+
+    #[test]
+    fn begin() {
+        assert_eq!(
+            ok(PG15_BEGIN),
+            Message::Begin {
+                final_lsn: Lsn(0x1_5292_B0),
+                commit_ts: TS1,
+                xid: 726
+            }
+        );
+    }
+
+    #[test]
+    fn commit() {
+        // end_lsn is what the consumer confirms (reference §2); it must follow commit_lsn.
+        assert_eq!(
+            ok(PG15_COMMIT),
+            Message::Commit {
+                flags: 0,
+                commit_lsn: Lsn(0x1_5292_B0),
+                end_lsn: Lsn(0x1_5292_E0),
+                commit_ts: TS1
+            }
+        );
+    }
+
+    #[test]
+    fn origin() {
+        assert_eq!(
+            ok(ORIGIN),
+            Message::Origin {
+                commit_lsn: Lsn(0x1_5292_B0),
+                name: "pg_16385".into()
+            }
+        );
+    }
+
+    #[test]
+    fn relation() {
+        let Message::Relation(rel) = ok(PG15_RELATION) else {
+            panic!("not a relation")
+        };
+        let col = |flags, name: &str, type_oid| Column {
+            flags,
+            name: name.into(),
+            type_oid,
+            type_modifier: -1,
+        };
+        assert_eq!(
+            rel,
+            Relation {
+                xid: None,
+                id: 16384,
+                namespace: "public".into(),
+                name: "outbox".into(),
+                replica_identity: b'd',
+                // uuid 2950, text 25, jsonb 3802
+                columns: vec![
+                    col(1, "id", 2950),
+                    col(0, "aggregate_type", 25),
+                    col(0, "payload", 3802)
+                ],
+            }
+        );
+        assert!(rel.columns[0].is_key());
+        assert!(!rel.columns[1].is_key());
+    }
+
+    #[test]
+    fn type_in_stream() {
+        assert_eq!(
+            ok_streamed(PG15_STREAM_TYPE),
+            Message::Type {
+                xid: Some(735),
+                id: 16398,
+                namespace: "public".into(),
+                name: "mood".into()
+            }
+        );
+    }
+
+    #[test]
+    fn insert() {
+        assert_eq!(
+            ok(PG15_INSERT),
+            Message::Insert {
+                xid: None,
+                relation_id: 16384,
+                new: vec![text(UUID1), text("order"), text(r#"{"a": 1}"#)],
+            }
+        );
+    }
+
+    #[test]
+    fn insert_values_are_slices_of_the_input() {
+        let data = Bytes::from_static(PG15_INSERT);
+        let Message::Insert { new, .. } = Decoder::new().decode(data.clone(), AT).unwrap() else {
+            panic!("not an insert")
+        };
+        let TupleValue::Text(uuid) = &new[0] else {
+            panic!("not text")
+        };
+        // Zero-copy: the value points into the original buffer.
+        let start = data.as_ptr() as usize;
+        let p = uuid.as_ptr() as usize;
+        assert!(p >= start && p + uuid.len() <= start + data.len());
+    }
+
+    #[test]
+    fn update_without_old_tuple() {
+        assert_eq!(
+            ok(PG15_UPDATE),
+            Message::Update {
+                xid: None,
+                relation_id: 16384,
+                old: None,
+                new: vec![text(UUID1), text("order"), text(r#"{"a": 2}"#)],
+            }
+        );
+    }
+
+    #[test]
+    fn update_with_old_key() {
+        assert_eq!(
+            ok(PG15_UPDATE_KEY),
+            Message::Update {
+                xid: None,
+                relation_id: 16384,
+                old: Some(OldTuple::Key(vec![
+                    text(UUID1),
+                    TupleValue::Null,
+                    TupleValue::Null
+                ])),
+                new: vec![text(UUID2), text("order"), TupleValue::Null],
+            }
+        );
+    }
+
+    #[test]
+    fn update_with_full_old_row_and_unchanged_toast() {
+        assert_eq!(
+            ok(UPDATE_FULL),
+            Message::Update {
+                xid: None,
+                relation_id: 16384,
+                old: Some(OldTuple::Full(vec![text("1"), text("a")])),
+                new: vec![text("1"), TupleValue::UnchangedToast],
+            }
+        );
+    }
+
+    #[test]
+    fn delete() {
+        assert_eq!(
+            ok(PG15_DELETE),
+            Message::Delete {
+                xid: None,
+                relation_id: 16384,
+                old: OldTuple::Key(vec![text(UUID2), TupleValue::Null, TupleValue::Null]),
+            }
+        );
+        assert_eq!(
+            ok(DELETE_FULL),
+            Message::Delete {
+                xid: None,
+                relation_id: 16384,
+                old: OldTuple::Full(vec![text("1"), TupleValue::Null]),
+            }
+        );
+    }
+
+    #[test]
+    fn truncate() {
+        assert_eq!(
+            ok(PG15_TRUNCATE),
+            Message::Truncate {
+                xid: None,
+                options: 0,
+                relation_ids: vec![16384]
+            }
+        );
+    }
+
+    #[test]
+    fn logical_messages() {
+        let content = Bytes::from_static(br#"{"a":1}"#);
+        assert_eq!(
+            ok(PG15_MESSAGE_TX),
+            Message::Message {
+                xid: None,
+                transactional: true,
+                lsn: Lsn(0x1_5293_20),
+                prefix: "outbox".into(),
+                content: content.clone(),
+            }
+        );
+        // lsn equals what pg_logical_emit_message returned (0/1529390): the end of the record.
+        assert_eq!(
+            ok(PG15_MESSAGE_NONTX),
+            Message::Message {
+                xid: None,
+                transactional: false,
+                lsn: Lsn(0x1_5293_90),
+                prefix: "outbox".into(),
+                content,
+            }
+        );
+    }
+
+    #[test]
+    fn stream_start_and_stop() {
+        let mut d = Decoder::new();
+        assert_eq!(
+            d.decode(Bytes::from_static(PG15_STREAM_START_FIRST), AT),
+            Ok(Message::StreamStart {
+                xid: 735,
+                first_segment: true
+            })
+        );
+        assert!(d.in_stream());
+        assert_eq!(
+            d.decode(Bytes::from_static(PG15_STREAM_STOP), AT),
+            Ok(Message::StreamStop)
+        );
+        assert!(!d.in_stream());
+        assert_eq!(
+            d.decode(Bytes::from_static(PG15_STREAM_START_NEXT), AT),
+            Ok(Message::StreamStart {
+                xid: 735,
+                first_segment: false
+            })
+        );
+    }
+
+    #[test]
+    fn stream_commit() {
+        assert_eq!(
+            ok(PG15_STREAM_COMMIT),
+            Message::StreamCommit {
+                xid: 735,
+                flags: 0,
+                commit_lsn: Lsn(0x1_56C3_28),
+                end_lsn: Lsn(0x1_56C3_58),
+                commit_ts: 849_329_881_340_811,
+            }
+        );
+    }
+
+    #[test]
+    fn stream_abort_without_and_with_parallel_fields() {
+        assert_eq!(
+            ok(PG15_STREAM_ABORT),
+            Message::StreamAbort {
+                xid: 736,
+                subxid: 736,
+                abort_lsn: None,
+                abort_ts: None
+            }
+        );
+        assert_eq!(
+            Decoder::with_parallel_streaming(true)
+                .decode(Bytes::from_static(STREAM_ABORT_PARALLEL), AT),
+            Ok(Message::StreamAbort {
+                xid: 737,
+                subxid: 738,
+                abort_lsn: Some(Lsn(0x1_5A59_48)),
+                abort_ts: Some(1)
+            })
+        );
+        // The same bytes without parallel mode have 16 bytes too many.
+        let err = Decoder::new()
+            .decode(Bytes::from_static(STREAM_ABORT_PARALLEL), AT)
+            .unwrap_err();
+        assert!(err.reason.contains("16 trailing bytes"), "{err}");
+    }
+
+    #[test]
+    fn two_phase_messages() {
+        let gid = || "gx1".to_string();
+        assert_eq!(
+            ok(BEGIN_PREPARE),
+            Message::BeginPrepare {
+                prepare_lsn: Lsn(0x160_0000),
+                end_lsn: Lsn(0x160_0100),
+                prepare_ts: 2,
+                xid: 740,
+                gid: gid()
+            }
+        );
+        assert_eq!(
+            ok(PREPARE),
+            Message::Prepare {
+                flags: 0,
+                prepare_lsn: Lsn(0x160_0000),
+                end_lsn: Lsn(0x160_0100),
+                prepare_ts: 2,
+                xid: 740,
+                gid: gid()
+            }
+        );
+        assert_eq!(
+            ok(STREAM_PREPARE),
+            Message::StreamPrepare {
+                flags: 0,
+                prepare_lsn: Lsn(0x160_0000),
+                end_lsn: Lsn(0x160_0100),
+                prepare_ts: 2,
+                xid: 740,
+                gid: gid()
+            }
+        );
+        assert_eq!(
+            ok(COMMIT_PREPARED),
+            Message::CommitPrepared {
+                flags: 0,
+                commit_lsn: Lsn(0x160_0200),
+                end_lsn: Lsn(0x160_0300),
+                commit_ts: 3,
+                xid: 740,
+                gid: gid()
+            }
+        );
+        assert_eq!(
+            ok(ROLLBACK_PREPARED),
+            Message::RollbackPrepared {
+                flags: 0,
+                prepare_end_lsn: Lsn(0x160_0100),
+                rollback_end_lsn: Lsn(0x160_0400),
+                prepare_ts: 2,
+                rollback_ts: 4,
+                xid: 741,
+                gid: "gx2".into()
+            }
+        );
+    }
+
+    // ---- The xid prefix follows stream state -----------------------------------------------------
+
+    #[test]
+    fn captured_stream_decodes_in_sequence_with_xid_prefix_only_inside() {
+        let mut d = Decoder::new();
+        let mut next = |f: &'static [u8]| d.decode(Bytes::from_static(f), AT).unwrap();
+        assert!(matches!(
+            next(PG15_STREAM_START_FIRST),
+            Message::StreamStart { .. }
+        ));
+        assert!(matches!(
+            next(PG15_STREAM_TYPE),
+            Message::Type { xid: Some(735), .. }
+        ));
+        let Message::Relation(rel) = next(PG15_STREAM_RELATION) else {
+            panic!("not a relation")
+        };
+        assert_eq!(
+            (rel.xid, rel.id, rel.name.as_str()),
+            (Some(735), 16403, "big")
+        );
+        assert_eq!(
+            next(PG15_STREAM_INSERT_BINARY),
+            Message::Insert {
+                xid: Some(735),
+                relation_id: 16403,
+                new: vec![
+                    TupleValue::Binary(Bytes::from_static(&[0, 0, 0, 1])),
+                    TupleValue::Binary(Bytes::from_static(b"ok")),
+                    TupleValue::Binary(Bytes::from(vec![b'x'; 100])),
+                ],
+            }
+        );
+        assert_eq!(next(PG15_STREAM_STOP), Message::StreamStop);
+        // After 'E' the same change bytes are read without a prefix again: the captured unstreamed
+        // insert decodes, and the streamed one no longer does (its xid is read as the relid).
+        assert!(matches!(
+            next(PG15_INSERT),
+            Message::Insert { xid: None, .. }
+        ));
+        assert!(matches!(
+            next(PG15_STREAM_COMMIT),
+            Message::StreamCommit { .. }
+        ));
+        assert!(
+            d.decode(Bytes::from_static(PG15_STREAM_INSERT_BINARY), AT)
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn unstreamed_change_inside_a_stream_is_misaligned() {
+        // Inside S…E, the first 4 bytes after the tag are the xid; the captured unstreamed insert
+        // then has no 'N' where one must be.
+        let err = decoder(true, false)
+            .decode(Bytes::from_static(PG15_INSERT), AT)
+            .unwrap_err();
+        assert!(err.reason.contains("tuple marker"), "{err}");
+    }
+
+    #[test]
+    fn stream_blocks_do_not_nest() {
+        let mut d = Decoder::new();
+        let err = d
+            .decode(Bytes::from_static(PG15_STREAM_STOP), AT)
+            .unwrap_err();
+        assert!(err.reason.contains("outside"), "{err}");
+        d.decode(Bytes::from_static(PG15_STREAM_START_FIRST), AT)
+            .unwrap();
+        let err = d
+            .decode(Bytes::from_static(PG15_STREAM_START_NEXT), AT)
+            .unwrap_err();
+        assert!(err.reason.contains("inside"), "{err}");
+        assert!(d.in_stream(), "a failed decode must not change state");
+    }
+
+    #[test]
+    fn failed_decode_keeps_state() {
+        let mut d = Decoder::new();
+        assert!(d.decode(Bytes::from_static(b"S\x00\x00"), AT).is_err());
+        assert!(!d.in_stream());
+    }
+
+    // ---- Malformed input -------------------------------------------------------------------------
+
+    #[test]
+    fn every_truncation_of_every_frame_is_an_error() {
+        for (frame, in_stream, parallel) in all_frames() {
+            // The full frame decodes…
+            decoder(in_stream, parallel)
+                .decode(Bytes::from_static(frame), AT)
+                .unwrap_or_else(|e| panic!("{e}: {frame:?}"));
+            // …and no proper prefix does.
+            for len in 0..frame.len() {
+                let prefix = Bytes::copy_from_slice(&frame[..len]);
+                let r = decoder(in_stream, parallel).decode(prefix, AT);
+                assert!(r.is_err(), "prefix {len} of {frame:?} decoded: {r:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn trailing_byte_is_an_error() {
+        for (frame, in_stream, parallel) in all_frames() {
+            let mut long = frame.to_vec();
+            long.push(0);
+            let err = decoder(in_stream, parallel)
+                .decode(Bytes::from(long), AT)
+                .unwrap_err();
+            assert!(err.reason.contains("1 trailing bytes"), "{err}");
+        }
+    }
+
+    #[test]
+    fn unknown_tag_names_tag_and_lsn() {
+        let err = Decoder::new()
+            .decode(Bytes::from_static(b"Zxyz"), Lsn(0x16_B374_D848))
+            .unwrap_err();
+        assert_eq!(err.tag, TagName(Some(b'Z')));
+        assert_eq!(
+            err.to_string(),
+            "cannot decode pgoutput message 'Z' at 16/B374D848: unknown message type"
+        );
+        let err = Decoder::new()
+            .decode(Bytes::from_static(b"\x7f"), AT)
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("message 0x7f at 0/15292B0"),
+            "{err}"
+        );
+        let err = Decoder::new().decode(Bytes::new(), AT).unwrap_err();
+        assert!(err.to_string().contains("message <empty> at"), "{err}");
+    }
+
+    #[test]
+    fn truncation_error_names_tag_and_lsn() {
+        let err = Decoder::new()
+            .decode(Bytes::from_static(&PG15_INSERT[..20]), AT)
+            .unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            msg.starts_with(
+                "cannot decode pgoutput message 'I' at 0/15292B0: tuple column 0: truncated"
+            ),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn bad_column_kind_is_an_error() {
+        let err = Decoder::new()
+            .decode(Bytes::from_static(b"I\x00\x00@\x00N\x00\x01x"), AT)
+            .unwrap_err();
+        assert!(err.reason.contains("unknown column kind 'x'"), "{err}");
+    }
+
+    #[test]
+    fn negative_lengths_and_counts_are_errors() {
+        let cases: [(&[u8], &str); 4] = [
+            (
+                b"I\x00\x00@\x00N\xff\xff",
+                "negative number of tuple columns",
+            ),
+            (
+                b"I\x00\x00@\x00N\x00\x01t\xff\xff\xff\xff",
+                "negative value length",
+            ),
+            (b"T\xff\xff\xff\xff\x00", "negative number of relations"),
+            (
+                b"M\x01\x00\x00\x00\x00\x00\x00\x00\x01p\x00\x80\x00\x00\x00",
+                "negative content length",
+            ),
+        ];
+        for (bytes, want) in cases {
+            let err = Decoder::new()
+                .decode(Bytes::from_static(bytes), AT)
+                .unwrap_err();
+            assert!(err.reason.contains(want), "{err}");
+        }
+        let err = Decoder::new()
+            .decode(Bytes::from_static(b"R\x00\x00@\x00\x00t\x00d\xff\xfe"), AT)
+            .unwrap_err();
+        assert!(err.reason.contains("negative number of columns"), "{err}");
+    }
+
+    #[test]
+    fn bad_strings_and_markers_are_errors() {
+        let err = Decoder::new()
+            .decode(
+                Bytes::from_static(b"O\x00\x00\x00\x00\x00\x00\x00\x01\xff\x00"),
+                AT,
+            )
+            .unwrap_err();
+        assert!(err.reason.contains("not UTF-8"), "{err}");
+        let err = Decoder::new()
+            .decode(Bytes::from_static(b"D\x00\x00@\x00N\x00\x00"), AT)
+            .unwrap_err();
+        assert!(
+            err.reason
+                .contains("expected tuple marker 'K' or 'O', got 'N'"),
+            "{err}"
+        );
+        let err = Decoder::new()
+            .decode(Bytes::from_static(b"U\x00\x00@\x00K\x00\x00K\x00\x00"), AT)
+            .unwrap_err();
+        assert!(
+            err.reason.contains("expected tuple marker 'N', got 'K'"),
+            "{err}"
+        );
+        let err = Decoder::new()
+            .decode(Bytes::from_static(b"S\x00\x00\x00\x01\x02"), AT)
+            .unwrap_err();
+        assert!(err.reason.contains("first_segment"), "{err}");
+    }
+
+    #[test]
+    fn encoder_reproduces_captured_frames() {
+        for (frame, in_stream, parallel) in all_frames() {
+            let msg = decoder(in_stream, parallel)
+                .decode(Bytes::from_static(frame), AT)
+                .unwrap();
+            assert_eq!(encode::message(&msg), frame, "{msg:?}");
+        }
+    }
+
+    // ---- Properties ------------------------------------------------------------------------------
+
+    fn lsn() -> impl Strategy<Value = Lsn> {
+        any::<u64>().prop_map(Lsn)
+    }
+
+    fn name() -> impl Strategy<Value = String> {
+        "[^\\x00]{0,12}"
+    }
+
+    fn bytes() -> impl Strategy<Value = Bytes> {
+        prop::collection::vec(any::<u8>(), 0..24).prop_map(Bytes::from)
+    }
+
+    fn tuple() -> impl Strategy<Value = Vec<TupleValue>> {
+        let value = prop_oneof![
+            Just(TupleValue::Null),
+            Just(TupleValue::UnchangedToast),
+            bytes().prop_map(TupleValue::Text),
+            bytes().prop_map(TupleValue::Binary),
+        ];
+        prop::collection::vec(value, 0..6)
+    }
+
+    fn old_tuple() -> impl Strategy<Value = OldTuple> {
+        prop_oneof![
+            tuple().prop_map(OldTuple::Key),
+            tuple().prop_map(OldTuple::Full)
+        ]
+    }
+
+    fn xid() -> impl Strategy<Value = Option<u32>> {
+        proptest::option::of(any::<u32>())
+    }
+
+    /// Messages whose layout depends on stream state (the `[X]` prefix).
+    fn change_message() -> impl Strategy<Value = Message> {
+        let column = (any::<u8>(), name(), any::<u32>(), any::<i32>()).prop_map(
+            |(flags, name, type_oid, type_modifier)| Column {
+                flags,
+                name,
+                type_oid,
+                type_modifier,
+            },
+        );
+        let relation = (
+            xid(),
+            any::<u32>(),
+            name(),
+            name(),
+            any::<u8>(),
+            prop::collection::vec(column, 0..5),
+        )
+            .prop_map(|(xid, id, namespace, name, replica_identity, columns)| {
+                Message::Relation(Relation {
+                    xid,
+                    id,
+                    namespace,
+                    name,
+                    replica_identity,
+                    columns,
+                })
+            });
+        prop_oneof![
+            relation,
+            (xid(), any::<u32>(), name(), name()).prop_map(|(xid, id, namespace, name)| {
+                Message::Type {
+                    xid,
+                    id,
+                    namespace,
+                    name,
+                }
+            }),
+            (xid(), any::<u32>(), tuple()).prop_map(|(xid, relation_id, new)| Message::Insert {
+                xid,
+                relation_id,
+                new
+            }),
+            (
+                xid(),
+                any::<u32>(),
+                proptest::option::of(old_tuple()),
+                tuple()
+            )
+                .prop_map(|(xid, relation_id, old, new)| Message::Update {
+                    xid,
+                    relation_id,
+                    old,
+                    new
+                }),
+            (xid(), any::<u32>(), old_tuple()).prop_map(|(xid, relation_id, old)| {
+                Message::Delete {
+                    xid,
+                    relation_id,
+                    old,
+                }
+            }),
+            (
+                xid(),
+                any::<u8>(),
+                prop::collection::vec(any::<u32>(), 0..5)
+            )
+                .prop_map(|(xid, options, relation_ids)| Message::Truncate {
+                    xid,
+                    options,
+                    relation_ids
+                }),
+            (xid(), any::<bool>(), lsn(), name(), bytes()).prop_map(
+                |(xid, transactional, lsn, prefix, content)| Message::Message {
+                    xid,
+                    transactional,
+                    lsn,
+                    prefix,
+                    content,
+                }
+            ),
+        ]
+    }
+
+    /// Transaction-framing messages (no xid prefix).
+    fn frame_message() -> impl Strategy<Value = Message> {
+        let ts = any::<i64>;
+        let abort_info = proptest::option::of((lsn(), ts()));
+        prop_oneof![
+            (lsn(), ts(), any::<u32>()).prop_map(|(final_lsn, commit_ts, xid)| Message::Begin {
+                final_lsn,
+                commit_ts,
+                xid
+            }),
+            (any::<u8>(), lsn(), lsn(), ts()).prop_map(
+                |(flags, commit_lsn, end_lsn, commit_ts)| {
+                    Message::Commit {
+                        flags,
+                        commit_lsn,
+                        end_lsn,
+                        commit_ts,
+                    }
+                }
+            ),
+            (lsn(), name()).prop_map(|(commit_lsn, name)| Message::Origin { commit_lsn, name }),
+            (any::<u32>(), any::<bool>())
+                .prop_map(|(xid, first_segment)| { Message::StreamStart { xid, first_segment } }),
+            Just(Message::StreamStop),
+            (any::<u32>(), any::<u8>(), lsn(), lsn(), ts()).prop_map(
+                |(xid, flags, commit_lsn, end_lsn, commit_ts)| Message::StreamCommit {
+                    xid,
+                    flags,
+                    commit_lsn,
+                    end_lsn,
+                    commit_ts,
+                }
+            ),
+            (any::<u32>(), any::<u32>(), abort_info).prop_map(|(xid, subxid, info)| {
+                Message::StreamAbort {
+                    xid,
+                    subxid,
+                    abort_lsn: info.map(|(l, _)| l),
+                    abort_ts: info.map(|(_, t)| t),
+                }
+            }),
+            (lsn(), lsn(), ts(), any::<u32>(), name()).prop_map(
+                |(prepare_lsn, end_lsn, prepare_ts, xid, gid)| Message::BeginPrepare {
+                    prepare_lsn,
+                    end_lsn,
+                    prepare_ts,
+                    xid,
+                    gid,
+                }
+            ),
+            (
+                any::<u8>(),
+                lsn(),
+                lsn(),
+                ts(),
+                any::<u32>(),
+                name(),
+                0..3u8
+            )
+                .prop_map(|(flags, a, b, t, xid, gid, which)| match which {
+                    0 => Message::Prepare {
+                        flags,
+                        prepare_lsn: a,
+                        end_lsn: b,
+                        prepare_ts: t,
+                        xid,
+                        gid,
+                    },
+                    1 => Message::StreamPrepare {
+                        flags,
+                        prepare_lsn: a,
+                        end_lsn: b,
+                        prepare_ts: t,
+                        xid,
+                        gid,
+                    },
+                    _ => Message::CommitPrepared {
+                        flags,
+                        commit_lsn: a,
+                        end_lsn: b,
+                        commit_ts: t,
+                        xid,
+                        gid,
+                    },
+                }),
+            (any::<u8>(), lsn(), lsn(), ts(), ts(), any::<u32>(), name()).prop_map(
+                |(flags, prepare_end_lsn, rollback_end_lsn, prepare_ts, rollback_ts, xid, gid)| {
+                    Message::RollbackPrepared {
+                        flags,
+                        prepare_end_lsn,
+                        rollback_end_lsn,
+                        prepare_ts,
+                        rollback_ts,
+                        xid,
+                        gid,
+                    }
+                }
+            ),
+        ]
+    }
+
+    /// The decoder state in which `msg`'s encoding is valid.
+    fn decoder_for(msg: &Message) -> Decoder {
+        let in_stream = match msg {
+            Message::Relation(r) => r.xid.is_some(),
+            Message::Type { xid, .. }
+            | Message::Insert { xid, .. }
+            | Message::Update { xid, .. }
+            | Message::Delete { xid, .. }
+            | Message::Truncate { xid, .. }
+            | Message::Message { xid, .. } => xid.is_some(),
+            Message::StreamStop => true,
+            _ => false,
+        };
+        let parallel = matches!(
+            msg,
+            Message::StreamAbort {
+                abort_lsn: Some(_),
+                ..
+            }
+        );
+        decoder(in_stream, parallel)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2048))]
+
+        #[test]
+        fn arbitrary_bytes_never_panic(
+            data in prop::collection::vec(any::<u8>(), 0..96),
+            in_stream: bool,
+            parallel: bool,
+        ) {
+            let _ = decoder(in_stream, parallel).decode(Bytes::from(data), AT);
+        }
+
+        #[test]
+        fn mutated_frames_never_panic(
+            which in 0..all_frames().len(),
+            edits in prop::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..4),
+        ) {
+            let (frame, in_stream, parallel) = all_frames()[which];
+            let mut data = frame.to_vec();
+            for (at, byte) in edits {
+                let i = at.index(data.len());
+                data[i] = byte;
+            }
+            let _ = decoder(in_stream, parallel).decode(Bytes::from(data), AT);
+        }
+
+        #[test]
+        fn round_trip(msg in prop_oneof![change_message(), frame_message()]) {
+            let wire = encode::message(&msg);
+            let mut d = decoder_for(&msg);
+            prop_assert_eq!(d.decode(wire.clone(), AT), Ok(msg.clone()));
+            // Every proper prefix of a valid encoding is rejected.
+            for len in 0..wire.len() {
+                prop_assert!(decoder_for(&msg).decode(wire.slice(..len), AT).is_err());
+            }
+        }
+    }
+}
