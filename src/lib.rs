@@ -34,6 +34,7 @@
 
 pub mod lsn;
 pub mod pgoutput;
+pub mod progress;
 pub mod source;
 
 pub use lsn::Lsn;

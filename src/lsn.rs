@@ -73,9 +73,15 @@ mod tests {
     #[test]
     fn parses_padded_and_lowercase() {
         assert_eq!("0/0".parse::<Lsn>().unwrap(), Lsn(0));
-        assert_eq!("00000016/0b374d848".parse::<Lsn>().is_err(), true);
+        assert!(
+            "00000016/0b374d848".parse::<Lsn>().is_err(),
+            "nine hex digits"
+        );
         assert_eq!("16/b374d848".parse::<Lsn>().unwrap(), Lsn(0x16_B374_D848));
-        assert_eq!("0000000A/0000FF00".parse::<Lsn>().unwrap(), Lsn(0xA_0000_FF00));
+        assert_eq!(
+            "0000000A/0000FF00".parse::<Lsn>().unwrap(),
+            Lsn(0xA_0000_FF00)
+        );
     }
 
     #[test]

@@ -1,0 +1,635 @@
+//! The replication connection up to the point where streaming starts: TCP, TLS (SSLRequest), the
+//! startup message with `replication=database`, authentication (SCRAM-SHA-256 with or without channel
+//! binding, md5, cleartext), and the simple-query commands of the walsender (`IDENTIFY_SYSTEM`,
+//! `CREATE_REPLICATION_SLOT`, `START_REPLICATION`).
+//!
+//! Built on postgres-protocol's message codecs because tokio-postgres has no replication support.
+//! postgres-protocol does not know CopyBothResponse (`'W'`): [`ReplConnection::read`] peels it off the
+//! buffer before the generic parser would drop it as an unknown tag.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use bytes::{Buf, BytesMut};
+use fallible_iterator::FallibleIterator;
+use postgres_protocol::authentication::sasl::{self, ChannelBinding, ScramSha256};
+use postgres_protocol::message::backend::{self, ErrorFields, Message};
+use postgres_protocol::message::frontend;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tracing::{debug, warn};
+
+use super::conninfo::{ConnInfo, SslMode};
+use super::error::{ServerError, SourceError};
+use super::options::PgOutputOptions;
+use super::stream::{ReplicationStream, StreamConfig};
+use super::tls;
+use crate::Lsn;
+
+/// The byte stream under the protocol: plain TCP or TLS over TCP.
+pub(crate) trait Transport: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Transport for T {}
+
+/// What the walsender answered to `IDENTIFY_SYSTEM`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SystemInfo {
+    pub system_id: String,
+    pub timeline: u32,
+    /// The current WAL flush position. Never a start position: it would skip unsent data.
+    pub xlogpos: Lsn,
+    pub dbname: Option<String>,
+}
+
+/// A backend message, plus the one postgres-protocol cannot parse.
+pub(crate) enum Backend {
+    Message(Message),
+    CopyBothResponse,
+}
+
+/// An authenticated replication connection, idle (ReadyForQuery seen).
+pub struct ReplConnection {
+    io: Box<dyn Transport>,
+    rbuf: BytesMut,
+    wbuf: BytesMut,
+    params: HashMap<String, String>,
+    target: String,
+    backend_pid: i32,
+}
+
+/// A row of a simple-query result: text values, `None` for NULL.
+pub type Row = Vec<Option<String>>;
+
+impl ReplConnection {
+    /// Connects, negotiates TLS per `sslmode`, authenticates, and waits for ReadyForQuery.
+    pub async fn connect(info: &ConnInfo, application_name: &str) -> Result<Self, SourceError> {
+        let target = format!("{}:{}", info.host, info.port);
+        let secs = info.connect_timeout.as_secs();
+        tokio::time::timeout(
+            info.connect_timeout,
+            Self::connect_inner(info, application_name),
+        )
+        .await
+        .map_err(|_| SourceError::Timeout { target, secs })?
+    }
+
+    async fn connect_inner(info: &ConnInfo, application_name: &str) -> Result<Self, SourceError> {
+        let target = format!("{}:{}", info.host, info.port);
+        let io_err = |source| SourceError::Io {
+            target: target.clone(),
+            source,
+        };
+        let mut tcp = TcpStream::connect((info.host.as_str(), info.port))
+            .await
+            .map_err(io_err)?;
+        // Status updates are small and latency matters more than packet count.
+        tcp.set_nodelay(true).map_err(io_err)?;
+
+        let tls_config = tls::client_config(info).map_err(|e| SourceError::Tls(e.to_string()))?;
+        let (io, end_point_hash): (Box<dyn Transport>, _) = match tls_config {
+            None => (Box::new(tcp), None),
+            Some(config) => {
+                let mut buf = BytesMut::new();
+                frontend::ssl_request(&mut buf);
+                tcp.write_all(&buf).await.map_err(io_err)?;
+                // Exactly one byte: anything the server (or a man in the middle) sends after it
+                // would otherwise be taken as part of the encrypted stream.
+                let answer = tcp.read_u8().await.map_err(io_err)?;
+                match answer {
+                    b'S' => {
+                        let name = tls::server_name(&info.host)
+                            .map_err(|e| SourceError::Tls(e.to_string()))?;
+                        let stream = tokio_rustls::TlsConnector::from(config)
+                            .connect(name, tcp)
+                            .await
+                            .map_err(|e| {
+                                SourceError::Tls(format!("handshake with {target}: {e}"))
+                            })?;
+                        let binding = stream
+                            .get_ref()
+                            .1
+                            .peer_certificates()
+                            .and_then(|c| c.first())
+                            .and_then(|c| tls::server_end_point_hash(c));
+                        (Box::new(stream), binding)
+                    }
+                    b'N' if info.sslmode == SslMode::Prefer => (Box::new(tcp), None),
+                    b'N' => {
+                        return Err(SourceError::Tls(format!(
+                            "server {target} does not accept TLS but sslmode={:?} requires it: \
+                             enable ssl on the server or use sslmode=prefer",
+                            info.sslmode
+                        )));
+                    }
+                    other => {
+                        return Err(SourceError::Protocol(format!(
+                            "unexpected answer {other:#x} to SSLRequest from {target}"
+                        )));
+                    }
+                }
+            }
+        };
+
+        let mut conn = ReplConnection {
+            io,
+            rbuf: BytesMut::with_capacity(64 * 1024),
+            wbuf: BytesMut::with_capacity(1024),
+            params: HashMap::new(),
+            target,
+            backend_pid: 0,
+        };
+        conn.startup(info, application_name, end_point_hash).await?;
+        Ok(conn)
+    }
+
+    async fn startup(
+        &mut self,
+        info: &ConnInfo,
+        application_name: &str,
+        end_point_hash: Option<Vec<u8>>,
+    ) -> Result<(), SourceError> {
+        let params = [
+            ("user", info.user.as_str()),
+            ("database", info.dbname.as_str()),
+            // A logical walsender: replication commands plus SQL, simple-query protocol only.
+            ("replication", "database"),
+            ("application_name", application_name),
+            // pgoutput converts names and text values to the client encoding.
+            ("client_encoding", "UTF8"),
+        ];
+        frontend::startup_message(params.iter().copied(), &mut self.wbuf).map_err(proto)?;
+        self.flush().await?;
+
+        let password = || {
+            info.password.as_deref().ok_or_else(|| {
+                SourceError::Auth(format!(
+                    "server asks user {:?} for a password and the postgres url has none: \
+                     use postgres://user:password@host/db",
+                    info.user
+                ))
+            })
+        };
+        let mut scram: Option<ScramSha256> = None;
+        loop {
+            match self.read().await? {
+                Backend::Message(Message::AuthenticationOk) => break,
+                Backend::Message(Message::AuthenticationCleartextPassword) => {
+                    frontend::password_message(password()?.as_bytes(), &mut self.wbuf)
+                        .map_err(proto)?;
+                    self.flush().await?;
+                }
+                Backend::Message(Message::AuthenticationMd5Password(body)) => {
+                    let hash = postgres_protocol::authentication::md5_hash(
+                        info.user.as_bytes(),
+                        password()?.as_bytes(),
+                        body.salt(),
+                    );
+                    frontend::password_message(hash.as_bytes(), &mut self.wbuf).map_err(proto)?;
+                    self.flush().await?;
+                }
+                Backend::Message(Message::AuthenticationSasl(body)) => {
+                    let mut plain = false;
+                    let mut plus = false;
+                    let mut mechs = body.mechanisms();
+                    while let Some(m) = mechs.next().map_err(proto)? {
+                        plain |= m == sasl::SCRAM_SHA_256;
+                        plus |= m == sasl::SCRAM_SHA_256_PLUS;
+                    }
+                    // Use channel binding whenever the server offers it over TLS: it ties the
+                    // authentication to this TLS session (no relay through a MITM).
+                    // Without a hash (no TLS, or a certificate algorithm without one) we cannot
+                    // bind; with one but no -PLUS offer we say so ("y"), which lets the server
+                    // detect a stripped offer.
+                    let (mech, binding) = match (&end_point_hash, plus, plain) {
+                        (Some(h), true, _) => (
+                            sasl::SCRAM_SHA_256_PLUS,
+                            ChannelBinding::tls_server_end_point(h.clone()),
+                        ),
+                        (Some(_), false, true) => {
+                            (sasl::SCRAM_SHA_256, ChannelBinding::unrequested())
+                        }
+                        (None, _, true) => (sasl::SCRAM_SHA_256, ChannelBinding::unsupported()),
+                        _ => {
+                            return Err(SourceError::Auth(
+                                "server offers no supported SASL mechanism (need SCRAM-SHA-256)"
+                                    .into(),
+                            ));
+                        }
+                    };
+                    let s = ScramSha256::new(password()?.as_bytes(), binding);
+                    frontend::sasl_initial_response(mech, s.message(), &mut self.wbuf)
+                        .map_err(proto)?;
+                    self.flush().await?;
+                    scram = Some(s);
+                }
+                Backend::Message(Message::AuthenticationSaslContinue(body)) => {
+                    let s = scram.as_mut().ok_or_else(|| unexpected("SASL continue"))?;
+                    s.update(body.data())
+                        .map_err(|e| SourceError::Auth(format!("SCRAM: {e}")))?;
+                    frontend::sasl_response(s.message(), &mut self.wbuf).map_err(proto)?;
+                    self.flush().await?;
+                }
+                Backend::Message(Message::AuthenticationSaslFinal(body)) => {
+                    let s = scram.as_mut().ok_or_else(|| unexpected("SASL final"))?;
+                    s.finish(body.data()).map_err(|e| {
+                        SourceError::Auth(format!("SCRAM: server signature invalid: {e}"))
+                    })?;
+                }
+                Backend::Message(Message::ErrorResponse(body)) => {
+                    return Err(SourceError::Server {
+                        context: "connect",
+                        error: Box::new(server_error(body.fields())?),
+                    });
+                }
+                Backend::Message(Message::NoticeResponse(body)) => log_notice(body.fields()),
+                Backend::Message(
+                    Message::AuthenticationGss
+                    | Message::AuthenticationKerberosV5
+                    | Message::AuthenticationSspi
+                    | Message::AuthenticationScmCredential
+                    | Message::AuthenticationGssContinue(_),
+                ) => {
+                    return Err(SourceError::Auth(
+                        "server asks for GSS/SSPI/Kerberos authentication, which is not supported: \
+                         use scram-sha-256 or md5 in pg_hba.conf"
+                            .into(),
+                    ));
+                }
+                _ => return Err(unexpected("message during authentication")),
+            }
+        }
+        loop {
+            match self.read().await? {
+                Backend::Message(Message::ParameterStatus(body)) => {
+                    let name = body.name().map_err(proto)?.to_owned();
+                    let value = body.value().map_err(proto)?.to_owned();
+                    self.params.insert(name, value);
+                }
+                Backend::Message(Message::BackendKeyData(body)) => {
+                    self.backend_pid = body.process_id()
+                }
+                Backend::Message(Message::NoticeResponse(body)) => log_notice(body.fields()),
+                Backend::Message(Message::ReadyForQuery(_)) => return Ok(()),
+                Backend::Message(Message::ErrorResponse(body)) => {
+                    return Err(SourceError::Server {
+                        context: "connect",
+                        error: Box::new(server_error(body.fields())?),
+                    });
+                }
+                _ => return Err(unexpected("message during startup")),
+            }
+        }
+    }
+
+    /// `server_version_num` derived from the `server_version` parameter ("15.18 (Debian …)" → 150018).
+    pub fn server_version_num(&self) -> u32 {
+        self.params
+            .get("server_version")
+            .map(|v| parse_server_version(v))
+            .unwrap_or(0)
+    }
+
+    /// The walsender's process id (its `pg_stat_replication.pid`).
+    pub fn backend_pid(&self) -> i32 {
+        self.backend_pid
+    }
+
+    /// Runs one simple query; returns the rows of its (last) result set.
+    pub async fn simple_query(&mut self, sql: &str) -> Result<Vec<Row>, SourceError> {
+        frontend::query(sql, &mut self.wbuf).map_err(proto)?;
+        self.flush().await?;
+        let mut rows = Vec::new();
+        let mut error = None;
+        loop {
+            match self.read().await? {
+                Backend::Message(Message::RowDescription(_)) => rows.clear(),
+                Backend::Message(Message::DataRow(body)) => {
+                    let buf = body.buffer();
+                    let mut row = Vec::new();
+                    let mut ranges = body.ranges();
+                    while let Some(r) = ranges.next().map_err(proto)? {
+                        row.push(match r {
+                            Some(r) => Some(
+                                std::str::from_utf8(buf.get(r).unwrap_or_default())
+                                    .map_err(|_| unexpected("non-UTF-8 column"))?
+                                    .to_owned(),
+                            ),
+                            None => None,
+                        });
+                    }
+                    rows.push(row);
+                }
+                Backend::Message(Message::CommandComplete(_) | Message::EmptyQueryResponse) => {}
+                Backend::Message(Message::NoticeResponse(body)) => log_notice(body.fields()),
+                Backend::Message(Message::ErrorResponse(body)) => {
+                    error = Some(server_error(body.fields())?)
+                }
+                Backend::Message(Message::ReadyForQuery(_)) => {
+                    return match error {
+                        Some(error) => Err(SourceError::Server {
+                            context: "query",
+                            error: Box::new(error),
+                        }),
+                        None => Ok(rows),
+                    };
+                }
+                Backend::Message(Message::ParameterStatus(_)) => {}
+                _ => return Err(unexpected("message in query response")),
+            }
+        }
+    }
+
+    /// `IDENTIFY_SYSTEM`.
+    pub async fn identify_system(&mut self) -> Result<SystemInfo, SourceError> {
+        let rows = self.simple_query("IDENTIFY_SYSTEM").await?;
+        let row = rows
+            .first()
+            .filter(|r| r.len() >= 4)
+            .ok_or_else(|| unexpected("IDENTIFY_SYSTEM result"))?;
+        let text = |i: usize| row[i].clone().unwrap_or_default();
+        Ok(SystemInfo {
+            system_id: text(0),
+            timeline: text(1).parse().map_err(|_| unexpected("timeline"))?,
+            xlogpos: text(2).parse().map_err(|_| unexpected("xlogpos"))?,
+            dbname: row[3].clone(),
+        })
+    }
+
+    /// Creates a logical slot with pgoutput and no snapshot (the relay streams from the slot's
+    /// consistent point on; it never copies existing rows). Returns the consistent point.
+    pub async fn create_slot(&mut self, slot: &str, temporary: bool) -> Result<Lsn, SourceError> {
+        let slot = quote_ident(slot);
+        let temp = if temporary { " TEMPORARY" } else { "" };
+        // PG15 changed the syntax; the old keywords are gone in newer servers.
+        let sql = if self.server_version_num() >= 150000 {
+            format!("CREATE_REPLICATION_SLOT {slot}{temp} LOGICAL pgoutput (SNAPSHOT 'nothing')")
+        } else {
+            format!("CREATE_REPLICATION_SLOT {slot}{temp} LOGICAL pgoutput NOEXPORT_SNAPSHOT")
+        };
+        let rows = self.simple_query(&sql).await?;
+        rows.first()
+            .and_then(|r| r.get(1).cloned().flatten())
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| unexpected("CREATE_REPLICATION_SLOT result"))
+    }
+
+    /// Sends `START_REPLICATION` and waits for CopyBothResponse. Errors the server finds in the slot,
+    /// the publication or the options arrive before CopyBoth and come back here, with the connection
+    /// still usable; once streaming, the connection belongs to the returned stream.
+    pub async fn start_replication(
+        mut self,
+        slot: &str,
+        start: Lsn,
+        options: &PgOutputOptions,
+        config: StreamConfig,
+    ) -> Result<ReplicationStream, (SourceError, Option<ReplConnection>)> {
+        let opts = match options.to_sql(self.server_version_num()) {
+            Ok(o) => o,
+            Err(e) => return Err((e, Some(self))),
+        };
+        let sql = format!(
+            "START_REPLICATION SLOT {} LOGICAL {start} ({opts})",
+            quote_ident(slot)
+        );
+        debug!(%sql, "starting replication");
+        if let Err(e) = frontend::query(&sql, &mut self.wbuf).map_err(proto) {
+            return Err((e, Some(self)));
+        }
+        if let Err(e) = self.flush().await {
+            return Err((e, None));
+        }
+        let mut error = None;
+        loop {
+            match self.read().await {
+                Err(e) => return Err((e, None)),
+                Ok(Backend::CopyBothResponse) => break,
+                Ok(Backend::Message(Message::NoticeResponse(body))) => log_notice(body.fields()),
+                Ok(Backend::Message(Message::ErrorResponse(body))) => {
+                    match server_error(body.fields()) {
+                        Ok(e) => error = Some(e),
+                        Err(e) => return Err((e, None)),
+                    }
+                }
+                Ok(Backend::Message(Message::ReadyForQuery(_))) => {
+                    let e = error.map_or_else(
+                        || unexpected("START_REPLICATION ended without streaming"),
+                        |error| SourceError::Server {
+                            context: "START_REPLICATION",
+                            error: Box::new(error),
+                        },
+                    );
+                    return Err((e, Some(self)));
+                }
+                Ok(_) => return Err((unexpected("answer to START_REPLICATION"), None)),
+            }
+        }
+        let ReplConnection {
+            io,
+            rbuf,
+            target,
+            backend_pid,
+            ..
+        } = self;
+        Ok(ReplicationStream::spawn(
+            io,
+            rbuf,
+            target,
+            backend_pid,
+            start,
+            config,
+        ))
+    }
+
+    /// Closes the connection politely (Terminate).
+    pub async fn close(mut self) {
+        frontend::terminate(&mut self.wbuf);
+        let _ = self.flush().await;
+        let _ = self.io.shutdown().await;
+    }
+
+    async fn flush(&mut self) -> Result<(), SourceError> {
+        let buf = self.wbuf.split();
+        self.io
+            .write_all(&buf)
+            .await
+            .map_err(|source| SourceError::Io {
+                target: self.target.clone(),
+                source,
+            })?;
+        self.io.flush().await.map_err(|source| SourceError::Io {
+            target: self.target.clone(),
+            source,
+        })
+    }
+
+    async fn read(&mut self) -> Result<Backend, SourceError> {
+        read_backend(&mut self.io, &mut self.rbuf, &self.target).await
+    }
+}
+
+/// Reads one backend message into/out of `buf`, pulling bytes from `io` as needed.
+pub(crate) async fn read_backend<R: AsyncRead + Unpin + ?Sized>(
+    io: &mut R,
+    buf: &mut BytesMut,
+    target: &str,
+) -> Result<Backend, SourceError> {
+    loop {
+        if let Some(m) = parse_backend(buf)? {
+            return Ok(m);
+        }
+        if buf.capacity() - buf.len() < 8 * 1024 {
+            buf.reserve(64 * 1024);
+        }
+        let n = io.read_buf(buf).await.map_err(|source| SourceError::Io {
+            target: target.to_owned(),
+            source,
+        })?;
+        if n == 0 {
+            return Err(SourceError::Closed("postgres closed the connection"));
+        }
+    }
+}
+
+/// One complete message from the front of `buf`, or `None` if more bytes are needed.
+pub(crate) fn parse_backend(buf: &mut BytesMut) -> Result<Option<Backend>, SourceError> {
+    let Some(header) = backend::Header::parse(buf).map_err(proto)? else {
+        return Ok(None);
+    };
+    let total = 1 + header.len() as usize;
+    match header.tag() {
+        // CopyBothResponse: u8 format, i16 ncols (0 for replication). Not in postgres-protocol.
+        b'W' => {
+            if buf.len() < total {
+                return Ok(None);
+            }
+            buf.advance(total);
+            Ok(Some(Backend::CopyBothResponse))
+        }
+        _ => Ok(Message::parse(buf).map_err(proto)?.map(Backend::Message)),
+    }
+}
+
+/// An ErrorResponse/NoticeResponse as a [`ServerError`].
+pub(crate) fn server_error(mut fields: ErrorFields<'_>) -> Result<ServerError, SourceError> {
+    let mut e = ServerError {
+        severity: String::new(),
+        code: String::new(),
+        message: String::new(),
+        detail: None,
+        hint: None,
+    };
+    while let Some(f) = fields.next().map_err(proto)? {
+        let v = String::from_utf8_lossy(f.value_bytes()).into_owned();
+        match f.type_() {
+            b'V' => e.severity = v,
+            b'S' if e.severity.is_empty() => e.severity = v,
+            b'C' => e.code = v,
+            b'M' => e.message = v,
+            b'D' => e.detail = Some(v),
+            b'H' => e.hint = Some(v),
+            _ => {}
+        }
+    }
+    Ok(e)
+}
+
+pub(crate) fn log_notice(fields: ErrorFields<'_>) {
+    if let Ok(n) = server_error(fields) {
+        warn!(severity = %n.severity, code = %n.code, message = %n.message, "postgres notice");
+    }
+}
+
+fn proto(e: std::io::Error) -> SourceError {
+    SourceError::Protocol(e.to_string())
+}
+
+fn unexpected(what: &str) -> SourceError {
+    SourceError::Protocol(format!("unexpected {what}"))
+}
+
+/// `"name"` with embedded quotes doubled: slot names are restricted by the server anyway, but a
+/// configured name must never be able to change the command.
+pub(crate) fn quote_ident(s: &str) -> String {
+    format!("\"{}\"", s.replace('"', "\"\""))
+}
+
+/// "15.18 (Debian 15.18-0+deb12u1)" → 150018; "17devel" → 170000; "9.6.3" → 90603.
+pub fn parse_server_version(v: &str) -> u32 {
+    let v = v.split_whitespace().next().unwrap_or("");
+    let mut nums = v
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|s| !s.is_empty())
+        .map(|s| s.parse::<u32>().unwrap_or(0));
+    let major = nums.next().unwrap_or(0);
+    let minor = nums.next().unwrap_or(0);
+    if major >= 10 {
+        major * 10000 + minor
+    } else {
+        major * 10000 + minor * 100 + nums.next().unwrap_or(0)
+    }
+}
+
+/// The interval for status updates: at most 1 s, and well under `wal_sender_timeout`.
+pub fn status_interval(wal_sender_timeout: Option<Duration>) -> Duration {
+    let one = Duration::from_secs(1);
+    match wal_sender_timeout {
+        Some(t) if !t.is_zero() => (t / 4).min(one).max(Duration::from_millis(50)),
+        _ => one,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn server_versions() {
+        assert_eq!(
+            parse_server_version("15.18 (Debian 15.18-0+deb12u1)"),
+            150018
+        );
+        assert_eq!(parse_server_version("17.2"), 170002);
+        assert_eq!(parse_server_version("18devel"), 180000);
+        assert_eq!(parse_server_version("9.6.3"), 90603);
+    }
+
+    #[test]
+    fn quotes_identifiers() {
+        assert_eq!(quote_ident("slot"), "\"slot\"");
+        assert_eq!(quote_ident("a\"b"), "\"a\"\"b\"");
+    }
+
+    #[test]
+    fn copy_both_response_is_consumed() {
+        // 'W', len 7, format 0, ncols 0 — then a CopyData 'd' with payload "k".
+        let mut buf = BytesMut::from(&b"W\0\0\0\x07\0\0\0d\0\0\0\x05k"[..]);
+        assert!(matches!(
+            parse_backend(&mut buf).unwrap(),
+            Some(Backend::CopyBothResponse)
+        ));
+        match parse_backend(&mut buf).unwrap() {
+            Some(Backend::Message(Message::CopyData(d))) => assert_eq!(d.data(), b"k"),
+            _ => panic!("expected CopyData"),
+        }
+        assert!(parse_backend(&mut buf).unwrap().is_none());
+    }
+
+    #[test]
+    fn partial_copy_both_waits_for_more() {
+        let mut buf = BytesMut::from(&b"W\0\0\0\x07\0"[..]);
+        assert!(parse_backend(&mut buf).unwrap().is_none());
+        assert_eq!(buf.len(), 6);
+    }
+
+    #[test]
+    fn status_interval_is_bounded() {
+        assert_eq!(status_interval(None), Duration::from_secs(1));
+        assert_eq!(
+            status_interval(Some(Duration::from_secs(10))),
+            Duration::from_secs(1)
+        );
+        assert_eq!(
+            status_interval(Some(Duration::from_secs(2))),
+            Duration::from_millis(500)
+        );
+    }
+}

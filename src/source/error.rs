@@ -1,0 +1,140 @@
+//! Errors of the replication source, split the way the relay reacts to them.
+//!
+//! *Transient* errors (a dropped connection, a server restart, a slot still held by a dying walsender)
+//! make the relay reconnect and restart from its last confirmed LSN. *Definite* errors (bad password,
+//! missing slot or publication, `wal_level` not logical, an invalidated slot, a frame we cannot decode)
+//! will not go away by retrying: the relay stops with the message, which names what to fix.
+
+use crate::Lsn;
+
+/// An ErrorResponse from the server: SQLSTATE and message (plus hint/detail when sent).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerError {
+    pub severity: String,
+    pub code: String,
+    pub message: String,
+    pub detail: Option<String>,
+    pub hint: Option<String>,
+}
+
+impl std::fmt::Display for ServerError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}: {}", self.severity, self.code, self.message)?;
+        if let Some(d) = &self.detail {
+            write!(f, " ({d})")?;
+        }
+        if let Some(h) = &self.hint {
+            write!(f, " hint: {h}")?;
+        }
+        Ok(())
+    }
+}
+
+impl ServerError {
+    /// Whether retrying can help. SQLSTATE classes from
+    /// <https://www.postgresql.org/docs/current/errcodes-appendix.html>.
+    pub fn is_transient(&self) -> bool {
+        let class = self.code.get(..2).unwrap_or("");
+        match self.code.as_str() {
+            // object_in_use: "replication slot … is active for PID …" (an old walsender lingers).
+            "55006" => true,
+            // cannot_connect_now (starting up / shutting down), admin/crash shutdown.
+            "57P01" | "57P02" | "57P03" | "57P05" => true,
+            // too_many_connections: another client may leave.
+            "53300" => true,
+            _ => matches!(class, "08" | "40" | "53" | "58"),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    #[error("postgres connection to {target}: {source}")]
+    Io {
+        target: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("postgres at {target} did not answer within {secs}s")]
+    Timeout { target: String, secs: u64 },
+    #[error("postgres {context}: {error}")]
+    Server {
+        context: &'static str,
+        error: Box<ServerError>,
+    },
+    #[error("postgres authentication: {0}")]
+    Auth(String),
+    #[error("postgres TLS: {0}")]
+    Tls(String),
+    #[error("postgres protocol: {0}")]
+    Protocol(String),
+    #[error("replication stream: {0}")]
+    Closed(&'static str),
+    #[error(
+        "server version {version} does not support {what}: Postgres {needs} or newer is needed"
+    )]
+    Version {
+        version: u32,
+        what: String,
+        needs: &'static str,
+    },
+    #[error("replication data at {lsn}: {reason}")]
+    BadFrame { lsn: Lsn, reason: String },
+}
+
+impl SourceError {
+    /// True when reconnecting and restarting from the confirmed LSN can succeed.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            SourceError::Io { .. } | SourceError::Timeout { .. } | SourceError::Closed(_) => true,
+            SourceError::Server { error, .. } => error.is_transient(),
+            SourceError::Auth(_)
+            | SourceError::Tls(_)
+            | SourceError::Protocol(_)
+            | SourceError::Version { .. }
+            | SourceError::BadFrame { .. } => false,
+        }
+    }
+
+    /// The SQLSTATE when the server sent an error.
+    pub fn sqlstate(&self) -> Option<&str> {
+        match self {
+            SourceError::Server { error, .. } => Some(&error.code),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn server(code: &str) -> SourceError {
+        SourceError::Server {
+            context: "test",
+            error: Box::new(ServerError {
+                severity: "ERROR".into(),
+                code: code.into(),
+                message: "m".into(),
+                detail: None,
+                hint: None,
+            }),
+        }
+    }
+
+    #[test]
+    fn classifies_sqlstates() {
+        assert!(
+            server("55006").is_transient(),
+            "slot active elsewhere retries"
+        );
+        assert!(server("57P01").is_transient(), "admin shutdown retries");
+        assert!(server("08006").is_transient());
+        assert!(!server("28P01").is_transient(), "bad password is definite");
+        assert!(!server("42704").is_transient(), "missing slot is definite");
+        assert!(
+            !server("55000").is_transient(),
+            "invalidated slot is definite"
+        );
+    }
+}

@@ -1,0 +1,469 @@
+//! The CopyBoth phase: a reader task that frames XLogData and keepalives, and a writer task that sends
+//! standby status updates on its own timer.
+//!
+//! # Progress tracking
+//!
+//! The consumer hands back, through [`ReplicationStream::confirm`], the LSN up to which everything is
+//! durably processed: the `Commit.end_lsn` of the last fully acknowledged transaction, or a keepalive's
+//! WAL end when nothing is pending (so idle slots advance, DESIGN.md P5). The writer reports it as
+//! `flush` (and `apply`) at least every `status_interval` and at once when the server asks for a reply.
+//! The timer is independent of the consumer: a stalled sink fills the bounded event channel and stops
+//! the reader, but status updates still go out, so `wal_sender_timeout` never kills a slow relay.
+//! Reported LSNs never move backwards. Never confirm an XLogData position: the walsender would skip
+//! the rest of a transaction whose commit record starts before it (logical.c).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use postgres_protocol::message::backend::Message;
+use postgres_protocol::message::frontend;
+use tokio::io::{AsyncWriteExt, ReadHalf, WriteHalf};
+use tokio::sync::{Notify, mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tracing::{debug, trace};
+
+use super::conn::{Backend, Transport, log_notice, read_backend, server_error};
+use super::error::SourceError;
+use crate::Lsn;
+
+/// Microseconds between the Unix epoch and the Postgres epoch (2000-01-01).
+const PG_EPOCH_OFFSET_US: i64 = 946_684_800_000_000;
+
+/// Tuning of a replication stream.
+#[derive(Clone, Debug)]
+pub struct StreamConfig {
+    /// How often a standby status update is sent even when nothing changed (≤ 1 s).
+    pub status_interval: Duration,
+    /// Events buffered between the reader task and the consumer; bounds memory and lets TCP
+    /// backpressure reach the walsender when the consumer is slow.
+    pub channel_capacity: usize,
+}
+
+impl Default for StreamConfig {
+    fn default() -> Self {
+        StreamConfig {
+            status_interval: Duration::from_secs(1),
+            channel_capacity: 1024,
+        }
+    }
+}
+
+/// What the walsender sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReplicationEvent {
+    /// One pgoutput message. `wal_start`/`wal_end` are 0 for non-final messages (Relation, Type, …).
+    XLogData {
+        wal_start: Lsn,
+        wal_end: Lsn,
+        send_time: i64,
+        data: Bytes,
+    },
+    /// Primary keepalive: everything the walsender decoded before `wal_end` has been sent already.
+    Keepalive {
+        wal_end: Lsn,
+        send_time: i64,
+        reply_requested: bool,
+    },
+}
+
+/// State shared by the consumer, the reader and the writer.
+struct Shared {
+    /// Highest WAL position received (XLogData end or keepalive end): reported as `write`.
+    received: AtomicU64,
+    /// Highest LSN the consumer confirmed: reported as `flush` and `apply`.
+    confirmed: AtomicU64,
+    /// Wakes the writer for an immediate status update (reply requested, or a new confirm on stop).
+    reply_now: Notify,
+    /// Set once the consumer asked to stop: the reader then drains instead of forwarding.
+    stopping: AtomicBool,
+}
+
+/// A running replication stream. Dropping it aborts both tasks and the connection.
+pub struct ReplicationStream {
+    events: mpsc::Receiver<Result<ReplicationEvent, SourceError>>,
+    shared: Arc<Shared>,
+    reader: JoinHandle<Option<ReadHalf<Box<dyn Transport>>>>,
+    writer: JoinHandle<Option<WriteHalf<Box<dyn Transport>>>>,
+    stop_writer: Option<oneshot::Sender<()>>,
+    backend_pid: i32,
+}
+
+impl ReplicationStream {
+    pub(crate) fn spawn(
+        io: Box<dyn Transport>,
+        rbuf: BytesMut,
+        target: String,
+        backend_pid: i32,
+        start: Lsn,
+        config: StreamConfig,
+    ) -> Self {
+        let shared = Arc::new(Shared {
+            received: AtomicU64::new(start.0),
+            confirmed: AtomicU64::new(start.0),
+            reply_now: Notify::new(),
+            stopping: AtomicBool::new(false),
+        });
+        let (read_half, write_half) = tokio::io::split(io);
+        let (tx, events) = mpsc::channel(config.channel_capacity.max(1));
+        let (stop_writer, stop_rx) = oneshot::channel();
+        let reader = tokio::spawn(read_loop(read_half, rbuf, target, Arc::clone(&shared), tx));
+        let writer = tokio::spawn(write_loop(
+            write_half,
+            Arc::clone(&shared),
+            config.status_interval,
+            stop_rx,
+        ));
+        ReplicationStream {
+            events,
+            shared,
+            reader,
+            writer,
+            stop_writer: Some(stop_writer),
+            backend_pid,
+        }
+    }
+
+    /// The next event, or an error (after which the stream is dead: reconnect from the confirmed LSN).
+    /// `None` once the stream ended.
+    pub async fn recv(&mut self) -> Option<Result<ReplicationEvent, SourceError>> {
+        self.events.recv().await
+    }
+
+    /// Hands back the LSN up to which everything is durably processed. Never moves backwards; a
+    /// smaller value is ignored. Sent with the next status update.
+    pub fn confirm(&self, lsn: Lsn) {
+        self.shared.confirmed.fetch_max(lsn.0, Ordering::AcqRel);
+    }
+
+    /// The highest LSN confirmed so far (the start LSN before any confirm).
+    pub fn confirmed(&self) -> Lsn {
+        Lsn(self.shared.confirmed.load(Ordering::Acquire))
+    }
+
+    /// The highest WAL position received so far.
+    pub fn received(&self) -> Lsn {
+        Lsn(self.shared.received.load(Ordering::Acquire))
+    }
+
+    /// Asks the writer for a status update now instead of at the next tick.
+    pub fn send_status_now(&self) {
+        self.shared.reply_now.notify_one();
+    }
+
+    /// The walsender's pid.
+    pub fn backend_pid(&self) -> i32 {
+        self.backend_pid
+    }
+
+    /// Clean stop: a final status update with the confirmed LSN, CopyDone, drain the server's
+    /// remaining messages until ReadyForQuery (bounded by `timeout`), then Terminate.
+    pub async fn stop(mut self, timeout: Duration) -> Result<(), SourceError> {
+        self.shared.stopping.store(true, Ordering::Release);
+        if let Some(tx) = self.stop_writer.take() {
+            let _ = tx.send(());
+        }
+        let drain = async {
+            // Keep receiving so a reader blocked on a full channel can go on draining.
+            while self.events.recv().await.is_some() {}
+            let read_half = (&mut self.reader).await.ok().flatten();
+            let write_half = (&mut self.writer).await.ok().flatten();
+            if let (Some(r), Some(w)) = (read_half, write_half) {
+                let mut io = r.unsplit(w);
+                let mut buf = BytesMut::new();
+                frontend::terminate(&mut buf);
+                let _ = io.write_all(&buf).await;
+                let _ = io.shutdown().await;
+            }
+        };
+        if tokio::time::timeout(timeout, drain).await.is_err() {
+            debug!("replication stream did not stop in time; closing the connection");
+        }
+        Ok(())
+    }
+}
+
+impl Drop for ReplicationStream {
+    fn drop(&mut self) {
+        self.reader.abort();
+        self.writer.abort();
+    }
+}
+
+/// Reads frames until the connection ends. Returns the read half after a clean end of COPY.
+async fn read_loop(
+    mut io: ReadHalf<Box<dyn Transport>>,
+    mut buf: BytesMut,
+    target: String,
+    shared: Arc<Shared>,
+    tx: mpsc::Sender<Result<ReplicationEvent, SourceError>>,
+) -> Option<ReadHalf<Box<dyn Transport>>> {
+    let mut copy_done = false;
+    loop {
+        let msg = match read_backend(&mut io, &mut buf, &target).await {
+            Ok(m) => m,
+            Err(e) => {
+                if !shared.stopping.load(Ordering::Acquire) {
+                    let _ = tx.send(Err(e)).await;
+                }
+                return None;
+            }
+        };
+        let event = match msg {
+            Backend::Message(Message::CopyData(body)) => match parse_copy_data(body.into_bytes()) {
+                Ok(Some(ev)) => ev,
+                Ok(None) => continue,
+                Err(e) => {
+                    let _ = tx.send(Err(e)).await;
+                    return None;
+                }
+            },
+            Backend::Message(Message::NoticeResponse(body)) => {
+                log_notice(body.fields());
+                continue;
+            }
+            Backend::Message(Message::ErrorResponse(body)) => {
+                let e = match server_error(body.fields()) {
+                    Ok(error) => SourceError::Server {
+                        context: "replication stream",
+                        error: Box::new(error),
+                    },
+                    Err(e) => e,
+                };
+                let _ = tx.send(Err(e)).await;
+                return None;
+            }
+            Backend::Message(Message::CopyDone) => {
+                copy_done = true;
+                if !shared.stopping.load(Ordering::Acquire) {
+                    // The server ended the stream on its own (shutdown): reconnect later.
+                    let _ = tx
+                        .send(Err(SourceError::Closed(
+                            "the server ended the replication stream",
+                        )))
+                        .await;
+                    return None;
+                }
+                continue;
+            }
+            Backend::Message(Message::CommandComplete(_)) => continue,
+            Backend::Message(Message::ReadyForQuery(_)) if copy_done => return Some(io),
+            _ => {
+                let _ = tx
+                    .send(Err(SourceError::Protocol(
+                        "unexpected message in replication stream".into(),
+                    )))
+                    .await;
+                return None;
+            }
+        };
+        match &event {
+            ReplicationEvent::XLogData { wal_end, .. } => {
+                if !wal_end.is_zero() {
+                    shared.received.fetch_max(wal_end.0, Ordering::AcqRel);
+                }
+            }
+            ReplicationEvent::Keepalive {
+                wal_end,
+                reply_requested,
+                ..
+            } => {
+                shared.received.fetch_max(wal_end.0, Ordering::AcqRel);
+                if *reply_requested {
+                    // Answer before queueing: the consumer may be slow.
+                    shared.reply_now.notify_one();
+                }
+            }
+        }
+        if shared.stopping.load(Ordering::Acquire) {
+            continue;
+        }
+        if tx.send(Ok(event)).await.is_err() {
+            // The consumer is gone; keep draining only while stopping.
+            if !shared.stopping.load(Ordering::Acquire) {
+                return None;
+            }
+        }
+    }
+}
+
+/// XLogData (`'w'`) or primary keepalive (`'k'`). Any other tag is an error: a newer server feature
+/// we do not understand must not be skipped.
+fn parse_copy_data(mut data: Bytes) -> Result<Option<ReplicationEvent>, SourceError> {
+    let bad = |reason: String| SourceError::BadFrame {
+        lsn: Lsn::ZERO,
+        reason,
+    };
+    let Some(&tag) = data.first() else {
+        return Err(bad("empty CopyData".into()));
+    };
+    match tag {
+        b'w' => {
+            if data.len() < 25 {
+                return Err(bad(format!("XLogData of {} bytes, need 25", data.len())));
+            }
+            data.advance(1);
+            let wal_start = Lsn(data.get_u64());
+            let wal_end = Lsn(data.get_u64());
+            let send_time = data.get_i64();
+            trace!(%wal_start, len = data.len(), "xlogdata");
+            Ok(Some(ReplicationEvent::XLogData {
+                wal_start,
+                wal_end,
+                send_time,
+                data,
+            }))
+        }
+        b'k' => {
+            if data.len() < 18 {
+                return Err(bad(format!("keepalive of {} bytes, need 18", data.len())));
+            }
+            data.advance(1);
+            let wal_end = Lsn(data.get_u64());
+            let send_time = data.get_i64();
+            let reply_requested = data.get_u8() != 0;
+            Ok(Some(ReplicationEvent::Keepalive {
+                wal_end,
+                send_time,
+                reply_requested,
+            }))
+        }
+        other => Err(bad(format!(
+            "unknown replication message tag {:?}",
+            char::from(other)
+        ))),
+    }
+}
+
+/// Sends status updates every `interval`, at once when woken, and a final one before CopyDone.
+async fn write_loop(
+    mut io: WriteHalf<Box<dyn Transport>>,
+    shared: Arc<Shared>,
+    interval: Duration,
+    mut stop: oneshot::Receiver<()>,
+) -> Option<WriteHalf<Box<dyn Transport>>> {
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut buf = BytesMut::with_capacity(64);
+    let mut last_flush = 0u64;
+    loop {
+        let stopping = tokio::select! {
+            _ = tick.tick() => false,
+            _ = shared.reply_now.notified() => false,
+            _ = &mut stop => true,
+        };
+        let write = shared.received.load(Ordering::Acquire);
+        let flush = shared.confirmed.load(Ordering::Acquire);
+        debug_assert!(flush >= last_flush, "confirmed LSN moved backwards");
+        last_flush = flush;
+        status_update(&mut buf, Lsn(write.max(flush)), Lsn(flush));
+        if stopping {
+            frontend::copy_done(&mut buf);
+        }
+        if io.write_all(&buf).await.is_err() || io.flush().await.is_err() {
+            // The reader sees the broken connection and reports it.
+            return None;
+        }
+        buf.clear();
+        trace!(write = %Lsn(write), flush = %Lsn(flush), "status update");
+        if stopping {
+            return Some(io);
+        }
+    }
+}
+
+/// Appends a CopyData-wrapped standby status update (`'r'`): write, flush, apply, clock, no reply.
+fn status_update(out: &mut BytesMut, write: Lsn, flush: Lsn) {
+    let mut payload = [0u8; 34];
+    let mut p = &mut payload[..];
+    p.put_u8(b'r');
+    p.put_u64(write.0);
+    p.put_u64(flush.0);
+    p.put_u64(flush.0);
+    p.put_i64(pg_now());
+    p.put_u8(0);
+    // CopyData::new only fails for bodies over i32::MAX bytes.
+    if let Ok(msg) = frontend::CopyData::new(&payload[..]) {
+        msg.write(out);
+    }
+}
+
+/// Now as microseconds since 2000-01-01 UTC.
+fn pg_now() -> i64 {
+    let unix_us = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as i64)
+        .unwrap_or(0);
+    unix_us - PG_EPOCH_OFFSET_US
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_xlogdata_without_copying_payload() {
+        let mut b = BytesMut::new();
+        b.put_u8(b'w');
+        b.put_u64(0x10);
+        b.put_u64(0x20);
+        b.put_i64(7);
+        b.put_slice(b"Bpayload");
+        let frame = b.freeze();
+        match parse_copy_data(frame.clone()).unwrap() {
+            Some(ReplicationEvent::XLogData {
+                wal_start,
+                wal_end,
+                send_time,
+                data,
+            }) => {
+                assert_eq!((wal_start, wal_end, send_time), (Lsn(0x10), Lsn(0x20), 7));
+                assert_eq!(&data[..], b"Bpayload");
+                assert_eq!(data.as_ptr(), frame[25..].as_ptr(), "payload is a slice");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn parses_keepalive() {
+        let mut b = BytesMut::new();
+        b.put_u8(b'k');
+        b.put_u64(0xABCD);
+        b.put_i64(1);
+        b.put_u8(1);
+        assert_eq!(
+            parse_copy_data(b.freeze()).unwrap(),
+            Some(ReplicationEvent::Keepalive {
+                wal_end: Lsn(0xABCD),
+                send_time: 1,
+                reply_requested: true
+            })
+        );
+    }
+
+    #[test]
+    fn short_or_unknown_frames_are_errors() {
+        assert!(parse_copy_data(Bytes::from_static(b"w\0\0")).is_err());
+        assert!(parse_copy_data(Bytes::from_static(b"k\0")).is_err());
+        assert!(parse_copy_data(Bytes::new()).is_err());
+        let e = parse_copy_data(Bytes::from_static(b"s\0\0\0")).unwrap_err();
+        assert!(e.to_string().contains("'s'"), "{e}");
+    }
+
+    #[test]
+    fn status_update_layout() {
+        let mut out = BytesMut::new();
+        status_update(&mut out, Lsn(0x30), Lsn(0x20));
+        // 'd', i32 len = 4 + 34, then 'r' write flush apply ts reply
+        assert_eq!(out.len(), 1 + 4 + 34);
+        assert_eq!(out[0], b'd');
+        assert_eq!(&out[1..5], &38u32.to_be_bytes());
+        assert_eq!(out[5], b'r');
+        assert_eq!(&out[6..14], &0x30u64.to_be_bytes());
+        assert_eq!(&out[14..22], &0x20u64.to_be_bytes());
+        assert_eq!(&out[22..30], &0x20u64.to_be_bytes());
+        assert_eq!(out[38], 0);
+    }
+}
