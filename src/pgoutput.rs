@@ -1079,7 +1079,7 @@ mod tests {
         \x00\x00\x00\x00\x00\x00\x00\x04\
         \x00\x00\x02\xe5gx2\x00";
 
-    const AT: Lsn = Lsn(0x1_5292_B0);
+    const AT: Lsn = Lsn(0x0152_92B0);
     /// PG15 capture commit_ts (2026-11-30 04:57:53.805492 UTC).
     const TS1: PgTimestamp = 849_329_873_805_492;
 
@@ -1154,7 +1154,7 @@ mod tests {
         assert_eq!(
             ok(PG15_BEGIN),
             Message::Begin {
-                final_lsn: Lsn(0x1_5292_B0),
+                final_lsn: Lsn(0x0152_92B0),
                 commit_ts: TS1,
                 xid: 726
             }
@@ -1168,8 +1168,8 @@ mod tests {
             ok(PG15_COMMIT),
             Message::Commit {
                 flags: 0,
-                commit_lsn: Lsn(0x1_5292_B0),
-                end_lsn: Lsn(0x1_5292_E0),
+                commit_lsn: Lsn(0x0152_92B0),
+                end_lsn: Lsn(0x0152_92E0),
                 commit_ts: TS1
             }
         );
@@ -1180,7 +1180,7 @@ mod tests {
         assert_eq!(
             ok(ORIGIN),
             Message::Origin {
-                commit_lsn: Lsn(0x1_5292_B0),
+                commit_lsn: Lsn(0x0152_92B0),
                 name: "pg_16385".into()
             }
         );
@@ -1340,7 +1340,7 @@ mod tests {
             Message::Message {
                 xid: None,
                 transactional: true,
-                lsn: Lsn(0x1_5293_20),
+                lsn: Lsn(0x0152_9320),
                 prefix: "outbox".into(),
                 content: content.clone(),
             }
@@ -1351,7 +1351,7 @@ mod tests {
             Message::Message {
                 xid: None,
                 transactional: false,
-                lsn: Lsn(0x1_5293_90),
+                lsn: Lsn(0x0152_9390),
                 prefix: "outbox".into(),
                 content,
             }
@@ -1390,8 +1390,8 @@ mod tests {
             Message::StreamCommit {
                 xid: 735,
                 flags: 0,
-                commit_lsn: Lsn(0x1_56C3_28),
-                end_lsn: Lsn(0x1_56C3_58),
+                commit_lsn: Lsn(0x0156_C328),
+                end_lsn: Lsn(0x0156_C358),
                 commit_ts: 849_329_881_340_811,
             }
         );
@@ -1414,7 +1414,7 @@ mod tests {
             Ok(Message::StreamAbort {
                 xid: 737,
                 subxid: 738,
-                abort_lsn: Some(Lsn(0x1_5A59_48)),
+                abort_lsn: Some(Lsn(0x015A_5948)),
                 abort_ts: Some(1)
             })
         );
@@ -1431,8 +1431,8 @@ mod tests {
         assert_eq!(
             ok(BEGIN_PREPARE),
             Message::BeginPrepare {
-                prepare_lsn: Lsn(0x160_0000),
-                end_lsn: Lsn(0x160_0100),
+                prepare_lsn: Lsn(0x0160_0000),
+                end_lsn: Lsn(0x0160_0100),
                 prepare_ts: 2,
                 xid: 740,
                 gid: gid()
@@ -1442,8 +1442,8 @@ mod tests {
             ok(PREPARE),
             Message::Prepare {
                 flags: 0,
-                prepare_lsn: Lsn(0x160_0000),
-                end_lsn: Lsn(0x160_0100),
+                prepare_lsn: Lsn(0x0160_0000),
+                end_lsn: Lsn(0x0160_0100),
                 prepare_ts: 2,
                 xid: 740,
                 gid: gid()
@@ -1453,8 +1453,8 @@ mod tests {
             ok(STREAM_PREPARE),
             Message::StreamPrepare {
                 flags: 0,
-                prepare_lsn: Lsn(0x160_0000),
-                end_lsn: Lsn(0x160_0100),
+                prepare_lsn: Lsn(0x0160_0000),
+                end_lsn: Lsn(0x0160_0100),
                 prepare_ts: 2,
                 xid: 740,
                 gid: gid()
@@ -1464,8 +1464,8 @@ mod tests {
             ok(COMMIT_PREPARED),
             Message::CommitPrepared {
                 flags: 0,
-                commit_lsn: Lsn(0x160_0200),
-                end_lsn: Lsn(0x160_0300),
+                commit_lsn: Lsn(0x0160_0200),
+                end_lsn: Lsn(0x0160_0300),
                 commit_ts: 3,
                 xid: 740,
                 gid: gid()
@@ -1475,8 +1475,8 @@ mod tests {
             ok(ROLLBACK_PREPARED),
             Message::RollbackPrepared {
                 flags: 0,
-                prepare_end_lsn: Lsn(0x160_0100),
-                rollback_end_lsn: Lsn(0x160_0400),
+                prepare_end_lsn: Lsn(0x0160_0100),
+                rollback_end_lsn: Lsn(0x0160_0400),
                 prepare_ts: 2,
                 rollback_ts: 4,
                 xid: 741,
