@@ -1,1 +1,7 @@
-//! tests
+//! The single integration test binary: real Postgres and NATS servers are started by `support` (once
+//! per binary for the shared Postgres), so every test module is listed here rather than being its own
+//! binary. Add a module: one `mod name;` line below.
+
+mod support;
+
+mod smoke;

