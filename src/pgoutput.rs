@@ -660,8 +660,9 @@ impl Reader {
     }
 }
 
-/// Builds pgoutput wire bytes from [`Message`]s: the inverse of [`Decoder::decode`], for round-trip
-/// tests, benchmarks and fake servers. Not used on the production path.
+/// Builds pgoutput wire bytes from [`Message`](crate::pgoutput::Message)s: the inverse of
+/// [`Decoder::decode`](crate::pgoutput::Decoder::decode), for round-trip tests, benchmarks and fake
+/// servers. Not used on the production path.
 ///
 /// The `[X]` prefix is written iff the message's `xid` is `Some`, and Stream Abort's abort fields iff
 /// they are `Some`; decode the result with a decoder in the matching stream/parallel state.
