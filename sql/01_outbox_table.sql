@@ -1,0 +1,57 @@
+-- 01_outbox_table.sql: the default outbox table that outbox-relay reads.
+--
+-- The application inserts one row per event in the same transaction as its business change; the relay
+-- publishes each committed insert to NATS JetStream. The relay reads the write-ahead log, never this table,
+-- so rows may be deleted at any time after their commit (see 04_write_event.sql and 05_retention.sql).
+-- The column names are the defaults of the [outbox] section of relay.toml; a table with other names works
+-- when the *_column keys say so.
+--
+-- Run as the owner of the application's schema (Postgres 15+), before 02_publication.sql:
+--   psql "$DATABASE_URL" -v ON_ERROR_STOP=1 -f sql/01_outbox_table.sql
+-- Safe to run again: it creates only what is missing.
+
+-- gen_random_uuid() is built in since Postgres 13; no extension needed.
+CREATE TABLE IF NOT EXISTS public.outbox (
+    event_id       uuid        PRIMARY KEY DEFAULT gen_random_uuid(),
+    aggregate_type text        NOT NULL,
+    aggregate_id   text        NOT NULL,
+    event_type     text        NOT NULL,
+    payload        jsonb       NOT NULL,
+    created_at     timestamptz NOT NULL DEFAULT now(),
+    headers        jsonb
+);
+
+-- Tables created before the headers column existed get it now.
+ALTER TABLE public.outbox ADD COLUMN IF NOT EXISTS headers jsonb;
+
+-- Extra headers must be a JSON object of strings ({"traceparent": "00-…"}): reject anything else when it
+-- is written, where the writer sees the error, rather than when the relay publishes it.
+DO $$
+BEGIN
+    IF NOT EXISTS (
+        SELECT 1 FROM pg_constraint
+        WHERE conrelid = 'public.outbox'::regclass AND conname = 'outbox_headers_string_object'
+    ) THEN
+        ALTER TABLE public.outbox ADD CONSTRAINT outbox_headers_string_object CHECK (
+            headers IS NULL
+            OR (jsonb_typeof(headers) = 'object'
+                AND NOT jsonb_path_exists(headers, '$.* ? (@.type() != "string")'))
+        );
+    END IF;
+END
+$$;
+
+COMMENT ON TABLE public.outbox IS
+    'Transactional outbox: insert one row per event in the same transaction as the business change. '
+    'outbox-relay publishes each committed insert to NATS JetStream (subject outbox.<aggregate_type>, '
+    'Nats-Msg-Id = event_id) by reading the WAL; rows can be deleted once committed.';
+COMMENT ON COLUMN public.outbox.event_id IS
+    'Event id; published as the Nats-Msg-Id header, by which JetStream and consumers drop duplicates.';
+COMMENT ON COLUMN public.outbox.aggregate_type IS
+    'Kind of entity the event is about, e.g. Claim; chooses the subject. Must be a valid NATS subject token.';
+COMMENT ON COLUMN public.outbox.aggregate_id IS 'Id of the entity, e.g. 4711; header Outbox-Aggregate-Id.';
+COMMENT ON COLUMN public.outbox.event_type IS 'What happened, e.g. ClaimApproved; header Outbox-Event-Type.';
+COMMENT ON COLUMN public.outbox.payload IS 'Message body, published as stored (the jsonb text form).';
+COMMENT ON COLUMN public.outbox.created_at IS 'Start of the writing transaction; used only by retention.';
+COMMENT ON COLUMN public.outbox.headers IS
+    'Optional extra message headers: a JSON object of string values, e.g. {"traceparent": "00-..."}.';
