@@ -72,12 +72,11 @@ pub fn user_ids(name: &str) -> Option<(u32, u32)> {
 }
 
 /// Sends `signal` (a name such as `INT`, `TERM`, `KILL`) to a pid, or to a process group when `pid`
-/// is negative. Errors (already gone) are ignored: callers wait for the exit themselves.
+/// is negative. The shell's builtin `kill`, because a minimal Debian has no procps `kill` binary.
+/// Errors (already gone) are ignored: callers wait for the exit themselves.
 pub fn signal(pid: i64, signal: &str) {
-    let _ = Command::new("kill")
-        .arg("-s")
-        .arg(signal)
-        .arg("--")
+    let _ = Command::new("sh")
+        .args(["-c", r#"kill -s "$1" -- "$2" 2>/dev/null"#, "sh", signal])
         .arg(pid.to_string())
         .stdout(Stdio::null())
         .stderr(Stdio::null())

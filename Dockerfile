@@ -1,0 +1,26 @@
+# syntax=docker/dockerfile:1
+# The relay image: built in the Rust image (the toolchain pinned in rust-toolchain.toml, dependencies
+# exactly as in Cargo.lock), run on a slim Debian as an unprivileged user. Used by docker-compose.yml.
+
+FROM rust:1.95-bookworm AS build
+WORKDIR /src
+COPY . .
+# Cache mounts keep the registry and target dir between builds; the binary is copied out of the
+# (unpersisted) target mount in the same step.
+RUN --mount=type=cache,target=/usr/local/cargo/registry \
+    --mount=type=cache,target=/src/target \
+    cargo build --release --locked --bin outbox-relay \
+    && cp target/release/outbox-relay /usr/local/bin/outbox-relay
+
+FROM debian:bookworm-slim
+# ca-certificates: TLS to a managed Postgres or NATS verifies against the system roots.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends ca-certificates \
+    && rm -rf /var/lib/apt/lists/* \
+    && useradd --system --no-create-home --shell /usr/sbin/nologin relay
+COPY --from=build /usr/local/bin/outbox-relay /usr/local/bin/outbox-relay
+USER relay
+# /metrics, /healthz, /readyz
+EXPOSE 9187
+ENTRYPOINT ["outbox-relay"]
+CMD ["run"]

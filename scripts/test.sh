@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# The test command (README, CI): installs missing dependencies, checks formatting and lints, validates
+# docker-compose.yml, runs every test (unit and integration, against real Postgres and NATS), and then
+# fails if any server the tests started is still running. Non-zero on any failure.
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+start=$SECONDS
+
+step() { printf '\n==> %s\n' "$*"; }
+
+step "dependencies"
+bash scripts/install-deps.sh
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "cargo clippy"
+cargo clippy --all-targets -- -D warnings
+
+step "docker-compose config"
+if command -v docker-compose >/dev/null 2>&1; then
+  docker-compose -f docker-compose.yml config -q
+  echo "docker-compose.yml is valid"
+else
+  echo "skipped: docker-compose not installed"
+fi
+
+# The test support names every server dir "$TMPDIR/outbox-relay-test-<tag>-…" and puts it on the
+# server's command line; a tag of our own tells our servers from those of anyone else's test run on
+# this machine.
+export OUTBOX_RELAY_TEST_TAG="run$$"
+marker="outbox-relay-test-${OUTBOX_RELAY_TEST_TAG}-"
+
+leftovers() {
+  # /proc instead of pgrep: procps is not on a minimal Debian.
+  local cmdline pid line
+  for cmdline in /proc/[0-9]*/cmdline; do
+    pid=${cmdline#/proc/}
+    pid=${pid%/cmdline}
+    [ "$pid" = "$$" ] && continue
+    # A bash match, not grep: a grep would carry the marker on its own command line.
+    line=$(tr '\0' ' ' <"$cmdline" 2>/dev/null) || continue
+    if [[ $line == *"$marker"* ]]; then
+      printf '%s: %s\n' "$pid" "$line"
+    fi
+  done
+}
+
+step "cargo test"
+test_status=0
+cargo test --all-targets || test_status=$?
+
+step "leftover servers"
+# Watchdogs stop the shared server within ~1.5 s of the test binary's exit; allow for a busy machine.
+for _ in $(seq 1 50); do
+  [ -z "$(leftovers)" ] && break
+  sleep 0.2
+done
+left=$(leftovers)
+if [ -n "$left" ]; then
+  echo "processes started by the tests are still running:" >&2
+  echo "$left" >&2
+  exit 1
+fi
+echo "none"
+
+if [ "$test_status" -ne 0 ]; then
+  echo "cargo test failed (exit $test_status)" >&2
+  exit "$test_status"
+fi
+echo
+echo "all checks passed in $((SECONDS - start)) s"
