@@ -40,7 +40,7 @@ leftovers() {
     pid=${pid%/cmdline}
     [ "$pid" = "$$" ] && continue
     # A bash match, not grep: a grep would carry the marker on its own command line.
-    line=$(tr '\0' ' ' <"$cmdline" 2>/dev/null) || continue
+    line=$(tr '\0' ' ' 2>/dev/null <"$cmdline") || continue
     if [[ $line == *"$marker"* ]]; then
       printf '%s: %s\n' "$pid" "$line"
     fi
