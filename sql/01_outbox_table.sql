@@ -24,18 +24,24 @@ CREATE TABLE IF NOT EXISTS public.outbox (
 -- Tables created before the headers column existed get it now.
 ALTER TABLE public.outbox ADD COLUMN IF NOT EXISTS headers jsonb;
 
--- Extra headers must be a JSON object of strings ({"traceparent": "00-…"}): reject anything else when it
--- is written, where the writer sees the error, rather than when the relay publishes it.
+-- Extra headers must be a JSON object whose keys are valid header names and not the relay's own
+-- (Nats-*, Outbox-*), with no line breaks in string values; other values are sent as their JSON text.
+-- The relay dead-letters a row that breaks these rules; the constraint rejects it already when it is
+-- written, where the writer sees the error.
 DO $$
 BEGIN
     IF NOT EXISTS (
         SELECT 1 FROM pg_constraint
-        WHERE conrelid = 'public.outbox'::regclass AND conname = 'outbox_headers_string_object'
+        WHERE conrelid = 'public.outbox'::regclass AND conname = 'outbox_headers_valid'
     ) THEN
-        ALTER TABLE public.outbox ADD CONSTRAINT outbox_headers_string_object CHECK (
+        ALTER TABLE public.outbox ADD CONSTRAINT outbox_headers_valid CHECK (
             headers IS NULL
             OR (jsonb_typeof(headers) = 'object'
-                AND NOT jsonb_path_exists(headers, '$.* ? (@.type() != "string")'))
+                AND NOT jsonb_path_exists(headers, '$.keyvalue() ? (
+                        @.key == ""
+                     || @.key like_regex "[^!-9;-~]"
+                     || @.key like_regex "^(nats|outbox)-" flag "i"
+                     || (@.value.type() == "string" && @.value like_regex "[\r\n]"))'))
         );
     END IF;
 END
@@ -54,4 +60,5 @@ COMMENT ON COLUMN public.outbox.event_type IS 'What happened, e.g. ClaimApproved
 COMMENT ON COLUMN public.outbox.payload IS 'Message body, published as stored (the jsonb text form).';
 COMMENT ON COLUMN public.outbox.created_at IS 'Start of the writing transaction; used only by retention.';
 COMMENT ON COLUMN public.outbox.headers IS
-    'Optional extra message headers: a JSON object of string values, e.g. {"traceparent": "00-..."}.';
+    'Optional extra message headers: a JSON object of string values, e.g. {"traceparent": "00-..."}. '
+    'Published only when relay.toml sets headers_column = "headers".';
