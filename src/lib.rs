@@ -32,9 +32,18 @@
 //! to a dead-letter subject, never silently skipped; P8 bad settings fail with a one-line error.
 //! Consumers deduplicate by `Nats-Msg-Id`: delivery is at least once.
 
+pub mod config;
 pub mod lsn;
+pub mod message;
+pub mod metrics;
+pub mod outbox;
 pub mod pgoutput;
 pub mod progress;
+pub mod relay;
+pub mod route;
+pub mod setup;
+pub mod sink;
 pub mod source;
+pub mod status;
 
 pub use lsn::Lsn;

@@ -1,1 +1,139 @@
-fn main() {}
+//! The `outbox-relay` binary: parses the command line, loads the configuration, sets up logging, and
+//! runs one command. Thin on purpose: everything it calls lives in the library.
+//!
+//! Exit codes: 0 success (for `status`: healthy), 1 failure or unhealthy, 2 bad command line.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::{Parser, Subcommand};
+use outbox_relay::config::{Config, LogFormat};
+use outbox_relay::metrics::Metrics;
+
+/// Transactional outbox relay: Postgres logical replication to NATS JetStream.
+#[derive(Parser, Debug)]
+#[command(name = "outbox-relay", version, about)]
+struct Cli {
+    /// TOML configuration file. Every key can also be set by OUTBOX_RELAY_<SECTION>_<KEY>.
+    #[arg(long, short, global = true, value_name = "FILE")]
+    config: Option<PathBuf>,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Stream outbox inserts to JetStream until SIGINT/SIGTERM.
+    Run,
+    /// Check the servers and create what is missing: publication, slot, stream.
+    Setup,
+    /// Show slot and stream; exit 0 when healthy, 1 when not.
+    Status {
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let config = match Config::load(cli.config.as_deref()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("outbox-relay: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    init_logging(&config);
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("outbox-relay: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async move {
+        match cli.command {
+            Command::Run => {
+                let metrics = Arc::new(Metrics::default());
+                match outbox_relay::relay::run(config, metrics, shutdown_signal()).await {
+                    Ok(()) => ExitCode::SUCCESS,
+                    Err(e) => {
+                        eprintln!("outbox-relay: {e:#}");
+                        ExitCode::FAILURE
+                    }
+                }
+            }
+            Command::Setup => match outbox_relay::setup::setup(&config).await {
+                Ok(report) => {
+                    for line in &report.lines {
+                        println!("{line}");
+                    }
+                    for w in &report.warnings {
+                        println!("warning: {w}");
+                    }
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("outbox-relay: {e:#}");
+                    ExitCode::FAILURE
+                }
+            },
+            Command::Status { json } => match outbox_relay::status::status(&config).await {
+                Ok(s) => {
+                    if json {
+                        println!("{}", serde_json::to_string_pretty(&s).unwrap_or_default());
+                    } else {
+                        print!("{}", s.render_text());
+                    }
+                    if s.healthy {
+                        ExitCode::SUCCESS
+                    } else {
+                        ExitCode::FAILURE
+                    }
+                }
+                Err(e) => {
+                    eprintln!("outbox-relay: {e:#}");
+                    ExitCode::FAILURE
+                }
+            },
+        }
+    })
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}
+
+/// Logs go to stderr: human-readable by default, JSON with `log.format = "json"`.
+fn init_logging(config: &Config) {
+    let filter = tracing_subscriber::EnvFilter::try_new(&config.log.level)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match config.log.format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.init(),
+    }
+}

@@ -1,0 +1,218 @@
+//! What a NATS message for an outbox event looks like (DESIGN.md §4): subject, headers, payload, and
+//! the dead-letter form of an event that cannot be published as it is.
+//!
+//! Headers: `Nats-Msg-Id` (the event id: JetStream drops a republished event inside the stream's
+//! duplicate window), `Outbox-Event-Type`, `Outbox-Aggregate-Type`, `Outbox-Aggregate-Id`,
+//! `Outbox-Commit-Lsn`, plus the event's own headers. A dead letter carries the same headers plus
+//! `Outbox-Error` (one line) and `Outbox-Subject` (the subject it would have had), and its payload as
+//! stored unless that is what made it too big (then it is empty and `Outbox-Payload-Size` says how big).
+
+use async_nats::HeaderMap;
+use bytes::Bytes;
+
+use crate::outbox::OutboxEvent;
+use crate::route::SubjectTemplate;
+
+pub const NATS_MSG_ID: &str = "Nats-Msg-Id";
+pub const EVENT_TYPE: &str = "Outbox-Event-Type";
+pub const AGGREGATE_TYPE: &str = "Outbox-Aggregate-Type";
+pub const AGGREGATE_ID: &str = "Outbox-Aggregate-Id";
+pub const COMMIT_LSN: &str = "Outbox-Commit-Lsn";
+pub const ERROR: &str = "Outbox-Error";
+pub const SUBJECT: &str = "Outbox-Subject";
+pub const PAYLOAD_SIZE: &str = "Outbox-Payload-Size";
+
+/// A message ready for JetStream.
+#[derive(Debug, Clone)]
+pub struct Outgoing {
+    pub subject: String,
+    pub headers: HeaderMap,
+    pub payload: Bytes,
+    /// Set for dead letters: the reason, for logs and metrics.
+    pub dead_letter: Option<String>,
+}
+
+/// Builds the message for `event`: routed by `template`, or a dead letter when the event has a problem
+/// or cannot be routed.
+pub fn build(
+    event: &OutboxEvent,
+    template: &SubjectTemplate,
+    dead_letter_subject: &str,
+) -> Outgoing {
+    let routed = template.render(
+        event.aggregate_type.as_deref().unwrap_or(""),
+        event.event_type.as_deref().unwrap_or(""),
+        event.aggregate_id.as_deref().unwrap_or(""),
+    );
+    match (&event.problem, routed) {
+        (None, Ok(subject)) => Outgoing {
+            subject,
+            headers: headers(event),
+            payload: event.payload.clone(),
+            dead_letter: None,
+        },
+        (Some(problem), routed) => {
+            dead_letter(event, dead_letter_subject, problem, routed.ok(), false)
+        }
+        (None, Err(e)) => dead_letter(event, dead_letter_subject, &e.to_string(), None, false),
+    }
+}
+
+/// The dead-letter form of `event`. `drop_payload` when the payload is what cannot be published.
+pub fn dead_letter(
+    event: &OutboxEvent,
+    dead_letter_subject: &str,
+    reason: &str,
+    subject: Option<String>,
+    drop_payload: bool,
+) -> Outgoing {
+    let mut h = headers(event);
+    h.insert(ERROR, one_line(reason).as_str());
+    if let Some(s) = &subject {
+        h.insert(SUBJECT, s.as_str());
+    }
+    let payload = if drop_payload {
+        h.insert(PAYLOAD_SIZE, event.payload.len().to_string().as_str());
+        Bytes::new()
+    } else {
+        event.payload.clone()
+    };
+    Outgoing {
+        subject: dead_letter_subject.to_owned(),
+        headers: h,
+        payload,
+        dead_letter: Some(reason.to_owned()),
+    }
+}
+
+/// The message id: the event id, or, when the row had none, one derived from its position in the WAL
+/// so that a republished dead letter is still deduplicated.
+pub fn message_id(event: &OutboxEvent) -> String {
+    match &event.id {
+        Some(id) if !id.is_empty() => id.clone(),
+        _ => format!("lsn:{}:{}", event.commit_lsn, event.index),
+    }
+}
+
+fn headers(event: &OutboxEvent) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    h.insert(NATS_MSG_ID, message_id(event).as_str());
+    if let Some(v) = &event.event_type {
+        h.insert(EVENT_TYPE, header_value(v).as_str());
+    }
+    if let Some(v) = &event.aggregate_type {
+        h.insert(AGGREGATE_TYPE, header_value(v).as_str());
+    }
+    if let Some(v) = &event.aggregate_id {
+        h.insert(AGGREGATE_ID, header_value(v).as_str());
+    }
+    h.insert(COMMIT_LSN, event.commit_lsn.to_string().as_str());
+    for (k, v) in &event.headers {
+        h.insert(k.as_str(), v.as_str());
+    }
+    h
+}
+
+/// Header values cannot hold line breaks (they would end the header block).
+fn header_value(v: &str) -> String {
+    if v.contains(['\r', '\n']) {
+        one_line(v)
+    } else {
+        v.to_owned()
+    }
+}
+
+fn one_line(s: &str) -> String {
+    s.split(['\r', '\n'])
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Lsn;
+
+    fn event() -> OutboxEvent {
+        OutboxEvent {
+            id: Some("e-5531".into()),
+            aggregate_type: Some("Claim".into()),
+            aggregate_id: Some("4711".into()),
+            event_type: Some("ClaimApproved".into()),
+            payload: Bytes::from_static(b"{\"claim_id\":4711}"),
+            headers: vec![("traceparent".into(), "00-1-2-01".into())],
+            commit_lsn: Lsn(0x1_0000_00A0),
+            index: 0,
+            problem: None,
+        }
+    }
+
+    fn template() -> SubjectTemplate {
+        SubjectTemplate::parse("outbox.{aggregate_type}").unwrap()
+    }
+
+    #[test]
+    fn builds_contract_headers() {
+        let m = build(&event(), &template(), "dlq");
+        assert_eq!(m.subject, "outbox.Claim");
+        assert_eq!(m.dead_letter, None);
+        let h = &m.headers;
+        assert_eq!(h.get(NATS_MSG_ID).unwrap().as_str(), "e-5531");
+        assert_eq!(h.get(EVENT_TYPE).unwrap().as_str(), "ClaimApproved");
+        assert_eq!(h.get(AGGREGATE_TYPE).unwrap().as_str(), "Claim");
+        assert_eq!(h.get(AGGREGATE_ID).unwrap().as_str(), "4711");
+        assert_eq!(h.get(COMMIT_LSN).unwrap().as_str(), "1/A0");
+        assert_eq!(h.get("traceparent").unwrap().as_str(), "00-1-2-01");
+        assert_eq!(&m.payload[..], b"{\"claim_id\":4711}");
+    }
+
+    #[test]
+    fn unroutable_event_becomes_dead_letter_with_reason() {
+        let mut e = event();
+        e.aggregate_type = Some("Cl aim".into());
+        let m = build(&e, &template(), "outbox_dead_letter");
+        assert_eq!(m.subject, "outbox_dead_letter");
+        let err = m.headers.get(ERROR).unwrap().as_str();
+        assert!(
+            err.contains("aggregate_type") && err.contains("whitespace"),
+            "{err}"
+        );
+        assert!(m.headers.get(SUBJECT).is_none());
+        assert_eq!(m.headers.get(NATS_MSG_ID).unwrap().as_str(), "e-5531");
+        assert_eq!(&m.payload[..], &e.payload[..], "payload kept");
+    }
+
+    #[test]
+    fn problem_event_keeps_the_subject_it_would_have_had() {
+        let mut e = event();
+        e.problem = Some("column x missing\nreally".into());
+        let m = build(&e, &template(), "dlq");
+        assert_eq!(m.subject, "dlq");
+        assert_eq!(m.headers.get(SUBJECT).unwrap().as_str(), "outbox.Claim");
+        assert_eq!(
+            m.headers.get(ERROR).unwrap().as_str(),
+            "column x missing really"
+        );
+    }
+
+    #[test]
+    fn oversize_dead_letter_drops_payload_and_says_its_size() {
+        let e = event();
+        let m = dead_letter(&e, "dlq", "too big", Some("outbox.Claim".into()), true);
+        assert!(m.payload.is_empty());
+        assert_eq!(
+            m.headers.get(PAYLOAD_SIZE).unwrap().as_str(),
+            e.payload.len().to_string()
+        );
+    }
+
+    #[test]
+    fn missing_id_gets_a_stable_wal_derived_id() {
+        let mut e = event();
+        e.id = None;
+        e.index = 3;
+        assert_eq!(message_id(&e), "lsn:1/A0:3");
+    }
+}

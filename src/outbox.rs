@@ -1,0 +1,629 @@
+//! The outbox stage: a relation cache, and the mapping from an INSERT into the outbox table to an
+//! [`OutboxEvent`].
+//!
+//! Only inserts into the configured table become events. Updates, deletes and truncates of it are
+//! counted and ignored (an insert followed by a delete in the same transaction still publishes: the
+//! insert is in the WAL). Changes to other tables are ignored. Column positions are looked up by name
+//! from the latest Relation message, which the walsender re-sends after every schema change, so a
+//! column added mid-stream is harmless and a needed column dropped or renamed turns the following
+//! events into invalid ones (with the reason) instead of silently mis-mapping them.
+//!
+//! Values stay `Bytes` slices of the received frame: the jsonb text is already JSON and is published as
+//! stored, never parsed and re-serialised. Only `bytea` (hex text output → raw bytes) and the optional
+//! headers column (a small JSON object) are decoded.
+
+use std::collections::HashMap;
+
+use bytes::Bytes;
+
+use crate::Lsn;
+use crate::config::OutboxConfig;
+use crate::pgoutput::{Message, Relation, TupleValue};
+
+/// Type OIDs the mapping cares about (`pg_type.dat`).
+mod oid {
+    pub const BYTEA: u32 = 17;
+}
+
+/// One outbox row on its way to JetStream. Fields are `None` when the column was NULL or missing; then
+/// `problem` says why the event cannot be published as is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutboxEvent {
+    pub id: Option<String>,
+    pub aggregate_type: Option<String>,
+    pub aggregate_id: Option<String>,
+    pub event_type: Option<String>,
+    pub payload: Bytes,
+    pub headers: Vec<(String, String)>,
+    /// The commit LSN of the transaction (from Begin.final_lsn): the `Outbox-Commit-Lsn` header.
+    pub commit_lsn: Lsn,
+    /// Position among the outbox inserts of its transaction (0-based).
+    pub index: u32,
+    /// Why this event must go to the dead-letter subject; `None` for a good event.
+    pub problem: Option<String>,
+}
+
+/// What one pgoutput message means for the relay.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    Begin {
+        final_lsn: Lsn,
+    },
+    Event(Box<OutboxEvent>),
+    Commit {
+        commit_lsn: Lsn,
+        end_lsn: Lsn,
+    },
+    /// An outbox update/delete/truncate: counted, not published.
+    IgnoredChange(&'static str),
+    /// Anything else: relations, other tables, origins, types.
+    Nothing,
+}
+
+/// A stream the stage cannot interpret: a protocol violation, not a bad event. Definite: the relay
+/// stops rather than guess, and nothing past it is confirmed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StageError {
+    #[error("insert for relation {0} arrived before its Relation message")]
+    UnknownRelation(u32),
+    #[error("insert into {table} has {got} columns, its Relation message {expected}")]
+    ColumnCount {
+        table: String,
+        got: usize,
+        expected: usize,
+    },
+    #[error("streamed or two-phase transaction message {0} received, but neither was requested")]
+    Unrequested(&'static str),
+}
+
+/// Positions of the configured columns in the outbox table's current Relation.
+#[derive(Debug, Clone)]
+struct OutboxColumns {
+    ncols: usize,
+    id: Option<usize>,
+    aggregate_type: Option<usize>,
+    aggregate_id: Option<usize>,
+    event_type: Option<usize>,
+    payload: Option<usize>,
+    payload_is_bytea: bool,
+    headers: Option<usize>,
+    /// Configured columns the table does not have (dropped or renamed): the reason for dead letters.
+    missing: Vec<String>,
+}
+
+/// The stage. One per replication session (the relation cache starts empty on every connect).
+#[derive(Debug)]
+pub struct OutboxStage {
+    config: OutboxConfig,
+    schema: String,
+    table: String,
+    /// Relation id → columns, for the outbox table only; other relations map to `None`.
+    relations: HashMap<u32, Option<OutboxColumns>>,
+    commit_lsn: Lsn,
+    /// Outbox inserts seen in the current transaction.
+    index: u32,
+}
+
+impl OutboxStage {
+    pub fn new(config: &OutboxConfig) -> Self {
+        let (schema, table) = config.table_parts();
+        OutboxStage {
+            schema: schema.to_owned(),
+            table: table.to_owned(),
+            config: config.clone(),
+            relations: HashMap::new(),
+            commit_lsn: Lsn::ZERO,
+            index: 0,
+        }
+    }
+
+    /// Interprets one decoded message.
+    pub fn step(&mut self, msg: Message) -> Result<Step, StageError> {
+        Ok(match msg {
+            Message::Begin { final_lsn, .. } => {
+                self.commit_lsn = final_lsn;
+                self.index = 0;
+                Step::Begin { final_lsn }
+            }
+            Message::Commit {
+                commit_lsn,
+                end_lsn,
+                ..
+            } => Step::Commit {
+                commit_lsn,
+                end_lsn,
+            },
+            Message::Relation(rel) => {
+                let cols = self.is_outbox(&rel).then(|| self.columns(&rel));
+                self.relations.insert(rel.id, cols);
+                Step::Nothing
+            }
+            Message::Insert {
+                relation_id, new, ..
+            } => match self.relations.get(&relation_id) {
+                None => return Err(StageError::UnknownRelation(relation_id)),
+                Some(None) => Step::Nothing,
+                Some(Some(cols)) => {
+                    if new.len() != cols.ncols {
+                        return Err(StageError::ColumnCount {
+                            table: self.config.table.clone(),
+                            got: new.len(),
+                            expected: cols.ncols,
+                        });
+                    }
+                    let event = self.event(cols, new);
+                    self.index += 1;
+                    Step::Event(Box::new(event))
+                }
+            },
+            Message::Update { relation_id, .. } => self.ignored(relation_id, "update"),
+            Message::Delete { relation_id, .. } => self.ignored(relation_id, "delete"),
+            Message::Truncate { relation_ids, .. } => {
+                if relation_ids
+                    .iter()
+                    .any(|id| matches!(self.relations.get(id), Some(Some(_))))
+                {
+                    Step::IgnoredChange("truncate")
+                } else {
+                    Step::Nothing
+                }
+            }
+            Message::StreamStart { .. } => return Err(StageError::Unrequested("Stream Start")),
+            Message::BeginPrepare { .. } => return Err(StageError::Unrequested("Begin Prepare")),
+            _ => Step::Nothing,
+        })
+    }
+
+    fn ignored(&self, relation_id: u32, kind: &'static str) -> Step {
+        match self.relations.get(&relation_id) {
+            Some(Some(_)) => Step::IgnoredChange(kind),
+            _ => Step::Nothing,
+        }
+    }
+
+    fn is_outbox(&self, rel: &Relation) -> bool {
+        // pgoutput sends "" for pg_catalog; the outbox is never there.
+        rel.name == self.table && rel.namespace == self.schema
+    }
+
+    fn columns(&self, rel: &Relation) -> OutboxColumns {
+        let find = |name: &str| rel.columns.iter().position(|c| c.name == name);
+        let c = &self.config;
+        let mut missing = Vec::new();
+        let mut need = |name: &str| {
+            let pos = find(name);
+            if pos.is_none() {
+                missing.push(name.to_owned());
+            }
+            pos
+        };
+        let id = need(&c.id_column);
+        let aggregate_type = need(&c.aggregate_type_column);
+        let aggregate_id = need(&c.aggregate_id_column);
+        let event_type = need(&c.event_type_column);
+        let payload = need(&c.payload_column);
+        let headers = if c.headers_column.is_empty() {
+            None
+        } else {
+            need(&c.headers_column)
+        };
+        OutboxColumns {
+            ncols: rel.columns.len(),
+            id,
+            aggregate_type,
+            aggregate_id,
+            event_type,
+            payload_is_bytea: payload.is_some_and(|p| rel.columns[p].type_oid == oid::BYTEA),
+            payload,
+            headers,
+            missing,
+        }
+    }
+
+    fn event(&self, cols: &OutboxColumns, row: Vec<TupleValue>) -> OutboxEvent {
+        let c = &self.config;
+        let mut problems: Vec<String> = Vec::new();
+        if !cols.missing.is_empty() {
+            problems.push(format!(
+                "column {} missing from {} (dropped or renamed?)",
+                cols.missing.join(", "),
+                c.table
+            ));
+        }
+        let mut text = |pos: Option<usize>, name: &str, required: bool| -> Option<String> {
+            let v = pos.and_then(|p| row.get(p))?;
+            match v {
+                TupleValue::Text(b) | TupleValue::Binary(b) => match std::str::from_utf8(b) {
+                    Ok(s) => Some(s.to_owned()),
+                    Err(_) => {
+                        problems.push(format!("column {name} is not valid UTF-8"));
+                        None
+                    }
+                },
+                TupleValue::Null => {
+                    if required {
+                        problems.push(format!("column {name} is null"));
+                    }
+                    None
+                }
+                TupleValue::UnchangedToast => {
+                    problems.push(format!(
+                        "column {name} was not sent (unchanged TOAST value)"
+                    ));
+                    None
+                }
+            }
+        };
+        let id = text(cols.id, &c.id_column, true);
+        let aggregate_type = text(cols.aggregate_type, &c.aggregate_type_column, true);
+        let event_type = text(cols.event_type, &c.event_type_column, true);
+        let aggregate_id = text(cols.aggregate_id, &c.aggregate_id_column, false);
+        let headers_json = text(cols.headers, &c.headers_column, false);
+        if id.as_deref() == Some("") {
+            problems.push(format!("column {} is empty", c.id_column));
+        }
+        let payload = match cols.payload.and_then(|p| row.get(p)) {
+            Some(TupleValue::Text(b)) if cols.payload_is_bytea => match decode_bytea_hex(b) {
+                Some(raw) => raw,
+                None => {
+                    problems.push(format!(
+                        "column {} is not bytea hex output",
+                        c.payload_column
+                    ));
+                    b.clone()
+                }
+            },
+            Some(TupleValue::Text(b) | TupleValue::Binary(b)) => b.clone(),
+            Some(TupleValue::UnchangedToast) => {
+                problems.push(format!(
+                    "column {} was not sent (unchanged TOAST value)",
+                    c.payload_column
+                ));
+                Bytes::new()
+            }
+            Some(TupleValue::Null) | None => Bytes::new(),
+        };
+        let mut headers = Vec::new();
+        if let Some(json) = headers_json {
+            match parse_headers(&json) {
+                Ok(h) => headers = h,
+                Err(e) => problems.push(format!("column {}: {e}", c.headers_column)),
+            }
+        }
+        OutboxEvent {
+            id,
+            aggregate_type,
+            aggregate_id,
+            event_type,
+            payload,
+            headers,
+            commit_lsn: self.commit_lsn,
+            index: self.index,
+            problem: (!problems.is_empty()).then(|| problems.join("; ")),
+        }
+    }
+}
+
+/// `\x48656c6c6f` → `Hello` (bytea's default `bytea_output = hex`).
+fn decode_bytea_hex(b: &[u8]) -> Option<Bytes> {
+    let hex = b.strip_prefix(b"\\x")?;
+    if hex.len() % 2 != 0 {
+        return None;
+    }
+    let nib = |c: u8| match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        b'A'..=b'F' => Some(c - b'A' + 10),
+        _ => None,
+    };
+    hex.chunks_exact(2)
+        .map(|p| Some(nib(p[0])? << 4 | nib(p[1])?))
+        .collect::<Option<Vec<u8>>>()
+        .map(Bytes::from)
+}
+
+/// The headers column: a JSON object; string values as they are, other values as their JSON text.
+/// Names must be valid header names and must not override the relay's own headers.
+fn parse_headers(json: &str) -> Result<Vec<(String, String)>, String> {
+    let value: serde_json::Value =
+        serde_json::from_str(json).map_err(|e| format!("not JSON ({e})"))?;
+    let serde_json::Value::Object(map) = value else {
+        return Err("not a JSON object".into());
+    };
+    let mut out = Vec::with_capacity(map.len());
+    for (k, v) in map {
+        if k.is_empty()
+            || k.chars()
+                .any(|c| c == ':' || c.is_whitespace() || c.is_control() || !c.is_ascii())
+        {
+            return Err(format!("{k:?} is not a valid header name"));
+        }
+        let lower = k.to_ascii_lowercase();
+        if lower.starts_with("nats-") || lower.starts_with("outbox-") {
+            return Err(format!(
+                "{k:?} is reserved (Nats-*/Outbox-* headers are set by the relay)"
+            ));
+        }
+        let v = match v {
+            serde_json::Value::String(s) => s,
+            other => other.to_string(),
+        };
+        if v.contains(['\r', '\n']) {
+            return Err(format!("the value of {k:?} contains a line break"));
+        }
+        out.push((k, v));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pgoutput::Column;
+
+    fn col(name: &str, type_oid: u32) -> Column {
+        Column {
+            flags: 0,
+            name: name.into(),
+            type_oid,
+            type_modifier: -1,
+        }
+    }
+
+    fn outbox_relation(id: u32, cols: &[(&str, u32)]) -> Message {
+        Message::Relation(Relation {
+            xid: None,
+            id,
+            namespace: "public".into(),
+            name: "outbox".into(),
+            replica_identity: b'd',
+            columns: cols.iter().map(|(n, t)| col(n, *t)).collect(),
+        })
+    }
+
+    const DEFAULT_COLS: &[(&str, u32)] = &[
+        ("event_id", 2950),
+        ("aggregate_type", 25),
+        ("aggregate_id", 25),
+        ("event_type", 25),
+        ("payload", 3802),
+        ("created_at", 1184),
+    ];
+
+    fn t(s: &str) -> TupleValue {
+        TupleValue::Text(Bytes::copy_from_slice(s.as_bytes()))
+    }
+
+    fn insert(id: u32, vals: Vec<TupleValue>) -> Message {
+        Message::Insert {
+            xid: None,
+            relation_id: id,
+            new: vals,
+        }
+    }
+
+    fn stage() -> OutboxStage {
+        OutboxStage::new(&OutboxConfig::default())
+    }
+
+    fn event(step: Step) -> OutboxEvent {
+        match step {
+            Step::Event(e) => *e,
+            other => panic!("expected an event, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn maps_an_insert_to_an_event() {
+        let mut s = stage();
+        s.step(Message::Begin {
+            final_lsn: Lsn(0x1234),
+            commit_ts: 0,
+            xid: 1,
+        })
+        .unwrap();
+        s.step(outbox_relation(7, DEFAULT_COLS)).unwrap();
+        let payload = r#"{"claim_id": 4711, "status": "approved"}"#;
+        let e = event(
+            s.step(insert(
+                7,
+                vec![
+                    t("e-5531"),
+                    t("Claim"),
+                    t("4711"),
+                    t("ClaimApproved"),
+                    t(payload),
+                    t("2026-11-30 10:00:00+00"),
+                ],
+            ))
+            .unwrap(),
+        );
+        assert_eq!(e.id.as_deref(), Some("e-5531"));
+        assert_eq!(e.aggregate_type.as_deref(), Some("Claim"));
+        assert_eq!(e.aggregate_id.as_deref(), Some("4711"));
+        assert_eq!(e.event_type.as_deref(), Some("ClaimApproved"));
+        assert_eq!(
+            &e.payload[..],
+            payload.as_bytes(),
+            "payload passes through as stored"
+        );
+        assert_eq!(e.commit_lsn, Lsn(0x1234));
+        assert_eq!(e.problem, None);
+    }
+
+    #[test]
+    fn other_tables_and_outbox_updates_are_not_events() {
+        let mut s = stage();
+        s.step(Message::Relation(Relation {
+            xid: None,
+            id: 9,
+            namespace: "public".into(),
+            name: "claims".into(),
+            replica_identity: b'd',
+            columns: vec![col("id", 20)],
+        }))
+        .unwrap();
+        assert_eq!(s.step(insert(9, vec![t("1")])).unwrap(), Step::Nothing);
+        s.step(outbox_relation(7, DEFAULT_COLS)).unwrap();
+        let upd = Message::Update {
+            xid: None,
+            relation_id: 7,
+            old: None,
+            new: vec![],
+        };
+        assert_eq!(s.step(upd).unwrap(), Step::IgnoredChange("update"));
+        let del = Message::Delete {
+            xid: None,
+            relation_id: 7,
+            old: crate::pgoutput::OldTuple::Key(vec![]),
+        };
+        assert_eq!(s.step(del).unwrap(), Step::IgnoredChange("delete"));
+    }
+
+    #[test]
+    fn same_name_in_other_schema_is_not_the_outbox() {
+        let mut s = stage();
+        let Message::Relation(mut rel) = outbox_relation(3, DEFAULT_COLS) else {
+            unreachable!()
+        };
+        rel.namespace = "audit".into();
+        s.step(Message::Relation(rel)).unwrap();
+        let vals = vec![t("a"), t("b"), t("c"), t("d"), t("{}"), t("x")];
+        assert_eq!(s.step(insert(3, vals)).unwrap(), Step::Nothing);
+    }
+
+    #[test]
+    fn null_required_fields_are_problems_not_panics() {
+        let mut s = stage();
+        s.step(outbox_relation(7, DEFAULT_COLS)).unwrap();
+        let e = event(
+            s.step(insert(
+                7,
+                vec![
+                    TupleValue::Null,
+                    t("Claim"),
+                    TupleValue::Null,
+                    TupleValue::Null,
+                    t("{}"),
+                    t("x"),
+                ],
+            ))
+            .unwrap(),
+        );
+        let p = e.problem.unwrap();
+        assert!(
+            p.contains("event_id is null") && p.contains("event_type is null"),
+            "{p}"
+        );
+        assert_eq!(e.aggregate_type.as_deref(), Some("Claim"));
+    }
+
+    #[test]
+    fn dropped_column_makes_events_invalid_with_reason() {
+        let mut s = stage();
+        let cols: Vec<_> = DEFAULT_COLS
+            .iter()
+            .copied()
+            .filter(|(n, _)| *n != "event_type")
+            .collect();
+        s.step(outbox_relation(7, &cols)).unwrap();
+        let e = event(
+            s.step(insert(
+                7,
+                vec![t("1"), t("Claim"), t("4711"), t("{}"), t("x")],
+            ))
+            .unwrap(),
+        );
+        assert!(e.problem.unwrap().contains("event_type missing"));
+    }
+
+    #[test]
+    fn relation_change_mid_stream_remaps_columns() {
+        let mut s = stage();
+        s.step(outbox_relation(7, DEFAULT_COLS)).unwrap();
+        // ALTER TABLE … ADD COLUMN extra text, placed first by a rewrite-less reorder is impossible in
+        // Postgres, but a new Relation always wins: decode by the latest one.
+        let mut cols = DEFAULT_COLS.to_vec();
+        cols.push(("extra", 25));
+        s.step(outbox_relation(7, &cols)).unwrap();
+        let e = event(
+            s.step(insert(
+                7,
+                vec![
+                    t("1"),
+                    t("Claim"),
+                    t("4711"),
+                    t("E"),
+                    t("{}"),
+                    t("x"),
+                    t("new"),
+                ],
+            ))
+            .unwrap(),
+        );
+        assert_eq!(e.problem, None);
+        assert_eq!(e.id.as_deref(), Some("1"));
+    }
+
+    #[test]
+    fn wrong_column_count_and_unknown_relation_are_errors() {
+        let mut s = stage();
+        assert_eq!(
+            s.step(insert(5, vec![])).unwrap_err(),
+            StageError::UnknownRelation(5)
+        );
+        s.step(outbox_relation(7, DEFAULT_COLS)).unwrap();
+        assert!(matches!(
+            s.step(insert(7, vec![t("1")])).unwrap_err(),
+            StageError::ColumnCount { .. }
+        ));
+    }
+
+    #[test]
+    fn bytea_payload_is_raw_bytes() {
+        let mut s = stage();
+        let mut cols = DEFAULT_COLS.to_vec();
+        cols[4] = ("payload", oid::BYTEA);
+        s.step(outbox_relation(7, &cols)).unwrap();
+        let e = event(
+            s.step(insert(
+                7,
+                vec![t("1"), t("A"), t("2"), t("E"), t("\\x00ff41"), t("x")],
+            ))
+            .unwrap(),
+        );
+        assert_eq!(&e.payload[..], &[0x00, 0xff, 0x41]);
+    }
+
+    #[test]
+    fn headers_column_becomes_headers() {
+        let mut config = OutboxConfig::default();
+        config.headers_column = "headers".into();
+        let mut s = OutboxStage::new(&config);
+        let mut cols = DEFAULT_COLS.to_vec();
+        cols.push(("headers", 3802));
+        s.step(outbox_relation(7, &cols)).unwrap();
+        let row = |h: &str| vec![t("1"), t("A"), t("2"), t("E"), t("{}"), t("x"), t(h)];
+        let e = event(
+            s.step(insert(7, row(r#"{"traceparent": "00-ab-cd-01", "n": 3}"#)))
+                .unwrap(),
+        );
+        assert_eq!(e.problem, None);
+        assert_eq!(
+            e.headers,
+            vec![
+                ("n".to_owned(), "3".to_owned()),
+                ("traceparent".to_owned(), "00-ab-cd-01".to_owned())
+            ]
+        );
+        for bad in [
+            r#"[1]"#,
+            r#"{"a b": "x"}"#,
+            r#"{"Nats-Msg-Id": "x"}"#,
+            "nope",
+        ] {
+            let e = event(s.step(insert(7, row(bad))).unwrap());
+            assert!(e.problem.is_some(), "{bad} accepted");
+        }
+    }
+}

@@ -1,0 +1,367 @@
+//! Wiring: setup, then sessions of source → pgoutput → outbox → route → sink → progress, restarted
+//! from the last confirmed LSN after any transient failure, until shutdown.
+//!
+//! A session is crash-only: on any uncertainty (ack timeout, NATS trouble, a dropped Postgres
+//! connection) it is dropped whole and a new one starts from the confirmed LSN, after a capped,
+//! jittered backoff. JetStream drops the events it already stored (`Nats-Msg-Id`), so the restart
+//! costs duplicates on the wire, never in the stream. Definite errors (bad settings, a slot that was
+//! invalidated, a frame that cannot be decoded) end `run` with the message; nothing past them is
+//! confirmed.
+//!
+//! Shutdown: stop reading, wait (bounded by the ack timeout) for the acks in flight, confirm, send the
+//! final status update, end the replication connection cleanly.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio::sync::watch;
+use tracing::{debug, error, info, warn};
+
+use crate::Lsn;
+use crate::config::Config;
+use crate::message;
+use crate::metrics::Metrics;
+use crate::outbox::{OutboxStage, Step};
+use crate::pgoutput::Decoder;
+use crate::progress::Progress;
+use crate::route::SubjectTemplate;
+use crate::setup::{self, SetupError};
+use crate::sink::{Outcome, Sink, SinkConfig};
+use crate::source::{
+    PgOutputOptions, ReplConnection, ReplicationEvent, ReplicationStream, SourceError, StreamConfig,
+};
+
+/// Why `run` ended with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum RelayError {
+    #[error(transparent)]
+    Setup(#[from] SetupError),
+    #[error("{0}")]
+    Definite(String),
+}
+
+/// How a session ended.
+enum SessionEnd {
+    /// Shutdown requested and done.
+    Shutdown,
+    /// Transient trouble: restart from the confirmed LSN.
+    Retry { cause: &'static str, error: String },
+    /// Stop the relay.
+    Fatal(String),
+}
+
+/// Runs the relay until `shutdown` resolves (then exits cleanly) or a definite error.
+pub async fn run(
+    config: Config,
+    metrics: Arc<Metrics>,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), RelayError> {
+    let report = setup::setup(&config).await?;
+    for line in &report.lines {
+        info!(target: "outbox_relay::setup", "{line}");
+    }
+    for w in &report.warnings {
+        warn!("{w}");
+    }
+    let nats = setup::connect_nats(&config).await?;
+    let (stop_tx, stop_rx) = watch::channel(false);
+    tokio::pin!(shutdown);
+    let mut relay = Relay {
+        config: Arc::new(config),
+        metrics,
+        nats,
+        confirmed: Lsn::ZERO,
+        stop: stop_rx,
+    };
+    let main = relay.main_loop();
+    tokio::pin!(main);
+    tokio::select! {
+        r = &mut main => r,
+        _ = &mut shutdown => {
+            info!("shutdown requested: finishing in-flight publishes");
+            let _ = stop_tx.send(true);
+            main.await
+        }
+    }
+}
+
+struct Relay {
+    config: Arc<Config>,
+    metrics: Arc<Metrics>,
+    nats: async_nats::Client,
+    /// The last LSN confirmed to the slot by this process; sessions restart here.
+    confirmed: Lsn,
+    stop: watch::Receiver<bool>,
+}
+
+impl Relay {
+    async fn main_loop(&mut self) -> Result<(), RelayError> {
+        let mut failures: u32 = 0;
+        let mut last_cause: Option<&'static str> = None;
+        loop {
+            let end = self.session(&mut failures).await;
+            Metrics::set(&self.metrics.streaming, 0);
+            match end {
+                SessionEnd::Shutdown => {
+                    info!(confirmed = %self.confirmed, "stopped");
+                    return Ok(());
+                }
+                SessionEnd::Fatal(msg) => {
+                    error!(error = %msg, "stopping");
+                    return Err(RelayError::Definite(msg));
+                }
+                SessionEnd::Retry { cause, error } => {
+                    Metrics::inc(&self.metrics.reconnects);
+                    // One line per change of state, not per retry.
+                    if last_cause != Some(cause) {
+                        warn!(cause, %error, confirmed = %self.confirmed, "pipeline stopped; retrying from the confirmed position");
+                        last_cause = Some(cause);
+                    } else {
+                        debug!(cause, %error, "retry failed");
+                    }
+                    failures = failures.saturating_add(1);
+                    let delay = backoff(failures);
+                    let mut stop = self.stop.clone();
+                    tokio::select! {
+                        _ = tokio::time::sleep(delay) => {}
+                        _ = stop.wait_for(|s| *s) => return Ok(()),
+                    }
+                }
+            }
+        }
+    }
+
+    /// One replication session. `failures` is reset once events flow again.
+    async fn session(&mut self, failures: &mut u32) -> SessionEnd {
+        let config = Arc::clone(&self.config);
+        let info = config.conn_info();
+        let app = format!(
+            "outbox-relay/{}/{}",
+            config.postgres.slot,
+            std::process::id()
+        );
+        let conn = match ReplConnection::connect(&info, &app).await {
+            Ok(c) => c,
+            Err(e) => return source_end(e, "postgres"),
+        };
+        let version = conn.server_version_num();
+        let mut options = PgOutputOptions::new([config.postgres.publication.clone()]);
+        // Proto v1 is enough: no streaming of in-progress transactions (DESIGN.md §3), and v1 keeps
+        // the decoding identical on every supported server.
+        options.proto_version = Some(1);
+        let stream_config = StreamConfig {
+            status_interval: Duration::from_millis(config.postgres.status_interval_ms),
+            channel_capacity: 1024,
+        };
+        let mut stream = match conn
+            .start_replication(
+                &config.postgres.slot,
+                self.confirmed,
+                &options,
+                stream_config,
+            )
+            .await
+        {
+            Ok(s) => s,
+            Err((e, conn)) => {
+                if let Some(c) = conn {
+                    c.close().await;
+                }
+                if e.sqlstate() == Some("55000") {
+                    return SessionEnd::Fatal(format!(
+                        "{e}; {}",
+                        setup::lost_slot_message(&config.postgres.slot)
+                    ));
+                }
+                return source_end(e, "postgres");
+            }
+        };
+        info!(slot = %config.postgres.slot, start = %self.confirmed, server_version = version, "streaming");
+
+        let template = match SubjectTemplate::parse(&config.nats.subject) {
+            Ok(t) => t,
+            Err(e) => return SessionEnd::Fatal(e.to_string()),
+        };
+        let (sink, mut acks) = Sink::new(
+            self.nats.clone(),
+            SinkConfig {
+                max_in_flight: config.nats.max_in_flight,
+                ack_timeout: Duration::from_millis(config.nats.ack_timeout_ms),
+                dead_letter_subject: config.nats.dead_letter_subject.clone(),
+            },
+        );
+        let mut decoder = Decoder::new();
+        let mut stage = OutboxStage::new(&config.outbox);
+        let mut progress = Progress::new(self.confirmed);
+        let mut stop = self.stop.clone();
+        let mut streaming_reported = false;
+
+        let end = loop {
+            tokio::select! {
+                biased;
+                _ = stop.wait_for(|s| *s) => break SessionEnd::Shutdown,
+                ack = acks.recv() => {
+                    let Some(ack) = ack else { break SessionEnd::Retry { cause: "nats", error: "ack task ended".into() } };
+                    let ack = match ack {
+                        Ok(a) => a,
+                        Err(e) => break SessionEnd::Retry { cause: "nats", error: e.to_string() },
+                    };
+                    if let Err(e) = progress.ack(ack.seq) {
+                        break SessionEnd::Fatal(e.to_string());
+                    }
+                    self.count(&ack.outcome, &ack.id);
+                    *failures = 0;
+                    self.metrics.acked_now();
+                    self.confirm(&stream, &progress);
+                }
+                ev = stream.recv() => {
+                    let ev = match ev {
+                        None => break SessionEnd::Retry { cause: "postgres", error: "replication stream ended".into() },
+                        Some(Err(e)) => break source_end(e, "postgres"),
+                        Some(Ok(ev)) => ev,
+                    };
+                    if !streaming_reported {
+                        Metrics::set(&self.metrics.streaming, 1);
+                        streaming_reported = true;
+                    }
+                    match ev {
+                        ReplicationEvent::Keepalive { wal_end, .. } => {
+                            progress.keepalive(wal_end);
+                            self.confirm(&stream, &progress);
+                        }
+                        ReplicationEvent::XLogData { wal_start, data, .. } => {
+                            let msg = match decoder.decode(data, wal_start) {
+                                Ok(m) => m,
+                                Err(e) => break SessionEnd::Fatal(format!(
+                                    "cannot decode replication data ({e}); nothing past {} is confirmed",
+                                    progress.confirmed()
+                                )),
+                            };
+                            let step = match stage.step(msg) {
+                                Ok(s) => s,
+                                Err(e) => break SessionEnd::Fatal(format!("replication data at {wal_start}: {e}")),
+                            };
+                            match step {
+                                Step::Begin { .. } => progress.begin(),
+                                Step::Commit { end_lsn, .. } => {
+                                    progress.commit(end_lsn);
+                                    self.confirm(&stream, &progress);
+                                }
+                                Step::Event(event) => {
+                                    let out = message::build(&event, &template, &config.nats.dead_letter_subject);
+                                    if let Some(reason) = &out.dead_letter {
+                                        if config.outbox.on_invalid == crate::config::OnInvalid::Stop {
+                                            break SessionEnd::Fatal(format!(
+                                                "event {} at {} cannot be published ({reason}); outbox.on_invalid = \"stop\"",
+                                                message::message_id(&event), event.commit_lsn
+                                            ));
+                                        }
+                                        warn!(id = %message::message_id(&event), lsn = %event.commit_lsn, %reason, "dead-lettering event");
+                                    }
+                                    let seq = progress.publish();
+                                    Metrics::set(&self.metrics.in_flight, progress.in_flight());
+                                    if let Err(e) = sink.publish(seq, event, out).await {
+                                        break SessionEnd::Retry { cause: "nats", error: e.to_string() };
+                                    }
+                                }
+                                Step::IgnoredChange(_) => Metrics::inc(&self.metrics.ignored_changes),
+                                Step::Nothing => {}
+                            }
+                        }
+                    }
+                }
+            }
+        };
+
+        if matches!(end, SessionEnd::Shutdown) {
+            // Wait, bounded, for what is in flight, so the final status update confirms it.
+            let deadline = Duration::from_millis(config.nats.ack_timeout_ms);
+            let drain = async {
+                while progress.in_flight() > 0 {
+                    match acks.recv().await {
+                        Some(Ok(ack)) => {
+                            if progress.ack(ack.seq).is_err() {
+                                break;
+                            }
+                            self.count(&ack.outcome, &ack.id);
+                        }
+                        _ => break,
+                    }
+                }
+            };
+            if tokio::time::timeout(deadline, drain).await.is_err() {
+                warn!(
+                    in_flight = progress.in_flight(),
+                    "shutdown: acks still missing; they will be republished on the next start"
+                );
+            }
+            self.confirm(&stream, &progress);
+            let _ = stream.stop(Duration::from_secs(5)).await;
+        }
+        end
+    }
+
+    fn confirm(&mut self, stream: &ReplicationStream, progress: &Progress) {
+        let c = progress.confirmed();
+        if c > self.confirmed {
+            self.confirmed = c;
+            stream.confirm(c);
+            Metrics::set(&self.metrics.confirmed_lsn, c.0);
+        }
+        Metrics::set(&self.metrics.received_lsn, stream.received().0);
+        Metrics::set(&self.metrics.in_flight, progress.in_flight());
+    }
+
+    fn count(&self, outcome: &Outcome, id: &str) {
+        match outcome {
+            Outcome::Stored { duplicate: false } => Metrics::inc(&self.metrics.published_ok),
+            Outcome::Stored { duplicate: true } => {
+                debug!(%id, "duplicate dropped by JetStream");
+                Metrics::inc(&self.metrics.published_duplicate)
+            }
+            Outcome::DeadLetter { .. } => Metrics::inc(&self.metrics.dead_letters),
+        }
+    }
+}
+
+fn source_end(e: SourceError, cause: &'static str) -> SessionEnd {
+    if e.is_transient() {
+        SessionEnd::Retry {
+            cause,
+            error: e.to_string(),
+        }
+    } else {
+        SessionEnd::Fatal(e.to_string())
+    }
+}
+
+/// Capped exponential backoff with jitter: 100 ms, 200 ms, … up to 30 s, each ±25 %.
+fn backoff(failures: u32) -> Duration {
+    let base = 100u64.saturating_mul(1u64 << failures.min(9).saturating_sub(1));
+    let capped = base.min(30_000);
+    // Jitter from the clock's nanoseconds: enough to spread restarts of relays that failed together.
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0) as u64;
+    let jitter = capped / 4;
+    let offset = if jitter == 0 { 0 } else { nanos % (2 * jitter) };
+    Duration::from_millis(capped - jitter + offset)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_and_is_capped() {
+        for f in 1..40 {
+            let d = backoff(f);
+            assert!(d <= Duration::from_millis(30_000 + 7_500), "{f}: {d:?}");
+            assert!(d >= Duration::from_millis(75), "{f}: {d:?}");
+        }
+        assert!(backoff(1) < Duration::from_millis(200));
+        assert!(backoff(20) >= Duration::from_millis(22_500));
+    }
+}

@@ -1,0 +1,280 @@
+//! Subject routing: `outbox.{aggregate_type}` → `outbox.Claim`.
+//!
+//! A template is parsed once at startup; rendering validates every substituted value as a NATS subject
+//! token (no empty token, whitespace, `.`, `*`, `>` or control characters:
+//! <https://docs.nats.io/nats-concepts/subjects#characters-allowed-and-recommended-for-subject-names>).
+//! A value that fails is not "fixed up": the event goes to the dead-letter subject with the reason,
+//! because a silently rewritten subject would route it where no consumer expects it.
+
+use std::fmt;
+
+/// A placeholder of the template.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Field {
+    AggregateType,
+    EventType,
+    AggregateId,
+}
+
+impl Field {
+    fn name(self) -> &'static str {
+        match self {
+            Field::AggregateType => "aggregate_type",
+            Field::EventType => "event_type",
+            Field::AggregateId => "aggregate_id",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Part {
+    Lit(String),
+    Field(Field),
+}
+
+/// A parsed subject template.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SubjectTemplate {
+    parts: Vec<Part>,
+    source: String,
+}
+
+/// A template that cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("subject template {template:?}: {reason}")]
+pub struct TemplateError {
+    template: String,
+    reason: String,
+}
+
+/// Why an event's values cannot form a subject (goes into `Outbox-Error`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field} {value:?} is not a valid subject token: {reason}")]
+pub struct RouteError {
+    pub field: &'static str,
+    pub value: String,
+    pub reason: &'static str,
+}
+
+impl SubjectTemplate {
+    /// Parses `{aggregate_type}`, `{event_type}` and `{aggregate_id}` placeholders between literals.
+    pub fn parse(s: &str) -> Result<Self, TemplateError> {
+        let err = |reason: String| TemplateError {
+            template: s.to_owned(),
+            reason,
+        };
+        let mut parts = Vec::new();
+        let mut rest = s;
+        while let Some(open) = rest.find('{') {
+            if open > 0 {
+                parts.push(Part::Lit(rest[..open].to_owned()));
+            }
+            let close = rest[open..]
+                .find('}')
+                .ok_or_else(|| err("'{' without '}'".into()))?
+                + open;
+            let field = match &rest[open + 1..close] {
+                "aggregate_type" => Field::AggregateType,
+                "event_type" => Field::EventType,
+                "aggregate_id" => Field::AggregateId,
+                other => {
+                    return Err(err(format!(
+                        "unknown placeholder {{{other}}}: use {{aggregate_type}}, {{event_type}} or {{aggregate_id}}"
+                    )));
+                }
+            };
+            parts.push(Part::Field(field));
+            rest = &rest[close + 1..];
+        }
+        if rest.contains('}') {
+            return Err(err("'}' without '{'".into()));
+        }
+        if !rest.is_empty() {
+            parts.push(Part::Lit(rest.to_owned()));
+        }
+        let t = SubjectTemplate {
+            parts,
+            source: s.to_owned(),
+        };
+        // With a valid stand-in for every placeholder the literal parts must form a valid subject.
+        check_subject(&t.wildcard().replace('*', "x")).map_err(err)?;
+        if t.wildcard()
+            .split('.')
+            .any(|tok| tok.contains('*') && tok != "*")
+        {
+            return Err(err(
+                "a placeholder must fill a whole token (like outbox.{aggregate_type}), so the stream can subscribe to it".into(),
+            ));
+        }
+        Ok(t)
+    }
+
+    /// The subject for one event, or why it cannot have one.
+    pub fn render(
+        &self,
+        aggregate_type: &str,
+        event_type: &str,
+        aggregate_id: &str,
+    ) -> Result<String, RouteError> {
+        let mut out = String::with_capacity(self.source.len() + 32);
+        for part in &self.parts {
+            match part {
+                Part::Lit(l) => out.push_str(l),
+                Part::Field(f) => {
+                    let value = match f {
+                        Field::AggregateType => aggregate_type,
+                        Field::EventType => event_type,
+                        Field::AggregateId => aggregate_id,
+                    };
+                    check_token(value).map_err(|reason| RouteError {
+                        field: f.name(),
+                        value: value.to_owned(),
+                        reason,
+                    })?;
+                    out.push_str(value);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The subject filter that covers every rendered subject: placeholders become `*`.
+    pub fn wildcard(&self) -> String {
+        self.parts
+            .iter()
+            .map(|p| match p {
+                Part::Lit(l) => l.as_str(),
+                Part::Field(_) => "*",
+            })
+            .collect()
+    }
+
+    /// Whether a literal subject could be produced by this template.
+    pub fn matches_literal(&self, subject: &str) -> bool {
+        let pattern = self.wildcard();
+        let p: Vec<&str> = pattern.split('.').collect();
+        let s: Vec<&str> = subject.split('.').collect();
+        p.len() == s.len() && p.iter().zip(&s).all(|(p, s)| *p == "*" || p == s)
+    }
+
+    /// Which placeholders the template uses.
+    pub fn fields(&self) -> impl Iterator<Item = Field> + '_ {
+        self.parts.iter().filter_map(|p| match p {
+            Part::Field(f) => Some(*f),
+            Part::Lit(_) => None,
+        })
+    }
+}
+
+impl fmt::Display for SubjectTemplate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.source)
+    }
+}
+
+/// One subject token: not empty, no whitespace, `.`, `*`, `>` or control characters.
+pub fn check_token(t: &str) -> Result<(), &'static str> {
+    if t.is_empty() {
+        return Err("it is empty");
+    }
+    for c in t.chars() {
+        if c.is_whitespace() {
+            return Err("it contains whitespace");
+        }
+        if c.is_control() {
+            return Err("it contains a control character");
+        }
+        match c {
+            '.' => return Err("it contains '.'"),
+            '*' | '>' => return Err("it contains a wildcard ('*' or '>')"),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// A whole literal subject (e.g. the dead-letter subject): valid tokens separated by `.`.
+pub fn check_subject(s: &str) -> Result<(), String> {
+    if s.is_empty() {
+        return Err("the subject is empty".into());
+    }
+    if s.starts_with('$') {
+        return Err(format!(
+            "{s:?} starts with '$', which NATS reserves for its own subjects"
+        ));
+    }
+    for tok in s.split('.') {
+        check_token(tok).map_err(|why| format!("token {tok:?} of {s:?} is invalid: {why}"))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn renders_default_template() {
+        let t = SubjectTemplate::parse("outbox.{aggregate_type}").unwrap();
+        assert_eq!(
+            t.render("Claim", "ClaimApproved", "4711").unwrap(),
+            "outbox.Claim"
+        );
+        assert_eq!(t.wildcard(), "outbox.*");
+    }
+
+    #[test]
+    fn renders_all_placeholders() {
+        let t = SubjectTemplate::parse("ev.{aggregate_type}.{event_type}.{aggregate_id}").unwrap();
+        assert_eq!(
+            t.render("Claim", "Approved", "4711").unwrap(),
+            "ev.Claim.Approved.4711"
+        );
+        assert_eq!(t.wildcard(), "ev.*.*.*");
+        assert!(t.matches_literal("ev.a.b.c"));
+        assert!(!t.matches_literal("ev.a.b"));
+        assert!(!t.matches_literal("other.a.b.c"));
+    }
+
+    #[test]
+    fn rejects_bad_values_naming_the_field() {
+        let t = SubjectTemplate::parse("outbox.{aggregate_type}").unwrap();
+        for bad in ["", "a b", "a.b", "a*", ">", "a\tb", "a\u{7}"] {
+            let e = t.render(bad, "E", "1").unwrap_err();
+            assert_eq!(e.field, "aggregate_type", "{bad:?}");
+        }
+        assert_eq!(
+            t.render("Schaden_ü-1", "E", "1").unwrap(),
+            "outbox.Schaden_ü-1"
+        );
+    }
+
+    #[test]
+    fn rejects_bad_templates() {
+        for bad in [
+            "outbox.{nope}",
+            "outbox.{aggregate_type",
+            "outbox.}",
+            "",
+            "outbox..x",
+            "outbox.>",
+            "outbox.x{aggregate_type}",
+            "$JS.x",
+        ] {
+            assert!(SubjectTemplate::parse(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    proptest! {
+        /// Whatever the values, render either fails or yields a subject the wildcard covers.
+        #[test]
+        fn rendered_subjects_match_the_wildcard(a in ".{0,12}", e in ".{0,12}", i in ".{0,12}") {
+            let t = SubjectTemplate::parse("x.{aggregate_type}.{event_type}.{aggregate_id}").unwrap();
+            if let Ok(s) = t.render(&a, &e, &i) {
+                prop_assert!(t.matches_literal(&s));
+                prop_assert!(check_subject(&s).is_ok());
+            }
+        }
+    }
+}
