@@ -26,11 +26,12 @@ else
   echo "skipped: docker-compose not installed"
 fi
 
+# (Not OUTBOX_RELAY_*: that prefix is the relay's configuration, and unknown keys there are errors.)
 # The test support names every server dir "$TMPDIR/outbox-relay-test-<tag>-…" and puts it on the
 # server's command line; a tag of our own tells our servers from those of anyone else's test run on
 # this machine.
-export OUTBOX_RELAY_TEST_TAG="run$$"
-marker="outbox-relay-test-${OUTBOX_RELAY_TEST_TAG}-"
+export RELAY_TEST_TAG="run$$"
+marker="outbox-relay-test-${RELAY_TEST_TAG}-"
 
 leftovers() {
   # /proc instead of pgrep: procps is not on a minimal Debian.

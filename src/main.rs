@@ -127,7 +127,13 @@ async fn shutdown_signal() {
 
 /// Logs go to stderr: human-readable by default, JSON with `log.format = "json"`.
 fn init_logging(config: &Config) {
-    let filter = tracing_subscriber::EnvFilter::try_new(&config.log.level)
+    // The NATS client logs every (re)connect at info; the relay reports state changes itself.
+    let level = if config.log.level.contains("async_nats") {
+        config.log.level.clone()
+    } else {
+        format!("{},async_nats=warn", config.log.level)
+    };
+    let filter = tracing_subscriber::EnvFilter::try_new(&level)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)

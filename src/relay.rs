@@ -71,7 +71,9 @@ pub async fn run(
         config: Arc::new(config),
         metrics,
         nats,
-        confirmed: Lsn::ZERO,
+        // Start where the slot is; the server would use max(this, confirmed_flush) anyway, but the
+        // tracker and the logs should know the real position.
+        confirmed: report.slot_confirmed.unwrap_or(Lsn::ZERO),
         stop: stop_rx,
     };
     let main = relay.main_loop();

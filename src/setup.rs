@@ -27,6 +27,8 @@ pub struct SetupReport {
     pub lines: Vec<String>,
     /// Warnings worth a log line (e.g. a memory stream).
     pub warnings: Vec<String>,
+    /// The slot's confirmed position: where streaming starts.
+    pub slot_confirmed: Option<crate::Lsn>,
 }
 
 const PAYLOAD_TYPES: &[&str] = &["jsonb", "json", "text", "bytea", "varchar"];
@@ -378,6 +380,7 @@ async fn apply(
                 ))
             })?;
         let lsn: String = row.get(0);
+        report.slot_confirmed = lsn.parse().ok();
         report
             .lines
             .push(format!("slot {slot}: created (pgoutput, starts at {lsn})"));

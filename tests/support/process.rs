@@ -29,11 +29,11 @@ pub fn free_port() -> u16 {
 }
 
 /// Creates `$TMPDIR/outbox-relay-test-[<tag>-]<kind>-<pid>-<n>`, mode 0755 so a server running as
-/// another user can reach its own subdirectories. `OUTBOX_RELAY_TEST_TAG` lets `scripts/test.sh` tell
+/// another user can reach its own subdirectories. `RELAY_TEST_TAG` lets `scripts/test.sh` tell
 /// its own servers from those of other runs on the same machine.
 pub fn temp_root(kind: &str) -> PathBuf {
     static N: AtomicU32 = AtomicU32::new(0);
-    let tag: String = std::env::var("OUTBOX_RELAY_TEST_TAG")
+    let tag: String = std::env::var("RELAY_TEST_TAG")
         .unwrap_or_default()
         .chars()
         .filter(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '_')
