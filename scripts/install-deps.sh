@@ -75,7 +75,7 @@ fi
 # --- nats-server ----------------------------------------------------------------------------------
 nats_ok() {
   # A pyenv shim may exist for a Python that does not have the package: ask the binary itself.
-  command -v pyenv >/dev/null 2>&1 && pyenv rehash >/dev/null 2>&1 || true
+  if command -v pyenv >/dev/null 2>&1; then pyenv rehash >/dev/null 2>&1 || true; fi
   hash -r
   nats-server --version >/dev/null 2>&1
 }
