@@ -213,7 +213,10 @@ impl Relay {
                         break SessionEnd::Fatal(e.to_string());
                     }
                     self.count(&ack.outcome, &ack.id);
-                    *failures = 0;
+                    if *failures > 0 {
+                        info!(confirmed = %self.confirmed, "recovered: JetStream acknowledges again");
+                        *failures = 0;
+                    }
                     self.metrics.acked_now();
                     self.confirm(&stream, &progress);
                 }

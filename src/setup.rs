@@ -59,11 +59,11 @@ pub async fn connect_nats(config: &Config) -> Result<async_nats::Client, SetupEr
     })?;
     // retry_on_initial_connect returns at once; wait a bounded time for the first connection so an
     // unreachable server is a clear error, not a silent hang.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     while client.connection_state() != async_nats::connection::State::Connected {
         if tokio::time::Instant::now() > deadline {
             return Err(SetupError(format!(
-                "cannot connect to NATS at {shown} within 10s: check nats.url and that nats-server runs with -js"
+                "cannot connect to NATS at {shown} within 5s: check nats.url and that nats-server runs with -js"
             )));
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -278,6 +278,7 @@ async fn check(
             if wal_status == "lost" {
                 return Err(SetupError(lost_slot_message(slot)));
             }
+            report.slot_confirmed = confirmed.parse().ok();
             report.lines.push(format!(
                 "slot {slot}: exists (confirmed {confirmed}, wal_status {wal_status})"
             ));

@@ -120,10 +120,25 @@ pub async fn status(config: &Config) -> Result<Status, crate::setup::SetupError>
         tables,
     };
 
-    let js = async_nats::jetstream::new(connect_nats(config).await?);
+    let mut problems = Vec::new();
+    let mut warnings = Vec::new();
     let stream_name = &config.nats.stream;
-    let stream = match js.get_stream(stream_name).await {
-        Ok(mut s) => match s.info().await {
+    // NATS being down is a finding of status, not a reason to hide the slot's state.
+    let js = match connect_nats(config).await {
+        Ok(c) => Some(async_nats::jetstream::new(c)),
+        Err(e) => {
+            problems.push(e.to_string());
+            None
+        }
+    };
+    let lookup = async {
+        match &js {
+            Some(js) => js.get_stream(stream_name).await.ok(),
+            None => None,
+        }
+    };
+    let stream = match lookup.await {
+        Some(mut s) => match s.info().await {
             Ok(info) => StreamStatus {
                 name: stream_name.clone(),
                 exists: true,
@@ -137,11 +152,9 @@ pub async fn status(config: &Config) -> Result<Status, crate::setup::SetupError>
             },
             Err(_) => missing_stream(stream_name),
         },
-        Err(_) => missing_stream(stream_name),
+        None => missing_stream(stream_name),
     };
 
-    let mut problems = Vec::new();
-    let mut warnings = Vec::new();
     if !slot.exists {
         problems.push(format!(
             "slot {slot_name} does not exist: run outbox-relay setup"
@@ -155,7 +168,7 @@ pub async fn status(config: &Config) -> Result<Status, crate::setup::SetupError>
             "publication {publication_name} does not exist: run outbox-relay setup"
         ));
     }
-    if !stream.exists {
+    if js.is_some() && !stream.exists {
         problems.push(format!(
             "stream {stream_name} does not exist: run outbox-relay setup"
         ));

@@ -1,0 +1,158 @@
+#!/usr/bin/env bash
+# The demo (the README's first command): the outbox story end to end on local servers.
+#
+# The claims service approves claim 4711 and records event e-5531 in the same transaction; the relay
+# publishes it to outbox.Claim; the payment service pays. Then the messaging platform goes down, more
+# claims are approved, the relay retries and keeps its place; when NATS returns every event arrives, in
+# commit order. The payment service "crashes" before acknowledging one event, gets it redelivered,
+# recognises it by its id and pays once.
+#
+# Starts its own Postgres (wal_level=logical) and nats-server (JetStream) on free loopback ports in a
+# temporary directory, installing them first if missing, and removes everything when it ends.
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+ROOT=$(pwd)
+
+say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+note() { printf '   %s\n' "$*"; }
+
+bash scripts/install-deps.sh >/dev/null
+
+say "Building outbox-relay and the demo's payment service"
+cargo build --quiet --bin outbox-relay --example payment_service
+RELAY="$ROOT/target/debug/outbox-relay"
+PAYMENT="$ROOT/target/debug/examples/payment_service"
+
+WORK=$(mktemp -d /tmp/outbox-relay-demo.XXXXXX)
+chmod 755 "$WORK"
+PIDS=()
+cleanup() {
+  set +e
+  for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null; done
+  sleep 0.5
+  if [ -f "$WORK/pg/postmaster.pid" ]; then kill -INT "$(head -n 1 "$WORK/pg/postmaster.pid")" 2>/dev/null; fi
+  for pid in "${PIDS[@]}"; do kill -KILL "$pid" 2>/dev/null; done
+  sleep 0.5
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+# --- Postgres -----------------------------------------------------------------------------------
+PG_BIN=${PG_BIN:-$(dirname "$(ls -d /usr/lib/postgresql/*/bin/initdb | sort -V | tail -n 1)")}
+PG_PORT=$(free_port)
+as_pg() { if [ "$(id -u)" -eq 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
+mkdir -p "$WORK/pg"
+[ "$(id -u)" -eq 0 ] && chown postgres "$WORK/pg"
+as_pg "$PG_BIN/initdb" -D "$WORK/pg" -U postgres --auth=trust -E UTF8 --locale=C >/dev/null
+as_pg "$PG_BIN/postgres" -D "$WORK/pg" -c listen_addresses=127.0.0.1 -c port="$PG_PORT" \
+  -c unix_socket_directories="$WORK/pg" -c wal_level=logical -c max_replication_slots=10 \
+  -c max_wal_senders=10 >"$WORK/postgres.log" 2>&1 &
+PIDS+=($!)
+PG_URL="postgres://postgres@127.0.0.1:$PG_PORT/claims"
+psql_() { psql -X -q -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$PG_PORT" -U postgres "$@"; }
+for _ in $(seq 1 100); do psql_ -d postgres -c 'select 1' >/dev/null 2>&1 && break; sleep 0.1; done
+psql_ -d postgres -c 'CREATE DATABASE claims' -c 'CREATE DATABASE payments'
+
+# --- NATS ---------------------------------------------------------------------------------------
+NATS_PORT=$(free_port)
+start_nats() {
+  nats-server -js -a 127.0.0.1 -p "$NATS_PORT" -sd "$WORK/nats" >>"$WORK/nats.log" 2>&1 &
+  NATS_PID=$!
+  PIDS+=("$NATS_PID")
+  for _ in $(seq 1 100); do (echo >"/dev/tcp/127.0.0.1/$NATS_PORT") 2>/dev/null && break; sleep 0.1; done
+}
+start_nats
+NATS_URL="nats://127.0.0.1:$NATS_PORT"
+note "Postgres on 127.0.0.1:$PG_PORT (wal_level=logical), nats-server with JetStream on 127.0.0.1:$NATS_PORT"
+
+# --- The claims service's schema ----------------------------------------------------------------
+say "The claims service's database: claims and the outbox table"
+# Text event ids, so the story's ids (e-5531) can be used as they are; the default table uses uuid.
+psql_ -d claims <<'SQL'
+CREATE TABLE claims (claim_id bigint PRIMARY KEY, status text NOT NULL, amount numeric NOT NULL);
+INSERT INTO claims SELECT i, 'submitted', 1000 + i - 4711 + 250 FROM generate_series(4711, 4716) i;
+CREATE TABLE public.outbox (
+    event_id text PRIMARY KEY,
+    aggregate_type text NOT NULL,
+    aggregate_id text NOT NULL,
+    event_type text NOT NULL,
+    payload jsonb NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+SQL
+note "claims 4711..4716 submitted; table public.outbox ready"
+
+export OUTBOX_RELAY_POSTGRES_URL="$PG_URL"
+export OUTBOX_RELAY_NATS_URL="$NATS_URL"
+export OUTBOX_RELAY_HTTP_LISTEN=""
+
+say "outbox-relay setup"
+"$RELAY" setup | sed 's/^/   /'
+
+say "Starting the relay and the payment service"
+"$RELAY" run >"$WORK/relay.log" 2>&1 &
+RELAY_PID=$!
+PIDS+=("$RELAY_PID")
+"$PAYMENT" --postgres "postgres://postgres@127.0.0.1:$PG_PORT/payments" --nats "$NATS_URL" \
+  --skip-ack-once e-5531 &
+PIDS+=($!)
+sleep 1.5
+
+approve() { # claim_id event_id
+  psql_ -d claims <<SQL
+BEGIN;
+UPDATE claims SET status = 'approved' WHERE claim_id = $1;
+INSERT INTO outbox (event_id, aggregate_type, aggregate_id, event_type, payload)
+SELECT '$2', 'Claim', '$1', 'ClaimApproved',
+       jsonb_build_object('claim_id', claim_id, 'status', 'approved', 'amount', amount)
+FROM claims WHERE claim_id = $1;
+COMMIT;
+SQL
+  note "claims service: approved claim $1 and recorded event $2 in the same transaction"
+}
+
+payments() { psql_ -d payments -Atc "SELECT count(*) FROM payments" 2>/dev/null || echo 0; }
+wait_payments() { # n timeout_s
+  for _ in $(seq 1 $(($2 * 10))); do [ "$(payments)" -ge "$1" ] && return 0; sleep 0.1; done
+  echo "demo: expected $1 payments, have $(payments); relay log:" >&2
+  tail -n 20 "$WORK/relay.log" >&2
+  return 1
+}
+
+say "Claim 4711 is approved"
+approve 4711 e-5531
+wait_payments 1 20
+sleep 3 # the payment service skipped the ack of e-5531: JetStream redelivers it after 2 s
+
+say "The messaging platform goes down"
+kill -TERM "$NATS_PID"
+wait "$NATS_PID" 2>/dev/null || true
+note "nats-server stopped"
+for i in 2 3 4 5; do approve $((4710 + i)) "e-553$i"; done
+sleep 2
+note "relay status while NATS is down (the slot stays before the unacknowledged events):"
+"$RELAY" status 2>&1 | grep -E '^slot|cannot connect' | sed 's/^/     /' || true
+sleep 4
+
+say "NATS is back"
+start_nats
+note "nats-server started again; the relay republishes from the slot's confirmed position"
+wait_payments 5 60
+approve 4716 e-5536
+wait_payments 6 20
+sleep 1
+
+say "Result"
+"$RELAY" status | sed 's/^/   /'
+note "payments made: $(payments) for 6 approved claims"
+psql_ -d payments -c "SELECT event_id, claim_id, amount FROM payments ORDER BY event_id"
+note "relay log:"
+grep -vE 'async_nats' "$WORK/relay.log" | sed 's/\x1b\[[0-9;]*m//g; s/^/     /' | tail -n 12
+
+kill -TERM "$RELAY_PID"
+wait "$RELAY_PID" && note "relay stopped cleanly (exit 0) after confirming everything"
+[ "$(payments)" -eq 6 ]
+say "Done: every approved claim was paid once, including the redelivered e-5531"
