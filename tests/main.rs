@@ -4,4 +4,6 @@
 
 mod support;
 
+mod relay;
 mod smoke;
+mod source;

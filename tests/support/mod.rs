@@ -14,6 +14,7 @@ mod db;
 mod nats;
 mod postgres;
 mod process;
+mod relay;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -22,6 +23,11 @@ use std::time::{Duration, Instant};
 pub use db::TestDb;
 pub use nats::NatsServer;
 pub use postgres::PgServer;
+pub use relay::{
+    Finished, InProcessRelay, RelayProcess, Stored, TEXT_ID_OUTBOX_SQL, confirmed_flush,
+    current_wal_lsn, default_outbox_sql, read_all, relay_config, relay_env, run_command,
+    slot_exists, stream_count,
+};
 
 /// `<prefix>_<pid>_<n>`, lowercase: safe as an unquoted Postgres identifier (also a slot name) and as a
 /// NATS subject token or stream name. Other characters in `prefix` become `_`.
