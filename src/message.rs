@@ -145,6 +145,7 @@ mod tests {
             headers: vec![("traceparent".into(), "00-1-2-01".into())],
             commit_lsn: Lsn(0x1_0000_00A0),
             index: 0,
+            commit_ts: 0,
             problem: None,
         }
     }

@@ -1,16 +1,59 @@
-//! Counters and gauges of a running relay, shared between the pipeline and whoever reports them
-//! (logs, `status`, the HTTP listener). Plain atomics: updating them costs nothing on the hot path.
-//! Metric names are constants here so every exporter spells them the same way.
+//! Counters, gauges and one histogram of a running relay, and their Prometheus text form.
+//!
+//! Plain atomics, so updating them costs nothing on the hot path; the pipeline writes, the HTTP
+//! listener (`/metrics`) and tests read. The exposition is the Prometheus text format 0.0.4
+//! (<https://prometheus.io/docs/instrumenting/exposition_formats/>), rendered here directly: a dozen
+//! fixed series need no registry. Metric names are the constants below, prefix `outbox_relay_`.
 
+use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 pub const EVENTS_PUBLISHED: &str = "outbox_relay_events_published_total";
 pub const IGNORED_CHANGES: &str = "outbox_relay_ignored_changes_total";
 pub const RECONNECTS: &str = "outbox_relay_reconnects_total";
+pub const COMMIT_TO_ACK: &str = "outbox_relay_commit_to_ack_seconds";
+pub const IN_FLIGHT: &str = "outbox_relay_in_flight";
 pub const CONFIRMED_LSN: &str = "outbox_relay_confirmed_lsn";
 pub const RECEIVED_LSN: &str = "outbox_relay_received_lsn";
-pub const IN_FLIGHT: &str = "outbox_relay_in_flight";
+pub const SLOT_LAG: &str = "outbox_relay_slot_lag_bytes";
+pub const RETAINED_WAL: &str = "outbox_relay_retained_wal_bytes";
+pub const WAL_STATUS: &str = "outbox_relay_slot_wal_status";
+pub const SINCE_LAST_ACK: &str = "outbox_relay_seconds_since_last_ack";
+pub const STREAMING: &str = "outbox_relay_streaming";
+pub const NATS_CONNECTED: &str = "outbox_relay_nats_connected";
+
+/// `wal_status` values of `pg_replication_slots`, in the order of the gauge's codes (0 = unknown).
+pub const WAL_STATUSES: [&str; 4] = ["reserved", "extended", "unreserved", "lost"];
+
+/// Upper bounds (seconds) of the commit → ack latency buckets.
+const BUCKETS: [f64; 12] = [
+    0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0, 30.0,
+];
+
+/// A fixed-bucket histogram of durations.
+#[derive(Debug, Default)]
+pub struct Histogram {
+    buckets: [AtomicU64; BUCKETS.len()],
+    count: AtomicU64,
+    sum_micros: AtomicU64,
+}
+
+impl Histogram {
+    pub fn observe(&self, d: Duration) {
+        let secs = d.as_secs_f64();
+        if let Some(i) = BUCKETS.iter().position(|&b| secs <= b) {
+            self.buckets[i].fetch_add(1, Ordering::Relaxed);
+        }
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.sum_micros
+            .fetch_add(d.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    pub fn count(&self) -> u64 {
+        self.count.load(Ordering::Relaxed)
+    }
+}
 
 /// Live numbers of one relay process.
 #[derive(Debug, Default)]
@@ -23,15 +66,34 @@ pub struct Metrics {
     pub dead_letters: AtomicU64,
     /// Updates, deletes and truncates of the outbox table (never published).
     pub ignored_changes: AtomicU64,
-    /// Pipeline restarts after a transient failure.
+    /// Pipeline restarts after a transient failure, by cause.
     pub reconnects: AtomicU64,
+    pub reconnects_postgres: AtomicU64,
+    pub reconnects_nats: AtomicU64,
     pub confirmed_lsn: AtomicU64,
     pub received_lsn: AtomicU64,
     pub in_flight: AtomicU64,
-    /// Unix seconds of the last ack (0 = none yet).
-    pub last_ack_unix: AtomicU64,
-    /// 1 while streaming with both connections up.
+    /// Unix milliseconds of the last ack (0 = none yet).
+    pub last_ack_unix_ms: AtomicU64,
+    /// 1 while a replication session streams.
     pub streaming: AtomicU64,
+    /// 1 while the NATS client is connected.
+    pub nats_connected: AtomicU64,
+    /// Sampled on the control connection: `pg_current_wal_lsn() - confirmed_flush_lsn`.
+    pub slot_lag_bytes: AtomicU64,
+    /// Sampled: `pg_current_wal_lsn() - restart_lsn`, the WAL the slot keeps.
+    pub retained_wal_bytes: AtomicU64,
+    /// 1 + index into [`WAL_STATUSES`]; 0 = unknown.
+    pub wal_status: AtomicU64,
+    /// Commit (the transaction's commit timestamp) → JetStream ack.
+    pub commit_to_ack: Histogram,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }
 
 impl Metrics {
@@ -49,10 +111,201 @@ impl Metrics {
 
     /// Records that an ack arrived now.
     pub fn acked_now(&self) {
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0);
-        self.last_ack_unix.store(now, Ordering::Relaxed);
+        self.last_ack_unix_ms.store(now_ms(), Ordering::Relaxed);
+    }
+
+    /// Seconds since the last ack; `None` before the first.
+    pub fn seconds_since_last_ack(&self) -> Option<f64> {
+        match self.last_ack_unix_ms.load(Ordering::Relaxed) {
+            0 => None,
+            t => Some(now_ms().saturating_sub(t) as f64 / 1000.0),
+        }
+    }
+
+    /// Streaming with both connections up: what `/readyz` reports.
+    pub fn ready(&self) -> bool {
+        Self::get(&self.streaming) == 1 && Self::get(&self.nats_connected) == 1
+    }
+
+    /// Sets the `wal_status` gauge from its text.
+    pub fn set_wal_status(&self, status: &str) {
+        let code = WAL_STATUSES
+            .iter()
+            .position(|s| *s == status)
+            .map_or(0, |i| i as u64 + 1);
+        self.wal_status.store(code, Ordering::Relaxed);
+    }
+
+    /// The Prometheus text exposition of every series.
+    pub fn render(&self) -> String {
+        let mut out = String::with_capacity(4096);
+        let g = Self::get;
+        let mut family = |name: &str, kind: &str, help: &str, samples: &[(&str, f64)]| {
+            let _ = writeln!(out, "# HELP {name} {help}");
+            let _ = writeln!(out, "# TYPE {name} {kind}");
+            for (labels, v) in samples {
+                let _ = writeln!(out, "{name}{labels} {v}");
+            }
+        };
+        family(
+            EVENTS_PUBLISHED,
+            "counter",
+            "Outbox events acknowledged by JetStream, by outcome.",
+            &[
+                ("{outcome=\"ok\"}", g(&self.published_ok) as f64),
+                (
+                    "{outcome=\"duplicate\"}",
+                    g(&self.published_duplicate) as f64,
+                ),
+                ("{outcome=\"dead_letter\"}", g(&self.dead_letters) as f64),
+            ],
+        );
+        family(
+            IGNORED_CHANGES,
+            "counter",
+            "Updates, deletes and truncates of the outbox table (not published).",
+            &[("", g(&self.ignored_changes) as f64)],
+        );
+        family(
+            RECONNECTS,
+            "counter",
+            "Pipeline restarts from the confirmed position, by cause.",
+            &[
+                ("{cause=\"postgres\"}", g(&self.reconnects_postgres) as f64),
+                ("{cause=\"nats\"}", g(&self.reconnects_nats) as f64),
+            ],
+        );
+        family(
+            IN_FLIGHT,
+            "gauge",
+            "Messages published and not yet acknowledged.",
+            &[("", g(&self.in_flight) as f64)],
+        );
+        family(
+            CONFIRMED_LSN,
+            "gauge",
+            "The LSN confirmed to the replication slot (as a number).",
+            &[("", g(&self.confirmed_lsn) as f64)],
+        );
+        family(
+            RECEIVED_LSN,
+            "gauge",
+            "The highest WAL position received from Postgres (as a number).",
+            &[("", g(&self.received_lsn) as f64)],
+        );
+        family(
+            SLOT_LAG,
+            "gauge",
+            "pg_current_wal_lsn() minus the slot's confirmed_flush_lsn, sampled.",
+            &[("", g(&self.slot_lag_bytes) as f64)],
+        );
+        family(
+            RETAINED_WAL,
+            "gauge",
+            "pg_current_wal_lsn() minus the slot's restart_lsn: WAL kept for the slot, sampled.",
+            &[("", g(&self.retained_wal_bytes) as f64)],
+        );
+        let code = g(&self.wal_status);
+        let statuses: Vec<(String, f64)> = WAL_STATUSES
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                (
+                    format!("{{status=\"{s}\"}}"),
+                    if code == i as u64 + 1 { 1.0 } else { 0.0 },
+                )
+            })
+            .collect();
+        let statuses: Vec<(&str, f64)> = statuses.iter().map(|(l, v)| (l.as_str(), *v)).collect();
+        family(
+            WAL_STATUS,
+            "gauge",
+            "The slot's wal_status (1 for the current one); lost means events may be gone.",
+            &statuses,
+        );
+        family(
+            SINCE_LAST_ACK,
+            "gauge",
+            "Seconds since JetStream last acknowledged an event (-1 before the first): the stall detector.",
+            &[("", self.seconds_since_last_ack().unwrap_or(-1.0))],
+        );
+        family(
+            STREAMING,
+            "gauge",
+            "1 while a replication session streams from Postgres.",
+            &[("", g(&self.streaming) as f64)],
+        );
+        family(
+            NATS_CONNECTED,
+            "gauge",
+            "1 while the NATS connection is up.",
+            &[("", g(&self.nats_connected) as f64)],
+        );
+        let h = &self.commit_to_ack;
+        let _ = writeln!(
+            out,
+            "# HELP {COMMIT_TO_ACK} Time from the transaction's commit to JetStream's ack."
+        );
+        let _ = writeln!(out, "# TYPE {COMMIT_TO_ACK} histogram");
+        let mut cumulative = 0;
+        for (i, b) in BUCKETS.iter().enumerate() {
+            cumulative += h.buckets[i].load(Ordering::Relaxed);
+            let _ = writeln!(out, "{COMMIT_TO_ACK}_bucket{{le=\"{b}\"}} {cumulative}");
+        }
+        let count = h.count.load(Ordering::Relaxed);
+        let _ = writeln!(out, "{COMMIT_TO_ACK}_bucket{{le=\"+Inf\"}} {count}");
+        let sum = h.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
+        let _ = writeln!(out, "{COMMIT_TO_ACK}_sum {sum}");
+        let _ = writeln!(out, "{COMMIT_TO_ACK}_count {count}");
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_prometheus_text() {
+        let m = Metrics::default();
+        Metrics::inc(&m.published_ok);
+        Metrics::inc(&m.published_ok);
+        Metrics::inc(&m.dead_letters);
+        m.set_wal_status("extended");
+        m.commit_to_ack.observe(Duration::from_millis(3));
+        m.commit_to_ack.observe(Duration::from_secs(60));
+        let text = m.render();
+        assert!(
+            text.contains("outbox_relay_events_published_total{outcome=\"ok\"} 2\n"),
+            "{text}"
+        );
+        assert!(text.contains("outbox_relay_events_published_total{outcome=\"dead_letter\"} 1\n"));
+        assert!(text.contains("outbox_relay_slot_wal_status{status=\"extended\"} 1\n"));
+        assert!(text.contains("outbox_relay_slot_wal_status{status=\"lost\"} 0\n"));
+        assert!(text.contains("outbox_relay_commit_to_ack_seconds_bucket{le=\"0.002\"} 0\n"));
+        assert!(text.contains("outbox_relay_commit_to_ack_seconds_bucket{le=\"0.005\"} 1\n"));
+        assert!(text.contains("outbox_relay_commit_to_ack_seconds_bucket{le=\"30\"} 1\n"));
+        assert!(text.contains("outbox_relay_commit_to_ack_seconds_bucket{le=\"+Inf\"} 2\n"));
+        assert!(text.contains("outbox_relay_commit_to_ack_seconds_count 2\n"));
+        assert!(text.contains("outbox_relay_seconds_since_last_ack -1\n"));
+        // Every sample line belongs to a declared family.
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let name = line.split(['{', ' ']).next().unwrap();
+            let base = name
+                .trim_end_matches("_bucket")
+                .trim_end_matches("_sum")
+                .trim_end_matches("_count");
+            assert!(text.contains(&format!("# TYPE {base} ")), "{line}");
+        }
+    }
+
+    #[test]
+    fn ready_needs_both_connections() {
+        let m = Metrics::default();
+        assert!(!m.ready());
+        Metrics::set(&m.streaming, 1);
+        assert!(!m.ready());
+        Metrics::set(&m.nats_connected, 1);
+        assert!(m.ready());
     }
 }

@@ -39,6 +39,8 @@ pub struct OutboxEvent {
     pub commit_lsn: Lsn,
     /// Position among the outbox inserts of its transaction (0-based).
     pub index: u32,
+    /// The transaction's commit time (µs since 2000-01-01, from Begin), for commit → ack latency.
+    pub commit_ts: i64,
     /// Why this event must go to the dead-letter subject; `None` for a good event.
     pub problem: Option<String>,
 }
@@ -100,6 +102,7 @@ pub struct OutboxStage {
     /// Relation id → columns, for the outbox table only; other relations map to `None`.
     relations: HashMap<u32, Option<OutboxColumns>>,
     commit_lsn: Lsn,
+    commit_ts: i64,
     /// Outbox inserts seen in the current transaction.
     index: u32,
 }
@@ -113,6 +116,7 @@ impl OutboxStage {
             config: config.clone(),
             relations: HashMap::new(),
             commit_lsn: Lsn::ZERO,
+            commit_ts: 0,
             index: 0,
         }
     }
@@ -120,8 +124,13 @@ impl OutboxStage {
     /// Interprets one decoded message.
     pub fn step(&mut self, msg: Message) -> Result<Step, StageError> {
         Ok(match msg {
-            Message::Begin { final_lsn, .. } => {
+            Message::Begin {
+                final_lsn,
+                commit_ts,
+                ..
+            } => {
                 self.commit_lsn = final_lsn;
+                self.commit_ts = commit_ts;
                 self.index = 0;
                 Step::Begin { final_lsn }
             }
@@ -299,6 +308,7 @@ impl OutboxStage {
             headers,
             commit_lsn: self.commit_lsn,
             index: self.index,
+            commit_ts: self.commit_ts,
             problem: (!problems.is_empty()).then(|| problems.join("; ")),
         }
     }
@@ -597,8 +607,10 @@ mod tests {
 
     #[test]
     fn headers_column_becomes_headers() {
-        let mut config = OutboxConfig::default();
-        config.headers_column = "headers".into();
+        let config = OutboxConfig {
+            headers_column: "headers".into(),
+            ..OutboxConfig::default()
+        };
         let mut s = OutboxStage::new(&config);
         let mut cols = DEFAULT_COLS.to_vec();
         cols.push(("headers", 3802));

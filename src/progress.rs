@@ -246,10 +246,8 @@ mod tests {
                 prop_assert!(c >= prev, "moved backwards");
                 prev = c;
                 for &(end, last) in &txns {
-                    if let Some(last) = last {
-                        if last >= acked {
-                            prop_assert!(c < Lsn(end), "confirmed {c} past unacked txn ending {end}");
-                        }
+                    if let Some(last) = last.filter(|&l| l >= acked) {
+                        prop_assert!(c < Lsn(end), "confirmed {c} past unacked txn ending {end} (seq {last})");
                     }
                 }
             }

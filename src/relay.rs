@@ -57,6 +57,19 @@ pub async fn run(
     metrics: Arc<Metrics>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), RelayError> {
+    // The listener first: probes should answer while setup waits for the servers.
+    let _http = match config.http.listen.as_str() {
+        "" => None,
+        listen => {
+            let listener = crate::http::bind(listen)
+                .await
+                .map_err(RelayError::Definite)?;
+            Some(AbortOnDrop(tokio::spawn(crate::http::serve(
+                listener,
+                Arc::clone(&metrics),
+            ))))
+        }
+    };
     let report = setup::setup(&config).await?;
     for line in &report.lines {
         info!(target: "outbox_relay::setup", "{line}");
@@ -65,6 +78,11 @@ pub async fn run(
         warn!("{w}");
     }
     let nats = setup::connect_nats(&config).await?;
+    let _nats_watch = AbortOnDrop(tokio::spawn(watch_nats(nats.clone(), Arc::clone(&metrics))));
+    let _slot_sampler = AbortOnDrop(tokio::spawn(sample_slot(
+        config.clone(),
+        Arc::clone(&metrics),
+    )));
     let (stop_tx, stop_rx) = watch::channel(false);
     tokio::pin!(shutdown);
     let mut relay = Relay {
@@ -115,6 +133,11 @@ impl Relay {
                 }
                 SessionEnd::Retry { cause, error } => {
                     Metrics::inc(&self.metrics.reconnects);
+                    Metrics::inc(if cause == "nats" {
+                        &self.metrics.reconnects_nats
+                    } else {
+                        &self.metrics.reconnects_postgres
+                    });
                     // One line per change of state, not per retry.
                     if last_cause != Some(cause) {
                         warn!(cause, %error, confirmed = %self.confirmed, "pipeline stopped; retrying from the confirmed position");
@@ -127,7 +150,7 @@ impl Relay {
                     let mut stop = self.stop.clone();
                     tokio::select! {
                         _ = tokio::time::sleep(delay) => {}
-                        _ = stop.wait_for(|s| *s) => return Ok(()),
+                        _ = async { stop.wait_for(|s| *s).await.is_ok() } => return Ok(()),
                     }
                 }
             }
@@ -202,7 +225,7 @@ impl Relay {
         let end = loop {
             tokio::select! {
                 biased;
-                _ = stop.wait_for(|s| *s) => break SessionEnd::Shutdown,
+                _ = async { stop.wait_for(|s| *s).await.is_ok() } => break SessionEnd::Shutdown,
                 ack = acks.recv() => {
                     let Some(ack) = ack else { break SessionEnd::Retry { cause: "nats", error: "ack task ended".into() } };
                     let ack = match ack {
@@ -213,6 +236,12 @@ impl Relay {
                         break SessionEnd::Fatal(e.to_string());
                     }
                     self.count(&ack.outcome, &ack.id);
+                    if ack.commit_ts != 0 {
+                        let micros = pg_now_micros() - ack.commit_ts;
+                        self.metrics
+                            .commit_to_ack
+                            .observe(Duration::from_micros(micros.max(0) as u64));
+                    }
                     if *failures > 0 {
                         info!(confirmed = %self.confirmed, "recovered: JetStream acknowledges again");
                         *failures = 0;
@@ -330,6 +359,72 @@ impl Relay {
     }
 }
 
+/// Aborts a background task when the relay ends.
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Keeps the `nats_connected` gauge current (async-nats reconnects on its own).
+async fn watch_nats(client: async_nats::Client, metrics: Arc<Metrics>) {
+    loop {
+        let up = client.connection_state() == async_nats::connection::State::Connected;
+        Metrics::set(&metrics.nats_connected, u64::from(up));
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Samples the slot's lag, retained WAL and `wal_status` every few seconds on a control connection
+/// of its own, so an operator sees a stalled or endangered slot from the metrics.
+async fn sample_slot(config: Config, metrics: Arc<Metrics>) {
+    let info = config.conn_info();
+    let mut client = None;
+    loop {
+        if client.is_none() {
+            client = crate::source::connect_control(&info, "outbox-relay metrics")
+                .await
+                .ok();
+        }
+        if let Some(c) = &client {
+            let row = c
+                .query_opt(
+                    "SELECT (pg_current_wal_lsn() - confirmed_flush_lsn)::int8, \
+                     (pg_current_wal_lsn() - restart_lsn)::int8, coalesce(wal_status, '') \
+                     FROM pg_replication_slots WHERE slot_name = $1",
+                    &[&config.postgres.slot],
+                )
+                .await;
+            match row {
+                Ok(Some(r)) => {
+                    let lag: Option<i64> = r.get(0);
+                    let retained: Option<i64> = r.get(1);
+                    Metrics::set(&metrics.slot_lag_bytes, lag.unwrap_or(0).max(0) as u64);
+                    Metrics::set(
+                        &metrics.retained_wal_bytes,
+                        retained.unwrap_or(0).max(0) as u64,
+                    );
+                    metrics.set_wal_status(r.get::<_, String>(2).as_str());
+                }
+                Ok(None) => metrics.set_wal_status(""),
+                Err(_) => client = None,
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    }
+}
+
+/// Now as microseconds since 2000-01-01 UTC (Postgres timestamps).
+fn pg_now_micros() -> i64 {
+    let unix = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as i64)
+        .unwrap_or(0);
+    unix - 946_684_800_000_000
+}
+
 fn source_end(e: SourceError, cause: &'static str) -> SessionEnd {
     if e.is_transient() {
         SessionEnd::Retry {
@@ -343,7 +438,7 @@ fn source_end(e: SourceError, cause: &'static str) -> SessionEnd {
 
 /// Capped exponential backoff with jitter: 100 ms, 200 ms, … up to 30 s, each ±25 %.
 fn backoff(failures: u32) -> Duration {
-    let base = 100u64.saturating_mul(1u64 << failures.min(9).saturating_sub(1));
+    let base = 100u64.saturating_mul(1u64 << failures.min(12).saturating_sub(1));
     let capped = base.min(30_000);
     // Jitter from the clock's nanoseconds: enough to spread restarts of relays that failed together.
     let nanos = SystemTime::now()
@@ -358,6 +453,18 @@ fn backoff(failures: u32) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn run_future_is_send() {
+        // The relay runs on a multi-threaded runtime (tokio::spawn): its future must be Send.
+        fn assert_send<T: Send>(_: &T) {}
+        let f = run(
+            Config::default(),
+            Arc::new(Metrics::default()),
+            std::future::pending::<()>(),
+        );
+        assert_send(&f);
+    }
 
     #[test]
     fn backoff_grows_and_is_capped() {

@@ -50,6 +50,8 @@ pub struct Acked {
     pub outcome: Outcome,
     /// The event id (for logs).
     pub id: String,
+    /// The transaction's commit time (µs since 2000-01-01), for commit → ack latency.
+    pub commit_ts: i64,
 }
 
 struct InFlight {
@@ -229,7 +231,13 @@ async fn ack_loop(
             },
         };
         let failed = result.is_err();
-        let msg = result.map(|outcome| Acked { seq, outcome, id });
+        let commit_ts = event.commit_ts;
+        let msg = result.map(|outcome| Acked {
+            seq,
+            outcome,
+            id,
+            commit_ts,
+        });
         if acks.send(msg).is_err() || failed {
             // After a failure nothing later may be reported: the relay restarts.
             return;
