@@ -78,7 +78,6 @@ pub async fn run(
         warn!("{w}");
     }
     let nats = setup::connect_nats(&config).await?;
-    let _nats_watch = AbortOnDrop(tokio::spawn(watch_nats(nats.clone(), Arc::clone(&metrics))));
     let _slot_sampler = AbortOnDrop(tokio::spawn(sample_slot(
         config.clone(),
         Arc::clone(&metrics),
@@ -88,7 +87,9 @@ pub async fn run(
     let mut relay = Relay {
         config: Arc::new(config),
         metrics,
-        nats,
+        nats: Some(nats),
+        failures: 0,
+        last_cause: None,
         // Start where the slot is; the server would use max(this, confirmed_flush) anyway, but the
         // tracker and the logs should know the real position.
         confirmed: report.slot_confirmed.unwrap_or(Lsn::ZERO),
@@ -109,7 +110,12 @@ pub async fn run(
 struct Relay {
     config: Arc<Config>,
     metrics: Arc<Metrics>,
-    nats: async_nats::Client,
+    /// The NATS client; replaced after a NATS failure (see `session`).
+    nats: Option<async_nats::Client>,
+    /// Failed sessions in a row (drives the backoff); 0 once acks flow.
+    failures: u32,
+    /// The cause of the last failure, so each change of state is logged once, not every retry.
+    last_cause: Option<&'static str>,
     /// The last LSN confirmed to the slot by this process; sessions restart here.
     confirmed: Lsn,
     stop: watch::Receiver<bool>,
@@ -117,10 +123,8 @@ struct Relay {
 
 impl Relay {
     async fn main_loop(&mut self) -> Result<(), RelayError> {
-        let mut failures: u32 = 0;
-        let mut last_cause: Option<&'static str> = None;
         loop {
-            let end = self.session(&mut failures).await;
+            let end = self.session().await;
             Metrics::set(&self.metrics.streaming, 0);
             match end {
                 SessionEnd::Shutdown => {
@@ -132,6 +136,9 @@ impl Relay {
                     return Err(RelayError::Definite(msg));
                 }
                 SessionEnd::Retry { cause, error } => {
+                    if cause == "nats" {
+                        self.nats = None;
+                    }
                     Metrics::inc(&self.metrics.reconnects);
                     Metrics::inc(if cause == "nats" {
                         &self.metrics.reconnects_nats
@@ -139,14 +146,24 @@ impl Relay {
                         &self.metrics.reconnects_postgres
                     });
                     // One line per change of state, not per retry.
-                    if last_cause != Some(cause) {
-                        warn!(cause, %error, confirmed = %self.confirmed, "pipeline stopped; retrying from the confirmed position");
-                        last_cause = Some(cause);
+                    if self.last_cause != Some(cause) {
+                        if cause == "slot active" {
+                            info!(%error, "standby: another relay holds the slot; waiting to take over");
+                        } else {
+                            warn!(cause, %error, confirmed = %self.confirmed, "pipeline stopped; retrying from the confirmed position");
+                        }
+                        self.last_cause = Some(cause);
                     } else {
                         debug!(cause, %error, "retry failed");
                     }
-                    failures = failures.saturating_add(1);
-                    let delay = backoff(failures);
+                    self.failures = self.failures.saturating_add(1);
+                    // A standby waiting for the slot retries at a steady pace, so it takes over
+                    // within seconds of the active relay's end, however long it has waited.
+                    let delay = if cause == "slot active" {
+                        backoff(3)
+                    } else {
+                        backoff(self.failures)
+                    };
                     let mut stop = self.stop.clone();
                     tokio::select! {
                         _ = tokio::time::sleep(delay) => {}
@@ -157,8 +174,8 @@ impl Relay {
         }
     }
 
-    /// One replication session. `failures` is reset once events flow again.
-    async fn session(&mut self, failures: &mut u32) -> SessionEnd {
+    /// One replication session. The failure count is reset once events flow again.
+    async fn session(&mut self) -> SessionEnd {
         let config = Arc::clone(&self.config);
         let info = config.conn_info();
         let app = format!(
@@ -208,8 +225,30 @@ impl Relay {
             Ok(t) => t,
             Err(e) => return SessionEnd::Fatal(e.to_string()),
         };
+        // A NATS client whose session failed is dropped, not reused: messages still buffered in it
+        // would be sent after its reconnect, after the point where the new session republishes
+        // from, which could store events out of commit order.
+        let nats = match &self.nats {
+            Some(c) => c.clone(),
+            None => match setup::connect_nats(&config).await {
+                Ok(c) => {
+                    self.nats = Some(c.clone());
+                    c
+                }
+                Err(e) => {
+                    return SessionEnd::Retry {
+                        cause: "nats",
+                        error: e.to_string(),
+                    };
+                }
+            },
+        };
+        let _nats_watch = AbortOnDrop(tokio::spawn(watch_nats(
+            nats.clone(),
+            Arc::clone(&self.metrics),
+        )));
         let (sink, mut acks) = Sink::new(
-            self.nats.clone(),
+            nats,
             SinkConfig {
                 max_in_flight: config.nats.max_in_flight,
                 ack_timeout: Duration::from_millis(config.nats.ack_timeout_ms),
@@ -242,10 +281,11 @@ impl Relay {
                             .commit_to_ack
                             .observe(Duration::from_micros(micros.max(0) as u64));
                     }
-                    if *failures > 0 {
+                    if self.failures > 0 {
                         info!(confirmed = %self.confirmed, "recovered: JetStream acknowledges again");
-                        *failures = 0;
+                        self.failures = 0;
                     }
+                    self.last_cause = None;
                     self.metrics.acked_now();
                     self.confirm(&stream, &progress);
                 }
@@ -426,7 +466,13 @@ fn pg_now_micros() -> i64 {
 }
 
 fn source_end(e: SourceError, cause: &'static str) -> SessionEnd {
-    if e.is_transient() {
+    if e.sqlstate() == Some("55006") {
+        // "replication slot … is active for PID …": another relay streams; wait as a standby.
+        SessionEnd::Retry {
+            cause: "slot active",
+            error: e.to_string(),
+        }
+    } else if e.is_transient() {
         SessionEnd::Retry {
             cause,
             error: e.to_string(),
