@@ -4,6 +4,7 @@
 
 mod support;
 
+mod ops;
 mod relay;
 mod smoke;
 mod source;

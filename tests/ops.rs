@@ -1,0 +1,576 @@
+//! Operability (issue 7): what an operator sees of a running relay. The metrics move while events flow
+//! and freeze while NATS is down; `/readyz` follows the connections; `status --json` has the shape the
+//! docs promise and its exit code follows health; logs never show a password, and the JSON log format
+//! is JSON on every line; an HTTP address in use is one clear line.
+//!
+//! The HTTP side is read with a plain HTTP/1.0 GET over a TCP socket, as a probe or a scraper would.
+
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_postgres::Client;
+
+use crate::support::{
+    Finished, InProcessRelay, NatsServer, PgServer, RelayProcess, TEXT_ID_OUTBOX_SQL, TestDb,
+    default_outbox_sql, relay_config, relay_env, run_command, slot_exists, stream_count, unique,
+    wait_for,
+};
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+/// A port nothing listens on right now.
+fn free_addr() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    l.local_addr().expect("local addr").to_string()
+}
+
+/// `GET path` with HTTP/1.0; `None` if the connection fails. Returns the status code and the body.
+async fn try_get(addr: &str, path: &str) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect(addr).await.ok()?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes())
+        .await
+        .ok()?;
+    let mut buf = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut buf))
+        .await
+        .ok()?
+        .ok()?;
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    let status = head.split_whitespace().nth(1)?.parse().ok()?;
+    Some((status, body.to_owned()))
+}
+
+async fn get(addr: &str, path: &str) -> (u16, String) {
+    try_get(addr, path)
+        .await
+        .unwrap_or_else(|| panic!("GET {path} on {addr} failed"))
+}
+
+async fn scrape(addr: &str) -> String {
+    let (status, body) = get(addr, "/metrics").await;
+    assert_eq!(status, 200, "/metrics: {body}");
+    body
+}
+
+/// The value of one series, e.g. `outbox_relay_in_flight` or `x_total{outcome="ok"}`.
+fn sample(body: &str, series: &str) -> Option<f64> {
+    body.lines().find_map(|l| {
+        l.strip_prefix(series)
+            .and_then(|rest| rest.strip_prefix(' '))
+            .map(|v| {
+                v.trim()
+                    .parse()
+                    .unwrap_or_else(|e| panic!("{series}: {v:?}: {e}"))
+            })
+    })
+}
+
+fn value(body: &str, series: &str) -> f64 {
+    sample(body, series).unwrap_or_else(|| panic!("no series {series} in:\n{body}"))
+}
+
+const OK: &str = "outbox_relay_events_published_total{outcome=\"ok\"}";
+const ACK_COUNT: &str = "outbox_relay_commit_to_ack_seconds_count";
+const CONFIRMED: &str = "outbox_relay_confirmed_lsn";
+const SINCE_ACK: &str = "outbox_relay_seconds_since_last_ack";
+const LAG: &str = "outbox_relay_slot_lag_bytes";
+const RESERVED: &str = "outbox_relay_slot_wal_status{status=\"reserved\"}";
+
+/// Waits until the series reaches `at_least`, or panics with the last scrape.
+async fn wait_for_series(addr: &str, series: &str, at_least: f64, secs: u64) -> String {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        let body = scrape(addr).await;
+        if sample(&body, series).is_some_and(|v| v >= at_least) {
+            return body;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{series} did not reach {at_least} within {secs} s:\n{body}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn wait_for_status(addr: &str, path: &str, want: u16, secs: u64) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        let got = try_get(addr, path).await;
+        if got.as_ref().is_some_and(|(s, _)| *s == want) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{path} did not answer {want} within {secs} s; last: {got:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn text_id_db() -> TestDb {
+    let db = TestDb::create(PgServer::shared()).await;
+    db.psql(TEXT_ID_OUTBOX_SQL);
+    db
+}
+
+async fn insert_events(client: &Client, ids: &[String]) {
+    for id in ids {
+        client
+            .execute(
+                "INSERT INTO public.outbox (event_id, aggregate_type, aggregate_id, event_type, payload) \
+                 VALUES ($1, 'Claim', '4711', 'ClaimApproved', '{\"claim_id\": 4711}')",
+                &[id],
+            )
+            .await
+            .unwrap_or_else(|e| panic!("insert {id}: {e}"));
+    }
+}
+
+fn ids(prefix: &str, n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("{prefix}-{i}")).collect()
+}
+
+async fn wait_for_active_slot(client: &Client, slot: &str) {
+    wait_for("the relay's slot to be active", LIMIT, || async {
+        client
+            .query_opt(
+                "SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND active",
+                &[&slot],
+            )
+            .await
+            .expect("query pg_replication_slots")
+            .is_some()
+    })
+    .await;
+}
+
+/// The counters and the latency histogram move with the events and the confirmed LSN with the slot;
+/// during a NATS outage the ok counter stands still while the seconds since the last ack grow and the
+/// sampled slot lag shows the unconfirmed WAL; after it every event is counted once.
+#[tokio::test]
+async fn metrics_move_while_events_flow_and_freeze_while_nats_is_down() {
+    let db = text_id_db().await;
+    let nats = NatsServer::start();
+    let mut config = relay_config(&db, &nats);
+    let addr = free_addr();
+    config.http.listen = addr.clone();
+    let slot = config.postgres.slot.clone();
+    let client = db.client().await;
+    let relay = InProcessRelay::start(config);
+    wait_for_status(&addr, "/readyz", 200, 60).await;
+    wait_for_active_slot(&client, &slot).await;
+
+    let before = scrape(&addr).await;
+    assert_eq!(value(&before, OK), 0.0, "{before}");
+    assert_eq!(value(&before, ACK_COUNT), 0.0, "{before}");
+    assert_eq!(value(&before, SINCE_ACK), -1.0, "no ack yet: {before}");
+    let confirmed_before = value(&before, CONFIRMED);
+
+    insert_events(&client, &ids("m", 5)).await;
+    let flowing = wait_for_series(&addr, OK, 5.0, 30).await;
+    assert_eq!(value(&flowing, OK), 5.0, "{flowing}");
+    assert!(value(&flowing, ACK_COUNT) >= 5.0, "{flowing}");
+    // The confirmed LSN follows the acks; the status writer may confirm a moment later.
+    wait_for_series(&addr, CONFIRMED, confirmed_before + 1.0, 10).await;
+    // The slot sampler runs every 5 s.
+    let sampled = wait_for_series(&addr, RESERVED, 1.0, 12).await;
+    assert!(sample(&sampled, LAG).is_some(), "{sampled}");
+
+    // NATS goes down; events keep coming.
+    nats.stop();
+    insert_events(&client, &ids("n", 3)).await;
+    let down = Instant::now();
+    let first = scrape(&addr).await;
+    let since_first = value(&first, SINCE_ACK);
+    // Stand still for at least 3 s, and until the sampler has seen the unconfirmed WAL.
+    let mut lagging = false;
+    let mut last = first.clone();
+    while down.elapsed() < Duration::from_secs(3) || !lagging {
+        assert!(
+            down.elapsed() < Duration::from_secs(15),
+            "slot lag stayed 0 for 15 s with 3 unacknowledged events:\n{last}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        last = scrape(&addr).await;
+        assert_eq!(
+            value(&last, OK),
+            5.0,
+            "ok counter moved while NATS was down"
+        );
+        lagging = value(&last, LAG) > 0.0;
+    }
+    let since_last = value(&last, SINCE_ACK);
+    assert!(
+        since_last >= since_first + 2.5,
+        "seconds since the last ack did not grow during the outage: {since_first} -> {since_last}"
+    );
+    assert!(
+        value(&last, "outbox_relay_reconnects_total{cause=\"nats\"}") >= 1.0,
+        "{last}"
+    );
+
+    nats.start_again();
+    let after = wait_for_series(&addr, OK, 8.0, 60).await;
+    assert_eq!(value(&after, OK), 8.0, "every event counted once: {after}");
+    assert!(value(&after, ACK_COUNT) >= 8.0, "{after}");
+    assert!(
+        value(&after, SINCE_ACK) < since_last,
+        "an ack arrived: {after}"
+    );
+    relay.stop().await.expect("relay stops cleanly");
+}
+
+/// `/readyz` follows the NATS connection (503 while it is down, 200 when it is back); `/healthz` stays
+/// 200 as long as the process runs; anything else is 404.
+#[tokio::test]
+async fn readyz_follows_nats_healthz_stays_up_unknown_path_is_404() {
+    let db = text_id_db().await;
+    let nats = NatsServer::start();
+    let mut config = relay_config(&db, &nats);
+    let addr = free_addr();
+    config.http.listen = addr.clone();
+    let relay = InProcessRelay::start(config);
+    wait_for_status(&addr, "/readyz", 200, 60).await;
+    assert_eq!(get(&addr, "/healthz").await.0, 200);
+    let (status, body) = get(&addr, "/nope").await;
+    assert_eq!(status, 404, "{body}");
+
+    nats.stop();
+    wait_for_status(&addr, "/readyz", 503, 10).await;
+    let (_, why) = get(&addr, "/readyz").await;
+    assert!(why.contains("nats"), "the 503 says why: {why}");
+    assert_eq!(
+        get(&addr, "/healthz").await.0,
+        200,
+        "healthz while NATS is down"
+    );
+
+    nats.start_again();
+    wait_for_status(&addr, "/readyz", 200, 60).await;
+    assert_eq!(get(&addr, "/healthz").await.0, 200);
+    relay.stop().await.expect("relay stops cleanly");
+}
+
+fn status_json(f: &Finished) -> Value {
+    serde_json::from_str(&f.stdout).unwrap_or_else(|e| {
+        panic!(
+            "status --json is not JSON ({e}):\n{}\nstderr: {}",
+            f.stdout, f.stderr
+        )
+    })
+}
+
+/// Panics unless `v[key]` exists and `is` says it has the right type.
+fn assert_key(v: &Value, path: &str, key: &str, is: fn(&Value) -> bool) {
+    let got = v
+        .get(key)
+        .unwrap_or_else(|| panic!("status --json has no {path}.{key}: {v:#}"));
+    assert!(is(got), "{path}.{key} has the wrong type: {got}");
+}
+
+fn is_number_or_null(v: &Value) -> bool {
+    v.is_i64() || v.is_null()
+}
+
+fn is_string_or_null(v: &Value) -> bool {
+    v.is_string() || v.is_null()
+}
+
+/// `status --json`: every documented key with its type; exit 0 when healthy; exit 1 when the slot is
+/// gone; exit 1 when NATS cannot be reached, with the slot still reported.
+#[tokio::test]
+async fn status_json_has_its_shape_and_exit_code_follows_health() {
+    let db = TestDb::create(PgServer::shared()).await;
+    db.psql(&default_outbox_sql());
+    let nats = NatsServer::start();
+    let config = relay_config(&db, &nats);
+    let env = relay_env(&config);
+    let slot = config.postgres.slot.clone();
+    let setup = run_command(&["setup"], &env, LIMIT);
+    assert!(setup.status.success(), "setup: {}", setup.stderr);
+
+    let healthy = run_command(&["status", "--json"], &env, LIMIT);
+    assert_eq!(healthy.status.code(), Some(0), "{}", healthy.stderr);
+    let json = status_json(&healthy);
+    for key in [
+        "healthy",
+        "slot",
+        "publication",
+        "stream",
+        "problems",
+        "warnings",
+    ] {
+        assert!(json.get(key).is_some(), "no top-level {key}: {json:#}");
+    }
+    assert_eq!(json["healthy"], Value::Bool(true));
+    assert_eq!(json["problems"], Value::Array(vec![]), "{json:#}");
+    assert!(json["warnings"].is_array());
+    let s = &json["slot"];
+    assert_key(s, "slot", "exists", Value::is_boolean);
+    assert_key(s, "slot", "active", Value::is_boolean);
+    assert_key(s, "slot", "confirmed_flush_lsn", Value::is_string);
+    assert_key(s, "slot", "lag_bytes", Value::is_i64);
+    assert_key(s, "slot", "wal_status", Value::is_string);
+    assert_key(s, "slot", "safe_wal_size", is_number_or_null);
+    assert_eq!(s["exists"], Value::Bool(true));
+    assert_eq!(s["active"], Value::Bool(false), "no relay runs");
+    assert_eq!(s["wal_status"], "reserved");
+    assert!(
+        s["confirmed_flush_lsn"]
+            .as_str()
+            .unwrap()
+            .parse::<outbox_relay::Lsn>()
+            .is_ok(),
+        "{s}"
+    );
+    let p = &json["publication"];
+    assert_key(p, "publication", "exists", Value::is_boolean);
+    assert_key(p, "publication", "tables", Value::is_array);
+    assert_eq!(p["exists"], Value::Bool(true));
+    assert_eq!(p["tables"], serde_json::json!(["public.outbox"]));
+    let st = &json["stream"];
+    for (key, is) in [
+        ("exists", Value::is_boolean as fn(&Value) -> bool),
+        ("messages", Value::is_u64),
+        ("last_sequence", Value::is_u64),
+        ("storage", Value::is_string),
+        ("replicas", Value::is_u64),
+        ("duplicate_window_secs", Value::is_u64),
+    ] {
+        assert_key(st, "stream", key, is);
+    }
+    assert_eq!(st["exists"], Value::Bool(true));
+    assert_eq!(st["messages"], 0);
+    assert_eq!(st["storage"], "file");
+    assert_eq!(st["replicas"], 1);
+    assert_eq!(
+        st["duplicate_window_secs"],
+        config.nats.duplicate_window_secs
+    );
+
+    // NATS unreachable: unhealthy, the problem names it, the slot is still there.
+    let mut no_nats = env.clone();
+    no_nats.retain(|(k, _)| k != "OUTBOX_RELAY_NATS_URL");
+    no_nats.push((
+        "OUTBOX_RELAY_NATS_URL".into(),
+        format!("nats://{}", free_addr()),
+    ));
+    let down = run_command(&["status", "--json"], &no_nats, LIMIT);
+    assert_eq!(
+        down.status.code(),
+        Some(1),
+        "{}{}",
+        down.stdout,
+        down.stderr
+    );
+    let json = status_json(&down);
+    assert_eq!(json["healthy"], Value::Bool(false));
+    assert_eq!(json["slot"]["exists"], Value::Bool(true), "{json:#}");
+    assert!(json["slot"]["confirmed_flush_lsn"].is_string(), "{json:#}");
+    assert_eq!(json["slot"]["wal_status"], "reserved", "{json:#}");
+    let problems = json["problems"].as_array().expect("problems");
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.as_str().unwrap_or("").contains("nats.url")),
+        "a problem names nats.url: {json:#}"
+    );
+
+    // The slot is dropped: unhealthy, and the slot part says so.
+    db.psql(&format!("SELECT pg_drop_replication_slot('{slot}')"));
+    let gone = run_command(&["status", "--json"], &env, LIMIT);
+    assert_eq!(
+        gone.status.code(),
+        Some(1),
+        "{}{}",
+        gone.stdout,
+        gone.stderr
+    );
+    let json = status_json(&gone);
+    assert_eq!(json["healthy"], Value::Bool(false));
+    assert_eq!(json["slot"]["exists"], Value::Bool(false));
+    assert_key(
+        &json["slot"],
+        "slot",
+        "confirmed_flush_lsn",
+        is_string_or_null,
+    );
+    assert!(
+        json["problems"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p.as_str().unwrap_or("").contains(&slot)),
+        "a problem names the slot: {json:#}"
+    );
+    assert_eq!(json["stream"]["exists"], Value::Bool(true));
+}
+
+const PG_PASSWORD: &str = "S3cretPw!";
+const NATS_PASSWORD: &str = "N4tsPw";
+const WRONG_PASSWORD: &str = "Wr0ngSecret";
+
+/// Panics if any password appears in the output, plainly or URL-encoded.
+fn assert_no_secret(what: &str, f: &Finished) {
+    for secret in ["S3cretPw", NATS_PASSWORD, WRONG_PASSWORD] {
+        for (stream, text) in [("stdout", &f.stdout), ("stderr", &f.stderr)] {
+            assert!(
+                !text.contains(secret),
+                "{what}: {stream} shows the password {secret}:\n{text}"
+            );
+        }
+    }
+}
+
+fn set(env: &mut Vec<(String, String)>, key: &str, value: &str) {
+    env.retain(|(k, _)| k != key);
+    env.push((key.into(), value.into()));
+}
+
+/// Runs the binary's `run` until it streams, writes one event, waits for it, sends SIGTERM.
+async fn run_with_one_event(
+    env: &[(String, String)],
+    client: &Client,
+    js: &async_nats::jetstream::Context,
+    slot: &str,
+    stream: &str,
+    id: &str,
+) -> Finished {
+    let mut p = RelayProcess::spawn(&["run"], env);
+    wait_for_active_slot(client, slot).await;
+    let before = stream_count(js, stream).await;
+    insert_events(client, &[id.to_owned()]).await;
+    wait_for("the event in the stream", LIMIT, || async {
+        stream_count(js, stream).await > before
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    p.signal("TERM");
+    let status = p
+        .wait(Duration::from_secs(30))
+        .unwrap_or_else(|| panic!("no exit after SIGTERM: {}", p.stderr()));
+    Finished {
+        status,
+        stdout: p.stdout(),
+        stderr: p.stderr(),
+    }
+}
+
+/// With debug logs, `setup`, `run` (text and JSON logs), `status` and failing connections never show
+/// the Postgres or NATS password; every stderr line of `run` with `log.format = "json"` is JSON.
+#[tokio::test]
+async fn logs_never_show_passwords_and_json_logs_are_json() {
+    let server = PgServer::shared();
+    let db = text_id_db().await;
+    let role = unique("relay_pw");
+    db.psql(&format!(
+        "CREATE ROLE {role} SUPERUSER LOGIN PASSWORD '{PG_PASSWORD}'"
+    ));
+    let nats = NatsServer::start();
+    let config = relay_config(&db, &nats);
+    let (slot, stream) = (config.postgres.slot.clone(), config.nats.stream.clone());
+    let mut env = relay_env(&config);
+    set(
+        &mut env,
+        "OUTBOX_RELAY_POSTGRES_URL",
+        &server.url_as(&role, PG_PASSWORD, db.name()),
+    );
+    // The test server has no auth configured, so it accepts any user and password.
+    set(
+        &mut env,
+        "OUTBOX_RELAY_NATS_URL",
+        &format!("nats://relay:{NATS_PASSWORD}@127.0.0.1:{}", nats.port()),
+    );
+    set(&mut env, "OUTBOX_RELAY_LOG_LEVEL", "debug");
+    let client = db.client().await;
+    let js = nats.jetstream().await;
+
+    let setup = run_command(&["setup"], &env, LIMIT);
+    assert!(
+        setup.status.success(),
+        "setup with passwords: {}",
+        setup.stderr
+    );
+    assert!(slot_exists(&client, &slot).await);
+    assert_no_secret("setup", &setup);
+
+    let run = run_with_one_event(&env, &client, &js, &slot, &stream, "pw-1").await;
+    assert_eq!(run.status.code(), Some(0), "run: {}", run.stderr);
+    assert!(
+        run.stderr.contains("streaming"),
+        "debug logs were written: {}",
+        run.stderr
+    );
+    assert_no_secret("run", &run);
+
+    let mut json_env = env.clone();
+    set(&mut json_env, "OUTBOX_RELAY_LOG_FORMAT", "json");
+    let json_run = run_with_one_event(&json_env, &client, &js, &slot, &stream, "pw-2").await;
+    assert_eq!(json_run.status.code(), Some(0), "run: {}", json_run.stderr);
+    assert_no_secret("run with JSON logs", &json_run);
+    let mut lines = 0;
+    for line in json_run.stderr.lines().filter(|l| !l.trim().is_empty()) {
+        let v: Value = serde_json::from_str(line)
+            .unwrap_or_else(|e| panic!("stderr line is not JSON ({e}): {line}"));
+        assert!(v.is_object(), "{line}");
+        lines += 1;
+    }
+    assert!(lines >= 2, "JSON run logged: {}", json_run.stderr);
+
+    let status = run_command(&["status"], &env, LIMIT);
+    assert_eq!(status.status.code(), Some(0), "status: {}", status.stderr);
+    assert_no_secret("status", &status);
+
+    // Failing cases: the wrong Postgres password; NATS credentials for a server that is not there.
+    let mut wrong_pg = env.clone();
+    set(
+        &mut wrong_pg,
+        "OUTBOX_RELAY_POSTGRES_URL",
+        &server.url_as(&role, WRONG_PASSWORD, db.name()),
+    );
+    let mut no_nats = env.clone();
+    set(
+        &mut no_nats,
+        "OUTBOX_RELAY_NATS_URL",
+        &format!("nats://relay:{NATS_PASSWORD}@{}", free_addr()),
+    );
+    for (what, env) in [
+        ("wrong postgres password", &wrong_pg),
+        ("nats down", &no_nats),
+    ] {
+        for args in [&["run"][..], &["setup"], &["status"], &["status", "--json"]] {
+            let f = run_command(args, env, LIMIT);
+            assert!(!f.status.success(), "{what}: {args:?} succeeded");
+            assert_no_secret(&format!("{what}: {args:?}"), &f);
+        }
+    }
+
+    drop(client);
+    db.psql(&format!(
+        "REASSIGN OWNED BY {role} TO postgres; DROP OWNED BY {role};"
+    ));
+    drop(db);
+    server.psql("postgres", &format!("DROP ROLE IF EXISTS {role}"));
+}
+
+/// An `http.listen` address that is taken: `run` exits non-zero with one stderr line naming the key.
+#[tokio::test]
+async fn http_listen_in_use_is_one_clear_line() {
+    let db = text_id_db().await;
+    let nats = NatsServer::start();
+    let config = relay_config(&db, &nats);
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = taken.local_addr().unwrap().to_string();
+    let mut env = relay_env(&config);
+    set(&mut env, "OUTBOX_RELAY_HTTP_LISTEN", &addr);
+    let f = run_command(&["run"], &env, LIMIT);
+    assert!(!f.status.success(), "run with {addr} taken succeeded");
+    let stderr = f.stderr.trim();
+    assert_eq!(stderr.lines().count(), 1, "one line:\n{stderr}");
+    assert!(stderr.contains("http.listen"), "{stderr}");
+    assert!(stderr.contains(&addr), "names the address: {stderr}");
+    drop(taken);
+}
