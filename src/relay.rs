@@ -210,7 +210,12 @@ impl Relay {
                 if let Some(c) = conn {
                     c.close().await;
                 }
-                if e.sqlstate() == Some("55000") {
+                // 55000 is also used for other prerequisites (e.g. wal_level); only an invalidated
+                // slot says it can no longer get changes.
+                if e.sqlstate() == Some("55000")
+                    && (e.to_string().contains("can no longer get changes")
+                        || e.to_string().contains("invalidated"))
+                {
                     return SessionEnd::Fatal(format!(
                         "{e}; {}",
                         setup::lost_slot_message(&config.postgres.slot)
@@ -253,6 +258,7 @@ impl Relay {
                 max_in_flight: config.nats.max_in_flight,
                 ack_timeout: Duration::from_millis(config.nats.ack_timeout_ms),
                 dead_letter_subject: config.nats.dead_letter_subject.clone(),
+                stop_on_invalid: config.outbox.on_invalid == crate::config::OnInvalid::Stop,
             },
         );
         let mut decoder = Decoder::new();
@@ -269,6 +275,7 @@ impl Relay {
                     let Some(ack) = ack else { break SessionEnd::Retry { cause: "nats", error: "ack task ended".into() } };
                     let ack = match ack {
                         Ok(a) => a,
+                        Err(e) if !e.is_transient() => break SessionEnd::Fatal(e.to_string()),
                         Err(e) => break SessionEnd::Retry { cause: "nats", error: e.to_string() },
                     };
                     if let Err(e) = progress.ack(ack.seq) {
@@ -336,6 +343,9 @@ impl Relay {
                                     let seq = progress.publish();
                                     Metrics::set(&self.metrics.in_flight, progress.in_flight());
                                     if let Err(e) = sink.publish(seq, event, out).await {
+                                        if !e.is_transient() {
+                                            break SessionEnd::Fatal(e.to_string());
+                                        }
                                         break SessionEnd::Retry { cause: "nats", error: e.to_string() };
                                     }
                                 }

@@ -32,6 +32,20 @@ pub enum SinkError {
     Publish { id: String, reason: String },
     #[error("the ack task stopped")]
     Stopped,
+    /// `outbox.on_invalid = "stop"` and an event cannot be published as it is.
+    #[error("event {id} at {lsn} cannot be published ({reason}); outbox.on_invalid = \"stop\"")]
+    Invalid {
+        id: String,
+        lsn: crate::Lsn,
+        reason: String,
+    },
+}
+
+impl SinkError {
+    /// Whether restarting the pipeline can help (everything but `Invalid`).
+    pub fn is_transient(&self) -> bool {
+        !matches!(self, SinkError::Invalid { .. })
+    }
 }
 
 /// How a message ended.
@@ -69,6 +83,8 @@ pub struct SinkConfig {
     pub max_in_flight: usize,
     pub ack_timeout: Duration,
     pub dead_letter_subject: String,
+    /// `outbox.on_invalid = "stop"`: fail instead of dead-lettering.
+    pub stop_on_invalid: bool,
 }
 
 /// The publishing side; the acks come out of the receiver returned by [`Sink::new`].
@@ -129,6 +145,15 @@ impl Sink {
             // (an oversize publish would make the server close the connection).
             Err(e) if e.kind() == PublishErrorKind::MaxPayloadExceeded => {
                 let reason = format!("message too large for the server's max_payload: {e}");
+                let id = message::message_id(&event);
+                if self.config.stop_on_invalid {
+                    return Err(SinkError::Invalid {
+                        id,
+                        lsn: event.commit_lsn,
+                        reason,
+                    });
+                }
+                warn!(%id, lsn = %event.commit_lsn, %reason, "dead-lettering event");
                 let dl = message::dead_letter(
                     &event,
                     &self.config.dead_letter_subject,
@@ -218,6 +243,11 @@ async fn ack_loop(
                 },
             }),
             Ok(Err(e)) => match refused_for_good(&e) {
+                Some(reason) if config.stop_on_invalid => Err(SinkError::Invalid {
+                    id: id.clone(),
+                    lsn: event.commit_lsn,
+                    reason: format!("the stream refused the message: {reason}"),
+                }),
                 Some(reason) => {
                     let reason = format!("the stream refused the message: {reason}");
                     dead_letter_now(&js, &event, &subject, &config, &reason)
@@ -254,7 +284,7 @@ async fn dead_letter_now(
     config: &SinkConfig,
     reason: &str,
 ) -> Result<(), SinkError> {
-    warn!(id = %message::message_id(event), %reason, "stream refused message; dead-lettering it");
+    warn!(id = %message::message_id(event), lsn = %event.commit_lsn, %reason, "dead-lettering event");
     let dl = message::dead_letter(
         event,
         &config.dead_letter_subject,
