@@ -456,11 +456,25 @@ async fn kill_9_mid_backlog_loses_nothing_and_stores_no_duplicates() {
     ));
 
     let js = nats.jetstream().await;
-    let mut first = RelayProcess::run(&config);
+    let client = db.client().await;
+    let slot = config.postgres.slot.clone();
+    let slot_start = confirmed_flush(&client, &slot).await.expect("slot exists");
+    // Frequent status updates, so the kill lands after the slot moved: the restart then begins in
+    // the middle of the backlog, not at its start.
+    let mut env1 = env.clone();
+    env1.push((
+        "OUTBOX_RELAY_POSTGRES_STATUS_INTERVAL_MS".into(),
+        "100".into(),
+    ));
+    let mut first = RelayProcess::spawn(&["run"], &env1);
     let deadline = Instant::now() + Duration::from_secs(60);
     let at_kill = loop {
         let n = stream_count(&js, &stream).await;
-        if n >= 5_000 {
+        if n >= 5_000
+            && confirmed_flush(&client, &slot)
+                .await
+                .is_some_and(|c| c > slot_start)
+        {
             break n;
         }
         assert!(first.is_running(), "relay exited early: {}", first.stderr());
@@ -473,8 +487,12 @@ async fn kill_9_mid_backlog_loses_nothing_and_stores_no_duplicates() {
     };
     first.signal("KILL");
     assert!(first.wait(Duration::from_secs(10)).is_some(), "SIGKILL");
-    let client = db.client().await;
-    let confirmed_at_kill = confirmed_flush(&client, &config.postgres.slot).await;
+    assert!(
+        at_kill < EVENTS,
+        "the backlog was done before the kill ({at_kill} stored): the test proves nothing"
+    );
+    let confirmed_at_kill = confirmed_flush(&client, &slot).await.expect("slot exists");
+    let stored_at_kill = stream_count(&js, &stream).await;
 
     let mut env2 = env.clone();
     env2.push((
@@ -511,8 +529,8 @@ async fn kill_9_mid_backlog_loses_nothing_and_stores_no_duplicates() {
     assert!(status.success(), "exit {status}: {log}");
     let duplicates = log.matches("duplicate dropped by JetStream").count();
     eprintln!(
-        "kill -9 test: {at_kill} stored at SIGKILL, slot confirmed {confirmed_at_kill:?}, \
-         {duplicates} republished events acknowledged as duplicates by JetStream"
+        "kill -9 test: {at_kill}..{stored_at_kill} stored at SIGKILL, slot confirmed {confirmed_at_kill} \
+         (created at {slot_start}), {duplicates} republished events acknowledged as duplicates by JetStream"
     );
 }
 
