@@ -1,0 +1,104 @@
+//! START_REPLICATION options the server cannot honour (reference §1, §7 test 8): refused before any
+//! byte of streaming with the connection handed back, or, for a missing publication, a server error
+//! that names it.
+
+use std::time::Duration;
+
+use outbox_relay::Lsn;
+use outbox_relay::source::{ReplicationEvent, SourceError};
+
+use super::{config, create_slot, options, repl};
+use crate::support::{PgServer, TestDb, unique};
+
+#[tokio::test]
+async fn unsupported_proto_version_and_origin_are_refused_before_streaming() {
+    let server = PgServer::shared();
+    let db = TestDb::create(server).await;
+    let slot = db.slot_name();
+    create_slot(&db, &slot).await;
+
+    let mut opts = options(&db);
+    opts.proto_version = Some(5);
+    let conn = repl(&db).await;
+    let (e, conn) = match conn
+        .start_replication(&slot, Lsn::ZERO, &opts, config())
+        .await
+    {
+        Ok(_) => panic!("proto_version 5 accepted"),
+        Err(e) => e,
+    };
+    assert!(matches!(e, SourceError::Version { .. }), "{e:?}");
+    assert!(e.to_string().contains("proto_version 5"), "{e}");
+    assert!(!e.is_transient());
+    let mut conn = conn.expect("connection back after a refused option");
+    conn.identify_system().await.unwrap();
+
+    let mut opts = options(&db);
+    opts.origin = Some("none".into());
+    let result = conn
+        .start_replication(&slot, Lsn::ZERO, &opts, config())
+        .await;
+    if server.version_num() < 160000 {
+        let (e, conn) = match result {
+            Ok(_) => panic!("origin accepted on {}", server.version_num()),
+            Err(e) => e,
+        };
+        assert!(
+            matches!(e, SourceError::Version { needs: "16", .. }),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("Postgres 16"), "{e}");
+        let mut conn = conn.expect("connection back after a refused option");
+        conn.identify_system().await.unwrap();
+        conn.close().await;
+    } else {
+        let stream = result.map_err(|(e, _)| e).expect("origin on 16+");
+        stream.stop(Duration::from_secs(5)).await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn missing_publication_is_a_server_error_naming_it() {
+    let db = TestDb::create(PgServer::shared()).await;
+    let client = db.client().await;
+    client
+        .batch_execute("CREATE TABLE t (id int PRIMARY KEY)")
+        .await
+        .unwrap();
+    let slot = db.slot_name();
+    create_slot(&db, &slot).await;
+    // PG15 loads publications when the first change is decoded, so give it one.
+    client
+        .batch_execute("INSERT INTO t VALUES (1)")
+        .await
+        .unwrap();
+
+    let missing = unique("no_such_pub");
+    let mut opts = options(&db);
+    opts.publication_names = vec![missing.clone()];
+    let e = match repl(&db)
+        .await
+        .start_replication(&slot, Lsn::ZERO, &opts, config())
+        .await
+    {
+        Err((e, _)) => e,
+        Ok(mut stream) => loop {
+            match tokio::time::timeout(Duration::from_secs(15), stream.recv())
+                .await
+                .expect("no error within 15 s for a missing publication")
+            {
+                Some(Ok(ReplicationEvent::Keepalive { .. })) => {}
+                Some(Ok(other)) => panic!("data for a missing publication: {other:?}"),
+                Some(Err(e)) => break e,
+                None => panic!("stream ended without an error"),
+            }
+        },
+    };
+    assert!(matches!(e, SourceError::Server { .. }), "{e:?}");
+    let message = e.to_string();
+    assert!(
+        message.contains(&missing) && message.contains("does not exist"),
+        "{message}"
+    );
+    assert!(!e.is_transient(), "{e}");
+}
