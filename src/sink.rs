@@ -153,22 +153,8 @@ impl Sink {
                         reason,
                     });
                 }
-                warn!(%id, lsn = %event.commit_lsn, %reason, "dead-lettering event");
-                let dl = message::dead_letter(
-                    &event,
-                    &self.config.dead_letter_subject,
-                    &reason,
-                    Some(subject.clone()),
-                    true,
-                );
-                let publish = jetstream::message::PublishMessage::build()
-                    .headers(dl.headers)
-                    .payload(dl.payload);
-                let ack = self
-                    .js
-                    .send_publish(dl.subject, publish)
-                    .await
-                    .map_err(|e| publish_error(&event, &e))?;
+                let ack =
+                    send_dead_letter(&self.js, &event, &subject, &self.config, &reason).await?;
                 (ack, subject, Some(reason))
             }
             Err(e) => return Err(publish_error(&event, &e)),
@@ -276,14 +262,15 @@ async fn ack_loop(
     debug!("ack task done");
 }
 
-/// Publishes the dead letter for a message the stream refused, and waits for its ack.
-async fn dead_letter_now(
+/// Queues the dead letter of `event` (payload dropped: its size is what cannot be published) and
+/// logs it with the event's id and LSN.
+async fn send_dead_letter(
     js: &jetstream::Context,
     event: &OutboxEvent,
     subject: &str,
     config: &SinkConfig,
     reason: &str,
-) -> Result<(), SinkError> {
+) -> Result<PublishAckFuture, SinkError> {
     warn!(id = %message::message_id(event), lsn = %event.commit_lsn, %reason, "dead-lettering event");
     let dl = message::dead_letter(
         event,
@@ -295,10 +282,20 @@ async fn dead_letter_now(
     let publish = jetstream::message::PublishMessage::build()
         .headers(dl.headers)
         .payload(dl.payload);
-    let ack = js
-        .send_publish(dl.subject, publish)
+    js.send_publish(dl.subject, publish)
         .await
-        .map_err(|e| publish_error(event, &e))?;
+        .map_err(|e| publish_error(event, &e))
+}
+
+/// Publishes the dead letter for a message the stream refused, and waits for its ack.
+async fn dead_letter_now(
+    js: &jetstream::Context,
+    event: &OutboxEvent,
+    subject: &str,
+    config: &SinkConfig,
+    reason: &str,
+) -> Result<(), SinkError> {
+    let ack = send_dead_letter(js, event, subject, config, reason).await?;
     match tokio::time::timeout(config.ack_timeout, ack.into_future()).await {
         Err(_) => Err(SinkError::AckTimeout(
             config.ack_timeout,
