@@ -34,6 +34,9 @@ enum Command {
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
+        /// A slot further behind the WAL than this many bytes counts as unhealthy.
+        #[arg(long, default_value_t = 1 << 30, value_name = "BYTES")]
+        max_lag_bytes: i64,
     },
 }
 
@@ -81,7 +84,10 @@ fn main() -> ExitCode {
                     ExitCode::FAILURE
                 }
             },
-            Command::Status { json } => match outbox_relay::status::status(&config).await {
+            Command::Status {
+                json,
+                max_lag_bytes,
+            } => match outbox_relay::status::status(&config, max_lag_bytes).await {
                 Ok(s) => {
                     if json {
                         println!("{}", serde_json::to_string_pretty(&s).unwrap_or_default());

@@ -57,7 +57,11 @@ pub struct PublicationStatus {
 }
 
 /// Gathers the status. Errors only when a server cannot be reached at all.
-pub async fn status(config: &Config) -> Result<Status, crate::setup::SetupError> {
+/// `max_lag_bytes`: a slot further behind than this is a problem (the relay is stalled or too slow).
+pub async fn status(
+    config: &Config,
+    max_lag_bytes: i64,
+) -> Result<Status, crate::setup::SetupError> {
     let pg = connect_postgres(config).await?;
     let q = |e: tokio_postgres::Error| crate::setup::SetupError(format!("postgres: {e}"));
     let slot_name = &config.postgres.slot;
@@ -173,11 +177,33 @@ pub async fn status(config: &Config) -> Result<Status, crate::setup::SetupError>
             "stream {stream_name} does not exist: run outbox-relay setup"
         ));
     }
+    if let Some(lag) = slot.lag_bytes.filter(|&l| l > max_lag_bytes) {
+        problems.push(format!(
+            "slot {slot_name} is {lag} bytes behind the WAL (more than {max_lag_bytes}): is the relay running and acknowledged?"
+        ));
+    }
     if stream.exists && stream.storage == "memory" {
         warnings.push(
             "stream uses memory storage: acknowledged events do not survive a nats-server restart"
                 .into(),
         );
+    }
+    if stream.exists && stream.storage == "file" && stream.replicas == 1 {
+        warnings.push(
+            "stream has one replica: an ack means written to that server's OS, not fsynced; power loss can \
+             lose acknowledged events unless nats-server runs with sync_interval: always (or use 3 replicas)"
+                .into(),
+        );
+    }
+    // A republish after a failure comes at most one ack timeout plus the longest backoff (30 s) after
+    // the first attempt; a shorter duplicate window lets such a republish be stored twice.
+    let retry_horizon = config.nats.ack_timeout_ms / 1000 + 30;
+    if stream.exists && stream.duplicate_window_secs < retry_horizon {
+        warnings.push(format!(
+            "stream duplicate window is {}s, shorter than the relay's retry horizon of {retry_horizon}s: \
+             republished events may be stored twice; raise the stream's duplicate_window",
+            stream.duplicate_window_secs
+        ));
     }
     Ok(Status {
         healthy: problems.is_empty(),
