@@ -4,6 +4,7 @@
 
 mod support;
 
+mod faults;
 mod ops;
 mod relay;
 mod smoke;

@@ -14,6 +14,7 @@ mod db;
 mod nats;
 mod postgres;
 mod process;
+mod proxy;
 mod relay;
 
 use std::future::Future;
@@ -23,6 +24,7 @@ use std::time::{Duration, Instant};
 pub use db::TestDb;
 pub use nats::NatsServer;
 pub use postgres::PgServer;
+pub use proxy::*;
 pub use relay::{
     Finished, InProcessRelay, RelayProcess, Stored, TEXT_ID_OUTBOX_SQL, confirmed_flush,
     current_wal_lsn, default_outbox_sql, read_all, relay_config, relay_env, run_command,
