@@ -156,6 +156,8 @@ async fn unconfirmed_transaction_is_redelivered_once_after_the_consumer_dies() {
         started.slot_busy
     );
     assert_eq!(txns[0].commit_lsn, second.commit_lsn);
+    // A consumer deduplicating by `commit_lsn < durable` keeps it: it was never durable.
+    assert!(txns[0].commit_lsn >= first.end_lsn, "{txns:?}");
     assert_eq!(txns[0].end_lsn, second.end_lsn);
     assert_eq!(txns[0].inserted(), second.inserted());
     stream.stop(Duration::from_secs(5)).await.unwrap();
