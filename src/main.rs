@@ -50,6 +50,7 @@ fn main() -> ExitCode {
         }
     };
     init_logging(&config);
+    let json_logs = config.log.format == LogFormat::Json;
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
         Err(e) => {
@@ -63,10 +64,7 @@ fn main() -> ExitCode {
                 let metrics = Arc::new(Metrics::default());
                 match outbox_relay::relay::run(config, metrics, shutdown_signal()).await {
                     Ok(()) => ExitCode::SUCCESS,
-                    Err(e) => {
-                        eprintln!("outbox-relay: {e:#}");
-                        ExitCode::FAILURE
-                    }
+                    Err(e) => fail(json_logs, &e),
                 }
             }
             Command::Setup => match outbox_relay::setup::setup(&config).await {
@@ -79,10 +77,7 @@ fn main() -> ExitCode {
                     }
                     ExitCode::SUCCESS
                 }
-                Err(e) => {
-                    eprintln!("outbox-relay: {e:#}");
-                    ExitCode::FAILURE
-                }
+                Err(e) => fail(json_logs, &e),
             },
             Command::Status {
                 json,
@@ -100,13 +95,21 @@ fn main() -> ExitCode {
                         ExitCode::FAILURE
                     }
                 }
-                Err(e) => {
-                    eprintln!("outbox-relay: {e:#}");
-                    ExitCode::FAILURE
-                }
+                Err(e) => fail(json_logs, &e),
             },
         }
     })
+}
+
+/// Reports a failed command as one line on stderr: a JSON log line when logs are JSON (so every line
+/// a log collector sees parses), plain text otherwise. Exit code 1.
+fn fail(json_logs: bool, e: &dyn std::fmt::Display) -> ExitCode {
+    if json_logs {
+        tracing::error!(error = %e, "outbox-relay failed");
+    } else {
+        eprintln!("outbox-relay: {e:#}");
+    }
+    ExitCode::FAILURE
 }
 
 /// Resolves on SIGINT or SIGTERM.

@@ -177,6 +177,29 @@ impl Relay {
     /// One replication session. The failure count is reset once events flow again.
     async fn session(&mut self) -> SessionEnd {
         let config = Arc::clone(&self.config);
+        // NATS first: while it is down there is no point in holding the slot.
+        // A NATS client whose session failed is dropped, not reused: messages still buffered in it
+        // would be sent after its reconnect, after the point where the new session republishes
+        // from, which could store events out of commit order.
+        let nats = match &self.nats {
+            Some(c) => c.clone(),
+            None => match setup::connect_nats(&config).await {
+                Ok(c) => {
+                    self.nats = Some(c.clone());
+                    c
+                }
+                Err(e) => {
+                    return SessionEnd::Retry {
+                        cause: "nats",
+                        error: e.to_string(),
+                    };
+                }
+            },
+        };
+        let _nats_watch = AbortOnDrop(tokio::spawn(watch_nats(
+            nats.clone(),
+            Arc::clone(&self.metrics),
+        )));
         let info = config.conn_info();
         let app = format!(
             "outbox-relay/{}/{}",
@@ -224,34 +247,25 @@ impl Relay {
                 return source_end(e, "postgres");
             }
         };
-        info!(slot = %config.postgres.slot, start = %self.confirmed, server_version = version, "streaming");
+        match self.last_cause {
+            None => {
+                info!(slot = %config.postgres.slot, start = %self.confirmed, server_version = version, "streaming")
+            }
+            // Postgres trouble (or waiting as a standby) ends here; NATS trouble ends at the next ack.
+            Some("postgres") | Some("slot active") => {
+                info!(slot = %config.postgres.slot, start = %self.confirmed, "recovered: streaming again");
+                self.failures = 0;
+                self.last_cause = None;
+            }
+            Some(_) => {
+                debug!(slot = %config.postgres.slot, start = %self.confirmed, "streaming (retry)")
+            }
+        }
 
         let template = match SubjectTemplate::parse(&config.nats.subject) {
             Ok(t) => t,
             Err(e) => return SessionEnd::Fatal(e.to_string()),
         };
-        // A NATS client whose session failed is dropped, not reused: messages still buffered in it
-        // would be sent after its reconnect, after the point where the new session republishes
-        // from, which could store events out of commit order.
-        let nats = match &self.nats {
-            Some(c) => c.clone(),
-            None => match setup::connect_nats(&config).await {
-                Ok(c) => {
-                    self.nats = Some(c.clone());
-                    c
-                }
-                Err(e) => {
-                    return SessionEnd::Retry {
-                        cause: "nats",
-                        error: e.to_string(),
-                    };
-                }
-            },
-        };
-        let _nats_watch = AbortOnDrop(tokio::spawn(watch_nats(
-            nats.clone(),
-            Arc::clone(&self.metrics),
-        )));
         let (sink, mut acks) = Sink::new(
             nats,
             SinkConfig {
@@ -458,7 +472,12 @@ async fn sample_slot(config: Config, metrics: Arc<Metrics>) {
                     );
                     metrics.set_wal_status(r.get::<_, String>(2).as_str());
                 }
-                Ok(None) => metrics.set_wal_status(""),
+                Ok(None) => {
+                    // The slot is gone: no lag to report, and no WAL kept for it.
+                    metrics.set_wal_status("");
+                    Metrics::set(&metrics.slot_lag_bytes, 0);
+                    Metrics::set(&metrics.retained_wal_bytes, 0);
+                }
                 Err(_) => client = None,
             }
         }
