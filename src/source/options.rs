@@ -44,7 +44,12 @@ impl PgOutputOptions {
             _ => 1,
         };
         let proto = self.proto_version.unwrap_or(max_proto);
-        if proto == 0 || proto > max_proto {
+        if proto == 0 || proto > 4 {
+            return Err(SourceError::Protocol(format!(
+                "pgoutput proto_version {proto} does not exist: use 1 to 4"
+            )));
+        }
+        if proto > max_proto {
             return Err(SourceError::Version {
                 version,
                 what: format!("pgoutput proto_version {proto} (it supports 1 to {max_proto})"),
@@ -147,7 +152,10 @@ mod tests {
         let mut o = opts();
         o.proto_version = Some(5);
         let e = o.to_sql(170000).unwrap_err().to_string();
-        assert!(e.contains("proto_version 5"), "{e}");
+        assert!(e.contains("proto_version 5") && e.contains("1 to 4"), "{e}");
+        o.proto_version = Some(4);
+        let e = o.to_sql(150000).unwrap_err().to_string();
+        assert!(e.contains("Postgres 16"), "{e}");
         let mut o = opts();
         o.origin = Some("none".into());
         let e = o.to_sql(150000).unwrap_err().to_string();

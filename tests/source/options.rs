@@ -27,7 +27,7 @@ async fn unsupported_proto_version_and_origin_are_refused_before_streaming() {
         Ok(_) => panic!("proto_version 5 accepted"),
         Err(e) => e,
     };
-    assert!(matches!(e, SourceError::Version { .. }), "{e:?}");
+    assert!(matches!(e, SourceError::Protocol(_)), "{e:?}");
     assert!(e.to_string().contains("proto_version 5"), "{e}");
     assert!(!e.is_transient());
     let mut conn = conn.expect("connection back after a refused option");
