@@ -1,0 +1,5 @@
+//! Drain and latency benchmark: being written (see docs/performance.md once it lands).
+
+fn main() {
+    println!("drain bench: not written yet");
+}
