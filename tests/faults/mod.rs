@@ -157,15 +157,27 @@ pub async fn assert_all_stored_once_in_order_within(
     }
     let dups: Vec<_> = counts.iter().filter(|(_, n)| **n > 1).take(10).collect();
     assert!(dups.is_empty(), "P3: ids stored more than once: {dups:?}");
-    assert!(
-        t.order_kept,
-        "P4: stream order is not commit order: {:?}",
-        stored
+    if !t.order_kept {
+        let at = stored
+            .windows(2)
+            .position(|w| w[1].id() < w[0].id() || w[1].commit_lsn() < w[0].commit_lsn())
+            .unwrap_or(0);
+        let around: Vec<String> = stored[at.saturating_sub(5)..(at + 8).min(stored.len())]
             .iter()
-            .map(|m| (m.seq, m.id().to_owned()))
-            .take(50)
-            .collect::<Vec<_>>()
-    );
+            .map(|m| {
+                format!(
+                    "seq {} {} @{}",
+                    m.seq,
+                    m.id(),
+                    m.header("Outbox-Commit-Lsn")
+                )
+            })
+            .collect();
+        panic!(
+            "P4: stream order is not commit order near stream seq {}: {around:#?}",
+            at + 1
+        );
+    }
     t
 }
 
