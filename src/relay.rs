@@ -218,6 +218,7 @@ impl Relay {
         let stream_config = StreamConfig {
             status_interval: Duration::from_millis(config.postgres.status_interval_ms),
             channel_capacity: 1024,
+            ..StreamConfig::default()
         };
         let mut stream = match conn
             .start_replication(

@@ -39,6 +39,11 @@ pub struct StreamConfig {
     /// Events buffered between the reader task and the consumer; bounds memory and lets TCP
     /// backpressure reach the walsender when the consumer is slow.
     pub channel_capacity: usize,
+    /// A connection that delivers nothing (no data, no keepalive) for this long is treated as dead.
+    /// The writer asks the server for a keepalive every third of it, so a healthy idle connection
+    /// always has traffic; without this, a black-holed network would hang the relay until TCP gives
+    /// up, which can take many minutes.
+    pub receive_timeout: Duration,
 }
 
 impl Default for StreamConfig {
@@ -46,6 +51,7 @@ impl Default for StreamConfig {
         StreamConfig {
             status_interval: Duration::from_secs(1),
             channel_capacity: 1024,
+            receive_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -108,11 +114,19 @@ impl ReplicationStream {
         let (read_half, write_half) = tokio::io::split(io);
         let (tx, events) = mpsc::channel(config.channel_capacity.max(1));
         let (stop_writer, stop_rx) = oneshot::channel();
-        let reader = tokio::spawn(read_loop(read_half, rbuf, target, Arc::clone(&shared), tx));
+        let reader = tokio::spawn(read_loop(
+            read_half,
+            rbuf,
+            target,
+            Arc::clone(&shared),
+            tx,
+            config.receive_timeout,
+        ));
         let writer = tokio::spawn(write_loop(
             write_half,
             Arc::clone(&shared),
             config.status_interval,
+            config.receive_timeout / 3,
             stop_rx,
         ));
         ReplicationStream {
@@ -198,10 +212,17 @@ async fn read_loop(
     target: String,
     shared: Arc<Shared>,
     tx: mpsc::Sender<Result<ReplicationEvent, SourceError>>,
+    receive_timeout: Duration,
 ) -> Option<ReadHalf<Box<dyn Transport>>> {
     let mut copy_done = false;
     loop {
-        let msg = match read_backend(&mut io, &mut buf, &target).await {
+        let read = tokio::time::timeout(receive_timeout, read_backend(&mut io, &mut buf, &target));
+        let msg = match read.await.unwrap_or_else(|_| {
+            Err(SourceError::Timeout {
+                target: target.clone(),
+                secs: receive_timeout.as_secs(),
+            })
+        }) {
             Ok(m) => m,
             Err(e) => {
                 if !shared.stopping.load(Ordering::Acquire) {
@@ -341,8 +362,10 @@ async fn write_loop(
     mut io: WriteHalf<Box<dyn Transport>>,
     shared: Arc<Shared>,
     interval: Duration,
+    ping_interval: Duration,
     mut stop: oneshot::Receiver<()>,
 ) -> Option<WriteHalf<Box<dyn Transport>>> {
+    let mut last_ping = tokio::time::Instant::now();
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut buf = BytesMut::with_capacity(64);
@@ -357,7 +380,12 @@ async fn write_loop(
         let flush = shared.confirmed.load(Ordering::Acquire);
         debug_assert!(flush >= last_flush, "confirmed LSN moved backwards");
         last_flush = flush;
-        status_update(&mut buf, Lsn(write.max(flush)), Lsn(flush));
+        // Ask for a keepalive now and then: proof, for the reader's timeout, that the path is alive.
+        let ping = last_ping.elapsed() >= ping_interval;
+        if ping {
+            last_ping = tokio::time::Instant::now();
+        }
+        status_update(&mut buf, Lsn(write.max(flush)), Lsn(flush), ping);
         if stopping {
             frontend::copy_done(&mut buf);
         }
@@ -373,8 +401,9 @@ async fn write_loop(
     }
 }
 
-/// Appends a CopyData-wrapped standby status update (`'r'`): write, flush, apply, clock, no reply.
-fn status_update(out: &mut BytesMut, write: Lsn, flush: Lsn) {
+/// Appends a CopyData-wrapped standby status update (`'r'`): write, flush, apply, clock, and whether
+/// the server should answer with a keepalive at once.
+fn status_update(out: &mut BytesMut, write: Lsn, flush: Lsn, reply_requested: bool) {
     let mut payload = [0u8; 34];
     let mut p = &mut payload[..];
     p.put_u8(b'r');
@@ -382,7 +411,7 @@ fn status_update(out: &mut BytesMut, write: Lsn, flush: Lsn) {
     p.put_u64(flush.0);
     p.put_u64(flush.0);
     p.put_i64(pg_now());
-    p.put_u8(0);
+    p.put_u8(u8::from(reply_requested));
     // CopyData::new only fails for bodies over i32::MAX bytes.
     if let Ok(msg) = frontend::CopyData::new(&payload[..]) {
         msg.write(out);
@@ -455,7 +484,7 @@ mod tests {
     #[test]
     fn status_update_layout() {
         let mut out = BytesMut::new();
-        status_update(&mut out, Lsn(0x30), Lsn(0x20));
+        status_update(&mut out, Lsn(0x30), Lsn(0x20), false);
         // 'd', i32 len = 4 + 34, then 'r' write flush apply ts reply
         assert_eq!(out.len(), 1 + 4 + 34);
         assert_eq!(out[0], b'd');
@@ -465,5 +494,8 @@ mod tests {
         assert_eq!(&out[14..22], &0x20u64.to_be_bytes());
         assert_eq!(&out[22..30], &0x20u64.to_be_bytes());
         assert_eq!(out[38], 0);
+        out.clear();
+        status_update(&mut out, Lsn(0x30), Lsn(0x20), true);
+        assert_eq!(out[38], 1, "reply requested");
     }
 }

@@ -37,6 +37,7 @@ async fn stalled_consumer_outlives_wal_sender_timeout() {
     let config = StreamConfig {
         status_interval: Duration::from_secs(1),
         channel_capacity: 4,
+        ..StreamConfig::default()
     };
     let mut stream = start(&db, &slot, Lsn::ZERO, &options(&db), config)
         .await

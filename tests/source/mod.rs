@@ -60,6 +60,7 @@ pub(crate) fn config() -> StreamConfig {
     StreamConfig {
         status_interval: Duration::from_secs(1),
         channel_capacity: 1024,
+        ..StreamConfig::default()
     }
 }
 
