@@ -103,9 +103,12 @@ async fn run(pg: &PgServer) -> anyhow::Result<()> {
         ));
     }
 
-    // The backlog: one transaction per row, written by a procedure (COMMIT inside the loop).
+    // The backlog: one transaction per row, written by a procedure (COMMIT inside the loop), without
+    // waiting for WAL flushes. The end position is the insert position right after it (the end of the
+    // last commit record; pg_current_wal_lsn() would be the page-aligned write position, before it);
+    // a synchronous empty transaction then flushes everything up to it, so the walsenders can send it.
     let t = Instant::now();
-    db.psql(&format!(
+    let out = db.psql(&format!(
         "CREATE PROCEDURE bench_fill(n int) LANGUAGE plpgsql AS $$\n\
          BEGIN\n\
            FOR i IN 1..n LOOP\n\
@@ -115,13 +118,18 @@ async fn run(pg: &PgServer) -> anyhow::Result<()> {
            END LOOP;\n\
          END $$;\n\
          SET synchronous_commit = off;\n\
-         CALL bench_fill({events});"
+         CALL bench_fill({events});\n\
+         SELECT pg_current_wal_insert_lsn();\n\
+         SET synchronous_commit = on;\n\
+         SELECT txid_current();"
     ));
     let fill_secs = t.elapsed().as_secs_f64();
-    let target: Lsn = db
-        .psql("SELECT pg_current_wal_lsn()")
+    let target: Lsn = out
+        .lines()
+        .next()
+        .unwrap_or_default()
         .parse()
-        .map_err(|e| anyhow::anyhow!("pg_current_wal_lsn: {e:?}"))?;
+        .map_err(|e| anyhow::anyhow!("pg_current_wal_insert_lsn {out:?}: {e:?}"))?;
     let wal_mb: f64 = db
         .psql(&format!(
             "SELECT (pg_current_wal_lsn() - confirmed_flush_lsn) / 1048576.0 FROM pg_replication_slots WHERE slot_name = '{}'",
