@@ -178,8 +178,16 @@ async fn run(pg: &PgServer) -> anyhow::Result<()> {
             for (phase, &rate) in rates.iter().enumerate() {
                 let l = latency(&db, &nats, rate, latency_secs, phase as u32 + 1).await?;
                 println!(
-                    "latency at {rate}/s (achieved {:.0}/s, {} events, {} missing): p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
-                    l.achieved, l.count, l.missing, l.p50_ms, l.p99_ms, l.max_ms
+                    "latency at {rate}/s (achieved {:.0}/s, {} events, {} missing): p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms; {} over 20 ms, committed between {:.2} s and {:.2} s",
+                    l.achieved,
+                    l.count,
+                    l.missing,
+                    l.p50_ms,
+                    l.p99_ms,
+                    l.max_ms,
+                    l.slow,
+                    l.slow_span_s.0,
+                    l.slow_span_s.1
                 );
                 latencies.push((rate, l));
             }
@@ -337,7 +345,7 @@ async fn source(db: &TestDb, slot: &str, target: Lsn, events: u64) -> anyhow::Re
     Ok(events as f64 / secs)
 }
 
-/// The relay binary, stopped (SIGKILL) on drop.
+/// The relay binary, stopped on drop.
 struct RelayChild {
     child: Child,
     _dir: tempfile::TempDir,
@@ -373,7 +381,16 @@ impl RelayChild {
         self.child.id()
     }
 
+    /// SIGTERM (a clean stop; a `perf record` wrapper then writes its data), SIGKILL after 10 s.
     fn stop(&mut self) {
+        let _ = Command::new("sh")
+            .args(["-c", r#"kill -s TERM "$1" 2>/dev/null"#, "sh"])
+            .arg(self.child.id().to_string())
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while matches!(self.child.try_wait(), Ok(None)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -462,6 +479,10 @@ async fn relay(
 
 struct Latency {
     count: usize,
+    /// Events over 20 ms, and the seconds into the phase of the first and last of them (one stall
+    /// or spread out?).
+    slow: usize,
+    slow_span_s: (f64, f64),
     missing: usize,
     achieved: f64,
     p50_ms: f64,
@@ -555,6 +576,20 @@ async fn latency(
     reader.abort();
     let received = received.lock().unwrap();
     let committed = committed.lock().unwrap();
+    let first = committed.iter().flatten().min().copied();
+    let slow: Vec<f64> = committed
+        .iter()
+        .enumerate()
+        .filter_map(|(i, c)| {
+            let (c, r) = (c.as_ref()?, received.get(&i)?);
+            (r.saturating_duration_since(*c) > Duration::from_millis(20))
+                .then(|| first.map_or(0.0, |f| c.duration_since(f).as_secs_f64()))
+        })
+        .collect();
+    let slow_span_s = (
+        slow.iter().copied().fold(f64::INFINITY, f64::min),
+        slow.iter().copied().fold(0.0, f64::max),
+    );
     let mut ms: Vec<f64> = committed
         .iter()
         .enumerate()
@@ -571,6 +606,8 @@ async fn latency(
     let pct = |p: f64| ms[((ms.len() as f64 * p) as usize).min(ms.len() - 1)];
     Ok(Latency {
         count: ms.len(),
+        slow: slow.len(),
+        slow_span_s,
         missing: total - ms.len(),
         achieved,
         p50_ms: pct(0.50),
