@@ -110,18 +110,18 @@ fn transaction(i: u64) -> [(Bytes, Lsn); 3] {
 #[derive(Clone, Copy, PartialEq)]
 enum Stage {
     Decode,
-    DecodeStage,
-    DecodeStageBuild,
+    DecodeOutbox,
+    DecodeOutboxBuild,
 }
 
 impl Stage {
-    const ALL: [Stage; 3] = [Stage::Decode, Stage::DecodeStage, Stage::DecodeStageBuild];
+    const ALL: [Stage; 3] = [Stage::Decode, Stage::DecodeOutbox, Stage::DecodeOutboxBuild];
 
     fn name(self) -> &'static str {
         match self {
             Stage::Decode => "decode",
-            Stage::DecodeStage => "decode+stage",
-            Stage::DecodeStageBuild => "decode+stage+build",
+            Stage::DecodeOutbox => "decode+stage",
+            Stage::DecodeOutboxBuild => "decode+stage+build",
         }
     }
 }
@@ -149,7 +149,7 @@ fn run(stage: Stage, relation: &Bytes, txns: &[[(Bytes, Lsn); 3]]) -> u64 {
             let step = outbox.step(msg).expect("step");
             if let Step::Event(event) = &step {
                 events += 1;
-                if stage == Stage::DecodeStageBuild {
+                if stage == Stage::DecodeOutboxBuild {
                     black_box(message::build(event, &template, "outbox_dead_letter"));
                 }
             }
