@@ -119,6 +119,10 @@ pub struct NatsConfig {
     pub duplicate_window_secs: u64,
     /// Replicas of a stream that setup creates.
     pub stream_replicas: usize,
+    /// Fence the stream with `Nats-Expected-Last-Sequence` (see `fence`): commit order and no
+    /// duplicates even after lost connections and beyond the duplicate window. Needs the relay to be
+    /// the stream's only writer.
+    pub fence: bool,
 }
 
 impl Default for NatsConfig {
@@ -133,6 +137,7 @@ impl Default for NatsConfig {
             ack_timeout_ms: 10_000,
             duplicate_window_secs: 120,
             stream_replicas: 1,
+            fence: true,
         }
     }
 }
@@ -502,6 +507,7 @@ impl fmt::Debug for NatsConfig {
             .field("dead_letter_subject", &self.dead_letter_subject)
             .field("max_in_flight", &self.max_in_flight)
             .field("ack_timeout_ms", &self.ack_timeout_ms)
+            .field("fence", &self.fence)
             .finish_non_exhaustive()
     }
 }

@@ -33,6 +33,7 @@
 //! Consumers deduplicate by `Nats-Msg-Id`: delivery is at least once.
 
 pub mod config;
+pub mod fence;
 pub mod http;
 pub mod lsn;
 pub mod message;

@@ -21,6 +21,8 @@ pub const COMMIT_LSN: &str = "Outbox-Commit-Lsn";
 pub const ERROR: &str = "Outbox-Error";
 pub const SUBJECT: &str = "Outbox-Subject";
 pub const PAYLOAD_SIZE: &str = "Outbox-Payload-Size";
+/// Set by the sink when the stream is fenced (see `fence`).
+pub const EXPECTED_LAST_SEQUENCE: &str = "Nats-Expected-Last-Sequence";
 
 /// A message ready for JetStream.
 #[derive(Debug, Clone)]

@@ -20,6 +20,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::Lsn;
 use crate::config::Config;
+use crate::fence;
 use crate::message;
 use crate::metrics::Metrics;
 use crate::outbox::{OutboxStage, Step};
@@ -90,6 +91,7 @@ pub async fn run(
         nats: Some(nats),
         failures: 0,
         last_cause: None,
+        known_duplicates: fence::KnownDuplicates::default(),
         // Start where the slot is; the server would use max(this, confirmed_flush) anyway, but the
         // tracker and the logs should know the real position.
         confirmed: report.slot_confirmed.unwrap_or(Lsn::ZERO),
@@ -116,6 +118,8 @@ struct Relay {
     failures: u32,
     /// The cause of the last failure, so each change of state is logged once, not every retry.
     last_cause: Option<&'static str>,
+    /// Events JetStream acknowledged as duplicates of other events (fenced streams only).
+    known_duplicates: fence::KnownDuplicates,
     /// The last LSN confirmed to the slot by this process; sessions restart here.
     confirmed: Lsn,
     stop: watch::Receiver<bool>,
@@ -267,7 +271,7 @@ impl Relay {
             Ok(t) => t,
             Err(e) => return SessionEnd::Fatal(e.to_string()),
         };
-        let (sink, mut acks) = Sink::new(
+        let (mut sink, mut acks) = Sink::new(
             nats,
             SinkConfig {
                 max_in_flight: config.nats.max_in_flight,
@@ -276,6 +280,23 @@ impl Relay {
                 stop_on_invalid: config.outbox.on_invalid == crate::config::OnInvalid::Stop,
             },
         );
+        // Fencing (see `fence`): start right behind the stream's tail, skip what is stored already.
+        let mut replay = None;
+        if config.nats.fence {
+            match fence::read_tail(sink.jetstream(), &config.nats.stream).await {
+                Ok(tail) => {
+                    debug!(last_sequence = tail.last_sequence, last = ?tail.last, "stream tail");
+                    sink.fence_from(tail.last_sequence);
+                    replay = Some(fence::Replay::new(&tail));
+                }
+                Err(e) => {
+                    return SessionEnd::Retry {
+                        cause: "nats",
+                        error: e,
+                    };
+                }
+            }
+        }
         let mut decoder = Decoder::new();
         let mut stage = OutboxStage::new(&config.outbox);
         let mut progress = Progress::new(self.confirmed);
@@ -297,6 +318,15 @@ impl Relay {
                         break SessionEnd::Fatal(e.to_string());
                     }
                     self.count(&ack.outcome, &ack.id);
+                    if config.nats.fence
+                        && ack.outcome == (Outcome::Stored { duplicate: true })
+                        && !self.known_duplicates.contains(ack.commit_lsn, &ack.id)
+                    {
+                        // An id stored before by another event: it took no sequence, so the fence
+                        // breaks behind it. Skip it on the replay instead of publishing it again.
+                        warn!(id = %ack.id, lsn = %ack.commit_lsn, "event id already used by an earlier event: JetStream dropped it as a duplicate");
+                        self.known_duplicates.remember(ack.commit_lsn, ack.id.clone());
+                    }
                     if ack.commit_ts != 0 {
                         let micros = pg_now_micros() - ack.commit_ts;
                         self.metrics
@@ -345,6 +375,16 @@ impl Relay {
                                     self.confirm(&stream, &progress);
                                 }
                                 Step::Event(event) => {
+                                    let id = message::message_id(&event);
+                                    let stored = replay.as_mut().is_some_and(|r| r.already_stored(event.commit_lsn, &id))
+                                        || self.known_duplicates.contains(event.commit_lsn, &id);
+                                    if stored {
+                                        let seq = progress.publish();
+                                        if let Err(e) = sink.skip(seq, event).await {
+                                            break SessionEnd::Retry { cause: "nats", error: e.to_string() };
+                                        }
+                                        continue;
+                                    }
                                     let out = message::build(&event, &template, &config.nats.dead_letter_subject);
                                     if let Some(reason) = &out.dead_letter {
                                         if config.outbox.on_invalid == crate::config::OnInvalid::Stop {
@@ -406,6 +446,7 @@ impl Relay {
         if c > self.confirmed {
             self.confirmed = c;
             stream.confirm(c);
+            self.known_duplicates.forget_before(c);
             Metrics::set(&self.metrics.confirmed_lsn, c.0);
         }
         Metrics::set(&self.metrics.received_lsn, stream.received().0);

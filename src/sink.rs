@@ -9,8 +9,9 @@
 //!
 //! A message the stream refuses for good (too big for `max_msg_size`, for example) is republished by
 //! the ack task as a dead letter before its ack is reported, so order and "nothing skipped" both hold.
-//! Anything uncertain (ack timeout, lost connection, no stream) is reported as a failure: the relay then
-//! restarts from the last confirmed LSN and JetStream's dedup absorbs what was stored twice.
+//! Anything uncertain (ack timeout, lost connection, no stream, a broken fence) is reported as a
+//! failure: the relay then restarts from the last confirmed LSN; [`crate::fence`] and JetStream's dedup
+//! keep what was stored before from being stored twice.
 
 use std::future::IntoFuture;
 use std::time::Duration;
@@ -66,15 +67,21 @@ pub struct Acked {
     pub id: String,
     /// The transaction's commit time (µs since 2000-01-01), for commit → ack latency.
     pub commit_ts: i64,
+    /// The transaction's commit LSN.
+    pub commit_lsn: crate::Lsn,
 }
 
 struct InFlight {
     seq: u64,
-    ack: PublishAckFuture,
+    /// `None` for an event that is already stored (skipped on a fenced replay): reported in order
+    /// as a duplicate without publishing.
+    ack: Option<PublishAckFuture>,
     /// Kept until the ack, to dead-letter it if the stream refuses it.
     event: Box<OutboxEvent>,
     subject: String,
     dead_letter: Option<String>,
+    /// The `Nats-Expected-Last-Sequence` it was sent with (fenced streams).
+    expected: Option<u64>,
 }
 
 /// Settings the sink needs.
@@ -93,6 +100,8 @@ pub struct Sink {
     window: mpsc::Sender<InFlight>,
     ack_task: JoinHandle<()>,
     config: SinkConfig,
+    /// With a fenced stream: the sequence the next message expects to follow.
+    next_expected: Option<u64>,
 }
 
 impl Sink {
@@ -117,15 +126,27 @@ impl Sink {
                 window,
                 ack_task,
                 config,
+                next_expected: None,
             },
             acks,
         )
     }
 
+    /// The JetStream context the sink publishes through.
+    pub fn jetstream(&self) -> &jetstream::Context {
+        &self.js
+    }
+
+    /// Fences the stream from here on: the next message expects `last_sequence` to be the stream's
+    /// last sequence, and each following one the sequence before it (see [`crate::fence`]).
+    pub fn fence_from(&mut self, last_sequence: u64) {
+        self.next_expected = Some(last_sequence);
+    }
+
     /// Publishes `out` (built from `event`) as message `seq`. Returns once it is queued and has a
     /// place in the window; its ack arrives later, in order.
     pub async fn publish(
-        &self,
+        &mut self,
         seq: u64,
         event: Box<OutboxEvent>,
         out: Outgoing,
@@ -136,8 +157,13 @@ impl Sink {
             .await
             .map_err(|_| SinkError::Stopped)?;
         let subject = out.subject.clone();
+        let expected = self.next_expected;
+        let mut headers = out.headers;
+        if let Some(e) = expected {
+            headers.insert(message::EXPECTED_LAST_SEQUENCE, e.to_string().as_str());
+        }
         let publish = jetstream::message::PublishMessage::build()
-            .headers(out.headers)
+            .headers(headers)
             .payload(out.payload);
         let (ack, subject, dead_letter) = match self.js.send_publish(out.subject, publish).await {
             Ok(ack) => (ack, subject, out.dead_letter),
@@ -154,17 +180,39 @@ impl Sink {
                     });
                 }
                 let ack =
-                    send_dead_letter(&self.js, &event, &subject, &self.config, &reason).await?;
+                    send_dead_letter(&self.js, &event, &subject, &self.config, &reason, expected)
+                        .await?;
                 (ack, subject, Some(reason))
             }
             Err(e) => return Err(publish_error(&event, &e)),
         };
+        self.next_expected = expected.map(|e| e + 1);
         permit.send(InFlight {
             seq,
-            ack,
+            ack: Some(ack),
             event,
             subject,
             dead_letter,
+            expected,
+        });
+        Ok(())
+    }
+
+    /// Reports message `seq` as already stored, in order with the acks of what was published before
+    /// it, without publishing it (a fenced replay found it in the stream).
+    pub async fn skip(&mut self, seq: u64, event: Box<OutboxEvent>) -> Result<(), SinkError> {
+        let permit = self
+            .window
+            .reserve()
+            .await
+            .map_err(|_| SinkError::Stopped)?;
+        permit.send(InFlight {
+            seq,
+            ack: None,
+            event,
+            subject: String::new(),
+            dead_letter: None,
+            expected: None,
         });
         Ok(())
     }
@@ -216,10 +264,24 @@ async fn ack_loop(
         event,
         subject,
         dead_letter,
+        expected,
     }) = rx.recv().await
     {
         let id = message::message_id(&event);
         // The ack future's own timeout starts when it is awaited; ours bounds the whole wait.
+        let Some(ack) = ack else {
+            let msg = Ok(Acked {
+                seq,
+                outcome: Outcome::Stored { duplicate: true },
+                id,
+                commit_ts: event.commit_ts,
+                commit_lsn: event.commit_lsn,
+            });
+            if acks.send(msg).is_err() {
+                return;
+            }
+            continue;
+        };
         let result = match tokio::time::timeout(config.ack_timeout, ack.into_future()).await {
             Err(_) => Err(SinkError::AckTimeout(config.ack_timeout, id.clone())),
             Ok(Ok(ack)) => Ok(match dead_letter {
@@ -236,9 +298,17 @@ async fn ack_loop(
                 }),
                 Some(reason) => {
                     let reason = format!("the stream refused the message: {reason}");
-                    dead_letter_now(&js, &event, &subject, &config, &reason)
+                    dead_letter_now(&js, &event, &subject, &config, &reason, expected)
                         .await
                         .map(|()| Outcome::DeadLetter { reason })
+                }
+                None if e.kind() == PublishErrorKind::WrongLastSequence => {
+                    Err(SinkError::Publish {
+                        id: id.clone(),
+                        reason: format!(
+                            "the stream's tail is not where the relay left it ({e}): a message before it was lost or the stream changed; resynchronising"
+                        ),
+                    })
                 }
                 None => Err(SinkError::Publish {
                     id: id.clone(),
@@ -247,12 +317,13 @@ async fn ack_loop(
             },
         };
         let failed = result.is_err();
-        let commit_ts = event.commit_ts;
+        let (commit_ts, commit_lsn) = (event.commit_ts, event.commit_lsn);
         let msg = result.map(|outcome| Acked {
             seq,
             outcome,
             id,
             commit_ts,
+            commit_lsn,
         });
         if acks.send(msg).is_err() || failed {
             // After a failure nothing later may be reported: the relay restarts.
@@ -270,6 +341,7 @@ async fn send_dead_letter(
     subject: &str,
     config: &SinkConfig,
     reason: &str,
+    expected: Option<u64>,
 ) -> Result<PublishAckFuture, SinkError> {
     warn!(id = %message::message_id(event), lsn = %event.commit_lsn, %reason, "dead-lettering event");
     let dl = message::dead_letter(
@@ -279,8 +351,13 @@ async fn send_dead_letter(
         Some(subject.to_owned()),
         true,
     );
+    let mut headers = dl.headers;
+    if let Some(e) = expected {
+        // It takes the refused message's place in the sequence.
+        headers.insert(message::EXPECTED_LAST_SEQUENCE, e.to_string().as_str());
+    }
     let publish = jetstream::message::PublishMessage::build()
-        .headers(dl.headers)
+        .headers(headers)
         .payload(dl.payload);
     js.send_publish(dl.subject, publish)
         .await
@@ -294,8 +371,9 @@ async fn dead_letter_now(
     subject: &str,
     config: &SinkConfig,
     reason: &str,
+    expected: Option<u64>,
 ) -> Result<(), SinkError> {
-    let ack = send_dead_letter(js, event, subject, config, reason).await?;
+    let ack = send_dead_letter(js, event, subject, config, reason, expected).await?;
     match tokio::time::timeout(config.ack_timeout, ack.into_future()).await {
         Err(_) => Err(SinkError::AckTimeout(
             config.ack_timeout,
