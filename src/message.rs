@@ -7,7 +7,10 @@
 //! `Outbox-Error` (one line) and `Outbox-Subject` (the subject it would have had), and its payload as
 //! stored unless that is what made it too big (then it is empty and `Outbox-Payload-Size` says how big).
 
+use std::sync::LazyLock;
+
 use async_nats::HeaderMap;
+use async_nats::header::{HeaderName, HeaderValue, IntoHeaderName};
 use bytes::Bytes;
 
 use crate::outbox::OutboxEvent;
@@ -91,24 +94,51 @@ pub fn dead_letter(
 /// so that a republished dead letter is still deduplicated.
 pub fn message_id(event: &OutboxEvent) -> String {
     match &event.id {
-        Some(id) if !id.is_empty() => id.clone(),
+        // A line break cannot go into a header (the outbox stage reports it as a problem).
+        Some(id) if !id.is_empty() && !id.contains(['\r', '\n']) => id.clone(),
         _ => format!("lsn:{}:{}", event.commit_lsn, event.index),
     }
 }
 
+/// The relay's header names, built once: a name made from a `&str` is validated and copied on
+/// every insert, and these five are on every message.
+struct Names {
+    msg_id: HeaderName,
+    event_type: HeaderName,
+    aggregate_type: HeaderName,
+    aggregate_id: HeaderName,
+    commit_lsn: HeaderName,
+}
+
+fn names() -> &'static Names {
+    static NAMES: LazyLock<Names> = LazyLock::new(|| Names {
+        msg_id: NATS_MSG_ID.into_header_name(),
+        event_type: EVENT_TYPE.into_header_name(),
+        aggregate_type: AGGREGATE_TYPE.into_header_name(),
+        aggregate_id: AGGREGATE_ID.into_header_name(),
+        commit_lsn: COMMIT_LSN.into_header_name(),
+    });
+    &NAMES
+}
+
 fn headers(event: &OutboxEvent) -> HeaderMap {
+    let n = names();
     let mut h = HeaderMap::new();
-    h.insert(NATS_MSG_ID, message_id(event).as_str());
+    // Values go in as owned Strings: HeaderValue keeps them without another copy.
+    h.insert(n.msg_id.clone(), HeaderValue::from(message_id(event)));
     if let Some(v) = &event.event_type {
-        h.insert(EVENT_TYPE, header_value(v).as_str());
+        h.insert(n.event_type.clone(), HeaderValue::from(header_value(v)));
     }
     if let Some(v) = &event.aggregate_type {
-        h.insert(AGGREGATE_TYPE, header_value(v).as_str());
+        h.insert(n.aggregate_type.clone(), HeaderValue::from(header_value(v)));
     }
     if let Some(v) = &event.aggregate_id {
-        h.insert(AGGREGATE_ID, header_value(v).as_str());
+        h.insert(n.aggregate_id.clone(), HeaderValue::from(header_value(v)));
     }
-    h.insert(COMMIT_LSN, event.commit_lsn.to_string().as_str());
+    h.insert(
+        n.commit_lsn.clone(),
+        HeaderValue::from(event.commit_lsn.to_string()),
+    );
     for (k, v) in &event.headers {
         h.insert(k.as_str(), v.as_str());
     }
@@ -209,6 +239,16 @@ mod tests {
             m.headers.get(PAYLOAD_SIZE).unwrap().as_str(),
             e.payload.len().to_string()
         );
+    }
+
+    #[test]
+    fn id_with_a_line_break_never_reaches_a_header() {
+        let mut e = event();
+        e.id = Some("e-1\r\nX-Evil: 1".into());
+        e.index = 2;
+        e.problem = Some("id has a line break".into());
+        let m = build(&e, &template(), "dlq");
+        assert_eq!(m.headers.get(NATS_MSG_ID).unwrap().as_str(), "lsn:1/A0:2");
     }
 
     #[test]

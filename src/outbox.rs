@@ -271,6 +271,12 @@ impl OutboxStage {
         if id.as_deref() == Some("") {
             problems.push(format!("column {} is empty", c.id_column));
         }
+        if id.as_deref().is_some_and(|i| i.contains(['\r', '\n'])) {
+            problems.push(format!(
+                "column {} contains a line break, which cannot go into the Nats-Msg-Id header",
+                c.id_column
+            ));
+        }
         let payload = match cols.payload.and_then(|p| row.get(p)) {
             Some(TupleValue::Text(b)) if cols.payload_is_bytea => match decode_bytea_hex(b) {
                 Some(raw) => raw,
