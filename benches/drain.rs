@@ -396,7 +396,7 @@ async fn idle_load(
 
 fn print_latency(who: &str, rate: u64, l: &Latency) {
     println!(
-        "{who} latency at {rate}/s (achieved {:.0}/s, {} events, {} missing): p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms; {} over 20 ms, committed between {:.2} s and {:.2} s",
+        "{who} latency at {rate}/s (achieved {:.0}/s, {} events, {} missing): p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms; {} over 20 ms{}",
         l.achieved,
         l.count,
         l.missing,
@@ -404,8 +404,14 @@ fn print_latency(who: &str, rate: u64, l: &Latency) {
         l.p99_ms,
         l.max_ms,
         l.slow,
-        l.slow_span_s.0,
-        l.slow_span_s.1
+        if l.slow > 0 {
+            format!(
+                ", committed between {:.2} s and {:.2} s",
+                l.slow_span_s.0, l.slow_span_s.1
+            )
+        } else {
+            String::new()
+        }
     );
 }
 
@@ -504,8 +510,16 @@ async fn polling_baseline(
             .load(std::sync::atomic::Ordering::Relaxed)
     );
     let stats = db.client().await;
-    // Let the last batch's counters reach the statistics before the idle period starts.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // The poller's backend publishes its counters at most once a second, and after the drain its next
+    // transaction is one interval away: wait until every UPDATE of the drain is counted, so the idle
+    // period does not inherit the drain's tail.
+    let settle = Instant::now();
+    while PgLoad::read(&stats).await?.n_tup_upd < events as i64
+        && settle.elapsed() < Duration::from_secs(30)
+    {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1100)).await;
     if idle_secs > 0 {
         loads.push(idle_load(&stats, &who, idle_secs, Some(&poller.counters)).await?);
     }
@@ -629,7 +643,7 @@ fn report(
         "== database load: deltas over the period (outbox table: pg_stat_user_tables; pg_stat_database) =="
     );
     println!(
-        "{:<18} {:>7} {:>6} {:>9} {:>9} {:>10} {:>14} {:>11} {:>11} {:>12}",
+        "{:<18} {:>7} {:>6} {:>9} {:>9} {:>10} {:>14} {:>11} {:>11} {:>11} {:>12}",
         "who",
         "period",
         "secs",
@@ -638,13 +652,14 @@ fn report(
         "n_tup_upd",
         "n_tup_hot_upd",
         "n_dead_tup",
+        "autovacuum",
         "xact_commit",
         "outbox stmts"
     );
     for l in loads {
         let d = &l.delta;
         println!(
-            "{:<18} {:>7} {:>6.1} {:>9} {:>9} {:>10} {:>14} {:>11} {:>11} {:>12}",
+            "{:<18} {:>7} {:>6.1} {:>9} {:>9} {:>10} {:>14} {:>11} {:>11} {:>11} {:>12}",
             l.who,
             l.period,
             l.secs,
@@ -653,6 +668,7 @@ fn report(
             d.n_tup_upd,
             d.n_tup_hot_upd,
             d.n_dead_tup,
+            d.autovacuum_count,
             d.xact_commit,
             l.statements.map_or_else(
                 || format!("{} scans", d.seq_scan + d.idx_scan),

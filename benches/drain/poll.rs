@@ -184,6 +184,8 @@ pub struct PgLoad {
     /// A gauge (autovacuum lowers it), not a counter.
     pub n_dead_tup: i64,
     pub xact_commit: i64,
+    /// Autovacuum runs on the outbox table.
+    pub autovacuum_count: i64,
 }
 
 impl PgLoad {
@@ -194,7 +196,7 @@ impl PgLoad {
         let row = client
             .query_one(
                 "SELECT coalesce(t.seq_scan, 0), coalesce(t.idx_scan, 0), t.n_tup_upd, \
-                        t.n_tup_hot_upd, t.n_dead_tup, d.xact_commit \
+                        t.n_tup_hot_upd, t.n_dead_tup, d.xact_commit, t.autovacuum_count \
                    FROM pg_stat_user_tables t, pg_stat_database d \
                   WHERE t.relid = 'public.outbox'::regclass AND d.datname = current_database()",
                 &[],
@@ -207,6 +209,7 @@ impl PgLoad {
             n_tup_hot_upd: row.get(3),
             n_dead_tup: row.get(4),
             xact_commit: row.get(5),
+            autovacuum_count: row.get(6),
         })
     }
 
@@ -218,18 +221,20 @@ impl PgLoad {
             n_tup_hot_upd: self.n_tup_hot_upd - before.n_tup_hot_upd,
             n_dead_tup: self.n_dead_tup - before.n_dead_tup,
             xact_commit: self.xact_commit - before.xact_commit,
+            autovacuum_count: self.autovacuum_count - before.autovacuum_count,
         }
     }
 
     pub fn json(&self) -> String {
         format!(
-            r#"{{"seq_scan":{},"idx_scan":{},"n_tup_upd":{},"n_tup_hot_upd":{},"n_dead_tup":{},"xact_commit":{}}}"#,
+            r#"{{"seq_scan":{},"idx_scan":{},"n_tup_upd":{},"n_tup_hot_upd":{},"n_dead_tup":{},"xact_commit":{},"autovacuum_count":{}}}"#,
             self.seq_scan,
             self.idx_scan,
             self.n_tup_upd,
             self.n_tup_hot_upd,
             self.n_dead_tup,
-            self.xact_commit
+            self.xact_commit,
+            self.autovacuum_count
         )
     }
 }
