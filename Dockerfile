@@ -13,7 +13,8 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     && cp target/release/outbox-relay /usr/local/bin/outbox-relay
 
 FROM debian:bookworm-slim
-# ca-certificates: TLS to a managed Postgres or NATS verifies against the system roots.
+# ca-certificates for TLS to managed NATS (tls://); for Postgres, sslrootcert=system uses the roots
+# bundled in the binary, and verify-ca/verify-full take a CA file mounted into the container.
 RUN apt-get update \
     && apt-get install -y --no-install-recommends ca-certificates \
     && rm -rf /var/lib/apt/lists/* \
