@@ -158,13 +158,7 @@ impl Sink {
             .map_err(|_| SinkError::Stopped)?;
         let subject = out.subject.clone();
         let expected = self.next_expected;
-        let mut headers = out.headers;
-        if let Some(e) = expected {
-            headers.insert(message::EXPECTED_LAST_SEQUENCE, e.to_string().as_str());
-        }
-        let publish = jetstream::message::PublishMessage::build()
-            .headers(headers)
-            .payload(out.payload);
+        let publish = fenced(out.headers, out.payload, expected);
         let (ack, subject, dead_letter) = match self.js.send_publish(out.subject, publish).await {
             Ok(ack) => (ack, subject, out.dead_letter),
             // async-nats checks payload + headers against the server's max_payload before sending
@@ -227,6 +221,20 @@ impl Drop for Sink {
     fn drop(&mut self) {
         self.ack_task.abort();
     }
+}
+
+/// A publish with its headers, carrying `Nats-Expected-Last-Sequence` when the stream is fenced.
+fn fenced(
+    mut headers: async_nats::HeaderMap,
+    payload: bytes::Bytes,
+    expected: Option<u64>,
+) -> jetstream::message::PublishMessage {
+    if let Some(e) = expected {
+        headers.insert(message::EXPECTED_LAST_SEQUENCE, e.to_string().as_str());
+    }
+    jetstream::message::PublishMessage::build()
+        .headers(headers)
+        .payload(payload)
 }
 
 fn publish_error(
@@ -351,14 +359,8 @@ async fn send_dead_letter(
         Some(subject.to_owned()),
         true,
     );
-    let mut headers = dl.headers;
-    if let Some(e) = expected {
-        // It takes the refused message's place in the sequence.
-        headers.insert(message::EXPECTED_LAST_SEQUENCE, e.to_string().as_str());
-    }
-    let publish = jetstream::message::PublishMessage::build()
-        .headers(headers)
-        .payload(dl.payload);
+    // It takes the refused message's place in the sequence.
+    let publish = fenced(dl.headers, dl.payload, expected);
     js.send_publish(dl.subject, publish)
         .await
         .map_err(|e| publish_error(event, &e))
