@@ -22,6 +22,7 @@ pub const WAL_STATUS: &str = "outbox_relay_slot_wal_status";
 pub const SINCE_LAST_ACK: &str = "outbox_relay_seconds_since_last_ack";
 pub const STREAMING: &str = "outbox_relay_streaming";
 pub const NATS_CONNECTED: &str = "outbox_relay_nats_connected";
+pub const STANDBY: &str = "outbox_relay_standby";
 
 /// `wal_status` values of `pg_replication_slots`, in the order of the gauge's codes (0 = unknown).
 pub const WAL_STATUSES: [&str; 4] = ["reserved", "extended", "unreserved", "lost"];
@@ -79,6 +80,8 @@ pub struct Metrics {
     pub streaming: AtomicU64,
     /// 1 while the NATS client is connected.
     pub nats_connected: AtomicU64,
+    /// 1 while waiting as a standby: another relay holds the slot.
+    pub standby: AtomicU64,
     /// Sampled on the control connection: `pg_current_wal_lsn() - confirmed_flush_lsn`.
     pub slot_lag_bytes: AtomicU64,
     /// Sampled: `pg_current_wal_lsn() - restart_lsn`, the WAL the slot keeps.
@@ -236,6 +239,12 @@ impl Metrics {
             &[("", g(&self.streaming) as f64)],
         );
         family(
+            STANDBY,
+            "gauge",
+            "1 while this relay waits as a standby because another relay holds the slot.",
+            &[("", g(&self.standby) as f64)],
+        );
+        family(
             NATS_CONNECTED,
             "gauge",
             "1 while the NATS connection is up.",
@@ -288,6 +297,7 @@ mod tests {
         assert!(text.contains("outbox_relay_commit_to_ack_seconds_bucket{le=\"+Inf\"} 2\n"));
         assert!(text.contains("outbox_relay_commit_to_ack_seconds_count 2\n"));
         assert!(text.contains("outbox_relay_seconds_since_last_ack -1\n"));
+        assert!(text.contains("outbox_relay_standby 0\n"));
         // Every sample line belongs to a declared family.
         for line in text.lines().filter(|l| !l.starts_with('#')) {
             let name = line.split(['{', ' ']).next().unwrap();

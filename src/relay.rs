@@ -143,6 +143,7 @@ impl Relay {
                     if cause == "nats" {
                         self.nats = None;
                     }
+                    Metrics::set(&self.metrics.standby, u64::from(cause == "slot active"));
                     Metrics::inc(&self.metrics.reconnects);
                     Metrics::inc(if cause == "nats" {
                         &self.metrics.reconnects_nats
@@ -252,6 +253,7 @@ impl Relay {
                 return source_end(e, "postgres");
             }
         };
+        Metrics::set(&self.metrics.standby, 0);
         match self.last_cause {
             None => {
                 info!(slot = %config.postgres.slot, start = %self.confirmed, server_version = version, "streaming")
