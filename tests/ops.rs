@@ -1,7 +1,7 @@
 //! Operability (issue 7): what an operator sees of a running relay. The metrics move while events flow
 //! and freeze while NATS is down; `/readyz` follows the connections; `status --json` has the shape the
 //! docs promise and its exit code follows health; logs never show a password, and the JSON log format
-//! is JSON on every line; an HTTP address in use is one clear line.
+//! is JSON on every line; an HTTP address in use is one clear line; a standby says so.
 //!
 //! The HTTP side is read with a plain HTTP/1.0 GET over a TCP socket, as a probe or a scraper would.
 
@@ -573,4 +573,34 @@ async fn http_listen_in_use_is_one_clear_line() {
     assert!(stderr.contains("http.listen"), "{stderr}");
     assert!(stderr.contains(&addr), "names the address: {stderr}");
     drop(taken);
+}
+
+/// A second relay on the same slot shows it waits: `outbox_relay_standby` is 1 and `/readyz` is 503
+/// while the first holds the slot; once the first stops, the standby streams, the gauge drops to 0
+/// and `/readyz` turns 200.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standby_shows_in_metrics_and_readyz_until_it_takes_over() {
+    let db = text_id_db().await;
+    let nats = NatsServer::start();
+    let config = relay_config(&db, &nats);
+    let client = db.client().await;
+    let active = InProcessRelay::start(config.clone());
+    wait_for_active_slot(&client, &config.postgres.slot).await;
+
+    let mut standby_config = config.clone();
+    let addr = free_addr();
+    standby_config.http.listen = addr.clone();
+    let standby = InProcessRelay::start(standby_config);
+    wait_for_status(&addr, "/healthz", 200, 30).await;
+    wait_for_series(&addr, "outbox_relay_standby", 1.0, 30).await;
+    let (status, body) = get(&addr, "/readyz").await;
+    assert_eq!(status, 503, "a standby is not ready: {body}");
+    assert_eq!(value(&scrape(&addr).await, "outbox_relay_streaming"), 0.0);
+
+    active.stop().await.expect("the active relay stops cleanly");
+    wait_for_status(&addr, "/readyz", 200, 30).await;
+    let body = scrape(&addr).await;
+    assert_eq!(value(&body, "outbox_relay_standby"), 0.0, "{body}");
+    assert_eq!(value(&body, "outbox_relay_streaming"), 1.0, "{body}");
+    standby.stop().await.expect("the standby stops cleanly");
 }
