@@ -462,6 +462,8 @@ impl Relay {
                 debug!(%id, "duplicate dropped by JetStream");
                 Metrics::inc(&self.metrics.published_duplicate)
             }
+            // Counted with the duplicates: a republish that never had to leave the relay.
+            Outcome::AlreadyStored => Metrics::inc(&self.metrics.published_duplicate),
             Outcome::DeadLetter { .. } => Metrics::inc(&self.metrics.dead_letters),
         }
     }

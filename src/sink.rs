@@ -52,8 +52,10 @@ impl SinkError {
 /// How a message ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
-    /// Stored (or already stored: `duplicate`).
+    /// Stored (or already stored: `duplicate`, JetStream dropped it by its `Nats-Msg-Id`).
     Stored { duplicate: bool },
+    /// Not published: a fenced replay found it in the stream already ([`Sink::skip`]).
+    AlreadyStored,
     /// Published to the dead-letter subject, with the reason.
     DeadLetter { reason: String },
 }
@@ -280,7 +282,7 @@ async fn ack_loop(
         let Some(ack) = ack else {
             let msg = Ok(Acked {
                 seq,
-                outcome: Outcome::Stored { duplicate: true },
+                outcome: Outcome::AlreadyStored,
                 id,
                 commit_ts: event.commit_ts,
                 commit_lsn: event.commit_lsn,
