@@ -11,9 +11,10 @@ use outbox_relay::config::{Config, OnInvalid};
 use outbox_relay::metrics::Metrics;
 use tokio_postgres::Client;
 
+use super::wait_for_slot;
 use crate::support::{
     InProcessRelay, NatsServer, PgServer, Stored, TEXT_ID_OUTBOX_SQL, TestDb, confirmed_flush,
-    current_wal_lsn, read_all, relay_config, slot_exists, stream_count, wait_for,
+    current_wal_lsn, read_all, relay_config, stream_count, wait_for,
 };
 
 const DEAD_LETTER: &str = "outbox_dead_letter";
@@ -55,10 +56,7 @@ impl Rig {
 
     async fn start(&self) -> InProcessRelay {
         let relay = InProcessRelay::start(self.config.clone());
-        wait_for("the slot", Duration::from_secs(30), || {
-            slot_exists(&self.client, &self.config.postgres.slot)
-        })
-        .await;
+        wait_for_slot(&self.client, &self.config.postgres.slot).await;
         wait_for("the relay to stream", Duration::from_secs(30), || async {
             Metrics::get(&relay.metrics.streaming) == 1 || relay.is_finished()
         })

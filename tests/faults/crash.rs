@@ -8,11 +8,11 @@ use tokio::task::block_in_place;
 
 use super::{
     Rng, Writer, assert_all_stored_once_in_order, assert_all_stored_once_in_order_within, event_id,
-    text_id_db, write_backlog,
+    text_id_db, wait_for_slot, write_backlog,
 };
 use crate::support::{
     InProcessRelay, NatsServer, PgServer, RelayProcess, confirmed_flush, read_all, relay_config,
-    relay_env, run_command, slot_exists, stream_count, wait_for,
+    relay_env, run_command, stream_count, wait_for,
 };
 
 /// The long CI step (`FAULTS_LONG=1`, see .ci/run) runs the sizes the issue asks for; the normal suite
@@ -133,10 +133,7 @@ async fn nats_outage(fault: &str, outage: Duration, kill: bool) {
     let stream = config.nats.stream.clone();
     let relay = InProcessRelay::start(config.clone());
     let client = db.client().await;
-    wait_for("the slot", Duration::from_secs(30), || {
-        slot_exists(&client, &config.postgres.slot)
-    })
-    .await;
+    wait_for_slot(&client, &config.postgres.slot).await;
     let writer = Writer::start(db.url(), "e", 50);
     tokio::time::sleep(Duration::from_secs(3)).await;
     block_in_place(|| if kill { nats.kill() } else { nats.stop() });
@@ -164,10 +161,7 @@ async fn postgres_restarted_and_killed_under_steady_writes() {
     let relay = InProcessRelay::start(config.clone());
     {
         let client = db.client().await;
-        wait_for("the slot", Duration::from_secs(30), || {
-            slot_exists(&client, &config.postgres.slot)
-        })
-        .await;
+        wait_for_slot(&client, &config.postgres.slot).await;
     }
     let writer = Writer::start(db.url(), "e", 50);
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -218,10 +212,7 @@ async fn standby_waits_and_takes_over_after_kill_9() {
     };
 
     let mut a = RelayProcess::spawn(&["run"], &env);
-    wait_for("the slot", Duration::from_secs(30), || {
-        slot_exists(&client, &config.postgres.slot)
-    })
-    .await;
+    wait_for_slot(&client, &config.postgres.slot).await;
     let mut expected = insert(1, 20).await;
     wait_for("A to deliver", Duration::from_secs(30), || async {
         stream_count(&js, &stream).await >= 20
@@ -278,10 +269,7 @@ async fn one_transaction_of_200k_events_in_bounded_memory() {
     let stream = config.nats.stream.clone();
     let client = db.client().await;
     let mut relay = RelayProcess::run(&config);
-    wait_for("the slot", Duration::from_secs(30), || {
-        slot_exists(&client, &config.postgres.slot)
-    })
-    .await;
+    wait_for_slot(&client, &config.postgres.slot).await;
     let started = Instant::now();
     block_in_place(|| {
         db.psql(&format!(

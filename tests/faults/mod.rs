@@ -27,6 +27,14 @@ use tokio::task::JoinHandle;
 use crate::support::{PgServer, Stored, TEXT_ID_OUTBOX_SQL, TestDb, read_all, stream_count};
 
 /// A database on `server` with the text-id outbox table.
+/// Waits (30 s at most) until the relay under test has created its slot.
+pub async fn wait_for_slot(client: &tokio_postgres::Client, slot: &str) {
+    crate::support::wait_for("the slot", Duration::from_secs(30), || {
+        crate::support::slot_exists(client, slot)
+    })
+    .await;
+}
+
 pub async fn text_id_db(server: &PgServer) -> TestDb {
     let db = TestDb::create(server).await;
     db.psql(TEXT_ID_OUTBOX_SQL);

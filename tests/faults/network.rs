@@ -6,10 +6,8 @@ use std::time::Duration;
 
 use outbox_relay::metrics::Metrics;
 
-use super::{Writer, assert_all_stored_once_in_order_within, text_id_db};
-use crate::support::{
-    InProcessRelay, NatsServer, PgServer, Proxy, relay_config, slot_exists, wait_for,
-};
+use super::{Writer, assert_all_stored_once_in_order_within, text_id_db, wait_for_slot};
+use crate::support::{InProcessRelay, NatsServer, PgServer, Proxy, relay_config, wait_for};
 
 #[derive(Clone, Copy, Debug)]
 enum Link {
@@ -47,10 +45,7 @@ async fn through_proxy(link: Link, fault: Fault) {
     let stream = config.nats.stream.clone();
     let relay = InProcessRelay::start(config.clone());
     let client = db.client().await;
-    wait_for("the slot", Duration::from_secs(30), || {
-        slot_exists(&client, &config.postgres.slot)
-    })
-    .await;
+    wait_for_slot(&client, &config.postgres.slot).await;
     wait_for("the relay to stream", Duration::from_secs(30), || async {
         Metrics::get(&relay.metrics.streaming) == 1
     })

@@ -5,10 +5,8 @@ use std::time::Duration;
 
 use outbox_relay::metrics::Metrics;
 
-use super::{Writer, assert_all_stored_once_in_order_within, text_id_db};
-use crate::support::{
-    InProcessRelay, NatsServer, PgServer, relay_config, slot_exists, stream_count, wait_for,
-};
+use super::{Writer, assert_all_stored_once_in_order_within, text_id_db, wait_for_slot};
+use crate::support::{InProcessRelay, NatsServer, PgServer, relay_config, stream_count, wait_for};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stream_deleted_and_recreated_while_the_relay_runs() {
@@ -18,10 +16,7 @@ async fn stream_deleted_and_recreated_while_the_relay_runs() {
     let stream = config.nats.stream.clone();
     let relay = InProcessRelay::start(config.clone());
     let client = db.client().await;
-    wait_for("the slot", Duration::from_secs(30), || {
-        slot_exists(&client, &config.postgres.slot)
-    })
-    .await;
+    wait_for_slot(&client, &config.postgres.slot).await;
     let js = nats.jetstream().await;
     let writer = Writer::start(db.url(), "e", 50);
     tokio::time::sleep(Duration::from_secs(3)).await;
