@@ -6,22 +6,24 @@
 //! slot's confirmed position forward only after JetStream acknowledged storing every event before it.
 //!
 //! ```text
-//! Postgres walsender
-//!   │ CopyBoth (XLogData, keepalives)            ▲ standby status updates (flush = confirmed LSN)
-//!   ▼                                            │
-//! source     replication connection: TLS, auth, START_REPLICATION, framing, status-update timer
-//!   ▼
-//! pgoutput   pure decoder: bytes → Begin / Relation / Insert / Commit / …
-//!   ▼
-//! outbox     relation cache; picks INSERTs into the outbox table; row → OutboxEvent
-//!   ▼
-//! route      subject from a template (outbox.{aggregate_type}); validates tokens
-//!   ▼
-//! sink       JetStream publisher: bounded window of in-flight publishes, acks awaited in order
-//!   ▼
-//! progress   in-order tracker: a transaction is done when all its acks arrived and every earlier one
-//!            is done; confirmed LSN = its Commit.end_lsn
-//!   └──────────► back to source (the status-update writer reads it)
+//!  data flows down                                          operator tools, to one side
+//!
+//!  Postgres walsender                                       config     TOML + OUTBOX_RELAY_* → Settings
+//!    │ CopyBoth (XLogData, keepalives)  ▲ status updates     setup      checks, then publication/slot/stream
+//!    ▼                                  │ (flush = confirmed) status     slot, stream and verdict, read only
+//!  source     replication connection: TLS, auth, framing     catalog    the slot queries setup/status/relay share
+//!    ▼                                  │                    http       /metrics /healthz /readyz
+//!  pgoutput   pure decoder: bytes → Begin / Insert / Commit   metrics    counters and gauges, one struct
+//!    ▼                                  │
+//!  outbox     relation cache; INSERT → OutboxEvent (id once)  relay/     run: restart loop, backoff, standby
+//!    ▼                                  │                      session  start / run / drain of one session
+//!  route      subject from a template; token checks            monitor  NATS state, slot lag sampler
+//!    ▼                                  │                    error      RelayError (stop) · Restart (retry)
+//!  sink/      publish window (messages + bytes), ack task,
+//!    │        fence (skip stored, expected sequence), dead letters
+//!    ▼                                  │
+//!  progress   in-order tracker → confirmed LSN = Commit.end_lsn
+//!    └──────────────────────────────────┘
 //! ```
 //!
 //! # Promises
@@ -32,8 +34,9 @@
 //! to a dead-letter subject, never silently skipped; P8 bad settings fail with a one-line error.
 //! Consumers deduplicate by `Nats-Msg-Id`: delivery is at least once.
 
+mod catalog;
 pub mod config;
-pub mod fence;
+pub mod error;
 pub mod http;
 pub mod lsn;
 pub mod message;

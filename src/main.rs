@@ -10,6 +10,7 @@ use std::sync::Arc;
 use clap::{Parser, Subcommand};
 use outbox_relay::config::{Config, LogFormat};
 use outbox_relay::metrics::Metrics;
+use outbox_relay::relay::error_chain;
 
 /// Transactional outbox relay: Postgres logical replication to NATS JetStream.
 #[derive(Parser, Debug)]
@@ -45,7 +46,7 @@ fn main() -> ExitCode {
     let config = match Config::load(cli.config.as_deref()) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("outbox-relay: {e}");
+            eprintln!("outbox-relay: {}", error_chain(&e));
             return ExitCode::FAILURE;
         }
     };
@@ -89,33 +90,32 @@ fn main() -> ExitCode {
             Command::Status {
                 json,
                 max_lag_bytes,
-            } => match outbox_relay::status::status(&config, max_lag_bytes).await {
-                Ok(s) => {
-                    if json {
-                        println!("{}", serde_json::to_string_pretty(&s).unwrap_or_default());
-                    } else {
-                        print!("{}", s.render_text());
-                    }
-                    if s.healthy {
-                        ExitCode::SUCCESS
-                    } else {
-                        ExitCode::FAILURE
-                    }
+            } => {
+                let s = outbox_relay::status::status(&config, max_lag_bytes).await;
+                if json {
+                    println!("{}", serde_json::to_string_pretty(&s).unwrap_or_default());
+                } else {
+                    print!("{}", s.render_text());
                 }
-                Err(e) => fail(json_logs, &e),
-            },
+                if s.healthy {
+                    ExitCode::SUCCESS
+                } else {
+                    ExitCode::FAILURE
+                }
+            }
         }
     })
 }
 
-/// Reports a failed command as one line on stderr: a JSON log line when logs are JSON (so every line
-/// a log collector sees parses), plain text otherwise. Exit code 1.
-fn fail(json_logs: bool, e: &dyn std::fmt::Display) -> ExitCode {
+/// Reports a failed command with its whole cause chain: with JSON logs first as a JSON log line (so a
+/// log collector sees it), then always as the plain `outbox-relay: …` line an operator reads.
+/// Exit code 1.
+fn fail(json_logs: bool, e: &dyn std::error::Error) -> ExitCode {
+    let line = error_chain(e);
     if json_logs {
-        tracing::error!(error = %e, "outbox-relay failed");
-    } else {
-        eprintln!("outbox-relay: {e:#}");
+        tracing::error!(error = %line, "outbox-relay failed");
     }
+    eprintln!("outbox-relay: {line}");
     ExitCode::FAILURE
 }
 
@@ -151,8 +151,10 @@ fn init_logging(config: &Config) {
     };
     let filter = tracing_subscriber::EnvFilter::try_new(&level)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Colours only on a terminal: a log file or collector gets plain text.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     match config.log.format {
         LogFormat::Json => builder.json().init(),

@@ -24,6 +24,8 @@ pub const COMMIT_LSN: &str = "Outbox-Commit-Lsn";
 pub const ERROR: &str = "Outbox-Error";
 pub const SUBJECT: &str = "Outbox-Subject";
 pub const PAYLOAD_SIZE: &str = "Outbox-Payload-Size";
+/// On a shrunk dead letter: the headers whose values were cut to fit.
+pub const TRUNCATED_HEADERS: &str = "Outbox-Truncated-Headers";
 /// Set by the sink when the stream is fenced (see `fence`).
 pub const EXPECTED_LAST_SEQUENCE: &str = "Nats-Expected-Last-Sequence";
 
@@ -56,31 +58,70 @@ pub fn build(
             payload: event.payload.clone(),
             dead_letter: None,
         },
-        (Some(problem), routed) => {
-            dead_letter(event, dead_letter_subject, problem, routed.ok(), false)
-        }
-        (None, Err(e)) => dead_letter(event, dead_letter_subject, &e.to_string(), None, false),
+        (Some(problem), routed) => dead_letter(
+            event,
+            dead_letter_subject,
+            problem,
+            routed.ok().as_deref(),
+            Shrink::Keep,
+        ),
+        (None, Err(e)) => dead_letter(
+            event,
+            dead_letter_subject,
+            &e.to_string(),
+            None,
+            Shrink::Keep,
+        ),
     }
 }
 
-/// The dead-letter form of `event`. `drop_payload` when the payload is what cannot be published.
+/// How much of an event a dead letter keeps. A dead letter that does not fit the server's limits is
+/// shrunk step by step, so one oversized row can never stop the relay (P7, P11).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shrink {
+    /// Payload and every header as they are.
+    Keep,
+    /// No payload (`Outbox-Payload-Size` says how big it was); header values over
+    /// [`MAX_DEAD_LETTER_HEADER`] bytes truncated and named in `Outbox-Truncated-Headers`.
+    DropPayload,
+    /// Only the id, the reason, the commit LSN and the payload size.
+    Minimal,
+}
+
+/// The longest header value a shrunk dead letter keeps.
+pub const MAX_DEAD_LETTER_HEADER: usize = 1024;
+
+/// The dead-letter form of `event`, shrunk as `shrink` says.
 pub fn dead_letter(
     event: &OutboxEvent,
     dead_letter_subject: &str,
     reason: &str,
-    subject: Option<String>,
-    drop_payload: bool,
+    subject: Option<&str>,
+    shrink: Shrink,
 ) -> Outgoing {
-    let mut h = headers(event);
-    h.insert(ERROR, one_line(reason).as_str());
-    if let Some(s) = &subject {
-        h.insert(SUBJECT, s.as_str());
+    let mut h = match shrink {
+        Shrink::Keep => headers(event),
+        Shrink::DropPayload => truncated(headers(event)),
+        Shrink::Minimal => {
+            let n = names();
+            let mut h = HeaderMap::new();
+            h.insert(n.msg_id.clone(), HeaderValue::from(event.msg_id.clone()));
+            h.insert(
+                n.commit_lsn.clone(),
+                HeaderValue::from(event.commit_lsn.to_string()),
+            );
+            h
+        }
+    };
+    h.insert(ERROR, cap(&one_line(reason)).as_str());
+    if let Some(s) = subject.filter(|_| shrink != Shrink::Minimal) {
+        h.insert(SUBJECT, cap(s).as_str());
     }
-    let payload = if drop_payload {
+    let payload = if shrink == Shrink::Keep {
+        event.payload.clone()
+    } else {
         h.insert(PAYLOAD_SIZE, event.payload.len().to_string().as_str());
         Bytes::new()
-    } else {
-        event.payload.clone()
     };
     Outgoing {
         subject: dead_letter_subject.to_owned(),
@@ -90,13 +131,45 @@ pub fn dead_letter(
     }
 }
 
+/// Truncates header values over [`MAX_DEAD_LETTER_HEADER`] bytes and names them in a header.
+fn truncated(h: HeaderMap) -> HeaderMap {
+    let mut out = HeaderMap::new();
+    let mut cut = Vec::new();
+    for (name, values) in h.iter() {
+        for v in values {
+            let s = v.as_str();
+            if s.len() > MAX_DEAD_LETTER_HEADER {
+                cut.push(name.to_string());
+            }
+            out.append(name.clone(), cap(s).as_str());
+        }
+    }
+    if !cut.is_empty() {
+        out.insert(TRUNCATED_HEADERS, cap(&cut.join(",")).as_str());
+    }
+    out
+}
+
+/// `s` cut to at most [`MAX_DEAD_LETTER_HEADER`] bytes, on a character boundary.
+fn cap(s: &str) -> String {
+    if s.len() <= MAX_DEAD_LETTER_HEADER {
+        return s.to_owned();
+    }
+    let mut end = MAX_DEAD_LETTER_HEADER;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s[..end].to_owned()
+}
+
 /// The message id: the event id, or, when the row had none, one derived from its position in the WAL
-/// so that a republished dead letter is still deduplicated.
-pub fn message_id(event: &OutboxEvent) -> String {
-    match &event.id {
+/// so that a republished dead letter is still deduplicated. Computed once per event, by the outbox
+/// stage, and carried in [`OutboxEvent::msg_id`].
+pub fn message_id(id: Option<&str>, commit_lsn: crate::Lsn, index: u32) -> String {
+    match id {
         // A line break cannot go into a header (the outbox stage reports it as a problem).
-        Some(id) if !id.is_empty() && !id.contains(['\r', '\n']) => id.clone(),
-        _ => format!("lsn:{}:{}", event.commit_lsn, event.index),
+        Some(id) if !id.is_empty() && !id.contains(['\r', '\n']) => id.to_owned(),
+        _ => format!("lsn:{commit_lsn}:{index}"),
     }
 }
 
@@ -125,7 +198,7 @@ fn headers(event: &OutboxEvent) -> HeaderMap {
     let n = names();
     let mut h = HeaderMap::new();
     // Values go in as owned Strings: HeaderValue keeps them without another copy.
-    h.insert(n.msg_id.clone(), HeaderValue::from(message_id(event)));
+    h.insert(n.msg_id.clone(), HeaderValue::from(event.msg_id.clone()));
     if let Some(v) = &event.event_type {
         h.insert(n.event_type.clone(), HeaderValue::from(header_value(v)));
     }
@@ -179,6 +252,7 @@ mod tests {
             index: 0,
             commit_ts: 0,
             problem: None,
+            msg_id: "e-5531".into(),
         }
     }
 
@@ -233,7 +307,13 @@ mod tests {
     #[test]
     fn oversize_dead_letter_drops_payload_and_says_its_size() {
         let e = event();
-        let m = dead_letter(&e, "dlq", "too big", Some("outbox.Claim".into()), true);
+        let m = dead_letter(
+            &e,
+            "dlq",
+            "too big",
+            Some("outbox.Claim"),
+            Shrink::DropPayload,
+        );
         assert!(m.payload.is_empty());
         assert_eq!(
             m.headers.get(PAYLOAD_SIZE).unwrap().as_str(),
@@ -247,6 +327,7 @@ mod tests {
         e.id = Some("e-1\r\nX-Evil: 1".into());
         e.index = 2;
         e.problem = Some("id has a line break".into());
+        e.msg_id = message_id(e.id.as_deref(), e.commit_lsn, e.index);
         let m = build(&e, &template(), "dlq");
         assert_eq!(m.headers.get(NATS_MSG_ID).unwrap().as_str(), "lsn:1/A0:2");
     }
@@ -256,6 +337,9 @@ mod tests {
         let mut e = event();
         e.id = None;
         e.index = 3;
-        assert_eq!(message_id(&e), "lsn:1/A0:3");
+        assert_eq!(
+            message_id(e.id.as_deref(), e.commit_lsn, e.index),
+            "lsn:1/A0:3"
+        );
     }
 }

@@ -5,6 +5,7 @@
 //! (<https://prometheus.io/docs/instrumenting/exposition_formats/>), rendered here directly: a dozen
 //! fixed series need no registry. Metric names are the constants below, prefix `outbox_relay_`.
 
+use crate::error::CauseKind;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -67,10 +68,10 @@ pub struct Metrics {
     pub dead_letters: AtomicU64,
     /// Updates, deletes and truncates of the outbox table (never published).
     pub ignored_changes: AtomicU64,
-    /// Pipeline restarts after a transient failure, by cause.
+    /// Pipeline restarts after a transient failure, in all.
     pub reconnects: AtomicU64,
-    pub reconnects_postgres: AtomicU64,
-    pub reconnects_nats: AtomicU64,
+    /// The same by cause, indexed by [`CauseKind`] (see [`Metrics::restarted`]).
+    pub reconnects_by_cause: [AtomicU64; CauseKind::ALL.len()],
     pub confirmed_lsn: AtomicU64,
     pub received_lsn: AtomicU64,
     pub in_flight: AtomicU64,
@@ -110,6 +111,12 @@ impl Metrics {
 
     pub fn get(v: &AtomicU64) -> u64 {
         v.load(Ordering::Relaxed)
+    }
+
+    /// Counts a session restart of kind `cause`.
+    pub fn restarted(&self, cause: CauseKind) {
+        Self::inc(&self.reconnects);
+        Self::inc(&self.reconnects_by_cause[cause as usize]);
     }
 
     /// Records that an ack arrived now.
@@ -169,14 +176,21 @@ impl Metrics {
             "Updates, deletes and truncates of the outbox table (not published).",
             &[("", g(&self.ignored_changes) as f64)],
         );
+        let causes: Vec<(String, f64)> = CauseKind::ALL
+            .iter()
+            .map(|c| {
+                (
+                    format!("{{cause=\"{c}\"}}"),
+                    g(&self.reconnects_by_cause[*c as usize]) as f64,
+                )
+            })
+            .collect();
+        let causes: Vec<(&str, f64)> = causes.iter().map(|(l, v)| (l.as_str(), *v)).collect();
         family(
             RECONNECTS,
             "counter",
             "Pipeline restarts from the confirmed position, by cause.",
-            &[
-                ("{cause=\"postgres\"}", g(&self.reconnects_postgres) as f64),
-                ("{cause=\"nats\"}", g(&self.reconnects_nats) as f64),
-            ],
+            &causes,
         );
         family(
             IN_FLIGHT,

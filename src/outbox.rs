@@ -43,6 +43,8 @@ pub struct OutboxEvent {
     pub commit_ts: i64,
     /// Why this event must go to the dead-letter subject; `None` for a good event.
     pub problem: Option<String>,
+    /// The `Nats-Msg-Id`, computed once ([`crate::message::message_id`]).
+    pub msg_id: String,
 }
 
 /// What one pgoutput message means for the relay.
@@ -76,6 +78,14 @@ pub enum StageError {
     },
     #[error("streamed or two-phase transaction message {0} received, but neither was requested")]
     Unrequested(&'static str),
+    #[error(
+        "BEGIN of the transaction committing at {new} arrived inside the one committing at {open}"
+    )]
+    NestedBegin { open: Lsn, new: Lsn },
+    #[error("COMMIT at {commit} does not match its BEGIN's final LSN {begin}")]
+    CommitMismatch { begin: Lsn, commit: Lsn },
+    #[error("COMMIT at {0} arrived outside a transaction")]
+    CommitWithoutBegin(Lsn),
 }
 
 /// Positions of the configured columns in the outbox table's current Relation.
@@ -105,6 +115,9 @@ pub struct OutboxStage {
     commit_ts: i64,
     /// Outbox inserts seen in the current transaction.
     index: u32,
+    /// Between BEGIN and COMMIT: the shape checks Materialize's source makes, so a confused stream
+    /// is an error, never a mis-attributed event.
+    in_txn: bool,
 }
 
 impl OutboxStage {
@@ -118,6 +131,7 @@ impl OutboxStage {
             commit_lsn: Lsn::ZERO,
             commit_ts: 0,
             index: 0,
+            in_txn: false,
         }
     }
 
@@ -129,6 +143,13 @@ impl OutboxStage {
                 commit_ts,
                 ..
             } => {
+                if self.in_txn {
+                    return Err(StageError::NestedBegin {
+                        open: self.commit_lsn,
+                        new: final_lsn,
+                    });
+                }
+                self.in_txn = true;
                 self.commit_lsn = final_lsn;
                 self.commit_ts = commit_ts;
                 self.index = 0;
@@ -138,10 +159,22 @@ impl OutboxStage {
                 commit_lsn,
                 end_lsn,
                 ..
-            } => Step::Commit {
-                commit_lsn,
-                end_lsn,
-            },
+            } => {
+                if !self.in_txn {
+                    return Err(StageError::CommitWithoutBegin(commit_lsn));
+                }
+                if commit_lsn != self.commit_lsn {
+                    return Err(StageError::CommitMismatch {
+                        begin: self.commit_lsn,
+                        commit: commit_lsn,
+                    });
+                }
+                self.in_txn = false;
+                Step::Commit {
+                    commit_lsn,
+                    end_lsn,
+                }
+            }
             Message::Relation(rel) => {
                 let cols = self.is_outbox(&rel).then(|| self.columns(&rel));
                 self.relations.insert(rel.id, cols);
@@ -305,7 +338,9 @@ impl OutboxStage {
                 Err(e) => problems.push(format!("column {}: {e}", c.headers_column)),
             }
         }
+        let msg_id = crate::message::message_id(id.as_deref(), self.commit_lsn, self.index);
         OutboxEvent {
+            msg_id,
             id,
             aggregate_type,
             aggregate_id,

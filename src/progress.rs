@@ -69,12 +69,6 @@ impl Progress {
         self.advance();
     }
 
-    /// A unit outside a transaction (a non-transactional logical message) ends at `end_lsn`.
-    pub fn standalone(&mut self, end_lsn: Lsn) {
-        self.committed.push_back((self.next_seq, end_lsn));
-        self.advance();
-    }
-
     /// The ack for message `seq` arrived (JetStream stored it, or it was a duplicate of a stored one).
     pub fn ack(&mut self, seq: u64) -> Result<(), OutOfOrderAck> {
         if seq != self.acked || seq >= self.next_seq {

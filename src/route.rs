@@ -96,8 +96,17 @@ impl SubjectTemplate {
             parts,
             source: s.to_owned(),
         };
-        // With a valid stand-in for every placeholder the literal parts must form a valid subject.
-        check_subject(&t.wildcard().replace('*', "x")).map_err(err)?;
+        // With a valid stand-in for every placeholder the literal parts must form a valid subject
+        // (so a literal '*' or '>' is refused: the template names subjects, not filters).
+        let standin: String = t
+            .parts
+            .iter()
+            .map(|p| match p {
+                Part::Lit(l) => l.as_str(),
+                Part::Field(_) => "x",
+            })
+            .collect();
+        check_subject(&standin).map_err(err)?;
         if t.wildcard()
             .split('.')
             .any(|tok| tok.contains('*') && tok != "*")
@@ -128,7 +137,7 @@ impl SubjectTemplate {
                     };
                     check_token(value).map_err(|reason| RouteError {
                         field: f.name(),
-                        value: value.to_owned(),
+                        value: shown(value),
                         reason,
                     })?;
                     out.push_str(value);
@@ -172,10 +181,29 @@ impl fmt::Display for SubjectTemplate {
     }
 }
 
-/// One subject token: not empty, no whitespace, `.`, `*`, `>` or control characters.
+/// The longest subject token the relay publishes to. NATS' own limit is the 4 KiB control line of a
+/// publish (beyond it the server closes the connection and no ack ever comes); a token this long is
+/// a bad row, not a name.
+pub const MAX_TOKEN_BYTES: usize = 256;
+/// The longest literal subject (dead-letter subject, template literals).
+pub const MAX_SUBJECT_BYTES: usize = 1024;
+
+/// A value as an error shows it: at most 64 characters.
+fn shown(v: &str) -> String {
+    match v.char_indices().nth(64) {
+        Some((i, _)) => format!("{}… ({} bytes)", &v[..i], v.len()),
+        None => v.to_owned(),
+    }
+}
+
+/// One subject token: not empty, at most [`MAX_TOKEN_BYTES`], no whitespace, `.`, `*`, `>` or
+/// control characters.
 pub fn check_token(t: &str) -> Result<(), &'static str> {
     if t.is_empty() {
         return Err("it is empty");
+    }
+    if t.len() > MAX_TOKEN_BYTES {
+        return Err("it is longer than 256 bytes");
     }
     for c in t.chars() {
         if c.is_whitespace() {
@@ -198,6 +226,12 @@ pub fn check_subject(s: &str) -> Result<(), String> {
     if s.is_empty() {
         return Err("the subject is empty".into());
     }
+    if s.len() > MAX_SUBJECT_BYTES {
+        return Err(format!(
+            "the subject is {} bytes long, more than {MAX_SUBJECT_BYTES}",
+            s.len()
+        ));
+    }
     if s.starts_with('$') {
         return Err(format!(
             "{s:?} starts with '$', which NATS reserves for its own subjects"
@@ -207,6 +241,29 @@ pub fn check_subject(s: &str) -> Result<(), String> {
         check_token(tok).map_err(|why| format!("token {tok:?} of {s:?} is invalid: {why}"))?;
     }
     Ok(())
+}
+
+/// Whether the stream subject filter `filter` matches every subject `subject` can stand for
+/// (`subject` may contain `*` itself, as a template's wildcard does).
+pub fn subject_covers(filter: &str, subject: &str) -> bool {
+    let f: Vec<&str> = filter.split('.').collect();
+    let s: Vec<&str> = subject.split('.').collect();
+    for (i, ft) in f.iter().enumerate() {
+        match *ft {
+            ">" => return s.len() > i,
+            "*" => {
+                if i >= s.len() || s[i] == ">" {
+                    return false;
+                }
+            }
+            lit => {
+                if s.get(i) != Some(&lit) {
+                    return false;
+                }
+            }
+        }
+    }
+    f.len() == s.len()
 }
 
 #[cfg(test)]
@@ -276,5 +333,36 @@ mod tests {
                 prop_assert!(check_subject(&s).is_ok());
             }
         }
+    }
+
+    #[test]
+    fn stream_filters_cover_template_wildcards() {
+        assert!(subject_covers("outbox.*", "outbox.*"));
+        assert!(subject_covers("outbox.>", "outbox.*"));
+        assert!(subject_covers(">", "outbox.*"));
+        assert!(subject_covers("outbox_dead_letter", "outbox_dead_letter"));
+        assert!(!subject_covers("outbox.Claim", "outbox.*"));
+        assert!(!subject_covers("outbox.*", "outbox.*.*"));
+        assert!(subject_covers("outbox.>", "outbox.*.*"));
+        assert!(!subject_covers("other.>", "outbox.*"));
+    }
+
+    #[test]
+    fn literal_wildcards_and_oversized_tokens_are_refused() {
+        for bad in [
+            "outbox.*",
+            "outbox.>",
+            "out*box.{aggregate_type}",
+            "a.{aggregate_type}.>",
+        ] {
+            assert!(SubjectTemplate::parse(bad).is_err(), "{bad} accepted");
+        }
+        let t = SubjectTemplate::parse("outbox.{aggregate_type}").unwrap();
+        let long = "C".repeat(5000);
+        let e = t.render(&long, "x", "y").unwrap_err();
+        assert!(e.to_string().len() < 300, "{e}");
+        assert!(e.reason.contains("256"), "{e}");
+        assert!(check_subject(&"d".repeat(5000)).is_err());
+        assert!(t.render(&"C".repeat(256), "x", "y").is_ok());
     }
 }

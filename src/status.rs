@@ -1,33 +1,71 @@
 //! `outbox-relay status`: the slot and the stream as the servers see them, and a verdict.
 //!
-//! Healthy means: the slot exists and is not invalidated, and the stream exists. Everything else is
-//! reported as a problem, and `status` exits 1. It reads only; it never creates or changes anything.
+//! Healthy means: both servers answer; the slot exists, is not invalidated, and either a relay
+//! streams it or no event waits in it; the publication and the stream exist; and every check `run`
+//! makes before streaming passes. Unreachable, missing and (for JetStream) not enabled are different
+//! states and are reported as such. It reads only; it never creates or changes anything, and it
+//! always prints (text or `--json`), even when a server cannot be reached.
 
 use serde::Serialize;
+use tokio_postgres::Client;
 
-use crate::config::Config;
-use crate::setup::{connect_nats, connect_postgres};
+use crate::catalog::{self, SlotRow};
+use crate::config::Settings;
+use crate::setup;
+use crate::sink::connect_nats;
+
+/// Whether a server or object could be looked at, and what was found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum State {
+    Exists,
+    Missing,
+    /// The server did not answer.
+    Unreachable,
+    /// NATS answered, but without JetStream (`-js`).
+    JetstreamDisabled,
+}
+
+impl State {
+    fn word(self) -> &'static str {
+        match self {
+            State::Exists => "exists",
+            State::Missing => "MISSING",
+            State::Unreachable => "UNREACHABLE",
+            State::JetstreamDisabled => "JETSTREAM NOT ENABLED",
+        }
+    }
+}
 
 /// The slot as `pg_replication_slots` shows it.
 #[derive(Debug, Clone, Serialize)]
 pub struct SlotStatus {
     pub name: String,
+    pub state: State,
     pub exists: bool,
     pub active: bool,
     pub active_pid: Option<i32>,
     pub confirmed_flush_lsn: Option<String>,
-    /// `pg_current_wal_lsn() - confirmed_flush_lsn`.
+    /// WAL position − `confirmed_flush_lsn`.
     pub lag_bytes: Option<i64>,
-    /// `pg_current_wal_lsn() - restart_lsn`: WAL the slot keeps on disk.
+    /// WAL position − `restart_lsn`: WAL the slot keeps on disk.
     pub retained_bytes: Option<i64>,
     pub wal_status: Option<String>,
     pub safe_wal_size: Option<i64>,
+    /// Events are decoded in the slot and no relay streams it.
+    pub events_waiting: Option<bool>,
+    /// PG 17+.
+    pub inactive_since: Option<String>,
+    pub invalidation_reason: Option<String>,
+    pub failover: Option<bool>,
+    pub synced: Option<bool>,
 }
 
 /// The stream as JetStream reports it.
 #[derive(Debug, Clone, Serialize)]
 pub struct StreamStatus {
     pub name: String,
+    pub state: State,
     pub exists: bool,
     pub messages: u64,
     pub bytes: u64,
@@ -38,17 +76,6 @@ pub struct StreamStatus {
     pub duplicate_window_secs: u64,
 }
 
-/// Everything `status` prints.
-#[derive(Debug, Clone, Serialize)]
-pub struct Status {
-    pub healthy: bool,
-    pub slot: SlotStatus,
-    pub publication: PublicationStatus,
-    pub stream: StreamStatus,
-    pub problems: Vec<String>,
-    pub warnings: Vec<String>,
-}
-
 #[derive(Debug, Clone, Serialize)]
 pub struct PublicationStatus {
     pub name: String,
@@ -56,125 +83,112 @@ pub struct PublicationStatus {
     pub tables: Vec<String>,
 }
 
-/// Gathers the status. Errors only when a server cannot be reached at all.
-/// `max_lag_bytes`: a slot further behind than this is a problem (the relay is stalled or too slow).
-pub async fn status(
-    config: &Config,
-    max_lag_bytes: i64,
-) -> Result<Status, crate::setup::SetupError> {
-    let pg = connect_postgres(config).await?;
-    let q = |e: tokio_postgres::Error| crate::setup::SetupError(format!("postgres: {e}"));
-    let slot_name = &config.postgres.slot;
-    let row = pg
-        .query_opt(
-            "SELECT active, active_pid, confirmed_flush_lsn::text, \
-             (pg_current_wal_lsn() - confirmed_flush_lsn)::int8, \
-             (pg_current_wal_lsn() - restart_lsn)::int8, wal_status, safe_wal_size \
-             FROM pg_replication_slots WHERE slot_name = $1",
-            &[slot_name],
-        )
-        .await
-        .map_err(q)?;
-    let slot = match row {
-        None => SlotStatus {
-            name: slot_name.clone(),
-            exists: false,
-            active: false,
-            active_pid: None,
-            confirmed_flush_lsn: None,
-            lag_bytes: None,
-            retained_bytes: None,
-            wal_status: None,
-            safe_wal_size: None,
-        },
-        Some(r) => SlotStatus {
-            name: slot_name.clone(),
-            exists: true,
-            active: r.get(0),
-            active_pid: r.get(1),
-            confirmed_flush_lsn: r.get(2),
-            lag_bytes: r.get(3),
-            retained_bytes: r.get(4),
-            wal_status: r.get(5),
-            safe_wal_size: r.get(6),
-        },
-    };
-    let publication_name = &config.postgres.publication;
-    let exists = pg
-        .query_opt(
-            "SELECT 1 FROM pg_publication WHERE pubname = $1",
-            &[publication_name],
-        )
-        .await
-        .map_err(q)?
-        .is_some();
-    let tables = pg
-        .query(
-            "SELECT schemaname || '.' || tablename FROM pg_publication_tables WHERE pubname = $1 ORDER BY 1",
-            &[publication_name],
-        )
-        .await
-        .map_err(q)?
-        .iter()
-        .map(|r| r.get::<_, String>(0))
-        .collect();
-    let publication = PublicationStatus {
-        name: publication_name.clone(),
-        exists,
-        tables,
-    };
+/// Postgres as a whole.
+#[derive(Debug, Clone, Serialize)]
+pub struct ServerStatus {
+    pub state: State,
+    /// The host the control connection reached.
+    pub host: Option<String>,
+    pub server_version: Option<String>,
+    /// Connected to a standby (in recovery).
+    pub in_recovery: Option<bool>,
+    /// PG 17+: the physical slots a logical failover slot waits for.
+    pub synchronized_standby_slots: Option<String>,
+    /// PG 18+.
+    pub idle_replication_slot_timeout: Option<String>,
+}
 
+/// Everything `status` prints.
+#[derive(Debug, Clone, Serialize)]
+pub struct Status {
+    pub healthy: bool,
+    pub postgres: ServerStatus,
+    pub slot: SlotStatus,
+    pub publication: PublicationStatus,
+    pub stream: StreamStatus,
+    pub problems: Vec<String>,
+    pub warnings: Vec<String>,
+}
+
+/// Gathers the status. `max_lag_bytes`: a slot further behind than this is a problem even while a
+/// relay streams it (the relay is stalled or too slow).
+pub async fn status(settings: &Settings, max_lag_bytes: i64) -> Status {
     let mut problems = Vec::new();
     let mut warnings = Vec::new();
-    let stream_name = &config.nats.stream;
-    // NATS being down is a finding of status, not a reason to hide the slot's state.
-    let js = match connect_nats(config).await {
-        Ok(c) => Some(async_nats::jetstream::new(c)),
-        Err(e) => {
-            problems.push(e.to_string());
-            None
+    let slot_name = &settings.postgres.slot;
+    let mut slot = slot_status(slot_name, State::Unreachable, None);
+    let mut publication = PublicationStatus {
+        name: settings.postgres.publication.clone(),
+        exists: false,
+        tables: Vec::new(),
+    };
+    let mut server = ServerStatus {
+        state: State::Unreachable,
+        host: None,
+        server_version: None,
+        in_recovery: None,
+        synchronized_standby_slots: None,
+        idle_replication_slot_timeout: None,
+    };
+    match setup::connect_postgres(settings).await {
+        Err(e) => problems.push(crate::relay::error_chain(&e)),
+        Ok(pg) => {
+            server.state = State::Exists;
+            if let Err(e) = read_postgres(
+                settings,
+                &pg,
+                &mut server,
+                &mut slot,
+                &mut publication,
+                &mut problems,
+            )
+            .await
+            {
+                problems.push(format!("postgres: {e}"));
+            }
         }
-    };
-    let lookup = async {
-        match &js {
-            Some(js) => js.get_stream(stream_name).await.ok(),
-            None => None,
-        }
-    };
-    let stream = match lookup.await {
-        Some(mut s) => match s.info().await {
-            Ok(info) => StreamStatus {
-                name: stream_name.clone(),
-                exists: true,
-                messages: info.state.messages,
-                bytes: info.state.bytes,
-                last_sequence: info.state.last_sequence,
-                subjects: info.config.subjects.clone(),
-                storage: format!("{:?}", info.config.storage).to_lowercase(),
-                replicas: info.config.num_replicas,
-                duplicate_window_secs: info.config.duplicate_window.as_secs(),
-            },
-            Err(_) => missing_stream(stream_name),
-        },
-        None => missing_stream(stream_name),
-    };
+    }
 
-    if !slot.exists {
+    let stream = read_stream(settings, &mut problems).await;
+
+    // The checks `run` makes, so a configuration `run` rejects is never called healthy.
+    if server.state == State::Exists
+        && stream.state == State::Exists
+        && let Err(e) = setup::check_only(settings).await
+    {
+        problems.push(crate::relay::error_chain(&e));
+    }
+    if slot.state == State::Missing {
         problems.push(format!(
-            "slot {slot_name} does not exist: run outbox-relay setup"
+            "slot {slot_name} does not exist: run outbox-relay setup (or `outbox-relay backfill` if the stream \
+             already holds this outbox's events)"
         ));
     }
-    if slot.wal_status.as_deref() == Some("lost") {
-        problems.push(crate::setup::lost_slot_message(slot_name));
+    if let Some(reason) = slot.invalidation_reason.clone().or_else(|| {
+        (slot.wal_status.as_deref() == Some("lost")).then(|| "wal_status = lost".to_owned())
+    }) {
+        problems.push(setup::lost_slot_message(slot_name, &reason));
     }
-    if !publication.exists {
+    if slot.events_waiting == Some(true) {
+        let since = slot
+            .inactive_since
+            .as_deref()
+            .map(|t| format!(" (inactive since {t})"))
+            .unwrap_or_default();
         problems.push(format!(
-            "publication {publication_name} does not exist: run outbox-relay setup"
+            "no relay streams slot {slot_name}{since} while events wait in it: start outbox-relay run"
         ));
     }
-    if js.is_some() && !stream.exists {
+    if server.state == State::Exists && !publication.exists {
         problems.push(format!(
-            "stream {stream_name} does not exist: run outbox-relay setup"
+            "publication {} does not exist: run outbox-relay setup",
+            publication.name
+        ));
+    }
+    if stream.state == State::Missing {
+        problems.push(format!(
+            "stream {} does not exist: run outbox-relay setup",
+            stream.name
         ));
     }
     if let Some(lag) = slot.lag_bytes.filter(|&l| l > max_lag_bytes) {
@@ -182,42 +196,141 @@ pub async fn status(
             "slot {slot_name} is {lag} bytes behind the WAL (more than {max_lag_bytes}): is the relay running and acknowledged?"
         ));
     }
-    if stream.exists && stream.storage == "memory" {
+    stream_warnings(settings, &stream, &mut warnings);
+    if server.in_recovery == Some(true) {
         warnings.push(
-            "stream uses memory storage: acknowledged events do not survive a nats-server restart"
+            "postgres.url reached a standby: the relay streams from the primary; list the primary's host \
+             too, with target_session_attrs=read-write"
                 .into(),
         );
     }
-    if stream.exists && stream.storage == "file" && stream.replicas == 1 {
-        warnings.push(
-            "stream has one replica: an ack means written to that server's OS, not fsynced; power loss can \
-             lose acknowledged events unless nats-server runs with sync_interval: always (or use 3 replicas)"
-                .into(),
-        );
-    }
-    // A republish after a failure comes at most one ack timeout plus the longest backoff (30 s) after
-    // the first attempt; a shorter duplicate window lets such a republish be stored twice.
-    let retry_horizon = config.nats.ack_timeout_ms / 1000 + 30;
-    if stream.exists && stream.duplicate_window_secs < retry_horizon {
+    if slot.failover == Some(false) && server.in_recovery == Some(false) {
         warnings.push(format!(
-            "stream duplicate window is {}s, shorter than the relay's retry horizon of {retry_horizon}s: \
-             republished events may be stored twice; raise the stream's duplicate_window",
-            stream.duplicate_window_secs
+            "slot {slot_name} is not a failover slot: it will not survive a promotion of a standby \
+             (PG 17+: postgres.failover = true and outbox-relay setup alter it while no relay streams it)"
         ));
     }
-    Ok(Status {
+    Status {
         healthy: problems.is_empty(),
+        postgres: server,
         slot,
         publication,
         stream,
         problems,
         warnings,
-    })
+    }
 }
 
-fn missing_stream(name: &str) -> StreamStatus {
-    StreamStatus {
+async fn read_postgres(
+    settings: &Settings,
+    pg: &Client,
+    server: &mut ServerStatus,
+    slot: &mut SlotStatus,
+    publication: &mut PublicationStatus,
+    problems: &mut Vec<String>,
+) -> Result<(), tokio_postgres::Error> {
+    let r = pg
+        .query_one(
+            "SELECT current_setting('server_version'), pg_is_in_recovery(), \
+             current_setting('synchronized_standby_slots', true), \
+             current_setting('idle_replication_slot_timeout', true), \
+             coalesce(inet_server_addr()::text || ':' || inet_server_port()::text, 'local socket')",
+            &[],
+        )
+        .await?;
+    server.server_version = r.get(0);
+    server.in_recovery = r.get(1);
+    server.synchronized_standby_slots = r.get(2);
+    server.idle_replication_slot_timeout = r.get(3);
+    server.host = r.get(4);
+
+    let row = catalog::slot(pg, &settings.postgres.slot).await?;
+    *slot = slot_status(
+        &settings.postgres.slot,
+        if row.is_some() {
+            State::Exists
+        } else {
+            State::Missing
+        },
+        row.as_ref(),
+    );
+    if let Some(r) = &row
+        && !r.active
+        && r.invalidated().is_none()
+    {
+        match events_waiting(settings, pg).await {
+            Ok(w) => slot.events_waiting = Some(w),
+            Err(e) => problems.push(format!(
+                "slot {}: no relay streams it, and it cannot be checked for waiting events ({}): start outbox-relay run",
+                settings.postgres.slot,
+                e.as_db_error().map_or_else(|| e.to_string(), |d| d.message().to_owned())
+            )),
+        }
+    }
+    publication.exists = pg
+        .query_opt(
+            "SELECT 1 FROM pg_publication WHERE pubname = $1",
+            &[&settings.postgres.publication],
+        )
+        .await?
+        .is_some();
+    publication.tables = pg
+        .query(
+            "SELECT schemaname || '.' || tablename FROM pg_publication_tables WHERE pubname = $1 ORDER BY 1",
+            &[&settings.postgres.publication],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get::<_, String>(0))
+        .collect();
+    Ok(())
+}
+
+/// Whether the inactive slot holds at least one outbox event nobody has published: the first
+/// decoded transaction, peeked (nothing is consumed). pgoutput sends nothing for transactions that
+/// touched no published table, so any insert or message row is a waiting event.
+async fn events_waiting(settings: &Settings, pg: &Client) -> Result<bool, tokio_postgres::Error> {
+    // Decoding reads WAL up to the first outbox change; bound it, status must answer.
+    pg.batch_execute("SET statement_timeout = '10s'").await?;
+    let rows = pg
+        .query(
+            "SELECT substr(data, 1, 1) FROM pg_logical_slot_peek_binary_changes($1, NULL, 1, \
+             'proto_version', '1', 'publication_names', $2)",
+            &[&settings.postgres.slot, &settings.postgres.publication],
+        )
+        .await;
+    let _ = pg.batch_execute("RESET statement_timeout").await;
+    Ok(rows?
+        .iter()
+        .any(|r| matches!(r.get::<_, Vec<u8>>(0).first(), Some(b'I' | b'M'))))
+}
+
+fn slot_status(name: &str, state: State, row: Option<&SlotRow>) -> SlotStatus {
+    let r = row.cloned().unwrap_or_default();
+    SlotStatus {
         name: name.to_owned(),
+        state,
+        exists: row.is_some(),
+        active: r.active,
+        active_pid: r.active_pid,
+        confirmed_flush_lsn: r.confirmed_flush_lsn,
+        lag_bytes: r.lag_bytes,
+        retained_bytes: r.retained_bytes,
+        wal_status: r.wal_status,
+        safe_wal_size: r.safe_wal_size,
+        events_waiting: None,
+        inactive_since: r.inactive_since,
+        invalidation_reason: r.invalidation_reason,
+        failover: r.failover,
+        synced: r.synced,
+    }
+}
+
+async fn read_stream(settings: &Settings, problems: &mut Vec<String>) -> StreamStatus {
+    let name = &settings.nats.stream;
+    let mut st = StreamStatus {
+        name: name.clone(),
+        state: State::Unreachable,
         exists: false,
         messages: 0,
         bytes: 0,
@@ -226,6 +339,77 @@ fn missing_stream(name: &str) -> StreamStatus {
         storage: String::new(),
         replicas: 0,
         duplicate_window_secs: 0,
+    };
+    let client = match connect_nats(settings).await {
+        Ok(c) => c,
+        Err(e) => {
+            problems.push(crate::relay::error_chain(&e));
+            return st;
+        }
+    };
+    let js = async_nats::jetstream::new(client);
+    match js.get_stream(name).await {
+        Ok(mut s) => match s.info().await {
+            Ok(info) => {
+                st.state = State::Exists;
+                st.exists = true;
+                st.messages = info.state.messages;
+                st.bytes = info.state.bytes;
+                st.last_sequence = info.state.last_sequence;
+                st.subjects = info.config.subjects.clone();
+                st.storage = format!("{:?}", info.config.storage).to_lowercase();
+                st.replicas = info.config.num_replicas;
+                st.duplicate_window_secs = info.config.duplicate_window.as_secs();
+            }
+            Err(e) => problems.push(format!("JetStream stream {name}: {e}")),
+        },
+        Err(e) => match e.kind() {
+            async_nats::jetstream::context::GetStreamErrorKind::JetStream(je)
+                if je.error_code().0 == 10059 =>
+            {
+                st.state = State::Missing;
+            }
+            async_nats::jetstream::context::GetStreamErrorKind::JetStream(_) => {
+                problems.push(format!("JetStream stream {name}: {e}"));
+            }
+            _ => {
+                st.state = State::JetstreamDisabled;
+                problems.push(
+                    "NATS answers, but JetStream is not available: start nats-server with -js"
+                        .into(),
+                );
+            }
+        },
+    }
+    st
+}
+
+fn stream_warnings(settings: &Settings, stream: &StreamStatus, warnings: &mut Vec<String>) {
+    if !stream.exists {
+        return;
+    }
+    if stream.storage == "memory" {
+        warnings.push(
+            "stream uses memory storage: acknowledged events do not survive a nats-server restart"
+                .into(),
+        );
+    }
+    if stream.storage == "file" && stream.replicas == 1 {
+        warnings.push(
+            "stream has one replica: an ack means written to that server's OS, not fsynced; power loss can \
+             lose acknowledged events unless nats-server runs with sync_interval: always (or use 3 replicas)"
+                .into(),
+        );
+    }
+    // A republish after a failure comes at most one ack timeout plus the longest backoff (30 s) after
+    // the first attempt; a shorter duplicate window lets such a republish be stored twice.
+    let retry_horizon = settings.ack_timeout.as_secs() + 30;
+    if stream.duplicate_window_secs < retry_horizon {
+        warnings.push(format!(
+            "stream duplicate window is {}s, shorter than the relay's retry horizon of {retry_horizon}s: \
+             republished events may be stored twice; raise the stream's duplicate_window",
+            stream.duplicate_window_secs
+        ));
     }
 }
 
@@ -236,31 +420,63 @@ impl Status {
         let opt = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".into());
         let num = |v: Option<i64>| v.map_or_else(|| "-".into(), |n| n.to_string());
         let mut out = String::new();
+        let pg = &self.postgres;
         out.push_str(&format!(
-            "slot {}: {}{} confirmed {} lag {} bytes retained {} bytes wal_status {}\n",
+            "postgres: {}{}{}\n",
+            if pg.state == State::Exists {
+                "reachable"
+            } else {
+                "UNREACHABLE"
+            },
+            pg.host
+                .as_deref()
+                .map(|h| format!(" at {h}"))
+                .unwrap_or_default(),
+            match pg.in_recovery {
+                Some(true) => ", standby",
+                Some(false) => ", primary",
+                None => "",
+            }
+        ));
+        out.push_str(&format!(
+            "slot {}: {}{} confirmed {} lag {} bytes retained {} bytes wal_status {}{}{}\n",
             s.name,
-            if s.exists { "exists" } else { "MISSING" },
-            if s.active { ", active" } else { ", inactive" },
+            s.state.word(),
+            match (s.state, s.active) {
+                (State::Exists, true) => ", active",
+                (State::Exists, false) => ", inactive",
+                _ => "",
+            },
             opt(&s.confirmed_flush_lsn),
             num(s.lag_bytes),
             num(s.retained_bytes),
             opt(&s.wal_status),
+            match s.failover {
+                Some(true) => " failover",
+                _ => "",
+            },
+            match s.synced {
+                Some(true) => " synced",
+                _ => "",
+            },
         ));
         out.push_str(&format!(
             "publication {}: {} tables [{}]\n",
             self.publication.name,
             if self.publication.exists {
                 "exists,"
-            } else {
+            } else if pg.state == State::Exists {
                 "MISSING,"
+            } else {
+                "UNKNOWN,"
             },
             self.publication.tables.join(", ")
         ));
         let st = &self.stream;
         out.push_str(&format!(
-            "stream {}: {} {} messages {} bytes last sequence {} storage {} replicas {} duplicate window {}s\n",
+            "stream {}: {}, {} messages {} bytes last sequence {} storage {} replicas {} duplicate window {}s\n",
             st.name,
-            if st.exists { "exists," } else { "MISSING," },
+            st.state.word(),
             st.messages,
             st.bytes,
             st.last_sequence,

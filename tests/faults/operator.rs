@@ -33,7 +33,7 @@ async fn stream_deleted_and_recreated_while_the_relay_runs() {
     js.delete_stream(&stream).await.expect("delete stream");
     writer.pause(false);
     tokio::time::sleep(Duration::from_secs(3)).await;
-    outbox_relay::setup::setup(&config)
+    outbox_relay::setup::setup(&config.validate().unwrap())
         .await
         .expect("recreate the stream");
     tokio::time::sleep(Duration::from_secs(3)).await;

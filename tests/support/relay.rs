@@ -67,8 +67,9 @@ impl InProcessRelay {
     pub fn start(config: Config) -> InProcessRelay {
         let metrics = Arc::new(Metrics::default());
         let (tx, rx) = oneshot::channel::<()>();
+        let settings = config.validate().expect("test relay config is valid");
         let handle = tokio::spawn(outbox_relay::relay::run(
-            config,
+            settings,
             Arc::clone(&metrics),
             async {
                 let _ = rx.await;

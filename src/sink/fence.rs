@@ -1,5 +1,5 @@
-//! Fencing the stream: at the start of every session the relay reads the stream's tail, skips the
-//! replayed events that are already stored there, and publishes every further message with
+//! Fencing the stream, owned by the sink: at the start of every session the sink reads the stream's
+//! tail, skips the replayed events already stored there, and publishes every further message with
 //! `Nats-Expected-Last-Sequence` = the sequence the previous one will get.
 //!
 //! Why: after a lost connection the NATS client reconnects on its own and sends what it still had
@@ -9,10 +9,15 @@
 //! behind it; the relay restarts, reads the tail again and goes on from exactly there. The stream
 //! therefore always holds a gap-free prefix of the outbox in commit order, also beyond the duplicate
 //! window. It requires that only the relay writes the stream (`nats.fence = false` turns this off).
-//! Expectations pipeline: the server checks them in arrival order (and on replicated streams counts
-//! proposals in flight), so the window of in-flight publishes stays full.
+//!
+//! An event whose id JetStream already holds (an id reused by the application, a re-inserted row, a
+//! backfill overlapping live traffic) is acknowledged as a duplicate and takes no sequence. The ack
+//! task then counts it in [`Fence::duplicates`], so later publishes expect one sequence less, and
+//! republishes the few already sent with the old expectation: one skipped message and a log line,
+//! never a session restart.
 
-use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_nats::jetstream;
 
@@ -29,17 +34,27 @@ pub struct Tail {
     pub last: Option<(Lsn, String)>,
 }
 
+/// The stream's tail cannot be read.
+#[derive(Debug, thiserror::Error)]
+#[error("JetStream stream {stream}: {source}")]
+pub struct TailError {
+    pub stream: String,
+    #[source]
+    pub source: Box<dyn std::error::Error + Send + Sync>,
+}
+
 /// Reads the tail of `stream`. The message is read from the stream leader (`STREAM.MSG.GET`), so a
 /// message just stored is seen.
-pub async fn read_tail(js: &jetstream::Context, stream: &str) -> Result<Tail, String> {
-    let mut s = js
-        .get_stream(stream)
-        .await
-        .map_err(|e| format!("JetStream stream {stream}: {e}"))?;
+pub async fn read_tail(js: &jetstream::Context, stream: &str) -> Result<Tail, TailError> {
+    let err = |e: Box<dyn std::error::Error + Send + Sync>| TailError {
+        stream: stream.to_owned(),
+        source: e,
+    };
+    let mut s = js.get_stream(stream).await.map_err(|e| err(e.into()))?;
     let last_sequence = s
         .info()
         .await
-        .map_err(|e| format!("JetStream stream {stream}: {e}"))?
+        .map_err(|e| err(e.into()))?
         .state
         .last_sequence;
     if last_sequence == 0 {
@@ -104,28 +119,49 @@ impl Replay {
     }
 }
 
-/// Message ids JetStream acknowledged as duplicates of an older message (an event id used twice):
-/// such an ack takes no sequence, so the fence breaks behind it; on the replay the event is skipped
-/// instead of published again, or the relay would loop.
-#[derive(Debug, Default)]
-pub struct KnownDuplicates {
-    ids: VecDeque<(Lsn, String)>,
+/// The fence of one session: which replayed events to skip, and which sequence each publish expects.
+#[derive(Debug)]
+pub struct Fence {
+    replay: Replay,
+    /// The stream's last sequence when the session started.
+    base: u64,
+    /// Messages published with an expectation so far (each should take one sequence).
+    published: u64,
+    /// Of those, how many JetStream acknowledged as duplicates (they took none). Shared with the
+    /// ack task, which learns it.
+    duplicates: Arc<AtomicU64>,
 }
 
-impl KnownDuplicates {
-    pub fn remember(&mut self, commit_lsn: Lsn, id: String) {
-        self.ids.push_back((commit_lsn, id));
-    }
-
-    pub fn contains(&self, commit_lsn: Lsn, id: &str) -> bool {
-        self.ids.iter().any(|(l, i)| *l == commit_lsn && i == id)
-    }
-
-    /// Forgets what the slot has moved past: it will never be replayed.
-    pub fn forget_before(&mut self, confirmed: Lsn) {
-        while self.ids.front().is_some_and(|(l, _)| *l < confirmed) {
-            self.ids.pop_front();
+impl Fence {
+    pub fn new(tail: &Tail) -> Self {
+        Fence {
+            replay: Replay::new(tail),
+            base: tail.last_sequence,
+            published: 0,
+            duplicates: Arc::new(AtomicU64::new(0)),
         }
+    }
+
+    /// Whether a replayed event is in the stream already (then it is skipped, not published).
+    pub fn already_stored(&mut self, commit_lsn: Lsn, id: &str) -> bool {
+        self.replay.already_stored(commit_lsn, id)
+    }
+
+    /// The `Nats-Expected-Last-Sequence` of the next message; counts it.
+    pub fn next_expected(&mut self) -> u64 {
+        let e = self.base + self.published - self.duplicates.load(Ordering::Acquire);
+        self.published += 1;
+        e
+    }
+
+    /// The stream's last sequence when the session started.
+    pub fn base(&self) -> u64 {
+        self.base
+    }
+
+    /// The duplicate counter the ack task increments.
+    pub fn duplicates(&self) -> Arc<AtomicU64> {
+        Arc::clone(&self.duplicates)
     }
 }
 
@@ -168,14 +204,13 @@ mod tests {
     }
 
     #[test]
-    fn known_duplicates_are_forgotten_behind_the_slot() {
-        let mut d = KnownDuplicates::default();
-        d.remember(Lsn(10), "a".into());
-        d.remember(Lsn(20), "b".into());
-        assert!(d.contains(Lsn(10), "a"));
-        assert!(!d.contains(Lsn(20), "a"));
-        d.forget_before(Lsn(15));
-        assert!(!d.contains(Lsn(10), "a"));
-        assert!(d.contains(Lsn(20), "b"));
+    fn expectations_count_from_the_tail_and_step_back_for_duplicates() {
+        let mut f = Fence::new(&tail(200, "b"));
+        assert_eq!(f.next_expected(), 9);
+        assert_eq!(f.next_expected(), 10);
+        // The message that expected 9 was a duplicate: it took no sequence.
+        f.duplicates().fetch_add(1, Ordering::AcqRel);
+        assert_eq!(f.next_expected(), 10);
+        assert_eq!(f.next_expected(), 11);
     }
 }

@@ -6,13 +6,17 @@
 //! URLs may carry passwords: `Debug` of this module's types never shows them.
 
 use std::fmt;
-use std::net::SocketAddr;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::route::SubjectTemplate;
-use crate::source::ConnInfo;
+mod env;
+mod nats;
+mod settings;
+
+pub use env::redact_url;
+pub use nats::{NatsAuth, NatsSettings};
+pub use settings::Settings;
 
 /// Prefix of the environment variables that override settings.
 pub const ENV_PREFIX: &str = "OUTBOX_RELAY_";
@@ -104,15 +108,31 @@ impl OutboxConfig {
 #[derive(Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct NatsConfig {
-    /// May hold user:password.
+    /// One URL or a comma-separated list (a cluster); `nats://` or `tls://`. May hold
+    /// `user:password@` or `token@`.
     pub url: String,
-    /// Path of a NATS credentials file; "" for none.
+    /// Credentials as keys instead of in the URL: user and password, or a token.
+    pub user: String,
+    pub password: String,
+    pub token: String,
+    /// Path of an NKey seed file; "" for none.
+    pub nkey_seed_file: String,
+    /// Path of a NATS credentials file (JWT and seed); "" for none.
     pub creds_file: String,
+    /// TLS to NATS: a PEM CA file to trust instead of the system roots.
+    pub tls_ca_file: String,
+    /// A client certificate and its key (mutual TLS).
+    pub tls_cert_file: String,
+    pub tls_key_file: String,
+    /// Refuse a connection without TLS even for `nats://` URLs.
+    pub tls_required: bool,
     pub stream: String,
     pub subject: String,
     pub dead_letter_subject: String,
     /// Publishes awaiting their ack.
     pub max_in_flight: usize,
+    /// Bytes (payload and headers) of the publishes awaiting their ack: the window's second bound.
+    pub max_in_flight_bytes: usize,
     /// How long to wait for an ack before treating the connection as broken.
     pub ack_timeout_ms: u64,
     /// Duplicate window of a stream that setup creates.
@@ -129,11 +149,20 @@ impl Default for NatsConfig {
     fn default() -> Self {
         NatsConfig {
             url: "nats://127.0.0.1:4222".into(),
+            user: String::new(),
+            password: String::new(),
+            token: String::new(),
+            nkey_seed_file: String::new(),
             creds_file: String::new(),
+            tls_ca_file: String::new(),
+            tls_cert_file: String::new(),
+            tls_key_file: String::new(),
+            tls_required: false,
             stream: "OUTBOX".into(),
             subject: "outbox.{aggregate_type}".into(),
             dead_letter_subject: "outbox_dead_letter".into(),
             max_in_flight: 4096,
+            max_in_flight_bytes: 64 << 20,
             ack_timeout_ms: 10_000,
             duplicate_window_secs: 120,
             stream_replicas: 1,
@@ -206,7 +235,7 @@ fn invalid(key: &str, reason: impl Into<String>) -> ConfigError {
 
 impl Config {
     /// Loads `path` (if any), applies the process environment, validates.
-    pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
+    pub fn load(path: Option<&Path>) -> Result<Settings, ConfigError> {
         Self::load_with_env(path, std::env::vars())
     }
 
@@ -214,7 +243,7 @@ impl Config {
     pub fn load_with_env(
         path: Option<&Path>,
         env: impl IntoIterator<Item = (String, String)>,
-    ) -> Result<Config, ConfigError> {
+    ) -> Result<Settings, ConfigError> {
         let mut table = match path {
             None => toml::Table::new(),
             Some(p) => {
@@ -225,14 +254,16 @@ impl Config {
                 })?;
                 text.parse::<toml::Table>().map_err(|e| ConfigError::File {
                     path: shown,
-                    reason: one_line(&e.to_string()),
+                    reason: env::toml_error(&e, &text),
                 })?
             }
         };
         let file_path = path.map(|p| p.display().to_string());
-        apply_env(&mut table, env)?;
+        let warnings = env::apply_env(&mut table, env)?;
         let config: Config = Config::deserialize(toml::Value::Table(table)).map_err(|e| {
-            let reason = one_line(&e.to_string());
+            // Deserialising a parsed value: the text names the key and section, and holds no line
+            // of the file.
+            let reason = env::one_line(&e.to_string());
             match &file_path {
                 Some(path) => ConfigError::File {
                     path: path.clone(),
@@ -244,244 +275,9 @@ impl Config {
                 },
             }
         })?;
-        config.validate()?;
-        Ok(config)
-    }
-
-    /// Checks every setting that can be checked without connecting.
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        ConnInfo::parse(&self.postgres.url).map_err(|e| invalid("postgres.url", e.to_string()))?;
-        let slot = &self.postgres.slot;
-        if slot.is_empty()
-            || slot.len() > 63
-            || !slot
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
-        {
-            return Err(invalid(
-                "postgres.slot",
-                format!(
-                    "{slot:?} is not a valid slot name: use 1-63 lowercase letters, digits and underscores"
-                ),
-            ));
-        }
-        check_ident("postgres.publication", &self.postgres.publication)?;
-        if !(50..=1000).contains(&self.postgres.status_interval_ms) {
-            return Err(invalid(
-                "postgres.status_interval_ms",
-                "must be between 50 and 1000 (status updates at least every second keep the slot alive)",
-            ));
-        }
-        let o = &self.outbox;
-        match o.table.split_once('.') {
-            Some((schema, table))
-                if !schema.is_empty() && !table.is_empty() && !table.contains('.') =>
-            {
-                check_ident("outbox.table", schema)?;
-                check_ident("outbox.table", table)?;
-            }
-            _ => {
-                return Err(invalid(
-                    "outbox.table",
-                    format!("{:?} must be schema-qualified, like public.outbox", o.table),
-                ));
-            }
-        }
-        for (key, col) in [
-            ("outbox.id_column", &o.id_column),
-            ("outbox.aggregate_type_column", &o.aggregate_type_column),
-            ("outbox.aggregate_id_column", &o.aggregate_id_column),
-            ("outbox.event_type_column", &o.event_type_column),
-            ("outbox.payload_column", &o.payload_column),
-        ] {
-            check_ident(key, col)?;
-        }
-        if !o.headers_column.is_empty() {
-            check_ident("outbox.headers_column", &o.headers_column)?;
-        }
-        let n = &self.nats;
-        let nats_url = url::Url::parse(&n.url).map_err(|e| {
-            invalid(
-                "nats.url",
-                format!("not a URL ({e}): expected nats://host:4222"),
-            )
-        })?;
-        if !matches!(nats_url.scheme(), "nats" | "tls" | "ws" | "wss") {
-            return Err(invalid(
-                "nats.url",
-                format!(
-                    "scheme {:?} is not supported: use nats:// or tls://",
-                    nats_url.scheme()
-                ),
-            ));
-        }
-        if !n.creds_file.is_empty() && !Path::new(&n.creds_file).is_file() {
-            return Err(invalid(
-                "nats.creds_file",
-                format!("{:?} is not a readable file", n.creds_file),
-            ));
-        }
-        if n.stream.is_empty()
-            || n.stream
-                .chars()
-                .any(|c| c.is_whitespace() || c.is_control() || ".*>/\\".contains(c))
-        {
-            return Err(invalid(
-                "nats.stream",
-                format!(
-                    "{:?} is not a valid stream name: no spaces, '.', '*', '>', '/' or '\\'",
-                    n.stream
-                ),
-            ));
-        }
-        let template = SubjectTemplate::parse(&n.subject)
-            .map_err(|e| invalid("nats.subject", e.to_string()))?;
-        crate::route::check_subject(&n.dead_letter_subject)
-            .map_err(|e| invalid("nats.dead_letter_subject", e))?;
-        if template.matches_literal(&n.dead_letter_subject) {
-            return Err(invalid(
-                "nats.dead_letter_subject",
-                format!(
-                    "{:?} is matched by nats.subject {:?}: dead letters would mix with events; pick a subject outside it",
-                    n.dead_letter_subject, n.subject
-                ),
-            ));
-        }
-        if !(1..=65_536).contains(&n.max_in_flight) {
-            return Err(invalid("nats.max_in_flight", "must be between 1 and 65536"));
-        }
-        if n.ack_timeout_ms < 100 {
-            return Err(invalid("nats.ack_timeout_ms", "must be at least 100"));
-        }
-        if n.duplicate_window_secs == 0 {
-            return Err(invalid(
-                "nats.duplicate_window_secs",
-                "must be at least 1: the duplicate window is what drops republished events",
-            ));
-        }
-        if !(1..=5).contains(&n.stream_replicas) {
-            return Err(invalid("nats.stream_replicas", "must be between 1 and 5"));
-        }
-        if !self.http.listen.is_empty() && self.http.listen.parse::<SocketAddr>().is_err() {
-            return Err(invalid(
-                "http.listen",
-                format!(
-                    "{:?} is not an address like 127.0.0.1:9187 (\"\" disables the listener)",
-                    self.http.listen
-                ),
-            ));
-        }
-        if tracing_subscriber::EnvFilter::try_new(&self.log.level).is_err() {
-            return Err(invalid(
-                "log.level",
-                format!(
-                    "{:?} is not a filter like \"info\" or \"info,outbox_relay=debug\"",
-                    self.log.level
-                ),
-            ));
-        }
-        Ok(())
-    }
-
-    /// The parsed Postgres URL (valid after `validate`).
-    pub fn conn_info(&self) -> ConnInfo {
-        // validate() parsed it already; fall back to the default URL rather than panic.
-        ConnInfo::parse(&self.postgres.url)
-            .or_else(|_| ConnInfo::parse(&PostgresConfig::default().url))
-            .expect("default postgres url parses")
-    }
-}
-
-/// An identifier the relay puts into SQL: letters, digits, underscores, `$`; not starting with a digit.
-fn check_ident(key: &str, s: &str) -> Result<(), ConfigError> {
-    let ok = !s.is_empty()
-        && s.len() <= 63
-        && !s.starts_with(|c: char| c.is_ascii_digit())
-        && s.chars()
-            .all(|c| c.is_alphanumeric() || c == '_' || c == '$');
-    if ok {
-        Ok(())
-    } else {
-        Err(invalid(
-            key,
-            format!(
-                "{s:?} is not a plain identifier: use letters, digits and underscores (at most 63)"
-            ),
-        ))
-    }
-}
-
-/// Sets `section.key` from every `OUTBOX_RELAY_SECTION_KEY`, typed like the default of that key.
-fn apply_env(
-    table: &mut toml::Table,
-    env: impl IntoIterator<Item = (String, String)>,
-) -> Result<(), ConfigError> {
-    let defaults = toml::Table::try_from(Config::default()).unwrap_or_default();
-    for (var, value) in env {
-        let Some(rest) = var.strip_prefix(ENV_PREFIX) else {
-            continue;
-        };
-        let rest = rest.to_lowercase();
-        let unknown = || ConfigError::Env {
-            var: var.clone(),
-            reason: "no such setting (see docs/configuration.md for the list)".into(),
-        };
-        let (section, key) = rest.split_once('_').ok_or_else(unknown)?;
-        let default = defaults
-            .get(section)
-            .and_then(|s| s.as_table())
-            .and_then(|s| s.get(key))
-            .ok_or_else(unknown)?;
-        let typed = match default {
-            toml::Value::Integer(_) => {
-                toml::Value::Integer(value.trim().parse().map_err(|_| ConfigError::Env {
-                    var: var.clone(),
-                    reason: format!("{value:?} is not a whole number"),
-                })?)
-            }
-            toml::Value::Boolean(_) => toml::Value::Boolean(match value.trim() {
-                "true" | "1" | "yes" | "on" => true,
-                "false" | "0" | "no" | "off" => false,
-                _ => {
-                    return Err(ConfigError::Env {
-                        var: var.clone(),
-                        reason: format!("{value:?} is not true or false"),
-                    });
-                }
-            }),
-            _ => toml::Value::String(value),
-        };
-        let section_table = table
-            .entry(section.to_owned())
-            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
-        match section_table {
-            toml::Value::Table(t) => {
-                t.insert(key.to_owned(), typed);
-            }
-            _ => {
-                return Err(ConfigError::Env {
-                    var: var.clone(),
-                    reason: format!("the config file's {section} is not a table"),
-                });
-            }
-        }
-    }
-    Ok(())
-}
-
-fn one_line(s: &str) -> String {
-    s.split_whitespace().collect::<Vec<_>>().join(" ")
-}
-
-/// `scheme://user:***@host…`: a URL with its password hidden, for logs and `status`.
-pub fn redact_url(raw: &str) -> String {
-    match url::Url::parse(raw) {
-        Ok(mut u) if u.password().is_some() => {
-            let _ = u.set_password(Some("***"));
-            u.to_string()
-        }
-        Ok(u) => u.to_string(),
-        Err(_) => "<unparsable url>".into(),
+        let mut settings = config.validate()?;
+        settings.warnings = warnings;
+        Ok(settings)
     }
 }
 
@@ -501,6 +297,9 @@ impl fmt::Debug for NatsConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("NatsConfig")
             .field("url", &redact_url(&self.url))
+            .field("user", &self.user)
+            .field("password", &(!self.password.is_empty()).then_some("***"))
+            .field("token", &(!self.token.is_empty()).then_some("***"))
             .field("creds_file", &self.creds_file)
             .field("stream", &self.stream)
             .field("subject", &self.subject)
@@ -529,7 +328,7 @@ mod tests {
     use super::*;
     use std::io::Write;
 
-    fn load(toml_text: &str, env: &[(&str, &str)]) -> Result<Config, ConfigError> {
+    fn load(toml_text: &str, env: &[(&str, &str)]) -> Result<Settings, ConfigError> {
         let mut f = tempfile::NamedTempFile::new().unwrap();
         f.write_all(toml_text.as_bytes()).unwrap();
         Config::load_with_env(
@@ -574,10 +373,76 @@ mod tests {
         assert!(e.contains("slto"), "{e}");
         let e = load("[postgress]\n", &[]).unwrap_err().to_string();
         assert!(e.contains("postgress"), "{e}");
-        let e = load("", &[("OUTBOX_RELAY_NATS_STREEM", "x")])
+    }
+
+    #[test]
+    fn variables_that_name_no_setting_do_not_stop_the_relay() {
+        // Kubernetes injects these for a Service named outbox-relay.
+        let c = load(
+            "",
+            &[
+                ("OUTBOX_RELAY_SERVICE_HOST", "10.0.0.1"),
+                ("OUTBOX_RELAY_PORT_9187_TCP", "tcp://10.0.0.1:9187"),
+            ],
+        )
+        .unwrap();
+        assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+        // A near miss of a real key is a warning naming both.
+        let c = load("", &[("OUTBOX_RELAY_NATS_STREEM", "x")]).unwrap();
+        assert_eq!(c.warnings.len(), 1, "{:?}", c.warnings);
+        let w = &c.warnings[0];
+        assert!(
+            w.contains("OUTBOX_RELAY_NATS_STREEM") && w.contains("OUTBOX_RELAY_NATS_STREAM"),
+            "{w}"
+        );
+    }
+
+    #[test]
+    fn env_values_are_checked_against_their_own_variable() {
+        let e = load("", &[("OUTBOX_RELAY_OUTBOX_ON_INVALID", "explode")])
             .unwrap_err()
             .to_string();
-        assert!(e.contains("OUTBOX_RELAY_NATS_STREEM"), "{e}");
+        assert!(e.contains("OUTBOX_RELAY_OUTBOX_ON_INVALID"), "{e}");
+        let c = load("", &[("OUTBOX_RELAY_NATS_FENCE", "TRUE")]).unwrap();
+        assert!(c.nats.fence);
+        let c = load("", &[("OUTBOX_RELAY_NATS_FENCE", "Off")]).unwrap();
+        assert!(!c.nats.fence);
+    }
+
+    #[test]
+    fn toml_errors_never_echo_the_source_line() {
+        let e = load(
+            "[postgres]
+url = \"postgres://u:hunter2@h/d
+",
+            &[],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(!e.contains("hunter2"), "{e}");
+        assert!(e.contains("line 2"), "{e}");
+    }
+
+    #[test]
+    fn log_level_words_must_be_levels_or_targets() {
+        for good in [
+            "info",
+            "warn,outbox_relay=debug",
+            "outbox_relay",
+            "async_nats=trace",
+            "DEBUG",
+        ] {
+            assert!(
+                load(&format!("[log]\nlevel = \"{good}\"\n"), &[]).is_ok(),
+                "{good}"
+            );
+        }
+        for bad in ["loud", "info,outbox_relay=loud", "verbose"] {
+            let e = load(&format!("[log]\nlevel = \"{bad}\"\n"), &[])
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("log.level"), "{bad}: {e}");
+        }
     }
 
     #[test]

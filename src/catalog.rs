@@ -1,0 +1,83 @@
+//! What the control connection asks Postgres about the slot, in one place for `setup`, `status` and
+//! the relay's sampler: one query, every column the server has.
+//!
+//! The row is read as `to_jsonb(pg_replication_slots)`, so columns that only newer servers have
+//! (`failover`, `synced`, `inactive_since`, `invalidation_reason` in 17+) are simply absent on older
+//! ones instead of needing a query per version. Lag is measured against the WAL position the server
+//! has: the insert position on a primary, the replay position on a standby.
+
+use serde::Deserialize;
+use tokio_postgres::Client;
+
+use crate::config::Settings;
+use crate::source::{SourceError, connect_control};
+
+/// A slot as `pg_replication_slots` shows it, plus its lag.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct SlotRow {
+    pub slot_type: String,
+    pub plugin: Option<String>,
+    pub database: Option<String>,
+    pub active: bool,
+    pub active_pid: Option<i32>,
+    pub confirmed_flush_lsn: Option<String>,
+    pub wal_status: Option<String>,
+    pub safe_wal_size: Option<i64>,
+    /// PG 17+: the slot is synchronised to standbys (`FAILOVER`).
+    pub failover: Option<bool>,
+    /// PG 17+: this is a standby's copy of a failover slot.
+    pub synced: Option<bool>,
+    /// PG 17+: since when no one streams the slot.
+    pub inactive_since: Option<String>,
+    /// PG 17+: why the slot was invalidated (`wal_removed`, `idle_timeout`, …).
+    pub invalidation_reason: Option<String>,
+    /// Not a column: the database the control connection is in.
+    #[serde(skip)]
+    pub current_database: String,
+    /// Not a column: WAL position − `confirmed_flush_lsn`.
+    #[serde(skip)]
+    pub lag_bytes: Option<i64>,
+    /// Not a column: WAL position − `restart_lsn`, the WAL the slot keeps.
+    #[serde(skip)]
+    pub retained_bytes: Option<i64>,
+}
+
+impl SlotRow {
+    /// Why Postgres can no longer give this slot's changes, if it cannot.
+    pub fn invalidated(&self) -> Option<String> {
+        if let Some(r) = &self.invalidation_reason {
+            return Some(r.clone());
+        }
+        (self.wal_status.as_deref() == Some("lost")).then(|| "wal_status = lost".to_owned())
+    }
+}
+
+/// The slot named `name`, or `None` when it does not exist.
+pub async fn slot(client: &Client, name: &str) -> Result<Option<SlotRow>, tokio_postgres::Error> {
+    let row = client
+        .query_opt(
+            "WITH pos AS (SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() \
+                                      ELSE pg_current_wal_lsn() END AS lsn) \
+             SELECT to_jsonb(s)::text, (pos.lsn - s.confirmed_flush_lsn)::int8, \
+                    (pos.lsn - s.restart_lsn)::int8, current_database()::text \
+             FROM pg_replication_slots s, pos WHERE s.slot_name = $1",
+            &[&name],
+        )
+        .await?;
+    Ok(row.map(|r| {
+        let json: String = r.get(0);
+        // The view's columns are the server's; a row that does not parse is reported as empty
+        // rather than failing the caller (status must still print).
+        let mut slot: SlotRow = serde_json::from_str(&json).unwrap_or_default();
+        slot.lag_bytes = r.get(1);
+        slot.retained_bytes = r.get(2);
+        slot.current_database = r.get(3);
+        slot
+    }))
+}
+
+/// The control connection for `settings`, named so `pg_stat_activity` shows who it is.
+pub async fn connect(settings: &Settings, purpose: &str) -> Result<Client, SourceError> {
+    connect_control(&settings.conn, &format!("outbox-relay {purpose}")).await
+}

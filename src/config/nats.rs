@@ -1,0 +1,241 @@
+//! `[nats]` connection settings, parsed once: the server list (credentials taken out of the URLs, so
+//! the client and its logs never see them), the credentials (as secrets) and the TLS files.
+
+use std::path::{Path, PathBuf};
+
+use async_nats::ServerAddr;
+use secrecy::SecretString;
+
+use super::{ConfigError, NatsConfig, invalid};
+
+/// How the relay proves who it is to NATS.
+#[derive(Clone, Debug, Default)]
+pub enum NatsAuth {
+    #[default]
+    None,
+    UserPassword {
+        user: String,
+        password: SecretString,
+    },
+    Token(SecretString),
+    /// The seed of an NKey, read from `nats.nkey_seed_file`.
+    NkeySeed(SecretString),
+    /// `nats.creds_file`: a JWT and its seed.
+    CredsFile(PathBuf),
+}
+
+/// The parsed `[nats]` connection settings.
+#[derive(Clone, Debug)]
+pub struct NatsSettings {
+    /// `nats.url`, one address per server, without credentials.
+    pub servers: Vec<ServerAddr>,
+    pub auth: NatsAuth,
+    pub tls_ca_file: Option<PathBuf>,
+    /// Client certificate and key (mutual TLS).
+    pub tls_client: Option<(PathBuf, PathBuf)>,
+    /// TLS for every server, also `nats://` ones.
+    pub tls_required: bool,
+}
+
+/// Parses and checks the connection part of `[nats]`.
+pub(super) fn parse(n: &NatsConfig) -> Result<NatsSettings, ConfigError> {
+    let mut servers = Vec::new();
+    let mut url_auth = NatsAuth::None;
+    for raw in n.url.split(',').map(str::trim).filter(|u| !u.is_empty()) {
+        let mut url = url::Url::parse(raw).map_err(|e| {
+            invalid(
+                "nats.url",
+                format!(
+                    "{} is not a URL ({e}): expected nats://host:4222, or a comma-separated list of them",
+                    super::redact_url(raw)
+                ),
+            )
+        })?;
+        match url.scheme() {
+            "nats" | "tls" => {}
+            "ws" | "wss" => {
+                return Err(invalid(
+                    "nats.url",
+                    "websocket URLs (ws://, wss://) are not supported: use nats:// or tls:// (the relay speaks \
+                     the NATS protocol over TCP, with TLS for tls://)",
+                ));
+            }
+            other => {
+                return Err(invalid(
+                    "nats.url",
+                    format!("scheme {other:?} is not supported: use nats:// or tls://"),
+                ));
+            }
+        }
+        if url.host_str().is_none_or(str::is_empty) {
+            return Err(invalid(
+                "nats.url",
+                "has no host: expected nats://host:4222",
+            ));
+        }
+        let auth = url_credentials(&url)?;
+        if !matches!(auth, NatsAuth::None) {
+            url_auth = auth;
+        }
+        let _ = url.set_username("");
+        let _ = url.set_password(None);
+        servers.push(ServerAddr::from_url(url).map_err(|e| invalid("nats.url", e.to_string()))?);
+    }
+    if servers.is_empty() {
+        return Err(invalid("nats.url", "is empty: expected nats://host:4222"));
+    }
+    let file = |key: &str, path: &str| -> Result<Option<PathBuf>, ConfigError> {
+        if path.is_empty() {
+            return Ok(None);
+        }
+        if !Path::new(path).is_file() {
+            return Err(invalid(key, format!("{path:?} is not a readable file")));
+        }
+        Ok(Some(PathBuf::from(path)))
+    };
+    let mut ways = Vec::new();
+    let mut auth = url_auth;
+    if !matches!(auth, NatsAuth::None) {
+        ways.push("credentials in nats.url");
+    }
+    if !n.user.is_empty() || !n.password.is_empty() {
+        if n.user.is_empty() || n.password.is_empty() {
+            return Err(invalid(
+                "nats.user",
+                "nats.user and nats.password go together: set both or neither",
+            ));
+        }
+        ways.push("nats.user/nats.password");
+        auth = NatsAuth::UserPassword {
+            user: n.user.clone(),
+            password: SecretString::from(n.password.clone()),
+        };
+    }
+    if !n.token.is_empty() {
+        ways.push("nats.token");
+        auth = NatsAuth::Token(SecretString::from(n.token.clone()));
+    }
+    if let Some(path) = file("nats.nkey_seed_file", &n.nkey_seed_file)? {
+        ways.push("nats.nkey_seed_file");
+        let seed = std::fs::read_to_string(&path)
+            .map_err(|e| invalid("nats.nkey_seed_file", format!("cannot read {path:?}: {e}")))?;
+        let seed = seed
+            .lines()
+            .map(str::trim)
+            .find(|l| l.starts_with('S') && !l.is_empty())
+            .ok_or_else(|| {
+                invalid(
+                    "nats.nkey_seed_file",
+                    format!("{path:?} holds no NKey seed (a line starting with S)"),
+                )
+            })?;
+        auth = NatsAuth::NkeySeed(SecretString::from(seed.to_owned()));
+    }
+    if let Some(path) = file("nats.creds_file", &n.creds_file)? {
+        ways.push("nats.creds_file");
+        auth = NatsAuth::CredsFile(path);
+    }
+    if ways.len() > 1 {
+        return Err(invalid(
+            "nats.url",
+            format!(
+                "the relay's NATS credentials are given more than one way ({}): keep one",
+                ways.join(", ")
+            ),
+        ));
+    }
+    let tls_ca_file = file("nats.tls_ca_file", &n.tls_ca_file)?;
+    let cert = file("nats.tls_cert_file", &n.tls_cert_file)?;
+    let key = file("nats.tls_key_file", &n.tls_key_file)?;
+    let tls_client = match (cert, key) {
+        (Some(c), Some(k)) => Some((c, k)),
+        (None, None) => None,
+        _ => {
+            return Err(invalid(
+                "nats.tls_cert_file",
+                "nats.tls_cert_file and nats.tls_key_file go together: set both or neither",
+            ));
+        }
+    };
+    Ok(NatsSettings {
+        servers,
+        auth,
+        tls_ca_file,
+        tls_client,
+        tls_required: n.tls_required,
+    })
+}
+
+/// `user:password@` or `token@` in a URL (percent-decoded).
+fn url_credentials(url: &url::Url) -> Result<NatsAuth, ConfigError> {
+    let decode = |s: &str| {
+        percent_encoding::percent_decode_str(s)
+            .decode_utf8()
+            .map(|c| c.into_owned())
+            .map_err(|_| invalid("nats.url", "its credentials are not valid UTF-8"))
+    };
+    Ok(match (url.username(), url.password()) {
+        ("", None) => NatsAuth::None,
+        (user, Some(password)) => NatsAuth::UserPassword {
+            user: decode(user)?,
+            password: SecretString::from(decode(password)?),
+        },
+        (token, None) => NatsAuth::Token(SecretString::from(decode(token)?)),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use secrecy::ExposeSecret;
+
+    fn parse_url(url: &str) -> Result<NatsSettings, ConfigError> {
+        parse(&NatsConfig {
+            url: url.into(),
+            ..NatsConfig::default()
+        })
+    }
+
+    #[test]
+    fn credentials_leave_the_url() {
+        let s =
+            parse_url("nats://relay:s%40cr3tpw@n1:4222,nats://relay:s%40cr3tpw@n2:4222").unwrap();
+        assert_eq!(s.servers.len(), 2);
+        for a in &s.servers {
+            assert!(a.username().is_none() && a.password().is_none(), "{a:?}");
+        }
+        match &s.auth {
+            NatsAuth::UserPassword { user, password } => {
+                assert_eq!(user, "relay");
+                assert_eq!(password.expose_secret(), "s@cr3tpw");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(!format!("{s:?}").contains("cr3tpw"), "{s:?}");
+        match parse_url("tls://t0ken@n1:4222").unwrap().auth {
+            NatsAuth::Token(t) => assert_eq!(t.expose_secret(), "t0ken"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn websockets_and_other_schemes_are_refused() {
+        for url in ["ws://h:80", "wss://h:443", "http://h:4222"] {
+            let e = parse_url(url).unwrap_err().to_string();
+            assert!(e.contains("nats.url") && e.contains("nats://"), "{e}");
+        }
+    }
+
+    #[test]
+    fn credentials_given_two_ways_are_refused() {
+        let e = parse(&NatsConfig {
+            url: "nats://a:b@h:4222".into(),
+            token: "t".into(),
+            ..NatsConfig::default()
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("more than one way"), "{e}");
+        assert!(!e.contains(":b@"), "{e}");
+    }
+}

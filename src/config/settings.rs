@@ -1,0 +1,242 @@
+//! Settings parsed once: [`Config::validate`] checks every key that can be checked without a
+//! server and returns [`Settings`], the configuration with its URL, subject template and durations
+//! already parsed, so nothing later re-parses a string or needs an `expect`.
+
+use std::net::SocketAddr;
+use std::ops::Deref;
+use std::time::Duration;
+
+use super::nats::NatsSettings;
+use super::{Config, ConfigError, OnInvalid, invalid};
+use crate::route::SubjectTemplate;
+use crate::source::ConnInfo;
+
+/// A validated configuration. Derefs to the [`Config`] it came from, for names and plain values.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    config: Config,
+    /// `postgres.url`, parsed.
+    pub conn: ConnInfo,
+    /// `[nats]` servers, credentials and TLS, parsed.
+    pub nats_conn: NatsSettings,
+    /// `nats.subject`, parsed.
+    pub subject: SubjectTemplate,
+    pub status_interval: Duration,
+    pub ack_timeout: Duration,
+    pub duplicate_window: Duration,
+    /// `outbox.on_invalid = "stop"`.
+    pub stop_on_invalid: bool,
+    /// Findings that do not stop the relay (e.g. a misspelt environment variable), for the log.
+    pub warnings: Vec<String>,
+}
+
+impl Deref for Settings {
+    type Target = Config;
+
+    fn deref(&self) -> &Config {
+        &self.config
+    }
+}
+
+impl Settings {
+    /// The configuration these settings came from.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+}
+
+impl Config {
+    /// Checks every setting that can be checked without connecting, and parses each once.
+    pub fn validate(&self) -> Result<Settings, ConfigError> {
+        let conn = ConnInfo::parse(&self.postgres.url)
+            .map_err(|e| invalid("postgres.url", e.to_string()))?;
+        let slot = &self.postgres.slot;
+        if slot.is_empty()
+            || slot.len() > 63
+            || !slot
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+        {
+            return Err(invalid(
+                "postgres.slot",
+                format!(
+                    "{slot:?} is not a valid slot name: use 1-63 lowercase letters, digits and underscores"
+                ),
+            ));
+        }
+        check_ident("postgres.publication", &self.postgres.publication)?;
+        if !(50..=1000).contains(&self.postgres.status_interval_ms) {
+            return Err(invalid(
+                "postgres.status_interval_ms",
+                "must be between 50 and 1000 (status updates at least every second keep the slot alive)",
+            ));
+        }
+        let o = &self.outbox;
+        match o.table.split_once('.') {
+            Some((schema, table))
+                if !schema.is_empty() && !table.is_empty() && !table.contains('.') =>
+            {
+                check_ident("outbox.table", schema)?;
+                check_ident("outbox.table", table)?;
+            }
+            _ => {
+                return Err(invalid(
+                    "outbox.table",
+                    format!("{:?} must be schema-qualified, like public.outbox", o.table),
+                ));
+            }
+        }
+        for (key, col) in [
+            ("outbox.id_column", &o.id_column),
+            ("outbox.aggregate_type_column", &o.aggregate_type_column),
+            ("outbox.aggregate_id_column", &o.aggregate_id_column),
+            ("outbox.event_type_column", &o.event_type_column),
+            ("outbox.payload_column", &o.payload_column),
+        ] {
+            check_ident(key, col)?;
+        }
+        if !o.headers_column.is_empty() {
+            check_ident("outbox.headers_column", &o.headers_column)?;
+        }
+        let n = &self.nats;
+        let nats = super::nats::parse(n)?;
+        if n.stream.is_empty()
+            || n.stream.len() > 255
+            || n.stream
+                .chars()
+                .any(|c| c.is_whitespace() || c.is_control() || ".*>/\\".contains(c))
+        {
+            return Err(invalid(
+                "nats.stream",
+                format!(
+                    "{:?} is not a valid stream name: 1-255 characters, no spaces, '.', '*', '>', '/' or '\\'",
+                    n.stream
+                ),
+            ));
+        }
+        let template = SubjectTemplate::parse(&n.subject)
+            .map_err(|e| invalid("nats.subject", e.to_string()))?;
+        crate::route::check_subject(&n.dead_letter_subject)
+            .map_err(|e| invalid("nats.dead_letter_subject", e))?;
+        if template.matches_literal(&n.dead_letter_subject) {
+            return Err(invalid(
+                "nats.dead_letter_subject",
+                format!(
+                    "{:?} is matched by nats.subject {:?}: dead letters would mix with events; pick a subject outside it",
+                    n.dead_letter_subject, n.subject
+                ),
+            ));
+        }
+        if !(1..=65_536).contains(&n.max_in_flight) {
+            return Err(invalid("nats.max_in_flight", "must be between 1 and 65536"));
+        }
+        if !((64 << 10)..=(4 << 30) - 1).contains(&n.max_in_flight_bytes) {
+            return Err(invalid(
+                "nats.max_in_flight_bytes",
+                "must be between 65536 and 4294967295",
+            ));
+        }
+        if n.ack_timeout_ms < 100 {
+            return Err(invalid("nats.ack_timeout_ms", "must be at least 100"));
+        }
+        if n.duplicate_window_secs == 0 {
+            return Err(invalid(
+                "nats.duplicate_window_secs",
+                "must be at least 1: the duplicate window is what drops republished events",
+            ));
+        }
+        if !(1..=5).contains(&n.stream_replicas) {
+            return Err(invalid("nats.stream_replicas", "must be between 1 and 5"));
+        }
+        if !self.http.listen.is_empty() && self.http.listen.parse::<SocketAddr>().is_err() {
+            return Err(invalid(
+                "http.listen",
+                format!(
+                    "{:?} is not an address like 127.0.0.1:9187 (\"\" disables the listener)",
+                    self.http.listen
+                ),
+            ));
+        }
+        check_log_level(&self.log.level)?;
+        Ok(Settings {
+            config: self.clone(),
+            conn,
+            nats_conn: nats,
+            subject: template,
+            status_interval: Duration::from_millis(self.postgres.status_interval_ms),
+            ack_timeout: Duration::from_millis(n.ack_timeout_ms),
+            duplicate_window: Duration::from_secs(n.duplicate_window_secs),
+            stop_on_invalid: o.on_invalid == OnInvalid::Stop,
+            warnings: Vec::new(),
+        })
+    }
+}
+
+/// An identifier the relay puts into SQL: letters, digits, underscores, `$`; not starting with a digit.
+fn check_ident(key: &str, s: &str) -> Result<(), ConfigError> {
+    let ok = !s.is_empty()
+        && s.len() <= 63
+        && !s.starts_with(|c: char| c.is_ascii_digit())
+        && s.chars()
+            .all(|c| c.is_alphanumeric() || c == '_' || c == '$');
+    if ok {
+        Ok(())
+    } else {
+        Err(invalid(
+            key,
+            format!(
+                "{s:?} is not a plain identifier: use letters, digits and underscores (at most 63)"
+            ),
+        ))
+    }
+}
+
+/// Log levels a `log.level` directive may name.
+const LEVELS: &[&str] = &["trace", "debug", "info", "warn", "error", "off"];
+/// Targets worth filtering: the relay's own and the clients it uses.
+const TARGETS: &[&str] = &[
+    "outbox_relay",
+    "async_nats",
+    "tokio_postgres",
+    "postgres_protocol",
+    "hyper",
+    "rustls",
+    "tokio",
+];
+
+/// `log.level`: comma-separated directives, each a level (`info`) or `target=level`
+/// (`outbox_relay=debug`), or a bare target (`outbox_relay`, all levels). A word that is neither a
+/// level nor a known target is refused: `loud` would otherwise silence every log line.
+fn check_log_level(level: &str) -> Result<(), ConfigError> {
+    let bad = |why: String| {
+        invalid(
+            "log.level",
+            format!(
+                "{level:?}: {why}; use a level ({}) or target=level, like \"info,outbox_relay=debug\"",
+                LEVELS.join(", ")
+            ),
+        )
+    };
+    if tracing_subscriber::EnvFilter::try_new(level).is_err() {
+        return Err(bad("not a filter".into()));
+    }
+    for directive in level.split(',').map(str::trim).filter(|d| !d.is_empty()) {
+        let (target, lvl) = match directive.split_once('=') {
+            Some((t, l)) => (Some(t), Some(l)),
+            None if LEVELS.contains(&directive.to_ascii_lowercase().as_str()) => (None, None),
+            None => (Some(directive), None),
+        };
+        if let Some(l) = lvl
+            && !LEVELS.contains(&l.to_ascii_lowercase().as_str())
+        {
+            return Err(bad(format!("{l:?} is not a level")));
+        }
+        if let Some(t) = target {
+            let root = t.split(['[', ':']).next().unwrap_or(t);
+            if !TARGETS.contains(&root) {
+                return Err(bad(format!("{t:?} is neither a level nor a known target")));
+            }
+        }
+    }
+    Ok(())
+}

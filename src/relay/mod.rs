@@ -1,0 +1,257 @@
+//! `outbox-relay run`: setup, then sessions of source → pgoutput → outbox → route → sink → progress
+//! ([`session`]), restarted from the last confirmed LSN after any transient failure, until shutdown.
+//!
+//! The restart loop lives here: a capped, jittered backoff; a standby's steady pace while another
+//! relay holds the slot; one log line per change of state, not per retry. JetStream drops the events
+//! it already stored (`Nats-Msg-Id`, and the sink's fence skips them), so a restart costs duplicates
+//! on the wire, never in the stream. Definite errors ([`RelayError`]) end `run` with the message;
+//! nothing past them is confirmed.
+//!
+//! Shutdown: stop reading, wait (bounded by the ack timeout) for the acks in flight, confirm, send the
+//! final status update, end the replication connection cleanly.
+
+mod monitor;
+mod session;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio::sync::watch;
+use tracing::{debug, error, info, warn};
+
+use crate::Lsn;
+use crate::config::Settings;
+pub use crate::error::RelayError;
+use crate::error::{CauseKind, Restart, SessionEnd};
+use crate::metrics::Metrics;
+use crate::setup;
+use crate::sink::{Outcome, connect_nats};
+use monitor::{AbortOnDrop, sample_slot};
+use session::Session;
+
+/// A session that streamed this long before failing counts as recovered from earlier trouble: the
+/// next failure is logged again and backs off from the start.
+const HEALTHY_SESSION: Duration = Duration::from_secs(30);
+
+/// Runs the relay until `shutdown` resolves (then exits cleanly) or a definite error.
+pub async fn run(
+    settings: Settings,
+    metrics: Arc<Metrics>,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), RelayError> {
+    for w in &settings.warnings {
+        warn!("{w}");
+    }
+    // The listener first: probes should answer while setup waits for the servers.
+    let _http = match settings.http.listen.as_str() {
+        "" => None,
+        listen => {
+            let listener = crate::http::bind(listen).await?;
+            Some(AbortOnDrop(tokio::spawn(crate::http::serve(
+                listener,
+                Arc::clone(&metrics),
+            ))))
+        }
+    };
+    let report = setup::setup(&settings).await?;
+    for line in &report.lines {
+        info!(target: "outbox_relay::setup", "{line}");
+    }
+    for w in &report.warnings {
+        warn!("{w}");
+    }
+    let nats = connect_nats(&settings)
+        .await
+        .map_err(|e| RelayError::Setup(e.into()))?;
+    let _slot_sampler = AbortOnDrop(tokio::spawn(sample_slot(
+        settings.clone(),
+        Arc::clone(&metrics),
+    )));
+    let (stop_tx, stop_rx) = watch::channel(false);
+    tokio::pin!(shutdown);
+    let mut relay = Relay {
+        settings: Arc::new(settings),
+        metrics,
+        nats: Some(nats),
+        failures: 0,
+        last_cause: None,
+        // Start where the slot is; the server would use max(this, confirmed_flush) anyway, but the
+        // tracker and the logs should know the real position.
+        confirmed: report.slot_confirmed.unwrap_or(Lsn::ZERO),
+        stop: stop_rx,
+    };
+    let main = relay.main_loop();
+    tokio::pin!(main);
+    tokio::select! {
+        r = &mut main => r,
+        _ = &mut shutdown => {
+            info!("shutdown requested: finishing in-flight publishes");
+            let _ = stop_tx.send(true);
+            main.await
+        }
+    }
+}
+
+/// What outlives a session.
+pub(crate) struct Relay {
+    settings: Arc<Settings>,
+    metrics: Arc<Metrics>,
+    /// The NATS client; dropped after a NATS failure (see [`Session::start`]).
+    nats: Option<async_nats::Client>,
+    /// Failed sessions in a row (drives the backoff); 0 once new events are stored.
+    failures: u32,
+    /// The kind of the last failure, so each change of state is logged once, not every retry.
+    last_cause: Option<CauseKind>,
+    /// The last LSN confirmed to the slot by this process; sessions restart here.
+    confirmed: Lsn,
+    stop: watch::Receiver<bool>,
+}
+
+impl Relay {
+    async fn main_loop(&mut self) -> Result<(), RelayError> {
+        loop {
+            let (end, ran_for) = match Session::start(self).await {
+                Ok(session) => {
+                    let started = session.started;
+                    (session.run(self).await, Some(started.elapsed()))
+                }
+                Err(end) => (end, None),
+            };
+            Metrics::set(&self.metrics.streaming, 0);
+            match end {
+                SessionEnd::Shutdown => {
+                    info!(confirmed = %self.confirmed, "stopped");
+                    return Ok(());
+                }
+                SessionEnd::Fatal(e) => {
+                    error!(error = %e, "stopping");
+                    return Err(e);
+                }
+                SessionEnd::Restart(restart) => {
+                    if ran_for.is_some_and(|d| d >= HEALTHY_SESSION) {
+                        self.failures = 0;
+                        self.last_cause = None;
+                    }
+                    let delay = self.restarting(&restart);
+                    let mut stop = self.stop.clone();
+                    tokio::select! {
+                        _ = tokio::time::sleep(delay) => {}
+                        _ = async { stop.wait_for(|s| *s).await.is_ok() } => return Ok(()),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Records a restart (metrics, one log line per change of state) and returns the delay before
+    /// the next session.
+    fn restarting(&mut self, restart: &Restart) -> Duration {
+        let kind = restart.kind();
+        if kind == CauseKind::Nats {
+            self.nats = None;
+        }
+        Metrics::set(
+            &self.metrics.standby,
+            u64::from(kind == CauseKind::SlotHeld),
+        );
+        self.metrics.restarted(kind);
+        let error = error_chain(restart);
+        if self.last_cause != Some(kind) {
+            if kind == CauseKind::SlotHeld {
+                info!(%error, "standby: another relay holds the slot; waiting to take over");
+            } else {
+                warn!(cause = %kind, %error, confirmed = %self.confirmed, "pipeline stopped; retrying from the confirmed position");
+            }
+            self.last_cause = Some(kind);
+        } else {
+            debug!(cause = %kind, %error, "retry failed");
+        }
+        self.failures = self.failures.saturating_add(1);
+        // A standby waiting for the slot retries at a steady pace, so it takes over within seconds
+        // of the active relay's end, however long it has waited.
+        if kind == CauseKind::SlotHeld {
+            backoff(3)
+        } else {
+            backoff(self.failures)
+        }
+    }
+
+    fn count(&self, outcome: &Outcome) {
+        match outcome {
+            Outcome::Stored { duplicate: false } => Metrics::inc(&self.metrics.published_ok),
+            Outcome::Stored { duplicate: true } => Metrics::inc(&self.metrics.published_duplicate),
+            // Counted with the duplicates: a republish that never had to leave the relay.
+            Outcome::AlreadyStored => Metrics::inc(&self.metrics.published_duplicate),
+            Outcome::DeadLetter { .. } => Metrics::inc(&self.metrics.dead_letters),
+        }
+    }
+}
+
+/// An error and its sources on one line: `a: b: c`.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        // `#[error(transparent)]` and "{0}" wrappers repeat their source's text.
+        if !out.ends_with(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        source = s.source();
+    }
+    out
+}
+
+/// Capped exponential backoff with jitter: 100 ms, 200 ms, … up to 30 s, each ±25 %.
+fn backoff(failures: u32) -> Duration {
+    let base = 100u64.saturating_mul(1u64 << failures.min(12).saturating_sub(1));
+    let capped = base.min(30_000);
+    // Jitter from the clock's nanoseconds: enough to spread restarts of relays that failed together.
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0) as u64;
+    let jitter = capped / 4;
+    let offset = if jitter == 0 { 0 } else { nanos % (2 * jitter) };
+    Duration::from_millis(capped - jitter + offset)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    #[test]
+    fn run_future_is_send() {
+        // The relay runs on a multi-threaded runtime (tokio::spawn): its future must be Send.
+        fn assert_send<T: Send>(_: &T) {}
+        let f = run(
+            Config::default().validate().unwrap(),
+            Arc::new(Metrics::default()),
+            std::future::pending::<()>(),
+        );
+        assert_send(&f);
+    }
+
+    #[test]
+    fn backoff_grows_and_is_capped() {
+        for f in 1..40 {
+            let d = backoff(f);
+            assert!(d <= Duration::from_millis(30_000 + 7_500), "{f}: {d:?}");
+            assert!(d >= Duration::from_millis(75), "{f}: {d:?}");
+        }
+        assert!(backoff(1) < Duration::from_millis(200));
+        assert!(backoff(20) >= Duration::from_millis(22_500));
+    }
+
+    #[test]
+    fn error_chain_names_every_cause_once() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("outer")]
+        struct Outer(#[source] std::io::Error);
+        let e = Outer(std::io::Error::other("connection refused"));
+        assert_eq!(error_chain(&e), "outer: connection refused");
+    }
+}

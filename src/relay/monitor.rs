@@ -1,0 +1,56 @@
+//! Background monitors of a running relay: the NATS connection state and the slot's lag, retained WAL
+//! and `wal_status`, for `/metrics` and `/readyz`. They only read; the pipeline never waits for them.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::catalog;
+use crate::config::Settings;
+use crate::metrics::Metrics;
+
+/// Aborts a background task when dropped.
+pub struct AbortOnDrop<T>(pub tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Keeps the `nats_connected` gauge current (async-nats reconnects on its own).
+pub async fn watch_nats(client: async_nats::Client, metrics: Arc<Metrics>) {
+    loop {
+        let up = client.connection_state() == async_nats::connection::State::Connected;
+        Metrics::set(&metrics.nats_connected, u64::from(up));
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Samples the slot every few seconds on a control connection of its own, so an operator sees a
+/// stalled or endangered slot from the metrics.
+pub async fn sample_slot(settings: Settings, metrics: Arc<Metrics>) {
+    let mut client = None;
+    loop {
+        if client.is_none() {
+            client = catalog::connect(&settings, "metrics").await.ok();
+        }
+        if let Some(c) = &client {
+            match catalog::slot(c, &settings.postgres.slot).await {
+                Ok(Some(slot)) => {
+                    let bytes = |v: Option<i64>| v.unwrap_or(0).max(0) as u64;
+                    Metrics::set(&metrics.slot_lag_bytes, bytes(slot.lag_bytes));
+                    Metrics::set(&metrics.retained_wal_bytes, bytes(slot.retained_bytes));
+                    metrics.set_wal_status(slot.wal_status.as_deref().unwrap_or(""));
+                }
+                Ok(None) => {
+                    // The slot is gone: no lag to report, and no WAL kept for it.
+                    metrics.set_wal_status("");
+                    Metrics::set(&metrics.slot_lag_bytes, 0);
+                    Metrics::set(&metrics.retained_wal_bytes, 0);
+                }
+                Err(_) => client = None,
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    }
+}

@@ -1,0 +1,314 @@
+//! One replication session: [`Session::start`] connects (NATS, then the replication connection),
+//! starts streaming from the confirmed LSN and lets the sink read the stream's tail;
+//! [`Session::run`] moves events from the walsender to the sink and acks back to the slot
+//! ([`Session::on_replication`], [`Session::on_ack`]) until shutdown or trouble, and
+//! [`Session::drain`] waits, bounded, for what is in flight before a clean stop.
+//!
+//! A session is crash-only: it never repairs itself. Any uncertainty ends it with a
+//! [`SessionEnd`], and the relay starts the next one from the confirmed LSN.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tracing::{debug, info, warn};
+
+use super::Relay;
+use super::monitor::{AbortOnDrop, watch_nats};
+use crate::catalog;
+use crate::error::{
+    CauseKind, NatsTrouble, RelayError, Restart, SessionEnd, from_sink, from_source,
+};
+use crate::metrics::Metrics;
+use crate::outbox::{OutboxStage, Step};
+use crate::pgoutput::Decoder;
+use crate::progress::Progress;
+use crate::sink::{AckReceiver, Acked, Outcome, Sink, SinkConfig, SinkError, connect_nats};
+use crate::source::{
+    PgOutputOptions, ReplConnection, ReplicationEvent, ReplicationStream, SourceError, StreamConfig,
+};
+
+/// A running session: the replication stream, the sink and the pure stages between them.
+pub(super) struct Session {
+    stream: ReplicationStream,
+    sink: Sink,
+    acks: AckReceiver,
+    decoder: Decoder,
+    stage: OutboxStage,
+    progress: Progress,
+    streaming_reported: bool,
+    /// When streaming started: a session that ran a while counts as a recovery.
+    pub started: Instant,
+    _nats_watch: AbortOnDrop<()>,
+}
+
+impl Session {
+    /// Connects and starts streaming from `relay.confirmed`.
+    pub async fn start(relay: &mut Relay) -> Result<Session, SessionEnd> {
+        let settings = Arc::clone(&relay.settings);
+        // NATS first: while it is down there is no point in holding the slot.
+        // A NATS client whose session failed is dropped, not reused: messages still buffered in it
+        // would be sent after its reconnect, after the point where the new session republishes
+        // from, which could store events out of commit order.
+        let nats = match &relay.nats {
+            Some(c) => c.clone(),
+            None => {
+                let c = connect_nats(&settings).await.map_err(Restart::from)?;
+                relay.nats = Some(c.clone());
+                c
+            }
+        };
+        let nats_watch = AbortOnDrop(tokio::spawn(watch_nats(
+            nats.clone(),
+            Arc::clone(&relay.metrics),
+        )));
+        let app = format!(
+            "outbox-relay/{}/{}",
+            settings.postgres.slot,
+            std::process::id()
+        );
+        let conn = ReplConnection::connect(&settings.conn, &app)
+            .await
+            .map_err(from_source)?;
+        let version = conn.server_version_num();
+        let mut options = PgOutputOptions::new([settings.postgres.publication.clone()]);
+        // Proto v1 is enough: no streaming of in-progress transactions (DESIGN.md §3), and v1 keeps
+        // the decoding identical on every supported server.
+        options.proto_version = Some(1);
+        let stream_config = StreamConfig {
+            status_interval: settings.status_interval,
+            channel_capacity: 1024,
+            ..StreamConfig::default()
+        };
+        let stream = match conn
+            .start_replication(
+                &settings.postgres.slot,
+                relay.confirmed,
+                &options,
+                stream_config,
+            )
+            .await
+        {
+            Ok(s) => s,
+            Err((e, conn)) => {
+                if let Some(c) = conn {
+                    c.close().await;
+                }
+                return Err(classify_start_error(relay, e).await);
+            }
+        };
+        Metrics::set(&relay.metrics.standby, 0);
+        match relay.last_cause {
+            None => {
+                info!(slot = %settings.postgres.slot, start = %relay.confirmed, server_version = version, "streaming")
+            }
+            // Postgres trouble (or waiting as a standby) ends here; NATS trouble ends at the next ack.
+            Some(CauseKind::Postgres | CauseKind::SlotHeld) => {
+                info!(slot = %settings.postgres.slot, start = %relay.confirmed, "recovered: streaming again");
+                relay.failures = 0;
+                relay.last_cause = None;
+            }
+            Some(CauseKind::Nats) => {
+                debug!(slot = %settings.postgres.slot, start = %relay.confirmed, "streaming (retry)")
+            }
+        }
+        let (sink, acks) = Sink::start(nats, SinkConfig::from_settings(&settings))
+            .await
+            .map_err(Restart::from)?;
+        Ok(Session {
+            stream,
+            sink,
+            acks,
+            decoder: Decoder::new(),
+            stage: OutboxStage::new(&settings.outbox),
+            progress: Progress::new(relay.confirmed),
+            streaming_reported: false,
+            started: Instant::now(),
+            _nats_watch: nats_watch,
+        })
+    }
+
+    /// Runs until shutdown (after draining) or until the session must end.
+    pub async fn run(mut self, relay: &mut Relay) -> SessionEnd {
+        let mut stop = relay.stop.clone();
+        let end = loop {
+            let step = tokio::select! {
+                biased;
+                _ = async { stop.wait_for(|s| *s).await.is_ok() } => break SessionEnd::Shutdown,
+                ack = self.acks.recv() => match ack {
+                    None => Err(Restart::Nats(NatsTrouble::AckTaskEnded).into()),
+                    Some(Err(e)) => Err(from_sink(e)),
+                    Some(Ok(ack)) => self.on_ack(relay, ack),
+                },
+                ev = self.stream.recv() => match ev {
+                    None => Err(from_source(SourceError::Closed("replication stream ended"))),
+                    Some(Err(e)) => Err(from_source(e)),
+                    Some(Ok(ev)) => self.on_replication(relay, ev).await,
+                },
+            };
+            if let Err(end) = step {
+                break end;
+            }
+        };
+        if matches!(end, SessionEnd::Shutdown) {
+            self.drain(relay).await;
+        }
+        end
+    }
+
+    /// One ack, in publish order: progress, metrics, and the confirmed LSN.
+    fn on_ack(&mut self, relay: &mut Relay, ack: Acked) -> Result<(), SessionEnd> {
+        self.progress.ack(ack.seq).map_err(RelayError::from)?;
+        relay.count(&ack.outcome);
+        if ack.event.commit_ts != 0 {
+            let micros = crate::lsn::pg_now_micros() - ack.event.commit_ts;
+            relay
+                .metrics
+                .commit_to_ack
+                .observe(Duration::from_micros(micros.max(0) as u64));
+        }
+        // Only a newly stored event proves the way to the stream works again: acks of what was
+        // stored before (a full stream refuses only new ones) must not reset the backoff.
+        let new = matches!(
+            ack.outcome,
+            Outcome::Stored { duplicate: false } | Outcome::DeadLetter { .. }
+        );
+        if new {
+            if relay.last_cause == Some(CauseKind::Nats) {
+                info!(confirmed = %relay.confirmed, "recovered: JetStream acknowledges again");
+            }
+            relay.failures = 0;
+            relay.last_cause = None;
+        }
+        relay.metrics.acked_now();
+        self.confirm(relay);
+        Ok(())
+    }
+
+    /// One message from the walsender.
+    async fn on_replication(
+        &mut self,
+        relay: &mut Relay,
+        ev: ReplicationEvent,
+    ) -> Result<(), SessionEnd> {
+        if !self.streaming_reported {
+            Metrics::set(&relay.metrics.streaming, 1);
+            self.streaming_reported = true;
+        }
+        let (wal_start, data) = match ev {
+            ReplicationEvent::Keepalive { wal_end, .. } => {
+                self.progress.keepalive(wal_end);
+                self.confirm(relay);
+                return Ok(());
+            }
+            ReplicationEvent::XLogData {
+                wal_start, data, ..
+            } => (wal_start, data),
+        };
+        let msg = self
+            .decoder
+            .decode(data, wal_start)
+            .map_err(|source| RelayError::Decode {
+                confirmed: self.progress.confirmed(),
+                source,
+            })?;
+        let step = self.stage.step(msg).map_err(|source| RelayError::Stage {
+            lsn: wal_start,
+            source,
+        })?;
+        match step {
+            Step::Begin { .. } => self.progress.begin(),
+            Step::Commit { end_lsn, .. } => {
+                self.progress.commit(end_lsn);
+                self.confirm(relay);
+            }
+            Step::Event(event) => {
+                let seq = self.progress.publish();
+                if let Err(e) = self.sink.submit(seq, event).await {
+                    return Err(self.sink_failure(e));
+                }
+                Metrics::set(&relay.metrics.in_flight, self.sink.in_flight() as u64);
+            }
+            Step::IgnoredChange(_) => Metrics::inc(&relay.metrics.ignored_changes),
+            Step::Nothing => {}
+        }
+        Ok(())
+    }
+
+    /// A failed submit. When the ack task stopped, its own error is the real cause.
+    fn sink_failure(&mut self, e: SinkError) -> SessionEnd {
+        if matches!(e, SinkError::Stopped) {
+            while let Ok(ack) = self.acks.try_recv() {
+                if let Err(real) = ack {
+                    return from_sink(real);
+                }
+            }
+        }
+        from_sink(e)
+    }
+
+    /// Shutdown: wait, bounded by the ack timeout, for what is in flight, confirm it, and end the
+    /// replication connection cleanly.
+    async fn drain(mut self, relay: &mut Relay) {
+        let deadline = relay.settings.ack_timeout;
+        let progress = &mut self.progress;
+        let acks = &mut self.acks;
+        let drain = async {
+            while progress.in_flight() > 0 {
+                match acks.recv().await {
+                    Some(Ok(ack)) => {
+                        if progress.ack(ack.seq).is_err() {
+                            break;
+                        }
+                        relay.count(&ack.outcome);
+                    }
+                    _ => break,
+                }
+            }
+        };
+        if tokio::time::timeout(deadline, drain).await.is_err() {
+            warn!(
+                in_flight = self.progress.in_flight(),
+                "shutdown: acks still missing; they will be republished on the next start"
+            );
+        }
+        self.confirm(relay);
+        let _ = self.stream.stop(Duration::from_secs(5)).await;
+    }
+
+    /// Tells the slot what is safe to confirm now.
+    fn confirm(&self, relay: &mut Relay) {
+        let c = self.progress.confirmed();
+        if c > relay.confirmed {
+            relay.confirmed = c;
+            self.stream.confirm(c);
+            Metrics::set(&relay.metrics.confirmed_lsn, c.0);
+        }
+        Metrics::set(&relay.metrics.received_lsn, self.stream.received().0);
+        Metrics::set(&relay.metrics.in_flight, self.sink.in_flight() as u64);
+    }
+}
+
+/// START_REPLICATION failed. SQLSTATE 55000 (object_not_in_prerequisite_state) covers an invalidated
+/// slot and other prerequisites (e.g. `wal_level`); the slot's own row tells them apart, whatever
+/// language the server's messages are in.
+async fn classify_start_error(relay: &Relay, e: SourceError) -> SessionEnd {
+    if e.sqlstate() == Some("55000") {
+        let slot = &relay.settings.postgres.slot;
+        let invalidated = match catalog::connect(&relay.settings, "check").await {
+            Ok(c) => catalog::slot(&c, slot)
+                .await
+                .ok()
+                .flatten()
+                .and_then(|s| s.invalidated()),
+            Err(_) => None,
+        };
+        if let Some(reason) = invalidated {
+            return SessionEnd::Fatal(RelayError::SlotInvalidated {
+                slot: slot.clone(),
+                reason,
+                source: e,
+            });
+        }
+    }
+    from_source(e)
+}

@@ -1,0 +1,248 @@
+//! `outbox-relay setup` (and the first step of `run`): check everything, then create what is missing.
+//!
+//! Checks come first, all of them, so that a bad setting changes nothing (P8): `wal_level`, the outbox
+//! table and its columns, the role's REPLICATION privilege, the publication (exists, publishes inserts,
+//! contains the table), the slot (logical, pgoutput, this database, not invalidated), the JetStream
+//! stream (covers the subject template and the dead-letter subject). Then, idempotently: the
+//! publication (`publish = 'insert'`), the slot, the stream. Each step prints one line saying what it
+//! found or did. Every failure is one line naming the object and how to fix it.
+
+mod postgres;
+mod stream;
+
+use async_nats::jetstream;
+use tokio_postgres::Client;
+use tracing::warn;
+
+use crate::catalog;
+use crate::config::Settings;
+use crate::sink::{ConnectError, connect_nats};
+use crate::source::SourceError;
+
+pub use stream::{META_SLOT, META_TABLE};
+
+/// A check that failed, or a server that cannot be reached. One line, naming the object and the fix.
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    #[error("cannot connect to Postgres at {target} (check postgres.url)")]
+    Postgres {
+        target: String,
+        #[source]
+        source: SourceError,
+    },
+    #[error(transparent)]
+    Nats(#[from] ConnectError),
+    #[error("postgres: {}", pg_error(.0))]
+    Query(#[from] tokio_postgres::Error),
+    /// `wal_level`, the table, its columns, the role: what Postgres must offer.
+    #[error("{0}")]
+    Prerequisite(String),
+    #[error("publication {name}: {problem}")]
+    Publication { name: String, problem: String },
+    #[error("replication slot {name}: {problem}")]
+    Slot { name: String, problem: String },
+    #[error("JetStream stream {name}: {problem}")]
+    Stream { name: String, problem: String },
+    #[error(
+        "JetStream is not available: start nats-server with -js (JetStream enabled) and check nats.url"
+    )]
+    NoJetStream(#[source] jetstream::context::GetStreamError),
+    #[error("cannot create {object}")]
+    Create {
+        object: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
+/// What setup found and did, one line per object.
+#[derive(Debug, Default, Clone)]
+pub struct SetupReport {
+    pub lines: Vec<String>,
+    /// Warnings worth a log line (e.g. a memory stream).
+    pub warnings: Vec<String>,
+    /// The slot's confirmed position: where streaming starts.
+    pub slot_confirmed: Option<crate::Lsn>,
+}
+
+/// Connects the control connection. Fails with a line naming `postgres.url`.
+pub async fn connect_postgres(settings: &Settings) -> Result<Client, SetupError> {
+    catalog::connect(settings, "setup")
+        .await
+        .map_err(|source| SetupError::Postgres {
+            target: settings.conn.to_string(),
+            source,
+        })
+}
+
+/// Checks everything, then creates what is missing. Idempotent. When a creation fails, what this
+/// run created before it is removed again (P8): a failed setup leaves no slot, publication or
+/// stream behind.
+pub async fn setup(settings: &Settings) -> Result<SetupReport, SetupError> {
+    let pg = connect_postgres(settings).await?;
+    let nats = connect_nats(settings).await?;
+    let js = jetstream::new(nats);
+    let mut report = SetupReport::default();
+    let checked = checks(settings, &pg, &js, &mut report).await?;
+    apply(settings, &pg, &js, checked, &mut report).await?;
+    Ok(report)
+}
+
+/// The checks of [`setup`] alone, changing nothing (for `status`).
+pub async fn check_only(settings: &Settings) -> Result<(), SetupError> {
+    let pg = connect_postgres(settings).await?;
+    let js = jetstream::new(connect_nats(settings).await?);
+    checks(settings, &pg, &js, &mut SetupReport::default()).await?;
+    Ok(())
+}
+
+/// What the checks found to do.
+struct Checked {
+    found: postgres::Found,
+    create_stream: bool,
+    create_slot: bool,
+}
+
+/// Every check, before any change.
+async fn checks(
+    settings: &Settings,
+    pg: &Client,
+    js: &jetstream::Context,
+    report: &mut SetupReport,
+) -> Result<Checked, SetupError> {
+    let found = postgres::check(settings, pg, report).await?;
+    let found_stream = stream::check(settings, js, report).await?;
+    let slot = &settings.postgres.slot;
+    let create_slot = match &found.slot {
+        Some(s) => {
+            report.slot_confirmed = s
+                .confirmed_flush_lsn
+                .as_deref()
+                .and_then(|l| l.parse().ok());
+            report.lines.push(format!(
+                "slot {slot}: exists (confirmed {}, wal_status {})",
+                s.confirmed_flush_lsn.as_deref().unwrap_or("-"),
+                s.wal_status.as_deref().unwrap_or("-")
+            ));
+            false
+        }
+        None if !settings.postgres.create_slot => {
+            return Err(SetupError::Slot {
+                name: slot.clone(),
+                problem: format!(
+                    "does not exist and postgres.create_slot is false: create it with \
+                     SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput') or set postgres.create_slot = true"
+                ),
+            });
+        }
+        None => {
+            // P9: a new slot starts at the current WAL position; whatever committed between the
+            // old slot's position and now would never reach the stream.
+            if let Some((seq, lsn)) = found_stream.as_ref().and_then(|s| s.relay_events.clone()) {
+                return Err(SetupError::Slot {
+                    name: slot.clone(),
+                    problem: format!(
+                        "does not exist, but stream {} already holds this outbox's events (last: sequence {seq}, \
+                         commit LSN {lsn}): the slot was dropped or lost, and events committed since may be missing. \
+                         Recover with `outbox-relay backfill` (publishes the outbox rows in the new slot's snapshot; \
+                         JetStream drops those it holds); see docs/recovery.md",
+                        settings.nats.stream
+                    ),
+                });
+            }
+            true
+        }
+    };
+    Ok(Checked {
+        found,
+        create_stream: found_stream.is_none(),
+        create_slot,
+    })
+}
+
+/// The changes, the stream first (the step most likely to be refused), the slot last (it retains WAL
+/// from the moment it exists).
+async fn apply(
+    settings: &Settings,
+    pg: &Client,
+    js: &jetstream::Context,
+    checked: Checked,
+    report: &mut SetupReport,
+) -> Result<(), SetupError> {
+    let Checked {
+        found,
+        create_stream,
+        create_slot,
+    } = checked;
+    let slot = &settings.postgres.slot;
+    let mut created = Created::default();
+    let result = async {
+        if create_stream {
+            report.lines.push(stream::create(settings, js).await?);
+            created.stream = true;
+        }
+        if found.create_publication {
+            report
+                .lines
+                .push(postgres::create_publication(settings, pg, found.partitioned).await?);
+            created.publication = true;
+        }
+        if create_slot {
+            let lsn = postgres::create_slot(settings, pg).await?;
+            report.slot_confirmed = lsn.parse().ok();
+            report
+                .lines
+                .push(format!("slot {slot}: created (pgoutput, starts at {lsn})"));
+        }
+        Ok::<_, SetupError>(())
+    }
+    .await;
+    if let Err(e) = result {
+        created.undo(settings, pg, js).await;
+        return Err(e);
+    }
+    Ok(())
+}
+
+/// What one setup run created, to undo when a later step fails.
+#[derive(Default)]
+struct Created {
+    stream: bool,
+    publication: bool,
+}
+
+impl Created {
+    async fn undo(&self, settings: &Settings, pg: &Client, js: &jetstream::Context) {
+        if self.publication {
+            let name = &settings.postgres.publication;
+            if let Err(e) = pg
+                .batch_execute(&format!("DROP PUBLICATION IF EXISTS \"{name}\""))
+                .await
+            {
+                warn!(publication = %name, error = %e, "setup failed; could not drop the publication it created");
+            }
+        }
+        if self.stream {
+            let name = &settings.nats.stream;
+            if let Err(e) = js.delete_stream(name).await {
+                warn!(stream = %name, error = %e, "setup failed; could not delete the stream it created");
+            }
+        }
+    }
+}
+
+/// The message for a slot Postgres invalidated: events may be lost; how to recover.
+pub fn lost_slot_message(slot: &str, reason: &str) -> String {
+    format!(
+        "replication slot {slot} was invalidated ({reason}), so events written since its last confirmed position \
+         may be lost: drop it (SELECT pg_drop_replication_slot('{slot}')) and recover with `outbox-relay backfill`, \
+         which creates a new slot and publishes the outbox rows in its snapshot; see docs/recovery.md"
+    )
+}
+
+fn pg_error(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{} ({})", db.message(), db.code().code()),
+        None => e.to_string(),
+    }
+}

@@ -1,0 +1,282 @@
+//! Setup's Postgres side: the checks (`wal_level`, the outbox table and its columns, the role's
+//! REPLICATION attribute, the publication, the slot) and the creation of the publication and the slot.
+//!
+//! A partitioned outbox is published through its root (`publish_via_partition_root`), so inserts
+//! into any partition arrive as the root table's, and partitions can come and go while the relay
+//! streams.
+
+use tokio_postgres::Client;
+
+use super::{SetupError, SetupReport};
+use crate::catalog::{self, SlotRow};
+use crate::config::Settings;
+
+const PAYLOAD_TYPES: &[&str] = &["jsonb", "json", "text", "bytea", "varchar"];
+const ID_TYPES: &[&str] = &["uuid", "text", "varchar", "int8", "int4", "bpchar"];
+const TEXT_TYPES: &[&str] = &["text", "varchar", "bpchar"];
+const AGGREGATE_ID_TYPES: &[&str] = &["text", "varchar", "bpchar", "uuid", "int8", "int4"];
+const HEADER_TYPES: &[&str] = &["jsonb", "json"];
+
+/// What the Postgres checks found.
+pub(super) struct Found {
+    pub create_publication: bool,
+    /// The slot, when it exists.
+    pub slot: Option<SlotRow>,
+    /// The outbox table is partitioned.
+    pub partitioned: bool,
+}
+
+/// Checks `wal_level`, the table, the role and the publication, and reads the slot.
+pub(super) async fn check(
+    settings: &Settings,
+    pg: &Client,
+    report: &mut SetupReport,
+) -> Result<Found, SetupError> {
+    let wal_level: String = pg.query_one("SHOW wal_level", &[]).await?.get(0);
+    if wal_level != "logical" {
+        return Err(SetupError::Prerequisite(format!(
+            "Postgres wal_level is {wal_level:?}, logical decoding needs \"logical\": set wal_level = logical \
+             in postgresql.conf (or ALTER SYSTEM SET wal_level = logical) and restart Postgres"
+        )));
+    }
+    let partitioned = check_table(settings, pg, report).await?;
+
+    let row = pg
+        .query_one(
+            "SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user",
+            &[],
+        )
+        .await?;
+    if !row.get::<_, bool>(0) {
+        let user = &settings.conn.user;
+        return Err(SetupError::Prerequisite(format!(
+            "Postgres role {user:?} lacks the REPLICATION attribute: ALTER ROLE {user} REPLICATION (see sql/03_relay_role.sql)"
+        )));
+    }
+
+    let create_publication = check_publication(settings, pg, partitioned, report).await?;
+    let slot = catalog::slot(pg, &settings.postgres.slot).await?;
+    if let Some(s) = &slot {
+        check_slot(settings, s)?;
+    }
+    Ok(Found {
+        create_publication,
+        slot,
+        partitioned,
+    })
+}
+
+/// The outbox table and its columns. Returns whether it is partitioned.
+async fn check_table(
+    settings: &Settings,
+    pg: &Client,
+    report: &mut SetupReport,
+) -> Result<bool, SetupError> {
+    let o = &settings.outbox;
+    let (schema, table) = o.table_parts();
+    let found: Option<(u32, i8)> = pg
+        .query_opt(
+            "SELECT c.oid, c.relkind FROM pg_class c \
+             JOIN pg_namespace n ON n.oid = c.relnamespace \
+             WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind IN ('r', 'p')",
+            &[&schema, &table],
+        )
+        .await?
+        .map(|r| (r.get(0), r.get(1)));
+    let Some((oid, relkind)) = found else {
+        return Err(SetupError::Prerequisite(format!(
+            "outbox.table {} does not exist (or this role cannot see it): create it with sql/01_outbox_table.sql \
+             or set outbox.table",
+            o.table
+        )));
+    };
+    let partitioned = relkind == b'p' as i8;
+    let columns: Vec<(String, String)> = pg
+        .query(
+            "SELECT a.attname::text, t.typname::text FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid \
+             WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped",
+            &[&oid],
+        )
+        .await?
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let mut wanted = vec![
+        ("outbox.id_column", &o.id_column, ID_TYPES),
+        (
+            "outbox.aggregate_type_column",
+            &o.aggregate_type_column,
+            TEXT_TYPES,
+        ),
+        (
+            "outbox.aggregate_id_column",
+            &o.aggregate_id_column,
+            AGGREGATE_ID_TYPES,
+        ),
+        ("outbox.event_type_column", &o.event_type_column, TEXT_TYPES),
+        ("outbox.payload_column", &o.payload_column, PAYLOAD_TYPES),
+    ];
+    if !o.headers_column.is_empty() {
+        wanted.push(("outbox.headers_column", &o.headers_column, HEADER_TYPES));
+    }
+    for (key, name, types) in wanted {
+        match columns.iter().find(|(n, _)| n == name) {
+            None => {
+                return Err(SetupError::Prerequisite(format!(
+                    "{key}: table {} has no column {name:?}: add it or set {key}",
+                    o.table
+                )));
+            }
+            Some((_, ty)) if !types.contains(&ty.as_str()) => {
+                return Err(SetupError::Prerequisite(format!(
+                    "{key}: column {name:?} of {} has type {ty}, expected one of {}",
+                    o.table,
+                    types.join(", ")
+                )));
+            }
+            Some(_) => {}
+        }
+    }
+    report.lines.push(format!(
+        "table {}: ok ({} columns{})",
+        o.table,
+        columns.len(),
+        if partitioned { ", partitioned" } else { "" }
+    ));
+    Ok(partitioned)
+}
+
+/// The publication: publishes inserts, contains the table (through its root when partitioned).
+/// Returns whether it must be created.
+async fn check_publication(
+    settings: &Settings,
+    pg: &Client,
+    partitioned: bool,
+    report: &mut SetupReport,
+) -> Result<bool, SetupError> {
+    let name = &settings.postgres.publication;
+    let table = &settings.outbox.table;
+    let (schema, relname) = settings.outbox.table_parts();
+    let row = pg
+        .query_opt(
+            "SELECT pubinsert, pubviaroot FROM pg_publication WHERE pubname = $1",
+            &[name],
+        )
+        .await?;
+    let problem = |problem: String| SetupError::Publication {
+        name: name.clone(),
+        problem,
+    };
+    let Some(row) = row else {
+        return Ok(true);
+    };
+    let (pubinsert, viaroot): (bool, bool) = (row.get(0), row.get(1));
+    if !pubinsert {
+        return Err(problem(format!(
+            "does not publish inserts: ALTER PUBLICATION {name} SET (publish = 'insert')"
+        )));
+    }
+    if partitioned && !viaroot {
+        return Err(problem(format!(
+            "{table} is partitioned, but the publication publishes its partitions under their own names: \
+             ALTER PUBLICATION {name} SET (publish_via_partition_root = true)"
+        )));
+    }
+    // A partitioned table's publication lists its partitions (or, via root, the root) in
+    // pg_publication_tables; membership of the root is what matters.
+    let member = pg
+        .query_opt(
+            "SELECT 1 FROM pg_publication_rel pr JOIN pg_publication p ON p.oid = pr.prpubid \
+             JOIN pg_class c ON c.oid = pr.prrelid JOIN pg_namespace n ON n.oid = c.relnamespace \
+             WHERE p.pubname = $1 AND n.nspname = $2 AND c.relname = $3 \
+             UNION ALL SELECT 1 FROM pg_publication WHERE pubname = $1 AND puballtables",
+            &[name, &schema, &relname],
+        )
+        .await?;
+    if member.is_none() {
+        return Err(problem(format!(
+            "does not contain {table}: ALTER PUBLICATION {name} ADD TABLE {table}"
+        )));
+    }
+    report.lines.push(format!("publication {name}: exists"));
+    Ok(false)
+}
+
+/// An existing slot must be a logical pgoutput slot of this database that Postgres did not
+/// invalidate.
+fn check_slot(settings: &Settings, s: &SlotRow) -> Result<(), SetupError> {
+    let name = &settings.postgres.slot;
+    let problem = |problem: String| SetupError::Slot {
+        name: name.clone(),
+        problem,
+    };
+    let plugin = s.plugin.as_deref().unwrap_or("");
+    if s.slot_type != "logical" || plugin != "pgoutput" {
+        return Err(problem(format!(
+            "is a {} slot with plugin {plugin:?}, not a logical pgoutput slot: use another postgres.slot or drop it",
+            s.slot_type
+        )));
+    }
+    let db = s.database.as_deref().unwrap_or("");
+    if db != s.current_database {
+        return Err(problem(format!(
+            "belongs to database {db:?}, but postgres.url connects to {:?}: use another postgres.slot or fix the \
+             database in postgres.url",
+            s.current_database
+        )));
+    }
+    if let Some(reason) = s.invalidated() {
+        return Err(SetupError::Prerequisite(super::lost_slot_message(
+            name, &reason,
+        )));
+    }
+    Ok(())
+}
+
+/// Creates the publication (through the root for a partitioned table).
+pub(super) async fn create_publication(
+    settings: &Settings,
+    pg: &Client,
+    partitioned: bool,
+) -> Result<String, SetupError> {
+    let name = &settings.postgres.publication;
+    let (schema, table) = settings.outbox.table_parts();
+    let via_root = if partitioned {
+        ", publish_via_partition_root = true"
+    } else {
+        ""
+    };
+    // Identifiers were validated as plain names by Config::validate.
+    let sql = format!(
+        "CREATE PUBLICATION \"{name}\" FOR TABLE \"{schema}\".\"{table}\" WITH (publish = 'insert'{via_root})"
+    );
+    pg.batch_execute(&sql)
+        .await
+        .map_err(|e| SetupError::Create {
+            object: format!(
+                "publication {name} (run sql/02_publication.sql as the owner of {})",
+                settings.outbox.table
+            ),
+            source: Box::new(e),
+        })?;
+    Ok(format!(
+        "publication {name}: created (FOR TABLE {}, publish = 'insert'{via_root})",
+        settings.outbox.table
+    ))
+}
+
+/// Creates the slot; returns its starting position.
+pub(super) async fn create_slot(settings: &Settings, pg: &Client) -> Result<String, SetupError> {
+    let slot = &settings.postgres.slot;
+    let row = pg
+        .query_one(
+            "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')",
+            &[slot],
+        )
+        .await
+        .map_err(|e| SetupError::Create {
+            object: format!("replication slot {slot}"),
+            source: Box::new(e),
+        })?;
+    Ok(row.get(0))
+}

@@ -1,0 +1,130 @@
+//! Setup's JetStream side: the stream must cover the subject template and the dead-letter subject;
+//! created with file storage, `discard: new` and the relay's metadata when missing.
+//!
+//! The metadata (`outbox-relay.slot`, `outbox-relay.table`) and the `Outbox-Commit-Lsn` header of the
+//! stream's last message are how the relay knows a stream already holds this outbox's events, so a
+//! missing slot is never replaced quietly (P9).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use async_nats::jetstream::{self, stream};
+
+use super::{SetupError, SetupReport};
+use crate::config::Settings;
+use crate::message;
+use crate::route::subject_covers;
+
+/// Metadata keys setup writes on a stream it creates.
+pub const META_SLOT: &str = "outbox-relay.slot";
+pub const META_TABLE: &str = "outbox-relay.table";
+
+/// The stream as setup found it.
+pub(super) struct FoundStream {
+    /// The stream holds events written by a relay for this outbox: the sequence and LSN of the
+    /// last one.
+    pub relay_events: Option<(u64, String)>,
+}
+
+/// Checks the stream; `None` when it must be created.
+pub(super) async fn check(
+    settings: &Settings,
+    js: &jetstream::Context,
+    report: &mut SetupReport,
+) -> Result<Option<FoundStream>, SetupError> {
+    let name = &settings.nats.stream;
+    let problem = |problem: String| SetupError::Stream {
+        name: name.clone(),
+        problem,
+    };
+    let mut s = match js.get_stream(name).await {
+        Ok(s) => s,
+        Err(e) => {
+            return match e.kind() {
+                // 10059: stream not found.
+                jetstream::context::GetStreamErrorKind::JetStream(je)
+                    if je.error_code().0 == 10059 =>
+                {
+                    Ok(None)
+                }
+                jetstream::context::GetStreamErrorKind::JetStream(_) => Err(problem(e.to_string())),
+                _ => Err(SetupError::NoJetStream(e)),
+            };
+        }
+    };
+    let info = s.info().await.map_err(|e| problem(e.to_string()))?.clone();
+    let subjects = &info.config.subjects;
+    for needed in [
+        &settings.subject.wildcard(),
+        &settings.nats.dead_letter_subject,
+    ] {
+        if !subjects.iter().any(|f| subject_covers(f, needed)) {
+            return Err(problem(format!(
+                "does not cover subject {needed} (its subjects: {}): add it with `nats stream edit {name} \
+                 --subjects ...` or use another nats.stream",
+                subjects.join(", ")
+            )));
+        }
+    }
+    if info.config.storage == stream::StorageType::Memory {
+        report.warnings.push(format!(
+            "stream {name} uses memory storage: acknowledged events are lost when nats-server restarts"
+        ));
+    }
+    report.lines.push(format!(
+        "stream {name}: exists ({} messages, subjects {})",
+        info.state.messages,
+        subjects.join(", ")
+    ));
+    let last = info.state.last_sequence;
+    let ours = info.config.metadata.get(META_SLOT) == Some(&settings.postgres.slot);
+    let mut relay_events = None;
+    if last > 0 {
+        let lsn = s.get_raw_message(last).await.ok().and_then(|m| {
+            m.headers
+                .get(message::COMMIT_LSN)
+                .map(|v| v.as_str().to_owned())
+        });
+        relay_events = match lsn {
+            Some(lsn) => Some((last, lsn)),
+            // The last message is gone (limits, purge) but the stream was made for this slot.
+            None if ours && info.state.messages > 0 => Some((last, "unknown".to_owned())),
+            None => None,
+        };
+    }
+    Ok(Some(FoundStream { relay_events }))
+}
+
+/// Creates the stream.
+pub(super) async fn create(
+    settings: &Settings,
+    js: &jetstream::Context,
+) -> Result<String, SetupError> {
+    let n = &settings.nats;
+    let wildcard = settings.subject.wildcard();
+    let cfg = stream::Config {
+        name: n.stream.clone(),
+        subjects: vec![wildcard.clone(), n.dead_letter_subject.clone()],
+        storage: stream::StorageType::File,
+        retention: stream::RetentionPolicy::Limits,
+        // At a limit, refuse new events (the relay stalls and retries) rather than delete old ones.
+        discard: stream::DiscardPolicy::New,
+        duplicate_window: Duration::from_secs(n.duplicate_window_secs),
+        num_replicas: n.stream_replicas,
+        metadata: HashMap::from([
+            (META_SLOT.to_owned(), settings.postgres.slot.clone()),
+            (META_TABLE.to_owned(), settings.outbox.table.clone()),
+        ]),
+        ..Default::default()
+    };
+    js.create_stream(cfg)
+        .await
+        .map_err(|e| SetupError::Create {
+            object: format!("JetStream stream {}", n.stream),
+            source: Box::new(e),
+        })?;
+    Ok(format!(
+        "stream {}: created (file storage, subjects {wildcard}, {}, duplicate window {}s, replicas {})",
+        n.stream, n.dead_letter_subject, n.duplicate_window_secs, n.stream_replicas
+    ))
+}

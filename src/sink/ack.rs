@@ -1,0 +1,213 @@
+//! The ack task: awaits each publish's ack in publish order and reports it, dead-letters what the
+//! stream refuses for good, and repairs the fence behind a duplicate (see [`super::fence`]).
+
+use std::future::IntoFuture;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use async_nats::jetstream::{self, context::PublishAckFuture, context::PublishErrorKind};
+use tokio::sync::mpsc;
+use tracing::{debug, warn};
+
+use super::{Acked, InFlight, Outcome, Sent, SinkConfig, SinkError, fenced, send_dead_letter};
+use crate::message::{self, Shrink};
+
+pub(super) struct AckTask {
+    pub js: jetstream::Context,
+    pub config: Arc<SinkConfig>,
+    /// With a fenced stream: the stream's last sequence at the start, and the duplicate counter the
+    /// publishing side subtracts from its expectations.
+    pub fence: Option<(u64, Arc<AtomicU64>)>,
+}
+
+/// JetStream error codes that mean "this message will never be stored as it is"
+/// (nats-server `errors.json`): 10054 message size exceeds `max_msg_size`, 10097 headers too large.
+fn refused_for_good(e: &jetstream::context::PublishError) -> Option<String> {
+    if e.kind() != PublishErrorKind::Other {
+        return None;
+    }
+    let je = std::error::Error::source(e)?.downcast_ref::<jetstream::Error>()?;
+    match je.error_code().0 {
+        10054 | 10097 => Some(je.to_string()),
+        _ => None,
+    }
+}
+
+impl AckTask {
+    pub async fn run(
+        mut self,
+        mut rx: mpsc::UnboundedReceiver<InFlight>,
+        acks: mpsc::UnboundedSender<Result<Acked, SinkError>>,
+    ) {
+        // The last sequence the stream is known to hold (fenced streams).
+        let mut last_stored = self.fence.as_ref().map(|(base, _)| *base);
+        while let Some(mut item) = rx.recv().await {
+            let result = self.settle(&mut item, &mut last_stored).await;
+            let failed = result.is_err();
+            let InFlight {
+                seq,
+                event,
+                _permits,
+                ..
+            } = item;
+            let msg = result.map(|outcome| Acked {
+                seq,
+                outcome,
+                event,
+            });
+            // The window place is given back after the ack is reported (drop of `_permits`).
+            if acks.send(msg).is_err() || failed {
+                // After a failure nothing later may be reported: the relay restarts.
+                return;
+            }
+            drop(_permits);
+        }
+        debug!("ack task done");
+    }
+
+    /// Awaits the ack of `item` and decides its outcome.
+    async fn settle(
+        &mut self,
+        item: &mut InFlight,
+        last_stored: &mut Option<u64>,
+    ) -> Result<Outcome, SinkError> {
+        let Some(mut ack) = item.ack.take() else {
+            return Ok(Outcome::AlreadyStored);
+        };
+        let timeout = self.config.ack_timeout;
+        loop {
+            let result = match tokio::time::timeout(timeout, ack.into_future()).await {
+                Err(_) => return Err(SinkError::AckTimeout(timeout, item.event.msg_id.clone())),
+                Ok(r) => r,
+            };
+            let e = match result {
+                Ok(pub_ack) => {
+                    if pub_ack.duplicate {
+                        self.duplicate(item);
+                    } else if last_stored.is_some() {
+                        *last_stored = Some(pub_ack.sequence);
+                    }
+                    return Ok(match &item.sent {
+                        Sent::DeadLetter { reason, .. } => Outcome::DeadLetter {
+                            reason: reason.clone(),
+                        },
+                        Sent::Event => Outcome::Stored {
+                            duplicate: pub_ack.duplicate,
+                        },
+                    });
+                }
+                Err(e) => e,
+            };
+            if let Some(refusal) = refused_for_good(&e) {
+                ack = self.refused(item, refusal).await?;
+                continue;
+            }
+            if e.kind() == PublishErrorKind::WrongLastSequence {
+                // Sent with an expectation that counted a duplicate acknowledged after it was sent:
+                // send it again behind what the stream really holds.
+                if let (Some(expected), Some(last)) = (item.expected, *last_stored)
+                    && expected != last
+                {
+                    debug!(id = %item.event.msg_id, expected, last, "republishing behind a duplicate");
+                    item.expected = Some(last);
+                    ack = self.resend(item).await?;
+                    continue;
+                }
+                return Err(SinkError::FenceBroken {
+                    id: item.event.msg_id.clone(),
+                    expected: item.expected.unwrap_or(0),
+                    source: e,
+                });
+            }
+            return Err(SinkError::Publish {
+                id: item.event.msg_id.clone(),
+                source: e,
+            });
+        }
+    }
+
+    /// JetStream dropped the message as a duplicate of one it holds. On a fenced stream that costs
+    /// no sequence: later expectations step back by one.
+    fn duplicate(&self, item: &InFlight) {
+        match (&self.fence, item.expected) {
+            (Some((_, duplicates)), Some(_)) => {
+                duplicates.fetch_add(1, Ordering::AcqRel);
+                warn!(id = %item.event.msg_id, lsn = %item.event.commit_lsn, "event id already used by an earlier event: JetStream dropped it as a duplicate");
+            }
+            _ => debug!(id = %item.event.msg_id, "duplicate dropped by JetStream"),
+        }
+    }
+
+    /// The stream refused `item` for good: dead-letter it, or a smaller dead letter than before.
+    async fn refused(
+        &self,
+        item: &mut InFlight,
+        refusal: String,
+    ) -> Result<PublishAckFuture, SinkError> {
+        let reason = format!("the stream refused the message: {refusal}");
+        let next = match &item.sent {
+            Sent::Event => {
+                self.config.on_invalid(&item.event, &reason)?;
+                let (ack, shrink) = send_dead_letter(
+                    &self.js,
+                    &self.config,
+                    &item.event,
+                    (!item.subject.is_empty()).then_some(item.subject.as_str()),
+                    &reason,
+                    item.expected,
+                )
+                .await?;
+                item.sent = Sent::DeadLetter { reason, shrink };
+                return Ok(ack);
+            }
+            Sent::DeadLetter {
+                shrink: Shrink::Keep,
+                ..
+            } => Shrink::DropPayload,
+            Sent::DeadLetter {
+                shrink: Shrink::DropPayload,
+                ..
+            } => Shrink::Minimal,
+            Sent::DeadLetter {
+                reason,
+                shrink: Shrink::Minimal,
+            } => {
+                return Err(SinkError::DeadLetterRefused {
+                    id: item.event.msg_id.clone(),
+                    lsn: item.event.commit_lsn,
+                    reason: reason.clone(),
+                    refusal,
+                });
+            }
+        };
+        if let Sent::DeadLetter { shrink, .. } = &mut item.sent {
+            *shrink = next;
+        }
+        self.resend(item).await
+    }
+
+    /// Sends `item` again as it was last sent (event or dead letter), with its current expectation.
+    async fn resend(&self, item: &InFlight) -> Result<PublishAckFuture, SinkError> {
+        let out = match &item.sent {
+            Sent::Event => message::build(
+                &item.event,
+                &self.config.template,
+                &self.config.dead_letter_subject,
+            ),
+            Sent::DeadLetter { reason, shrink } => message::dead_letter(
+                &item.event,
+                &self.config.dead_letter_subject,
+                reason,
+                (!item.subject.is_empty()).then_some(item.subject.as_str()),
+                *shrink,
+            ),
+        };
+        self.js
+            .send_publish(out.subject.clone(), fenced(out, item.expected))
+            .await
+            .map_err(|source| SinkError::Publish {
+                id: item.event.msg_id.clone(),
+                source,
+            })
+    }
+}

@@ -1,0 +1,98 @@
+//! The NATS connection the sink publishes through (and `setup`/`status` read the stream with):
+//! servers, credentials and TLS from the settings, one-line typed errors that tell an unreachable
+//! server from refused credentials.
+//!
+//! The client gets the server addresses without credentials and the credentials through its own
+//! options, so neither its logs nor its errors can print a password or token.
+
+use std::time::Duration;
+
+use async_nats::{ConnectErrorKind, ConnectOptions};
+use secrecy::ExposeSecret;
+
+use crate::config::{NatsAuth, Settings};
+
+/// NATS cannot be reached or refuses the relay.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error("nats.creds_file {path:?}: {source}")]
+    Credentials {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "NATS at {servers} refused the relay's credentials: check nats.user/nats.password, nats.token, \
+         nats.nkey_seed_file or nats.creds_file (or the credentials in nats.url)"
+    )]
+    Unauthorized {
+        servers: String,
+        #[source]
+        source: async_nats::ConnectError,
+    },
+    #[error(
+        "TLS to NATS at {servers} failed: check nats.tls_ca_file, nats.tls_cert_file/tls_key_file and tls://"
+    )]
+    Tls {
+        servers: String,
+        #[source]
+        source: async_nats::ConnectError,
+    },
+    #[error("cannot connect to NATS at {servers}: check nats.url and that nats-server runs")]
+    Connect {
+        servers: String,
+        #[source]
+        source: async_nats::ConnectError,
+    },
+}
+
+/// Connects to NATS with the relay's settings. Tries each server once; the relay's own restart
+/// loop retries, and once connected async-nats reconnects by itself.
+pub async fn connect_nats(settings: &Settings) -> Result<async_nats::Client, ConnectError> {
+    let n = &settings.nats_conn;
+    let servers = n
+        .servers
+        .iter()
+        .map(|s| format!("{}:{}", s.host(), s.port()))
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut opts = ConnectOptions::new()
+        .name("outbox-relay")
+        .connection_timeout(Duration::from_secs(5))
+        // The configured order: the first server is the one the operator expects to be used.
+        .retain_servers_order();
+    opts = match &n.auth {
+        NatsAuth::None => opts,
+        NatsAuth::UserPassword { user, password } => {
+            opts.user_and_password(user.clone(), password.expose_secret().to_owned())
+        }
+        NatsAuth::Token(t) => opts.token(t.expose_secret().to_owned()),
+        NatsAuth::NkeySeed(seed) => opts.nkey(seed.expose_secret().to_owned()),
+        NatsAuth::CredsFile(path) => {
+            opts.credentials_file(path)
+                .await
+                .map_err(|source| ConnectError::Credentials {
+                    path: path.display().to_string(),
+                    source,
+                })?
+        }
+    };
+    if let Some(ca) = &n.tls_ca_file {
+        opts = opts.add_root_certificates(ca.clone());
+    }
+    if let Some((cert, key)) = &n.tls_client {
+        opts = opts.add_client_certificate(cert.clone(), key.clone());
+    }
+    if n.tls_required {
+        opts = opts.require_tls(true);
+    }
+    opts.connect(n.servers.as_slice())
+        .await
+        .map_err(|source| match source.kind() {
+            ConnectErrorKind::AuthorizationViolation | ConnectErrorKind::Authentication => {
+                ConnectError::Unauthorized { servers, source }
+            }
+            ConnectErrorKind::Tls => ConnectError::Tls { servers, source },
+            _ => ConnectError::Connect { servers, source },
+        })
+}

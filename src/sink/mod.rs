@@ -1,0 +1,420 @@
+//! The JetStream sink: one publishing side with a bounded window of publishes in flight, and one ack
+//! task that awaits the acks in publish order.
+//!
+//! Publishing only queues the message on the connection (async-nats sends every publish through one
+//! channel into one connection task, so wire order is call order). Each publish's ack future goes to
+//! the ack task, which awaits them one by one and reports [`Acked`] in the same order, which is what
+//! [`crate::progress::Progress`] needs. The window is two semaphores, messages and bytes: when either
+//! is used up the relay stops reading from Postgres, and TCP backpressure does the rest (P6).
+//!
+//! The sink owns the decisions about a single event: skip it (the [`Fence`] found it stored), publish
+//! it, or dead-letter it (`outbox.on_invalid`, decided in [`SinkConfig::on_invalid`] only). A
+//! message the stream refuses for good is republished by the ack task as a dead letter, shrunk until
+//! it fits, before its ack is reported, so order and "nothing skipped" both hold. Anything uncertain
+//! (ack timeout, lost connection, no stream, a broken fence) is reported as a failure: the relay then
+//! restarts from the last confirmed LSN.
+
+mod ack;
+mod connect;
+mod fence;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream::{self, context::PublishAckFuture, context::PublishErrorKind};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::task::JoinHandle;
+use tracing::warn;
+
+use crate::config::Settings;
+use crate::message::{self, Outgoing, Shrink};
+use crate::outbox::OutboxEvent;
+use crate::route::SubjectTemplate;
+
+pub use connect::{ConnectError, connect_nats};
+pub use fence::{Fence, Replay, Tail, TailError, read_tail};
+
+/// Why publishing cannot go on. Transient ones restart the session; [`SinkError::is_transient`].
+#[derive(Debug, thiserror::Error)]
+pub enum SinkError {
+    #[error("no ack from JetStream within {0:?} (message {1})")]
+    AckTimeout(Duration, String),
+    #[error("JetStream publish of message {id} failed")]
+    Publish {
+        id: String,
+        #[source]
+        source: jetstream::context::PublishError,
+    },
+    #[error(
+        "the stream's tail is not where the relay left it (message {id} expected last sequence {expected}): a message before it was lost or the stream changed; resynchronising"
+    )]
+    FenceBroken {
+        id: String,
+        expected: u64,
+        #[source]
+        source: jetstream::context::PublishError,
+    },
+    #[error("the ack task stopped")]
+    Stopped,
+    /// `outbox.on_invalid = "stop"` and an event cannot be published as it is.
+    #[error(
+        "event {id} at {lsn} cannot be published ({reason}); outbox.on_invalid = \"stop\": fix or delete the row's \
+         cause and restart, or set outbox.on_invalid = \"dead_letter\" to route it to the dead-letter subject"
+    )]
+    Invalid {
+        id: String,
+        lsn: crate::Lsn,
+        reason: String,
+    },
+    /// Not even the minimal dead letter (id and reason) could be stored.
+    #[error(
+        "event {id} at {lsn} cannot be published ({reason}), and the stream refused even its minimal dead letter \
+         ({refusal}): check the stream's max_msg_size and the server's max_payload, and nats.dead_letter_subject"
+    )]
+    DeadLetterRefused {
+        id: String,
+        lsn: crate::Lsn,
+        reason: String,
+        refusal: String,
+    },
+}
+
+impl SinkError {
+    /// Whether restarting the pipeline can help.
+    pub fn is_transient(&self) -> bool {
+        !matches!(
+            self,
+            SinkError::Invalid { .. } | SinkError::DeadLetterRefused { .. }
+        )
+    }
+}
+
+/// How a message ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Stored (or already stored: `duplicate`, JetStream dropped it by its `Nats-Msg-Id`).
+    Stored { duplicate: bool },
+    /// Not published: a fenced replay found it in the stream already.
+    AlreadyStored,
+    /// Published to the dead-letter subject, with the reason.
+    DeadLetter { reason: String },
+}
+
+/// An ack, reported in publish order, with the event it belongs to.
+#[derive(Debug)]
+pub struct Acked {
+    pub seq: u64,
+    pub outcome: Outcome,
+    pub event: Box<OutboxEvent>,
+}
+
+/// Settings the sink needs.
+#[derive(Clone, Debug)]
+pub struct SinkConfig {
+    pub max_in_flight: usize,
+    pub max_in_flight_bytes: usize,
+    pub ack_timeout: Duration,
+    pub dead_letter_subject: String,
+    /// `outbox.on_invalid = "stop"`: fail instead of dead-lettering.
+    pub stop_on_invalid: bool,
+    pub template: SubjectTemplate,
+    /// Fence the stream (`nats.fence`).
+    pub fence: bool,
+    pub stream: String,
+}
+
+impl SinkConfig {
+    pub fn from_settings(s: &Settings) -> Self {
+        SinkConfig {
+            max_in_flight: s.nats.max_in_flight,
+            max_in_flight_bytes: s.nats.max_in_flight_bytes,
+            ack_timeout: s.ack_timeout,
+            dead_letter_subject: s.nats.dead_letter_subject.clone(),
+            stop_on_invalid: s.stop_on_invalid,
+            template: s.subject.clone(),
+            fence: s.nats.fence,
+            stream: s.nats.stream.clone(),
+        }
+    }
+
+    /// `outbox.on_invalid`, the one place it is applied: `Ok` means dead-letter the event (and it is
+    /// logged), `Err` means stop.
+    pub fn on_invalid(&self, event: &OutboxEvent, reason: &str) -> Result<(), SinkError> {
+        if self.stop_on_invalid {
+            return Err(SinkError::Invalid {
+                id: event.msg_id.clone(),
+                lsn: event.commit_lsn,
+                reason: reason.to_owned(),
+            });
+        }
+        warn!(id = %event.msg_id, lsn = %event.commit_lsn, %reason, "dead-lettering event");
+        Ok(())
+    }
+}
+
+/// What was sent for an event, so the ack task can send it again with another expectation.
+#[derive(Debug, Clone)]
+enum Sent {
+    /// The routed message.
+    Event,
+    /// A dead letter with this reason, shrunk this far.
+    DeadLetter { reason: String, shrink: Shrink },
+}
+
+struct InFlight {
+    seq: u64,
+    /// `None` for an event that is already stored (skipped on a fenced replay): reported in order
+    /// without publishing.
+    ack: Option<PublishAckFuture>,
+    event: Box<OutboxEvent>,
+    /// The subject it was routed to ("" if none), for a dead letter's `Outbox-Subject`.
+    subject: String,
+    sent: Sent,
+    /// The `Nats-Expected-Last-Sequence` it was sent with (fenced streams).
+    expected: Option<u64>,
+    /// Its place in the window, given back when its ack is reported.
+    _permits: (OwnedSemaphorePermit, Option<OwnedSemaphorePermit>),
+}
+
+/// The publishing side; the acks come out of the receiver returned by [`Sink::start`].
+pub struct Sink {
+    js: jetstream::Context,
+    window: mpsc::UnboundedSender<InFlight>,
+    messages: Arc<Semaphore>,
+    bytes: Arc<Semaphore>,
+    ack_task: JoinHandle<()>,
+    config: Arc<SinkConfig>,
+    fence: Option<Fence>,
+}
+
+/// Acks (or the first failure) in publish order.
+pub type AckReceiver = mpsc::UnboundedReceiver<Result<Acked, SinkError>>;
+
+impl Sink {
+    /// Reads the stream's tail when fencing, and starts the ack task.
+    pub async fn start(
+        client: async_nats::Client,
+        config: SinkConfig,
+    ) -> Result<(Sink, AckReceiver), TailError> {
+        // Our own window bounds in-flight publishes; async-nats' semaphore must never be the one
+        // that refuses (it errors instead of waiting unless backpressure is on).
+        let js = jetstream::ContextBuilder::new()
+            .timeout(config.ack_timeout)
+            .max_ack_inflight(config.max_in_flight + 64)
+            .backpressure_on_inflight(true)
+            .build(client);
+        let fence = if config.fence {
+            let tail = read_tail(&js, &config.stream).await?;
+            tracing::debug!(last_sequence = tail.last_sequence, last = ?tail.last, "stream tail");
+            Some(Fence::new(&tail))
+        } else {
+            None
+        };
+        let config = Arc::new(config);
+        let (window, rx) = mpsc::unbounded_channel();
+        let (acks_tx, acks) = mpsc::unbounded_channel();
+        let task = ack::AckTask {
+            js: js.clone(),
+            config: Arc::clone(&config),
+            fence: fence.as_ref().map(|f| (f.base(), f.duplicates())),
+        };
+        let ack_task = tokio::spawn(task.run(rx, acks_tx));
+        Ok((
+            Sink {
+                js,
+                window,
+                messages: Arc::new(Semaphore::new(config.max_in_flight)),
+                bytes: Arc::new(Semaphore::new(config.max_in_flight_bytes)),
+                ack_task,
+                config,
+                fence,
+            },
+            acks,
+        ))
+    }
+
+    /// Hands `event` to the sink as message `seq`: skipped when the fence finds it stored, else
+    /// published (or dead-lettered). Returns once it has a place in the window; its ack arrives
+    /// later, in order.
+    pub async fn submit(&mut self, seq: u64, event: Box<OutboxEvent>) -> Result<(), SinkError> {
+        let stored = self
+            .fence
+            .as_mut()
+            .is_some_and(|f| f.already_stored(event.commit_lsn, &event.msg_id));
+        let permits = self.reserve(&event).await?;
+        if stored {
+            return self.queue(InFlight {
+                seq,
+                ack: None,
+                event,
+                subject: String::new(),
+                sent: Sent::Event,
+                expected: None,
+                _permits: permits,
+            });
+        }
+        let out = message::build(
+            &event,
+            &self.config.template,
+            &self.config.dead_letter_subject,
+        );
+        let sent = match &out.dead_letter {
+            Some(reason) => {
+                self.config.on_invalid(&event, reason)?;
+                Sent::DeadLetter {
+                    reason: reason.clone(),
+                    shrink: Shrink::Keep,
+                }
+            }
+            None => Sent::Event,
+        };
+        // The subject it was routed to; a dead letter names it in `Outbox-Subject`.
+        let subject = match &sent {
+            Sent::Event => out.subject.clone(),
+            Sent::DeadLetter { .. } => out
+                .headers
+                .get(message::SUBJECT)
+                .map(|v| v.as_str().to_owned())
+                .unwrap_or_default(),
+        };
+        let expected = self.fence.as_mut().map(Fence::next_expected);
+        let target = out.subject.clone();
+        let (ack, sent) = match self.js.send_publish(target, fenced(out, expected)).await {
+            Ok(ack) => (ack, sent),
+            // async-nats checks payload + headers against the server's max_payload before sending
+            // (an oversize publish would make the server close the connection).
+            Err(e) if e.kind() == PublishErrorKind::MaxPayloadExceeded => {
+                let reason = match sent {
+                    Sent::DeadLetter { reason, .. } => reason,
+                    Sent::Event => {
+                        let reason = "message too large for the server's max_payload".to_owned();
+                        self.config.on_invalid(&event, &reason)?;
+                        reason
+                    }
+                };
+                let (ack, shrink) = send_dead_letter(
+                    &self.js,
+                    &self.config,
+                    &event,
+                    Some(&subject).filter(|s| !s.is_empty()).map(String::as_str),
+                    &reason,
+                    expected,
+                )
+                .await?;
+                (ack, Sent::DeadLetter { reason, shrink })
+            }
+            Err(source) => {
+                return Err(SinkError::Publish {
+                    id: event.msg_id.clone(),
+                    source,
+                });
+            }
+        };
+        self.queue(InFlight {
+            seq,
+            ack: Some(ack),
+            event,
+            subject,
+            sent,
+            expected,
+            _permits: permits,
+        })
+    }
+
+    /// Messages in the window (published, ack not yet reported).
+    pub fn in_flight(&self) -> usize {
+        self.config.max_in_flight - self.messages.available_permits()
+    }
+
+    async fn reserve(
+        &self,
+        event: &OutboxEvent,
+    ) -> Result<(OwnedSemaphorePermit, Option<OwnedSemaphorePermit>), SinkError> {
+        let message = Arc::clone(&self.messages)
+            .acquire_owned()
+            .await
+            .map_err(|_| SinkError::Stopped)?;
+        // One event bigger than the whole byte window still goes, alone.
+        let size = approx_size(event).min(self.config.max_in_flight_bytes);
+        let bytes = match u32::try_from(size) {
+            Ok(0) => None,
+            Ok(n) => Some(
+                Arc::clone(&self.bytes)
+                    .acquire_many_owned(n)
+                    .await
+                    .map_err(|_| SinkError::Stopped)?,
+            ),
+            Err(_) => None,
+        };
+        Ok((message, bytes))
+    }
+
+    fn queue(&self, item: InFlight) -> Result<(), SinkError> {
+        self.window.send(item).map_err(|_| SinkError::Stopped)
+    }
+}
+
+impl Drop for Sink {
+    fn drop(&mut self) {
+        self.ack_task.abort();
+    }
+}
+
+/// What an event holds in memory while in flight: payload, the values that become headers, and the
+/// client's copy of the message.
+fn approx_size(e: &OutboxEvent) -> usize {
+    let opt = |s: &Option<String>| s.as_ref().map_or(0, String::len);
+    let headers: usize = e.headers.iter().map(|(k, v)| k.len() + v.len()).sum();
+    2 * (e.payload.len()
+        + e.msg_id.len()
+        + opt(&e.aggregate_type)
+        + opt(&e.aggregate_id)
+        + opt(&e.event_type)
+        + headers)
+        + 256
+}
+
+/// A publish with its headers, carrying `Nats-Expected-Last-Sequence` when the stream is fenced.
+fn fenced(out: Outgoing, expected: Option<u64>) -> jetstream::message::PublishMessage {
+    let mut headers = out.headers;
+    if let Some(e) = expected {
+        headers.insert(message::EXPECTED_LAST_SEQUENCE, e.to_string().as_str());
+    }
+    jetstream::message::PublishMessage::build()
+        .headers(headers)
+        .payload(out.payload)
+}
+
+/// Queues the dead letter of `event` (it takes the refused message's place in the sequence), shrunk
+/// until the client accepts its size. The payload is dropped first: its size is what usually cannot
+/// be published.
+async fn send_dead_letter(
+    js: &jetstream::Context,
+    config: &SinkConfig,
+    event: &OutboxEvent,
+    subject: Option<&str>,
+    reason: &str,
+    expected: Option<u64>,
+) -> Result<(PublishAckFuture, Shrink), SinkError> {
+    let mut last = None;
+    for shrink in [Shrink::DropPayload, Shrink::Minimal] {
+        let dl = message::dead_letter(event, &config.dead_letter_subject, reason, subject, shrink);
+        let target = dl.subject.clone();
+        match js.send_publish(target, fenced(dl, expected)).await {
+            Ok(ack) => return Ok((ack, shrink)),
+            Err(e) if e.kind() == PublishErrorKind::MaxPayloadExceeded => last = Some(e),
+            Err(source) => {
+                return Err(SinkError::Publish {
+                    id: event.msg_id.clone(),
+                    source,
+                });
+            }
+        }
+    }
+    Err(SinkError::DeadLetterRefused {
+        id: event.msg_id.clone(),
+        lsn: event.commit_lsn,
+        reason: reason.to_owned(),
+        refusal: last.map_or_else(String::new, |e| e.to_string()),
+    })
+}
