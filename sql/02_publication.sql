@@ -10,30 +10,59 @@
 -- that setup creates must not be older than the publication it reads.
 --   psql "$DATABASE_URL" -v ON_ERROR_STOP=1 -f sql/02_publication.sql
 -- Safe to run again: it creates the publication when missing, and otherwise makes sure it contains
--- public.outbox and publishes inserts only.
+-- the outbox table and publishes inserts only.
+--
+-- psql variables (set with -v name=value), with their defaults:
+--   outbox_table   public.outbox   the outbox table, schema-qualified (`table` in [outbox] of relay.toml)
+--   publication    outbox_relay    the publication (`publication` in [postgres] of relay.toml)
+-- A second outbox in the same database gets its own publication (docs/multiple-outboxes.md):
+--   psql "$DATABASE_URL" -v ON_ERROR_STOP=1 -v outbox_table=billing.outbox -v publication=billing_relay \
+--        -f sql/02_publication.sql
+
+\if :{?outbox_table}
+\else
+\set outbox_table public.outbox
+\endif
+\if :{?publication}
+\else
+\set publication outbox_relay
+\endif
+SET outbox_sql.outbox_table = :'outbox_table';
+SET outbox_sql.publication = :'publication';
 
 DO $$
 DECLARE
-    pub pg_publication%ROWTYPE;
+    tbl  text[] := parse_ident(current_setting('outbox_sql.outbox_table'));
+    name text   := current_setting('outbox_sql.publication');
+    pub  pg_publication%ROWTYPE;
 BEGIN
-    SELECT * INTO pub FROM pg_publication WHERE pubname = 'outbox_relay';
+    IF cardinality(tbl) <> 2 THEN
+        RAISE EXCEPTION 'outbox_table must be schema-qualified (schema.table), got "%"',
+            current_setting('outbox_sql.outbox_table');
+    END IF;
+    IF to_regclass(format('%I.%I', tbl[1], tbl[2])) IS NULL THEN
+        RAISE EXCEPTION 'table %.% does not exist: run 01_outbox_table.sql first (with the same outbox_table)',
+            tbl[1], tbl[2];
+    END IF;
+
+    SELECT * INTO pub FROM pg_publication WHERE pubname = name;
     IF NOT FOUND THEN
-        CREATE PUBLICATION outbox_relay FOR TABLE public.outbox WITH (publish = 'insert');
-        RAISE NOTICE 'created publication outbox_relay for table public.outbox';
+        EXECUTE format('CREATE PUBLICATION %I FOR TABLE %I.%I WITH (publish = %L)', name, tbl[1], tbl[2], 'insert');
+        RAISE NOTICE 'created publication % for table %.%', name, tbl[1], tbl[2];
         RETURN;
     END IF;
 
     IF NOT pub.puballtables AND NOT EXISTS (
         SELECT 1 FROM pg_publication_tables
-        WHERE pubname = 'outbox_relay' AND schemaname = 'public' AND tablename = 'outbox'
+        WHERE pubname = name AND schemaname = tbl[1] AND tablename = tbl[2]
     ) THEN
-        ALTER PUBLICATION outbox_relay ADD TABLE public.outbox;
-        RAISE NOTICE 'added table public.outbox to publication outbox_relay';
+        EXECUTE format('ALTER PUBLICATION %I ADD TABLE %I.%I', name, tbl[1], tbl[2]);
+        RAISE NOTICE 'added table %.% to publication %', tbl[1], tbl[2], name;
     END IF;
 
     IF NOT pub.pubinsert OR pub.pubupdate OR pub.pubdelete OR pub.pubtruncate THEN
-        ALTER PUBLICATION outbox_relay SET (publish = 'insert');
-        RAISE NOTICE 'publication outbox_relay now publishes inserts only';
+        EXECUTE format('ALTER PUBLICATION %I SET (publish = %L)', name, 'insert');
+        RAISE NOTICE 'publication % now publishes inserts only', name;
     END IF;
 END
 $$;

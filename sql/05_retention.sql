@@ -11,7 +11,7 @@
 --       from a scheduler. It deletes in batches and commits between them, so it never holds long locks
 --       or builds one huge transaction.
 --
--- Run as the owner of public.outbox, after 01_outbox_table.sql:
+-- Run as the owner of the outbox table, after 01_outbox_table.sql:
 --   psql "$DATABASE_URL" -v ON_ERROR_STOP=1 -f sql/05_retention.sql
 -- Prune by hand (outside an explicit transaction block, since the procedure commits):
 --   CALL outbox_prune();                       -- keep 7 days, 10000 rows per batch
@@ -23,25 +23,50 @@
 -- Note that a growing outbox is no sign of a stalled relay here (rows are never marked as sent); a stalled
 -- relay shows as a replication slot that retains more and more WAL: watch `outbox-relay status` or
 -- pg_replication_slots.
+--
+-- psql variable (set with -v name=value):
+--   outbox_table   the outbox table, schema-qualified (default public.outbox). The procedure is created in
+--                  the table's schema as <table>_prune (public.outbox_prune by default, billing.outbox_prune
+--                  for -v outbox_table=billing.outbox), the index as <table>_created_at_idx.
+
+\if :{?outbox_table}
+\else
+\set outbox_table public.outbox
+\endif
+SET outbox_sql.outbox_table = :'outbox_table';
+DO $$
+BEGIN
+    IF cardinality(parse_ident(current_setting('outbox_sql.outbox_table'))) <> 2 THEN
+        RAISE EXCEPTION 'outbox_table must be schema-qualified (schema.table), got "%"',
+            current_setting('outbox_sql.outbox_table');
+    END IF;
+END
+$$;
+SELECT i[1] AS outbox_schema, i[2] AS outbox_name FROM parse_ident(:'outbox_table') AS i \gset
+\set prune_procedure :outbox_name '_prune'
+\set created_at_index :outbox_name '_created_at_idx'
 
 -- Lets each batch find old rows without scanning the table. Not needed with (a).
-CREATE INDEX IF NOT EXISTS outbox_created_at_idx ON public.outbox (created_at);
+CREATE INDEX IF NOT EXISTS :"created_at_index" ON :"outbox_schema".:"outbox_name" (created_at);
 
-CREATE OR REPLACE PROCEDURE public.outbox_prune(keep interval DEFAULT interval '7 days', batch int DEFAULT 10000)
+-- The procedure's body names the table, and psql does not substitute variables inside it, so it is
+-- written by format() and run by \gexec.
+SELECT format($ddl$
+CREATE OR REPLACE PROCEDURE %1$I.%2$I(keep interval DEFAULT interval '7 days', batch int DEFAULT 10000)
 LANGUAGE plpgsql
-AS $$
+AS $body$
 DECLARE
     cutoff  timestamptz := clock_timestamp() - keep;
     deleted bigint;
     total   bigint := 0;
 BEGIN
     IF batch IS NULL OR batch < 1 THEN
-        RAISE EXCEPTION 'outbox_prune: batch must be at least 1, got %', batch;
+        RAISE EXCEPTION '%2$s: batch must be at least 1, got %%', batch;
     END IF;
     LOOP
-        DELETE FROM public.outbox
+        DELETE FROM %1$I.%3$I
         WHERE event_id IN (
-            SELECT event_id FROM public.outbox
+            SELECT event_id FROM %1$I.%3$I
             WHERE created_at < cutoff
             ORDER BY created_at
             LIMIT batch
@@ -52,10 +77,11 @@ BEGIN
         COMMIT;
         EXIT WHEN deleted < batch;
     END LOOP;
-    RAISE NOTICE 'outbox_prune: deleted % rows created before %', total, cutoff;
+    RAISE NOTICE '%2$s: deleted %% rows created before %%', total, cutoff;
 END
-$$;
+$body$
+$ddl$, :'outbox_schema', :'prune_procedure', :'outbox_name') \gexec
 
-COMMENT ON PROCEDURE public.outbox_prune(interval, int) IS
+COMMENT ON PROCEDURE :"outbox_schema".:"prune_procedure"(interval, int) IS
     'Delete outbox rows older than keep, batch rows per transaction. Safe for outbox-relay, which reads '
     'the WAL, not the table.';
