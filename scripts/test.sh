@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command (README, CI): installs missing dependencies, checks formatting and lints, validates
-# docker-compose.yml, runs every test (unit and integration, against real Postgres and NATS), and then
-# fails if any server the tests started is still running. Non-zero on any failure.
+# docker-compose.yml and deploy/ (scripts/check-deploy.sh), runs every test (unit and integration,
+# against real Postgres and NATS), and then fails if any server the tests started is still running.
+# Non-zero on any failure.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -25,6 +26,9 @@ if command -v docker-compose >/dev/null 2>&1; then
 else
   echo "skipped: docker-compose not installed"
 fi
+
+step "deploy/ checks"
+bash scripts/check-deploy.sh
 
 # (Not OUTBOX_RELAY_*: that prefix is the relay's configuration, and unknown keys there are errors.)
 # The test support names every server dir "$TMPDIR/outbox-relay-test-<tag>-…" and puts it on the

@@ -4,6 +4,7 @@
 
 mod support;
 
+mod deploy;
 mod faults;
 mod ops;
 mod relay;

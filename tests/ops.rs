@@ -21,7 +21,7 @@ use crate::support::{
 const LIMIT: Duration = Duration::from_secs(60);
 
 /// A port nothing listens on right now.
-fn free_addr() -> String {
+pub(crate) fn free_addr() -> String {
     let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
     l.local_addr().expect("local addr").to_string()
 }
@@ -49,7 +49,7 @@ async fn get(addr: &str, path: &str) -> (u16, String) {
         .unwrap_or_else(|| panic!("GET {path} on {addr} failed"))
 }
 
-async fn scrape(addr: &str) -> String {
+pub(crate) async fn scrape(addr: &str) -> String {
     let (status, body) = get(addr, "/metrics").await;
     assert_eq!(status, 200, "/metrics: {body}");
     body
@@ -95,7 +95,7 @@ async fn wait_for_series(addr: &str, series: &str, at_least: f64, secs: u64) -> 
     }
 }
 
-async fn wait_for_status(addr: &str, path: &str, want: u16, secs: u64) {
+pub(crate) async fn wait_for_status(addr: &str, path: &str, want: u16, secs: u64) {
     let deadline = Instant::now() + Duration::from_secs(secs);
     loop {
         let got = try_get(addr, path).await;
