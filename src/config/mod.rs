@@ -40,6 +40,9 @@ pub struct PostgresConfig {
     pub publication: String,
     /// Create the slot when it is missing (setup and run).
     pub create_slot: bool,
+    /// PG 17+: create the slot with FAILOVER, so standbys with `sync_replication_slots` keep a copy
+    /// that survives a promotion (ignored on older servers).
+    pub failover: bool,
     /// Standby status update interval; at most 1000.
     pub status_interval_ms: u64,
 }
@@ -51,6 +54,7 @@ impl Default for PostgresConfig {
             slot: "outbox_relay".into(),
             publication: "outbox_relay".into(),
             create_slot: true,
+            failover: true,
             status_interval_ms: 1000,
         }
     }
@@ -288,6 +292,7 @@ impl fmt::Debug for PostgresConfig {
             .field("slot", &self.slot)
             .field("publication", &self.publication)
             .field("create_slot", &self.create_slot)
+            .field("failover", &self.failover)
             .field("status_interval_ms", &self.status_interval_ms)
             .finish()
     }

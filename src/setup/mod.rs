@@ -188,11 +188,16 @@ async fn apply(
             created.publication = true;
         }
         if create_slot {
-            let lsn = postgres::create_slot(settings, pg).await?;
+            let lsn = postgres::create_slot(settings, pg, found.version).await?;
             report.slot_confirmed = lsn.parse().ok();
-            report
-                .lines
-                .push(format!("slot {slot}: created (pgoutput, starts at {lsn})"));
+            let failover = if found.version >= 170000 && settings.postgres.failover {
+                ", failover"
+            } else {
+                ""
+            };
+            report.lines.push(format!(
+                "slot {slot}: created (pgoutput{failover}, starts at {lsn})"
+            ));
         }
         Ok::<_, SetupError>(())
     }

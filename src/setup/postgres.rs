@@ -19,6 +19,8 @@ const HEADER_TYPES: &[&str] = &["jsonb", "json"];
 
 /// What the Postgres checks found.
 pub(super) struct Found {
+    /// `server_version_num`.
+    pub version: u32,
     pub create_publication: bool,
     /// The slot, when it exists.
     pub slot: Option<SlotRow>,
@@ -32,7 +34,42 @@ pub(super) async fn check(
     pg: &Client,
     report: &mut SetupReport,
 ) -> Result<Found, SetupError> {
-    let wal_level: String = pg.query_one("SHOW wal_level", &[]).await?.get(0);
+    let row = pg
+        .query_one(
+            "SELECT current_setting('wal_level'), current_setting('server_version_num')::int4, \
+             pg_is_in_recovery(), coalesce(current_setting('synchronized_standby_slots', true), ''), \
+             (SELECT count(*) FROM pg_stat_replication WHERE application_name <> '' \
+                AND NOT EXISTS (SELECT 1 FROM pg_replication_slots s \
+                                WHERE s.active_pid = pg_stat_replication.pid AND s.slot_type = 'logical'))::int4",
+            &[],
+        )
+        .await?;
+    let (wal_level, version, in_recovery, sync_slots, physical_standbys): (
+        String,
+        i32,
+        bool,
+        String,
+        i32,
+    ) = (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
+    let version = version.max(0) as u32;
+    if in_recovery {
+        return Err(SetupError::Prerequisite(format!(
+            "postgres.url reached a standby ({}): no slot can be created or streamed there; point postgres.url at the \
+             primary, or list every host with target_session_attrs=read-write so the relay finds it",
+            settings.conn
+        )));
+    }
+    if version >= 170000
+        && settings.postgres.failover
+        && physical_standbys > 0
+        && sync_slots.is_empty()
+    {
+        report.warnings.push(format!(
+            "{physical_standbys} physical standby(s) stream from this primary, but synchronized_standby_slots is empty: \
+             the relay may publish a transaction a standby does not have yet, and after a failover that event exists in \
+             NATS but not in the database; set synchronized_standby_slots to the standbys' physical slots"
+        ));
+    }
     if wal_level != "logical" {
         return Err(SetupError::Prerequisite(format!(
             "Postgres wal_level is {wal_level:?}, logical decoding needs \"logical\": set wal_level = logical \
@@ -60,6 +97,7 @@ pub(super) async fn check(
         check_slot(settings, s)?;
     }
     Ok(Found {
+        version,
         create_publication,
         slot,
         partitioned,
@@ -265,14 +303,21 @@ pub(super) async fn create_publication(
     ))
 }
 
-/// Creates the slot; returns its starting position.
-pub(super) async fn create_slot(settings: &Settings, pg: &Client) -> Result<String, SetupError> {
+/// Creates the slot (a failover slot on PG 17+ unless `postgres.failover = false`); returns its
+/// starting position.
+pub(super) async fn create_slot(
+    settings: &Settings,
+    pg: &Client,
+    version: u32,
+) -> Result<String, SetupError> {
     let slot = &settings.postgres.slot;
+    let sql = if version >= 170000 && settings.postgres.failover {
+        "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput', false, false, true)"
+    } else {
+        "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')"
+    };
     let row = pg
-        .query_one(
-            "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')",
-            &[slot],
-        )
+        .query_one(sql, &[slot])
         .await
         .map_err(|e| SetupError::Create {
             object: format!("replication slot {slot}"),
