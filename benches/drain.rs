@@ -1,7 +1,7 @@
 //! Backlog drain, commit → stored latency and database load, each next to a baseline measured in the
 //! same run.
 //!
-//! On a private Postgres (tests/support) a backlog of single-row outbox transactions is written after
+//! On a private Postgres (`outbox_relay::testkit`) a backlog of single-row outbox transactions is written after
 //! every slot exists, and then, per round (rounds alternate so a busy machine slows them alike):
 //!
 //! - `pg_recvlogical` drains its own slot into /dev/null until `--endpos` (the WAL position taken after
@@ -32,11 +32,6 @@
 //! `perf record -g -o relay.data --`; its RSS/CPU are then the wrapper's). Under `cargo test --benches`
 //! (no `--bench` argument) it does nothing: starting servers is the tests' job.
 
-#[path = "../tests/support/mod.rs"]
-// Only the servers and the database are used here; the rest of the test support is for the tests.
-#[allow(unused_imports)]
-mod support;
-
 #[path = "drain/poll.rs"]
 mod poll;
 #[path = "drain/sink.rs"]
@@ -56,8 +51,8 @@ use outbox_relay::pgoutput::{Decoder, Message};
 use outbox_relay::source::{
     ConnInfo, PgOutputOptions, ReplConnection, ReplicationEvent, StreamConfig,
 };
+use outbox_relay::testkit::{NatsServer, PgServer, TestDb};
 use poll::{PgLoad, Poller};
-use support::{NatsServer, PgServer, TestDb};
 
 const PUBLICATION: &str = "bench_pub";
 const STREAM: &str = "OUTBOX";

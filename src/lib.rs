@@ -50,5 +50,7 @@ pub mod setup;
 pub mod sink;
 pub mod source;
 pub mod status;
+#[cfg(feature = "test-support")]
+pub mod testkit;
 
 pub use lsn::Lsn;

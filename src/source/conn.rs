@@ -4,31 +4,30 @@
 //! `CREATE_REPLICATION_SLOT`, `START_REPLICATION`).
 //!
 //! Built on postgres-protocol's message codecs because tokio-postgres has no replication support.
-//! postgres-protocol does not know CopyBothResponse (`'W'`): [`ReplConnection::read`] peels it off the
+//! postgres-protocol does not know CopyBothResponse (`'W'`): the framing in `wire` peels it off the
 //! buffer before the generic parser would drop it as an unknown tag.
 
 use std::collections::HashMap;
-use std::time::Duration;
 
-use bytes::{Buf, BytesMut};
+use bytes::BytesMut;
 use fallible_iterator::FallibleIterator;
 use postgres_protocol::authentication::sasl::{self, ChannelBinding, ScramSha256};
-use postgres_protocol::message::backend::{self, ErrorFields, Message};
+use postgres_protocol::message::backend::Message;
 use postgres_protocol::message::frontend;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tracing::{debug, warn};
+use tracing::debug;
 
 use super::conninfo::{ConnInfo, SslMode};
-use super::error::{ServerError, SourceError};
+use super::error::SourceError;
 use super::options::PgOutputOptions;
 use super::stream::{ReplicationStream, StreamConfig};
 use super::tls;
+use super::wire::{
+    Backend, MAX_FRAME_BYTES, Transport, log_notice, proto, quote_ident, read_backend,
+    server_error, unexpected,
+};
 use crate::Lsn;
-
-/// The byte stream under the protocol: plain TCP or TLS over TCP.
-pub(crate) trait Transport: AsyncRead + AsyncWrite + Unpin + Send {}
-impl<T: AsyncRead + AsyncWrite + Unpin + Send> Transport for T {}
 
 /// What the walsender answered to `IDENTIFY_SYSTEM`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,12 +37,6 @@ pub struct SystemInfo {
     /// The current WAL flush position. Never a start position: it would skip unsent data.
     pub xlogpos: Lsn,
     pub dbname: Option<String>,
-}
-
-/// A backend message, plus the one postgres-protocol cannot parse.
-pub(crate) enum Backend {
-    Message(Message),
-    CopyBothResponse,
 }
 
 /// An authenticated replication connection, idle (ReadyForQuery seen).
@@ -462,94 +455,10 @@ impl ReplConnection {
     }
 
     async fn read(&mut self) -> Result<Backend, SourceError> {
-        read_backend(&mut self.io, &mut self.rbuf, &self.target).await
+        // Before streaming the server sends only small answers; the streaming phase has its own cap
+        // (StreamConfig::max_frame_bytes).
+        read_backend(&mut self.io, &mut self.rbuf, &self.target, MAX_FRAME_BYTES).await
     }
-}
-
-/// Reads one backend message into/out of `buf`, pulling bytes from `io` as needed.
-pub(crate) async fn read_backend<R: AsyncRead + Unpin + ?Sized>(
-    io: &mut R,
-    buf: &mut BytesMut,
-    target: &str,
-) -> Result<Backend, SourceError> {
-    loop {
-        if let Some(m) = parse_backend(buf)? {
-            return Ok(m);
-        }
-        if buf.capacity() - buf.len() < 8 * 1024 {
-            buf.reserve(64 * 1024);
-        }
-        let n = io.read_buf(buf).await.map_err(|source| SourceError::Io {
-            target: target.to_owned(),
-            source,
-        })?;
-        if n == 0 {
-            return Err(SourceError::Closed("postgres closed the connection"));
-        }
-    }
-}
-
-/// One complete message from the front of `buf`, or `None` if more bytes are needed.
-pub(crate) fn parse_backend(buf: &mut BytesMut) -> Result<Option<Backend>, SourceError> {
-    let Some(header) = backend::Header::parse(buf).map_err(proto)? else {
-        return Ok(None);
-    };
-    let total = 1 + header.len() as usize;
-    match header.tag() {
-        // CopyBothResponse: u8 format, i16 ncols (0 for replication). Not in postgres-protocol.
-        b'W' => {
-            if buf.len() < total {
-                return Ok(None);
-            }
-            buf.advance(total);
-            Ok(Some(Backend::CopyBothResponse))
-        }
-        _ => Ok(Message::parse(buf).map_err(proto)?.map(Backend::Message)),
-    }
-}
-
-/// An ErrorResponse/NoticeResponse as a [`ServerError`].
-pub(crate) fn server_error(mut fields: ErrorFields<'_>) -> Result<ServerError, SourceError> {
-    let mut e = ServerError {
-        severity: String::new(),
-        code: String::new(),
-        message: String::new(),
-        detail: None,
-        hint: None,
-    };
-    while let Some(f) = fields.next().map_err(proto)? {
-        let v = String::from_utf8_lossy(f.value_bytes()).into_owned();
-        match f.type_() {
-            b'V' => e.severity = v,
-            b'S' if e.severity.is_empty() => e.severity = v,
-            b'C' => e.code = v,
-            b'M' => e.message = v,
-            b'D' => e.detail = Some(v),
-            b'H' => e.hint = Some(v),
-            _ => {}
-        }
-    }
-    Ok(e)
-}
-
-pub(crate) fn log_notice(fields: ErrorFields<'_>) {
-    if let Ok(n) = server_error(fields) {
-        warn!(severity = %n.severity, code = %n.code, message = %n.message, "postgres notice");
-    }
-}
-
-fn proto(e: std::io::Error) -> SourceError {
-    SourceError::Protocol(e.to_string())
-}
-
-fn unexpected(what: &str) -> SourceError {
-    SourceError::Protocol(format!("unexpected {what}"))
-}
-
-/// `"name"` with embedded quotes doubled: slot names are restricted by the server anyway, but a
-/// configured name must never be able to change the command.
-pub(crate) fn quote_ident(s: &str) -> String {
-    format!("\"{}\"", s.replace('"', "\"\""))
 }
 
 /// "15.18 (Debian 15.18-0+deb12u1)" → 150018; "17devel" → 170000; "9.6.3" → 90603.
@@ -568,15 +477,6 @@ pub fn parse_server_version(v: &str) -> u32 {
     }
 }
 
-/// The interval for status updates: at most 1 s, and well under `wal_sender_timeout`.
-pub fn status_interval(wal_sender_timeout: Option<Duration>) -> Duration {
-    let one = Duration::from_secs(1);
-    match wal_sender_timeout {
-        Some(t) if !t.is_zero() => (t / 4).min(one).max(Duration::from_millis(50)),
-        _ => one,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -590,46 +490,5 @@ mod tests {
         assert_eq!(parse_server_version("17.2"), 170002);
         assert_eq!(parse_server_version("18devel"), 180000);
         assert_eq!(parse_server_version("9.6.3"), 90603);
-    }
-
-    #[test]
-    fn quotes_identifiers() {
-        assert_eq!(quote_ident("slot"), "\"slot\"");
-        assert_eq!(quote_ident("a\"b"), "\"a\"\"b\"");
-    }
-
-    #[test]
-    fn copy_both_response_is_consumed() {
-        // 'W', len 7, format 0, ncols 0 — then a CopyData 'd' with payload "k".
-        let mut buf = BytesMut::from(&b"W\0\0\0\x07\0\0\0d\0\0\0\x05k"[..]);
-        assert!(matches!(
-            parse_backend(&mut buf).unwrap(),
-            Some(Backend::CopyBothResponse)
-        ));
-        match parse_backend(&mut buf).unwrap() {
-            Some(Backend::Message(Message::CopyData(d))) => assert_eq!(d.data(), b"k"),
-            _ => panic!("expected CopyData"),
-        }
-        assert!(parse_backend(&mut buf).unwrap().is_none());
-    }
-
-    #[test]
-    fn partial_copy_both_waits_for_more() {
-        let mut buf = BytesMut::from(&b"W\0\0\0\x07\0"[..]);
-        assert!(parse_backend(&mut buf).unwrap().is_none());
-        assert_eq!(buf.len(), 6);
-    }
-
-    #[test]
-    fn status_interval_is_bounded() {
-        assert_eq!(status_interval(None), Duration::from_secs(1));
-        assert_eq!(
-            status_interval(Some(Duration::from_secs(10))),
-            Duration::from_secs(1)
-        );
-        assert_eq!(
-            status_interval(Some(Duration::from_secs(2))),
-            Duration::from_millis(500)
-        );
     }
 }

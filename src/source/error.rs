@@ -80,6 +80,12 @@ pub enum SourceError {
     },
     #[error("replication data at {lsn}: {reason}")]
     BadFrame { lsn: Lsn, reason: String },
+    /// A length prefix over the frame cap ([`super::MAX_FRAME_BYTES`] by default): refused before
+    /// anything is reserved for it, since no Postgres sends a message that large.
+    #[error(
+        "postgres protocol: a {tag:?} message announces {len} bytes, over the {max}-byte frame limit"
+    )]
+    FrameTooLarge { tag: char, len: usize, max: usize },
 }
 
 impl SourceError {
@@ -92,7 +98,8 @@ impl SourceError {
             | SourceError::Tls(_)
             | SourceError::Protocol(_)
             | SourceError::Version { .. }
-            | SourceError::BadFrame { .. } => false,
+            | SourceError::BadFrame { .. }
+            | SourceError::FrameTooLarge { .. } => false,
         }
     }
 

@@ -11,6 +11,30 @@
 //!
 //! Boundary: this module moves bytes and LSNs. It does not decode pgoutput (see [`crate::pgoutput`])
 //! and does not decide what is safe to confirm (see [`crate::progress`]).
+//!
+//! # Layout
+//!
+//! Each module imports only those to its right (a `use super::…`), so the graph has no cycle:
+//!
+//! ```text
+//! conn     ──► options, stream, tls, wire, conninfo, error
+//! control  ──► tls, conninfo, error
+//! options  ──► wire, error
+//! stream   ──► wire, error
+//! tls      ──► conninfo
+//! wire     ──► error
+//! conninfo, error: leaves (error uses only crate::Lsn)
+//! ```
+//!
+//! - `conninfo`: the connection URL and its TLS settings; a leaf.
+//! - `error`: [`SourceError`] and [`ServerError`], transient or definite; a leaf.
+//! - `wire`: framing of backend messages (with the [`MAX_FRAME_BYTES`] cap), ErrorResponse fields,
+//!   identifier and literal quoting; shared by `conn`, `options` and `stream`.
+//! - `tls`: rustls configuration for `sslmode`, and the channel-binding hash.
+//! - `options`: the pgoutput options of `START_REPLICATION`, checked against the server version.
+//! - `stream`: the CopyBoth phase (reader and status-update writer tasks) and the CopyData parse.
+//! - `conn`: connect, authenticate, walsender commands; hands the socket to `stream`.
+//! - `control`: the tokio-postgres connection for ordinary SQL.
 
 mod conn;
 mod conninfo;
@@ -19,11 +43,13 @@ mod error;
 mod options;
 mod stream;
 mod tls;
+mod wire;
 
-pub use conn::{ReplConnection, Row, SystemInfo, parse_server_version, status_interval};
+pub use conn::{ReplConnection, Row, SystemInfo, parse_server_version};
 pub use conninfo::{ConnInfo, ConnInfoError, RootCerts, SslMode};
 pub use control::connect_control;
 pub use error::{ServerError, SourceError};
 pub use options::PgOutputOptions;
-pub use stream::{ReplicationEvent, ReplicationStream, StreamConfig};
+pub use stream::{ReplicationEvent, ReplicationStream, StreamConfig, parse_copy_data};
 pub use tls::TlsConfigError;
+pub use wire::{MAX_FRAME_BYTES, frame_len};

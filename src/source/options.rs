@@ -5,8 +5,8 @@
 //! message and never sends an option the server does not know ("unrecognized pgoutput option").
 //! Version table: /shared/reference/pgoutput-client.md §1, from worker.c and pgoutput.c.
 
-use super::conn::quote_ident;
 use super::error::SourceError;
+use super::wire::{quote_ident, quote_literal};
 
 /// What the relay asks pgoutput for.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -100,11 +100,6 @@ fn need(version: u32, min: u32, needs: &'static str, what: &str) -> Result<(), S
         });
     }
     Ok(())
-}
-
-/// A standard-conforming string literal (`standard_conforming_strings` is on since PG 9.1).
-fn quote_literal(s: &str) -> String {
-    format!("'{}'", s.replace('\'', "''"))
 }
 
 #[cfg(test)]

@@ -24,8 +24,8 @@ use tokio::sync::{Notify, mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tracing::{debug, trace};
 
-use super::conn::{Backend, Transport, log_notice, read_backend, server_error};
 use super::error::SourceError;
+use super::wire::{Backend, MAX_FRAME_BYTES, Transport, log_notice, read_backend, server_error};
 use crate::Lsn;
 
 /// Microseconds between the Unix epoch and the Postgres epoch (2000-01-01).
@@ -44,6 +44,9 @@ pub struct StreamConfig {
     /// always has traffic; without this, a black-holed network would hang the relay until TCP gives
     /// up, which can take many minutes.
     pub receive_timeout: Duration,
+    /// The largest message the server may announce (its length prefix); a larger one ends the stream
+    /// with [`SourceError::FrameTooLarge`] before anything is reserved for it.
+    pub max_frame_bytes: usize,
 }
 
 impl Default for StreamConfig {
@@ -52,6 +55,7 @@ impl Default for StreamConfig {
             status_interval: Duration::from_secs(1),
             channel_capacity: 1024,
             receive_timeout: Duration::from_secs(30),
+            max_frame_bytes: MAX_FRAME_BYTES,
         }
     }
 }
@@ -121,6 +125,7 @@ impl ReplicationStream {
             Arc::clone(&shared),
             tx,
             config.receive_timeout,
+            config.max_frame_bytes,
         ));
         let writer = tokio::spawn(write_loop(
             write_half,
@@ -213,10 +218,14 @@ async fn read_loop(
     shared: Arc<Shared>,
     tx: mpsc::Sender<Result<ReplicationEvent, SourceError>>,
     receive_timeout: Duration,
+    max_frame: usize,
 ) -> Option<ReadHalf<Box<dyn Transport>>> {
     let mut copy_done = false;
     loop {
-        let read = tokio::time::timeout(receive_timeout, read_backend(&mut io, &mut buf, &target));
+        let read = tokio::time::timeout(
+            receive_timeout,
+            read_backend(&mut io, &mut buf, &target, max_frame),
+        );
         let msg = match read.await.unwrap_or_else(|_| {
             Err(SourceError::Timeout {
                 target: target.clone(),
@@ -233,8 +242,7 @@ async fn read_loop(
         };
         let event = match msg {
             Backend::Message(Message::CopyData(body)) => match parse_copy_data(body.into_bytes()) {
-                Ok(Some(ev)) => ev,
-                Ok(None) => continue,
+                Ok(ev) => ev,
                 Err(e) => {
                     let _ = tx.send(Err(e)).await;
                     return None;
@@ -309,9 +317,13 @@ async fn read_loop(
     }
 }
 
-/// XLogData (`'w'`) or primary keepalive (`'k'`). Any other tag is an error: a newer server feature
-/// we do not understand must not be skipped.
-fn parse_copy_data(mut data: Bytes) -> Result<Option<ReplicationEvent>, SourceError> {
+/// The payload of one CopyData of the replication stream: XLogData (`'w'`) or primary keepalive
+/// (`'k'`). Any other tag is an error: a newer server feature we do not understand must not be skipped.
+///
+/// Pure and zero-copy (the XLogData payload is a slice of `data`), so the framing fuzz target
+/// (`fuzz/fuzz_targets/framing.rs`) can drive it with arbitrary bytes. Layouts: "Streaming Replication
+/// Protocol" in the Postgres docs (<https://www.postgresql.org/docs/current/protocol-replication.html>).
+pub fn parse_copy_data(mut data: Bytes) -> Result<ReplicationEvent, SourceError> {
     let bad = |reason: String| SourceError::BadFrame {
         lsn: Lsn::ZERO,
         reason,
@@ -329,12 +341,12 @@ fn parse_copy_data(mut data: Bytes) -> Result<Option<ReplicationEvent>, SourceEr
             let wal_end = Lsn(data.get_u64());
             let send_time = data.get_i64();
             trace!(%wal_start, len = data.len(), "xlogdata");
-            Ok(Some(ReplicationEvent::XLogData {
+            Ok(ReplicationEvent::XLogData {
                 wal_start,
                 wal_end,
                 send_time,
                 data,
-            }))
+            })
         }
         b'k' => {
             if data.len() < 18 {
@@ -344,11 +356,11 @@ fn parse_copy_data(mut data: Bytes) -> Result<Option<ReplicationEvent>, SourceEr
             let wal_end = Lsn(data.get_u64());
             let send_time = data.get_i64();
             let reply_requested = data.get_u8() != 0;
-            Ok(Some(ReplicationEvent::Keepalive {
+            Ok(ReplicationEvent::Keepalive {
                 wal_end,
                 send_time,
                 reply_requested,
-            }))
+            })
         }
         other => Err(bad(format!(
             "unknown replication message tag {:?}",
@@ -441,12 +453,12 @@ mod tests {
         b.put_slice(b"Bpayload");
         let frame = b.freeze();
         match parse_copy_data(frame.clone()).unwrap() {
-            Some(ReplicationEvent::XLogData {
+            ReplicationEvent::XLogData {
                 wal_start,
                 wal_end,
                 send_time,
                 data,
-            }) => {
+            } => {
                 assert_eq!((wal_start, wal_end, send_time), (Lsn(0x10), Lsn(0x20), 7));
                 assert_eq!(&data[..], b"Bpayload");
                 assert_eq!(data.as_ptr(), frame[25..].as_ptr(), "payload is a slice");
@@ -464,11 +476,11 @@ mod tests {
         b.put_u8(1);
         assert_eq!(
             parse_copy_data(b.freeze()).unwrap(),
-            Some(ReplicationEvent::Keepalive {
+            ReplicationEvent::Keepalive {
                 wal_end: Lsn(0xABCD),
                 send_time: 1,
                 reply_requested: true
-            })
+            }
         );
     }
 

@@ -1,76 +1,22 @@
-//! Test support: real Postgres and NATS servers and a database per test (STYLE.md, Tests).
+//! Test support. The server fixtures (`PgServer`, `NatsServer`, `TestDb`, process plumbing) live in
+//! the library as `outbox_relay::testkit` (feature `test-support`), so the benches share the same
+//! copy; this module re-exports them and adds what only the tests need: a TCP proxy that can cut or
+//! stall connections, and harnesses that run the relay in process or as the built binary.
 //!
 //! - `PgServer::shared()` is one Postgres per test binary; `PgServer::start_private()` is for tests
 //!   that stop, restart or crash it.
 //! - `NatsServer::start()` is a JetStream server per test.
 //! - `TestDb::create(server)` is a database per test, with its own slot and publication names.
-//!
-//! Nothing outlives the test binary: owned servers stop on Drop, and every server has a watchdog
-//! that kills it within a second or two of the test process ending, even on SIGKILL.
 
 #![allow(dead_code)]
 
-mod db;
-mod nats;
-mod postgres;
-mod process;
 mod proxy;
 mod relay;
 
-use std::future::Future;
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::{Duration, Instant};
-
-pub use db::TestDb;
-pub use nats::NatsServer;
-pub use postgres::PgServer;
+pub use outbox_relay::testkit::{NatsServer, PgServer, TestDb, process, unique, wait_for};
 pub use proxy::*;
 pub use relay::{
     Finished, InProcessRelay, RelayProcess, Stored, TEXT_ID_OUTBOX_SQL, confirmed_flush,
     current_wal_lsn, default_outbox_sql, read_all, relay_config, relay_env, run_command,
     slot_exists, stream_count,
 };
-
-/// `<prefix>_<pid>_<n>`, lowercase: safe as an unquoted Postgres identifier (also a slot name) and as a
-/// NATS subject token or stream name. Other characters in `prefix` become `_`.
-pub fn unique(prefix: &str) -> String {
-    let prefix: String = prefix
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() {
-                c.to_ascii_lowercase()
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    format!("{prefix}_{}", unique_suffix())
-}
-
-/// `<pid>_<n>`: unique within this machine while this test binary runs.
-pub(crate) fn unique_suffix() -> String {
-    static N: AtomicU32 = AtomicU32::new(0);
-    format!(
-        "{}_{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    )
-}
-
-/// Polls `f` every 50 ms until it returns true; panics with `what` after `timeout`.
-pub async fn wait_for<F, Fut>(what: &str, timeout: Duration, mut f: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        if f().await {
-            return;
-        }
-        if Instant::now() >= deadline {
-            panic!("timed out after {timeout:?} waiting for {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}

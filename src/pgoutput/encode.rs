@@ -1,0 +1,313 @@
+//! Builds pgoutput wire bytes from [`Message`](crate::pgoutput::Message)s: the inverse of
+//! [`Decoder::decode`](crate::pgoutput::Decoder::decode), for round-trip tests, benchmarks and fake
+//! servers. Not used on the production path.
+//!
+//! The `[X]` prefix is written iff the message's `xid` is `Some`, and Stream Abort's abort fields iff
+//! they are `Some`; decode the result with a decoder in the matching stream/parallel state.
+//!
+//! Compiled for the crate's unit tests and with the `test-support` feature (integration tests,
+//! benches, the fuzz seed corpus): the relay itself never writes pgoutput.
+//!
+//! # Panics
+//!
+//! On messages the wire format cannot carry: strings containing NUL, more than `i16::MAX` columns,
+//! more than `i32::MAX` relations or bytes.
+
+use bytes::{BufMut, Bytes, BytesMut};
+
+use super::{Message, OldTuple, TupleValue};
+
+/// The wire bytes of one message.
+pub fn message(msg: &Message) -> Bytes {
+    let mut out = BytesMut::with_capacity(64);
+    write(msg, &mut out);
+    out.freeze()
+}
+
+/// Appends the wire bytes of one message to `out`.
+pub fn write(msg: &Message, out: &mut BytesMut) {
+    match msg {
+        Message::Begin {
+            final_lsn,
+            commit_ts,
+            xid,
+        } => {
+            out.put_u8(b'B');
+            out.put_u64(final_lsn.0);
+            out.put_i64(*commit_ts);
+            out.put_u32(*xid);
+        }
+        Message::Commit {
+            flags,
+            commit_lsn,
+            end_lsn,
+            commit_ts,
+        } => {
+            out.put_u8(b'C');
+            out.put_u8(*flags);
+            out.put_u64(commit_lsn.0);
+            out.put_u64(end_lsn.0);
+            out.put_i64(*commit_ts);
+        }
+        Message::Origin { commit_lsn, name } => {
+            out.put_u8(b'O');
+            out.put_u64(commit_lsn.0);
+            cstr(out, name);
+        }
+        Message::Relation(rel) => {
+            out.put_u8(b'R');
+            xid(out, rel.xid);
+            out.put_u32(rel.id);
+            cstr(out, &rel.namespace);
+            cstr(out, &rel.name);
+            out.put_u8(rel.replica_identity);
+            count16(out, rel.columns.len());
+            for c in &rel.columns {
+                out.put_u8(c.flags);
+                cstr(out, &c.name);
+                out.put_u32(c.type_oid);
+                out.put_i32(c.type_modifier);
+            }
+        }
+        Message::Type {
+            xid: x,
+            id,
+            namespace,
+            name,
+        } => {
+            out.put_u8(b'Y');
+            xid(out, *x);
+            out.put_u32(*id);
+            cstr(out, namespace);
+            cstr(out, name);
+        }
+        Message::Insert {
+            xid: x,
+            relation_id,
+            new,
+        } => {
+            out.put_u8(b'I');
+            xid(out, *x);
+            out.put_u32(*relation_id);
+            out.put_u8(b'N');
+            tuple(new, out);
+        }
+        Message::Update {
+            xid: x,
+            relation_id,
+            old,
+            new,
+        } => {
+            out.put_u8(b'U');
+            xid(out, *x);
+            out.put_u32(*relation_id);
+            if let Some(old) = old {
+                old_tuple(old, out);
+            }
+            out.put_u8(b'N');
+            tuple(new, out);
+        }
+        Message::Delete {
+            xid: x,
+            relation_id,
+            old,
+        } => {
+            out.put_u8(b'D');
+            xid(out, *x);
+            out.put_u32(*relation_id);
+            old_tuple(old, out);
+        }
+        Message::Truncate {
+            xid: x,
+            options,
+            relation_ids,
+        } => {
+            out.put_u8(b'T');
+            xid(out, *x);
+            count32(out, relation_ids.len());
+            out.put_u8(*options);
+            for id in relation_ids {
+                out.put_u32(*id);
+            }
+        }
+        Message::Message {
+            xid: x,
+            transactional,
+            lsn,
+            prefix,
+            content,
+        } => {
+            out.put_u8(b'M');
+            xid(out, *x);
+            out.put_u8(u8::from(*transactional));
+            out.put_u64(lsn.0);
+            cstr(out, prefix);
+            count32(out, content.len());
+            out.put_slice(content);
+        }
+        Message::StreamStart { xid, first_segment } => {
+            out.put_u8(b'S');
+            out.put_u32(*xid);
+            out.put_u8(u8::from(*first_segment));
+        }
+        Message::StreamStop => out.put_u8(b'E'),
+        Message::StreamCommit {
+            xid,
+            flags,
+            commit_lsn,
+            end_lsn,
+            commit_ts,
+        } => {
+            out.put_u8(b'c');
+            out.put_u32(*xid);
+            out.put_u8(*flags);
+            out.put_u64(commit_lsn.0);
+            out.put_u64(end_lsn.0);
+            out.put_i64(*commit_ts);
+        }
+        Message::StreamAbort {
+            xid,
+            subxid,
+            abort_lsn,
+            abort_ts,
+        } => {
+            out.put_u8(b'A');
+            out.put_u32(*xid);
+            out.put_u32(*subxid);
+            if let Some(lsn) = abort_lsn {
+                out.put_u64(lsn.0);
+            }
+            if let Some(ts) = abort_ts {
+                out.put_i64(*ts);
+            }
+        }
+        Message::BeginPrepare {
+            prepare_lsn,
+            end_lsn,
+            prepare_ts,
+            xid,
+            gid,
+        } => {
+            out.put_u8(b'b');
+            out.put_u64(prepare_lsn.0);
+            out.put_u64(end_lsn.0);
+            out.put_i64(*prepare_ts);
+            out.put_u32(*xid);
+            cstr(out, gid);
+        }
+        Message::Prepare {
+            flags,
+            prepare_lsn,
+            end_lsn,
+            prepare_ts,
+            xid,
+            gid,
+        }
+        | Message::StreamPrepare {
+            flags,
+            prepare_lsn,
+            end_lsn,
+            prepare_ts,
+            xid,
+            gid,
+        } => {
+            out.put_u8(if matches!(msg, Message::Prepare { .. }) {
+                b'P'
+            } else {
+                b'p'
+            });
+            out.put_u8(*flags);
+            out.put_u64(prepare_lsn.0);
+            out.put_u64(end_lsn.0);
+            out.put_i64(*prepare_ts);
+            out.put_u32(*xid);
+            cstr(out, gid);
+        }
+        Message::CommitPrepared {
+            flags,
+            commit_lsn,
+            end_lsn,
+            commit_ts,
+            xid,
+            gid,
+        } => {
+            out.put_u8(b'K');
+            out.put_u8(*flags);
+            out.put_u64(commit_lsn.0);
+            out.put_u64(end_lsn.0);
+            out.put_i64(*commit_ts);
+            out.put_u32(*xid);
+            cstr(out, gid);
+        }
+        Message::RollbackPrepared {
+            flags,
+            prepare_end_lsn,
+            rollback_end_lsn,
+            prepare_ts,
+            rollback_ts,
+            xid,
+            gid,
+        } => {
+            out.put_u8(b'r');
+            out.put_u8(*flags);
+            out.put_u64(prepare_end_lsn.0);
+            out.put_u64(rollback_end_lsn.0);
+            out.put_i64(*prepare_ts);
+            out.put_i64(*rollback_ts);
+            out.put_u32(*xid);
+            cstr(out, gid);
+        }
+    }
+}
+
+/// Appends a TupleData (`i16 ncols | columns`).
+pub fn tuple(values: &[TupleValue], out: &mut BytesMut) {
+    count16(out, values.len());
+    for v in values {
+        match v {
+            TupleValue::Null => out.put_u8(b'n'),
+            TupleValue::UnchangedToast => out.put_u8(b'u'),
+            TupleValue::Text(b) | TupleValue::Binary(b) => {
+                out.put_u8(if matches!(v, TupleValue::Text(_)) {
+                    b't'
+                } else {
+                    b'b'
+                });
+                count32(out, b.len());
+                out.put_slice(b);
+            }
+        }
+    }
+}
+
+fn old_tuple(old: &OldTuple, out: &mut BytesMut) {
+    let (marker, values) = match old {
+        OldTuple::Key(v) => (b'K', v),
+        OldTuple::Full(v) => (b'O', v),
+    };
+    out.put_u8(marker);
+    tuple(values, out);
+}
+
+fn xid(out: &mut BytesMut, xid: Option<u32>) {
+    if let Some(x) = xid {
+        out.put_u32(x);
+    }
+}
+
+fn cstr(out: &mut BytesMut, s: &str) {
+    assert!(
+        !s.contains('\0'),
+        "pgoutput strings cannot contain NUL: {s:?}"
+    );
+    out.put_slice(s.as_bytes());
+    out.put_u8(0);
+}
+
+fn count16(out: &mut BytesMut, n: usize) {
+    out.put_i16(i16::try_from(n).expect("more than i16::MAX columns"));
+}
+
+fn count32(out: &mut BytesMut, n: usize) {
+    out.put_i32(i32::try_from(n).expect("count or length above i32::MAX"));
+}
