@@ -206,6 +206,46 @@ async fn apply(
         created.undo(settings, pg, js).await;
         return Err(e);
     }
+    if let Some(existing) = &found.slot
+        && found.version >= 170000
+        && settings.postgres.failover
+        && existing.failover == Some(false)
+    {
+        make_failover(settings, existing.active, report).await?;
+    }
+    Ok(())
+}
+
+/// PG 17+: an existing slot without FAILOVER is altered while no one streams it; otherwise a
+/// warning says how.
+async fn make_failover(
+    settings: &Settings,
+    active: bool,
+    report: &mut SetupReport,
+) -> Result<(), SetupError> {
+    let slot = &settings.postgres.slot;
+    if active {
+        report.warnings.push(format!(
+            "slot {slot} is not a failover slot and a relay streams it: stop the relay and run outbox-relay setup \
+             to make it one (or set postgres.failover = false)"
+        ));
+        return Ok(());
+    }
+    let mut conn = crate::source::ReplConnection::connect(&settings.conn, "outbox-relay setup")
+        .await
+        .map_err(|source| SetupError::Postgres {
+            target: settings.conn.to_string(),
+            source,
+        })?;
+    let result = conn.alter_slot_failover(slot).await;
+    conn.close().await;
+    result.map_err(|e| SetupError::Create {
+        object: format!("failover for replication slot {slot}"),
+        source: Box::new(e),
+    })?;
+    report
+        .lines
+        .push(format!("slot {slot}: now a failover slot"));
     Ok(())
 }
 

@@ -365,6 +365,60 @@ impl ReplConnection {
             .ok_or_else(|| unexpected("CREATE_REPLICATION_SLOT result"))
     }
 
+    /// Creates a logical pgoutput slot and exports the snapshot it starts at (PG 15+ syntax), for a
+    /// backfill: rows read in that snapshot are exactly those committed before the slot's first
+    /// change. The snapshot stays importable (`SET TRANSACTION SNAPSHOT`) until this connection
+    /// runs another command or closes. `failover` (PG 17+) makes it a failover slot.
+    pub async fn create_slot_with_snapshot(
+        &mut self,
+        slot: &str,
+        failover: bool,
+    ) -> Result<(Lsn, String), SourceError> {
+        let version = self.server_version_num();
+        if version < 150000 {
+            return Err(SourceError::Version {
+                version,
+                what: "CREATE_REPLICATION_SLOT … (SNAPSHOT 'export')".into(),
+                needs: "15",
+            });
+        }
+        let failover = if failover && version >= 170000 {
+            ", FAILOVER true"
+        } else {
+            ""
+        };
+        let sql = format!(
+            "CREATE_REPLICATION_SLOT {} LOGICAL pgoutput (SNAPSHOT 'export'{failover})",
+            quote_ident(slot)
+        );
+        let rows = self.simple_query(&sql).await?;
+        let row = rows
+            .first()
+            .ok_or_else(|| unexpected("CREATE_REPLICATION_SLOT result"))?;
+        let lsn = row
+            .get(1)
+            .cloned()
+            .flatten()
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| unexpected("CREATE_REPLICATION_SLOT consistent point"))?;
+        let snapshot = row
+            .get(2)
+            .cloned()
+            .flatten()
+            .ok_or_else(|| unexpected("CREATE_REPLICATION_SLOT snapshot name"))?;
+        Ok((lsn, snapshot))
+    }
+
+    /// PG 17+: makes an existing slot a failover slot (`ALTER_REPLICATION_SLOT … (FAILOVER true)`,
+    /// a replication command with no SQL equivalent). The slot must not be in use.
+    pub async fn alter_slot_failover(&mut self, slot: &str) -> Result<(), SourceError> {
+        let sql = format!(
+            "ALTER_REPLICATION_SLOT {} (FAILOVER true)",
+            quote_ident(slot)
+        );
+        self.simple_query(&sql).await.map(|_| ())
+    }
+
     /// Sends `START_REPLICATION` and waits for CopyBothResponse. Errors the server finds in the slot,
     /// the publication or the options arrive before CopyBoth and come back here, with the connection
     /// still usable; once streaming, the connection belongs to the returned stream.
