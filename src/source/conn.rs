@@ -14,12 +14,14 @@ use fallible_iterator::FallibleIterator;
 use postgres_protocol::authentication::sasl::{self, ChannelBinding, ScramSha256};
 use postgres_protocol::message::backend::Message;
 use postgres_protocol::message::frontend;
+use secrecy::ExposeSecret;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tracing::debug;
 
-use super::conninfo::{ConnInfo, SslMode};
+use super::conninfo::{AuthMethod, ChannelBindingMode, ConnInfo, SslMode};
 use super::error::SourceError;
+use super::hosts::{self, ServerRole};
 use super::options::PgOutputOptions;
 use super::stream::{ReplicationStream, StreamConfig};
 use super::tls;
@@ -53,8 +55,29 @@ pub struct ReplConnection {
 pub type Row = Vec<Option<String>>;
 
 impl ReplConnection {
-    /// Connects, negotiates TLS per `sslmode`, authenticates, and waits for ReadyForQuery.
+    /// Connects to the first of the URL's hosts that accepts and matches `target_session_attrs`:
+    /// negotiates TLS per `sslmode`, authenticates (within `require_auth` and `channel_binding`), and
+    /// waits for ReadyForQuery.
     pub async fn connect(info: &ConnInfo, application_name: &str) -> Result<Self, SourceError> {
+        hosts::connect_first(info, |target| async move {
+            let conn = Self::connect_one(&target, application_name).await?;
+            let role = conn.role();
+            Ok((conn, role))
+        })
+        .await
+    }
+
+    /// What the server reported about itself at startup (`in_hot_standby` and
+    /// `default_transaction_read_only`, both reported by PG 14+).
+    pub fn role(&self) -> ServerRole {
+        let on = |k: &str| self.params.get(k).is_some_and(|v| v == "on");
+        ServerRole {
+            in_recovery: on("in_hot_standby"),
+            read_only: on("in_hot_standby") || on("default_transaction_read_only"),
+        }
+    }
+
+    async fn connect_one(info: &ConnInfo, application_name: &str) -> Result<Self, SourceError> {
         let target = format!("{}:{}", info.host, info.port);
         let secs = info.connect_timeout.as_secs();
         tokio::time::timeout(
@@ -153,24 +176,53 @@ impl ReplConnection {
         self.flush().await?;
 
         let password = || {
-            info.password.as_deref().ok_or_else(|| {
-                SourceError::Auth(format!(
-                    "server asks user {:?} for a password and the postgres url has none: \
-                     use postgres://user:password@host/db",
-                    info.user
-                ))
-            })
+            info.password
+                .as_ref()
+                .map(|p| p.expose_secret())
+                .ok_or_else(|| {
+                    SourceError::Auth(format!(
+                        "password required: the server asks user {:?} for one and none is given; put it in \
+                         postgres.url (postgres://user:password@host/db), PGPASSWORD or the password file \
+                         (~/.pgpass or PGPASSFILE)",
+                        info.user
+                    ))
+                })
+        };
+        // libpq's require_auth and channel_binding=require: refuse before a password leaves.
+        let allow = |method: AuthMethod| -> Result<(), SourceError> {
+            info.require_auth.check(method).map_err(SourceError::Auth)?;
+            if info.channel_binding == ChannelBindingMode::Require {
+                return Err(SourceError::Auth(format!(
+                    "channel_binding=require, but the server asked for {} authentication, which has no \
+                     channel binding (a server without TLS or SCRAM, or someone in between)",
+                    method.as_str()
+                )));
+            }
+            Ok(())
         };
         let mut scram: Option<ScramSha256> = None;
+        let mut bound = false;
         loop {
             match self.read().await? {
-                Backend::Message(Message::AuthenticationOk) => break,
+                Backend::Message(Message::AuthenticationOk) => {
+                    if scram.is_none() {
+                        allow(AuthMethod::None)?;
+                    } else if info.channel_binding == ChannelBindingMode::Require && !bound {
+                        return Err(SourceError::Auth(
+                            "channel_binding=require, but the server authenticated without channel binding"
+                                .into(),
+                        ));
+                    }
+                    break;
+                }
                 Backend::Message(Message::AuthenticationCleartextPassword) => {
+                    allow(AuthMethod::Password)?;
                     frontend::password_message(password()?.as_bytes(), &mut self.wbuf)
                         .map_err(proto)?;
                     self.flush().await?;
                 }
                 Backend::Message(Message::AuthenticationMd5Password(body)) => {
+                    allow(AuthMethod::Md5)?;
                     let hash = postgres_protocol::authentication::md5_hash(
                         info.user.as_bytes(),
                         password()?.as_bytes(),
@@ -192,7 +244,23 @@ impl ReplConnection {
                     // Without a hash (no TLS, or a certificate algorithm without one) we cannot
                     // bind; with one but no -PLUS offer we say so ("y"), which lets the server
                     // detect a stripped offer.
-                    let (mech, binding) = match (&end_point_hash, plus, plain) {
+                    info.require_auth
+                        .check(AuthMethod::ScramSha256)
+                        .map_err(SourceError::Auth)?;
+                    let hash = end_point_hash
+                        .as_ref()
+                        .filter(|_| info.channel_binding != ChannelBindingMode::Disable);
+                    if info.channel_binding == ChannelBindingMode::Require
+                        && !(plus && hash.is_some())
+                    {
+                        return Err(SourceError::Auth(
+                            "channel_binding=require, but the server offers no SCRAM-SHA-256-PLUS over TLS \
+                             (use sslmode=verify-full and a server with TLS)"
+                                .into(),
+                        ));
+                    }
+                    bound = plus && hash.is_some();
+                    let (mech, binding) = match (hash, plus, plain) {
                         (Some(h), true, _) => (
                             sasl::SCRAM_SHA_256_PLUS,
                             ChannelBinding::tls_server_end_point(h.clone()),

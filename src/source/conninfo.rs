@@ -1,14 +1,20 @@
-//! Connection settings from the URL users give psql: `postgres://user:pass@host:port/db?sslmode=…`.
+//! Connection settings as libpq takes them, for both connections the relay opens: a URL
+//! (`postgres://u@h1:5432,h2:5432/db?target_session_attrs=read-write`) or the key=value form
+//! (`host=h1,h2 port=5432 dbname=app`), with libpq's environment variables (`PGHOST`, `PGPASSWORD`,
+//! `PGSSLMODE`, …) filling what the string leaves out, and the password file (`PGPASSFILE`,
+//! `~/.pgpass`) consulted per host when no password is given.
 //!
-//! One parser for both connections the relay opens: the replication connection (ours, on
-//! postgres-protocol) and the control connection for ordinary SQL (tokio-postgres). tokio-postgres' own
-//! parser cannot be used for the first (it rejects `replication=database`) and knows neither
-//! `verify-ca`/`verify-full` nor `sslrootcert`, so both are derived from this struct instead.
-//! The password is kept out of `Debug` and `Display`: settings are logged, secrets never.
+//! tokio-postgres' parser does the grammar (both forms, several hosts, percent-encoding, quoting).
+//! The parameters it does not know, or knows with fewer values (`sslmode=verify-ca/verify-full`,
+//! `sslrootcert`, `require_auth`, `target_session_attrs=primary/standby/prefer-standby`), are taken
+//! out first and handled here. The password is a secret: never in `Debug` or `Display`.
 
 use std::fmt;
 use std::path::PathBuf;
+use std::str::FromStr;
 use std::time::Duration;
+
+use secrecy::SecretString;
 
 /// libpq's `sslmode` meanings (<https://www.postgresql.org/docs/current/libpq-ssl.html>).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -48,99 +54,412 @@ pub enum RootCerts {
     System,
 }
 
-/// A parsed connection URL.
-#[derive(Clone, PartialEq, Eq)]
+/// libpq's `target_session_attrs`: which of the listed hosts is acceptable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TargetSessionAttrs {
+    Any,
+    /// Accepts writes (not a standby, `default_transaction_read_only` off).
+    ReadWrite,
+    ReadOnly,
+    /// Not a standby.
+    Primary,
+    /// A standby.
+    Standby,
+    /// A standby if any answers, else any.
+    PreferStandby,
+}
+
+impl TargetSessionAttrs {
+    fn parse(s: &str) -> Result<Self, ConnInfoError> {
+        Ok(match s {
+            "any" => Self::Any,
+            "read-write" => Self::ReadWrite,
+            "read-only" => Self::ReadOnly,
+            "primary" => Self::Primary,
+            "standby" => Self::Standby,
+            "prefer-standby" => Self::PreferStandby,
+            other => {
+                return Err(ConnInfoError::BadParam(
+                    "target_session_attrs",
+                    other.to_owned(),
+                ));
+            }
+        })
+    }
+
+    /// The word libpq uses.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Any => "any",
+            Self::ReadWrite => "read-write",
+            Self::ReadOnly => "read-only",
+            Self::Primary => "primary",
+            Self::Standby => "standby",
+            Self::PreferStandby => "prefer-standby",
+        }
+    }
+}
+
+/// libpq's `channel_binding`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChannelBindingMode {
+    Disable,
+    /// Bind when the server offers SCRAM-SHA-256-PLUS over TLS (the default).
+    Prefer,
+    /// Refuse any authentication without channel binding (it proves no one relays the session).
+    Require,
+}
+
+/// An authentication method `require_auth` can name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AuthMethod {
+    /// No authentication asked (trust).
+    None,
+    /// Cleartext password.
+    Password,
+    Md5,
+    ScramSha256,
+}
+
+impl AuthMethod {
+    /// The word libpq uses.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AuthMethod::None => "none",
+            AuthMethod::Password => "password",
+            AuthMethod::Md5 => "md5",
+            AuthMethod::ScramSha256 => "scram-sha-256",
+        }
+    }
+}
+
+/// libpq's `require_auth`: the methods the server may ask for (`!` negates the whole list).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RequireAuth {
+    /// `None` = any method (the default).
+    allowed: Option<Vec<AuthMethod>>,
+    negated: bool,
+    /// As written, for messages.
+    text: String,
+}
+
+impl RequireAuth {
+    fn parse(s: &str) -> Result<Self, ConnInfoError> {
+        let bad = || ConnInfoError::BadParam("require_auth", s.to_owned());
+        let mut methods = Vec::new();
+        let mut negated = None;
+        for word in s.split(',').map(str::trim) {
+            let (neg, name) = match word.strip_prefix('!') {
+                Some(n) => (true, n),
+                None => (false, word),
+            };
+            // libpq: negated and plain entries cannot be mixed.
+            if *negated.get_or_insert(neg) != neg {
+                return Err(bad());
+            }
+            methods.push(match name {
+                "none" => AuthMethod::None,
+                "password" => AuthMethod::Password,
+                "md5" => AuthMethod::Md5,
+                "scram-sha-256" => AuthMethod::ScramSha256,
+                _ => return Err(bad()),
+            });
+        }
+        Ok(RequireAuth {
+            allowed: Some(methods),
+            negated: negated.unwrap_or(false),
+            text: s.to_owned(),
+        })
+    }
+
+    /// Whether the server may authenticate this way; the error says what was refused.
+    pub fn check(&self, method: AuthMethod) -> Result<(), String> {
+        let Some(list) = &self.allowed else {
+            return Ok(());
+        };
+        if list.contains(&method) != self.negated {
+            Ok(())
+        } else {
+            Err(format!(
+                "the server asked for {} authentication, which require_auth={} does not allow",
+                method.as_str(),
+                self.text
+            ))
+        }
+    }
+
+    /// Whether any method was restricted.
+    pub fn is_set(&self) -> bool {
+        self.allowed.is_some()
+    }
+}
+
+/// A parsed connection string: every host, and the settings they share.
+#[derive(Clone)]
 pub struct ConnInfo {
+    /// The hosts to try, in order.
+    pub hosts: Vec<(String, u16)>,
+    /// The host this copy is for ([`ConnInfo::for_host`]); the first one otherwise.
     pub host: String,
     pub port: u16,
     pub user: String,
-    pub password: Option<String>,
+    /// From the string or `PGPASSWORD`; `~/.pgpass` is looked up per host when this is `None`.
+    pub password: Option<SecretString>,
+    pub passfile: Option<PathBuf>,
     pub dbname: String,
     pub sslmode: SslMode,
     pub sslrootcert: Option<RootCerts>,
     pub connect_timeout: Duration,
+    pub target_session_attrs: TargetSessionAttrs,
+    /// `load_balance_hosts=random`: try the hosts in a random order.
+    pub load_balance: bool,
+    pub channel_binding: ChannelBindingMode,
+    pub require_auth: RequireAuth,
 }
 
-/// A URL that cannot be used; the message names the part and how to fix it.
+/// A connection string that cannot be used; the message names the part and how to fix it.
 #[derive(Debug, thiserror::Error)]
 pub enum ConnInfoError {
     #[error(
-        "postgres url is not a URL ({0}): expected postgres://user:password@host:port/database"
+        "postgres url cannot be parsed ({0}): expected postgres://user:password@host:port/database \
+         (percent-encode '@', ':', '/' and '%' in a password, e.g. p%40ss for p@ss) or host=… dbname=…"
     )]
-    NotUrl(String),
+    Syntax(String),
     #[error("postgres url scheme {0:?} is not supported: use postgres:// or postgresql://")]
     Scheme(String),
     #[error("postgres url has no host: expected postgres://user:password@host:port/database")]
     NoHost,
+    #[error(
+        "postgres url host {0:?} is a Unix socket directory: the relay connects over TCP; give a host name"
+    )]
+    UnixSocket(String),
     #[error("postgres url parameter {0}={1:?} is not valid")]
     BadParam(&'static str, String),
-    #[error(
-        "postgres url parameter {0:?} is not supported (supported: sslmode, sslrootcert, connect_timeout, application_name)"
-    )]
-    UnknownParam(String),
+    #[error("postgres url lists {hosts} hosts but {ports} ports: give one port, or one per host")]
+    Ports { hosts: usize, ports: usize },
 }
 
+/// Parameters handled here rather than by tokio-postgres.
+const OURS: &[&str] = &[
+    "sslmode",
+    "sslrootcert",
+    "require_auth",
+    "target_session_attrs",
+    "passfile",
+];
+
 impl ConnInfo {
-    /// Parses `postgres://[user[:password]@]host[:port][/dbname][?param=value&…]`.
-    /// Defaults as libpq: port 5432, user `postgres`, database = user, sslmode `prefer`.
-    pub fn parse(url: &str) -> Result<Self, ConnInfoError> {
-        let u = url::Url::parse(url).map_err(|e| ConnInfoError::NotUrl(e.to_string()))?;
-        if u.scheme() != "postgres" && u.scheme() != "postgresql" {
-            return Err(ConnInfoError::Scheme(u.scheme().to_owned()));
-        }
-        let host = match u.host() {
-            Some(url::Host::Ipv6(a)) => a.to_string(),
-            Some(h) => h.to_string(),
-            None => return Err(ConnInfoError::NoHost),
-        };
-        let decode = |s: &str| {
-            percent_decode(s).ok_or_else(|| ConnInfoError::NotUrl("bad percent-encoding".into()))
-        };
-        let user = if u.username().is_empty() {
-            "postgres".to_owned()
-        } else {
-            decode(u.username())?
-        };
-        let password = u.password().map(decode).transpose()?;
-        let path = u.path().trim_start_matches('/');
-        let dbname = if path.is_empty() {
-            user.clone()
-        } else {
-            decode(path)?
-        };
-        let mut info = ConnInfo {
-            host,
-            port: u.port().unwrap_or(5432),
-            user,
-            password,
-            dbname,
-            sslmode: SslMode::Prefer,
-            sslrootcert: None,
-            connect_timeout: Duration::from_secs(10),
-        };
-        for (k, v) in u.query_pairs() {
-            match &*k {
-                "sslmode" => info.sslmode = SslMode::parse(&v)?,
-                "sslrootcert" if v == "system" => info.sslrootcert = Some(RootCerts::System),
-                "sslrootcert" => info.sslrootcert = Some(RootCerts::File(PathBuf::from(&*v))),
-                "connect_timeout" => {
-                    let secs: u64 = v
-                        .parse()
-                        .map_err(|_| ConnInfoError::BadParam("connect_timeout", v.to_string()))?;
-                    info.connect_timeout = Duration::from_secs(secs.max(1));
-                }
-                // The relay sets its own application_name (unique per connection); accepting the
-                // parameter keeps URLs shared with other tools usable.
-                "application_name" => {}
-                other => return Err(ConnInfoError::UnknownParam(other.to_owned())),
-            }
-        }
-        Ok(info)
+    /// Parses a connection string, with libpq's environment variables for what it leaves out.
+    pub fn parse(s: &str) -> Result<Self, ConnInfoError> {
+        Self::parse_with_env(s, |k| std::env::var(k).ok())
     }
 
-    /// Settings for an ordinary SQL connection through tokio-postgres. TLS verification is done by
-    /// the rustls config from [`super::tls`], so `verify-*` map to tokio-postgres' `Require`.
+    /// As [`ConnInfo::parse`], with the environment given (tests).
+    pub fn parse_with_env(
+        s: &str,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, ConnInfoError> {
+        let s = s.trim();
+        let (rest, ours) = if let Some((scheme, _)) = s.split_once("://") {
+            if scheme != "postgres" && scheme != "postgresql" {
+                return Err(ConnInfoError::Scheme(scheme.to_owned()));
+            }
+            split_url(s)
+        } else if s.contains('=') || s.is_empty() {
+            split_key_values(s)?
+        } else {
+            return Err(ConnInfoError::Syntax(
+                "neither a URL nor key=value pairs".into(),
+            ));
+        };
+        let pg = tokio_postgres::Config::from_str(&rest).map_err(|e| {
+            // "invalid connection string" alone; the source names the option or value.
+            let why =
+                std::error::Error::source(&e).map_or_else(|| e.to_string(), |s| s.to_string());
+            ConnInfoError::Syntax(why)
+        })?;
+        let param = |key: &str, var: &str| -> Option<String> {
+            ours.iter()
+                .rev()
+                .find(|(k, _)| k == key)
+                .map(|(_, v)| v.clone())
+                .or_else(|| env(var).filter(|v| !v.is_empty()))
+        };
+
+        let mut hosts: Vec<String> = Vec::new();
+        for h in pg.get_hosts() {
+            match h {
+                tokio_postgres::config::Host::Tcp(h) => hosts.push(h.clone()),
+                tokio_postgres::config::Host::Unix(p) => {
+                    return Err(ConnInfoError::UnixSocket(p.display().to_string()));
+                }
+            }
+        }
+        if hosts.is_empty() {
+            hosts = env("PGHOST")
+                .map(|h| h.split(',').map(|h| h.trim().to_owned()).collect())
+                .unwrap_or_default();
+        }
+        hosts.retain(|h| !h.is_empty());
+        if hosts.is_empty() {
+            return Err(ConnInfoError::NoHost);
+        }
+        // An unencoded '@' in the password leaves the rest of it in the host name.
+        if let Some(h) = hosts.iter().find(|h| h.contains('@')) {
+            return Err(ConnInfoError::Syntax(format!(
+                "host {:?} contains '@'",
+                h.rsplit('@').next().unwrap_or_default()
+            )));
+        }
+        if let Some(h) = hosts.iter().find(|h| h.starts_with('/')) {
+            return Err(ConnInfoError::UnixSocket(h.clone()));
+        }
+        let mut ports: Vec<u16> = pg.get_ports().to_vec();
+        if ports.is_empty()
+            && let Some(p) = env("PGPORT")
+        {
+            for p in p.split(',') {
+                ports.push(
+                    p.trim()
+                        .parse()
+                        .map_err(|_| ConnInfoError::BadParam("port", p.to_owned()))?,
+                );
+            }
+        }
+        let ports = match ports.len() {
+            0 => vec![5432; hosts.len()],
+            1 => vec![ports[0]; hosts.len()],
+            n if n == hosts.len() => ports,
+            n => {
+                return Err(ConnInfoError::Ports {
+                    hosts: hosts.len(),
+                    ports: n,
+                });
+            }
+        };
+        let hosts: Vec<(String, u16)> = hosts.into_iter().zip(ports).collect();
+        let user = pg
+            .get_user()
+            .map(str::to_owned)
+            .or_else(|| env("PGUSER"))
+            .unwrap_or_else(|| "postgres".to_owned());
+        let password = pg
+            .get_password()
+            .map(|p| String::from_utf8_lossy(p).into_owned())
+            .or_else(|| env("PGPASSWORD"))
+            .map(SecretString::from);
+        let dbname = pg
+            .get_dbname()
+            .map(str::to_owned)
+            .or_else(|| env("PGDATABASE"))
+            .unwrap_or_else(|| user.clone());
+        let connect_timeout = match pg.get_connect_timeout() {
+            Some(t) => *t,
+            None => match env("PGCONNECT_TIMEOUT") {
+                Some(v) => Duration::from_secs(
+                    v.trim()
+                        .parse::<u64>()
+                        .map_err(|_| ConnInfoError::BadParam("connect_timeout", v.clone()))?,
+                ),
+                None => Duration::from_secs(10),
+            },
+        }
+        .max(Duration::from_secs(1));
+        let sslmode = match param("sslmode", "PGSSLMODE") {
+            Some(v) => SslMode::parse(&v)?,
+            None => SslMode::Prefer,
+        };
+        let sslrootcert = param("sslrootcert", "PGSSLROOTCERT").map(|v| match v.as_str() {
+            "system" => RootCerts::System,
+            _ => RootCerts::File(PathBuf::from(v)),
+        });
+        let target_session_attrs = match param("target_session_attrs", "PGTARGETSESSIONATTRS") {
+            Some(v) => TargetSessionAttrs::parse(&v)?,
+            None => TargetSessionAttrs::Any,
+        };
+        let require_auth = match param("require_auth", "PGREQUIREAUTH") {
+            Some(v) => RequireAuth::parse(&v)?,
+            None => RequireAuth::default(),
+        };
+        // tokio-postgres parsed these from the string; the environment fills them otherwise.
+        let channel_binding = if rest.contains("channel_binding") {
+            match pg.get_channel_binding() {
+                tokio_postgres::config::ChannelBinding::Disable => ChannelBindingMode::Disable,
+                tokio_postgres::config::ChannelBinding::Require => ChannelBindingMode::Require,
+                _ => ChannelBindingMode::Prefer,
+            }
+        } else {
+            match env("PGCHANNELBINDING").as_deref() {
+                Some("disable") => ChannelBindingMode::Disable,
+                Some("require") => ChannelBindingMode::Require,
+                Some("prefer") | None => ChannelBindingMode::Prefer,
+                Some(other) => {
+                    return Err(ConnInfoError::BadParam("channel_binding", other.to_owned()));
+                }
+            }
+        };
+        let load_balance = if rest.contains("load_balance_hosts") {
+            pg.get_load_balance_hosts() == tokio_postgres::config::LoadBalanceHosts::Random
+        } else {
+            env("PGLOADBALANCEHOSTS").as_deref() == Some("random")
+        };
+        let passfile = param("passfile", "PGPASSFILE")
+            .map(PathBuf::from)
+            .or_else(|| env("HOME").map(|h| PathBuf::from(h).join(".pgpass")));
+        let (host, port) = hosts[0].clone();
+        Ok(ConnInfo {
+            hosts,
+            host,
+            port,
+            user,
+            password,
+            passfile,
+            dbname,
+            sslmode,
+            sslrootcert,
+            connect_timeout,
+            target_session_attrs,
+            load_balance,
+            channel_binding,
+            require_auth,
+        })
+    }
+
+    /// This configuration for one of its hosts, with the password for it (the string's, or the
+    /// password file's entry for this host, port, database and user).
+    pub fn for_host(&self, host: &str, port: u16) -> ConnInfo {
+        let mut c = self.clone();
+        c.host = host.to_owned();
+        c.port = port;
+        if c.password.is_none()
+            && let Some(file) = &self.passfile
+        {
+            c.password = super::passfile::lookup(file, host, port, &self.dbname, &self.user)
+                .map(SecretString::from);
+        }
+        c
+    }
+
+    /// The hosts in the order to try them: as listed, or shuffled with `load_balance_hosts=random`.
+    pub fn host_order(&self) -> Vec<(String, u16)> {
+        let mut hosts = self.hosts.clone();
+        if self.load_balance && hosts.len() > 1 {
+            // Spread relays over the hosts; the clock's nanoseconds are random enough for that.
+            let seed = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.subsec_nanos() as usize)
+                .unwrap_or(0);
+            let n = hosts.len();
+            hosts.rotate_left(seed % n);
+        }
+        hosts
+    }
+
+    /// Settings for an ordinary SQL connection to this copy's host through tokio-postgres. TLS
+    /// verification is done by the rustls config from [`super::tls`], so `verify-*` map to
+    /// tokio-postgres' `Require`.
     pub fn tokio_postgres_config(&self, application_name: &str) -> tokio_postgres::Config {
+        use secrecy::ExposeSecret;
         let mut c = tokio_postgres::Config::new();
         c.host(&self.host)
             .port(self.port)
@@ -152,12 +471,91 @@ impl ConnInfo {
                 SslMode::Disable => tokio_postgres::config::SslMode::Disable,
                 SslMode::Prefer => tokio_postgres::config::SslMode::Prefer,
                 _ => tokio_postgres::config::SslMode::Require,
+            })
+            .channel_binding(match self.channel_binding {
+                ChannelBindingMode::Disable => tokio_postgres::config::ChannelBinding::Disable,
+                ChannelBindingMode::Prefer => tokio_postgres::config::ChannelBinding::Prefer,
+                ChannelBindingMode::Require => tokio_postgres::config::ChannelBinding::Require,
             });
         if let Some(pw) = &self.password {
-            c.password(pw);
+            c.password(pw.expose_secret());
         }
         c
     }
+}
+
+/// `postgres://…?a=b&c=d` → the URL without our parameters, and ours.
+fn split_url(s: &str) -> (String, Vec<(String, String)>) {
+    let Some((base, query)) = s.split_once('?') else {
+        return (s.to_owned(), Vec::new());
+    };
+    let mut ours = Vec::new();
+    let mut kept = url::form_urlencoded::Serializer::new(String::new());
+    for (k, v) in url::form_urlencoded::parse(query.as_bytes()) {
+        if OURS.contains(&k.as_ref()) {
+            ours.push((k.into_owned(), v.into_owned()));
+        } else if k != "application_name" {
+            // The relay names its own connections; accepting the parameter keeps URLs shared with
+            // other tools usable.
+            kept.append_pair(&k, &v);
+        }
+    }
+    let kept = kept.finish();
+    let rest = if kept.is_empty() {
+        base.to_owned()
+    } else {
+        format!("{base}?{kept}")
+    };
+    (rest, ours)
+}
+
+/// `host=h dbname='my db'` → the string without our parameters, and ours. Values follow libpq's
+/// quoting: single quotes, with `\'` and `\\` inside.
+fn split_key_values(s: &str) -> Result<(String, Vec<(String, String)>), ConnInfoError> {
+    let mut ours = Vec::new();
+    let mut kept = Vec::new();
+    let mut chars = s.chars().peekable();
+    loop {
+        while chars.next_if(|c| c.is_whitespace()).is_some() {}
+        if chars.peek().is_none() {
+            break;
+        }
+        let mut key = String::new();
+        while let Some(c) = chars.next_if(|c| *c != '=' && !c.is_whitespace()) {
+            key.push(c);
+        }
+        while chars.next_if(|c| c.is_whitespace()).is_some() {}
+        if chars.next() != Some('=') {
+            return Err(ConnInfoError::Syntax(format!("{key:?} has no '=value'")));
+        }
+        while chars.next_if(|c| c.is_whitespace()).is_some() {}
+        let mut value = String::new();
+        if chars.next_if_eq(&'\'').is_some() {
+            loop {
+                match chars.next() {
+                    None => return Err(ConnInfoError::Syntax("unterminated quote".into())),
+                    Some('\\') => value.extend(chars.next()),
+                    Some('\'') => break,
+                    Some(c) => value.push(c),
+                }
+            }
+        } else {
+            while let Some(c) = chars.next_if(|c| !c.is_whitespace()) {
+                if c == '\\' {
+                    value.extend(chars.next());
+                } else {
+                    value.push(c);
+                }
+            }
+        }
+        if OURS.contains(&key.as_str()) {
+            ours.push((key, value));
+        } else if key != "application_name" {
+            let quoted = value.replace('\\', "\\\\").replace('\'', "\\'");
+            kept.push(format!("{key}='{quoted}'"));
+        }
+    }
+    Ok((kept.join(" "), ours))
 }
 
 /// Shown in logs and errors: everything but the password.
@@ -167,38 +565,40 @@ impl fmt::Display for ConnInfo {
         if self.password.is_some() {
             f.write_str(":***")?;
         }
-        write!(f, "@{}:{}/{}", self.host, self.port, self.dbname)
+        let hosts: Vec<String> = self.hosts.iter().map(|(h, p)| format!("{h}:{p}")).collect();
+        write!(f, "@{}/{}", hosts.join(","), self.dbname)
     }
 }
 
 impl fmt::Debug for ConnInfo {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "ConnInfo({self}, sslmode={:?})", self.sslmode)
+        write!(
+            f,
+            "ConnInfo({self}, sslmode={:?}, target_session_attrs={})",
+            self.sslmode,
+            self.target_session_attrs.as_str()
+        )
     }
-}
-
-/// Percent-decoding of URL user, password and path segments (`%40` → `@`).
-fn percent_decode(s: &str) -> Option<String> {
-    percent_encoding::percent_decode_str(s)
-        .decode_utf8()
-        .ok()
-        .map(|c| c.into_owned())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use secrecy::ExposeSecret;
+
+    fn parse(s: &str) -> Result<ConnInfo, ConnInfoError> {
+        ConnInfo::parse_with_env(s, |_| None)
+    }
 
     #[test]
     fn parses_full_url() {
-        let c = ConnInfo::parse(
+        let c = parse(
             "postgres://relay:p%40ss@db.example:6543/app?sslmode=verify-full&sslrootcert=/ca.pem",
         )
         .unwrap();
-        assert_eq!(c.host, "db.example");
-        assert_eq!(c.port, 6543);
+        assert_eq!(c.hosts, vec![("db.example".to_owned(), 6543)]);
         assert_eq!(c.user, "relay");
-        assert_eq!(c.password.as_deref(), Some("p@ss"));
+        assert_eq!(c.password.as_ref().unwrap().expose_secret(), "p@ss");
         assert_eq!(c.dbname, "app");
         assert_eq!(c.sslmode, SslMode::VerifyFull);
         assert_eq!(c.sslrootcert, Some(RootCerts::File("/ca.pem".into())));
@@ -206,18 +606,96 @@ mod tests {
 
     #[test]
     fn defaults_like_libpq() {
-        let c = ConnInfo::parse("postgresql://127.0.0.1").unwrap();
+        let c = parse("postgresql://127.0.0.1").unwrap();
         assert_eq!(
             (c.port, &*c.user, &*c.dbname),
             (5432, "postgres", "postgres")
         );
         assert_eq!(c.sslmode, SslMode::Prefer);
-        assert_eq!(c.password, None);
+        assert!(c.password.is_none());
+        assert_eq!(c.target_session_attrs, TargetSessionAttrs::Any);
+    }
+
+    #[test]
+    fn several_hosts_and_target_session_attrs() {
+        let c = parse(
+            "postgres://u@h1:5432,h2:5433/app?target_session_attrs=read-write&load_balance_hosts=random",
+        )
+        .unwrap();
+        assert_eq!(
+            c.hosts,
+            vec![("h1".to_owned(), 5432), ("h2".to_owned(), 5433)]
+        );
+        assert_eq!(c.target_session_attrs, TargetSessionAttrs::ReadWrite);
+        assert!(c.load_balance);
+        let c = parse("host=h1,h2 port=5432 dbname=app user=relay target_session_attrs=primary")
+            .unwrap();
+        assert_eq!(c.hosts.len(), 2);
+        assert_eq!(c.hosts[1], ("h2".to_owned(), 5432));
+        assert_eq!(c.target_session_attrs, TargetSessionAttrs::Primary);
+        assert_eq!(c.dbname, "app");
+    }
+
+    #[test]
+    fn key_value_quoting_and_our_parameters() {
+        let c = parse(
+            "host=h password='it''s' dbname='my db' sslmode=verify-ca sslrootcert=/ca.pem require_auth=scram-sha-256 channel_binding=require",
+        );
+        // libpq escapes a quote with a backslash, not by doubling it.
+        assert!(c.is_err());
+        let c = parse(
+            r"host=h password='it\'s a \\secret' dbname='my db' sslmode=verify-ca sslrootcert=/ca.pem require_auth=scram-sha-256 channel_binding=require",
+        )
+        .unwrap();
+        assert_eq!(c.password.unwrap().expose_secret(), r"it's a \secret");
+        assert_eq!(c.dbname, "my db");
+        assert_eq!(c.sslmode, SslMode::VerifyCa);
+        assert_eq!(c.channel_binding, ChannelBindingMode::Require);
+        assert!(c.require_auth.check(AuthMethod::ScramSha256).is_ok());
+        let e = c.require_auth.check(AuthMethod::Password).unwrap_err();
+        assert!(e.contains("password") && e.contains("require_auth"), "{e}");
+    }
+
+    #[test]
+    fn unencoded_specials_in_a_password() {
+        // The first '@' ends the credentials: the rest would become the host, or a port.
+        let e = parse("postgres://u:p@ss@h/d").unwrap_err().to_string();
+        assert!(e.contains("percent-encode") && !e.contains("ss@h"), "{e}");
+        let e = parse("postgres://u:p@ss:w@h/d").unwrap_err().to_string();
+        assert!(e.contains("percent-encode"), "{e}");
+        let c = parse("postgres://u:p%40ss%3Aw@h/d").unwrap();
+        assert_eq!(c.password.unwrap().expose_secret(), "p@ss:w");
+    }
+
+    #[test]
+    fn negated_require_auth() {
+        let c = parse("postgres://h/d?require_auth=!password,!md5").unwrap();
+        assert!(c.require_auth.check(AuthMethod::ScramSha256).is_ok());
+        assert!(c.require_auth.check(AuthMethod::None).is_ok());
+        assert!(c.require_auth.check(AuthMethod::Md5).is_err());
+        assert!(parse("postgres://h/d?require_auth=!password,md5").is_err());
+    }
+
+    #[test]
+    fn environment_fills_what_the_string_leaves_out() {
+        let env = |k: &str| match k {
+            "PGPASSWORD" => Some("from-env".to_owned()),
+            "PGSSLMODE" => Some("require".to_owned()),
+            "PGUSER" => Some("relay".to_owned()),
+            _ => None,
+        };
+        let c = ConnInfo::parse_with_env("postgres://h/d", env).unwrap();
+        assert_eq!(c.password.unwrap().expose_secret(), "from-env");
+        assert_eq!(c.sslmode, SslMode::Require);
+        assert_eq!(c.user, "relay");
+        let c = ConnInfo::parse_with_env("postgres://u:given@h/d?sslmode=disable", env).unwrap();
+        assert_eq!(c.password.unwrap().expose_secret(), "given");
+        assert_eq!(c.sslmode, SslMode::Disable);
     }
 
     #[test]
     fn display_and_debug_hide_the_password() {
-        let c = ConnInfo::parse("postgres://u:secret@h/d").unwrap();
+        let c = parse("postgres://u:secret@h/d").unwrap();
         assert!(!c.to_string().contains("secret"));
         assert!(!format!("{c:?}").contains("secret"));
         assert_eq!(c.to_string(), "postgres://u:***@h:5432/d");
@@ -225,16 +703,16 @@ mod tests {
 
     #[test]
     fn rejects_bad_input_naming_the_part() {
-        let e = ConnInfo::parse("mysql://h/d").unwrap_err().to_string();
+        let e = parse("mysql://h/d").unwrap_err().to_string();
         assert!(e.contains("scheme"), "{e}");
-        let e = ConnInfo::parse("postgres://h/d?sslmode=bogus")
+        let e = parse("postgres://h/d?sslmode=bogus")
             .unwrap_err()
             .to_string();
         assert!(e.contains("sslmode"), "{e}");
-        let e = ConnInfo::parse("postgres://h/d?foo=1")
-            .unwrap_err()
-            .to_string();
+        let e = parse("postgres://h/d?foo=1").unwrap_err().to_string();
         assert!(e.contains("foo"), "{e}");
-        assert!(ConnInfo::parse("not a url").is_err());
+        let e = parse("postgres://u@h:port/d").unwrap_err().to_string();
+        assert!(e.contains("percent-encode"), "{e}");
+        assert!(parse("not a url").is_err());
     }
 }

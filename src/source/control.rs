@@ -1,57 +1,142 @@
 //! The control connection: ordinary SQL through tokio-postgres (slot and publication checks, status
-//! queries), with the same URL and the same TLS rules as the replication connection.
+//! queries), with the same connection string, host order, `target_session_attrs`, TLS rules,
+//! `channel_binding` and `require_auth` as the replication connection.
 
 use tokio_postgres::Client;
 use tracing::debug;
 
+use super::auth_guard::GuardedConnect;
 use super::conninfo::{ConnInfo, SslMode};
-use super::error::SourceError;
+use super::error::{ServerError, SourceError};
+use super::hosts::{self, ServerRole};
 use super::tls;
 
-/// Connects and spawns the connection task. The task ends when the client is dropped.
+/// Connects to the first acceptable host and spawns the connection task. The task ends when the
+/// client is dropped.
 pub async fn connect_control(
     info: &ConnInfo,
     application_name: &str,
 ) -> Result<Client, SourceError> {
+    hosts::connect_first(info, |target| async move {
+        let client = connect_one(&target, application_name).await?;
+        let row = client
+            .query_one(
+                "SELECT pg_is_in_recovery(), current_setting('transaction_read_only') = 'on'",
+                &[],
+            )
+            .await
+            .map_err(|e| map_error(&format!("{}:{}", target.host, target.port), e))?;
+        let role = ServerRole {
+            in_recovery: row.get(0),
+            read_only: row.get(1),
+        };
+        Ok((client, role))
+    })
+    .await
+}
+
+async fn connect_one(info: &ConnInfo, application_name: &str) -> Result<Client, SourceError> {
     let config = info.tokio_postgres_config(application_name);
-    let target = format!("{}:{}", info.host, info.port);
-    let map = |e: tokio_postgres::Error| match e.as_db_error() {
-        Some(db) => SourceError::Server {
+    let addr = format!("{}:{}", info.host, info.port);
+    let tcp = tokio::time::timeout(
+        info.connect_timeout,
+        tokio::net::TcpStream::connect((info.host.as_str(), info.port)),
+    )
+    .await
+    .map_err(|_| SourceError::Timeout {
+        target: addr.clone(),
+        secs: info.connect_timeout.as_secs(),
+    })?
+    .map_err(|source| SourceError::Io {
+        target: addr.clone(),
+        source,
+    })?;
+    let tls_config = tls::client_config(info).map_err(|e| SourceError::Tls(e.to_string()))?;
+    // The guard watches the server's authentication requests on the wire (below tokio-postgres,
+    // which would answer a cleartext request with the password whatever require_auth says).
+    let connect = async {
+        match tls_config {
+            None => {
+                let guard = GuardedConnect::new(tokio_postgres::NoTls, info);
+                let (client, conn) = config
+                    .connect_raw(guard.wrap_raw(tcp), guard)
+                    .await
+                    .map_err(|e| map_error(&addr, e))?;
+                tokio::spawn(async move {
+                    if let Err(e) = conn.await {
+                        debug!(error = %e, "control connection ended");
+                    }
+                });
+                Ok(client)
+            }
+            Some(tls_config) => {
+                debug_assert_ne!(info.sslmode, SslMode::Disable);
+                let rustls = tokio_postgres_rustls::MakeRustlsConnect::new((*tls_config).clone());
+                let tls = tokio_postgres::tls::MakeTlsConnect::<
+                    super::auth_guard::Guarded<tokio::net::TcpStream>,
+                >::make_tls_connect(&mut rustls.clone(), &info.host)
+                .map_err(|e| SourceError::Tls(e.to_string()))?;
+                let guard = GuardedConnect::new(tls, info);
+                let (client, conn) = config
+                    .connect_raw(guard.wrap_raw(tcp), guard)
+                    .await
+                    .map_err(|e| map_error(&addr, e))?;
+                tokio::spawn(async move {
+                    if let Err(e) = conn.await {
+                        debug!(error = %e, "control connection ended");
+                    }
+                });
+                Ok(client)
+            }
+        }
+    };
+    tokio::time::timeout(info.connect_timeout, connect)
+        .await
+        .map_err(|_| SourceError::Timeout {
+            target: addr,
+            secs: info.connect_timeout.as_secs(),
+        })?
+}
+
+/// A tokio-postgres error as a source error: the server's own error with its SQLSTATE, a refused
+/// authentication as such, the OS cause of a failed connection kept.
+fn map_error(addr: &str, e: tokio_postgres::Error) -> SourceError {
+    if let Some(db) = e.as_db_error() {
+        return SourceError::Server {
             context: "connect",
-            error: Box::new(super::error::ServerError {
+            error: Box::new(ServerError {
                 severity: db.severity().to_owned(),
                 code: db.code().code().to_owned(),
                 message: db.message().to_owned(),
                 detail: db.detail().map(str::to_owned),
                 hint: db.hint().map(str::to_owned),
             }),
-        },
-        None => SourceError::Io {
-            target: target.clone(),
-            source: std::io::Error::other(e.to_string()),
-        },
-    };
-    let client = match tls::client_config(info).map_err(|e| SourceError::Tls(e.to_string()))? {
-        None => {
-            let (client, conn) = config.connect(tokio_postgres::NoTls).await.map_err(map)?;
-            tokio::spawn(async move {
-                if let Err(e) = conn.await {
-                    debug!(error = %e, "control connection ended");
-                }
-            });
-            client
-        }
-        Some(tls_config) => {
-            debug_assert_ne!(info.sslmode, SslMode::Disable);
-            let tls = tokio_postgres_rustls::MakeRustlsConnect::new((*tls_config).clone());
-            let (client, conn) = config.connect(tls).await.map_err(map)?;
-            tokio::spawn(async move {
-                if let Err(e) = conn.await {
-                    debug!(error = %e, "control connection ended");
-                }
-            });
-            client
-        }
-    };
-    Ok(client)
+        };
+    }
+    let text = e.to_string();
+    if text.contains("password missing") {
+        return SourceError::Auth(
+            "password required: the server asks for one and none is given; put it in postgres.url, PGPASSWORD \
+             or the password file (~/.pgpass or PGPASSFILE)"
+                .into(),
+        );
+    }
+    // The guard's refusal, or tokio-postgres' own channel-binding refusal.
+    if let Some(guard) = super::auth_guard::refusal(&e) {
+        return SourceError::Auth(guard);
+    }
+    if text.contains("channel binding") {
+        return SourceError::Auth(format!(
+            "channel_binding=require, but the server did not use channel binding ({text})"
+        ));
+    }
+    let source =
+        match std::error::Error::source(&e).and_then(|s| s.downcast_ref::<std::io::Error>()) {
+            Some(io) => std::io::Error::new(io.kind(), io.to_string()),
+            None => std::io::Error::other(text),
+        };
+    SourceError::Io {
+        target: addr.to_owned(),
+        source,
+    }
 }

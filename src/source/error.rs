@@ -86,13 +86,36 @@ pub enum SourceError {
         "postgres protocol: a {tag:?} message announces {len} bytes, over the {max}-byte frame limit"
     )]
     FrameTooLarge { tag: char, len: usize, max: usize },
+    /// The host answered but is not what `target_session_attrs` asks for (e.g. a standby while a
+    /// failover is under way).
+    #[error("postgres at {target} is {found}, not what target_session_attrs={wanted} asks for")]
+    WrongRole {
+        target: String,
+        found: &'static str,
+        wanted: &'static str,
+    },
+    /// Every host of a multi-host URL failed.
+    #[error("no host of postgres.url could be used: {}", describe_hosts(.0))]
+    NoHost(Vec<(String, SourceError)>),
+}
+
+fn describe_hosts(tried: &[(String, SourceError)]) -> String {
+    tried
+        .iter()
+        .map(|(target, e)| format!("{target}: {}", crate::relay::error_chain(e)))
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 impl SourceError {
     /// True when reconnecting and restarting from the confirmed LSN can succeed.
     pub fn is_transient(&self) -> bool {
         match self {
-            SourceError::Io { .. } | SourceError::Timeout { .. } | SourceError::Closed(_) => true,
+            SourceError::Io { .. }
+            | SourceError::Timeout { .. }
+            | SourceError::Closed(_)
+            | SourceError::WrongRole { .. } => true,
+            SourceError::NoHost(tried) => tried.iter().any(|(_, e)| e.is_transient()),
             SourceError::Server { error, .. } => error.is_transient(),
             SourceError::Auth(_)
             | SourceError::Tls(_)

@@ -36,19 +36,26 @@
 //! - `conn`: connect, authenticate, walsender commands; hands the socket to `stream`.
 //! - `control`: the tokio-postgres connection for ordinary SQL.
 
+mod auth_guard;
 mod conn;
 mod conninfo;
 mod control;
 mod error;
+mod hosts;
 mod options;
+mod passfile;
 mod stream;
 mod tls;
 mod wire;
 
 pub use conn::{ReplConnection, Row, SystemInfo, parse_server_version};
-pub use conninfo::{ConnInfo, ConnInfoError, RootCerts, SslMode};
+pub use conninfo::{
+    AuthMethod, ChannelBindingMode, ConnInfo, ConnInfoError, RequireAuth, RootCerts, SslMode,
+    TargetSessionAttrs,
+};
 pub use control::connect_control;
 pub use error::{ServerError, SourceError};
+pub use hosts::ServerRole;
 pub use options::PgOutputOptions;
 pub use stream::{ReplicationEvent, ReplicationStream, StreamConfig, parse_copy_data};
 pub use tls::TlsConfigError;

@@ -70,7 +70,7 @@ async fn scram_and_md5_log_in_and_bad_passwords_are_definite() {
     assert!(matches!(e, SourceError::Auth(_)), "{e:?}");
     let message = e.to_string();
     assert!(
-        message.contains("scram_user") && message.contains("url has none"),
+        message.contains("scram_user") && message.contains("password required"),
         "{message}"
     );
     assert!(!e.is_transient());

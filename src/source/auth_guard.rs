@@ -1,0 +1,343 @@
+//! `require_auth` for the control connection: a stream wrapper that reads the server's
+//! authentication request off the wire and refuses a method `require_auth` does not allow, before
+//! tokio-postgres (which has no such setting) can answer a cleartext request with the password.
+//!
+//! The replication connection authenticates in our own code ([`super::conn`]) and checks there. Here
+//! the guard sits on the TCP stream (watching for `SSLRequest` and the server's one-byte answer) and,
+//! when TLS is negotiated, again on the TLS stream, where the messages are readable. It only parses
+//! messages up to AuthenticationOk; after that it passes bytes through untouched.
+
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio_postgres::tls::{ChannelBinding, TlsConnect, TlsStream};
+
+use super::conninfo::{AuthMethod, ConnInfo, RequireAuth};
+
+/// `SSLRequest`: length 8, code 80877103.
+const SSL_REQUEST: [u8; 8] = [0, 0, 0, 8, 4, 210, 22, 47];
+
+/// The guard's refusal, inside the `io::Error` tokio-postgres reports.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct Refused(String);
+
+/// The refusal text, if `e` is one.
+pub fn refusal(e: &tokio_postgres::Error) -> Option<String> {
+    let io = std::error::Error::source(e)?.downcast_ref::<io::Error>()?;
+    io.get_ref()?.downcast_ref::<Refused>().map(|r| r.0.clone())
+}
+
+#[derive(Debug, Clone, Copy)]
+enum State {
+    /// Nothing written yet: the first write tells whether TLS is being requested.
+    Start,
+    /// The one-byte answer to SSLRequest.
+    SslAnswer,
+    /// A message header: tag and length.
+    Header { got: usize, buf: [u8; 5] },
+    /// The first four bytes of an authentication request: its code.
+    Code {
+        got: usize,
+        buf: [u8; 4],
+        rest: usize,
+    },
+    /// The rest of a message that does not matter.
+    Skip { rest: usize, then_done: bool },
+    /// Authentication is over (or TLS took over below): pass everything through.
+    Done,
+}
+
+/// What the server asked for so far.
+#[derive(Debug)]
+struct Parser {
+    require: RequireAuth,
+    state: State,
+    asked: bool,
+}
+
+impl Parser {
+    fn new(require: RequireAuth, after_tls: bool) -> Self {
+        let state = if !require.is_set() {
+            State::Done
+        } else if after_tls {
+            State::Header {
+                got: 0,
+                buf: [0; 5],
+            }
+        } else {
+            State::Start
+        };
+        Parser {
+            require,
+            state,
+            asked: false,
+        }
+    }
+
+    fn wrote(&mut self, buf: &[u8]) {
+        if let State::Start = self.state {
+            self.state = if buf.starts_with(&SSL_REQUEST) {
+                State::SslAnswer
+            } else {
+                State::Header {
+                    got: 0,
+                    buf: [0; 5],
+                }
+            };
+        }
+    }
+
+    fn read(&mut self, mut bytes: &[u8]) -> Result<(), String> {
+        while let Some((&b, rest)) = bytes.split_first() {
+            match &mut self.state {
+                State::Start | State::Done => return Ok(()),
+                State::SslAnswer => {
+                    // 'S': TLS follows; the guard on the TLS stream reads the messages.
+                    self.state = if b == b'S' {
+                        State::Done
+                    } else {
+                        State::Header {
+                            got: 0,
+                            buf: [0; 5],
+                        }
+                    };
+                    bytes = rest;
+                }
+                State::Header { got, buf } => {
+                    buf[*got] = b;
+                    *got += 1;
+                    bytes = rest;
+                    if *got == 5 {
+                        let tag = buf[0];
+                        let len = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize;
+                        let body = len.saturating_sub(4);
+                        self.state = if tag == b'R' && body >= 4 {
+                            State::Code {
+                                got: 0,
+                                buf: [0; 4],
+                                rest: body - 4,
+                            }
+                        } else {
+                            // An error or anything else ends authentication.
+                            State::Done
+                        };
+                    }
+                }
+                State::Code { got, buf, rest: r } => {
+                    buf[*got] = b;
+                    *got += 1;
+                    bytes = rest;
+                    if *got == 4 {
+                        let code = u32::from_be_bytes(*buf);
+                        let remaining = *r;
+                        let method = match code {
+                            0 if !self.asked => Some(AuthMethod::None),
+                            3 => Some(AuthMethod::Password),
+                            5 => Some(AuthMethod::Md5),
+                            10 => Some(AuthMethod::ScramSha256),
+                            _ => None,
+                        };
+                        if let Some(m) = method {
+                            self.require.check(m)?;
+                        }
+                        self.asked |= code != 0;
+                        self.state = State::Skip {
+                            rest: remaining,
+                            then_done: code == 0,
+                        };
+                    }
+                }
+                State::Skip { rest: r, then_done } => {
+                    let n = (*r).min(bytes.len());
+                    *r -= n;
+                    bytes = &bytes[n..];
+                    if *r == 0 {
+                        self.state = if *then_done {
+                            State::Done
+                        } else {
+                            State::Header {
+                                got: 0,
+                                buf: [0; 5],
+                            }
+                        };
+                    }
+                }
+            }
+            if let State::Skip { rest: 0, then_done } = self.state {
+                self.state = if then_done {
+                    State::Done
+                } else {
+                    State::Header {
+                        got: 0,
+                        buf: [0; 5],
+                    }
+                };
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A stream with an authentication guard.
+#[derive(Debug)]
+pub struct Guarded<S> {
+    inner: S,
+    parser: Parser,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Guarded<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let this = &mut *self;
+        match Pin::new(&mut this.inner).poll_read(cx, buf) {
+            Poll::Ready(Ok(())) => {
+                if let Err(why) = this.parser.read(&buf.filled()[before..]) {
+                    return Poll::Ready(Err(io::Error::new(
+                        io::ErrorKind::PermissionDenied,
+                        Refused(why),
+                    )));
+                }
+                Poll::Ready(Ok(()))
+            }
+            other => other,
+        }
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Guarded<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = &mut *self;
+        this.parser.wrote(buf);
+        Pin::new(&mut this.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+impl<S: TlsStream + Unpin> TlsStream for Guarded<S> {
+    fn channel_binding(&self) -> ChannelBinding {
+        self.inner.channel_binding()
+    }
+}
+
+/// A TLS connector whose stream is guarded too.
+pub struct GuardedConnect<T> {
+    inner: T,
+    require: RequireAuth,
+}
+
+impl<T> GuardedConnect<T> {
+    pub fn new(inner: T, info: &ConnInfo) -> Self {
+        GuardedConnect {
+            inner,
+            require: info.require_auth.clone(),
+        }
+    }
+
+    /// The TCP stream with its guard (it reads plaintext messages when TLS is not used).
+    pub fn wrap_raw<S>(&self, stream: S) -> Guarded<S> {
+        Guarded {
+            inner: stream,
+            parser: Parser::new(self.require.clone(), false),
+        }
+    }
+}
+
+impl<S, T> TlsConnect<S> for GuardedConnect<T>
+where
+    T: TlsConnect<S>,
+    T::Future: Send + 'static,
+    T::Stream: Unpin,
+{
+    type Stream = Guarded<T::Stream>;
+    type Error = T::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Stream, T::Error>> + Send>>;
+
+    fn connect(self, stream: S) -> Self::Future {
+        let require = self.require;
+        let fut = self.inner.connect(stream);
+        Box::pin(async move {
+            let inner = fut.await?;
+            Ok(Guarded {
+                inner,
+                parser: Parser::new(require, true),
+            })
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn require(s: &str) -> RequireAuth {
+        ConnInfo::parse_with_env(&format!("postgres://h/d?require_auth={s}"), |_| None)
+            .unwrap()
+            .require_auth
+    }
+
+    fn auth(code: u32, extra: &[u8]) -> Vec<u8> {
+        let mut m = vec![b'R'];
+        m.extend(((8 + extra.len()) as u32).to_be_bytes());
+        m.extend(code.to_be_bytes());
+        m.extend(extra);
+        m
+    }
+
+    #[test]
+    fn a_cleartext_request_is_refused_even_after_a_refused_ssl_request() {
+        let mut p = Parser::new(require("scram-sha-256"), false);
+        p.wrote(&SSL_REQUEST);
+        let mut wire = vec![b'N'];
+        wire.extend(auth(3, &[]));
+        // Fed a byte at a time: reads may split anywhere.
+        let refused = wire.iter().any(|b| p.read(&[*b]).is_err());
+        assert!(refused);
+    }
+
+    #[test]
+    fn scram_passes_and_the_guard_retires_after_ok() {
+        let mut p = Parser::new(require("scram-sha-256"), true);
+        let mut wire = auth(10, b"SCRAM-SHA-256\0\0");
+        wire.extend(auth(11, b"r=abc"));
+        wire.extend(auth(12, b"v=xyz"));
+        wire.extend(auth(0, &[]));
+        // After AuthenticationOk nothing is parsed: even bytes that look like a request pass.
+        wire.extend(auth(3, &[]));
+        assert!(p.read(&wire).is_ok());
+        assert!(matches!(p.state, State::Done));
+    }
+
+    #[test]
+    fn trust_needs_none_in_the_list() {
+        let mut p = Parser::new(require("scram-sha-256"), true);
+        assert!(p.read(&auth(0, &[])).is_err());
+        let mut p = Parser::new(require("scram-sha-256,none"), true);
+        assert!(p.read(&auth(0, &[])).is_ok());
+    }
+
+    #[test]
+    fn tls_accepted_hands_over_to_the_tls_guard() {
+        let mut p = Parser::new(require("scram-sha-256"), false);
+        p.wrote(&SSL_REQUEST);
+        assert!(p.read(b"S\x16\x03\x01garbage").is_ok());
+        assert!(matches!(p.state, State::Done));
+    }
+}
