@@ -5,6 +5,7 @@
 mod support;
 
 mod faults;
+mod ha;
 mod ops;
 mod relay;
 mod smoke;

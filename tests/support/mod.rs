@@ -2,6 +2,8 @@
 //!
 //! - `PgServer::shared()` is one Postgres per test binary; `PgServer::start_private()` is for tests
 //!   that stop, restart or crash it.
+//! - `PgPair::start()` is a primary with a streaming physical standby (and failover slot sync on
+//!   PG 17+), for high-availability tests; see `pg_pair.rs`.
 //! - `NatsServer::start()` is a JetStream server per test.
 //! - `TestDb::create(server)` is a database per test, with its own slot and publication names.
 //!
@@ -12,6 +14,7 @@
 
 mod db;
 mod nats;
+mod pg_pair;
 mod postgres;
 mod process;
 mod proxy;
@@ -23,7 +26,8 @@ use std::time::{Duration, Instant};
 
 pub use db::TestDb;
 pub use nats::NatsServer;
-pub use postgres::PgServer;
+pub use pg_pair::{PgPair, SyncedSlot};
+pub use postgres::{PgServer, server_major};
 pub use proxy::*;
 pub use relay::{
     Finished, InProcessRelay, RelayProcess, Stored, TEXT_ID_OUTBOX_SQL, confirmed_flush,
