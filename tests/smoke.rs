@@ -169,7 +169,7 @@ async fn password_roles_and_tls_are_set_up() {
         pg.port(),
         pg.ca_cert_path().display()
     );
-    let out = Command::new(pg.bin_dir().join("psql"))
+    let out = Command::new(pg.client_bin_dir().join("psql"))
         .args([
             "-X",
             "-A",

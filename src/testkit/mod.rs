@@ -12,6 +12,7 @@
 
 mod db;
 mod nats;
+mod pg_pair;
 mod postgres;
 // Public for the tests' own harnesses (tests/support), which stop and signal relay processes too.
 pub mod process;
@@ -22,7 +23,8 @@ use std::time::{Duration, Instant};
 
 pub use db::TestDb;
 pub use nats::NatsServer;
-pub use postgres::PgServer;
+pub use pg_pair::{PgPair, SyncedSlot};
+pub use postgres::{PgServer, server_major};
 
 /// `<prefix>_<pid>_<n>`, lowercase: safe as an unquoted Postgres identifier (also a slot name) and as a
 /// NATS subject token or stream name. Other characters in `prefix` become `_`.

@@ -2,11 +2,16 @@
 //! test CA, and roles for every auth method the relay supports. One shared server per test binary for
 //! ordinary tests; private servers for tests that stop, restart or crash Postgres.
 //!
-//! Binaries come from `PG_BIN`, else the highest `/usr/lib/postgresql/<v>/bin` (DESIGN.md §5). Postgres
+//! Binaries come from `PG_BIN`, else the highest `/usr/lib/postgresql/<v>/bin` (DESIGN.md §5). A `PG_BIN`
+//! without client tools (npm's embedded-postgres ships only `initdb`, `pg_ctl` and `postgres`) borrows
+//! `psql` and `pg_isready` from the default installation: libpq speaks to newer servers. Postgres
 //! refuses to run as root, so when the tests run as root the server runs as the `postgres` user and its
 //! directories belong to it. The `postgres` binary is started directly (not through `pg_ctl`) so the
 //! test holds the postmaster's pid and can signal it: SIGINT is a fast shutdown, SIGKILL a crash.
 //! <https://www.postgresql.org/docs/current/server-shutdown.html>
+//!
+//! `start_copy` starts a second server from a copy of a stopped one's data dir (the base of a physical
+//! standby; see `pg_pair.rs`).
 
 use std::fs;
 use std::io::Write;
@@ -25,6 +30,8 @@ const READY_TIMEOUT: Duration = Duration::from_secs(60);
 
 pub struct PgServer {
     bin_dir: PathBuf,
+    /// `psql` and `pg_isready`: `bin_dir` when it has them, else the default installation's.
+    client_bin_dir: PathBuf,
     root: PathBuf,
     data_dir: PathBuf,
     pid_file: PathBuf,
@@ -63,9 +70,14 @@ impl PgServer {
         self.version_num
     }
 
-    /// Where `initdb`, `postgres`, `psql` and `pg_recvlogical` come from.
+    /// Where the server binaries (`initdb`, `postgres`) come from.
     pub fn bin_dir(&self) -> &Path {
         &self.bin_dir
+    }
+
+    /// Where `psql` and `pg_isready` come from: `bin_dir` when it has them (see the module comment).
+    pub fn client_bin_dir(&self) -> &Path {
+        &self.client_bin_dir
     }
 
     /// Superuser URL (trust auth over TCP).
@@ -88,6 +100,11 @@ impl PgServer {
         &self.ca_cert
     }
 
+    /// The last `n` bytes of the server log, for panic messages.
+    pub fn log_tail(&self, n: usize) -> String {
+        process::log_tail(&self.data_dir.join("server.log"), n)
+    }
+
     /// Fast shutdown (SIGINT) and wait for the postmaster to exit. No-op when already stopped.
     pub fn stop(&self) {
         let mut child = self.child.lock().unwrap_or_else(|e| e.into_inner());
@@ -96,6 +113,25 @@ impl PgServer {
         }
         // A stale pid must not be signalled by the watchdog once the pid is reused.
         let _ = fs::remove_file(&self.pid_file);
+    }
+
+    /// Immediate shutdown (SIGQUIT, what `pg_ctl stop -m immediate` sends): the postmaster stops its
+    /// backends and exits without a shutdown checkpoint, so WAL not yet sent to a standby stays
+    /// behind and the next start runs crash recovery. No-op when already stopped.
+    pub fn stop_immediate(&self) {
+        let mut child = self.child.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(mut c) = child.take() {
+            process::stop_child(&mut c, "QUIT", Duration::from_secs(30));
+        }
+        let _ = fs::remove_file(&self.pid_file);
+    }
+
+    /// Whether the postmaster this struct started is running (not stopped, killed or exited).
+    pub fn is_running(&self) -> bool {
+        let mut child = self.child.lock().unwrap_or_else(|e| e.into_inner());
+        child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
     }
 
     /// Starts the server again on the same port and data dir (after `stop` or `kill`; crash recovery
@@ -133,20 +169,108 @@ impl PgServer {
     /// What a `TestDb` needs to reach this server, without borrowing it.
     pub(crate) fn conn(&self) -> PgConn {
         PgConn {
-            psql: self.bin_dir.join("psql"),
+            psql: self.client_bin_dir.join("psql"),
             port: self.port,
         }
     }
 
     fn start_new() -> PgServer {
-        let bin_dir = bin_dir();
-        for name in ["initdb", "postgres", "psql", "pg_isready"] {
+        PgServer::start_new_with(bin_dir())
+    }
+
+    /// A new private server from the binaries in `bin_dir`: initdb, certificates, roles.
+    pub(crate) fn start_new_with(bin_dir: PathBuf) -> PgServer {
+        let mut server = PgServer::prepare(bin_dir);
+        write_certs(&server.root, server.run_as);
+        init_data_dir(&server.bin_dir, &server.data_dir, server.run_as);
+        server.start_on_free_port("");
+        server.bootstrap();
+        server
+    }
+
+    /// A new private server whose data dir is a copy of `source`'s, which must be stopped cleanly
+    /// (`stop`) so the copy is consistent: what `pg_basebackup` gives, without needing it (the npm
+    /// builds do not ship it). The copy gets its own port, temp dir and watchdog, `source`'s
+    /// certificates (one CA verifies both, as a multi-host URL needs), `extra_conf` appended to
+    /// `postgresql.conf`, and an empty `signal_file` (`standby.signal`) when given. The roles come
+    /// with the copy, so nothing is bootstrapped: a standby is read-only.
+    pub(crate) fn start_copy(
+        source: &PgServer,
+        extra_conf: &str,
+        signal_file: Option<&str>,
+    ) -> PgServer {
+        assert!(
+            !source.is_running(),
+            "PgServer::start_copy: stop the source first, a running data dir copies inconsistently"
+        );
+        let mut server = PgServer::prepare(source.bin_dir.clone());
+        for (name, mode) in [
+            ("ca.crt", 0o644),
+            ("server.crt", 0o644),
+            ("server.key", 0o600),
+        ] {
+            let (from, to) = (source.root.join(name), server.root.join(name));
+            fs::copy(&from, &to)
+                .unwrap_or_else(|e| panic!("copy {} to {}: {e}", from.display(), to.display()));
+            fs::set_permissions(&to, fs::Permissions::from_mode(mode))
+                .unwrap_or_else(|e| panic!("chmod {}: {e}", to.display()));
+            if name == "server.key" {
+                give_to(&to, server.run_as);
+            }
+        }
+        // `cp -a` keeps the owner (postgres) and the 0700 modes Postgres insists on.
+        let out = Command::new("cp")
+            .arg("-a")
+            .arg(&source.data_dir)
+            .arg(&server.data_dir)
+            .output()
+            .expect("spawn cp");
+        assert!(
+            out.status.success(),
+            "cp -a {} {}: {}",
+            source.data_dir.display(),
+            server.data_dir.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // Not part of a base backup: the source's pid file and log, and its replication slots
+        // (pg_basebackup leaves pg_replslot empty too; a copied slot would pin WAL on the copy).
+        for name in ["postmaster.pid", "postmaster.opts", "server.log"] {
+            let _ = fs::remove_file(server.data_dir.join(name));
+        }
+        let slots = server.data_dir.join("pg_replslot");
+        for entry in fs::read_dir(&slots)
+            .unwrap_or_else(|e| panic!("read {}: {e}", slots.display()))
+            .flatten()
+        {
+            fs::remove_dir_all(entry.path())
+                .unwrap_or_else(|e| panic!("remove {}: {e}", entry.path().display()));
+        }
+        if let Some(name) = signal_file {
+            let path = server.data_dir.join(name);
+            fs::write(&path, "").unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+            give_to(&path, server.run_as);
+        }
+        server.version_num = source.version_num;
+        server.start_on_free_port(extra_conf);
+        server
+    }
+
+    /// Appends settings to `postgresql.conf` (the last occurrence of a setting wins); they apply at
+    /// the next `start`, or at a reload (`SELECT pg_reload_conf()`) for those that allow it.
+    pub(crate) fn append_config(&self, text: &str) {
+        append_config(&self.data_dir, text);
+    }
+
+    /// Binaries, the user to run as, the temp dir and its watchdog: everything before a data dir.
+    fn prepare(bin_dir: PathBuf) -> PgServer {
+        for name in ["initdb", "postgres"] {
             assert!(
                 bin_dir.join(name).exists(),
                 "{} missing: set PG_BIN or run scripts/install-deps.sh",
                 bin_dir.join(name).display()
             );
         }
+        let client_bin_dir = client_bin_dir(&bin_dir);
         let run_as = if process::euid() == 0 {
             Some(process::user_ids("postgres").expect(
                 "running as root, but there is no `postgres` user to run the server as \
@@ -156,41 +280,43 @@ impl PgServer {
             None
         };
         let root = process::temp_root("pg");
-        let data_dir = root.join("data");
-        let ca_cert = root.join("ca.crt");
         let pid_file = root.join("server.pid");
-        // First, so the dir goes away even when initdb panics.
+        // First, so the dir goes away even when what follows panics.
         let watchdog = Watchdog::spawn(&pid_file, &root, "INT");
-        write_certs(&root, run_as);
-        init_data_dir(&bin_dir, &data_dir, run_as);
-
-        let mut server = PgServer {
+        PgServer {
             bin_dir,
-            root: root.clone(),
-            data_dir,
-            pid_file: pid_file.clone(),
-            ca_cert,
+            client_bin_dir,
+            data_dir: root.join("data"),
+            ca_cert: root.join("ca.crt"),
+            root,
+            pid_file,
             port: 0,
             version_num: 0,
             run_as,
             child: Mutex::new(None),
             watchdog: Mutex::new(Some(watchdog)),
-        };
-        // The port is picked before the server binds it; on a clash try again with a new one.
+        }
+    }
+
+    /// Writes the test settings (and `extra_conf`) for a free port and starts the server; panics
+    /// with the log when it does not come up. The port is picked before the server binds it; on a
+    /// clash this tries again with a new one.
+    fn start_on_free_port(&mut self, extra_conf: &str) {
         let mut last_error = String::new();
         for _ in 0..3 {
-            server.port = process::free_port();
-            write_config(&server.root, &server.data_dir, server.port);
-            match server.spawn_ready() {
+            self.port = process::free_port();
+            write_config(&self.root, &self.data_dir, self.port);
+            if !extra_conf.is_empty() {
+                append_config(&self.data_dir, extra_conf);
+            }
+            match self.spawn_ready() {
                 Ok(child) => {
-                    *server.child.get_mut().unwrap() = Some(child);
-                    server.bootstrap();
-                    return server;
+                    *self.child.get_mut().unwrap() = Some(child);
+                    return;
                 }
                 Err(e) => last_error = e,
             }
         }
-        drop(server);
         panic!("could not start Postgres: {last_error}");
     }
 
@@ -259,7 +385,7 @@ impl PgServer {
     }
 
     fn is_ready(&self) -> bool {
-        Command::new(self.bin_dir.join("pg_isready"))
+        Command::new(self.client_bin_dir.join("pg_isready"))
             .args(["-q", "-h", HOST, "-U", "postgres", "-d", "postgres", "-p"])
             .arg(self.port.to_string())
             .stdout(Stdio::null())
@@ -356,11 +482,55 @@ impl PgConn {
     }
 }
 
-/// `PG_BIN`, else the highest `/usr/lib/postgresql/<v>/bin` that has `initdb`.
-fn bin_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("PG_BIN") {
-        return PathBuf::from(dir);
+/// `PG_BIN`, else the default installation (`default_bin_dir`).
+pub(crate) fn bin_dir() -> PathBuf {
+    match std::env::var_os("PG_BIN") {
+        Some(dir) => PathBuf::from(dir),
+        None => default_bin_dir(),
     }
+}
+
+/// The major version of the server binaries `PgServer` and `PgPair` use (`PG_BIN`, else the default),
+/// from `postgres --version` (which, unlike serving, may run as root): for choosing or skipping tests
+/// before any server starts.
+pub fn server_major() -> u32 {
+    major_of(&bin_dir())
+}
+
+fn major_of(bin_dir: &Path) -> u32 {
+    let postgres = bin_dir.join("postgres");
+    let out = Command::new(&postgres)
+        .arg("--version")
+        .output()
+        .unwrap_or_else(|e| panic!("spawn {}: {e}", postgres.display()));
+    // "postgres (PostgreSQL) 18.4"; a build may append a suffix such as " (Debian 15.14-0+deb12u1)".
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.split_whitespace()
+        .nth(2)
+        .and_then(|v| v.split('.').next())
+        .and_then(|major| major.parse().ok())
+        .unwrap_or_else(|| panic!("{} --version: {text:?}", postgres.display()))
+}
+
+/// `bin_dir` when it has `psql` and `pg_isready`, else the default installation's.
+fn client_bin_dir(bin_dir: &Path) -> PathBuf {
+    let dir = if bin_dir.join("psql").exists() && bin_dir.join("pg_isready").exists() {
+        bin_dir.to_path_buf()
+    } else {
+        default_bin_dir()
+    };
+    for name in ["psql", "pg_isready"] {
+        assert!(
+            dir.join(name).exists(),
+            "{} missing: run scripts/install-deps.sh",
+            dir.join(name).display()
+        );
+    }
+    dir
+}
+
+/// The highest `/usr/lib/postgresql/<v>/bin` that has `initdb`.
+fn default_bin_dir() -> PathBuf {
     let mut found: Vec<(u32, PathBuf)> = fs::read_dir("/usr/lib/postgresql")
         .into_iter()
         .flatten()
@@ -455,7 +625,7 @@ fn init_data_dir(bin_dir: &Path, data_dir: &Path, run_as: Option<(u32, u32)>) {
 }
 
 /// Appends the test settings to `postgresql.conf` (the last occurrence of a setting wins, so the
-/// retry with a new port just appends again) and writes `pg_hba.conf`.
+/// retry with a new port, or a copy of the data dir, just appends again) and writes `pg_hba.conf`.
 fn write_config(root: &Path, data_dir: &Path, port: u16) {
     let conf = format!(
         "\n# outbox-relay tests\n\
@@ -481,12 +651,7 @@ fn write_config(root: &Path, data_dir: &Path, port: u16) {
         data = data_dir.display(),
         root = root.display(),
     );
-    let path = data_dir.join("postgresql.conf");
-    fs::OpenOptions::new()
-        .append(true)
-        .open(&path)
-        .and_then(|mut f| f.write_all(conf.as_bytes()))
-        .unwrap_or_else(|e| panic!("append {}: {e}", path.display()));
+    append_config(data_dir, &conf);
     // First match wins. `all` does not match physical replication connections, hence the extra
     // `replication` lines; logical replication connections match by database name like any other.
     let hba = format!(
@@ -503,8 +668,17 @@ fn write_config(root: &Path, data_dir: &Path, port: u16) {
     fs::write(&path, hba).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
 }
 
+fn append_config(data_dir: &Path, text: &str) {
+    let path = data_dir.join("postgresql.conf");
+    fs::OpenOptions::new()
+        .append(true)
+        .open(&path)
+        .and_then(|mut f| f.write_all(format!("\n{text}\n").as_bytes()))
+        .unwrap_or_else(|e| panic!("append {}: {e}", path.display()));
+}
+
 /// Percent-encodes a URL userinfo part.
-fn url_encode(s: &str) -> String {
+pub(crate) fn url_encode(s: &str) -> String {
     s.bytes()
         .map(|b| match b {
             b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {

@@ -5,6 +5,8 @@
 //!
 //! - `PgServer::shared()` is one Postgres per test binary; `PgServer::start_private()` is for tests
 //!   that stop, restart or crash it.
+//! - `PgPair::start()` is a primary with a streaming physical standby (and failover slot sync on
+//!   PG 17+), for high-availability tests; see `src/testkit/pg_pair.rs`.
 //! - `NatsServer::start()` is a JetStream server per test.
 //! - `TestDb::create(server)` is a database per test, with its own slot and publication names.
 
@@ -13,7 +15,9 @@
 mod proxy;
 mod relay;
 
-pub use outbox_relay::testkit::{NatsServer, PgServer, TestDb, process, unique, wait_for};
+pub use outbox_relay::testkit::{
+    NatsServer, PgPair, PgServer, SyncedSlot, TestDb, process, server_major, unique, wait_for,
+};
 pub use proxy::*;
 pub use relay::{
     Finished, InProcessRelay, RelayProcess, Stored, TEXT_ID_OUTBOX_SQL, confirmed_flush,

@@ -1,0 +1,178 @@
+//! High availability on the Postgres side, on the `PgPair` fixture (a primary with a streaming
+//! physical standby), without a relay: a logical slot created with `failover = true` on the primary
+//! is synced to the standby and, after the primary stops (immediately, as in a crash, or cleanly, as in
+//! a switchover) and the standby is promoted, is a usable slot on the new primary at or past the
+//! position that was synced; and a multi-host URL with `target_session_attrs=read-write` reaches
+//! whichever server is writable. These prove the fixture the relay's failover tests build on.
+//!
+//! Failover slots are PG 17+: on older servers those tests print why they skip and pass.
+//! `scripts/test.sh` runs this module with `PG_BIN` set to 17 and 18.
+
+use std::time::Duration;
+
+use crate::support::{PgPair, SyncedSlot, server_major};
+
+/// Slot sync has been seen to take ~25 s on a quiet pair (the worker backs off to 30 s naps).
+const SYNC_TIMEOUT: Duration = Duration::from_secs(90);
+const SLOT: &str = "ha_slot";
+const PUBLICATION: &str = "ha_pub";
+
+/// A pair with failover slots, or `None` (saying why) when `PG_BIN` is older than 17.
+fn pair_with_slot_sync(test: &str) -> Option<PgPair> {
+    let major = server_major();
+    if major < 17 {
+        eprintln!("skipped {test}: failover slots need Postgres 17+, PG_BIN has {major}");
+        return None;
+    }
+    let pair = PgPair::start();
+    assert!(pair.supports_slot_sync());
+    Some(pair)
+}
+
+/// On the primary: a table in a publication, a failover slot on it, and 100 rows.
+fn failover_slot_and_100_rows(pair: &PgPair) {
+    pair.primary.psql(
+        "postgres",
+        &format!(
+            "CREATE TABLE ha_t (id int PRIMARY KEY);\n\
+             CREATE PUBLICATION {PUBLICATION} FOR TABLE ha_t;\n\
+             SELECT pg_create_logical_replication_slot('{SLOT}', 'pgoutput', false, false, true);\n\
+             INSERT INTO ha_t SELECT generate_series(1, 100);"
+        ),
+    );
+    assert_eq!(
+        pair.primary.psql(
+            "postgres",
+            &format!("SELECT failover FROM pg_replication_slots WHERE slot_name = '{SLOT}'")
+        ),
+        "t"
+    );
+}
+
+/// Confirms the 100 rows on the primary's slot, as a client would, and waits for the standby to have
+/// the slot at or past that.
+async fn sync_past_100_rows(pair: &PgPair) -> SyncedSlot {
+    let synced = pair.advance_until_synced(SLOT, SYNC_TIMEOUT).await;
+    eprintln!(
+        "slot {SLOT} synced at {} after {:?}",
+        synced.confirmed_flush_lsn, synced.waited
+    );
+    synced
+}
+
+/// Checks the slot on the promoted standby: persistent, still a failover slot, confirmed at or past
+/// `synced_lsn`. Prints `synced`, which the docs leave meaningless on a primary.
+fn assert_slot_kept(pair: &PgPair, synced_lsn: &str) {
+    let row = pair.standby.psql(
+        "postgres",
+        &format!(
+            "SELECT failover, temporary, confirmed_flush_lsn >= '{synced_lsn}'::pg_lsn, synced, \
+                    confirmed_flush_lsn \
+               FROM pg_replication_slots WHERE slot_name = '{SLOT}'"
+        ),
+    );
+    let fields: Vec<&str> = row.split('|').collect();
+    assert_eq!(
+        fields.get(..3),
+        Some(&["t", "f", "t"][..]),
+        "slot on the promoted standby (failover|temporary|confirmed >= {synced_lsn}|synced|\
+         confirmed_flush_lsn): {row:?}"
+    );
+    eprintln!(
+        "slot {SLOT} on the promoted standby: confirmed_flush_lsn {}, synced = {}",
+        fields[4], fields[3]
+    );
+}
+
+/// Decodes (and consumes) the slot on the promoted standby; returns how many inserts it gave. A
+/// second read must give nothing: the slot advanced, so it is a working slot, not a leftover copy.
+fn consume_inserts(pair: &PgPair) -> u64 {
+    let sql = format!(
+        "SELECT count(*) FROM pg_logical_slot_get_binary_changes('{SLOT}', NULL, NULL, \
+           'proto_version', '1', 'publication_names', '{PUBLICATION}') \
+         WHERE get_byte(data, 0) = ascii('I')"
+    );
+    let inserts = pair.standby.psql("postgres", &sql).parse().unwrap();
+    assert_eq!(
+        pair.standby.psql("postgres", &sql),
+        "0",
+        "slot did not advance"
+    );
+    inserts
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_slot_survives_an_immediate_stop_and_promotion() {
+    let Some(pair) = pair_with_slot_sync("failover_slot_survives_an_immediate_stop_and_promotion")
+    else {
+        return;
+    };
+    failover_slot_and_100_rows(&pair);
+    let synced = sync_past_100_rows(&pair).await;
+
+    pair.stop_primary_immediate();
+    pair.promote_standby();
+
+    assert_slot_kept(&pair, &synced.confirmed_flush_lsn);
+    // The 100 rows before the synced position are not given again; what the new primary writes is.
+    pair.standby.psql(
+        "postgres",
+        "INSERT INTO ha_t SELECT generate_series(101, 105)",
+    );
+    assert_eq!(consume_inserts(&pair), 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_slot_survives_a_switchover() {
+    let Some(pair) = pair_with_slot_sync("failover_slot_survives_a_switchover") else {
+        return;
+    };
+    failover_slot_and_100_rows(&pair);
+    let synced = sync_past_100_rows(&pair).await;
+    // Written after the sync and not confirmed by anyone: a clean stop hands them to the standby.
+    pair.primary.psql(
+        "postgres",
+        "INSERT INTO ha_t SELECT generate_series(101, 110)",
+    );
+
+    pair.stop_primary_clean();
+    pair.promote_standby();
+
+    assert_eq!(
+        pair.standby.psql("postgres", "SELECT count(*) FROM ha_t"),
+        "110",
+        "a switchover loses no committed row"
+    );
+    assert_slot_kept(&pair, &synced.confirmed_flush_lsn);
+    // The 10 rows after the synced position (from the old primary's WAL) and 5 from the new one.
+    pair.standby.psql(
+        "postgres",
+        "INSERT INTO ha_t SELECT generate_series(111, 115)",
+    );
+    assert_eq!(consume_inserts(&pair), 15);
+}
+
+/// Physical replication only, so every version runs it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn multi_host_url_reaches_the_writable_server() {
+    let pair = PgPair::start();
+    let url = pair.multi_host_url("postgres");
+    let server_port = || async {
+        let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await?;
+        tokio::spawn(connection);
+        let row = client.query_one("SELECT inet_server_port()", &[]).await?;
+        Ok::<i32, tokio_postgres::Error>(row.get(0))
+    };
+    assert_eq!(server_port().await.unwrap(), i32::from(pair.primary.port()));
+
+    pair.stop_primary_immediate();
+    // The standby is up but read-only: read-write must not settle for it.
+    let refused = server_port().await;
+    assert!(
+        refused.is_err(),
+        "connected to a read-only standby: {refused:?}"
+    );
+
+    pair.promote_standby();
+    assert_eq!(server_port().await.unwrap(), i32::from(pair.standby.port()));
+}
