@@ -266,6 +266,21 @@ pub fn subject_covers(filter: &str, subject: &str) -> bool {
     f.len() == s.len()
 }
 
+/// Whether some subject matches both filters `a` and `b` (JetStream refuses two streams with
+/// overlapping subjects).
+pub fn subjects_overlap(a: &str, b: &str) -> bool {
+    let a: Vec<&str> = a.split('.').collect();
+    let b: Vec<&str> = b.split('.').collect();
+    for i in 0..a.len().max(b.len()) {
+        match (a.get(i), b.get(i)) {
+            (Some(&">"), Some(_)) | (Some(_), Some(&">")) => return true,
+            (Some(x), Some(y)) if *x == "*" || *y == "*" || x == y => {}
+            _ => return false,
+        }
+    }
+    true
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -364,5 +379,16 @@ mod tests {
         assert!(e.reason.contains("256"), "{e}");
         assert!(check_subject(&"d".repeat(5000)).is_err());
         assert!(t.render(&"C".repeat(256), "x", "y").is_ok());
+    }
+
+    #[test]
+    fn overlapping_filters() {
+        assert!(subjects_overlap("outbox.*", "outbox.Claim"));
+        assert!(subjects_overlap("outbox.>", "outbox.a.b"));
+        assert!(subjects_overlap(">", "x"));
+        assert!(subjects_overlap("a.*.c", "a.b.*"));
+        assert!(!subjects_overlap("outbox.*", "outbox.a.b"));
+        assert!(!subjects_overlap("outbox.*", "other.*"));
+        assert!(!subjects_overlap("dl", "dl.x"));
     }
 }

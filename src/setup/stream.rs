@@ -95,6 +95,25 @@ pub(super) async fn check(
     Ok(Some(FoundStream { relay_events }))
 }
 
+/// The first existing stream whose subjects overlap `ours`, and its subjects.
+async fn overlapping_stream(
+    js: &jetstream::Context,
+    ours: &[String],
+) -> Option<(String, Vec<String>)> {
+    use futures_util::StreamExt;
+    let mut streams = js.streams();
+    while let Some(Ok(info)) = streams.next().await {
+        let theirs = info.config.subjects;
+        if theirs
+            .iter()
+            .any(|t| ours.iter().any(|o| crate::route::subjects_overlap(o, t)))
+        {
+            return Some((info.config.name, theirs));
+        }
+    }
+    None
+}
+
 /// Creates the stream.
 pub(super) async fn create(
     settings: &Settings,
@@ -117,12 +136,28 @@ pub(super) async fn create(
         ]),
         ..Default::default()
     };
-    js.create_stream(cfg)
-        .await
-        .map_err(|e| SetupError::Create {
+    let ours = cfg.subjects.clone();
+    if let Err(e) = js.create_stream(cfg).await {
+        // 10065: subjects overlap with an existing stream; the server does not say which.
+        if let jetstream::context::CreateStreamErrorKind::JetStream(je) = e.kind()
+            && je.error_code().0 == 10065
+            && let Some((other, theirs)) = overlapping_stream(js, &ours).await
+        {
+            return Err(SetupError::Stream {
+                name: n.stream.clone(),
+                problem: format!(
+                    "cannot be created: its subjects [{}] overlap with stream {other}'s [{}]; use that stream \
+                     (nats.stream = \"{other}\") or other subjects (nats.subject, nats.dead_letter_subject)",
+                    ours.join(", "),
+                    theirs.join(", ")
+                ),
+            });
+        }
+        return Err(SetupError::Create {
             object: format!("JetStream stream {}", n.stream),
             source: Box::new(e),
-        })?;
+        });
+    }
     Ok(format!(
         "stream {}: created (file storage, subjects {wildcard}, {}, duplicate window {}s, replicas {})",
         n.stream, n.dead_letter_subject, n.duplicate_window_secs, n.stream_replicas
