@@ -128,9 +128,8 @@ async fn one(pg: &PgServer, helper: &str, events: u64, writers: u64) -> anyhow::
     for w in 0..writers {
         let c = db.client().await;
         let n = events / writers + u64::from(w < events % writers);
-        let sql = format!(
-            "BEGIN; SELECT {helper}('Order', 'o-{w}', 'OrderPlaced', '{PAYLOAD}'); COMMIT"
-        );
+        let sql =
+            format!("BEGIN; SELECT {helper}('Order', 'o-{w}', 'OrderPlaced', '{PAYLOAD}'); COMMIT");
         tasks.push(tokio::spawn(async move {
             for _ in 0..n {
                 c.batch_execute(&sql).await?;
