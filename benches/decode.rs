@@ -150,7 +150,7 @@ fn run(stage: Stage, relation: &Bytes, txns: &[[(Bytes, Lsn); 3]]) -> u64 {
             if let Step::Event(event) = &step {
                 events += 1;
                 if stage == Stage::DecodeOutboxBuild {
-                    black_box(message::build(event, &template, "outbox_dead_letter"));
+                    black_box(message::build(event, &template, "outbox_dead_letter", None));
                 }
             }
             black_box(step);

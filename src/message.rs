@@ -6,12 +6,19 @@
 //! `Outbox-Commit-Lsn`, plus the event's own headers. A dead letter carries the same headers plus
 //! `Outbox-Error` (one line) and `Outbox-Subject` (the subject it would have had), and its payload as
 //! stored unless that is what made it too big (then it is empty and `Outbox-Payload-Size` says how big).
+//!
+//! With `nats.cloudevents`, a routed event also carries the binary content mode headers of the
+//! CloudEvents NATS protocol binding (`ce-specversion`, `ce-id`, `ce-type`, `ce-source`,
+//! `ce-subject`, `ce-time`, `ce-datacontenttype`), values percent-encoded as its §3.1.3.2 says
+//! (<https://github.com/cloudevents/spec/blob/main/cloudevents/bindings/nats-protocol-binding.md>).
+//! Dead letters never carry them: a dead letter is not the event it failed to be.
 
 use std::sync::LazyLock;
 
 use async_nats::HeaderMap;
 use async_nats::header::{HeaderName, HeaderValue, IntoHeaderName};
 use bytes::Bytes;
+use percent_encoding::{AsciiSet, CONTROLS, utf8_percent_encode};
 
 use crate::outbox::OutboxEvent;
 use crate::route::SubjectTemplate;
@@ -29,6 +36,66 @@ pub const TRUNCATED_HEADERS: &str = "Outbox-Truncated-Headers";
 /// Set by the sink when the stream is fenced (see `fence`).
 pub const EXPECTED_LAST_SEQUENCE: &str = "Nats-Expected-Last-Sequence";
 
+/// CloudEvents header names (lower case, as the binding's examples write them).
+pub const CE_SPECVERSION: &str = "ce-specversion";
+pub const CE_ID: &str = "ce-id";
+pub const CE_TYPE: &str = "ce-type";
+pub const CE_SOURCE: &str = "ce-source";
+pub const CE_SUBJECT: &str = "ce-subject";
+pub const CE_TIME: &str = "ce-time";
+/// The binding maps `datacontenttype` to `ce-datacontenttype` like every other attribute; a
+/// `Content-Type` header is what marks a *structured* mode message (§3), so the relay never sets one.
+pub const CE_DATACONTENTTYPE: &str = "ce-datacontenttype";
+
+/// Whether `name` may be an event's own header (headers column, `header_columns`, a message's
+/// `headers`): a valid header name that is not one the relay sets. `Nats-*` and `Outbox-*` are always
+/// the relay's; with CloudEvents on, so are `ce-*` and `Content-Type` (which would turn the message
+/// into a structured-mode CloudEvent for a consumer).
+pub fn check_header_name(name: &str, cloudevents: bool) -> Result<(), String> {
+    if name.is_empty()
+        || name
+            .chars()
+            .any(|c| c == ':' || c.is_whitespace() || c.is_control() || !c.is_ascii())
+    {
+        return Err(format!("{name:?} is not a valid header name"));
+    }
+    let lower = name.to_ascii_lowercase();
+    if lower.starts_with("nats-") || lower.starts_with("outbox-") {
+        return Err(format!(
+            "{name:?} is reserved (Nats-*/Outbox-* headers are set by the relay)"
+        ));
+    }
+    if cloudevents && (lower.starts_with("ce-") || lower == "content-type") {
+        return Err(format!(
+            "{name:?} is reserved while nats.cloudevents is on (ce-* and Content-Type belong to the CloudEvents binding)"
+        ));
+    }
+    Ok(())
+}
+
+/// `nats.cloudevents`: what every CloudEvent shares, encoded once.
+#[derive(Debug, Clone)]
+pub struct CloudEvents {
+    source: HeaderValue,
+}
+
+impl CloudEvents {
+    /// `source` is `nats.cloudevents_source`.
+    pub fn new(source: &str) -> Self {
+        CloudEvents {
+            source: HeaderValue::from(ce_encode(source)),
+        }
+    }
+}
+
+/// The binding's §3.1.3.2: space, `"`, `%` and everything outside printable ASCII are percent-encoded
+/// (upper-case hex), byte by byte of the UTF-8 encoding.
+const CE_ESCAPED: &AsciiSet = &CONTROLS.add(b' ').add(b'"').add(b'%');
+
+fn ce_encode(v: &str) -> String {
+    utf8_percent_encode(v, CE_ESCAPED).to_string()
+}
+
 /// A message ready for JetStream.
 #[derive(Debug, Clone)]
 pub struct Outgoing {
@@ -45,6 +112,7 @@ pub fn build(
     event: &OutboxEvent,
     template: &SubjectTemplate,
     dead_letter_subject: &str,
+    cloudevents: Option<&CloudEvents>,
 ) -> Outgoing {
     let routed = template.render(
         event.aggregate_type.as_deref().unwrap_or(""),
@@ -54,7 +122,13 @@ pub fn build(
     match (&event.problem, routed) {
         (None, Ok(subject)) => Outgoing {
             subject,
-            headers: headers(event),
+            headers: {
+                let mut h = headers(event);
+                if let Some(ce) = cloudevents {
+                    cloudevents_headers(&mut h, event, ce);
+                }
+                h
+            },
             payload: event.payload.clone(),
             dead_letter: None,
         },
@@ -174,13 +248,20 @@ pub fn message_id(id: Option<&str>, commit_lsn: crate::Lsn, index: u32) -> Strin
 }
 
 /// The relay's header names, built once: a name made from a `&str` is validated and copied on
-/// every insert, and these five are on every message.
+/// every insert, and these are on every message.
 struct Names {
     msg_id: HeaderName,
     event_type: HeaderName,
     aggregate_type: HeaderName,
     aggregate_id: HeaderName,
     commit_lsn: HeaderName,
+    ce_specversion: HeaderName,
+    ce_id: HeaderName,
+    ce_type: HeaderName,
+    ce_source: HeaderName,
+    ce_subject: HeaderName,
+    ce_time: HeaderName,
+    ce_datacontenttype: HeaderName,
 }
 
 fn names() -> &'static Names {
@@ -190,6 +271,13 @@ fn names() -> &'static Names {
         aggregate_type: AGGREGATE_TYPE.into_header_name(),
         aggregate_id: AGGREGATE_ID.into_header_name(),
         commit_lsn: COMMIT_LSN.into_header_name(),
+        ce_specversion: CE_SPECVERSION.into_header_name(),
+        ce_id: CE_ID.into_header_name(),
+        ce_type: CE_TYPE.into_header_name(),
+        ce_source: CE_SOURCE.into_header_name(),
+        ce_subject: CE_SUBJECT.into_header_name(),
+        ce_time: CE_TIME.into_header_name(),
+        ce_datacontenttype: CE_DATACONTENTTYPE.into_header_name(),
     });
     &NAMES
 }
@@ -216,6 +304,63 @@ fn headers(event: &OutboxEvent) -> HeaderMap {
         h.insert(k.as_str(), v.as_str());
     }
     h
+}
+
+/// The CloudEvents attributes of a routable event (it has an id and an event type).
+fn cloudevents_headers(h: &mut HeaderMap, event: &OutboxEvent, ce: &CloudEvents) {
+    let n = names();
+    h.insert(n.ce_specversion.clone(), HeaderValue::from("1.0"));
+    h.insert(n.ce_id.clone(), HeaderValue::from(ce_encode(&event.msg_id)));
+    if let Some(t) = &event.event_type {
+        h.insert(n.ce_type.clone(), HeaderValue::from(ce_encode(t)));
+    }
+    h.insert(n.ce_source.clone(), ce.source.clone());
+    if let Some(s) = &event.aggregate_id {
+        h.insert(n.ce_subject.clone(), HeaderValue::from(ce_encode(s)));
+    }
+    if event.commit_ts != 0 {
+        h.insert(
+            n.ce_time.clone(),
+            HeaderValue::from(rfc3339_micros(event.commit_ts)),
+        );
+    }
+    if let Some(ct) = event.content_type {
+        h.insert(n.ce_datacontenttype.clone(), HeaderValue::from(ct));
+    }
+}
+
+/// A Postgres timestamp (µs since 2000-01-01 00:00 UTC) as RFC 3339 in UTC with microseconds:
+/// `2024-05-17T09:30:00.123456Z`.
+pub fn rfc3339_micros(pg_micros: i64) -> String {
+    // 2000-01-01 is day 10957 of the Unix epoch.
+    const PG_EPOCH_DAYS: i64 = 10_957;
+    const DAY: i64 = 86_400_000_000;
+    let days = pg_micros.div_euclid(DAY) + PG_EPOCH_DAYS;
+    let in_day = pg_micros.rem_euclid(DAY);
+    let (y, m, d) = civil_from_days(days);
+    let secs = in_day / 1_000_000;
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:06}Z",
+        secs / 3600,
+        secs / 60 % 60,
+        secs % 60,
+        in_day % 1_000_000
+    )
+}
+
+/// Days since 1970-01-01 → (year, month, day) in the proleptic Gregorian calendar (Howard Hinnant's
+/// `civil_from_days`, <https://howardhinnant.github.io/date_algorithms.html#civil_from_days>).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d)
 }
 
 /// Header values cannot hold line breaks (they would end the header block).
@@ -253,6 +398,7 @@ mod tests {
             commit_ts: 0,
             problem: None,
             msg_id: "e-5531".into(),
+            content_type: Some("application/json"),
         }
     }
 
@@ -262,7 +408,7 @@ mod tests {
 
     #[test]
     fn builds_contract_headers() {
-        let m = build(&event(), &template(), "dlq");
+        let m = build(&event(), &template(), "dlq", None);
         assert_eq!(m.subject, "outbox.Claim");
         assert_eq!(m.dead_letter, None);
         let h = &m.headers;
@@ -279,7 +425,7 @@ mod tests {
     fn unroutable_event_becomes_dead_letter_with_reason() {
         let mut e = event();
         e.aggregate_type = Some("Cl aim".into());
-        let m = build(&e, &template(), "outbox_dead_letter");
+        let m = build(&e, &template(), "outbox_dead_letter", None);
         assert_eq!(m.subject, "outbox_dead_letter");
         let err = m.headers.get(ERROR).unwrap().as_str();
         assert!(
@@ -295,7 +441,7 @@ mod tests {
     fn problem_event_keeps_the_subject_it_would_have_had() {
         let mut e = event();
         e.problem = Some("column x missing\nreally".into());
-        let m = build(&e, &template(), "dlq");
+        let m = build(&e, &template(), "dlq", None);
         assert_eq!(m.subject, "dlq");
         assert_eq!(m.headers.get(SUBJECT).unwrap().as_str(), "outbox.Claim");
         assert_eq!(
@@ -328,8 +474,79 @@ mod tests {
         e.index = 2;
         e.problem = Some("id has a line break".into());
         e.msg_id = message_id(e.id.as_deref(), e.commit_lsn, e.index);
-        let m = build(&e, &template(), "dlq");
+        let m = build(&e, &template(), "dlq", None);
         assert_eq!(m.headers.get(NATS_MSG_ID).unwrap().as_str(), "lsn:1/A0:2");
+    }
+
+    #[test]
+    fn cloudevents_headers_follow_the_nats_binding() {
+        let mut e = event();
+        e.aggregate_id = Some("claim 4711/€".into());
+        // 2024-02-29 13:45:06.000789 UTC in Postgres microseconds.
+        e.commit_ts = 762_529_506_000_789;
+        let ce = CloudEvents::new("/claims service");
+        let m = build(&e, &template(), "dlq", Some(&ce));
+        let h = |n: &str| m.headers.get(n).map(|v| v.as_str().to_owned());
+        assert_eq!(h("ce-specversion").as_deref(), Some("1.0"));
+        assert_eq!(h("ce-id").as_deref(), Some("e-5531"));
+        assert_eq!(h("ce-type").as_deref(), Some("ClaimApproved"));
+        assert_eq!(h("ce-source").as_deref(), Some("/claims%20service"));
+        assert_eq!(h("ce-subject").as_deref(), Some("claim%204711/%E2%82%AC"));
+        assert_eq!(h("ce-time").as_deref(), Some("2024-02-29T13:45:06.000789Z"));
+        assert_eq!(h("ce-datacontenttype").as_deref(), Some("application/json"));
+        assert_eq!(
+            h("content-type"),
+            None,
+            "Content-Type marks structured mode"
+        );
+        // The names go on the wire in lower case.
+        let names: Vec<String> = m.headers.iter().map(|(k, _)| k.to_string()).collect();
+        assert!(names.iter().any(|n| n == "ce-id"), "{names:?}");
+        // A dead letter is not a CloudEvent.
+        let mut bad = e.clone();
+        bad.problem = Some("broken".into());
+        let dl = build(&bad, &template(), "dlq", Some(&ce));
+        assert!(dl.headers.get("ce-id").is_none());
+    }
+
+    #[test]
+    fn percent_encoding_matches_the_binding_example() {
+        assert_eq!(
+            ce_encode("Euro \u{20AC} \u{1F600}"),
+            "Euro%20%E2%82%AC%20%F0%9F%98%80"
+        );
+        assert_eq!(ce_encode("a\"b%c~!"), "a%22b%25c~!");
+    }
+
+    #[test]
+    fn rfc3339_from_postgres_microseconds() {
+        assert_eq!(rfc3339_micros(0), "2000-01-01T00:00:00.000000Z");
+        assert_eq!(rfc3339_micros(-1), "1999-12-31T23:59:59.999999Z");
+        // SELECT extract(epoch FROM timestamptz '2038-01-19 03:14:08+00') - 946684800 = 1200798848
+        assert_eq!(
+            rfc3339_micros(1_200_798_848_000_000),
+            "2038-01-19T03:14:08.000000Z"
+        );
+        // 1970-01-01 is 946684800 s before the Postgres epoch.
+        assert_eq!(
+            rfc3339_micros(-946_684_800_000_000),
+            "1970-01-01T00:00:00.000000Z"
+        );
+        assert_eq!(
+            rfc3339_micros(3_155_760_000_000_000 - 1),
+            "2099-12-31T23:59:59.999999Z"
+        );
+    }
+
+    #[test]
+    fn reserved_header_names() {
+        assert!(check_header_name("tenant", false).is_ok());
+        assert!(check_header_name("nats-msg-id", false).is_err());
+        assert!(check_header_name("OUTBOX-X", false).is_err());
+        assert!(check_header_name("ce-id", false).is_ok());
+        assert!(check_header_name("CE-Id", true).is_err());
+        assert!(check_header_name("Content-Type", true).is_err());
+        assert!(check_header_name("a b", false).is_err());
     }
 
     #[test]

@@ -11,10 +11,20 @@
 //! Values stay `Bytes` slices of the received frame: the jsonb text is already JSON and is published as
 //! stored, never parsed and re-serialised. Only `bytea` (hex text output → raw bytes) and the optional
 //! headers column (a small JSON object) are decoded.
+//!
+//! With `outbox.message_prefix`, a transactional logical message with that prefix
+//! (`pg_logical_emit_message(true, prefix, content)`) is an event too: its content is a JSON object
+//! with the same fields as a row, and it takes its place among the row events of its transaction. Its
+//! `payload` is published as the JSON text the application wrote, sliced out of the frame. A
+//! non-transactional message with the prefix is atomic with nothing, so it is never published as an
+//! event: it becomes a dead letter of its own ([`Step::Standalone`]), outside any transaction.
 
 use std::collections::HashMap;
 
 use bytes::Bytes;
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
 
 use crate::Lsn;
 use crate::config::OutboxConfig;
@@ -23,7 +33,16 @@ use crate::pgoutput::{Message, Relation, TupleValue};
 /// Type OIDs the mapping cares about (`pg_type.dat`).
 mod oid {
     pub const BYTEA: u32 = 17;
+    pub const JSON: u32 = 114;
+    pub const JSONB: u32 = 3802;
+    pub const TEXT: u32 = 25;
+    pub const VARCHAR: u32 = 1043;
 }
+
+/// The CloudEvents `datacontenttype` of JSON payloads (jsonb and json columns, logical messages).
+pub const JSON_CONTENT_TYPE: &str = "application/json";
+/// ... and of text payloads.
+pub const TEXT_CONTENT_TYPE: &str = "text/plain; charset=utf-8";
 
 /// One outbox row on its way to JetStream. Fields are `None` when the column was NULL or missing; then
 /// `problem` says why the event cannot be published as is.
@@ -45,6 +64,8 @@ pub struct OutboxEvent {
     pub problem: Option<String>,
     /// The `Nats-Msg-Id`, computed once ([`crate::message::message_id`]).
     pub msg_id: String,
+    /// The payload's media type, from the payload column's type (`None` for bytea: unknown bytes).
+    pub content_type: Option<&'static str>,
 }
 
 /// What one pgoutput message means for the relay.
@@ -54,6 +75,12 @@ pub enum Step {
         final_lsn: Lsn,
     },
     Event(Box<OutboxEvent>),
+    /// An event outside any transaction (a non-transactional logical message with the prefix, always
+    /// with a problem): publish it, then `end_lsn` may be confirmed once it is acked.
+    Standalone {
+        event: Box<OutboxEvent>,
+        end_lsn: Lsn,
+    },
     Commit {
         commit_lsn: Lsn,
         end_lsn: Lsn,
@@ -86,6 +113,8 @@ pub enum StageError {
     CommitMismatch { begin: Lsn, commit: Lsn },
     #[error("COMMIT at {0} arrived outside a transaction")]
     CommitWithoutBegin(Lsn),
+    #[error("transactional logical message at {0} arrived outside a transaction")]
+    MessageWithoutBegin(Lsn),
 }
 
 /// Positions of the configured columns in the outbox table's current Relation.
@@ -99,6 +128,10 @@ struct OutboxColumns {
     payload: Option<usize>,
     payload_is_bytea: bool,
     headers: Option<usize>,
+    /// `outbox.header_columns`: (position in the row, index into the stage's list), for the columns
+    /// the table has.
+    header_columns: Vec<(usize, usize)>,
+    content_type: Option<&'static str>,
     /// Configured columns the table does not have (dropped or renamed): the reason for dead letters.
     missing: Vec<String>,
 }
@@ -109,6 +142,10 @@ pub struct OutboxStage {
     config: OutboxConfig,
     schema: String,
     table: String,
+    /// `outbox.header_columns` as (column, header name).
+    header_columns: Vec<(String, String)>,
+    /// `nats.cloudevents`: `ce-*` and `Content-Type` are the relay's, not an event's own headers.
+    cloudevents: bool,
     /// Relation id → columns, for the outbox table only; other relations map to `None`.
     relations: HashMap<u32, Option<OutboxColumns>>,
     commit_lsn: Lsn,
@@ -126,6 +163,8 @@ impl OutboxStage {
         OutboxStage {
             schema: schema.to_owned(),
             table: table.to_owned(),
+            header_columns: config.header_column_pairs(),
+            cloudevents: false,
             config: config.clone(),
             relations: HashMap::new(),
             commit_lsn: Lsn::ZERO,
@@ -133,6 +172,12 @@ impl OutboxStage {
             index: 0,
             in_txn: false,
         }
+    }
+
+    /// With `nats.cloudevents` on, events may not bring their own `ce-*` or `Content-Type` headers.
+    pub fn with_cloudevents(mut self, on: bool) -> Self {
+        self.cloudevents = on;
+        self
     }
 
     /// Interprets one decoded message.
@@ -210,6 +255,37 @@ impl OutboxStage {
                     Step::Nothing
                 }
             }
+            Message::Message {
+                transactional,
+                lsn,
+                prefix,
+                content,
+                ..
+            } if !self.config.message_prefix.is_empty() && prefix == self.config.message_prefix => {
+                if !transactional {
+                    // pgoutput sends these at once, between transactions: they belong to none.
+                    let mut event = self.message_event(&content, lsn, 0, 0);
+                    event.problem = Some(format!(
+                        "non-transactional logical message with prefix {prefix:?} at {lsn}: it is not atomic with \
+                         any transaction, so it is not published as an event; emit it with \
+                         pg_logical_emit_message(true, …) (or sql/06_outbox_message.sql's outbox_message)"
+                    ));
+                    // A WAL-derived id: should the application emit the event again, properly, its own
+                    // id must not be dropped as a duplicate of this dead letter.
+                    event.msg_id = format!("lsn:{lsn}:non-transactional");
+                    return Ok(Step::Standalone {
+                        event: Box::new(event),
+                        end_lsn: lsn,
+                    });
+                }
+                if !self.in_txn {
+                    return Err(StageError::MessageWithoutBegin(lsn));
+                }
+                let event =
+                    self.message_event(&content, self.commit_lsn, self.index, self.commit_ts);
+                self.index += 1;
+                Step::Event(Box::new(event))
+            }
             Message::StreamStart { .. } => return Err(StageError::Unrequested("Stream Start")),
             Message::BeginPrepare { .. } => return Err(StageError::Unrequested("Begin Prepare")),
             _ => Step::Nothing,
@@ -249,6 +325,17 @@ impl OutboxStage {
         } else {
             need(&c.headers_column)
         };
+        let header_columns = self
+            .header_columns
+            .iter()
+            .enumerate()
+            .filter_map(|(i, (column, _))| Some((need(column)?, i)))
+            .collect();
+        let content_type = payload.and_then(|p| match rel.columns[p].type_oid {
+            oid::JSON | oid::JSONB => Some(JSON_CONTENT_TYPE),
+            oid::TEXT | oid::VARCHAR => Some(TEXT_CONTENT_TYPE),
+            _ => None,
+        });
         OutboxColumns {
             ncols: rel.columns.len(),
             id,
@@ -258,6 +345,8 @@ impl OutboxStage {
             payload_is_bytea: payload.is_some_and(|p| rel.columns[p].type_oid == oid::BYTEA),
             payload,
             headers,
+            header_columns,
+            content_type,
             missing,
         }
     }
@@ -301,6 +390,14 @@ impl OutboxStage {
         let event_type = text(cols.event_type, &c.event_type_column, true);
         let aggregate_id = text(cols.aggregate_id, &c.aggregate_id_column, false);
         let headers_json = text(cols.headers, &c.headers_column, false);
+        let column_headers: Vec<(String, String)> = cols
+            .header_columns
+            .iter()
+            .filter_map(|&(pos, i)| {
+                let (column, header) = &self.header_columns[i];
+                Some((header.clone(), text(Some(pos), column, false)?))
+            })
+            .collect();
         if id.as_deref() == Some("") {
             problems.push(format!("column {} is empty", c.id_column));
         }
@@ -333,9 +430,19 @@ impl OutboxStage {
         };
         let mut headers = Vec::new();
         if let Some(json) = headers_json {
-            match parse_headers(&json) {
+            match parse_headers(&json, self.cloudevents) {
                 Ok(h) => headers = h,
                 Err(e) => problems.push(format!("column {}: {e}", c.headers_column)),
+            }
+        }
+        // After the headers column's: a header column wins over a key of the same name there.
+        for (header, value) in column_headers {
+            if value.contains(['\r', '\n']) {
+                problems.push(format!(
+                    "the value of header {header:?} contains a line break"
+                ));
+            } else {
+                headers.push((header, value));
             }
         }
         let msg_id = crate::message::message_id(id.as_deref(), self.commit_lsn, self.index);
@@ -351,8 +458,131 @@ impl OutboxStage {
             index: self.index,
             commit_ts: self.commit_ts,
             problem: (!problems.is_empty()).then(|| problems.join("; ")),
+            content_type: cols.content_type,
         }
     }
+
+    /// A logical message's content as an event. The fields are those of a row; what is missing or
+    /// malformed is the event's problem, and then the whole content is its payload, so the dead letter
+    /// holds everything the application wrote.
+    fn message_event(
+        &self,
+        content: &Bytes,
+        commit_lsn: Lsn,
+        index: u32,
+        commit_ts: i64,
+    ) -> OutboxEvent {
+        let mut event = OutboxEvent {
+            id: None,
+            aggregate_type: None,
+            aggregate_id: None,
+            event_type: None,
+            payload: content.clone(),
+            headers: Vec::new(),
+            commit_lsn,
+            index,
+            commit_ts,
+            problem: None,
+            msg_id: String::new(),
+            content_type: Some(JSON_CONTENT_TYPE),
+        };
+        let mut problems = Vec::new();
+        match parse_message(content) {
+            Err(e) => problems.push(e),
+            Ok(m) => {
+                let mut field = |raw: Option<&RawValue>, name: &str, required: bool| {
+                    let Some(raw) = raw else {
+                        problems.push(format!("content lacks \"{name}\""));
+                        return None;
+                    };
+                    match serde_json::from_str::<Option<String>>(raw.get()) {
+                        Ok(None) if required => {
+                            problems.push(format!("\"{name}\" is null"));
+                            None
+                        }
+                        Ok(v) => v,
+                        Err(_) => {
+                            problems.push(format!("\"{name}\" is not a string"));
+                            None
+                        }
+                    }
+                };
+                event.id = field(m.id, "id", true);
+                event.aggregate_type = field(m.aggregate_type, "aggregate_type", true);
+                // Like the column, aggregate_id may be null (then there is no header for it).
+                event.aggregate_id = field(m.aggregate_id, "aggregate_id", false);
+                event.event_type = field(m.event_type, "event_type", true);
+                match m.headers.map(RawValue::get) {
+                    None | Some("null") => {}
+                    Some(json) => match parse_headers(json, self.cloudevents) {
+                        Ok(h) => event.headers = h,
+                        Err(e) => problems.push(format!("\"headers\": {e}")),
+                    },
+                }
+                if event.id.as_deref() == Some("") {
+                    problems.push("\"id\" is empty".into());
+                }
+                if event
+                    .id
+                    .as_deref()
+                    .is_some_and(|i| i.contains(['\r', '\n']))
+                {
+                    problems.push(
+                        "\"id\" contains a line break, which cannot go into the Nats-Msg-Id header"
+                            .into(),
+                    );
+                }
+                match m.payload {
+                    None => problems.push("content lacks \"payload\"".into()),
+                    // Borrowed from `content`, so this is a slice of the frame: the JSON text as written.
+                    Some(raw) if problems.is_empty() => {
+                        event.payload = content.slice_ref(raw.get().as_bytes())
+                    }
+                    Some(_) => {}
+                }
+            }
+        }
+        event.msg_id = crate::message::message_id(event.id.as_deref(), commit_lsn, index);
+        if !problems.is_empty() {
+            event.problem = Some(format!("logical message: {}", problems.join("; ")));
+        }
+        event
+    }
+}
+
+/// The content of an event message; every field borrowed, so nothing is copied until it is checked.
+/// A field that is `null` is `Some("null")`, not `None`: "lacks" and "is null" are different reasons.
+#[derive(Deserialize)]
+struct MessageContent<'a> {
+    #[serde(borrow, default, deserialize_with = "present")]
+    id: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    aggregate_type: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    aggregate_id: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    event_type: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    payload: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    headers: Option<&'a RawValue>,
+}
+
+/// A field that is there, whatever its value (`null` included); `default` makes an absent one `None`.
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
+    <&RawValue>::deserialize(d).map(Some)
+}
+
+fn parse_message(content: &[u8]) -> Result<MessageContent<'_>, String> {
+    // serde_json would also read a struct from an array, by position; the contract is an object.
+    if content.trim_ascii_start().first() != Some(&b'{') {
+        return Err(if serde_json::from_slice::<&RawValue>(content).is_ok() {
+            "content is not a JSON object".into()
+        } else {
+            "content is not JSON".into()
+        });
+    }
+    serde_json::from_slice(content).map_err(|e| format!("content is not a valid event ({e})"))
 }
 
 /// `\x48656c6c6f` → `Hello` (bytea's default `bytea_output = hex`).
@@ -375,7 +605,7 @@ fn decode_bytea_hex(b: &[u8]) -> Option<Bytes> {
 
 /// The headers column: a JSON object; string values as they are, other values as their JSON text.
 /// Names must be valid header names and must not override the relay's own headers.
-fn parse_headers(json: &str) -> Result<Vec<(String, String)>, String> {
+fn parse_headers(json: &str, cloudevents: bool) -> Result<Vec<(String, String)>, String> {
     let value: serde_json::Value =
         serde_json::from_str(json).map_err(|e| format!("not JSON ({e})"))?;
     let serde_json::Value::Object(map) = value else {
@@ -383,18 +613,7 @@ fn parse_headers(json: &str) -> Result<Vec<(String, String)>, String> {
     };
     let mut out = Vec::with_capacity(map.len());
     for (k, v) in map {
-        if k.is_empty()
-            || k.chars()
-                .any(|c| c == ':' || c.is_whitespace() || c.is_control() || !c.is_ascii())
-        {
-            return Err(format!("{k:?} is not a valid header name"));
-        }
-        let lower = k.to_ascii_lowercase();
-        if lower.starts_with("nats-") || lower.starts_with("outbox-") {
-            return Err(format!(
-                "{k:?} is reserved (Nats-*/Outbox-* headers are set by the relay)"
-            ));
-        }
+        crate::message::check_header_name(&k, cloudevents)?;
         let v = match v {
             serde_json::Value::String(s) => s,
             other => other.to_string(),
@@ -677,6 +896,248 @@ mod tests {
         ] {
             let e = event(s.step(insert(7, row(bad))).unwrap());
             assert!(e.problem.is_some(), "{bad} accepted");
+        }
+    }
+
+    fn message(transactional: bool, prefix: &str, content: &str) -> Message {
+        Message::Message {
+            xid: None,
+            transactional,
+            lsn: Lsn(0x3000),
+            prefix: prefix.into(),
+            content: Bytes::copy_from_slice(content.as_bytes()),
+        }
+    }
+
+    fn message_stage() -> OutboxStage {
+        OutboxStage::new(&OutboxConfig {
+            message_prefix: "outbox".into(),
+            ..OutboxConfig::default()
+        })
+    }
+
+    fn begin(s: &mut OutboxStage) {
+        s.step(Message::Begin {
+            final_lsn: Lsn(0x2000),
+            commit_ts: 5,
+            xid: 1,
+        })
+        .unwrap();
+    }
+
+    const GOOD: &str = r#"{"id":"m-1","aggregate_type":"Claim","aggregate_id":"4711",
+        "event_type":"ClaimApproved","payload": {"b": 1,  "a":[2]} ,"headers":{"traceparent":"00-x"}}"#;
+
+    #[test]
+    fn message_event_shares_the_transaction_index_and_keeps_the_payload_text() {
+        let mut s = message_stage();
+        begin(&mut s);
+        s.step(outbox_relation(7, DEFAULT_COLS)).unwrap();
+        let row = |id: &str| vec![t(id), t("Claim"), t("1"), t("E"), t("{}"), t("x")];
+        let a = event(s.step(insert(7, row("r-1"))).unwrap());
+        let m = event(s.step(message(true, "outbox", GOOD)).unwrap());
+        let b = event(s.step(insert(7, row("r-2"))).unwrap());
+        assert_eq!((a.index, m.index, b.index), (0, 1, 2));
+        assert_eq!(m.problem, None);
+        assert_eq!(m.msg_id, "m-1");
+        assert_eq!(m.aggregate_type.as_deref(), Some("Claim"));
+        assert_eq!(m.aggregate_id.as_deref(), Some("4711"));
+        assert_eq!(m.event_type.as_deref(), Some("ClaimApproved"));
+        assert_eq!(&m.payload[..], br#"{"b": 1,  "a":[2]}"#, "as written");
+        assert_eq!(m.headers, vec![("traceparent".into(), "00-x".into())]);
+        assert_eq!(m.commit_lsn, Lsn(0x2000));
+        assert_eq!(m.commit_ts, 5);
+        assert_eq!(m.content_type, Some(JSON_CONTENT_TYPE));
+    }
+
+    #[test]
+    fn other_prefixes_and_no_prefix_are_ignored() {
+        let mut s = message_stage();
+        begin(&mut s);
+        assert_eq!(s.step(message(true, "other", GOOD)).unwrap(), Step::Nothing);
+        assert_eq!(
+            s.step(message(true, "outboxx", GOOD)).unwrap(),
+            Step::Nothing
+        );
+        let mut s = stage();
+        begin(&mut s);
+        assert_eq!(s.step(message(true, "", GOOD)).unwrap(), Step::Nothing);
+    }
+
+    #[test]
+    fn malformed_messages_are_invalid_events_with_the_content_as_payload() {
+        for (content, why) in [
+            ("not json", "not JSON"),
+            ("[1,2,3,4,5]", "not a JSON object"),
+            (
+                r#"{"id":"m","aggregate_type":"A","aggregate_id":"1","event_type":"E"}"#,
+                "lacks \"payload\"",
+            ),
+            (
+                r#"{"aggregate_type":"A","aggregate_id":"1","event_type":"E","payload":1}"#,
+                "lacks \"id\"",
+            ),
+            (
+                r#"{"id":"m","aggregate_type":null,"aggregate_id":"1","event_type":"E","payload":1}"#,
+                "\"aggregate_type\" is null",
+            ),
+            (
+                r#"{"id":"m","aggregate_type":"A","aggregate_id":"1","event_type":7,"payload":1}"#,
+                "\"event_type\" is not a string",
+            ),
+            (
+                r#"{"id":"m","aggregate_type":"A","aggregate_id":"1","event_type":"E","payload":1,"headers":{"Nats-Msg-Id":"x"}}"#,
+                "reserved",
+            ),
+        ] {
+            let mut s = message_stage();
+            begin(&mut s);
+            let e = event(s.step(message(true, "outbox", content)).unwrap());
+            let problem = e.problem.unwrap_or_default();
+            assert!(problem.contains(why), "{content}: {problem}");
+            assert_eq!(&e.payload[..], content.as_bytes());
+        }
+        let mut s = message_stage();
+        begin(&mut s);
+        let e = event(s.step(message(true, "outbox", "{}")).unwrap());
+        assert_eq!(e.msg_id, "lsn:0/2000:0", "no id: WAL-derived");
+        // A null aggregate id is allowed, like a NULL column.
+        let e = event(
+            s.step(message(
+                true,
+                "outbox",
+                r#"{"id":"m","aggregate_type":"A","aggregate_id":null,"event_type":"E","payload":null}"#,
+            ))
+            .unwrap(),
+        );
+        assert_eq!(e.problem, None);
+        assert_eq!(&e.payload[..], b"null");
+    }
+
+    #[test]
+    fn non_transactional_message_is_a_standalone_dead_letter() {
+        let mut s = message_stage();
+        let Step::Standalone { event, end_lsn } = s.step(message(false, "outbox", GOOD)).unwrap()
+        else {
+            panic!("expected a standalone event")
+        };
+        assert_eq!(end_lsn, Lsn(0x3000));
+        assert!(
+            event
+                .problem
+                .unwrap()
+                .contains("pg_logical_emit_message(true")
+        );
+        assert_eq!(event.msg_id, "lsn:0/3000:non-transactional");
+        // It opened nothing: a transaction still begins and commits normally.
+        begin(&mut s);
+        s.step(Message::Commit {
+            flags: 0,
+            commit_lsn: Lsn(0x2000),
+            end_lsn: Lsn(0x2100),
+            commit_ts: 5,
+        })
+        .unwrap();
+        assert_eq!(
+            s.step(message(true, "outbox", GOOD)).unwrap_err(),
+            StageError::MessageWithoutBegin(Lsn(0x3000))
+        );
+    }
+
+    #[test]
+    fn header_columns_become_headers_and_null_gives_none() {
+        let config = OutboxConfig {
+            headers_column: "headers".into(),
+            header_columns: vec!["tenant_id".into(), "region:X-Region".into()],
+            ..OutboxConfig::default()
+        };
+        let mut s = OutboxStage::new(&config).with_cloudevents(true);
+        let mut cols = DEFAULT_COLS.to_vec();
+        cols.extend([("headers", 3802), ("tenant_id", 23), ("region", 25)]);
+        s.step(outbox_relation(7, &cols)).unwrap();
+        let row = |h: TupleValue, tenant: TupleValue, region: TupleValue| {
+            vec![
+                t("1"),
+                t("A"),
+                t("2"),
+                t("E"),
+                t("{}"),
+                t("x"),
+                h,
+                tenant,
+                region,
+            ]
+        };
+        let e = event(
+            s.step(insert(
+                7,
+                row(t(r#"{"tenant_id":"from-json","k":"v"}"#), t("42"), t("eu")),
+            ))
+            .unwrap(),
+        );
+        assert_eq!(e.problem, None);
+        assert_eq!(
+            e.headers,
+            vec![
+                ("k".to_owned(), "v".to_owned()),
+                ("tenant_id".to_owned(), "from-json".to_owned()),
+                ("tenant_id".to_owned(), "42".to_owned()),
+                ("X-Region".to_owned(), "eu".to_owned()),
+            ],
+            "the column comes after the headers column's key of the same name, and wins"
+        );
+        let e = event(
+            s.step(insert(7, row(TupleValue::Null, TupleValue::Null, t("eu"))))
+                .unwrap(),
+        );
+        assert_eq!(e.headers, vec![("X-Region".to_owned(), "eu".to_owned())]);
+        // With CloudEvents on, ce-* is the relay's.
+        let e = event(
+            s.step(insert(7, row(t(r#"{"ce-id":"x"}"#), t("1"), t("eu"))))
+                .unwrap(),
+        );
+        assert!(e.problem.unwrap().contains("reserved"));
+        // A dropped header column is a missing column.
+        s.step(outbox_relation(7, &cols[..8])).unwrap();
+        let e = event(
+            s.step(insert(
+                7,
+                vec![
+                    t("1"),
+                    t("A"),
+                    t("2"),
+                    t("E"),
+                    t("{}"),
+                    t("x"),
+                    TupleValue::Null,
+                    t("1"),
+                ],
+            ))
+            .unwrap(),
+        );
+        assert!(e.problem.unwrap().contains("region"));
+    }
+
+    #[test]
+    fn content_type_follows_the_payload_column_type() {
+        for (oid, ct) in [
+            (3802, Some(JSON_CONTENT_TYPE)),
+            (114, Some(JSON_CONTENT_TYPE)),
+            (25, Some(TEXT_CONTENT_TYPE)),
+            (17, None),
+        ] {
+            let mut s = stage();
+            let mut cols = DEFAULT_COLS.to_vec();
+            cols[4] = ("payload", oid);
+            s.step(outbox_relation(7, &cols)).unwrap();
+            let e = event(
+                s.step(insert(
+                    7,
+                    vec![t("1"), t("A"), t("2"), t("E"), t("\\x00"), t("x")],
+                ))
+                .unwrap(),
+            );
+            assert_eq!(e.content_type, ct, "type {oid}");
         }
     }
 }

@@ -69,6 +69,14 @@ impl Progress {
         self.advance();
     }
 
+    /// A unit of WAL outside any transaction (a non-transactional logical message) that ends at
+    /// `end_lsn`: done, like a commit, once every message published so far is acked. It leaves an
+    /// open transaction open (pgoutput never sends one inside, but nothing here depends on that).
+    pub fn standalone(&mut self, end_lsn: Lsn) {
+        self.committed.push_back((self.next_seq, end_lsn));
+        self.advance();
+    }
+
     /// The ack for message `seq` arrived (JetStream stored it, or it was a duplicate of a stored one).
     pub fn ack(&mut self, seq: u64) -> Result<(), OutOfOrderAck> {
         if seq != self.acked || seq >= self.next_seq {
@@ -180,6 +188,20 @@ mod tests {
         assert_eq!(p.confirmed(), Lsn(80));
         p.keepalive(Lsn(75));
         assert_eq!(p.confirmed(), Lsn(80), "never backwards");
+    }
+
+    #[test]
+    fn standalone_unit_confirms_after_its_message() {
+        let mut p = Progress::new(Lsn(5));
+        let s = p.publish();
+        p.standalone(Lsn(30));
+        assert_eq!(p.confirmed(), Lsn(5), "its message is not acked");
+        assert!(!p.is_idle());
+        p.keepalive(Lsn(40));
+        assert_eq!(p.confirmed(), Lsn(5), "not idle");
+        p.ack(s).unwrap();
+        assert_eq!(p.confirmed(), Lsn(30));
+        assert!(p.is_idle());
     }
 
     #[derive(Debug, Clone)]

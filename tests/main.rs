@@ -5,6 +5,7 @@
 mod support;
 
 mod deploy;
+mod events;
 mod faults;
 mod ha;
 mod ops;

@@ -73,7 +73,7 @@ pub enum OnInvalid {
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct OutboxConfig {
-    /// Schema-qualified table name.
+    /// Schema-qualified table name; "" for none (logical messages only, with `message_prefix`).
     pub table: String,
     pub id_column: String,
     pub aggregate_type_column: String,
@@ -82,6 +82,12 @@ pub struct OutboxConfig {
     pub payload_column: String,
     /// Optional jsonb object of extra headers; "" for none.
     pub headers_column: String,
+    /// Extra columns copied to headers: `"tenant_id"` (header `tenant_id`) or
+    /// `"tenant_id:Tenant-Id"`. A NULL column gives no header.
+    pub header_columns: Vec<String>,
+    /// Transactional logical messages (`pg_logical_emit_message(true, prefix, content)`) with this
+    /// prefix are events too; "" for none.
+    pub message_prefix: String,
     pub on_invalid: OnInvalid,
 }
 
@@ -95,6 +101,8 @@ impl Default for OutboxConfig {
             event_type_column: "event_type".into(),
             payload_column: "payload".into(),
             headers_column: String::new(),
+            header_columns: Vec::new(),
+            message_prefix: String::new(),
             on_invalid: OnInvalid::DeadLetter,
         }
     }
@@ -106,6 +114,22 @@ impl OutboxConfig {
         self.table
             .split_once('.')
             .unwrap_or(("public", &self.table))
+    }
+
+    /// No table: the events are logical messages only (`table = ""` with a `message_prefix`).
+    pub fn messages_only(&self) -> bool {
+        self.table.is_empty()
+    }
+
+    /// `header_columns` as (column, header name) pairs; entries were checked by `validate`.
+    pub fn header_column_pairs(&self) -> Vec<(String, String)> {
+        self.header_columns
+            .iter()
+            .map(|entry| match entry.split_once(':') {
+                Some((column, header)) => (column.trim().to_owned(), header.trim().to_owned()),
+                None => (entry.trim().to_owned(), entry.trim().to_owned()),
+            })
+            .collect()
     }
 }
 
@@ -147,6 +171,10 @@ pub struct NatsConfig {
     /// duplicates even after lost connections and beyond the duplicate window. Needs the relay to be
     /// the stream's only writer.
     pub fence: bool,
+    /// Add CloudEvents binary-mode headers (`ce-*`, NATS protocol binding).
+    pub cloudevents: bool,
+    /// The `ce-source` of every event (a URI-reference).
+    pub cloudevents_source: String,
 }
 
 impl Default for NatsConfig {
@@ -171,6 +199,8 @@ impl Default for NatsConfig {
             duplicate_window_secs: 120,
             stream_replicas: 1,
             fence: true,
+            cloudevents: false,
+            cloudevents_source: "outbox-relay".into(),
         }
     }
 }
@@ -312,6 +342,8 @@ impl fmt::Debug for NatsConfig {
             .field("max_in_flight", &self.max_in_flight)
             .field("ack_timeout_ms", &self.ack_timeout_ms)
             .field("fence", &self.fence)
+            .field("cloudevents", &self.cloudevents)
+            .field("cloudevents_source", &self.cloudevents_source)
             .finish_non_exhaustive()
     }
 }
@@ -412,6 +444,63 @@ mod tests {
         assert!(c.nats.fence);
         let c = load("", &[("OUTBOX_RELAY_NATS_FENCE", "Off")]).unwrap();
         assert!(!c.nats.fence);
+    }
+
+    #[test]
+    fn event_source_and_format_keys() {
+        let c = load(
+            "",
+            &[
+                (
+                    "OUTBOX_RELAY_OUTBOX_HEADER_COLUMNS",
+                    "tenant_id, region:X-Region",
+                ),
+                ("OUTBOX_RELAY_OUTBOX_MESSAGE_PREFIX", "outbox"),
+                ("OUTBOX_RELAY_NATS_CLOUDEVENTS", "true"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(
+            c.outbox.header_column_pairs(),
+            [
+                ("tenant_id".to_owned(), "tenant_id".to_owned()),
+                ("region".to_owned(), "X-Region".to_owned())
+            ]
+        );
+        assert_eq!(c.outbox.message_prefix, "outbox");
+        assert!(c.nats.cloudevents);
+        assert_eq!(c.nats.cloudevents_source, "outbox-relay");
+        // Messages only needs a prefix.
+        let c = load("[outbox]\ntable = \"\"\nmessage_prefix = \"outbox\"\n", &[]).unwrap();
+        assert!(c.outbox.messages_only());
+        let e = load("[outbox]\ntable = \"\"\n", &[])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("outbox.message_prefix"), "{e}");
+        for (bad, why) in [
+            ("[\"msg_id:nats-msg-id\"]", "reserved"),
+            ("[\"t:Outbox-Tenant\"]", "reserved"),
+            ("[\"t:a b\"]", "not a valid header name"),
+            ("[\"drop table\"]", "plain identifier"),
+            ("[\"a:X\", \"b:x\"]", "twice"),
+        ] {
+            let e = load(&format!("[outbox]\nheader_columns = {bad}\n"), &[])
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains(why) && e.contains("OUTBOX_RELAY_OUTBOX_HEADER_COLUMNS"),
+                "{bad}: {e}"
+            );
+        }
+        // ce-* is an ordinary name until CloudEvents are on.
+        assert!(load("[outbox]\nheader_columns = [\"t:ce-tenant\"]\n", &[]).is_ok());
+        let e = load(
+            "[outbox]\nheader_columns = [\"t:ce-tenant\"]\n[nats]\ncloudevents = true\n",
+            &[],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("reserved"), "{e}");
     }
 
     #[test]

@@ -73,6 +73,23 @@ impl Config {
         }
         let o = &self.outbox;
         match o.table.split_once('.') {
+            // Messages only: no table to read, so the prefix is what makes events.
+            None if o.table.is_empty() => {
+                if o.message_prefix.is_empty() {
+                    return Err(invalid(
+                        "outbox.table",
+                        "is empty, but outbox.message_prefix is not set: name the outbox table, or set \
+                         outbox.message_prefix to relay logical messages only",
+                    ));
+                }
+                if !o.header_columns.is_empty() {
+                    return Err(invalid(
+                        "outbox.header_columns",
+                        "needs a table, but outbox.table is empty (messages only): put the values in the \
+                         message's \"headers\" object instead",
+                    ));
+                }
+            }
             Some((schema, table))
                 if !schema.is_empty() && !table.is_empty() && !table.contains('.') =>
             {
@@ -99,6 +116,20 @@ impl Config {
             check_ident("outbox.headers_column", &o.headers_column)?;
         }
         let n = &self.nats;
+        check_header_columns(&o.header_columns, n.cloudevents)?;
+        if o.message_prefix.contains('\0') {
+            return Err(invalid(
+                "outbox.message_prefix",
+                "contains a NUL character, which a logical message prefix cannot hold",
+            ));
+        }
+        if n.cloudevents && n.cloudevents_source.trim().is_empty() {
+            return Err(invalid(
+                "nats.cloudevents_source",
+                "is empty, but CloudEvents require a source (a URI-reference such as \"outbox-relay\" or \
+                 \"/claims-service\")",
+            ));
+        }
         let nats = super::nats::parse(n)?;
         if n.stream.is_empty()
             || n.stream.len() > 255
@@ -170,6 +201,32 @@ impl Config {
             warnings: Vec::new(),
         })
     }
+}
+
+/// `outbox.header_columns`: `column` or `column:Header-Name`, a plain column and a valid header name
+/// that is not one the relay sets itself (the same rules as names in the headers column).
+fn check_header_columns(entries: &[String], cloudevents: bool) -> Result<(), ConfigError> {
+    const KEY: &str = "outbox.header_columns";
+    let mut seen: Vec<String> = Vec::new();
+    for entry in entries {
+        let (column, header) = match entry.split_once(':') {
+            Some((c, h)) => (c.trim(), h.trim()),
+            None => (entry.trim(), entry.trim()),
+        };
+        check_ident(KEY, column)?;
+        if let Err(why) = crate::message::check_header_name(header, cloudevents) {
+            return Err(invalid(KEY, format!("{entry:?}: {why}")));
+        }
+        let lower = header.to_ascii_lowercase();
+        if seen.contains(&lower) {
+            return Err(invalid(
+                KEY,
+                format!("{entry:?}: header {header:?} is named twice"),
+            ));
+        }
+        seen.push(lower);
+    }
+    Ok(())
 }
 
 /// An identifier the relay puts into SQL: letters, digits, underscores, `$`; not starting with a digit.

@@ -74,6 +74,8 @@ impl Session {
         // Proto v1 is enough: no streaming of in-progress transactions (DESIGN.md §3), and v1 keeps
         // the decoding identical on every supported server.
         options.proto_version = Some(1);
+        // Logical messages are events only with a prefix; without one they would be decoded for nothing.
+        options.messages = !settings.outbox.message_prefix.is_empty();
         let stream_config = StreamConfig {
             status_interval: settings.status_interval,
             channel_capacity: 1024,
@@ -119,7 +121,7 @@ impl Session {
             sink,
             acks,
             decoder: Decoder::new(),
-            stage: OutboxStage::new(&settings.outbox),
+            stage: OutboxStage::new(&settings.outbox).with_cloudevents(settings.nats.cloudevents),
             progress: Progress::new(relay.confirmed),
             streaming_reported: false,
             started: Instant::now(),
@@ -227,6 +229,14 @@ impl Session {
                     return Err(self.sink_failure(e));
                 }
                 Metrics::set(&relay.metrics.in_flight, self.sink.in_flight() as u64);
+            }
+            Step::Standalone { event, end_lsn } => {
+                let seq = self.progress.publish();
+                if let Err(e) = self.sink.submit(seq, event).await {
+                    return Err(self.sink_failure(e));
+                }
+                self.progress.standalone(end_lsn);
+                self.confirm(relay);
             }
             Step::IgnoredChange(_) => Metrics::inc(&relay.metrics.ignored_changes),
             Step::Nothing => {}

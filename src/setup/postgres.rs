@@ -4,6 +4,10 @@
 //! A partitioned outbox is published through its root (`publish_via_partition_root`), so inserts
 //! into any partition arrive as the root table's, and partitions can come and go while the relay
 //! streams.
+//!
+//! Messages only (`outbox.table = ""` with a `message_prefix`): there is no table to check, and the
+//! publication is created empty. pgoutput still needs one to exist (it looks the names up when
+//! streaming starts), but sends logical messages whatever the publication contains.
 
 use tokio_postgres::Client;
 
@@ -76,7 +80,15 @@ pub(super) async fn check(
              in postgresql.conf (or ALTER SYSTEM SET wal_level = logical) and restart Postgres"
         )));
     }
-    let partitioned = check_table(settings, pg, report).await?;
+    let partitioned = if settings.outbox.messages_only() {
+        report.lines.push(format!(
+            "table: none (messages only: logical messages with prefix {:?})",
+            settings.outbox.message_prefix
+        ));
+        false
+    } else {
+        check_table(settings, pg, report).await?
+    };
 
     let row = pg
         .query_one(
@@ -208,6 +220,13 @@ async fn check_publication(
     let Some(row) = row else {
         return Ok(true);
     };
+    if settings.outbox.messages_only() {
+        // Whatever it publishes is decoded and ignored: only its existence matters to pgoutput.
+        report.lines.push(format!(
+            "publication {name}: exists (messages only: no table of it is read as the outbox)"
+        ));
+        return Ok(false);
+    }
     let (pubinsert, viaroot): (bool, bool) = (row.get(0), row.get(1));
     if !pubinsert {
         return Err(problem(format!(
@@ -278,6 +297,19 @@ pub(super) async fn create_publication(
     partitioned: bool,
 ) -> Result<String, SetupError> {
     let name = &settings.postgres.publication;
+    if settings.outbox.messages_only() {
+        pg.batch_execute(&format!(
+            "CREATE PUBLICATION \"{name}\" WITH (publish = 'insert')"
+        ))
+        .await
+        .map_err(|e| SetupError::Create {
+            object: format!("publication {name} (run CREATE PUBLICATION {name} as a role with CREATE on the database)"),
+            source: Box::new(e),
+        })?;
+        return Ok(format!(
+            "publication {name}: created (no tables: messages only, pgoutput needs a publication to exist)"
+        ));
+    }
     let (schema, table) = settings.outbox.table_parts();
     let via_root = if partitioned {
         ", publish_via_partition_root = true"

@@ -193,6 +193,7 @@ impl AckTask {
                 &item.event,
                 &self.config.template,
                 &self.config.dead_letter_subject,
+                self.config.cloudevents.as_ref(),
             ),
             Sent::DeadLetter { reason, shrink } => message::dead_letter(
                 &item.event,

@@ -121,6 +121,8 @@ pub struct SinkConfig {
     /// Fence the stream (`nats.fence`).
     pub fence: bool,
     pub stream: String,
+    /// `nats.cloudevents`: the CloudEvents headers to add to routed events.
+    pub cloudevents: Option<message::CloudEvents>,
 }
 
 impl SinkConfig {
@@ -134,6 +136,10 @@ impl SinkConfig {
             template: s.subject.clone(),
             fence: s.nats.fence,
             stream: s.nats.stream.clone(),
+            cloudevents: s
+                .nats
+                .cloudevents
+                .then(|| message::CloudEvents::new(&s.nats.cloudevents_source)),
         }
     }
 
@@ -257,6 +263,7 @@ impl Sink {
             &event,
             &self.config.template,
             &self.config.dead_letter_subject,
+            self.config.cloudevents.as_ref(),
         );
         let sent = match &out.dead_letter {
             Some(reason) => {
