@@ -292,11 +292,17 @@ async fn read_postgres(
 async fn events_waiting(settings: &Settings, pg: &Client) -> Result<bool, tokio_postgres::Error> {
     // Decoding reads WAL up to the first outbox change; bound it, status must answer.
     pg.batch_execute("SET statement_timeout = '10s'").await?;
+    // Logical-message events are only decoded when asked for, as the relay asks.
+    let messages = if settings.outbox.message_prefix.is_empty() {
+        "false"
+    } else {
+        "true"
+    };
     let rows = pg
         .query(
             "SELECT substr(data, 1, 1) FROM pg_logical_slot_peek_binary_changes($1, NULL, 1, \
-             'proto_version', '1', 'publication_names', $2)",
-            &[&settings.postgres.slot, &settings.postgres.publication],
+             'proto_version', '1', 'publication_names', $2, 'messages', $3)",
+            &[&settings.postgres.slot, &settings.postgres.publication, &messages],
         )
         .await;
     let _ = pg.batch_execute("RESET statement_timeout").await;
