@@ -98,11 +98,27 @@ pub struct ServerStatus {
     pub idle_replication_slot_timeout: Option<String>,
 }
 
+/// Another host of `postgres.url` (a standby, usually) and its copy of the slot.
+#[derive(Debug, Clone, Serialize)]
+pub struct StandbyStatus {
+    /// `host:port` as listed in the URL.
+    pub host: String,
+    pub state: State,
+    pub in_recovery: Option<bool>,
+    /// The slot exists there.
+    pub slot_exists: bool,
+    /// PG 17+: it is a synced copy of the primary's failover slot.
+    pub synced: Option<bool>,
+    pub confirmed_flush_lsn: Option<String>,
+}
+
 /// Everything `status` prints.
 #[derive(Debug, Clone, Serialize)]
 pub struct Status {
     pub healthy: bool,
     pub postgres: ServerStatus,
+    /// The URL's other hosts, when it lists several: failover readiness.
+    pub standbys: Vec<StandbyStatus>,
     pub slot: SlotStatus,
     pub publication: PublicationStatus,
     pub stream: StreamStatus,
@@ -210,9 +226,11 @@ pub async fn status(settings: &Settings, max_lag_bytes: i64) -> Status {
              (PG 17+: postgres.failover = true and outbox-relay setup alter it while no relay streams it)"
         ));
     }
+    let standbys = read_standbys(settings, server.host.as_deref(), &slot, &mut warnings).await;
     Status {
         healthy: problems.is_empty(),
         postgres: server,
+        standbys,
         slot,
         publication,
         stream,
@@ -309,6 +327,63 @@ async fn events_waiting(settings: &Settings, pg: &Client) -> Result<bool, tokio_
     Ok(rows?
         .iter()
         .any(|r| matches!(r.get::<_, Vec<u8>>(0).first(), Some(b'I' | b'M'))))
+}
+
+/// Each other host of the URL: reachable, a standby, and holding a synced copy of the slot.
+async fn read_standbys(
+    settings: &Settings,
+    reached: Option<&str>,
+    slot: &SlotStatus,
+    warnings: &mut Vec<String>,
+) -> Vec<StandbyStatus> {
+    let mut out = Vec::new();
+    if settings.conn.hosts.len() < 2 {
+        return out;
+    }
+    for (host, port) in &settings.conn.hosts {
+        let target = format!("{host}:{port}");
+        // The host the control connection reached is the primary itself.
+        if reached.is_some_and(|r| r == target || r.ends_with(&format!(":{port}")) && host_is_local(host)) {
+            continue;
+        }
+        let mut info = settings.conn.clone();
+        info.hosts = vec![(host.clone(), *port)];
+        info.target_session_attrs = crate::source::TargetSessionAttrs::Any;
+        let mut st = StandbyStatus {
+            host: target.clone(),
+            state: State::Unreachable,
+            in_recovery: None,
+            slot_exists: false,
+            synced: None,
+            confirmed_flush_lsn: None,
+        };
+        if let Ok(client) = crate::source::connect_control(&info, "outbox-relay status").await {
+            st.state = State::Exists;
+            st.in_recovery = client
+                .query_one("SELECT pg_is_in_recovery()", &[])
+                .await
+                .ok()
+                .map(|r| r.get(0));
+            if let Ok(Some(copy)) = catalog::slot(&client, &settings.postgres.slot).await {
+                st.slot_exists = true;
+                st.synced = copy.synced;
+                st.confirmed_flush_lsn = copy.confirmed_flush_lsn;
+            }
+        }
+        if st.in_recovery == Some(true) && slot.failover == Some(true) && st.synced != Some(true) {
+            warnings.push(format!(
+                "standby {target} has no synced copy of slot {}: a failover to it would lose the slot \
+                 (set sync_replication_slots = on, hot_standby_feedback = on and a primary_conninfo with dbname there)",
+                slot.name
+            ));
+        }
+        out.push(st);
+    }
+    out
+}
+
+fn host_is_local(host: &str) -> bool {
+    matches!(host, "localhost" | "127.0.0.1" | "::1")
 }
 
 fn slot_status(name: &str, state: State, row: Option<&SlotRow>) -> SlotStatus {
@@ -490,6 +565,28 @@ impl Status {
             st.replicas,
             st.duplicate_window_secs
         ));
+        for sb in &self.standbys {
+            out.push_str(&format!(
+                "host {}: {}{}, slot copy {}{}\n",
+                sb.host,
+                if sb.state == State::Exists {
+                    "reachable"
+                } else {
+                    "UNREACHABLE"
+                },
+                match sb.in_recovery {
+                    Some(true) => ", standby",
+                    Some(false) => ", primary",
+                    None => "",
+                },
+                if sb.slot_exists { "exists" } else { "missing" },
+                match (sb.synced, &sb.confirmed_flush_lsn) {
+                    (Some(true), Some(l)) => format!(" (synced, confirmed {l})"),
+                    (_, Some(l)) => format!(" (confirmed {l})"),
+                    _ => String::new(),
+                }
+            ));
+        }
         for w in &self.warnings {
             out.push_str(&format!("warning: {w}\n"));
         }
