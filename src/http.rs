@@ -50,6 +50,7 @@ pub async fn bind(listen: &str) -> Result<TcpListener, BindError> {
 /// Serves until the task is dropped.
 pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let mut last_emfile = None;
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(s) => s,
@@ -57,7 +58,13 @@ pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
                 // Out of descriptors (EMFILE/ENFILE) starves the Postgres and NATS connections too:
                 // an operator must see it.
                 if matches!(e.raw_os_error(), Some(23 | 24)) {
-                    warn!(error = %e, "http listener cannot accept: out of file descriptors");
+                    // Once a minute at most: the condition lasts, the log must not flood.
+                    if last_emfile
+                        .is_none_or(|t: std::time::Instant| t.elapsed() > Duration::from_secs(60))
+                    {
+                        warn!(error = %e, "http listener cannot accept: out of file descriptors");
+                        last_emfile = Some(std::time::Instant::now());
+                    }
                 } else {
                     debug!(error = %e, "http accept failed");
                 }

@@ -241,11 +241,18 @@ fn cap(s: &str) -> String {
 /// stage, and carried in [`OutboxEvent::msg_id`].
 pub fn message_id(id: Option<&str>, commit_lsn: crate::Lsn, index: u32) -> String {
     match id {
-        // A line break cannot go into a header (the outbox stage reports it as a problem).
-        Some(id) if !id.is_empty() && !id.contains(['\r', '\n']) => id.to_owned(),
+        // A line break cannot go into a header, and an id longer than MAX_ID_BYTES would not fit a
+        // dead letter either (the outbox stage reports both as problems).
+        Some(id) if !id.is_empty() && id.len() <= MAX_ID_BYTES && !id.contains(['\r', '\n']) => {
+            id.to_owned()
+        }
         _ => format!("lsn:{commit_lsn}:{index}"),
     }
 }
+
+/// The longest event id published as `Nats-Msg-Id`; a longer one makes the event invalid (its dead
+/// letter gets a WAL-derived id), so one huge id cannot keep even a minimal dead letter out.
+pub const MAX_ID_BYTES: usize = 1024;
 
 /// The relay's header names, built once: a name made from a `&str` is validated and copied on
 /// every insert, and these are on every message.
@@ -558,5 +565,13 @@ mod tests {
             message_id(e.id.as_deref(), e.commit_lsn, e.index),
             "lsn:1/A0:3"
         );
+    }
+
+    #[test]
+    fn an_oversized_id_gets_a_wal_derived_message_id() {
+        let long = "x".repeat(MAX_ID_BYTES + 1);
+        assert_eq!(message_id(Some(&long), Lsn(0x10), 4), "lsn:0/10:4");
+        let fits = "x".repeat(MAX_ID_BYTES);
+        assert_eq!(message_id(Some(&fits), Lsn(0x10), 4), fits);
     }
 }

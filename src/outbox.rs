@@ -28,6 +28,7 @@ use serde_json::value::RawValue;
 
 use crate::Lsn;
 use crate::config::OutboxConfig;
+use crate::message::MAX_ID_BYTES;
 use crate::pgoutput::{Message, Relation, TupleValue};
 
 /// Type OIDs the mapping cares about (`pg_type.dat`).
@@ -407,6 +408,12 @@ impl OutboxStage {
                 c.id_column
             ));
         }
+        if let Some(len) = id.as_deref().map(str::len).filter(|l| *l > MAX_ID_BYTES) {
+            problems.push(format!(
+                "column {} is {len} bytes long, more than the {MAX_ID_BYTES} an id may have",
+                c.id_column
+            ));
+        }
         let payload = match cols.payload.and_then(|p| row.get(p)) {
             Some(TupleValue::Text(b)) if cols.payload_is_bytea => match decode_bytea_hex(b) {
                 Some(raw) => raw,
@@ -531,6 +538,16 @@ impl OutboxStage {
                         "\"id\" contains a line break, which cannot go into the Nats-Msg-Id header"
                             .into(),
                     );
+                }
+                if let Some(len) = event
+                    .id
+                    .as_deref()
+                    .map(str::len)
+                    .filter(|l| *l > MAX_ID_BYTES)
+                {
+                    problems.push(format!(
+                        "\"id\" is {len} bytes long, more than the {MAX_ID_BYTES} an id may have"
+                    ));
                 }
                 match m.payload {
                     None => problems.push("content lacks \"payload\"".into()),

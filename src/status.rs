@@ -320,7 +320,11 @@ async fn events_waiting(settings: &Settings, pg: &Client) -> Result<bool, tokio_
         .query(
             "SELECT substr(data, 1, 1) FROM pg_logical_slot_peek_binary_changes($1, NULL, 1, \
              'proto_version', '1', 'publication_names', $2, 'messages', $3)",
-            &[&settings.postgres.slot, &settings.postgres.publication, &messages],
+            &[
+                &settings.postgres.slot,
+                &settings.postgres.publication,
+                &messages,
+            ],
         )
         .await;
     let _ = pg.batch_execute("RESET statement_timeout").await;
@@ -343,7 +347,9 @@ async fn read_standbys(
     for (host, port) in &settings.conn.hosts {
         let target = format!("{host}:{port}");
         // The host the control connection reached is the primary itself.
-        if reached.is_some_and(|r| r == target || r.ends_with(&format!(":{port}")) && host_is_local(host)) {
+        if reached
+            .is_some_and(|r| r == target || r.ends_with(&format!(":{port}")) && host_is_local(host))
+        {
             continue;
         }
         let mut info = settings.conn.clone();

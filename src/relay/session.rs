@@ -103,10 +103,12 @@ impl Session {
             None => {
                 info!(slot = %settings.postgres.slot, start = %relay.confirmed, server_version = version, "streaming")
             }
-            // Postgres trouble (or waiting as a standby) ends here; NATS trouble ends at the next ack.
+            // NATS trouble ends at the next new ack.
+            // Postgres trouble (or waiting as a standby) ends here. The backoff is kept until a new
+            // event is stored or the session has run a while: a server that accepts the start and
+            // drops the connection at once must not get a restart every 100 ms.
             Some(CauseKind::Postgres | CauseKind::SlotHeld) => {
                 info!(slot = %settings.postgres.slot, start = %relay.confirmed, "recovered: streaming again");
-                relay.failures = 0;
                 relay.last_cause = None;
             }
             Some(CauseKind::Nats) => {
