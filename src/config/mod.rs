@@ -45,6 +45,9 @@ pub struct PostgresConfig {
     pub failover: bool,
     /// Standby status update interval; at most 1000.
     pub status_interval_ms: u64,
+    /// The largest replication message the relay accepts from the server (Postgres' own ceiling is
+    /// about 1 GB); a larger length prefix is refused before anything is reserved for it.
+    pub max_frame_bytes: usize,
 }
 
 impl Default for PostgresConfig {
@@ -56,6 +59,7 @@ impl Default for PostgresConfig {
             create_slot: true,
             failover: true,
             status_interval_ms: 1000,
+            max_frame_bytes: crate::source::MAX_FRAME_BYTES,
         }
     }
 }
@@ -324,6 +328,7 @@ impl fmt::Debug for PostgresConfig {
             .field("create_slot", &self.create_slot)
             .field("failover", &self.failover)
             .field("status_interval_ms", &self.status_interval_ms)
+            .field("max_frame_bytes", &self.max_frame_bytes)
             .finish()
     }
 }

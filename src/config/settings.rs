@@ -71,6 +71,15 @@ impl Config {
                 "must be between 50 and 1000 (status updates at least every second keep the slot alive)",
             ));
         }
+        if !((1 << 20)..=crate::source::MAX_FRAME_BYTES).contains(&self.postgres.max_frame_bytes) {
+            return Err(invalid(
+                "postgres.max_frame_bytes",
+                format!(
+                    "must be between 1048576 and {} (Postgres sends nothing larger)",
+                    crate::source::MAX_FRAME_BYTES
+                ),
+            ));
+        }
         let o = &self.outbox;
         match o.table.split_once('.') {
             // Messages only: no table to read, so the prefix is what makes events.

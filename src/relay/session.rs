@@ -79,6 +79,7 @@ impl Session {
         let stream_config = StreamConfig {
             status_interval: settings.status_interval,
             channel_capacity: 1024,
+            max_frame_bytes: settings.postgres.max_frame_bytes,
             ..StreamConfig::default()
         };
         let stream = match conn
