@@ -75,6 +75,8 @@ impl AckTask {
             return Ok(Outcome::AlreadyStored);
         };
         let timeout = self.config.ack_timeout;
+        // Republished once behind the known tail already (see below).
+        let mut refenced = false;
         loop {
             let result = match tokio::time::timeout(timeout, ack.into_future()).await {
                 Err(_) => return Err(SinkError::AckTimeout(timeout, item.event.msg_id.clone())),
@@ -103,13 +105,15 @@ impl AckTask {
                 continue;
             }
             if e.kind() == PublishErrorKind::WrongLastSequence {
-                // Sent with an expectation that counted a duplicate acknowledged after it was sent:
-                // send it again behind what the stream really holds.
-                if let (Some(expected), Some(last)) = (item.expected, *last_stored)
-                    && expected != last
-                {
-                    debug!(id = %item.event.msg_id, expected, last, "republishing behind a duplicate");
+                // Refused behind a duplicate: either sent with an expectation that counted the
+                // duplicate (acknowledged after it was sent), or sent with the right one but
+                // arriving before the messages ahead of it were republished. Either way, send it
+                // once more behind what the stream is known to hold; a second refusal there means
+                // the stream really is not where the relay left it.
+                if let (Some(_), Some(last), false) = (item.expected, *last_stored, refenced) {
+                    debug!(id = %item.event.msg_id, expected = ?item.expected, last, "republishing behind a duplicate");
                     item.expected = Some(last);
+                    refenced = true;
                     ack = self.resend(item).await?;
                     continue;
                 }
