@@ -111,6 +111,9 @@ pub struct OutboxStage {
     table: String,
     /// Relation id → columns, for the outbox table only; other relations map to `None`.
     relations: HashMap<u32, Option<OutboxColumns>>,
+    /// OIDs of the outbox table's partitions ([`OutboxStage::set_partitions`]): a publication without
+    /// `publish_via_partition_root` sends their inserts under their own names.
+    partitions: std::collections::HashSet<u32>,
     commit_lsn: Lsn,
     commit_ts: i64,
     /// Outbox inserts seen in the current transaction.
@@ -128,6 +131,7 @@ impl OutboxStage {
             table: table.to_owned(),
             config: config.clone(),
             relations: HashMap::new(),
+            partitions: Default::default(),
             commit_lsn: Lsn::ZERO,
             commit_ts: 0,
             index: 0,
@@ -176,7 +180,8 @@ impl OutboxStage {
                 }
             }
             Message::Relation(rel) => {
-                let cols = self.is_outbox(&rel).then(|| self.columns(&rel));
+                let outbox = self.is_outbox(&rel) || self.partitions.contains(&rel.id);
+                let cols = outbox.then(|| self.columns(&rel));
                 self.relations.insert(rel.id, cols);
                 Step::Nothing
             }
@@ -214,6 +219,22 @@ impl OutboxStage {
             Message::BeginPrepare { .. } => return Err(StageError::Unrequested("Begin Prepare")),
             _ => Step::Nothing,
         })
+    }
+
+    /// The OIDs of the outbox table's partitions, at any level. Their Relation messages (a
+    /// publication without `publish_via_partition_root`) are mapped to the outbox table: the
+    /// columns are looked up by name in the partition's own Relation, so a partition whose columns
+    /// are in another order maps correctly. Takes effect for Relation messages that follow.
+    pub fn set_partitions(&mut self, oids: impl IntoIterator<Item = u32>) {
+        self.partitions = oids.into_iter().collect();
+    }
+
+    /// A Relation the stage has not seen in this session and that is not the outbox table by
+    /// name: it may be a partition the caller has not told about yet ([`Self::set_partitions`]).
+    pub fn is_new_foreign_relation(&self, rel: &Relation) -> bool {
+        !self.relations.contains_key(&rel.id)
+            && !self.is_outbox(rel)
+            && !self.partitions.contains(&rel.id)
     }
 
     fn ignored(&self, relation_id: u32, kind: &'static str) -> Step {
