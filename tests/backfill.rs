@@ -487,3 +487,81 @@ async fn partitioned_outbox_through_backfill_run_and_partition_changes() {
     assert!(!relay.is_finished(), "the relay stopped");
     relay.stop().await.unwrap();
 }
+
+fn shipped_sql(name: &str) -> String {
+    let path = format!("{}/sql/{name}", env!("CARGO_MANIFEST_DIR"));
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {path}: {e}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shipped_partitioned_outbox_creates_and_drops_months_while_streaming() {
+    let db = TestDb::create(PgServer::shared()).await;
+    let nats = NatsServer::start();
+    let config = relay_config(&db, &nats);
+    db.psql(&shipped_sql("06_partitioned_outbox.sql"));
+    db.psql(&format!(
+        "\\set publication {}\n{}",
+        config.postgres.publication,
+        shipped_sql("02_publication.sql")
+    ));
+    let client = db.client().await;
+    let via_root: bool = client
+        .query_one(
+            "SELECT pubviaroot FROM pg_publication WHERE pubname = $1",
+            &[&config.postgres.publication],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(via_root);
+    // An old month, to be dropped by retention while the relay streams.
+    let part: String = client
+        .query_one("SELECT public.outbox_create_partition('2020-01-20')", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(part, "outbox_p202001");
+    let relay = InProcessRelay::start(config.clone());
+    // Rows written before the slot exists are not the relay's (that is what backfill is for).
+    wait_for("the slot", LIMIT, || {
+        slot_exists(&client, &config.postgres.slot)
+    })
+    .await;
+    let insert = |at: &str| {
+        format!(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, created_at) \
+             VALUES ('Claim', '1', 'ClaimApproved', '{{}}', {at});"
+        )
+    };
+    db.psql(&(insert("'2020-01-15'") + &insert("now()") + &insert("now() + interval '1 month'")));
+    let js = js(&nats).await;
+    wait_for("three events", LIMIT, || async {
+        stream_count(&js, &config.nats.stream).await >= 3
+    })
+    .await;
+    let dropped: Vec<String> = client
+        .query(
+            "SELECT public.outbox_drop_partitions(interval '3 months')",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(dropped, vec!["outbox_p202001".to_owned()]);
+    let next: String = client
+        .query_one("SELECT public.outbox_create_partition()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(next.starts_with("outbox_p"), "{next}");
+    db.psql(&insert("now()"));
+    wait_for("the fourth event", LIMIT, || async {
+        stream_count(&js, &config.nats.stream).await >= 4
+    })
+    .await;
+    assert!(!relay.is_finished());
+    relay.stop().await.unwrap();
+    assert_eq!(stream_count(&js, &config.nats.stream).await, 4);
+}
