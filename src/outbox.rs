@@ -486,6 +486,36 @@ mod tests {
     }
 
     #[test]
+    fn partitions_sent_under_their_own_names_map_to_the_outbox() {
+        let mut s = stage();
+        let partition = |id: u32, name: &str| {
+            let Message::Relation(mut rel) = outbox_relation(id, DEFAULT_COLS) else {
+                unreachable!()
+            };
+            rel.name = name.into();
+            rel
+        };
+        let unknown = partition(41, "outbox_p202501");
+        assert!(s.is_new_foreign_relation(&unknown));
+        s.set_partitions([41]);
+        assert!(!s.is_new_foreign_relation(&unknown));
+        s.step(Message::Relation(unknown)).unwrap();
+        let row = vec![t("1"), t("Claim"), t("4711"), t("E"), t("{}"), t("x")];
+        assert_eq!(
+            event(s.step(insert(41, row.clone())).unwrap())
+                .id
+                .as_deref(),
+            Some("1")
+        );
+        // Another table is looked up once, then ignored.
+        let other = partition(42, "orders");
+        assert!(s.is_new_foreign_relation(&other));
+        s.step(Message::Relation(other.clone())).unwrap();
+        assert!(!s.is_new_foreign_relation(&other));
+        assert_eq!(s.step(insert(42, row)).unwrap(), Step::Nothing);
+    }
+
+    #[test]
     fn maps_an_insert_to_an_event() {
         let mut s = stage();
         s.step(Message::Begin {
