@@ -382,8 +382,8 @@ impl Created {
 pub fn lost_slot_message(slot: &str, reason: &str) -> String {
     format!(
         "replication slot {slot} was invalidated ({reason}), so events written since its last confirmed position \
-         may be lost: drop it (SELECT pg_drop_replication_slot('{slot}')) and recover with `outbox-relay backfill`, \
-         which creates a new slot and publishes the outbox rows in its snapshot; see docs/recovery.md"
+         may be lost: stop every relay for it and recover with `outbox-relay backfill --replace-slot`, which replaces \
+         the slot with a new one and publishes the outbox rows in its snapshot; see docs/recovery.md"
     )
 }
 
