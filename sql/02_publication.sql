@@ -10,7 +10,9 @@
 -- that setup creates must not be older than the publication it reads.
 --   psql "$DATABASE_URL" -v ON_ERROR_STOP=1 -f sql/02_publication.sql
 -- Safe to run again: it creates the publication when missing, and otherwise makes sure it contains
--- the outbox table and publishes inserts only.
+-- the outbox table and publishes inserts only. A partitioned outbox (07_partitioned_outbox.sql) is
+-- published through its root (publish_via_partition_root = true), so inserts into any partition arrive
+-- as the outbox table's and partitions can be added and dropped while the relay streams.
 --
 -- psql variables (set with -v name=value), with their defaults:
 --   outbox_table   public.outbox   the outbox table, schema-qualified (`table` in [outbox] of relay.toml)
@@ -35,6 +37,7 @@ DECLARE
     tbl  text[] := parse_ident(current_setting('outbox_sql.outbox_table'));
     name text   := current_setting('outbox_sql.publication');
     pub  pg_publication%ROWTYPE;
+    partitioned boolean;
 BEGIN
     IF cardinality(tbl) <> 2 THEN
         RAISE EXCEPTION 'outbox_table must be schema-qualified (schema.table), got "%"',
@@ -45,16 +48,25 @@ BEGIN
             tbl[1], tbl[2];
     END IF;
 
+    SELECT relkind = 'p' INTO partitioned FROM pg_class WHERE oid = to_regclass(format('%I.%I', tbl[1], tbl[2]));
     SELECT * INTO pub FROM pg_publication WHERE pubname = name;
     IF NOT FOUND THEN
-        EXECUTE format('CREATE PUBLICATION %I FOR TABLE %I.%I WITH (publish = %L)', name, tbl[1], tbl[2], 'insert');
+        EXECUTE format('CREATE PUBLICATION %I FOR TABLE %I.%I WITH (publish = %L, publish_via_partition_root = %s)',
+                       name, tbl[1], tbl[2], 'insert', coalesce(partitioned, false)::text);
         RAISE NOTICE 'created publication % for table %.%', name, tbl[1], tbl[2];
         RETURN;
     END IF;
 
+    IF partitioned AND NOT pub.pubviaroot THEN
+        EXECUTE format('ALTER PUBLICATION %I SET (publish_via_partition_root = true)', name);
+        RAISE NOTICE 'publication % now publishes the partitions of %.% through it', name, tbl[1], tbl[2];
+    END IF;
+
+    -- pg_publication_rel, not pg_publication_tables: the latter lists a partitioned table's
+    -- partitions instead of the table when the publication does not publish via the root.
     IF NOT pub.puballtables AND NOT EXISTS (
-        SELECT 1 FROM pg_publication_tables
-        WHERE pubname = name AND schemaname = tbl[1] AND tablename = tbl[2]
+        SELECT 1 FROM pg_publication_rel pr JOIN pg_publication p ON p.oid = pr.prpubid
+        WHERE p.pubname = name AND pr.prrelid = to_regclass(format('%I.%I', tbl[1], tbl[2]))
     ) THEN
         EXECUTE format('ALTER PUBLICATION %I ADD TABLE %I.%I', name, tbl[1], tbl[2]);
         RAISE NOTICE 'added table %.% to publication %', tbl[1], tbl[2], name;

@@ -81,3 +81,16 @@ pub async fn slot(client: &Client, name: &str) -> Result<Option<SlotRow>, tokio_
 pub async fn connect(settings: &Settings, purpose: &str) -> Result<Client, SourceError> {
     connect_control(&settings.conn, &format!("outbox-relay {purpose}")).await
 }
+
+/// The OIDs of every partition of `table` (schema-qualified), at any level; empty for a table
+/// that is not partitioned or does not exist. Read from the current catalog: the outbox stage maps
+/// these to the outbox table when a publication sends them under their own names.
+pub async fn partitions(client: &Client, table: &str) -> Result<Vec<u32>, tokio_postgres::Error> {
+    let rows = client
+        .query(
+            "SELECT relid::oid FROM pg_partition_tree(to_regclass($1)) WHERE level > 0",
+            &[&table],
+        )
+        .await?;
+    Ok(rows.iter().map(|r| r.get(0)).collect())
+}

@@ -149,6 +149,9 @@ pub struct OutboxStage {
     cloudevents: bool,
     /// Relation id → columns, for the outbox table only; other relations map to `None`.
     relations: HashMap<u32, Option<OutboxColumns>>,
+    /// OIDs of the outbox table's partitions ([`OutboxStage::set_partitions`]): a publication without
+    /// `publish_via_partition_root` sends their inserts under their own names.
+    partitions: std::collections::HashSet<u32>,
     commit_lsn: Lsn,
     commit_ts: i64,
     /// Outbox inserts seen in the current transaction.
@@ -168,6 +171,7 @@ impl OutboxStage {
             cloudevents: false,
             config: config.clone(),
             relations: HashMap::new(),
+            partitions: Default::default(),
             commit_lsn: Lsn::ZERO,
             commit_ts: 0,
             index: 0,
@@ -222,7 +226,8 @@ impl OutboxStage {
                 }
             }
             Message::Relation(rel) => {
-                let cols = self.is_outbox(&rel).then(|| self.columns(&rel));
+                let outbox = self.is_outbox(&rel) || self.partitions.contains(&rel.id);
+                let cols = outbox.then(|| self.columns(&rel));
                 self.relations.insert(rel.id, cols);
                 Step::Nothing
             }
@@ -291,6 +296,22 @@ impl OutboxStage {
             Message::BeginPrepare { .. } => return Err(StageError::Unrequested("Begin Prepare")),
             _ => Step::Nothing,
         })
+    }
+
+    /// The OIDs of the outbox table's partitions, at any level. Their Relation messages (a
+    /// publication without `publish_via_partition_root`) are mapped to the outbox table: the
+    /// columns are looked up by name in the partition's own Relation, so a partition whose columns
+    /// are in another order maps correctly. Takes effect for Relation messages that follow.
+    pub fn set_partitions(&mut self, oids: impl IntoIterator<Item = u32>) {
+        self.partitions = oids.into_iter().collect();
+    }
+
+    /// A Relation the stage has not seen in this session and that is not the outbox table by
+    /// name: it may be a partition the caller has not told about yet ([`Self::set_partitions`]).
+    pub fn is_new_foreign_relation(&self, rel: &Relation) -> bool {
+        !self.relations.contains_key(&rel.id)
+            && !self.is_outbox(rel)
+            && !self.partitions.contains(&rel.id)
     }
 
     fn ignored(&self, relation_id: u32, kind: &'static str) -> Step {
@@ -698,6 +719,36 @@ mod tests {
             Step::Event(e) => *e,
             other => panic!("expected an event, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn partitions_sent_under_their_own_names_map_to_the_outbox() {
+        let mut s = stage();
+        let partition = |id: u32, name: &str| {
+            let Message::Relation(mut rel) = outbox_relation(id, DEFAULT_COLS) else {
+                unreachable!()
+            };
+            rel.name = name.into();
+            rel
+        };
+        let unknown = partition(41, "outbox_p202501");
+        assert!(s.is_new_foreign_relation(&unknown));
+        s.set_partitions([41]);
+        assert!(!s.is_new_foreign_relation(&unknown));
+        s.step(Message::Relation(unknown)).unwrap();
+        let row = vec![t("1"), t("Claim"), t("4711"), t("E"), t("{}"), t("x")];
+        assert_eq!(
+            event(s.step(insert(41, row.clone())).unwrap())
+                .id
+                .as_deref(),
+            Some("1")
+        );
+        // Another table is looked up once, then ignored.
+        let other = partition(42, "orders");
+        assert!(s.is_new_foreign_relation(&other));
+        s.step(Message::Relation(other.clone())).unwrap();
+        assert!(!s.is_new_foreign_relation(&other));
+        assert_eq!(s.step(insert(42, row)).unwrap(), Step::Nothing);
     }
 
     #[test]

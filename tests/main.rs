@@ -4,6 +4,7 @@
 
 mod support;
 
+mod backfill;
 mod deploy;
 mod events;
 mod faults;

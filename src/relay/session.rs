@@ -15,12 +15,13 @@ use tracing::{debug, info, warn};
 use super::Relay;
 use super::monitor::{AbortOnDrop, watch_nats};
 use crate::catalog;
+use crate::config::Settings;
 use crate::error::{
     CauseKind, NatsTrouble, RelayError, Restart, SessionEnd, from_sink, from_source,
 };
 use crate::metrics::Metrics;
 use crate::outbox::{OutboxStage, Step};
-use crate::pgoutput::Decoder;
+use crate::pgoutput::{Decoder, Message};
 use crate::progress::Progress;
 use crate::sink::{AckReceiver, Acked, Outcome, Sink, SinkConfig, SinkError, connect_nats};
 use crate::source::{
@@ -216,6 +217,14 @@ impl Session {
                 confirmed: self.progress.confirmed(),
                 source,
             })?;
+        if let Message::Relation(rel) = &msg
+            && self.stage.is_new_foreign_relation(rel)
+        {
+            // Once per relation and session, and only when a publication sends partitions under
+            // their own names: is it a partition of the outbox table (attached since we looked)?
+            self.stage
+                .set_partitions(outbox_partitions(&relay.settings).await?);
+        }
         let step = self.stage.step(msg).map_err(|source| RelayError::Stage {
             lsn: wal_start,
             source,
@@ -299,6 +308,23 @@ impl Session {
         Metrics::set(&relay.metrics.received_lsn, self.stream.received().0);
         Metrics::set(&relay.metrics.in_flight, self.sink.in_flight() as u64);
     }
+}
+
+/// The outbox table's partitions, for the outbox stage; a failure to ask is Postgres trouble.
+async fn outbox_partitions(settings: &Settings) -> Result<Vec<u32>, SessionEnd> {
+    let client = catalog::connect(settings, "partitions")
+        .await
+        .map_err(from_source)?;
+    catalog::partitions(&client, &settings.outbox.table)
+        .await
+        .map_err(|e| {
+            from_source(SourceError::Io {
+                target: settings.conn.to_string(),
+                source: std::io::Error::other(format!(
+                    "reading the outbox table's partitions: {e}"
+                )),
+            })
+        })
 }
 
 /// START_REPLICATION failed. SQLSTATE 55000 (object_not_in_prerequisite_state) covers an invalidated

@@ -83,16 +83,72 @@ pub async fn setup(settings: &Settings) -> Result<SetupReport, SetupError> {
     let nats = connect_nats(settings).await?;
     let js = jetstream::new(nats);
     let mut report = SetupReport::default();
-    let checked = checks(settings, &pg, &js, &mut report).await?;
+    let checked = checks(settings, &pg, &js, &mut report, Mode::Setup).await?;
     apply(settings, &pg, &js, checked, &mut report).await?;
     Ok(report)
+}
+
+/// What [`prepare_without_slot`] leaves for `backfill` to decide.
+#[derive(Debug)]
+pub struct Prepared {
+    pub report: SetupReport,
+    /// The slot as it exists now, if it does (it is neither checked nor changed).
+    pub slot: Option<catalog::SlotRow>,
+    /// `server_version_num`.
+    pub version: u32,
+    /// The outbox table is partitioned.
+    pub partitioned: bool,
+    /// What this run created (stream, publication), for [`Prepared::undo`].
+    created: Created,
+}
+
+impl Prepared {
+    /// Removes what [`prepare_without_slot`] created, when the step after it failed (P8).
+    pub async fn undo(&self, settings: &Settings) {
+        if !self.created.stream && !self.created.publication {
+            return;
+        }
+        let (Ok(pg), Ok(nats)) = (
+            connect_postgres(settings).await,
+            connect_nats(settings).await,
+        ) else {
+            warn!("could not connect to remove what this run created");
+            return;
+        };
+        self.created
+            .undo(settings, &pg, &jetstream::new(nats))
+            .await;
+    }
+}
+
+/// For `backfill`: every check of [`setup`] and the creation of the stream and the publication, but
+/// not of the slot, and without the P9 refusal (a missing slot while the stream holds events is
+/// exactly what `backfill` recovers from). An existing slot is returned as found, invalidated or
+/// not: `backfill` refuses or replaces it.
+pub async fn prepare_without_slot(settings: &Settings) -> Result<Prepared, SetupError> {
+    let pg = connect_postgres(settings).await?;
+    let nats = connect_nats(settings).await?;
+    let js = jetstream::new(nats);
+    let mut report = SetupReport::default();
+    let checked = checks(settings, &pg, &js, &mut report, Mode::Backfill).await?;
+    let slot = checked.found.slot.clone();
+    let version = checked.found.version;
+    let partitioned = checked.found.partitioned;
+    let created = apply_without_slot(settings, &pg, &js, checked, &mut report).await?;
+    Ok(Prepared {
+        report,
+        slot,
+        version,
+        partitioned,
+        created,
+    })
 }
 
 /// The checks of [`setup`] alone, changing nothing (for `status`).
 pub async fn check_only(settings: &Settings) -> Result<(), SetupError> {
     let pg = connect_postgres(settings).await?;
     let js = jetstream::new(connect_nats(settings).await?);
-    checks(settings, &pg, &js, &mut SetupReport::default()).await?;
+    checks(settings, &pg, &js, &mut SetupReport::default(), Mode::Setup).await?;
     Ok(())
 }
 
@@ -103,16 +159,31 @@ struct Checked {
     create_slot: bool,
 }
 
+/// Whose checks: `setup` (and `run`) or `backfill`, which leaves the slot to its caller.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Setup,
+    Backfill,
+}
+
 /// Every check, before any change.
 async fn checks(
     settings: &Settings,
     pg: &Client,
     js: &jetstream::Context,
     report: &mut SetupReport,
+    mode: Mode,
 ) -> Result<Checked, SetupError> {
-    let found = postgres::check(settings, pg, report).await?;
+    let found = postgres::check(settings, pg, report, mode == Mode::Setup).await?;
     let found_stream = stream::check(settings, js, report).await?;
     let slot = &settings.postgres.slot;
+    if mode == Mode::Backfill {
+        return Ok(Checked {
+            found,
+            create_stream: found_stream.is_none(),
+            create_slot: false,
+        });
+    }
     let create_slot = match &found.slot {
         Some(s) => {
             report.slot_confirmed = s
@@ -249,8 +320,39 @@ async fn make_failover(
     Ok(())
 }
 
+/// [`apply`] for `backfill`: the stream and the publication, never the slot. Returns what it
+/// created, so a failure of the backfill's own first steps can remove it again.
+async fn apply_without_slot(
+    settings: &Settings,
+    pg: &Client,
+    js: &jetstream::Context,
+    checked: Checked,
+    report: &mut SetupReport,
+) -> Result<Created, SetupError> {
+    let mut created = Created::default();
+    let result = async {
+        if checked.create_stream {
+            report.lines.push(stream::create(settings, js).await?);
+            created.stream = true;
+        }
+        if checked.found.create_publication {
+            report
+                .lines
+                .push(postgres::create_publication(settings, pg, checked.found.partitioned).await?);
+            created.publication = true;
+        }
+        Ok::<_, SetupError>(())
+    }
+    .await;
+    if let Err(e) = result {
+        created.undo(settings, pg, js).await;
+        return Err(e);
+    }
+    Ok(created)
+}
+
 /// What one setup run created, to undo when a later step fails.
-#[derive(Default)]
+#[derive(Default, Debug)]
 struct Created {
     stream: bool,
     publication: bool,
@@ -280,8 +382,8 @@ impl Created {
 pub fn lost_slot_message(slot: &str, reason: &str) -> String {
     format!(
         "replication slot {slot} was invalidated ({reason}), so events written since its last confirmed position \
-         may be lost: drop it (SELECT pg_drop_replication_slot('{slot}')) and recover with `outbox-relay backfill`, \
-         which creates a new slot and publishes the outbox rows in its snapshot; see docs/recovery.md"
+         may be lost: stop every relay for it and recover with `outbox-relay backfill --replace-slot`, which replaces \
+         the slot with a new one and publishes the outbox rows in its snapshot; see docs/recovery.md"
     )
 }
 

@@ -32,11 +32,14 @@ pub(super) struct Found {
     pub partitioned: bool,
 }
 
-/// Checks `wal_level`, the table, the role and the publication, and reads the slot.
+/// Checks `wal_level`, the table, the role and the publication, and reads the slot. With
+/// `check_slot_too` false (backfill, which decides about an existing slot itself) the slot is only
+/// read.
 pub(super) async fn check(
     settings: &Settings,
     pg: &Client,
     report: &mut SetupReport,
+    check_slot_too: bool,
 ) -> Result<Found, SetupError> {
     let row = pg
         .query_one(
@@ -105,7 +108,7 @@ pub(super) async fn check(
 
     let create_publication = check_publication(settings, pg, partitioned, report).await?;
     let slot = catalog::slot(pg, &settings.postgres.slot).await?;
-    if let Some(s) = &slot {
+    if let Some(s) = slot.as_ref().filter(|_| check_slot_too) {
         check_slot(settings, s)?;
     }
     Ok(Found {

@@ -1,0 +1,598 @@
+//! `outbox-relay backfill`: publishes the outbox rows that exist now (those matching `--where`),
+//! exactly like live events, and leaves a new slot behind that starts where those rows end, so that
+//! `run` afterwards publishes everything committed after them: no gap and no overlap.
+//!
+//! How: the slot is created with `CREATE_REPLICATION_SLOT … (SNAPSHOT 'export')`. Its consistent
+//! point and the exported snapshot describe the same moment: a transaction is visible in the
+//! snapshot exactly when its commit record lies before the consistent point, and the slot sends
+//! exactly the transactions that commit at or after it. A read-only REPEATABLE READ transaction on
+//! the control connection imports the snapshot (`SET TRANSACTION SNAPSHOT`) and reads the rows
+//! through a server-side cursor, 1,000 at a time, while writers go on inserting. Each row becomes a
+//! synthetic pgoutput Relation + Insert (the table's real column names and type OIDs, every value in
+//! its text form, as the walsender sends it) and goes through the same [`OutboxStage`] and [`Sink`]
+//! as live events: same subject, headers, `Nats-Msg-Id`, dead-letter rules and `bytea` handling.
+//!
+//! `Outbox-Commit-Lsn` of a backfilled message is the consistent point minus one, for every row
+//! (their order within it is the cursor's order). Why not the consistent point itself: a live
+//! transaction's commit record may start exactly there, and the fence of the next `run` treats
+//! messages with the tail's commit LSN as the tail's own transaction (`Replay::already_stored`),
+//! so it would skip that live transaction's events. One less is strictly before every commit the
+//! slot will send and after every commit the snapshot shows.
+//!
+//! Rows the stream already holds are dropped by JetStream inside its duplicate window; the backfill
+//! counts them. Its publishes are not fenced (see [`publish_snapshot`]); `run` fences the stream
+//! again from the tail the backfill leaves.
+//!
+//! `--where` and `--order-by` are SQL written by the operator, who already has access to the
+//! database; they go into the query as written, inside a READ ONLY transaction, through the extended
+//! query protocol (which refuses more than one statement). `--order-by` must not contain `;`.
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures_util::TryStreamExt;
+use tokio_postgres::Client;
+use tracing::{debug, info, warn};
+
+use crate::Lsn;
+use crate::catalog;
+use crate::config::Settings;
+use crate::outbox::{OutboxStage, StageError, Step};
+use crate::pgoutput::{Column, Message, Relation, TupleValue};
+use crate::setup::{self, Prepared, SetupError};
+use crate::sink::{AckReceiver, ConnectError, Outcome, Sink, SinkConfig, SinkError, TailError};
+use crate::source::{ReplConnection, SourceError};
+
+/// Rows per `FETCH`: large enough to amortise the round trip, small enough that the rows in one
+/// fetch are a small part of the publish window.
+const FETCH_ROWS: u32 = 1000;
+/// How often the progress callback is called.
+const PROGRESS_EVERY: Duration = Duration::from_secs(2);
+const CURSOR: &str = "outbox_relay_backfill";
+/// The relation id of the synthetic Relation message (any value: it only pairs Relation and Insert).
+const RELATION_ID: u32 = 1;
+
+/// What to backfill.
+#[derive(Debug, Clone, Default)]
+pub struct BackfillOptions {
+    /// SQL predicate on the outbox table (`--where`); `None` = every row.
+    pub where_sql: Option<String>,
+    /// SQL `ORDER BY` list (`--order-by`); `None` = the id column.
+    pub order_by: Option<String>,
+    /// Drop an existing, inactive slot and create the new one in its place (`--replace-slot`).
+    pub replace_slot: bool,
+}
+
+/// Where a running backfill is, for the progress line.
+#[derive(Debug, Clone, Copy)]
+pub struct BackfillProgress {
+    /// Rows handed to the sink.
+    pub done: u64,
+    /// Rows matching the predicate in the snapshot.
+    pub total: u64,
+    pub elapsed: Duration,
+}
+
+impl BackfillProgress {
+    /// Rows per second so far.
+    pub fn rate(&self) -> f64 {
+        self.done as f64 / self.elapsed.as_secs_f64().max(1e-3)
+    }
+}
+
+impl std::fmt::Display for BackfillProgress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "backfill: {}/{} rows ({:.0}/s)",
+            self.done,
+            self.total,
+            self.rate()
+        )
+    }
+}
+
+/// What a finished backfill did.
+#[derive(Debug, Clone, Default)]
+pub struct BackfillReport {
+    /// What setup found and created (publication, stream), one line each.
+    pub setup_lines: Vec<String>,
+    pub warnings: Vec<String>,
+    pub slot: String,
+    /// The slot's consistent point: `run` publishes every transaction committed from here on.
+    pub consistent_point: Lsn,
+    /// The `Outbox-Commit-Lsn` every backfilled message carries (consistent point − 1).
+    pub commit_lsn: Lsn,
+    /// An existing slot was dropped first (`--replace-slot`).
+    pub replaced_slot: bool,
+    /// Rows read and published (stored, duplicates and dead letters together).
+    pub rows: u64,
+    /// Newly stored.
+    pub stored: u64,
+    /// Dropped by JetStream: the stream already held an event with that id.
+    pub duplicates: u64,
+    /// Published to the dead-letter subject.
+    pub dead_letters: u64,
+    /// Setup, and the wait for a consistent point while the slot was created.
+    pub slot_wait: Duration,
+    /// From the first row read to the last ack.
+    pub elapsed: Duration,
+}
+
+impl BackfillReport {
+    pub fn rate(&self) -> f64 {
+        self.rows as f64 / self.elapsed.as_secs_f64().max(1e-3)
+    }
+}
+
+/// Why a backfill did not finish. One line naming the object and the fix.
+#[derive(Debug, thiserror::Error)]
+pub enum BackfillError {
+    #[error(transparent)]
+    Setup(#[from] SetupError),
+    #[error(
+        "--order-by {0:?} contains ';': give only the sort keys, e.g. --order-by \"created_at, event_id\""
+    )]
+    OrderBy(String),
+    #[error(
+        "replication slot {slot} is in use by PID {pid} (a relay streams it): backfill creates the slot anew and \
+         must not run beside a relay; stop every relay for this slot (standbys too), then run backfill again. \
+         Nothing was changed"
+    )]
+    SlotActive { slot: String, pid: i32 },
+    #[error(
+        "replication slot {slot} already exists ({found}). backfill creates the slot at the snapshot it reads the \
+         rows in, so it has to replace this one, and whatever the old slot still holds is then published only if \
+         --where selects it. If that is what you want, stop every relay for this slot and run backfill again with \
+         --replace-slot; if the slot is healthy, `outbox-relay run` needs no backfill. Nothing was changed"
+    )]
+    SlotExists { slot: String, found: String },
+    #[error("cannot drop replication slot {slot} (to replace it)")]
+    DropSlot {
+        slot: String,
+        #[source]
+        source: tokio_postgres::Error,
+    },
+    #[error("cannot connect to Postgres at {target} (check postgres.url)")]
+    Postgres {
+        target: String,
+        #[source]
+        source: SourceError,
+    },
+    #[error(
+        "cannot create replication slot {slot} with an exported snapshot (the role needs REPLICATION; see \
+         sql/03_relay_role.sql)"
+    )]
+    CreateSlot {
+        slot: String,
+        #[source]
+        source: SourceError,
+    },
+    #[error("reading {table} in the slot's snapshot failed ({what}): {message}")]
+    Query {
+        table: String,
+        what: String,
+        message: String,
+    },
+    #[error(transparent)]
+    Nats(#[from] ConnectError),
+    #[error(transparent)]
+    Tail(#[from] TailError),
+    #[error(
+        "backfill stopped after {done} of {total} rows, and the slot it created was dropped so that `run` cannot \
+         start with a gap: fix the cause and run backfill again (JetStream drops the rows it already holds)"
+    )]
+    Publish {
+        done: u64,
+        total: u64,
+        #[source]
+        source: SinkError,
+    },
+    #[error("backfill: {0}")]
+    Stage(#[from] StageError),
+    #[error(
+        "backfill of more than {} rows in one run: split it with --where",
+        u32::MAX
+    )]
+    TooManyRows,
+}
+
+/// Runs a backfill: setup without the slot, the slot decision, a new slot with its snapshot, the
+/// rows of that snapshot through the live pipeline, all acks. `progress` is called about every
+/// two seconds while rows are published.
+pub async fn backfill(
+    settings: &Settings,
+    opts: BackfillOptions,
+    mut progress: impl FnMut(BackfillProgress),
+) -> Result<BackfillReport, BackfillError> {
+    if let Some(o) = &opts.order_by
+        && o.contains(';')
+    {
+        return Err(BackfillError::OrderBy(o.clone()));
+    }
+    let slot = settings.postgres.slot.clone();
+    let prepared = setup::prepare_without_slot(settings).await?;
+    let replaced_slot = match decide_slot(settings, &prepared, &opts) {
+        Ok(r) => r,
+        Err(e) => {
+            prepared.undo(settings).await;
+            return Err(e);
+        }
+    };
+    let started = Instant::now();
+    let control = connect(settings).await?;
+    if replaced_slot {
+        control
+            .execute("SELECT pg_drop_replication_slot($1)", &[&slot])
+            .await
+            .map_err(|source| BackfillError::DropSlot {
+                slot: slot.clone(),
+                source,
+            })?;
+        info!(%slot, "dropped the existing slot (--replace-slot)");
+    }
+    let mut repl = ReplConnection::connect(&settings.conn, "outbox-relay backfill")
+        .await
+        .map_err(|source| BackfillError::Postgres {
+            target: settings.conn.to_string(),
+            source,
+        })?;
+    let (consistent_point, snapshot) = match repl
+        .create_slot_with_snapshot(&slot, settings.postgres.failover)
+        .await
+    {
+        Ok(r) => r,
+        Err(source) => {
+            repl.close().await;
+            if !replaced_slot {
+                prepared.undo(settings).await;
+            }
+            return Err(BackfillError::CreateSlot { slot, source });
+        }
+    };
+    info!(%slot, %consistent_point, %snapshot, "slot created; reading the rows of its snapshot");
+    // Creating the slot waits for every transaction that holds a transaction id on the server to
+    // end; the rate is measured from here.
+    let slot_wait = started.elapsed();
+    let started = Instant::now();
+    let mut report = BackfillReport {
+        setup_lines: prepared.report.lines.clone(),
+        warnings: prepared.report.warnings.clone(),
+        slot: slot.clone(),
+        consistent_point,
+        commit_lsn: Lsn(consistent_point.0.saturating_sub(1)),
+        replaced_slot,
+        slot_wait,
+        ..BackfillReport::default()
+    };
+    let result = publish_snapshot(
+        settings,
+        &opts,
+        &control,
+        &snapshot,
+        &mut report,
+        started,
+        &mut progress,
+    )
+    .await;
+    // The exported snapshot lived in the walsender's transaction; the cursor is done with it now.
+    repl.close().await;
+    if let Err(e) = result {
+        let _ = control.batch_execute("ROLLBACK").await;
+        // Without the slot, `run` refuses (P9) instead of starting after rows that were never
+        // published; the next backfill creates it again.
+        if let Err(drop) = control
+            .execute("SELECT pg_drop_replication_slot($1)", &[&slot])
+            .await
+        {
+            warn!(%slot, error = %drop, "backfill failed and the slot it created could not be dropped: run backfill again with --replace-slot");
+        }
+        return Err(e);
+    }
+    report.elapsed = started.elapsed();
+    Ok(report)
+}
+
+/// Refuses an active slot, and an existing one without `--replace-slot`. Returns whether to drop
+/// the existing slot.
+fn decide_slot(
+    settings: &Settings,
+    prepared: &Prepared,
+    opts: &BackfillOptions,
+) -> Result<bool, BackfillError> {
+    let slot = &settings.postgres.slot;
+    let Some(s) = &prepared.slot else {
+        return Ok(false);
+    };
+    if s.active {
+        return Err(BackfillError::SlotActive {
+            slot: slot.clone(),
+            pid: s.active_pid.unwrap_or(0),
+        });
+    }
+    if opts.replace_slot {
+        return Ok(true);
+    }
+    let found = match s.invalidated() {
+        Some(reason) => format!("invalidated: {reason}"),
+        None => format!(
+            "inactive, confirmed up to {}, wal_status {}",
+            s.confirmed_flush_lsn.as_deref().unwrap_or("-"),
+            s.wal_status.as_deref().unwrap_or("-")
+        ),
+    };
+    Err(BackfillError::SlotExists {
+        slot: slot.clone(),
+        found,
+    })
+}
+
+async fn connect(settings: &Settings) -> Result<Client, BackfillError> {
+    catalog::connect(settings, "backfill")
+        .await
+        .map_err(|source| BackfillError::Postgres {
+            target: settings.conn.to_string(),
+            source,
+        })
+}
+
+/// Reads the rows in `snapshot` and publishes them; returns once every one is acknowledged.
+async fn publish_snapshot(
+    settings: &Settings,
+    opts: &BackfillOptions,
+    pg: &Client,
+    snapshot: &str,
+    report: &mut BackfillReport,
+    started: Instant,
+    progress: &mut impl FnMut(BackfillProgress),
+) -> Result<(), BackfillError> {
+    let table = settings.outbox.table.clone();
+    let (schema, name) = settings.outbox.table_parts();
+    let qualified = format!("{}.{}", quote_ident(schema), quote_ident(name));
+    let query_error = |what: &str| {
+        let table = table.clone();
+        let what = what.to_owned();
+        move |e: tokio_postgres::Error| BackfillError::Query {
+            table,
+            what,
+            message: pg_error(&e),
+        }
+    };
+    // The snapshot name comes from the server; quoted all the same.
+    pg.batch_execute(&format!(
+        "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET TRANSACTION SNAPSHOT '{}'; \
+         SET LOCAL bytea_output = 'hex'",
+        snapshot.replace('\'', "''")
+    ))
+    .await
+    .map_err(query_error("importing the slot's snapshot"))?;
+
+    // Every column, in table order, as pgoutput sends them (generated columns are not sent).
+    let columns: Vec<Column> = pg
+        .query(
+            "SELECT a.attname::text, a.atttypid, a.atttypmod FROM pg_attribute a \
+             WHERE a.attrelid = $1::text::regclass AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = '' \
+             ORDER BY a.attnum",
+            &[&qualified],
+        )
+        .await
+        .map_err(query_error("reading its columns"))?
+        .iter()
+        .map(|r| Column {
+            flags: 0,
+            name: r.get(0),
+            type_oid: r.get(1),
+            type_modifier: r.get(2),
+        })
+        .collect();
+    let predicate = opts.where_sql.as_deref().unwrap_or("true");
+    let order = match &opts.order_by {
+        Some(o) => o.clone(),
+        None => quote_ident(&settings.outbox.id_column),
+    };
+    let total: i64 = pg
+        .query_one(
+            &format!("SELECT count(*) FROM {qualified} WHERE ({predicate})"),
+            &[],
+        )
+        .await
+        .map_err(query_error("--where"))?
+        .get(0);
+    let total = total.max(0) as u64;
+    if total > u64::from(u32::MAX) {
+        return Err(BackfillError::TooManyRows);
+    }
+    let select: Vec<String> = columns
+        .iter()
+        .map(|c| format!("{}::text", quote_ident(&c.name)))
+        .collect();
+    // execute, not batch_execute: the extended protocol refuses a second statement.
+    pg.execute(
+        &format!(
+            "DECLARE {CURSOR} NO SCROLL CURSOR FOR SELECT {} FROM {qualified} WHERE ({predicate}) ORDER BY {order}",
+            select.join(", ")
+        ),
+        &[],
+    )
+    .await
+    .map_err(query_error("--where / --order-by"))?;
+    let fetch = pg
+        .prepare(&format!("FETCH {FETCH_ROWS} FROM {CURSOR}"))
+        .await
+        .map_err(query_error("FETCH"))?;
+
+    let nats = crate::sink::connect_nats(settings).await?;
+    // Not fenced: the fence's expected sequences are for an ordered replay from the slot. Here,
+    // rows the stream holds come back as duplicates that take no sequence, and every message
+    // published behind one carries a stale expectation; the sink's repair resends them one at a
+    // time, and a stale expectation can even match the tail by coincidence and store a row ahead
+    // of those before it (measured: a rerun after a kill ended in a broken fence). The backfill does
+    // not need it: every ack is awaited, any failure ends the backfill (and drops its slot), and a
+    // rerun republishes everything, which JetStream deduplicates.
+    let config = SinkConfig {
+        fence: false,
+        ..SinkConfig::from_settings(settings)
+    };
+    let (mut sink, mut acks) = Sink::start(nats, config).await?;
+    let mut stage = OutboxStage::new(&settings.outbox);
+    let commit_ts = crate::lsn::pg_now_micros();
+    let begin = Message::Begin {
+        final_lsn: report.commit_lsn,
+        commit_ts,
+        xid: 0,
+    };
+    stage.step(begin)?;
+    stage.step(Message::Relation(Relation {
+        xid: None,
+        id: RELATION_ID,
+        namespace: schema.to_owned(),
+        name: name.to_owned(),
+        replica_identity: b'd',
+        columns,
+    }))?;
+
+    let mut published = 0u64;
+    let mut acked = Acked::default();
+    let mut last_progress = Instant::now();
+    let fail = |done: u64, source: SinkError| BackfillError::Publish {
+        done,
+        total,
+        source,
+    };
+    loop {
+        let rows = pg
+            .query_raw(&fetch, std::iter::empty::<i32>())
+            .await
+            .map_err(query_error("FETCH"))?;
+        tokio::pin!(rows);
+        let mut fetched = 0u32;
+        while let Some(row) = rows.try_next().await.map_err(query_error("FETCH"))? {
+            fetched += 1;
+            let new = (0..row.len())
+                .map(|i| match row.get::<_, Option<&str>>(i) {
+                    Some(v) => TupleValue::Text(Bytes::copy_from_slice(v.as_bytes())),
+                    None => TupleValue::Null,
+                })
+                .collect();
+            let msg = Message::Insert {
+                xid: None,
+                relation_id: RELATION_ID,
+                new,
+            };
+            let Step::Event(event) = stage.step(msg)? else {
+                continue;
+            };
+            if let Err(e) = sink.submit(published, event).await {
+                return Err(fail(published, sink_failure(e, &mut acks)));
+            }
+            published += 1;
+            // Acks are read as they come, so their channel never holds more than the window.
+            while let Ok(ack) = acks.try_recv() {
+                acked.add(ack.map_err(|e| fail(published, e))?.outcome);
+            }
+            if last_progress.elapsed() >= PROGRESS_EVERY {
+                last_progress = Instant::now();
+                progress(BackfillProgress {
+                    done: published,
+                    total,
+                    elapsed: started.elapsed(),
+                });
+            }
+        }
+        if fetched < FETCH_ROWS {
+            break;
+        }
+    }
+    stage.step(Message::Commit {
+        flags: 0,
+        commit_lsn: report.commit_lsn,
+        end_lsn: report.consistent_point,
+        commit_ts,
+    })?;
+    while acked.total() < published {
+        match acks.recv().await {
+            Some(Ok(ack)) => acked.add(ack.outcome),
+            Some(Err(e)) => return Err(fail(published, e)),
+            None => return Err(fail(published, SinkError::Stopped)),
+        }
+    }
+    pg.batch_execute("COMMIT")
+        .await
+        .map_err(query_error("COMMIT"))?;
+    progress(BackfillProgress {
+        done: published,
+        total,
+        elapsed: started.elapsed(),
+    });
+    debug!(published, "backfill acknowledged");
+    report.rows = published;
+    report.stored = acked.stored;
+    report.duplicates = acked.duplicates;
+    report.dead_letters = acked.dead_letters;
+    Ok(())
+}
+
+/// Outcomes counted.
+#[derive(Default)]
+struct Acked {
+    stored: u64,
+    duplicates: u64,
+    dead_letters: u64,
+}
+
+impl Acked {
+    fn add(&mut self, o: Outcome) {
+        match o {
+            Outcome::Stored { duplicate: false } => self.stored += 1,
+            Outcome::Stored { duplicate: true } | Outcome::AlreadyStored => self.duplicates += 1,
+            Outcome::DeadLetter { .. } => self.dead_letters += 1,
+        }
+    }
+
+    fn total(&self) -> u64 {
+        self.stored + self.duplicates + self.dead_letters
+    }
+}
+
+/// A failed submit: when the ack task stopped, its own error is the real cause.
+fn sink_failure(e: SinkError, acks: &mut AckReceiver) -> SinkError {
+    if matches!(e, SinkError::Stopped) {
+        while let Ok(ack) = acks.try_recv() {
+            if let Err(real) = ack {
+                return real;
+            }
+        }
+    }
+    e
+}
+
+fn quote_ident(s: &str) -> String {
+    format!("\"{}\"", s.replace('"', "\"\""))
+}
+
+fn pg_error(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{} ({})", db.message(), db.code().code()),
+        None => e.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn progress_line() {
+        let p = BackfillProgress {
+            done: 4200,
+            total: 10000,
+            elapsed: Duration::from_secs(2),
+        };
+        assert_eq!(p.to_string(), "backfill: 4200/10000 rows (2100/s)");
+    }
+
+    #[test]
+    fn identifiers_are_quoted() {
+        assert_eq!(quote_ident("a\"b"), "\"a\"\"b\"");
+    }
+}

@@ -1,0 +1,567 @@
+//! `outbox-relay backfill` against real servers: adopting a polling publisher's table while a writer
+//! keeps inserting (no gap, no overlap with `run`), recovering after a lost slot (every duplicate
+//! dropped, rate beside the live drain rate), a kill -9 in the middle and a second run with
+//! `--replace-slot`, refusal while a relay streams, and a partitioned outbox whose partitions are
+//! attached, detached and dropped while the relay streams.
+//!
+//! "No overlap" is checked without leaning on JetStream's deduplication: the backfill reports how
+//! many of its rows the stream already held, and the relay counts the duplicates it met; both must
+//! be 0 where nothing was published before.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream;
+use outbox_relay::backfill::{BackfillOptions, BackfillReport, backfill};
+use outbox_relay::config::Config;
+use outbox_relay::metrics::Metrics;
+use tokio::task::JoinHandle;
+
+use crate::support::{
+    InProcessRelay, NatsServer, PgServer, RelayProcess, TEXT_ID_OUTBOX_SQL, TestDb, read_all,
+    relay_config, relay_env, run_command, slot_exists, stream_count, wait_for,
+};
+
+const LIMIT: Duration = Duration::from_secs(120);
+
+/// A polling publisher's table: ids, a `published_at` it sets once it has sent a row.
+const POLLED_TABLE: &str = "CREATE TABLE outbox_event (
+    event_id uuid PRIMARY KEY,
+    aggregate_type varchar(80) NOT NULL,
+    aggregate_id varchar(80) NOT NULL,
+    event_type varchar(120) NOT NULL,
+    payload jsonb NOT NULL,
+    created_at timestamp NOT NULL,
+    published_at timestamp NULL,
+    publish_attempts integer NOT NULL DEFAULT 0
+);
+CREATE INDEX ix_outbox_unpublished ON outbox_event(created_at) WHERE published_at IS NULL;";
+
+fn env_with_table(config: &Config) -> Vec<(String, String)> {
+    let mut env = relay_env(config);
+    env.push((
+        "OUTBOX_RELAY_OUTBOX_TABLE".into(),
+        config.outbox.table.clone(),
+    ));
+    env
+}
+
+async fn js(nats: &NatsServer) -> jetstream::Context {
+    jetstream::new(
+        async_nats::connect(nats.url())
+            .await
+            .expect("connect to NATS"),
+    )
+}
+
+/// Message ids in the stream, with how often each is stored.
+async fn stored_ids(js: &jetstream::Context, stream: &str) -> BTreeMap<String, usize> {
+    let mut ids = BTreeMap::new();
+    for m in read_all(js, stream).await {
+        *ids.entry(m.id().to_owned()).or_insert(0) += 1;
+    }
+    ids
+}
+
+async fn run_backfill(config: &Config, opts: BackfillOptions) -> BackfillReport {
+    let settings = config.validate().expect("valid config");
+    backfill(&settings, opts, |_| {})
+        .await
+        .unwrap_or_else(|e| panic!("backfill failed: {}", outbox_relay::relay::error_chain(&e)))
+}
+
+/// Inserts one row per transaction into `outbox_event` until stopped; returns the ids it committed.
+fn start_writer(db: &TestDb, stop: Arc<AtomicBool>) -> JoinHandle<Vec<String>> {
+    let url = db.url();
+    tokio::spawn(async move {
+        let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+            .await
+            .expect("writer connects");
+        tokio::spawn(conn);
+        let mut ids = Vec::new();
+        let mut n = 0u64;
+        while !stop.load(Ordering::Relaxed) {
+            n += 1;
+            let row = client
+                .query_one(
+                    "INSERT INTO outbox_event (event_id, aggregate_type, aggregate_id, event_type, payload, created_at) \
+                     VALUES (gen_random_uuid(), 'Order', $1, 'OrderConfirmed', '{\"live\": true}', now()) \
+                     RETURNING event_id::text",
+                    &[&format!("W-{n}")],
+                )
+                .await
+                .expect("writer inserts");
+            ids.push(row.get(0));
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        ids
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adoption_of_a_polled_table_has_no_gap_and_no_overlap() {
+    let db = TestDb::create(PgServer::shared()).await;
+    let nats = NatsServer::start();
+    db.psql(POLLED_TABLE);
+    db.psql(
+        "INSERT INTO outbox_event (event_id, aggregate_type, aggregate_id, event_type, payload, created_at, published_at) \
+         SELECT gen_random_uuid(), 'Order', 'O-' || i, 'OrderConfirmed', jsonb_build_object('n', i), \
+                now() - interval '1 hour' + i * interval '1 second', \
+                CASE WHEN i <= 100 THEN now() - interval '30 minutes' END \
+         FROM generate_series(1, 400) AS i",
+    );
+    let client = db.client().await;
+    let published: HashSet<String> = client
+        .query(
+            "SELECT event_id::text FROM outbox_event WHERE published_at IS NOT NULL",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let waiting: HashSet<String> = client
+        .query(
+            "SELECT event_id::text FROM outbox_event WHERE published_at IS NULL",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!((published.len(), waiting.len()), (100, 300));
+
+    let mut config = relay_config(&db, &nats);
+    config.outbox.table = "public.outbox_event".into();
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = start_writer(&db, Arc::clone(&stop));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let env = env_with_table(&config);
+    let out = tokio::task::spawn_blocking(move || {
+        run_command(
+            &[
+                "backfill",
+                "--where",
+                "published_at IS NULL",
+                "--order-by",
+                "created_at, event_id",
+            ],
+            &env,
+            LIMIT,
+        )
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "backfill failed:\n{}\n{}",
+        out.stdout,
+        out.stderr
+    );
+    assert!(
+        out.stdout.contains("0 already in the stream"),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        out.stderr.contains("backfill: "),
+        "progress: {}",
+        out.stderr
+    );
+
+    let relay = InProcessRelay::start(config.clone());
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    stop.store(true, Ordering::Relaxed);
+    let written = writer.await.unwrap();
+    assert!(
+        written.len() > 50,
+        "the writer wrote only {}",
+        written.len()
+    );
+    let js = js(&nats).await;
+    let expected = waiting.len() + written.len();
+    wait_for("every waiting and written row", LIMIT, || async {
+        stream_count(&js, &config.nats.stream).await >= expected as u64
+    })
+    .await;
+    // Anything extra (an overlap the dedup window did not catch, a published row) would come now.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let ids = stored_ids(&js, &config.nats.stream).await;
+    let want: HashSet<String> = waiting.iter().chain(written.iter()).cloned().collect();
+    let got: HashSet<String> = ids.keys().cloned().collect();
+    assert_eq!(got, want, "stored ids differ from waiting + written");
+    assert!(ids.values().all(|&n| n == 1), "an id is stored twice");
+    assert!(
+        got.is_disjoint(&published),
+        "a published row was sent again"
+    );
+    assert_eq!(
+        Metrics::get(&relay.metrics.published_duplicate),
+        0,
+        "run republished a backfilled row (overlap)"
+    );
+    relay.stop().await.expect("relay stops cleanly");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recovery_after_a_lost_slot_republishes_without_new_copies() {
+    const N: u64 = 10_000;
+    let db = TestDb::create(PgServer::shared()).await;
+    let nats = NatsServer::start();
+    db.psql(TEXT_ID_OUTBOX_SQL);
+    let config = relay_config(&db, &nats);
+    let settings = config.validate().unwrap();
+    outbox_relay::setup::setup(&settings).await.expect("setup");
+    db.psql(&format!(
+        "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, event_type, payload) \
+         SELECT 'e-' || i, 'Claim', i::text, 'ClaimApproved', jsonb_build_object('claim', i) \
+         FROM generate_series(1, {N}) AS i"
+    ));
+    let js = js(&nats).await;
+    // The live drain rate of the same rows, as the baseline.
+    let t = Instant::now();
+    let relay = InProcessRelay::start(config.clone());
+    wait_for("the live relay to drain", LIMIT, || async {
+        stream_count(&js, &config.nats.stream).await >= N
+    })
+    .await;
+    let live = N as f64 / t.elapsed().as_secs_f64();
+    relay.stop().await.unwrap();
+
+    // The slot is lost; run now refuses (P9) and names backfill.
+    db.psql(&format!(
+        "SELECT pg_drop_replication_slot('{}')",
+        config.postgres.slot
+    ));
+    let err = outbox_relay::setup::setup(&settings).await.unwrap_err();
+    assert!(err.to_string().contains("backfill"), "{err}");
+
+    let report = run_backfill(&config, BackfillOptions::default()).await;
+    let rate = report.rate();
+    eprintln!(
+        "recovery: backfill {N} rows at {rate:.0}/s, live drain {live:.0}/s ({:.2}x)",
+        rate / live
+    );
+    assert_eq!(report.rows, N);
+    assert_eq!(
+        report.duplicates, N,
+        "every row was in the stream: {report:?}"
+    );
+    assert_eq!(report.stored, 0);
+    assert!(
+        report.elapsed < Duration::from_secs(60),
+        "{:?}",
+        report.elapsed
+    );
+    let ids = stored_ids(&js, &config.nats.stream).await;
+    assert_eq!(ids.len() as u64, N);
+    assert!(ids.values().all(|&n| n == 1));
+
+    // run continues from the new slot.
+    let relay = InProcessRelay::start(config.clone());
+    db.psql(
+        "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, event_type, payload) \
+         VALUES ('after-1', 'Claim', '1', 'ClaimPaid', '{}'), ('after-2', 'Claim', '2', 'ClaimPaid', '{}')",
+    );
+    wait_for("run to publish the new rows", LIMIT, || async {
+        stream_count(&js, &config.nats.stream).await >= N + 2
+    })
+    .await;
+    relay.stop().await.unwrap();
+    let all = read_all(&js, &config.nats.stream).await;
+    assert_eq!(all.len() as u64, N + 2);
+    let last = &all[all.len() - 1];
+    assert_eq!(last.id(), "after-2");
+    assert!(last.commit_lsn() > report.commit_lsn);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_during_backfill_then_replace_slot_stores_each_row_once() {
+    const N: u64 = 60_000;
+    let db = TestDb::create(PgServer::shared()).await;
+    let nats = NatsServer::start();
+    db.psql(TEXT_ID_OUTBOX_SQL);
+    db.psql(&format!(
+        "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, event_type, payload) \
+         SELECT 'k-' || i, 'Claim', i::text, 'ClaimApproved', jsonb_build_object('claim', i, 'pad', repeat('x', 200)) \
+         FROM generate_series(1, {N}) AS i"
+    ));
+    let config = relay_config(&db, &nats);
+    let env = relay_env(&config);
+    let js = js(&nats).await;
+    let mut p = RelayProcess::spawn(&["backfill"], &env);
+    wait_for("the backfill to store some rows", LIMIT, || async {
+        stream_count(&js, &config.nats.stream).await >= 1000
+    })
+    .await;
+    p.signal("KILL");
+    p.wait(Duration::from_secs(10)).expect("killed");
+    let at_kill = stream_count(&js, &config.nats.stream).await;
+    assert!(at_kill < N, "the backfill finished before the kill");
+
+    // The slot it created is still there: a second backfill explains and refuses without the option.
+    let client = db.client().await;
+    assert!(slot_exists(&client, &config.postgres.slot).await);
+    let env2 = env.clone();
+    let out = tokio::task::spawn_blocking(move || run_command(&["backfill"], &env2, LIMIT))
+        .await
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        out.stderr.contains("already exists") && out.stderr.contains("--replace-slot"),
+        "{}",
+        out.stderr
+    );
+
+    let out = tokio::task::spawn_blocking(move || {
+        run_command(&["backfill", "--replace-slot"], &env, LIMIT)
+    })
+    .await
+    .unwrap();
+    assert!(out.status.success(), "{}\n{}", out.stdout, out.stderr);
+    assert!(out.stdout.contains("slot") && out.stdout.contains("replaced"));
+    let ids = stored_ids(&js, &config.nats.stream).await;
+    assert_eq!(ids.len() as u64, N, "{} of {N} ids stored", ids.len());
+    assert!(ids.values().all(|&n| n == 1), "an id is stored twice");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backfill_is_refused_while_a_relay_streams() {
+    let db = TestDb::create(PgServer::shared()).await;
+    let nats = NatsServer::start();
+    db.psql(TEXT_ID_OUTBOX_SQL);
+    db.psql(
+        "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, event_type, payload) \
+         VALUES ('r-1', 'Claim', '1', 'ClaimApproved', '{}')",
+    );
+    let config = relay_config(&db, &nats);
+    let relay = InProcessRelay::start(config.clone());
+    let client = db.client().await;
+    let slot = config.postgres.slot.clone();
+    wait_for("the relay to stream", LIMIT, || async {
+        client
+            .query_opt(
+                "SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND active",
+                &[&slot],
+            )
+            .await
+            .unwrap()
+            .is_some()
+    })
+    .await;
+    let before: String = client
+        .query_one(
+            "SELECT confirmed_flush_lsn::text || ' ' || active_pid FROM pg_replication_slots WHERE slot_name = $1",
+            &[&slot],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let js = js(&nats).await;
+    let messages = stream_count(&js, &config.nats.stream).await;
+    for replace in [false, true] {
+        let settings = config.validate().unwrap();
+        let opts = BackfillOptions {
+            replace_slot: replace,
+            ..Default::default()
+        };
+        let err = backfill(&settings, opts, |_| {}).await.unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("in use by PID") && text.contains("stop every relay"),
+            "{text}"
+        );
+    }
+    let after: String = client
+        .query_one(
+            "SELECT confirmed_flush_lsn::text || ' ' || active_pid FROM pg_replication_slots WHERE slot_name = $1",
+            &[&slot],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(before, after, "the slot changed");
+    assert_eq!(stream_count(&js, &config.nats.stream).await, messages);
+    assert!(!relay.is_finished());
+    relay.stop().await.unwrap();
+}
+
+const PARTITIONED: &str = "CREATE TABLE public.outbox (
+    event_id       text        NOT NULL,
+    aggregate_type text        NOT NULL,
+    aggregate_id   text        NOT NULL,
+    event_type     text        NOT NULL,
+    payload        jsonb       NOT NULL,
+    created_at     timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (event_id, created_at)
+) PARTITION BY RANGE (created_at);
+CREATE TABLE outbox_2025_01 PARTITION OF outbox FOR VALUES FROM ('2025-01-01') TO ('2025-02-01');
+CREATE TABLE outbox_2025_02 PARTITION OF outbox FOR VALUES FROM ('2025-02-01') TO ('2025-03-01');";
+
+fn insert_at(id: &str, at: &str) -> String {
+    format!(
+        "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, event_type, payload, created_at) \
+         VALUES ('{id}', 'Claim', '1', 'ClaimApproved', '{{}}', '{at}');"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partitioned_outbox_through_backfill_run_and_partition_changes() {
+    let db = TestDb::create(PgServer::shared()).await;
+    let nats = NatsServer::start();
+    db.psql(PARTITIONED);
+    db.psql(&(insert_at("p-1", "2025-01-10") + &insert_at("p-2", "2025-02-10")));
+    let config = relay_config(&db, &nats);
+    // A fresh install: backfill creates publication (via the root), stream and slot.
+    let report = run_backfill(&config, BackfillOptions::default()).await;
+    assert_eq!((report.rows, report.stored), (2, 2));
+    let client = db.client().await;
+    let via_root: bool = client
+        .query_one(
+            "SELECT pubviaroot FROM pg_publication WHERE pubname = $1",
+            &[&config.postgres.publication],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(via_root, "the publication publishes via the root");
+
+    let relay = InProcessRelay::start(config.clone());
+    let js = js(&nats).await;
+    let stream = config.nats.stream.clone();
+    let mut want = vec!["p-1", "p-2"];
+    let wait_all = |want: Vec<&'static str>| {
+        let js = js.clone();
+        let stream = stream.clone();
+        async move {
+            wait_for(&format!("{} events", want.len()), LIMIT, || async {
+                stream_count(&js, &stream).await >= want.len() as u64
+            })
+            .await;
+            let ids: Vec<String> = read_all(&js, &stream)
+                .await
+                .iter()
+                .map(|m| m.id().to_owned())
+                .collect();
+            assert_eq!(ids, want);
+        }
+    };
+    db.psql(&(insert_at("p-3", "2025-01-11") + &insert_at("p-4", "2025-02-11")));
+    want.extend(["p-3", "p-4"]);
+    wait_all(want.clone()).await;
+
+    // Attach a new month, write into it, detach and drop an old one: none of it is an event.
+    db.psql(
+        "CREATE TABLE outbox_2025_03 PARTITION OF outbox FOR VALUES FROM ('2025-03-01') TO ('2025-04-01');",
+    );
+    db.psql(&insert_at("p-5", "2025-03-05"));
+    db.psql("ALTER TABLE outbox DETACH PARTITION outbox_2025_01; DROP TABLE outbox_2025_01;");
+    db.psql(&(insert_at("p-6", "2025-02-12") + &insert_at("p-7", "2025-03-06")));
+    want.extend(["p-5", "p-6", "p-7"]);
+    wait_all(want.clone()).await;
+
+    // A publication that sends partitions under their own names: the stage maps them to the root,
+    // including a partition attached after that, whose columns are in another order.
+    db.psql(&format!(
+        "ALTER PUBLICATION {} SET (publish_via_partition_root = false)",
+        config.postgres.publication
+    ));
+    db.psql(&(insert_at("p-8", "2025-02-13") + &insert_at("p-9", "2025-03-07")));
+    db.psql(
+        "CREATE TABLE outbox_2025_04 (created_at timestamptz NOT NULL DEFAULT now(), payload jsonb NOT NULL, \
+           event_type text NOT NULL, aggregate_id text NOT NULL, aggregate_type text NOT NULL, event_id text NOT NULL); \
+         ALTER TABLE outbox ATTACH PARTITION outbox_2025_04 FOR VALUES FROM ('2025-04-01') TO ('2025-05-01');",
+    );
+    db.psql(&insert_at("p-10", "2025-04-02"));
+    want.extend(["p-8", "p-9", "p-10"]);
+    wait_all(want.clone()).await;
+    let all = read_all(&js, &stream).await;
+    let last = all.last().unwrap();
+    assert_eq!(last.subject, "outbox.Claim");
+    assert_eq!(last.header("Outbox-Event-Type"), "ClaimApproved");
+    assert!(!relay.is_finished(), "the relay stopped");
+    relay.stop().await.unwrap();
+}
+
+fn shipped_sql(name: &str) -> String {
+    let path = format!("{}/sql/{name}", env!("CARGO_MANIFEST_DIR"));
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {path}: {e}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shipped_partitioned_outbox_creates_and_drops_months_while_streaming() {
+    let db = TestDb::create(PgServer::shared()).await;
+    let nats = NatsServer::start();
+    let config = relay_config(&db, &nats);
+    db.psql(&shipped_sql("07_partitioned_outbox.sql"));
+    db.psql(&format!(
+        "\\set publication {}\n{}",
+        config.postgres.publication,
+        shipped_sql("02_publication.sql")
+    ));
+    let client = db.client().await;
+    let via_root: bool = client
+        .query_one(
+            "SELECT pubviaroot FROM pg_publication WHERE pubname = $1",
+            &[&config.postgres.publication],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(via_root);
+    // An old month, to be dropped by retention while the relay streams.
+    let part: String = client
+        .query_one("SELECT public.outbox_create_partition('2020-01-20')", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(part, "outbox_p202001");
+    let relay = InProcessRelay::start(config.clone());
+    // Rows written before the slot exists are not the relay's (that is what backfill is for).
+    wait_for("the slot", LIMIT, || {
+        slot_exists(&client, &config.postgres.slot)
+    })
+    .await;
+    let insert = |at: &str| {
+        format!(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, created_at) \
+             VALUES ('Claim', '1', 'ClaimApproved', '{{}}', {at});"
+        )
+    };
+    db.psql(&(insert("'2020-01-15'") + &insert("now()") + &insert("now() + interval '1 month'")));
+    let js = js(&nats).await;
+    wait_for("three events", LIMIT, || async {
+        stream_count(&js, &config.nats.stream).await >= 3
+    })
+    .await;
+    let dropped: Vec<String> = client
+        .query(
+            "SELECT public.outbox_drop_partitions(interval '3 months')",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(dropped, vec!["outbox_p202001".to_owned()]);
+    let next: String = client
+        .query_one("SELECT public.outbox_create_partition()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(next.starts_with("outbox_p"), "{next}");
+    db.psql(&insert("now()"));
+    wait_for("the fourth event", LIMIT, || async {
+        stream_count(&js, &config.nats.stream).await >= 4
+    })
+    .await;
+    assert!(!relay.is_finished());
+    relay.stop().await.unwrap();
+    assert_eq!(stream_count(&js, &config.nats.stream).await, 4);
+}
