@@ -20,7 +20,7 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 use postgres_protocol::message::backend::Message;
 use postgres_protocol::message::frontend;
 use tokio::io::{AsyncWriteExt, ReadHalf, WriteHalf};
-use tokio::sync::{Notify, mpsc, oneshot};
+use tokio::sync::{Notify, Semaphore, mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tracing::{debug, trace};
 
@@ -39,6 +39,10 @@ pub struct StreamConfig {
     /// Events buffered between the reader task and the consumer; bounds memory and lets TCP
     /// backpressure reach the walsender when the consumer is slow.
     pub channel_capacity: usize,
+    /// Bytes of XLogData buffered between the reader task and the consumer: the same bound in bytes,
+    /// so a thousand 1 MB rows are not a gigabyte in the channel (P6). One message larger than this
+    /// still passes, alone.
+    pub channel_bytes: usize,
     /// A connection that delivers nothing (no data, no keepalive) for this long is treated as dead.
     /// The writer asks the server for a keepalive every third of it, so a healthy idle connection
     /// always has traffic; without this, a black-holed network would hang the relay until TCP gives
@@ -54,6 +58,7 @@ impl Default for StreamConfig {
         StreamConfig {
             status_interval: Duration::from_secs(1),
             channel_capacity: 1024,
+            channel_bytes: 16 << 20,
             receive_timeout: Duration::from_secs(30),
             max_frame_bytes: MAX_FRAME_BYTES,
         }
@@ -88,6 +93,10 @@ struct Shared {
     reply_now: Notify,
     /// Set once the consumer asked to stop: the reader then drains instead of forwarding.
     stopping: AtomicBool,
+    /// Bytes the reader may still queue (`StreamConfig::channel_bytes`); given back by `recv`.
+    budget: Semaphore,
+    /// What one message may take from the budget at most.
+    budget_cap: usize,
 }
 
 /// A running replication stream. Dropping it aborts both tasks and the connection.
@@ -114,6 +123,8 @@ impl ReplicationStream {
             confirmed: AtomicU64::new(start.0),
             reply_now: Notify::new(),
             stopping: AtomicBool::new(false),
+            budget: Semaphore::new(config.channel_bytes.max(1)),
+            budget_cap: config.channel_bytes.max(1),
         });
         let (read_half, write_half) = tokio::io::split(io);
         let (tx, events) = mpsc::channel(config.channel_capacity.max(1));
@@ -147,7 +158,13 @@ impl ReplicationStream {
     /// The next event, or an error (after which the stream is dead: reconnect from the confirmed LSN).
     /// `None` once the stream ended.
     pub async fn recv(&mut self) -> Option<Result<ReplicationEvent, SourceError>> {
-        self.events.recv().await
+        let ev = self.events.recv().await;
+        if let Some(Ok(ReplicationEvent::XLogData { data, .. })) = &ev {
+            self.shared
+                .budget
+                .add_permits(data.len().min(self.shared.budget_cap));
+        }
+        ev
     }
 
     /// Hands back the LSN up to which everything is durably processed. Never moves backwards; a
@@ -307,6 +324,14 @@ async fn read_loop(
         }
         if shared.stopping.load(Ordering::Acquire) {
             continue;
+        }
+        if let ReplicationEvent::XLogData { data, .. } = &event {
+            // Waits while the consumer holds the budget: TCP backpressure then reaches the server.
+            let n = u32::try_from(data.len().min(shared.budget_cap)).unwrap_or(u32::MAX);
+            match shared.budget.acquire_many(n).await {
+                Ok(permit) => permit.forget(),
+                Err(_) => return None,
+            }
         }
         if tx.send(Ok(event)).await.is_err() {
             // The consumer is gone; keep draining only while stopping.
