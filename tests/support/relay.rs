@@ -2,8 +2,9 @@
 //! as the real binary (`RelayProcess`, for SIGKILL/SIGTERM and exit-code tests), plus the readers the
 //! end-to-end tests judge it by: the stream's messages in stream order and the slot's confirmed LSN.
 //!
-//! The binary rejects unknown `OUTBOX_RELAY_*` variables, so a child gets exactly the variables a
-//! test sets, with any inherited `OUTBOX_RELAY_*` removed.
+//! A child gets exactly the `OUTBOX_RELAY_*` variables a test sets, with any inherited ones removed:
+//! they would override the test's settings (and one that names no setting, though not fatal, is
+//! logged as a warning when it looks like a misspelt key).
 
 use std::collections::BTreeMap;
 use std::fs;
