@@ -6,6 +6,7 @@ mod support;
 
 mod deploy;
 mod faults;
+mod hostile;
 mod ops;
 mod relay;
 mod smoke;
