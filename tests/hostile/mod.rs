@@ -7,6 +7,7 @@
 //! password or token. Each hostile input is followed by a normal event that must arrive.
 
 mod nats;
+mod rows;
 
 use std::time::{Duration, Instant};
 
