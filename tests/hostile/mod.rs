@@ -6,6 +6,7 @@
 //! stream, an HTTP client that never finishes its request); `secrets` that no output ever holds a
 //! password or token. Each hostile input is followed by a normal event that must arrive.
 
+mod limits;
 mod nats;
 mod rows;
 
