@@ -9,6 +9,7 @@
 mod limits;
 mod nats;
 mod rows;
+mod secrets;
 
 use std::time::{Duration, Instant};
 
