@@ -11,3 +11,4 @@ mod ops;
 mod relay;
 mod smoke;
 mod source;
+mod truth;
