@@ -14,7 +14,7 @@ use outbox_relay::metrics::Metrics;
 use serde_json::Value;
 use tokio_postgres::Client;
 
-use crate::faults::wait_for_slot;
+use crate::hostile::wait_for_active_slot;
 use crate::ops::free_addr;
 use crate::support::{
     Finished, InProcessRelay, NatsServer, PgServer, RelayProcess, TEXT_ID_OUTBOX_SQL, TestDb,
@@ -78,7 +78,8 @@ async fn lost_slot_behind_a_stream_with_events_needs_backfill() {
 
     // First start, empty stream: the slot is created on its own.
     let relay = InProcessRelay::start(config.clone());
-    wait_for_slot(&client, slot).await;
+    wait_for_active_slot(&client, slot).await;
+    assert!(!relay.is_finished());
     good(&client, "a").await;
     wait_for("event a", LIMIT, || async {
         stream_count(&js, &config.nats.stream).await == 1
@@ -286,7 +287,7 @@ async fn kubernetes_variables_run_a_near_miss_warns_file_logs_are_plain() {
     );
     set(&mut env, "OUTBOX_RELAY_NATS_STREEM", "TYPO");
     let mut p = RelayProcess::spawn(&["run"], &env);
-    wait_for_slot(&client, &config.postgres.slot).await;
+    wait_for_active_slot(&client, &config.postgres.slot).await;
     good(&client, "k8s-1").await;
     wait_for("the event", LIMIT, || async {
         stream_count(&js, &config.nats.stream).await == 1

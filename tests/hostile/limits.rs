@@ -11,8 +11,10 @@ use async_nats::jetstream::stream;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use super::{LIMIT, good, http_get, metric, proc_kb, set, text_id_db, wait_http};
-use crate::faults::{assert_all_stored_once_in_order_within, wait_for_slot};
+use super::{
+    LIMIT, good, http_get, metric, proc_kb, set, text_id_db, wait_for_active_slot, wait_http,
+};
+use crate::faults::assert_all_stored_once_in_order_within;
 use crate::ops::free_addr;
 use crate::support::{NatsServer, RelayProcess, relay_config, relay_env, stream_count, wait_for};
 
@@ -58,7 +60,7 @@ async fn frozen_nats(rss_limit_kb: Option<u64>) {
     // Long enough that the relay sits on its full window instead of restarting during the freeze.
     set(&mut env, "OUTBOX_RELAY_NATS_ACK_TIMEOUT_MS", "60000");
     let mut relay = RelayProcess::spawn(&["run"], &env);
-    wait_for_slot(&client, &config.postgres.slot).await;
+    wait_for_active_slot(&client, &config.postgres.slot).await;
     good(&client, "warm-1").await;
     wait_for("the first event", LIMIT, || async {
         stream_count(&js, &config.nats.stream).await == 1
@@ -169,7 +171,7 @@ async fn full_stream_retries_back_off_and_log_once() {
     let mut env = relay_env(&config);
     set(&mut env, "OUTBOX_RELAY_HTTP_LISTEN", &addr);
     let mut relay = RelayProcess::spawn(&["run"], &env);
-    wait_for_slot(&client, &config.postgres.slot).await;
+    wait_for_active_slot(&client, &config.postgres.slot).await;
     let ids: Vec<String> = (1..=8).map(|i| format!("f-{i}")).collect();
     for id in &ids[..5] {
         good(&client, id).await;

@@ -176,3 +176,20 @@ pub(crate) fn proc_kb(pid: u32, field: &str) -> u64 {
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
 }
+
+/// Waits until a relay streams from `slot` (the slot is active). Not just "exists": a slot shows in
+/// `pg_replication_slots` while it is still being created, and a row committed before it reaches
+/// its consistent point is not in it.
+pub(crate) async fn wait_for_active_slot(client: &Client, slot: &str) {
+    wait_for("the relay's slot to be active", LIMIT, || async {
+        client
+            .query_opt(
+                "SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND active",
+                &[&slot],
+            )
+            .await
+            .expect("query pg_replication_slots")
+            .is_some()
+    })
+    .await;
+}

@@ -5,8 +5,7 @@
 
 use std::time::Duration;
 
-use super::{LIMIT, assert_no_secret, good, percent_encode, set, text_id_db};
-use crate::faults::wait_for_slot;
+use super::{LIMIT, assert_no_secret, good, percent_encode, set, text_id_db, wait_for_active_slot};
 use crate::support::{
     Finished, NatsServer, PgServer, RelayProcess, relay_config, relay_env, run_command,
     stream_count, unique, wait_for,
@@ -27,7 +26,7 @@ async fn run_briefly(
     id: &str,
 ) -> Finished {
     let mut p = RelayProcess::spawn(&["run"], env);
-    wait_for_slot(client, slot).await;
+    wait_for_active_slot(client, slot).await;
     let before = stream_count(js, stream).await;
     good(client, id).await;
     wait_for(&format!("event {id}"), LIMIT, || async {
