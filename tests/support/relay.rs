@@ -145,9 +145,13 @@ pub fn relay_env(config: &Config) -> Vec<(String, String)> {
     ]
 }
 
-/// A `Command` for the binary with exactly `env` as its `OUTBOX_RELAY_*` variables.
+/// A `Command` for the binary with exactly `env` as its `OUTBOX_RELAY_*` variables. `RELAY_TEST_BIN`
+/// runs another build instead (e.g. an older commit's, to see which tests it fails).
 pub fn relay_command(args: &[&str], env: &[(String, String)]) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_outbox-relay"));
+    let bin = std::env::var_os("RELAY_TEST_BIN")
+        .filter(|b| !b.is_empty())
+        .unwrap_or_else(|| env!("CARGO_BIN_EXE_outbox-relay").into());
+    let mut cmd = Command::new(bin);
     cmd.args(args);
     for (k, _) in std::env::vars() {
         if k.starts_with("OUTBOX_RELAY_") {
