@@ -177,14 +177,16 @@ pub(crate) fn proc_kb(pid: u32, field: &str) -> u64 {
         .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
 }
 
-/// Waits until a relay streams from `slot` (the slot is active). Not just "exists": a slot shows in
-/// `pg_replication_slots` while it is still being created, and a row committed before it reaches
-/// its consistent point is not in it.
+/// Waits until a relay streams from `slot`: the slot is active and has a confirmed position. Not
+/// just "exists" or "active": a slot shows in `pg_replication_slots`, active for the backend that
+/// creates it, before it reaches its consistent point, and a row committed before that point is not
+/// in it. `confirmed_flush_lsn` is set once that point is found.
 pub(crate) async fn wait_for_active_slot(client: &Client, slot: &str) {
     wait_for("the relay's slot to be active", LIMIT, || async {
         client
             .query_opt(
-                "SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND active",
+                "SELECT 1 FROM pg_replication_slots \
+                  WHERE slot_name = $1 AND active AND confirmed_flush_lsn IS NOT NULL",
                 &[&slot],
             )
             .await
