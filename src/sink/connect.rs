@@ -93,6 +93,27 @@ pub async fn connect_nats(settings: &Settings) -> Result<async_nats::Client, Con
                 ConnectError::Unauthorized { servers, source }
             }
             ConnectErrorKind::Tls => ConnectError::Tls { servers, source },
+            // async-nats reports a failed handshake as I/O; the rustls error underneath says TLS.
+            _ if is_tls(&source) => ConnectError::Tls { servers, source },
             _ => ConnectError::Connect { servers, source },
         })
+}
+
+/// Whether a rustls error is somewhere in `e`'s chain (also inside an `io::Error`).
+fn is_tls(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if err.downcast_ref::<rustls::Error>().is_some() {
+            return true;
+        }
+        if let Some(inner) = err
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+            && (inner.downcast_ref::<rustls::Error>().is_some() || is_tls(inner))
+        {
+            return true;
+        }
+        cur = err.source();
+    }
+    false
 }

@@ -7,6 +7,10 @@
 //! Readiness is the monitoring endpoint `/healthz`, which answers 200 only once JetStream is up
 //! (<https://docs.nats.io/running-a-nats-service/nats_admin/monitoring#health-healthz>): a plain HTTP
 //! GET keeps `start` synchronous, so it also works inside a `#[tokio::test]`.
+//!
+//! Variants for the tests that attack the connection: a server with a config of the test's own
+//! (auth), one on TLS with a private CA (optionally requiring client certificates), one without
+//! JetStream; and SIGSTOP/SIGCONT (`freeze`/`thaw`) for a server that is up but answers nothing.
 
 use std::fs;
 use std::io::{Read, Write};
@@ -29,6 +33,18 @@ pub struct NatsServer {
     http_port: u16,
     child: Mutex<Option<Child>>,
     watchdog: Mutex<Option<Watchdog>>,
+    tls: Option<NatsTls>,
+}
+
+/// PEM files of a TLS server: a private CA, the server's certificate (SAN `localhost`, `127.0.0.1`)
+/// and a client certificate signed by the same CA, for mutual TLS.
+#[derive(Debug, Clone)]
+pub struct NatsTls {
+    pub ca: PathBuf,
+    pub server_cert: PathBuf,
+    pub server_key: PathBuf,
+    pub client_cert: PathBuf,
+    pub client_key: PathBuf,
 }
 
 impl NatsServer {
@@ -40,13 +56,47 @@ impl NatsServer {
     /// Same, with extra lines for a `-c` config file, e.g. `"max_payload: 4096"`. Command-line flags
     /// win over the file, so the file cannot move the ports or the store.
     pub fn start_with_config(extra_conf: &str) -> NatsServer {
+        NatsServer::start_inner(extra_conf, true, None)
+    }
+
+    /// A server without JetStream (no `-js`): core NATS only.
+    pub fn start_without_jetstream() -> NatsServer {
+        NatsServer::start_inner("", false, None)
+    }
+
+    /// A JetStream server that speaks TLS only, with a certificate from a private CA (see
+    /// [`NatsServer::tls_files`]); with `verify_clients` it also requires a client certificate
+    /// signed by that CA.
+    pub fn start_tls(verify_clients: bool) -> NatsServer {
+        NatsServer::start_inner("", true, Some(verify_clients))
+    }
+
+    /// The CA and certificates of a [`NatsServer::start_tls`] server.
+    pub fn tls_files(&self) -> &NatsTls {
+        self.tls
+            .as_ref()
+            .expect("not a TLS server (NatsServer::start_tls)")
+    }
+
+    fn start_inner(extra_conf: &str, jetstream: bool, tls: Option<bool>) -> NatsServer {
         let root = process::temp_root("nats");
         let pid_file = root.join("server.pid");
         let watchdog = Watchdog::spawn(&pid_file, &root, "TERM");
         let store = root.join("store");
         let conf = root.join("nats.conf");
-        if !extra_conf.trim().is_empty() {
-            fs::write(&conf, format!("{extra_conf}\n"))
+        let mut conf_text = extra_conf.trim().to_owned();
+        let tls_files = tls.map(|verify| {
+            let files = write_tls_files(&root.join("tls"));
+            conf_text.push_str(&format!(
+                "\ntls {{\n  cert_file: {:?}\n  key_file: {:?}\n  ca_file: {:?}\n  verify: {verify}\n  timeout: 2\n}}",
+                files.server_cert.display().to_string(),
+                files.server_key.display().to_string(),
+                files.ca.display().to_string(),
+            ));
+            files
+        });
+        if !conf_text.trim().is_empty() {
+            fs::write(&conf, format!("{conf_text}\n"))
                 .unwrap_or_else(|e| panic!("write {}: {e}", conf.display()));
         }
         let mut server = NatsServer {
@@ -58,13 +108,17 @@ impl NatsServer {
             http_port: 0,
             child: Mutex::new(None),
             watchdog: Mutex::new(Some(watchdog)),
+            tls: tls_files,
         };
         let mut last_error = String::new();
         // Ports are picked before the server binds them; on a clash try again with new ones.
         for _ in 0..3 {
             server.port = process::free_port();
             server.http_port = process::free_port();
-            let mut args: Vec<String> = vec!["-js".into(), "-a".into(), "127.0.0.1".into()];
+            let mut args: Vec<String> = vec!["-a".into(), "127.0.0.1".into()];
+            if jetstream {
+                args.push("-js".into());
+            }
             args.extend(["-p".into(), server.port.to_string()]);
             args.extend(["-m".into(), server.http_port.to_string()]);
             args.extend(["-sd".into(), store.display().to_string()]);
@@ -91,6 +145,28 @@ impl NatsServer {
 
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// The server's pid while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        let child = self.child.lock().unwrap_or_else(|e| e.into_inner());
+        child.as_ref().map(Child::id)
+    }
+
+    /// SIGSTOP: the server keeps its connections open but reads and answers nothing, as a wedged
+    /// or swapped-out server would. [`NatsServer::thaw`] resumes it (Drop's SIGTERM would wait for
+    /// a stopped process, so call it before the end of the test).
+    pub fn freeze(&self) {
+        if let Some(pid) = self.pid() {
+            process::signal(i64::from(pid), "STOP");
+        }
+    }
+
+    /// SIGCONT after [`NatsServer::freeze`].
+    pub fn thaw(&self) {
+        if let Some(pid) = self.pid() {
+            process::signal(i64::from(pid), "CONT");
+        }
     }
 
     /// Graceful: SIGTERM (JetStream flushes and shuts down), wait for the exit.
@@ -184,12 +260,70 @@ impl NatsServer {
 
 impl Drop for NatsServer {
     fn drop(&mut self) {
+        // A frozen server would ignore the SIGTERM until its grace period ran out.
+        self.thaw();
         self.stop();
         self.watchdog
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .take();
         process::remove_dir(&self.root);
+    }
+}
+
+/// Writes a private CA, a server certificate for `localhost`/`127.0.0.1` and a client certificate,
+/// all signed by the CA, into `dir`.
+fn write_tls_files(dir: &Path) -> NatsTls {
+    use rcgen::{
+        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer,
+        KeyPair, KeyUsagePurpose,
+    };
+
+    fs::create_dir_all(dir).unwrap_or_else(|e| panic!("create {}: {e}", dir.display()));
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "outbox-relay test NATS CA");
+    ca_params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    let ca_key = KeyPair::generate().expect("CA key");
+    let ca_cert = ca_params.self_signed(&ca_key).expect("self-sign CA");
+    let issuer = Issuer::new(ca_params, ca_key);
+
+    let leaf = |names: Vec<String>, cn: &str, usage: ExtendedKeyUsagePurpose| {
+        let mut params = CertificateParams::new(names).expect("leaf cert params");
+        params.distinguished_name.push(DnType::CommonName, cn);
+        params.use_authority_key_identifier_extension = true;
+        params.extended_key_usages = vec![usage];
+        let key = KeyPair::generate().expect("leaf key");
+        let cert = params.signed_by(&key, &issuer).expect("sign leaf cert");
+        (cert.pem(), key.serialize_pem())
+    };
+    let (server_cert, server_key) = leaf(
+        vec!["localhost".into(), "127.0.0.1".into()],
+        "localhost",
+        ExtendedKeyUsagePurpose::ServerAuth,
+    );
+    let (client_cert, client_key) = leaf(
+        vec!["outbox-relay".into()],
+        "outbox-relay",
+        ExtendedKeyUsagePurpose::ClientAuth,
+    );
+    let write = |name: &str, text: &str| {
+        let path = dir.join(name);
+        fs::write(&path, text).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+        path
+    };
+    NatsTls {
+        ca: write("ca.crt", &ca_cert.pem()),
+        server_cert: write("server.crt", &server_cert),
+        server_key: write("server.key", &server_key),
+        client_cert: write("client.crt", &client_cert),
+        client_key: write("client.key", &client_key),
     }
 }
 

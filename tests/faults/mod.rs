@@ -27,10 +27,14 @@ use tokio::task::JoinHandle;
 use crate::support::{PgServer, Stored, TEXT_ID_OUTBOX_SQL, TestDb, read_all, stream_count};
 
 /// A database on `server` with the text-id outbox table.
-/// Waits (30 s at most) until the relay under test has created its slot.
+/// Waits (30 s at most) until the relay under test has created its slot. A slot shows in
+/// `pg_replication_slots` before its consistent point is found; rows inserted before then are not
+/// decoded, so it waits for `confirmed_flush_lsn` too.
 pub async fn wait_for_slot(client: &tokio_postgres::Client, slot: &str) {
-    crate::support::wait_for("the slot", Duration::from_secs(30), || {
-        crate::support::slot_exists(client, slot)
+    crate::support::wait_for("the slot", Duration::from_secs(30), || async {
+        crate::support::confirmed_flush(client, slot)
+            .await
+            .is_some()
     })
     .await;
 }

@@ -2,8 +2,9 @@
 //! as the real binary (`RelayProcess`, for SIGKILL/SIGTERM and exit-code tests), plus the readers the
 //! end-to-end tests judge it by: the stream's messages in stream order and the slot's confirmed LSN.
 //!
-//! The binary rejects unknown `OUTBOX_RELAY_*` variables, so a child gets exactly the variables a
-//! test sets, with any inherited `OUTBOX_RELAY_*` removed.
+//! A child gets exactly the `OUTBOX_RELAY_*` variables a test sets, with any inherited ones removed:
+//! they would override the test's settings (and one that names no setting, though not fatal, is
+//! logged as a warning when it looks like a misspelt key).
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -144,9 +145,13 @@ pub fn relay_env(config: &Config) -> Vec<(String, String)> {
     ]
 }
 
-/// A `Command` for the binary with exactly `env` as its `OUTBOX_RELAY_*` variables.
+/// A `Command` for the binary with exactly `env` as its `OUTBOX_RELAY_*` variables. `RELAY_TEST_BIN`
+/// runs another build instead (e.g. an older commit's, to see which tests it fails).
 pub fn relay_command(args: &[&str], env: &[(String, String)]) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_outbox-relay"));
+    let bin = std::env::var_os("RELAY_TEST_BIN")
+        .filter(|b| !b.is_empty())
+        .unwrap_or_else(|| env!("CARGO_BIN_EXE_outbox-relay").into());
+    let mut cmd = Command::new(bin);
     cmd.args(args);
     for (k, _) in std::env::vars() {
         if k.starts_with("OUTBOX_RELAY_") {

@@ -1,0 +1,398 @@
+//! Operator truth (DESIGN.md P8, P9, §4.1): what the relay tells an operator must be true. A lost
+//! slot behind a stream that holds events is never replaced quietly (`run` names `backfill`); a
+//! failed `setup` leaves nothing behind; `status` calls a stopped relay with waiting events, a NATS
+//! that is down or lacks JetStream, an unreachable Postgres and a stream that does not cover the
+//! subjects by their names, and prints JSON even then; Kubernetes' variables do not stop the relay
+//! and a misspelt one is named; a bad `log.level` is a config error; a JSON-logging failure still
+//! ends with the plain line; logs in a file carry no colour codes; the `in_flight` gauge never
+//! passes `max_in_flight`.
+
+use std::time::Duration;
+
+use async_nats::jetstream::stream;
+use outbox_relay::metrics::Metrics;
+use serde_json::Value;
+use tokio_postgres::Client;
+
+use crate::hostile::wait_for_active_slot;
+use crate::ops::free_addr;
+use crate::support::{
+    Finished, InProcessRelay, NatsServer, PgServer, RelayProcess, TEXT_ID_OUTBOX_SQL, TestDb,
+    relay_config, relay_env, run_command, slot_exists, stream_count, wait_for,
+};
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+async fn text_id_db() -> TestDb {
+    let db = TestDb::create(PgServer::shared()).await;
+    db.psql(TEXT_ID_OUTBOX_SQL);
+    db
+}
+
+async fn good(client: &Client, id: &str) {
+    client
+        .execute(
+            "INSERT INTO public.outbox (event_id, aggregate_type, aggregate_id, event_type, payload) \
+             VALUES ($1, 'Claim', '4711', 'ClaimApproved', '{\"claim_id\": 4711}')",
+            &[&id],
+        )
+        .await
+        .unwrap_or_else(|e| panic!("insert {id}: {e}"));
+}
+
+fn set(env: &mut Vec<(String, String)>, key: &str, value: &str) {
+    env.retain(|(k, _)| k != key);
+    env.push((key.into(), value.into()));
+}
+
+async fn publication_exists(client: &Client, name: &str) -> bool {
+    client
+        .query_opt("SELECT 1 FROM pg_publication WHERE pubname = $1", &[&name])
+        .await
+        .expect("query pg_publication")
+        .is_some()
+}
+
+fn json(f: &Finished) -> Value {
+    serde_json::from_str(&f.stdout).unwrap_or_else(|e| {
+        panic!(
+            "status --json printed no JSON ({e}): {}\n{}",
+            f.stdout, f.stderr
+        )
+    })
+}
+
+/// P9: the relay published A and stopped; B was committed; the slot was dropped. `run` must not
+/// create a new slot (which would start after B, so B would never be published): it exits 1 naming
+/// `backfill`, and no slot exists afterwards. On a first start with an empty stream the slot is
+/// still created without asking.
+#[tokio::test]
+async fn lost_slot_behind_a_stream_with_events_needs_backfill() {
+    let db = text_id_db().await;
+    let nats = NatsServer::start();
+    let config = relay_config(&db, &nats);
+    let client = db.client().await;
+    let js = nats.jetstream().await;
+    let slot = &config.postgres.slot;
+    assert!(!slot_exists(&client, slot).await);
+
+    // First start, empty stream: the slot is created on its own.
+    let relay = InProcessRelay::start(config.clone());
+    wait_for_active_slot(&client, slot).await;
+    assert!(!relay.is_finished());
+    good(&client, "a").await;
+    wait_for("event a", LIMIT, || async {
+        stream_count(&js, &config.nats.stream).await == 1
+    })
+    .await;
+    relay.stop().await.expect("the relay stops cleanly");
+
+    good(&client, "b").await;
+    client
+        .execute("SELECT pg_drop_replication_slot($1)", &[slot])
+        .await
+        .expect("drop the slot");
+    let f = run_command(&["run"], &relay_env(&config), LIMIT);
+    assert_eq!(f.status.code(), Some(1), "{}", f.stderr);
+    let last = f.stderr.trim().lines().last().unwrap_or("").to_owned();
+    assert!(
+        last.contains("backfill"),
+        "names the recovery: {}",
+        f.stderr
+    );
+    assert!(last.contains(slot.as_str()), "names the slot: {last}");
+    assert!(
+        !slot_exists(&client, slot).await,
+        "no slot was created quietly"
+    );
+    assert_eq!(stream_count(&js, &config.nats.stream).await, 1);
+}
+
+/// P8: a `setup` that fails leaves no slot, no publication and no stream behind: a stream with 3
+/// replicas on a single server, and a stream whose subjects overlap another stream's.
+#[tokio::test]
+async fn failed_setup_leaves_nothing_behind() {
+    let db = text_id_db().await;
+    let nats = NatsServer::start();
+    let config = relay_config(&db, &nats);
+    let client = db.client().await;
+    let js = nats.jetstream().await;
+    let nothing_left = |what: &'static str| {
+        let (client, js, config) = (&client, &js, &config);
+        async move {
+            assert!(
+                !slot_exists(client, &config.postgres.slot).await,
+                "{what}: a slot was left"
+            );
+            assert!(
+                !publication_exists(client, &config.postgres.publication).await,
+                "{what}: a publication was left"
+            );
+            assert!(
+                js.get_stream(&config.nats.stream).await.is_err(),
+                "{what}: a stream was left"
+            );
+        }
+    };
+
+    let mut env = relay_env(&config);
+    set(&mut env, "OUTBOX_RELAY_NATS_STREAM_REPLICAS", "3");
+    let f = run_command(&["setup"], &env, LIMIT);
+    assert_eq!(
+        f.status.code(),
+        Some(1),
+        "replicas 3 on one server: {}",
+        f.stderr
+    );
+    assert!(
+        f.stderr.contains(&config.nats.stream),
+        "names the stream: {}",
+        f.stderr
+    );
+    nothing_left("stream_replicas = 3").await;
+
+    js.create_stream(stream::Config {
+        name: "OTHER_APP".into(),
+        subjects: vec!["outbox.>".into()],
+        ..Default::default()
+    })
+    .await
+    .expect("another application's stream");
+    let f = run_command(&["setup"], &relay_env(&config), LIMIT);
+    assert_eq!(
+        f.status.code(),
+        Some(1),
+        "overlapping subjects: {}",
+        f.stderr
+    );
+    let line = f.stderr.trim().lines().last().unwrap_or("").to_owned();
+    assert!(
+        line.contains(&config.nats.stream) && line.to_lowercase().contains("overlap"),
+        "names the stream and the overlap: {line}"
+    );
+    nothing_left("subjects overlap").await;
+    // The other stream is untouched.
+    assert!(js.get_stream("OTHER_APP").await.is_ok());
+}
+
+/// `status`: idle slot with nothing waiting → healthy; events waiting with no relay → exit 1 and a
+/// line saying so; a subject template the stream does not cover → unhealthy; NATS stopped →
+/// `stream.state = "unreachable"`; NATS without JetStream → `"jetstream_disabled"`; Postgres
+/// unreachable → still JSON, `postgres.state = "unreachable"`.
+#[tokio::test]
+async fn status_tells_each_failure_by_its_name() {
+    let db = text_id_db().await;
+    let nats = NatsServer::start();
+    let config = relay_config(&db, &nats);
+    let client = db.client().await;
+    let env = relay_env(&config);
+    let setup = run_command(&["setup"], &env, LIMIT);
+    assert_eq!(setup.status.code(), Some(0), "{}", setup.stderr);
+
+    let f = run_command(&["status", "--json"], &env, LIMIT);
+    assert_eq!(
+        f.status.code(),
+        Some(0),
+        "idle slot, nothing waiting: {}",
+        f.stdout
+    );
+    assert_eq!(json(&f)["healthy"], Value::Bool(true));
+
+    good(&client, "waiting-1").await;
+    let f = run_command(&["status"], &env, LIMIT);
+    assert_eq!(
+        f.status.code(),
+        Some(1),
+        "an event waits, no relay: {}",
+        f.stdout
+    );
+    assert!(
+        f.stdout.contains("no relay streams slot") && f.stdout.contains("while events wait"),
+        "{}",
+        f.stdout
+    );
+    let f = run_command(&["status", "--json"], &env, LIMIT);
+    assert_eq!(
+        json(&f)["slot"]["events_waiting"],
+        Value::Bool(true),
+        "{}",
+        f.stdout
+    );
+
+    let mut other_subject = env.clone();
+    set(
+        &mut other_subject,
+        "OUTBOX_RELAY_NATS_SUBJECT",
+        "events.{aggregate_type}",
+    );
+    let f = run_command(&["status", "--json"], &other_subject, LIMIT);
+    assert_eq!(f.status.code(), Some(1), "{}", f.stdout);
+    let v = json(&f);
+    assert!(
+        v["problems"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p.as_str().unwrap_or("").contains("events.*")),
+        "a problem names the uncovered subject: {v:#}"
+    );
+
+    let mut no_pg = env.clone();
+    set(
+        &mut no_pg,
+        "OUTBOX_RELAY_POSTGRES_URL",
+        &format!("postgres://postgres@{}/x", free_addr()),
+    );
+    let f = run_command(&["status", "--json"], &no_pg, LIMIT);
+    assert_eq!(f.status.code(), Some(1));
+    assert_eq!(json(&f)["postgres"]["state"], "unreachable", "{}", f.stdout);
+
+    let plain = NatsServer::start_without_jetstream();
+    let mut no_js = env.clone();
+    set(&mut no_js, "OUTBOX_RELAY_NATS_URL", &plain.url());
+    let f = run_command(&["status", "--json"], &no_js, LIMIT);
+    assert_eq!(f.status.code(), Some(1));
+    assert_eq!(
+        json(&f)["stream"]["state"],
+        "jetstream_disabled",
+        "{}",
+        f.stdout
+    );
+
+    nats.stop();
+    let f = run_command(&["status", "--json"], &env, LIMIT);
+    assert_eq!(f.status.code(), Some(1));
+    let v = json(&f);
+    assert_eq!(v["stream"]["state"], "unreachable", "{v:#}");
+    assert_eq!(v["postgres"]["state"], "exists", "{v:#}");
+}
+
+/// Environment: Kubernetes' `OUTBOX_RELAY_SERVICE_HOST`/`_PORT` do not stop the relay; a near miss
+/// (`OUTBOX_RELAY_NATS_STREEM`) is a warning naming the real variable. Text logs written to a file
+/// carry no ANSI escape codes.
+#[tokio::test]
+async fn kubernetes_variables_run_a_near_miss_warns_file_logs_are_plain() {
+    let db = text_id_db().await;
+    let nats = NatsServer::start();
+    let config = relay_config(&db, &nats);
+    let client = db.client().await;
+    let js = nats.jetstream().await;
+    let mut env = relay_env(&config);
+    set(&mut env, "OUTBOX_RELAY_SERVICE_HOST", "10.0.0.1");
+    set(&mut env, "OUTBOX_RELAY_SERVICE_PORT", "9187");
+    set(
+        &mut env,
+        "OUTBOX_RELAY_PORT_9187_TCP",
+        "tcp://10.0.0.1:9187",
+    );
+    set(&mut env, "OUTBOX_RELAY_NATS_STREEM", "TYPO");
+    let mut p = RelayProcess::spawn(&["run"], &env);
+    wait_for_active_slot(&client, &config.postgres.slot).await;
+    good(&client, "k8s-1").await;
+    wait_for("the event", LIMIT, || async {
+        stream_count(&js, &config.nats.stream).await == 1
+    })
+    .await;
+    p.signal("TERM");
+    assert_eq!(
+        p.wait(LIMIT).and_then(|s| s.code()),
+        Some(0),
+        "{}",
+        p.stderr()
+    );
+    let stderr = p.stderr();
+    let warning: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("OUTBOX_RELAY_NATS_STREEM"))
+        .collect();
+    assert_eq!(warning.len(), 1, "{stderr}");
+    assert!(
+        warning[0].contains("OUTBOX_RELAY_NATS_STREAM"),
+        "{}",
+        warning[0]
+    );
+    assert!(warning[0].contains("WARN"), "{}", warning[0]);
+    assert!(
+        !stderr.contains("SERVICE_HOST"),
+        "no warning for Kubernetes' variables: {stderr}"
+    );
+    assert!(
+        !stderr.contains('\u{1b}'),
+        "no ANSI escapes in a log file: {stderr:?}"
+    );
+}
+
+/// `log.level = "loud"` is a config error naming `log.level`; with JSON logs a failing command still
+/// ends with the plain `outbox-relay: …` line.
+#[tokio::test]
+async fn bad_log_level_and_json_log_failures_end_with_the_plain_line() {
+    let f = run_command(
+        &["status"],
+        &[("OUTBOX_RELAY_LOG_LEVEL".into(), "loud".into())],
+        LIMIT,
+    );
+    assert_eq!(f.status.code(), Some(1), "{}", f.stderr);
+    assert!(f.stderr.contains("log.level"), "{}", f.stderr);
+
+    let env = vec![
+        ("OUTBOX_RELAY_LOG_FORMAT".to_owned(), "json".to_owned()),
+        (
+            "OUTBOX_RELAY_POSTGRES_URL".to_owned(),
+            format!("postgres://postgres@{}/x", free_addr()),
+        ),
+        ("OUTBOX_RELAY_HTTP_LISTEN".to_owned(), String::new()),
+    ];
+    for args in [&["run"][..], &["setup"]] {
+        let f = run_command(args, &env, LIMIT);
+        assert_eq!(f.status.code(), Some(1), "{args:?}: {}", f.stderr);
+        let lines: Vec<&str> = f.stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+        let last = lines.last().copied().unwrap_or("");
+        assert!(
+            last.starts_with("outbox-relay: "),
+            "{args:?}: ends with the plain line: {}",
+            f.stderr
+        );
+        assert!(last.contains("postgres.url"), "{last}");
+        for l in &lines[..lines.len() - 1] {
+            serde_json::from_str::<Value>(l)
+                .unwrap_or_else(|e| panic!("{args:?}: not JSON ({e}): {l}"));
+        }
+    }
+}
+
+/// `outbox_relay_in_flight` never exceeds `nats.max_in_flight` while a backlog drains, for windows of
+/// 1 to 4 (sampled every millisecond).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_flight_gauge_never_exceeds_max_in_flight() {
+    let db = text_id_db().await;
+    let nats = NatsServer::start();
+    let js = nats.jetstream().await;
+    let mut config = relay_config(&db, &nats);
+    // The slot first, so the backlog written before each relay starts is in it.
+    let setup = run_command(&["setup"], &relay_env(&config), LIMIT);
+    assert_eq!(setup.status.code(), Some(0), "{}", setup.stderr);
+    let mut total = 0u64;
+    for max in 1..=4usize {
+        crate::faults::write_backlog(&db, &format!("w{max}"), 300);
+        total += 300;
+        config.nats.max_in_flight = max;
+        let relay = InProcessRelay::start(config.clone());
+        let mut peak = 0;
+        let deadline = std::time::Instant::now() + LIMIT;
+        while stream_count(&js, &config.nats.stream).await < total {
+            for _ in 0..50 {
+                peak = peak.max(Metrics::get(&relay.metrics.in_flight));
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            assert!(!relay.is_finished(), "the relay stopped");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "backlog {max} not drained"
+            );
+        }
+        eprintln!("max_in_flight {max}: peak in_flight gauge {peak}");
+        assert!(peak <= max as u64, "in_flight {peak} > max_in_flight {max}");
+        assert!(peak >= 1, "the gauge moved while {max} drained");
+        relay.stop().await.expect("the relay stops cleanly");
+    }
+}
