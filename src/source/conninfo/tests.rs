@@ -1,0 +1,134 @@
+//! Unit tests of `conninfo`.
+
+use super::*;
+use secrecy::ExposeSecret;
+
+fn parse(s: &str) -> Result<ConnInfo, ConnInfoError> {
+    ConnInfo::parse_with_env(s, |_| None)
+}
+
+#[test]
+fn parses_full_url() {
+    let c = parse(
+        "postgres://relay:p%40ss@db.example:6543/app?sslmode=verify-full&sslrootcert=/ca.pem",
+    )
+    .unwrap();
+    assert_eq!(c.hosts, vec![("db.example".to_owned(), 6543)]);
+    assert_eq!(c.user, "relay");
+    assert_eq!(c.password.as_ref().unwrap().expose_secret(), "p@ss");
+    assert_eq!(c.dbname, "app");
+    assert_eq!(c.sslmode, SslMode::VerifyFull);
+    assert_eq!(c.sslrootcert, Some(RootCerts::File("/ca.pem".into())));
+}
+
+#[test]
+fn defaults_like_libpq() {
+    let c = parse("postgresql://127.0.0.1").unwrap();
+    assert_eq!(
+        (c.port, &*c.user, &*c.dbname),
+        (5432, "postgres", "postgres")
+    );
+    assert_eq!(c.sslmode, SslMode::Prefer);
+    assert!(c.password.is_none());
+    assert_eq!(c.target_session_attrs, TargetSessionAttrs::Any);
+}
+
+#[test]
+fn several_hosts_and_target_session_attrs() {
+    let c = parse(
+        "postgres://u@h1:5432,h2:5433/app?target_session_attrs=read-write&load_balance_hosts=random",
+    )
+    .unwrap();
+    assert_eq!(
+        c.hosts,
+        vec![("h1".to_owned(), 5432), ("h2".to_owned(), 5433)]
+    );
+    assert_eq!(c.target_session_attrs, TargetSessionAttrs::ReadWrite);
+    assert!(c.load_balance);
+    let c =
+        parse("host=h1,h2 port=5432 dbname=app user=relay target_session_attrs=primary").unwrap();
+    assert_eq!(c.hosts.len(), 2);
+    assert_eq!(c.hosts[1], ("h2".to_owned(), 5432));
+    assert_eq!(c.target_session_attrs, TargetSessionAttrs::Primary);
+    assert_eq!(c.dbname, "app");
+}
+
+#[test]
+fn key_value_quoting_and_our_parameters() {
+    let c = parse(
+        "host=h password='it''s' dbname='my db' sslmode=verify-ca sslrootcert=/ca.pem require_auth=scram-sha-256 channel_binding=require",
+    );
+    // libpq escapes a quote with a backslash, not by doubling it.
+    assert!(c.is_err());
+    let c = parse(
+        r"host=h password='it\'s a \\secret' dbname='my db' sslmode=verify-ca sslrootcert=/ca.pem require_auth=scram-sha-256 channel_binding=require",
+    )
+    .unwrap();
+    assert_eq!(c.password.unwrap().expose_secret(), r"it's a \secret");
+    assert_eq!(c.dbname, "my db");
+    assert_eq!(c.sslmode, SslMode::VerifyCa);
+    assert_eq!(c.channel_binding, ChannelBindingMode::Require);
+    assert!(c.require_auth.check(AuthMethod::ScramSha256).is_ok());
+    let e = c.require_auth.check(AuthMethod::Password).unwrap_err();
+    assert!(e.contains("password") && e.contains("require_auth"), "{e}");
+}
+
+#[test]
+fn unencoded_specials_in_a_password() {
+    // The first '@' ends the credentials: the rest would become the host, or a port.
+    let e = parse("postgres://u:p@ss@h/d").unwrap_err().to_string();
+    assert!(e.contains("percent-encode") && !e.contains("ss@h"), "{e}");
+    let e = parse("postgres://u:p@ss:w@h/d").unwrap_err().to_string();
+    assert!(e.contains("percent-encode"), "{e}");
+    let c = parse("postgres://u:p%40ss%3Aw@h/d").unwrap();
+    assert_eq!(c.password.unwrap().expose_secret(), "p@ss:w");
+}
+
+#[test]
+fn negated_require_auth() {
+    let c = parse("postgres://h/d?require_auth=!password,!md5").unwrap();
+    assert!(c.require_auth.check(AuthMethod::ScramSha256).is_ok());
+    assert!(c.require_auth.check(AuthMethod::None).is_ok());
+    assert!(c.require_auth.check(AuthMethod::Md5).is_err());
+    assert!(parse("postgres://h/d?require_auth=!password,md5").is_err());
+}
+
+#[test]
+fn environment_fills_what_the_string_leaves_out() {
+    let env = |k: &str| match k {
+        "PGPASSWORD" => Some("from-env".to_owned()),
+        "PGSSLMODE" => Some("require".to_owned()),
+        "PGUSER" => Some("relay".to_owned()),
+        _ => None,
+    };
+    let c = ConnInfo::parse_with_env("postgres://h/d", env).unwrap();
+    assert_eq!(c.password.unwrap().expose_secret(), "from-env");
+    assert_eq!(c.sslmode, SslMode::Require);
+    assert_eq!(c.user, "relay");
+    let c = ConnInfo::parse_with_env("postgres://u:given@h/d?sslmode=disable", env).unwrap();
+    assert_eq!(c.password.unwrap().expose_secret(), "given");
+    assert_eq!(c.sslmode, SslMode::Disable);
+}
+
+#[test]
+fn display_and_debug_hide_the_password() {
+    let c = parse("postgres://u:secret@h/d").unwrap();
+    assert!(!c.to_string().contains("secret"));
+    assert!(!format!("{c:?}").contains("secret"));
+    assert_eq!(c.to_string(), "postgres://u:***@h:5432/d");
+}
+
+#[test]
+fn rejects_bad_input_naming_the_part() {
+    let e = parse("mysql://h/d").unwrap_err().to_string();
+    assert!(e.contains("scheme"), "{e}");
+    let e = parse("postgres://h/d?sslmode=bogus")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("sslmode"), "{e}");
+    let e = parse("postgres://h/d?foo=1").unwrap_err().to_string();
+    assert!(e.contains("foo"), "{e}");
+    let e = parse("postgres://u@h:port/d").unwrap_err().to_string();
+    assert!(e.contains("percent-encode"), "{e}");
+    assert!(parse("not a url").is_err());
+}
