@@ -4,6 +4,7 @@
 
 mod support;
 
+mod atomic;
 mod deploy;
 mod faults;
 mod ops;

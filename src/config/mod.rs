@@ -147,6 +147,9 @@ pub struct NatsConfig {
     /// duplicates even after lost connections and beyond the duplicate window. Needs the relay to be
     /// the stream's only writer.
     pub fence: bool,
+    /// One Postgres transaction becomes one JetStream atomic batch (the stream needs
+    /// `allow_atomic`): consumers never see part of a transaction. Needs `fence`.
+    pub atomic_transactions: bool,
 }
 
 impl Default for NatsConfig {
@@ -171,6 +174,7 @@ impl Default for NatsConfig {
             duplicate_window_secs: 120,
             stream_replicas: 1,
             fence: true,
+            atomic_transactions: false,
         }
     }
 }
@@ -312,6 +316,7 @@ impl fmt::Debug for NatsConfig {
             .field("max_in_flight", &self.max_in_flight)
             .field("ack_timeout_ms", &self.ack_timeout_ms)
             .field("fence", &self.fence)
+            .field("atomic_transactions", &self.atomic_transactions)
             .finish_non_exhaustive()
     }
 }

@@ -218,6 +218,10 @@ impl Session {
         match step {
             Step::Begin { .. } => self.progress.begin(),
             Step::Commit { end_lsn, .. } => {
+                // With atomic transactions, the transaction's last event commits its batch.
+                if let Err(e) = self.sink.commit().await {
+                    return Err(self.sink_failure(e));
+                }
                 self.progress.commit(end_lsn);
                 self.confirm(relay);
             }
@@ -252,8 +256,11 @@ impl Session {
         let deadline = relay.settings.ack_timeout;
         let progress = &mut self.progress;
         let acks = &mut self.acks;
+        // Events of a transaction whose Commit has not arrived sit in an uncommitted atomic batch:
+        // they are never acknowledged, and the next start publishes them again.
+        let uncommitted = self.sink.uncommitted() as u64;
         let drain = async {
-            while progress.in_flight() > 0 {
+            while progress.in_flight() > uncommitted {
                 match acks.recv().await {
                     Some(Ok(ack)) => {
                         if progress.ack(ack.seq).is_err() {

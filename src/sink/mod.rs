@@ -15,6 +15,7 @@
 //! restarts from the last confirmed LSN.
 
 mod ack;
+mod batch;
 mod connect;
 mod fence;
 
@@ -53,6 +54,12 @@ pub enum SinkError {
         expected: u64,
         #[source]
         source: jetstream::context::PublishError,
+    },
+    #[error("publish of message {id} (part of an atomic batch) failed")]
+    CorePublish {
+        id: String,
+        #[source]
+        source: async_nats::client::PublishError,
     },
     #[error("the ack task stopped")]
     Stopped,
@@ -121,6 +128,11 @@ pub struct SinkConfig {
     /// Fence the stream (`nats.fence`).
     pub fence: bool,
     pub stream: String,
+    /// `nats.atomic_transactions`: each transaction is published as one atomic batch.
+    pub atomic: bool,
+    /// The most messages in one atomic batch (the server's limit, 1,000 by default); a longer
+    /// transaction is split into several batches.
+    pub max_batch: usize,
 }
 
 impl SinkConfig {
@@ -134,6 +146,8 @@ impl SinkConfig {
             template: s.subject.clone(),
             fence: s.nats.fence,
             stream: s.nats.stream.clone(),
+            atomic: s.nats.atomic_transactions,
+            max_batch: batch::MAX_BATCH,
         }
     }
 
@@ -174,6 +188,8 @@ struct InFlight {
     expected: Option<u64>,
     /// Its place in the window, given back when its ack is reported.
     _permits: (OwnedSemaphorePermit, Option<OwnedSemaphorePermit>),
+    /// Its part in an atomic batch, if it was sent in one.
+    batch: Option<batch::Role>,
 }
 
 /// The publishing side; the acks come out of the receiver returned by [`Sink::start`].
@@ -185,6 +201,8 @@ pub struct Sink {
     ack_task: JoinHandle<()>,
     config: Arc<SinkConfig>,
     fence: Option<Fence>,
+    /// With `atomic`: the batch being built.
+    batch: Option<batch::Batcher>,
 }
 
 /// Acks (or the first failure) in publish order.
@@ -198,6 +216,7 @@ impl Sink {
     ) -> Result<(Sink, AckReceiver), TailError> {
         // Our own window bounds in-flight publishes; async-nats' semaphore must never be the one
         // that refuses (it errors instead of waiting unless backpressure is on).
+        let batch = config.atomic.then(|| batch::Batcher::new(client.clone()));
         let js = jetstream::ContextBuilder::new()
             .timeout(config.ack_timeout)
             .max_ack_inflight(config.max_in_flight + 64)
@@ -228,6 +247,7 @@ impl Sink {
                 ack_task,
                 config,
                 fence,
+                batch,
             },
             acks,
         ))
@@ -237,11 +257,14 @@ impl Sink {
     /// published (or dead-lettered). Returns once it has a place in the window; its ack arrives
     /// later, in order.
     pub async fn submit(&mut self, seq: u64, event: Box<OutboxEvent>) -> Result<(), SinkError> {
+        if self.batch.is_some() {
+            return self.submit_batched(seq, event).await;
+        }
         let stored = self
             .fence
             .as_mut()
             .is_some_and(|f| f.already_stored(event.commit_lsn, &event.msg_id));
-        let permits = self.reserve(&event).await?;
+        let permits = self.reserve(approx_size(&event)).await?;
         if stored {
             return self.queue(InFlight {
                 seq,
@@ -251,6 +274,7 @@ impl Sink {
                 sent: Sent::Event,
                 expected: None,
                 _permits: permits,
+                batch: None,
             });
         }
         let out = message::build(
@@ -318,6 +342,7 @@ impl Sink {
             sent,
             expected,
             _permits: permits,
+            batch: None,
         })
     }
 
@@ -328,14 +353,14 @@ impl Sink {
 
     async fn reserve(
         &self,
-        event: &OutboxEvent,
+        size: usize,
     ) -> Result<(OwnedSemaphorePermit, Option<OwnedSemaphorePermit>), SinkError> {
         let message = Arc::clone(&self.messages)
             .acquire_owned()
             .await
             .map_err(|_| SinkError::Stopped)?;
         // One event bigger than the whole byte window still goes, alone.
-        let size = approx_size(event).min(self.config.max_in_flight_bytes);
+        let size = size.min(self.config.max_in_flight_bytes);
         let bytes = match u32::try_from(size) {
             Ok(0) => None,
             Ok(n) => Some(
