@@ -5,6 +5,7 @@
 mod support;
 
 mod atomic;
+mod cluster;
 mod deploy;
 mod faults;
 mod ops;

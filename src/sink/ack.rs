@@ -10,7 +10,9 @@ use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
 use super::batch::{self, Role};
-use super::{Acked, InFlight, Outcome, Sent, SinkConfig, SinkError, fenced, send_dead_letter};
+use super::{
+    Acked, InFlight, Outcome, Sent, SinkConfig, SinkError, fenced, routed_subject, send_dead_letter,
+};
 use crate::message::{self, Shrink};
 
 pub(super) struct AckTask {
@@ -218,6 +220,13 @@ impl AckTask {
         let next = match &item.sent {
             Sent::Event => {
                 self.config.on_invalid(&item.event, &reason)?;
+                // The hot path keeps no copy of a routed event's subject: render it again.
+                item.subject = routed_subject(
+                    &self.config,
+                    &item.event,
+                    &item.sent,
+                    std::mem::take(&mut item.subject),
+                );
                 let (ack, shrink) = send_dead_letter(
                     &self.js,
                     &self.config,
@@ -272,8 +281,9 @@ impl AckTask {
                 *shrink,
             ),
         };
+        let (target, publish) = fenced(out, item.expected);
         self.js
-            .send_publish(out.subject.clone(), fenced(out, item.expected))
+            .send_publish(target, publish)
             .await
             .map_err(|source| SinkError::Publish {
                 id: item.event.msg_id.clone(),

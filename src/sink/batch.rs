@@ -22,11 +22,14 @@
 //! that ends with a batch open (crash, lost connection) leaves it uncommitted: the server abandons it
 //! after 10 s without storing any of it, and the next session publishes the transaction again.
 
+use std::sync::Arc;
+
 use async_nats::HeaderMap;
 use async_nats::header::{
     HeaderValue, NATS_BATCH_COMMIT, NATS_BATCH_COMMIT_FINAL, NATS_BATCH_ID, NATS_BATCH_SEQUENCE,
 };
 use async_nats::jetstream::context::PublishErrorKind;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::warn;
 
 use super::{InFlight, Outcome, Sent, Sink, SinkError, approx_size};
@@ -35,6 +38,11 @@ use crate::outbox::OutboxEvent;
 
 /// nats-server's default limit of messages in one atomic batch.
 pub const MAX_BATCH: usize = 1000;
+
+/// Batches in flight (opened, commit not yet acknowledged) at most. nats-server allows 50 per
+/// stream by default; past that it drops a new batch without an answer, which the relay would only
+/// see as an ack timeout. Some room is left below the limit.
+pub const MAX_BATCHES_IN_FLIGHT: usize = 40;
 
 /// A message's part in an atomic batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,6 +55,8 @@ pub(super) enum Role {
 
 /// The batch being built.
 struct Open {
+    /// Its place among the batches in flight, handed to its commit.
+    permit: OwnedSemaphorePermit,
     id: String,
     /// Messages sent in it so far.
     sent: usize,
@@ -64,6 +74,8 @@ struct Held {
 /// State of the atomic-batch path; see the module docs.
 pub(super) struct Batcher {
     client: async_nats::Client,
+    /// Places for [`MAX_BATCHES_IN_FLIGHT`] batches.
+    in_flight: Arc<Semaphore>,
     /// Unique per session, so a batch id never repeats (the server keys open batches by it).
     prefix: String,
     next: u64,
@@ -76,6 +88,7 @@ pub(super) struct Batcher {
 impl Batcher {
     pub fn new(client: async_nats::Client) -> Self {
         Batcher {
+            in_flight: Arc::new(Semaphore::new(MAX_BATCHES_IN_FLIGHT)),
             prefix: format!(
                 "or{:x}-{:x}",
                 std::process::id(),
@@ -153,6 +166,7 @@ impl Sink {
                 expected: None,
                 _permits: permits,
                 batch: None,
+                batch_permit: None,
             });
         }
         let (out, sent) = self.batch_message(&event)?;
@@ -167,6 +181,7 @@ impl Sink {
                 expected,
                 _permits: permits,
                 batch: None,
+                batch_permit: None,
             },
             out,
             size,
@@ -270,17 +285,20 @@ impl Sink {
             size,
         } = held;
         let b = self.batch.as_mut().expect("atomic sink");
-        let open = match &mut b.open {
-            Some(o) => o,
-            None => {
-                b.next += 1;
-                b.open.insert(Open {
-                    id: format!("{}-{}", b.prefix, b.next),
-                    sent: 0,
-                    bytes: 0,
-                })
-            }
-        };
+        if b.open.is_none() {
+            let permit = Arc::clone(&b.in_flight)
+                .acquire_owned()
+                .await
+                .map_err(|_| SinkError::Stopped)?;
+            b.next += 1;
+            b.open = Some(Open {
+                permit,
+                id: format!("{}-{}", b.prefix, b.next),
+                sent: 0,
+                bytes: 0,
+            });
+        }
+        let open = b.open.as_mut().expect("opened above");
         open.sent += 1;
         open.bytes += size;
         let mut headers = out.headers;
@@ -298,7 +316,7 @@ impl Sink {
             );
         }
         if commit {
-            b.open = None;
+            item.batch_permit = b.open.take().map(|o| o.permit);
             headers.insert(NATS_BATCH_COMMIT, NATS_BATCH_COMMIT_FINAL);
             let publish = async_nats::jetstream::message::PublishMessage::build()
                 .headers(headers)

@@ -190,6 +190,8 @@ struct InFlight {
     _permits: (OwnedSemaphorePermit, Option<OwnedSemaphorePermit>),
     /// Its part in an atomic batch, if it was sent in one.
     batch: Option<batch::Role>,
+    /// A batch's commit: the batch's place among those in flight, given back with its ack.
+    batch_permit: Option<OwnedSemaphorePermit>,
 }
 
 /// The publishing side; the acks come out of the receiver returned by [`Sink::start`].
@@ -275,6 +277,7 @@ impl Sink {
                 expected: None,
                 _permits: permits,
                 batch: None,
+                batch_permit: None,
             });
         }
         let out = message::build(
@@ -292,9 +295,11 @@ impl Sink {
             }
             None => Sent::Event,
         };
-        // The subject it was routed to; a dead letter names it in `Outbox-Subject`.
+        // The subject it was routed to, which a dead letter names in `Outbox-Subject`: kept for
+        // dead letters only; a routed event's is rendered again if it is ever refused (rare), so
+        // the hot path moves its subject into the publish instead of copying it.
         let subject = match &sent {
-            Sent::Event => out.subject.clone(),
+            Sent::Event => String::new(),
             Sent::DeadLetter { .. } => out
                 .headers
                 .get(message::SUBJECT)
@@ -302,12 +307,13 @@ impl Sink {
                 .unwrap_or_default(),
         };
         let expected = self.fence.as_mut().map(Fence::next_expected);
-        let target = out.subject.clone();
-        let (ack, sent) = match self.js.send_publish(target, fenced(out, expected)).await {
+        let (target, publish) = fenced(out, expected);
+        let (ack, sent) = match self.js.send_publish(target, publish).await {
             Ok(ack) => (ack, sent),
             // async-nats checks payload + headers against the server's max_payload before sending
             // (an oversize publish would make the server close the connection).
             Err(e) if e.kind() == PublishErrorKind::MaxPayloadExceeded => {
+                let routed = routed_subject(&self.config, &event, &sent, subject.clone());
                 let reason = match sent {
                     Sent::DeadLetter { reason, .. } => reason,
                     Sent::Event => {
@@ -320,7 +326,7 @@ impl Sink {
                     &self.js,
                     &self.config,
                     &event,
-                    Some(&subject).filter(|s| !s.is_empty()).map(String::as_str),
+                    Some(&routed).filter(|s| !s.is_empty()).map(String::as_str),
                     &reason,
                     expected,
                 )
@@ -343,6 +349,7 @@ impl Sink {
             expected,
             _permits: permits,
             batch: None,
+            batch_permit: None,
         })
     }
 
@@ -399,15 +406,29 @@ fn approx_size(e: &OutboxEvent) -> usize {
         + 256
 }
 
-/// A publish with its headers, carrying `Nats-Expected-Last-Sequence` when the stream is fenced.
-fn fenced(out: Outgoing, expected: Option<u64>) -> jetstream::message::PublishMessage {
+/// The subject an event was routed to: `known` for a dead letter, rendered again for an event
+/// (the hot path does not keep a copy).
+fn routed_subject(config: &SinkConfig, event: &OutboxEvent, sent: &Sent, known: String) -> String {
+    match sent {
+        Sent::Event => message::build(event, &config.template, &config.dead_letter_subject).subject,
+        Sent::DeadLetter { .. } => known,
+    }
+}
+
+/// A publish (subject, message) with its headers, carrying `Nats-Expected-Last-Sequence` when the
+/// stream is fenced.
+fn fenced(out: Outgoing, expected: Option<u64>) -> (String, jetstream::message::PublishMessage) {
     let mut headers = out.headers;
     if let Some(e) = expected {
-        headers.insert(message::EXPECTED_LAST_SEQUENCE, e.to_string().as_str());
+        headers.insert(
+            message::EXPECTED_LAST_SEQUENCE,
+            async_nats::HeaderValue::from(e.to_string()),
+        );
     }
-    jetstream::message::PublishMessage::build()
+    let publish = jetstream::message::PublishMessage::build()
         .headers(headers)
-        .payload(out.payload)
+        .payload(out.payload);
+    (out.subject, publish)
 }
 
 /// Queues the dead letter of `event` (it takes the refused message's place in the sequence), shrunk
@@ -424,8 +445,8 @@ async fn send_dead_letter(
     let mut last = None;
     for shrink in [Shrink::DropPayload, Shrink::Minimal] {
         let dl = message::dead_letter(event, &config.dead_letter_subject, reason, subject, shrink);
-        let target = dl.subject.clone();
-        match js.send_publish(target, fenced(dl, expected)).await {
+        let (target, publish) = fenced(dl, expected);
+        match js.send_publish(target, publish).await {
             Ok(ack) => return Ok((ack, shrink)),
             Err(e) if e.kind() == PublishErrorKind::MaxPayloadExceeded => last = Some(e),
             Err(source) => {

@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 pub use db::TestDb;
-pub use nats::NatsServer;
+pub use nats::{NatsCluster, NatsServer};
 pub use postgres::PgServer;
 
 /// `<prefix>_<pid>_<n>`, lowercase: safe as an unquoted Postgres identifier (also a slot name) and as a
