@@ -34,6 +34,8 @@
 
 #[path = "drain/poll.rs"]
 mod poll;
+#[path = "drain/shapes.rs"]
+mod shapes;
 #[path = "drain/sink.rs"]
 mod sink;
 
@@ -200,6 +202,11 @@ fn relay_db_setup(db: &TestDb, slots: &[String]) -> anyhow::Result<()> {
 /// it); a synchronous empty transaction then flushes everything up to it, so the walsenders can send
 /// it. Returns the end position and the seconds the writes took.
 fn fill(db: &TestDb, txns: u64, per_txn: u64) -> anyhow::Result<(Lsn, f64)> {
+    fill_with(db, txns, per_txn, PAYLOAD)
+}
+
+/// [`fill`] with another jsonb payload.
+fn fill_with(db: &TestDb, txns: u64, per_txn: u64, payload: &str) -> anyhow::Result<(Lsn, f64)> {
     let t = Instant::now();
     let out = db.psql(&format!(
         "CREATE OR REPLACE PROCEDURE bench_fill(n int, k int) LANGUAGE plpgsql AS $$\n\
@@ -207,7 +214,7 @@ fn fill(db: &TestDb, txns: u64, per_txn: u64) -> anyhow::Result<(Lsn, f64)> {
            FOR i IN 1..n LOOP\n\
              FOR j IN 1..k LOOP\n\
                INSERT INTO public.outbox (aggregate_type, aggregate_id, event_type, payload)\n\
-                 VALUES ('Order', 'order-' || i, 'OrderPlaced', '{PAYLOAD}'::jsonb);\n\
+                 VALUES ('Order', 'order-' || i, 'OrderPlaced', '{payload}'::jsonb);\n\
              END LOOP;\n\
              COMMIT;\n\
            END LOOP;\n\
@@ -250,6 +257,15 @@ async fn run(pg: &PgServer) -> anyhow::Result<()> {
     let big_events: u64 = env_or("BENCH_BIG_EVENTS", 1_000_000);
     let poll_intervals = env_list("BENCH_POLL_INTERVALS_MS", "5000,100");
     let started = Instant::now();
+    // 0. Transaction shapes × payload sizes (`drain/shapes.rs`).
+    let shape_rows = if std::env::var("BENCH_SHAPES").map_or(true, |v| !v.is_empty()) {
+        shapes::run(pg, rounds).await?
+    } else {
+        Vec::new()
+    };
+    if std::env::var("BENCH_SHAPES_ONLY").is_ok_and(|v| v == "1") {
+        return Ok(());
+    }
     let mut loads: Vec<Load> = Vec::new();
     let mut loadavg = vec![load_average()];
 
@@ -357,6 +373,9 @@ async fn run(pg: &PgServer) -> anyhow::Result<()> {
         loadavg.push(load_average());
     }
 
+    if !shape_rows.is_empty() {
+        shapes::print(&shape_rows);
+    }
     report(
         &drains,
         &latencies,
@@ -865,11 +884,11 @@ struct RelayChild {
 }
 
 impl RelayChild {
-    fn spawn(env: &[(&str, String)]) -> anyhow::Result<RelayChild> {
+    fn spawn_bin(bin: &str, env: &[(&str, String)]) -> anyhow::Result<RelayChild> {
         let dir = tempfile::tempdir()?;
         let wrapper = std::env::var("BENCH_RELAY_WRAPPER").unwrap_or_default();
         let mut words: Vec<String> = wrapper.split_whitespace().map(str::to_owned).collect();
-        words.push(env!("CARGO_BIN_EXE_outbox-relay").to_owned());
+        words.push(bin.to_owned());
         words.push("run".to_owned());
         let mut cmd = Command::new(&words[0]);
         cmd.args(&words[1..]);
@@ -955,8 +974,28 @@ async fn relay(
     slot: &str,
     events: u64,
 ) -> anyhow::Result<(RelayChild, f64, f64, f64)> {
+    relay_with(
+        db,
+        nats,
+        slot,
+        events,
+        env!("CARGO_BIN_EXE_outbox-relay"),
+        &[],
+    )
+    .await
+}
+
+/// [`relay`] with another binary and extra environment.
+async fn relay_with(
+    db: &TestDb,
+    nats: &NatsServer,
+    slot: &str,
+    events: u64,
+    bin: &str,
+    extra: &[(&str, String)],
+) -> anyhow::Result<(RelayChild, f64, f64, f64)> {
     let js = jetstream::new(nats.client().await);
-    let env = [
+    let mut env = vec![
         (
             "OUTBOX_RELAY_POSTGRES_URL",
             format!("{}?sslmode=disable", db.url()),
@@ -967,8 +1006,9 @@ async fn relay(
         ("OUTBOX_RELAY_NATS_STREAM", STREAM.to_owned()),
         ("OUTBOX_RELAY_HTTP_LISTEN", String::new()),
     ];
+    env.extend(extra.iter().cloned());
     let t = Instant::now();
-    let mut relay = RelayChild::spawn(&env)?;
+    let mut relay = RelayChild::spawn_bin(bin, &env)?;
     loop {
         tokio::time::sleep(Duration::from_millis(20)).await;
         if let Ok(Some(status)) = relay.child.try_wait() {

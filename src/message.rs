@@ -35,6 +35,19 @@ pub const PAYLOAD_SIZE: &str = "Outbox-Payload-Size";
 pub const TRUNCATED_HEADERS: &str = "Outbox-Truncated-Headers";
 /// Set by the sink when the stream is fenced (see `fence`).
 pub const EXPECTED_LAST_SEQUENCE: &str = "Nats-Expected-Last-Sequence";
+/// The event id on messages of an atomic batch, which cannot carry `Nats-Msg-Id` (the server refuses
+/// a batch message with one, or rejects the whole batch for one duplicate): consumers deduplicate
+/// with it, and the fence finds the stream's last event by it.
+pub const EVENT_ID: &str = "Outbox-Event-Id";
+
+/// Which header carries the event id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IdHeader {
+    /// `Nats-Msg-Id`: JetStream deduplicates by it (single publishes).
+    MsgId,
+    /// `Outbox-Event-Id`: atomic batches.
+    EventId,
+}
 
 /// CloudEvents header names (lower case, as the binding's examples write them).
 pub const CE_SPECVERSION: &str = "ce-specversion";
@@ -114,6 +127,23 @@ pub fn build(
     dead_letter_subject: &str,
     cloudevents: Option<&CloudEvents>,
 ) -> Outgoing {
+    build_as(
+        event,
+        template,
+        dead_letter_subject,
+        cloudevents,
+        IdHeader::MsgId,
+    )
+}
+
+/// [`build`], with the event id in the header `id` says.
+pub fn build_as(
+    event: &OutboxEvent,
+    template: &SubjectTemplate,
+    dead_letter_subject: &str,
+    cloudevents: Option<&CloudEvents>,
+    id: IdHeader,
+) -> Outgoing {
     let routed = template.render(
         event.aggregate_type.as_deref().unwrap_or(""),
         event.event_type.as_deref().unwrap_or(""),
@@ -123,7 +153,7 @@ pub fn build(
         (None, Ok(subject)) => Outgoing {
             subject,
             headers: {
-                let mut h = headers(event);
+                let mut h = headers(event, id);
                 if let Some(ce) = cloudevents {
                     cloudevents_headers(&mut h, event, ce);
                 }
@@ -132,19 +162,21 @@ pub fn build(
             payload: event.payload.clone(),
             dead_letter: None,
         },
-        (Some(problem), routed) => dead_letter(
+        (Some(problem), routed) => dead_letter_as(
             event,
             dead_letter_subject,
             problem,
             routed.ok().as_deref(),
             Shrink::Keep,
+            id,
         ),
-        (None, Err(e)) => dead_letter(
+        (None, Err(e)) => dead_letter_as(
             event,
             dead_letter_subject,
             &e.to_string(),
             None,
             Shrink::Keep,
+            id,
         ),
     }
 }
@@ -173,13 +205,32 @@ pub fn dead_letter(
     subject: Option<&str>,
     shrink: Shrink,
 ) -> Outgoing {
+    dead_letter_as(
+        event,
+        dead_letter_subject,
+        reason,
+        subject,
+        shrink,
+        IdHeader::MsgId,
+    )
+}
+
+/// [`dead_letter`], with the event id in the header `id` says.
+pub fn dead_letter_as(
+    event: &OutboxEvent,
+    dead_letter_subject: &str,
+    reason: &str,
+    subject: Option<&str>,
+    shrink: Shrink,
+    id: IdHeader,
+) -> Outgoing {
     let mut h = match shrink {
-        Shrink::Keep => headers(event),
-        Shrink::DropPayload => truncated(headers(event)),
+        Shrink::Keep => headers(event, id),
+        Shrink::DropPayload => truncated(headers(event, id)),
         Shrink::Minimal => {
             let n = names();
             let mut h = HeaderMap::new();
-            h.insert(n.msg_id.clone(), HeaderValue::from(event.msg_id.clone()));
+            h.insert(n.id(id).clone(), HeaderValue::from(event.msg_id.clone()));
             h.insert(
                 n.commit_lsn.clone(),
                 HeaderValue::from(event.commit_lsn.to_string()),
@@ -258,6 +309,7 @@ pub const MAX_ID_BYTES: usize = 1024;
 /// every insert, and these are on every message.
 struct Names {
     msg_id: HeaderName,
+    event_id: HeaderName,
     event_type: HeaderName,
     aggregate_type: HeaderName,
     aggregate_id: HeaderName,
@@ -271,9 +323,19 @@ struct Names {
     ce_datacontenttype: HeaderName,
 }
 
+impl Names {
+    fn id(&self, id: IdHeader) -> &HeaderName {
+        match id {
+            IdHeader::MsgId => &self.msg_id,
+            IdHeader::EventId => &self.event_id,
+        }
+    }
+}
+
 fn names() -> &'static Names {
     static NAMES: LazyLock<Names> = LazyLock::new(|| Names {
         msg_id: NATS_MSG_ID.into_header_name(),
+        event_id: EVENT_ID.into_header_name(),
         event_type: EVENT_TYPE.into_header_name(),
         aggregate_type: AGGREGATE_TYPE.into_header_name(),
         aggregate_id: AGGREGATE_ID.into_header_name(),
@@ -289,11 +351,11 @@ fn names() -> &'static Names {
     &NAMES
 }
 
-fn headers(event: &OutboxEvent) -> HeaderMap {
+fn headers(event: &OutboxEvent, id: IdHeader) -> HeaderMap {
     let n = names();
     let mut h = HeaderMap::new();
     // Values go in as owned Strings: HeaderValue keeps them without another copy.
-    h.insert(n.msg_id.clone(), HeaderValue::from(event.msg_id.clone()));
+    h.insert(n.id(id).clone(), HeaderValue::from(event.msg_id.clone()));
     if let Some(v) = &event.event_type {
         h.insert(n.event_type.clone(), HeaderValue::from(header_value(v)));
     }

@@ -4,7 +4,9 @@
 
 mod support;
 
+mod atomic;
 mod backfill;
+mod cluster;
 mod deploy;
 mod events;
 mod faults;

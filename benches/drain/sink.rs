@@ -76,3 +76,89 @@ pub async fn limit(
     anyhow::ensure!(acked == events, "{acked} of {events} acked");
     Ok(events as f64 / secs)
 }
+
+/// The same messages as [`limit`], published as JetStream atomic batches of `per_batch` (members
+/// as core publishes without a reply, the last with `Nats-Batch-Commit` and the fence's
+/// expectation on the first), at the same window of messages in flight: what batching can give
+/// at best, with no Postgres.
+pub async fn limit_batched(
+    client: async_nats::Client,
+    stream_name: &str,
+    payload: &str,
+    events: u64,
+    per_batch: u64,
+) -> anyhow::Result<f64> {
+    let js = jetstream::ContextBuilder::new()
+        .timeout(Duration::from_secs(10))
+        .max_ack_inflight(WINDOW + 64)
+        .backpressure_on_inflight(true)
+        .build(client.clone());
+    let mut cfg = stream_config(stream_name);
+    cfg.allow_atomic_publish = true;
+    js.create_stream(cfg).await?;
+    let payload = Bytes::from(payload.to_owned());
+    let per_batch = per_batch.clamp(1, 1000);
+    let window_msgs: u64 = std::env::var("BENCH_BATCH_WINDOW")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(WINDOW as u64);
+    // nats-server drops batches past 50 in flight per stream; the relay keeps 40 in flight at most.
+    let (window, mut rx) =
+        mpsc::channel::<(PublishAckFuture, u64)>((window_msgs / per_batch).clamp(1, 40) as usize);
+    let t = Instant::now();
+    let acks = tokio::spawn(async move {
+        let mut n = 0u64;
+        while let Some((ack, size)) = rx.recv().await {
+            ack.await?;
+            n += size;
+        }
+        anyhow::Ok(n)
+    });
+    let mut i = 0u64;
+    let mut batch = 0u64;
+    while i < events {
+        // A closed window means the ack task failed: its error is the one to report.
+        let Ok(permit) = window.reserve().await else {
+            break;
+        };
+        batch += 1;
+        let size = per_batch.min(events - i);
+        let id = format!("bench-{batch}");
+        for k in 1..=size {
+            let mut h = HeaderMap::new();
+            h.insert(
+                "Outbox-Event-Id",
+                format!("00000000-0000-4000-8000-{i:012x}"),
+            );
+            h.insert("Outbox-Event-Type", "OrderPlaced");
+            h.insert("Outbox-Aggregate-Type", "Order");
+            h.insert("Outbox-Aggregate-Id", format!("order-{}", i + 1));
+            h.insert(
+                "Outbox-Commit-Lsn",
+                format!("0/{:X}", 0x1A00_0000 + i * 520),
+            );
+            h.insert("Nats-Batch-Id", id.as_str());
+            h.insert("Nats-Batch-Sequence", k.to_string());
+            if k == 1 {
+                h.insert("Nats-Expected-Last-Sequence", i.to_string());
+            }
+            i += 1;
+            if k == size {
+                h.insert("Nats-Batch-Commit", "1");
+                let publish = jetstream::message::PublishMessage::build()
+                    .headers(h)
+                    .payload(payload.clone());
+                permit.send((js.send_publish("outbox.Order", publish).await?, size));
+                break;
+            }
+            client
+                .publish_with_headers("outbox.Order", h, payload.clone())
+                .await?;
+        }
+    }
+    drop(window);
+    let acked = acks.await??;
+    let secs = t.elapsed().as_secs_f64();
+    anyhow::ensure!(acked == events, "{acked} of {events} acked");
+    Ok(events as f64 / secs)
+}

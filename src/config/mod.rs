@@ -179,6 +179,9 @@ pub struct NatsConfig {
     pub cloudevents: bool,
     /// The `ce-source` of every event (a URI-reference).
     pub cloudevents_source: String,
+    /// One Postgres transaction becomes one JetStream atomic batch (the stream needs
+    /// `allow_atomic`): consumers never see part of a transaction. Needs `fence`.
+    pub atomic_transactions: bool,
 }
 
 impl Default for NatsConfig {
@@ -205,6 +208,7 @@ impl Default for NatsConfig {
             fence: true,
             cloudevents: false,
             cloudevents_source: "outbox-relay".into(),
+            atomic_transactions: false,
         }
     }
 }
@@ -349,6 +353,7 @@ impl fmt::Debug for NatsConfig {
             .field("fence", &self.fence)
             .field("cloudevents", &self.cloudevents)
             .field("cloudevents_source", &self.cloudevents_source)
+            .field("atomic_transactions", &self.atomic_transactions)
             .finish_non_exhaustive()
     }
 }

@@ -188,6 +188,15 @@ impl Config {
         if !(1..=5).contains(&n.stream_replicas) {
             return Err(invalid("nats.stream_replicas", "must be between 1 and 5"));
         }
+        if n.atomic_transactions && !n.fence {
+            // An atomic batch carries no Nats-Msg-Id: only the fence keeps a restart from storing
+            // a transaction twice.
+            return Err(invalid(
+                "nats.atomic_transactions",
+                "needs nats.fence = true: atomic batches cannot carry Nats-Msg-Id, so the fence is what keeps \
+                 every event stored once",
+            ));
+        }
         if !self.http.listen.is_empty() && self.http.listen.parse::<SocketAddr>().is_err() {
             return Err(invalid(
                 "http.listen",

@@ -142,8 +142,7 @@ impl Session {
                 _ = async { stop.wait_for(|s| *s).await.is_ok() } => break SessionEnd::Shutdown,
                 ack = self.acks.recv() => match ack {
                     None => Err(Restart::Nats(NatsTrouble::AckTaskEnded).into()),
-                    Some(Err(e)) => Err(from_sink(e)),
-                    Some(Ok(ack)) => self.on_ack(relay, ack),
+                    Some(first) => self.on_acks(relay, first),
                 },
                 ev = self.stream.recv() => match ev {
                     None => Err(from_source(SourceError::Closed("replication stream ended"))),
@@ -161,12 +160,34 @@ impl Session {
         end
     }
 
-    /// One ack, in publish order: progress, metrics, and the confirmed LSN.
-    fn on_ack(&mut self, relay: &mut Relay, ack: Acked) -> Result<(), SessionEnd> {
+    /// `first` and every further ack that is ready (up to a bound), in publish order; the clock is
+    /// read and the confirmed LSN handed on once per burst, not per ack.
+    fn on_acks(
+        &mut self,
+        relay: &mut Relay,
+        first: Result<Acked, SinkError>,
+    ) -> Result<(), SessionEnd> {
+        let now = crate::lsn::pg_now_micros();
+        let mut next = Some(first);
+        let mut n = 0;
+        while let Some(ack) = next.take() {
+            self.on_ack(relay, ack.map_err(from_sink)?, now)?;
+            n += 1;
+            if n < 1024 {
+                next = self.acks.try_recv().ok();
+            }
+        }
+        relay.metrics.acked_now();
+        self.confirm(relay);
+        Ok(())
+    }
+
+    /// One ack, in publish order: progress and metrics.
+    fn on_ack(&mut self, relay: &mut Relay, ack: Acked, now: i64) -> Result<(), SessionEnd> {
         self.progress.ack(ack.seq).map_err(RelayError::from)?;
         relay.count(&ack.outcome);
         if ack.event.commit_ts != 0 {
-            let micros = crate::lsn::pg_now_micros() - ack.event.commit_ts;
+            let micros = now - ack.event.commit_ts;
             relay
                 .metrics
                 .commit_to_ack
@@ -185,8 +206,6 @@ impl Session {
             relay.failures = 0;
             relay.last_cause = None;
         }
-        relay.metrics.acked_now();
-        self.confirm(relay);
         Ok(())
     }
 
@@ -232,6 +251,10 @@ impl Session {
         match step {
             Step::Begin { .. } => self.progress.begin(),
             Step::Commit { end_lsn, .. } => {
+                // With atomic transactions, the transaction's last event commits its batch.
+                if let Err(e) = self.sink.commit().await {
+                    return Err(self.sink_failure(e));
+                }
                 self.progress.commit(end_lsn);
                 self.confirm(relay);
             }
@@ -274,8 +297,11 @@ impl Session {
         let deadline = relay.settings.ack_timeout;
         let progress = &mut self.progress;
         let acks = &mut self.acks;
+        // Events of a transaction whose Commit has not arrived sit in an uncommitted atomic batch:
+        // they are never acknowledged, and the next start publishes them again.
+        let uncommitted = self.sink.uncommitted() as u64;
         let drain = async {
-            while progress.in_flight() > 0 {
+            while progress.in_flight() > uncommitted {
                 match acks.recv().await {
                     Some(Ok(ack)) => {
                         if progress.ack(ack.seq).is_err() {

@@ -66,6 +66,13 @@ pub(super) async fn check(
             )));
         }
     }
+    if settings.nats.atomic_transactions && !info.config.allow_atomic_publish {
+        return Err(problem(format!(
+            "does not allow atomic batch publishing, which nats.atomic_transactions needs: set \
+             \"allow_atomic\": true in its configuration (nats-server 2.12 or later; e.g. `nats stream info {name} --json`, \
+             edit the config part, then `nats stream edit {name} --config FILE`), or set nats.atomic_transactions = false"
+        )));
+    }
     if info.config.storage == stream::StorageType::Memory {
         report.warnings.push(format!(
             "stream {name} uses memory storage: acknowledged events are lost when nats-server restarts"
@@ -130,6 +137,7 @@ pub(super) async fn create(
         discard: stream::DiscardPolicy::New,
         duplicate_window: Duration::from_secs(n.duplicate_window_secs),
         num_replicas: n.stream_replicas,
+        allow_atomic_publish: n.atomic_transactions,
         metadata: HashMap::from([
             (META_SLOT.to_owned(), settings.postgres.slot.clone()),
             (META_TABLE.to_owned(), settings.outbox.table.clone()),
@@ -159,7 +167,15 @@ pub(super) async fn create(
         });
     }
     Ok(format!(
-        "stream {}: created (file storage, subjects {wildcard}, {}, duplicate window {}s, replicas {})",
-        n.stream, n.dead_letter_subject, n.duplicate_window_secs, n.stream_replicas
+        "stream {}: created (file storage, subjects {wildcard}, {}, duplicate window {}s, replicas {}{})",
+        n.stream,
+        n.dead_letter_subject,
+        n.duplicate_window_secs,
+        n.stream_replicas,
+        if n.atomic_transactions {
+            ", atomic publish allowed"
+        } else {
+            ""
+        }
     ))
 }

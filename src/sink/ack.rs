@@ -9,7 +9,10 @@ use async_nats::jetstream::{self, context::PublishAckFuture, context::PublishErr
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
-use super::{Acked, InFlight, Outcome, Sent, SinkConfig, SinkError, fenced, send_dead_letter};
+use super::batch::{self, Role};
+use super::{
+    Acked, InFlight, Outcome, Sent, SinkConfig, SinkError, fenced, routed_subject, send_dead_letter,
+};
 use crate::message::{self, Shrink};
 
 pub(super) struct AckTask {
@@ -33,6 +36,29 @@ fn refused_for_good(e: &jetstream::context::PublishError) -> Option<String> {
     }
 }
 
+/// Reports one ack; the window place is given back after it is reported (drop of the permits).
+/// False when nobody listens any more.
+fn report(
+    acks: &mpsc::UnboundedSender<Result<Acked, SinkError>>,
+    item: InFlight,
+    result: Result<Outcome, SinkError>,
+) -> bool {
+    let InFlight {
+        seq,
+        event,
+        _permits,
+        ..
+    } = item;
+    let msg = result.map(|outcome| Acked {
+        seq,
+        outcome,
+        event,
+    });
+    let ok = acks.send(msg).is_ok();
+    drop(_permits);
+    ok
+}
+
 impl AckTask {
     pub async fn run(
         mut self,
@@ -41,28 +67,74 @@ impl AckTask {
     ) {
         // The last sequence the stream is known to hold (fenced streams).
         let mut last_stored = self.fence.as_ref().map(|(base, _)| *base);
-        while let Some(mut item) = rx.recv().await {
-            let result = self.settle(&mut item, &mut last_stored).await;
-            let failed = result.is_err();
-            let InFlight {
-                seq,
-                event,
-                _permits,
-                ..
-            } = item;
-            let msg = result.map(|outcome| Acked {
-                seq,
-                outcome,
-                event,
-            });
-            // The window place is given back after the ack is reported (drop of `_permits`).
-            if acks.send(msg).is_err() || failed {
+        // Members of the atomic batch whose commit has not been settled yet.
+        let mut members: Vec<InFlight> = Vec::new();
+        // Every item that is ready per wake-up: one channel wake-up per burst, not per message.
+        let mut ready = Vec::with_capacity(256);
+        while rx.recv_many(&mut ready, 256).await > 0 {
+            for mut item in ready.drain(..) {
+                let result = match item.batch {
+                    Some(Role::Member) => {
+                        members.push(item);
+                        continue;
+                    }
+                    Some(Role::Commit) => {
+                        match self.settle_batch(&mut item, &mut last_stored).await {
+                            Ok(()) => {
+                                for m in members.drain(..) {
+                                    let outcome = batch::outcome(&m.sent);
+                                    if !report(&acks, m, Ok(outcome)) {
+                                        return;
+                                    }
+                                }
+                                Ok(batch::outcome(&item.sent))
+                            }
+                            Err(e) => Err(e),
+                        }
+                    }
+                    None => self.settle(&mut item, &mut last_stored).await,
+                };
+                let failed = result.is_err();
                 // After a failure nothing later may be reported: the relay restarts.
-                return;
+                if !report(&acks, item, result) || failed {
+                    return;
+                }
             }
-            drop(_permits);
         }
         debug!("ack task done");
+    }
+
+    /// Awaits the ack of a batch's commit: it settles the whole batch.
+    async fn settle_batch(
+        &mut self,
+        item: &mut InFlight,
+        last_stored: &mut Option<u64>,
+    ) -> Result<(), SinkError> {
+        let Some(ack) = item.ack.take() else {
+            return Ok(());
+        };
+        let timeout = self.config.ack_timeout;
+        let result = match tokio::time::timeout(timeout, ack.into_future()).await {
+            Err(_) => return Err(SinkError::AckTimeout(timeout, item.event.msg_id.clone())),
+            Ok(r) => r,
+        };
+        match result {
+            Ok(pub_ack) => {
+                if last_stored.is_some() {
+                    *last_stored = Some(pub_ack.sequence);
+                }
+                Ok(())
+            }
+            Err(e) if batch::fence_refused(&e) => Err(SinkError::FenceBroken {
+                id: item.event.msg_id.clone(),
+                expected: item.expected.unwrap_or(0),
+                source: e,
+            }),
+            Err(source) => Err(SinkError::Publish {
+                id: item.event.msg_id.clone(),
+                source,
+            }),
+        }
     }
 
     /// Awaits the ack of `item` and decides its outcome.
@@ -152,6 +224,13 @@ impl AckTask {
         let next = match &item.sent {
             Sent::Event => {
                 self.config.on_invalid(&item.event, &reason)?;
+                // The hot path keeps no copy of a routed event's subject: render it again.
+                item.subject = routed_subject(
+                    &self.config,
+                    &item.event,
+                    &item.sent,
+                    std::mem::take(&mut item.subject),
+                );
                 let (ack, shrink) = send_dead_letter(
                     &self.js,
                     &self.config,
@@ -207,8 +286,9 @@ impl AckTask {
                 *shrink,
             ),
         };
+        let (target, publish) = fenced(out, item.expected);
         self.js
-            .send_publish(out.subject.clone(), fenced(out, item.expected))
+            .send_publish(target, publish)
             .await
             .map_err(|source| SinkError::Publish {
                 id: item.event.msg_id.clone(),

@@ -71,9 +71,11 @@ pub async fn read_tail(js: &jetstream::Context, stream: &str) -> Result<Tail, Ta
                 .headers
                 .get(message::COMMIT_LSN)
                 .and_then(|v| v.as_str().parse::<Lsn>().ok());
+            // Messages of an atomic batch carry the id in Outbox-Event-Id.
             let id = m
                 .headers
                 .get(message::NATS_MSG_ID)
+                .or_else(|| m.headers.get(message::EVENT_ID))
                 .map(|v| v.as_str().to_owned());
             lsn.zip(id)
         }

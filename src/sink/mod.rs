@@ -15,6 +15,7 @@
 //! restarts from the last confirmed LSN.
 
 mod ack;
+mod batch;
 mod connect;
 mod fence;
 
@@ -53,6 +54,12 @@ pub enum SinkError {
         expected: u64,
         #[source]
         source: jetstream::context::PublishError,
+    },
+    #[error("publish of message {id} (part of an atomic batch) failed")]
+    CorePublish {
+        id: String,
+        #[source]
+        source: async_nats::client::PublishError,
     },
     #[error("the ack task stopped")]
     Stopped,
@@ -123,6 +130,11 @@ pub struct SinkConfig {
     pub stream: String,
     /// `nats.cloudevents`: the CloudEvents headers to add to routed events.
     pub cloudevents: Option<message::CloudEvents>,
+    /// `nats.atomic_transactions`: each transaction is published as one atomic batch.
+    pub atomic: bool,
+    /// The most messages in one atomic batch (the server's limit, 1,000 by default); a longer
+    /// transaction is split into several batches.
+    pub max_batch: usize,
 }
 
 impl SinkConfig {
@@ -140,6 +152,8 @@ impl SinkConfig {
                 .nats
                 .cloudevents
                 .then(|| message::CloudEvents::new(&s.nats.cloudevents_source)),
+            atomic: s.nats.atomic_transactions,
+            max_batch: batch::MAX_BATCH,
         }
     }
 
@@ -180,6 +194,10 @@ struct InFlight {
     expected: Option<u64>,
     /// Its place in the window, given back when its ack is reported.
     _permits: (OwnedSemaphorePermit, Option<OwnedSemaphorePermit>),
+    /// Its part in an atomic batch, if it was sent in one.
+    batch: Option<batch::Role>,
+    /// A batch's commit: the batch's place among those in flight, given back with its ack.
+    batch_permit: Option<OwnedSemaphorePermit>,
 }
 
 /// The publishing side; the acks come out of the receiver returned by [`Sink::start`].
@@ -191,6 +209,8 @@ pub struct Sink {
     ack_task: JoinHandle<()>,
     config: Arc<SinkConfig>,
     fence: Option<Fence>,
+    /// With `atomic`: the batch being built.
+    batch: Option<batch::Batcher>,
 }
 
 /// Acks (or the first failure) in publish order.
@@ -204,6 +224,7 @@ impl Sink {
     ) -> Result<(Sink, AckReceiver), TailError> {
         // Our own window bounds in-flight publishes; async-nats' semaphore must never be the one
         // that refuses (it errors instead of waiting unless backpressure is on).
+        let batch = config.atomic.then(|| batch::Batcher::new(client.clone()));
         let js = jetstream::ContextBuilder::new()
             .timeout(config.ack_timeout)
             .max_ack_inflight(config.max_in_flight + 64)
@@ -234,6 +255,7 @@ impl Sink {
                 ack_task,
                 config,
                 fence,
+                batch,
             },
             acks,
         ))
@@ -243,11 +265,14 @@ impl Sink {
     /// published (or dead-lettered). Returns once it has a place in the window; its ack arrives
     /// later, in order.
     pub async fn submit(&mut self, seq: u64, event: Box<OutboxEvent>) -> Result<(), SinkError> {
+        if self.batch.is_some() {
+            return self.submit_batched(seq, event).await;
+        }
         let stored = self
             .fence
             .as_mut()
             .is_some_and(|f| f.already_stored(event.commit_lsn, &event.msg_id));
-        let permits = self.reserve(&event).await?;
+        let permits = self.reserve(approx_size(&event)).await?;
         if stored {
             return self.queue(InFlight {
                 seq,
@@ -257,6 +282,8 @@ impl Sink {
                 sent: Sent::Event,
                 expected: None,
                 _permits: permits,
+                batch: None,
+                batch_permit: None,
             });
         }
         let out = message::build(
@@ -275,9 +302,11 @@ impl Sink {
             }
             None => Sent::Event,
         };
-        // The subject it was routed to; a dead letter names it in `Outbox-Subject`.
+        // The subject it was routed to, which a dead letter names in `Outbox-Subject`: kept for
+        // dead letters only; a routed event's is rendered again if it is ever refused (rare), so
+        // the hot path moves its subject into the publish instead of copying it.
         let subject = match &sent {
-            Sent::Event => out.subject.clone(),
+            Sent::Event => String::new(),
             Sent::DeadLetter { .. } => out
                 .headers
                 .get(message::SUBJECT)
@@ -285,12 +314,13 @@ impl Sink {
                 .unwrap_or_default(),
         };
         let expected = self.fence.as_mut().map(Fence::next_expected);
-        let target = out.subject.clone();
-        let (ack, sent) = match self.js.send_publish(target, fenced(out, expected)).await {
+        let (target, publish) = fenced(out, expected);
+        let (ack, sent) = match self.js.send_publish(target, publish).await {
             Ok(ack) => (ack, sent),
             // async-nats checks payload + headers against the server's max_payload before sending
             // (an oversize publish would make the server close the connection).
             Err(e) if e.kind() == PublishErrorKind::MaxPayloadExceeded => {
+                let routed = routed_subject(&self.config, &event, &sent, subject.clone());
                 let reason = match sent {
                     Sent::DeadLetter { reason, .. } => reason,
                     Sent::Event => {
@@ -303,7 +333,7 @@ impl Sink {
                     &self.js,
                     &self.config,
                     &event,
-                    Some(&subject).filter(|s| !s.is_empty()).map(String::as_str),
+                    Some(&routed).filter(|s| !s.is_empty()).map(String::as_str),
                     &reason,
                     expected,
                 )
@@ -325,6 +355,8 @@ impl Sink {
             sent,
             expected,
             _permits: permits,
+            batch: None,
+            batch_permit: None,
         })
     }
 
@@ -335,14 +367,14 @@ impl Sink {
 
     async fn reserve(
         &self,
-        event: &OutboxEvent,
+        size: usize,
     ) -> Result<(OwnedSemaphorePermit, Option<OwnedSemaphorePermit>), SinkError> {
         let message = Arc::clone(&self.messages)
             .acquire_owned()
             .await
             .map_err(|_| SinkError::Stopped)?;
         // One event bigger than the whole byte window still goes, alone.
-        let size = approx_size(event).min(self.config.max_in_flight_bytes);
+        let size = size.min(self.config.max_in_flight_bytes);
         let bytes = match u32::try_from(size) {
             Ok(0) => None,
             Ok(n) => Some(
@@ -381,15 +413,31 @@ fn approx_size(e: &OutboxEvent) -> usize {
         + 256
 }
 
-/// A publish with its headers, carrying `Nats-Expected-Last-Sequence` when the stream is fenced.
-fn fenced(out: Outgoing, expected: Option<u64>) -> jetstream::message::PublishMessage {
+/// The subject an event was routed to: `known` for a dead letter, rendered again for an event
+/// (the hot path does not keep a copy).
+fn routed_subject(config: &SinkConfig, event: &OutboxEvent, sent: &Sent, known: String) -> String {
+    match sent {
+        Sent::Event => {
+            message::build(event, &config.template, &config.dead_letter_subject, None).subject
+        }
+        Sent::DeadLetter { .. } => known,
+    }
+}
+
+/// A publish (subject, message) with its headers, carrying `Nats-Expected-Last-Sequence` when the
+/// stream is fenced.
+fn fenced(out: Outgoing, expected: Option<u64>) -> (String, jetstream::message::PublishMessage) {
     let mut headers = out.headers;
     if let Some(e) = expected {
-        headers.insert(message::EXPECTED_LAST_SEQUENCE, e.to_string().as_str());
+        headers.insert(
+            message::EXPECTED_LAST_SEQUENCE,
+            async_nats::HeaderValue::from(e.to_string()),
+        );
     }
-    jetstream::message::PublishMessage::build()
+    let publish = jetstream::message::PublishMessage::build()
         .headers(headers)
-        .payload(out.payload)
+        .payload(out.payload);
+    (out.subject, publish)
 }
 
 /// Queues the dead letter of `event` (it takes the refused message's place in the sequence), shrunk
@@ -406,8 +454,8 @@ async fn send_dead_letter(
     let mut last = None;
     for shrink in [Shrink::DropPayload, Shrink::Minimal] {
         let dl = message::dead_letter(event, &config.dead_letter_subject, reason, subject, shrink);
-        let target = dl.subject.clone();
-        match js.send_publish(target, fenced(dl, expected)).await {
+        let (target, publish) = fenced(dl, expected);
+        match js.send_publish(target, publish).await {
             Ok(ack) => return Ok((ack, shrink)),
             Err(e) if e.kind() == PublishErrorKind::MaxPayloadExceeded => last = Some(e),
             Err(source) => {

@@ -25,7 +25,9 @@ use tokio::task::JoinHandle;
 use tracing::{debug, trace};
 
 use super::error::SourceError;
-use super::wire::{Backend, MAX_FRAME_BYTES, Transport, log_notice, read_backend, server_error};
+use super::wire::{
+    Backend, MAX_FRAME_BYTES, Transport, log_notice, parse_backend, read_backend, server_error,
+};
 use crate::Lsn;
 
 /// Microseconds between the Unix epoch and the Postgres epoch (2000-01-01).
@@ -93,15 +95,21 @@ struct Shared {
     reply_now: Notify,
     /// Set once the consumer asked to stop: the reader then drains instead of forwarding.
     stopping: AtomicBool,
-    /// Bytes the reader may still queue (`StreamConfig::channel_bytes`); given back by `recv`.
+    /// Bytes the reader may still queue (`StreamConfig::channel_bytes`); given back by `recv` once
+    /// a batch is consumed.
     budget: Semaphore,
-    /// What one message may take from the budget at most.
+    /// What one batch may take from the budget at most.
     budget_cap: usize,
 }
 
 /// A running replication stream. Dropping it aborts both tasks and the connection.
 pub struct ReplicationStream {
-    events: mpsc::Receiver<Result<ReplicationEvent, SourceError>>,
+    /// Batches of events, one per socket read (see `read_loop`).
+    events: mpsc::Receiver<Result<(Vec<ReplicationEvent>, usize), SourceError>>,
+    /// The rest of the batch being consumed.
+    pending: std::vec::IntoIter<ReplicationEvent>,
+    /// The budget the batch being consumed holds, given back when it is done.
+    pending_bytes: usize,
     shared: Arc<Shared>,
     reader: JoinHandle<Option<ReadHalf<Box<dyn Transport>>>>,
     writer: JoinHandle<Option<WriteHalf<Box<dyn Transport>>>>,
@@ -127,7 +135,9 @@ impl ReplicationStream {
             budget_cap: config.channel_bytes.max(1),
         });
         let (read_half, write_half) = tokio::io::split(io);
-        let (tx, events) = mpsc::channel(config.channel_capacity.max(1));
+        // Slots hold batches of up to MAX_BATCH events; about `channel_capacity` events in all
+        // when the reader is ahead.
+        let (tx, events) = mpsc::channel((config.channel_capacity / 64).max(2));
         let (stop_writer, stop_rx) = oneshot::channel();
         let reader = tokio::spawn(read_loop(
             read_half,
@@ -147,6 +157,8 @@ impl ReplicationStream {
         ));
         ReplicationStream {
             events,
+            pending: Vec::new().into_iter(),
+            pending_bytes: 0,
             shared,
             reader,
             writer,
@@ -157,14 +169,24 @@ impl ReplicationStream {
 
     /// The next event, or an error (after which the stream is dead: reconnect from the confirmed LSN).
     /// `None` once the stream ended.
+    /// Cancel safe: a batch taken from the channel is kept before anything else can happen.
     pub async fn recv(&mut self) -> Option<Result<ReplicationEvent, SourceError>> {
-        let ev = self.events.recv().await;
-        if let Some(Ok(ReplicationEvent::XLogData { data, .. })) = &ev {
-            self.shared
-                .budget
-                .add_permits(data.len().min(self.shared.budget_cap));
+        loop {
+            if let Some(ev) = self.pending.next() {
+                return Some(Ok(ev));
+            }
+            if self.pending_bytes > 0 {
+                self.shared.budget.add_permits(self.pending_bytes);
+                self.pending_bytes = 0;
+            }
+            match self.events.recv().await? {
+                Ok((batch, bytes)) => {
+                    self.pending = batch.into_iter();
+                    self.pending_bytes = bytes;
+                }
+                Err(e) => return Some(Err(e)),
+            }
         }
-        ev
     }
 
     /// Hands back the LSN up to which everything is durably processed. Never moves backwards; a
@@ -227,119 +249,175 @@ impl Drop for ReplicationStream {
     }
 }
 
+/// What one backend message means for the reader.
+enum Step {
+    /// Hand this event to the consumer.
+    Event(ReplicationEvent),
+    /// Nothing to hand on (a notice, the end of COPY while stopping, CommandComplete).
+    Skip,
+    /// The stream ended with this error (reported unless stopping).
+    Fail(SourceError),
+    /// Clean end after CopyDone: give the read half back.
+    Done,
+}
+
+/// Most events handed over in one batch; bounds the memory one channel slot holds.
+const MAX_BATCH: usize = 256;
+
 /// Reads frames until the connection ends. Returns the read half after a clean end of COPY.
+///
+/// Every message already in the buffer after a socket read is parsed and handed on as one batch:
+/// one channel send and one consumer wake-up per read instead of per message, which is most of what
+/// the hop costs when a walsender sends transactions of many small messages.
 async fn read_loop(
     mut io: ReadHalf<Box<dyn Transport>>,
     mut buf: BytesMut,
     target: String,
     shared: Arc<Shared>,
-    tx: mpsc::Sender<Result<ReplicationEvent, SourceError>>,
+    tx: mpsc::Sender<Result<(Vec<ReplicationEvent>, usize), SourceError>>,
     receive_timeout: Duration,
     max_frame: usize,
 ) -> Option<ReadHalf<Box<dyn Transport>>> {
     let mut copy_done = false;
+    let mut batch: Vec<ReplicationEvent> = Vec::new();
+    let mut batch_bytes = 0usize;
     loop {
+        // The first message of a batch may wait for the socket; the rest are what is buffered.
         let read = tokio::time::timeout(
             receive_timeout,
             read_backend(&mut io, &mut buf, &target, max_frame),
         );
-        let msg = match read.await.unwrap_or_else(|_| {
+        let first = read.await.unwrap_or_else(|_| {
             Err(SourceError::Timeout {
                 target: target.clone(),
                 secs: receive_timeout.as_secs(),
             })
-        }) {
-            Ok(m) => m,
-            Err(e) => {
-                if !shared.stopping.load(Ordering::Acquire) {
-                    let _ = tx.send(Err(e)).await;
+        });
+        let mut next: Option<Result<Backend, SourceError>> = Some(first);
+        let mut end: Option<Option<SourceError>> = None;
+        while let Some(msg) = next.take() {
+            let step = match msg {
+                Ok(m) => on_message(m, &shared, &mut copy_done),
+                Err(e) => Step::Fail(e),
+            };
+            match step {
+                Step::Event(ev) => {
+                    if !shared.stopping.load(Ordering::Acquire) {
+                        if let ReplicationEvent::XLogData { data, .. } = &ev {
+                            batch_bytes += data.len();
+                        }
+                        batch.push(ev);
+                    }
                 }
-                return None;
-            }
-        };
-        let event = match msg {
-            Backend::Message(Message::CopyData(body)) => match parse_copy_data(body.into_bytes()) {
-                Ok(ev) => ev,
-                Err(e) => {
-                    let _ = tx.send(Err(e)).await;
-                    return None;
+                Step::Skip => {}
+                Step::Fail(e) => {
+                    end = Some(Some(e));
+                    break;
                 }
-            },
-            Backend::Message(Message::NoticeResponse(body)) => {
-                log_notice(body.fields());
-                continue;
-            }
-            Backend::Message(Message::ErrorResponse(body)) => {
-                let e = match server_error(body.fields()) {
-                    Ok(error) => SourceError::Server {
-                        context: "replication stream",
-                        error: Box::new(error),
-                    },
-                    Err(e) => e,
-                };
-                let _ = tx.send(Err(e)).await;
-                return None;
-            }
-            Backend::Message(Message::CopyDone) => {
-                copy_done = true;
-                if !shared.stopping.load(Ordering::Acquire) {
-                    // The server ended the stream on its own (shutdown): reconnect later.
-                    let _ = tx
-                        .send(Err(SourceError::Closed(
-                            "the server ended the replication stream",
-                        )))
-                        .await;
-                    return None;
-                }
-                continue;
-            }
-            Backend::Message(Message::CommandComplete(_)) => continue,
-            Backend::Message(Message::ReadyForQuery(_)) if copy_done => return Some(io),
-            _ => {
-                let _ = tx
-                    .send(Err(SourceError::Protocol(
-                        "unexpected message in replication stream".into(),
-                    )))
-                    .await;
-                return None;
-            }
-        };
-        match &event {
-            ReplicationEvent::XLogData { wal_end, .. } => {
-                if !wal_end.is_zero() {
-                    shared.received.fetch_max(wal_end.0, Ordering::AcqRel);
+                Step::Done => {
+                    end = Some(None);
+                    break;
                 }
             }
-            ReplicationEvent::Keepalive {
-                wal_end,
-                reply_requested,
-                ..
-            } => {
-                shared.received.fetch_max(wal_end.0, Ordering::AcqRel);
-                if *reply_requested {
-                    // Answer before queueing: the consumer may be slow.
-                    shared.reply_now.notify_one();
-                }
+            // A batch also ends at a quarter of the byte budget, so large rows go one by one.
+            if batch.len() < MAX_BATCH && batch_bytes < shared.budget_cap / 4 {
+                next = parse_backend(&mut buf, max_frame).transpose();
             }
         }
-        if shared.stopping.load(Ordering::Acquire) {
-            continue;
-        }
-        if let ReplicationEvent::XLogData { data, .. } = &event {
+        if !batch.is_empty() {
+            let events = std::mem::replace(&mut batch, Vec::with_capacity(16));
             // Waits while the consumer holds the budget: TCP backpressure then reaches the server.
-            let n = u32::try_from(data.len().min(shared.budget_cap)).unwrap_or(u32::MAX);
-            match shared.budget.acquire_many(n).await {
+            let bytes = std::mem::take(&mut batch_bytes).min(shared.budget_cap);
+            match shared
+                .budget
+                .acquire_many(u32::try_from(bytes).unwrap_or(u32::MAX))
+                .await
+            {
                 Ok(permit) => permit.forget(),
                 Err(_) => return None,
             }
+            if tx.send(Ok((events, bytes))).await.is_err() {
+                // The consumer is gone; keep draining only while stopping.
+                if !shared.stopping.load(Ordering::Acquire) {
+                    return None;
+                }
+            }
         }
-        if tx.send(Ok(event)).await.is_err() {
-            // The consumer is gone; keep draining only while stopping.
-            if !shared.stopping.load(Ordering::Acquire) {
+        match end {
+            None => {}
+            Some(None) => return Some(io),
+            Some(Some(e)) => {
+                if !shared.stopping.load(Ordering::Acquire) {
+                    let _ = tx.send(Err(e)).await;
+                }
                 return None;
             }
         }
     }
+}
+
+/// Interprets one backend message of the CopyBoth phase.
+fn on_message(msg: Backend, shared: &Shared, copy_done: &mut bool) -> Step {
+    let Backend::Message(msg) = msg else {
+        return Step::Fail(SourceError::Protocol(
+            "unexpected message in replication stream".into(),
+        ));
+    };
+    let event = match msg {
+        Message::CopyData(body) => match parse_copy_data(body.into_bytes()) {
+            Ok(ev) => ev,
+            Err(e) => return Step::Fail(e),
+        },
+        Message::NoticeResponse(body) => {
+            log_notice(body.fields());
+            return Step::Skip;
+        }
+        Message::ErrorResponse(body) => {
+            return Step::Fail(match server_error(body.fields()) {
+                Ok(error) => SourceError::Server {
+                    context: "replication stream",
+                    error: Box::new(error),
+                },
+                Err(e) => e,
+            });
+        }
+        Message::CopyDone => {
+            *copy_done = true;
+            if !shared.stopping.load(Ordering::Acquire) {
+                // The server ended the stream on its own (shutdown): reconnect later.
+                return Step::Fail(SourceError::Closed(
+                    "the server ended the replication stream",
+                ));
+            }
+            return Step::Skip;
+        }
+        Message::CommandComplete(_) => return Step::Skip,
+        Message::ReadyForQuery(_) if *copy_done => return Step::Done,
+        _ => {
+            return Step::Fail(SourceError::Protocol(
+                "unexpected message in replication stream".into(),
+            ));
+        }
+    };
+    match &event {
+        ReplicationEvent::XLogData { wal_end, .. } => {
+            if !wal_end.is_zero() {
+                shared.received.fetch_max(wal_end.0, Ordering::AcqRel);
+            }
+        }
+        ReplicationEvent::Keepalive {
+            wal_end,
+            reply_requested,
+            ..
+        } => {
+            shared.received.fetch_max(wal_end.0, Ordering::AcqRel);
+            if *reply_requested {
+                // Answer before queueing: the consumer may be slow.
+                shared.reply_now.notify_one();
+            }
+        }
+    }
+    Step::Event(event)
 }
 
 /// The payload of one CopyData of the replication stream: XLogData (`'w'`) or primary keepalive

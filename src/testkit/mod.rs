@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 pub use db::TestDb;
-pub use nats::{NatsServer, NatsTls};
+pub use nats::{NatsCluster, NatsServer, NatsTls};
 pub use pg_pair::{PgPair, SyncedSlot};
 pub use postgres::{PgServer, server_major};
 

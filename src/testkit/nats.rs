@@ -209,6 +209,12 @@ impl NatsServer {
     }
 
     fn spawn_ready(&self) -> Result<Child, String> {
+        let mut child = self.spawn()?;
+        self.wait_ready(&mut child)?;
+        Ok(child)
+    }
+
+    fn spawn(&self) -> Result<Child, String> {
         let open_log = || {
             fs::OpenOptions::new()
                 .create(true)
@@ -223,13 +229,17 @@ impl NatsServer {
             .stdout(open_log()?)
             .stderr(open_log()?);
         process::own_group(&mut cmd);
-        let mut child = cmd.spawn().map_err(|e| {
+        let child = cmd.spawn().map_err(|e| {
             format!(
                 "spawn {}: {e} (run scripts/install-deps.sh or set NATS_SERVER)",
                 bin.display()
             )
         })?;
         process::write_pid_file(&self.pid_file, child.id());
+        Ok(child)
+    }
+
+    fn wait_ready(&self, child: &mut Child) -> Result<(), String> {
         let deadline = Instant::now() + READY_TIMEOUT;
         loop {
             if let Ok(Some(status)) = child.try_wait() {
@@ -242,10 +252,10 @@ impl NatsServer {
                 ));
             }
             if healthz_ok(self.http_port) && TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
-                return Ok(child);
+                return Ok(());
             }
             if Instant::now() > deadline {
-                process::stop_child(&mut child, "KILL", Duration::from_secs(5));
+                process::stop_child(child, "KILL", Duration::from_secs(5));
                 let _ = fs::remove_file(&self.pid_file);
                 return Err(format!(
                     "nats-server not ready after {READY_TIMEOUT:?}; log {}:\n{}",
@@ -256,6 +266,152 @@ impl NatsServer {
             std::thread::sleep(Duration::from_millis(25));
         }
     }
+
+    /// The server's name in a cluster (`-n`), "" for a single server.
+    pub fn name(&self) -> &str {
+        self.args
+            .iter()
+            .position(|a| a == "-n")
+            .and_then(|i| self.args.get(i + 1))
+            .map_or("", String::as_str)
+    }
+}
+
+/// A JetStream cluster of nats-server processes on this machine: each with its own store dir and
+/// free ports, routes to all the others, and a name (`<tag>-n0`, …) that stream infos report as
+/// leader. Nodes can be stopped, killed and started again one by one ([`NatsCluster::node`]).
+pub struct NatsCluster {
+    nodes: Vec<NatsServer>,
+}
+
+impl NatsCluster {
+    /// Starts `n` nodes (3 for R3 streams) and returns once every node answers `/healthz` and the
+    /// JetStream meta group has a leader.
+    pub fn start(n: usize) -> NatsCluster {
+        let tag = super::unique_suffix();
+        let cluster_ports: Vec<u16> = (0..n).map(|_| process::free_port()).collect();
+        let routes = cluster_ports
+            .iter()
+            .map(|p| format!("nats://127.0.0.1:{p}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut nodes = Vec::new();
+        for (i, cport) in cluster_ports.iter().enumerate() {
+            let root = process::temp_root("nats");
+            let pid_file = root.join("server.pid");
+            let watchdog = Watchdog::spawn(&pid_file, &root, "TERM");
+            let port = process::free_port();
+            let http_port = process::free_port();
+            let store = root.join("store");
+            let mut args: Vec<String> = vec!["-js".into(), "-a".into(), "127.0.0.1".into()];
+            args.extend(["-p".into(), port.to_string()]);
+            args.extend(["-m".into(), http_port.to_string()]);
+            args.extend(["-sd".into(), store.display().to_string()]);
+            args.extend(["-n".into(), format!("{tag}-n{i}")]);
+            args.extend(["--cluster_name".into(), format!("c{tag}")]);
+            args.extend(["--cluster".into(), format!("nats://127.0.0.1:{cport}")]);
+            args.extend(["--routes".into(), routes.clone()]);
+            nodes.push(NatsServer {
+                log: root.join("nats.log"),
+                root,
+                args,
+                pid_file,
+                port,
+                http_port,
+                tls: None,
+                child: Mutex::new(None),
+                watchdog: Mutex::new(Some(watchdog)),
+            });
+        }
+        // All at once: a node reports healthy only once the meta group (a quorum of nodes) is up.
+        for node in &mut nodes {
+            let child = node.spawn().unwrap_or_else(|e| panic!("cluster node: {e}"));
+            *node.child.get_mut().unwrap() = Some(child);
+        }
+        for node in &nodes {
+            let mut guard = node.child.lock().unwrap_or_else(|e| e.into_inner());
+            let child = guard.as_mut().expect("spawned");
+            node.wait_ready(child)
+                .unwrap_or_else(|e| panic!("cluster node: {e}"));
+        }
+        let cluster = NatsCluster { nodes };
+        cluster.wait_for_meta_leader(Duration::from_secs(30));
+        cluster
+    }
+
+    /// Every node's URL, comma-separated (what `nats.url` takes).
+    pub fn urls(&self) -> String {
+        self.nodes
+            .iter()
+            .map(NatsServer::url)
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    pub fn node(&self, i: usize) -> &NatsServer {
+        &self.nodes[i]
+    }
+
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// The index of the node called `name` (a stream info's `cluster.leader`).
+    pub fn index_of(&self, name: &str) -> Option<usize> {
+        self.nodes.iter().position(|n| n.name() == name)
+    }
+
+    /// A client that knows every node, so it survives any single node going away.
+    pub async fn client(&self) -> async_nats::Client {
+        let addrs: Vec<async_nats::ServerAddr> = self
+            .nodes
+            .iter()
+            .map(|n| n.url().parse().expect("server address"))
+            .collect();
+        async_nats::ConnectOptions::new()
+            .retry_on_initial_connect()
+            .connect(addrs)
+            .await
+            .unwrap_or_else(|e| panic!("connect to the cluster: {e}"))
+    }
+
+    pub async fn jetstream(&self) -> async_nats::jetstream::Context {
+        async_nats::jetstream::new(self.client().await)
+    }
+
+    /// Waits until a running node reports a JetStream meta leader (`/jsz`).
+    pub fn wait_for_meta_leader(&self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let leader = self.nodes.iter().filter(|n| n.pid().is_some()).any(|n| {
+                http_get(n.http_port, "/jsz")
+                    .and_then(|body| meta_leader(&body))
+                    .is_some()
+            });
+            if leader {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no JetStream meta leader after {timeout:?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// The `meta_cluster.leader` of a `/jsz` answer, when there is one.
+fn meta_leader(body: &str) -> Option<String> {
+    let json: serde_json::Value = serde_json::from_str(body).ok()?;
+    json.get("meta_cluster")?
+        .get("leader")?
+        .as_str()
+        .filter(|l| !l.is_empty())
+        .map(str::to_owned)
 }
 
 impl Drop for NatsServer {
@@ -348,15 +504,21 @@ fn nats_bin() -> &'static Path {
 
 /// True when `GET /healthz` answers 200 (JetStream enabled and current).
 fn healthz_ok(http_port: u16) -> bool {
-    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", http_port)) else {
-        return false;
-    };
+    http_get(http_port, "/healthz").is_some()
+}
+
+/// The body of a 200 answer to `GET path` on the monitoring port.
+fn http_get(http_port: u16, path: &str) -> Option<String> {
+    let mut stream = TcpStream::connect(("127.0.0.1", http_port)).ok()?;
     let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
-    let request = "GET /healthz HTTP/1.0\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
-    if stream.write_all(request.as_bytes()).is_err() {
-        return false;
-    }
+    let request = format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).ok()?;
     let mut response = String::new();
     let _ = stream.read_to_string(&mut response);
-    response.starts_with("HTTP/1.1 200") || response.starts_with("HTTP/1.0 200")
+    if !(response.starts_with("HTTP/1.1 200") || response.starts_with("HTTP/1.0 200")) {
+        return None;
+    }
+    response
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_owned())
 }

@@ -119,7 +119,7 @@ pub struct RelayProcess {
 
 /// The environment that points the binary at `config`'s servers and names.
 pub fn relay_env(config: &Config) -> Vec<(String, String)> {
-    vec![
+    let mut env = vec![
         (
             "OUTBOX_RELAY_POSTGRES_URL".into(),
             config.postgres.url.clone(),
@@ -142,7 +142,14 @@ pub fn relay_env(config: &Config) -> Vec<(String, String)> {
             config.nats.ack_timeout_ms.to_string(),
         ),
         ("OUTBOX_RELAY_HTTP_LISTEN".into(), String::new()),
-    ]
+    ];
+    if config.nats.atomic_transactions {
+        env.push((
+            "OUTBOX_RELAY_NATS_ATOMIC_TRANSACTIONS".into(),
+            "true".into(),
+        ));
+    }
+    env
 }
 
 /// A `Command` for the binary with exactly `env` as its `OUTBOX_RELAY_*` variables. `RELAY_TEST_BIN`
@@ -263,8 +270,11 @@ impl Stored {
             .unwrap_or_else(|| panic!("message {} has no {name} header: {self:?}", self.seq))
     }
 
+    /// The event id: `Nats-Msg-Id`, or `Outbox-Event-Id` on messages of an atomic batch.
     pub fn id(&self) -> &str {
-        self.header("Nats-Msg-Id")
+        self.headers
+            .get("Nats-Msg-Id")
+            .map_or_else(|| self.header("Outbox-Event-Id"), String::as_str)
     }
 
     pub fn commit_lsn(&self) -> Lsn {

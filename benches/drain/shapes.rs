@@ -1,0 +1,267 @@
+//! Drains of real transaction shapes: backlogs of 1, 10 and 100 events per transaction, at payload
+//! sizes of ~120 B, 2 KB and 16 KB, each measured in one run against `pg_recvlogical` on the same
+//! backlog and against raw async-nats publishing of the same messages (single publishes, and atomic
+//! batches of one transaction each) at the relay's window, with the CPU time per event of the relay
+//! and of nats-server read from /proc (utime+stime): on a 2-core box shared by Postgres, nats-server
+//! and the relay, CPU per event is the number that says who bounds whom.
+//!
+//! Relay variants per round: `relay` (single publishes), `relay atomic` (`nats.atomic_transactions`),
+//! and with `BENCH_RELAY_ALT=/path/to/outbox-relay` the same binary built from another commit
+//! (`alt`), so a change is judged by a same-run ratio. Knobs: `BENCH_SHAPES` (`1,10,100`),
+//! `BENCH_PAYLOADS` (`120,2048,16384`, bytes of jsonb text), `BENCH_SHAPE_EVENTS` (100000; capped at
+//! 100 MB of payload per backlog), `BENCH_SHAPE_ROUNDS` (`BENCH_ROUNDS`), `BENCH_SHAPE_ATOMIC` (1;
+//! 0 skips the atomic variant).
+
+use outbox_relay::testkit::{NatsServer, PgServer, TestDb};
+
+use super::{
+    STREAM, cpu_ms, env_list, env_or, fill_with, median, recvlogical, relay_db_setup, relay_with,
+    sink, stored_payload,
+};
+
+/// One variant's medians.
+#[derive(Default, Clone)]
+pub struct Measure {
+    pub eps: f64,
+    /// Relay CPU µs per event (NaN for the sink limits, which run in the bench process).
+    pub relay_us: f64,
+    pub nats_us: f64,
+    pub rss_mb: f64,
+}
+
+pub struct ShapeRow {
+    pub payload: usize,
+    pub per_txn: u64,
+    pub events: u64,
+    pub recvlogical_eps: f64,
+    pub sink: Measure,
+    pub sink_batched: Measure,
+    /// (label, measure, ratio to pg_recvlogical)
+    pub relays: Vec<(String, Measure, f64)>,
+}
+
+/// A jsonb object whose text form is about `bytes` long.
+fn payload_of(bytes: usize) -> String {
+    let pad = bytes.saturating_sub(40).max(1);
+    format!(
+        r#"{{"currency": "EUR", "total_cents": 8498, "pad": "{}"}}"#,
+        "x".repeat(pad)
+    )
+}
+
+fn nats_cpu(nats: &NatsServer) -> f64 {
+    nats.pid().map_or(f64::NAN, cpu_ms)
+}
+
+pub async fn run(pg: &PgServer, default_rounds: usize) -> anyhow::Result<Vec<ShapeRow>> {
+    let shapes = env_list("BENCH_SHAPES", "1,10,100");
+    let payloads = env_list("BENCH_PAYLOADS", "120,2048,16384");
+    let max_events: u64 = env_or("BENCH_SHAPE_EVENTS", 100_000);
+    let rounds: usize = env_or("BENCH_SHAPE_ROUNDS", default_rounds).max(1);
+    let atomic = env_or("BENCH_SHAPE_ATOMIC", 1u8) == 1;
+    let alt = std::env::var("BENCH_RELAY_ALT")
+        .ok()
+        .filter(|s| !s.is_empty());
+    let mut variants: Vec<(String, String, bool)> = vec![(
+        "relay".into(),
+        env!("CARGO_BIN_EXE_outbox-relay").into(),
+        false,
+    )];
+    if let Some(alt) = &alt {
+        variants.push(("alt".into(), alt.clone(), false));
+    }
+    if atomic {
+        variants.push((
+            "relay atomic".into(),
+            env!("CARGO_BIN_EXE_outbox-relay").into(),
+            true,
+        ));
+    }
+    let mut rows = Vec::new();
+    for &size in &payloads {
+        let size = size as usize;
+        for &per_txn in &shapes {
+            let per_txn = per_txn.max(1);
+            let cap = (100 << 20) / size.max(1) as u64;
+            let events = (max_events.min(cap) / 100 * 100).max(per_txn);
+            let txns = events / per_txn;
+            let events = txns * per_txn;
+            rows.push(shape(pg, size, per_txn, txns, events, rounds, &variants).await?);
+        }
+    }
+    print(&rows);
+    Ok(rows)
+}
+
+async fn shape(
+    pg: &PgServer,
+    size: usize,
+    per_txn: u64,
+    txns: u64,
+    events: u64,
+    rounds: usize,
+    variants: &[(String, String, bool)],
+) -> anyhow::Result<ShapeRow> {
+    let db = TestDb::create(pg).await;
+    let recv_slots: Vec<String> = (0..rounds).map(|r| format!("recv_{r}")).collect();
+    let mut relay_slots = Vec::new();
+    for r in 0..rounds {
+        for v in 0..variants.len() {
+            relay_slots.push(format!("relay_{r}_{v}"));
+        }
+    }
+    relay_db_setup(&db, &[&recv_slots[..], &relay_slots].concat())?;
+    let (target, fill_secs) = fill_with(&db, txns, per_txn, &payload_of(size))?;
+    let payload = stored_payload(&db);
+    println!(
+        "shape {}x{per_txn}, payload {} B: {events} events written in {fill_secs:.1} s",
+        txns,
+        payload.len()
+    );
+    let mut recv = Vec::new();
+    let mut sink_m: Vec<Measure> = Vec::new();
+    let mut sinkb_m: Vec<Measure> = Vec::new();
+    let mut relay_m: Vec<Vec<Measure>> = vec![Vec::new(); variants.len()];
+    let mut ratios: Vec<Vec<f64>> = vec![Vec::new(); variants.len()];
+    for r in 0..rounds {
+        let rl = recvlogical(pg, &db, &recv_slots[r], target, events)?;
+        recv.push(rl);
+        {
+            let nats = NatsServer::start();
+            let c0 = nats_cpu(&nats);
+            let eps = sink::limit(nats.client().await, STREAM, &payload, events).await?;
+            sink_m.push(Measure {
+                eps,
+                relay_us: f64::NAN,
+                nats_us: (nats_cpu(&nats) - c0) * 1000.0 / events as f64,
+                rss_mb: f64::NAN,
+            });
+        }
+        {
+            let nats = NatsServer::start();
+            let c0 = nats_cpu(&nats);
+            let eps =
+                match sink::limit_batched(nats.client().await, STREAM, &payload, events, per_txn)
+                    .await
+                {
+                    Ok(eps) => eps,
+                    Err(e) => {
+                        println!("  sink batched failed: {e:#}");
+                        f64::NAN
+                    }
+                };
+            sinkb_m.push(Measure {
+                eps,
+                relay_us: f64::NAN,
+                nats_us: (nats_cpu(&nats) - c0) * 1000.0 / events as f64,
+                rss_mb: f64::NAN,
+            });
+        }
+        for (v, (label, bin, atomic)) in variants.iter().enumerate() {
+            let nats = NatsServer::start();
+            let c0 = nats_cpu(&nats);
+            let extra = if *atomic {
+                vec![("OUTBOX_RELAY_NATS_ATOMIC_TRANSACTIONS", "true".to_string())]
+            } else {
+                Vec::new()
+            };
+            let slot = &relay_slots[r * variants.len() + v];
+            let (mut child, eps, rss, cpu) =
+                relay_with(&db, &nats, slot, events, bin, &extra).await?;
+            let nats_us = (nats_cpu(&nats) - c0) * 1000.0 / events as f64;
+            child.stop();
+            let m = Measure {
+                eps,
+                relay_us: cpu * 1000.0 / events as f64,
+                nats_us,
+                rss_mb: rss,
+            };
+            println!(
+                "  round {} {label}: {:.0}/s ({:.2}x rl {:.0}/s), relay {:.2} µs/event, nats-server {:.2} µs/event, RSS {:.1} MB",
+                r + 1,
+                m.eps,
+                m.eps / rl,
+                rl,
+                m.relay_us,
+                m.nats_us,
+                m.rss_mb
+            );
+            ratios[v].push(eps / rl);
+            relay_m[v].push(m);
+        }
+    }
+    let med = |ms: &[Measure]| Measure {
+        eps: median(ms.iter().map(|m| m.eps).collect()),
+        relay_us: median(ms.iter().map(|m| m.relay_us).collect()),
+        nats_us: median(ms.iter().map(|m| m.nats_us).collect()),
+        rss_mb: ms.iter().map(|m| m.rss_mb).fold(f64::NAN, f64::max),
+    };
+    Ok(ShapeRow {
+        payload: payload.len(),
+        per_txn,
+        events,
+        recvlogical_eps: median(recv),
+        sink: med(&sink_m),
+        sink_batched: med(&sinkb_m),
+        relays: variants
+            .iter()
+            .enumerate()
+            .map(|(v, (label, _, _))| (label.clone(), med(&relay_m[v]), median(ratios[v].clone())))
+            .collect(),
+    })
+}
+
+pub fn print(rows: &[ShapeRow]) {
+    println!();
+    println!(
+        "== transaction shapes: events/s (x = / pg_recvlogical, median of the rounds); CPU µs per event: r = relay, n = nats-server =="
+    );
+    for row in rows {
+        let mut line = format!(
+            "{:>6} B x{:<4} {:>7} ev | rl {:>7.0} | sink {:>7.0} n {:>5.2} | sink batched {:>7.0} n {:>5.2}",
+            row.payload,
+            row.per_txn,
+            row.events,
+            row.recvlogical_eps,
+            row.sink.eps,
+            row.sink.nats_us,
+            row.sink_batched.eps,
+            row.sink_batched.nats_us
+        );
+        for (label, m, ratio) in &row.relays {
+            line.push_str(&format!(
+                " | {label} {:>7.0} {ratio:.2}x r {:.2} n {:.2} {:.0} MB",
+                m.eps, m.relay_us, m.nats_us, m.rss_mb
+            ));
+        }
+        println!("{line}");
+    }
+    let json: Vec<String> = rows
+        .iter()
+        .map(|r| {
+            let relays: Vec<String> = r
+                .relays
+                .iter()
+                .map(|(l, m, x)| {
+                    format!(
+                        r#"{{"variant":"{l}","eps":{:.0},"ratio_rl":{x:.3},"relay_us":{:.2},"nats_us":{:.2},"rss_mb":{:.1}}}"#,
+                        m.eps, m.relay_us, m.nats_us, m.rss_mb
+                    )
+                })
+                .collect();
+            format!(
+                r#"{{"payload":{},"per_txn":{},"events":{},"pg_recvlogical_eps":{:.0},"sink_eps":{:.0},"sink_nats_us":{:.2},"sink_batched_eps":{:.0},"sink_batched_nats_us":{:.2},"relays":[{}]}}"#,
+                r.payload,
+                r.per_txn,
+                r.events,
+                r.recvlogical_eps,
+                r.sink.eps,
+                r.sink.nats_us,
+                r.sink_batched.eps,
+                r.sink_batched.nats_us,
+                relays.join(",")
+            )
+        })
+        .collect();
+    println!("{{\"bench\":\"shapes\",\"rows\":[{}]}}", json.join(","));
+}
