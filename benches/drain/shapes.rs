@@ -138,6 +138,11 @@ async fn shape(
             });
         }
         {
+            // Atomic batches cost nats-server ~3 ms of CPU each here: a few thousand events
+            // (`BENCH_BATCHED_EVENTS`) say as much as the whole backlog.
+            let events = events
+                .min(env_or("BENCH_BATCHED_EVENTS", 5_000u64) / per_txn * per_txn)
+                .max(per_txn);
             let nats = NatsServer::start();
             let c0 = nats_cpu(&nats);
             let eps =
