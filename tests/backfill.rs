@@ -523,8 +523,11 @@ async fn shipped_partitioned_outbox_creates_and_drops_months_while_streaming() {
     assert_eq!(part, "outbox_p202001");
     let relay = InProcessRelay::start(config.clone());
     // Rows written before the slot exists are not the relay's (that is what backfill is for).
-    wait_for("the slot", LIMIT, || {
-        slot_exists(&client, &config.postgres.slot)
+    // A slot shows before its consistent point is found; rows written then are not decoded.
+    wait_for("the slot", LIMIT, || async {
+        crate::support::confirmed_flush(&client, &config.postgres.slot)
+            .await
+            .is_some()
     })
     .await;
     let insert = |at: &str| {

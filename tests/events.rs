@@ -12,7 +12,7 @@ use tokio_postgres::Client;
 
 use crate::support::{
     InProcessRelay, NatsServer, PgServer, RelayProcess, Stored, TEXT_ID_OUTBOX_SQL, TestDb,
-    read_all, relay_config, relay_env, run_command, slot_exists, stream_count, wait_for,
+    read_all, relay_config, relay_env, run_command, stream_count, wait_for,
 };
 
 /// A database with the text-id outbox (plus a tenant column) and a claims table.
@@ -36,8 +36,11 @@ fn message_config(db: &TestDb, nats: &NatsServer) -> Config {
 async fn start(config: &Config, client: &Client) -> InProcessRelay {
     let relay = InProcessRelay::start(config.clone());
     let slot = config.postgres.slot.clone();
+    // A slot shows before its consistent point is found; rows written then are not decoded.
     wait_for("the relay's slot", Duration::from_secs(30), || async {
-        slot_exists(client, &slot).await
+        crate::support::confirmed_flush(client, &slot)
+            .await
+            .is_some()
     })
     .await;
     relay

@@ -69,9 +69,11 @@ async fn approve_claim(client: &mut Client, claim: i64, event_id: &str) {
     tx.commit().await.unwrap();
 }
 
+/// Waits until the relay's slot exists and has found its consistent point: it shows in
+/// `pg_replication_slots` while it is still being created, and rows inserted then are not decoded.
 async fn wait_for_slot(client: &Client, slot: &str) {
     wait_for("the relay's slot", Duration::from_secs(30), || async {
-        slot_exists(client, slot).await
+        confirmed_flush(client, slot).await.is_some()
     })
     .await;
 }
