@@ -70,6 +70,7 @@ pub struct BackfillProgress {
     pub done: u64,
     /// Rows matching the predicate in the snapshot.
     pub total: u64,
+    /// Time since the first row was read.
     pub elapsed: Duration,
 }
 
@@ -97,7 +98,9 @@ impl std::fmt::Display for BackfillProgress {
 pub struct BackfillReport {
     /// What setup found and created (publication, stream), one line each.
     pub setup_lines: Vec<String>,
+    /// Findings that did not stop the backfill, one line each.
     pub warnings: Vec<String>,
+    /// The slot the backfill created (`postgres.slot`).
     pub slot: String,
     /// The slot's consistent point: `run` publishes every transaction committed from here on.
     pub consistent_point: Lsn,
@@ -120,6 +123,7 @@ pub struct BackfillReport {
 }
 
 impl BackfillReport {
+    /// Rows per second.
     pub fn rate(&self) -> f64 {
         self.rows as f64 / self.elapsed.as_secs_f64().max(1e-3)
     }
@@ -128,68 +132,103 @@ impl BackfillReport {
 /// Why a backfill did not finish. One line naming the object and the fix.
 #[derive(Debug, thiserror::Error)]
 pub enum BackfillError {
+    /// Setup failed: a check, or creating the publication or the stream.
     #[error(transparent)]
     Setup(#[from] SetupError),
+    /// `--order-by` contains `;`.
     #[error(
         "--order-by {0:?} contains ';': give only the sort keys, e.g. --order-by \"created_at, event_id\""
     )]
     OrderBy(String),
+    /// The slot exists and a walsender streams it.
     #[error(
         "replication slot {slot} is in use by PID {pid} (a relay streams it): backfill creates the slot anew and \
          must not run beside a relay; stop every relay for this slot (standbys too), then run backfill again. \
          Nothing was changed"
     )]
-    SlotActive { slot: String, pid: i32 },
+    SlotActive {
+        /// The slot's name.
+        slot: String,
+        /// The process id of the walsender that streams it.
+        pid: i32,
+    },
+    /// The slot exists, is inactive, and `--replace-slot` was not given.
     #[error(
         "replication slot {slot} already exists ({found}). backfill creates the slot at the snapshot it reads the \
          rows in, so it has to replace this one, and whatever the old slot still holds is then published only if \
          --where selects it. If that is what you want, stop every relay for this slot and run backfill again with \
          --replace-slot; if the slot is healthy, `outbox-relay run` needs no backfill. Nothing was changed"
     )]
-    SlotExists { slot: String, found: String },
+    SlotExists {
+        /// The slot's name.
+        slot: String,
+        /// What the slot is like: invalidated, or where it is confirmed up to.
+        found: String,
+    },
+    /// Dropping the existing slot (`--replace-slot`) failed.
     #[error("cannot drop replication slot {slot} (to replace it)")]
     DropSlot {
+        /// The slot's name.
         slot: String,
+        /// The server's error.
         #[source]
         source: tokio_postgres::Error,
     },
+    /// A connection to Postgres could not be opened.
     #[error("cannot connect to Postgres at {target} (check postgres.url)")]
     Postgres {
+        /// `postgres.url`, with the password masked.
         target: String,
+        /// Why the connection failed.
         #[source]
         source: SourceError,
     },
+    /// Creating the slot with an exported snapshot failed.
     #[error(
         "cannot create replication slot {slot} with an exported snapshot (the role needs REPLICATION; see \
          sql/03_relay_role.sql)"
     )]
     CreateSlot {
+        /// The slot's name.
         slot: String,
+        /// Why it failed.
         #[source]
         source: SourceError,
     },
+    /// A query reading the outbox table in the snapshot failed.
     #[error("reading {table} in the slot's snapshot failed ({what}): {message}")]
     Query {
+        /// The outbox table.
         table: String,
+        /// What the query was for.
         what: String,
+        /// The server's error.
         message: String,
     },
+    /// NATS cannot be reached or refuses the relay.
     #[error(transparent)]
     Nats(#[from] ConnectError),
+    /// The stream's tail cannot be read.
     #[error(transparent)]
     Tail(#[from] TailError),
+    /// Publishing failed part way; the new slot was dropped.
     #[error(
         "backfill stopped after {done} of {total} rows, and the slot it created was dropped so that `run` cannot \
          start with a gap: fix the cause and run backfill again (JetStream drops the rows it already holds)"
     )]
     Publish {
+        /// Rows handed to the sink before the failure.
         done: u64,
+        /// Rows to backfill.
         total: u64,
+        /// Why publishing failed.
         #[source]
         source: SinkError,
     },
+    /// The outbox stage could not interpret the rows fed to it.
     #[error("backfill: {0}")]
     Stage(#[from] StageError),
+    /// More than `u32::MAX` rows match.
     #[error(
         "backfill of more than {} rows in one run: split it with --where",
         u32::MAX

@@ -18,33 +18,44 @@ use crate::source::SourceError;
 /// A definite error: `run` ends with it; nothing past the confirmed LSN is confirmed.
 #[derive(Debug, thiserror::Error)]
 pub enum RelayError {
+    /// A setting cannot be used.
     #[error(transparent)]
     Config(#[from] ConfigError),
+    /// A check before streaming failed, or setup could not create what is missing.
     #[error(transparent)]
     Setup(#[from] SetupError),
+    /// The HTTP listener cannot be started.
     #[error(transparent)]
     Http(#[from] crate::http::BindError),
     /// Postgres can no longer give the slot's changes; events since its position may be lost.
     #[error("{}", crate::setup::lost_slot_message(.slot, .reason))]
     SlotInvalidated {
+        /// The slot's name.
         slot: String,
         /// `invalidation_reason` (PG 17+) or `wal_status`, as the server reports it.
         reason: String,
+        /// The error the server sent when the relay tried to stream the slot.
         #[source]
         source: SourceError,
     },
     /// The replication connection failed in a way retrying cannot fix (password, TLS, permissions).
     #[error(transparent)]
     Source(SourceError),
+    /// A pgoutput message cannot be decoded.
     #[error("cannot decode replication data; nothing past {confirmed} is confirmed")]
     Decode {
+        /// The last position confirmed to the slot.
         confirmed: Lsn,
+        /// What could not be decoded.
         #[source]
         source: DecodeError,
     },
+    /// The decoded messages break the shape of a transaction stream.
     #[error("replication data at {lsn}")]
     Stage {
+        /// The WAL position of the XLogData that carried the message.
         lsn: Lsn,
+        /// What was wrong with the stream.
         #[source]
         source: StageError,
     },
@@ -52,6 +63,7 @@ pub enum RelayError {
     /// even a minimal dead letter.
     #[error(transparent)]
     Sink(SinkError),
+    /// An ack arrived out of publish order, which would make the confirmed LSN unsafe.
     #[error(transparent)]
     Progress(#[from] OutOfOrderAck),
 }
@@ -59,8 +71,10 @@ pub enum RelayError {
 /// Transient trouble: the session ends and the next starts from the confirmed LSN.
 #[derive(Debug, thiserror::Error)]
 pub enum Restart {
+    /// The replication connection failed in a way a reconnect can fix.
     #[error("postgres: {0}")]
     Postgres(#[source] SourceError),
+    /// NATS, the stream or the sink failed in a way a reconnect can fix.
     #[error("NATS: {0}")]
     Nats(#[source] NatsTrouble),
     /// "replication slot … is active for PID …": another relay streams; wait as a standby.
@@ -71,12 +85,16 @@ pub enum Restart {
 /// What went wrong on the NATS side of a session.
 #[derive(Debug, thiserror::Error)]
 pub enum NatsTrouble {
+    /// NATS cannot be reached or refuses the relay.
     #[error(transparent)]
     Connect(#[from] ConnectError),
+    /// The stream's tail cannot be read (for the fence).
     #[error(transparent)]
     Tail(#[from] TailError),
+    /// Publishing failed (ack timeout, lost connection, broken fence).
     #[error(transparent)]
     Sink(#[from] SinkError),
+    /// The ack task's channel closed without an error.
     #[error("the ack task ended")]
     AckTaskEnded,
 }
@@ -84,8 +102,11 @@ pub enum NatsTrouble {
 /// The kind of a [`Restart`], for one log line per change of state and for metric labels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CauseKind {
+    /// [`Restart::Postgres`].
     Postgres,
+    /// [`Restart::Nats`].
     Nats,
+    /// [`Restart::SlotHeld`].
     SlotHeld,
 }
 
@@ -110,6 +131,7 @@ impl std::fmt::Display for CauseKind {
 }
 
 impl Restart {
+    /// The kind of this restart.
     pub fn kind(&self) -> CauseKind {
         match self {
             Restart::Postgres(_) => CauseKind::Postgres,

@@ -34,6 +34,8 @@
 //! to a dead-letter subject, never silently skipped; P8 bad settings fail with a one-line error.
 //! Consumers deduplicate by `Nats-Msg-Id`: delivery is at least once.
 
+#![warn(missing_docs)]
+
 pub mod backfill;
 mod catalog;
 pub mod config;

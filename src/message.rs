@@ -23,13 +23,21 @@ use percent_encoding::{AsciiSet, CONTROLS, utf8_percent_encode};
 use crate::outbox::OutboxEvent;
 use crate::route::SubjectTemplate;
 
+/// The event id, by which JetStream drops a republished event inside the duplicate window.
 pub const NATS_MSG_ID: &str = "Nats-Msg-Id";
+/// The event's type (the `event_type` column).
 pub const EVENT_TYPE: &str = "Outbox-Event-Type";
+/// The event's aggregate type (the `aggregate_type` column).
 pub const AGGREGATE_TYPE: &str = "Outbox-Aggregate-Type";
+/// The event's aggregate id (the `aggregate_id` column).
 pub const AGGREGATE_ID: &str = "Outbox-Aggregate-Id";
+/// The commit LSN of the event's transaction.
 pub const COMMIT_LSN: &str = "Outbox-Commit-Lsn";
+/// On a dead letter: why the event could not be published, in one line.
 pub const ERROR: &str = "Outbox-Error";
+/// On a dead letter: the subject the event would have had.
 pub const SUBJECT: &str = "Outbox-Subject";
+/// On a dead letter without its payload: the payload's size in bytes.
 pub const PAYLOAD_SIZE: &str = "Outbox-Payload-Size";
 /// On a shrunk dead letter: the headers whose values were cut to fit.
 pub const TRUNCATED_HEADERS: &str = "Outbox-Truncated-Headers";
@@ -51,10 +59,15 @@ pub enum IdHeader {
 
 /// CloudEvents header names (lower case, as the binding's examples write them).
 pub const CE_SPECVERSION: &str = "ce-specversion";
+/// The CloudEvents `id`: the event's message id.
 pub const CE_ID: &str = "ce-id";
+/// The CloudEvents `type`: the event type.
 pub const CE_TYPE: &str = "ce-type";
+/// The CloudEvents `source`: `nats.cloudevents_source`.
 pub const CE_SOURCE: &str = "ce-source";
+/// The CloudEvents `subject`: the aggregate id.
 pub const CE_SUBJECT: &str = "ce-subject";
+/// The CloudEvents `time`: the transaction's commit time (RFC 3339).
 pub const CE_TIME: &str = "ce-time";
 /// The binding maps `datacontenttype` to `ce-datacontenttype` like every other attribute; a
 /// `Content-Type` header is what marks a *structured* mode message (§3), so the relay never sets one.
@@ -112,8 +125,11 @@ fn ce_encode(v: &str) -> String {
 /// A message ready for JetStream.
 #[derive(Debug, Clone)]
 pub struct Outgoing {
+    /// The subject to publish to.
     pub subject: String,
+    /// The message's headers.
     pub headers: HeaderMap,
+    /// The message's body.
     pub payload: Bytes,
     /// Set for dead letters: the reason, for logs and metrics.
     pub dead_letter: Option<String>,

@@ -10,19 +10,33 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+/// Counter: events acknowledged by JetStream, by outcome (`ok`, `duplicate`, `dead_letter`).
 pub const EVENTS_PUBLISHED: &str = "outbox_relay_events_published_total";
+/// Counter: updates, deletes and truncates of the outbox table, which are not published.
 pub const IGNORED_CHANGES: &str = "outbox_relay_ignored_changes_total";
+/// Counter: pipeline restarts from the confirmed position, by cause.
 pub const RECONNECTS: &str = "outbox_relay_reconnects_total";
+/// Histogram: time from the transaction's commit to JetStream's ack.
 pub const COMMIT_TO_ACK: &str = "outbox_relay_commit_to_ack_seconds";
+/// Gauge: messages published and not yet acknowledged.
 pub const IN_FLIGHT: &str = "outbox_relay_in_flight";
+/// Gauge: the LSN confirmed to the replication slot, as a number.
 pub const CONFIRMED_LSN: &str = "outbox_relay_confirmed_lsn";
+/// Gauge: the highest WAL position received from Postgres, as a number.
 pub const RECEIVED_LSN: &str = "outbox_relay_received_lsn";
+/// Gauge: `pg_current_wal_lsn()` minus the slot's `confirmed_flush_lsn`, sampled.
 pub const SLOT_LAG: &str = "outbox_relay_slot_lag_bytes";
+/// Gauge: `pg_current_wal_lsn()` minus the slot's `restart_lsn`, the WAL kept for the slot, sampled.
 pub const RETAINED_WAL: &str = "outbox_relay_retained_wal_bytes";
+/// Gauge: the slot's `wal_status`, 1 for the current one of [`WAL_STATUSES`].
 pub const WAL_STATUS: &str = "outbox_relay_slot_wal_status";
+/// Gauge: seconds since JetStream last acknowledged an event (-1 before the first).
 pub const SINCE_LAST_ACK: &str = "outbox_relay_seconds_since_last_ack";
+/// Gauge: 1 while a replication session streams from Postgres.
 pub const STREAMING: &str = "outbox_relay_streaming";
+/// Gauge: 1 while the NATS connection is up.
 pub const NATS_CONNECTED: &str = "outbox_relay_nats_connected";
+/// Gauge: 1 while this relay waits as a standby because another relay holds the slot.
 pub const STANDBY: &str = "outbox_relay_standby";
 
 /// `wal_status` values of `pg_replication_slots`, in the order of the gauge's codes (0 = unknown).
@@ -42,6 +56,7 @@ pub struct Histogram {
 }
 
 impl Histogram {
+    /// Records one duration.
     pub fn observe(&self, d: Duration) {
         let secs = d.as_secs_f64();
         if let Some(i) = BUCKETS.iter().position(|&b| secs <= b) {
@@ -52,6 +67,7 @@ impl Histogram {
             .fetch_add(d.as_micros() as u64, Ordering::Relaxed);
     }
 
+    /// How many durations were recorded.
     pub fn count(&self) -> u64 {
         self.count.load(Ordering::Relaxed)
     }
@@ -72,8 +88,11 @@ pub struct Metrics {
     pub reconnects: AtomicU64,
     /// The same by cause, indexed by [`CauseKind`] (see [`Metrics::restarted`]).
     pub reconnects_by_cause: [AtomicU64; CauseKind::ALL.len()],
+    /// The LSN last confirmed to the slot, as a number.
     pub confirmed_lsn: AtomicU64,
+    /// The highest WAL position received from Postgres, as a number.
     pub received_lsn: AtomicU64,
+    /// Messages published and not yet acknowledged.
     pub in_flight: AtomicU64,
     /// Unix milliseconds of the last ack (0 = none yet).
     pub last_ack_unix_ms: AtomicU64,
@@ -101,14 +120,17 @@ fn now_ms() -> u64 {
 }
 
 impl Metrics {
+    /// Adds one to a counter.
     pub fn inc(counter: &AtomicU64) {
         counter.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Sets a gauge.
     pub fn set(gauge: &AtomicU64, v: u64) {
         gauge.store(v, Ordering::Relaxed);
     }
 
+    /// Reads a counter or gauge.
     pub fn get(v: &AtomicU64) -> u64 {
         v.load(Ordering::Relaxed)
     }

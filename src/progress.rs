@@ -19,7 +19,9 @@ use crate::Lsn;
     "ack for message {got} arrived while {expected} was the next expected: acks must come in publish order"
 )]
 pub struct OutOfOrderAck {
+    /// The sequence number of the next ack expected.
     pub expected: u64,
+    /// The sequence number of the ack that arrived.
     pub got: u64,
 }
 

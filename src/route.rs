@@ -11,8 +11,11 @@ use std::fmt;
 /// A placeholder of the template.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Field {
+    /// `{aggregate_type}`.
     AggregateType,
+    /// `{event_type}`.
     EventType,
+    /// `{aggregate_id}`.
     AggregateId,
 }
 
@@ -51,8 +54,11 @@ pub struct TemplateError {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{field} {value:?} is not a valid subject token: {reason}")]
 pub struct RouteError {
+    /// The placeholder's field, e.g. `aggregate_type`.
     pub field: &'static str,
+    /// The event's value for it.
     pub value: String,
+    /// Why the value is not a valid token.
     pub reason: &'static str,
 }
 

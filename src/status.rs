@@ -18,7 +18,9 @@ use crate::sink::connect_nats;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum State {
+    /// The server answered and the object is there.
     Exists,
+    /// The server answered and the object is not there.
     Missing,
     /// The server did not answer.
     Unreachable,
@@ -40,55 +42,82 @@ impl State {
 /// The slot as `pg_replication_slots` shows it.
 #[derive(Debug, Clone, Serialize)]
 pub struct SlotStatus {
+    /// `postgres.slot`.
     pub name: String,
+    /// Whether Postgres answered and the slot exists.
     pub state: State,
+    /// The slot exists.
     pub exists: bool,
+    /// A walsender (a relay) streams the slot now.
     pub active: bool,
+    /// The process id of that walsender.
     pub active_pid: Option<i32>,
+    /// The position the slot's consumer last confirmed.
     pub confirmed_flush_lsn: Option<String>,
     /// WAL position − `confirmed_flush_lsn`.
     pub lag_bytes: Option<i64>,
     /// WAL position − `restart_lsn`: WAL the slot keeps on disk.
     pub retained_bytes: Option<i64>,
+    /// `reserved`, `extended`, `unreserved` or `lost`: whether the WAL the slot needs is still there.
     pub wal_status: Option<String>,
+    /// Bytes of WAL that can still be written before the slot is in danger of being lost.
     pub safe_wal_size: Option<i64>,
     /// Events are decoded in the slot and no relay streams it.
     pub events_waiting: Option<bool>,
     /// PG 17+.
     pub inactive_since: Option<String>,
+    /// Why the slot was invalidated (PG 17+); `None` while it is usable.
     pub invalidation_reason: Option<String>,
+    /// PG 17+: the slot is a failover slot, which standbys keep a copy of.
     pub failover: Option<bool>,
+    /// PG 17+: the slot is a copy synced from a primary's failover slot.
     pub synced: Option<bool>,
 }
 
 /// The stream as JetStream reports it.
 #[derive(Debug, Clone, Serialize)]
 pub struct StreamStatus {
+    /// `nats.stream`.
     pub name: String,
+    /// Whether NATS answered with JetStream and the stream exists.
     pub state: State,
+    /// The stream exists.
     pub exists: bool,
+    /// Messages the stream holds.
     pub messages: u64,
+    /// Bytes the stream holds.
     pub bytes: u64,
+    /// Sequence number of the stream's last message.
     pub last_sequence: u64,
+    /// The subjects the stream stores.
     pub subjects: Vec<String>,
+    /// `file` or `memory`.
     pub storage: String,
+    /// Number of replicas.
     pub replicas: usize,
+    /// The stream's duplicate window, in seconds.
     pub duplicate_window_secs: u64,
 }
 
+/// The publication as `pg_publication_tables` shows it.
 #[derive(Debug, Clone, Serialize)]
 pub struct PublicationStatus {
+    /// `postgres.publication`.
     pub name: String,
+    /// The publication exists.
     pub exists: bool,
+    /// The tables it publishes, schema-qualified.
     pub tables: Vec<String>,
 }
 
 /// Postgres as a whole.
 #[derive(Debug, Clone, Serialize)]
 pub struct ServerStatus {
+    /// Whether the server answered.
     pub state: State,
     /// The host the control connection reached.
     pub host: Option<String>,
+    /// The `server_version` setting, e.g. `17.2`.
     pub server_version: Option<String>,
     /// Connected to a standby (in recovery).
     pub in_recovery: Option<bool>,
@@ -103,26 +132,36 @@ pub struct ServerStatus {
 pub struct StandbyStatus {
     /// `host:port` as listed in the URL.
     pub host: String,
+    /// Whether the host answered.
     pub state: State,
+    /// The host is in recovery (a standby).
     pub in_recovery: Option<bool>,
     /// The slot exists there.
     pub slot_exists: bool,
     /// PG 17+: it is a synced copy of the primary's failover slot.
     pub synced: Option<bool>,
+    /// The position of the slot's copy there.
     pub confirmed_flush_lsn: Option<String>,
 }
 
 /// Everything `status` prints.
 #[derive(Debug, Clone, Serialize)]
 pub struct Status {
+    /// No problems were found.
     pub healthy: bool,
+    /// The Postgres server `postgres.url` reached.
     pub postgres: ServerStatus,
     /// The URL's other hosts, when it lists several: failover readiness.
     pub standbys: Vec<StandbyStatus>,
+    /// The replication slot.
     pub slot: SlotStatus,
+    /// The publication.
     pub publication: PublicationStatus,
+    /// The JetStream stream.
     pub stream: StreamStatus,
+    /// What makes the status unhealthy, one line each, with the fix.
     pub problems: Vec<String>,
+    /// Findings that do not make the status unhealthy, one line each.
     pub warnings: Vec<String>,
 }
 

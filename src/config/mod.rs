@@ -21,22 +21,31 @@ pub use settings::Settings;
 /// Prefix of the environment variables that override settings.
 pub const ENV_PREFIX: &str = "OUTBOX_RELAY_";
 
+/// The configuration as loaded (file, then environment), one field per `[section]`, before validation.
 #[derive(Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
+    /// `[postgres]`: the database, the slot and the publication.
     pub postgres: PostgresConfig,
+    /// `[outbox]`: where events come from and which columns they are made of.
     pub outbox: OutboxConfig,
+    /// `[nats]`: the servers, credentials, stream, subjects and publish window.
     pub nats: NatsConfig,
+    /// `[http]`: the metrics and health endpoint.
     pub http: HttpConfig,
+    /// `[log]`: log format and filter.
     pub log: LogConfig,
 }
 
+/// The `[postgres]` section.
 #[derive(Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PostgresConfig {
     /// libpq-style URL; may hold a password.
     pub url: String,
+    /// Name of the logical replication slot (output plugin `pgoutput`) the relay reads.
     pub slot: String,
+    /// Publication that names the outbox table, inserts only.
     pub publication: String,
     /// Create the slot when it is missing (setup and run).
     pub create_slot: bool,
@@ -74,15 +83,21 @@ pub enum OnInvalid {
     Stop,
 }
 
+/// The `[outbox]` section.
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct OutboxConfig {
     /// Schema-qualified table name; "" for none (logical messages only, with `message_prefix`).
     pub table: String,
+    /// Column of the event id, which becomes the message's `Nats-Msg-Id`.
     pub id_column: String,
+    /// Column of the kind of entity (header `Outbox-Aggregate-Type`, placeholder `{aggregate_type}`).
     pub aggregate_type_column: String,
+    /// Column of the entity id (header `Outbox-Aggregate-Id`, placeholder `{aggregate_id}`).
     pub aggregate_id_column: String,
+    /// Column of what happened (header `Outbox-Event-Type`, placeholder `{event_type}`).
     pub event_type_column: String,
+    /// Column of the message body, published as stored.
     pub payload_column: String,
     /// Optional jsonb object of extra headers; "" for none.
     pub headers_column: String,
@@ -92,6 +107,7 @@ pub struct OutboxConfig {
     /// Transactional logical messages (`pg_logical_emit_message(true, prefix, content)`) with this
     /// prefix are events too; "" for none.
     pub message_prefix: String,
+    /// What to do with an event that cannot be published as it is.
     pub on_invalid: OnInvalid,
 }
 
@@ -137,6 +153,7 @@ impl OutboxConfig {
     }
 }
 
+/// The `[nats]` section.
 #[derive(Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct NatsConfig {
@@ -145,7 +162,9 @@ pub struct NatsConfig {
     pub url: String,
     /// Credentials as keys instead of in the URL: user and password, or a token.
     pub user: String,
+    /// The password that goes with `user`; both or neither.
     pub password: String,
+    /// An authentication token.
     pub token: String,
     /// Path of an NKey seed file; "" for none.
     pub nkey_seed_file: String,
@@ -155,11 +174,15 @@ pub struct NatsConfig {
     pub tls_ca_file: String,
     /// A client certificate and its key (mutual TLS).
     pub tls_cert_file: String,
+    /// The private key (PEM) of `tls_cert_file`; both or neither.
     pub tls_key_file: String,
     /// Refuse a connection without TLS even for `nats://` URLs.
     pub tls_required: bool,
+    /// JetStream stream that stores the events; setup creates it when missing.
     pub stream: String,
+    /// Subject template with the placeholders `{aggregate_type}`, `{event_type}` and `{aggregate_id}`.
     pub subject: String,
+    /// Literal subject, in the same stream, for events that cannot be published as they are.
     pub dead_letter_subject: String,
     /// Publishes awaiting their ack.
     pub max_in_flight: usize,
@@ -213,6 +236,7 @@ impl Default for NatsConfig {
     }
 }
 
+/// The `[http]` section.
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct HttpConfig {
@@ -228,16 +252,21 @@ impl Default for HttpConfig {
     }
 }
 
+/// How log lines are written (`log.format`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum LogFormat {
+    /// Plain lines, for people.
     Text,
+    /// One JSON object per line, for log collectors.
     Json,
 }
 
+/// The `[log]` section.
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LogConfig {
+    /// `text` or `json`; logs go to standard error.
     pub format: LogFormat,
     /// A tracing filter, e.g. "info,outbox_relay=debug".
     pub level: String,
@@ -255,14 +284,30 @@ impl Default for LogConfig {
 /// A setting that cannot be used. One line; names the key or file and the fix.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
+    /// The config file cannot be read or parsed, or the settings loaded with it do not deserialise.
     #[error("config file {path}: {reason}")]
-    File { path: String, reason: String },
+    File {
+        /// The config file as given on the command line.
+        path: String,
+        /// What is wrong, in one line.
+        reason: String,
+    },
+    /// An `OUTBOX_RELAY_*` variable cannot be applied, or (without a file) the settings do not deserialise.
     #[error("environment variable {var}: {reason}")]
-    Env { var: String, reason: String },
+    Env {
+        /// The variable's name (`OUTBOX_RELAY_*` when no one variable is to blame).
+        var: String,
+        /// What is wrong, in one line.
+        reason: String,
+    },
+    /// A value parsed but fails validation.
     #[error("config {key} (env {env}): {reason}")]
     Invalid {
+        /// The key, as `section.key`.
         key: String,
+        /// The environment variable that sets the key.
         env: String,
+        /// What is wrong and how to fix it.
         reason: String,
     },
 }

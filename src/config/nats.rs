@@ -11,12 +11,17 @@ use super::{ConfigError, NatsConfig, invalid};
 /// How the relay proves who it is to NATS.
 #[derive(Clone, Debug, Default)]
 pub enum NatsAuth {
+    /// No credentials.
     #[default]
     None,
+    /// A user and password, from `nats.user`/`nats.password` or the URL.
     UserPassword {
+        /// The user name.
         user: String,
+        /// The user's password.
         password: SecretString,
     },
+    /// An authentication token, from `nats.token` or the URL.
     Token(SecretString),
     /// The seed of an NKey, read from `nats.nkey_seed_file`.
     NkeySeed(SecretString),
@@ -29,7 +34,9 @@ pub enum NatsAuth {
 pub struct NatsSettings {
     /// `nats.url`, one address per server, without credentials.
     pub servers: Vec<ServerAddr>,
+    /// The one set of credentials, from the URLs or the keys.
     pub auth: NatsAuth,
+    /// `nats.tls_ca_file`: the only CA to trust; `None` for the system roots.
     pub tls_ca_file: Option<PathBuf>,
     /// Client certificate and key (mutual TLS).
     pub tls_client: Option<(PathBuf, PathBuf)>,

@@ -21,8 +21,11 @@ pub struct Settings {
     pub nats_conn: NatsSettings,
     /// `nats.subject`, parsed.
     pub subject: SubjectTemplate,
+    /// `postgres.status_interval_ms`, as a duration.
     pub status_interval: Duration,
+    /// `nats.ack_timeout_ms`, as a duration.
     pub ack_timeout: Duration,
+    /// `nats.duplicate_window_secs`, as a duration.
     pub duplicate_window: Duration,
     /// `outbox.on_invalid = "stop"`.
     pub stop_on_invalid: bool,

@@ -49,11 +49,17 @@ pub const TEXT_CONTENT_TYPE: &str = "text/plain; charset=utf-8";
 /// `problem` says why the event cannot be published as is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OutboxEvent {
+    /// The event id's text form (`outbox.id_column`).
     pub id: Option<String>,
+    /// The kind of entity (`outbox.aggregate_type_column`).
     pub aggregate_type: Option<String>,
+    /// The entity's id (`outbox.aggregate_id_column`).
     pub aggregate_id: Option<String>,
+    /// What happened (`outbox.event_type_column`).
     pub event_type: Option<String>,
+    /// The message body, as stored (`outbox.payload_column`).
     pub payload: Bytes,
+    /// The event's own headers as (name, value): headers column, `header_columns`, or a message's `headers`.
     pub headers: Vec<(String, String)>,
     /// The commit LSN of the transaction (from Begin.final_lsn): the `Outbox-Commit-Lsn` header.
     pub commit_lsn: Lsn,
@@ -72,18 +78,26 @@ pub struct OutboxEvent {
 /// What one pgoutput message means for the relay.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Step {
+    /// A transaction starts.
     Begin {
+        /// The transaction's commit LSN (`Begin.final_lsn`).
         final_lsn: Lsn,
     },
+    /// An outbox event of the open transaction.
     Event(Box<OutboxEvent>),
     /// An event outside any transaction (a non-transactional logical message with the prefix, always
     /// with a problem): publish it, then `end_lsn` may be confirmed once it is acked.
     Standalone {
+        /// The event, always with a problem.
         event: Box<OutboxEvent>,
+        /// The end of the message's WAL record.
         end_lsn: Lsn,
     },
+    /// The open transaction committed.
     Commit {
+        /// The LSN of the commit record.
         commit_lsn: Lsn,
+        /// The end of the commit record: confirmable once every event before it is acked.
         end_lsn: Lsn,
     },
     /// An outbox update/delete/truncate: counted, not published.
@@ -96,24 +110,44 @@ pub enum Step {
 /// stops rather than guess, and nothing past it is confirmed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum StageError {
+    /// An insert names a relation id no Relation message has described.
     #[error("insert for relation {0} arrived before its Relation message")]
     UnknownRelation(u32),
+    /// An outbox insert's tuple has another number of columns than its Relation message.
     #[error("insert into {table} has {got} columns, its Relation message {expected}")]
     ColumnCount {
+        /// The outbox table.
         table: String,
+        /// Columns in the insert's tuple.
         got: usize,
+        /// Columns in the Relation message.
         expected: usize,
     },
+    /// A streamed or two-phase message arrives although the relay asked for neither.
     #[error("streamed or two-phase transaction message {0} received, but neither was requested")]
     Unrequested(&'static str),
+    /// A Begin arrives before the open transaction's Commit.
     #[error(
         "BEGIN of the transaction committing at {new} arrived inside the one committing at {open}"
     )]
-    NestedBegin { open: Lsn, new: Lsn },
+    NestedBegin {
+        /// The open transaction's commit LSN.
+        open: Lsn,
+        /// The new Begin's commit LSN.
+        new: Lsn,
+    },
+    /// A Commit's commit LSN differs from the final LSN its Begin announced.
     #[error("COMMIT at {commit} does not match its BEGIN's final LSN {begin}")]
-    CommitMismatch { begin: Lsn, commit: Lsn },
+    CommitMismatch {
+        /// The Begin's `final_lsn`.
+        begin: Lsn,
+        /// The Commit's `commit_lsn`.
+        commit: Lsn,
+    },
+    /// A Commit arrives with no transaction open.
     #[error("COMMIT at {0} arrived outside a transaction")]
     CommitWithoutBegin(Lsn),
+    /// A transactional logical message arrives with no transaction open.
     #[error("transactional logical message at {0} arrived outside a transaction")]
     MessageWithoutBegin(Lsn),
 }
@@ -162,6 +196,7 @@ pub struct OutboxStage {
 }
 
 impl OutboxStage {
+    /// A stage for the outbox `config` describes, with an empty relation cache.
     pub fn new(config: &OutboxConfig) -> Self {
         let (schema, table) = config.table_parts();
         OutboxStage {

@@ -51,8 +51,11 @@ pub enum TupleValue {
 pub struct Column {
     /// Bit 0 set: part of the replica identity key.
     pub flags: u8,
+    /// The column's name.
     pub name: String,
+    /// The OID of the column's data type.
     pub type_oid: u32,
+    /// The column's type modifier (`atttypmod`), -1 when the type has none.
     pub type_modifier: i32,
 }
 
@@ -68,12 +71,15 @@ impl Column {
 pub struct Relation {
     /// Present only inside a Stream Start…Stop block.
     pub xid: Option<u32>,
+    /// The relation's OID, which later change messages refer to.
     pub id: u32,
     /// Empty for `pg_catalog` (proto.c `logicalrep_write_namespace`).
     pub namespace: String,
+    /// The relation's name, without its schema.
     pub name: String,
     /// `'d'` default, `'n'` nothing, `'f'` full, `'i'` index.
     pub replica_identity: u8,
+    /// The published columns, in the order tuples carry their values.
     pub columns: Vec<Column>,
 }
 
@@ -90,115 +96,203 @@ pub enum OldTuple {
 /// Stream Start…Stop block.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Message {
+    /// Begin `'B'`: a transaction starts; its changes follow, up to the matching Commit.
     Begin {
+        /// The transaction's commit LSN (`Begin.final_lsn`).
         final_lsn: Lsn,
+        /// The transaction's commit timestamp.
         commit_ts: PgTimestamp,
+        /// The transaction's id.
         xid: u32,
     },
+    /// Commit `'C'`: the transaction that the last Begin opened has committed.
     Commit {
+        /// Unused by the server; always 0.
         flags: u8,
+        /// The LSN of the commit record.
         commit_lsn: Lsn,
+        /// The end of the commit record: the position to confirm once the transaction is handled.
         end_lsn: Lsn,
+        /// The transaction's commit timestamp.
         commit_ts: PgTimestamp,
     },
+    /// Origin `'O'`: the transaction was replicated here from the named replication origin.
     Origin {
+        /// The commit LSN on the origin server.
         commit_lsn: Lsn,
+        /// The replication origin's name.
         name: String,
     },
+    /// Relation `'R'`: the schema of the relation the following changes refer to.
     Relation(Relation),
+    /// Type `'Y'`: a non-built-in data type of a published column, sent before the Relation that uses it.
     Type {
+        /// Present only inside a Stream Start…Stop block.
         xid: Option<u32>,
+        /// The type's OID.
         id: u32,
+        /// The type's schema, empty for `pg_catalog`.
         namespace: String,
+        /// The type's name.
         name: String,
     },
+    /// Insert `'I'`: one row inserted.
     Insert {
+        /// Present only inside a Stream Start…Stop block.
         xid: Option<u32>,
+        /// The OID of the relation, as sent in an earlier Relation message.
         relation_id: u32,
+        /// The new row, one value per column of the relation.
         new: Vec<TupleValue>,
     },
+    /// Update `'U'`: one row updated.
     Update {
+        /// Present only inside a Stream Start…Stop block.
         xid: Option<u32>,
+        /// The OID of the relation, as sent in an earlier Relation message.
         relation_id: u32,
+        /// The old key or row, sent only when the key changed or with REPLICA IDENTITY FULL.
         old: Option<OldTuple>,
+        /// The new row, one value per column of the relation.
         new: Vec<TupleValue>,
     },
+    /// Delete `'D'`: one row deleted.
     Delete {
+        /// Present only inside a Stream Start…Stop block.
         xid: Option<u32>,
+        /// The OID of the relation, as sent in an earlier Relation message.
         relation_id: u32,
+        /// The deleted row's key, or the whole row with REPLICA IDENTITY FULL.
         old: OldTuple,
     },
+    /// Truncate `'T'`: one TRUNCATE of one or more relations.
     Truncate {
+        /// Present only inside a Stream Start…Stop block.
         xid: Option<u32>,
         /// 1 = CASCADE, 2 = RESTART IDENTITY.
         options: u8,
+        /// The OIDs of the truncated relations.
         relation_ids: Vec<u32>,
     },
+    /// Message `'M'`: a logical decoding message written with `pg_logical_emit_message`.
     Message {
+        /// Present only inside a Stream Start…Stop block.
         xid: Option<u32>,
+        /// True when the message was emitted as part of its transaction, false when sent at once.
         transactional: bool,
         /// End of the message's WAL record (what `pg_logical_emit_message` returns).
         lsn: Lsn,
+        /// The prefix the writer passed to `pg_logical_emit_message`.
         prefix: String,
+        /// The message's content, as written.
         content: Bytes,
     },
+    /// Stream Start `'S'`: a block of changes of an in-progress transaction follows.
     StreamStart {
+        /// The streamed transaction's id.
         xid: u32,
+        /// True for the transaction's first block.
         first_segment: bool,
     },
+    /// Stream Stop `'E'`: the current block of streamed changes ends.
     StreamStop,
+    /// Stream Commit `'c'`: a streamed transaction has committed.
     StreamCommit {
+        /// The streamed transaction's id.
         xid: u32,
+        /// Unused by the server; always 0.
         flags: u8,
+        /// The LSN of the commit record.
         commit_lsn: Lsn,
+        /// The end of the commit record: the position to confirm once the transaction is handled.
         end_lsn: Lsn,
+        /// The transaction's commit timestamp.
         commit_ts: PgTimestamp,
     },
+    /// Stream Abort `'A'`: a streamed transaction, or one of its subtransactions, was aborted.
     StreamAbort {
+        /// The top-level transaction's id.
         xid: u32,
+        /// The aborted subtransaction's id; equal to `xid` when the whole transaction aborted.
         subxid: u32,
         /// Present only with `streaming 'parallel'` (protocol 4, PG16+).
         abort_lsn: Option<Lsn>,
+        /// The abort's timestamp; present only with `streaming 'parallel'`.
         abort_ts: Option<PgTimestamp>,
     },
+    /// Begin Prepare `'b'`: a transaction prepared for two-phase commit starts.
     BeginPrepare {
+        /// The LSN of the prepare record.
         prepare_lsn: Lsn,
+        /// The end of the prepared transaction.
         end_lsn: Lsn,
+        /// The prepare's timestamp.
         prepare_ts: PgTimestamp,
+        /// The transaction's id.
         xid: u32,
+        /// The global transaction id given to `PREPARE TRANSACTION`.
         gid: String,
     },
+    /// Prepare `'P'`: the transaction that Begin Prepare opened has been prepared.
     Prepare {
+        /// Unused by the server; always 0.
         flags: u8,
+        /// The LSN of the prepare record.
         prepare_lsn: Lsn,
+        /// The end of the prepared transaction.
         end_lsn: Lsn,
+        /// The prepare's timestamp.
         prepare_ts: PgTimestamp,
+        /// The transaction's id.
         xid: u32,
+        /// The global transaction id given to `PREPARE TRANSACTION`.
         gid: String,
     },
+    /// Stream Prepare `'p'`: a streamed transaction has been prepared.
     StreamPrepare {
+        /// Unused by the server; always 0.
         flags: u8,
+        /// The LSN of the prepare record.
         prepare_lsn: Lsn,
+        /// The end of the prepared transaction.
         end_lsn: Lsn,
+        /// The prepare's timestamp.
         prepare_ts: PgTimestamp,
+        /// The transaction's id.
         xid: u32,
+        /// The global transaction id given to `PREPARE TRANSACTION`.
         gid: String,
     },
+    /// Commit Prepared `'K'`: a prepared transaction was committed with `COMMIT PREPARED`.
     CommitPrepared {
+        /// Unused by the server; always 0.
         flags: u8,
+        /// The LSN of the commit-prepared record.
         commit_lsn: Lsn,
+        /// The end of the commit-prepared record.
         end_lsn: Lsn,
+        /// The commit's timestamp.
         commit_ts: PgTimestamp,
+        /// The transaction's id.
         xid: u32,
+        /// The global transaction id given to `PREPARE TRANSACTION`.
         gid: String,
     },
+    /// Rollback Prepared `'r'`: a prepared transaction was rolled back with `ROLLBACK PREPARED`.
     RollbackPrepared {
+        /// Unused by the server; always 0.
         flags: u8,
+        /// The end of the prepared transaction.
         prepare_end_lsn: Lsn,
+        /// The end of the rollback-prepared record.
         rollback_end_lsn: Lsn,
+        /// The prepare's timestamp.
         prepare_ts: PgTimestamp,
+        /// The rollback's timestamp.
         rollback_ts: PgTimestamp,
+        /// The transaction's id.
         xid: u32,
+        /// The global transaction id given to `PREPARE TRANSACTION`.
         gid: String,
     },
 }
@@ -223,8 +317,11 @@ impl fmt::Display for TagName {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("cannot decode pgoutput message {tag} at {lsn}: {reason}")]
 pub struct DecodeError {
+    /// The tag byte of the message that failed.
     pub tag: TagName,
+    /// The WAL position of the XLogData that carried the message.
     pub lsn: Lsn,
+    /// What was wrong with the bytes.
     pub reason: String,
 }
 

@@ -24,32 +24,59 @@ pub use stream::{META_SLOT, META_TABLE};
 /// A check that failed, or a server that cannot be reached. One line, naming the object and the fix.
 #[derive(Debug, thiserror::Error)]
 pub enum SetupError {
+    /// The control connection to Postgres could not be opened.
     #[error("cannot connect to Postgres at {target} (check postgres.url)")]
     Postgres {
+        /// `postgres.url`, with the password masked.
         target: String,
+        /// Why the connection failed.
         #[source]
         source: SourceError,
     },
+    /// NATS cannot be reached or refuses the relay.
     #[error(transparent)]
     Nats(#[from] ConnectError),
+    /// A catalog query failed.
     #[error("postgres: {}", pg_error(.0))]
     Query(#[from] tokio_postgres::Error),
     /// `wal_level`, the table, its columns, the role: what Postgres must offer.
     #[error("{0}")]
     Prerequisite(String),
+    /// The publication exists but does not publish what the relay needs.
     #[error("publication {name}: {problem}")]
-    Publication { name: String, problem: String },
+    Publication {
+        /// `postgres.publication`.
+        name: String,
+        /// What is wrong with it and how to fix it.
+        problem: String,
+    },
+    /// The slot is missing (with `create_slot = false`) or cannot be used.
     #[error("replication slot {name}: {problem}")]
-    Slot { name: String, problem: String },
+    Slot {
+        /// `postgres.slot`.
+        name: String,
+        /// What is wrong with it and how to fix it.
+        problem: String,
+    },
+    /// The stream exists but does not fit the settings (subjects, duplicate window, atomic batches).
     #[error("JetStream stream {name}: {problem}")]
-    Stream { name: String, problem: String },
+    Stream {
+        /// `nats.stream`.
+        name: String,
+        /// What is wrong with it and how to fix it.
+        problem: String,
+    },
+    /// NATS answered without JetStream.
     #[error(
         "JetStream is not available: start nats-server with -js (JetStream enabled) and check nats.url"
     )]
     NoJetStream(#[source] jetstream::context::GetStreamError),
+    /// Creating or changing the publication, the slot or the stream failed.
     #[error("cannot create {object}")]
     Create {
+        /// What was being created, e.g. `replication slot outbox_relay`.
         object: String,
+        /// Why it failed.
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
@@ -58,6 +85,7 @@ pub enum SetupError {
 /// What setup found and did, one line per object.
 #[derive(Debug, Default, Clone)]
 pub struct SetupReport {
+    /// What was found or created, one line per object.
     pub lines: Vec<String>,
     /// Warnings worth a log line (e.g. a memory stream).
     pub warnings: Vec<String>,
@@ -91,6 +119,7 @@ pub async fn setup(settings: &Settings) -> Result<SetupReport, SetupError> {
 /// What [`prepare_without_slot`] leaves for `backfill` to decide.
 #[derive(Debug)]
 pub struct Prepared {
+    /// What setup found and created so far.
     pub report: SetupReport,
     /// The slot as it exists now, if it does (it is neither checked nor changed).
     pub slot: Option<catalog::SlotRow>,

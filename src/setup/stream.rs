@@ -17,6 +17,7 @@ use crate::route::subject_covers;
 
 /// Metadata keys setup writes on a stream it creates.
 pub const META_SLOT: &str = "outbox-relay.slot";
+/// The stream metadata key that names the outbox table the stream's events come from.
 pub const META_TABLE: &str = "outbox-relay.table";
 
 /// The stream as setup found it.

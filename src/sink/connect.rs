@@ -15,32 +15,44 @@ use crate::config::{NatsAuth, Settings};
 /// NATS cannot be reached or refuses the relay.
 #[derive(Debug, thiserror::Error)]
 pub enum ConnectError {
+    /// `nats.creds_file` cannot be read or used.
     #[error("nats.creds_file {path:?}: {source}")]
     Credentials {
+        /// The file's path.
         path: String,
+        /// Why it cannot be read or used.
         #[source]
         source: std::io::Error,
     },
+    /// A server refused the relay's credentials.
     #[error(
         "NATS at {servers} refused the relay's credentials: check nats.user/nats.password, nats.token, \
          nats.nkey_seed_file or nats.creds_file (or the credentials in nats.url)"
     )]
     Unauthorized {
+        /// The servers tried, as `host:port` joined by commas.
         servers: String,
+        /// The client's error.
         #[source]
         source: async_nats::ConnectError,
     },
+    /// TLS to the servers failed (handshake, certificates or the TLS files).
     #[error(
         "TLS to NATS at {servers} failed: check nats.tls_ca_file, nats.tls_cert_file/tls_key_file and tls://"
     )]
     Tls {
+        /// The servers tried, as `host:port` joined by commas.
         servers: String,
+        /// The client's error.
         #[source]
         source: async_nats::ConnectError,
     },
+    /// No server could be reached (or another connect error).
     #[error("cannot connect to NATS at {servers}: check nats.url and that nats-server runs")]
     Connect {
+        /// The servers tried, as `host:port` joined by commas.
         servers: String,
+        /// The client's error.
         #[source]
         source: async_nats::ConnectError,
     },

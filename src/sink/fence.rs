@@ -38,7 +38,9 @@ pub struct Tail {
 #[derive(Debug, thiserror::Error)]
 #[error("JetStream stream {stream}: {source}")]
 pub struct TailError {
+    /// The stream's name.
     pub stream: String,
+    /// Why its tail cannot be read (no stream, no JetStream, no answer).
     #[source]
     pub source: Box<dyn std::error::Error + Send + Sync>,
 }
@@ -95,6 +97,7 @@ pub struct Replay {
 }
 
 impl Replay {
+    /// A replay that skips events up to the stream's last message, `tail.last`.
     pub fn new(tail: &Tail) -> Self {
         Replay {
             until: tail.last.clone(),
@@ -135,6 +138,7 @@ pub struct Fence {
 }
 
 impl Fence {
+    /// The fence of a session that starts with the stream at `tail`.
     pub fn new(tail: &Tail) -> Self {
         Fence {
             replay: Replay::new(tail),

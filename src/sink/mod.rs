@@ -38,29 +38,41 @@ pub use fence::{Fence, Replay, Tail, TailError, read_tail};
 /// Why publishing cannot go on. Transient ones restart the session; [`SinkError::is_transient`].
 #[derive(Debug, thiserror::Error)]
 pub enum SinkError {
+    /// No ack arrived within `nats.ack_timeout_ms`; holds the timeout and the message id.
     #[error("no ack from JetStream within {0:?} (message {1})")]
     AckTimeout(Duration, String),
+    /// Sending a publish failed, or JetStream refused the message.
     #[error("JetStream publish of message {id} failed")]
     Publish {
+        /// The message's `Nats-Msg-Id`.
         id: String,
+        /// The client's error.
         #[source]
         source: jetstream::context::PublishError,
     },
     #[error(
         "the stream's tail is not where the relay left it (message {id} expected last sequence {expected}): a message before it was lost or the stream changed; resynchronising"
     )]
+    /// The stream refused a fenced publish: its last sequence is not the one the message expected.
     FenceBroken {
+        /// The message's `Nats-Msg-Id`.
         id: String,
+        /// The `Nats-Expected-Last-Sequence` the message carried.
         expected: u64,
+        /// The client's error.
         #[source]
         source: jetstream::context::PublishError,
     },
+    /// Sending a member of an atomic batch on the connection failed.
     #[error("publish of message {id} (part of an atomic batch) failed")]
     CorePublish {
+        /// The message's event id.
         id: String,
+        /// The client's error.
         #[source]
         source: async_nats::client::PublishError,
     },
+    /// The ack task ended, so the sink cannot go on.
     #[error("the ack task stopped")]
     Stopped,
     /// `outbox.on_invalid = "stop"` and an event cannot be published as it is.
@@ -69,8 +81,11 @@ pub enum SinkError {
          cause and restart, or set outbox.on_invalid = \"dead_letter\" to route it to the dead-letter subject"
     )]
     Invalid {
+        /// The event's message id.
         id: String,
+        /// The commit LSN of the event's transaction.
         lsn: crate::Lsn,
+        /// Why the event cannot be published.
         reason: String,
     },
     /// Not even the minimal dead letter (id and reason) could be stored.
@@ -79,9 +94,13 @@ pub enum SinkError {
          ({refusal}): check the stream's max_msg_size and the server's max_payload, and nats.dead_letter_subject"
     )]
     DeadLetterRefused {
+        /// The event's message id.
         id: String,
+        /// The commit LSN of the event's transaction.
         lsn: crate::Lsn,
+        /// Why the event itself cannot be published.
         reason: String,
+        /// Why the stream refused the dead letter.
         refusal: String,
     },
 }
@@ -100,33 +119,48 @@ impl SinkError {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
     /// Stored (or already stored: `duplicate`, JetStream dropped it by its `Nats-Msg-Id`).
-    Stored { duplicate: bool },
+    Stored {
+        /// JetStream already had it.
+        duplicate: bool,
+    },
     /// Not published: a fenced replay found it in the stream already.
     AlreadyStored,
     /// Published to the dead-letter subject, with the reason.
-    DeadLetter { reason: String },
+    DeadLetter {
+        /// Why the event could not be published as it is.
+        reason: String,
+    },
 }
 
 /// An ack, reported in publish order, with the event it belongs to.
 #[derive(Debug)]
 pub struct Acked {
+    /// The sequence number the event was submitted with ([`Sink::submit`]).
     pub seq: u64,
+    /// How the message ended.
     pub outcome: Outcome,
+    /// The event.
     pub event: Box<OutboxEvent>,
 }
 
 /// Settings the sink needs.
 #[derive(Clone, Debug)]
 pub struct SinkConfig {
+    /// `nats.max_in_flight`: publishes awaiting their ack.
     pub max_in_flight: usize,
+    /// `nats.max_in_flight_bytes`: bytes of the publishes awaiting their ack.
     pub max_in_flight_bytes: usize,
+    /// `nats.ack_timeout_ms`: how long to wait for one ack.
     pub ack_timeout: Duration,
+    /// `nats.dead_letter_subject`.
     pub dead_letter_subject: String,
     /// `outbox.on_invalid = "stop"`: fail instead of dead-lettering.
     pub stop_on_invalid: bool,
+    /// `nats.subject`, parsed.
     pub template: SubjectTemplate,
     /// Fence the stream (`nats.fence`).
     pub fence: bool,
+    /// `nats.stream`.
     pub stream: String,
     /// `nats.cloudevents`: the CloudEvents headers to add to routed events.
     pub cloudevents: Option<message::CloudEvents>,
@@ -138,6 +172,7 @@ pub struct SinkConfig {
 }
 
 impl SinkConfig {
+    /// The sink's part of the validated settings.
     pub fn from_settings(s: &Settings) -> Self {
         SinkConfig {
             max_in_flight: s.nats.max_in_flight,

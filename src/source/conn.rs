@@ -34,10 +34,13 @@ use crate::Lsn;
 /// What the walsender answered to `IDENTIFY_SYSTEM`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SystemInfo {
+    /// The cluster's unique system identifier.
     pub system_id: String,
+    /// The current timeline id.
     pub timeline: u32,
     /// The current WAL flush position. Never a start position: it would skip unsent data.
     pub xlogpos: Lsn,
+    /// The database connected to; `None` on a physical replication connection.
     pub dbname: Option<String>,
 }
 

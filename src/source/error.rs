@@ -10,10 +10,15 @@ use crate::Lsn;
 /// An ErrorResponse from the server: SQLSTATE and message (plus hint/detail when sent).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServerError {
+    /// The severity (`ERROR`, `FATAL`, `PANIC`).
     pub severity: String,
+    /// The SQLSTATE code, e.g. `42704`.
     pub code: String,
+    /// The primary message.
     pub message: String,
+    /// The optional detail message.
     pub detail: Option<String>,
+    /// The optional hint on how to fix it.
     pub hint: Option<String>,
 }
 
@@ -47,51 +52,88 @@ impl ServerError {
     }
 }
 
+/// Why a connection to Postgres, or the replication stream on it, failed.
 #[derive(Debug, thiserror::Error)]
 pub enum SourceError {
+    /// Connecting, reading or writing the socket failed.
     #[error("postgres connection to {target}: {source}")]
     Io {
+        /// The host and port.
         target: String,
+        /// The I/O error.
         #[source]
         source: std::io::Error,
     },
+    /// The server did not answer in time: at connect, or no message on the stream within the receive timeout.
     #[error("postgres at {target} did not answer within {secs}s")]
-    Timeout { target: String, secs: u64 },
+    Timeout {
+        /// The host and port.
+        target: String,
+        /// The timeout that passed, in seconds.
+        secs: u64,
+    },
+    /// The server sent an ErrorResponse.
     #[error("postgres {context}: {error}")]
     Server {
+        /// What the relay was doing when the error came.
         context: &'static str,
+        /// The server's error.
         error: Box<ServerError>,
     },
+    /// Authentication failed or was refused by the relay (e.g. a method `require_auth` forbids).
     #[error("postgres authentication: {0}")]
     Auth(String),
+    /// TLS could not be set up, negotiated or verified.
     #[error("postgres TLS: {0}")]
     Tls(String),
+    /// The server broke the protocol, or the pgoutput options cannot be sent (e.g. no publication).
     #[error("postgres protocol: {0}")]
     Protocol(String),
+    /// The server closed the connection or ended the replication stream.
     #[error("replication stream: {0}")]
     Closed(&'static str),
+    /// The server is too old for a feature the settings ask for.
     #[error(
         "server version {version} does not support {what}: Postgres {needs} or newer is needed"
     )]
     Version {
+        /// The server's `server_version_num`.
         version: u32,
+        /// The feature that needs a newer server.
         what: String,
+        /// The oldest Postgres major version that has it.
         needs: &'static str,
     },
+    /// A CopyData payload of the replication stream (XLogData or keepalive) could not be parsed.
     #[error("replication data at {lsn}: {reason}")]
-    BadFrame { lsn: Lsn, reason: String },
+    BadFrame {
+        /// The WAL position of the frame, or 0/0 when not yet known.
+        lsn: Lsn,
+        /// What was wrong with the bytes.
+        reason: String,
+    },
     /// A length prefix over the frame cap ([`super::MAX_FRAME_BYTES`] by default): refused before
     /// anything is reserved for it, since no Postgres sends a message that large.
     #[error(
         "postgres protocol: a {tag:?} message announces {len} bytes, over the {max}-byte frame limit"
     )]
-    FrameTooLarge { tag: char, len: usize, max: usize },
+    FrameTooLarge {
+        /// The message's type byte.
+        tag: char,
+        /// The length the message announces.
+        len: usize,
+        /// The frame cap in force.
+        max: usize,
+    },
     /// The host answered but is not what `target_session_attrs` asks for (e.g. a standby while a
     /// failover is under way).
     #[error("postgres at {target} is {found}, not what target_session_attrs={wanted} asks for")]
     WrongRole {
+        /// The host and port.
         target: String,
+        /// What the host is (e.g. `a standby`).
         found: &'static str,
+        /// The `target_session_attrs` value asked for.
         wanted: &'static str,
     },
     /// Every host of a multi-host URL failed.

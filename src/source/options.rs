@@ -13,6 +13,7 @@ use super::wire::{quote_ident, quote_literal};
 pub struct PgOutputOptions {
     /// `None`: the highest version the server speaks (4 on 16+, 3 on 15, 2 on 14, else 1).
     pub proto_version: Option<u32>,
+    /// The publications to stream (`publication_names`).
     pub publication_names: Vec<String>,
     /// Logical decoding messages (`pg_logical_emit_message`), PG14+.
     pub messages: bool,

@@ -72,15 +72,22 @@ impl Default for StreamConfig {
 pub enum ReplicationEvent {
     /// One pgoutput message. `wal_start`/`wal_end` are 0 for non-final messages (Relation, Type, …).
     XLogData {
+        /// The WAL position of the message's record.
         wal_start: Lsn,
+        /// The end of WAL the server reports with the message.
         wal_end: Lsn,
+        /// The server's clock when it sent the message (µs since 2000-01-01).
         send_time: i64,
+        /// The pgoutput message, after the 25-byte header.
         data: Bytes,
     },
     /// Primary keepalive: everything the walsender decoded before `wal_end` has been sent already.
     Keepalive {
+        /// The server's current end of WAL.
         wal_end: Lsn,
+        /// The server's clock when it sent the keepalive (µs since 2000-01-01).
         send_time: i64,
+        /// The server asks for a status update at once (it nears `wal_sender_timeout`).
         reply_requested: bool,
     },
 }

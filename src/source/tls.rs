@@ -21,16 +21,22 @@ use super::conninfo::{ConnInfo, RootCerts, SslMode};
 /// A TLS setting that cannot be used: names the file or setting.
 #[derive(Debug, thiserror::Error)]
 pub enum TlsConfigError {
+    /// The `sslrootcert` file cannot be read as PEM.
     #[error("cannot read sslrootcert {path}: {source}")]
     RootCertFile {
+        /// The file's path.
         path: String,
+        /// Why it cannot be read.
         #[source]
         source: rustls::pki_types::pem::Error,
     },
+    /// The `sslrootcert` file holds no certificate rustls accepts as a root.
     #[error("sslrootcert {0} holds no usable certificate")]
     NoRoots(String),
+    /// `verify-ca` or `verify-full` without `sslrootcert`.
     #[error("sslmode={0} needs sslrootcert=<file> (or sslrootcert=system) in the postgres url")]
     MissingRoots(&'static str),
+    /// rustls refused the configuration.
     #[error("TLS setup failed: {0}")]
     Rustls(#[from] rustls::Error),
 }

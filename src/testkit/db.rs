@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use super::postgres::{PgConn, PgServer};
 
+/// A database of its own on a Postgres test server, dropped with its slots on Drop.
 pub struct TestDb {
     name: String,
     suffix: String,
@@ -37,6 +38,7 @@ impl TestDb {
         db
     }
 
+    /// The database's name, `t_<unique>`.
     pub fn name(&self) -> &str {
         &self.name
     }

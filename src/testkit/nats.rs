@@ -24,6 +24,7 @@ use super::process::{self, Watchdog};
 
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// One nats-server process with JetStream, on free ports, stopped and removed on Drop.
 pub struct NatsServer {
     root: PathBuf,
     args: Vec<String>,
@@ -40,10 +41,15 @@ pub struct NatsServer {
 /// and a client certificate signed by the same CA, for mutual TLS.
 #[derive(Debug, Clone)]
 pub struct NatsTls {
+    /// The private CA's certificate.
     pub ca: PathBuf,
+    /// The server's certificate.
     pub server_cert: PathBuf,
+    /// The server's private key.
     pub server_key: PathBuf,
+    /// The client certificate, for mutual TLS.
     pub client_cert: PathBuf,
+    /// The client certificate's private key.
     pub client_key: PathBuf,
 }
 
@@ -143,6 +149,7 @@ impl NatsServer {
         format!("nats://127.0.0.1:{}", self.port)
     }
 
+    /// The client port.
     pub fn port(&self) -> u16 {
         self.port
     }
@@ -204,6 +211,7 @@ impl NatsServer {
             .unwrap_or_else(|e| panic!("connect to {}: {e}", self.url()))
     }
 
+    /// A JetStream context on a fresh [`NatsServer::client`].
     pub async fn jetstream(&self) -> async_nats::jetstream::Context {
         async_nats::jetstream::new(self.client().await)
     }
@@ -348,14 +356,17 @@ impl NatsCluster {
             .join(",")
     }
 
+    /// The node at index `i`.
     pub fn node(&self, i: usize) -> &NatsServer {
         &self.nodes[i]
     }
 
+    /// The number of nodes.
     pub fn len(&self) -> usize {
         self.nodes.len()
     }
 
+    /// True when the cluster has no nodes.
     pub fn is_empty(&self) -> bool {
         self.nodes.is_empty()
     }
@@ -379,6 +390,7 @@ impl NatsCluster {
             .unwrap_or_else(|e| panic!("connect to the cluster: {e}"))
     }
 
+    /// A JetStream context on [`NatsCluster::client`].
     pub async fn jetstream(&self) -> async_nats::jetstream::Context {
         async_nats::jetstream::new(self.client().await)
     }

@@ -55,6 +55,7 @@ use std::time::{Duration, Instant};
 
 use super::postgres::{self, PgServer, url_encode};
 
+/// A Postgres primary and its streaming physical standby, both stopped on Drop.
 pub struct PgPair {
     /// Writable until `stop_primary_*`.
     pub primary: PgServer,

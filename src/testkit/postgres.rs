@@ -28,6 +28,7 @@ const HOST: &str = "127.0.0.1";
 /// Crash recovery after `kill` and the first start on a busy 2-core machine both fit in this.
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// One Postgres server process for tests, on a free port, with `wal_level=logical` and TLS.
 pub struct PgServer {
     bin_dir: PathBuf,
     /// `psql` and `pg_isready`: `bin_dir` when it has them, else the default installation's.
@@ -57,10 +58,12 @@ impl PgServer {
         PgServer::start_new()
     }
 
+    /// The server's port.
     pub fn port(&self) -> u16 {
         self.port
     }
 
+    /// The address the server listens on, `127.0.0.1`.
     pub fn host(&self) -> &str {
         HOST
     }
@@ -142,6 +145,7 @@ impl PgServer {
         *child = Some(self.spawn_ready().unwrap_or_else(|e| panic!("{e}")));
     }
 
+    /// [`PgServer::stop`], then [`PgServer::start`].
     pub fn restart(&self) {
         self.stop();
         self.start();

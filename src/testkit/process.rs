@@ -140,6 +140,7 @@ rm -rf "$3"
 "#;
 
 impl Watchdog {
+    /// Starts a watchdog for the server whose pid is in `pid_file`; `graceful` is the signal it sends first.
     pub fn spawn(pid_file: &Path, root: &Path, graceful: &str) -> Watchdog {
         let child = own_group(
             Command::new("sh")

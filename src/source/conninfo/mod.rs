@@ -57,9 +57,11 @@ pub enum RootCerts {
 /// libpq's `target_session_attrs`: which of the listed hosts is acceptable.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TargetSessionAttrs {
+    /// Any host that answers (the default).
     Any,
     /// Accepts writes (not a standby, `default_transaction_read_only` off).
     ReadWrite,
+    /// Does not accept writes (a standby, or `default_transaction_read_only` on).
     ReadOnly,
     /// Not a standby.
     Primary,
@@ -103,6 +105,7 @@ impl TargetSessionAttrs {
 /// libpq's `channel_binding`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ChannelBindingMode {
+    /// Never bind, even when the server offers it.
     Disable,
     /// Bind when the server offers SCRAM-SHA-256-PLUS over TLS (the default).
     Prefer,
@@ -117,7 +120,9 @@ pub enum AuthMethod {
     None,
     /// Cleartext password.
     Password,
+    /// MD5-hashed password.
     Md5,
+    /// SCRAM-SHA-256, with or without channel binding.
     ScramSha256,
 }
 
@@ -201,42 +206,63 @@ pub struct ConnInfo {
     pub hosts: Vec<(String, u16)>,
     /// The host this copy is for ([`ConnInfo::for_host`]); the first one otherwise.
     pub host: String,
+    /// The port of `host`.
     pub port: u16,
+    /// The user to log in as.
     pub user: String,
     /// From the string or `PGPASSWORD`; `~/.pgpass` is looked up per host when this is `None`.
     pub password: Option<SecretString>,
+    /// The password file (`passfile`, `PGPASSFILE`, else `~/.pgpass`); `None` without `HOME`.
     pub passfile: Option<PathBuf>,
+    /// The database to connect to (the user name when none is given).
     pub dbname: String,
+    /// Whether to use TLS and how to check the server's certificate.
     pub sslmode: SslMode,
+    /// The trusted roots (`sslrootcert`); `None` when not given.
     pub sslrootcert: Option<RootCerts>,
+    /// How long to wait for each host to connect (`connect_timeout`).
     pub connect_timeout: Duration,
+    /// Which of the hosts is acceptable.
     pub target_session_attrs: TargetSessionAttrs,
     /// `load_balance_hosts=random`: try the hosts in a random order.
     pub load_balance: bool,
+    /// Whether SCRAM must, may or must not be bound to the TLS session.
     pub channel_binding: ChannelBindingMode,
+    /// The authentication methods the server may ask for.
     pub require_auth: RequireAuth,
 }
 
 /// A connection string that cannot be used; the message names the part and how to fix it.
 #[derive(Debug, thiserror::Error)]
 pub enum ConnInfoError {
+    /// The string is neither a valid URL nor a valid key=value list.
     #[error(
         "postgres url cannot be parsed ({0}): expected postgres://user:password@host:port/database \
          (percent-encode '@', ':', '/' and '%' in a password, e.g. p%40ss for p@ss) or host=… dbname=…"
     )]
     Syntax(String),
+    /// The URL's scheme is not `postgres://` or `postgresql://`.
     #[error("postgres url scheme {0:?} is not supported: use postgres:// or postgresql://")]
     Scheme(String),
+    /// Neither the string nor `PGHOST` names a host.
     #[error("postgres url has no host: expected postgres://user:password@host:port/database")]
     NoHost,
+    /// A host is a Unix-socket directory (it starts with `/`).
     #[error(
         "postgres url host {0:?} is a Unix socket directory: the relay connects over TCP; give a host name"
     )]
     UnixSocket(String),
+    /// A parameter has a value the relay does not accept; holds its name and value.
     #[error("postgres url parameter {0}={1:?} is not valid")]
     BadParam(&'static str, String),
+    /// The number of ports is neither one nor the number of hosts.
     #[error("postgres url lists {hosts} hosts but {ports} ports: give one port, or one per host")]
-    Ports { hosts: usize, ports: usize },
+    Ports {
+        /// Hosts listed.
+        hosts: usize,
+        /// Ports listed.
+        ports: usize,
+    },
 }
 
 /// Parameters handled here rather than by tokio-postgres.
