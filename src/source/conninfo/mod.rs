@@ -224,7 +224,7 @@ pub struct ConnInfo {
     pub connect_timeout: Duration,
     /// Which of the hosts is acceptable.
     pub target_session_attrs: TargetSessionAttrs,
-    /// `load_balance_hosts=random`: try the hosts in a random order.
+    /// `load_balance_hosts=random`: start at a random host (then the rest in order), so relays spread.
     pub load_balance: bool,
     /// Whether SCRAM must, may or must not be bound to the TLS session.
     pub channel_binding: ChannelBindingMode,
@@ -466,7 +466,7 @@ impl ConnInfo {
         c
     }
 
-    /// The hosts in the order to try them: as listed, or shuffled with `load_balance_hosts=random`.
+    /// The hosts in the order to try them: as listed, or from a random start with `load_balance_hosts=random`.
     pub fn host_order(&self) -> Vec<(String, u16)> {
         let mut hosts = self.hosts.clone();
         if self.load_balance && hosts.len() > 1 {
