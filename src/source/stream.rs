@@ -20,7 +20,7 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 use postgres_protocol::message::backend::Message;
 use postgres_protocol::message::frontend;
 use tokio::io::{AsyncWriteExt, ReadHalf, WriteHalf};
-use tokio::sync::{Notify, Semaphore, mpsc, oneshot};
+use tokio::sync::{Notify, mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tracing::{debug, trace};
 
@@ -41,10 +41,6 @@ pub struct StreamConfig {
     /// Events buffered between the reader task and the consumer; bounds memory and lets TCP
     /// backpressure reach the walsender when the consumer is slow.
     pub channel_capacity: usize,
-    /// Bytes of XLogData buffered between the reader task and the consumer: the same bound in bytes,
-    /// so a thousand 1 MB rows are not a gigabyte in the channel (P6). One message larger than this
-    /// still passes, alone.
-    pub channel_bytes: usize,
     /// A connection that delivers nothing (no data, no keepalive) for this long is treated as dead.
     /// The writer asks the server for a keepalive every third of it, so a healthy idle connection
     /// always has traffic; without this, a black-holed network would hang the relay until TCP gives
@@ -60,7 +56,6 @@ impl Default for StreamConfig {
         StreamConfig {
             status_interval: Duration::from_secs(1),
             channel_capacity: 1024,
-            channel_bytes: 16 << 20,
             receive_timeout: Duration::from_secs(30),
             max_frame_bytes: MAX_FRAME_BYTES,
         }
@@ -102,21 +97,14 @@ struct Shared {
     reply_now: Notify,
     /// Set once the consumer asked to stop: the reader then drains instead of forwarding.
     stopping: AtomicBool,
-    /// Bytes the reader may still queue (`StreamConfig::channel_bytes`); given back by `recv` once
-    /// a batch is consumed.
-    budget: Semaphore,
-    /// What one batch may take from the budget at most.
-    budget_cap: usize,
 }
 
 /// A running replication stream. Dropping it aborts both tasks and the connection.
 pub struct ReplicationStream {
     /// Batches of events, one per socket read (see `read_loop`).
-    events: mpsc::Receiver<Result<(Vec<ReplicationEvent>, usize), SourceError>>,
+    events: mpsc::Receiver<Result<Vec<ReplicationEvent>, SourceError>>,
     /// The rest of the batch being consumed.
     pending: std::vec::IntoIter<ReplicationEvent>,
-    /// The budget the batch being consumed holds, given back when it is done.
-    pending_bytes: usize,
     shared: Arc<Shared>,
     reader: JoinHandle<Option<ReadHalf<Box<dyn Transport>>>>,
     writer: JoinHandle<Option<WriteHalf<Box<dyn Transport>>>>,
@@ -138,8 +126,6 @@ impl ReplicationStream {
             confirmed: AtomicU64::new(start.0),
             reply_now: Notify::new(),
             stopping: AtomicBool::new(false),
-            budget: Semaphore::new(config.channel_bytes.max(1)),
-            budget_cap: config.channel_bytes.max(1),
         });
         let (read_half, write_half) = tokio::io::split(io);
         // Slots hold batches of up to MAX_BATCH events; about `channel_capacity` events in all
@@ -165,7 +151,6 @@ impl ReplicationStream {
         ReplicationStream {
             events,
             pending: Vec::new().into_iter(),
-            pending_bytes: 0,
             shared,
             reader,
             writer,
@@ -182,15 +167,8 @@ impl ReplicationStream {
             if let Some(ev) = self.pending.next() {
                 return Some(Ok(ev));
             }
-            if self.pending_bytes > 0 {
-                self.shared.budget.add_permits(self.pending_bytes);
-                self.pending_bytes = 0;
-            }
             match self.events.recv().await? {
-                Ok((batch, bytes)) => {
-                    self.pending = batch.into_iter();
-                    self.pending_bytes = bytes;
-                }
+                Ok(batch) => self.pending = batch.into_iter(),
                 Err(e) => return Some(Err(e)),
             }
         }
@@ -270,6 +248,9 @@ enum Step {
 
 /// Most events handed over in one batch; bounds the memory one channel slot holds.
 const MAX_BATCH: usize = 256;
+/// A batch also ends once it holds this many bytes of XLogData, so the channel's few slots hold
+/// megabytes, not gigabytes, when rows are large (P6): 16 slots of at most 512 KiB plus one row.
+const MAX_BATCH_BYTES: usize = 512 << 10;
 
 /// Reads frames until the connection ends. Returns the read half after a clean end of COPY.
 ///
@@ -281,7 +262,7 @@ async fn read_loop(
     mut buf: BytesMut,
     target: String,
     shared: Arc<Shared>,
-    tx: mpsc::Sender<Result<(Vec<ReplicationEvent>, usize), SourceError>>,
+    tx: mpsc::Sender<Result<Vec<ReplicationEvent>, SourceError>>,
     receive_timeout: Duration,
     max_frame: usize,
 ) -> Option<ReadHalf<Box<dyn Transport>>> {
@@ -326,24 +307,14 @@ async fn read_loop(
                     break;
                 }
             }
-            // A batch also ends at a quarter of the byte budget, so large rows go one by one.
-            if batch.len() < MAX_BATCH && batch_bytes < shared.budget_cap / 4 {
+            if batch.len() < MAX_BATCH && batch_bytes < MAX_BATCH_BYTES {
                 next = parse_backend(&mut buf, max_frame).transpose();
             }
         }
         if !batch.is_empty() {
+            batch_bytes = 0;
             let events = std::mem::replace(&mut batch, Vec::with_capacity(16));
-            // Waits while the consumer holds the budget: TCP backpressure then reaches the server.
-            let bytes = std::mem::take(&mut batch_bytes).min(shared.budget_cap);
-            match shared
-                .budget
-                .acquire_many(u32::try_from(bytes).unwrap_or(u32::MAX))
-                .await
-            {
-                Ok(permit) => permit.forget(),
-                Err(_) => return None,
-            }
-            if tx.send(Ok((events, bytes))).await.is_err() {
+            if tx.send(Ok(events)).await.is_err() {
                 // The consumer is gone; keep draining only while stopping.
                 if !shared.stopping.load(Ordering::Acquire) {
                     return None;
