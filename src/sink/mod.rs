@@ -260,6 +260,15 @@ impl Sink {
         // Our own window bounds in-flight publishes; async-nats' semaphore must never be the one
         // that refuses (it errors instead of waiting unless backpressure is on).
         let batch = config.atomic.then(|| batch::Batcher::new(client.clone()));
+        // The ack task's own context for what it sends (republishes behind a duplicate, dead letters):
+        // the publishing context's in-flight permits are held by the very ack futures the ack task
+        // has yet to await, so sending through it could wait for itself forever when the window is
+        // full.
+        let ack_js = jetstream::ContextBuilder::new()
+            .timeout(config.ack_timeout)
+            .max_ack_inflight(1024)
+            .backpressure_on_inflight(true)
+            .build(client.clone());
         let js = jetstream::ContextBuilder::new()
             .timeout(config.ack_timeout)
             .max_ack_inflight(config.max_in_flight + 64)
@@ -276,7 +285,7 @@ impl Sink {
         let (window, rx) = mpsc::unbounded_channel();
         let (acks_tx, acks) = mpsc::unbounded_channel();
         let task = ack::AckTask {
-            js: js.clone(),
+            js: ack_js,
             config: Arc::clone(&config),
             fence: fence.as_ref().map(|f| (f.base(), f.duplicates())),
         };
