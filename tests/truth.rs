@@ -396,3 +396,70 @@ async fn in_flight_gauge_never_exceeds_max_in_flight() {
         relay.stop().await.expect("the relay stops cleanly");
     }
 }
+
+/// libpq conventions: a URL without a password takes it from `PGPASSWORD` or from the password file
+/// (`PGPASSFILE`, ignored unless only its owner can read it); without either, the failure says a
+/// password is required.
+#[tokio::test]
+async fn libpq_environment_and_password_file_supply_the_password() {
+    let db = text_id_db().await;
+    let nats = NatsServer::start();
+    let config = relay_config(&db, &nats);
+    let server = PgServer::shared();
+    let url = format!(
+        "postgres://scram_user@{}:{}/{}?sslmode=disable",
+        server.host(),
+        server.port(),
+        db.name()
+    );
+    let mut env = relay_env(&config);
+    env.retain(|(k, _)| k != "OUTBOX_RELAY_POSTGRES_URL");
+    env.push(("OUTBOX_RELAY_POSTGRES_URL".into(), url));
+    // No password anywhere (HOME points at an empty directory: no ~/.pgpass).
+    let home = tempfile::tempdir().unwrap();
+    env.push(("HOME".into(), home.path().display().to_string()));
+    let state = |f: &Finished| {
+        json(f)["postgres"]["state"]
+            .as_str()
+            .unwrap_or("")
+            .to_owned()
+    };
+    let f = run_command(&["status", "--json"], &env, LIMIT);
+    assert_eq!(state(&f), "unreachable", "{}", f.stdout);
+    assert!(f.stdout.contains("password required"), "{}", f.stdout);
+
+    let mut with_env = env.clone();
+    with_env.push(("PGPASSWORD".into(), "scram_pw".into()));
+    let f = run_command(&["status", "--json"], &with_env, LIMIT);
+    assert_eq!(
+        state(&f),
+        "exists",
+        "PGPASSWORD: {}\n{}",
+        f.stdout,
+        f.stderr
+    );
+
+    let passfile = home.path().join("pgpass");
+    std::fs::write(&passfile, "*:*:*:scram_user:scram_pw\n").unwrap();
+    let mut with_file = env.clone();
+    with_file.push(("PGPASSFILE".into(), passfile.display().to_string()));
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&passfile, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let f = run_command(&["status", "--json"], &with_file, LIMIT);
+    assert_eq!(
+        state(&f),
+        "unreachable",
+        "a world-readable password file is ignored: {}",
+        f.stdout
+    );
+    std::fs::set_permissions(&passfile, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let f = run_command(&["status", "--json"], &with_file, LIMIT);
+    assert_eq!(
+        state(&f),
+        "exists",
+        "PGPASSFILE: {}\n{}",
+        f.stdout,
+        f.stderr
+    );
+    assert!(!f.stdout.contains("scram_pw") && !f.stderr.contains("scram_pw"));
+}

@@ -113,7 +113,8 @@ fn map_error(addr: &str, e: tokio_postgres::Error) -> SourceError {
             }),
         };
     }
-    let text = e.to_string();
+    // tokio-postgres says "invalid configuration"; the reason ("password missing") is its source.
+    let text = crate::relay::error_chain(&e);
     if text.contains("password missing") {
         return SourceError::Auth(
             "password required: the server asks for one and none is given; put it in postgres.url, PGPASSWORD \
