@@ -128,3 +128,67 @@ async fn sslmodes_encrypt_verify_and_reject_an_unknown_ca() {
     assert!(matches!(e, SourceError::Tls(_)), "{e:?}");
     assert!(!e.is_transient(), "{e}");
 }
+
+/// libpq's `channel_binding=require` and `require_auth`, on both connections: without TLS there is no
+/// channel binding, so the login is refused before a password is sent; an md5 role is refused by
+/// `require_auth=scram-sha-256`; over TLS with SCRAM both pass.
+#[tokio::test]
+async fn channel_binding_and_require_auth_refuse_a_downgrade() {
+    let server = PgServer::shared();
+    let db = TestDb::create(server).await;
+    let url = |user: &str, pw: &str, params: &str| {
+        format!("{}?{params}", server.url_as(user, pw, db.name()))
+    };
+    let refused = |e: SourceError, what: &str| {
+        assert!(matches!(e, SourceError::Auth(_)), "{what}: {e:?}");
+        assert!(!e.to_string().contains("scram_pw") && !e.to_string().contains("md5_pw"));
+        e.to_string()
+    };
+
+    // No TLS: nothing to bind to.
+    let plain = url(
+        "scram_user",
+        "scram_pw",
+        "sslmode=disable&channel_binding=require",
+    );
+    let e = connect(&plain).await.err().expect("refused without TLS");
+    let text = refused(e, "replication, no TLS");
+    assert!(text.contains("channel_binding=require"), "{text}");
+    let info = outbox_relay::source::ConnInfo::parse(&plain).unwrap();
+    let Err(e) = outbox_relay::source::connect_control(&info, "test").await else {
+        panic!("control connection accepted without TLS")
+    };
+    let text = refused(e, "control, no TLS");
+    assert!(text.contains("channel binding"), "{text}");
+
+    // An md5 role under require_auth=scram-sha-256: refused before the hash is sent.
+    let md5 = url(
+        "md5_user",
+        "md5_pw",
+        "sslmode=disable&require_auth=scram-sha-256",
+    );
+    let e = connect(&md5).await.err().expect("md5 refused");
+    let text = refused(e, "replication, md5");
+    assert!(
+        text.contains("md5") && text.contains("require_auth"),
+        "{text}"
+    );
+    let info = outbox_relay::source::ConnInfo::parse(&md5).unwrap();
+    let Err(e) = outbox_relay::source::connect_control(&info, "test").await else {
+        panic!("control connection accepted md5")
+    };
+    let text = refused(e, "control, md5");
+    assert!(text.contains("require_auth"), "{text}");
+
+    // TLS and SCRAM: both settings are satisfied.
+    let good = url(
+        "scram_user",
+        "scram_pw",
+        "sslmode=require&channel_binding=require&require_auth=scram-sha-256",
+    );
+    must_connect(&good).await.close().await;
+    let info = outbox_relay::source::ConnInfo::parse(&good).unwrap();
+    outbox_relay::source::connect_control(&info, "test")
+        .await
+        .unwrap_or_else(|e| panic!("control over TLS with SCRAM: {e}"));
+}
