@@ -61,6 +61,7 @@ async fn transactions_arrive_whole_in_order_and_a_huge_one_is_split_not_lost() {
     let mut config = relay_config(&db, &nats);
     config.nats.atomic_transactions = true;
     let stream = config.nats.stream.clone();
+    let slot = config.postgres.slot.clone();
     let relay = InProcessRelay::start(config);
     let js = nats.jetstream().await;
     // The relay's setup creates the slot and the stream; wait for the stream.
@@ -69,6 +70,9 @@ async fn transactions_arrive_whole_in_order_and_a_huge_one_is_split_not_lost() {
         assert!(Instant::now() < deadline, "stream not created");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // Setup creates the stream before the slot; rows written before the slot's consistent point
+    // are not the relay's.
+    crate::faults::wait_for_slot(&db.client().await, &slot).await;
     let mut s = js.get_stream(&stream).await.expect("stream");
     assert!(
         s.info().await.expect("info").config.allow_atomic_publish,
