@@ -40,8 +40,8 @@ pub mod backfill;
 mod catalog;
 pub mod config;
 pub mod error;
-pub mod http;
-pub mod lsn;
+mod http;
+mod lsn;
 pub mod message;
 pub mod metrics;
 pub mod outbox;
@@ -56,4 +56,5 @@ pub mod status;
 #[cfg(feature = "test-support")]
 pub mod testkit;
 
+pub use http::BindError;
 pub use lsn::Lsn;
