@@ -58,35 +58,18 @@ async fn connect_one(info: &ConnInfo, application_name: &str) -> Result<Client, 
         match tls_config {
             None => {
                 let guard = GuardedConnect::new(tokio_postgres::NoTls, info);
-                let (client, conn) = config
-                    .connect_raw(guard.wrap_raw(tcp), guard)
-                    .await
-                    .map_err(|e| map_error(&addr, e))?;
-                tokio::spawn(async move {
-                    if let Err(e) = conn.await {
-                        debug!(error = %e, "control connection ended");
-                    }
-                });
-                Ok(client)
+                start(&config, guard.wrap_raw(tcp), guard, &addr).await
             }
             Some(tls_config) => {
                 debug_assert_ne!(info.sslmode, SslMode::Disable);
-                let rustls = tokio_postgres_rustls::MakeRustlsConnect::new((*tls_config).clone());
+                let mut rustls =
+                    tokio_postgres_rustls::MakeRustlsConnect::new((*tls_config).clone());
                 let tls = tokio_postgres::tls::MakeTlsConnect::<
                     super::auth_guard::Guarded<tokio::net::TcpStream>,
-                >::make_tls_connect(&mut rustls.clone(), &info.host)
+                >::make_tls_connect(&mut rustls, &info.host)
                 .map_err(|e| SourceError::Tls(e.to_string()))?;
                 let guard = GuardedConnect::new(tls, info);
-                let (client, conn) = config
-                    .connect_raw(guard.wrap_raw(tcp), guard)
-                    .await
-                    .map_err(|e| map_error(&addr, e))?;
-                tokio::spawn(async move {
-                    if let Err(e) = conn.await {
-                        debug!(error = %e, "control connection ended");
-                    }
-                });
-                Ok(client)
+                start(&config, guard.wrap_raw(tcp), guard, &addr).await
             }
         }
     };
@@ -96,6 +79,30 @@ async fn connect_one(info: &ConnInfo, application_name: &str) -> Result<Client, 
             target: addr,
             secs: info.connect_timeout.as_secs(),
         })?
+}
+
+/// Connects over `stream` with `tls` and spawns the connection task (it ends when the client is
+/// dropped).
+async fn start<T>(
+    config: &tokio_postgres::Config,
+    stream: super::auth_guard::Guarded<tokio::net::TcpStream>,
+    tls: T,
+    addr: &str,
+) -> Result<Client, SourceError>
+where
+    T: tokio_postgres::tls::TlsConnect<super::auth_guard::Guarded<tokio::net::TcpStream>>,
+    T::Stream: Send + 'static,
+{
+    let (client, conn) = config
+        .connect_raw(stream, tls)
+        .await
+        .map_err(|e| map_error(addr, e))?;
+    tokio::spawn(async move {
+        if let Err(e) = conn.await {
+            debug!(error = %e, "control connection ended");
+        }
+    });
+    Ok(client)
 }
 
 /// A tokio-postgres error as a source error: the server's own error with its SQLSTATE, a refused
