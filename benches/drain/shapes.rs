@@ -23,7 +23,8 @@ use super::{
 #[derive(Default, Clone)]
 pub struct Measure {
     pub eps: f64,
-    /// Relay CPU µs per event (NaN for the sink limits, which run in the bench process).
+    /// CPU µs per event of the relay, or of the publisher and its client for the sink limits (NaN
+    /// for the batched one, which runs in the bench's runtime).
     pub relay_us: f64,
     pub nats_us: f64,
     pub rss_mb: f64,
@@ -35,6 +36,8 @@ pub struct ShapeRow {
     pub events: u64,
     pub recvlogical_eps: f64,
     pub sink: Measure,
+    /// Core publishes with the publisher's own ack subscription ([`sink::limit_core`]).
+    pub sink_core: Measure,
     pub sink_batched: Measure,
     /// (label, measure, ratio to pg_recvlogical)
     pub relays: Vec<(String, Measure, f64)>,
@@ -120,22 +123,40 @@ async fn shape(
     );
     let mut recv = Vec::new();
     let mut sink_m: Vec<Measure> = Vec::new();
+    let mut sinkc_m: Vec<Measure> = Vec::new();
     let mut sinkb_m: Vec<Measure> = Vec::new();
     let mut relay_m: Vec<Vec<Measure>> = vec![Vec::new(); variants.len()];
     let mut ratios: Vec<Vec<f64>> = vec![Vec::new(); variants.len()];
     for r in 0..rounds {
         let rl = recvlogical(pg, &db, &recv_slots[r], target, events)?;
         recv.push(rl);
-        {
+        for core in [false, true] {
             let nats = NatsServer::start();
             let c0 = nats_cpu(&nats);
-            let eps = sink::limit(nats.client().await, STREAM, &payload, events).await?;
-            sink_m.push(Measure {
+            let p = payload.clone();
+            let (eps, client_ms) = if core {
+                sink::on_own_thread(nats.url(), move |c| async move {
+                    sink::limit_core(c, STREAM, &p, events).await
+                })?
+            } else {
+                sink::on_own_thread(nats.url(), move |c| async move {
+                    sink::limit(c, STREAM, &p, events).await
+                })?
+            };
+            let m = Measure {
                 eps,
-                relay_us: f64::NAN,
+                relay_us: client_ms * 1000.0 / events as f64,
                 nats_us: (nats_cpu(&nats) - c0) * 1000.0 / events as f64,
                 rss_mb: f64::NAN,
-            });
+            };
+            println!(
+                "  round {} sink{}: {eps:.0}/s, client {:.2} µs/event, nats-server {:.2} µs/event",
+                r + 1,
+                if core { " core" } else { "" },
+                m.relay_us,
+                m.nats_us
+            );
+            if core { &mut sinkc_m } else { &mut sink_m }.push(m);
         }
         {
             // Atomic batches cost nats-server ~3 ms of CPU each here: a few thousand events
@@ -207,6 +228,7 @@ async fn shape(
         events,
         recvlogical_eps: median(recv),
         sink: med(&sink_m),
+        sink_core: med(&sinkc_m),
         sink_batched: med(&sinkb_m),
         relays: variants
             .iter()
@@ -219,17 +241,21 @@ async fn shape(
 pub fn print(rows: &[ShapeRow]) {
     println!();
     println!(
-        "== transaction shapes: events/s (x = / pg_recvlogical, median of the rounds); CPU µs per event: r = relay, n = nats-server =="
+        "== transaction shapes: events/s (x = / pg_recvlogical, median of the rounds); CPU µs per event: r = relay, c = publisher and client, n = nats-server =="
     );
     for row in rows {
         let mut line = format!(
-            "{:>6} B x{:<4} {:>7} ev | rl {:>7.0} | sink {:>7.0} n {:>5.2} | sink batched {:>7.0} n {:>5.2}",
+            "{:>6} B x{:<4} {:>7} ev | rl {:>7.0} | sink {:>7.0} c {:>5.2} n {:>5.2} | sink core {:>7.0} c {:>5.2} n {:>5.2} | sink batched {:>7.0} n {:>5.2}",
             row.payload,
             row.per_txn,
             row.events,
             row.recvlogical_eps,
             row.sink.eps,
+            row.sink.relay_us,
             row.sink.nats_us,
+            row.sink_core.eps,
+            row.sink_core.relay_us,
+            row.sink_core.nats_us,
             row.sink_batched.eps,
             row.sink_batched.nats_us
         );
@@ -255,13 +281,17 @@ pub fn print(rows: &[ShapeRow]) {
                 })
                 .collect();
             format!(
-                r#"{{"payload":{},"per_txn":{},"events":{},"pg_recvlogical_eps":{:.0},"sink_eps":{:.0},"sink_nats_us":{:.2},"sink_batched_eps":{:.0},"sink_batched_nats_us":{:.2},"relays":[{}]}}"#,
+                r#"{{"payload":{},"per_txn":{},"events":{},"pg_recvlogical_eps":{:.0},"sink_eps":{:.0},"sink_client_us":{:.2},"sink_nats_us":{:.2},"sink_core_eps":{:.0},"sink_core_client_us":{:.2},"sink_core_nats_us":{:.2},"sink_batched_eps":{:.0},"sink_batched_nats_us":{:.2},"relays":[{}]}}"#,
                 r.payload,
                 r.per_txn,
                 r.events,
                 r.recvlogical_eps,
                 r.sink.eps,
+                r.sink.relay_us,
                 r.sink.nats_us,
+                r.sink_core.eps,
+                r.sink_core.relay_us,
+                r.sink_core.nats_us,
                 r.sink_batched.eps,
                 r.sink_batched.nats_us,
                 relays.join(",")

@@ -6,10 +6,14 @@
 
 use std::time::{Duration, Instant};
 
+use std::future::Future;
+use std::sync::Arc;
+
 use async_nats::HeaderMap;
 use async_nats::jetstream::{self, context::PublishAckFuture, stream};
 use bytes::Bytes;
-use tokio::sync::mpsc;
+use futures_util::StreamExt;
+use tokio::sync::{Semaphore, mpsc};
 
 /// The relay's default `nats.max_in_flight`.
 pub const WINDOW: usize = 4096;
@@ -26,6 +30,111 @@ pub fn stream_config(name: &str) -> stream::Config {
         num_replicas: 1,
         ..Default::default()
     }
+}
+
+/// Runs `f` (a publisher) on its own thread with a current-thread runtime, like the relay's, and
+/// connects its client there, so the thread's CPU time is the publisher's and its client's:
+/// returns `f`'s result and that CPU time in ms.
+pub fn on_own_thread<F, Fut>(url: String, f: F) -> anyhow::Result<(f64, f64)>
+where
+    F: FnOnce(async_nats::Client) -> Fut + Send + 'static,
+    Fut: Future<Output = anyhow::Result<f64>>,
+{
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        rt.block_on(async move {
+            let client = async_nats::connect(url).await?;
+            let c0 = thread_cpu_ms();
+            let eps = f(client).await?;
+            Ok((eps, thread_cpu_ms() - c0))
+        })
+    })
+    .join()
+    .map_err(|_| anyhow::anyhow!("publisher thread panicked"))?
+}
+
+/// utime+stime of the calling thread, in ms.
+fn thread_cpu_ms() -> f64 {
+    let stat = std::fs::read_to_string("/proc/thread-self/stat").unwrap_or_default();
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<u64> = rest
+        .split_whitespace()
+        .map(|x| x.parse().unwrap_or(0))
+        .collect();
+    let ticks = f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0);
+    // CLK_TCK is 100 on Linux' supported architectures.
+    ticks as f64 * 10.0
+}
+
+/// The relay's headers for message `i` (without the fence's expectation).
+fn headers(i: u64) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    h.insert("Nats-Msg-Id", format!("00000000-0000-4000-8000-{i:012x}"));
+    h.insert("Outbox-Event-Type", "OrderPlaced");
+    h.insert("Outbox-Aggregate-Type", "Order");
+    h.insert("Outbox-Aggregate-Id", format!("order-{}", i + 1));
+    h.insert(
+        "Outbox-Commit-Lsn",
+        format!("0/{:X}", 0x1A00_0000 + i * 520),
+    );
+    h
+}
+
+/// The same messages as [`limit`], as core publishes whose reply subject is the publisher's own
+/// inbox with the message's number (`<inbox>.<i>`), one subscription for all acks, awaited in order
+/// by a second task: no per-publish inbox, oneshot channel, request map or timer in the client.
+pub async fn limit_core(
+    client: async_nats::Client,
+    stream_name: &str,
+    payload: &str,
+    events: u64,
+) -> anyhow::Result<f64> {
+    let js = jetstream::new(client.clone());
+    js.create_stream(stream_config(stream_name)).await?;
+    let payload = Bytes::from(payload.to_owned());
+    let inbox = client.new_inbox();
+    let mut sub = client.subscribe(format!("{inbox}.*")).await?;
+    let window = Arc::new(Semaphore::new(WINDOW));
+    let t = Instant::now();
+    let freed = Arc::clone(&window);
+    let acks = tokio::spawn(async move {
+        let mut n = 0u64;
+        while n < events {
+            let Some(m) = sub.next().await else {
+                anyhow::bail!("ack subscription ended after {n}");
+            };
+            let seq: u64 = m
+                .subject
+                .rsplit_once('.')
+                .and_then(|(_, s)| s.parse().ok())
+                .unwrap_or(u64::MAX);
+            anyhow::ensure!(seq == n, "ack {seq} arrived where {n} was expected");
+            let ack: serde_json::Value = serde_json::from_slice(&m.payload)?;
+            anyhow::ensure!(ack.get("error").is_none(), "refused: {ack}");
+            n += 1;
+            freed.add_permits(1);
+        }
+        anyhow::Ok(n)
+    });
+    for i in 0..events {
+        window.acquire().await?.forget();
+        let mut h = headers(i);
+        h.insert("Nats-Expected-Last-Sequence", i.to_string());
+        client
+            .publish_with_reply_and_headers(
+                "outbox.Order",
+                format!("{inbox}.{i}"),
+                h,
+                payload.clone(),
+            )
+            .await?;
+    }
+    let acked = acks.await??;
+    let secs = t.elapsed().as_secs_f64();
+    anyhow::ensure!(acked == events, "{acked} of {events} acked");
+    Ok(events as f64 / secs)
 }
 
 /// Publishes `events` messages to a new stream on `client`'s server; returns messages/s from the
@@ -55,15 +164,7 @@ pub async fn limit(
     });
     for i in 0..events {
         let permit = window.reserve().await?;
-        let mut h = HeaderMap::new();
-        h.insert("Nats-Msg-Id", format!("00000000-0000-4000-8000-{i:012x}"));
-        h.insert("Outbox-Event-Type", "OrderPlaced");
-        h.insert("Outbox-Aggregate-Type", "Order");
-        h.insert("Outbox-Aggregate-Id", format!("order-{}", i + 1));
-        h.insert(
-            "Outbox-Commit-Lsn",
-            format!("0/{:X}", 0x1A00_0000 + i * 520),
-        );
+        let mut h = headers(i);
         h.insert("Nats-Expected-Last-Sequence", i.to_string());
         let publish = jetstream::message::PublishMessage::build()
             .headers(h)
