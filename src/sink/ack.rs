@@ -1,22 +1,25 @@
 //! The ack task: awaits each publish's ack in publish order and reports it, dead-letters what the
 //! stream refuses for good, and repairs the fence behind a duplicate (see [`super::fence`]).
 
-use std::future::IntoFuture;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use async_nats::jetstream::{self, context::PublishAckFuture, context::PublishErrorKind};
+use async_nats::jetstream::{self, context::PublishErrorKind};
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
 use super::batch::{self, Role};
+use super::publish::{Publisher, Replies};
 use super::{
     Acked, InFlight, Outcome, Sent, SinkConfig, SinkError, fenced, routed_subject, send_dead_letter,
 };
 use crate::message::{self, Shrink};
 
 pub(super) struct AckTask {
-    pub js: jetstream::Context,
+    /// For what the ack task sends itself: republishes behind a duplicate, dead letters.
+    pub publisher: Publisher,
+    /// The acks of everything the session's sink sends.
+    pub replies: Replies,
     pub config: Arc<SinkConfig>,
     /// With a fenced stream: the stream's last sequence at the start, and the duplicate counter the
     /// publishing side subtracts from its expectations.
@@ -114,9 +117,8 @@ impl AckTask {
             return Ok(());
         };
         let timeout = self.config.ack_timeout;
-        let result = match tokio::time::timeout(timeout, ack.into_future()).await {
-            Err(_) => return Err(SinkError::AckTimeout(timeout, item.event.msg_id.clone())),
-            Ok(r) => r,
+        let Some(result) = self.replies.ack(ack, timeout).await else {
+            return Err(SinkError::AckTimeout(timeout, item.event.msg_id.clone()));
         };
         match result {
             Ok(pub_ack) => {
@@ -150,9 +152,8 @@ impl AckTask {
         // Republished once behind the known tail already (see below).
         let mut refenced = false;
         loop {
-            let result = match tokio::time::timeout(timeout, ack.into_future()).await {
-                Err(_) => return Err(SinkError::AckTimeout(timeout, item.event.msg_id.clone())),
-                Ok(r) => r,
+            let Some(result) = self.replies.ack(ack, timeout).await else {
+                return Err(SinkError::AckTimeout(timeout, item.event.msg_id.clone()));
             };
             let e = match result {
                 Ok(pub_ack) => {
@@ -215,11 +216,7 @@ impl AckTask {
     }
 
     /// The stream refused `item` for good: dead-letter it, or a smaller dead letter than before.
-    async fn refused(
-        &self,
-        item: &mut InFlight,
-        refusal: String,
-    ) -> Result<PublishAckFuture, SinkError> {
+    async fn refused(&self, item: &mut InFlight, refusal: String) -> Result<u64, SinkError> {
         let reason = format!("the stream refused the message: {refusal}");
         let next = match &item.sent {
             Sent::Event => {
@@ -232,7 +229,7 @@ impl AckTask {
                     std::mem::take(&mut item.subject),
                 );
                 let (ack, shrink) = send_dead_letter(
-                    &self.js,
+                    &self.publisher,
                     &self.config,
                     &item.event,
                     (!item.subject.is_empty()).then_some(item.subject.as_str()),
@@ -270,7 +267,7 @@ impl AckTask {
     }
 
     /// Sends `item` again as it was last sent (event or dead letter), with its current expectation.
-    async fn resend(&self, item: &InFlight) -> Result<PublishAckFuture, SinkError> {
+    async fn resend(&self, item: &InFlight) -> Result<u64, SinkError> {
         let out = match &item.sent {
             Sent::Event => message::build(
                 &item.event,
@@ -286,9 +283,9 @@ impl AckTask {
                 *shrink,
             ),
         };
-        let (target, publish) = fenced(out, item.expected);
-        self.js
-            .send_publish(target, publish)
+        let (target, headers, payload) = fenced(out, item.expected);
+        self.publisher
+            .send(target, headers, payload)
             .await
             .map_err(|source| SinkError::Publish {
                 id: item.event.msg_id.clone(),

@@ -306,25 +306,22 @@ impl Sink {
         headers.insert(NATS_BATCH_ID, HeaderValue::from(open.id.clone()));
         headers.insert(
             NATS_BATCH_SEQUENCE,
-            HeaderValue::from(open.sent.to_string()),
+            HeaderValue::from(itoa::Buffer::new().format(open.sent)),
         );
         if open.sent == 1
             && let Some(e) = item.expected
         {
             headers.insert(
                 message::EXPECTED_LAST_SEQUENCE,
-                HeaderValue::from(e.to_string()),
+                HeaderValue::from(itoa::Buffer::new().format(e)),
             );
         }
         if commit {
             item.batch_permit = b.open.take().map(|o| o.permit);
             headers.insert(NATS_BATCH_COMMIT, NATS_BATCH_COMMIT_FINAL);
-            let publish = async_nats::jetstream::message::PublishMessage::build()
-                .headers(headers)
-                .payload(out.payload);
             let ack = self
-                .js
-                .send_publish(out.subject, publish)
+                .publisher
+                .send(out.subject, headers, out.payload)
                 .await
                 .map_err(|source| SinkError::Publish {
                     id: item.event.msg_id.clone(),

@@ -2,8 +2,9 @@
 //! task that awaits the acks in publish order.
 //!
 //! Publishing only queues the message on the connection (async-nats sends every publish through one
-//! channel into one connection task, so wire order is call order). Each publish's ack future goes to
-//! the ack task, which awaits them one by one and reports [`Acked`] in the same order, which is what
+//! channel into one connection task, so wire order is call order), with a reply subject on the
+//! session's inbox ([`publish`]). Each publish's token goes to the ack task, which takes the acks
+//! off that inbox one by one and reports [`Acked`] in the same order, which is what
 //! [`crate::progress::Progress`] needs. The window is two semaphores, messages and bytes: when either
 //! is used up the relay stops reading from Postgres, and TCP backpressure does the rest (P6).
 //!
@@ -18,11 +19,12 @@ mod ack;
 mod batch;
 mod connect;
 mod fence;
+mod publish;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_nats::jetstream::{self, context::PublishAckFuture, context::PublishErrorKind};
+use async_nats::jetstream::{self, context::PublishErrorKind};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::task::JoinHandle;
 use tracing::warn;
@@ -34,6 +36,7 @@ use crate::route::SubjectTemplate;
 
 pub use connect::{ConnectError, connect_nats};
 pub use fence::{Fence, Replay, Tail, TailError, read_tail};
+use publish::Publisher;
 
 /// Why publishing cannot go on. Transient ones restart the session; [`SinkError::is_transient`].
 #[derive(Debug, thiserror::Error)]
@@ -218,9 +221,10 @@ enum Sent {
 
 struct InFlight {
     seq: u64,
-    /// `None` for an event that is already stored (skipped on a fenced replay): reported in order
-    /// without publishing.
-    ack: Option<PublishAckFuture>,
+    /// The token its ack comes under ([`publish::Replies::ack`]); `None` for an event that is already
+    /// stored (skipped on a fenced replay), reported in order without publishing, and for a member
+    /// of an atomic batch, settled by its commit.
+    ack: Option<u64>,
     event: Box<OutboxEvent>,
     /// The subject it was routed to ("" if none), for a dead letter's `Outbox-Subject`.
     subject: String,
@@ -237,7 +241,7 @@ struct InFlight {
 
 /// The publishing side; the acks come out of the receiver returned by [`Sink::start`].
 pub struct Sink {
-    js: jetstream::Context,
+    publisher: Publisher,
     window: mpsc::UnboundedSender<InFlight>,
     messages: Arc<Semaphore>,
     bytes: Arc<Semaphore>,
@@ -257,42 +261,37 @@ impl Sink {
         client: async_nats::Client,
         config: SinkConfig,
     ) -> Result<(Sink, AckReceiver), TailError> {
-        // Our own window bounds in-flight publishes; async-nats' semaphore must never be the one
-        // that refuses (it errors instead of waiting unless backpressure is on).
         let batch = config.atomic.then(|| batch::Batcher::new(client.clone()));
-        // The ack task's own context for what it sends (republishes behind a duplicate, dead letters):
-        // the publishing context's in-flight permits are held by the very ack futures the ack task
-        // has yet to await, so sending through it could wait for itself forever when the window is
-        // full.
-        let ack_js = jetstream::ContextBuilder::new()
-            .timeout(config.ack_timeout)
-            .max_ack_inflight(1024)
-            .backpressure_on_inflight(true)
-            .build(client.clone());
-        let js = jetstream::ContextBuilder::new()
-            .timeout(config.ack_timeout)
-            .max_ack_inflight(config.max_in_flight + 64)
-            .backpressure_on_inflight(true)
-            .build(client);
         let fence = if config.fence {
+            let js = jetstream::ContextBuilder::new()
+                .timeout(config.ack_timeout)
+                .build(client.clone());
             let tail = read_tail(&js, &config.stream).await?;
             tracing::debug!(last_sequence = tail.last_sequence, last = ?tail.last, "stream tail");
             Some(Fence::new(&tail))
         } else {
             None
         };
+        let (publisher, replies) =
+            Publisher::start(client, config.ack_timeout)
+                .await
+                .map_err(|e| TailError {
+                    stream: config.stream.clone(),
+                    source: format!("subscribing to the inbox for its acks: {e}").into(),
+                })?;
         let config = Arc::new(config);
         let (window, rx) = mpsc::unbounded_channel();
         let (acks_tx, acks) = mpsc::unbounded_channel();
         let task = ack::AckTask {
-            js: ack_js,
+            publisher: publisher.clone(),
+            replies,
             config: Arc::clone(&config),
             fence: fence.as_ref().map(|f| (f.base(), f.duplicates())),
         };
         let ack_task = tokio::spawn(task.run(rx, acks_tx));
         Ok((
             Sink {
-                js,
+                publisher,
                 window,
                 messages: Arc::new(Semaphore::new(config.max_in_flight)),
                 bytes: Arc::new(Semaphore::new(config.max_in_flight_bytes)),
@@ -358,8 +357,8 @@ impl Sink {
                 .unwrap_or_default(),
         };
         let expected = self.fence.as_mut().map(Fence::next_expected);
-        let (target, publish) = fenced(out, expected);
-        let (ack, sent) = match self.js.send_publish(target, publish).await {
+        let (target, headers, payload) = fenced(out, expected);
+        let (ack, sent) = match self.publisher.send(target, headers, payload).await {
             Ok(ack) => (ack, sent),
             // async-nats checks payload + headers against the server's max_payload before sending
             // (an oversize publish would make the server close the connection).
@@ -374,7 +373,7 @@ impl Sink {
                     }
                 };
                 let (ack, shrink) = send_dead_letter(
-                    &self.js,
+                    &self.publisher,
                     &self.config,
                     &event,
                     Some(&routed).filter(|s| !s.is_empty()).map(String::as_str),
@@ -468,38 +467,35 @@ fn routed_subject(config: &SinkConfig, event: &OutboxEvent, sent: &Sent, known: 
     }
 }
 
-/// A publish (subject, message) with its headers, carrying `Nats-Expected-Last-Sequence` when the
-/// stream is fenced.
-fn fenced(out: Outgoing, expected: Option<u64>) -> (String, jetstream::message::PublishMessage) {
+/// A publish (subject, headers, payload), carrying `Nats-Expected-Last-Sequence` when the stream is
+/// fenced.
+fn fenced(out: Outgoing, expected: Option<u64>) -> (String, async_nats::HeaderMap, bytes::Bytes) {
     let mut headers = out.headers;
     if let Some(e) = expected {
         headers.insert(
             message::EXPECTED_LAST_SEQUENCE,
-            async_nats::HeaderValue::from(e.to_string()),
+            async_nats::HeaderValue::from(itoa::Buffer::new().format(e)),
         );
     }
-    let publish = jetstream::message::PublishMessage::build()
-        .headers(headers)
-        .payload(out.payload);
-    (out.subject, publish)
+    (out.subject, headers, out.payload)
 }
 
 /// Queues the dead letter of `event` (it takes the refused message's place in the sequence), shrunk
 /// until the client accepts its size. The payload is dropped first: its size is what usually cannot
 /// be published.
 async fn send_dead_letter(
-    js: &jetstream::Context,
+    publisher: &Publisher,
     config: &SinkConfig,
     event: &OutboxEvent,
     subject: Option<&str>,
     reason: &str,
     expected: Option<u64>,
-) -> Result<(PublishAckFuture, Shrink), SinkError> {
+) -> Result<(u64, Shrink), SinkError> {
     let mut last = None;
     for shrink in [Shrink::DropPayload, Shrink::Minimal] {
         let dl = message::dead_letter(event, &config.dead_letter_subject, reason, subject, shrink);
-        let (target, publish) = fenced(dl, expected);
-        match js.send_publish(target, publish).await {
+        let (target, headers, payload) = fenced(dl, expected);
+        match publisher.send(target, headers, payload).await {
             Ok(ack) => return Ok((ack, shrink)),
             Err(e) if e.kind() == PublishErrorKind::MaxPayloadExceeded => last = Some(e),
             Err(source) => {
