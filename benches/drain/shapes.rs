@@ -38,6 +38,8 @@ pub struct ShapeRow {
     pub sink: Measure,
     /// Core publishes with the publisher's own ack subscription ([`sink::limit_core`]).
     pub sink_core: Measure,
+    /// One fast-ingest batch ([`sink::limit_fast`]).
+    pub sink_fast: Measure,
     pub sink_batched: Measure,
     /// (label, measure, ratio to pg_recvlogical)
     pub relays: Vec<(String, Measure, f64)>,
@@ -124,24 +126,31 @@ async fn shape(
     let mut recv = Vec::new();
     let mut sink_m: Vec<Measure> = Vec::new();
     let mut sinkc_m: Vec<Measure> = Vec::new();
+    let mut sinkf_m: Vec<Measure> = Vec::new();
     let mut sinkb_m: Vec<Measure> = Vec::new();
     let mut relay_m: Vec<Vec<Measure>> = vec![Vec::new(); variants.len()];
     let mut ratios: Vec<Vec<f64>> = vec![Vec::new(); variants.len()];
     for r in 0..rounds {
         let rl = recvlogical(pg, &db, &recv_slots[r], target, events)?;
         recv.push(rl);
-        for core in [false, true] {
+        for variant in ["", " core", " fast"] {
             let nats = NatsServer::start();
             let c0 = nats_cpu(&nats);
             let p = payload.clone();
-            let (eps, client_ms) = if core {
-                sink::on_own_thread(nats.url(), move |c| async move {
-                    sink::limit_core(c, STREAM, &p, events).await
-                })?
-            } else {
-                sink::on_own_thread(nats.url(), move |c| async move {
-                    sink::limit(c, STREAM, &p, events).await
-                })?
+            let flow = env_or("BENCH_FAST_FLOW", 100u64);
+            let run = sink::on_own_thread(nats.url(), move |c| async move {
+                match variant {
+                    " core" => sink::limit_core(c, STREAM, &p, events).await,
+                    " fast" => sink::limit_fast(c, STREAM, &p, events, flow).await,
+                    _ => sink::limit(c, STREAM, &p, events).await,
+                }
+            });
+            let (eps, client_ms) = match run {
+                Ok(r) => r,
+                Err(e) => {
+                    println!("  sink{variant} failed: {e:#}");
+                    (f64::NAN, f64::NAN)
+                }
             };
             let m = Measure {
                 eps,
@@ -150,13 +159,17 @@ async fn shape(
                 rss_mb: f64::NAN,
             };
             println!(
-                "  round {} sink{}: {eps:.0}/s, client {:.2} µs/event, nats-server {:.2} µs/event",
+                "  round {} sink{variant}: {eps:.0}/s, client {:.2} µs/event, nats-server {:.2} µs/event",
                 r + 1,
-                if core { " core" } else { "" },
                 m.relay_us,
                 m.nats_us
             );
-            if core { &mut sinkc_m } else { &mut sink_m }.push(m);
+            match variant {
+                " core" => &mut sinkc_m,
+                " fast" => &mut sinkf_m,
+                _ => &mut sink_m,
+            }
+            .push(m);
         }
         {
             // Atomic batches cost nats-server ~3 ms of CPU each here: a few thousand events
@@ -229,6 +242,7 @@ async fn shape(
         recvlogical_eps: median(recv),
         sink: med(&sink_m),
         sink_core: med(&sinkc_m),
+        sink_fast: med(&sinkf_m),
         sink_batched: med(&sinkb_m),
         relays: variants
             .iter()
@@ -245,7 +259,7 @@ pub fn print(rows: &[ShapeRow]) {
     );
     for row in rows {
         let mut line = format!(
-            "{:>6} B x{:<4} {:>7} ev | rl {:>7.0} | sink {:>7.0} c {:>5.2} n {:>5.2} | sink core {:>7.0} c {:>5.2} n {:>5.2} | sink batched {:>7.0} n {:>5.2}",
+            "{:>6} B x{:<4} {:>7} ev | rl {:>7.0} | sink {:>7.0} c {:>5.2} n {:>5.2} | sink core {:>7.0} c {:>5.2} n {:>5.2} | sink fast {:>7.0} c {:>5.2} n {:>5.2} | sink batched {:>7.0} n {:>5.2}",
             row.payload,
             row.per_txn,
             row.events,
@@ -256,6 +270,9 @@ pub fn print(rows: &[ShapeRow]) {
             row.sink_core.eps,
             row.sink_core.relay_us,
             row.sink_core.nats_us,
+            row.sink_fast.eps,
+            row.sink_fast.relay_us,
+            row.sink_fast.nats_us,
             row.sink_batched.eps,
             row.sink_batched.nats_us
         );
@@ -281,7 +298,7 @@ pub fn print(rows: &[ShapeRow]) {
                 })
                 .collect();
             format!(
-                r#"{{"payload":{},"per_txn":{},"events":{},"pg_recvlogical_eps":{:.0},"sink_eps":{:.0},"sink_client_us":{:.2},"sink_nats_us":{:.2},"sink_core_eps":{:.0},"sink_core_client_us":{:.2},"sink_core_nats_us":{:.2},"sink_batched_eps":{:.0},"sink_batched_nats_us":{:.2},"relays":[{}]}}"#,
+                r#"{{"payload":{},"per_txn":{},"events":{},"pg_recvlogical_eps":{:.0},"sink_eps":{:.0},"sink_client_us":{:.2},"sink_nats_us":{:.2},"sink_core_eps":{:.0},"sink_core_client_us":{:.2},"sink_core_nats_us":{:.2},"sink_fast_eps":{:.0},"sink_fast_client_us":{:.2},"sink_fast_nats_us":{:.2},"sink_batched_eps":{:.0},"sink_batched_nats_us":{:.2},"relays":[{}]}}"#,
                 r.payload,
                 r.per_txn,
                 r.events,
@@ -292,6 +309,9 @@ pub fn print(rows: &[ShapeRow]) {
                 r.sink_core.eps,
                 r.sink_core.relay_us,
                 r.sink_core.nats_us,
+                r.sink_fast.eps,
+                r.sink_fast.relay_us,
+                r.sink_fast.nats_us,
                 r.sink_batched.eps,
                 r.sink_batched.nats_us,
                 relays.join(",")
