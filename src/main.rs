@@ -12,12 +12,6 @@ use outbox_relay::config::{Config, LogFormat};
 use outbox_relay::metrics::Metrics;
 use outbox_relay::relay::error_chain;
 
-// mimalloc instead of glibc malloc: the relay allocates a few small, short-lived buffers per event
-// (decoded columns, headers, the client's copy), and glibc's malloc/free were ~23% of its samples in a
-// drain profile (docs/performance.md).
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 /// Transactional outbox relay: Postgres logical replication to NATS JetStream.
 #[derive(Parser, Debug)]
 #[command(name = "outbox-relay", version, about)]
