@@ -6,7 +6,10 @@
 //! event, a third of the relay's. Here each session subscribes once to `<inbox>.*` and publishes
 //! with the reply subject `<inbox>.<token>` (a core publish; JetStream answers a publish that has a
 //! reply subject with its ack there), and the ack task takes the answers off the one subscription in
-//! order. The sink's own window already bounds what is in flight, so no further permit is needed.
+//! order. The sink's own window already bounds what is in flight, so no further permit is needed, and
+//! the subscription's queue (async-nats' default, 65,536 messages) holds the acks of a full window
+//! (`nats.max_in_flight` is at most 65,536); an ack dropped past it would be an ack timeout, never a
+//! lost event.
 //!
 //! Answers normally arrive in publish order; one that arrives before the answer awaited (after a
 //! resend, which takes a new token) is kept until its turn. A no-responders status (no stream takes
