@@ -1,16 +1,17 @@
 //! Drains of real transaction shapes: backlogs of 1, 10 and 100 events per transaction, at payload
 //! sizes of ~120 B, 2 KB and 16 KB, each measured in one run against `pg_recvlogical` on the same
-//! backlog and against raw async-nats publishing of the same messages (single publishes, and atomic
-//! batches of one transaction each) at the relay's window, with the CPU time per event of the relay
-//! and of nats-server read from /proc (utime+stime): on a 2-core box shared by Postgres, nats-server
-//! and the relay, CPU per event is the number that says who bounds whom.
+//! backlog and against raw async-nats publishing of the same messages (single publishes through a
+//! JetStream context or with one ack inbox, one fast-ingest batch, and atomic batches of one
+//! transaction each) at the relay's window, with the CPU time per event of the relay, of each
+//! publisher and of nats-server read from /proc (utime+stime): on a 2-core box shared by Postgres,
+//! nats-server and the relay, CPU per event is the number that says who bounds whom.
 //!
 //! Relay variants per round: `relay` (single publishes), `relay atomic` (`nats.atomic_transactions`),
 //! and with `BENCH_RELAY_ALT=/path/to/outbox-relay` the same binary built from another commit
 //! (`alt`), so a change is judged by a same-run ratio. Knobs: `BENCH_SHAPES` (`1,10,100`),
 //! `BENCH_PAYLOADS` (`120,2048,16384`, bytes of jsonb text), `BENCH_SHAPE_EVENTS` (100000; capped at
 //! 100 MB of payload per backlog), `BENCH_SHAPE_ROUNDS` (`BENCH_ROUNDS`), `BENCH_SHAPE_ATOMIC` (1;
-//! 0 skips the atomic variant).
+//! 0 skips the atomic variant), `BENCH_FAST_FLOW` (100: the flow-ack interval of `sink fast`).
 
 use outbox_relay::testkit::{NatsServer, PgServer, TestDb};
 
