@@ -74,6 +74,9 @@ struct Held {
 /// State of the atomic-batch path; see the module docs.
 pub(super) struct Batcher {
     client: async_nats::Client,
+    /// The stream's `max_msg_size`, if it has one: a batch holding a larger message would be refused
+    /// whole, every time it is sent, so such a message is dead-lettered before it joins a batch.
+    max_msg_size: Option<usize>,
     /// Places for [`MAX_BATCHES_IN_FLIGHT`] batches.
     in_flight: Arc<Semaphore>,
     /// Unique per session, so a batch id never repeats (the server keys open batches by it).
@@ -86,8 +89,9 @@ pub(super) struct Batcher {
 }
 
 impl Batcher {
-    pub fn new(client: async_nats::Client) -> Self {
+    pub fn new(client: async_nats::Client, max_msg_size: Option<usize>) -> Self {
         Batcher {
+            max_msg_size,
             in_flight: Arc::new(Semaphore::new(MAX_BATCHES_IN_FLIGHT)),
             prefix: format!(
                 "or{:x}-{:x}",
@@ -213,9 +217,10 @@ impl Sink {
     }
 
     /// The message for `event` in a batch (event id in `Outbox-Event-Id`), or its dead letter
-    /// (`outbox.on_invalid`), shrunk to fit the server's `max_payload`: members are core publishes,
-    /// which the client does not check, and an oversize one would make the server close the
-    /// connection.
+    /// (`outbox.on_invalid`), shrunk to fit the server's `max_payload` and the stream's
+    /// `max_msg_size`: members are core publishes, which the client does not check (an oversize one
+    /// would make the server close the connection), and one message over the stream's limit makes
+    /// the server refuse the whole batch.
     fn batch_message(&self, event: &OutboxEvent) -> Result<(Outgoing, Sent), SinkError> {
         let c = &self.config;
         let out = message::build_as(
@@ -225,11 +230,13 @@ impl Sink {
             c.cloudevents.as_ref(),
             IdHeader::EventId,
         );
-        let max = self
-            .batch
-            .as_ref()
-            .map_or(usize::MAX, |b| b.client.max_payload())
-            .saturating_sub(BATCH_HEADER_ROOM);
+        let b = self.batch.as_ref();
+        let server = b.map_or(usize::MAX, |b| b.client.max_payload());
+        let (limit, what) = match b.and_then(|b| b.max_msg_size) {
+            Some(stream) if stream < server => (stream, "the stream's max_msg_size"),
+            _ => (server, "the server's max_payload"),
+        };
+        let max = limit.saturating_sub(BATCH_HEADER_ROOM);
         let (mut reason, subject) = match &out.dead_letter {
             Some(reason) => {
                 c.on_invalid(event, reason)?;
@@ -250,7 +257,7 @@ impl Sink {
                 if wire_size(&out.headers, out.payload.len()) <= max {
                     return Ok((out, Sent::Event));
                 }
-                let reason = "message too large for the server's max_payload".to_owned();
+                let reason = format!("message too large for {what} of {limit} bytes");
                 c.on_invalid(event, &reason)?;
                 (reason, Some(out.subject))
             }
@@ -273,7 +280,7 @@ impl Sink {
             id: event.msg_id.clone(),
             lsn: event.commit_lsn,
             reason,
-            refusal: format!("larger than the server's max_payload of {max} bytes"),
+            refusal: format!("larger than {what} of {limit} bytes"),
         })
     }
 

@@ -32,6 +32,8 @@ pub struct Tail {
     /// Commit LSN and message id of the message at `last_sequence`, when it is still there and was
     /// written by the relay.
     pub last: Option<(Lsn, String)>,
+    /// The stream's `max_msg_size` (headers and payload), when it has one.
+    pub max_msg_size: Option<usize>,
 }
 
 /// The stream's tail cannot be read.
@@ -53,16 +55,17 @@ pub async fn read_tail(js: &jetstream::Context, stream: &str) -> Result<Tail, Ta
         source: e,
     };
     let mut s = js.get_stream(stream).await.map_err(|e| err(e.into()))?;
-    let last_sequence = s
-        .info()
-        .await
-        .map_err(|e| err(e.into()))?
-        .state
-        .last_sequence;
+    let info = s.info().await.map_err(|e| err(e.into()))?;
+    let last_sequence = info.state.last_sequence;
+    // -1 (or 0, never set) means no limit of the stream's own.
+    let max_msg_size = usize::try_from(info.config.max_message_size)
+        .ok()
+        .filter(|&n| n > 0);
     if last_sequence == 0 {
         return Ok(Tail {
             last_sequence,
             last: None,
+            max_msg_size,
         });
     }
     // The last message may be gone (a limit or a purge); then nothing can be matched, and the
@@ -86,6 +89,7 @@ pub async fn read_tail(js: &jetstream::Context, stream: &str) -> Result<Tail, Ta
     Ok(Tail {
         last_sequence,
         last,
+        max_msg_size,
     })
 }
 
@@ -179,6 +183,7 @@ mod tests {
         Tail {
             last_sequence: 9,
             last: Some((Lsn(lsn), id.to_owned())),
+            max_msg_size: None,
         }
     }
 
@@ -205,6 +210,7 @@ mod tests {
         let mut r = Replay::new(&Tail {
             last_sequence: 0,
             last: None,
+            max_msg_size: None,
         });
         assert!(!r.already_stored(Lsn(1), "a"));
     }

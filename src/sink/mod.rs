@@ -261,17 +261,21 @@ impl Sink {
         client: async_nats::Client,
         config: SinkConfig,
     ) -> Result<(Sink, AckReceiver), TailError> {
-        let batch = config.atomic.then(|| batch::Batcher::new(client.clone()));
-        let fence = if config.fence {
+        let tail = if config.fence {
             let js = jetstream::ContextBuilder::new()
                 .timeout(config.ack_timeout)
                 .build(client.clone());
             let tail = read_tail(&js, &config.stream).await?;
             tracing::debug!(last_sequence = tail.last_sequence, last = ?tail.last, "stream tail");
-            Some(Fence::new(&tail))
+            Some(tail)
         } else {
             None
         };
+        let fence = tail.as_ref().map(Fence::new);
+        // Settings refuse atomic_transactions without the fence, so the tail is there.
+        let batch = config.atomic.then(|| {
+            batch::Batcher::new(client.clone(), tail.as_ref().and_then(|t| t.max_msg_size))
+        });
         let (publisher, replies) =
             Publisher::start(client, config.ack_timeout)
                 .await

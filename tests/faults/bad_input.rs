@@ -252,6 +252,55 @@ async fn message_refused_by_the_stream_is_dead_lettered() {
     relay.stop().await.expect("relay stops cleanly");
 }
 
+/// The same with `nats.atomic_transactions`: a batch that holds a message over the stream's
+/// max_msg_size would be refused whole, every time, so the relay must dead-letter that message before
+/// it goes into the batch, and the rest of its transaction and the next one are stored.
+#[tokio::test]
+async fn message_over_the_streams_max_msg_size_is_dead_lettered_in_an_atomic_batch() {
+    let mut rig = Rig::new(TEXT_ID_OUTBOX_SQL, NatsServer::start()).await;
+    rig.config.nats.atomic_transactions = true;
+    rig.js
+        .create_stream(stream::Config {
+            name: rig.config.nats.stream.clone(),
+            subjects: vec!["outbox.*".into(), DEAD_LETTER.into()],
+            max_message_size: 2048,
+            duplicate_window: Duration::from_secs(120),
+            allow_atomic_publish: true,
+            ..Default::default()
+        })
+        .await
+        .expect("create stream");
+    let relay = rig.start().await;
+    let big = format!(r#"{{"pad": "{}"}}"#, "x".repeat(3_000));
+    rig.client
+        .batch_execute(&format!(
+            "BEGIN; \
+             INSERT INTO public.outbox (event_id, aggregate_type, aggregate_id, event_type, payload) \
+               VALUES ('before', 'Claim', '1', 'ClaimApproved', '{{}}'); \
+             INSERT INTO public.outbox (event_id, aggregate_type, aggregate_id, event_type, payload) \
+               VALUES ('refused', 'Claim', '1', 'ClaimApproved', '{big}'); \
+             INSERT INTO public.outbox (event_id, aggregate_type, aggregate_id, event_type, payload) \
+               VALUES ('after', 'Claim', '1', 'ClaimApproved', '{{}}'); \
+             COMMIT;"
+        ))
+        .await
+        .expect("one transaction of three events");
+    rig.good("good-1").await;
+    let all = rig.messages(4).await;
+    assert_delivered(&all[0], "before");
+    assert_dead_letter(&all[1], "refused", "max_msg_size");
+    assert!(all[1].payload.is_empty());
+    assert_eq!(all[1].header("Outbox-Payload-Size"), big.len().to_string());
+    assert_delivered(&all[2], "after");
+    assert_delivered(&all[3], "good-1");
+    report(
+        "stream refuses (max_msg_size 2048, 3 kB), atomic batch",
+        4,
+        1,
+    );
+    relay.stop().await.expect("relay stops cleanly");
+}
+
 /// A column added while streaming is ignored; a needed column dropped turns the following events into
 /// dead letters whose reason names it.
 #[tokio::test]
