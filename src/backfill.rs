@@ -20,7 +20,7 @@
 //! slot will send and after every commit the snapshot shows.
 //!
 //! Rows the stream already holds are dropped by JetStream inside its duplicate window; the backfill
-//! counts them. Its publishes are not fenced (see [`publish_snapshot`]); `run` fences the stream
+//! counts them. Its publishes are not fenced (see `publish_snapshot`); `run` fences the stream
 //! again from the tail the backfill leaves.
 //!
 //! `--where` and `--order-by` are SQL written by the operator, who already has access to the

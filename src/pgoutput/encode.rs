@@ -1,4 +1,4 @@
-//! Builds pgoutput wire bytes from [`Message`](crate::pgoutput::Message)s: the inverse of
+//! Builds pgoutput wire bytes from [`Message`]s: the inverse of
 //! [`Decoder::decode`](crate::pgoutput::Decoder::decode), for round-trip tests, benchmarks and fake
 //! servers. Not used on the production path.
 //!

@@ -1,5 +1,5 @@
 //! `outbox-relay run`: setup, then sessions of source → pgoutput → outbox → route → sink → progress
-//! ([`session`]), restarted from the last confirmed LSN after any transient failure, until shutdown.
+//! (`session.rs`), restarted from the last confirmed LSN after any transient failure, until shutdown.
 //!
 //! The restart loop lives here: a capped, jittered backoff; a standby's steady pace while another
 //! relay holds the slot; one log line per change of state, not per retry. JetStream drops the events

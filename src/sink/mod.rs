@@ -3,7 +3,7 @@
 //!
 //! Publishing only queues the message on the connection (async-nats sends every publish through one
 //! channel into one connection task, so wire order is call order), with a reply subject on the
-//! session's inbox ([`publish`]). Each publish's token goes to the ack task, which takes the acks
+//! session's inbox (`publish.rs`). Each publish's token goes to the ack task, which takes the acks
 //! off that inbox one by one and reports [`Acked`] in the same order, which is what
 //! [`crate::progress::Progress`] needs. The window is two semaphores, messages and bytes: when either
 //! is used up the relay stops reading from Postgres, and TCP backpressure does the rest (P6).

@@ -482,7 +482,7 @@ impl ConnInfo {
     }
 
     /// Settings for an ordinary SQL connection to this copy's host through tokio-postgres. TLS
-    /// verification is done by the rustls config from [`super::tls`], so `verify-*` map to
+    /// verification is done by the rustls config from `source::tls`, so `verify-*` map to
     /// tokio-postgres' `Require`.
     pub fn tokio_postgres_config(&self, application_name: &str) -> tokio_postgres::Config {
         use secrecy::ExposeSecret;
