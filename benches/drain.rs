@@ -946,7 +946,12 @@ fn peak_rss_mb(pid: u32) -> f64 {
 
 /// utime + stime of `pid` in milliseconds (fields 14 and 15 of /proc/pid/stat, in clock ticks).
 fn cpu_ms(pid: u32) -> f64 {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    stat_cpu_ms(&format!("/proc/{pid}/stat"))
+}
+
+/// utime + stime in milliseconds from a /proc `stat` file (a process's, or a thread's).
+fn stat_cpu_ms(path: &str) -> f64 {
+    let stat = fs::read_to_string(path).unwrap_or_default();
     // The command name (field 2) may hold spaces; count fields after its closing parenthesis.
     let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
     let f: Vec<u64> = rest

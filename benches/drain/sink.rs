@@ -57,15 +57,7 @@ where
 
 /// utime+stime of the calling thread, in ms.
 fn thread_cpu_ms() -> f64 {
-    let stat = std::fs::read_to_string("/proc/thread-self/stat").unwrap_or_default();
-    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let f: Vec<u64> = rest
-        .split_whitespace()
-        .map(|x| x.parse().unwrap_or(0))
-        .collect();
-    let ticks = f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0);
-    // CLK_TCK is 100 on Linux' supported architectures.
-    ticks as f64 * 10.0
+    super::stat_cpu_ms("/proc/thread-self/stat")
 }
 
 /// The relay's headers for message `i` (without the fence's expectation).
