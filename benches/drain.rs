@@ -962,13 +962,17 @@ fn stat_cpu_ms(path: &str) -> f64 {
     ticks as f64 * 1000.0 / clock_ticks() as f64
 }
 
+/// Clock ticks per second, asked once (a `getconf` run inside a measured interval would count).
 fn clock_ticks() -> u64 {
-    Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
-        .unwrap_or(100)
+    static TICKS: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *TICKS.get_or_init(|| {
+        Command::new("getconf")
+            .arg("CLK_TCK")
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+            .unwrap_or(100)
+    })
 }
 
 /// The relay drains `slot` into a fresh stream: spawn → the stream holds `events` messages.
