@@ -343,10 +343,12 @@ async fn backfill_is_refused_while_a_relay_streams() {
     let relay = InProcessRelay::start(config.clone());
     let client = db.client().await;
     let slot = config.postgres.slot.clone();
+    // A slot being created is active before it has a consistent point (confirmed_flush_lsn NULL).
     wait_for("the relay to stream", LIMIT, || async {
         client
             .query_opt(
-                "SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND active",
+                "SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND active \
+                 AND confirmed_flush_lsn IS NOT NULL AND active_pid IS NOT NULL",
                 &[&slot],
             )
             .await

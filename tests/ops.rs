@@ -137,7 +137,9 @@ async fn wait_for_active_slot(client: &Client, slot: &str) {
     wait_for("the relay's slot to be active", LIMIT, || async {
         client
             .query_opt(
-                "SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND active",
+                // A slot being created is active before its consistent point (confirmed_flush_lsn NULL).
+                "SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND active \
+                 AND confirmed_flush_lsn IS NOT NULL",
                 &[&slot],
             )
             .await
