@@ -261,9 +261,10 @@ pub async fn limit_batched(
 /// instead of each one. No batch headers: the reply subject carries the protocol,
 /// `<inbox>.<flow>.<gap>.<batch sequence>.<operation>.$FI` (operation 0 starts the batch, 1 adds,
 /// 2 adds and commits), the inbox's last token being the batch id. Flow acks arrive as
-/// `{"type":"ack","seq":N,"msgs":M}` (nats-server 2.15.1), the commit's as a pub ack naming the `batch` and its `count`. The publisher
-/// keeps at most `WINDOW` messages beyond the last flow ack, like the relay's window; the messages
-/// keep the relay's headers, `Nats-Msg-Id` and the fence's expectation included.
+/// `{"type":"ack","seq":N,"msgs":M}` (nats-server 2.15.1), the commit's as a pub ack naming the
+/// `batch` and its `count`. The publisher keeps at most `WINDOW` messages beyond the last flow ack,
+/// like the relay's window; the messages keep the relay's headers, `Nats-Msg-Id` and the fence's
+/// expectation included.
 pub async fn limit_fast(
     client: async_nats::Client,
     stream_name: &str,

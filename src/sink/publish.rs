@@ -118,14 +118,16 @@ impl Replies {
         if let Some(m) = self.early.remove(&token) {
             return Some(parse(&m));
         }
-        let deadline = tokio::time::Instant::now() + timeout;
+        // Set at the first wait: most answers are already queued, and taking them needs neither a
+        // timer nor a clock read.
+        let mut deadline = None;
         loop {
-            // Most answers are already queued: take them without arming a timer.
             let next = match self.sub.next().now_or_never() {
                 Some(m) => m,
-                None => tokio::time::timeout_at(deadline, self.sub.next())
-                    .await
-                    .ok()?,
+                None => {
+                    let at = *deadline.get_or_insert_with(|| tokio::time::Instant::now() + timeout);
+                    tokio::time::timeout_at(at, self.sub.next()).await.ok()?
+                }
             };
             let Some(m) = next else {
                 return Some(Err(PublishError::new(PublishErrorKind::BrokenPipe)));
