@@ -12,12 +12,12 @@
 //! its text form, as the walsender sends it) and goes through the same [`OutboxStage`] and [`Sink`]
 //! as live events: same subject, headers, `Nats-Msg-Id`, dead-letter rules and `bytea` handling.
 //!
-//! `Outbox-Commit-Lsn` of a backfilled message is the consistent point minus one, for every row
-//! (their order within it is the cursor's order). Why not the consistent point itself: a live
-//! transaction's commit record may start exactly there, and the fence of the next `run` treats
-//! messages with the tail's commit LSN as the tail's own transaction (`Replay::already_stored`),
-//! so it would skip that live transaction's events. One less is strictly before every commit the
-//! slot will send and after every commit the snapshot shows.
+//! `Outbox-Commit-Lsn` of a backfilled message is the consistent point minus one, for every row,
+//! and its `Outbox-Position` that LSN with the row's index in the cursor's order. Why not the
+//! consistent point itself: a live transaction's commit record may start exactly there, and its
+//! events would share positions with the backfilled rows, which the next `run` compares with the
+//! stream's tail to know what is stored. One less is strictly before every commit the slot will send
+//! and after every commit the snapshot shows (WAL records start on 8-byte boundaries).
 //!
 //! Rows the stream already holds are dropped by JetStream inside its duplicate window; the backfill
 //! counts them. Its publishes are not fenced (see `publish_snapshot`); `run` fences the stream
@@ -39,8 +39,11 @@ use crate::catalog;
 use crate::config::Settings;
 use crate::outbox::{OutboxStage, StageError, Step};
 use crate::pgoutput::{Column, Message, Relation, TupleValue};
+use crate::position::History;
 use crate::setup::{self, Prepared, SetupError};
-use crate::sink::{AckReceiver, ConnectError, Outcome, Sink, SinkConfig, SinkError, TailError};
+use crate::sink::{
+    AckReceiver, ConnectError, Origin, Outcome, Sink, SinkConfig, SinkError, TailError,
+};
 use crate::source::{ReplConnection, SourceError};
 
 /// Rows per `FETCH`: large enough to amortise the round trip, small enough that the rows in one
@@ -104,8 +107,12 @@ pub struct BackfillReport {
     pub slot: String,
     /// The slot's consistent point: `run` publishes every transaction committed from here on.
     pub consistent_point: Lsn,
-    /// The `Outbox-Commit-Lsn` every backfilled message carries (consistent point − 1).
+    /// The `Outbox-Commit-Lsn` every backfilled message carries (consistent point − 1); their
+    /// `Outbox-Position` is this LSN and the row's index in the cursor's order.
     pub commit_lsn: Lsn,
+    /// The history the slot belongs to (`Outbox-History` of every backfilled message), when the
+    /// server told it.
+    pub history: Option<History>,
     /// An existing slot was dropped first (`--replace-slot`).
     pub replaced_slot: bool,
     /// Rows read and published (stored, duplicates and dead letters together).
@@ -276,6 +283,10 @@ pub async fn backfill(
             target: settings.conn.to_string(),
             source,
         })?;
+    // The history the backfilled messages name, so the next run's replay recognises them as its
+    // own. Without it (an old server's answer it cannot read) they carry none, and the run after the
+    // backfill trusts nothing and republishes (JetStream drops the duplicates).
+    let system = repl.identify_system().await.ok();
     let (consistent_point, snapshot) = match repl
         .create_slot_with_snapshot(&slot, settings.postgres.failover)
         .await
@@ -300,6 +311,11 @@ pub async fn backfill(
         slot: slot.clone(),
         consistent_point,
         commit_lsn: Lsn(consistent_point.0.saturating_sub(1)),
+        history: system.map(|s| History {
+            system_id: s.system_id,
+            timeline: s.timeline,
+            slot: slot.clone(),
+        }),
         replaced_slot,
         slot_wait,
         ..BackfillReport::default()
@@ -468,11 +484,20 @@ async fn publish_snapshot(
     // of those before it (measured: a rerun after a kill ended in a broken fence). The backfill does
     // not need it: every ack is awaited, any failure ends the backfill (and drops its slot), and a
     // rerun republishes everything, which JetStream deduplicates.
+    //
+    // Never atomic batches either (`nats.atomic_transactions`): a batch message cannot carry
+    // `Nats-Msg-Id`, so a rerun would store every row again, and a snapshot is not a transaction
+    // whose parts a consumer must see together. Each row is one publish with its id.
     let config = SinkConfig {
         fence: false,
+        atomic: false,
         ..SinkConfig::from_settings(settings)
     };
-    let (mut sink, mut acks) = Sink::start(nats, config).await?;
+    let origin = report.history.clone().map(|history| Origin {
+        history,
+        wal_end: report.consistent_point,
+    });
+    let (mut sink, mut acks) = Sink::start(nats, config, origin.as_ref(), None).await?;
     let mut stage = OutboxStage::new(&settings.outbox);
     let commit_ts = crate::lsn::pg_now_micros();
     let begin = Message::Begin {

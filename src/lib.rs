@@ -46,6 +46,7 @@ pub mod message;
 pub mod metrics;
 pub mod outbox;
 pub mod pgoutput;
+pub mod position;
 pub mod progress;
 pub mod relay;
 pub mod route;

@@ -33,6 +33,12 @@ pub const AGGREGATE_TYPE: &str = "Outbox-Aggregate-Type";
 pub const AGGREGATE_ID: &str = "Outbox-Aggregate-Id";
 /// The commit LSN of the event's transaction.
 pub const COMMIT_LSN: &str = "Outbox-Commit-Lsn";
+/// The message's place in the slot's history, `X/Y:I` ([`crate::position::Position`]): what a
+/// resuming session compares with the stream's tail.
+pub const POSITION: &str = "Outbox-Position";
+/// The history the position belongs to, `SYSTEM/TIMELINE/SLOT` ([`crate::position::History`]); set
+/// by the sink.
+pub const HISTORY: &str = "Outbox-History";
 /// On a dead letter: why the event could not be published, in one line.
 pub const ERROR: &str = "Outbox-Error";
 /// On a dead letter: the subject the event would have had.
@@ -206,7 +212,7 @@ pub enum Shrink {
     /// No payload (`Outbox-Payload-Size` says how big it was); header values over
     /// [`MAX_DEAD_LETTER_HEADER`] bytes truncated and named in `Outbox-Truncated-Headers`.
     DropPayload,
-    /// Only the id, the reason, the commit LSN and the payload size.
+    /// Only the id, the reason, the commit LSN, the position and the payload size.
     Minimal,
 }
 
@@ -250,6 +256,10 @@ pub fn dead_letter_as(
             h.insert(
                 n.commit_lsn.clone(),
                 HeaderValue::from(event.commit_lsn.to_string()),
+            );
+            h.insert(
+                n.position.clone(),
+                HeaderValue::from(event.position.to_string()),
             );
             h
         }
@@ -330,6 +340,7 @@ struct Names {
     aggregate_type: HeaderName,
     aggregate_id: HeaderName,
     commit_lsn: HeaderName,
+    position: HeaderName,
     ce_specversion: HeaderName,
     ce_id: HeaderName,
     ce_type: HeaderName,
@@ -356,6 +367,7 @@ fn names() -> &'static Names {
         aggregate_type: AGGREGATE_TYPE.into_header_name(),
         aggregate_id: AGGREGATE_ID.into_header_name(),
         commit_lsn: COMMIT_LSN.into_header_name(),
+        position: POSITION.into_header_name(),
         ce_specversion: CE_SPECVERSION.into_header_name(),
         ce_id: CE_ID.into_header_name(),
         ce_type: CE_TYPE.into_header_name(),
@@ -384,6 +396,10 @@ fn headers(event: &OutboxEvent, id: IdHeader) -> HeaderMap {
     h.insert(
         n.commit_lsn.clone(),
         HeaderValue::from(event.commit_lsn.to_string()),
+    );
+    h.insert(
+        n.position.clone(),
+        HeaderValue::from(event.position.to_string()),
     );
     for (k, v) in &event.headers {
         h.insert(k.as_str(), v.as_str());
@@ -480,6 +496,7 @@ mod tests {
             headers: vec![("traceparent".into(), "00-1-2-01".into())],
             commit_lsn: Lsn(0x1_0000_00A0),
             index: 0,
+            position: crate::position::Position::in_transaction(Lsn(0x1_0000_00A0), 0),
             commit_ts: 0,
             problem: None,
             msg_id: "e-5531".into(),

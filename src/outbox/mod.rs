@@ -30,6 +30,7 @@ use crate::Lsn;
 use crate::config::OutboxConfig;
 use crate::message::MAX_ID_BYTES;
 use crate::pgoutput::{Message, Relation, TupleValue};
+use crate::position::Position;
 
 /// Type OIDs the mapping cares about (`pg_type.dat`).
 mod oid {
@@ -65,6 +66,9 @@ pub struct OutboxEvent {
     pub commit_lsn: Lsn,
     /// Position among the outbox inserts of its transaction (0-based).
     pub index: u32,
+    /// Its place in the slot's history: the `Outbox-Position` header, what a resuming session
+    /// compares with the stream's tail ([`crate::position`]).
+    pub position: Position,
     /// The transaction's commit time (µs since 2000-01-01, from Begin), for commit → ack latency.
     pub commit_ts: i64,
     /// Why this event must go to the dead-letter subject; `None` for a good event.
@@ -314,6 +318,9 @@ impl OutboxStage {
                     // A WAL-derived id: should the application emit the event again, properly, its own
                     // id must not be dropped as a duplicate of this dead letter.
                     event.msg_id = format!("lsn:{lsn}:non-transactional");
+                    // Not (lsn, 0): the next record may be a COMMIT that starts at `lsn`, and its
+                    // transaction's events would share the position.
+                    event.position = Position::standalone(lsn);
                     return Ok(Step::Standalone {
                         event: Box::new(event),
                         end_lsn: lsn,
@@ -519,6 +526,7 @@ impl OutboxStage {
             headers,
             commit_lsn: self.commit_lsn,
             index: self.index,
+            position: Position::in_transaction(self.commit_lsn, self.index),
             commit_ts: self.commit_ts,
             problem: (!problems.is_empty()).then(|| problems.join("; ")),
             content_type: cols.content_type,
@@ -544,6 +552,7 @@ impl OutboxStage {
             headers: Vec::new(),
             commit_lsn,
             index,
+            position: Position::in_transaction(commit_lsn, index),
             commit_ts,
             problem: None,
             msg_id: String::new(),

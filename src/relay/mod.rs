@@ -23,10 +23,10 @@ use tracing::{debug, error, info, warn};
 use crate::Lsn;
 use crate::config::Settings;
 pub use crate::error::RelayError;
-use crate::error::{CauseKind, Restart, SessionEnd};
+use crate::error::{CauseKind, NatsTrouble, Restart, SessionEnd};
 use crate::metrics::Metrics;
 use crate::setup;
-use crate::sink::{Outcome, connect_nats};
+use crate::sink::{Outcome, SinkError, connect_nats};
 use monitor::{AbortOnDrop, sample_slot};
 use session::Session;
 
@@ -79,6 +79,7 @@ pub async fn run(
         // Start where the slot is; the server would use max(this, confirmed_flush) anyway, but the
         // tracker and the logs should know the real position.
         confirmed: report.slot_confirmed.unwrap_or(Lsn::ZERO),
+        distrusted: None,
         stop: stop_rx,
     };
     let main = relay.main_loop();
@@ -105,6 +106,9 @@ pub(crate) struct Relay {
     last_cause: Option<CauseKind>,
     /// The last LSN confirmed to the slot by this process; sessions restart here.
     confirmed: Lsn,
+    /// The last sequence of a stream tail a session found to be from another history
+    /// ([`crate::sink::SinkError::Diverged`]): the next sessions skip nothing behind it.
+    distrusted: Option<u64>,
     stop: watch::Receiver<bool>,
 }
 
@@ -129,6 +133,12 @@ impl Relay {
                     return Err(e);
                 }
                 SessionEnd::Restart(restart) => {
+                    if let Restart::Nats(NatsTrouble::Sink(SinkError::Diverged {
+                        sequence, ..
+                    })) = &restart
+                    {
+                        self.distrusted = Some(*sequence);
+                    }
                     if ran_for.is_some_and(|d| d >= HEALTHY_SESSION) {
                         self.failures = 0;
                         self.last_cause = None;

@@ -22,8 +22,9 @@ use crate::error::{
 use crate::metrics::Metrics;
 use crate::outbox::{OutboxStage, Step};
 use crate::pgoutput::{Decoder, Message};
+use crate::position::History;
 use crate::progress::Progress;
-use crate::sink::{AckReceiver, Acked, Outcome, Sink, SinkConfig, SinkError, connect_nats};
+use crate::sink::{AckReceiver, Acked, Origin, Outcome, Sink, SinkConfig, SinkError, connect_nats};
 use crate::source::{
     PgOutputOptions, ReplConnection, ReplicationEvent, ReplicationStream, SourceError, StreamConfig,
 };
@@ -67,9 +68,26 @@ impl Session {
             settings.postgres.slot,
             std::process::id()
         );
-        let conn = ReplConnection::connect(&settings.conn, &app)
+        let mut conn = ReplConnection::connect(&settings.conn, &app)
             .await
             .map_err(from_source)?;
+        // The history this session streams, and how far the server's WAL reaches: the sink trusts
+        // the stream's tail only when it is this history's and not beyond it.
+        let system = match conn.identify_system().await {
+            Ok(s) => s,
+            Err(e) => {
+                conn.close().await;
+                return Err(from_source(e));
+            }
+        };
+        let origin = Origin {
+            history: History {
+                system_id: system.system_id,
+                timeline: system.timeline,
+                slot: settings.postgres.slot.clone(),
+            },
+            wal_end: system.xlogpos,
+        };
         let version = conn.server_version_num();
         let mut options = PgOutputOptions::new([settings.postgres.publication.clone()]);
         // Proto v1 is enough: no streaming of in-progress transactions (DESIGN.md §3), and v1 keeps
@@ -117,9 +135,14 @@ impl Session {
                 debug!(slot = %settings.postgres.slot, start = %relay.confirmed, "streaming (retry)")
             }
         }
-        let (sink, acks) = Sink::start(nats, SinkConfig::from_settings(&settings))
-            .await
-            .map_err(Restart::from)?;
+        let (sink, acks) = Sink::start(
+            nats,
+            SinkConfig::from_settings(&settings),
+            Some(&origin),
+            relay.distrusted,
+        )
+        .await
+        .map_err(Restart::from)?;
         Ok(Session {
             stream,
             sink,
@@ -147,7 +170,17 @@ impl Session {
                 ev = self.stream.recv() => match ev {
                     None => Err(from_source(SourceError::Closed("replication stream ended"))),
                     Some(Err(e)) => Err(from_source(e)),
-                    Some(Ok(ev)) => self.on_replication(relay, ev).await,
+                    // A step can wait (for room in the window, for the partition lookup): it
+                    // yields to stop. Abandoning it mid-way is safe: what it published but did not
+                    // hand to progress is not confirmed, and the next start publishes it again.
+                    Some(Ok(ev)) => {
+                        let mut stop = relay.stop.clone();
+                        tokio::select! {
+                            biased;
+                            _ = async { stop.wait_for(|s| *s).await.is_ok() } => break SessionEnd::Shutdown,
+                            r = self.on_replication(relay, ev) => r,
+                        }
+                    }
                 },
             };
             if let Err(end) = step {
@@ -186,8 +219,8 @@ impl Session {
     fn on_ack(&mut self, relay: &mut Relay, ack: Acked, now: i64) -> Result<(), SessionEnd> {
         self.progress.ack(ack.seq).map_err(RelayError::from)?;
         relay.count(&ack.outcome);
-        if ack.event.commit_ts != 0 {
-            let micros = now - ack.event.commit_ts;
+        if ack.commit_ts != 0 {
+            let micros = now - ack.commit_ts;
             relay
                 .metrics
                 .commit_to_ack
@@ -299,7 +332,8 @@ impl Session {
         let acks = &mut self.acks;
         // Events of a transaction whose Commit has not arrived sit in an uncommitted atomic batch:
         // they are never acknowledged, and the next start publishes them again.
-        let uncommitted = self.sink.uncommitted() as u64;
+        // Events the replay skipped are acknowledged only once it reaches the stream's tail.
+        let uncommitted = self.sink.uncommitted() as u64 + self.sink.unverified();
         let drain = async {
             while progress.in_flight() > uncommitted {
                 match acks.recv().await {
@@ -336,20 +370,32 @@ impl Session {
     }
 }
 
-/// The outbox table's partitions, for the outbox stage; a failure to ask is Postgres trouble.
+/// How long the partition lookup may take (connect and query) before the session restarts.
+const PARTITION_LOOKUP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The outbox table's partitions, for the outbox stage; a failure to ask, or no answer within
+/// [`PARTITION_LOOKUP_TIMEOUT`], is Postgres trouble.
 async fn outbox_partitions(settings: &Settings) -> Result<Vec<u32>, SessionEnd> {
-    let client = catalog::connect(settings, "partitions")
+    let trouble = |what: String| {
+        from_source(SourceError::Io {
+            target: settings.conn.to_string(),
+            source: std::io::Error::other(format!("reading the outbox table's partitions: {what}")),
+        })
+    };
+    let lookup = async {
+        let client = catalog::connect(settings, "partitions")
+            .await
+            .map_err(from_source)?;
+        catalog::partitions(&client, &settings.outbox.table)
+            .await
+            .map_err(|e| trouble(e.to_string()))
+    };
+    tokio::time::timeout(PARTITION_LOOKUP_TIMEOUT, lookup)
         .await
-        .map_err(from_source)?;
-    catalog::partitions(&client, &settings.outbox.table)
-        .await
-        .map_err(|e| {
-            from_source(SourceError::Io {
-                target: settings.conn.to_string(),
-                source: std::io::Error::other(format!(
-                    "reading the outbox table's partitions: {e}"
-                )),
-            })
+        .unwrap_or_else(|_| {
+            Err(trouble(format!(
+                "no answer within {PARTITION_LOOKUP_TIMEOUT:?}"
+            )))
         })
 }
 

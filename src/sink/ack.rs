@@ -11,7 +11,8 @@ use tracing::{debug, warn};
 use super::batch::{self, Role};
 use super::publish::{Publisher, Replies};
 use super::{
-    Acked, InFlight, Outcome, Sent, SinkConfig, SinkError, fenced, routed_subject, send_dead_letter,
+    Acked, InFlight, Outcome, Queued, Sent, SinkConfig, SinkError, routed_subject,
+    send_dead_letter, stamped,
 };
 use crate::message::{self, Shrink};
 
@@ -55,7 +56,7 @@ fn report(
     let msg = result.map(|outcome| Acked {
         seq,
         outcome,
-        event,
+        commit_ts: event.commit_ts,
     });
     let ok = acks.send(msg).is_ok();
     drop(_permits);
@@ -65,7 +66,7 @@ fn report(
 impl AckTask {
     pub async fn run(
         mut self,
-        mut rx: mpsc::UnboundedReceiver<InFlight>,
+        mut rx: mpsc::UnboundedReceiver<Queued>,
         acks: mpsc::UnboundedSender<Result<Acked, SinkError>>,
     ) {
         // The last sequence the stream is known to hold (fenced streams).
@@ -75,7 +76,23 @@ impl AckTask {
         // Every item that is ready per wake-up: one channel wake-up per burst, not per message.
         let mut ready = Vec::with_capacity(256);
         while rx.recv_many(&mut ready, 256).await > 0 {
-            for mut item in ready.drain(..) {
+            for queued in ready.drain(..) {
+                let mut item = match queued {
+                    Queued::Sent(item) => item,
+                    Queued::Stored { first, count } => {
+                        for seq in first..first + count {
+                            let ack = Acked {
+                                seq,
+                                outcome: Outcome::AlreadyStored,
+                                commit_ts: 0,
+                            };
+                            if acks.send(Ok(ack)).is_err() {
+                                return;
+                            }
+                        }
+                        continue;
+                    }
+                };
                 let result = match item.batch {
                     Some(Role::Member) => {
                         members.push(item);
@@ -146,7 +163,8 @@ impl AckTask {
         last_stored: &mut Option<u64>,
     ) -> Result<Outcome, SinkError> {
         let Some(mut ack) = item.ack.take() else {
-            return Ok(Outcome::AlreadyStored);
+            // Only batch members have no token, and they never come here.
+            return Err(SinkError::Stopped);
         };
         let timeout = self.config.ack_timeout;
         // Republished once behind the known tail already (see below).
@@ -283,7 +301,8 @@ impl AckTask {
                 *shrink,
             ),
         };
-        let (target, headers, payload) = fenced(out, item.expected);
+        let (target, headers, payload) =
+            stamped(out, item.expected, self.config.history.as_deref());
         self.publisher
             .send(target, headers, payload)
             .await

@@ -131,14 +131,10 @@ impl Sink {
         seq: u64,
         event: Box<OutboxEvent>,
     ) -> Result<(), SinkError> {
-        let stored = self
-            .fence
-            .as_mut()
-            .is_some_and(|f| f.already_stored(event.commit_lsn, &event.msg_id));
         let size = approx_size(&event).min(self.config.max_in_flight_bytes);
-        if let Some(held) = self.batch_mut().held.take() {
+        if let Some(held) = self.batcher()?.held.take() {
             let (sent, bytes) = self
-                .batch_mut()
+                .batcher()?
                 .open
                 .as_ref()
                 .map_or((0, 0), |o| (o.sent, o.bytes));
@@ -148,7 +144,7 @@ impl Sink {
             let split =
                 sent + 2 > limit || bytes + held.size + size > self.config.max_in_flight_bytes;
             if split {
-                let b = self.batch_mut();
+                let b = self.batcher()?;
                 b.splits += 1;
                 warn!(
                     lsn = %held.item.event.commit_lsn,
@@ -159,23 +155,9 @@ impl Sink {
             self.send_held(held, split).await?;
         }
         let permits = self.reserve(size).await?;
-        if stored {
-            // Only before the first unstored event of a replay: nothing is held then.
-            return self.queue(InFlight {
-                seq,
-                ack: None,
-                event,
-                subject: String::new(),
-                sent: Sent::Event,
-                expected: None,
-                _permits: permits,
-                batch: None,
-                batch_permit: None,
-            });
-        }
         let (out, sent) = self.batch_message(&event)?;
         let expected = self.fence.as_mut().map(super::Fence::next_expected);
-        self.batch_mut().held = Some(Held {
+        self.batcher()?.held = Some(Held {
             item: InFlight {
                 seq,
                 ack: None,
@@ -212,8 +194,9 @@ impl Sink {
         })
     }
 
-    fn batch_mut(&mut self) -> &mut Batcher {
-        self.batch.as_mut().expect("atomic sink")
+    /// The batcher; only called on the atomic path, which exists only with one.
+    fn batcher(&mut self) -> Result<&mut Batcher, SinkError> {
+        self.batch.as_mut().ok_or(SinkError::NotAtomic)
     }
 
     /// The message for `event` in a batch (event id in `Outbox-Event-Id`), or its dead letter
@@ -292,7 +275,7 @@ impl Sink {
             out,
             size,
         } = held;
-        let b = self.batch.as_mut().expect("atomic sink");
+        let b = self.batch.as_mut().ok_or(SinkError::NotAtomic)?;
         if b.open.is_none() {
             let permit = Arc::clone(&b.in_flight)
                 .acquire_owned()
@@ -306,7 +289,9 @@ impl Sink {
                 bytes: 0,
             });
         }
-        let open = b.open.as_mut().expect("opened above");
+        let Some(open) = b.open.as_mut() else {
+            return Err(SinkError::NotAtomic);
+        };
         open.sent += 1;
         open.bytes += size;
         let mut headers = out.headers;
@@ -323,6 +308,9 @@ impl Sink {
                 HeaderValue::from(itoa::Buffer::new().format(e)),
             );
         }
+        if let Some(h) = &self.config.history {
+            headers.insert(message::HISTORY, h.as_str());
+        }
         if commit {
             item.batch_permit = b.open.take().map(|o| o.permit);
             headers.insert(NATS_BATCH_COMMIT, NATS_BATCH_COMMIT_FINAL);
@@ -337,13 +325,26 @@ impl Sink {
             item.ack = Some(ack);
             item.batch = Some(Role::Commit);
         } else {
-            b.client
-                .publish_with_headers(out.subject, headers, out.payload)
-                .await
-                .map_err(|source| SinkError::CorePublish {
-                    id: item.event.msg_id.clone(),
-                    source,
-                })?;
+            // Bounded like every other publish: the client's queue to the connection is bounded,
+            // and a connection that does not drain must end the session, not wedge it.
+            let send = b
+                .client
+                .publish_with_headers(out.subject, headers, out.payload);
+            match tokio::time::timeout(self.config.ack_timeout, send).await {
+                Ok(Ok(())) => {}
+                Ok(Err(source)) => {
+                    return Err(SinkError::CorePublish {
+                        id: item.event.msg_id.clone(),
+                        source,
+                    });
+                }
+                Err(_) => {
+                    return Err(SinkError::AckTimeout(
+                        self.config.ack_timeout,
+                        item.event.msg_id.clone(),
+                    ));
+                }
+            }
             item.batch = Some(Role::Member);
         }
         self.queue(item)

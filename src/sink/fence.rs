@@ -23,17 +23,29 @@ use async_nats::jetstream;
 
 use crate::Lsn;
 use crate::message;
+use crate::position::{History, Position};
 
 /// The stream's last message, as far as the relay needs it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Tail {
     /// The stream's last sequence (0 for a new stream).
     pub last_sequence: u64,
-    /// Commit LSN and message id of the message at `last_sequence`, when it is still there and was
-    /// written by the relay.
-    pub last: Option<(Lsn, String)>,
+    /// What the message at `last_sequence` says of itself, when it is still there.
+    pub last: Option<Stamp>,
     /// The stream's `max_msg_size` (headers and payload), when it has one.
     pub max_msg_size: Option<usize>,
+}
+
+/// The headers by which the relay recognises a message it wrote: each is `None` when the message
+/// lacks it or it does not parse (a message the relay did not write, or an older relay's).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Stamp {
+    /// `Outbox-Position`.
+    pub position: Option<Position>,
+    /// `Outbox-History`.
+    pub history: Option<History>,
+    /// `Nats-Msg-Id`, or `Outbox-Event-Id` on a message of an atomic batch.
+    pub id: Option<String>,
 }
 
 /// The stream's tail cannot be read.
@@ -72,17 +84,12 @@ pub async fn read_tail(js: &jetstream::Context, stream: &str) -> Result<Tail, Ta
     // replay publishes everything after the confirmed position.
     let last = match s.get_raw_message(last_sequence).await {
         Ok(m) => {
-            let lsn = m
-                .headers
-                .get(message::COMMIT_LSN)
-                .and_then(|v| v.as_str().parse::<Lsn>().ok());
-            // Messages of an atomic batch carry the id in Outbox-Event-Id.
-            let id = m
-                .headers
-                .get(message::NATS_MSG_ID)
-                .or_else(|| m.headers.get(message::EVENT_ID))
-                .map(|v| v.as_str().to_owned());
-            lsn.zip(id)
+            let text = |name: &str| m.headers.get(name).map(|v| v.as_str().to_owned());
+            Some(Stamp {
+                position: text(message::POSITION).and_then(|v| v.parse().ok()),
+                history: text(message::HISTORY).and_then(|v| v.parse().ok()),
+                id: text(message::NATS_MSG_ID).or_else(|| text(message::EVENT_ID)),
+            })
         }
         Err(_) => None,
     };
@@ -93,38 +100,186 @@ pub async fn read_tail(js: &jetstream::Context, stream: &str) -> Result<Tail, Ta
     })
 }
 
+/// What a session knows, before it reads anything, about the history it streams.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Origin {
+    /// The server's system, timeline and the slot.
+    pub history: History,
+    /// The server's WAL flush position when the session started (`IDENTIFY_SYSTEM`).
+    pub wal_end: Lsn,
+}
+
+/// What to do with one replayed event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Replayed {
+    /// Before the tail's position: stored if the tail turns out to be this history's; not to be
+    /// reported as stored until [`Replayed::Verified`] says so.
+    Skip,
+    /// The tail's own event: it and every event skipped before it are stored.
+    Verified,
+    /// Not stored yet: publish it.
+    Publish,
+    /// The events passed the tail's position without the tail's event among them: the stream's
+    /// tail is from another history (a restored database), and nothing skipped is stored.
+    Diverged {
+        /// The tail's position.
+        tail: Position,
+        /// The first event past it.
+        at: Position,
+    },
+}
+
 /// Decides, for the events a session replays from the confirmed position, which are already stored.
+///
+/// It trusts the stream's tail only when the relay wrote it in this history (`Outbox-History`) at a
+/// position the server has reached, and even then only provisionally: events before the tail's
+/// position are skipped, but they count as stored only once the walsender's events reach the
+/// tail's position with the tail's own event id. Anything else publishes (JetStream's duplicate
+/// window and the fence handle the true duplicates).
 #[derive(Debug, Clone)]
 pub struct Replay {
-    /// Until this (commit LSN, id) has been passed, replayed events are already in the stream.
-    until: Option<(Lsn, String)>,
+    state: State,
+}
+
+#[derive(Debug, Clone)]
+enum State {
+    Publishing,
+    Verifying {
+        until: Position,
+        id: String,
+        skipped: u64,
+    },
+}
+
+/// Why a session does not skip anything, for its log line.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Untrusted {
+    /// The tail lacks `Outbox-Position`, `Outbox-History` or an id.
+    #[error(
+        "the stream's last message was not written by this relay (no Outbox-Position/Outbox-History)"
+    )]
+    Foreign,
+    /// The tail is from another database, timeline or slot.
+    #[error(
+        "the stream's last message is from another history ({tail}, this session streams {here})"
+    )]
+    OtherHistory {
+        /// The tail's history.
+        tail: History,
+        /// The session's.
+        here: History,
+    },
+    /// The tail's position is beyond the server's WAL.
+    #[error(
+        "the stream's last message is at {tail}, beyond the server's WAL end {wal_end}: the database was restored \
+         from a backup or snapshot taken before the relay published it"
+    )]
+    AheadOfServer {
+        /// The tail's position.
+        tail: Position,
+        /// The server's WAL flush position.
+        wal_end: Lsn,
+    },
+    /// An earlier session found this tail to be from another history.
+    #[error(
+        "an earlier session found the stream's last message (sequence {0}) to be from another history"
+    )]
+    Diverged(u64),
 }
 
 impl Replay {
-    /// A replay that skips events up to the stream's last message, `tail.last`.
-    pub fn new(tail: &Tail) -> Self {
+    /// A replay that skips nothing.
+    pub fn publishing() -> Self {
         Replay {
-            until: tail.last.clone(),
+            state: State::Publishing,
         }
     }
 
-    /// Whether the event of transaction `commit_lsn` with message id `id` is already stored. Events
-    /// arrive in commit order, and within a transaction in insert order, as they were published.
-    pub fn already_stored(&mut self, commit_lsn: Lsn, id: &str) -> bool {
-        let Some((last_lsn, last_id)) = &self.until else {
-            return false;
+    /// The replay of a session that streams `origin` with the stream at `tail`; `distrusted` is
+    /// the last sequence of a tail an earlier session found to diverge. The error says why the
+    /// tail is not trusted (then nothing is skipped).
+    pub fn new(tail: &Tail, origin: &Origin, distrusted: Option<u64>) -> (Self, Option<Untrusted>) {
+        match Self::trusted(tail, origin, distrusted) {
+            Ok(Some((until, id))) => (
+                Replay {
+                    state: State::Verifying {
+                        until,
+                        id,
+                        skipped: 0,
+                    },
+                },
+                None,
+            ),
+            Ok(None) => (Self::publishing(), None),
+            Err(why) => (Self::publishing(), Some(why)),
+        }
+    }
+
+    fn trusted(
+        tail: &Tail,
+        origin: &Origin,
+        distrusted: Option<u64>,
+    ) -> Result<Option<(Position, String)>, Untrusted> {
+        // An empty stream, or its last message gone: nothing to match.
+        let Some(last) = &tail.last else {
+            return Ok(None);
         };
-        if commit_lsn < *last_lsn {
-            return true;
+        if distrusted == Some(tail.last_sequence) {
+            return Err(Untrusted::Diverged(tail.last_sequence));
         }
-        if commit_lsn == *last_lsn {
-            if id == last_id {
-                self.until = None;
+        let (Some(position), Some(history), Some(id)) = (last.position, &last.history, &last.id)
+        else {
+            return Err(Untrusted::Foreign);
+        };
+        if *history != origin.history {
+            return Err(Untrusted::OtherHistory {
+                tail: history.clone(),
+                here: origin.history.clone(),
+            });
+        }
+        if position.lsn >= origin.wal_end {
+            return Err(Untrusted::AheadOfServer {
+                tail: position,
+                wal_end: origin.wal_end,
+            });
+        }
+        Ok(Some((position, id.clone())))
+    }
+
+    /// What to do with the replayed event at `position` with message id `id`. Events arrive in
+    /// position order, as they were published.
+    pub fn replayed(&mut self, position: Position, id: &str) -> Replayed {
+        let State::Verifying {
+            until,
+            id: tail_id,
+            skipped,
+        } = &mut self.state
+        else {
+            return Replayed::Publish;
+        };
+        let decision = match position.cmp(until) {
+            std::cmp::Ordering::Less => {
+                *skipped += 1;
+                return Replayed::Skip;
             }
-            return true;
+            std::cmp::Ordering::Equal if id == tail_id => Replayed::Verified,
+            // Nothing skipped: the tail lies before the confirmed position, all is new.
+            std::cmp::Ordering::Greater if *skipped == 0 => Replayed::Publish,
+            _ => Replayed::Diverged {
+                tail: *until,
+                at: position,
+            },
+        };
+        self.state = State::Publishing;
+        decision
+    }
+
+    /// Events skipped so far whose storage is not yet proven.
+    pub fn unverified(&self) -> u64 {
+        match &self.state {
+            State::Verifying { skipped, .. } => *skipped,
+            State::Publishing => 0,
         }
-        self.until = None;
-        false
     }
 }
 
@@ -142,19 +297,24 @@ pub struct Fence {
 }
 
 impl Fence {
-    /// The fence of a session that starts with the stream at `tail`.
-    pub fn new(tail: &Tail) -> Self {
+    /// The fence of a session that starts with the stream at `tail`, replaying as `replay` says.
+    pub fn new(tail: &Tail, replay: Replay) -> Self {
         Fence {
-            replay: Replay::new(tail),
+            replay,
             base: tail.last_sequence,
             published: 0,
             duplicates: Arc::new(AtomicU64::new(0)),
         }
     }
 
-    /// Whether a replayed event is in the stream already (then it is skipped, not published).
-    pub fn already_stored(&mut self, commit_lsn: Lsn, id: &str) -> bool {
-        self.replay.already_stored(commit_lsn, id)
+    /// What to do with a replayed event ([`Replay::replayed`]).
+    pub fn replayed(&mut self, position: Position, id: &str) -> Replayed {
+        self.replay.replayed(position, id)
+    }
+
+    /// Events skipped whose storage is not yet proven ([`Replay::unverified`]).
+    pub fn unverified(&self) -> u64 {
+        self.replay.unverified()
     }
 
     /// The `Nats-Expected-Last-Sequence` of the next message; counts it.
@@ -179,45 +339,157 @@ impl Fence {
 mod tests {
     use super::*;
 
-    fn tail(lsn: u64, id: &str) -> Tail {
+    fn history() -> History {
+        History {
+            system_id: "7311234567890123456".into(),
+            timeline: 1,
+            slot: "outbox_relay".into(),
+        }
+    }
+
+    fn origin() -> Origin {
+        Origin {
+            history: history(),
+            wal_end: Lsn(0x10_000),
+        }
+    }
+
+    fn pos(lsn: u64, index: u32) -> Position {
+        Position::in_transaction(Lsn(lsn), index)
+    }
+
+    fn tail(lsn: u64, index: u32, id: &str) -> Tail {
         Tail {
             last_sequence: 9,
-            last: Some((Lsn(lsn), id.to_owned())),
+            last: Some(Stamp {
+                position: Some(pos(lsn, index)),
+                history: Some(history()),
+                id: Some(id.to_owned()),
+            }),
             max_msg_size: None,
         }
     }
 
-    #[test]
-    fn skips_up_to_and_including_the_last_stored_event() {
-        let mut r = Replay::new(&tail(200, "b"));
-        assert!(r.already_stored(Lsn(100), "x"), "earlier transaction");
-        assert!(r.already_stored(Lsn(200), "a"), "same transaction, before");
-        assert!(r.already_stored(Lsn(200), "b"), "the last stored one");
-        assert!(!r.already_stored(Lsn(200), "c"), "same transaction, after");
-        assert!(!r.already_stored(Lsn(300), "d"));
-        assert!(!r.already_stored(Lsn(100), "x"), "once passed, never again");
+    fn replay(t: &Tail) -> Replay {
+        let (r, why) = Replay::new(t, &origin(), None);
+        assert_eq!(why, None);
+        r
     }
 
     #[test]
-    fn later_transaction_ends_skipping() {
-        let mut r = Replay::new(&tail(200, "b"));
-        assert!(!r.already_stored(Lsn(250), "z"));
-        assert!(!r.already_stored(Lsn(200), "b"));
+    fn skips_up_to_the_tail_and_verifies_at_its_own_event() {
+        let mut r = replay(&tail(200, 1, "b"));
+        assert_eq!(r.replayed(pos(100, 0), "x"), Replayed::Skip);
+        assert_eq!(r.replayed(pos(200, 0), "a"), Replayed::Skip);
+        assert_eq!(r.unverified(), 2);
+        assert_eq!(r.replayed(pos(200, 1), "b"), Replayed::Verified);
+        assert_eq!(r.unverified(), 0);
+        assert_eq!(r.replayed(pos(200, 2), "c"), Replayed::Publish);
+        assert_eq!(
+            r.replayed(pos(100, 0), "x"),
+            Replayed::Publish,
+            "once passed, never again"
+        );
     }
 
     #[test]
-    fn empty_or_foreign_tail_skips_nothing() {
-        let mut r = Replay::new(&Tail {
-            last_sequence: 0,
-            last: None,
+    fn a_tail_before_the_confirmed_position_skips_nothing() {
+        let mut r = replay(&tail(200, 1, "b"));
+        assert_eq!(r.replayed(pos(250, 0), "z"), Replayed::Publish);
+        assert_eq!(r.replayed(pos(200, 1), "b"), Replayed::Publish);
+    }
+
+    #[test]
+    fn passing_the_tail_without_its_event_is_divergence() {
+        // A restored database: new events at lower positions, none at the tail's.
+        let mut r = replay(&tail(200, 1, "b"));
+        assert_eq!(r.replayed(pos(150, 0), "new-1"), Replayed::Skip);
+        assert_eq!(
+            r.replayed(pos(300, 0), "new-2"),
+            Replayed::Diverged {
+                tail: pos(200, 1),
+                at: pos(300, 0)
+            }
+        );
+        // Another event at the tail's very position is divergence too.
+        let mut r = replay(&tail(200, 1, "b"));
+        assert_eq!(r.replayed(pos(150, 0), "new-1"), Replayed::Skip);
+        assert!(matches!(
+            r.replayed(pos(200, 1), "other"),
+            Replayed::Diverged { .. }
+        ));
+    }
+
+    #[test]
+    fn a_standalone_message_at_the_tail_is_not_the_next_transaction() {
+        // Defect: a dead-lettered non-transactional message ending at 0/1000 is the tail; the next
+        // transaction commits at 0/1000. Its events are not the tail's and must be published.
+        let message = Position::standalone(Lsn(0x1000));
+        let t = Tail {
+            last_sequence: 4,
+            last: Some(Stamp {
+                position: Some(message),
+                history: Some(history()),
+                id: Some("lsn:0/1000:non-transactional".into()),
+            }),
             max_msg_size: None,
-        });
-        assert!(!r.already_stored(Lsn(1), "a"));
+        };
+        let mut r = replay(&t);
+        assert_eq!(
+            r.replayed(message, "lsn:0/1000:non-transactional"),
+            Replayed::Verified
+        );
+        assert_eq!(r.replayed(pos(0x1000, 0), "e-1"), Replayed::Publish);
+        assert_eq!(r.replayed(pos(0x1000, 1), "e-2"), Replayed::Publish);
+    }
+
+    #[test]
+    fn untrusted_tails_skip_nothing() {
+        let mut foreign = tail(200, 1, "b");
+        foreign.last.as_mut().unwrap().history = None;
+        let (mut r, why) = Replay::new(&foreign, &origin(), None);
+        assert_eq!(why, Some(Untrusted::Foreign));
+        assert_eq!(r.replayed(pos(100, 0), "x"), Replayed::Publish);
+
+        let mut other = tail(200, 1, "b");
+        other
+            .last
+            .as_mut()
+            .unwrap()
+            .history
+            .as_mut()
+            .unwrap()
+            .timeline = 2;
+        let (_, why) = Replay::new(&other, &origin(), None);
+        assert!(matches!(why, Some(Untrusted::OtherHistory { .. })));
+
+        let ahead = tail(0x20_000, 0, "b");
+        let (mut r, why) = Replay::new(&ahead, &origin(), None);
+        assert!(matches!(why, Some(Untrusted::AheadOfServer { .. })));
+        assert_eq!(r.replayed(pos(100, 0), "x"), Replayed::Publish);
+
+        let (_, why) = Replay::new(&tail(200, 1, "b"), &origin(), Some(9));
+        assert_eq!(why, Some(Untrusted::Diverged(9)));
+    }
+
+    #[test]
+    fn empty_stream_skips_nothing_and_says_nothing() {
+        let (mut r, why) = Replay::new(
+            &Tail {
+                last_sequence: 0,
+                last: None,
+                max_msg_size: None,
+            },
+            &origin(),
+            None,
+        );
+        assert_eq!(why, None);
+        assert_eq!(r.replayed(pos(1, 0), "a"), Replayed::Publish);
     }
 
     #[test]
     fn expectations_count_from_the_tail_and_step_back_for_duplicates() {
-        let mut f = Fence::new(&tail(200, "b"));
+        let mut f = Fence::new(&tail(200, 1, "b"), Replay::publishing());
         assert_eq!(f.next_expected(), 9);
         assert_eq!(f.next_expected(), 10);
         // The message that expected 9 was a duplicate: it took no sequence.

@@ -32,10 +32,11 @@ use tracing::warn;
 use crate::config::Settings;
 use crate::message::{self, Outgoing, Shrink};
 use crate::outbox::OutboxEvent;
+use crate::position::Position;
 use crate::route::SubjectTemplate;
 
 pub use connect::{ConnectError, connect_nats};
-pub use fence::{Fence, Replay, Tail, TailError, read_tail};
+pub use fence::{Fence, Origin, Replay, Replayed, Stamp, Tail, TailError, Untrusted, read_tail};
 use publish::Publisher;
 
 /// Why publishing cannot go on. Transient ones restart the session; [`SinkError::is_transient`].
@@ -78,6 +79,25 @@ pub enum SinkError {
     /// The ack task ended, so the sink cannot go on.
     #[error("the ack task stopped")]
     Stopped,
+    /// The atomic-batch path was asked for on a sink built without it (a defect in the relay).
+    #[error("atomic batch requested from a sink without nats.atomic_transactions")]
+    NotAtomic,
+    /// The replayed events passed the position of the stream's last message without that message's
+    /// own event: the stream's tail is from another history of the database (restored from a
+    /// snapshot or backup). Nothing skipped is confirmed; the next session publishes every event.
+    #[error(
+        "the stream's last message (sequence {sequence}, position {tail}) is not in this database's history: the \
+         replay reached {at} without it (database restored from a snapshot or backup?); publishing every event \
+         from the confirmed position again"
+    )]
+    Diverged {
+        /// The stream's last sequence when the session started.
+        sequence: u64,
+        /// The tail's position.
+        tail: Position,
+        /// The first replayed event past it.
+        at: Position,
+    },
     /// `outbox.on_invalid = "stop"` and an event cannot be published as it is.
     #[error(
         "event {id} at {lsn} cannot be published ({reason}); outbox.on_invalid = \"stop\": fix or delete the row's \
@@ -135,15 +155,15 @@ pub enum Outcome {
     },
 }
 
-/// An ack, reported in publish order, with the event it belongs to.
+/// An ack, reported in publish order.
 #[derive(Debug)]
 pub struct Acked {
     /// The sequence number the event was submitted with ([`Sink::submit`]).
     pub seq: u64,
     /// How the message ended.
     pub outcome: Outcome,
-    /// The event.
-    pub event: Box<OutboxEvent>,
+    /// The event's commit time (µs since 2000-01-01; 0 when unknown), for commit → ack latency.
+    pub commit_ts: i64,
 }
 
 /// Settings the sink needs.
@@ -172,6 +192,9 @@ pub struct SinkConfig {
     /// The most messages in one atomic batch (the server's limit, 1,000 by default); a longer
     /// transaction is split into several batches.
     pub max_batch: usize,
+    /// The `Outbox-History` every message carries: the history its position belongs to. Set by
+    /// [`Sink::start`] from the session's [`Origin`].
+    pub history: Option<String>,
 }
 
 impl SinkConfig {
@@ -192,6 +215,7 @@ impl SinkConfig {
                 .then(|| message::CloudEvents::new(&s.nats.cloudevents_source)),
             atomic: s.nats.atomic_transactions,
             max_batch: batch::MAX_BATCH,
+            history: None,
         }
     }
 
@@ -219,11 +243,19 @@ enum Sent {
     DeadLetter { reason: String, shrink: Shrink },
 }
 
+/// What the sink hands the ack task, in submit order.
+enum Queued {
+    /// Submitted events `first..first + count`, which a fenced replay proved to be stored already:
+    /// reported without publishing.
+    Stored { first: u64, count: u64 },
+    /// A published message, whose ack is awaited.
+    Sent(InFlight),
+}
+
 struct InFlight {
     seq: u64,
-    /// The token its ack comes under ([`publish::Replies::ack`]); `None` for an event that is already
-    /// stored (skipped on a fenced replay), reported in order without publishing, and for a member
-    /// of an atomic batch, settled by its commit.
+    /// The token its ack comes under ([`publish::Replies::ack`]); `None` for a member of an atomic
+    /// batch, settled by its commit.
     ack: Option<u64>,
     event: Box<OutboxEvent>,
     /// The subject it was routed to ("" if none), for a dead letter's `Outbox-Subject`.
@@ -242,12 +274,14 @@ struct InFlight {
 /// The publishing side; the acks come out of the receiver returned by [`Sink::start`].
 pub struct Sink {
     publisher: Publisher,
-    window: mpsc::UnboundedSender<InFlight>,
+    window: mpsc::UnboundedSender<Queued>,
     messages: Arc<Semaphore>,
     bytes: Arc<Semaphore>,
     ack_task: JoinHandle<()>,
     config: Arc<SinkConfig>,
     fence: Option<Fence>,
+    /// The submit sequence of the first replayed event skipped and not yet proven stored.
+    skipped_from: Option<u64>,
     /// With `atomic`: the batch being built.
     batch: Option<batch::Batcher>,
 }
@@ -256,11 +290,17 @@ pub struct Sink {
 pub type AckReceiver = mpsc::UnboundedReceiver<Result<Acked, SinkError>>;
 
 impl Sink {
-    /// Reads the stream's tail when fencing, and starts the ack task.
+    /// Reads the stream's tail when fencing, and starts the ack task. `origin` is the history the
+    /// session streams (`None` where there is none, e.g. a backfill: then nothing is skipped and
+    /// messages carry no `Outbox-History`); `distrusted` the last sequence of a tail that an earlier
+    /// session found to be from another history ([`SinkError::Diverged`]).
     pub async fn start(
         client: async_nats::Client,
-        config: SinkConfig,
+        mut config: SinkConfig,
+        origin: Option<&Origin>,
+        distrusted: Option<u64>,
     ) -> Result<(Sink, AckReceiver), TailError> {
+        config.history = origin.map(|o| o.history.to_string());
         let tail = if config.fence {
             let js = jetstream::ContextBuilder::new()
                 .timeout(config.ack_timeout)
@@ -271,7 +311,19 @@ impl Sink {
         } else {
             None
         };
-        let fence = tail.as_ref().map(Fence::new);
+        let fence = tail.as_ref().map(|tail| {
+            let replay = match origin {
+                Some(origin) => {
+                    let (replay, untrusted) = Replay::new(tail, origin, distrusted);
+                    if let Some(why) = untrusted {
+                        warn!(%why, last_sequence = tail.last_sequence, "replay skips nothing: every event from the confirmed position is published again (JetStream drops the duplicates inside its window)");
+                    }
+                    replay
+                }
+                None => Replay::publishing(),
+            };
+            Fence::new(tail, replay)
+        });
         // Settings refuse atomic_transactions without the fence, so the tail is there.
         let batch = config.atomic.then(|| {
             batch::Batcher::new(client.clone(), tail.as_ref().and_then(|t| t.max_msg_size))
@@ -302,6 +354,7 @@ impl Sink {
                 ack_task,
                 config,
                 fence,
+                skipped_from: None,
                 batch,
             },
             acks,
@@ -312,27 +365,13 @@ impl Sink {
     /// published (or dead-lettered). Returns once it has a place in the window; its ack arrives
     /// later, in order.
     pub async fn submit(&mut self, seq: u64, event: Box<OutboxEvent>) -> Result<(), SinkError> {
+        if self.skip_replayed(seq, &event)? {
+            return Ok(());
+        }
         if self.batch.is_some() {
             return self.submit_batched(seq, event).await;
         }
-        let stored = self
-            .fence
-            .as_mut()
-            .is_some_and(|f| f.already_stored(event.commit_lsn, &event.msg_id));
         let permits = self.reserve(approx_size(&event)).await?;
-        if stored {
-            return self.queue(InFlight {
-                seq,
-                ack: None,
-                event,
-                subject: String::new(),
-                sent: Sent::Event,
-                expected: None,
-                _permits: permits,
-                batch: None,
-                batch_permit: None,
-            });
-        }
         let out = message::build(
             &event,
             &self.config.template,
@@ -361,7 +400,7 @@ impl Sink {
                 .unwrap_or_default(),
         };
         let expected = self.fence.as_mut().map(Fence::next_expected);
-        let (target, headers, payload) = fenced(out, expected);
+        let (target, headers, payload) = stamped(out, expected, self.config.history.as_deref());
         let (ack, sent) = match self.publisher.send(target, headers, payload).await {
             Ok(ack) => (ack, sent),
             // async-nats checks payload + headers against the server's max_payload before sending
@@ -407,6 +446,45 @@ impl Sink {
         })
     }
 
+    /// Asks the fence's replay about `event` (submitted as `seq`): true when it is stored already,
+    /// so it is not published. Skipped events are reported as stored only once the replay reaches
+    /// the tail's own event; they hold no place in the window meanwhile (a replay can be longer than
+    /// the window), only their count.
+    fn skip_replayed(&mut self, seq: u64, event: &OutboxEvent) -> Result<bool, SinkError> {
+        let Some(fence) = self.fence.as_mut() else {
+            return Ok(false);
+        };
+        match fence.replayed(event.position, &event.msg_id) {
+            Replayed::Publish => Ok(false),
+            Replayed::Skip => {
+                self.skipped_from.get_or_insert(seq);
+                Ok(true)
+            }
+            Replayed::Verified => {
+                let first = self.skipped_from.take().unwrap_or(seq);
+                tracing::debug!(events = seq + 1 - first, position = %event.position, "replay reached the stream's tail: skipped events are stored");
+                self.window
+                    .send(Queued::Stored {
+                        first,
+                        count: seq + 1 - first,
+                    })
+                    .map_err(|_| SinkError::Stopped)?;
+                Ok(true)
+            }
+            Replayed::Diverged { tail, at } => Err(SinkError::Diverged {
+                sequence: fence.base(),
+                tail,
+                at,
+            }),
+        }
+    }
+
+    /// Submitted events skipped by the replay and not yet proven stored: they will not be
+    /// acknowledged unless the replay reaches the stream's tail.
+    pub fn unverified(&self) -> u64 {
+        self.fence.as_ref().map_or(0, Fence::unverified)
+    }
+
     /// Messages in the window (published, ack not yet reported).
     pub fn in_flight(&self) -> usize {
         self.config.max_in_flight - self.messages.available_permits()
@@ -436,7 +514,9 @@ impl Sink {
     }
 
     fn queue(&self, item: InFlight) -> Result<(), SinkError> {
-        self.window.send(item).map_err(|_| SinkError::Stopped)
+        self.window
+            .send(Queued::Sent(item))
+            .map_err(|_| SinkError::Stopped)
     }
 }
 
@@ -472,14 +552,21 @@ fn routed_subject(config: &SinkConfig, event: &OutboxEvent, sent: &Sent, known: 
 }
 
 /// A publish (subject, headers, payload), carrying `Nats-Expected-Last-Sequence` when the stream is
-/// fenced.
-fn fenced(out: Outgoing, expected: Option<u64>) -> (String, async_nats::HeaderMap, bytes::Bytes) {
+/// fenced and `Outbox-History` when the session knows its history.
+fn stamped(
+    out: Outgoing,
+    expected: Option<u64>,
+    history: Option<&str>,
+) -> (String, async_nats::HeaderMap, bytes::Bytes) {
     let mut headers = out.headers;
     if let Some(e) = expected {
         headers.insert(
             message::EXPECTED_LAST_SEQUENCE,
             async_nats::HeaderValue::from(itoa::Buffer::new().format(e)),
         );
+    }
+    if let Some(h) = history {
+        headers.insert(message::HISTORY, h);
     }
     (out.subject, headers, out.payload)
 }
@@ -498,7 +585,7 @@ async fn send_dead_letter(
     let mut last = None;
     for shrink in [Shrink::DropPayload, Shrink::Minimal] {
         let dl = message::dead_letter(event, &config.dead_letter_subject, reason, subject, shrink);
-        let (target, headers, payload) = fenced(dl, expected);
+        let (target, headers, payload) = stamped(dl, expected, config.history.as_deref());
         match publisher.send(target, headers, payload).await {
             Ok(ack) => return Ok((ack, shrink)),
             Err(e) if e.kind() == PublishErrorKind::MaxPayloadExceeded => last = Some(e),

@@ -1,0 +1,169 @@
+//! Where a published message comes from: its [`Position`] in one WAL history and that history's
+//! name, [`History`]. Both travel as headers (`Outbox-Position`, `Outbox-History`) so that a new
+//! session can tell, from the stream's last message alone, which of the events the walsender sends
+//! again are already stored — without guessing from commit LSNs or ids.
+//!
+//! Why a position and not the commit LSN: two units of work can share a commit LSN. A
+//! non-transactional logical message's LSN is the *end* of its WAL record, and the next record can be
+//! the COMMIT of another transaction, whose commit LSN is then the same number. Positions are unique
+//! and totally ordered within one history, in the order the walsender sends them:
+//!
+//! - an event of a transaction: (commit LSN, its index among the transaction's outbox events);
+//! - a non-transactional message: (its LSN − 1, 0). Its record starts before that and every commit
+//!   the walsender sends after it starts at or after its LSN; WAL records start on 8-byte
+//!   boundaries, so no commit starts at an odd-by-one LSN;
+//! - a backfilled row: (the slot's consistent point − 1, the cursor's index), before every commit
+//!   the slot sends and after every commit the snapshot shows.
+//!
+//! Why a history: positions are WAL offsets, and the same offset means another event in another
+//! database, on another timeline (point-in-time recovery, promotion) or after a restore from a disk
+//! snapshot (same system and timeline, the WAL after the snapshot written anew). The first two are
+//! told by `IDENTIFY_SYSTEM`; the slot name keeps two relays' positions apart. A restore is not
+//! visible in any identifier: [`crate::sink::Replay`] checks that the walsender's events reach the
+//! tail's position with the tail's own event before it trusts anything it skipped.
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::Lsn;
+
+/// A message's place in one slot's history (see the module docs). Ordered by LSN, then index.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Position {
+    /// The commit LSN of the event's transaction, or the LSN a standalone message or backfilled
+    /// row is placed at.
+    pub lsn: Lsn,
+    /// Its index within that LSN (insert order within a transaction, cursor order in a backfill).
+    pub index: u32,
+}
+
+impl Position {
+    /// The position of event `index` of the transaction committed at `commit_lsn`.
+    pub fn in_transaction(commit_lsn: Lsn, index: u32) -> Self {
+        Position {
+            lsn: commit_lsn,
+            index,
+        }
+    }
+
+    /// The position of a non-transactional message whose WAL record ends at `lsn`.
+    pub fn standalone(lsn: Lsn) -> Self {
+        Position {
+            lsn: Lsn(lsn.0.saturating_sub(1)),
+            index: 0,
+        }
+    }
+}
+
+impl fmt::Display for Position {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.lsn, self.index)
+    }
+}
+
+/// Text that is not a position (`X/Y:I`) or not a history (`SYSTEM/TIMELINE/SLOT`).
+#[derive(Debug, thiserror::Error)]
+#[error("invalid {what} {text:?}: expected {form}")]
+pub struct ParseError {
+    what: &'static str,
+    text: String,
+    form: &'static str,
+}
+
+impl FromStr for Position {
+    type Err = ParseError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let err = || ParseError {
+            what: "position",
+            text: s.to_owned(),
+            form: "an LSN and an index, like 16/B374D848:3",
+        };
+        let (lsn, index) = s.trim().rsplit_once(':').ok_or_else(err)?;
+        Ok(Position {
+            lsn: lsn.parse().map_err(|_| err())?,
+            index: index.parse().map_err(|_| err())?,
+        })
+    }
+}
+
+/// One WAL history as seen through one slot: the database system, its timeline and the slot.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct History {
+    /// `IDENTIFY_SYSTEM`'s system identifier (fixed at initdb, kept by physical replicas).
+    pub system_id: String,
+    /// The timeline (a promotion or a point-in-time recovery starts a new one).
+    pub timeline: u32,
+    /// The replication slot the messages were read through.
+    pub slot: String,
+}
+
+impl fmt::Display for History {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}/{}", self.system_id, self.timeline, self.slot)
+    }
+}
+
+impl FromStr for History {
+    type Err = ParseError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let err = || ParseError {
+            what: "history",
+            text: s.to_owned(),
+            form: "system identifier, timeline and slot, like 7311234567890123456/1/outbox_relay",
+        };
+        let mut parts = s.trim().splitn(3, '/');
+        let system_id = parts.next().filter(|p| !p.is_empty()).ok_or_else(err)?;
+        let timeline = parts.next().ok_or_else(err)?.parse().map_err(|_| err())?;
+        let slot = parts.next().filter(|p| !p.is_empty()).ok_or_else(err)?;
+        if !system_id.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(err());
+        }
+        Ok(History {
+            system_id: system_id.to_owned(),
+            timeline,
+            slot: slot.to_owned(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_standalone_message_sorts_before_the_commit_that_follows_it() {
+        // The message's record ends at 0/1000, the next record (a COMMIT) starts there.
+        let message = Position::standalone(Lsn(0x1000));
+        let txn = Position::in_transaction(Lsn(0x1000), 0);
+        assert!(message < txn);
+        assert!(Position::in_transaction(Lsn(0xFF8), 7) < message);
+    }
+
+    #[test]
+    fn positions_order_by_lsn_then_index_and_round_trip() {
+        let a = Position::in_transaction(Lsn(0x1_0000_0010), 2);
+        let b = Position::in_transaction(Lsn(0x1_0000_0010), 10);
+        assert!(a < b);
+        assert_eq!(a.to_string(), "1/10:2");
+        assert_eq!("1/10:2".parse::<Position>().unwrap(), a);
+        assert!("1/10".parse::<Position>().is_err());
+        assert!("1/10:x".parse::<Position>().is_err());
+    }
+
+    #[test]
+    fn history_round_trips_and_refuses_junk() {
+        let h = History {
+            system_id: "7311234567890123456".into(),
+            timeline: 3,
+            slot: "outbox_relay".into(),
+        };
+        assert_eq!(h.to_string(), "7311234567890123456/3/outbox_relay");
+        assert_eq!(h.to_string().parse::<History>().unwrap(), h);
+        assert!("abc/1/s".parse::<History>().is_err());
+        assert!("1/x/s".parse::<History>().is_err());
+        assert!("1/1/".parse::<History>().is_err());
+        assert!("1/1".parse::<History>().is_err());
+    }
+}
