@@ -97,6 +97,10 @@ pub enum NatsTrouble {
     /// The ack task's channel closed without an error.
     #[error("the ack task ended")]
     AckTaskEnded,
+    /// NATS cannot be reached, as a [`crate::relay::Connector`] other than the real one reports it
+    /// (the simulation's outages).
+    #[error("NATS unavailable: {0}")]
+    Unavailable(String),
 }
 
 /// The kind of a [`Restart`], for one log line per change of state and for metric labels.

@@ -10,6 +10,7 @@
 //! Shutdown: stop reading, wait (bounded by the ack timeout) for the acks in flight, confirm, send the
 //! final status update, end the replication connection cleanly.
 
+mod connector;
 mod monitor;
 mod session;
 
@@ -27,6 +28,8 @@ use crate::error::{CauseKind, NatsTrouble, Restart, SessionEnd};
 use crate::metrics::Metrics;
 use crate::setup;
 use crate::sink::{Outcome, SinkError, connect_nats};
+pub use connector::Connector;
+use connector::Servers;
 use monitor::{AbortOnDrop, sample_slot};
 use session::Session;
 
@@ -68,18 +71,68 @@ pub async fn run(
         settings.clone(),
         Arc::clone(&metrics),
     )));
+    let settings = Arc::new(settings);
+    let connector = Servers::new(Arc::clone(&settings), Arc::clone(&metrics), nats);
+    // Start where the slot is; the server would use max(this, confirmed_flush) anyway, but the
+    // tracker and the logs should know the real position.
+    let start = report.slot_confirmed.unwrap_or(Lsn::ZERO);
+    // Jitter from the clock's nanoseconds: enough to spread restarts of relays that failed together.
+    let seed = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    sessions(
+        settings,
+        metrics,
+        Box::new(connector),
+        start,
+        seed,
+        shutdown,
+    )
+    .await
+}
+
+/// The restart loop and its sessions, reaching the servers through `connector`, from `start`: what
+/// [`run`] does after setup. `jitter_seed` seeds the backoff's jitter. The deterministic simulation
+/// runs this against simulated servers.
+#[cfg(feature = "test-support")]
+pub async fn run_with(
+    settings: Settings,
+    metrics: Arc<Metrics>,
+    connector: Box<dyn Connector>,
+    start: Lsn,
+    jitter_seed: u64,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), RelayError> {
+    sessions(
+        Arc::new(settings),
+        metrics,
+        connector,
+        start,
+        jitter_seed,
+        shutdown,
+    )
+    .await
+}
+
+async fn sessions(
+    settings: Arc<Settings>,
+    metrics: Arc<Metrics>,
+    connector: Box<dyn Connector>,
+    start: Lsn,
+    jitter_seed: u64,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), RelayError> {
     let (stop_tx, stop_rx) = watch::channel(false);
     tokio::pin!(shutdown);
     let mut relay = Relay {
-        settings: Arc::new(settings),
+        settings,
         metrics,
-        nats: Some(nats),
+        connector,
         failures: 0,
         last_cause: None,
-        // Start where the slot is; the server would use max(this, confirmed_flush) anyway, but the
-        // tracker and the logs should know the real position.
-        confirmed: report.slot_confirmed.unwrap_or(Lsn::ZERO),
+        confirmed: start,
         distrusted: None,
+        jitter: jitter_seed | 1,
         stop: stop_rx,
     };
     let main = relay.main_loop();
@@ -98,8 +151,8 @@ pub async fn run(
 pub(crate) struct Relay {
     settings: Arc<Settings>,
     metrics: Arc<Metrics>,
-    /// The NATS client; dropped after a NATS failure (see [`Session::start`]).
-    nats: Option<async_nats::Client>,
+    /// How sessions reach Postgres and NATS.
+    connector: Box<dyn Connector>,
     /// Failed sessions in a row (drives the backoff); 0 once new events are stored.
     failures: u32,
     /// The kind of the last failure, so each change of state is logged once, not every retry.
@@ -109,6 +162,8 @@ pub(crate) struct Relay {
     /// The last sequence of a stream tail a session found to be from another history
     /// ([`crate::sink::SinkError::Diverged`]): the next sessions skip nothing behind it.
     distrusted: Option<u64>,
+    /// The backoff jitter's xorshift state.
+    jitter: u64,
     stop: watch::Receiver<bool>,
 }
 
@@ -159,7 +214,7 @@ impl Relay {
     fn restarting(&mut self, restart: &Restart) -> Duration {
         let kind = restart.kind();
         if kind == CauseKind::Nats {
-            self.nats = None;
+            self.connector.nats_failed();
         }
         Metrics::set(
             &self.metrics.standby,
@@ -180,11 +235,22 @@ impl Relay {
         self.failures = self.failures.saturating_add(1);
         // A standby waiting for the slot retries at a steady pace, so it takes over within seconds
         // of the active relay's end, however long it has waited.
+        let random = self.next_random();
         if kind == CauseKind::SlotHeld {
-            backoff(3)
+            backoff(3, random)
         } else {
-            backoff(self.failures)
+            backoff(self.failures, random)
         }
+    }
+
+    /// The next number of the jitter's xorshift64.
+    fn next_random(&mut self) -> u64 {
+        let mut x = self.jitter;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.jitter = x;
+        x
     }
 
     fn count(&self, outcome: &Outcome) {
@@ -214,17 +280,17 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
     out
 }
 
-/// Capped exponential backoff with jitter: 100 ms, 200 ms, … up to 30 s, each ±25 %.
-fn backoff(failures: u32) -> Duration {
+/// Capped exponential backoff with jitter: 100 ms, 200 ms, … up to 30 s, each ±25 % (`random`
+/// picks where).
+fn backoff(failures: u32, random: u64) -> Duration {
     let base = 100u64.saturating_mul(1u64 << failures.min(12).saturating_sub(1));
     let capped = base.min(30_000);
-    // Jitter from the clock's nanoseconds: enough to spread restarts of relays that failed together.
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0) as u64;
     let jitter = capped / 4;
-    let offset = if jitter == 0 { 0 } else { nanos % (2 * jitter) };
+    let offset = if jitter == 0 {
+        0
+    } else {
+        random % (2 * jitter)
+    };
     Duration::from_millis(capped - jitter + offset)
 }
 
@@ -248,12 +314,12 @@ mod tests {
     #[test]
     fn backoff_grows_and_is_capped() {
         for f in 1..40 {
-            let d = backoff(f);
+            let d = backoff(f, u64::from(f) * 7919);
             assert!(d <= Duration::from_millis(30_000 + 7_500), "{f}: {d:?}");
             assert!(d >= Duration::from_millis(75), "{f}: {d:?}");
         }
-        assert!(backoff(1) < Duration::from_millis(200));
-        assert!(backoff(20) >= Duration::from_millis(22_500));
+        assert!(backoff(1, 0) < Duration::from_millis(200));
+        assert!(backoff(20, u64::MAX) >= Duration::from_millis(22_500));
     }
 
     #[test]

@@ -13,9 +13,6 @@ use std::time::{Duration, Instant};
 use tracing::{debug, info, warn};
 
 use super::Relay;
-use super::monitor::{AbortOnDrop, watch_nats};
-use crate::catalog;
-use crate::config::Settings;
 use crate::error::{
     CauseKind, NatsTrouble, RelayError, Restart, SessionEnd, from_sink, from_source,
 };
@@ -24,10 +21,8 @@ use crate::outbox::{OutboxStage, Step};
 use crate::pgoutput::{Decoder, Message};
 use crate::position::History;
 use crate::progress::Progress;
-use crate::sink::{AckReceiver, Acked, Origin, Outcome, Sink, SinkConfig, SinkError, connect_nats};
-use crate::source::{
-    PgOutputOptions, ReplConnection, ReplicationEvent, ReplicationStream, SourceError, StreamConfig,
-};
+use crate::sink::{AckReceiver, Acked, Origin, Outcome, Sink, SinkConfig, SinkError};
+use crate::source::{ReplicationEvent, ReplicationStream, SourceError};
 
 /// A running session: the replication stream, the sink and the pure stages between them.
 pub(super) struct Session {
@@ -40,7 +35,6 @@ pub(super) struct Session {
     streaming_reported: bool,
     /// When streaming started: a session that ran a while counts as a recovery.
     pub started: Instant,
-    _nats_watch: AbortOnDrop<()>,
 }
 
 impl Session {
@@ -48,38 +42,10 @@ impl Session {
     pub async fn start(relay: &mut Relay) -> Result<Session, SessionEnd> {
         let settings = Arc::clone(&relay.settings);
         // NATS first: while it is down there is no point in holding the slot.
-        // A NATS client whose session failed is dropped, not reused: messages still buffered in it
-        // would be sent after its reconnect, after the point where the new session republishes
-        // from, which could store events out of commit order.
-        let nats = match &relay.nats {
-            Some(c) => c.clone(),
-            None => {
-                let c = connect_nats(&settings).await.map_err(Restart::from)?;
-                relay.nats = Some(c.clone());
-                c
-            }
-        };
-        let nats_watch = AbortOnDrop(tokio::spawn(watch_nats(
-            nats.clone(),
-            Arc::clone(&relay.metrics),
-        )));
-        let app = format!(
-            "outbox-relay/{}/{}",
-            settings.postgres.slot,
-            std::process::id()
-        );
-        let mut conn = ReplConnection::connect(&settings.conn, &app)
-            .await
-            .map_err(from_source)?;
+        let nats = relay.connector.nats().await?;
+        let (stream, system) = relay.connector.replication(relay.confirmed).await?;
         // The history this session streams, and how far the server's WAL reaches: the sink trusts
         // the stream's tail only when it is this history's and not beyond it.
-        let system = match conn.identify_system().await {
-            Ok(s) => s,
-            Err(e) => {
-                conn.close().await;
-                return Err(from_source(e));
-            }
-        };
         let origin = Origin {
             history: History {
                 system_id: system.system_id,
@@ -88,40 +54,10 @@ impl Session {
             },
             wal_end: system.xlogpos,
         };
-        let version = conn.server_version_num();
-        let mut options = PgOutputOptions::new([settings.postgres.publication.clone()]);
-        // Proto v1 is enough: no streaming of in-progress transactions (DESIGN.md §3), and v1 keeps
-        // the decoding identical on every supported server.
-        options.proto_version = Some(1);
-        // Logical messages are events only with a prefix; without one they would be decoded for nothing.
-        options.messages = !settings.outbox.message_prefix.is_empty();
-        let stream_config = StreamConfig {
-            status_interval: settings.status_interval,
-            channel_capacity: 1024,
-            max_frame_bytes: settings.postgres.max_frame_bytes,
-            ..StreamConfig::default()
-        };
-        let stream = match conn
-            .start_replication(
-                &settings.postgres.slot,
-                relay.confirmed,
-                &options,
-                stream_config,
-            )
-            .await
-        {
-            Ok(s) => s,
-            Err((e, conn)) => {
-                if let Some(c) = conn {
-                    c.close().await;
-                }
-                return Err(classify_start_error(relay, e).await);
-            }
-        };
         Metrics::set(&relay.metrics.standby, 0);
         match relay.last_cause {
             None => {
-                info!(slot = %settings.postgres.slot, start = %relay.confirmed, server_version = version, "streaming")
+                info!(slot = %settings.postgres.slot, start = %relay.confirmed, "streaming")
             }
             // NATS trouble ends at the next new ack.
             // Postgres trouble (or waiting as a standby) ends here. The backoff is kept until a new
@@ -152,7 +88,6 @@ impl Session {
             progress: Progress::new(relay.confirmed),
             streaming_reported: false,
             started: Instant::now(),
-            _nats_watch: nats_watch,
         })
     }
 
@@ -275,7 +210,7 @@ impl Session {
             // Once per relation and session, and only when a publication sends partitions under
             // their own names: is it a partition of the outbox table (attached since we looked)?
             self.stage
-                .set_partitions(outbox_partitions(&relay.settings).await?);
+                .set_partitions(relay.connector.partitions().await?);
         }
         let step = self.stage.step(msg).map_err(|source| RelayError::Stage {
             lsn: wal_start,
@@ -368,58 +303,4 @@ impl Session {
         Metrics::set(&relay.metrics.received_lsn, self.stream.received().0);
         Metrics::set(&relay.metrics.in_flight, self.sink.in_flight() as u64);
     }
-}
-
-/// How long the partition lookup may take (connect and query) before the session restarts.
-const PARTITION_LOOKUP_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// The outbox table's partitions, for the outbox stage; a failure to ask, or no answer within
-/// [`PARTITION_LOOKUP_TIMEOUT`], is Postgres trouble.
-async fn outbox_partitions(settings: &Settings) -> Result<Vec<u32>, SessionEnd> {
-    let trouble = |what: String| {
-        from_source(SourceError::Io {
-            target: settings.conn.to_string(),
-            source: std::io::Error::other(format!("reading the outbox table's partitions: {what}")),
-        })
-    };
-    let lookup = async {
-        let client = catalog::connect(settings, "partitions")
-            .await
-            .map_err(from_source)?;
-        catalog::partitions(&client, &settings.outbox.table)
-            .await
-            .map_err(|e| trouble(e.to_string()))
-    };
-    tokio::time::timeout(PARTITION_LOOKUP_TIMEOUT, lookup)
-        .await
-        .unwrap_or_else(|_| {
-            Err(trouble(format!(
-                "no answer within {PARTITION_LOOKUP_TIMEOUT:?}"
-            )))
-        })
-}
-
-/// START_REPLICATION failed. SQLSTATE 55000 (object_not_in_prerequisite_state) covers an invalidated
-/// slot and other prerequisites (e.g. `wal_level`); the slot's own row tells them apart, whatever
-/// language the server's messages are in.
-async fn classify_start_error(relay: &Relay, e: SourceError) -> SessionEnd {
-    if e.sqlstate() == Some("55000") {
-        let slot = &relay.settings.postgres.slot;
-        let invalidated = match catalog::connect(&relay.settings, "check").await {
-            Ok(c) => catalog::slot(&c, slot)
-                .await
-                .ok()
-                .flatten()
-                .and_then(|s| s.invalidated()),
-            Err(_) => None,
-        };
-        if let Some(reason) = invalidated {
-            return SessionEnd::Fatal(RelayError::SlotInvalidated {
-                slot: slot.clone(),
-                reason,
-                source: e,
-            });
-        }
-    }
-    from_source(e)
 }

@@ -4,12 +4,15 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use async_nats::jetstream::{self, context::PublishErrorKind};
+use async_nats::jetstream::{
+    self,
+    context::{PublishError, PublishErrorKind},
+};
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
 use super::batch::{self, Role};
-use super::publish::{Publisher, Replies};
+use super::publish::{Ack, Forged, Publisher, Replies};
 use super::{
     Acked, InFlight, Outcome, Queued, Sent, SinkConfig, SinkError, routed_subject,
     send_dead_letter, stamped,
@@ -139,6 +142,8 @@ impl AckTask {
         };
         match result {
             Ok(pub_ack) => {
+                // A batch is never a duplicate (its messages carry no Nats-Msg-Id).
+                self.check(item, pub_ack).await?;
                 if last_stored.is_some() {
                     *last_stored = Some(pub_ack.sequence);
                 }
@@ -175,6 +180,7 @@ impl AckTask {
             };
             let e = match result {
                 Ok(pub_ack) => {
+                    self.check(item, pub_ack).await?;
                     if pub_ack.duplicate {
                         self.duplicate(item);
                     } else if last_stored.is_some() {
@@ -218,6 +224,37 @@ impl AckTask {
                 id: item.event.msg_id.clone(),
                 source: e,
             });
+        }
+    }
+
+    /// Checks an ack beyond its form (see `publish.rs`): on a fenced stream a new message takes
+    /// exactly the sequence after the one it expected; a duplicate names a stored message with the
+    /// same id. Anything else is not JetStream's answer, and ends the session before it can
+    /// confirm anything.
+    async fn check(&self, item: &InFlight, ack: Ack) -> Result<(), SinkError> {
+        let forged = |why: String| SinkError::Publish {
+            id: item.event.msg_id.clone(),
+            source: PublishError::with_source(
+                PublishErrorKind::Other,
+                Forged {
+                    stream: self.config.stream.clone(),
+                    why,
+                },
+            ),
+        };
+        if ack.duplicate {
+            return self
+                .publisher
+                .holds(&self.config.stream, ack.sequence, &item.event.msg_id)
+                .await
+                .map_err(forged);
+        }
+        match item.expected {
+            Some(e) if ack.sequence != e + 1 => Err(forged(format!(
+                "it stores message {} at sequence {}, but the stream's last sequence had to be {e}",
+                item.event.msg_id, ack.sequence
+            ))),
+            _ => Ok(()),
         }
     }
 

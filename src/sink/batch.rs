@@ -73,7 +73,8 @@ struct Held {
 
 /// State of the atomic-batch path; see the module docs.
 pub(super) struct Batcher {
-    client: async_nats::Client,
+    /// The server's `max_payload`.
+    max_payload: usize,
     /// The stream's `max_msg_size`, if it has one: a batch holding a larger message would be refused
     /// whole, every time it is sent, so such a message is dead-lettered before it joins a batch.
     max_msg_size: Option<usize>,
@@ -89,8 +90,9 @@ pub(super) struct Batcher {
 }
 
 impl Batcher {
-    pub fn new(client: async_nats::Client, max_msg_size: Option<usize>) -> Self {
+    pub fn new(max_payload: usize, max_msg_size: Option<usize>) -> Self {
         Batcher {
+            max_payload,
             max_msg_size,
             in_flight: Arc::new(Semaphore::new(MAX_BATCHES_IN_FLIGHT)),
             prefix: format!(
@@ -100,7 +102,6 @@ impl Batcher {
                     .duration_since(std::time::UNIX_EPOCH)
                     .map_or(0, |d| d.as_nanos())
             ),
-            client,
             next: 0,
             open: None,
             held: None,
@@ -214,7 +215,7 @@ impl Sink {
             IdHeader::EventId,
         );
         let b = self.batch.as_ref();
-        let server = b.map_or(usize::MAX, |b| b.client.max_payload());
+        let server = b.map_or(usize::MAX, |b| b.max_payload);
         let (limit, what) = match b.and_then(|b| b.max_msg_size) {
             Some(stream) if stream < server => (stream, "the stream's max_msg_size"),
             _ => (server, "the server's max_payload"),
@@ -327,24 +328,13 @@ impl Sink {
         } else {
             // Bounded like every other publish: the client's queue to the connection is bounded,
             // and a connection that does not drain must end the session, not wedge it.
-            let send = b
-                .client
-                .publish_with_headers(out.subject, headers, out.payload);
-            match tokio::time::timeout(self.config.ack_timeout, send).await {
-                Ok(Ok(())) => {}
-                Ok(Err(source)) => {
-                    return Err(SinkError::CorePublish {
-                        id: item.event.msg_id.clone(),
-                        source,
-                    });
-                }
-                Err(_) => {
-                    return Err(SinkError::AckTimeout(
-                        self.config.ack_timeout,
-                        item.event.msg_id.clone(),
-                    ));
-                }
-            }
+            self.publisher
+                .send_member(out.subject, headers, out.payload)
+                .await
+                .map_err(|source| SinkError::CorePublish {
+                    id: item.event.msg_id.clone(),
+                    source,
+                })?;
             item.batch = Some(Role::Member);
         }
         self.queue(item)

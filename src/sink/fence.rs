@@ -48,6 +48,18 @@ pub struct Stamp {
     pub id: Option<String>,
 }
 
+impl Stamp {
+    /// What a stored message's headers say of it.
+    pub fn from_headers(h: &async_nats::HeaderMap) -> Self {
+        let text = |name: &str| h.get(name).map(|v| v.as_str().to_owned());
+        Stamp {
+            position: text(message::POSITION).and_then(|v| v.parse().ok()),
+            history: text(message::HISTORY).and_then(|v| v.parse().ok()),
+            id: text(message::NATS_MSG_ID).or_else(|| text(message::EVENT_ID)),
+        }
+    }
+}
+
 /// The stream's tail cannot be read.
 #[derive(Debug, thiserror::Error)]
 #[error("JetStream stream {stream}: {source}")]
@@ -83,14 +95,7 @@ pub async fn read_tail(js: &jetstream::Context, stream: &str) -> Result<Tail, Ta
     // The last message may be gone (a limit or a purge); then nothing can be matched, and the
     // replay publishes everything after the confirmed position.
     let last = match s.get_raw_message(last_sequence).await {
-        Ok(m) => {
-            let text = |name: &str| m.headers.get(name).map(|v| v.as_str().to_owned());
-            Some(Stamp {
-                position: text(message::POSITION).and_then(|v| v.parse().ok()),
-                history: text(message::HISTORY).and_then(|v| v.parse().ok()),
-                id: text(message::NATS_MSG_ID).or_else(|| text(message::EVENT_ID)),
-            })
-        }
+        Ok(m) => Some(Stamp::from_headers(&m.headers)),
         Err(_) => None,
     };
     Ok(Tail {

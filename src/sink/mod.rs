@@ -19,6 +19,7 @@ mod ack;
 mod batch;
 mod connect;
 mod fence;
+mod port;
 mod publish;
 
 use std::sync::Arc;
@@ -37,6 +38,9 @@ use crate::route::SubjectTemplate;
 
 pub use connect::{ConnectError, connect_nats};
 pub use fence::{Fence, Origin, Replay, Replayed, Stamp, Tail, TailError, Untrusted, read_tail};
+pub use port::NatsPort;
+#[cfg(feature = "test-support")]
+pub use port::{SimJetStream, SimSendError};
 use publish::Publisher;
 
 /// Why publishing cannot go on. Transient ones restart the session; [`SinkError::is_transient`].
@@ -74,7 +78,7 @@ pub enum SinkError {
         id: String,
         /// The client's error.
         #[source]
-        source: async_nats::client::PublishError,
+        source: jetstream::context::PublishError,
     },
     /// The ack task ended, so the sink cannot go on.
     #[error("the ack task stopped")]
@@ -295,17 +299,15 @@ impl Sink {
     /// messages carry no `Outbox-History`); `distrusted` the last sequence of a tail that an earlier
     /// session found to be from another history ([`SinkError::Diverged`]).
     pub async fn start(
-        client: async_nats::Client,
+        nats: impl Into<NatsPort>,
         mut config: SinkConfig,
         origin: Option<&Origin>,
         distrusted: Option<u64>,
     ) -> Result<(Sink, AckReceiver), TailError> {
+        let port = nats.into();
         config.history = origin.map(|o| o.history.to_string());
         let tail = if config.fence {
-            let js = jetstream::ContextBuilder::new()
-                .timeout(config.ack_timeout)
-                .build(client.clone());
-            let tail = read_tail(&js, &config.stream).await?;
+            let tail = port.tail(&config.stream, config.ack_timeout).await?;
             tracing::debug!(last_sequence = tail.last_sequence, last = ?tail.last, "stream tail");
             Some(tail)
         } else {
@@ -324,17 +326,19 @@ impl Sink {
             };
             Fence::new(tail, replay)
         });
+        let (publisher, replies) = Publisher::start(port, &config.stream, config.ack_timeout)
+            .await
+            .map_err(|e| TailError {
+                stream: config.stream.clone(),
+                source: format!("subscribing to the inbox for its acks: {e}").into(),
+            })?;
         // Settings refuse atomic_transactions without the fence, so the tail is there.
         let batch = config.atomic.then(|| {
-            batch::Batcher::new(client.clone(), tail.as_ref().and_then(|t| t.max_msg_size))
+            batch::Batcher::new(
+                publisher.max_payload(),
+                tail.as_ref().and_then(|t| t.max_msg_size),
+            )
         });
-        let (publisher, replies) =
-            Publisher::start(client, config.ack_timeout)
-                .await
-                .map_err(|e| TailError {
-                    stream: config.stream.clone(),
-                    source: format!("subscribing to the inbox for its acks: {e}").into(),
-                })?;
         let config = Arc::new(config);
         let (window, rx) = mpsc::unbounded_channel();
         let (acks_tx, acks) = mpsc::unbounded_channel();

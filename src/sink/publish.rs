@@ -15,6 +15,12 @@
 //! resend, which takes a new token) is kept until its turn. A no-responders status (no stream takes
 //! the subject) and JetStream's error answers become the same [`PublishError`] kinds async-nats
 //! uses, so the sink's decisions about them stay in one form.
+//!
+//! Acks are checked, not trusted: any client of the same account that may publish to `_INBOX.>` can
+//! see the reply subject and plant an answer. An answer for a token never issued is dropped; an ack
+//! must name the relay's stream and a sequence, and with the fence the sink also checks that the
+//! sequence is exactly the one the message expected to take. Anything else ends the session; it
+//! never confirms anything.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -23,16 +29,17 @@ use std::time::Duration;
 
 use async_nats::jetstream::context::{PublishError, PublishErrorKind};
 use async_nats::jetstream::{self, ErrorCode};
-use async_nats::{HeaderMap, StatusCode, Subscriber};
+use async_nats::{HeaderMap, StatusCode};
 use bytes::Bytes;
-use futures_util::{FutureExt, StreamExt};
 use serde::Deserialize;
+
+use super::port::{Answers, NatsPort};
 
 /// Sends publishes with reply subjects on the session's inbox; cheap to clone (the sink and its
 /// ack task each hold one).
 #[derive(Clone)]
 pub(super) struct Publisher {
-    client: async_nats::Client,
+    port: NatsPort,
     /// `<inbox>.`: a token is appended per publish.
     reply_prefix: Arc<str>,
     next: Arc<AtomicU64>,
@@ -40,11 +47,19 @@ pub(super) struct Publisher {
     send_timeout: Duration,
 }
 
+/// Answers kept out of turn at most: the subscription's own queue (async-nats' default).
+const MAX_EARLY: usize = 65_536;
+
 /// The acks of what a [`Publisher`] sent, by token.
 pub(super) struct Replies {
-    sub: Subscriber,
-    /// Answers that arrived before the one awaited.
+    sub: Answers,
+    /// Answers that arrived before the one awaited, for tokens issued and not yet settled.
     early: HashMap<u64, async_nats::Message>,
+    /// Tokens issued so far (shared with the publishers): an answer for any other token is not
+    /// one of ours.
+    issued: Arc<AtomicU64>,
+    /// The stream every ack must name.
+    stream: Arc<str>,
 }
 
 /// A stored (or duplicate) message, as JetStream acknowledged it.
@@ -57,23 +72,27 @@ pub(super) struct Ack {
 }
 
 impl Publisher {
-    /// Subscribes to a new inbox on `client`.
+    /// Subscribes to a new inbox on `port`; acks must name `stream`.
     pub async fn start(
-        client: async_nats::Client,
+        port: NatsPort,
+        stream: &str,
         send_timeout: Duration,
-    ) -> Result<(Publisher, Replies), async_nats::SubscribeError> {
-        let inbox = client.new_inbox();
-        let sub = client.subscribe(format!("{inbox}.*")).await?;
+    ) -> Result<(Publisher, Replies), String> {
+        let inbox = port.new_inbox();
+        let sub = port.subscribe(format!("{inbox}.*")).await?;
+        let next = Arc::new(AtomicU64::new(0));
         Ok((
             Publisher {
-                client,
+                port,
                 reply_prefix: format!("{inbox}.").into(),
-                next: Arc::new(AtomicU64::new(0)),
+                next: Arc::clone(&next),
                 send_timeout,
             },
             Replies {
                 sub,
                 early: HashMap::new(),
+                issued: next,
+                stream: stream.into(),
             },
         ))
     }
@@ -91,38 +110,72 @@ impl Publisher {
         let mut reply = String::with_capacity(self.reply_prefix.len() + 20);
         reply.push_str(&self.reply_prefix);
         reply.push_str(itoa::Buffer::new().format(token));
-        let send = self
-            .client
-            .publish_with_reply_and_headers(subject, reply, headers, payload);
-        match tokio::time::timeout(self.send_timeout, send).await {
-            Ok(Ok(())) => Ok(token),
-            Ok(Err(e)) if e.kind() == async_nats::client::PublishErrorKind::MaxPayloadExceeded => {
-                Err(PublishError::with_source(
-                    PublishErrorKind::MaxPayloadExceeded,
-                    e,
-                ))
+        self.port
+            .publish_with_reply(subject, reply, headers, payload, self.send_timeout)
+            .await?;
+        Ok(token)
+    }
+
+    /// Queues a core publish (an atomic batch member: settled by its commit's ack).
+    pub async fn send_member(
+        &self,
+        subject: String,
+        headers: HeaderMap,
+        payload: Bytes,
+    ) -> Result<(), PublishError> {
+        self.port
+            .publish(subject, headers, payload, self.send_timeout)
+            .await
+    }
+
+    /// The server's `max_payload`.
+    pub fn max_payload(&self) -> usize {
+        self.port.max_payload()
+    }
+
+    /// Whether the stream's message `seq` is the event `id`, for an ack that says `id` was a
+    /// duplicate of it. A message gone since (limits, purge) cannot be checked and counts as
+    /// matching; one that is there with another id, or no answer, does not.
+    pub async fn holds(&self, stream: &str, seq: u64, id: &str) -> Result<(), String> {
+        match self
+            .port
+            .message_headers(stream, seq, self.send_timeout)
+            .await?
+        {
+            None => Ok(()),
+            Some(h) => {
+                let stored = super::Stamp::from_headers(&h).id;
+                if stored.as_deref() == Some(id) {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "the ack says message {id} duplicates sequence {seq}, which holds {}",
+                        stored.as_deref().unwrap_or("a message without an id")
+                    ))
+                }
             }
-            Ok(Err(e)) => Err(PublishError::with_source(PublishErrorKind::Other, e)),
-            Err(_) => Err(PublishError::new(PublishErrorKind::TimedOut)),
         }
     }
 }
 
 impl Replies {
-    /// The ack of publish `token`, or `None` if none arrives within `timeout`.
+    /// The ack of publish `token`, or `None` if none arrives within `timeout`. Answers are checked,
+    /// not trusted: anyone allowed to publish to the inbox can plant one. An answer for a token
+    /// that was never issued, or that is settled already, is dropped; one that names another
+    /// stream or no sequence is an error ([`Forged`]), never an ack.
     pub async fn ack(
         &mut self,
         token: u64,
         timeout: Duration,
     ) -> Option<Result<Ack, PublishError>> {
         if let Some(m) = self.early.remove(&token) {
-            return Some(parse(&m));
+            return Some(parse(&m, &self.stream));
         }
         // Set at the first wait: most answers are already queued, and taking them needs neither a
         // timer nor a clock read.
         let mut deadline = None;
         loop {
-            let next = match self.sub.next().now_or_never() {
+            let next = match self.sub.ready() {
                 Some(m) => m,
                 None => {
                     let at = *deadline.get_or_insert_with(|| tokio::time::Instant::now() + timeout);
@@ -133,12 +186,24 @@ impl Replies {
                 return Some(Err(PublishError::new(PublishErrorKind::BrokenPipe)));
             };
             match token_of(&m.subject) {
-                Some(t) if t == token => return Some(parse(&m)),
-                Some(t) => {
+                Some(t) if t == token => return Some(parse(&m, &self.stream)),
+                // Awaited later (answers after a resend can come out of order): kept until then.
+                // Tokens at or past `issued` were never sent: an answer for one is planted.
+                Some(t) if t < self.issued.load(Ordering::Relaxed) => {
+                    // Answers for settled tokens (duplicated or planted) are never taken out
+                    // again; past this many, something floods the inbox.
+                    if self.early.len() >= MAX_EARLY {
+                        return Some(Err(PublishError::with_source(
+                            PublishErrorKind::Other,
+                            Forged {
+                                stream: self.stream.to_string(),
+                                why: format!("more than {MAX_EARLY} answers arrived out of turn"),
+                            },
+                        )));
+                    }
                     self.early.insert(t, m);
                 }
-                // Not an answer to a publish of ours (nothing else is sent to the inbox).
-                None => {}
+                _ => tracing::debug!(subject = %m.subject, "ignoring an answer to no publish sent"),
             }
         }
     }
@@ -155,20 +220,34 @@ struct Answer {
     #[serde(default)]
     error: Option<jetstream::Error>,
     #[serde(default)]
+    stream: Option<String>,
+    #[serde(default)]
     seq: u64,
     #[serde(default)]
     duplicate: bool,
 }
 
-/// An answer as an [`Ack`] or the [`PublishError`] async-nats would give for it.
-fn parse(m: &async_nats::Message) -> Result<Ack, PublishError> {
+/// An answer that cannot be JetStream's ack for a publish to `stream`.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "an answer on the relay's inbox is not a JetStream ack for stream {stream}: {why}; another client may be \
+     publishing to the relay's inbox (allow only the relay to subscribe and publish to _INBOX.> in its account)"
+)]
+pub(super) struct Forged {
+    pub stream: String,
+    pub why: String,
+}
+
+/// An answer as an [`Ack`] or the [`PublishError`] async-nats would give for it. An ack must name
+/// `stream` and a sequence (JetStream's sequences start at 1).
+fn parse(m: &async_nats::Message, stream: &str) -> Result<Ack, PublishError> {
     if m.status == Some(StatusCode::NO_RESPONDERS) {
         return Err(PublishError::new(PublishErrorKind::StreamNotFound));
     }
     let answer: Answer = serde_json::from_slice(&m.payload)
         .map_err(|e| PublishError::with_source(PublishErrorKind::Other, e))?;
-    match answer.error {
-        Some(error) => Err(match error.error_code() {
+    if let Some(error) = answer.error {
+        return Err(match error.error_code() {
             ErrorCode::STREAM_WRONG_LAST_MESSAGE_ID => {
                 PublishError::with_source(PublishErrorKind::WrongLastMessageId, error)
             }
@@ -176,12 +255,29 @@ fn parse(m: &async_nats::Message) -> Result<Ack, PublishError> {
                 PublishError::with_source(PublishErrorKind::WrongLastSequence, error)
             }
             _ => PublishError::with_source(PublishErrorKind::Other, error),
-        }),
-        None => Ok(Ack {
-            sequence: answer.seq,
-            duplicate: answer.duplicate,
-        }),
+        });
     }
+    let forged = |why: String| {
+        PublishError::with_source(
+            PublishErrorKind::Other,
+            Forged {
+                stream: stream.to_owned(),
+                why,
+            },
+        )
+    };
+    match answer.stream.as_deref() {
+        Some(s) if s == stream => {}
+        Some(other) => return Err(forged(format!("it names stream {other:?}"))),
+        None => return Err(forged("it names no stream".into())),
+    }
+    if answer.seq == 0 {
+        return Err(forged("it names no sequence".into()));
+    }
+    Ok(Ack {
+        sequence: answer.seq,
+        duplicate: answer.duplicate,
+    })
 }
 
 #[cfg(test)]
@@ -211,7 +307,7 @@ mod tests {
     fn an_ack_gives_sequence_and_duplicate() {
         let m = answer("i.1", r#"{"stream":"OUTBOX","seq":42}"#, None);
         assert_eq!(
-            parse(&m).unwrap(),
+            parse(&m, "OUTBOX").unwrap(),
             Ack {
                 sequence: 42,
                 duplicate: false
@@ -222,7 +318,7 @@ mod tests {
             r#"{"stream":"OUTBOX","seq":7,"duplicate":true}"#,
             None,
         );
-        assert!(parse(&m).unwrap().duplicate);
+        assert!(parse(&m, "OUTBOX").unwrap().duplicate);
     }
 
     #[test]
@@ -233,7 +329,7 @@ mod tests {
             None,
         );
         assert_eq!(
-            parse(&m).unwrap_err().kind(),
+            parse(&m, "OUTBOX").unwrap_err().kind(),
             PublishErrorKind::WrongLastSequence
         );
         let m = answer(
@@ -241,7 +337,7 @@ mod tests {
             r#"{"error":{"code":400,"err_code":10054,"description":"message size exceeds maximum allowed"}}"#,
             None,
         );
-        let e = parse(&m).unwrap_err();
+        let e = parse(&m, "OUTBOX").unwrap_err();
         assert_eq!(e.kind(), PublishErrorKind::Other);
         let code = std::error::Error::source(&e)
             .and_then(|s| s.downcast_ref::<jetstream::Error>())
@@ -249,10 +345,13 @@ mod tests {
         assert_eq!(code, Some(10054));
         let m = answer("i.1", "", Some(StatusCode::NO_RESPONDERS));
         assert_eq!(
-            parse(&m).unwrap_err().kind(),
+            parse(&m, "OUTBOX").unwrap_err().kind(),
             PublishErrorKind::StreamNotFound
         );
         let m = answer("i.1", "not json", None);
-        assert_eq!(parse(&m).unwrap_err().kind(), PublishErrorKind::Other);
+        assert_eq!(
+            parse(&m, "OUTBOX").unwrap_err().kind(),
+            PublishErrorKind::Other
+        );
     }
 }

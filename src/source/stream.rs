@@ -159,6 +159,20 @@ impl ReplicationStream {
         }
     }
 
+    /// A stream over `io`, already in CopyBoth at `start`, for the deterministic simulation: the
+    /// simulated walsender holds the pipe's other end.
+    #[cfg(feature = "test-support")]
+    pub fn over(io: tokio::io::DuplexStream, start: Lsn, config: StreamConfig) -> Self {
+        Self::spawn(
+            Box::new(io),
+            BytesMut::new(),
+            "simulated walsender".to_owned(),
+            0,
+            start,
+            config,
+        )
+    }
+
     /// The next event, or an error (after which the stream is dead: reconnect from the confirmed LSN).
     /// `None` once the stream ended.
     /// Cancel safe: a batch taken from the channel is kept before anything else can happen.

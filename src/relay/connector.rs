@@ -1,0 +1,192 @@
+//! How a session reaches its servers: [`Connector`]. The relay's restart loop and sessions only
+//! ever talk to Postgres and NATS through it, so the deterministic simulation (tests/simulation)
+//! can run the real loop, session, sink, fence and progress against simulated servers, and
+//! [`Servers`] is the production one: real connections from the settings.
+
+use std::sync::Arc;
+
+use futures_util::future::BoxFuture;
+
+use crate::Lsn;
+use crate::catalog;
+use crate::config::Settings;
+use crate::error::{RelayError, Restart, SessionEnd, from_source};
+use crate::metrics::Metrics;
+use crate::sink::{NatsPort, connect_nats};
+use crate::source::{
+    PgOutputOptions, ReplConnection, ReplicationStream, SourceError, StreamConfig, SystemInfo,
+};
+
+use super::monitor::{AbortOnDrop, watch_nats};
+
+/// What a session needs to reach its servers.
+pub trait Connector: Send + Sync {
+    /// The NATS connection to publish through (kept until [`Connector::nats_failed`]).
+    fn nats(&mut self) -> BoxFuture<'_, Result<NatsPort, Restart>>;
+    /// A NATS failure ended the session: the next session must not reuse a connection that may
+    /// still send what it had buffered (after the point the new session republishes from).
+    fn nats_failed(&mut self);
+    /// A replication stream of the slot from `start`, and what `IDENTIFY_SYSTEM` said before it.
+    fn replication(
+        &mut self,
+        start: Lsn,
+    ) -> BoxFuture<'_, Result<(ReplicationStream, SystemInfo), SessionEnd>>;
+    /// The OIDs of the outbox table's partitions (asked when a relation the stage does not know
+    /// arrives).
+    fn partitions(&mut self) -> BoxFuture<'_, Result<Vec<u32>, SessionEnd>>;
+}
+
+/// The production connector: real Postgres and NATS connections from the settings.
+pub(crate) struct Servers {
+    settings: Arc<Settings>,
+    metrics: Arc<Metrics>,
+    nats: Option<(async_nats::Client, AbortOnDrop<()>)>,
+}
+
+impl Servers {
+    /// A connector that starts with the NATS client `run` connected while it set up.
+    pub(crate) fn new(
+        settings: Arc<Settings>,
+        metrics: Arc<Metrics>,
+        nats: async_nats::Client,
+    ) -> Self {
+        let mut s = Servers {
+            settings,
+            metrics,
+            nats: None,
+        };
+        s.keep(nats);
+        s
+    }
+
+    fn keep(&mut self, client: async_nats::Client) {
+        let watch = AbortOnDrop(tokio::spawn(watch_nats(
+            client.clone(),
+            Arc::clone(&self.metrics),
+        )));
+        self.nats = Some((client, watch));
+    }
+}
+
+impl Connector for Servers {
+    fn nats(&mut self) -> BoxFuture<'_, Result<NatsPort, Restart>> {
+        Box::pin(async move {
+            if let Some((c, _)) = &self.nats {
+                return Ok(NatsPort::Client(c.clone()));
+            }
+            let c = connect_nats(&self.settings).await.map_err(Restart::from)?;
+            self.keep(c.clone());
+            Ok(NatsPort::Client(c))
+        })
+    }
+
+    fn nats_failed(&mut self) {
+        self.nats = None;
+    }
+
+    fn replication(
+        &mut self,
+        start: Lsn,
+    ) -> BoxFuture<'_, Result<(ReplicationStream, SystemInfo), SessionEnd>> {
+        Box::pin(async move {
+            let settings = &self.settings;
+            let app = format!(
+                "outbox-relay/{}/{}",
+                settings.postgres.slot,
+                std::process::id()
+            );
+            let mut conn = ReplConnection::connect(&settings.conn, &app)
+                .await
+                .map_err(from_source)?;
+            let system = match conn.identify_system().await {
+                Ok(s) => s,
+                Err(e) => {
+                    conn.close().await;
+                    return Err(from_source(e));
+                }
+            };
+            let mut options = PgOutputOptions::new([settings.postgres.publication.clone()]);
+            // Proto v1 is enough: no streaming of in-progress transactions (the relay publishes
+            // only committed transactions), and v1 keeps the decoding identical on every server.
+            options.proto_version = Some(1);
+            // Logical messages are events only with a prefix; without one they would be decoded
+            // for nothing.
+            options.messages = !settings.outbox.message_prefix.is_empty();
+            let stream_config = StreamConfig {
+                status_interval: settings.status_interval,
+                channel_capacity: 1024,
+                max_frame_bytes: settings.postgres.max_frame_bytes,
+                ..StreamConfig::default()
+            };
+            match conn
+                .start_replication(&settings.postgres.slot, start, &options, stream_config)
+                .await
+            {
+                Ok(s) => Ok((s, system)),
+                Err((e, conn)) => {
+                    if let Some(c) = conn {
+                        c.close().await;
+                    }
+                    Err(classify_start_error(settings, e).await)
+                }
+            }
+        })
+    }
+
+    fn partitions(&mut self) -> BoxFuture<'_, Result<Vec<u32>, SessionEnd>> {
+        Box::pin(async move {
+            let settings = &self.settings;
+            let trouble = |what: String| {
+                from_source(SourceError::Io {
+                    target: settings.conn.to_string(),
+                    source: std::io::Error::other(format!(
+                        "reading the outbox table's partitions: {what}"
+                    )),
+                })
+            };
+            let lookup = async {
+                let client = catalog::connect(settings, "partitions")
+                    .await
+                    .map_err(from_source)?;
+                catalog::partitions(&client, &settings.outbox.table)
+                    .await
+                    .map_err(|e| trouble(e.to_string()))
+            };
+            tokio::time::timeout(PARTITION_LOOKUP_TIMEOUT, lookup)
+                .await
+                .unwrap_or_else(|_| {
+                    Err(trouble(format!(
+                        "no answer within {PARTITION_LOOKUP_TIMEOUT:?}"
+                    )))
+                })
+        })
+    }
+}
+
+/// How long the partition lookup may take (connect and query) before the session restarts.
+const PARTITION_LOOKUP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// START_REPLICATION failed. SQLSTATE 55000 (object_not_in_prerequisite_state) covers an invalidated
+/// slot and other prerequisites (e.g. `wal_level`); the slot's own row tells them apart, whatever
+/// language the server's messages are in.
+async fn classify_start_error(settings: &Settings, e: SourceError) -> SessionEnd {
+    if e.sqlstate() == Some("55000") {
+        let slot = &settings.postgres.slot;
+        let invalidated = match catalog::connect(settings, "check").await {
+            Ok(c) => catalog::slot(&c, slot)
+                .await
+                .ok()
+                .flatten()
+                .and_then(|s| s.invalidated()),
+            Err(_) => None,
+        };
+        if let Some(reason) = invalidated {
+            return SessionEnd::Fatal(RelayError::SlotInvalidated {
+                slot: slot.clone(),
+                reason,
+                source: e,
+            });
+        }
+    }
+    from_source(e)
+}
