@@ -14,6 +14,7 @@ mod ha;
 mod hostile;
 mod ops;
 mod relay;
+mod resume;
 mod smoke;
 mod source;
 mod truth;

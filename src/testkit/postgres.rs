@@ -98,6 +98,14 @@ impl PgServer {
         )
     }
 
+    /// The server's data directory, for tests that snapshot and restore it as a disk snapshot would
+    /// (`cp -a` keeps its owner, the `postgres` user when the tests run as root, and its 0700 mode).
+    /// Copy or replace it only while the server is stopped ([`PgServer::stop`]); `start` then
+    /// serves whatever is there. It holds `server.log` too.
+    pub fn data_dir(&self) -> &Path {
+        &self.data_dir
+    }
+
     /// PEM of the CA that signed the server certificate (SAN `localhost` and `127.0.0.1`).
     pub fn ca_cert_path(&self) -> &Path {
         &self.ca_cert
