@@ -216,6 +216,23 @@ pub enum Shrink {
     Minimal,
 }
 
+impl Shrink {
+    /// The next step down the ladder (`Keep` → `DropPayload` → `Minimal`), `None` past the last:
+    /// the one place the order of the steps is written.
+    pub fn smaller(self) -> Option<Shrink> {
+        match self {
+            Shrink::Keep => Some(Shrink::DropPayload),
+            Shrink::DropPayload => Some(Shrink::Minimal),
+            Shrink::Minimal => None,
+        }
+    }
+
+    /// Every step below this one, in order.
+    pub fn below(self) -> impl Iterator<Item = Shrink> {
+        std::iter::successors(self.smaller(), |s| s.smaller())
+    }
+}
+
 /// The longest header value a shrunk dead letter keeps.
 pub const MAX_DEAD_LETTER_HEADER: usize = 1024;
 

@@ -209,6 +209,33 @@ impl Relay {
         }
     }
 
+    /// A session started streaming (facts the session reports; the policy is decided here).
+    /// Postgres trouble (or waiting as a standby) ends here; NATS trouble ends at the next new
+    /// ack ([`Relay::stored_new`]). The backoff is kept until a new event is stored or the session
+    /// has run a while: a server that accepts the start and drops the connection at once must not
+    /// get a restart every 100 ms.
+    fn streaming(&mut self) {
+        Metrics::set(&self.metrics.standby, 0);
+        let slot = &self.settings.postgres.slot;
+        match self.last_cause {
+            None => info!(%slot, start = %self.confirmed, "streaming"),
+            Some(CauseKind::Postgres | CauseKind::SlotHeld) => {
+                info!(%slot, start = %self.confirmed, "recovered: streaming again");
+                self.last_cause = None;
+            }
+            Some(CauseKind::Nats) => debug!(%slot, start = %self.confirmed, "streaming (retry)"),
+        }
+    }
+
+    /// A session stored a new event (or dead letter): the way to the stream works again.
+    fn stored_new(&mut self) {
+        if self.last_cause == Some(CauseKind::Nats) {
+            info!(confirmed = %self.confirmed, "recovered: JetStream acknowledges again");
+        }
+        self.failures = 0;
+        self.last_cause = None;
+    }
+
     /// Records a restart (metrics, one log line per change of state) and returns the delay before
     /// the next session.
     fn restarting(&mut self, restart: &Restart) -> Duration {

@@ -10,12 +10,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tracing::{debug, info, warn};
+use tracing::warn;
 
 use super::Relay;
-use crate::error::{
-    CauseKind, NatsTrouble, RelayError, Restart, SessionEnd, from_sink, from_source,
-};
+use crate::error::{NatsTrouble, RelayError, Restart, SessionEnd, from_sink, from_source};
 use crate::metrics::Metrics;
 use crate::outbox::{OutboxStage, Step};
 use crate::pgoutput::{Decoder, Message};
@@ -54,23 +52,7 @@ impl Session {
             },
             wal_end: system.xlogpos,
         };
-        Metrics::set(&relay.metrics.standby, 0);
-        match relay.last_cause {
-            None => {
-                info!(slot = %settings.postgres.slot, start = %relay.confirmed, "streaming")
-            }
-            // NATS trouble ends at the next new ack.
-            // Postgres trouble (or waiting as a standby) ends here. The backoff is kept until a new
-            // event is stored or the session has run a while: a server that accepts the start and
-            // drops the connection at once must not get a restart every 100 ms.
-            Some(CauseKind::Postgres | CauseKind::SlotHeld) => {
-                info!(slot = %settings.postgres.slot, start = %relay.confirmed, "recovered: streaming again");
-                relay.last_cause = None;
-            }
-            Some(CauseKind::Nats) => {
-                debug!(slot = %settings.postgres.slot, start = %relay.confirmed, "streaming (retry)")
-            }
-        }
+        relay.streaming();
         let (sink, acks) = Sink::start(
             nats,
             SinkConfig::from_settings(&settings),
@@ -168,11 +150,7 @@ impl Session {
             Outcome::Stored { duplicate: false } | Outcome::DeadLetter { .. }
         );
         if new {
-            if relay.last_cause == Some(CauseKind::Nats) {
-                info!(confirmed = %relay.confirmed, "recovered: JetStream acknowledges again");
-            }
-            relay.failures = 0;
-            relay.last_cause = None;
+            relay.stored_new();
         }
         Ok(())
     }

@@ -17,7 +17,7 @@ use super::{
     Acked, InFlight, Outcome, Queued, Sent, SinkConfig, SinkError, routed_subject,
     send_dead_letter, stamped,
 };
-use crate::message::{self, Shrink};
+use crate::message;
 
 pub(super) struct AckTask {
     /// For what the ack task sends itself: republishes behind a duplicate, dead letters.
@@ -295,25 +295,17 @@ impl AckTask {
                 item.sent = Sent::DeadLetter { reason, shrink };
                 return Ok(ack);
             }
-            Sent::DeadLetter {
-                shrink: Shrink::Keep,
-                ..
-            } => Shrink::DropPayload,
-            Sent::DeadLetter {
-                shrink: Shrink::DropPayload,
-                ..
-            } => Shrink::Minimal,
-            Sent::DeadLetter {
-                reason,
-                shrink: Shrink::Minimal,
-            } => {
-                return Err(SinkError::DeadLetterRefused {
-                    id: item.event.msg_id.clone(),
-                    lsn: item.event.commit_lsn,
-                    reason: reason.clone(),
-                    refusal,
-                });
-            }
+            Sent::DeadLetter { reason, shrink } => match shrink.smaller() {
+                Some(next) => next,
+                None => {
+                    return Err(SinkError::DeadLetterRefused {
+                        id: item.event.msg_id.clone(),
+                        lsn: item.event.commit_lsn,
+                        reason: reason.clone(),
+                        refusal,
+                    });
+                }
+            },
         };
         if let Sent::DeadLetter { shrink, .. } = &mut item.sent {
             *shrink = next;

@@ -246,7 +246,7 @@ impl Sink {
                 (reason, Some(out.subject))
             }
         };
-        for shrink in [Shrink::DropPayload, Shrink::Minimal] {
+        for shrink in Shrink::Keep.below() {
             let dl = message::dead_letter_as(
                 event,
                 &c.dead_letter_subject,

@@ -587,7 +587,7 @@ async fn send_dead_letter(
     expected: Option<u64>,
 ) -> Result<(u64, Shrink), SinkError> {
     let mut last = None;
-    for shrink in [Shrink::DropPayload, Shrink::Minimal] {
+    for shrink in Shrink::Keep.below() {
         let dl = message::dead_letter(event, &config.dead_letter_subject, reason, subject, shrink);
         let (target, headers, payload) = stamped(dl, expected, config.history.as_deref());
         match publisher.send(target, headers, payload).await {
