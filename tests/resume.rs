@@ -431,6 +431,23 @@ fn copy_dir(from: &Path, to: &Path) {
 /// was ever published. Set B is kept far smaller than set A so its commits stay below the tail.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn events_committed_after_a_restore_from_a_disk_snapshot_are_published() {
+    restore_from_a_snapshot(3, false).await;
+}
+
+/// Defect 2a, the harder case: after the restore the new history writes past the old tail's
+/// position before the relay starts, so nothing tells the relay at its start that the tail is from
+/// another history (same system, same timeline, position below the server's WAL end). Its replay
+/// must find out on its own (the tail's event never comes) and publish every event of the new
+/// history.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_after_a_restore_are_published_when_the_new_wal_passed_the_old_tail() {
+    restore_from_a_snapshot(400, true).await;
+}
+
+/// Stores events, snapshots the stopped server, stores 200 more (set A), restores the snapshot,
+/// commits `new_events` (set B) and starts the relay: set B must arrive. `past_tail`: set B's WAL
+/// reaches beyond set A's last commit (else it must stay below it).
+async fn restore_from_a_snapshot(new_events: u64, past_tail: bool) {
     let pg = PgServer::start_private();
     let db = text_id_db(&pg).await;
     let nats = NatsServer::start();
@@ -476,17 +493,20 @@ async fn events_committed_after_a_restore_from_a_disk_snapshot_are_published() {
     });
 
     let client = db.client().await;
-    let set_b = block_in_place(|| write_backlog(&db, "b", 3));
+    let set_b = block_in_place(|| write_backlog(&db, "b", new_events));
     let past = current_wal_lsn(&client).await;
-    assert!(
-        past < tail_lsn,
-        "setup: set B's commits (WAL now at {past}) must stay below the stream's tail at {tail_lsn}, or the \
-         test proves nothing"
+    assert_eq!(
+        past > tail_lsn,
+        past_tail,
+        "setup: set B's commits (WAL now at {past}) must end {} the stream's tail at {tail_lsn}, or the test \
+         proves nothing",
+        if past_tail { "beyond" } else { "below" }
     );
     let relay = InProcessRelay::start(config.clone());
     let what = format!(
-        "set B, committed after the restore from the snapshot, below the stream's tail at {tail_lsn} (set A's \
-         last event, lost with the restore)"
+        "set B, committed after the restore from the snapshot, {} the stream's tail at {tail_lsn} (set A's last \
+         event, lost with the restore)",
+        if past_tail { "reaching past" } else { "below" }
     );
     assert_delivered(&js, &stream, &client, &slot, &set_b, past, &what).await;
     relay.stop().await.expect("the relay stops cleanly");

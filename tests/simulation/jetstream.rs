@@ -1,0 +1,478 @@
+//! The simulated JetStream behind the relay's `SimJetStream` port: one stream (`OUTBOX`, subjects
+//! `outbox.>` and the dead-letter subject) with sequences, the duplicate window by `Nats-Msg-Id` on
+//! the paused clock, `Nats-Expected-Last-Sequence`, `max_msg_size` and the client's `max_payload`,
+//! and the faults a real connection and cluster produce: outages, publishes lost with the
+//! connection, answers delayed, lost, duplicated, reordered or late past the ack timeout, answers
+//! forged by another client on the relay's inbox, and messages hand-published to the stream.
+//!
+//! Publishes reach the server in the order they were sent (one TCP connection: a single server task
+//! takes them off a queue, each after its transit delay), and the server checks them as nats-server
+//! does: the duplicate window first, then the expected last sequence, then the size. Each answer
+//! then travels on its own timer, so answers can overtake each other.
+
+use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use async_nats::{HeaderMap, StatusCode};
+use bytes::Bytes;
+use outbox_relay::message::{EXPECTED_LAST_SEQUENCE, NATS_MSG_ID};
+use outbox_relay::sink::{SimJetStream, SimSendError};
+use tokio::sync::{Notify, mpsc};
+use tokio::time::Instant;
+
+use super::rng::Dice;
+use super::trace::{Trace, trace};
+
+pub const STREAM: &str = "OUTBOX";
+pub const DEAD_LETTER_SUBJECT: &str = "outbox_dead_letter";
+
+/// How often each answer fault strikes while chaos is on (all zero while the world settles).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Chaos {
+    /// An answer takes 50 ms to 1.5 s instead of a few milliseconds.
+    pub slow: f64,
+    /// An answer takes longer than the ack timeout (2 s): 2.5 to 6 s.
+    pub late: f64,
+    /// An answer is lost on its way (the message is stored).
+    pub lost: f64,
+    /// An answer arrives twice.
+    pub duplicated: f64,
+    /// Another client plants an answer on the relay's inbox before the real one.
+    pub forged: f64,
+}
+
+/// The stream's limits and its duplicate window, per world.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    pub duplicate_window: Duration,
+    pub max_payload: usize,
+    pub max_msg_size: Option<usize>,
+}
+
+/// A message in the stream.
+#[derive(Clone, Debug)]
+pub struct Stored {
+    pub seq: u64,
+    pub subject: String,
+    pub headers: HeaderMap,
+    pub payload: Bytes,
+    pub at: Instant,
+    /// Hand-published by "an operator", not by the relay: the promises are about the relay's.
+    pub foreign: bool,
+}
+
+impl Stored {
+    pub fn msg_id(&self) -> Option<&str> {
+        self.headers.get(NATS_MSG_ID).map(|v| v.as_str())
+    }
+}
+
+/// A publish on its way to the server.
+struct InTransit {
+    arrives: Instant,
+    subject: String,
+    reply: Option<String>,
+    headers: HeaderMap,
+    payload: Bytes,
+}
+
+struct State {
+    limits: Limits,
+    messages: Vec<Stored>,
+    /// The `Nats-Msg-Id`s of the messages the relay stored (looked up, never iterated).
+    ids: HashSet<String>,
+    /// `Nats-Msg-Id` → (sequence, stored at): the duplicate window's memory.
+    dedup: BTreeMap<String, (u64, Instant)>,
+    down: bool,
+    chaos: Chaos,
+    /// (prefix `<inbox>.`, receiver): the inbox subscriptions of the relay's sessions.
+    subs: Vec<(String, mpsc::UnboundedSender<async_nats::Message>)>,
+    inboxes: u64,
+    queue: VecDeque<InTransit>,
+    /// When the last queued publish arrives: later ones arrive after it (TCP order).
+    last_arrival: Instant,
+}
+
+pub struct JetStream {
+    /// Itself, for the answer timers its `&self` methods spawn.
+    me: Weak<JetStream>,
+    state: Mutex<State>,
+    arrived: Notify,
+    dice: Dice,
+    trace: Arc<Trace>,
+}
+
+impl JetStream {
+    /// A JetStream with an empty stream; its server task runs on the current runtime.
+    pub fn start(limits: Limits, dice: Dice, trace: Arc<Trace>) -> Arc<Self> {
+        let js = Arc::new_cyclic(|me| JetStream {
+            me: me.clone(),
+            state: Mutex::new(State {
+                limits,
+                messages: Vec::new(),
+                ids: HashSet::new(),
+                dedup: BTreeMap::new(),
+                down: false,
+                chaos: Chaos::default(),
+                subs: Vec::new(),
+                inboxes: 0,
+                queue: VecDeque::new(),
+                last_arrival: Instant::now(),
+            }),
+            arrived: Notify::new(),
+            dice,
+            trace,
+        });
+        tokio::spawn(Arc::clone(&js).serve());
+        js
+    }
+
+    pub fn set_chaos(&self, chaos: Chaos) {
+        self.state.lock().unwrap().chaos = chaos;
+    }
+
+    pub fn is_down(&self) -> bool {
+        self.state.lock().unwrap().down
+    }
+
+    /// NATS goes down: the connection drops, and with it each publish still on its way (or not:
+    /// the server may have read it already) and every answer not yet delivered.
+    pub fn go_down(&self) {
+        let mut s = self.state.lock().unwrap();
+        s.down = true;
+        let before = s.queue.len();
+        let queue = std::mem::take(&mut s.queue);
+        s.queue = queue.into_iter().filter(|_| self.dice.chance(0.5)).collect();
+        trace!(self.trace, "nats down ({} of {before} publishes in transit lost)", before - s.queue.len());
+    }
+
+    pub fn come_up(&self) {
+        self.state.lock().unwrap().down = false;
+        trace!(self.trace, "nats up");
+    }
+
+    /// Whether the relay stored a message with this `Nats-Msg-Id`.
+    pub fn holds(&self, msg_id: &str) -> bool {
+        self.state.lock().unwrap().ids.contains(msg_id)
+    }
+
+    pub fn messages(&self) -> Vec<Stored> {
+        self.state.lock().unwrap().messages.clone()
+    }
+
+    /// A message published by hand at the stream's tail. `copy` repeats the last message's
+    /// headers (an operator re-sending it, with a new id); otherwise it claims a position far
+    /// beyond the WAL and names no history, or names the history of the last message with a
+    /// position it never had.
+    pub fn publish_foreign(&self, n: u64) {
+        let mut s = self.state.lock().unwrap();
+        let last = s.messages.last().map(|m| m.headers.clone());
+        let mut headers = HeaderMap::new();
+        let kind = self.dice.range(0, 3);
+        match (kind, last) {
+            (0, Some(last)) => {
+                headers = last;
+                headers.insert(NATS_MSG_ID, format!("manual-{n}").as_str());
+            }
+            (1, Some(last)) => {
+                headers = last;
+                headers.insert(NATS_MSG_ID, format!("manual-{n}").as_str());
+                let far = 0xFFu64 << 32;
+                headers.insert("Outbox-Position", format!("{}:0", outbox_relay::Lsn(far)).as_str());
+            }
+            _ => {
+                headers.insert(NATS_MSG_ID, format!("manual-{n}").as_str());
+                headers.insert("Outbox-Commit-Lsn", "FF/0");
+                headers.insert("Outbox-Position", "FF/0:0");
+            }
+        }
+        headers.remove(EXPECTED_LAST_SEQUENCE);
+        let seq = s.messages.len() as u64 + 1;
+        let now = Instant::now();
+        s.messages.push(Stored {
+            seq,
+            subject: "outbox.manual".into(),
+            headers,
+            payload: Bytes::from_static(b"{}"),
+            at: now,
+            foreign: true,
+        });
+        trace!(self.trace, "js foreign message at seq {seq} (kind {kind})");
+    }
+
+    /// The server: takes the publishes off the queue in order, each when it arrives.
+    async fn serve(self: Arc<Self>) {
+        loop {
+            let next = {
+                let mut s = self.state.lock().unwrap();
+                match s.queue.front() {
+                    Some(m) if m.arrives <= Instant::now() => s.queue.pop_front().map(Ok),
+                    Some(m) => Some(Err(m.arrives)),
+                    None => None,
+                }
+            };
+            match next {
+                Some(Ok(m)) => self.process(m),
+                Some(Err(at)) => {
+                    tokio::select! {
+                        biased;
+                        _ = self.arrived.notified() => {}
+                        _ = tokio::time::sleep_until(at) => {}
+                    }
+                }
+                None => self.arrived.notified().await,
+            }
+        }
+    }
+
+    /// One publish at the server: checked and stored as nats-server does, then answered.
+    fn process(&self, m: InTransit) {
+        let mut s = self.state.lock().unwrap();
+        let now = Instant::now();
+        let id = m.headers.get(NATS_MSG_ID).map(|v| v.as_str().to_owned());
+        let short = id.as_deref().unwrap_or("-").get(..13).unwrap_or("-").to_owned();
+        let covered = m.subject.starts_with("outbox.") || m.subject == DEAD_LETTER_SUBJECT;
+        let last = s.messages.len() as u64;
+        let answer: Result<String, StatusCode> = if !covered {
+            Err(StatusCode::NO_RESPONDERS)
+        } else if let Some((seq, _)) = id
+            .as_ref()
+            .and_then(|id| s.dedup.get(id))
+            .filter(|(_, at)| now.duration_since(*at) < s.limits.duplicate_window)
+        {
+            // The duplicate window comes first, as in nats-server's processJetStreamMsg.
+            trace!(self.trace, "js dup {short} of seq {seq}");
+            Ok(format!(r#"{{"stream":"{STREAM}","seq":{seq},"duplicate":true}}"#))
+        } else if let Some(expected) = m
+            .headers
+            .get(EXPECTED_LAST_SEQUENCE)
+            .and_then(|v| v.as_str().parse::<u64>().ok())
+            .filter(|e| *e != last)
+        {
+            trace!(self.trace, "js refused {short}: expected {expected}, last {last}");
+            Ok(format!(
+                r#"{{"error":{{"code":400,"err_code":10071,"description":"wrong last sequence: {last}"}}}}"#
+            ))
+        } else if s
+            .limits
+            .max_msg_size
+            .is_some_and(|max| wire_size(&m.headers, m.payload.len()) > max)
+        {
+            trace!(self.trace, "js refused {short}: over max_msg_size");
+            Ok(r#"{"error":{"code":400,"err_code":10054,"description":"message size exceeds maximum allowed"}}"#.to_owned())
+        } else {
+            let seq = last + 1;
+            if let Some(id) = &id {
+                s.dedup.insert(id.clone(), (seq, now));
+                s.ids.insert(id.clone());
+            }
+            trace!(self.trace, "js stored {short} at seq {seq} on {}", m.subject);
+            s.messages.push(Stored {
+                seq,
+                subject: m.subject,
+                headers: m.headers.clone(),
+                payload: m.payload,
+                at: now,
+                foreign: false,
+            });
+            Ok(format!(r#"{{"stream":"{STREAM}","seq":{seq}}}"#))
+        };
+        let Some(reply) = m.reply else {
+            return;
+        };
+        let chaos = s.chaos;
+        if self.dice.chance(chaos.forged) {
+            let forged = self.forgery(&s, &m.headers);
+            self.deliver_later(
+                reply.clone(),
+                Ok(forged),
+                self.dice.millis(0, 2),
+            );
+        }
+        drop(s);
+        if self.dice.chance(chaos.lost) {
+            trace!(self.trace, "js answer to {short} lost");
+            return;
+        }
+        let copies = if self.dice.chance(chaos.duplicated) { 2 } else { 1 };
+        for _ in 0..copies {
+            let delay = if self.dice.chance(chaos.late) {
+                self.dice.millis(2_500, 6_000)
+            } else if self.dice.chance(chaos.slow) {
+                self.dice.millis(50, 1_500)
+            } else {
+                self.dice.millis(0, 5)
+            };
+            self.deliver_later(reply.clone(), answer.clone(), delay);
+        }
+    }
+
+    /// An answer another client could plant: one the relay is documented to refuse (no stream,
+    /// another stream, no sequence, a sequence other than the one the fence expects, a duplicate
+    /// of a message holding another id). An answer that names the stream and exactly the
+    /// expected sequence cannot be told from JetStream's, by anyone: it is not planted.
+    fn forgery(&self, s: &State, headers: &HeaderMap) -> String {
+        let last = s.messages.len() as u64;
+        let expected = headers
+            .get(EXPECTED_LAST_SEQUENCE)
+            .and_then(|v| v.as_str().parse::<u64>().ok());
+        let text = match self.dice.range(0, 5) {
+            0 => "{}".to_owned(),
+            1 => format!(r#"{{"stream":"{STREAM}","seq":0}}"#),
+            2 => format!(r#"{{"stream":"ORDERS","seq":{}}}"#, last + 1),
+            3 => {
+                let mut seq = last + self.dice.range(1, 4);
+                if expected.is_some_and(|e| e + 1 == seq) {
+                    seq += 7;
+                }
+                format!(r#"{{"stream":"{STREAM}","seq":{seq}}}"#)
+            }
+            _ => {
+                let id = headers.get(NATS_MSG_ID).map(|v| v.as_str());
+                match s
+                    .messages
+                    .iter()
+                    .rev()
+                    .find(|m| m.msg_id().is_some() && m.msg_id() != id)
+                {
+                    Some(other) => format!(
+                        r#"{{"stream":"{STREAM}","seq":{},"duplicate":true}}"#,
+                        other.seq
+                    ),
+                    None => "{}".to_owned(),
+                }
+            }
+        };
+        trace!(self.trace, "js forged answer {text}");
+        text
+    }
+
+    /// Sends `answer` to `reply` after `delay`. The subscriptions are looked up on arrival: a
+    /// session gone by then gets nothing.
+    fn deliver_later(&self, reply: String, answer: Result<String, StatusCode>, delay: Duration) {
+        let me = self.me.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            if let Some(me) = me.upgrade() {
+                me.deliver(reply, answer);
+            }
+        });
+    }
+
+    fn deliver(&self, reply: String, answer: Result<String, StatusCode>) {
+        let mut s = self.state.lock().unwrap();
+        if s.down {
+            return;
+        }
+        let (payload, status) = match answer {
+            Ok(text) => (Bytes::from(text), None),
+            Err(status) => (Bytes::new(), Some(status)),
+        };
+        let msg = async_nats::Message {
+            subject: reply.as_str().into(),
+            reply: None,
+            length: payload.len(),
+            payload,
+            headers: None,
+            status,
+            description: None,
+        };
+        s.subs.retain(|(prefix, tx)| {
+            if reply.starts_with(prefix.as_str()) && !reply[prefix.len()..].contains('.') {
+                tx.send(msg.clone()).is_ok()
+            } else {
+                !tx.is_closed()
+            }
+        });
+    }
+}
+
+/// A message's size as nats-server and the client count it against `max_payload` and
+/// `max_msg_size`: the header block and the payload.
+fn wire_size(h: &HeaderMap, payload: usize) -> usize {
+    let mut n = "NATS/1.0\r\n\r\n".len() + payload;
+    for (k, vs) in h.iter() {
+        for v in vs {
+            n += AsRef::<[u8]>::as_ref(k).len() + 2 + v.as_str().len() + 2;
+        }
+    }
+    n
+}
+
+impl SimJetStream for JetStream {
+    fn new_inbox(&self) -> String {
+        let mut s = self.state.lock().unwrap();
+        s.inboxes += 1;
+        format!("_INBOX.sim{}", s.inboxes)
+    }
+
+    fn subscribe(&self, subject: String) -> mpsc::UnboundedReceiver<async_nats::Message> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let prefix = subject.strip_suffix('*').unwrap_or(&subject).to_owned();
+        self.state.lock().unwrap().subs.push((prefix, tx));
+        rx
+    }
+
+    fn publish(
+        &self,
+        subject: String,
+        reply: Option<String>,
+        headers: HeaderMap,
+        payload: Bytes,
+    ) -> Result<(), SimSendError> {
+        let mut s = self.state.lock().unwrap();
+        if s.down {
+            return Err(SimSendError::Disconnected);
+        }
+        if wire_size(&headers, payload.len()) > s.limits.max_payload {
+            return Err(SimSendError::MaxPayloadExceeded);
+        }
+        let transit = if self.dice.chance(0.02) {
+            self.dice.millis(20, 400)
+        } else {
+            self.dice.millis(0, 3)
+        };
+        let arrives = (Instant::now() + transit).max(s.last_arrival);
+        s.last_arrival = arrives;
+        s.queue.push_back(InTransit {
+            arrives,
+            subject,
+            reply,
+            headers,
+            payload,
+        });
+        drop(s);
+        self.arrived.notify_one();
+        Ok(())
+    }
+
+    fn max_payload(&self) -> usize {
+        self.state.lock().unwrap().limits.max_payload
+    }
+
+    fn stream_state(&self, stream: &str) -> Result<(u64, Option<usize>), String> {
+        let s = self.state.lock().unwrap();
+        if s.down {
+            return Err("timed out: no answer from JetStream (NATS down)".into());
+        }
+        if stream != STREAM {
+            return Err(format!("stream {stream} not found"));
+        }
+        Ok((s.messages.len() as u64, s.limits.max_msg_size))
+    }
+
+    fn message_headers(&self, stream: &str, seq: u64) -> Result<Option<HeaderMap>, String> {
+        let s = self.state.lock().unwrap();
+        if s.down {
+            return Err("timed out: no answer from JetStream (NATS down)".into());
+        }
+        if stream != STREAM {
+            return Err(format!("stream {stream} not found"));
+        }
+        Ok(seq
+            .checked_sub(1)
+            .and_then(|i| s.messages.get(i as usize))
+            .map(|m| m.headers.clone()))
+    }
+}

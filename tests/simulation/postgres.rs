@@ -1,0 +1,1134 @@
+//! The simulated Postgres: a WAL of records at 8-byte-aligned LSNs, application transactions that
+//! interleave in it and commit in their own order, a logical replication slot, and a walsender per
+//! replication connection that decodes the WAL the way pgoutput does and speaks the CopyBoth
+//! framing over an in-memory pipe to the relay's real `ReplicationStream`.
+//!
+//! What it must get right (reference/simulation.md): a transaction is sent whole at its commit
+//! record, in commit order, iff that record starts at or after the start position; a
+//! non-transactional logical message is sent iff its record starts there or later, and its LSN is
+//! the *end* of its record, which is the start of the next record (often the commit that follows
+//! it); `Commit.end_lsn` is where the next record starts (past a page header when the commit ends
+//! on a page boundary); START_REPLICATION before the slot's `confirmed_flush` starts at it; the slot
+//! only moves forward through status updates; keepalives carry the position decoded so far.
+//!
+//! Faults: the connection cut, the connection black-holed (the walsender holds the slot until its
+//! `wal_sender_timeout`), the server unreachable, a crash (the slot falls back to its last
+//! checkpoint, open transactions die), and a restore from a disk snapshot: the WAL is truncated to
+//! the snapshot and the slot reset, same system id and timeline, and new transactions reuse the
+//! LSNs after it (or, as a point-in-time recovery, on a new timeline).
+//!
+//! P2 is checked here, at every status update: the slot may not pass a unit of work whose events
+//! the stream does not hold, nor the end of the WAL.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use outbox_relay::Lsn;
+use outbox_relay::error::{SessionEnd, from_source};
+use outbox_relay::pgoutput::{Column, Message, Relation, TupleValue, encode};
+use outbox_relay::source::{ReplicationStream, ServerError, SourceError, StreamConfig, SystemInfo};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream, ReadHalf, WriteHalf};
+use tokio::sync::{Notify, watch};
+use tokio::time::Instant;
+
+use super::check::Violations;
+use super::jetstream::JetStream;
+use super::rng::Dice;
+use super::trace::{Trace, trace};
+
+pub const PREFIX: &str = "outbox";
+const OUTBOX_OID: u32 = 16_384;
+const ORDERS_OID: u32 = 16_390;
+const PAGE: u64 = 8192;
+/// A short page header, MAXALIGNed.
+const PAGE_HEADER: u64 = 24;
+/// The first record: past the long header of a segment above 4 GiB, so LSNs print as `1/…`.
+const WAL_START: u64 = (1 << 32) + 40;
+/// The world's start as a Postgres timestamp (µs since 2000-01-01): commit times and send times
+/// follow the virtual clock from there, never the machine's.
+const PG_EPOCH_START: i64 = 800_000_000_000_000;
+/// Records sent per write to the pipe, at most.
+const BATCH_RECORDS: usize = 64;
+
+/// How one event must appear in the stream.
+#[derive(Clone, Debug)]
+pub enum Must {
+    /// Routed to this subject.
+    Routed(String),
+    /// As a dead letter; with the payload it must carry, when known.
+    DeadLetter(Option<Bytes>),
+    /// Either (an oversized event: whether the client or the stream refuses it depends on sizes
+    /// the simulation does not recompute).
+    Either,
+}
+
+/// One event the relay must publish.
+#[derive(Clone, Debug)]
+pub struct Expected {
+    pub msg_id: String,
+    /// Its place in its unit.
+    pub index: u32,
+    pub must: Must,
+}
+
+/// A unit of work the walsender sends whole: a committed transaction with outbox events, or a
+/// non-transactional outbox message.
+#[derive(Clone, Debug)]
+pub struct Unit {
+    /// Where the record that decides it starts (the commit record, or the message's own): the
+    /// walsender sends it iff this is at or after its start, and sends units in this order.
+    pub start: u64,
+    /// When it committed (virtual time): no copy stored before can be one of its events.
+    pub at: Instant,
+    pub events: Vec<Expected>,
+    pub what: String,
+}
+
+/// What a world's Postgres looks like, drawn per seed.
+#[derive(Clone, Debug)]
+pub struct PgParams {
+    /// Application connections writing concurrently.
+    pub apps: usize,
+    /// The publication also has `public.orders` (changes of another table reach the relay).
+    pub publish_orders: bool,
+    /// Transactions without published changes are sent as an empty Begin/Commit (before PG 15).
+    pub send_empty: bool,
+    /// Bytes the pipe between walsender and relay buffers.
+    pub pipe: usize,
+    /// How long the walsender waits, caught up, before a keepalive (ms range).
+    pub keepalive_ms: (u64, u64),
+}
+
+enum Change {
+    Outbox(Vec<TupleValue>),
+    /// A transactional logical message with the prefix.
+    Event(Bytes),
+    Orders(Vec<TupleValue>),
+}
+
+enum Body {
+    Change(Change),
+    Commit { xid: u32, ts: i64, changes: Vec<usize> },
+    /// A non-transactional logical message with the prefix.
+    Message(Bytes),
+    /// Anything pgoutput does not send: other databases, aborts, checkpoints.
+    Other,
+}
+
+struct Record {
+    start: u64,
+    /// The end of the record (MAXALIGNed, page headers inside it counted).
+    end: u64,
+    /// Where the next record starts: `end`, or past the next page's header when `end` is a page
+    /// boundary.
+    next: u64,
+    body: Body,
+}
+
+#[derive(Default)]
+struct Open {
+    changes: Vec<usize>,
+    events: Vec<Expected>,
+}
+
+struct Slot {
+    confirmed: u64,
+    /// What a crash or a disk snapshot brings back: the slot as last written to disk.
+    checkpointed: u64,
+    /// The connection streaming it.
+    active: Option<u64>,
+}
+
+#[derive(PartialEq, Eq)]
+enum Copy {
+    Streaming,
+    /// The relay sent CopyDone: answer it, send nothing more.
+    DoneReceived,
+    Finished,
+}
+
+struct Conn {
+    epoch: u64,
+    /// Where decoding sends from: max(requested start, confirmed_flush).
+    start: u64,
+    /// The next WAL record to decode.
+    cursor: usize,
+    /// Decoded up to here (the walsender's sentPtr).
+    sent: u64,
+    relations: BTreeSet<u32>,
+    copy: Copy,
+    /// Black-holed: holds the slot, moves nothing, until then (`wal_sender_timeout`).
+    zombie_until: Option<Instant>,
+    reply_now: bool,
+    keepalive_at: Option<Instant>,
+    /// The last `flush` the relay reported on this connection.
+    reported: u64,
+    wake: Arc<Notify>,
+    kill: watch::Sender<bool>,
+}
+
+struct Snapshot {
+    records: usize,
+    end: u64,
+    units: usize,
+    slot: u64,
+}
+
+struct State {
+    params: PgParams,
+    system_id: String,
+    timeline: u32,
+    /// The server's incarnation: bumped by a crash or a restore, which end every connection.
+    epoch: u64,
+    wal: Vec<Record>,
+    /// Where the next record starts.
+    end: u64,
+    units: Vec<Unit>,
+    open: BTreeMap<u32, Open>,
+    /// Each application connection's open transaction.
+    apps: Vec<Option<u32>>,
+    next_xid: u32,
+    slot: Slot,
+    conns: BTreeMap<u64, Conn>,
+    next_conn: u64,
+    down_until: Option<Instant>,
+    snapshots: Vec<Snapshot>,
+    /// Events written so far, in every history: ids and payload markers never repeat.
+    written: u64,
+}
+
+pub struct Postgres {
+    state: Mutex<State>,
+    dice: Dice,
+    trace: Arc<Trace>,
+    js: Arc<JetStream>,
+    violations: Arc<Violations>,
+    start: Instant,
+}
+
+/// The outbox table of sql/01_outbox_table.sql, as pgoutput describes it.
+fn outbox_relation() -> Relation {
+    let col = |name: &str, type_oid: u32, key: bool| Column {
+        flags: u8::from(key),
+        name: name.into(),
+        type_oid,
+        type_modifier: -1,
+    };
+    Relation {
+        xid: None,
+        id: OUTBOX_OID,
+        namespace: "public".into(),
+        name: "outbox".into(),
+        replica_identity: b'd',
+        columns: vec![
+            col("event_id", 2950, true),
+            col("aggregate_type", 25, false),
+            col("aggregate_id", 25, false),
+            col("event_type", 25, false),
+            col("payload", 3802, false),
+            col("created_at", 1184, false),
+            col("headers", 3802, false),
+        ],
+    }
+}
+
+fn orders_relation() -> Relation {
+    Relation {
+        xid: None,
+        id: ORDERS_OID,
+        namespace: "public".into(),
+        name: "orders".into(),
+        replica_identity: b'd',
+        columns: vec![
+            Column {
+                flags: 1,
+                name: "id".into(),
+                type_oid: 23,
+                type_modifier: -1,
+            },
+            Column {
+                flags: 0,
+                name: "total".into(),
+                type_oid: 1700,
+                type_modifier: -1,
+            },
+        ],
+    }
+}
+
+fn text(s: &str) -> TupleValue {
+    TupleValue::Text(Bytes::copy_from_slice(s.as_bytes()))
+}
+
+fn align8(n: u64) -> u64 {
+    (n + 7) & !7
+}
+
+/// A CopyData frame holding XLogData: the 25-byte header, then one pgoutput message.
+fn xlog(out: &mut BytesMut, lsn: u64, msg: &Message, time: i64) {
+    let body = encode::message(msg);
+    out.put_u8(b'd');
+    out.put_i32((4 + 25 + body.len()) as i32);
+    out.put_u8(b'w');
+    out.put_u64(lsn);
+    out.put_u64(lsn);
+    out.put_i64(time);
+    out.put_slice(&body);
+}
+
+/// A CopyData frame holding a primary keepalive.
+fn keepalive(out: &mut BytesMut, wal_end: u64, time: i64, reply: bool) {
+    out.put_u8(b'd');
+    out.put_i32(4 + 18);
+    out.put_u8(b'k');
+    out.put_u64(wal_end);
+    out.put_i64(time);
+    out.put_u8(u8::from(reply));
+}
+
+/// The server's answer to CopyDone: CopyDone, CommandComplete, ReadyForQuery.
+fn copy_finished(out: &mut BytesMut) {
+    out.put_u8(b'c');
+    out.put_i32(4);
+    let tag = b"START_REPLICATION\0";
+    out.put_u8(b'C');
+    out.put_i32(4 + tag.len() as i32);
+    out.put_slice(tag);
+    out.put_u8(b'Z');
+    out.put_i32(5);
+    out.put_u8(b'I');
+}
+
+/// What the walsender does next on one connection.
+enum Out {
+    Send(Bytes),
+    Wait(Option<Instant>),
+    Close,
+}
+
+impl State {
+    fn is_down(&self) -> bool {
+        self.down_until.is_some_and(|t| Instant::now() < t)
+    }
+
+    /// The end of the last record: the server's flush position.
+    fn flushed(&self) -> u64 {
+        self.wal.last().map_or(WAL_START, |r| r.end)
+    }
+
+    /// Appends a record of `size` bytes; returns its index.
+    fn append(&mut self, size: u64, body: Body) -> usize {
+        let start = self.end;
+        let mut end = start + align8(size.max(24));
+        // A record that crosses a page boundary carries the next page's header inside it.
+        let mut boundary = (start / PAGE + 1) * PAGE;
+        while boundary < end {
+            end += PAGE_HEADER;
+            boundary += PAGE;
+        }
+        let next = if end % PAGE == 0 {
+            end + PAGE_HEADER
+        } else {
+            end
+        };
+        self.end = next;
+        self.wal.push(Record {
+            start,
+            end,
+            next,
+            body,
+        });
+        for c in self.conns.values() {
+            c.wake.notify_one();
+        }
+        self.wal.len() - 1
+    }
+
+    fn end_conn(&mut self, id: u64) {
+        if let Some(c) = self.conns.remove(&id) {
+            let _ = c.kill.send(true);
+            if self.slot.active == Some(id) {
+                self.slot.active = None;
+            }
+        }
+    }
+
+    fn end_all(&mut self) {
+        let ids: Vec<u64> = self.conns.keys().copied().collect();
+        for id in ids {
+            self.end_conn(id);
+        }
+    }
+}
+
+impl Postgres {
+    pub fn new(
+        params: PgParams,
+        dice: Dice,
+        trace: Arc<Trace>,
+        js: Arc<JetStream>,
+        violations: Arc<Violations>,
+    ) -> Arc<Self> {
+        let system_id = format!("73{:017}", dice.range(0, 99_999_999_999_999_999));
+        Arc::new(Postgres {
+            state: Mutex::new(State {
+                apps: vec![None; params.apps],
+                params,
+                system_id,
+                timeline: 1,
+                epoch: 0,
+                wal: Vec::new(),
+                end: WAL_START,
+                units: Vec::new(),
+                open: BTreeMap::new(),
+                next_xid: 740,
+                slot: Slot {
+                    confirmed: WAL_START,
+                    checkpointed: WAL_START,
+                    active: None,
+                },
+                conns: BTreeMap::new(),
+                next_conn: 1,
+                down_until: None,
+                snapshots: Vec::new(),
+                written: 0,
+            }),
+            dice,
+            trace,
+            js,
+            violations,
+            start: Instant::now(),
+        })
+    }
+
+    fn pg_now(&self) -> i64 {
+        PG_EPOCH_START + self.start.elapsed().as_micros() as i64
+    }
+
+    pub fn slot_confirmed(&self) -> u64 {
+        self.state.lock().unwrap().slot.confirmed
+    }
+
+    /// The server's flush position (what IDENTIFY_SYSTEM reports).
+    pub fn flushed(&self) -> u64 {
+        self.state.lock().unwrap().flushed()
+    }
+
+    pub fn units(&self) -> Vec<Unit> {
+        self.state.lock().unwrap().units.clone()
+    }
+
+    pub fn history(&self) -> String {
+        let s = self.state.lock().unwrap();
+        format!("system {} timeline {}", s.system_id, s.timeline)
+    }
+
+    /// One step of the applications: a connection begins, writes, commits or aborts, or emits a
+    /// non-transactional message; other databases write WAL too.
+    pub fn write(&self) {
+        let mut s = self.state.lock().unwrap();
+        if s.is_down() {
+            return;
+        }
+        let d = &self.dice;
+        if d.chance(0.08) {
+            let size = d.range(24, 3000);
+            s.append(size, Body::Other);
+        }
+        let app = d.range(0, s.apps.len() as u64) as usize;
+        let Some(xid) = s.apps[app] else {
+            let xid = s.next_xid;
+            s.next_xid += 1;
+            s.open.insert(xid, Open::default());
+            s.apps[app] = Some(xid);
+            return;
+        };
+        match d.range(0, 100) {
+            0..40 => self.insert_row(&mut s, xid),
+            40..50 => self.insert_message(&mut s, xid),
+            50..60 => {
+                let n = s.written;
+                let row = vec![text(&n.to_string()), text("12.50")];
+                let idx = s.append(d.range(40, 90), Body::Change(Change::Orders(row)));
+                s.open.get_mut(&xid).unwrap().changes.push(idx);
+            }
+            60..88 => {
+                self.commit(&mut s, xid);
+                s.apps[app] = None;
+            }
+            88..91 => {
+                if s.open.remove(&xid).is_some_and(|o| !o.changes.is_empty()) {
+                    s.append(32, Body::Other);
+                }
+                s.apps[app] = None;
+                trace!(self.trace, "pg xid {xid} aborted");
+            }
+            _ => {
+                // Emitted straight before the commit of this connection's transaction, more often
+                // than not: the message's LSN (its record's end) is then that commit's LSN.
+                self.stray_message(&mut s);
+                if d.chance(0.6) {
+                    self.commit(&mut s, xid);
+                    s.apps[app] = None;
+                }
+            }
+        }
+    }
+
+    /// Commits or aborts every open transaction: the applications stop writing.
+    pub fn finish_writes(&self) {
+        let mut s = self.state.lock().unwrap();
+        let xids: Vec<u32> = s.open.keys().copied().collect();
+        for xid in xids {
+            self.commit(&mut s, xid);
+        }
+        s.apps.iter_mut().for_each(|a| *a = None);
+    }
+
+    fn new_event(&self, s: &mut State) -> (u64, String) {
+        s.written += 1;
+        let n = s.written;
+        let d = &self.dice;
+        let id = format!(
+            "{:08x}-{:04x}-4{:03x}-{:04x}-{:012x}",
+            d.next_u64() as u32,
+            d.range(0, 0x1_0000),
+            d.range(0, 0x1000),
+            0x8000 | d.range(0, 0x4000),
+            n
+        );
+        (n, id)
+    }
+
+    /// An outbox insert: mostly a good event, sometimes one that cannot be routed (its aggregate
+    /// type is no subject token) or one too large for the server's limits.
+    fn insert_row(&self, s: &mut State, xid: u32) {
+        let d = &self.dice;
+        let (n, id) = self.new_event(s);
+        let (ty, bad) = if d.chance(0.04) {
+            ("bad type", true)
+        } else {
+            (d.pick(&["order", "claim", "invoice"]), false)
+        };
+        let big = d.chance(0.01);
+        let payload = if big {
+            let pad = "x".repeat(d.range(20_000, 100_000) as usize);
+            format!(r#"{{"n": {n}, "pad": "{pad}"}}"#)
+        } else {
+            format!(r#"{{"n": {n}}}"#)
+        };
+        let row = vec![
+            text(&id),
+            text(ty),
+            text(&format!("a{}", n % 17)),
+            text(d.pick(&["Created", "Paid", "Shipped"])),
+            text(&payload),
+            text("2026-12-02 00:00:00+00"),
+            TupleValue::Null,
+        ];
+        let must = match (bad, big) {
+            (true, _) => Must::DeadLetter(None),
+            (false, true) => Must::Either,
+            (false, false) => Must::Routed(format!("outbox.{ty}")),
+        };
+        let size = 120 + payload.len() as u64;
+        let idx = s.append(size, Body::Change(Change::Outbox(row)));
+        let open = s.open.get_mut(&xid).unwrap();
+        let index = open.events.len() as u32;
+        open.changes.push(idx);
+        open.events.push(Expected {
+            msg_id: id,
+            index,
+            must,
+        });
+    }
+
+    /// `pg_logical_emit_message(true, 'outbox', …)`: an event inside the transaction.
+    fn insert_message(&self, s: &mut State, xid: u32) {
+        let (n, id) = self.new_event(s);
+        let ty = self.dice.pick(&["order", "claim"]);
+        let content = format!(
+            r#"{{"id":"{id}","aggregate_type":"{ty}","aggregate_id":"m{n}","event_type":"Noted","payload":{{"n":{n}}}}}"#
+        );
+        let idx = s.append(
+            48 + content.len() as u64,
+            Body::Change(Change::Event(Bytes::from(content))),
+        );
+        let open = s.open.get_mut(&xid).unwrap();
+        let index = open.events.len() as u32;
+        open.changes.push(idx);
+        open.events.push(Expected {
+            msg_id: id,
+            index,
+            must: Must::Routed(format!("outbox.{ty}")),
+        });
+    }
+
+    /// `pg_logical_emit_message(false, 'outbox', …)`: atomic with nothing, so the relay must
+    /// dead-letter it, under an id made of its LSN, with its payload.
+    fn stray_message(&self, s: &mut State) {
+        let (n, id) = self.new_event(s);
+        let payload = format!(r#"{{"stray":{n}}}"#);
+        let content = format!(
+            r#"{{"id":"{id}","aggregate_type":"order","aggregate_id":"s{n}","event_type":"Stray","payload":{payload}}}"#
+        );
+        let idx = s.append(48 + content.len() as u64, Body::Message(Bytes::from(content)));
+        let (start, end) = (s.wal[idx].start, s.wal[idx].end);
+        s.units.push(Unit {
+            start,
+            at: Instant::now(),
+            events: vec![Expected {
+                msg_id: format!("lsn:{}:non-transactional", Lsn(end)),
+                index: 0,
+                must: Must::DeadLetter(Some(Bytes::from(payload))),
+            }],
+            what: format!("non-transactional message at {}", Lsn(end)),
+        });
+        trace!(self.trace, "pg message {} ends {}", Lsn(start), Lsn(end));
+    }
+
+    fn commit(&self, s: &mut State, xid: u32) {
+        let Some(open) = s.open.remove(&xid) else {
+            return;
+        };
+        if open.changes.is_empty() {
+            // Wrote nothing: no commit record.
+            return;
+        }
+        let ts = self.pg_now();
+        let n = open.events.len();
+        let idx = s.append(
+            40,
+            Body::Commit {
+                xid,
+                ts,
+                changes: open.changes,
+            },
+        );
+        let start = s.wal[idx].start;
+        trace!(self.trace, "pg xid {xid} commits at {} with {n} events", Lsn(start));
+        if !open.events.is_empty() {
+            s.units.push(Unit {
+                start,
+                at: Instant::now(),
+                events: open.events,
+                what: format!("transaction {xid} committed at {}", Lsn(start)),
+            });
+        }
+    }
+
+    /// The slot as a checkpoint writes it to disk.
+    pub fn checkpoint(&self) {
+        let mut s = self.state.lock().unwrap();
+        s.slot.checkpointed = s.slot.confirmed;
+    }
+
+    /// A crash-consistent disk snapshot: the WAL so far and the slot as on disk.
+    pub fn snapshot(&self) {
+        let mut s = self.state.lock().unwrap();
+        let snap = Snapshot {
+            records: s.wal.len(),
+            end: s.end,
+            units: s.units.len(),
+            slot: s.slot.checkpointed,
+        };
+        trace!(self.trace, "pg snapshot at {} (slot {})", Lsn(snap.end), Lsn(snap.slot));
+        s.snapshots.push(snap);
+    }
+
+    /// Restores a snapshot taken earlier (false if there is none): the WAL after it is gone and
+    /// will be written anew at the same LSNs; the slot is as the snapshot has it. A point-in-time
+    /// recovery does the same on a new timeline.
+    pub fn restore(&self, new_timeline: bool) -> bool {
+        let mut s = self.state.lock().unwrap();
+        if s.snapshots.is_empty() {
+            return false;
+        }
+        let i = self.dice.range(0, s.snapshots.len() as u64) as usize;
+        // Later snapshots are of the history this one discards.
+        s.snapshots.truncate(i + 1);
+        let snap = &s.snapshots[i];
+        let (records, end, units, slot) = (snap.records, snap.end, snap.units, snap.slot);
+        s.end_all();
+        s.wal.truncate(records);
+        s.end = end;
+        s.units.truncate(units);
+        s.open.clear();
+        s.apps.iter_mut().for_each(|a| *a = None);
+        s.slot.confirmed = slot;
+        s.slot.checkpointed = slot;
+        s.epoch += 1;
+        if new_timeline {
+            s.timeline += 1;
+        }
+        trace!(
+            self.trace,
+            "pg RESTORED to {} (slot {}, timeline {})",
+            Lsn(end),
+            Lsn(slot),
+            s.timeline
+        );
+        true
+    }
+
+    /// The server crashes and restarts: connections end, open transactions die, and the slot is
+    /// back at its last checkpoint (its confirmed position lives in memory until then).
+    pub fn crash(&self, down_for: Duration) {
+        let mut s = self.state.lock().unwrap();
+        s.end_all();
+        s.open.clear();
+        s.apps.iter_mut().for_each(|a| *a = None);
+        s.slot.confirmed = s.slot.checkpointed;
+        s.epoch += 1;
+        s.down_until = Some(Instant::now() + down_for);
+        trace!(self.trace, "pg crash: slot back to {}, down {down_for:?}", Lsn(s.slot.confirmed));
+    }
+
+    /// The server cannot be reached for a while (its connections end; nothing is lost).
+    pub fn unreachable(&self, down_for: Duration) {
+        let mut s = self.state.lock().unwrap();
+        s.end_all();
+        s.down_until = Some(Instant::now() + down_for);
+        trace!(self.trace, "pg unreachable for {down_for:?}");
+    }
+
+    pub fn up(&self) {
+        self.state.lock().unwrap().down_until = None;
+    }
+
+    /// Every replication connection is cut.
+    pub fn cut(&self) {
+        let mut s = self.state.lock().unwrap();
+        trace!(self.trace, "pg connections cut ({})", s.conns.len());
+        s.end_all();
+    }
+
+    /// Every replication connection stops carrying anything, both ways; the walsender notices
+    /// after `wal_sender_timeout` and only then lets go of the slot.
+    pub fn black_hole(&self, timeout: Duration) {
+        let mut s = self.state.lock().unwrap();
+        let until = Instant::now() + timeout;
+        for c in s.conns.values_mut() {
+            c.zombie_until.get_or_insert(until);
+            c.wake.notify_one();
+        }
+        trace!(self.trace, "pg connections black-holed ({})", s.conns.len());
+    }
+
+    /// The partition lookup's query.
+    pub fn partitions(&self) -> Result<Vec<u32>, SessionEnd> {
+        if self.state.lock().unwrap().is_down() {
+            return Err(unreachable_error());
+        }
+        Ok(Vec::new())
+    }
+
+    /// IDENTIFY_SYSTEM and START_REPLICATION from `start`: the relay's end of the pipe, as a real
+    /// `ReplicationStream`.
+    pub async fn connect(
+        self: &Arc<Self>,
+        start: Lsn,
+        config: StreamConfig,
+    ) -> Result<(ReplicationStream, SystemInfo), SessionEnd> {
+        // Connecting and authenticating take a moment.
+        tokio::time::sleep(self.dice.millis(0, 15)).await;
+        let (id, wake, kill, pipe, info) = {
+            let mut s = self.state.lock().unwrap();
+            if s.is_down() {
+                return Err(unreachable_error());
+            }
+            if let Some(active) = s.slot.active {
+                trace!(self.trace, "pg START refused: slot active for conn {active}");
+                return Err(from_source(SourceError::Server {
+                    context: "START_REPLICATION",
+                    error: Box::new(ServerError {
+                        severity: "ERROR".into(),
+                        code: "55006".into(),
+                        message: format!(
+                            "replication slot \"outbox_relay\" is active for PID {}",
+                            40_000 + active
+                        ),
+                        detail: None,
+                        hint: None,
+                    }),
+                }));
+            }
+            // logical.c CreateDecodingContext: a start before confirmed_flush "has been already
+            // streamed, forwarding to" confirmed_flush.
+            let from = start.0.max(s.slot.confirmed);
+            let cursor = s.wal.partition_point(|r| r.start < from);
+            let id = s.next_conn;
+            s.next_conn += 1;
+            let wake = Arc::new(Notify::new());
+            let (kill, _) = watch::channel(false);
+            let epoch = s.epoch;
+            s.conns.insert(
+                id,
+                Conn {
+                    epoch,
+                    start: from,
+                    cursor,
+                    sent: from,
+                    relations: BTreeSet::new(),
+                    copy: Copy::Streaming,
+                    zombie_until: None,
+                    reply_now: false,
+                    keepalive_at: None,
+                    reported: 0,
+                    wake: Arc::clone(&wake),
+                    kill: kill.clone(),
+                },
+            );
+            s.slot.active = Some(id);
+            let info = SystemInfo {
+                system_id: s.system_id.clone(),
+                timeline: s.timeline,
+                xlogpos: Lsn(s.flushed()),
+                dbname: Some("postgres".into()),
+            };
+            trace!(
+                self.trace,
+                "pg conn {id}: START at {start}, streams from {}, WAL flushed to {}",
+                Lsn(from),
+                info.xlogpos
+            );
+            (id, wake, kill, s.params.pipe, info)
+        };
+        let (relay_end, our_end) = tokio::io::duplex(pipe);
+        let (rd, wr) = tokio::io::split(our_end);
+        tokio::spawn(Arc::clone(self).send_loop(id, wr, wake, kill.subscribe()));
+        tokio::spawn(Arc::clone(self).receive_loop(id, rd, kill.subscribe()));
+        Ok((ReplicationStream::over(relay_end, start, config), info))
+    }
+
+    /// The walsender's sending side.
+    async fn send_loop(
+        self: Arc<Self>,
+        id: u64,
+        mut wr: WriteHalf<DuplexStream>,
+        wake: Arc<Notify>,
+        mut kill: watch::Receiver<bool>,
+    ) {
+        loop {
+            match self.next_out(id) {
+                Out::Close => return,
+                Out::Send(bytes) => {
+                    tokio::select! {
+                        biased;
+                        _ = kill.wait_for(|k| *k) => return,
+                        r = wr.write_all(&bytes) => if r.is_err() {
+                            self.ended(id, "the relay closed the connection");
+                            return;
+                        },
+                    }
+                }
+                Out::Wait(until) => {
+                    let until = until.unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
+                    tokio::select! {
+                        biased;
+                        _ = kill.wait_for(|k| *k) => return,
+                        _ = wake.notified() => {}
+                        _ = tokio::time::sleep_until(until) => {}
+                    }
+                }
+            }
+        }
+    }
+
+    fn next_out(&self, id: u64) -> Out {
+        let mut guard = self.state.lock().unwrap();
+        let s = &mut *guard;
+        let now = Instant::now();
+        let time = self.pg_now();
+        let Some(conn) = s.conns.get_mut(&id) else {
+            return Out::Close;
+        };
+        if let Some(until) = conn.zombie_until {
+            if now < until {
+                return Out::Wait(Some(until));
+            }
+            trace!(self.trace, "pg conn {id}: wal_sender_timeout, walsender exits");
+            s.end_conn(id);
+            return Out::Close;
+        }
+        match conn.copy {
+            Copy::Streaming => {}
+            Copy::DoneReceived => {
+                let mut out = BytesMut::new();
+                copy_finished(&mut out);
+                conn.copy = Copy::Finished;
+                return Out::Send(out.freeze());
+            }
+            Copy::Finished => return Out::Wait(None),
+        }
+        let mut out = BytesMut::new();
+        if conn.reply_now {
+            conn.reply_now = false;
+            keepalive(&mut out, conn.sent, time, false);
+        }
+        let mut n = 0;
+        while conn.cursor < s.wal.len() && n < BATCH_RECORDS && out.len() < 32 << 10 {
+            let rec = &s.wal[conn.cursor];
+            conn.cursor += 1;
+            n += 1;
+            decode(rec, &s.wal, conn, &s.params, &mut out, time);
+            conn.sent = conn.sent.max(rec.end);
+            if self.dice.chance(0.02) {
+                keepalive(&mut out, conn.sent, time, self.dice.chance(0.3));
+            }
+        }
+        if !out.is_empty() {
+            conn.keepalive_at = None;
+            return Out::Send(out.freeze());
+        }
+        // Caught up: a keepalive with the position decoded so far, soon while the relay has not
+        // confirmed that far (walsender.c WalSndWaitForWal), else every wal_sender_timeout / 2.
+        let (lo, hi) = if conn.reported < conn.sent {
+            s.params.keepalive_ms
+        } else {
+            (10_000, 30_000)
+        };
+        let at = *conn
+            .keepalive_at
+            .get_or_insert_with(|| now + self.dice.millis(lo, hi));
+        if now < at {
+            return Out::Wait(Some(at));
+        }
+        conn.keepalive_at = None;
+        keepalive(&mut out, conn.sent, time, self.dice.chance(0.1));
+        Out::Send(out.freeze())
+    }
+
+    /// The walsender's receiving side: status updates, CopyDone, Terminate.
+    async fn receive_loop(
+        self: Arc<Self>,
+        id: u64,
+        mut rd: ReadHalf<DuplexStream>,
+        mut kill: watch::Receiver<bool>,
+    ) {
+        let mut buf = BytesMut::with_capacity(1024);
+        loop {
+            let zombie = self.state.lock().unwrap().conns.get(&id).map(|c| c.zombie_until);
+            match zombie {
+                None => return,
+                Some(Some(until)) => {
+                    // Reads nothing: the relay's status updates pile up in the pipe.
+                    tokio::select! {
+                        biased;
+                        _ = kill.wait_for(|k| *k) => {}
+                        _ = tokio::time::sleep_until(until) => {}
+                    }
+                    return;
+                }
+                Some(None) => {}
+            }
+            let read = tokio::select! {
+                biased;
+                _ = kill.wait_for(|k| *k) => return,
+                r = rd.read_buf(&mut buf) => r,
+            };
+            match read {
+                Ok(0) | Err(_) => {
+                    self.ended(id, "the relay closed the connection");
+                    return;
+                }
+                Ok(_) => {}
+            }
+            while buf.len() >= 5 {
+                let len = i32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize;
+                if buf.len() < 1 + len {
+                    break;
+                }
+                let frame = buf.split_to(1 + len);
+                match (frame[0], frame.get(5)) {
+                    (b'd', Some(b'r')) if frame.len() >= 5 + 34 => {
+                        let flush = u64::from_be_bytes(frame[14..22].try_into().unwrap());
+                        self.status_update(id, flush, frame[38] != 0);
+                    }
+                    (b'c', _) => self.copy_done(id),
+                    (b'X', _) => {
+                        self.ended(id, "Terminate");
+                        return;
+                    }
+                    (tag, _) => {
+                        self.violations.report(
+                            &self.trace,
+                            format!("the relay sent an unexpected message {:?} on the replication connection", char::from(tag)),
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    fn ended(&self, id: u64, why: &str) {
+        let mut s = self.state.lock().unwrap();
+        if s.conns.contains_key(&id) {
+            trace!(self.trace, "pg conn {id} ends: {why}");
+            s.end_conn(id);
+        }
+    }
+
+    fn copy_done(&self, id: u64) {
+        let mut s = self.state.lock().unwrap();
+        if let Some(c) = s.conns.get_mut(&id) {
+            if c.copy == Copy::Streaming {
+                c.copy = Copy::DoneReceived;
+            }
+            c.wake.notify_one();
+        }
+    }
+
+    /// A standby status update: `flush` is what the relay confirms. P2 is checked here.
+    fn status_update(&self, id: u64, flush: u64, reply: bool) {
+        let mut guard = self.state.lock().unwrap();
+        let s = &mut *guard;
+        let Some(conn) = s.conns.get_mut(&id) else {
+            return;
+        };
+        if conn.epoch != s.epoch || conn.zombie_until.is_some() {
+            return;
+        }
+        if reply {
+            conn.reply_now = true;
+            conn.wake.notify_one();
+        }
+        conn.reported = conn.reported.max(flush);
+        if flush <= s.slot.confirmed {
+            return;
+        }
+        if flush > s.end {
+            self.violations.report(
+                &self.trace,
+                format!(
+                    "P2: the relay confirmed {} beyond the server's WAL end {}: every transaction committed \
+                     below it from now on is skipped",
+                    Lsn(flush),
+                    Lsn(s.end)
+                ),
+            );
+        }
+        let from = s.units.partition_point(|u| u.start < s.slot.confirmed);
+        for unit in &s.units[from..] {
+            if unit.start >= flush {
+                break;
+            }
+            for e in &unit.events {
+                if !self.js.holds(&e.msg_id) {
+                    self.violations.report(
+                        &self.trace,
+                        format!(
+                            "P2: the slot was confirmed to {} past the {}, whose event {} is not in the stream",
+                            Lsn(flush),
+                            unit.what,
+                            e.msg_id
+                        ),
+                    );
+                }
+            }
+        }
+        s.slot.confirmed = flush;
+        trace!(self.trace, "pg slot confirmed {}", Lsn(flush));
+    }
+}
+
+/// What pgoutput sends for one WAL record, if anything.
+fn decode(rec: &Record, wal: &[Record], conn: &mut Conn, params: &PgParams, out: &mut BytesMut, time: i64) {
+    match &rec.body {
+        Body::Commit { xid, ts, changes } if rec.start >= conn.start => {
+            let sent = |c: &usize| match &wal[*c].body {
+                Body::Change(Change::Orders(_)) => params.publish_orders,
+                _ => true,
+            };
+            if !changes.iter().any(sent) && !params.send_empty {
+                // Since PG 15 a transaction with nothing to send is skipped whole.
+                return;
+            }
+            let first = changes.first().map_or(rec.start, |&c| wal[c].start);
+            xlog(
+                out,
+                first,
+                &Message::Begin {
+                    final_lsn: Lsn(rec.start),
+                    commit_ts: *ts,
+                    xid: *xid,
+                },
+                time,
+            );
+            for &c in changes.iter().filter(|c| sent(c)) {
+                let change = &wal[c];
+                let Body::Change(kind) = &change.body else {
+                    continue;
+                };
+                let (relation, msg) = match kind {
+                    Change::Outbox(row) => (
+                        Some(outbox_relation()),
+                        Message::Insert {
+                            xid: None,
+                            relation_id: OUTBOX_OID,
+                            new: row.clone(),
+                        },
+                    ),
+                    Change::Orders(row) => (
+                        Some(orders_relation()),
+                        Message::Insert {
+                            xid: None,
+                            relation_id: ORDERS_OID,
+                            new: row.clone(),
+                        },
+                    ),
+                    Change::Event(content) => (
+                        None,
+                        Message::Message {
+                            xid: None,
+                            transactional: true,
+                            lsn: Lsn(change.end),
+                            prefix: PREFIX.into(),
+                            content: content.clone(),
+                        },
+                    ),
+                };
+                // pgoutput describes a relation before its first change on each connection.
+                if let Some(rel) = relation
+                    && conn.relations.insert(rel.id)
+                {
+                    xlog(out, 0, &Message::Relation(rel), time);
+                }
+                xlog(out, change.start, &msg, time);
+            }
+            xlog(
+                out,
+                rec.start,
+                &Message::Commit {
+                    flags: 0,
+                    commit_lsn: Lsn(rec.start),
+                    end_lsn: Lsn(rec.next),
+                    commit_ts: *ts,
+                },
+                time,
+            );
+        }
+        Body::Message(content) if rec.start >= conn.start => xlog(
+            out,
+            rec.start,
+            &Message::Message {
+                xid: None,
+                transactional: false,
+                lsn: Lsn(rec.end),
+                prefix: PREFIX.into(),
+                content: content.clone(),
+            },
+            time,
+        ),
+        _ => {}
+    }
+}
+
+fn unreachable_error() -> SessionEnd {
+    from_source(SourceError::Io {
+        target: "simulated postgres:5432".into(),
+        source: std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "connection refused"),
+    })
+}

@@ -1,0 +1,89 @@
+//! What happened in a simulated world, one line per event with its virtual time: the last lines
+//! are printed with a failing seed, the whole trace with `SIM_SEED=<n>`, and its digest is what the
+//! determinism test compares between two runs of one seed.
+//!
+//! Only what the simulators see is traced (writes, deliveries, confirmations, faults), never how
+//! often a relay timer fired: tokio's `select!` picks among ready branches at random (its seed
+//! cannot be set without `--cfg tokio_unstable`), so the number of status updates the relay sends at
+//! one instant may vary between runs while everything they say stays the same.
+
+use std::collections::VecDeque;
+use std::fmt::Write as _;
+use std::sync::Mutex;
+
+use tokio::time::Instant;
+
+/// Lines kept for a failure report.
+const RECENT: usize = 60;
+
+pub struct Trace {
+    start: Instant,
+    inner: Mutex<Inner>,
+}
+
+struct Inner {
+    recent: VecDeque<String>,
+    /// Every line, when the run is replayed on its own (`SIM_SEED`) or compared.
+    all: Option<Vec<String>>,
+    /// FNV-1a over every line.
+    digest: u64,
+    lines: u64,
+}
+
+impl Trace {
+    pub fn new(keep_all: bool) -> Self {
+        Trace {
+            start: Instant::now(),
+            inner: Mutex::new(Inner {
+                recent: VecDeque::with_capacity(RECENT),
+                all: keep_all.then(Vec::new),
+                digest: 0xcbf2_9ce4_8422_2325,
+                lines: 0,
+            }),
+        }
+    }
+
+    /// Seconds of virtual time since the world began.
+    pub fn now(&self) -> f64 {
+        self.start.elapsed().as_secs_f64()
+    }
+
+    pub fn log(&self, what: std::fmt::Arguments<'_>) {
+        let mut line = String::with_capacity(80);
+        let _ = write!(line, "{:>9.3}s {what}", self.now());
+        let mut inner = self.inner.lock().unwrap();
+        for b in line.bytes() {
+            inner.digest = (inner.digest ^ u64::from(b)).wrapping_mul(0x100_0000_01b3);
+        }
+        inner.lines += 1;
+        if inner.recent.len() == RECENT {
+            inner.recent.pop_front();
+        }
+        inner.recent.push_back(line.clone());
+        if let Some(all) = &mut inner.all {
+            all.push(line);
+        }
+    }
+
+    pub fn recent(&self) -> Vec<String> {
+        self.inner.lock().unwrap().recent.iter().cloned().collect()
+    }
+
+    pub fn all(&self) -> Vec<String> {
+        self.inner.lock().unwrap().all.clone().unwrap_or_default()
+    }
+
+    /// (digest, number of lines).
+    pub fn digest(&self) -> (u64, u64) {
+        let inner = self.inner.lock().unwrap();
+        (inner.digest, inner.lines)
+    }
+}
+
+/// `trace!(t, "...", args)`: one line in `t`.
+macro_rules! trace {
+    ($t:expr, $($arg:tt)*) => {
+        $t.log(format_args!($($arg)*))
+    };
+}
+pub(crate) use trace;
