@@ -354,4 +354,23 @@ mod tests {
             PublishErrorKind::Other
         );
     }
+
+    #[test]
+    fn planted_answers_are_not_acks() {
+        let forged = |payload: &str| {
+            let e = parse(&answer("i.1", payload, None), "OUTBOX").unwrap_err();
+            std::error::Error::source(&e).is_some_and(|s| s.is::<Forged>())
+        };
+        assert!(forged("{}"), "no stream, no sequence");
+        assert!(forged(r#"{"stream":"OUTBOX","seq":0}"#), "sequence 0");
+        assert!(forged(r#"{"stream":"OTHER","seq":5}"#), "another stream");
+        assert!(forged(r#"{"seq":5}"#), "no stream");
+        assert!(
+            parse(
+                &answer("i.1", r#"{"stream":"OUTBOX","seq":5}"#, None),
+                "OUTBOX"
+            )
+            .is_ok()
+        );
+    }
 }
