@@ -104,6 +104,11 @@ impl Progress {
         self.confirmed
     }
 
+    /// Between a Begin and its Commit.
+    pub fn in_transaction(&self) -> bool {
+        self.in_txn
+    }
+
     /// Messages published but not acked.
     pub fn in_flight(&self) -> u64 {
         self.next_seq - self.acked

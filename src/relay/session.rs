@@ -167,6 +167,13 @@ impl Session {
         }
         let (wal_start, data) = match ev {
             ReplicationEvent::Keepalive { wal_end, .. } => {
+                // Between transactions only: within one, the walsender's position is not past
+                // the transaction's own commit yet, but nothing here depends on that.
+                if !self.progress.in_transaction()
+                    && let Err(e) = self.sink.keepalive(wal_end)
+                {
+                    return Err(self.sink_failure(e));
+                }
                 self.progress.keepalive(wal_end);
                 self.confirm(relay);
                 return Ok(());

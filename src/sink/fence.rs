@@ -279,6 +279,23 @@ impl Replay {
         decision
     }
 
+    /// A keepalive: the walsender has sent everything before `wal_end`. Once that is past the
+    /// tail's position, the tail's own event would have come: if events were skipped, the tail is
+    /// from another history (returns its position); if none were, it lay before the start and
+    /// nothing is to be skipped. Without this a quiet outbox would hold skipped events back until
+    /// the next event arrived.
+    pub fn passed(&mut self, wal_end: Lsn) -> Option<Position> {
+        let State::Verifying { until, skipped, .. } = &self.state else {
+            return None;
+        };
+        if wal_end <= until.lsn {
+            return None;
+        }
+        let diverged = (*skipped > 0).then_some(*until);
+        self.state = State::Publishing;
+        diverged
+    }
+
     /// Events skipped so far whose storage is not yet proven.
     pub fn unverified(&self) -> u64 {
         match &self.state {
@@ -315,6 +332,11 @@ impl Fence {
     /// What to do with a replayed event ([`Replay::replayed`]).
     pub fn replayed(&mut self, position: Position, id: &str) -> Replayed {
         self.replay.replayed(position, id)
+    }
+
+    /// A keepalive at `wal_end` ([`Replay::passed`]).
+    pub fn passed(&mut self, wal_end: Lsn) -> Option<Position> {
+        self.replay.passed(wal_end)
     }
 
     /// Events skipped whose storage is not yet proven ([`Replay::unverified`]).
@@ -423,6 +445,20 @@ mod tests {
             r.replayed(pos(200, 1), "other"),
             Replayed::Diverged { .. }
         ));
+    }
+
+    #[test]
+    fn a_keepalive_past_the_tail_ends_the_wait_for_its_event() {
+        // Skipped events, then the walsender is past the tail without having sent it: diverged.
+        let mut r = replay(&tail(200, 1, "b"));
+        assert_eq!(r.replayed(pos(150, 0), "new-1"), Replayed::Skip);
+        assert_eq!(r.passed(Lsn(200)), None, "not past the tail's commit yet");
+        assert_eq!(r.passed(Lsn(208)), Some(pos(200, 1)));
+        assert_eq!(r.unverified(), 0);
+        // Nothing skipped: the tail lay before the start; publish from here on.
+        let mut r = replay(&tail(200, 1, "b"));
+        assert_eq!(r.passed(Lsn(208)), None);
+        assert_eq!(r.replayed(pos(300, 0), "c"), Replayed::Publish);
     }
 
     #[test]

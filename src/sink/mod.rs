@@ -483,6 +483,25 @@ impl Sink {
         }
     }
 
+    /// A keepalive at `wal_end` arrived: a replay still waiting for the stream's tail is past it
+    /// ([`Replay::passed`]); with events skipped, that is [`SinkError::Diverged`].
+    pub fn keepalive(&mut self, wal_end: crate::Lsn) -> Result<(), SinkError> {
+        let Some(fence) = self.fence.as_mut() else {
+            return Ok(());
+        };
+        match fence.passed(wal_end) {
+            Some(tail) => Err(SinkError::Diverged {
+                sequence: fence.base(),
+                tail,
+                at: Position {
+                    lsn: wal_end,
+                    index: 0,
+                },
+            }),
+            None => Ok(()),
+        }
+    }
+
     /// Submitted events skipped by the replay and not yet proven stored: they will not be
     /// acknowledged unless the replay reaches the stream's tail.
     pub fn unverified(&self) -> u64 {
