@@ -170,7 +170,17 @@ pub(crate) struct Relay {
 impl Relay {
     async fn main_loop(&mut self) -> Result<(), RelayError> {
         loop {
-            let (end, ran_for) = match Session::start(self).await {
+            // Connecting can wait (a server that accepts and does not answer): stop goes first.
+            let mut stop = self.stop.clone();
+            let start = tokio::select! {
+                biased;
+                _ = async { stop.wait_for(|s| *s).await.is_ok() } => {
+                    info!(confirmed = %self.confirmed, "stopped");
+                    return Ok(());
+                }
+                s = Session::start(self) => s,
+            };
+            let (end, ran_for) = match start {
                 Ok(session) => {
                     let started = session.started;
                     (session.run(self).await, Some(started.elapsed()))
