@@ -41,9 +41,7 @@ use crate::outbox::{OutboxStage, StageError, Step};
 use crate::pgoutput::{Column, Message, Relation, TupleValue};
 use crate::position::History;
 use crate::setup::{self, Prepared, SetupError};
-use crate::sink::{
-    AckReceiver, ConnectError, Origin, Outcome, Sink, SinkConfig, SinkError, TailError,
-};
+use crate::sink::{ConnectError, Origin, Outcome, Sink, SinkConfig, SinkError, TailError};
 use crate::source::{ReplConnection, SourceError};
 
 /// Rows per `FETCH`: large enough to amortise the round trip, small enough that the rows in one
@@ -497,7 +495,7 @@ async fn publish_snapshot(
         history,
         wal_end: report.consistent_point,
     });
-    let (mut sink, mut acks) = Sink::start(nats, config, origin.as_ref(), None).await?;
+    let mut sink = Sink::start(nats, config, origin.as_ref(), None).await?;
     let mut stage = OutboxStage::new(&settings.outbox);
     let commit_ts = crate::lsn::pg_now_micros();
     let begin = Message::Begin {
@@ -547,12 +545,13 @@ async fn publish_snapshot(
                 continue;
             };
             if let Err(e) = sink.submit(published, event).await {
-                return Err(fail(published, sink_failure(e, &mut acks)));
+                return Err(fail(published, e));
             }
             published += 1;
-            // Acks are read as they come, so their channel never holds more than the window.
-            while let Ok(ack) = acks.try_recv() {
-                acked.add(ack.map_err(|e| fail(published, e))?.outcome);
+            // Acks are taken as they come, so the sink never holds more than the window.
+            sink.settle().await.map_err(|e| fail(published, e))?;
+            while let Some(ack) = sink.acked() {
+                acked.add(ack.outcome);
             }
             if last_progress.elapsed() >= PROGRESS_EVERY {
                 last_progress = Instant::now();
@@ -574,10 +573,10 @@ async fn publish_snapshot(
         commit_ts,
     })?;
     while acked.total() < published {
-        match acks.recv().await {
-            Some(Ok(ack)) => acked.add(ack.outcome),
-            Some(Err(e)) => return Err(fail(published, e)),
-            None => return Err(fail(published, SinkError::Stopped)),
+        sink.ready().await;
+        sink.settle().await.map_err(|e| fail(published, e))?;
+        while let Some(ack) = sink.acked() {
+            acked.add(ack.outcome);
         }
     }
     pg.batch_execute("COMMIT")
@@ -616,18 +615,6 @@ impl Acked {
     fn total(&self) -> u64 {
         self.stored + self.duplicates + self.dead_letters
     }
-}
-
-/// A failed submit: when the ack task stopped, its own error is the real cause.
-fn sink_failure(e: SinkError, acks: &mut AckReceiver) -> SinkError {
-    if matches!(e, SinkError::Stopped) {
-        while let Ok(ack) = acks.try_recv() {
-            if let Err(real) = ack {
-                return real;
-            }
-        }
-    }
-    e
 }
 
 fn quote_ident(s: &str) -> String {

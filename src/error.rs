@@ -94,9 +94,6 @@ pub enum NatsTrouble {
     /// Publishing failed (ack timeout, lost connection, broken fence).
     #[error(transparent)]
     Sink(#[from] SinkError),
-    /// The ack task's channel closed without an error.
-    #[error("the ack task ended")]
-    AckTaskEnded,
     /// NATS cannot be reached, as a [`crate::relay::Connector`] other than the real one reports it
     /// (the simulation's outages).
     #[error("NATS unavailable: {0}")]

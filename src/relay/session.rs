@@ -13,20 +13,19 @@ use std::time::{Duration, Instant};
 use tracing::warn;
 
 use super::Relay;
-use crate::error::{NatsTrouble, RelayError, Restart, SessionEnd, from_sink, from_source};
+use crate::error::{RelayError, Restart, SessionEnd, from_sink, from_source};
 use crate::metrics::Metrics;
 use crate::outbox::{OutboxStage, Step};
 use crate::pgoutput::{Decoder, Message};
 use crate::position::History;
 use crate::progress::Progress;
-use crate::sink::{AckReceiver, Acked, Origin, Outcome, Sink, SinkConfig, SinkError};
+use crate::sink::{Acked, Origin, Outcome, Sink, SinkConfig, SinkError};
 use crate::source::{ReplicationEvent, ReplicationStream, SourceError};
 
 /// A running session: the replication stream, the sink and the pure stages between them.
 pub(super) struct Session {
     stream: ReplicationStream,
     sink: Sink,
-    acks: AckReceiver,
     decoder: Decoder,
     stage: OutboxStage,
     progress: Progress,
@@ -53,7 +52,7 @@ impl Session {
             wal_end: system.xlogpos,
         };
         relay.streaming();
-        let (sink, acks) = Sink::start(
+        let sink = Sink::start(
             nats,
             SinkConfig::from_settings(&settings),
             Some(&origin),
@@ -64,7 +63,6 @@ impl Session {
         Ok(Session {
             stream,
             sink,
-            acks,
             decoder: Decoder::new(),
             stage: OutboxStage::new(&settings.outbox).with_cloudevents(settings.nats.cloudevents),
             progress: Progress::new(relay.confirmed),
@@ -80,10 +78,7 @@ impl Session {
             let step = tokio::select! {
                 biased;
                 _ = async { stop.wait_for(|s| *s).await.is_ok() } => break SessionEnd::Shutdown,
-                ack = self.acks.recv() => match ack {
-                    None => Err(Restart::Nats(NatsTrouble::AckTaskEnded).into()),
-                    Some(first) => self.on_acks(relay, first),
-                },
+                _ = self.sink.ready() => self.on_acks(relay).await,
                 ev = self.stream.recv() => match ev {
                     None => Err(from_source(SourceError::Closed("replication stream ended"))),
                     Some(Err(e)) => Err(from_source(e)),
@@ -110,22 +105,13 @@ impl Session {
         end
     }
 
-    /// `first` and every further ack that is ready (up to a bound), in publish order; the clock is
-    /// read and the confirmed LSN handed on once per burst, not per ack.
-    fn on_acks(
-        &mut self,
-        relay: &mut Relay,
-        first: Result<Acked, SinkError>,
-    ) -> Result<(), SessionEnd> {
+    /// Lets the sink settle what has arrived and hands every ack, in publish order, to progress;
+    /// the clock is read and the confirmed LSN handed on once per burst, not per ack.
+    async fn on_acks(&mut self, relay: &mut Relay) -> Result<(), SessionEnd> {
+        self.sink.settle().await.map_err(from_sink)?;
         let now = crate::lsn::pg_now_micros();
-        let mut next = Some(first);
-        let mut n = 0;
-        while let Some(ack) = next.take() {
-            self.on_ack(relay, ack.map_err(from_sink)?, now)?;
-            n += 1;
-            if n < 1024 {
-                next = self.acks.try_recv().ok();
-            }
+        while let Some(ack) = self.sink.acked() {
+            self.on_ack(relay, ack, now)?;
         }
         relay.metrics.acked_now();
         self.confirm(relay);
@@ -232,15 +218,8 @@ impl Session {
         Ok(())
     }
 
-    /// A failed submit. When the ack task stopped, its own error is the real cause.
+    /// A failed submit or commit.
     fn sink_failure(&mut self, e: SinkError) -> SessionEnd {
-        if matches!(e, SinkError::Stopped) {
-            while let Ok(ack) = self.acks.try_recv() {
-                if let Err(real) = ack {
-                    return from_sink(real);
-                }
-            }
-        }
         from_sink(e)
     }
 
@@ -249,22 +228,26 @@ impl Session {
     async fn drain(mut self, relay: &mut Relay) {
         let deadline = relay.settings.ack_timeout;
         let progress = &mut self.progress;
-        let acks = &mut self.acks;
+        let sink = &mut self.sink;
         // Events of a transaction whose Commit has not arrived sit in an uncommitted atomic batch:
-        // they are never acknowledged, and the next start publishes them again.
-        // Events the replay skipped are acknowledged only once it reaches the stream's tail.
-        let uncommitted = self.sink.uncommitted() as u64 + self.sink.unverified();
+        // they are never acknowledged, and the next start publishes them again. Events the replay
+        // skipped are acknowledged only once it reaches the stream's tail.
+        let uncommitted = sink.uncommitted() as u64 + sink.unverified();
         let drain = async {
-            while progress.in_flight() > uncommitted {
-                match acks.recv().await {
-                    Some(Ok(ack)) => {
-                        if progress.ack(ack.seq).is_err() {
-                            break;
-                        }
-                        relay.count(&ack.outcome);
-                    }
-                    _ => break,
+            loop {
+                if sink.settle().await.is_err() {
+                    break;
                 }
+                while let Some(ack) = sink.acked() {
+                    if progress.ack(ack.seq).is_err() {
+                        return;
+                    }
+                    relay.count(&ack.outcome);
+                }
+                if progress.in_flight() <= uncommitted {
+                    break;
+                }
+                sink.ready().await;
             }
         };
         if tokio::time::timeout(deadline, drain).await.is_err() {

@@ -7,7 +7,7 @@
 //! stream before the batch when the batch commits); the last one `Nats-Batch-Commit: 1`. Members are
 //! core publishes without a reply subject (no per-message ack for nats-server to send, which is most
 //! of its cost per message); only the commit is a JetStream publish, whose single ack settles the
-//! whole batch, in order, through the ack task. Since the last event of a transaction is only known
+//! whole batch, in order: the commit carries its members in the sink's window. Since the last event of a transaction is only known
 //! at its Commit, the sink holds each event back until the next one (or the Commit) arrives.
 //!
 //! A batch cannot carry `Nats-Msg-Id`, so the event id goes into `Outbox-Event-Id`, and the fence
@@ -22,17 +22,14 @@
 //! that ends with a batch open (crash, lost connection) leaves it uncommitted: the server abandons it
 //! after 10 s without storing any of it, and the next session publishes the transaction again.
 
-use std::sync::Arc;
-
 use async_nats::HeaderMap;
 use async_nats::header::{
     HeaderValue, NATS_BATCH_COMMIT, NATS_BATCH_COMMIT_FINAL, NATS_BATCH_ID, NATS_BATCH_SEQUENCE,
 };
 use async_nats::jetstream::context::PublishErrorKind;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::warn;
 
-use super::{InFlight, Outcome, Sent, Sink, SinkError, approx_size};
+use super::{InFlight, Outcome, Pending, Sent, Sink, SinkError, approx_size};
 use crate::message::{self, IdHeader, Outgoing, Shrink};
 use crate::outbox::OutboxEvent;
 
@@ -44,24 +41,15 @@ pub const MAX_BATCH: usize = 1000;
 /// see as an ack timeout. Some room is left below the limit.
 pub const MAX_BATCHES_IN_FLIGHT: usize = 40;
 
-/// A message's part in an atomic batch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Role {
-    /// Sent without a reply: settled by the ack of the batch's commit.
-    Member,
-    /// The batch's last message: its ack settles the batch.
-    Commit,
-}
-
 /// The batch being built.
 struct Open {
-    /// Its place among the batches in flight, handed to its commit.
-    permit: OwnedSemaphorePermit,
     id: String,
     /// Messages sent in it so far.
     sent: usize,
     /// Their window bytes.
     bytes: usize,
+    /// Its members sent so far (core publishes, no ack of their own): they go with the commit.
+    members: Vec<InFlight>,
 }
 
 /// The last event, not sent yet: it becomes the commit if the transaction ends here.
@@ -78,8 +66,8 @@ pub(super) struct Batcher {
     /// The stream's `max_msg_size`, if it has one: a batch holding a larger message would be refused
     /// whole, every time it is sent, so such a message is dead-lettered before it joins a batch.
     max_msg_size: Option<usize>,
-    /// Places for [`MAX_BATCHES_IN_FLIGHT`] batches.
-    in_flight: Arc<Semaphore>,
+    /// Batches opened and not yet settled (at most [`MAX_BATCHES_IN_FLIGHT`]).
+    pub in_flight: usize,
     /// Unique per session, so a batch id never repeats (the server keys open batches by it).
     prefix: String,
     next: u64,
@@ -94,7 +82,7 @@ impl Batcher {
         Batcher {
             max_payload,
             max_msg_size,
-            in_flight: Arc::new(Semaphore::new(MAX_BATCHES_IN_FLIGHT)),
+            in_flight: 0,
             prefix: format!(
                 "or{:x}-{:x}",
                 std::process::id(),
@@ -155,20 +143,19 @@ impl Sink {
             }
             self.send_held(held, split).await?;
         }
-        let permits = self.reserve(size).await?;
+        let size = self.reserve(size).await?;
         let (out, sent) = self.batch_message(&event)?;
         let expected = self.fence.as_mut().map(super::Fence::next_expected);
         self.batcher()?.held = Some(Held {
             item: InFlight {
                 seq,
-                ack: None,
+                ack: 0,
                 event,
                 subject: String::new(),
                 sent,
                 expected,
-                _permits: permits,
-                batch: None,
-                batch_permit: None,
+                size,
+                members: None,
             },
             out,
             size,
@@ -276,20 +263,23 @@ impl Sink {
             out,
             size,
         } = held;
-        let b = self.batch.as_mut().ok_or(SinkError::NotAtomic)?;
-        if b.open.is_none() {
-            let permit = Arc::clone(&b.in_flight)
-                .acquire_owned()
-                .await
-                .map_err(|_| SinkError::Stopped)?;
+        if self.batcher()?.open.is_none() {
+            // nats-server drops a batch past its limit of open batches without an answer: wait
+            // for the oldest ones to settle first.
+            while self.batcher()?.in_flight >= MAX_BATCHES_IN_FLIGHT {
+                self.settle_oldest().await?;
+            }
+            let b = self.batcher()?;
+            b.in_flight += 1;
             b.next += 1;
             b.open = Some(Open {
-                permit,
                 id: format!("{}-{}", b.prefix, b.next),
                 sent: 0,
                 bytes: 0,
+                members: Vec::new(),
             });
         }
+        let b = self.batch.as_mut().ok_or(SinkError::NotAtomic)?;
         let Some(open) = b.open.as_mut() else {
             return Err(SinkError::NotAtomic);
         };
@@ -313,9 +303,9 @@ impl Sink {
             headers.insert(message::HISTORY, h.as_str());
         }
         if commit {
-            item.batch_permit = b.open.take().map(|o| o.permit);
+            let members = b.open.take().map(|o| o.members).unwrap_or_default();
             headers.insert(NATS_BATCH_COMMIT, NATS_BATCH_COMMIT_FINAL);
-            let ack = self
+            item.ack = self
                 .publisher
                 .send(out.subject, headers, out.payload)
                 .await
@@ -323,8 +313,8 @@ impl Sink {
                     id: item.event.msg_id.clone(),
                     source,
                 })?;
-            item.ack = Some(ack);
-            item.batch = Some(Role::Commit);
+            item.members = Some(members);
+            self.window.push_back(Pending::Sent(item));
         } else {
             // Bounded like every other publish: the client's queue to the connection is bounded,
             // and a connection that does not drain must end the session, not wedge it.
@@ -335,9 +325,11 @@ impl Sink {
                     id: item.event.msg_id.clone(),
                     source,
                 })?;
-            item.batch = Some(Role::Member);
+            if let Some(open) = self.batch.as_mut().and_then(|b| b.open.as_mut()) {
+                open.members.push(item);
+            }
         }
-        self.queue(item)
+        Ok(())
     }
 }
 

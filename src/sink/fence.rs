@@ -1,6 +1,7 @@
 //! Fencing the stream, owned by the sink: at the start of every session the sink reads the stream's
 //! tail, skips the replayed events already stored there, and publishes every further message with
-//! `Nats-Expected-Last-Sequence` = the sequence the previous one will get.
+//! `Nats-Expected-Last-Sequence` = the sequence the previous one will get. The sink alone owns it:
+//! expectations, duplicates and the stream's last known sequence are plain fields.
 //!
 //! Why: after a lost connection the NATS client reconnects on its own and sends what it still had
 //! queued, while a publish that was on the broken connection is gone. Deduplication by `Nats-Msg-Id`
@@ -11,13 +12,10 @@
 //! window. It requires that only the relay writes the stream (`nats.fence = false` turns this off).
 //!
 //! An event whose id JetStream already holds (an id reused by the application, a re-inserted row, a
-//! backfill overlapping live traffic) is acknowledged as a duplicate and takes no sequence. The ack
-//! task then counts it in [`Fence::duplicates`], so later publishes expect one sequence less, and
+//! backfill overlapping live traffic) is acknowledged as a duplicate and takes no sequence. The sink
+//! then counts it ([`Fence::duplicate`]), so later publishes expect one sequence less, and
 //! republishes the few already sent with the old expectation: one skipped message and a log line,
 //! never a session restart.
-
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_nats::jetstream;
 
@@ -305,7 +303,8 @@ impl Replay {
     }
 }
 
-/// The fence of one session: which replayed events to skip, and which sequence each publish expects.
+/// The fence of one session, owned by the sink: which replayed events to skip, which sequence each
+/// publish expects, and the stream's last sequence as the acks report it.
 #[derive(Debug)]
 pub struct Fence {
     replay: Replay,
@@ -313,9 +312,10 @@ pub struct Fence {
     base: u64,
     /// Messages published with an expectation so far (each should take one sequence).
     published: u64,
-    /// Of those, how many JetStream acknowledged as duplicates (they took none). Shared with the
-    /// ack task, which learns it.
-    duplicates: Arc<AtomicU64>,
+    /// Of those, how many JetStream acknowledged as duplicates (they took none).
+    duplicates: u64,
+    /// The last sequence the stream is known to hold.
+    last_stored: u64,
 }
 
 impl Fence {
@@ -325,7 +325,8 @@ impl Fence {
             replay,
             base: tail.last_sequence,
             published: 0,
-            duplicates: Arc::new(AtomicU64::new(0)),
+            duplicates: 0,
+            last_stored: tail.last_sequence,
         }
     }
 
@@ -346,19 +347,30 @@ impl Fence {
 
     /// The `Nats-Expected-Last-Sequence` of the next message; counts it.
     pub fn next_expected(&mut self) -> u64 {
-        let e = self.base + self.published - self.duplicates.load(Ordering::Acquire);
+        let e = self.base + self.published - self.duplicates;
         self.published += 1;
         e
+    }
+
+    /// JetStream acknowledged a message as a duplicate: it took no sequence, so later
+    /// expectations step back by one.
+    pub fn duplicate(&mut self) {
+        self.duplicates += 1;
+    }
+
+    /// JetStream stored a message at `sequence`.
+    pub fn stored(&mut self, sequence: u64) {
+        self.last_stored = sequence;
+    }
+
+    /// The last sequence the stream is known to hold.
+    pub fn last_stored(&self) -> u64 {
+        self.last_stored
     }
 
     /// The stream's last sequence when the session started.
     pub fn base(&self) -> u64 {
         self.base
-    }
-
-    /// The duplicate counter the ack task increments.
-    pub fn duplicates(&self) -> Arc<AtomicU64> {
-        Arc::clone(&self.duplicates)
     }
 }
 
@@ -534,7 +546,7 @@ mod tests {
         assert_eq!(f.next_expected(), 9);
         assert_eq!(f.next_expected(), 10);
         // The message that expected 9 was a duplicate: it took no sequence.
-        f.duplicates().fetch_add(1, Ordering::AcqRel);
+        f.duplicate();
         assert_eq!(f.next_expected(), 10);
         assert_eq!(f.next_expected(), 11);
     }

@@ -1,33 +1,36 @@
-//! The JetStream sink: one publishing side with a bounded window of publishes in flight, and one ack
-//! task that awaits the acks in publish order.
+//! The JetStream sink: one publisher that owns everything about publishing in a session — the
+//! window of publishes in flight, their acks in publish order, the [`Fence`] (replay skips,
+//! expected sequences, the repair behind a duplicate), the dead-letter ladder and the strategy
+//! (single messages, or atomic batches in `batch.rs`). No task of its own and no state shared with
+//! one: the session hands it events and commits ([`Sink::submit`], [`Sink::commit`]), waits for
+//! it to have acks ([`Sink::ready`], cancel safe, in the session's `select!`), lets it settle them
+//! ([`Sink::settle`]) and takes them in order ([`Sink::acked`]), which is what
+//! [`crate::progress::Progress`] needs.
 //!
 //! Publishing only queues the message on the connection (async-nats sends every publish through one
 //! channel into one connection task, so wire order is call order), with a reply subject on the
-//! session's inbox (`publish.rs`). Each publish's token goes to the ack task, which takes the acks
-//! off that inbox one by one and reports [`Acked`] in the same order, which is what
-//! [`crate::progress::Progress`] needs. The window is two semaphores, messages and bytes: when either
-//! is used up the relay stops reading from Postgres, and TCP backpressure does the rest (P6).
+//! session's inbox (`publish.rs`). The window is bounded in messages and bytes: when either is used
+//! up, submitting waits for the oldest ack, the relay stops reading from Postgres, and TCP
+//! backpressure does the rest (P6).
 //!
-//! The sink owns the decisions about a single event: skip it (the [`Fence`] found it stored), publish
-//! it, or dead-letter it (`outbox.on_invalid`, decided in [`SinkConfig::on_invalid`] only). A
-//! message the stream refuses for good is republished by the ack task as a dead letter, shrunk until
-//! it fits, before its ack is reported, so order and "nothing skipped" both hold. Anything uncertain
-//! (ack timeout, lost connection, no stream, a broken fence) is reported as a failure: the relay then
-//! restarts from the last confirmed LSN.
+//! The sink decides about a single event: skip it (the fence proved it stored), publish it, or
+//! dead-letter it (`outbox.on_invalid`, decided in [`SinkConfig::on_invalid`] only). A message the
+//! stream refuses for good is republished as a dead letter, shrunk until it fits, before its ack is
+//! reported (`settle.rs`), so order and "nothing skipped" both hold. Anything uncertain (ack
+//! timeout, lost connection, no stream, a broken fence, an answer that is not JetStream's) is
+//! reported as a failure: the relay then restarts from the last confirmed LSN.
 
-mod ack;
 mod batch;
 mod connect;
 mod fence;
 mod port;
 mod publish;
+mod settle;
 
-use std::sync::Arc;
+use std::collections::VecDeque;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, context::PublishErrorKind};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
-use tokio::task::JoinHandle;
 use tracing::warn;
 
 use crate::config::Settings;
@@ -80,8 +83,9 @@ pub enum SinkError {
         #[source]
         source: jetstream::context::PublishError,
     },
-    /// The ack task ended, so the sink cannot go on.
-    #[error("the ack task stopped")]
+    /// The window is full of messages that cannot be settled (a defect in the relay: the members
+    /// of an open atomic batch filled it).
+    #[error("the publish window is full of messages that wait for a batch commit not yet sent")]
     Stopped,
     /// The atomic-batch path was asked for on a sink built without it (a defect in the relay).
     #[error("atomic batch requested from a sink without nats.atomic_transactions")]
@@ -238,7 +242,7 @@ impl SinkConfig {
     }
 }
 
-/// What was sent for an event, so the ack task can send it again with another expectation.
+/// What was sent for an event, so it can be sent again with another expectation.
 #[derive(Debug, Clone)]
 enum Sent {
     /// The routed message.
@@ -247,8 +251,8 @@ enum Sent {
     DeadLetter { reason: String, shrink: Shrink },
 }
 
-/// What the sink hands the ack task, in submit order.
-enum Queued {
+/// The window, in submit order.
+enum Pending {
     /// Submitted events `first..first + count`, which a fenced replay proved to be stored already:
     /// reported without publishing.
     Stored { first: u64, count: u64 },
@@ -258,52 +262,53 @@ enum Queued {
 
 struct InFlight {
     seq: u64,
-    /// The token its ack comes under ([`publish::Replies::ack`]); `None` for a member of an atomic
-    /// batch, settled by its commit.
-    ack: Option<u64>,
+    /// The token its ack comes under (unused for a member of an atomic batch, settled by its
+    /// commit).
+    ack: u64,
     event: Box<OutboxEvent>,
     /// The subject it was routed to ("" if none), for a dead letter's `Outbox-Subject`.
     subject: String,
     sent: Sent,
     /// The `Nats-Expected-Last-Sequence` it was sent with (fenced streams).
     expected: Option<u64>,
-    /// Its place in the window, given back when its ack is reported.
-    _permits: (OwnedSemaphorePermit, Option<OwnedSemaphorePermit>),
-    /// Its part in an atomic batch, if it was sent in one.
-    batch: Option<batch::Role>,
-    /// A batch's commit: the batch's place among those in flight, given back with its ack.
-    batch_permit: Option<OwnedSemaphorePermit>,
+    /// Its bytes in the window.
+    size: usize,
+    /// An atomic batch's commit: the batch's other messages, settled with it.
+    members: Option<Vec<InFlight>>,
 }
 
-/// The publishing side; the acks come out of the receiver returned by [`Sink::start`].
+/// The publisher of one session; see the module docs.
 pub struct Sink {
     publisher: Publisher,
-    window: mpsc::UnboundedSender<Queued>,
-    messages: Arc<Semaphore>,
-    bytes: Arc<Semaphore>,
-    ack_task: JoinHandle<()>,
-    config: Arc<SinkConfig>,
+    config: SinkConfig,
     fence: Option<Fence>,
     /// The submit sequence of the first replayed event skipped and not yet proven stored.
     skipped_from: Option<u64>,
     /// With `atomic`: the batch being built.
     batch: Option<batch::Batcher>,
+    /// Published (or proven stored) and not yet settled, oldest first.
+    window: VecDeque<Pending>,
+    /// Messages in the window, members of the open batch included.
+    messages: usize,
+    /// Their bytes.
+    bytes: usize,
+    /// When the oldest message's ack is due; set at the first wait for it.
+    deadline: Option<tokio::time::Instant>,
+    /// Settled, not yet taken by [`Sink::acked`], in order.
+    settled: VecDeque<Acked>,
 }
 
-/// Acks (or the first failure) in publish order.
-pub type AckReceiver = mpsc::UnboundedReceiver<Result<Acked, SinkError>>;
-
 impl Sink {
-    /// Reads the stream's tail when fencing, and starts the ack task. `origin` is the history the
-    /// session streams (`None` where there is none, e.g. a backfill: then nothing is skipped and
-    /// messages carry no `Outbox-History`); `distrusted` the last sequence of a tail that an earlier
-    /// session found to be from another history ([`SinkError::Diverged`]).
+    /// Reads the stream's tail when fencing and subscribes to the session's inbox. `origin` is the
+    /// history the session streams (`None` where there is none, e.g. a backfill: then nothing is
+    /// skipped and messages carry no `Outbox-History`); `distrusted` the last sequence of a tail
+    /// that an earlier session found to be from another history ([`SinkError::Diverged`]).
     pub async fn start(
         nats: impl Into<NatsPort>,
         mut config: SinkConfig,
         origin: Option<&Origin>,
         distrusted: Option<u64>,
-    ) -> Result<(Sink, AckReceiver), TailError> {
+    ) -> Result<Sink, TailError> {
         let port = nats.into();
         config.history = origin.map(|o| o.history.to_string());
         let tail = if config.fence {
@@ -326,7 +331,7 @@ impl Sink {
             };
             Fence::new(tail, replay)
         });
-        let (publisher, replies) = Publisher::start(port, &config.stream, config.ack_timeout)
+        let publisher = Publisher::start(port, &config.stream, config.ack_timeout)
             .await
             .map_err(|e| TailError {
                 stream: config.stream.clone(),
@@ -339,35 +344,23 @@ impl Sink {
                 tail.as_ref().and_then(|t| t.max_msg_size),
             )
         });
-        let config = Arc::new(config);
-        let (window, rx) = mpsc::unbounded_channel();
-        let (acks_tx, acks) = mpsc::unbounded_channel();
-        let task = ack::AckTask {
-            publisher: publisher.clone(),
-            replies,
-            config: Arc::clone(&config),
-            fence: fence.as_ref().map(|f| (f.base(), f.duplicates())),
-        };
-        let ack_task = tokio::spawn(task.run(rx, acks_tx));
-        Ok((
-            Sink {
-                publisher,
-                window,
-                messages: Arc::new(Semaphore::new(config.max_in_flight)),
-                bytes: Arc::new(Semaphore::new(config.max_in_flight_bytes)),
-                ack_task,
-                config,
-                fence,
-                skipped_from: None,
-                batch,
-            },
-            acks,
-        ))
+        Ok(Sink {
+            publisher,
+            config,
+            fence,
+            skipped_from: None,
+            batch,
+            window: VecDeque::new(),
+            messages: 0,
+            bytes: 0,
+            deadline: None,
+            settled: VecDeque::new(),
+        })
     }
 
-    /// Hands `event` to the sink as message `seq`: skipped when the fence finds it stored, else
-    /// published (or dead-lettered). Returns once it has a place in the window; its ack arrives
-    /// later, in order.
+    /// Hands `event` to the sink as message `seq`: skipped when the fence proves it stored, else
+    /// published (or dead-lettered). Returns once it has a place in the window (waiting, bounded by
+    /// the ack timeout, for the oldest acks when the window is full); its ack comes later, in order.
     pub async fn submit(&mut self, seq: u64, event: Box<OutboxEvent>) -> Result<(), SinkError> {
         if self.skip_replayed(seq, &event)? {
             return Ok(());
@@ -375,7 +368,7 @@ impl Sink {
         if self.batch.is_some() {
             return self.submit_batched(seq, event).await;
         }
-        let permits = self.reserve(approx_size(&event)).await?;
+        let size = self.reserve(approx_size(&event)).await?;
         let out = message::build(
             &event,
             &self.config.template,
@@ -420,12 +413,13 @@ impl Sink {
                     }
                 };
                 let (ack, shrink) = send_dead_letter(
-                    &self.publisher,
+                    &mut self.publisher,
                     &self.config,
                     &event,
                     Some(&routed).filter(|s| !s.is_empty()).map(String::as_str),
                     &reason,
                     expected,
+                    Shrink::Keep,
                 )
                 .await?;
                 (ack, Sent::DeadLetter { reason, shrink })
@@ -437,17 +431,78 @@ impl Sink {
                 });
             }
         };
-        self.queue(InFlight {
+        self.window.push_back(Pending::Sent(InFlight {
             seq,
-            ack: Some(ack),
+            ack,
             event,
             subject,
             sent,
             expected,
-            _permits: permits,
-            batch: None,
-            batch_permit: None,
-        })
+            size,
+            members: None,
+        }));
+        Ok(())
+    }
+
+    /// Resolves when [`Sink::settle`] has something to do: settled acks wait, the oldest
+    /// message's answer arrived, or its deadline passed. Never resolves with nothing in flight.
+    /// Cancel safe: an answer taken off the inbox is kept.
+    pub async fn ready(&mut self) {
+        loop {
+            if !self.settled.is_empty() {
+                return;
+            }
+            let token = match self.window.front() {
+                None => return std::future::pending().await,
+                Some(Pending::Stored { .. }) => return,
+                Some(Pending::Sent(item)) => item.ack,
+            };
+            if self.publisher.has(token) {
+                return;
+            }
+            let timeout = self.config.ack_timeout;
+            let deadline = *self
+                .deadline
+                .get_or_insert_with(|| tokio::time::Instant::now() + timeout);
+            if !self.publisher.receive(deadline).await {
+                return;
+            }
+        }
+    }
+
+    /// Settles, in order, every message whose answer is here (waiting only for the answers of
+    /// what it sends again: behind a duplicate, or as a dead letter). The results come out of
+    /// [`Sink::acked`]. An error ends the session: nothing after it may be reported.
+    pub async fn settle(&mut self) -> Result<(), SinkError> {
+        loop {
+            let token = match self.window.front() {
+                None => return Ok(()),
+                Some(Pending::Stored { .. }) => {
+                    self.pop_stored();
+                    continue;
+                }
+                Some(Pending::Sent(item)) => item.ack,
+            };
+            let answer = match self.publisher.take(token) {
+                Ok(Some(answer)) => answer,
+                Ok(None) => {
+                    if self
+                        .deadline
+                        .is_some_and(|d| tokio::time::Instant::now() >= d)
+                    {
+                        return Err(self.timed_out());
+                    }
+                    return Ok(());
+                }
+                Err(source) => return Err(self.front_error(source)),
+            };
+            self.settle_front(answer).await?;
+        }
+    }
+
+    /// The next settled ack, in publish order.
+    pub fn acked(&mut self) -> Option<Acked> {
+        self.settled.pop_front()
     }
 
     /// Asks the fence's replay about `event` (submitted as `seq`): true when it is stored already,
@@ -467,12 +522,10 @@ impl Sink {
             Replayed::Verified => {
                 let first = self.skipped_from.take().unwrap_or(seq);
                 tracing::debug!(events = seq + 1 - first, position = %event.position, "replay reached the stream's tail: skipped events are stored");
-                self.window
-                    .send(Queued::Stored {
-                        first,
-                        count: seq + 1 - first,
-                    })
-                    .map_err(|_| SinkError::Stopped)?;
+                self.window.push_back(Pending::Stored {
+                    first,
+                    count: seq + 1 - first,
+                });
                 Ok(true)
             }
             Replayed::Diverged { tail, at } => Err(SinkError::Diverged {
@@ -510,42 +563,94 @@ impl Sink {
 
     /// Messages in the window (published, ack not yet reported).
     pub fn in_flight(&self) -> usize {
-        self.config.max_in_flight - self.messages.available_permits()
+        self.messages
     }
 
-    async fn reserve(
-        &self,
-        size: usize,
-    ) -> Result<(OwnedSemaphorePermit, Option<OwnedSemaphorePermit>), SinkError> {
-        let message = Arc::clone(&self.messages)
-            .acquire_owned()
-            .await
-            .map_err(|_| SinkError::Stopped)?;
+    /// Takes a place for a message of `size` bytes in the window, settling the oldest messages
+    /// while it is full. Returns the bytes taken.
+    async fn reserve(&mut self, size: usize) -> Result<usize, SinkError> {
         // One event bigger than the whole byte window still goes, alone.
         let size = size.min(self.config.max_in_flight_bytes);
-        let bytes = match u32::try_from(size) {
-            Ok(0) => None,
-            Ok(n) => Some(
-                Arc::clone(&self.bytes)
-                    .acquire_many_owned(n)
-                    .await
-                    .map_err(|_| SinkError::Stopped)?,
-            ),
-            Err(_) => None,
+        while self.messages >= self.config.max_in_flight
+            || (self.messages > 0 && self.bytes + size > self.config.max_in_flight_bytes)
+        {
+            self.settle_oldest().await?;
+        }
+        self.messages += 1;
+        self.bytes += size;
+        Ok(size)
+    }
+
+    /// Waits (bounded by the ack timeout) for the oldest message's answer and settles it.
+    async fn settle_oldest(&mut self) -> Result<(), SinkError> {
+        let token = match self.window.front() {
+            // Only members of the open batch are in flight: they wait for their commit, which
+            // the batch limits send before the window fills.
+            None => return Err(SinkError::Stopped),
+            Some(Pending::Stored { .. }) => {
+                self.pop_stored();
+                return Ok(());
+            }
+            Some(Pending::Sent(item)) => item.ack,
         };
-        Ok((message, bytes))
+        let timeout = self.config.ack_timeout;
+        match self.publisher.wait(token, timeout).await {
+            Some(answer) => self.settle_front(answer).await,
+            None => Err(self.timed_out()),
+        }
     }
 
-    fn queue(&self, item: InFlight) -> Result<(), SinkError> {
-        self.window
-            .send(Queued::Sent(item))
-            .map_err(|_| SinkError::Stopped)
+    fn pop_stored(&mut self) {
+        if let Some(Pending::Stored { first, count }) = self.window.pop_front() {
+            self.settled.extend((first..first + count).map(|seq| Acked {
+                seq,
+                outcome: Outcome::AlreadyStored,
+                commit_ts: 0,
+            }));
+        }
     }
-}
 
-impl Drop for Sink {
-    fn drop(&mut self) {
-        self.ack_task.abort();
+    /// The oldest message's ack did not come in time.
+    fn timed_out(&self) -> SinkError {
+        let id = match self.window.front() {
+            Some(Pending::Sent(item)) => item.event.msg_id.clone(),
+            _ => String::new(),
+        };
+        SinkError::AckTimeout(self.config.ack_timeout, id)
+    }
+
+    /// The inbox failed while the oldest message was awaited.
+    fn front_error(&self, source: jetstream::context::PublishError) -> SinkError {
+        let id = match self.window.front() {
+            Some(Pending::Sent(item)) => item.event.msg_id.clone(),
+            _ => String::new(),
+        };
+        SinkError::Publish { id, source }
+    }
+
+    /// Reports a settled message (and the members of its batch) and gives its place back.
+    fn report(&mut self, item: InFlight, outcome: Outcome) {
+        if let Some(members) = item.members {
+            if let Some(b) = self.batch.as_mut() {
+                b.in_flight = b.in_flight.saturating_sub(1);
+            }
+            for m in members {
+                self.messages -= 1;
+                self.bytes -= m.size;
+                self.settled.push_back(Acked {
+                    seq: m.seq,
+                    outcome: batch::outcome(&m.sent),
+                    commit_ts: m.event.commit_ts,
+                });
+            }
+        }
+        self.messages -= 1;
+        self.bytes -= item.size;
+        self.settled.push_back(Acked {
+            seq: item.seq,
+            outcome,
+            commit_ts: item.event.commit_ts,
+        });
     }
 }
 
@@ -594,19 +699,20 @@ fn stamped(
     (out.subject, headers, out.payload)
 }
 
-/// Queues the dead letter of `event` (it takes the refused message's place in the sequence), shrunk
-/// until the client accepts its size. The payload is dropped first: its size is what usually cannot
-/// be published.
+/// Queues the dead letter of `event` (it takes the refused message's place in the sequence), at the
+/// first step of the shrink ladder below `from` that the client accepts: the payload goes first, its
+/// size is what usually cannot be published.
 async fn send_dead_letter(
-    publisher: &Publisher,
+    publisher: &mut Publisher,
     config: &SinkConfig,
     event: &OutboxEvent,
     subject: Option<&str>,
     reason: &str,
     expected: Option<u64>,
+    from: Shrink,
 ) -> Result<(u64, Shrink), SinkError> {
     let mut last = None;
-    for shrink in Shrink::Keep.below() {
+    for shrink in from.below() {
         let dl = message::dead_letter(event, &config.dead_letter_subject, reason, subject, shrink);
         let (target, headers, payload) = stamped(dl, expected, config.history.as_deref());
         match publisher.send(target, headers, payload).await {

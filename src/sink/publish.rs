@@ -5,7 +5,7 @@
 //! ack. Measured in `benches/drain` (`sink` against `sink core`), that is about 2 µs of CPU per
 //! event, a third of the relay's. Here each session subscribes once to `<inbox>.*` and publishes
 //! with the reply subject `<inbox>.<token>` (a core publish; JetStream answers a publish that has a
-//! reply subject with its ack there), and the ack task takes the answers off the one subscription in
+//! reply subject with its ack there), and the sink takes the answers off the one subscription in
 //! order. The sink's own window already bounds what is in flight, so no further permit is needed, and
 //! the subscription's queue (async-nats' default, 65,536 messages) holds the acks of a full window
 //! (`nats.max_in_flight` is at most 65,536); an ack dropped past it would be an ack timeout, never a
@@ -23,8 +23,6 @@
 //! never confirms anything.
 
 use std::collections::HashMap;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_nats::jetstream::context::{PublishError, PublishErrorKind};
@@ -35,31 +33,26 @@ use serde::Deserialize;
 
 use super::port::{Answers, NatsPort};
 
-/// Sends publishes with reply subjects on the session's inbox; cheap to clone (the sink and its
-/// ack task each hold one).
-#[derive(Clone)]
-pub(super) struct Publisher {
-    port: NatsPort,
-    /// `<inbox>.`: a token is appended per publish.
-    reply_prefix: Arc<str>,
-    next: Arc<AtomicU64>,
-    /// How long handing a publish to the client may wait (its queue to the connection is bounded).
-    send_timeout: Duration,
-}
-
 /// Answers kept out of turn at most: the subscription's own queue (async-nats' default).
 const MAX_EARLY: usize = 65_536;
 
-/// The acks of what a [`Publisher`] sent, by token.
-pub(super) struct Replies {
+/// Sends publishes with reply subjects on the session's inbox and takes their answers off it. Owned
+/// by the sink alone.
+pub(super) struct Publisher {
+    port: NatsPort,
+    /// `<inbox>.`: a token is appended per publish.
+    reply_prefix: String,
+    /// The next token; every token below it has been issued.
+    next: u64,
+    /// How long handing a publish to the client may wait (its queue to the connection is bounded).
+    send_timeout: Duration,
     sub: Answers,
-    /// Answers that arrived before the one awaited, for tokens issued and not yet settled.
+    /// Answers that arrived before they were asked for, for tokens issued.
     early: HashMap<u64, async_nats::Message>,
-    /// Tokens issued so far (shared with the publishers): an answer for any other token is not
-    /// one of ours.
-    issued: Arc<AtomicU64>,
+    /// The subscription ended (the connection is gone for good).
+    closed: bool,
     /// The stream every ack must name.
-    stream: Arc<str>,
+    stream: String,
 }
 
 /// A stored (or duplicate) message, as JetStream acknowledged it.
@@ -77,36 +70,32 @@ impl Publisher {
         port: NatsPort,
         stream: &str,
         send_timeout: Duration,
-    ) -> Result<(Publisher, Replies), String> {
+    ) -> Result<Publisher, String> {
         let inbox = port.new_inbox();
         let sub = port.subscribe(format!("{inbox}.*")).await?;
-        let next = Arc::new(AtomicU64::new(0));
-        Ok((
-            Publisher {
-                port,
-                reply_prefix: format!("{inbox}.").into(),
-                next: Arc::clone(&next),
-                send_timeout,
-            },
-            Replies {
-                sub,
-                early: HashMap::new(),
-                issued: next,
-                stream: stream.into(),
-            },
-        ))
+        Ok(Publisher {
+            port,
+            reply_prefix: format!("{inbox}."),
+            next: 0,
+            send_timeout,
+            sub,
+            early: HashMap::new(),
+            closed: false,
+            stream: stream.to_owned(),
+        })
     }
 
-    /// Queues a publish whose ack will come to [`Replies::ack`] under the returned token. The
-    /// client refuses a message over the server's `max_payload` before sending it
+    /// Queues a publish whose answer will come under the returned token. The client refuses a
+    /// message over the server's `max_payload` before sending it
     /// ([`PublishErrorKind::MaxPayloadExceeded`]).
     pub async fn send(
-        &self,
+        &mut self,
         subject: String,
         headers: HeaderMap,
         payload: Bytes,
     ) -> Result<u64, PublishError> {
-        let token = self.next.fetch_add(1, Ordering::Relaxed);
+        let token = self.next;
+        self.next += 1;
         let mut reply = String::with_capacity(self.reply_prefix.len() + 20);
         reply.push_str(&self.reply_prefix);
         reply.push_str(itoa::Buffer::new().format(token));
@@ -136,10 +125,10 @@ impl Publisher {
     /// Whether the stream's message `seq` is the event `id`, for an ack that says `id` was a
     /// duplicate of it. A message gone since (limits, purge) cannot be checked and counts as
     /// matching; one that is there with another id, or no answer, does not.
-    pub async fn holds(&self, stream: &str, seq: u64, id: &str) -> Result<(), String> {
+    pub async fn holds(&self, seq: u64, id: &str) -> Result<(), String> {
         match self
             .port
-            .message_headers(stream, seq, self.send_timeout)
+            .message_headers(&self.stream, seq, self.send_timeout)
             .await?
         {
             None => Ok(()),
@@ -156,56 +145,97 @@ impl Publisher {
             }
         }
     }
-}
 
-impl Replies {
-    /// The ack of publish `token`, or `None` if none arrives within `timeout`. Answers are checked,
-    /// not trusted: anyone allowed to publish to the inbox can plant one. An answer for a token
-    /// that was never issued, or that is settled already, is dropped; one that names another
-    /// stream or no sequence is an error ([`Forged`]), never an ack.
-    pub async fn ack(
+    /// The answer for `token` if it has arrived (takes every answer already queued, no waiting).
+    /// `Err` once the subscription ended or the inbox is flooded.
+    pub fn take(&mut self, token: u64) -> Result<Option<Result<Ack, PublishError>>, PublishError> {
+        if let Some(m) = self.early.remove(&token) {
+            return Ok(Some(parse(&m, &self.stream)));
+        }
+        while let Some(next) = self.sub.ready() {
+            let Some(m) = next else {
+                self.closed = true;
+                break;
+            };
+            if token_of(&m.subject) == Some(token) {
+                return Ok(Some(parse(&m, &self.stream)));
+            }
+            self.keep(m)?;
+        }
+        if self.closed {
+            return Err(PublishError::new(PublishErrorKind::BrokenPipe));
+        }
+        Ok(None)
+    }
+
+    /// Whether the answer for `token` is here already.
+    pub fn has(&self, token: u64) -> bool {
+        self.early.contains_key(&token)
+    }
+
+    /// Waits, until `deadline`, for one more answer and keeps it (cancel safe: an answer taken off
+    /// the subscription is kept before anything else can happen). False when the deadline passed
+    /// or the subscription ended.
+    pub async fn receive(&mut self, deadline: tokio::time::Instant) -> bool {
+        if self.closed {
+            return false;
+        }
+        match tokio::time::timeout_at(deadline, self.sub.next()).await {
+            Err(_) => false,
+            Ok(None) => {
+                self.closed = true;
+                false
+            }
+            // A flood is reported by the next `take`.
+            Ok(Some(m)) => self.keep(m).is_ok(),
+        }
+    }
+
+    /// The answer for `token`, or `None` if none arrives within `timeout`.
+    pub async fn wait(
         &mut self,
         token: u64,
         timeout: Duration,
     ) -> Option<Result<Ack, PublishError>> {
-        if let Some(m) = self.early.remove(&token) {
-            return Some(parse(&m, &self.stream));
-        }
         // Set at the first wait: most answers are already queued, and taking them needs neither a
         // timer nor a clock read.
         let mut deadline = None;
         loop {
-            let next = match self.sub.ready() {
-                Some(m) => m,
-                None => {
-                    let at = *deadline.get_or_insert_with(|| tokio::time::Instant::now() + timeout);
-                    tokio::time::timeout_at(at, self.sub.next()).await.ok()?
-                }
-            };
-            let Some(m) = next else {
-                return Some(Err(PublishError::new(PublishErrorKind::BrokenPipe)));
-            };
-            match token_of(&m.subject) {
-                Some(t) if t == token => return Some(parse(&m, &self.stream)),
-                // Awaited later (answers after a resend can come out of order): kept until then.
-                // Tokens at or past `issued` were never sent: an answer for one is planted.
-                Some(t) if t < self.issued.load(Ordering::Relaxed) => {
-                    // Answers for settled tokens (duplicated or planted) are never taken out
-                    // again; past this many, something floods the inbox.
-                    if self.early.len() >= MAX_EARLY {
-                        return Some(Err(PublishError::with_source(
-                            PublishErrorKind::Other,
-                            Forged {
-                                stream: self.stream.to_string(),
-                                why: format!("more than {MAX_EARLY} answers arrived out of turn"),
-                            },
-                        )));
-                    }
-                    self.early.insert(t, m);
-                }
-                _ => tracing::debug!(subject = %m.subject, "ignoring an answer to no publish sent"),
+            match self.take(token) {
+                Ok(Some(answer)) => return Some(answer),
+                Ok(None) => {}
+                Err(e) => return Some(Err(e)),
+            }
+            let at = *deadline.get_or_insert_with(|| tokio::time::Instant::now() + timeout);
+            if !self.receive(at).await && !self.closed && !self.has(token) {
+                return None;
             }
         }
+    }
+
+    /// Keeps an answer that arrived before it was asked for. Answers are checked, not trusted:
+    /// anyone allowed to publish to the inbox can plant one. One for a token never issued is
+    /// dropped; one that names another stream or no sequence becomes an error ([`Forged`]) when
+    /// it is taken, never an ack.
+    fn keep(&mut self, m: async_nats::Message) -> Result<(), PublishError> {
+        match token_of(&m.subject) {
+            Some(t) if t < self.next => {
+                // Answers for settled tokens (duplicated or planted) are never taken out again;
+                // past this many, something floods the inbox.
+                if self.early.len() >= MAX_EARLY {
+                    return Err(PublishError::with_source(
+                        PublishErrorKind::Other,
+                        Forged {
+                            stream: self.stream.clone(),
+                            why: format!("more than {MAX_EARLY} answers arrived out of turn"),
+                        },
+                    ));
+                }
+                self.early.insert(t, m);
+            }
+            _ => tracing::debug!(subject = %m.subject, "ignoring an answer to no publish sent"),
+        }
+        Ok(())
     }
 }
 

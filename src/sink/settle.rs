@@ -1,0 +1,272 @@
+//! Settling the oldest message of the window from its answer: check the ack, count a duplicate
+//! (the fence's expectations step back), republish what the stream refused (as a dead letter, down
+//! the shrink ladder) or refused behind a duplicate (with the expectation the stream now has), and
+//! report the outcome in order. The window's order is kept: what is sent again here is awaited
+//! here, before anything behind it is settled.
+
+use async_nats::jetstream::{
+    self,
+    context::{PublishError, PublishErrorKind},
+};
+use tracing::{debug, warn};
+
+use super::publish::{Ack, Forged};
+use super::{
+    InFlight, Outcome, Pending, Sent, Sink, SinkError, batch, routed_subject, send_dead_letter,
+    stamped,
+};
+use crate::message::{self, Shrink};
+
+/// JetStream error codes that mean "this message will never be stored as it is"
+/// (nats-server `errors.json`): 10054 message size exceeds `max_msg_size`, 10097 headers too large.
+fn refused_for_good(e: &PublishError) -> Option<String> {
+    if e.kind() != PublishErrorKind::Other {
+        return None;
+    }
+    let je = std::error::Error::source(e)?.downcast_ref::<jetstream::Error>()?;
+    match je.error_code().0 {
+        10054 | 10097 => Some(je.to_string()),
+        _ => None,
+    }
+}
+
+impl Sink {
+    /// Settles the oldest message, whose answer is `answer`, and reports it (with its batch).
+    pub(super) async fn settle_front(
+        &mut self,
+        answer: Result<Ack, PublishError>,
+    ) -> Result<(), SinkError> {
+        let Some(Pending::Sent(mut item)) = self.window.pop_front() else {
+            return Err(SinkError::Stopped);
+        };
+        self.deadline = None;
+        let outcome = if item.members.is_some() {
+            self.settle_batch(&item, answer).await?
+        } else {
+            self.settle_one(&mut item, answer).await?
+        };
+        self.report(item, outcome);
+        Ok(())
+    }
+
+    /// The ack of a batch's commit settles the whole batch.
+    async fn settle_batch(
+        &mut self,
+        item: &InFlight,
+        answer: Result<Ack, PublishError>,
+    ) -> Result<Outcome, SinkError> {
+        match answer {
+            Ok(ack) => {
+                // A batch is never a duplicate (its messages carry no Nats-Msg-Id).
+                self.check(item, ack).await?;
+                if let Some(f) = self.fence.as_mut() {
+                    f.stored(ack.sequence);
+                }
+                Ok(batch::outcome(&item.sent))
+            }
+            Err(e) if batch::fence_refused(&e) => Err(SinkError::FenceBroken {
+                id: item.event.msg_id.clone(),
+                expected: item.expected.unwrap_or(0),
+                source: e,
+            }),
+            Err(source) => Err(SinkError::Publish {
+                id: item.event.msg_id.clone(),
+                source,
+            }),
+        }
+    }
+
+    /// Decides the outcome of a single message from its answer, sending it again as long as that
+    /// can still store it.
+    async fn settle_one(
+        &mut self,
+        item: &mut InFlight,
+        mut answer: Result<Ack, PublishError>,
+    ) -> Result<Outcome, SinkError> {
+        let timeout = self.config.ack_timeout;
+        // Republished once behind the known tail already (see below).
+        let mut refenced = false;
+        loop {
+            let e = match answer {
+                Ok(ack) => {
+                    self.check(item, ack).await?;
+                    if ack.duplicate {
+                        self.duplicate(item);
+                    } else if let Some(f) = self.fence.as_mut() {
+                        f.stored(ack.sequence);
+                    }
+                    return Ok(match &item.sent {
+                        Sent::DeadLetter { reason, .. } => Outcome::DeadLetter {
+                            reason: reason.clone(),
+                        },
+                        Sent::Event => Outcome::Stored {
+                            duplicate: ack.duplicate,
+                        },
+                    });
+                }
+                Err(e) => e,
+            };
+            let token = if let Some(refusal) = refused_for_good(&e) {
+                self.refused(item, refusal).await?
+            } else if e.kind() == PublishErrorKind::WrongLastSequence {
+                // Refused behind a duplicate: either sent with an expectation that counted the
+                // duplicate (acknowledged after it was sent), or sent with the right one but
+                // arriving before the messages ahead of it were republished. Either way, send it
+                // once more behind what the stream is known to hold; a second refusal there means
+                // the stream really is not where the relay left it.
+                match (item.expected, self.fence.as_ref(), refenced) {
+                    (Some(_), Some(f), false) => {
+                        let last = f.last_stored();
+                        debug!(id = %item.event.msg_id, expected = ?item.expected, last, "republishing behind a duplicate");
+                        item.expected = Some(last);
+                        refenced = true;
+                        self.resend(item).await?
+                    }
+                    _ => {
+                        return Err(SinkError::FenceBroken {
+                            id: item.event.msg_id.clone(),
+                            expected: item.expected.unwrap_or(0),
+                            source: e,
+                        });
+                    }
+                }
+            } else {
+                return Err(SinkError::Publish {
+                    id: item.event.msg_id.clone(),
+                    source: e,
+                });
+            };
+            answer = match self.publisher.wait(token, timeout).await {
+                Some(a) => a,
+                None => return Err(SinkError::AckTimeout(timeout, item.event.msg_id.clone())),
+            };
+        }
+    }
+
+    /// Checks an ack beyond its form (see `publish.rs`): on a fenced stream a new message takes
+    /// exactly the sequence after the one it expected; a duplicate names a stored message with the
+    /// same id. Anything else is not JetStream's answer, and ends the session before it can
+    /// confirm anything.
+    async fn check(&self, item: &InFlight, ack: Ack) -> Result<(), SinkError> {
+        let forged = |why: String| SinkError::Publish {
+            id: item.event.msg_id.clone(),
+            source: PublishError::with_source(
+                PublishErrorKind::Other,
+                Forged {
+                    stream: self.config.stream.clone(),
+                    why,
+                },
+            ),
+        };
+        if ack.duplicate {
+            return self
+                .publisher
+                .holds(ack.sequence, &item.event.msg_id)
+                .await
+                .map_err(forged);
+        }
+        match item.expected {
+            Some(e) if ack.sequence != e + 1 => Err(forged(format!(
+                "it stores message {} at sequence {}, but the stream's last sequence had to be {e}",
+                item.event.msg_id, ack.sequence
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    /// JetStream dropped the message as a duplicate of one it holds. On a fenced stream that costs
+    /// no sequence: later expectations step back by one.
+    fn duplicate(&mut self, item: &InFlight) {
+        match (self.fence.as_mut(), item.expected) {
+            (Some(f), Some(_)) => {
+                f.duplicate();
+                warn!(id = %item.event.msg_id, lsn = %item.event.commit_lsn, "event id already used by an earlier event: JetStream dropped it as a duplicate");
+            }
+            _ => debug!(id = %item.event.msg_id, "duplicate dropped by JetStream"),
+        }
+    }
+
+    /// The stream refused `item` for good: dead-letter it, or a smaller dead letter than before.
+    async fn refused(&mut self, item: &mut InFlight, refusal: String) -> Result<u64, SinkError> {
+        let reason = format!("the stream refused the message: {refusal}");
+        let from = match &item.sent {
+            Sent::Event => {
+                self.config.on_invalid(&item.event, &reason)?;
+                // The hot path keeps no copy of a routed event's subject: render it again.
+                item.subject = routed_subject(
+                    &self.config,
+                    &item.event,
+                    &item.sent,
+                    std::mem::take(&mut item.subject),
+                );
+                let (ack, shrink) = send_dead_letter(
+                    &mut self.publisher,
+                    &self.config,
+                    &item.event,
+                    (!item.subject.is_empty()).then_some(item.subject.as_str()),
+                    &reason,
+                    item.expected,
+                    Shrink::Keep,
+                )
+                .await?;
+                item.sent = Sent::DeadLetter { reason, shrink };
+                return Ok(ack);
+            }
+            Sent::DeadLetter { reason, shrink } => {
+                if shrink.smaller().is_none() {
+                    return Err(SinkError::DeadLetterRefused {
+                        id: item.event.msg_id.clone(),
+                        lsn: item.event.commit_lsn,
+                        reason: reason.clone(),
+                        refusal,
+                    });
+                }
+                *shrink
+            }
+        };
+        let reason = match &item.sent {
+            Sent::DeadLetter { reason, .. } => reason.clone(),
+            Sent::Event => reason,
+        };
+        let (ack, shrink) = send_dead_letter(
+            &mut self.publisher,
+            &self.config,
+            &item.event,
+            (!item.subject.is_empty()).then_some(item.subject.as_str()),
+            &reason,
+            item.expected,
+            from,
+        )
+        .await?;
+        item.sent = Sent::DeadLetter { reason, shrink };
+        Ok(ack)
+    }
+
+    /// Sends `item` again as it was last sent (event or dead letter), with its current expectation.
+    async fn resend(&mut self, item: &InFlight) -> Result<u64, SinkError> {
+        let out = match &item.sent {
+            Sent::Event => message::build(
+                &item.event,
+                &self.config.template,
+                &self.config.dead_letter_subject,
+                self.config.cloudevents.as_ref(),
+            ),
+            Sent::DeadLetter { reason, shrink } => message::dead_letter(
+                &item.event,
+                &self.config.dead_letter_subject,
+                reason,
+                (!item.subject.is_empty()).then_some(item.subject.as_str()),
+                *shrink,
+            ),
+        };
+        let (target, headers, payload) =
+            stamped(out, item.expected, self.config.history.as_deref());
+        self.publisher
+            .send(target, headers, payload)
+            .await
+            .map_err(|source| SinkError::Publish {
+                id: item.event.msg_id.clone(),
+                source,
+            })
+    }
+}
