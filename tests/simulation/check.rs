@@ -67,7 +67,10 @@ pub fn settled(
             let Some(first) = mine.first() else {
                 v.report(
                     trace,
-                    format!("P1: event {} of the {} is not in the stream", e.msg_id, unit.what),
+                    format!(
+                        "P1: event {} of the {} is not in the stream",
+                        e.msg_id, unit.what
+                    ),
                 );
                 continue;
             };
@@ -92,7 +95,11 @@ pub fn settled(
                                 "P7: event {} of the {} has no dead letter{} (stored on {})",
                                 e.msg_id,
                                 unit.what,
-                                if payload.is_some() { " with its payload" } else { "" },
+                                if payload.is_some() {
+                                    " with its payload"
+                                } else {
+                                    ""
+                                },
                                 first.subject
                             ),
                         );

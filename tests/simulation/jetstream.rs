@@ -10,7 +10,7 @@
 //! does: the duplicate window first, then the expected last sequence, then the size. Each answer
 //! then travels on its own timer, so answers can overtake each other.
 
-use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -27,9 +27,13 @@ use super::trace::{Trace, trace};
 pub const STREAM: &str = "OUTBOX";
 pub const DEAD_LETTER_SUBJECT: &str = "outbox_dead_letter";
 
-/// How often each answer fault strikes while chaos is on (all zero while the world settles).
+/// How often each fault of publishes and answers strikes (all zero while the world settles).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Chaos {
+    /// A publish lingers on its way to the server (20 to 400 ms), and those sent after it wait
+    /// behind it (one connection): it may land after the session that sent it has ended and the
+    /// next one has read the stream's tail.
+    pub transit: f64,
     /// An answer takes 50 ms to 1.5 s instead of a few milliseconds.
     pub slow: f64,
     /// An answer takes longer than the ack timeout (2 s): 2.5 to 6 s.
@@ -80,8 +84,8 @@ struct InTransit {
 struct State {
     limits: Limits,
     messages: Vec<Stored>,
-    /// The `Nats-Msg-Id`s of the messages the relay stored (looked up, never iterated).
-    ids: HashSet<String>,
+    /// When the relay last stored a message with each `Nats-Msg-Id` (looked up, never iterated).
+    ids: HashMap<String, Instant>,
     /// `Nats-Msg-Id` → (sequence, stored at): the duplicate window's memory.
     dedup: BTreeMap<String, (u64, Instant)>,
     down: bool,
@@ -107,11 +111,11 @@ impl JetStream {
     /// A JetStream with an empty stream; its server task runs on the current runtime.
     pub fn start(limits: Limits, dice: Dice, trace: Arc<Trace>) -> Arc<Self> {
         let js = Arc::new_cyclic(|me| JetStream {
-            me: me.clone(),
+            me: Weak::clone(me),
             state: Mutex::new(State {
                 limits,
                 messages: Vec::new(),
-                ids: HashSet::new(),
+                ids: HashMap::new(),
                 dedup: BTreeMap::new(),
                 down: false,
                 chaos: Chaos::default(),
@@ -143,8 +147,15 @@ impl JetStream {
         s.down = true;
         let before = s.queue.len();
         let queue = std::mem::take(&mut s.queue);
-        s.queue = queue.into_iter().filter(|_| self.dice.chance(0.5)).collect();
-        trace!(self.trace, "nats down ({} of {before} publishes in transit lost)", before - s.queue.len());
+        s.queue = queue
+            .into_iter()
+            .filter(|_| self.dice.chance(0.5))
+            .collect();
+        trace!(
+            self.trace,
+            "nats down ({} of {before} publishes in transit lost)",
+            before - s.queue.len()
+        );
     }
 
     pub fn come_up(&self) {
@@ -152,9 +163,15 @@ impl JetStream {
         trace!(self.trace, "nats up");
     }
 
-    /// Whether the relay stored a message with this `Nats-Msg-Id`.
-    pub fn holds(&self, msg_id: &str) -> bool {
-        self.state.lock().unwrap().ids.contains(msg_id)
+    /// Whether the relay stored a message with this `Nats-Msg-Id` at `since` or later (an earlier
+    /// one is another event's: an id made of an LSN that a restore reused).
+    pub fn holds(&self, msg_id: &str, since: Instant) -> bool {
+        self.state
+            .lock()
+            .unwrap()
+            .ids
+            .get(msg_id)
+            .is_some_and(|at| *at >= since)
     }
 
     pub fn messages(&self) -> Vec<Stored> {
@@ -167,7 +184,18 @@ impl JetStream {
     /// position it never had.
     pub fn publish_foreign(&self, n: u64) {
         let mut s = self.state.lock().unwrap();
-        let last = s.messages.last().map(|m| m.headers.clone());
+        // The last message's headers, less its expectation (a hand publish carries none).
+        let last = s.messages.last().map(|m| {
+            let mut h = HeaderMap::new();
+            for (name, values) in m.headers.iter() {
+                if AsRef::<str>::as_ref(name) != EXPECTED_LAST_SEQUENCE {
+                    for v in values {
+                        h.append(name.clone(), v.clone());
+                    }
+                }
+            }
+            h
+        });
         let mut headers = HeaderMap::new();
         let kind = self.dice.range(0, 3);
         match (kind, last) {
@@ -179,7 +207,10 @@ impl JetStream {
                 headers = last;
                 headers.insert(NATS_MSG_ID, format!("manual-{n}").as_str());
                 let far = 0xFFu64 << 32;
-                headers.insert("Outbox-Position", format!("{}:0", outbox_relay::Lsn(far)).as_str());
+                headers.insert(
+                    "Outbox-Position",
+                    format!("{}:0", outbox_relay::Lsn(far)).as_str(),
+                );
             }
             _ => {
                 headers.insert(NATS_MSG_ID, format!("manual-{n}").as_str());
@@ -187,7 +218,6 @@ impl JetStream {
                 headers.insert("Outbox-Position", "FF/0:0");
             }
         }
-        headers.remove(EXPECTED_LAST_SEQUENCE);
         let seq = s.messages.len() as u64 + 1;
         let now = Instant::now();
         s.messages.push(Stored {
@@ -231,7 +261,7 @@ impl JetStream {
         let mut s = self.state.lock().unwrap();
         let now = Instant::now();
         let id = m.headers.get(NATS_MSG_ID).map(|v| v.as_str().to_owned());
-        let short = id.as_deref().unwrap_or("-").get(..13).unwrap_or("-").to_owned();
+        let short = short(id.as_deref());
         let covered = m.subject.starts_with("outbox.") || m.subject == DEAD_LETTER_SUBJECT;
         let last = s.messages.len() as u64;
         let answer: Result<String, StatusCode> = if !covered {
@@ -243,14 +273,19 @@ impl JetStream {
         {
             // The duplicate window comes first, as in nats-server's processJetStreamMsg.
             trace!(self.trace, "js dup {short} of seq {seq}");
-            Ok(format!(r#"{{"stream":"{STREAM}","seq":{seq},"duplicate":true}}"#))
+            Ok(format!(
+                r#"{{"stream":"{STREAM}","seq":{seq},"duplicate":true}}"#
+            ))
         } else if let Some(expected) = m
             .headers
             .get(EXPECTED_LAST_SEQUENCE)
             .and_then(|v| v.as_str().parse::<u64>().ok())
             .filter(|e| *e != last)
         {
-            trace!(self.trace, "js refused {short}: expected {expected}, last {last}");
+            trace!(
+                self.trace,
+                "js refused {short}: expected {expected}, last {last}"
+            );
             Ok(format!(
                 r#"{{"error":{{"code":400,"err_code":10071,"description":"wrong last sequence: {last}"}}}}"#
             ))
@@ -265,9 +300,12 @@ impl JetStream {
             let seq = last + 1;
             if let Some(id) = &id {
                 s.dedup.insert(id.clone(), (seq, now));
-                s.ids.insert(id.clone());
+                s.ids.insert(id.clone(), now);
             }
-            trace!(self.trace, "js stored {short} at seq {seq} on {}", m.subject);
+            trace!(
+                self.trace,
+                "js stored {short} at seq {seq} on {}", m.subject
+            );
             s.messages.push(Stored {
                 seq,
                 subject: m.subject,
@@ -284,18 +322,18 @@ impl JetStream {
         let chaos = s.chaos;
         if self.dice.chance(chaos.forged) {
             let forged = self.forgery(&s, &m.headers);
-            self.deliver_later(
-                reply.clone(),
-                Ok(forged),
-                self.dice.millis(0, 2),
-            );
+            self.deliver_later(reply.clone(), Ok(forged), self.dice.millis(0, 2));
         }
         drop(s);
         if self.dice.chance(chaos.lost) {
             trace!(self.trace, "js answer to {short} lost");
             return;
         }
-        let copies = if self.dice.chance(chaos.duplicated) { 2 } else { 1 };
+        let copies = if self.dice.chance(chaos.duplicated) {
+            2
+        } else {
+            1
+        };
         for _ in 0..copies {
             let delay = if self.dice.chance(chaos.late) {
                 self.dice.millis(2_500, 6_000)
@@ -351,7 +389,7 @@ impl JetStream {
     /// Sends `answer` to `reply` after `delay`. The subscriptions are looked up on arrival: a
     /// session gone by then gets nothing.
     fn deliver_later(&self, reply: String, answer: Result<String, StatusCode>, delay: Duration) {
-        let me = self.me.clone();
+        let me = Weak::clone(&self.me);
         tokio::spawn(async move {
             tokio::time::sleep(delay).await;
             if let Some(me) = me.upgrade() {
@@ -385,6 +423,15 @@ impl JetStream {
                 !tx.is_closed()
             }
         });
+    }
+}
+
+/// An id for the trace: a uuid's first group, an LSN-made id whole.
+fn short(id: Option<&str>) -> String {
+    match id {
+        Some(id) if id.starts_with("lsn:") => id.to_owned(),
+        Some(id) => id.get(..8).unwrap_or(id).to_owned(),
+        None => "-".to_owned(),
     }
 }
 
@@ -428,7 +475,7 @@ impl SimJetStream for JetStream {
         if wire_size(&headers, payload.len()) > s.limits.max_payload {
             return Err(SimSendError::MaxPayloadExceeded);
         }
-        let transit = if self.dice.chance(0.02) {
+        let transit = if self.dice.chance(s.chaos.transit) {
             self.dice.millis(20, 400)
         } else {
             self.dice.millis(0, 3)

@@ -110,7 +110,11 @@ enum Change {
 
 enum Body {
     Change(Change),
-    Commit { xid: u32, ts: i64, changes: Vec<usize> },
+    Commit {
+        xid: u32,
+        ts: i64,
+        changes: Vec<usize>,
+    },
     /// A non-transactional logical message with the prefix.
     Message(Bytes),
     /// Anything pgoutput does not send: other databases, aborts, checkpoints.
@@ -328,7 +332,7 @@ impl State {
             end += PAGE_HEADER;
             boundary += PAGE;
         }
-        let next = if end % PAGE == 0 {
+        let next = if end.is_multiple_of(PAGE) {
             end + PAGE_HEADER
         } else {
             end
@@ -574,7 +578,10 @@ impl Postgres {
         let content = format!(
             r#"{{"id":"{id}","aggregate_type":"order","aggregate_id":"s{n}","event_type":"Stray","payload":{payload}}}"#
         );
-        let idx = s.append(48 + content.len() as u64, Body::Message(Bytes::from(content)));
+        let idx = s.append(
+            48 + content.len() as u64,
+            Body::Message(Bytes::from(content)),
+        );
         let (start, end) = (s.wal[idx].start, s.wal[idx].end);
         s.units.push(Unit {
             start,
@@ -608,7 +615,11 @@ impl Postgres {
             },
         );
         let start = s.wal[idx].start;
-        trace!(self.trace, "pg xid {xid} commits at {} with {n} events", Lsn(start));
+        trace!(
+            self.trace,
+            "pg xid {xid} commits at {} with {n} events",
+            Lsn(start)
+        );
         if !open.events.is_empty() {
             s.units.push(Unit {
                 start,
@@ -634,7 +645,12 @@ impl Postgres {
             units: s.units.len(),
             slot: s.slot.checkpointed,
         };
-        trace!(self.trace, "pg snapshot at {} (slot {})", Lsn(snap.end), Lsn(snap.slot));
+        trace!(
+            self.trace,
+            "pg snapshot at {} (slot {})",
+            Lsn(snap.end),
+            Lsn(snap.slot)
+        );
         s.snapshots.push(snap);
     }
 
@@ -683,7 +699,11 @@ impl Postgres {
         s.slot.confirmed = s.slot.checkpointed;
         s.epoch += 1;
         s.down_until = Some(Instant::now() + down_for);
-        trace!(self.trace, "pg crash: slot back to {}, down {down_for:?}", Lsn(s.slot.confirmed));
+        trace!(
+            self.trace,
+            "pg crash: slot back to {}, down {down_for:?}",
+            Lsn(s.slot.confirmed)
+        );
     }
 
     /// The server cannot be reached for a while (its connections end; nothing is lost).
@@ -740,7 +760,10 @@ impl Postgres {
                 return Err(unreachable_error());
             }
             if let Some(active) = s.slot.active {
-                trace!(self.trace, "pg START refused: slot active for conn {active}");
+                trace!(
+                    self.trace,
+                    "pg START refused: slot active for conn {active}"
+                );
                 return Err(from_source(SourceError::Server {
                     context: "START_REPLICATION",
                     error: Box::new(ServerError {
@@ -849,7 +872,10 @@ impl Postgres {
             if now < until {
                 return Out::Wait(Some(until));
             }
-            trace!(self.trace, "pg conn {id}: wal_sender_timeout, walsender exits");
+            trace!(
+                self.trace,
+                "pg conn {id}: wal_sender_timeout, walsender exits"
+            );
             s.end_conn(id);
             return Out::Close;
         }
@@ -910,7 +936,13 @@ impl Postgres {
     ) {
         let mut buf = BytesMut::with_capacity(1024);
         loop {
-            let zombie = self.state.lock().unwrap().conns.get(&id).map(|c| c.zombie_until);
+            let zombie = self
+                .state
+                .lock()
+                .unwrap()
+                .conns
+                .get(&id)
+                .map(|c| c.zombie_until);
             match zombie {
                 None => return,
                 Some(Some(until)) => {
@@ -1016,7 +1048,7 @@ impl Postgres {
                 break;
             }
             for e in &unit.events {
-                if !self.js.holds(&e.msg_id) {
+                if !self.js.holds(&e.msg_id, unit.at) {
                     self.violations.report(
                         &self.trace,
                         format!(
@@ -1035,7 +1067,14 @@ impl Postgres {
 }
 
 /// What pgoutput sends for one WAL record, if anything.
-fn decode(rec: &Record, wal: &[Record], conn: &mut Conn, params: &PgParams, out: &mut BytesMut, time: i64) {
+fn decode(
+    rec: &Record,
+    wal: &[Record],
+    conn: &mut Conn,
+    params: &PgParams,
+    out: &mut BytesMut,
+    time: i64,
+) {
     match &rec.body {
         Body::Commit { xid, ts, changes } if rec.start >= conn.start => {
             let sent = |c: &usize| match &wal[*c].body {

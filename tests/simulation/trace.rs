@@ -87,3 +87,43 @@ macro_rules! trace {
     };
 }
 pub(crate) use trace;
+
+/// The relay's own log lines (info and above, and the sink's debug lines about the fence and the
+/// replay), into the world's trace: why it restarted, what it distrusted.
+pub struct RelayLog(pub std::sync::Arc<Trace>);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for RelayLog {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        let meta = event.metadata();
+        let fence = meta.target().starts_with("outbox_relay::sink");
+        if *meta.level() > tracing::Level::INFO
+            && !(fence && *meta.level() == tracing::Level::DEBUG)
+        {
+            return;
+        }
+        let mut line = String::new();
+        event.record(&mut Fields(&mut line));
+        // Dead-letter reasons and error chains run long; the start says what happened.
+        if let Some((cut, _)) = line.char_indices().nth(240) {
+            line.truncate(cut);
+            line.push('…');
+        }
+        self.0.log(format_args!(
+            "relay {} {}:{line}",
+            meta.level(),
+            meta.target()
+        ));
+    }
+}
+
+struct Fields<'a>(&'a mut String);
+
+impl tracing::field::Visit for Fields<'_> {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "message" {
+            let _ = write!(self.0, " {value:?}");
+        } else {
+            let _ = write!(self.0, " {}={value:?}", field.name());
+        }
+    }
+}

@@ -1,0 +1,551 @@
+//! One simulated world per seed: the relay's real restart loop (`relay::run_with`) with a
+//! `Connector` that hands out the simulated Postgres and JetStream, application writers that keep
+//! committing, and faults at random times; then the world settles (faults off, writers done) until
+//! the slot has confirmed the whole WAL, and the promises are checked (`check.rs`).
+//!
+//! Everything runs on one current-thread runtime with a paused clock: time moves only when every
+//! task waits, by as much as the next timer needs, so a minute of faults costs milliseconds, and
+//! every choice comes from the seed's one generator. The relay's own timers (ack timeout, status
+//! interval, backoff) run on the same clock.
+//!
+//! Faults (`SIM_FAULTS` picks them: `all`, names, `-name` to leave one out):
+//!
+//! - `kill`: the relay process dies; a new one starts from the slot's confirmed position;
+//! - `stop`: the relay is shut down cleanly and started again;
+//! - `cut`: the replication connections break;
+//! - `blackhole`: they carry nothing more, and the walsender holds the slot until its timeout;
+//! - `pg_down`: Postgres is unreachable for a while;
+//! - `pg_crash`: Postgres restarts with the slot at its last checkpoint;
+//! - `nats_down`: NATS is unreachable, and publishes on the wire are lost;
+//! - `transit`: publishes linger on their way to the server (one may land after its session ended);
+//! - `answers`: JetStream's answers are slow, late, lost or duplicated;
+//! - `forge`: another client plants answers on the relay's inbox;
+//! - `foreign`: a message is published by hand at the stream's tail while no relay runs;
+//! - `restore` / `pitr`: Postgres is restored from a disk snapshot (same timeline / a new one) and
+//!   the relay restarted;
+//! - `live_foreign`, `live_restore`, `live_pitr`: the same while the relay keeps running.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+use outbox_relay::Lsn;
+use outbox_relay::config::{Config, Settings};
+use outbox_relay::error::{NatsTrouble, Restart, SessionEnd};
+use outbox_relay::metrics::Metrics;
+use outbox_relay::relay::{Connector, RelayError, error_chain, run_with};
+use outbox_relay::sink::{NatsPort, SimJetStream};
+use outbox_relay::source::{ReplicationStream, StreamConfig, SystemInfo};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use super::check::{self, Violations};
+use super::jetstream::{Chaos, JetStream, Limits};
+use super::postgres::{PgParams, Postgres};
+use super::rng::Dice;
+use super::trace::{RelayLog, Trace, trace};
+use tracing_subscriber::layer::SubscriberExt;
+
+/// Every fault, by the name `SIM_FAULTS` uses, with its weight among the faults.
+pub const FAULTS: &[(&str, u64)] = &[
+    ("kill", 6),
+    ("stop", 2),
+    ("cut", 4),
+    ("blackhole", 1),
+    ("pg_down", 2),
+    ("pg_crash", 2),
+    ("nats_down", 4),
+    ("transit", 0),
+    ("answers", 0),
+    ("forge", 0),
+    ("foreign", 2),
+    ("live_foreign", 1),
+    ("restore", 2),
+    ("pitr", 1),
+    ("live_restore", 1),
+    ("live_pitr", 1),
+];
+
+/// The faults a run may use.
+#[derive(Clone, Debug)]
+pub struct FaultSet(Vec<&'static str>);
+
+impl FaultSet {
+    /// `all`, names, and `-name` to remove one, comma-separated.
+    pub fn parse(spec: &str) -> Result<Self, String> {
+        let mut on: Vec<&'static str> = Vec::new();
+        for word in spec.split(',').map(str::trim).filter(|w| !w.is_empty()) {
+            let (remove, name) = match word.strip_prefix('-') {
+                Some(n) => (true, n),
+                None => (false, word),
+            };
+            let names: Vec<&'static str> = if name == "all" {
+                FAULTS.iter().map(|(n, _)| *n).collect()
+            } else {
+                let n = FAULTS
+                    .iter()
+                    .map(|(n, _)| *n)
+                    .find(|n| *n == name)
+                    .ok_or_else(|| format!("unknown fault {name:?} in SIM_FAULTS"))?;
+                vec![n]
+            };
+            if remove {
+                on.retain(|n| !names.contains(n));
+            } else {
+                on.extend(
+                    names
+                        .into_iter()
+                        .filter(|n| !on.contains(n))
+                        .collect::<Vec<_>>(),
+                );
+            }
+        }
+        Ok(FaultSet(on))
+    }
+
+    pub fn has(&self, name: &str) -> bool {
+        self.0.contains(&name)
+    }
+}
+
+/// A world's shape, drawn from its seed.
+#[derive(Debug)]
+struct Scenario {
+    max_in_flight: usize,
+    status_interval_ms: u64,
+    cloudevents: bool,
+    limits: Limits,
+    pg: PgParams,
+    chaos: Chaos,
+    write_gap_ms: (u64, u64),
+    fault_gap_ms: (u64, u64),
+    faults_for: Duration,
+}
+
+impl Scenario {
+    fn draw(d: &Dice, faults: &FaultSet) -> Self {
+        let on = |name: &str, p: f64| if faults.has(name) { p } else { 0.0 };
+        let calm = d.chance(0.3);
+        Scenario {
+            max_in_flight: d.pick(&[1, 2, 3, 8, 64, 4096]),
+            status_interval_ms: d.pick(&[50, 200, 1000]),
+            cloudevents: d.chance(0.2),
+            limits: Limits {
+                // A short window now and then: the fence alone must keep duplicates out.
+                duplicate_window: if d.chance(0.3) {
+                    d.millis(200, 3_000)
+                } else {
+                    Duration::from_secs(120)
+                },
+                max_payload: d.pick(&[1 << 20, 64 << 10]),
+                max_msg_size: d.pick(&[None, Some(16 << 10), Some(48 << 10)]),
+            },
+            pg: PgParams {
+                apps: d.range(1, 5) as usize,
+                publish_orders: d.chance(0.3),
+                send_empty: d.chance(0.5),
+                pipe: d.pick(&[512, 8 << 10, 64 << 10]),
+                keepalive_ms: d.pick(&[(10, 200), (100, 2_000)]),
+            },
+            chaos: if calm {
+                Chaos::default()
+            } else {
+                Chaos {
+                    transit: on("transit", d.pick(&[0.0, 0.02])),
+                    slow: on("answers", 0.05),
+                    late: on("answers", d.pick(&[0.0, 0.002, 0.01])),
+                    lost: on("answers", d.pick(&[0.0, 0.002, 0.01])),
+                    duplicated: on("answers", 0.02),
+                    forged: on("forge", d.pick(&[0.0, 0.005, 0.02])),
+                }
+            },
+            write_gap_ms: d.pick(&[(0, 20), (5, 100), (20, 400)]),
+            fault_gap_ms: d.pick(&[(500, 4_000), (2_000, 10_000)]),
+            faults_for: d.millis(20_000, 60_000),
+        }
+    }
+
+    fn settings(&self) -> Settings {
+        let mut c = Config::default();
+        c.http.listen = String::new();
+        c.outbox.message_prefix = super::postgres::PREFIX.into();
+        c.nats.max_in_flight = self.max_in_flight;
+        c.nats.ack_timeout_ms = 2_000;
+        c.nats.cloudevents = self.cloudevents;
+        c.nats.fence = true;
+        c.postgres.status_interval_ms = self.status_interval_ms;
+        c.validate().expect("simulation settings are valid")
+    }
+}
+
+/// How a world ended.
+pub struct Outcome {
+    pub violations: Vec<String>,
+    pub trace: Arc<Trace>,
+    /// Units of work (transactions with events, stray messages) in the final history.
+    pub units: usize,
+    /// Messages in the stream at the end.
+    pub stored: usize,
+}
+
+/// The relay's way to the simulated servers.
+struct SimConnector {
+    pg: Arc<Postgres>,
+    js: Arc<JetStream>,
+    config: StreamConfig,
+    dice: Dice,
+}
+
+impl Connector for SimConnector {
+    fn nats(&mut self) -> BoxFuture<'_, Result<NatsPort, Restart>> {
+        Box::pin(async move {
+            tokio::time::sleep(self.dice.millis(0, 10)).await;
+            if self.js.is_down() {
+                return Err(Restart::Nats(NatsTrouble::Unavailable(
+                    "connection refused (simulated outage)".into(),
+                )));
+            }
+            let port: Arc<dyn SimJetStream> = Arc::clone(&self.js) as _;
+            Ok(NatsPort::Sim(port))
+        })
+    }
+
+    fn nats_failed(&mut self) {}
+
+    fn replication(
+        &mut self,
+        start: Lsn,
+    ) -> BoxFuture<'_, Result<(ReplicationStream, SystemInfo), SessionEnd>> {
+        Box::pin(async move { self.pg.connect(start, self.config.clone()).await })
+    }
+
+    fn partitions(&mut self) -> BoxFuture<'_, Result<Vec<u32>, SessionEnd>> {
+        Box::pin(async move {
+            tokio::time::sleep(self.dice.millis(0, 5)).await;
+            self.pg.partitions()
+        })
+    }
+}
+
+/// One relay process.
+struct Process {
+    handle: JoinHandle<Result<(), RelayError>>,
+    shutdown: Option<oneshot::Sender<()>>,
+}
+
+struct World {
+    dice: Dice,
+    trace: Arc<Trace>,
+    settings: Settings,
+    pg: Arc<Postgres>,
+    js: Arc<JetStream>,
+    violations: Arc<Violations>,
+    relay: Option<Process>,
+    processes: u64,
+    /// When the stream's tail stopped being trustworthy (restores, foreign messages).
+    distrust: Vec<Instant>,
+}
+
+/// Runs the world of `seed` on its own runtime with a paused clock.
+pub fn run(seed: u64, faults: &FaultSet, keep_trace: bool) -> Outcome {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .expect("runtime");
+    let trace = Arc::new(rt.block_on(async { Trace::new(keep_trace) }));
+    // The relay logs into the world's trace; for this thread only, so parallel worlds stay apart.
+    let _log = tracing::subscriber::set_default(
+        tracing_subscriber::registry().with(RelayLog(Arc::clone(&trace))),
+    );
+    rt.block_on(world(seed, faults, trace))
+}
+
+async fn world(seed: u64, faults: &FaultSet, trace: Arc<Trace>) -> Outcome {
+    let dice = Dice::new(seed);
+    let sc = Scenario::draw(&dice, faults);
+    trace!(trace, "seed {seed}: {sc:?}");
+    let violations = Arc::new(Violations::default());
+    let js = JetStream::start(sc.limits, dice.clone(), Arc::clone(&trace));
+    let pg = Postgres::new(
+        sc.pg.clone(),
+        dice.clone(),
+        Arc::clone(&trace),
+        Arc::clone(&js),
+        Arc::clone(&violations),
+    );
+    let mut w = World {
+        dice: dice.clone(),
+        trace: Arc::clone(&trace),
+        settings: sc.settings(),
+        pg: Arc::clone(&pg),
+        js: Arc::clone(&js),
+        violations: Arc::clone(&violations),
+        relay: None,
+        processes: 0,
+        distrust: Vec::new(),
+    };
+    js.set_chaos(sc.chaos);
+    let writing = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let writer = tokio::spawn({
+        let (pg, dice, writing) = (Arc::clone(&pg), dice.clone(), Arc::clone(&writing));
+        let (lo, hi) = sc.write_gap_ms;
+        async move {
+            while writing.load(std::sync::atomic::Ordering::Relaxed) {
+                tokio::time::sleep(dice.millis(lo, hi).max(Duration::from_millis(1))).await;
+                pg.write();
+            }
+        }
+    });
+    // Checkpoints write the slot to disk; disk snapshots are taken now and then.
+    let checkpointer = tokio::spawn({
+        let (pg, dice) = (Arc::clone(&pg), dice.clone());
+        async move {
+            loop {
+                tokio::time::sleep(dice.millis(500, 5_000)).await;
+                pg.checkpoint();
+                if dice.chance(0.3) {
+                    pg.snapshot();
+                }
+            }
+        }
+    });
+    w.start_relay();
+    let end_of_faults = Instant::now() + sc.faults_for;
+    let (lo, hi) = sc.fault_gap_ms;
+    while Instant::now() < end_of_faults && !violations.any() {
+        tokio::time::sleep(dice.millis(lo, hi)).await;
+        w.reap();
+        w.fault(faults).await;
+    }
+    // Settle: no more faults, the applications finish, the servers are back.
+    writing.store(false, std::sync::atomic::Ordering::Relaxed);
+    let _ = writer.await;
+    pg.finish_writes();
+    js.set_chaos(Chaos::default());
+    pg.up();
+    if js.is_down() {
+        js.come_up();
+    }
+    trace!(trace, "settling: WAL flushed to {}", Lsn(pg.flushed()));
+    let deadline = Instant::now() + Duration::from_secs(20 * 60);
+    let flushed = pg.flushed();
+    while !violations.any() {
+        w.reap();
+        if w.relay.is_none() {
+            w.start_relay();
+        }
+        if pg.slot_confirmed() >= flushed {
+            break;
+        }
+        if Instant::now() >= deadline {
+            violations.report(
+                &trace,
+                format!(
+                    "liveness: 20 minutes after the faults ended the slot is at {}, the WAL at {}",
+                    Lsn(pg.slot_confirmed()),
+                    Lsn(flushed)
+                ),
+            );
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    // Whatever is still on its way lands (late answers, publishes of dead sessions), then the
+    // relay is shut down cleanly.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    w.reap();
+    w.stop_relay().await;
+    checkpointer.abort();
+    let units = pg.units();
+    let stream = js.messages();
+    if !violations.any() {
+        check::settled(&units, &stream, &w.distrust, &trace, &violations);
+    }
+    trace!(
+        trace,
+        "end: {} units, {} messages in the stream, slot at {}, {}",
+        units.len(),
+        stream.len(),
+        Lsn(pg.slot_confirmed()),
+        pg.history()
+    );
+    Outcome {
+        violations: violations.list(),
+        trace,
+        units: units.len(),
+        stored: stream.len(),
+    }
+}
+
+impl World {
+    /// A new relay process, from where the slot is (what `run` reads at setup).
+    fn start_relay(&mut self) {
+        self.processes += 1;
+        let start = Lsn(self.pg.slot_confirmed());
+        trace!(
+            self.trace,
+            "relay process {} starts at {start}", self.processes
+        );
+        let settings = self.settings.clone();
+        let connector = SimConnector {
+            pg: Arc::clone(&self.pg),
+            js: Arc::clone(&self.js),
+            config: StreamConfig {
+                status_interval: settings.status_interval,
+                channel_capacity: 1024,
+                max_frame_bytes: settings.postgres.max_frame_bytes,
+                ..StreamConfig::default()
+            },
+            dice: self.dice.clone(),
+        };
+        let (tx, rx) = oneshot::channel::<()>();
+        let handle = tokio::spawn(run_with(
+            settings,
+            Arc::new(Metrics::default()),
+            Box::new(connector),
+            start,
+            self.dice.next_u64(),
+            async move {
+                let _ = rx.await;
+            },
+        ));
+        self.relay = Some(Process {
+            handle,
+            shutdown: Some(tx),
+        });
+    }
+
+    /// A relay that ended on its own is a finding: it may only end when told to.
+    fn reap(&mut self) {
+        if !self.relay.as_ref().is_some_and(|p| p.handle.is_finished()) {
+            return;
+        }
+        let p = self.relay.take().unwrap();
+        let what = match futures_util::FutureExt::now_or_never(p.handle) {
+            Some(Ok(Ok(()))) => "the relay stopped without being asked to".to_owned(),
+            Some(Ok(Err(e))) => format!("the relay stopped: {}", error_chain(&e)),
+            Some(Err(e)) if e.is_panic() => format!("the relay panicked: {e}"),
+            _ => "the relay task ended".to_owned(),
+        };
+        self.violations.report(&self.trace, what);
+    }
+
+    async fn kill_relay(&mut self) {
+        if let Some(p) = self.relay.take() {
+            trace!(self.trace, "relay process {} killed", self.processes);
+            p.handle.abort();
+            let _ = p.handle.await;
+        }
+    }
+
+    async fn stop_relay(&mut self) {
+        let Some(mut p) = self.relay.take() else {
+            return;
+        };
+        trace!(self.trace, "relay process {} asked to stop", self.processes);
+        if let Some(tx) = p.shutdown.take() {
+            let _ = tx.send(());
+        }
+        match tokio::time::timeout(Duration::from_secs(60), &mut p.handle).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(e))) => self.violations.report(
+                &self.trace,
+                format!("the relay failed while stopping: {}", error_chain(&e)),
+            ),
+            Ok(Err(e)) => self.violations.report(
+                &self.trace,
+                format!("the relay task failed while stopping: {e}"),
+            ),
+            Err(_) => {
+                self.violations.report(
+                    &self.trace,
+                    "the relay did not stop within 60 s of its shutdown".into(),
+                );
+                p.handle.abort();
+            }
+        }
+    }
+
+    async fn restart_relay(&mut self) {
+        self.kill_relay().await;
+        tokio::time::sleep(self.dice.millis(0, 3_000)).await;
+        self.start_relay();
+    }
+
+    /// One fault, drawn among those enabled.
+    async fn fault(&mut self, faults: &FaultSet) {
+        let enabled: Vec<(&str, u64)> = FAULTS
+            .iter()
+            .copied()
+            .filter(|(n, w)| *w > 0 && faults.has(n))
+            .collect();
+        let total: u64 = enabled.iter().map(|(_, w)| w).sum();
+        if total == 0 {
+            return;
+        }
+        let mut roll = self.dice.range(0, total);
+        let name = enabled
+            .iter()
+            .find(|(_, w)| {
+                if roll < *w {
+                    true
+                } else {
+                    roll -= w;
+                    false
+                }
+            })
+            .map(|(n, _)| *n)
+            .unwrap();
+        trace!(self.trace, "FAULT {name}");
+        let d = self.dice.clone();
+        match name {
+            "kill" => self.restart_relay().await,
+            "stop" => {
+                self.stop_relay().await;
+                tokio::time::sleep(d.millis(0, 2_000)).await;
+                self.start_relay();
+            }
+            "cut" => self.pg.cut(),
+            "blackhole" => self.pg.black_hole(Duration::from_secs(60)),
+            "pg_down" => self.pg.unreachable(d.millis(500, 20_000)),
+            "pg_crash" => self.pg.crash(d.millis(200, 5_000)),
+            "nats_down" => {
+                self.js.go_down();
+                let (js, t) = (Arc::clone(&self.js), d.millis(1_000, 30_000));
+                tokio::spawn(async move {
+                    tokio::time::sleep(t).await;
+                    js.come_up();
+                });
+            }
+            // By hand while no relay runs: what the next session finds at the tail.
+            "foreign" => {
+                self.kill_relay().await;
+                self.js.publish_foreign(self.processes);
+                self.distrust.push(Instant::now());
+                tokio::time::sleep(d.millis(0, 3_000)).await;
+                self.start_relay();
+            }
+            // By hand while the relay publishes: the fence's "only writer" is broken mid-flight.
+            "live_foreign" => {
+                self.js.publish_foreign(self.processes);
+                self.distrust.push(Instant::now());
+            }
+            "restore" | "pitr" | "live_restore" | "live_pitr" => {
+                let live = name.starts_with("live_");
+                if !live {
+                    self.kill_relay().await;
+                }
+                if self.pg.restore(name.ends_with("pitr")) {
+                    self.distrust.push(Instant::now());
+                }
+                if !live {
+                    tokio::time::sleep(d.millis(0, 3_000)).await;
+                    self.start_relay();
+                }
+            }
+            _ => unreachable!("fault {name}"),
+        }
+    }
+}
