@@ -162,7 +162,7 @@ fn seeds_keep_the_promises() {
     }
     if let Some(f) = failed.first() {
         panic!(
-            "{} of {done} seeds broke a promise; the first, seed {} (the {}th run):\n{}\n{}",
+            "{} of {done} seeds broke a promise; the first is seed {} ({} seeds from the start):\n{}\n{}",
             failed.len(),
             f.seed,
             f.seed - first + 1,
