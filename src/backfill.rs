@@ -108,7 +108,7 @@ pub struct BackfillReport {
     /// The `Outbox-Commit-Lsn` every backfilled message carries (consistent point − 1); their
     /// `Outbox-Position` is this LSN and the row's index in the cursor's order.
     pub commit_lsn: Lsn,
-    /// The history the slot belongs to (`Outbox-History` of every backfilled message), when the
+    /// The history the slot belongs to (named in every backfilled message's `Outbox-Position`), when the
     /// server told it.
     pub history: Option<History>,
     /// An existing slot was dropped first (`--replace-slot`).
@@ -495,7 +495,7 @@ async fn publish_snapshot(
         history,
         wal_end: report.consistent_point,
     });
-    let mut sink = Sink::start(nats, config, origin.as_ref(), None).await?;
+    let mut sink = Sink::start(nats, config, origin.as_ref(), false).await?;
     let mut stage = OutboxStage::new(&settings.outbox);
     let commit_ts = crate::lsn::pg_now_micros();
     let begin = Message::Begin {

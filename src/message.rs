@@ -33,12 +33,10 @@ pub const AGGREGATE_TYPE: &str = "Outbox-Aggregate-Type";
 pub const AGGREGATE_ID: &str = "Outbox-Aggregate-Id";
 /// The commit LSN of the event's transaction.
 pub const COMMIT_LSN: &str = "Outbox-Commit-Lsn";
-/// The message's place in the slot's history, `X/Y:I` ([`crate::position::Position`]): what a
-/// resuming session compares with the stream's tail.
+/// The message's place in the slot's history, `SYSTEM/TIMELINE/SLOT/X/Y:I`
+/// ([`crate::position::stamp`]): what a resuming session compares with the stream's tail. Set by
+/// the sink ([`stamp_position`]).
 pub const POSITION: &str = "Outbox-Position";
-/// The history the position belongs to, `SYSTEM/TIMELINE/SLOT` ([`crate::position::History`]); set
-/// by the sink.
-pub const HISTORY: &str = "Outbox-History";
 /// On a dead letter: why the event could not be published, in one line.
 pub const ERROR: &str = "Outbox-Error";
 /// On a dead letter: the subject the event would have had.
@@ -212,7 +210,7 @@ pub enum Shrink {
     /// No payload (`Outbox-Payload-Size` says how big it was); header values over
     /// [`MAX_DEAD_LETTER_HEADER`] bytes truncated and named in `Outbox-Truncated-Headers`.
     DropPayload,
-    /// Only the id, the reason, the commit LSN, the position and the payload size.
+    /// Only the id, the reason, the commit LSN and the payload size (and the sink's position).
     Minimal,
 }
 
@@ -274,10 +272,6 @@ pub fn dead_letter_as(
                 n.commit_lsn.clone(),
                 HeaderValue::from(event.commit_lsn.to_string()),
             );
-            h.insert(
-                n.position.clone(),
-                HeaderValue::from(event.position.to_string()),
-            );
             h
         }
     };
@@ -330,18 +324,44 @@ fn cap(s: &str) -> String {
     s[..end].to_owned()
 }
 
-/// The message id: the event id, or, when the row had none, one derived from its position in the WAL
-/// so that a republished dead letter is still deduplicated. Computed once per event, by the outbox
+/// The `Nats-Msg-Id` of an event: its id, or for an event without a usable id a WAL-derived one,
+/// `lsn:<commit LSN>:<index>:<content hash>`, so that a republished dead letter is deduplicated too.
+/// The hash of the payload (FNV-1a, 64 bits, stable across versions) keeps it apart from another
+/// event at the same position in another history of the database (after a restore the same LSNs
+/// are written again): JetStream would drop that one as a duplicate. Computed once by the outbox
 /// stage, and carried in [`OutboxEvent::msg_id`].
-pub fn message_id(id: Option<&str>, commit_lsn: crate::Lsn, index: u32) -> String {
+pub fn message_id(id: Option<&str>, commit_lsn: crate::Lsn, index: u32, payload: &[u8]) -> String {
     match id {
         // A line break cannot go into a header, and an id longer than MAX_ID_BYTES would not fit a
         // dead letter either (the outbox stage reports both as problems).
         Some(id) if !id.is_empty() && id.len() <= MAX_ID_BYTES && !id.contains(['\r', '\n']) => {
             id.to_owned()
         }
-        _ => format!("lsn:{commit_lsn}:{index}"),
+        _ => format!("lsn:{commit_lsn}:{index}:{:016x}", fnv1a(payload)),
     }
+}
+
+/// The `Nats-Msg-Id` of a non-transactional logical message's dead letter:
+/// `lsn:<its LSN>:non-transactional:<content hash>` (see [`message_id`] for the hash).
+pub fn standalone_id(lsn: crate::Lsn, content: &[u8]) -> String {
+    format!("lsn:{lsn}:non-transactional:{:016x}", fnv1a(content))
+}
+
+/// FNV-1a, 64 bits: a hash whose value never changes with the compiler or the platform, so ids
+/// made with it stay the same across relay versions and restarts.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// Adds `Outbox-Position` for `event` in `history` (its text, `SYSTEM/TIMELINE/SLOT`), through the
+/// header name built once.
+pub fn stamp_position(h: &mut HeaderMap, event: &OutboxEvent, history: Option<&str>) {
+    h.insert(
+        names().position.clone(),
+        HeaderValue::from(crate::position::stamp(event.position, history)),
+    );
 }
 
 /// The longest event id published as `Nats-Msg-Id`; a longer one makes the event invalid (its dead
@@ -413,10 +433,6 @@ fn headers(event: &OutboxEvent, id: IdHeader) -> HeaderMap {
     h.insert(
         n.commit_lsn.clone(),
         HeaderValue::from(event.commit_lsn.to_string()),
-    );
-    h.insert(
-        n.position.clone(),
-        HeaderValue::from(event.position.to_string()),
     );
     for (k, v) in &event.headers {
         h.insert(k.as_str(), v.as_str());
@@ -592,9 +608,10 @@ mod tests {
         e.id = Some("e-1\r\nX-Evil: 1".into());
         e.index = 2;
         e.problem = Some("id has a line break".into());
-        e.msg_id = message_id(e.id.as_deref(), e.commit_lsn, e.index);
+        e.msg_id = message_id(e.id.as_deref(), e.commit_lsn, e.index, &e.payload);
         let m = build(&e, &template(), "dlq", None);
-        assert_eq!(m.headers.get(NATS_MSG_ID).unwrap().as_str(), "lsn:1/A0:2");
+        let id = m.headers.get(NATS_MSG_ID).unwrap().as_str();
+        assert!(id.starts_with("lsn:1/A0:2:"), "{id}");
     }
 
     #[test]
@@ -673,17 +690,33 @@ mod tests {
         let mut e = event();
         e.id = None;
         e.index = 3;
+        let id = message_id(e.id.as_deref(), e.commit_lsn, e.index, &e.payload);
+        assert_eq!(id, format!("lsn:1/A0:3:{:016x}", fnv1a(&e.payload)));
         assert_eq!(
-            message_id(e.id.as_deref(), e.commit_lsn, e.index),
-            "lsn:1/A0:3"
+            id,
+            message_id(e.id.as_deref(), e.commit_lsn, e.index, &e.payload),
+            "stable"
         );
     }
 
     #[test]
     fn an_oversized_id_gets_a_wal_derived_message_id() {
         let long = "x".repeat(MAX_ID_BYTES + 1);
-        assert_eq!(message_id(Some(&long), Lsn(0x10), 4), "lsn:0/10:4");
+        assert_eq!(
+            message_id(Some(&long), Lsn(0x10), 4, b"{}"),
+            format!("lsn:0/10:4:{:016x}", fnv1a(b"{}"))
+        );
+        assert_ne!(
+            message_id(None, Lsn(0x10), 4, b"{}"),
+            message_id(None, Lsn(0x10), 4, b"{\"a\":1}"),
+            "another event at the same position (another history) gets another id"
+        );
+        assert_eq!(
+            fnv1a(b"a"),
+            0xaf63_dc4c_8601_ec8c,
+            "FNV-1a's published value for \"a\""
+        );
         let fits = "x".repeat(MAX_ID_BYTES);
-        assert_eq!(message_id(Some(&fits), Lsn(0x10), 4), fits);
+        assert_eq!(message_id(Some(&fits), Lsn(0x10), 4, b"{}"), fits);
     }
 }

@@ -317,7 +317,7 @@ impl OutboxStage {
                     ));
                     // A WAL-derived id: should the application emit the event again, properly, its own
                     // id must not be dropped as a duplicate of this dead letter.
-                    event.msg_id = format!("lsn:{lsn}:non-transactional");
+                    event.msg_id = crate::message::standalone_id(lsn, &content);
                     // Not (lsn, 0): the next record may be a COMMIT that starts at `lsn`, and its
                     // transaction's events would share the position.
                     event.position = Position::standalone(lsn);
@@ -515,7 +515,8 @@ impl OutboxStage {
                 headers.push((header, value));
             }
         }
-        let msg_id = crate::message::message_id(id.as_deref(), self.commit_lsn, self.index);
+        let msg_id =
+            crate::message::message_id(id.as_deref(), self.commit_lsn, self.index, &payload);
         OutboxEvent {
             msg_id,
             id,
@@ -624,7 +625,8 @@ impl OutboxStage {
                 }
             }
         }
-        event.msg_id = crate::message::message_id(event.id.as_deref(), commit_lsn, index);
+        event.msg_id =
+            crate::message::message_id(event.id.as_deref(), commit_lsn, index, &event.payload);
         if !problems.is_empty() {
             event.problem = Some(format!("logical message: {}", problems.join("; ")));
         }

@@ -26,14 +26,48 @@ pub trait Connector: Send + Sync {
     /// A NATS failure ended the session: the next session must not reuse a connection that may
     /// still send what it had buffered (after the point the new session republishes from).
     fn nats_failed(&mut self);
-    /// A replication stream of the slot from `start`, and what `IDENTIFY_SYSTEM` said before it.
-    fn replication(
-        &mut self,
-        start: Lsn,
-    ) -> BoxFuture<'_, Result<(ReplicationStream, SystemInfo), SessionEnd>>;
+    /// A replication stream of the slot from `start.at(…)` of what `IDENTIFY_SYSTEM` says (asked
+    /// first, on the same connection), and that answer.
+    fn replication<'a>(
+        &'a mut self,
+        start: &'a Start,
+    ) -> BoxFuture<'a, Result<(ReplicationStream, SystemInfo), SessionEnd>>;
     /// The OIDs of the outbox table's partitions (asked when a relation the stage does not know
     /// arrives).
     fn partitions(&mut self) -> BoxFuture<'_, Result<Vec<u32>, SessionEnd>>;
+}
+
+/// Where a session starts streaming, and what the relay remembers of where it left the slot.
+#[derive(Clone, Debug, Default)]
+pub struct Start {
+    /// The last position this process confirmed to the slot.
+    pub confirmed: Lsn,
+    /// The system and timeline the last session streamed, if any.
+    pub history: Option<(String, u32)>,
+}
+
+impl Start {
+    /// The position to start from: always `0/0`, which asks the server for the slot's own
+    /// confirmed position, never one this process remembers. After a restore from a disk snapshot
+    /// (same system, same timeline) the server's slot is back where the snapshot left it and the
+    /// WAL after it is written anew, possibly past the remembered position before the relay
+    /// reconnects: a start there would skip every new transaction below it and confirm past them.
+    /// Nothing on the connection tells a restore apart; the slot's own position is right in every
+    /// case, and what it sends again that is stored already the fence skips or JetStream drops.
+    pub fn at(&self, _system: &SystemInfo) -> Lsn {
+        Lsn::ZERO
+    }
+
+    /// Whether the server is visibly not where the relay left it: its WAL ends before the
+    /// remembered position, or its system or timeline changed (a restore, a point-in-time
+    /// recovery, a promoted standby). Only for the log: [`Start::at`] is the slot's position anyway.
+    pub fn moved(&self, system: &SystemInfo) -> bool {
+        system.xlogpos < self.confirmed
+            || self
+                .history
+                .as_ref()
+                .is_some_and(|(id, tl)| *id != system.system_id || *tl != system.timeline)
+    }
 }
 
 /// The production connector: real Postgres and NATS connections from the settings.
@@ -84,10 +118,10 @@ impl Connector for Servers {
         self.nats = None;
     }
 
-    fn replication(
-        &mut self,
-        start: Lsn,
-    ) -> BoxFuture<'_, Result<(ReplicationStream, SystemInfo), SessionEnd>> {
+    fn replication<'a>(
+        &'a mut self,
+        start: &'a Start,
+    ) -> BoxFuture<'a, Result<(ReplicationStream, SystemInfo), SessionEnd>> {
         Box::pin(async move {
             let settings = &self.settings;
             let app = format!(
@@ -118,6 +152,7 @@ impl Connector for Servers {
                 max_frame_bytes: settings.postgres.max_frame_bytes,
                 ..StreamConfig::default()
             };
+            let start = start.at(&system);
             match conn
                 .start_replication(&settings.postgres.slot, start, &options, stream_config)
                 .await

@@ -28,8 +28,8 @@ use crate::error::{CauseKind, NatsTrouble, Restart, SessionEnd};
 use crate::metrics::Metrics;
 use crate::setup;
 use crate::sink::{Outcome, SinkError, connect_nats};
-pub use connector::Connector;
 use connector::Servers;
+pub use connector::{Connector, Start};
 use monitor::{AbortOnDrop, sample_slot};
 use session::Session;
 
@@ -131,7 +131,8 @@ async fn sessions(
         failures: 0,
         last_cause: None,
         confirmed: start,
-        distrusted: None,
+        history: None,
+        distrust: false,
         jitter: jitter_seed | 1,
         stop: stop_rx,
     };
@@ -159,9 +160,12 @@ pub(crate) struct Relay {
     last_cause: Option<CauseKind>,
     /// The last LSN confirmed to the slot by this process; sessions restart here.
     confirmed: Lsn,
-    /// The last sequence of a stream tail a session found to be from another history
-    /// ([`crate::sink::SinkError::Diverged`]): the next sessions skip nothing behind it.
-    distrusted: Option<u64>,
+    /// The system and timeline the last session streamed.
+    history: Option<(String, u32)>,
+    /// A session found the stream's tail unreliable ([`crate::sink::SinkError::Diverged`],
+    /// [`crate::sink::SinkError::StoredPastRefused`]): the next sessions skip nothing until one
+    /// has stored a new event (its own tail is then one to trust).
+    distrust: bool,
     /// The backoff jitter's xorshift state.
     jitter: u64,
     stop: watch::Receiver<bool>,
@@ -198,11 +202,13 @@ impl Relay {
                     return Err(e);
                 }
                 SessionEnd::Restart(restart) => {
-                    if let Restart::Nats(NatsTrouble::Sink(SinkError::Diverged {
-                        sequence, ..
-                    })) = &restart
+                    if let Restart::Nats(NatsTrouble::Sink(
+                        SinkError::Diverged { .. }
+                        | SinkError::StoredPastRefused { .. }
+                        | SinkError::Unproven { .. },
+                    )) = &restart
                     {
-                        self.distrusted = Some(*sequence);
+                        self.distrust = true;
                     }
                     if ran_for.is_some_and(|d| d >= HEALTHY_SESSION) {
                         self.failures = 0;
@@ -244,6 +250,7 @@ impl Relay {
         }
         self.failures = 0;
         self.last_cause = None;
+        self.distrust = false;
     }
 
     /// Records a restart (metrics, one log line per change of state) and returns the delay before

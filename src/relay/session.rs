@@ -8,11 +8,13 @@
 //! [`SessionEnd`], and the relay starts the next one from the confirmed LSN.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use tracing::warn;
 
-use super::Relay;
+use super::{Relay, Start};
 use crate::error::{RelayError, Restart, SessionEnd, from_sink, from_source};
 use crate::metrics::Metrics;
 use crate::outbox::{OutboxStage, Step};
@@ -40,7 +42,22 @@ impl Session {
         let settings = Arc::clone(&relay.settings);
         // NATS first: while it is down there is no point in holding the slot.
         let nats = relay.connector.nats().await?;
-        let (stream, system) = relay.connector.replication(relay.confirmed).await?;
+        let start = Start {
+            confirmed: relay.confirmed,
+            history: relay.history.clone(),
+        };
+        let (stream, system) = relay.connector.replication(&start).await?;
+        if start.moved(&system) {
+            warn!(
+                confirmed = %relay.confirmed,
+                server_wal_end = %system.xlogpos,
+                system = %system.system_id,
+                timeline = system.timeline,
+                "the server is not where this relay left it (restored, recovered to a point in time, or a promoted standby): streaming from the slot's own position"
+            );
+        }
+        relay.confirmed = start.at(&system);
+        relay.history = Some((system.system_id.clone(), system.timeline));
         // The history this session streams, and how far the server's WAL reaches: the sink trusts
         // the stream's tail only when it is this history's and not beyond it.
         let origin = Origin {
@@ -56,7 +73,7 @@ impl Session {
             nats,
             SinkConfig::from_settings(&settings),
             Some(&origin),
-            relay.distrusted,
+            relay.distrust,
         )
         .await
         .map_err(Restart::from)?;

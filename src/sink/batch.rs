@@ -299,9 +299,7 @@ impl Sink {
                 HeaderValue::from(itoa::Buffer::new().format(e)),
             );
         }
-        if let Some(h) = &self.config.history {
-            headers.insert(message::HISTORY, h.as_str());
-        }
+        message::stamp_position(&mut headers, &item.event, self.config.history.as_deref());
         if commit {
             let members = b.open.take().map(|o| o.members).unwrap_or_default();
             headers.insert(NATS_BATCH_COMMIT, NATS_BATCH_COMMIT_FINAL);

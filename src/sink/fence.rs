@@ -38,9 +38,9 @@ pub struct Tail {
 /// lacks it or it does not parse (a message the relay did not write, or an older relay's).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Stamp {
-    /// `Outbox-Position`.
+    /// The position `Outbox-Position` names.
     pub position: Option<Position>,
-    /// `Outbox-History`.
+    /// The history `Outbox-Position` names.
     pub history: Option<History>,
     /// `Nats-Msg-Id`, or `Outbox-Event-Id` on a message of an atomic batch.
     pub id: Option<String>,
@@ -50,9 +50,13 @@ impl Stamp {
     /// What a stored message's headers say of it.
     pub fn from_headers(h: &async_nats::HeaderMap) -> Self {
         let text = |name: &str| h.get(name).map(|v| v.as_str().to_owned());
+        let (history, position) = h
+            .get(message::POSITION)
+            .and_then(|v| crate::position::parse_stamp(v.as_str()).ok())
+            .map_or((None, None), |(h, p)| (h, Some(p)));
         Stamp {
-            position: text(message::POSITION).and_then(|v| v.parse().ok()),
-            history: text(message::HISTORY).and_then(|v| v.parse().ok()),
+            position,
+            history,
             id: text(message::NATS_MSG_ID).or_else(|| text(message::EVENT_ID)),
         }
     }
@@ -134,7 +138,7 @@ pub enum Replayed {
 
 /// Decides, for the events a session replays from the confirmed position, which are already stored.
 ///
-/// It trusts the stream's tail only when the relay wrote it in this history (`Outbox-History`) at a
+/// It trusts the stream's tail only when the relay wrote it in this history (the history in `Outbox-Position`) at a
 /// position the server has reached, and even then only provisionally: events before the tail's
 /// position are skipped, but they count as stored only once the walsender's events reach the
 /// tail's position with the tail's own event id. Anything else publishes (JetStream's duplicate
@@ -157,9 +161,9 @@ enum State {
 /// Why a session does not skip anything, for its log line.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Untrusted {
-    /// The tail lacks `Outbox-Position`, `Outbox-History` or an id.
+    /// The tail lacks an `Outbox-Position` that names a history, or an id.
     #[error(
-        "the stream's last message was not written by this relay (no Outbox-Position/Outbox-History)"
+        "the stream's last message was not written by this relay (no Outbox-Position with a history)"
     )]
     Foreign,
     /// The tail is from another database, timeline or slot.
@@ -183,11 +187,11 @@ pub enum Untrusted {
         /// The server's WAL flush position.
         wal_end: Lsn,
     },
-    /// An earlier session found this tail to be from another history.
+    /// An earlier session found the stream's tail unreliable.
     #[error(
-        "an earlier session found the stream's last message (sequence {0}) to be from another history"
+        "an earlier session found the stream's tail unreliable (from another history, or stored past a refused message)"
     )]
-    Diverged(u64),
+    Distrusted,
 }
 
 impl Replay {
@@ -198,11 +202,11 @@ impl Replay {
         }
     }
 
-    /// The replay of a session that streams `origin` with the stream at `tail`; `distrusted` is
-    /// the last sequence of a tail an earlier session found to diverge. The error says why the
-    /// tail is not trusted (then nothing is skipped).
-    pub fn new(tail: &Tail, origin: &Origin, distrusted: Option<u64>) -> (Self, Option<Untrusted>) {
-        match Self::trusted(tail, origin, distrusted) {
+    /// The replay of a session that streams `origin` with the stream at `tail`; `distrust`: an
+    /// earlier session found the tail unreliable. The error says why the tail is not trusted (then
+    /// nothing is skipped).
+    pub fn new(tail: &Tail, origin: &Origin, distrust: bool) -> (Self, Option<Untrusted>) {
+        match Self::trusted(tail, origin, distrust) {
             Ok(Some((until, id))) => (
                 Replay {
                     state: State::Verifying {
@@ -221,14 +225,14 @@ impl Replay {
     fn trusted(
         tail: &Tail,
         origin: &Origin,
-        distrusted: Option<u64>,
+        distrust: bool,
     ) -> Result<Option<(Position, String)>, Untrusted> {
         // An empty stream, or its last message gone: nothing to match.
         let Some(last) = &tail.last else {
             return Ok(None);
         };
-        if distrusted == Some(tail.last_sequence) {
-            return Err(Untrusted::Diverged(tail.last_sequence));
+        if distrust {
+            return Err(Untrusted::Distrusted);
         }
         let (Some(position), Some(history), Some(id)) = (last.position, &last.history, &last.id)
         else {
@@ -410,7 +414,7 @@ mod tests {
     }
 
     fn replay(t: &Tail) -> Replay {
-        let (r, why) = Replay::new(t, &origin(), None);
+        let (r, why) = Replay::new(t, &origin(), false);
         assert_eq!(why, None);
         r
     }
@@ -500,7 +504,7 @@ mod tests {
     fn untrusted_tails_skip_nothing() {
         let mut foreign = tail(200, 1, "b");
         foreign.last.as_mut().unwrap().history = None;
-        let (mut r, why) = Replay::new(&foreign, &origin(), None);
+        let (mut r, why) = Replay::new(&foreign, &origin(), false);
         assert_eq!(why, Some(Untrusted::Foreign));
         assert_eq!(r.replayed(pos(100, 0), "x"), Replayed::Publish);
 
@@ -513,16 +517,16 @@ mod tests {
             .as_mut()
             .unwrap()
             .timeline = 2;
-        let (_, why) = Replay::new(&other, &origin(), None);
+        let (_, why) = Replay::new(&other, &origin(), false);
         assert!(matches!(why, Some(Untrusted::OtherHistory { .. })));
 
         let ahead = tail(0x20_000, 0, "b");
-        let (mut r, why) = Replay::new(&ahead, &origin(), None);
+        let (mut r, why) = Replay::new(&ahead, &origin(), false);
         assert!(matches!(why, Some(Untrusted::AheadOfServer { .. })));
         assert_eq!(r.replayed(pos(100, 0), "x"), Replayed::Publish);
 
-        let (_, why) = Replay::new(&tail(200, 1, "b"), &origin(), Some(9));
-        assert_eq!(why, Some(Untrusted::Diverged(9)));
+        let (_, why) = Replay::new(&tail(200, 1, "b"), &origin(), true);
+        assert_eq!(why, Some(Untrusted::Distrusted));
     }
 
     #[test]
@@ -534,7 +538,7 @@ mod tests {
                 max_msg_size: None,
             },
             &origin(),
-            None,
+            false,
         );
         assert_eq!(why, None);
         assert_eq!(r.replayed(pos(1, 0), "a"), Replayed::Publish);

@@ -90,6 +90,42 @@ pub enum SinkError {
     /// The atomic-batch path was asked for on a sink built without it (a defect in the relay).
     #[error("atomic batch requested from a sink without nats.atomic_transactions")]
     NotAtomic,
+    /// A message was refused because the stream's last sequence had moved past the one it expected:
+    /// something else stored a message in its place (another writer, or a publish of an earlier
+    /// session arriving late), and a message behind it, whose expectation that matched, may be
+    /// stored past the gap. Nothing past it is confirmed; the next session trusts no tail and
+    /// publishes every event from the confirmed position again (a late copy can then follow what
+    /// was stored past the gap, but none is lost).
+    #[error(
+        "the stream refused message {id}: its last sequence is {last}, past the {expected} the message expected \
+         (another writer on the stream, or a late publish of an earlier session); publishing every event from the \
+         confirmed position again"
+    )]
+    StoredPastRefused {
+        /// The refused message's id.
+        id: String,
+        /// The `Nats-Expected-Last-Sequence` it carried.
+        expected: u64,
+        /// The stream's last sequence, as the refusal named it.
+        last: u64,
+    },
+    /// The replay reached the stream's last message, but the messages before it are not the events
+    /// it skipped (a message in the stream that the relay did not write, or one missing: a gap a
+    /// late publish of an earlier session left behind another writer's message). Nothing skipped is
+    /// confirmed; the next session trusts no tail and publishes every event from the confirmed
+    /// position again.
+    #[error(
+        "the stream's last {count} messages (up to sequence {sequence}) are not the events the replay skipped \
+         ({reason}); publishing every event from the confirmed position again"
+    )]
+    Unproven {
+        /// The stream's last sequence when the session started.
+        sequence: u64,
+        /// How many messages were compared.
+        count: u64,
+        /// What did not match.
+        reason: String,
+    },
     /// The replayed events passed the position of the stream's last message without that message's
     /// own event: the stream's tail is from another history of the database (restored from a
     /// snapshot or backup). Nothing skipped is confirmed; the next session publishes every event.
@@ -200,7 +236,7 @@ pub struct SinkConfig {
     /// The most messages in one atomic batch (the server's limit, 1,000 by default); a longer
     /// transaction is split into several batches.
     pub max_batch: usize,
-    /// The `Outbox-History` every message carries: the history its position belongs to. Set by
+    /// The history every message's `Outbox-Position` names (`SYSTEM/TIMELINE/SLOT`). Set by
     /// [`Sink::start`] from the session's [`Origin`].
     pub history: Option<String>,
 }
@@ -284,6 +320,9 @@ pub struct Sink {
     fence: Option<Fence>,
     /// The submit sequence of the first replayed event skipped and not yet proven stored.
     skipped_from: Option<u64>,
+    /// A hash of the (position, id) of the events skipped so far, compared with the stream's
+    /// messages once the replay reaches the tail ([`Sink::prove_skipped`]).
+    skipped_hash: u64,
     /// With `atomic`: the batch being built.
     batch: Option<batch::Batcher>,
     /// Published (or proven stored) and not yet settled, oldest first.
@@ -301,13 +340,13 @@ pub struct Sink {
 impl Sink {
     /// Reads the stream's tail when fencing and subscribes to the session's inbox. `origin` is the
     /// history the session streams (`None` where there is none, e.g. a backfill: then nothing is
-    /// skipped and messages carry no `Outbox-History`); `distrusted` the last sequence of a tail
-    /// that an earlier session found to be from another history ([`SinkError::Diverged`]).
+    /// skipped and positions name no history); `distrust`: an earlier session found the
+    /// stream's tail unreliable ([`SinkError::Diverged`], [`SinkError::StoredPastRefused`]).
     pub async fn start(
         nats: impl Into<NatsPort>,
         mut config: SinkConfig,
         origin: Option<&Origin>,
-        distrusted: Option<u64>,
+        distrust: bool,
     ) -> Result<Sink, TailError> {
         let port = nats.into();
         config.history = origin.map(|o| o.history.to_string());
@@ -321,7 +360,7 @@ impl Sink {
         let fence = tail.as_ref().map(|tail| {
             let replay = match origin {
                 Some(origin) => {
-                    let (replay, untrusted) = Replay::new(tail, origin, distrusted);
+                    let (replay, untrusted) = Replay::new(tail, origin, distrust);
                     if let Some(why) = untrusted {
                         warn!(%why, last_sequence = tail.last_sequence, "replay skips nothing: every event from the confirmed position is published again (JetStream drops the duplicates inside its window)");
                     }
@@ -349,6 +388,7 @@ impl Sink {
             config,
             fence,
             skipped_from: None,
+            skipped_hash: SKIPPED_HASH_START,
             batch,
             window: VecDeque::new(),
             messages: 0,
@@ -362,7 +402,7 @@ impl Sink {
     /// published (or dead-lettered). Returns once it has a place in the window (waiting, bounded by
     /// the ack timeout, for the oldest acks when the window is full); its ack comes later, in order.
     pub async fn submit(&mut self, seq: u64, event: Box<OutboxEvent>) -> Result<(), SinkError> {
-        if self.skip_replayed(seq, &event)? {
+        if self.skip_replayed(seq, &event).await? {
             return Ok(());
         }
         if self.batch.is_some() {
@@ -397,7 +437,8 @@ impl Sink {
                 .unwrap_or_default(),
         };
         let expected = self.fence.as_mut().map(Fence::next_expected);
-        let (target, headers, payload) = stamped(out, expected, self.config.history.as_deref());
+        let (target, headers, payload) =
+            stamped(out, &event, expected, self.config.history.as_deref());
         let (ack, sent) = match self.publisher.send(target, headers, payload).await {
             Ok(ack) => (ack, sent),
             // async-nats checks payload + headers against the server's max_payload before sending
@@ -509,7 +550,7 @@ impl Sink {
     /// so it is not published. Skipped events are reported as stored only once the replay reaches
     /// the tail's own event; they hold no place in the window meanwhile (a replay can be longer than
     /// the window), only their count.
-    fn skip_replayed(&mut self, seq: u64, event: &OutboxEvent) -> Result<bool, SinkError> {
+    async fn skip_replayed(&mut self, seq: u64, event: &OutboxEvent) -> Result<bool, SinkError> {
         let Some(fence) = self.fence.as_mut() else {
             return Ok(false);
         };
@@ -517,15 +558,16 @@ impl Sink {
             Replayed::Publish => Ok(false),
             Replayed::Skip => {
                 self.skipped_from.get_or_insert(seq);
+                self.skipped_hash = skipped_hash(self.skipped_hash, event.position, &event.msg_id);
                 Ok(true)
             }
             Replayed::Verified => {
                 let first = self.skipped_from.take().unwrap_or(seq);
-                tracing::debug!(events = seq + 1 - first, position = %event.position, "replay reached the stream's tail: skipped events are stored");
-                self.window.push_back(Pending::Stored {
-                    first,
-                    count: seq + 1 - first,
-                });
+                let count = seq + 1 - first;
+                let hash = skipped_hash(self.skipped_hash, event.position, &event.msg_id);
+                self.prove_skipped(count, hash).await?;
+                tracing::debug!(events = count, position = %event.position, "replay reached the stream's tail: skipped events are stored");
+                self.window.push_back(Pending::Stored { first, count });
                 Ok(true)
             }
             Replayed::Diverged { tail, at } => Err(SinkError::Diverged {
@@ -534,6 +576,48 @@ impl Sink {
                 at,
             }),
         }
+    }
+
+    /// The replay reached the stream's tail: proves that the stream's last `count` messages are
+    /// exactly the events skipped (with the tail's own), in order, by their positions and ids
+    /// (`hash`). The tail alone cannot tell: a late publish of an earlier session can have been
+    /// stored behind another writer's message, past a gap. Reads `count` messages; a replay longer
+    /// than [`MAX_PROVEN`] is not proven.
+    async fn prove_skipped(&mut self, count: u64, hash: u64) -> Result<(), SinkError> {
+        let sequence = self.fence.as_ref().map_or(0, Fence::base);
+        let unproven = |reason: String| SinkError::Unproven {
+            sequence,
+            count,
+            reason,
+        };
+        if count > MAX_PROVEN {
+            return Err(unproven(format!(
+                "more than {MAX_PROVEN} to compare; a replay this long is published again instead"
+            )));
+        }
+        if count > sequence {
+            return Err(unproven("the stream holds fewer messages".into()));
+        }
+        let mut stream = SKIPPED_HASH_START;
+        for seq in sequence + 1 - count..=sequence {
+            let stamp = match self.publisher.stored(seq).await {
+                Ok(Some(h)) => Stamp::from_headers(&h),
+                Ok(None) => return Err(unproven(format!("message {seq} is gone"))),
+                Err(e) => return Err(unproven(format!("message {seq} cannot be read: {e}"))),
+            };
+            let (Some(position), Some(id)) = (stamp.position, stamp.id) else {
+                return Err(unproven(format!(
+                    "message {seq} was not written by the relay"
+                )));
+            };
+            stream = skipped_hash(stream, position, &id);
+        }
+        if stream != hash {
+            return Err(unproven(
+                "another message, or one missing, among them".into(),
+            ));
+        }
+        Ok(())
     }
 
     /// A keepalive at `wal_end` arrived: a replay still waiting for the stream's tail is past it
@@ -654,6 +738,20 @@ impl Sink {
     }
 }
 
+/// The most skipped events a session proves stored by reading them back ([`Sink::prove_skipped`]).
+const MAX_PROVEN: u64 = 20_000;
+
+const SKIPPED_HASH_START: u64 = 0xcbf2_9ce4_8422_2325;
+
+/// Folds an event's position and id into `h` (FNV-1a), in order.
+fn skipped_hash(h: u64, position: Position, id: &str) -> u64 {
+    let step = |h: u64, b: u8| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
+    let h = position.lsn.0.to_le_bytes().into_iter().fold(h, step);
+    let h = position.index.to_le_bytes().into_iter().fold(h, step);
+    // A separator, so that ("ab", "c") and ("a", "bc") differ.
+    id.bytes().fold(h, step) ^ 0xff
+}
+
 /// What an event holds in memory while in flight: payload, the values that become headers, and the
 /// client's copy of the message.
 fn approx_size(e: &OutboxEvent) -> usize {
@@ -679,22 +777,21 @@ fn routed_subject(config: &SinkConfig, event: &OutboxEvent, sent: &Sent, known: 
     }
 }
 
-/// A publish (subject, headers, payload), carrying `Nats-Expected-Last-Sequence` when the stream is
-/// fenced and `Outbox-History` when the session knows its history.
+/// A publish (subject, headers, payload) of `event`, with its `Outbox-Position` (in `history`, when
+/// the session knows it) and, when the stream is fenced, `Nats-Expected-Last-Sequence`.
 fn stamped(
     out: Outgoing,
+    event: &OutboxEvent,
     expected: Option<u64>,
     history: Option<&str>,
 ) -> (String, async_nats::HeaderMap, bytes::Bytes) {
     let mut headers = out.headers;
+    message::stamp_position(&mut headers, event, history);
     if let Some(e) = expected {
         headers.insert(
             message::EXPECTED_LAST_SEQUENCE,
             async_nats::HeaderValue::from(itoa::Buffer::new().format(e)),
         );
-    }
-    if let Some(h) = history {
-        headers.insert(message::HISTORY, h);
     }
     (out.subject, headers, out.payload)
 }
@@ -714,7 +811,7 @@ async fn send_dead_letter(
     let mut last = None;
     for shrink in from.below() {
         let dl = message::dead_letter(event, &config.dead_letter_subject, reason, subject, shrink);
-        let (target, headers, payload) = stamped(dl, expected, config.history.as_deref());
+        let (target, headers, payload) = stamped(dl, event, expected, config.history.as_deref());
         match publisher.send(target, headers, payload).await {
             Ok(ack) => return Ok((ack, shrink)),
             Err(e) if e.kind() == PublishErrorKind::MaxPayloadExceeded => last = Some(e),

@@ -197,7 +197,11 @@ impl NatsPort {
                 let js = async_nats::jetstream::ContextBuilder::new()
                     .timeout(timeout)
                     .build(c.clone());
-                let s = js.get_stream(stream).await.map_err(|e| e.to_string())?;
+                // No STREAM.INFO first: one request per message.
+                let s = js
+                    .get_stream_no_info(stream)
+                    .await
+                    .map_err(|e| e.to_string())?;
                 match s.get_raw_message(seq).await {
                     Ok(m) => Ok(Some(m.headers)),
                     Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),

@@ -146,6 +146,13 @@ impl Publisher {
         }
     }
 
+    /// The headers of the stream's message `seq` (`None` when it is gone).
+    pub async fn stored(&self, seq: u64) -> Result<Option<HeaderMap>, String> {
+        self.port
+            .message_headers(&self.stream, seq, self.send_timeout)
+            .await
+    }
+
     /// The answer for `token` if it has arrived (takes every answer already queued, no waiting).
     /// `Err` once the subscription ended or the inbox is flooded.
     pub fn take(&mut self, token: u64) -> Result<Option<Result<Ack, PublishError>>, PublishError> {

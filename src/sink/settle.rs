@@ -30,6 +30,31 @@ fn refused_for_good(e: &PublishError) -> Option<String> {
     }
 }
 
+/// For a refusal by the fence (10071), the stream's last sequence when it is past `expected` (it
+/// says "wrong last sequence: N"): something else took a sequence in the message's place. A
+/// refusal whose number cannot be read counts as past: only the stream being behind (a duplicate
+/// or a lost publish before the message) may be repaired by sending again.
+fn stored_past(e: &PublishError, expected: Option<u64>) -> Option<u64> {
+    if e.kind() != PublishErrorKind::WrongLastSequence {
+        return None;
+    }
+    let expected = expected?;
+    let text = std::error::Error::source(e)
+        .and_then(|s| s.downcast_ref::<jetstream::Error>())
+        .map(ToString::to_string)
+        .unwrap_or_default();
+    let last = text
+        .split(" (code")
+        .next()
+        .and_then(|d| d.rsplit(':').next())
+        .and_then(|n| n.trim().parse::<u64>().ok());
+    match last {
+        Some(last) if last <= expected => None,
+        Some(last) => Some(last),
+        None => Some(u64::MAX),
+    }
+}
+
 impl Sink {
     /// Settles the oldest message, whose answer is `answer`, and reports it (with its batch).
     pub(super) async fn settle_front(
@@ -63,6 +88,13 @@ impl Sink {
                     f.stored(ack.sequence);
                 }
                 Ok(batch::outcome(&item.sent))
+            }
+            Err(e) if let Some(last) = stored_past(&e, item.expected) => {
+                Err(SinkError::StoredPastRefused {
+                    id: item.event.msg_id.clone(),
+                    expected: item.expected.unwrap_or(0),
+                    last,
+                })
             }
             Err(e) if batch::fence_refused(&e) => Err(SinkError::FenceBroken {
                 id: item.event.msg_id.clone(),
@@ -108,6 +140,12 @@ impl Sink {
             };
             let token = if let Some(refusal) = refused_for_good(&e) {
                 self.refused(item, refusal).await?
+            } else if let Some(last) = stored_past(&e, item.expected) {
+                return Err(SinkError::StoredPastRefused {
+                    id: item.event.msg_id.clone(),
+                    expected: item.expected.unwrap_or(0),
+                    last,
+                });
             } else if e.kind() == PublishErrorKind::WrongLastSequence {
                 // Refused behind a duplicate: either sent with an expectation that counted the
                 // duplicate (acknowledged after it was sent), or sent with the right one but
@@ -259,8 +297,12 @@ impl Sink {
                 *shrink,
             ),
         };
-        let (target, headers, payload) =
-            stamped(out, item.expected, self.config.history.as_deref());
+        let (target, headers, payload) = stamped(
+            out,
+            &item.event,
+            item.expected,
+            self.config.history.as_deref(),
+        );
         self.publisher
             .send(target, headers, payload)
             .await

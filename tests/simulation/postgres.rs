@@ -28,6 +28,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use outbox_relay::Lsn;
 use outbox_relay::error::{SessionEnd, from_source};
 use outbox_relay::pgoutput::{Column, Message, Relation, TupleValue, encode};
+use outbox_relay::relay::Start;
 use outbox_relay::source::{ReplicationStream, ServerError, SourceError, StreamConfig, SystemInfo};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream, ReadHalf, WriteHalf};
 use tokio::sync::{Notify, watch};
@@ -580,14 +581,14 @@ impl Postgres {
         );
         let idx = s.append(
             48 + content.len() as u64,
-            Body::Message(Bytes::from(content)),
+            Body::Message(Bytes::from(content.clone())),
         );
         let (start, end) = (s.wal[idx].start, s.wal[idx].end);
         s.units.push(Unit {
             start,
             at: Instant::now(),
             events: vec![Expected {
-                msg_id: format!("lsn:{}:non-transactional", Lsn(end)),
+                msg_id: outbox_relay::message::standalone_id(Lsn(end), content.as_bytes()),
                 index: 0,
                 must: Must::DeadLetter(Some(Bytes::from(payload))),
             }],
@@ -749,7 +750,7 @@ impl Postgres {
     /// `ReplicationStream`.
     pub async fn connect(
         self: &Arc<Self>,
-        start: Lsn,
+        rule: &Start,
         config: StreamConfig,
     ) -> Result<(ReplicationStream, SystemInfo), SessionEnd> {
         // Connecting and authenticating take a moment.
@@ -778,6 +779,14 @@ impl Postgres {
                     }),
                 }));
             }
+            let info = SystemInfo {
+                system_id: s.system_id.clone(),
+                timeline: s.timeline,
+                xlogpos: Lsn(s.flushed()),
+                dbname: Some("postgres".into()),
+            };
+            // The relay picks its start from IDENTIFY_SYSTEM's answer, as on a real connection.
+            let start = rule.at(&info);
             // logical.c CreateDecodingContext: a start before confirmed_flush "has been already
             // streamed, forwarding to" confirmed_flush.
             let from = start.0.max(s.slot.confirmed);
@@ -805,12 +814,6 @@ impl Postgres {
                 },
             );
             s.slot.active = Some(id);
-            let info = SystemInfo {
-                system_id: s.system_id.clone(),
-                timeline: s.timeline,
-                xlogpos: Lsn(s.flushed()),
-                dbname: Some("postgres".into()),
-            };
             trace!(
                 self.trace,
                 "pg conn {id}: START at {start}, streams from {}, WAL flushed to {}",
@@ -823,6 +826,7 @@ impl Postgres {
         let (rd, wr) = tokio::io::split(our_end);
         tokio::spawn(Arc::clone(self).send_loop(id, wr, wake, kill.subscribe()));
         tokio::spawn(Arc::clone(self).receive_loop(id, rd, kill.subscribe()));
+        let start = rule.at(&info);
         Ok((ReplicationStream::over(relay_end, start, config), info))
     }
 

@@ -33,7 +33,7 @@ use outbox_relay::Lsn;
 use outbox_relay::config::{Config, Settings};
 use outbox_relay::error::{NatsTrouble, Restart, SessionEnd};
 use outbox_relay::metrics::Metrics;
-use outbox_relay::relay::{Connector, RelayError, error_chain, run_with};
+use outbox_relay::relay::{Connector, RelayError, Start, error_chain, run_with};
 use outbox_relay::sink::{NatsPort, SimJetStream};
 use outbox_relay::source::{ReplicationStream, StreamConfig, SystemInfo};
 use tokio::sync::oneshot;
@@ -213,10 +213,10 @@ impl Connector for SimConnector {
 
     fn nats_failed(&mut self) {}
 
-    fn replication(
-        &mut self,
-        start: Lsn,
-    ) -> BoxFuture<'_, Result<(ReplicationStream, SystemInfo), SessionEnd>> {
+    fn replication<'a>(
+        &'a mut self,
+        start: &'a Start,
+    ) -> BoxFuture<'a, Result<(ReplicationStream, SystemInfo), SessionEnd>> {
         Box::pin(async move { self.pg.connect(start, self.config.clone()).await })
     }
 
@@ -361,7 +361,16 @@ async fn world(seed: u64, faults: &FaultSet, trace: Arc<Trace>) -> Outcome {
     let units = pg.units();
     let stream = js.messages();
     if !violations.any() {
-        check::settled(&units, &stream, &w.distrust, &trace, &violations);
+        let mut distrust = w.distrust.clone();
+        distrust.extend(trace.relay_distrust.lock().unwrap().iter().copied());
+        check::settled(
+            &units,
+            &stream,
+            &distrust,
+            w.settings.nats.max_in_flight as u64,
+            &trace,
+            &violations,
+        );
     }
     trace!(
         trace,
