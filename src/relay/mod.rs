@@ -234,12 +234,15 @@ impl Relay {
         Metrics::set(&self.metrics.standby, 0);
         let slot = &self.settings.postgres.slot;
         match self.last_cause {
-            None => info!(%slot, start = %self.confirmed, "streaming"),
+            // From the slot's own position; `confirmed` is the last this process confirmed.
+            None => info!(%slot, confirmed = %self.confirmed, "streaming"),
             Some(CauseKind::Postgres | CauseKind::SlotHeld) => {
-                info!(%slot, start = %self.confirmed, "recovered: streaming again");
+                info!(%slot, confirmed = %self.confirmed, "recovered: streaming again");
                 self.last_cause = None;
             }
-            Some(CauseKind::Nats) => debug!(%slot, start = %self.confirmed, "streaming (retry)"),
+            Some(CauseKind::Nats) => {
+                debug!(%slot, confirmed = %self.confirmed, "streaming (retry)")
+            }
         }
     }
 

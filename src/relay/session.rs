@@ -15,6 +15,7 @@ use tokio::time::Instant;
 use tracing::warn;
 
 use super::{Relay, Start};
+use crate::Lsn;
 use crate::error::{RelayError, Restart, SessionEnd, from_sink, from_source};
 use crate::metrics::Metrics;
 use crate::outbox::{OutboxStage, Step};
@@ -47,7 +48,8 @@ impl Session {
             history: relay.history.clone(),
         };
         let (stream, system) = relay.connector.replication(&start).await?;
-        if start.moved(&system) {
+        let moved = start.moved(&system);
+        if moved {
             warn!(
                 confirmed = %relay.confirmed,
                 server_wal_end = %system.xlogpos,
@@ -56,7 +58,11 @@ impl Session {
                 "the server is not where this relay left it (restored, recovered to a point in time, or a promoted standby): streaming from the slot's own position"
             );
         }
-        relay.confirmed = start.at(&system);
+        // What this process confirmed is kept for the logs, unless it belongs to another history.
+        if moved {
+            relay.confirmed = Lsn::ZERO;
+        }
+        let from = start.at(&system);
         relay.history = Some((system.system_id.clone(), system.timeline));
         // The history this session streams, and how far the server's WAL reaches: the sink trusts
         // the stream's tail only when it is this history's and not beyond it.
@@ -82,7 +88,7 @@ impl Session {
             sink,
             decoder: Decoder::new(),
             stage: OutboxStage::new(&settings.outbox).with_cloudevents(settings.nats.cloudevents),
-            progress: Progress::new(relay.confirmed),
+            progress: Progress::new(from),
             streaming_reported: false,
             started: Instant::now(),
         })
@@ -280,9 +286,10 @@ impl Session {
     /// Tells the slot what is safe to confirm now.
     fn confirm(&self, relay: &mut Relay) {
         let c = self.progress.confirmed();
+        // The stream ignores what is not past what it confirmed already.
+        self.stream.confirm(c);
         if c > relay.confirmed {
             relay.confirmed = c;
-            self.stream.confirm(c);
             Metrics::set(&relay.metrics.confirmed_lsn, c.0);
         }
         Metrics::set(&relay.metrics.received_lsn, self.stream.received().0);
