@@ -1,14 +1,15 @@
 //! Where a session resumes. The relay restarts streaming at the slot's confirmed position, and the
-//! fence skips the replayed events the stream already holds, judging "already held" by the stream's
-//! last message alone: every replayed event whose commit LSN is below that message's
-//! `Outbox-Commit-Lsn`, or equal to it, is taken as stored. These tests build, against real servers,
-//! the states in which that judgement is wrong and committed events are confirmed to the slot
-//! without ever being stored: a dead letter of a non-transactional message whose LSN equals the next
+//! fence skips the replayed events the stream already holds. It used to judge "already held" by the
+//! stream's last message alone: every replayed event whose commit LSN was below that message's
+//! `Outbox-Commit-Lsn`, or equal to it, was taken as stored. These tests build, against real
+//! servers, the states in which that judgement was wrong and committed events were confirmed to the
+//! slot without ever being stored: a dead letter of a non-transactional message whose LSN equals the next
 //! transaction's commit LSN (defect 1), a message someone else published to the stream with a high
 //! `Outbox-Commit-Lsn` (defect 2b), a Postgres restored from a disk snapshot, whose slot and WAL go
 //! back while the stream does not (defect 2a). A fourth test covers `backfill` with
 //! `nats.atomic_transactions`, which never committed its last batch and published messages without
-//! `Nats-Msg-Id`, so a rerun could not be deduplicated (defect 3).
+//! `Nats-Msg-Id`, so a rerun could not be deduplicated (defect 3). The last one stops the relay
+//! while a step of its session waits on a blocked query (defect 4).
 //!
 //! Each test judges by what a consumer sees: every committed event in the stream, by id, once. An
 //! event counts as lost as soon as the slot is confirmed past its commit while the stream lacks it:
@@ -611,4 +612,50 @@ async fn backfill_with_atomic_transactions_finishes_and_dedups() {
         ROWS,
         "the rerun stored nothing twice; its report: {stdout}"
     );
+}
+
+/// Defect 4. A step of the session that waits (here the partition lookup, blocked by a lock on the
+/// outbox table) must not keep a stop waiting: the relay used to await it without a deadline and
+/// without listening for the stop, so SIGTERM waited as long as the lock was held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_is_not_held_up_by_a_blocked_partition_lookup() {
+    let db = TestDb::create(PgServer::shared()).await;
+    let nats = NatsServer::start();
+    db.psql(
+        "CREATE TABLE public.outbox (
+            event_id text NOT NULL, aggregate_type text NOT NULL, aggregate_id text NOT NULL,
+            event_type text NOT NULL, payload jsonb NOT NULL,
+            created_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (event_id, created_at)
+        ) PARTITION BY RANGE (created_at);
+        CREATE TABLE outbox_2025_01 PARTITION OF outbox FOR VALUES FROM ('2025-01-01') TO ('2025-02-01');",
+    );
+    let config = resume_config(&db, &nats);
+    let client = db.client().await;
+    let relay = start_relay(&config, &client).await;
+    // Partitions under their own names: the first insert into one makes the session look up the
+    // outbox table's partitions.
+    db.psql(&format!(
+        "ALTER PUBLICATION {} SET (publish_via_partition_root = false)",
+        config.postgres.publication
+    ));
+    let mut locker = db.client().await;
+    let lock = locker.transaction().await.expect("begin");
+    lock.batch_execute("LOCK TABLE public.outbox IN ACCESS EXCLUSIVE MODE")
+        .await
+        .expect("lock the outbox table");
+    db.psql(
+        "INSERT INTO outbox_2025_01 (event_id, aggregate_type, aggregate_id, event_type, payload, created_at) \
+         VALUES ('p-1', 'Claim', '1', 'ClaimApproved', '{}', '2025-01-10')",
+    );
+    // Give the session time to receive the partition's Relation and start the lookup.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(!relay.is_finished(), "the relay is running");
+    let stopped = tokio::time::timeout(Duration::from_secs(8), relay.stop()).await;
+    lock.rollback().await.expect("release the lock");
+    match stopped {
+        Ok(result) => result.expect("the relay stops cleanly"),
+        Err(_) => panic!(
+            "the relay did not stop within 8 s while its partition lookup waited for a lock on the outbox table"
+        ),
+    }
 }
