@@ -28,6 +28,7 @@ mod publish;
 mod settle;
 
 use std::collections::VecDeque;
+use std::pin::Pin;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, context::PublishErrorKind};
@@ -333,6 +334,10 @@ pub struct Sink {
     bytes: usize,
     /// When the oldest message's ack is due; set at the first wait for it.
     deadline: Option<tokio::time::Instant>,
+    /// The timer [`Sink::ready`] waits on, kept across calls and reset only when `deadline`
+    /// changes, and the deadline it is set to.
+    timer: Pin<Box<tokio::time::Sleep>>,
+    timer_at: Option<tokio::time::Instant>,
     /// Settled, not yet taken by [`Sink::acked`], in order.
     settled: VecDeque<Acked>,
 }
@@ -394,6 +399,8 @@ impl Sink {
             messages: 0,
             bytes: 0,
             deadline: None,
+            timer: Box::pin(tokio::time::sleep(Duration::ZERO)),
+            timer_at: None,
             settled: VecDeque::new(),
         })
     }
@@ -505,7 +512,11 @@ impl Sink {
             let deadline = *self
                 .deadline
                 .get_or_insert_with(|| tokio::time::Instant::now() + timeout);
-            if !self.publisher.receive(deadline).await {
+            if self.timer_at != Some(deadline) {
+                self.timer.as_mut().reset(deadline);
+                self.timer_at = Some(deadline);
+            }
+            if !self.publisher.receive(self.timer.as_mut()).await {
                 return;
             }
         }

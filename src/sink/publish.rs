@@ -23,7 +23,10 @@
 //! never confirms anything.
 
 use std::collections::HashMap;
+use std::pin::Pin;
 use std::time::Duration;
+
+use tokio::time::Sleep;
 
 use async_nats::jetstream::context::{PublishError, PublishErrorKind};
 use async_nats::jetstream::{self, ErrorCode};
@@ -180,21 +183,27 @@ impl Publisher {
         self.early.contains_key(&token)
     }
 
-    /// Waits, until `deadline`, for one more answer and keeps it (cancel safe: an answer taken off
-    /// the subscription is kept before anything else can happen). False when the deadline passed
-    /// or the subscription ended.
-    pub async fn receive(&mut self, deadline: tokio::time::Instant) -> bool {
+    /// Waits, until `timer` fires, for one more answer and keeps it (cancel safe: an answer taken
+    /// off the subscription is kept before anything else can happen). False when the timer fired
+    /// or the subscription ended. The caller keeps the timer across calls: registering a new one on
+    /// every call (the session polls this once per replication message) cost a timer-wheel insert
+    /// and removal each time.
+    pub async fn receive(&mut self, timer: Pin<&mut Sleep>) -> bool {
         if self.closed {
             return false;
         }
-        match tokio::time::timeout_at(deadline, self.sub.next()).await {
-            Err(_) => false,
-            Ok(None) => {
+        let next = tokio::select! {
+            biased;
+            m = self.sub.next() => m,
+            _ = timer => return false,
+        };
+        match next {
+            None => {
                 self.closed = true;
                 false
             }
             // A flood is reported by the next `take`.
-            Ok(Some(m)) => self.keep(m).is_ok(),
+            Some(m) => self.keep(m).is_ok(),
         }
     }
 
@@ -206,15 +215,15 @@ impl Publisher {
     ) -> Option<Result<Ack, PublishError>> {
         // Set at the first wait: most answers are already queued, and taking them needs neither a
         // timer nor a clock read.
-        let mut deadline = None;
+        let mut timer: Option<Pin<Box<Sleep>>> = None;
         loop {
             match self.take(token) {
                 Ok(Some(answer)) => return Some(answer),
                 Ok(None) => {}
                 Err(e) => return Some(Err(e)),
             }
-            let at = *deadline.get_or_insert_with(|| tokio::time::Instant::now() + timeout);
-            if !self.receive(at).await && !self.closed && !self.has(token) {
+            let timer = timer.get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+            if !self.receive(timer.as_mut()).await && !self.closed && !self.has(token) {
                 return None;
             }
         }
