@@ -226,9 +226,9 @@ impl Sink {
 
     /// The stream refused `item` for good: dead-letter it, or a smaller dead letter than before.
     async fn refused(&mut self, item: &mut InFlight, refusal: String) -> Result<u64, SinkError> {
-        let reason = format!("the stream refused the message: {refusal}");
-        let from = match &item.sent {
+        let (reason, from) = match &item.sent {
             Sent::Event => {
+                let reason = format!("the stream refused the message: {refusal}");
                 self.config.on_invalid(&item.event, &reason)?;
                 // The hot path keeps no copy of a routed event's subject: render it again.
                 item.subject = routed_subject(
@@ -237,18 +237,7 @@ impl Sink {
                     &item.sent,
                     std::mem::take(&mut item.subject),
                 );
-                let (ack, shrink) = send_dead_letter(
-                    &mut self.publisher,
-                    &self.config,
-                    &item.event,
-                    (!item.subject.is_empty()).then_some(item.subject.as_str()),
-                    &reason,
-                    item.expected,
-                    Shrink::Keep,
-                )
-                .await?;
-                item.sent = Sent::DeadLetter { reason, shrink };
-                return Ok(ack);
+                (reason, Shrink::Keep)
             }
             Sent::DeadLetter { reason, shrink } => {
                 if shrink.smaller().is_none() {
@@ -259,12 +248,8 @@ impl Sink {
                         refusal,
                     });
                 }
-                *shrink
+                (reason.clone(), *shrink)
             }
-        };
-        let reason = match &item.sent {
-            Sent::DeadLetter { reason, .. } => reason.clone(),
-            Sent::Event => reason,
         };
         let (ack, shrink) = send_dead_letter(
             &mut self.publisher,
