@@ -614,9 +614,9 @@ async fn backfill_with_atomic_transactions_finishes_and_dedups() {
     );
 }
 
-/// Defect 4. A step of the session that waits (here the partition lookup, blocked by a lock on the
-/// outbox table) must not keep a stop waiting: the relay used to await it without a deadline and
-/// without listening for the stop, so SIGTERM waited as long as the lock was held.
+/// Defect 4. A step of the session that waits (here the partition lookup, blocked by a lock on one
+/// of the outbox table's partitions) must not keep a stop waiting: the relay used to await it without
+/// a deadline and without listening for the stop, so SIGTERM waited as long as the lock was held.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stop_is_not_held_up_by_a_blocked_partition_lookup() {
     let db = TestDb::create(PgServer::shared()).await;
@@ -627,35 +627,48 @@ async fn stop_is_not_held_up_by_a_blocked_partition_lookup() {
             event_type text NOT NULL, payload jsonb NOT NULL,
             created_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (event_id, created_at)
         ) PARTITION BY RANGE (created_at);
-        CREATE TABLE outbox_2025_01 PARTITION OF outbox FOR VALUES FROM ('2025-01-01') TO ('2025-02-01');",
+        CREATE TABLE outbox_2025_01 PARTITION OF outbox FOR VALUES FROM ('2025-01-01') TO ('2025-02-01');
+        CREATE TABLE outbox_2025_02 PARTITION OF outbox FOR VALUES FROM ('2025-02-01') TO ('2025-03-01');",
     );
     let config = resume_config(&db, &nats);
     let client = db.client().await;
     let relay = start_relay(&config, &client).await;
     // Partitions under their own names: the first insert into one makes the session look up the
-    // outbox table's partitions.
+    // outbox table's partitions, which locks every partition (pg_partition_tree).
     db.psql(&format!(
         "ALTER PUBLICATION {} SET (publish_via_partition_root = false)",
         config.postgres.publication
     ));
+    // Lock the other partition only: the insert below does not wait for it, the lookup does. The
+    // locking transaction writes nothing, so it holds no transaction id that slot creation
+    // elsewhere on the shared server would wait for.
     let mut locker = db.client().await;
     let lock = locker.transaction().await.expect("begin");
-    lock.batch_execute("LOCK TABLE public.outbox IN ACCESS EXCLUSIVE MODE")
+    lock.batch_execute("LOCK TABLE public.outbox_2025_02 IN ACCESS EXCLUSIVE MODE")
         .await
-        .expect("lock the outbox table");
-    db.psql(
+        .expect("lock a partition");
+    let insert = client.batch_execute(
         "INSERT INTO outbox_2025_01 (event_id, aggregate_type, aggregate_id, event_type, payload, created_at) \
          VALUES ('p-1', 'Claim', '1', 'ClaimApproved', '{}', '2025-01-10')",
     );
+    let inserted = tokio::time::timeout(Duration::from_secs(10), insert).await;
     // Give the session time to receive the partition's Relation and start the lookup.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert!(!relay.is_finished(), "the relay is running");
-    let stopped = tokio::time::timeout(Duration::from_secs(8), relay.stop()).await;
+    let running = !relay.is_finished();
+    let stopped = if inserted.is_ok() && running {
+        Some(tokio::time::timeout(Duration::from_secs(5), relay.stop()).await)
+    } else {
+        None
+    };
     lock.rollback().await.expect("release the lock");
+    inserted
+        .expect("setup: the insert into the unlocked partition waited")
+        .expect("insert into the partition");
+    assert!(running, "the relay stopped on its own");
     match stopped {
-        Ok(result) => result.expect("the relay stops cleanly"),
-        Err(_) => panic!(
-            "the relay did not stop within 8 s while its partition lookup waited for a lock on the outbox table"
+        Some(Ok(result)) => result.expect("the relay stops cleanly"),
+        _ => panic!(
+            "the relay did not stop within 5 s while its partition lookup waited for a lock on a partition"
         ),
     }
 }
