@@ -31,6 +31,10 @@ use super::wire::{
 };
 use crate::Lsn;
 
+/// The largest message accepted before authentication is over: SASL exchanges, error and notice
+/// responses are a few hundred bytes.
+const MAX_AUTH_FRAME_BYTES: usize = 64 * 1024;
+
 /// What the walsender answered to `IDENTIFY_SYSTEM`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SystemInfo {
@@ -205,11 +209,22 @@ impl ReplConnection {
         };
         let mut scram: Option<ScramSha256> = None;
         let mut bound = false;
+        // The server's signature checked: only then has the server proved it knows the password
+        // (and, with -PLUS, that it is the TLS end point we talk to).
+        let mut scram_done = false;
         loop {
-            match self.read().await? {
+            match self.read_startup().await? {
                 Backend::Message(Message::AuthenticationOk) => {
                     if scram.is_none() {
                         allow(AuthMethod::None)?;
+                    } else if !scram_done {
+                        // libpq: "server did not complete authentication". An OK before a verified
+                        // SASLFinal is what a man in the middle answers: it cannot compute the
+                        // server signature, and without it channel binding proves nothing.
+                        return Err(SourceError::Auth(
+                            "server did not complete SCRAM authentication: it said OK before proving                              it knows the password (someone in between, or a broken server)"
+                                .into(),
+                        ));
                     } else if info.channel_binding == ChannelBindingMode::Require && !bound {
                         return Err(SourceError::Auth(
                             "channel_binding=require, but the server authenticated without channel binding"
@@ -297,6 +312,7 @@ impl ReplConnection {
                     s.finish(body.data()).map_err(|e| {
                         SourceError::Auth(format!("SCRAM: server signature invalid: {e}"))
                     })?;
+                    scram_done = true;
                 }
                 Backend::Message(Message::ErrorResponse(body)) => {
                     return Err(SourceError::Server {
@@ -577,6 +593,19 @@ impl ReplConnection {
             target: self.target.clone(),
             source,
         })
+    }
+
+    /// A message of the authentication exchange: every one is tiny, so a length prefix beyond
+    /// [`MAX_AUTH_FRAME_BYTES`] is refused before any buffer grows for it (an unauthenticated peer
+    /// must not make the relay allocate a gigabyte).
+    async fn read_startup(&mut self) -> Result<Backend, SourceError> {
+        read_backend(
+            &mut self.io,
+            &mut self.rbuf,
+            &self.target,
+            MAX_AUTH_FRAME_BYTES,
+        )
+        .await
     }
 
     async fn read(&mut self) -> Result<Backend, SourceError> {

@@ -9,6 +9,7 @@
 
 mod auth;
 mod decoding;
+mod impostor;
 mod liveness;
 mod lsn;
 mod options;
