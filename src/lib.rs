@@ -50,6 +50,7 @@ pub mod position;
 pub mod progress;
 pub mod relay;
 pub mod route;
+mod secret_file;
 pub mod setup;
 pub mod sink;
 pub mod source;

@@ -398,8 +398,8 @@ async fn in_flight_gauge_never_exceeds_max_in_flight() {
 }
 
 /// libpq conventions: a URL without a password takes it from `PGPASSWORD` or from the password file
-/// (`PGPASSFILE`, ignored unless only its owner can read it); without either, the failure says a
-/// password is required.
+/// (`PGPASSFILE`, ignored unless it is a regular file only its owner can read); without either, the
+/// failure says a password is required.
 #[tokio::test]
 async fn libpq_environment_and_password_file_supply_the_password() {
     let db = text_id_db().await;
@@ -462,4 +462,22 @@ async fn libpq_environment_and_password_file_supply_the_password() {
         f.stderr
     );
     assert!(!f.stdout.contains("scram_pw") && !f.stderr.contains("scram_pw"));
+
+    // A FIFO in the password file's place: opening it would block until someone writes, so it is
+    // ignored with a warning instead (the command finishes within LIMIT).
+    let fifo = home.path().join("pgpass.fifo");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let mut with_fifo = env.clone();
+    with_fifo.push(("PGPASSFILE".into(), fifo.display().to_string()));
+    let f = run_command(&["status", "--json"], &with_fifo, LIMIT);
+    assert_eq!(state(&f), "unreachable", "{}", f.stdout);
+    assert!(
+        f.stderr.contains("not a regular file"),
+        "the FIFO is named: {}",
+        f.stderr
+    );
 }

@@ -7,6 +7,7 @@ use async_nats::ServerAddr;
 use secrecy::SecretString;
 
 use super::{ConfigError, NatsConfig, invalid};
+use crate::secret_file::{self, Access};
 
 /// How the relay proves who it is to NATS.
 #[derive(Clone, Debug, Default)]
@@ -124,8 +125,8 @@ pub(super) fn parse(n: &NatsConfig) -> Result<NatsSettings, ConfigError> {
     }
     if let Some(path) = file("nats.nkey_seed_file", &n.nkey_seed_file)? {
         ways.push("nats.nkey_seed_file");
-        let seed = std::fs::read_to_string(&path)
-            .map_err(|e| invalid("nats.nkey_seed_file", format!("cannot read {path:?}: {e}")))?;
+        let seed = secret_file::read(&path, Access::RootGroup)
+            .map_err(|e| invalid("nats.nkey_seed_file", e.to_string()))?;
         let seed = seed
             .lines()
             .map(str::trim)
@@ -140,6 +141,9 @@ pub(super) fn parse(n: &NatsConfig) -> Result<NatsSettings, ConfigError> {
     }
     if let Some(path) = file("nats.creds_file", &n.creds_file)? {
         ways.push("nats.creds_file");
+        // Checked here, read again by the client at each connect (so a rotated file is picked up).
+        secret_file::read(&path, Access::RootGroup)
+            .map_err(|e| invalid("nats.creds_file", e.to_string()))?;
         auth = NatsAuth::CredsFile(path);
     }
     if ways.len() > 1 {
@@ -164,12 +168,15 @@ pub(super) fn parse(n: &NatsConfig) -> Result<NatsSettings, ConfigError> {
             ));
         }
     };
+    // A CA or a client certificate says the operator means TLS. Without requiring it, a server (or
+    // someone in between) that does not offer TLS gets the credentials in plaintext.
+    let tls_required = n.tls_required || tls_ca_file.is_some() || tls_client.is_some();
     Ok(NatsSettings {
         servers,
         auth,
         tls_ca_file,
         tls_client,
-        tls_required: n.tls_required,
+        tls_required,
     })
 }
 
@@ -244,5 +251,73 @@ mod tests {
         .to_string();
         assert!(e.contains("more than one way"), "{e}");
         assert!(!e.contains(":b@"), "{e}");
+    }
+
+    #[test]
+    fn a_ca_or_client_certificate_requires_tls() {
+        let dir = tempfile::tempdir().unwrap();
+        let pem = dir.path().join("ca.pem");
+        std::fs::write(&pem, "not checked here").unwrap();
+        let pem = pem.display().to_string();
+        let plain = parse_url("nats://h:4222").unwrap();
+        assert!(!plain.tls_required);
+        let with_ca = parse(&NatsConfig {
+            url: "nats://h:4222".into(),
+            tls_ca_file: pem.clone(),
+            ..NatsConfig::default()
+        })
+        .unwrap();
+        assert!(with_ca.tls_required);
+        let with_cert = parse(&NatsConfig {
+            url: "nats://h:4222".into(),
+            tls_cert_file: pem.clone(),
+            tls_key_file: pem,
+            ..NatsConfig::default()
+        })
+        .unwrap();
+        assert!(with_cert.tls_required);
+    }
+
+    #[test]
+    fn seed_and_creds_files_others_can_read_are_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("relay.nk");
+        std::fs::write(
+            &path,
+            "SUAM5DTDXOWQB6TEWWAHUWV2XL6PGHF4KW4SXV6V7EUHKFUXTL6D3DCTGQ\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let shown = path.display().to_string();
+        for (key, config) in [
+            (
+                "nats.nkey_seed_file",
+                NatsConfig {
+                    url: "nats://h:4222".into(),
+                    nkey_seed_file: shown.clone(),
+                    ..NatsConfig::default()
+                },
+            ),
+            (
+                "nats.creds_file",
+                NatsConfig {
+                    url: "nats://h:4222".into(),
+                    creds_file: shown.clone(),
+                    ..NatsConfig::default()
+                },
+            ),
+        ] {
+            let e = parse(&config).unwrap_err().to_string();
+            assert!(e.contains(key) && e.contains("chmod 0600"), "{e}");
+        }
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let ok = parse(&NatsConfig {
+            url: "nats://h:4222".into(),
+            nkey_seed_file: shown,
+            ..NatsConfig::default()
+        })
+        .unwrap();
+        assert!(matches!(ok.auth, NatsAuth::NkeySeed(_)));
     }
 }

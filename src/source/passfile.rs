@@ -1,26 +1,29 @@
 //! libpq's password file (`~/.pgpass`, or `PGPASSFILE`): `hostname:port:database:username:password`
 //! lines, `*` matching anything, `\:` and `\\` escaped, the first matching line wins
 //! (<https://www.postgresql.org/docs/current/libpq-pgpass.html>). Like libpq, a file that group or
-//! others can read is ignored, with a warning.
+//! others can read is ignored, with a warning; so is one that is not a regular file.
 
+use std::io::ErrorKind;
 use std::path::Path;
 
 use tracing::warn;
 
-/// The password for this host, port, database and user, if the file has one.
+use crate::secret_file::{self, Access, SecretFileError};
+
+/// The password for this host, port, database and user, if the file has one. A missing file is no
+/// password; one that group or others can read, or that is not a regular file, is ignored with a
+/// warning (libpq ignores the first; a FIFO in its place would block the relay).
 pub fn lookup(file: &Path, host: &str, port: u16, dbname: &str, user: &str) -> Option<String> {
-    let meta = std::fs::metadata(file).ok()?;
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        if meta.permissions().mode() & 0o077 != 0 {
-            warn!(file = %file.display(), "password file has group or world access; ignored (chmod 0600 it)");
+    let text = match secret_file::read(file, Access::Owner) {
+        Ok(text) => text,
+        Err(SecretFileError::Io { source, .. }) if source.kind() == ErrorKind::NotFound => {
             return None;
         }
-    }
-    #[cfg(not(unix))]
-    let _ = meta;
-    let text = std::fs::read_to_string(file).ok()?;
+        Err(e) => {
+            warn!(file = %file.display(), "password file ignored: {e}");
+            return None;
+        }
+    };
     find(&text, host, port, dbname, user)
 }
 

@@ -281,6 +281,25 @@ async fn nats_tls_failures_fail_setup_with_the_tls_reason() {
         js.get_stream(&config.nats.stream).await.is_err(),
         "nothing created"
     );
+
+    // A CA file alone means TLS: a plain server (or someone stripping TLS) is refused too.
+    let mut env = relay_env(&config);
+    set(
+        &mut env,
+        "OUTBOX_RELAY_NATS_TLS_CA_FILE",
+        &mtls.tls_files().ca.display().to_string(),
+    );
+    let f = run_command(&["setup"], &env, LIMIT);
+    assert_eq!(
+        f.status.code(),
+        Some(1),
+        "CA file, plain server: {}",
+        f.stderr
+    );
+    assert!(
+        js.get_stream(&config.nats.stream).await.is_err(),
+        "nothing created over plaintext"
+    );
 }
 
 /// `ws://` and `wss://` URLs are refused when the configuration is loaded: exit 1, one line naming

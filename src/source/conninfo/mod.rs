@@ -23,7 +23,8 @@ pub enum SslMode {
     Disable,
     /// TLS when the server offers it, plaintext otherwise; the certificate is not checked (libpq default).
     Prefer,
-    /// TLS or fail; the certificate is not checked unless `sslrootcert` is given (then like `verify-ca`).
+    /// TLS or fail; the certificate is not checked unless `sslrootcert` names a file (then like
+    /// `verify-ca`). `sslrootcert=system` allows only `verify-full`.
     Require,
     /// TLS, the chain must lead to a trusted root; the host name is not checked.
     VerifyCa,
@@ -252,6 +253,12 @@ pub enum ConnInfoError {
         "postgres url host {0:?} is a Unix socket directory: the relay connects over TCP; give a host name"
     )]
     UnixSocket(String),
+    /// `sslrootcert=system` with a mode weaker than `verify-full` (libpq 16+ refuses it too).
+    #[error(
+        "postgres url: sslrootcert=system needs sslmode=verify-full, not {0:?} (any public CA can \
+         certify any name, so the name must be checked): drop sslmode or set it to verify-full"
+    )]
+    WeakSystemRoots(SslMode),
     /// A parameter has a value the relay does not accept; holds its name and value.
     #[error("postgres url parameter {0}={1:?} is not valid")]
     BadParam(&'static str, String),
@@ -266,12 +273,18 @@ pub enum ConnInfoError {
 }
 
 /// Parameters handled here rather than by tokio-postgres.
+///
+/// `channel_binding` and `load_balance_hosts` are here although tokio-postgres knows them: taken out
+/// as keys, their values cannot be mistaken for text elsewhere in the string, and the environment
+/// fills them the same way as the others.
 const OURS: &[&str] = &[
     "sslmode",
     "sslrootcert",
     "require_auth",
     "target_session_attrs",
     "passfile",
+    "channel_binding",
+    "load_balance_hosts",
 ];
 
 impl ConnInfo {
@@ -391,14 +404,20 @@ impl ConnInfo {
             },
         }
         .max(Duration::from_secs(1));
-        let sslmode = match param("sslmode", "PGSSLMODE") {
-            Some(v) => SslMode::parse(&v)?,
-            None => SslMode::Prefer,
-        };
         let sslrootcert = param("sslrootcert", "PGSSLROOTCERT").map(|v| match v.as_str() {
             "system" => RootCerts::System,
             _ => RootCerts::File(PathBuf::from(v)),
         });
+        let sslmode = match param("sslmode", "PGSSLMODE") {
+            Some(v) => SslMode::parse(&v)?,
+            // libpq 16+: the public roots imply verify-full. Any CA in the bundle can certify any
+            // name, so trusting the bundle without checking the name trusts everyone.
+            None if sslrootcert == Some(RootCerts::System) => SslMode::VerifyFull,
+            None => SslMode::Prefer,
+        };
+        if sslrootcert == Some(RootCerts::System) && sslmode != SslMode::VerifyFull {
+            return Err(ConnInfoError::WeakSystemRoots(sslmode));
+        }
         let target_session_attrs = match param("target_session_attrs", "PGTARGETSESSIONATTRS") {
             Some(v) => TargetSessionAttrs::parse(&v)?,
             None => TargetSessionAttrs::Any,
@@ -407,27 +426,23 @@ impl ConnInfo {
             Some(v) => RequireAuth::parse(&v)?,
             None => RequireAuth::default(),
         };
-        // tokio-postgres parsed these from the string; the environment fills them otherwise.
-        let channel_binding = if rest.contains("channel_binding") {
-            match pg.get_channel_binding() {
-                tokio_postgres::config::ChannelBinding::Disable => ChannelBindingMode::Disable,
-                tokio_postgres::config::ChannelBinding::Require => ChannelBindingMode::Require,
-                _ => ChannelBindingMode::Prefer,
-            }
-        } else {
-            match env("PGCHANNELBINDING").as_deref() {
-                Some("disable") => ChannelBindingMode::Disable,
-                Some("require") => ChannelBindingMode::Require,
-                Some("prefer") | None => ChannelBindingMode::Prefer,
-                Some(other) => {
-                    return Err(ConnInfoError::BadParam("channel_binding", other.to_owned()));
-                }
+        let channel_binding = match param("channel_binding", "PGCHANNELBINDING").as_deref() {
+            Some("disable") => ChannelBindingMode::Disable,
+            Some("require") => ChannelBindingMode::Require,
+            Some("prefer") | None => ChannelBindingMode::Prefer,
+            Some(other) => {
+                return Err(ConnInfoError::BadParam("channel_binding", other.to_owned()));
             }
         };
-        let load_balance = if rest.contains("load_balance_hosts") {
-            pg.get_load_balance_hosts() == tokio_postgres::config::LoadBalanceHosts::Random
-        } else {
-            env("PGLOADBALANCEHOSTS").as_deref() == Some("random")
+        let load_balance = match param("load_balance_hosts", "PGLOADBALANCEHOSTS").as_deref() {
+            Some("random") => true,
+            Some("disable") | None => false,
+            Some(other) => {
+                return Err(ConnInfoError::BadParam(
+                    "load_balance_hosts",
+                    other.to_owned(),
+                ));
+            }
         };
         let passfile = param("passfile", "PGPASSFILE")
             .map(PathBuf::from)

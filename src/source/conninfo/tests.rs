@@ -132,3 +132,55 @@ fn rejects_bad_input_naming_the_part() {
     assert!(e.contains("percent-encode"), "{e}");
     assert!(parse("not a url").is_err());
 }
+
+#[test]
+fn system_roots_imply_verify_full_and_refuse_weaker_modes() {
+    let c = parse("postgres://u@db.example/app?sslrootcert=system").unwrap();
+    assert_eq!(c.sslmode, SslMode::VerifyFull);
+    for mode in ["disable", "prefer", "require", "verify-ca"] {
+        let e = parse(&format!(
+            "postgres://u@db.example/app?sslrootcert=system&sslmode={mode}"
+        ))
+        .unwrap_err();
+        assert!(
+            matches!(e, ConnInfoError::WeakSystemRoots(_)),
+            "{mode}: {e:?}"
+        );
+        assert!(e.to_string().contains("verify-full"), "{e}");
+    }
+    // From the environment just the same, as libpq does.
+    let env = |k: &str| match k {
+        "PGSSLROOTCERT" => Some("system".to_owned()),
+        "PGSSLMODE" => Some("require".to_owned()),
+        _ => None,
+    };
+    let e = ConnInfo::parse_with_env("host=db.example", env).unwrap_err();
+    assert!(
+        matches!(e, ConnInfoError::WeakSystemRoots(SslMode::Require)),
+        "{e:?}"
+    );
+    // A file of roots keeps libpq's older rule: require with roots checks the chain.
+    let c = parse("postgres://u@h/app?sslrootcert=/ca.pem&sslmode=require").unwrap();
+    assert_eq!(c.sslmode, SslMode::Require);
+}
+
+#[test]
+fn settings_are_read_as_keys_not_found_as_text() {
+    let env = |k: &str| match k {
+        "PGCHANNELBINDING" => Some("require".to_owned()),
+        "PGLOADBALANCEHOSTS" => Some("random".to_owned()),
+        _ => None,
+    };
+    for s in [
+        "host=h1,h2 dbname=channel_binding_load_balance_hosts",
+        "postgres://h1,h2/channel_binding?application_name=load_balance_hosts",
+    ] {
+        let c = ConnInfo::parse_with_env(s, env).unwrap();
+        assert_eq!(c.channel_binding, ChannelBindingMode::Require, "{s}");
+        assert!(c.load_balance, "{s}");
+    }
+    let c = ConnInfo::parse_with_env("host=h channel_binding=disable", env).unwrap();
+    assert_eq!(c.channel_binding, ChannelBindingMode::Disable);
+    let e = parse("host=h load_balance_hosts=sometimes").unwrap_err();
+    assert!(e.to_string().contains("load_balance_hosts"), "{e}");
+}
