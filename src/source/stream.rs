@@ -20,7 +20,7 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 use postgres_protocol::message::backend::Message;
 use postgres_protocol::message::frontend;
 use tokio::io::{AsyncWriteExt, ReadHalf, WriteHalf};
-use tokio::sync::{Notify, mpsc, oneshot};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tracing::{debug, trace};
 
@@ -102,9 +102,12 @@ struct Shared {
 /// A running replication stream. Dropping it aborts both tasks and the connection.
 pub struct ReplicationStream {
     /// Batches of events, one per socket read (see `read_loop`).
-    events: mpsc::Receiver<Result<Vec<ReplicationEvent>, SourceError>>,
+    events: mpsc::Receiver<Result<Batch, SourceError>>,
     /// The rest of the batch being consumed.
     pending: std::vec::IntoIter<ReplicationEvent>,
+    /// The bytes the batch being consumed holds of [`MAX_BUFFERED_BYTES`], given back when the
+    /// next batch is taken.
+    _pending_bytes: Option<OwnedSemaphorePermit>,
     shared: Arc<Shared>,
     reader: JoinHandle<Option<ReadHalf<Box<dyn Transport>>>>,
     writer: JoinHandle<Option<WriteHalf<Box<dyn Transport>>>>,
@@ -131,13 +134,14 @@ impl ReplicationStream {
         // Slots hold batches of up to MAX_BATCH events; about `channel_capacity` events in all
         // when the reader is ahead.
         let (tx, events) = mpsc::channel((config.channel_capacity / 64).max(2));
+        let budget = Arc::new(Semaphore::new(MAX_BUFFERED_BYTES));
         let (stop_writer, stop_rx) = oneshot::channel();
         let reader = tokio::spawn(read_loop(
             read_half,
             rbuf,
             target,
             Arc::clone(&shared),
-            tx,
+            Outbox { tx, budget },
             config.receive_timeout,
             config.max_frame_bytes,
         ));
@@ -151,6 +155,7 @@ impl ReplicationStream {
         ReplicationStream {
             events,
             pending: Vec::new().into_iter(),
+            _pending_bytes: None,
             shared,
             reader,
             writer,
@@ -182,7 +187,10 @@ impl ReplicationStream {
                 return Some(Ok(ev));
             }
             match self.events.recv().await? {
-                Ok(batch) => self.pending = batch.into_iter(),
+                Ok(batch) => {
+                    self.pending = batch.events.into_iter();
+                    self._pending_bytes = Some(batch.bytes);
+                }
                 Err(e) => return Some(Err(e)),
             }
         }
@@ -262,9 +270,40 @@ enum Step {
 
 /// Most events handed over in one batch; bounds the memory one channel slot holds.
 const MAX_BATCH: usize = 256;
-/// A batch also ends once it holds this many bytes of XLogData, so the channel's few slots hold
-/// megabytes, not gigabytes, when rows are large (P6): 16 slots of at most 512 KiB plus one row.
+/// A batch also ends once it holds this many bytes of XLogData.
 const MAX_BATCH_BYTES: usize = 512 << 10;
+/// The XLogData bytes the reader may have handed on and the consumer not yet finished (P6): the
+/// channel's slots and the batch being consumed together. Counting slots alone would allow 16 large
+/// rows, gigabytes. A batch larger than the whole budget (one row above it) takes all of it, so it
+/// travels alone.
+const MAX_BUFFERED_BYTES: usize = 8 << 20;
+
+/// Events handed over together, with their share of [`MAX_BUFFERED_BYTES`].
+struct Batch {
+    events: Vec<ReplicationEvent>,
+    bytes: OwnedSemaphorePermit,
+}
+
+/// Where the reader hands batches: the channel, and the byte budget a batch must take first.
+struct Outbox {
+    tx: mpsc::Sender<Result<Batch, SourceError>>,
+    budget: Arc<Semaphore>,
+}
+
+impl Outbox {
+    /// Waits for the batch's bytes to fit, then for a slot. `Err` when the consumer is gone.
+    async fn send(&self, events: Vec<ReplicationEvent>, bytes: usize) -> Result<(), ()> {
+        let permits = u32::try_from(bytes.clamp(1, MAX_BUFFERED_BYTES)).unwrap_or(u32::MAX);
+        let bytes = Arc::clone(&self.budget)
+            .acquire_many_owned(permits)
+            .await
+            .map_err(|_| ())?;
+        self.tx
+            .send(Ok(Batch { events, bytes }))
+            .await
+            .map_err(|_| ())
+    }
+}
 
 /// Reads frames until the connection ends. Returns the read half after a clean end of COPY.
 ///
@@ -276,7 +315,7 @@ async fn read_loop(
     mut buf: BytesMut,
     target: String,
     shared: Arc<Shared>,
-    tx: mpsc::Sender<Result<Vec<ReplicationEvent>, SourceError>>,
+    out: Outbox,
     receive_timeout: Duration,
     max_frame: usize,
 ) -> Option<ReadHalf<Box<dyn Transport>>> {
@@ -326,9 +365,9 @@ async fn read_loop(
             }
         }
         if !batch.is_empty() {
-            batch_bytes = 0;
             let events = std::mem::replace(&mut batch, Vec::with_capacity(16));
-            if tx.send(Ok(events)).await.is_err() {
+            let bytes = std::mem::take(&mut batch_bytes);
+            if out.send(events, bytes).await.is_err() {
                 // The consumer is gone; keep draining only while stopping.
                 if !shared.stopping.load(Ordering::Acquire) {
                     return None;
@@ -340,7 +379,7 @@ async fn read_loop(
             Some(None) => return Some(io),
             Some(Some(e)) => {
                 if !shared.stopping.load(Ordering::Acquire) {
-                    let _ = tx.send(Err(e)).await;
+                    let _ = out.tx.send(Err(e)).await;
                 }
                 return None;
             }
@@ -537,6 +576,7 @@ fn pg_now() -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::io::AsyncReadExt;
 
     #[test]
     fn parses_xlogdata_without_copying_payload() {
@@ -604,5 +644,65 @@ mod tests {
         out.clear();
         status_update(&mut out, Lsn(0x30), Lsn(0x20), true);
         assert_eq!(out[38], 1, "reply requested");
+    }
+
+    /// One XLogData CopyData frame carrying `len` payload bytes.
+    fn xlogdata_frame(len: usize) -> Vec<u8> {
+        let mut b = BytesMut::new();
+        b.put_u8(b'd');
+        b.put_u32((4 + 25 + len) as u32);
+        b.put_u8(b'w');
+        b.put_u64(0x10);
+        b.put_u64(0x20);
+        b.put_i64(0);
+        b.put_bytes(b'x', len);
+        b.to_vec()
+    }
+
+    /// P6 with large rows: a consumer that does not read stops the reader once about
+    /// `MAX_BUFFERED_BYTES` are handed on, whatever the number of channel slots (16 slots of 2 MiB
+    /// rows would be 32 MiB). Everything still arrives once the consumer reads.
+    #[tokio::test]
+    async fn large_rows_are_buffered_up_to_the_byte_budget() {
+        const ROW: usize = 2 << 20;
+        const ROWS: usize = 20;
+        let (relay_end, mut server_end) = tokio::io::duplex(64 << 10);
+        let config = StreamConfig {
+            receive_timeout: Duration::from_secs(600),
+            status_interval: Duration::from_secs(600),
+            ..StreamConfig::default()
+        };
+        let mut stream = ReplicationStream::over(relay_end, Lsn(0x10), config);
+        let written = Arc::new(AtomicU64::new(0));
+        let counter = Arc::clone(&written);
+        let server = tokio::spawn(async move {
+            let frame = xlogdata_frame(ROW);
+            for _ in 0..ROWS {
+                server_end.write_all(&frame).await.unwrap();
+                counter.fetch_add(1, Ordering::AcqRel);
+            }
+            // Keep the server's end open (and drain status updates) until the test ends.
+            let mut sink = [0u8; 1024];
+            while server_end.read(&mut sink).await.is_ok_and(|n| n > 0) {}
+        });
+        // Until the writer stops making progress: the reader waits for the budget.
+        let mut last = u64::MAX;
+        while written.load(Ordering::Acquire) != last {
+            last = written.load(Ordering::Acquire);
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        // Handed on (8 MiB: four rows), one waiting in the reader, one half-written into the pipe;
+        // far below the channel's 16 slots.
+        assert!(
+            last <= 6,
+            "{last} rows of 2 MiB read ahead of a stalled consumer"
+        );
+        for _ in 0..ROWS {
+            match stream.recv().await {
+                Some(Ok(ReplicationEvent::XLogData { data, .. })) => assert_eq!(data.len(), ROW),
+                other => panic!("{other:?}"),
+            }
+        }
+        server.abort();
     }
 }
