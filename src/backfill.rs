@@ -264,7 +264,22 @@ pub async fn backfill(
         }
     };
     let started = Instant::now();
-    let control = connect(settings).await?;
+    let control = match connect(settings).await {
+        Ok(c) => c,
+        Err(e) => {
+            prepared.undo(settings).await;
+            return Err(e);
+        }
+    };
+    // Everything that can fail for a reason of the operator's making is tried before anything is
+    // dropped or created: a typo in --where must leave a healthy slot as it was.
+    let nats = match preflight(settings, &opts, &control).await {
+        Ok(nats) => nats,
+        Err(e) => {
+            prepared.undo(settings).await;
+            return Err(e);
+        }
+    };
     if replaced_slot {
         control
             .execute("SELECT pg_drop_replication_slot($1)", &[&slot])
@@ -322,6 +337,7 @@ pub async fn backfill(
         settings,
         &opts,
         &control,
+        nats,
         &snapshot,
         &mut report,
         started,
@@ -389,11 +405,49 @@ async fn connect(settings: &Settings) -> Result<Client, BackfillError> {
         })
 }
 
+/// What must work before the slot is touched: `--where` and `--order-by` planned against the table
+/// (a zero-row query in a read-only transaction: a wrong column, a syntax error or a second statement
+/// fails here), and a NATS connection. Returns the connection for the publishing.
+async fn preflight(
+    settings: &Settings,
+    opts: &BackfillOptions,
+    pg: &Client,
+) -> Result<async_nats::Client, BackfillError> {
+    let table = settings.outbox.table.clone();
+    let query = snapshot_query(settings, opts, "1");
+    let checked = async {
+        pg.batch_execute("BEGIN READ ONLY").await?;
+        // execute, not batch_execute: the extended protocol refuses a second statement.
+        let r = pg.execute(&format!("{query} LIMIT 0"), &[]).await;
+        pg.batch_execute("ROLLBACK").await?;
+        r
+    };
+    checked.await.map_err(|e| BackfillError::Query {
+        table,
+        what: "--where / --order-by".to_owned(),
+        message: pg_error(&e),
+    })?;
+    Ok(crate::sink::connect_nats(settings).await?)
+}
+
+/// `SELECT <columns> FROM <outbox table> WHERE (<--where>) ORDER BY <--order-by or the id column>`.
+fn snapshot_query(settings: &Settings, opts: &BackfillOptions, columns: &str) -> String {
+    let (schema, name) = settings.outbox.table_parts();
+    let qualified = format!("{}.{}", quote_ident(schema), quote_ident(name));
+    let predicate = opts.where_sql.as_deref().unwrap_or("true");
+    let order = match &opts.order_by {
+        Some(o) => o.clone(),
+        None => quote_ident(&settings.outbox.id_column),
+    };
+    format!("SELECT {columns} FROM {qualified} WHERE ({predicate}) ORDER BY {order}")
+}
+
 /// Reads the rows in `snapshot` and publishes them; returns once every one is acknowledged.
 async fn publish_snapshot(
     settings: &Settings,
     opts: &BackfillOptions,
     pg: &Client,
+    nats: async_nats::Client,
     snapshot: &str,
     report: &mut BackfillReport,
     started: Instant,
@@ -439,10 +493,6 @@ async fn publish_snapshot(
         })
         .collect();
     let predicate = opts.where_sql.as_deref().unwrap_or("true");
-    let order = match &opts.order_by {
-        Some(o) => o.clone(),
-        None => quote_ident(&settings.outbox.id_column),
-    };
     let total: i64 = pg
         .query_one(
             &format!("SELECT count(*) FROM {qualified} WHERE ({predicate})"),
@@ -462,8 +512,8 @@ async fn publish_snapshot(
     // execute, not batch_execute: the extended protocol refuses a second statement.
     pg.execute(
         &format!(
-            "DECLARE {CURSOR} NO SCROLL CURSOR FOR SELECT {} FROM {qualified} WHERE ({predicate}) ORDER BY {order}",
-            select.join(", ")
+            "DECLARE {CURSOR} NO SCROLL CURSOR FOR {}",
+            snapshot_query(settings, opts, &select.join(", "))
         ),
         &[],
     )
@@ -474,7 +524,6 @@ async fn publish_snapshot(
         .await
         .map_err(query_error("FETCH"))?;
 
-    let nats = crate::sink::connect_nats(settings).await?;
     // Not fenced: the fence's expected sequences are for an ordered replay from the slot. Here,
     // rows the stream holds come back as duplicates that take no sequence, and every message
     // published behind one carries a stale expectation; the sink's repair resends them one at a

@@ -570,3 +570,85 @@ async fn shipped_partitioned_outbox_creates_and_drops_months_while_streaming() {
     relay.stop().await.unwrap();
     assert_eq!(stream_count(&js, &config.nats.stream).await, 4);
 }
+
+/// A typo in `--where` or `--order-by` with `--replace-slot` leaves the healthy slot exactly as it
+/// was (same position), creates nothing, and names the option; the relay then resumes from it.
+#[tokio::test]
+async fn a_typo_in_where_or_order_by_leaves_the_slot_as_it_was() {
+    let db = TestDb::create(PgServer::shared()).await;
+    let nats = NatsServer::start();
+    db.psql(TEXT_ID_OUTBOX_SQL);
+    let config = relay_config(&db, &nats);
+    let settings = config.validate().unwrap();
+    outbox_relay::setup::setup(&settings).await.expect("setup");
+    let js = js(&nats).await;
+    let relay = InProcessRelay::start(config.clone());
+    db.psql(
+        "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, event_type, payload) \
+         VALUES ('before-1', 'Claim', '4711', 'ClaimApproved', '{}')",
+    );
+    wait_for("the relay to publish", LIMIT, || async {
+        stream_count(&js, &config.nats.stream).await >= 1
+    })
+    .await;
+    relay.stop().await.unwrap();
+    let slot_state = || {
+        db.psql(&format!(
+            "SELECT confirmed_flush_lsn::text || ' ' || restart_lsn::text FROM pg_replication_slots \
+             WHERE slot_name = '{}'",
+            config.postgres.slot
+        ))
+    };
+    let before = slot_state();
+    assert!(!before.is_empty(), "the slot exists");
+
+    for (opts, names) in [
+        (
+            BackfillOptions {
+                where_sql: Some("nonexistent_col = 1".into()),
+                replace_slot: true,
+                ..BackfillOptions::default()
+            },
+            "nonexistent_col",
+        ),
+        (
+            BackfillOptions {
+                order_by: Some("created_att".into()),
+                replace_slot: true,
+                ..BackfillOptions::default()
+            },
+            "created_att",
+        ),
+        (
+            BackfillOptions {
+                where_sql: Some("true); DROP TABLE outbox; SELECT (1".into()),
+                replace_slot: true,
+                ..BackfillOptions::default()
+            },
+            "--where",
+        ),
+    ] {
+        let e = backfill(&settings, opts, |_| {}).await.unwrap_err();
+        let text = outbox_relay::relay::error_chain(&e);
+        assert!(text.contains(names), "names {names}: {text}");
+        assert_eq!(slot_state(), before, "the slot is untouched after: {text}");
+    }
+    assert!(slot_exists(&db.client().await, &config.postgres.slot).await);
+
+    // The relay resumes from the untouched slot: the event written meanwhile arrives, once.
+    db.psql(
+        "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, event_type, payload) \
+         VALUES ('after-1', 'Claim', '4711', 'ClaimPaid', '{}')",
+    );
+    let relay = InProcessRelay::start(config.clone());
+    wait_for("the relay to resume", LIMIT, || async {
+        stored_ids(&js, &config.nats.stream)
+            .await
+            .contains_key("after-1")
+    })
+    .await;
+    relay.stop().await.unwrap();
+    let ids = stored_ids(&js, &config.nats.stream).await;
+    assert_eq!(ids.get("before-1"), Some(&1), "{ids:?}");
+    assert_eq!(ids.get("after-1"), Some(&1), "{ids:?}");
+}
