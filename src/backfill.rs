@@ -317,7 +317,6 @@ pub async fn backfill(
     // Creating the slot waits for every transaction that holds a transaction id on the server to
     // end; the rate is measured from here.
     let slot_wait = started.elapsed();
-    let started = Instant::now();
     let mut report = BackfillReport {
         setup_lines: prepared.report.lines.clone(),
         warnings: prepared.report.warnings.clone(),
@@ -340,7 +339,6 @@ pub async fn backfill(
         nats,
         &snapshot,
         &mut report,
-        started,
         &mut progress,
     )
     .await;
@@ -358,7 +356,6 @@ pub async fn backfill(
         }
         return Err(e);
     }
-    report.elapsed = started.elapsed();
     Ok(report)
 }
 
@@ -450,9 +447,9 @@ async fn publish_snapshot(
     nats: async_nats::Client,
     snapshot: &str,
     report: &mut BackfillReport,
-    started: Instant,
     progress: &mut impl FnMut(BackfillProgress),
 ) -> Result<(), BackfillError> {
+    let started = Instant::now();
     let table = settings.outbox.table.clone();
     let (schema, name) = settings.outbox.table_parts();
     let qualified = format!("{}.{}", quote_ident(schema), quote_ident(name));
@@ -641,6 +638,7 @@ async fn publish_snapshot(
     report.stored = acked.stored;
     report.duplicates = acked.duplicates;
     report.dead_letters = acked.dead_letters;
+    report.elapsed = started.elapsed();
     Ok(())
 }
 
