@@ -93,16 +93,26 @@ pub(super) async fn check(
         check_table(settings, pg, report).await?
     };
 
+    // What lets a role stream from a slot: the REPLICATION attribute, superuser, or on Amazon RDS
+    // and Aurora, where no customer role may have the attribute, membership of `rds_replication`
+    // (RDS's patched server honours it; a plain server has no such role, or refuses the walsender
+    // with its own error, which the slot's creation then reports).
     let row = pg
         .query_one(
-            "SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user",
+            "SELECT r.rolreplication OR r.rolsuper,                     EXISTS (SELECT 1 FROM pg_roles g WHERE g.rolname = 'rds_replication'                             AND pg_has_role(r.oid, g.oid, 'MEMBER'))              FROM pg_roles r WHERE r.rolname = current_user",
             &[],
         )
         .await?;
-    if !row.get::<_, bool>(0) {
+    let (attribute, rds) = (row.get::<_, bool>(0), row.get::<_, bool>(1));
+    if rds && !attribute {
+        report
+            .lines
+            .push("role: member of rds_replication (Amazon RDS / Aurora)".to_owned());
+    } else if !attribute {
         let user = &settings.conn.user;
         return Err(SetupError::Prerequisite(format!(
-            "Postgres role {user:?} lacks the REPLICATION attribute: ALTER ROLE {user} REPLICATION (see sql/03_relay_role.sql)"
+            "Postgres role {user:?} lacks the REPLICATION attribute: ALTER ROLE {user} REPLICATION \
+             (see sql/03_relay_role.sql; on Amazon RDS or Aurora: GRANT rds_replication TO {user})"
         )));
     }
 

@@ -16,13 +16,13 @@ use postgres_protocol::message::backend::Message;
 use postgres_protocol::message::frontend;
 use secrecy::ExposeSecret;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tracing::debug;
 
 use super::conninfo::{AuthMethod, ChannelBindingMode, ConnInfo, SslMode};
 use super::error::SourceError;
 use super::hosts::{self, ServerRole};
 use super::options::PgOutputOptions;
+use super::socket::PgStream;
 use super::stream::{ReplicationStream, StreamConfig};
 use super::tls;
 use super::wire::{
@@ -101,13 +101,13 @@ impl ReplConnection {
             target: target.clone(),
             source,
         };
-        let mut tcp = TcpStream::connect((info.host.as_str(), info.port))
+        let mut tcp = PgStream::connect(&info.host, info.port)
             .await
             .map_err(io_err)?;
-        // Status updates are small and latency matters more than packet count.
-        tcp.set_nodelay(true).map_err(io_err)?;
-
-        let tls_config = tls::client_config(info).map_err(|e| SourceError::Tls(e.to_string()))?;
+        let tls_config = match tcp.supports_tls() {
+            true => tls::client_config(info).map_err(|e| SourceError::Tls(e.to_string()))?,
+            false => None,
+        };
         let (io, end_point_hash): (Box<dyn Transport>, _) = match tls_config {
             None => (Box::new(tcp), None),
             Some(config) => {

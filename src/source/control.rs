@@ -9,6 +9,7 @@ use super::auth_guard::GuardedConnect;
 use super::conninfo::{ConnInfo, SslMode};
 use super::error::{ServerError, SourceError};
 use super::hosts::{self, ServerRole};
+use super::socket::PgStream;
 use super::tls;
 
 /// Connects to the first acceptable host and spawns the connection task. The task ends when the
@@ -36,11 +37,11 @@ pub async fn connect_control(
 }
 
 async fn connect_one(info: &ConnInfo, application_name: &str) -> Result<Client, SourceError> {
-    let config = info.tokio_postgres_config(application_name);
+    let mut config = info.tokio_postgres_config(application_name);
     let addr = format!("{}:{}", info.host, info.port);
     let tcp = tokio::time::timeout(
         info.connect_timeout,
-        tokio::net::TcpStream::connect((info.host.as_str(), info.port)),
+        PgStream::connect(&info.host, info.port),
     )
     .await
     .map_err(|_| SourceError::Timeout {
@@ -51,7 +52,13 @@ async fn connect_one(info: &ConnInfo, application_name: &str) -> Result<Client, 
         target: addr.clone(),
         source,
     })?;
-    let tls_config = tls::client_config(info).map_err(|e| SourceError::Tls(e.to_string()))?;
+    let tls_config = match tcp.supports_tls() {
+        true => tls::client_config(info).map_err(|e| SourceError::Tls(e.to_string()))?,
+        false => {
+            config.ssl_mode(tokio_postgres::config::SslMode::Disable);
+            None
+        }
+    };
     // The guard watches the server's authentication requests on the wire (below tokio-postgres,
     // which would answer a cleartext request with the password whatever require_auth says).
     let connect = async {
@@ -65,7 +72,7 @@ async fn connect_one(info: &ConnInfo, application_name: &str) -> Result<Client, 
                 let mut rustls =
                     tokio_postgres_rustls::MakeRustlsConnect::new((*tls_config).clone());
                 let tls = tokio_postgres::tls::MakeTlsConnect::<
-                    super::auth_guard::Guarded<tokio::net::TcpStream>,
+                    super::auth_guard::Guarded<PgStream>,
                 >::make_tls_connect(&mut rustls, &info.host)
                 .map_err(|e| SourceError::Tls(e.to_string()))?;
                 let guard = GuardedConnect::new(tls, info);
@@ -85,12 +92,12 @@ async fn connect_one(info: &ConnInfo, application_name: &str) -> Result<Client, 
 /// dropped).
 async fn start<T>(
     config: &tokio_postgres::Config,
-    stream: super::auth_guard::Guarded<tokio::net::TcpStream>,
+    stream: super::auth_guard::Guarded<PgStream>,
     tls: T,
     addr: &str,
 ) -> Result<Client, SourceError>
 where
-    T: tokio_postgres::tls::TlsConnect<super::auth_guard::Guarded<tokio::net::TcpStream>>,
+    T: tokio_postgres::tls::TlsConnect<super::auth_guard::Guarded<PgStream>>,
     T::Stream: Send + 'static,
 {
     let (client, conn) = config

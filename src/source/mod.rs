@@ -17,8 +17,8 @@
 //! Each module imports only those to its right (a `use super::…`), so the graph has no cycle:
 //!
 //! ```text
-//! conn     ──► options, stream, tls, wire, conninfo, error
-//! control  ──► tls, conninfo, error
+//! conn     ──► options, stream, socket, tls, wire, conninfo, error
+//! control  ──► socket, tls, conninfo, error
 //! options  ──► wire, error
 //! stream   ──► wire, error
 //! tls      ──► conninfo
@@ -33,6 +33,7 @@
 //! - `tls`: rustls configuration for `sslmode`, and the channel-binding hash.
 //! - `options`: the pgoutput options of `START_REPLICATION`, checked against the server version.
 //! - `stream`: the CopyBoth phase (reader and status-update writer tasks) and the CopyData parse.
+//! - `socket`: the byte stream to a host: TCP, or a Unix socket when the host is a directory.
 //! - `conn`: connect, authenticate, walsender commands; hands the socket to `stream`.
 //! - `control`: the tokio-postgres connection for ordinary SQL.
 
@@ -44,6 +45,7 @@ mod error;
 mod hosts;
 mod options;
 mod passfile;
+mod socket;
 mod stream;
 mod tls;
 mod wire;

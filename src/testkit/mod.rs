@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 pub use db::TestDb;
 pub use nats::{NatsCluster, NatsServer, NatsTls};
 pub use pg_pair::{PgPair, SyncedSlot};
-pub use postgres::{PgServer, server_major};
+pub use postgres::{PgServer, os_user, server_major};
 
 /// `<prefix>_<pid>_<n>`, lowercase: safe as an unquoted Postgres identifier (also a slot name) and as a
 /// NATS subject token or stream name. Other characters in `prefix` become `_`.

@@ -666,18 +666,32 @@ fn write_config(root: &Path, data_dir: &Path, port: u16) {
     append_config(data_dir, &conf);
     // First match wins. `all` does not match physical replication connections, hence the extra
     // `replication` lines; logical replication connections match by database name like any other.
+    // The test process's own user logs in by `peer` over the socket (the Unix-socket tests);
+    // everyone else locally by trust.
     let hba = format!(
-        "local all all trust\n\
+        "local all {os_user} peer\n\
+         local all all trust\n\
          host all postgres {HOST}/32 trust\n\
          host all md5_user {HOST}/32 md5\n\
          host all all {HOST}/32 scram-sha-256\n\
          local replication all trust\n\
          host replication postgres {HOST}/32 trust\n\
          host replication md5_user {HOST}/32 md5\n\
-         host replication all {HOST}/32 scram-sha-256\n"
+         host replication all {HOST}/32 scram-sha-256\n",
+        os_user = os_user(),
     );
     let path = data_dir.join("pg_hba.conf");
     fs::write(&path, hba).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+}
+
+/// The operating-system user the tests run as (`peer` authentication maps it to the role of the
+/// same name).
+pub fn os_user() -> String {
+    let out = Command::new("id")
+        .arg("-un")
+        .output()
+        .unwrap_or_else(|e| panic!("id -un: {e}"));
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 
 fn append_config(data_dir: &Path, text: &str) {

@@ -248,11 +248,6 @@ pub enum ConnInfoError {
     /// Neither the string nor `PGHOST` names a host.
     #[error("postgres url has no host: expected postgres://user:password@host:port/database")]
     NoHost,
-    /// A host is a Unix-socket directory (it starts with `/`).
-    #[error(
-        "postgres url host {0:?} is a Unix socket directory: the relay connects over TCP; give a host name"
-    )]
-    UnixSocket(String),
     /// `sslrootcert=system` with a mode weaker than `verify-full` (libpq 16+ refuses it too).
     #[error(
         "postgres url: sslrootcert=system needs sslmode=verify-full, not {0:?} (any public CA can \
@@ -329,9 +324,7 @@ impl ConnInfo {
         for h in pg.get_hosts() {
             match h {
                 tokio_postgres::config::Host::Tcp(h) => hosts.push(h.clone()),
-                tokio_postgres::config::Host::Unix(p) => {
-                    return Err(ConnInfoError::UnixSocket(p.display().to_string()));
-                }
+                tokio_postgres::config::Host::Unix(p) => hosts.push(p.display().to_string()),
             }
         }
         if hosts.is_empty() {
@@ -349,9 +342,6 @@ impl ConnInfo {
                 "host {:?} contains '@'",
                 h.rsplit('@').next().unwrap_or_default()
             )));
-        }
-        if let Some(h) = hosts.iter().find(|h| h.starts_with('/')) {
-            return Err(ConnInfoError::UnixSocket(h.clone()));
         }
         let mut ports: Vec<u16> = pg.get_ports().to_vec();
         if ports.is_empty()
@@ -475,7 +465,13 @@ impl ConnInfo {
         if c.password.is_none()
             && let Some(file) = &self.passfile
         {
-            c.password = super::passfile::lookup(file, host, port, &self.dbname, &self.user)
+            // libpq matches a socket connection's line by the name `localhost`.
+            let name = if super::socket::is_socket_dir(host) {
+                "localhost"
+            } else {
+                host
+            };
+            c.password = super::passfile::lookup(file, name, port, &self.dbname, &self.user)
                 .map(SecretString::from);
         }
         c
