@@ -108,6 +108,59 @@ async fn lost_slot_behind_a_stream_with_events_needs_backfill() {
     assert_eq!(stream_count(&js, &config.nats.stream).await, 1);
 }
 
+/// Stream sizing and P9: `setup` creates the stream with the configured age and size limits, and a
+/// stream whose age limit has removed every event still counts as holding this outbox's events (its
+/// metadata names the slot): a lost slot behind it needs `backfill`, it is never replaced quietly.
+#[tokio::test]
+async fn a_stream_emptied_by_its_limits_still_guards_a_lost_slot() {
+    let db = text_id_db().await;
+    let nats = NatsServer::start();
+    let mut config = relay_config(&db, &nats);
+    config.nats.max_age_secs = 2;
+    config.nats.duplicate_window_secs = 1;
+    config.nats.max_bytes = 10 << 20;
+    let settings = config.validate().expect("valid");
+    let client = db.client().await;
+    let js = nats.jetstream().await;
+    let slot = &config.postgres.slot;
+    outbox_relay::setup::setup(&settings).await.expect("setup");
+    let info = js
+        .get_stream(&config.nats.stream)
+        .await
+        .expect("stream")
+        .info()
+        .await
+        .expect("info")
+        .clone();
+    assert_eq!(info.config.max_age, Duration::from_secs(2));
+    assert_eq!(info.config.max_bytes, 10 << 20);
+    assert_eq!(info.config.discard, stream::DiscardPolicy::New);
+
+    let relay = InProcessRelay::start(config.clone());
+    good(&client, "a").await;
+    wait_for("event a", LIMIT, || async {
+        stream_count(&js, &config.nats.stream).await == 1
+    })
+    .await;
+    relay.stop().await.expect("the relay stops cleanly");
+    wait_for("the age limit to remove event a", LIMIT, || async {
+        stream_count(&js, &config.nats.stream).await == 0
+    })
+    .await;
+
+    client
+        .execute("SELECT pg_drop_replication_slot($1)", &[slot])
+        .await
+        .expect("drop the slot");
+    let e = outbox_relay::setup::setup(&settings).await.unwrap_err();
+    let text = e.to_string();
+    assert!(text.contains("backfill"), "names the recovery: {text}");
+    assert!(
+        !slot_exists(&client, slot).await,
+        "no slot was created behind an emptied stream"
+    );
+}
+
 /// P8: a `setup` that fails leaves no slot, no publication and no stream behind: a stream with 3
 /// replicas on a single server, and a stream whose subjects overlap another stream's.
 #[tokio::test]

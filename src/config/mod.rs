@@ -194,6 +194,11 @@ pub struct NatsConfig {
     pub duplicate_window_secs: u64,
     /// Replicas of a stream that setup creates.
     pub stream_replicas: usize,
+    /// How long a stream that setup creates keeps a message, in seconds; 0 keeps messages forever.
+    pub max_age_secs: u64,
+    /// The most bytes a stream that setup creates holds; 0 for no limit. Full, it refuses new events
+    /// (the relay waits and retries) rather than delete old ones.
+    pub max_bytes: u64,
     /// Fence the stream with `Nats-Expected-Last-Sequence` (see `fence`): commit order and no
     /// duplicates even after lost connections and beyond the duplicate window. Needs the relay to be
     /// the stream's only writer.
@@ -228,6 +233,8 @@ impl Default for NatsConfig {
             ack_timeout_ms: 10_000,
             duplicate_window_secs: 120,
             stream_replicas: 1,
+            max_age_secs: 7 * 24 * 3600,
+            max_bytes: 0,
             fence: true,
             cloudevents: false,
             cloudevents_source: "outbox-relay".into(),

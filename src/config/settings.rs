@@ -188,6 +188,23 @@ impl Config {
                 "must be at least 1: the duplicate window is what drops republished events",
             ));
         }
+        if n.max_age_secs != 0 && n.duplicate_window_secs > n.max_age_secs {
+            // JetStream refuses such a stream: an id cannot be remembered longer than its message.
+            return Err(invalid(
+                "nats.max_age_secs",
+                format!(
+                    "is shorter than nats.duplicate_window_secs ({}): keep messages at least as long as \
+                     the duplicate window, or set 0 to keep them forever",
+                    n.duplicate_window_secs
+                ),
+            ));
+        }
+        if i64::try_from(n.max_bytes).is_err() {
+            return Err(invalid(
+                "nats.max_bytes",
+                "must be below 2^63 (0 for no limit)",
+            ));
+        }
         if !(1..=5).contains(&n.stream_replicas) {
             return Err(invalid("nats.stream_replicas", "must be between 1 and 5"));
         }

@@ -1,9 +1,10 @@
 //! Setup's JetStream side: the stream must cover the subject template and the dead-letter subject;
 //! created with file storage, `discard: new` and the relay's metadata when missing.
 //!
-//! The metadata (`outbox-relay.slot`, `outbox-relay.table`) and the `Outbox-Commit-Lsn` header of the
-//! stream's last message are how the relay knows a stream already holds this outbox's events, so a
-//! missing slot is never replaced quietly (P9).
+//! The metadata (`outbox-relay.slot`, `outbox-relay.table`) and the stream's last sequence, or for a
+//! stream made without the metadata the `Outbox-Commit-Lsn` header of its last message, are how the
+//! relay knows a stream already holds (or held) this outbox's events, so a missing slot is never
+//! replaced quietly (P9), even after the stream's limits removed every message.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -87,6 +88,9 @@ pub(super) async fn check(
     let last = info.state.last_sequence;
     let ours = info.config.metadata.get(META_SLOT) == Some(&settings.postgres.slot);
     let mut relay_events = None;
+    // The stream's metadata decides first: a stream made for this slot that ever stored a message
+    // held its events, even when age or size limits (or a purge) have emptied it since; its last
+    // sequence survives the removal. The last message's header covers streams made without it.
     if last > 0 {
         let lsn = s.get_raw_message(last).await.ok().and_then(|m| {
             m.headers
@@ -95,8 +99,10 @@ pub(super) async fn check(
         });
         relay_events = match lsn {
             Some(lsn) => Some((last, lsn)),
-            // The last message is gone (limits, purge) but the stream was made for this slot.
-            None if ours && info.state.messages > 0 => Some((last, "unknown".to_owned())),
+            None if ours => Some((
+                last,
+                "unknown: the message is gone (age or size limits, or a purge)".to_owned(),
+            )),
             None => None,
         };
     }
@@ -137,6 +143,12 @@ pub(super) async fn create(
         // At a limit, refuse new events (the relay stalls and retries) rather than delete old ones.
         discard: stream::DiscardPolicy::New,
         duplicate_window: Duration::from_secs(n.duplicate_window_secs),
+        max_age: Duration::from_secs(n.max_age_secs),
+        // Checked below 2^63 by the settings; JetStream's "no limit" is -1.
+        max_bytes: match n.max_bytes {
+            0 => -1,
+            b => i64::try_from(b).unwrap_or(i64::MAX),
+        },
         num_replicas: n.stream_replicas,
         allow_atomic_publish: n.atomic_transactions,
         metadata: HashMap::from([
@@ -168,10 +180,18 @@ pub(super) async fn create(
         });
     }
     Ok(format!(
-        "stream {}: created (file storage, subjects {wildcard}, {}, duplicate window {}s, replicas {}{})",
+        "stream {}: created (file storage, subjects {wildcard}, {}, duplicate window {}s, {}, {}, replicas {}{})",
         n.stream,
         n.dead_letter_subject,
         n.duplicate_window_secs,
+        match n.max_age_secs {
+            0 => "messages kept forever".to_owned(),
+            s => format!("messages kept {s}s"),
+        },
+        match n.max_bytes {
+            0 => "no size limit".to_owned(),
+            b => format!("at most {b} bytes, then new events wait"),
+        },
         n.stream_replicas,
         if n.atomic_transactions {
             ", atomic publish allowed"
