@@ -96,7 +96,9 @@ async fn main() -> anyhow::Result<()> {
                 .map(|v| v.as_str().to_owned())
         };
         let delivery = message.info().map(|i| i.delivered).unwrap_or(1);
-        let Some(event_id) = header("Nats-Msg-Id") else {
+        // An atomic batch (nats.atomic_transactions) cannot carry Nats-Msg-Id: the id is then in
+        // Outbox-Event-Id.
+        let Some(event_id) = header("Nats-Msg-Id").or_else(|| header("Outbox-Event-Id")) else {
             message.ack().await.map_err(|e| anyhow!(e))?;
             continue;
         };

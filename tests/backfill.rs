@@ -652,3 +652,63 @@ async fn a_typo_in_where_or_order_by_leaves_the_slot_as_it_was() {
     assert_eq!(ids.get("before-1"), Some(&1), "{ids:?}");
     assert_eq!(ids.get("after-1"), Some(&1), "{ids:?}");
 }
+
+/// The major-upgrade procedure of docs/recovery.md: writers stop, the relay drains and stops, the
+/// upgrade loses the slot; `setup` then refuses (the stream holds events), `backfill --where false`
+/// creates the slot and publishes nothing, and `run` goes on with the events written after it.
+#[tokio::test]
+async fn the_documented_major_upgrade_procedure_works() {
+    let db = TestDb::create(PgServer::shared()).await;
+    let nats = NatsServer::start();
+    db.psql(TEXT_ID_OUTBOX_SQL);
+    let config = relay_config(&db, &nats);
+    let settings = config.validate().unwrap();
+    outbox_relay::setup::setup(&settings).await.expect("setup");
+    let js = js(&nats).await;
+    let insert = |id: &str| {
+        db.psql(&format!(
+            "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, event_type, payload) \
+             VALUES ('{id}', 'Claim', '4711', 'ClaimApproved', '{{}}')"
+        ));
+    };
+
+    // Steps 1-3: the last writes, the relay drains, it stops.
+    let relay = InProcessRelay::start(config.clone());
+    insert("before-upgrade");
+    wait_for("the relay to drain", LIMIT, || async {
+        stream_count(&js, &config.nats.stream).await >= 1
+    })
+    .await;
+    relay.stop().await.unwrap();
+    // Step 4: the upgrade loses the slot.
+    db.psql(&format!(
+        "SELECT pg_drop_replication_slot('{}')",
+        config.postgres.slot
+    ));
+    // Step 5: setup refuses and names backfill; backfill --where false creates the slot.
+    let e = outbox_relay::setup::setup(&settings).await.unwrap_err();
+    assert!(e.to_string().contains("backfill"), "{e}");
+    let report = run_backfill(
+        &config,
+        BackfillOptions {
+            where_sql: Some("false".into()),
+            ..BackfillOptions::default()
+        },
+    )
+    .await;
+    assert_eq!(report.rows, 0, "{report:?}");
+    assert!(slot_exists(&db.client().await, &config.postgres.slot).await);
+    // Step 6: writers again; run publishes what they write, and nothing twice.
+    let relay = InProcessRelay::start(config.clone());
+    insert("after-upgrade");
+    wait_for("the event after the upgrade", LIMIT, || async {
+        stored_ids(&js, &config.nats.stream)
+            .await
+            .contains_key("after-upgrade")
+    })
+    .await;
+    relay.stop().await.unwrap();
+    let ids = stored_ids(&js, &config.nats.stream).await;
+    assert_eq!(ids.len(), 2, "{ids:?}");
+    assert!(ids.values().all(|&n| n == 1), "{ids:?}");
+}
