@@ -42,8 +42,11 @@ CREATE TABLE IF NOT EXISTS :"outbox_schema".:"outbox_name" (
     headers        jsonb
 );
 
--- Tables created before the headers column existed get it now.
+-- Tables created before the headers column existed get it now (quietly: on a fresh install the column
+-- is there and Postgres would say so in a NOTICE).
+SET client_min_messages = warning;
 ALTER TABLE :"outbox_schema".:"outbox_name" ADD COLUMN IF NOT EXISTS headers jsonb;
+RESET client_min_messages;
 
 -- Extra headers must be a JSON object whose keys are valid header names and not the relay's own
 -- (Nats-*, Outbox-*), with no line breaks in string values; other values are sent as their JSON text.

@@ -42,7 +42,7 @@ use crate::pgoutput::{Column, Message, Relation, TupleValue};
 use crate::position::History;
 use crate::setup::{self, Prepared, SetupError};
 use crate::sink::{ConnectError, Origin, Outcome, Sink, SinkConfig, SinkError, TailError};
-use crate::source::{ReplConnection, SourceError};
+use crate::source::{ReplConnection, SourceError, quote_ident};
 
 /// Rows per `FETCH`: large enough to amortise the round trip, small enough that the rows in one
 /// fetch are a small part of the publish window.
@@ -662,10 +662,6 @@ impl Acked {
     fn total(&self) -> u64 {
         self.stored + self.duplicates + self.dead_letters
     }
-}
-
-fn quote_ident(s: &str) -> String {
-    format!("\"{}\"", s.replace('"', "\"\""))
 }
 
 fn pg_error(e: &tokio_postgres::Error) -> String {

@@ -275,7 +275,7 @@ pub fn dead_letter_as(
             h
         }
     };
-    h.insert(ERROR, cap(&one_line(reason)).as_str());
+    h.insert(ERROR, cap(&ascii(&one_line(reason))).as_str());
     if let Some(s) = subject.filter(|_| shrink != Shrink::Minimal) {
         h.insert(SUBJECT, cap(s).as_str());
     }
@@ -506,6 +506,21 @@ fn header_value(v: &str) -> String {
     }
 }
 
+/// The relay's own header text in ASCII: characters beyond it (from a row's values, which a
+/// reason quotes) as `\u{…}` escapes. Some clients decode a non-ASCII header value as something
+/// other than a string (nats-py: an `email.header.Header`).
+fn ascii(s: &str) -> String {
+    if s.is_ascii() {
+        return s.to_owned();
+    }
+    s.chars()
+        .map(|c| match c {
+            c if c.is_ascii() => c.to_string(),
+            c => c.escape_unicode().to_string(),
+        })
+        .collect()
+}
+
 fn one_line(s: &str) -> String {
     s.split(['\r', '\n'])
         .map(str::trim)
@@ -570,6 +585,19 @@ mod tests {
         assert!(m.headers.get(SUBJECT).is_none());
         assert_eq!(m.headers.get(NATS_MSG_ID).unwrap().as_str(), "e-5531");
         assert_eq!(&m.payload[..], &e.payload[..], "payload kept");
+    }
+
+    #[test]
+    fn the_error_header_is_ascii_even_when_the_row_is_not() {
+        let mut e = event();
+        e.aggregate_type = Some(format!("Schäden {}", "ü".repeat(80)));
+        let m = build(&e, &template(), "outbox_dead_letter", None);
+        let err = m.headers.get(ERROR).unwrap().as_str();
+        assert!(err.is_ascii(), "{err}");
+        assert!(
+            err.contains("Sch\\u{e4}den"),
+            "the value stays readable: {err}"
+        );
     }
 
     #[test]

@@ -197,7 +197,7 @@ pub const MAX_SUBJECT_BYTES: usize = 1024;
 /// A value as an error shows it: at most 64 characters.
 fn shown(v: &str) -> String {
     match v.char_indices().nth(64) {
-        Some((i, _)) => format!("{}… ({} bytes)", &v[..i], v.len()),
+        Some((i, _)) => format!("{}... ({} bytes)", &v[..i], v.len()),
         None => v.to_owned(),
     }
 }

@@ -291,7 +291,7 @@ async fn read_postgres(
             "SELECT current_setting('server_version'), pg_is_in_recovery(), \
              current_setting('synchronized_standby_slots', true), \
              current_setting('idle_replication_slot_timeout', true), \
-             coalesce(inet_server_addr()::text || ':' || inet_server_port()::text, 'local socket')",
+             coalesce(host(inet_server_addr()) || ':' || inet_server_port()::text, 'local socket')",
             &[],
         )
         .await?;

@@ -534,3 +534,55 @@ async fn libpq_environment_and_password_file_supply_the_password() {
         f.stderr
     );
 }
+
+/// The shipped `sql/01_outbox_table.sql` on a fresh database says nothing untrue: no NOTICE that a
+/// column "already exists" (the script adds `headers` to tables made before it existed).
+#[tokio::test]
+async fn the_outbox_table_script_is_quiet_on_a_fresh_install() {
+    let server = PgServer::shared();
+    let db = TestDb::create(server).await;
+    let out = std::process::Command::new(server.client_bin_dir().join("psql"))
+        .args([
+            "-X",
+            "-q",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-h",
+            server.host(),
+            "-U",
+            "postgres",
+        ])
+        .args(["-p", &server.port().to_string(), "-d", db.name(), "-f"])
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/sql/01_outbox_table.sql"
+        ))
+        .output()
+        .expect("run psql");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.trim().is_empty(),
+        "psql printed on a fresh install: {stderr}"
+    );
+}
+
+/// `setup` on a table that already holds rows says that `run` will not publish them and names
+/// `backfill`; on an empty table it says nothing of the kind.
+#[tokio::test]
+async fn setup_on_a_table_with_rows_names_backfill() {
+    for rows in [false, true] {
+        let nats = NatsServer::start();
+        let db = text_id_db().await;
+        if rows {
+            good(&db.client().await, "written-before-setup").await;
+        }
+        let settings = relay_config(&db, &nats).validate().expect("valid");
+        let report = outbox_relay::setup::setup(&settings).await.expect("setup");
+        let warned = report
+            .warnings
+            .iter()
+            .any(|w| w.contains("already holds rows") && w.contains("backfill"));
+        assert_eq!(warned, rows, "rows {rows}: {:?}", report.warnings);
+    }
+}

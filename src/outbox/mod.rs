@@ -313,7 +313,7 @@ impl OutboxStage {
                     event.problem = Some(format!(
                         "non-transactional logical message with prefix {prefix:?} at {lsn}: it is not atomic with \
                          any transaction, so it is not published as an event; emit it with \
-                         pg_logical_emit_message(true, …) (or sql/06_outbox_message.sql's outbox_message)"
+                         pg_logical_emit_message(true, ...) (or sql/06_outbox_message.sql's outbox_message)"
                     ));
                     // A WAL-derived id: should the application emit the event again, properly, its own
                     // id must not be dropped as a duplicate of this dead letter.

@@ -250,6 +250,14 @@ async fn checks(
                     ),
                 });
             }
+            if !settings.outbox.messages_only() && postgres::table_has_rows(settings, pg).await? {
+                report.warnings.push(format!(
+                    "table {} already holds rows: they were committed before the slot exists, so `run` \
+                     will not publish them. To publish them too, run `outbox-relay backfill \
+                     --replace-slot` before the first `run` (docs/recovery.md)",
+                    settings.outbox.table
+                ));
+            }
             true
         }
     };

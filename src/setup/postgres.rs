@@ -14,6 +14,7 @@ use tokio_postgres::Client;
 use super::{SetupError, SetupReport};
 use crate::catalog::{self, SlotRow};
 use crate::config::Settings;
+use crate::source::quote_ident;
 
 const PAYLOAD_TYPES: &[&str] = &["jsonb", "json", "text", "bytea", "varchar"];
 const ID_TYPES: &[&str] = &["uuid", "text", "varchar", "int8", "int4", "bpchar"];
@@ -127,6 +128,17 @@ pub(super) async fn check(
         slot,
         partitioned,
     })
+}
+
+/// Whether the outbox table holds any row (one index or heap page read, whatever its size).
+pub(super) async fn table_has_rows(settings: &Settings, pg: &Client) -> Result<bool, SetupError> {
+    let (schema, name) = settings.outbox.table_parts();
+    let sql = format!(
+        "SELECT EXISTS (SELECT 1 FROM {}.{})",
+        quote_ident(schema),
+        quote_ident(name)
+    );
+    Ok(pg.query_one(&sql, &[]).await?.get(0))
 }
 
 /// The outbox table and its columns. Returns whether it is partitioned.

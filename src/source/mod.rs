@@ -61,4 +61,5 @@ pub use hosts::ServerRole;
 pub use options::PgOutputOptions;
 pub use stream::{ReplicationEvent, ReplicationStream, StreamConfig, parse_copy_data};
 pub use tls::TlsConfigError;
+pub(crate) use wire::quote_ident;
 pub use wire::{MAX_FRAME_BYTES, frame_len};
