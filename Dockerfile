@@ -4,6 +4,9 @@
 
 FROM rust:1.95-bookworm AS build
 WORKDIR /src
+# The history is not in the build context (.dockerignore): pass the commit for `--version`,
+# e.g. docker build --build-arg OUTBOX_RELAY_COMMIT=$(git rev-parse --short=12 HEAD) .
+ARG OUTBOX_RELAY_COMMIT=unknown
 COPY . .
 # Cache mounts keep the registry and target dir between builds; the binary is copied out of the
 # (unpersisted) target mount in the same step.

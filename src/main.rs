@@ -14,7 +14,11 @@ use outbox_relay::relay::error_chain;
 
 /// Transactional outbox relay: Postgres logical replication to NATS JetStream.
 #[derive(Parser, Debug)]
-#[command(name = "outbox-relay", version, about)]
+#[command(
+    name = "outbox-relay",
+    version = concat!(env!("CARGO_PKG_VERSION"), " (commit ", env!("OUTBOX_RELAY_COMMIT"), ")"),
+    about
+)]
 struct Cli {
     /// TOML configuration file. Every key can also be set by OUTBOX_RELAY_<SECTION>_<KEY>.
     #[arg(long, short, global = true, value_name = "FILE")]

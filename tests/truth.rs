@@ -586,3 +586,30 @@ async fn setup_on_a_table_with_rows_names_backfill() {
         assert_eq!(warned, rows, "rows {rows}: {:?}", report.warnings);
     }
 }
+
+/// `--version` names the release and the commit the binary was built from (what `git` says HEAD
+/// is, when the tests run in the repository the binary was built in).
+#[test]
+fn version_names_the_commit() {
+    let f = run_command(&["--version"], &[], LIMIT);
+    assert!(f.status.success(), "{}", f.stderr);
+    let line = f.stdout.trim();
+    assert!(
+        line.starts_with(&format!(
+            "outbox-relay {} (commit ",
+            env!("CARGO_PKG_VERSION")
+        )),
+        "{line}"
+    );
+    let head = std::process::Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned());
+    match head {
+        Some(head) => assert!(line.contains(&head), "{line} is not HEAD {head}"),
+        None => assert!(line.ends_with(')'), "{line}"),
+    }
+}
