@@ -8,11 +8,15 @@
 
 use std::time::Duration;
 
+use async_nats::{ConnectOptions, Event};
+use futures_util::StreamExt;
 use outbox_relay::config::Config;
+use tokio::sync::mpsc;
 use tokio_postgres::NoTls;
 
 use crate::support::{
-    NatsServer, PgServer, TestDb, relay_config, relay_env, run_command, server_major, unique,
+    InProcessRelay, NatsServer, PgServer, TestDb, confirmed_flush, default_outbox_sql, read_all,
+    relay_config, relay_env, run_command, server_major, stream_count, unique, wait_for,
 };
 
 const LIMIT: Duration = Duration::from_secs(60);
@@ -142,4 +146,180 @@ async fn sql_06_stops_direct_emit_messages_and_setup_and_status_warn_until_it_ra
     drop(as_writer);
     drop(db);
     server.psql("postgres", &format!("DROP ROLE IF EXISTS {writer}"));
+}
+
+/// The nats-server configuration docs/operations.md prints under "NATS permissions": the first code
+/// block of that section, as it is.
+fn documented_nats_config() -> String {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/operations.md");
+    let text = std::fs::read_to_string(path).expect("read docs/operations.md");
+    let (_, section) = text
+        .split_once("\n## NATS permissions\n")
+        .expect("docs/operations.md has a section NATS permissions");
+    let section = section.split("\n## ").next().unwrap_or(section);
+    let (_, block) = section
+        .split_once("\n```\n")
+        .expect("the section prints a nats-server configuration");
+    let (block, _) = block.split_once("\n```").expect("the block ends");
+    block.to_owned()
+}
+
+/// The names and passwords of the documented configuration.
+const RELAY_USER: &str = "outbox-relay";
+const RELAY_PASSWORD: &str = "change-me-relay";
+const SERVICE_USER: &str = "claims-service";
+const SERVICE_PASSWORD: &str = "change-me-service";
+const INBOX_PREFIX: &str = "_INBOX_outbox_relay";
+
+/// A client of the documented service user, and the errors the server sends it (a permission
+/// violation comes as an `-ERR` line, not as the publish's result).
+async fn service_client(
+    nats: &NatsServer,
+) -> (async_nats::Client, mpsc::UnboundedReceiver<String>) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let client =
+        ConnectOptions::with_user_and_password(SERVICE_USER.into(), SERVICE_PASSWORD.into())
+            .event_callback(move |event| {
+                let tx = tx.clone();
+                async move {
+                    if let Event::ServerError(e) = event {
+                        let _ = tx.send(e.to_string());
+                    }
+                }
+            })
+            .connect(nats.url())
+            .await
+            .expect("connect as the service user");
+    (client, rx)
+}
+
+/// Publishes `payload` to `subject` and returns the server's error for it, if one comes within 2 s.
+async fn publish_refused(
+    client: &async_nats::Client,
+    errors: &mut mpsc::UnboundedReceiver<String>,
+    subject: &str,
+    payload: &'static [u8],
+) -> Option<String> {
+    client
+        .publish(subject.to_owned(), payload.into())
+        .await
+        .expect("publish");
+    client.flush().await.expect("flush");
+    tokio::time::timeout(Duration::from_secs(2), errors.recv())
+        .await
+        .ok()
+        .flatten()
+}
+
+/// A nats-server started with exactly the accounts and users docs/operations.md prints: the relay
+/// (its user, `nats.inbox_prefix` as documented) runs `setup`, `status` and `run`, and an event
+/// inserted into the outbox arrives in the stream. The service user of the same account reads the
+/// stream, but its publish into `outbox.*` is a permission violation (nothing stored), and so is
+/// its answer to the reply subject it saw on the relay's publish, a forged ack on the relay's inbox
+/// (the relay's session goes on: the next event arrives).
+#[tokio::test]
+async fn the_documented_nats_permissions_let_the_relay_work_and_keep_others_off_its_subjects() {
+    let conf = documented_nats_config();
+    assert!(
+        conf.contains(RELAY_PASSWORD)
+            && conf.contains(SERVICE_PASSWORD)
+            && conf.contains(INBOX_PREFIX),
+        "the documented configuration names the users this test connects as:\n{conf}"
+    );
+    let nats = NatsServer::start_with_config(&conf);
+    let db = TestDb::create(PgServer::shared()).await;
+    db.psql(&default_outbox_sql());
+    let mut config = relay_config(&db, &nats);
+    // The names the documented permissions are written for.
+    config.nats.stream = "OUTBOX".into();
+    config.nats.user = RELAY_USER.into();
+    config.nats.password = RELAY_PASSWORD.into();
+    config.nats.inbox_prefix = INBOX_PREFIX.into();
+    let mut env = relay_env(&config);
+    for (k, v) in [
+        ("OUTBOX_RELAY_NATS_USER", RELAY_USER),
+        ("OUTBOX_RELAY_NATS_PASSWORD", RELAY_PASSWORD),
+        ("OUTBOX_RELAY_NATS_INBOX_PREFIX", INBOX_PREFIX),
+    ] {
+        env.push((k.into(), v.into()));
+    }
+    let setup = run_command(&["setup"], &env, LIMIT);
+    assert!(
+        setup.status.success(),
+        "setup with the documented permissions: {}",
+        setup.stderr
+    );
+
+    let (service, mut errors) = service_client(&nats).await;
+    let js = async_nats::jetstream::new(service.clone());
+    // A core subscriber of the stream's subjects sees the relay's publishes and their reply subjects.
+    let mut seen = service.subscribe("outbox.*").await.expect("subscribe");
+    service.flush().await.expect("flush");
+
+    let client = db.client().await;
+    let relay = InProcessRelay::start(config.clone());
+    wait_for("the relay's slot", LIMIT, || async {
+        confirmed_flush(&client, &config.postgres.slot)
+            .await
+            .is_some()
+    })
+    .await;
+    let insert = "INSERT INTO public.outbox (aggregate_type, aggregate_id, event_type, payload) \
+                  VALUES ('Claim', $1, 'ClaimApproved', '{}')";
+    client.execute(insert, &[&"4711"]).await.expect("insert");
+    wait_for("the event in the stream", LIMIT, || async {
+        stream_count(&js, "OUTBOX").await >= 1
+    })
+    .await;
+    let published = tokio::time::timeout(LIMIT, seen.next())
+        .await
+        .expect("the relay's publish seen by the subscriber")
+        .expect("subscription open");
+    let reply = published
+        .reply
+        .expect("the relay publishes with a reply subject")
+        .to_string();
+    assert!(
+        reply.starts_with(&format!("{INBOX_PREFIX}.")),
+        "the relay's inbox is under nats.inbox_prefix: {reply}"
+    );
+
+    let status = run_command(&["status"], &env, LIMIT);
+    assert!(
+        status.status.success() && status.stdout.contains("healthy"),
+        "status with the documented permissions:\n{}{}",
+        status.stdout,
+        status.stderr
+    );
+
+    let refused =
+        publish_refused(&service, &mut errors, "outbox.Claim", b"{\"forged\": true}").await;
+    assert!(
+        refused
+            .as_deref()
+            .is_some_and(|e| e.contains("Permissions Violation for Publish to \"outbox.Claim\"")),
+        "the service may not publish into the stream's subjects: {refused:?}"
+    );
+    let forged = br#"{"stream": "OUTBOX", "seq": 99}"#;
+    let refused = publish_refused(&service, &mut errors, &reply, forged).await;
+    assert!(
+        refused.as_deref().is_some_and(
+            |e| e.contains("Permissions Violation for Publish to") && e.contains(INBOX_PREFIX)
+        ),
+        "the service may not answer on the relay's inbox: {refused:?}"
+    );
+
+    client.execute(insert, &[&"4712"]).await.expect("insert");
+    wait_for("the second event in the stream", LIMIT, || async {
+        stream_count(&js, "OUTBOX").await >= 2
+    })
+    .await;
+    let stored = read_all(&js, "OUTBOX").await;
+    let ids: Vec<&str> = stored
+        .iter()
+        .map(|m| m.header("Outbox-Aggregate-Id"))
+        .collect();
+    assert_eq!(ids, ["4711", "4712"], "only the relay's events are stored");
+    assert!(!relay.is_finished(), "the relay runs on");
+    relay.stop().await.expect("relay stops cleanly");
 }
