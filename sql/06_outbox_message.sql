@@ -16,13 +16,25 @@
 -- price: the event exists only in the WAL. It cannot be queried, audited afterwards or backfilled
 -- (`outbox-relay backfill` reads a table); once the slot has passed it, only the stream has it.
 --
--- Privileges: the function is SECURITY DEFINER, so a writer needs EXECUTE on it and nothing else. Its
--- owner must be allowed to execute pg_logical_emit_message: on a vanilla server every role may, but some
--- managed services revoke it from ordinary roles (then create this function as the most privileged role
--- the service gives you, e.g. rds_superuser / cloudsqlsuperuser / azure_pg_admin, or ask the provider).
--- A writer cannot use it to emit anything but a well-formed event under the fixed prefix.
+-- Privileges: the function is SECURITY DEFINER, so a writer needs EXECUTE on it and nothing else, and
+-- through it can emit nothing but a well-formed event under the fixed prefix. Its owner must be allowed
+-- to execute pg_logical_emit_message.
 --
--- Run as the role that will own the function (see above):
+-- The helper alone would not keep events honest: on a vanilla server pg_logical_emit_message is
+-- executable by PUBLIC, and table privileges do not apply to it, so any role that can connect to this
+-- database could call pg_logical_emit_message(true, '<prefix>', '…') itself and the relay would publish
+-- whatever it wrote as an event. So this script also revokes EXECUTE on every overload of
+-- pg_logical_emit_message (text and bytea content, and on PG 17+ the variants with a `flush` argument)
+-- from PUBLIC, and grants the text overload the helper calls to the helper's owner when that is not a
+-- superuser. Only this database is changed: the relay's slot decodes no other database's messages, and a
+-- database created later starts with the default again. Superusers can still emit directly.
+-- Revoking needs the functions' owner or a superuser. Run by anyone else, the script leaves the
+-- privilege as it was and says so with a WARNING; on a managed service create the function as the most
+-- privileged role the service gives you (e.g. rds_superuser / cloudsqlsuperuser / azure_pg_admin) and ask
+-- the provider to revoke it, or accept that every role of the database can write events. `outbox-relay
+-- setup` and `status` warn while PUBLIC can still execute it.
+--
+-- Run as the role that will own the function (see above), ideally a superuser:
 --   psql "$DATABASE_URL" -v ON_ERROR_STOP=1 -f sql/06_outbox_message.sql
 -- Safe to run again (CREATE OR REPLACE).
 --
@@ -98,3 +110,37 @@ SELECT format('REVOKE EXECUTE ON FUNCTION %I.%I(text, text, text, jsonb, jsonb, 
 SELECT format('GRANT EXECUTE ON FUNCTION %I.%I(text, text, text, jsonb, jsonb, text) TO %I',
     :'message_schema', :'function_name', :'writer_role') \gexec
 \endif
+
+-- Direct calls: see "Privileges" above. Only statements this role may run are generated (it must be a
+-- member of the functions' owner, as a superuser is), so a lesser role gets the WARNING below instead
+-- of one per statement.
+SELECT format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', p.oid::regprocedure)
+  FROM pg_catalog.pg_proc p
+ WHERE p.proname = 'pg_logical_emit_message' AND p.pronamespace = 'pg_catalog'::regnamespace
+   AND pg_catalog.pg_has_role(p.proowner, 'USAGE')
+ ORDER BY 1 \gexec
+
+-- The helper calls the text overload with its owner's rights: a superuser owner needs no grant.
+SELECT format('GRANT EXECUTE ON FUNCTION %s TO %s', p.oid::regprocedure, f.proowner::regrole)
+  FROM pg_catalog.pg_proc p, pg_catalog.pg_proc f
+ WHERE p.proname = 'pg_logical_emit_message' AND p.pronamespace = 'pg_catalog'::regnamespace
+   AND p.proargtypes[2] = 'text'::regtype
+   AND pg_catalog.pg_has_role(p.proowner, 'USAGE')
+   AND f.oid = format('%I.%I(text, text, text, jsonb, jsonb, text)', :'message_schema', :'function_name')::regprocedure
+   AND NOT (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.oid = f.proowner)
+ ORDER BY 1 \gexec
+
+DO $check$
+DECLARE
+    still text;
+BEGIN
+    SELECT string_agg(p.oid::regprocedure::text, ', ' ORDER BY p.oid::regprocedure::text) INTO still
+      FROM pg_catalog.pg_proc p
+     WHERE p.proname = 'pg_logical_emit_message' AND p.pronamespace = 'pg_catalog'::regnamespace
+       AND EXISTS (SELECT 1 FROM aclexplode(coalesce(p.proacl, acldefault('f', p.proowner))) a
+                    WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE');
+    IF still IS NOT NULL THEN
+        RAISE WARNING 'every role of this database can still call % directly and so write any event: as a superuser, REVOKE EXECUTE ON FUNCTION % FROM PUBLIC', still, still;
+    END IF;
+END
+$check$;

@@ -3,10 +3,18 @@
 //!
 //! HTTP/1 only, GET only, no bodies read: probes and scrapers need nothing more. It reads the shared
 //! [`Metrics`] and never touches the pipeline.
+//!
+//! Probes must stay answerable while something else holds connections open (a scanner, a client
+//! that sends half a request and stalls, reconnecting as it is cut): a kubelet whose probes are
+//! refused restarts a healthy pod. So one peer address holds at most [`MAX_PER_PEER`] of the
+//! [`MAX_CONNECTIONS`] slots, the last [`RESERVED_FOR_NEW_PEERS`] slots go only to a peer with next to
+//! nothing open, and a request's headers must arrive within [`HEADER_READ_TIMEOUT`], so a stalled
+//! connection gives its slot back within a second.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
-use std::net::SocketAddr;
-use std::sync::Arc;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -14,7 +22,6 @@ use http_body_util::Full;
 use hyper::{Method, Request, Response, StatusCode, body::Incoming, service::service_fn};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
 use tracing::{debug, warn};
 
 use crate::metrics::Metrics;
@@ -53,7 +60,7 @@ pub async fn bind(listen: &str) -> Result<TcpListener, BindError> {
 
 /// Serves until the task is dropped.
 pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let slots = Arc::new(Mutex::new(Slots::default()));
     let mut last_emfile = None;
     loop {
         let (stream, peer) = match listener.accept().await {
@@ -76,8 +83,8 @@ pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
                 continue;
             }
         };
-        // Over the cap the connection is closed at once: probes retry, a flood gets nothing.
-        let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
+        // Over a cap the connection is closed at once: probes retry, a flood gets nothing.
+        let Some(slot) = Slot::take(&slots, peer.ip()) else {
             debug!(%peer, "http connection refused: too many open");
             continue;
         };
@@ -104,14 +111,93 @@ pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
     }
 }
 
-/// Open connections at most; probes and one scraper need a handful.
+/// Open connections at most, all peers together; probes and one scraper need a handful.
 const MAX_CONNECTIONS: usize = 32;
-/// A client must send its request headers within this.
-const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// Open connections at most from one peer (an IPv4 address, an IPv6 /64): one client, however many
+/// connections it opens, leaves the other slots to the rest.
+const MAX_PER_PEER: usize = 8;
+/// The last slots, which only a peer with fewer than [`FEW`] connections open may take: even when a
+/// few peers hold their share each, a kubelet (liveness and readiness probes at once) gets in.
+const RESERVED_FOR_NEW_PEERS: usize = 8;
+/// See [`RESERVED_FOR_NEW_PEERS`].
+const FEW: usize = 2;
+/// A client must send its request headers within this. A probe sends them at once (a few dozen
+/// bytes); a connection that stalls gives its slot back within a second.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(1);
 /// A whole connection, request and response, within this (slow readers included).
 const CONNECTION_TIMEOUT: Duration = Duration::from_secs(10);
 /// hyper's read buffer (the smallest it allows); GET requests of probes are tiny.
 const MAX_BUF: usize = 8192;
+
+/// The open connections, in total and per peer.
+#[derive(Default)]
+struct Slots {
+    open: usize,
+    by_peer: HashMap<IpAddr, usize>,
+}
+
+impl Slots {
+    /// Takes a slot for a connection from `peer` when the caps allow it.
+    fn admit(&mut self, peer: IpAddr) -> bool {
+        let mine = self.by_peer.get(&peer).copied().unwrap_or(0);
+        let allowed = mine < MAX_PER_PEER
+            && self.open < MAX_CONNECTIONS
+            && (self.open < MAX_CONNECTIONS - RESERVED_FOR_NEW_PEERS || mine < FEW);
+        if allowed {
+            self.open += 1;
+            *self.by_peer.entry(peer).or_default() += 1;
+        }
+        allowed
+    }
+
+    fn release(&mut self, peer: IpAddr) {
+        self.open -= 1;
+        if let Some(n) = self.by_peer.get_mut(&peer) {
+            *n -= 1;
+            if *n == 0 {
+                self.by_peer.remove(&peer);
+            }
+        }
+    }
+}
+
+/// One admitted connection's slot, given back on drop.
+struct Slot {
+    slots: Arc<Mutex<Slots>>,
+    peer: IpAddr,
+}
+
+impl Slot {
+    fn take(slots: &Arc<Mutex<Slots>>, ip: IpAddr) -> Option<Slot> {
+        let peer = peer_key(ip);
+        let admitted = slots.lock().unwrap_or_else(|e| e.into_inner()).admit(peer);
+        admitted.then(|| Slot {
+            slots: Arc::clone(slots),
+            peer,
+        })
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.slots
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .release(self.peer);
+    }
+}
+
+/// Who counts as one peer: an IPv4 address (also when mapped into IPv6), or an IPv6 /64, since one
+/// host is commonly given a whole /64 and could otherwise take a slot per address.
+fn peer_key(ip: IpAddr) -> IpAddr {
+    match ip.to_canonical() {
+        IpAddr::V6(v6) => {
+            let bits = u128::from(v6) & !((1u128 << 64) - 1);
+            IpAddr::V6(bits.into())
+        }
+        v4 => v4,
+    }
+}
 
 fn respond(req: &Request<Incoming>, metrics: &Metrics) -> Response<Full<Bytes>> {
     let text = |status: StatusCode, body: String, content_type: &'static str| {
@@ -158,5 +244,60 @@ fn respond(req: &Request<Incoming>, metrics: &Metrics) -> Response<Full<Bytes>> 
             "not found: /metrics /healthz /readyz\n".into(),
             "text/plain",
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn one_peer_takes_at_most_its_share_and_new_peers_keep_room() {
+        let mut slots = Slots::default();
+        let flood = ip("10.0.0.1");
+        let admitted = (0..100).filter(|_| slots.admit(flood)).count();
+        assert_eq!(admitted, MAX_PER_PEER);
+        // Three peers hold their share: only the reserved slots are left.
+        for p in ["10.0.0.2", "10.0.0.3"] {
+            for _ in 0..MAX_PER_PEER {
+                assert!(slots.admit(ip(p)));
+            }
+        }
+        assert_eq!(slots.open, MAX_CONNECTIONS - RESERVED_FOR_NEW_PEERS);
+        assert!(!slots.admit(flood), "a full peer stays full");
+        // A fourth peer may take the reserve only while it has next to nothing open.
+        let busy = ip("10.0.0.4");
+        assert!(slots.admit(busy) && slots.admit(busy));
+        assert!(!slots.admit(busy), "the reserve is for new peers");
+        // A probe from a new peer still gets in, twice (liveness and readiness).
+        let kubelet = ip("10.0.0.9");
+        assert!(slots.admit(kubelet) && slots.admit(kubelet));
+        slots.release(kubelet);
+        slots.release(kubelet);
+        assert!(!slots.by_peer.contains_key(&kubelet));
+        assert!(slots.admit(kubelet));
+    }
+
+    #[test]
+    fn the_total_cap_holds_whatever_the_peers() {
+        let mut slots = Slots::default();
+        let admitted = (0..200u32)
+            .filter(|i| slots.admit(IpAddr::V4((0x0a00_0000 + i / 2).into())))
+            .count();
+        assert_eq!(admitted, MAX_CONNECTIONS);
+    }
+
+    #[test]
+    fn an_ipv6_slash_64_is_one_peer_and_mapped_ipv4_is_ipv4() {
+        assert_eq!(
+            peer_key(ip("2001:db8::1")),
+            peer_key(ip("2001:db8::ffff:2"))
+        );
+        assert_ne!(peer_key(ip("2001:db8::1")), peer_key(ip("2001:db8:0:1::1")));
+        assert_eq!(peer_key(ip("::ffff:10.0.0.1")), ip("10.0.0.1"));
     }
 }

@@ -201,6 +201,10 @@ pub async fn status(settings: &Settings, max_lag_bytes: i64) -> Status {
             {
                 problems.push(format!("postgres: {e}"));
             }
+            match setup::public_emit_message_warning(settings, &pg).await {
+                Ok(w) => warnings.extend(w),
+                Err(e) => problems.push(format!("postgres: {e}")),
+            }
         }
     }
 

@@ -13,6 +13,7 @@ mod faults;
 mod ha;
 mod hostile;
 mod ops;
+mod permissions;
 mod platforms;
 mod relay;
 mod resume;

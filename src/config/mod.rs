@@ -210,6 +210,9 @@ pub struct NatsConfig {
     /// One Postgres transaction becomes one JetStream atomic batch (the stream needs
     /// `allow_atomic`): consumers never see part of a transaction. Needs `fence`.
     pub atomic_transactions: bool,
+    /// The first token(s) of the relay's inbox subjects, where JetStream answers its requests and
+    /// publishes: a prefix of its own lets NATS permissions keep every other client off its inbox.
+    pub inbox_prefix: String,
 }
 
 impl Default for NatsConfig {
@@ -239,6 +242,7 @@ impl Default for NatsConfig {
             cloudevents: false,
             cloudevents_source: "outbox-relay".into(),
             atomic_transactions: false,
+            inbox_prefix: "_INBOX".into(),
         }
     }
 }
@@ -406,6 +410,7 @@ impl fmt::Debug for NatsConfig {
             .field("cloudevents", &self.cloudevents)
             .field("cloudevents_source", &self.cloudevents_source)
             .field("atomic_transactions", &self.atomic_transactions)
+            .field("inbox_prefix", &self.inbox_prefix)
             .finish_non_exhaustive()
     }
 }
@@ -506,6 +511,28 @@ mod tests {
         assert!(c.nats.fence);
         let c = load("", &[("OUTBOX_RELAY_NATS_FENCE", "Off")]).unwrap();
         assert!(!c.nats.fence);
+    }
+
+    #[test]
+    fn inbox_prefix_is_literal_and_outside_the_stream() {
+        assert_eq!(load("", &[]).unwrap().nats.inbox_prefix, "_INBOX");
+        let c = load(
+            "[nats]\ninbox_prefix = \"_INBOX_outbox_relay\"",
+            &[("OUTBOX_RELAY_NATS_INBOX_PREFIX", "_INBOX_relay.claims")],
+        )
+        .unwrap();
+        assert_eq!(c.nats.inbox_prefix, "_INBOX_relay.claims");
+        for bad in ["", "a.*", "_INBOX.>", "$JS", "a..b", "has space", "outbox"] {
+            let e = load("", &[("OUTBOX_RELAY_NATS_INBOX_PREFIX", bad)])
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("nats.inbox_prefix"), "{bad:?}: {e}");
+        }
+        // `outbox.>` would take in the default template's `outbox.*`.
+        let e = load("", &[("OUTBOX_RELAY_NATS_INBOX_PREFIX", "outbox")])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("overlaps nats.subject"), "{e}");
     }
 
     #[test]

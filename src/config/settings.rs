@@ -170,6 +170,7 @@ impl Config {
                 ),
             ));
         }
+        check_inbox_prefix(n, &template)?;
         if !(1..=65_536).contains(&n.max_in_flight) {
             return Err(invalid("nats.max_in_flight", "must be between 1 and 65536"));
         }
@@ -263,6 +264,38 @@ fn check_header_columns(entries: &[String], cloudevents: bool) -> Result<(), Con
             ));
         }
         seen.push(lower);
+    }
+    Ok(())
+}
+
+/// `nats.inbox_prefix`: literal tokens (no wildcards, not `$…`, which NATS reserves), and no subject
+/// the stream stores: JetStream would store the answers to the relay's own publishes.
+fn check_inbox_prefix(
+    n: &super::NatsConfig,
+    template: &SubjectTemplate,
+) -> Result<(), ConfigError> {
+    const KEY: &str = "nats.inbox_prefix";
+    let prefix = &n.inbox_prefix;
+    crate::route::check_subject(prefix).map_err(|why| {
+        invalid(
+            KEY,
+            format!("{why}: use literal tokens such as \"_INBOX_outbox_relay\""),
+        )
+    })?;
+    let inbox = format!("{prefix}.>");
+    for (key, subject) in [
+        ("nats.subject", template.wildcard()),
+        ("nats.dead_letter_subject", n.dead_letter_subject.clone()),
+    ] {
+        if crate::route::subjects_overlap(&inbox, &subject) {
+            return Err(invalid(
+                KEY,
+                format!(
+                    "{prefix:?}: the relay's inbox {inbox} overlaps {key} {subject:?}, so the stream would store \
+                     JetStream's answers: pick a prefix of its own, such as \"_INBOX_outbox_relay\""
+                ),
+            ));
+        }
     }
     Ok(())
 }

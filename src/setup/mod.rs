@@ -21,6 +21,15 @@ use crate::source::SourceError;
 
 pub use stream::{META_SLOT, META_TABLE};
 
+/// For `status`: the warning `setup` gives while PUBLIC may execute `pg_logical_emit_message` and
+/// `outbox.message_prefix` is set (anyone could write events directly); `None` otherwise.
+pub async fn public_emit_message_warning(
+    settings: &Settings,
+    pg: &Client,
+) -> Result<Option<String>, tokio_postgres::Error> {
+    postgres::public_emit_message(settings, pg).await
+}
+
 /// A check that failed, or a server that cannot be reached. One line, naming the object and the fix.
 #[derive(Debug, thiserror::Error)]
 pub enum SetupError {

@@ -117,6 +117,9 @@ pub(super) async fn check(
         )));
     }
 
+    if let Some(w) = public_emit_message(settings, pg).await? {
+        report.warnings.push(w);
+    }
     let create_publication = check_publication(settings, pg, partitioned, report).await?;
     let slot = catalog::slot(pg, &settings.postgres.slot).await?;
     if let Some(s) = slot.as_ref().filter(|_| check_slot_too) {
@@ -139,6 +142,38 @@ pub(super) async fn table_has_rows(settings: &Settings, pg: &Client) -> Result<b
         quote_ident(name)
     );
     Ok(pg.query_one(&sql, &[]).await?.get(0))
+}
+
+/// With `outbox.message_prefix` set: a warning while PUBLIC may execute `pg_logical_emit_message`.
+/// Table privileges do not apply to it, so then any role that can connect may write a message with the
+/// prefix directly, and the relay publishes it as an event, bypassing the checks of
+/// sql/06_outbox_message.sql's helper.
+pub(crate) async fn public_emit_message(
+    settings: &Settings,
+    pg: &Client,
+) -> Result<Option<String>, tokio_postgres::Error> {
+    if settings.outbox.message_prefix.is_empty() {
+        return Ok(None);
+    }
+    // Every overload (text and bytea content; PG 17 added `flush`). A NULL proacl is the default,
+    // which grants EXECUTE to PUBLIC (grantee 0).
+    let row = pg
+        .query_one(
+            "SELECT string_agg(p.oid::regprocedure::text, ', ' ORDER BY p.oid::regprocedure::text) \
+             FROM pg_catalog.pg_proc p \
+             WHERE p.proname = 'pg_logical_emit_message' AND p.pronamespace = 'pg_catalog'::regnamespace \
+               AND EXISTS (SELECT 1 FROM aclexplode(coalesce(p.proacl, acldefault('f', p.proowner))) a \
+                           WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE')",
+            &[],
+        )
+        .await?;
+    Ok(row.get::<_, Option<String>>(0).map(|functions| {
+        format!(
+            "outbox.message_prefix is set, but every role of this database may call {functions} and so write \
+             events the relay publishes, unchecked: as a superuser, REVOKE EXECUTE ON FUNCTION {functions} FROM \
+             PUBLIC (sql/06_outbox_message.sql does it; its helper keeps working)"
+        )
+    }))
 }
 
 /// The outbox table and its columns. Returns whether it is partitioned.

@@ -72,7 +72,10 @@ pub async fn connect_nats(settings: &Settings) -> Result<async_nats::Client, Con
         .name("outbox-relay")
         .connection_timeout(Duration::from_secs(5))
         // The configured order: the first server is the one the operator expects to be used.
-        .retain_servers_order();
+        .retain_servers_order()
+        // JetStream answers on the inbox; a prefix of the relay's own can be kept from other clients
+        // by NATS permissions (docs/operations.md, NATS permissions).
+        .custom_inbox_prefix(&settings.nats.inbox_prefix);
     opts = match &n.auth {
         NatsAuth::None => opts,
         NatsAuth::UserPassword { user, password } => {

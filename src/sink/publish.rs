@@ -277,7 +277,8 @@ struct Answer {
 #[derive(Debug, thiserror::Error)]
 #[error(
     "an answer on the relay's inbox is not a JetStream ack for stream {stream}: {why}; another client may be \
-     publishing to the relay's inbox (allow only the relay to subscribe and publish to _INBOX.> in its account)"
+     publishing to the relay's inbox (allow only the relay to publish to its inbox, nats.inbox_prefix; see \
+     docs/operations.md, NATS permissions)"
 )]
 pub(super) struct Forged {
     pub stream: String,

@@ -2,7 +2,8 @@
 //! (SIGSTOP) under a backlog of 1 MB events (P6: memory bounded by `nats.max_in_flight_bytes`, not
 //! by the backlog), a stream that refuses new messages (`discard: new` at `max_msgs`: restarts back
 //! off instead of hammering, one log line instead of one per retry), and HTTP clients that open
-//! connections and never finish a request (idle, slow-loris, a flood over the connection cap).
+//! connections and never finish a request (idle, slow-loris, a flood over the connection cap, and a
+//! flood from one peer while another probes).
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -349,4 +350,120 @@ async fn http_idle_slow_loris_and_a_flood_of_partial_requests_are_cut_off() {
     }
     assert_eq!(seen.get(&200), Some(&5), "/metrics answers again: {seen:?}");
     drop(relay);
+}
+
+/// Probes stay answerable while one peer floods the listener with slow connections: 64 connections
+/// from 127.0.0.1 each send half a request and stall, and are reopened as soon as they are cut (the
+/// attack that took every slot of the old 32-connection cap and got the pod restarted). Meanwhile a
+/// kubelet at 127.0.0.2 probes `/healthz` every 200 ms with its default 1 s timeout: every probe
+/// gets 200. A stalled connection from a third address is cut within the ~1 s header timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probes_from_another_peer_answer_under_a_flood_of_slow_connections() {
+    let db = text_id_db().await;
+    let nats = NatsServer::start();
+    let config = relay_config(&db, &nats);
+    let addr = free_addr();
+    let mut env = relay_env(&config);
+    set(&mut env, "OUTBOX_RELAY_HTTP_LISTEN", &addr);
+    let relay = RelayProcess::spawn(&["run"], &env);
+    wait_http(&addr, "/healthz", 200).await;
+    let target: std::net::SocketAddr = addr.parse().expect("listen address");
+
+    let stop = Instant::now() + Duration::from_secs(8);
+    let flood: Vec<_> = (0..64)
+        .map(|_| {
+            tokio::spawn(async move {
+                let mut held = 0u32;
+                while Instant::now() < stop {
+                    let Ok(mut s) = connect_from("127.0.0.1", target).await else {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    };
+                    if s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+                        .await
+                        .is_ok()
+                    {
+                        // Stall until the server cuts it (or the flood ends), then reopen.
+                        let mut buf = [0u8; 64];
+                        let left = stop.saturating_duration_since(Instant::now());
+                        if let Ok(Ok(0) | Err(_)) =
+                            tokio::time::timeout(left, s.read(&mut buf)).await
+                        {
+                            held += 1;
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                held
+            })
+        })
+        .collect();
+    // Let the flood take what it can.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    let stalled = tokio::spawn(async move {
+        let mut s = connect_from("127.0.0.3", target).await.expect("connect");
+        s.write_all(b"GET /metrics HTTP/1.1\r\n")
+            .await
+            .expect("write");
+        closed_within(s, Instant::now(), Duration::from_secs(5)).await
+    });
+
+    let mut failures = Vec::new();
+    let mut probes = 0;
+    while Instant::now() + Duration::from_secs(1) < stop {
+        probes += 1;
+        let started = Instant::now();
+        match tokio::time::timeout(Duration::from_secs(1), probe(target)).await {
+            Ok(Ok(200)) => {}
+            Ok(Ok(status)) => failures.push(format!("status {status}")),
+            Ok(Err(e)) => failures.push(e.to_string()),
+            Err(_) => failures.push("no answer within 1 s".into()),
+        }
+        tokio::time::sleep(Duration::from_millis(200).saturating_sub(started.elapsed())).await;
+    }
+    let stalled = stalled.await.expect("stalled connection task");
+    let mut cut = 0;
+    for f in flood {
+        cut += f.await.expect("flood task");
+    }
+    eprintln!(
+        "http: {probes} probes under a flood of 64 slow connections ({cut} cut and reopened): {} failed; \
+         a stalled connection was cut after {stalled:?}",
+        failures.len()
+    );
+    assert!(probes >= 20, "only {probes} probes ran");
+    assert!(
+        failures.is_empty(),
+        "probes from another peer failed under the flood: {failures:?}"
+    );
+    assert!(
+        stalled < Duration::from_secs(3),
+        "a connection that stalls in its headers is cut by the ~1 s header timeout, not after {stalled:?}"
+    );
+    drop(relay);
+}
+
+/// A TCP connection to `target` from the loopback address `from` (Linux routes all of 127/8 to lo).
+async fn connect_from(from: &str, target: std::net::SocketAddr) -> std::io::Result<TcpStream> {
+    let socket = tokio::net::TcpSocket::new_v4()?;
+    socket.bind(std::net::SocketAddr::new(
+        from.parse().expect("loopback address"),
+        0,
+    ))?;
+    socket.connect(target).await
+}
+
+/// One kubelet probe from 127.0.0.2: `GET /healthz`, the status code.
+async fn probe(target: std::net::SocketAddr) -> std::io::Result<u16> {
+    let mut s = connect_from("127.0.0.2", target).await?;
+    s.write_all(b"GET /healthz HTTP/1.1\r\nHost: relay\r\nConnection: close\r\n\r\n")
+        .await?;
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).await?;
+    let text = String::from_utf8_lossy(&buf);
+    text.split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| std::io::Error::other(format!("not an HTTP answer: {text:?}")))
 }

@@ -1,0 +1,325 @@
+//! The permissions story of the docs, tried as written: who may write events and who may touch the
+//! relay's subjects. Logical messages: after sql/06_outbox_message.sql a plain role can no longer call
+//! `pg_logical_emit_message` itself (table privileges do not apply to it, so before that any role could
+//! forge an event), still writes events through the helper, and `setup`/`status` warn exactly while it
+//! could. NATS: a server configured with the accounts and users docs/operations.md prints, where the
+//! relay works end to end and another user of the account can neither publish into the stream's
+//! subjects nor answer on the relay's inbox.
+
+use std::time::Duration;
+
+use async_nats::{ConnectOptions, Event};
+use futures_util::StreamExt;
+use outbox_relay::config::Config;
+use tokio::sync::mpsc;
+use tokio_postgres::NoTls;
+
+use crate::support::{
+    InProcessRelay, NatsServer, PgServer, TestDb, confirmed_flush, default_outbox_sql, read_all,
+    relay_config, relay_env, run_command, server_major, stream_count, unique, wait_for,
+};
+
+const LIMIT: Duration = Duration::from_secs(60);
+const PG_PASSWORD: &str = "writer-pw";
+
+/// The binary's environment for messages only with prefix `outbox`.
+fn messages_env(config: &Config) -> Vec<(String, String)> {
+    let mut env = relay_env(config);
+    env.push(("OUTBOX_RELAY_OUTBOX_MESSAGE_PREFIX".into(), "outbox".into()));
+    env.push(("OUTBOX_RELAY_OUTBOX_TABLE".into(), String::new()));
+    env
+}
+
+/// The line `setup` and `status` print while PUBLIC may execute `pg_logical_emit_message`.
+fn emit_warning(stdout: &str) -> Option<&str> {
+    stdout
+        .lines()
+        .find(|l| l.starts_with("warning:") && l.contains("pg_logical_emit_message"))
+}
+
+/// Every overload of `pg_logical_emit_message` on this server, as a call with arguments of its
+/// types (text and bytea content; PG 17+ has a `flush` argument too).
+async fn direct_calls(client: &tokio_postgres::Client) -> Vec<String> {
+    client
+        .query(
+            "SELECT p.proargtypes[2]::regtype::text, p.pronargs FROM pg_proc p \
+             WHERE p.proname = 'pg_logical_emit_message' AND p.pronamespace = 'pg_catalog'::regnamespace \
+             ORDER BY 1, 2",
+            &[],
+        )
+        .await
+        .expect("pg_proc")
+        .iter()
+        .map(|r| {
+            let (content, args): (String, i16) = (r.get(0), r.get(1));
+            let flush = if args == 4 { ", false" } else { "" };
+            format!(
+                "SELECT pg_logical_emit_message(true, 'outbox', '{{\"id\": \"forged\"}}'::{content}{flush})"
+            )
+        })
+        .collect()
+}
+
+/// sql/06 revokes direct calls of every `pg_logical_emit_message` overload from PUBLIC: before it a
+/// plain role can emit a message with the relay's prefix itself (a forged event) and `setup`/`status`
+/// warn, naming the function and the REVOKE; after it the role gets `permission denied` for each
+/// overload, still writes an event through `outbox_message` (granted with `-v writer_role`), and the
+/// warning is gone.
+#[tokio::test]
+async fn sql_06_stops_direct_emit_messages_and_setup_and_status_warn_until_it_ran() {
+    let server = PgServer::shared();
+    let db = TestDb::create(server).await;
+    let writer = unique("writer");
+    db.psql(&format!(
+        "CREATE ROLE {writer} LOGIN PASSWORD '{PG_PASSWORD}'"
+    ));
+    let nats = NatsServer::start();
+    let config = relay_config(&db, &nats);
+    let env = messages_env(&config);
+    let (as_writer, connection) =
+        tokio_postgres::connect(&server.url_as(&writer, PG_PASSWORD, db.name()), NoTls)
+            .await
+            .expect("connect as the writer");
+    tokio::spawn(connection);
+    let calls = direct_calls(&db.client().await).await;
+    // Text and bytea content, each with `flush` on PG 17+.
+    assert_eq!(calls.len(), 2, "{calls:?}");
+    let flush = server_major() >= 17;
+    assert!(
+        calls.iter().all(|c| c.contains(", false)") == flush),
+        "{calls:?}"
+    );
+
+    // Before: anyone may.
+    for call in &calls {
+        as_writer
+            .query_one(call.as_str(), &[])
+            .await
+            .unwrap_or_else(|e| panic!("{call} as a plain role before sql/06: {e}"));
+    }
+    let setup = run_command(&["setup"], &env, LIMIT);
+    assert!(setup.status.success(), "setup: {}", setup.stderr);
+    let line = emit_warning(&setup.stdout)
+        .unwrap_or_else(|| panic!("setup warns about direct calls:\n{}", setup.stdout));
+    assert!(
+        line.contains("outbox.message_prefix")
+            && line.contains("REVOKE EXECUTE ON FUNCTION pg_logical_emit_message(boolean,text,")
+            && line.contains("FROM PUBLIC"),
+        "{line}"
+    );
+    let status = run_command(&["status"], &env, LIMIT);
+    assert!(
+        emit_warning(&status.stdout).is_some_and(|l| l == line),
+        "status warns as setup does:\n{}",
+        status.stdout
+    );
+
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/sql/06_outbox_message.sql");
+    let script = std::fs::read_to_string(path).expect("read sql/06");
+    db.psql(&format!("\\set writer_role {writer}\n{script}"));
+
+    // After: not directly, each overload…
+    for call in &calls {
+        let e = as_writer
+            .query_one(call.as_str(), &[])
+            .await
+            .expect_err(&format!("{call} as a plain role after sql/06"));
+        let code = e.as_db_error().map(|d| d.code().code().to_owned());
+        assert_eq!(code.as_deref(), Some("42501"), "{call}: {e}");
+    }
+    // …but through the helper.
+    let id: String = as_writer
+        .query_one(
+            "SELECT outbox_message('Claim', '4711', 'ClaimApproved', '{\"claim_id\": 4711}')",
+            &[],
+        )
+        .await
+        .expect("outbox_message as the writer after sql/06")
+        .get(0);
+    assert_eq!(id.len(), 36, "{id}");
+
+    let setup = run_command(&["setup"], &env, LIMIT);
+    assert!(setup.status.success(), "setup: {}", setup.stderr);
+    assert_eq!(emit_warning(&setup.stdout), None, "{}", setup.stdout);
+    let status = run_command(&["status"], &env, LIMIT);
+    assert_eq!(emit_warning(&status.stdout), None, "{}", status.stdout);
+    drop(as_writer);
+    drop(db);
+    server.psql("postgres", &format!("DROP ROLE IF EXISTS {writer}"));
+}
+
+/// The nats-server configuration docs/operations.md prints under "NATS permissions": the first code
+/// block of that section, as it is.
+fn documented_nats_config() -> String {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/operations.md");
+    let text = std::fs::read_to_string(path).expect("read docs/operations.md");
+    let (_, section) = text
+        .split_once("\n## NATS permissions\n")
+        .expect("docs/operations.md has a section NATS permissions");
+    let section = section.split("\n## ").next().unwrap_or(section);
+    let (_, block) = section
+        .split_once("\n```\n")
+        .expect("the section prints a nats-server configuration");
+    let (block, _) = block.split_once("\n```").expect("the block ends");
+    block.to_owned()
+}
+
+/// The names and passwords of the documented configuration.
+const RELAY_USER: &str = "outbox-relay";
+const RELAY_PASSWORD: &str = "change-me-relay";
+const SERVICE_USER: &str = "claims-service";
+const SERVICE_PASSWORD: &str = "change-me-service";
+const INBOX_PREFIX: &str = "_INBOX_outbox_relay";
+
+/// A client of the documented service user, and the errors the server sends it (a permission
+/// violation comes as an `-ERR` line, not as the publish's result).
+async fn service_client(
+    nats: &NatsServer,
+) -> (async_nats::Client, mpsc::UnboundedReceiver<String>) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let client =
+        ConnectOptions::with_user_and_password(SERVICE_USER.into(), SERVICE_PASSWORD.into())
+            .event_callback(move |event| {
+                let tx = tx.clone();
+                async move {
+                    if let Event::ServerError(e) = event {
+                        let _ = tx.send(e.to_string());
+                    }
+                }
+            })
+            .connect(nats.url())
+            .await
+            .expect("connect as the service user");
+    (client, rx)
+}
+
+/// Publishes `payload` to `subject` and returns the server's error for it, if one comes within 2 s.
+async fn publish_refused(
+    client: &async_nats::Client,
+    errors: &mut mpsc::UnboundedReceiver<String>,
+    subject: &str,
+    payload: &'static [u8],
+) -> Option<String> {
+    client
+        .publish(subject.to_owned(), payload.into())
+        .await
+        .expect("publish");
+    client.flush().await.expect("flush");
+    tokio::time::timeout(Duration::from_secs(2), errors.recv())
+        .await
+        .ok()
+        .flatten()
+}
+
+/// A nats-server started with exactly the accounts and users docs/operations.md prints: the relay
+/// (its user, `nats.inbox_prefix` as documented) runs `setup`, `status` and `run`, and an event
+/// inserted into the outbox arrives in the stream. The service user of the same account reads the
+/// stream, but its publish into `outbox.*` is a permission violation (nothing stored), and so is
+/// its answer to the reply subject it saw on the relay's publish, a forged ack on the relay's inbox
+/// (the relay's session goes on: the next event arrives).
+#[tokio::test]
+async fn the_documented_nats_permissions_let_the_relay_work_and_keep_others_off_its_subjects() {
+    let conf = documented_nats_config();
+    assert!(
+        conf.contains(RELAY_PASSWORD)
+            && conf.contains(SERVICE_PASSWORD)
+            && conf.contains(INBOX_PREFIX),
+        "the documented configuration names the users this test connects as:\n{conf}"
+    );
+    let nats = NatsServer::start_with_config(&conf);
+    let db = TestDb::create(PgServer::shared()).await;
+    db.psql(&default_outbox_sql());
+    let mut config = relay_config(&db, &nats);
+    // The names the documented permissions are written for.
+    config.nats.stream = "OUTBOX".into();
+    config.nats.user = RELAY_USER.into();
+    config.nats.password = RELAY_PASSWORD.into();
+    config.nats.inbox_prefix = INBOX_PREFIX.into();
+    let mut env = relay_env(&config);
+    for (k, v) in [
+        ("OUTBOX_RELAY_NATS_USER", RELAY_USER),
+        ("OUTBOX_RELAY_NATS_PASSWORD", RELAY_PASSWORD),
+        ("OUTBOX_RELAY_NATS_INBOX_PREFIX", INBOX_PREFIX),
+    ] {
+        env.push((k.into(), v.into()));
+    }
+    let setup = run_command(&["setup"], &env, LIMIT);
+    assert!(
+        setup.status.success(),
+        "setup with the documented permissions: {}",
+        setup.stderr
+    );
+
+    let (service, mut errors) = service_client(&nats).await;
+    let js = async_nats::jetstream::new(service.clone());
+    // A core subscriber of the stream's subjects sees the relay's publishes and their reply subjects.
+    let mut seen = service.subscribe("outbox.*").await.expect("subscribe");
+    service.flush().await.expect("flush");
+
+    let client = db.client().await;
+    let relay = InProcessRelay::start(config.clone());
+    wait_for("the relay's slot", LIMIT, || async {
+        confirmed_flush(&client, &config.postgres.slot)
+            .await
+            .is_some()
+    })
+    .await;
+    let insert = "INSERT INTO public.outbox (aggregate_type, aggregate_id, event_type, payload) \
+                  VALUES ('Claim', $1, 'ClaimApproved', '{}')";
+    client.execute(insert, &[&"4711"]).await.expect("insert");
+    wait_for("the event in the stream", LIMIT, || async {
+        stream_count(&js, "OUTBOX").await >= 1
+    })
+    .await;
+    let published = tokio::time::timeout(LIMIT, seen.next())
+        .await
+        .expect("the relay's publish seen by the subscriber")
+        .expect("subscription open");
+    let reply = published
+        .reply
+        .expect("the relay publishes with a reply subject")
+        .to_string();
+    assert!(
+        reply.starts_with(&format!("{INBOX_PREFIX}.")),
+        "the relay's inbox is under nats.inbox_prefix: {reply}"
+    );
+
+    let status = run_command(&["status"], &env, LIMIT);
+    assert!(
+        status.status.success() && status.stdout.contains("healthy"),
+        "status with the documented permissions:\n{}{}",
+        status.stdout,
+        status.stderr
+    );
+
+    let refused =
+        publish_refused(&service, &mut errors, "outbox.Claim", b"{\"forged\": true}").await;
+    assert!(
+        refused
+            .as_deref()
+            .is_some_and(|e| e.contains("Permissions Violation for Publish to \"outbox.Claim\"")),
+        "the service may not publish into the stream's subjects: {refused:?}"
+    );
+    let forged = br#"{"stream": "OUTBOX", "seq": 99}"#;
+    let refused = publish_refused(&service, &mut errors, &reply, forged).await;
+    assert!(
+        refused.as_deref().is_some_and(
+            |e| e.contains("Permissions Violation for Publish to") && e.contains(INBOX_PREFIX)
+        ),
+        "the service may not answer on the relay's inbox: {refused:?}"
+    );
+
+    client.execute(insert, &[&"4712"]).await.expect("insert");
+    wait_for("the second event in the stream", LIMIT, || async {
+        stream_count(&js, "OUTBOX").await >= 2
+    })
+    .await;
+    let stored = read_all(&js, "OUTBOX").await;
+    let ids: Vec<&str> = stored
+        .iter()
+        .map(|m| m.header("Outbox-Aggregate-Id"))
+        .collect();
+    assert_eq!(ids, ["4711", "4712"], "only the relay's events are stored");
+    assert!(!relay.is_finished(), "the relay runs on");
+    relay.stop().await.expect("relay stops cleanly");
+}
