@@ -231,3 +231,59 @@ async fn a_setting_that_cannot_work_still_ends_run_at_once() {
     assert!(last.contains("postgres.url"), "{}", f.stderr);
     assert_eq!(lines_with(&f.stderr, "cannot start yet"), 0, "{}", f.stderr);
 }
+
+/// SIGHUP does not end the relay: it re-reads `--config`, applies `log.level` (here to `warn`, so
+/// the info lines of the shutdown no longer appear), names the changed key that needs a restart in
+/// one line, and keeps publishing. A file that no longer parses is reported and changes nothing.
+#[tokio::test]
+async fn sighup_reloads_the_log_level_names_what_needs_a_restart_and_keeps_running() {
+    let db = text_id_db(PgServer::shared()).await;
+    let nats = NatsServer::start();
+    let config = relay_config(&db, &nats);
+    let env = relay_env(&config);
+    let client = db.client().await;
+    let js = nats.jetstream().await;
+    let stream = &config.nats.stream;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("relay.toml");
+    std::fs::write(&file, "[log]\nlevel = \"info\"\n").expect("write config");
+    let path = file.display().to_string();
+    let mut p = RelayProcess::spawn(&["run", "--config", &path], &env);
+    wait_for_log(&mut p, "streaming").await;
+    insert(&client, "before-hup").await;
+    wait_for_ids(&js, stream, &["before-hup"]).await;
+
+    std::fs::write(
+        &file,
+        "[log]\nlevel = \"warn\"\n[nats]\nmax_in_flight = 7\n",
+    )
+    .expect("write config");
+    p.signal("HUP");
+    wait_for_log(&mut p, "SIGHUP: configuration reloaded").await;
+    let stderr = p.stderr();
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("SIGHUP"))
+        .expect("the reload line");
+    assert!(line.contains("applied log.level"), "{line}");
+    assert!(
+        line.contains("needs a restart: nats.max_in_flight"),
+        "{line}"
+    );
+    assert_eq!(lines_with(&stderr, "SIGHUP"), 1, "{stderr}");
+    insert(&client, "after-hup").await;
+    wait_for_ids(&js, stream, &["before-hup", "after-hup"]).await;
+
+    std::fs::write(&file, "[log\nlevel = \"warn\"\n").expect("write config");
+    p.signal("HUP");
+    wait_for_log(&mut p, "cannot be loaded").await;
+    insert(&client, "after-bad-hup").await;
+    wait_for_ids(&js, stream, &["before-hup", "after-hup", "after-bad-hup"]).await;
+
+    let f = stop(p);
+    assert!(
+        !f.stderr.contains("shutdown requested"),
+        "log.level = warn is in force: {}",
+        f.stderr
+    );
+}
