@@ -10,6 +10,7 @@
 use std::time::Duration;
 
 use async_nats::jetstream;
+use serde_json::Value;
 use tokio_postgres::Client;
 
 use crate::ops::{free_addr, try_get, wait_for_status};
@@ -284,6 +285,170 @@ async fn sighup_reloads_the_log_level_names_what_needs_a_restart_and_keeps_runni
     assert!(
         !f.stderr.contains("shutdown requested"),
         "log.level = warn is in force: {}",
+        f.stderr
+    );
+}
+
+/// `status --json`, parsed.
+fn json(f: &Finished) -> Value {
+    serde_json::from_str(&f.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}):\n{}\n{}", f.stdout, f.stderr))
+}
+
+async fn slot_active(client: &Client, slot: &str) -> bool {
+    client
+        .query_opt(
+            "SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND active",
+            &[&slot],
+        )
+        .await
+        .expect("query pg_replication_slots")
+        .is_some()
+}
+
+/// With the relay running and retrying against a stopped nats-server, `status` says a relay runs and
+/// retries (not "start outbox-relay run"), the events waiting in the slot, and a stream whose state is
+/// unknown: `null` in JSON, not `false` or 0, and `unknown: NATS unreachable (…)` in text.
+#[tokio::test]
+async fn status_during_a_nats_outage_says_the_relay_retries_and_the_stream_is_unknown() {
+    let db = text_id_db(PgServer::shared()).await;
+    let nats = NatsServer::start();
+    let config = relay_config(&db, &nats);
+    let env = relay_env(&config);
+    let slot = config.postgres.slot.clone();
+    let client = db.client().await;
+    let js = nats.jetstream().await;
+    let mut p = RelayProcess::run(&config);
+    wait_for_log(&mut p, "streaming").await;
+    insert(&client, "before-outage").await;
+    wait_for_ids(&js, &config.nats.stream, &["before-outage"]).await;
+
+    nats.stop();
+    insert(&client, "during-outage").await;
+    wait_for("the relay to stop streaming", LIMIT, || async {
+        !slot_active(&client, &slot).await
+    })
+    .await;
+    assert!(p.is_running(), "{}", p.stderr());
+
+    let text = run_command(&["status"], &env, LIMIT);
+    assert_eq!(
+        text.status.code(),
+        Some(1),
+        "{}{}",
+        text.stdout,
+        text.stderr
+    );
+    let out = &text.stdout;
+    assert!(!out.contains("start outbox-relay run"), "{out}");
+    assert!(
+        out.contains(&format!("relay: running (pid {})", p.pid())),
+        "{out}"
+    );
+    assert!(out.contains("retrying"), "{out}");
+    let stream_line = out
+        .lines()
+        .find(|l| l.starts_with(&format!("stream {}:", config.nats.stream)))
+        .unwrap_or_else(|| panic!("no stream line: {out}"));
+    assert!(
+        stream_line.contains("unknown: NATS unreachable ("),
+        "{stream_line}"
+    );
+    assert!(!stream_line.contains("0 messages"), "{stream_line}");
+
+    let f = run_command(&["status", "--json"], &env, LIMIT);
+    assert_eq!(f.status.code(), Some(1), "{}", f.stderr);
+    let v = json(&f);
+    let st = &v["stream"];
+    for key in [
+        "exists",
+        "messages",
+        "bytes",
+        "last_sequence",
+        "replicas",
+        "storage",
+        "duplicate_window_secs",
+    ] {
+        assert!(st[key].is_null(), "stream.{key} is unknown: {v:#}");
+    }
+    assert_eq!(st["state"], "unreachable", "{v:#}");
+    assert_eq!(v["relay"]["state"], "retrying", "{v:#}");
+    assert_eq!(v["relay"]["pids"], serde_json::json!([p.pid()]), "{v:#}");
+    assert_eq!(v["slot"]["exists"], Value::Bool(true), "{v:#}");
+    assert_eq!(v["slot"]["active"], Value::Bool(false), "{v:#}");
+    assert_eq!(v["slot"]["events_waiting"], Value::Bool(true), "{v:#}");
+    let problems = v["problems"].as_array().expect("problems");
+    assert!(
+        problems
+            .iter()
+            .all(|p| !p.as_str().unwrap_or("").contains("start outbox-relay run")),
+        "{v:#}"
+    );
+
+    nats.start_again();
+    wait_for_ids(
+        &js,
+        &config.nats.stream,
+        &["before-outage", "during-outage"],
+    )
+    .await;
+    let f = run_command(&["status", "--json"], &env, LIMIT);
+    let v = json(&f);
+    assert_eq!(v["relay"]["state"], "streaming", "{v:#}");
+    assert_eq!(v["stream"]["exists"], Value::Bool(true), "{v:#}");
+    stop(p);
+}
+
+/// `status` checks an idle slot for waiting events without acquiring it: the slot is never active
+/// while `status` runs alone, and a relay started while `status` reads a long backlog never finds
+/// its slot held (no standby line naming `status`'s connection) and publishes at once.
+#[tokio::test]
+async fn status_never_takes_the_slot_from_a_starting_relay() {
+    let db = text_id_db(PgServer::shared()).await;
+    let nats = NatsServer::start();
+    let config = relay_config(&db, &nats);
+    let env = relay_env(&config);
+    let slot = config.postgres.slot.clone();
+    let setup = run_command(&["setup"], &env, LIMIT);
+    assert!(setup.status.success(), "setup: {}", setup.stderr);
+    let client = db.client().await;
+    // A long transaction on a table outside the publication, then an event: decoding the slot's
+    // backlog takes a while, during which a peek on the slot would hold it.
+    db.psql(
+        "CREATE TABLE public.side (i int, t text); \
+         INSERT INTO public.side SELECT g, repeat('x', 100) FROM generate_series(1, 300000) g;",
+    );
+    insert(&client, "waiting").await;
+
+    let mut status = RelayProcess::spawn(&["status", "--json"], &env);
+    let mut seen_active = false;
+    while status.is_running() {
+        seen_active |= slot_active(&client, &slot).await;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(!seen_active, "status acquired the slot");
+    let f = Finished {
+        status: status.wait(LIMIT).expect("status exited"),
+        stdout: status.stdout(),
+        stderr: status.stderr(),
+    };
+    let v = json(&f);
+    assert_eq!(v["slot"]["events_waiting"], Value::Bool(true), "{v:#}");
+    assert_eq!(v["relay"]["state"], "not_running", "{v:#}");
+
+    // Now a relay starts while two status runs read the backlog.
+    let first = RelayProcess::spawn(&["status"], &env);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut relay = RelayProcess::run(&config);
+    let second = RelayProcess::spawn(&["status"], &env);
+    let js = nats.jetstream().await;
+    wait_for_ids(&js, &config.nats.stream, &["waiting"]).await;
+    wait_for_log(&mut relay, "streaming").await;
+    drop((first, second));
+    let f = stop(relay);
+    assert!(
+        !f.stderr.contains("another relay holds the slot") && !f.stderr.contains("standby"),
+        "the relay found its slot held: {}",
         f.stderr
     );
 }
