@@ -82,6 +82,19 @@ pub async fn connect(settings: &Settings, purpose: &str) -> Result<Client, Sourc
     connect_control(&settings.conn, &format!("outbox-relay {purpose}")).await
 }
 
+/// The `application_name` of a relay process's connections for `slot`: `outbox-relay/SLOT/PID`,
+/// then `/monitor` on its sampler's control connection. `status` finds a running relay by it in
+/// `pg_stat_activity`, also while that relay does not stream (retrying, waiting for NATS).
+pub fn relay_application_name(slot: &str, pid: u32, role: Option<&str>) -> String {
+    match role {
+        None => format!("{RELAY_APPLICATION_PREFIX}{slot}/{pid}"),
+        Some(r) => format!("{RELAY_APPLICATION_PREFIX}{slot}/{pid}/{r}"),
+    }
+}
+
+/// What every [`relay_application_name`] starts with.
+pub const RELAY_APPLICATION_PREFIX: &str = "outbox-relay/";
+
 /// The OIDs of every partition of `table` (schema-qualified), at any level; empty for a table
 /// that is not partitioned or does not exist. Read from the current catalog: the outbox stage maps
 /// these to the outbox table when a publication sends them under their own names.

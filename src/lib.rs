@@ -49,6 +49,7 @@ pub mod pgoutput;
 pub mod position;
 pub mod progress;
 pub mod relay;
+pub mod reload;
 pub mod route;
 mod secret_file;
 pub mod setup;

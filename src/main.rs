@@ -8,9 +8,12 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
-use outbox_relay::config::{Config, LogFormat};
+use outbox_relay::config::{Config, LogFormat, Settings};
 use outbox_relay::metrics::Metrics;
 use outbox_relay::relay::error_chain;
+use outbox_relay::reload::{Hook, Reloader};
+use tracing_subscriber::prelude::*;
+use tracing_subscriber::{EnvFilter, Registry, fmt, reload};
 
 /// Transactional outbox relay: Postgres logical replication to NATS JetStream.
 #[derive(Parser, Debug)]
@@ -67,7 +70,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    init_logging(&config);
+    let log_filter = init_logging(&config);
     let json_logs = config.log.format == LogFormat::Json;
     // One thread: the pipeline is one ordered stream, and on a small machine the relay shares the
     // cores with the walsender and nats-server. Measured with `cargo bench --bench drain` (100k
@@ -86,6 +89,11 @@ fn main() -> ExitCode {
     runtime.block_on(async move {
         match cli.command {
             Command::Run => {
+                // Before anything can wait: SIGHUP's default action would end the process.
+                #[cfg(unix)]
+                reload_on_sighup(cli.config.clone(), &config, log_filter);
+                #[cfg(not(unix))]
+                let _ = log_filter;
                 let metrics = Arc::new(Metrics::default());
                 match outbox_relay::relay::run(config, metrics, shutdown_signal()).await {
                     Ok(()) => ExitCode::SUCCESS,
@@ -199,23 +207,89 @@ async fn shutdown_signal() {
     let _ = ctrl_c.await;
 }
 
-/// Logs go to stderr: human-readable by default, JSON with `log.format = "json"`.
-fn init_logging(config: &Config) {
+/// The log filter, reloadable on SIGHUP.
+type FilterHandle = reload::Handle<EnvFilter, Registry>;
+
+/// `log.level` as the filter the relay uses.
+fn filter_for(level: &str) -> String {
     // The NATS client logs every (re)connect at info; the relay reports state changes itself.
-    let level = if config.log.level.contains("async_nats") {
-        config.log.level.clone()
+    if level.contains("async_nats") {
+        level.to_owned()
     } else {
-        format!("{},async_nats=warn", config.log.level)
-    };
-    let filter = tracing_subscriber::EnvFilter::try_new(&level)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    // Colours only on a terminal: a log file or collector gets plain text.
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr);
-    match config.log.format {
-        LogFormat::Json => builder.json().init(),
-        LogFormat::Text => builder.init(),
+        format!("{level},async_nats=warn")
     }
+}
+
+/// Logs go to stderr: human-readable by default, JSON with `log.format = "json"`. The filter sits in
+/// a reload layer, so SIGHUP can change `log.level` without a restart.
+fn init_logging(config: &Config) -> FilterHandle {
+    let filter = EnvFilter::try_new(filter_for(&config.log.level))
+        .unwrap_or_else(|_| EnvFilter::new("info"));
+    let (filter, handle) = reload::Layer::new(filter);
+    // Colours only on a terminal: a log file or collector gets plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let registry = tracing_subscriber::registry().with(filter);
+    match config.log.format {
+        LogFormat::Json => registry
+            .with(
+                fmt::layer()
+                    .json()
+                    .with_ansi(ansi)
+                    .with_writer(std::io::stderr),
+            )
+            .init(),
+        LogFormat::Text => registry
+            .with(fmt::layer().with_ansi(ansi).with_writer(std::io::stderr))
+            .init(),
+    }
+    handle
+}
+
+/// SIGHUP's reload hook for `log.level`.
+struct LogLevel(FilterHandle);
+
+impl Hook for LogLevel {
+    fn keys(&self) -> &'static [&'static str] {
+        &["log.level"]
+    }
+
+    fn apply(&mut self, new: &Settings) -> Result<(), String> {
+        let filter = EnvFilter::try_new(filter_for(&new.log.level)).map_err(|e| e.to_string())?;
+        self.0.reload(filter).map_err(|e| e.to_string())
+    }
+}
+
+/// From now on SIGHUP reloads the configuration (the file given with `--config`, then the
+/// environment) instead of ending the process, and logs one line: what was applied, what needs a
+/// restart, or why the configuration could not be loaded.
+#[cfg(unix)]
+fn reload_on_sighup(path: Option<PathBuf>, running: &Settings, log_filter: FilterHandle) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut hangup = match signal(SignalKind::hangup()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot handle SIGHUP; it will end the relay");
+            return;
+        }
+    };
+    let mut reloader = Reloader::new(path, running);
+    reloader.add(Box::new(LogLevel(log_filter)));
+    tokio::spawn(async move {
+        while hangup.recv().await.is_some() {
+            match reloader.reload() {
+                Ok(done) => {
+                    // The line must survive a new level that hides info.
+                    if tracing::enabled!(tracing::Level::INFO) {
+                        tracing::info!("SIGHUP: configuration reloaded: {done}");
+                    } else {
+                        tracing::warn!("SIGHUP: configuration reloaded: {done}");
+                    }
+                }
+                Err(e) => tracing::warn!(
+                    error = %error_chain(&e),
+                    "SIGHUP: the configuration cannot be loaded; the running settings stay"
+                ),
+            }
+        }
+    });
 }

@@ -4,7 +4,16 @@
 //! streams it or no event waits in it; the publication and the stream exist; and every check `run`
 //! makes before streaming passes. Unreachable, missing and (for JetStream) not enabled are different
 //! states and are reported as such. It reads only; it never creates or changes anything, and it
-//! always prints (text or `--json`), even when a server cannot be reached.
+//! always prints (text or `--json`), even when a server cannot be reached. What a server that cannot
+//! be reached would have told is unknown (`null` in JSON), never `false` or 0.
+//!
+//! A running relay shows in `pg_stat_activity`: every connection it opens is named
+//! `outbox-relay/SLOT/PID…`, its sampler's stays open while it waits for NATS or retries. So during an
+//! outage `status` says the relay is retrying instead of advising to start one. It never acquires the
+//! slot itself: whether events wait in an idle slot is peeked on a temporary copy of it, so a relay
+//! starting meanwhile never finds its slot held by `status`.
+
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 use tokio_postgres::Client;
@@ -46,10 +55,10 @@ pub struct SlotStatus {
     pub name: String,
     /// Whether Postgres answered and the slot exists.
     pub state: State,
-    /// The slot exists.
-    pub exists: bool,
-    /// A walsender (a relay) streams the slot now.
-    pub active: bool,
+    /// The slot exists (`None`: Postgres could not be asked).
+    pub exists: Option<bool>,
+    /// A walsender (a relay) streams the slot now (`None`: Postgres could not be asked).
+    pub active: Option<bool>,
     /// The process id of that walsender.
     pub active_pid: Option<i32>,
     /// The position the slot's consumer last confirmed.
@@ -81,22 +90,49 @@ pub struct StreamStatus {
     pub name: String,
     /// Whether NATS answered with JetStream and the stream exists.
     pub state: State,
-    /// The stream exists.
-    pub exists: bool,
+    /// The stream exists (`None`: NATS or JetStream could not be asked). The fields below are
+    /// `None` unless it exists.
+    pub exists: Option<bool>,
     /// Messages the stream holds.
-    pub messages: u64,
+    pub messages: Option<u64>,
     /// Bytes the stream holds.
-    pub bytes: u64,
+    pub bytes: Option<u64>,
     /// Sequence number of the stream's last message.
-    pub last_sequence: u64,
+    pub last_sequence: Option<u64>,
     /// The subjects the stream stores.
-    pub subjects: Vec<String>,
+    pub subjects: Option<Vec<String>>,
     /// `file` or `memory`.
-    pub storage: String,
+    pub storage: Option<String>,
     /// Number of replicas.
-    pub replicas: usize,
+    pub replicas: Option<usize>,
     /// The stream's duplicate window, in seconds.
-    pub duplicate_window_secs: u64,
+    pub duplicate_window_secs: Option<u64>,
+    /// Why the stream's state is unknown (NATS unreachable, JetStream not answering).
+    pub unknown_because: Option<String>,
+}
+
+/// What a relay for the slot is doing, as far as Postgres shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RelayState {
+    /// Something streams the slot (it is active).
+    Streaming,
+    /// A relay process for the slot is connected to Postgres but does not stream the slot: it
+    /// waits for NATS or Postgres at start, or retries after an outage.
+    Retrying,
+    /// No relay for the slot is connected and the slot is not streamed.
+    NotRunning,
+    /// Postgres could not be asked.
+    Unknown,
+}
+
+/// The relay processes of the slot that Postgres sees.
+#[derive(Debug, Clone, Serialize)]
+pub struct RelayStatus {
+    /// What they are doing.
+    pub state: RelayState,
+    /// Their process ids (on the relay's host), from the connections' `application_name`.
+    pub pids: Vec<u32>,
 }
 
 /// The publication as `pg_publication_tables` shows it.
@@ -155,6 +191,8 @@ pub struct Status {
     pub standbys: Vec<StandbyStatus>,
     /// The replication slot.
     pub slot: SlotStatus,
+    /// The relay processes for the slot, as Postgres sees them.
+    pub relay: RelayStatus,
     /// The publication.
     pub publication: PublicationStatus,
     /// The JetStream stream.
@@ -172,6 +210,11 @@ pub async fn status(settings: &Settings, max_lag_bytes: i64) -> Status {
     let mut warnings = Vec::new();
     let slot_name = &settings.postgres.slot;
     let mut slot = slot_status(slot_name, State::Unreachable, None);
+    let mut relay = RelayStatus {
+        state: RelayState::Unknown,
+        pids: Vec::new(),
+    };
+    let mut events_unknown = None;
     let mut publication = PublicationStatus {
         name: settings.postgres.publication.clone(),
         exists: false,
@@ -194,8 +237,9 @@ pub async fn status(settings: &Settings, max_lag_bytes: i64) -> Status {
                 &pg,
                 &mut server,
                 &mut slot,
+                &mut relay,
                 &mut publication,
-                &mut problems,
+                &mut events_unknown,
             )
             .await
             {
@@ -228,15 +272,45 @@ pub async fn status(settings: &Settings, max_lag_bytes: i64) -> Status {
     }) {
         problems.push(setup::lost_slot_message(slot_name, &reason));
     }
+    let since = slot
+        .inactive_since
+        .as_deref()
+        .map(|t| format!(" (inactive since {t})"))
+        .unwrap_or_default();
+    // A relay that runs and retries needs its servers, not a start.
+    let retrying = (relay.state == RelayState::Retrying).then(|| {
+        let pids = relay
+            .pids
+            .iter()
+            .map(u32::to_string)
+            .collect::<Vec<_>>()
+            .join(", ");
+        let why = if stream.state == State::Unreachable {
+            "NATS cannot be reached (see the stream line)"
+        } else {
+            "see its log for why"
+        };
+        format!("the relay (pid {pids}) runs but does not stream it: it is retrying; {why}")
+    });
     if slot.events_waiting == Some(true) {
-        let since = slot
-            .inactive_since
-            .as_deref()
-            .map(|t| format!(" (inactive since {t})"))
-            .unwrap_or_default();
-        problems.push(format!(
-            "no relay streams slot {slot_name}{since} while events wait in it: start outbox-relay run"
-        ));
+        problems.push(match &retrying {
+            Some(r) => format!(
+                "slot {slot_name}{since}: events wait in it and {r}; they are published once it reconnects"
+            ),
+            None => format!(
+                "no relay streams slot {slot_name}{since} while events wait in it: start outbox-relay run"
+            ),
+        });
+    }
+    if let Some(e) = events_unknown {
+        problems.push(match &retrying {
+            Some(r) => format!(
+                "slot {slot_name}: {r}; whether events wait in the slot cannot be checked ({e})"
+            ),
+            None => format!(
+                "slot {slot_name}: no relay streams it, and it cannot be checked for waiting events ({e}): start outbox-relay run"
+            ),
+        });
     }
     if server.state == State::Exists && !publication.exists {
         problems.push(format!(
@@ -275,6 +349,7 @@ pub async fn status(settings: &Settings, max_lag_bytes: i64) -> Status {
         postgres: server,
         standbys,
         slot,
+        relay,
         publication,
         stream,
         problems,
@@ -287,8 +362,9 @@ async fn read_postgres(
     pg: &Client,
     server: &mut ServerStatus,
     slot: &mut SlotStatus,
+    relay: &mut RelayStatus,
     publication: &mut PublicationStatus,
-    problems: &mut Vec<String>,
+    events_unknown: &mut Option<String>,
 ) -> Result<(), tokio_postgres::Error> {
     let r = pg
         .query_one(
@@ -315,17 +391,26 @@ async fn read_postgres(
         },
         row.as_ref(),
     );
+    relay.pids = relay_pids(pg, &settings.postgres.slot).await?;
+    relay.state = if row.as_ref().is_some_and(|r| r.active) {
+        RelayState::Streaming
+    } else if relay.pids.is_empty() {
+        RelayState::NotRunning
+    } else {
+        RelayState::Retrying
+    };
     if let Some(r) = &row
         && !r.active
         && r.invalidated().is_none()
     {
         match events_waiting(settings, pg).await {
             Ok(w) => slot.events_waiting = Some(w),
-            Err(e) => problems.push(format!(
-                "slot {}: no relay streams it, and it cannot be checked for waiting events ({}): start outbox-relay run",
-                settings.postgres.slot,
-                e.as_db_error().map_or_else(|| e.to_string(), |d| d.message().to_owned())
-            )),
+            Err(e) => {
+                *events_unknown = Some(
+                    e.as_db_error()
+                        .map_or_else(|| e.to_string(), |d| d.message().to_owned()),
+                )
+            }
         }
     }
     publication.exists = pg
@@ -347,10 +432,60 @@ async fn read_postgres(
     Ok(())
 }
 
+/// The pids of the relay processes for `slot` connected to this database: every connection a relay
+/// opens is named [`catalog::relay_application_name`] (`outbox-relay/SLOT/PID…`).
+async fn relay_pids(pg: &Client, slot: &str) -> Result<Vec<u32>, tokio_postgres::Error> {
+    let prefix = format!("{}{slot}/", catalog::RELAY_APPLICATION_PREFIX);
+    // application_name is cut at 63 bytes (NAMEDATALEN - 1); a long slot name leaves no pid.
+    let cut = prefix.len().min(63);
+    let rows = pg
+        .query(
+            "SELECT DISTINCT application_name FROM pg_stat_activity \
+             WHERE datname = current_database() AND left(application_name, $2) = left($1, $2)",
+            &[&prefix, &(cut as i32)],
+        )
+        .await?;
+    let mut pids: Vec<u32> = rows
+        .iter()
+        .filter_map(|r| {
+            let name: String = r.get(0);
+            name.get(prefix.len()..)?.split('/').next()?.parse().ok()
+        })
+        .collect();
+    pids.sort_unstable();
+    pids.dedup();
+    Ok(pids)
+}
+
 /// Whether the inactive slot holds at least one outbox event nobody has published: the first
 /// decoded transaction, peeked (nothing is consumed). pgoutput sends nothing for transactions that
 /// touched no published table, so any insert or message row is a waiting event.
+///
+/// Peeking acquires the slot it reads for as long as decoding takes, and a relay starting then
+/// would find its slot held (and wait as a standby, naming this connection). So the peek reads a
+/// temporary copy (`pg_copy_logical_replication_slot`, which reads the slot's positions without
+/// acquiring it): the same WAL from the same position, and the copy goes with this connection.
 async fn events_waiting(settings: &Settings, pg: &Client) -> Result<bool, tokio_postgres::Error> {
+    let copy = format!(
+        "outbox_relay_status_{}_{}",
+        std::process::id(),
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos())
+    );
+    pg.query(
+        "SELECT pg_copy_logical_replication_slot($1, $2, true)",
+        &[&settings.postgres.slot, &copy],
+    )
+    .await?;
+    let peeked = peek(settings, pg, &copy).await;
+    let _ = pg
+        .query("SELECT pg_drop_replication_slot($1)", &[&copy])
+        .await;
+    peeked
+}
+
+async fn peek(settings: &Settings, pg: &Client, slot: &str) -> Result<bool, tokio_postgres::Error> {
     // Decoding reads WAL up to the first outbox change; bound it, status must answer.
     pg.batch_execute("SET statement_timeout = '10s'").await?;
     // Logical-message events are only decoded when asked for, as the relay asks.
@@ -363,11 +498,7 @@ async fn events_waiting(settings: &Settings, pg: &Client) -> Result<bool, tokio_
         .query(
             "SELECT substr(data, 1, 1) FROM pg_logical_slot_peek_binary_changes($1, NULL, 1, \
              'proto_version', '1', 'publication_names', $2, 'messages', $3)",
-            &[
-                &settings.postgres.slot,
-                &settings.postgres.publication,
-                &messages,
-            ],
+            &[&slot, &settings.postgres.publication, &messages],
         )
         .await;
     let _ = pg.batch_execute("RESET statement_timeout").await;
@@ -437,11 +568,12 @@ fn host_is_local(host: &str) -> bool {
 
 fn slot_status(name: &str, state: State, row: Option<&SlotRow>) -> SlotStatus {
     let r = row.cloned().unwrap_or_default();
+    let known = state != State::Unreachable;
     SlotStatus {
         name: name.to_owned(),
         state,
-        exists: row.is_some(),
-        active: r.active,
+        exists: known.then_some(row.is_some()),
+        active: known.then_some(r.active),
         active_pid: r.active_pid,
         confirmed_flush_lsn: r.confirmed_flush_lsn,
         lag_bytes: r.lag_bytes,
@@ -461,19 +593,22 @@ async fn read_stream(settings: &Settings, problems: &mut Vec<String>) -> StreamS
     let mut st = StreamStatus {
         name: name.clone(),
         state: State::Unreachable,
-        exists: false,
-        messages: 0,
-        bytes: 0,
-        last_sequence: 0,
-        subjects: Vec::new(),
-        storage: String::new(),
-        replicas: 0,
-        duplicate_window_secs: 0,
+        exists: None,
+        messages: None,
+        bytes: None,
+        last_sequence: None,
+        subjects: None,
+        storage: None,
+        replicas: None,
+        duplicate_window_secs: None,
+        unknown_because: None,
     };
     let client = match connect_nats(settings).await {
         Ok(c) => c,
         Err(e) => {
-            problems.push(crate::relay::error_chain(&e));
+            let error = crate::relay::error_chain(&e);
+            st.unknown_because = Some(format!("NATS unreachable ({error})"));
+            problems.push(error);
             return st;
         }
     };
@@ -482,28 +617,34 @@ async fn read_stream(settings: &Settings, problems: &mut Vec<String>) -> StreamS
         Ok(mut s) => match s.info().await {
             Ok(info) => {
                 st.state = State::Exists;
-                st.exists = true;
-                st.messages = info.state.messages;
-                st.bytes = info.state.bytes;
-                st.last_sequence = info.state.last_sequence;
-                st.subjects = info.config.subjects.clone();
-                st.storage = format!("{:?}", info.config.storage).to_lowercase();
-                st.replicas = info.config.num_replicas;
-                st.duplicate_window_secs = info.config.duplicate_window.as_secs();
+                st.exists = Some(true);
+                st.messages = Some(info.state.messages);
+                st.bytes = Some(info.state.bytes);
+                st.last_sequence = Some(info.state.last_sequence);
+                st.subjects = Some(info.config.subjects.clone());
+                st.storage = Some(format!("{:?}", info.config.storage).to_lowercase());
+                st.replicas = Some(info.config.num_replicas);
+                st.duplicate_window_secs = Some(info.config.duplicate_window.as_secs());
             }
-            Err(e) => problems.push(format!("JetStream stream {name}: {e}")),
+            Err(e) => {
+                st.unknown_because = Some(format!("JetStream did not answer ({e})"));
+                problems.push(format!("JetStream stream {name}: {e}"));
+            }
         },
         Err(e) => match e.kind() {
             async_nats::jetstream::context::GetStreamErrorKind::JetStream(je)
                 if je.error_code().0 == 10059 =>
             {
                 st.state = State::Missing;
+                st.exists = Some(false);
             }
             async_nats::jetstream::context::GetStreamErrorKind::JetStream(_) => {
+                st.unknown_because = Some(format!("JetStream refused the lookup ({e})"));
                 problems.push(format!("JetStream stream {name}: {e}"));
             }
             _ => {
                 st.state = State::JetstreamDisabled;
+                st.unknown_because = Some("JetStream not available".into());
                 problems.push(
                     "NATS answers, but JetStream is not available: start nats-server with -js"
                         .into(),
@@ -515,16 +656,17 @@ async fn read_stream(settings: &Settings, problems: &mut Vec<String>) -> StreamS
 }
 
 fn stream_warnings(settings: &Settings, stream: &StreamStatus, warnings: &mut Vec<String>) {
-    if !stream.exists {
+    if stream.exists != Some(true) {
         return;
     }
-    if stream.storage == "memory" {
+    let storage = stream.storage.as_deref().unwrap_or("");
+    if storage == "memory" {
         warnings.push(
             "stream uses memory storage: acknowledged events do not survive a nats-server restart"
                 .into(),
         );
     }
-    if stream.storage == "file" && stream.replicas == 1 {
+    if storage == "file" && stream.replicas == Some(1) {
         warnings.push(
             "stream has one replica: an ack means written to that server's OS, not fsynced; power loss can \
              lose acknowledged events unless nats-server runs with sync_interval: always (or use 3 replicas)"
@@ -534,11 +676,11 @@ fn stream_warnings(settings: &Settings, stream: &StreamStatus, warnings: &mut Ve
     // A republish after a failure comes at most one ack timeout plus the longest backoff (30 s) after
     // the first attempt; a shorter duplicate window lets such a republish be stored twice.
     let retry_horizon = settings.ack_timeout.as_secs() + 30;
-    if stream.duplicate_window_secs < retry_horizon {
+    let window = stream.duplicate_window_secs.unwrap_or(0);
+    if window < retry_horizon {
         warnings.push(format!(
-            "stream duplicate window is {}s, shorter than the relay's retry horizon of {retry_horizon}s: \
-             republished events may be stored twice; raise the stream's duplicate_window",
-            stream.duplicate_window_secs
+            "stream duplicate window is {window}s, shorter than the relay's retry horizon of {retry_horizon}s: \
+             republished events may be stored twice; raise the stream's duplicate_window"
         ));
     }
 }
@@ -573,8 +715,8 @@ impl Status {
             s.name,
             s.state.word(),
             match (s.state, s.active) {
-                (State::Exists, true) => ", active",
-                (State::Exists, false) => ", inactive",
+                (State::Exists, Some(true)) => ", active",
+                (State::Exists, Some(false)) => ", inactive",
                 _ => "",
             },
             opt(&s.confirmed_flush_lsn),
@@ -602,18 +744,42 @@ impl Status {
             },
             self.publication.tables.join(", ")
         ));
+        let r = &self.relay;
+        let pids = r
+            .pids
+            .iter()
+            .map(u32::to_string)
+            .collect::<Vec<_>>()
+            .join(", ");
+        out.push_str(&match r.state {
+            RelayState::Streaming if pids.is_empty() => "relay: streaming\n".to_owned(),
+            RelayState::Streaming => format!("relay: streaming (pid {pids})\n"),
+            RelayState::Retrying => format!(
+                "relay: running (pid {pids}), not streaming: retrying until its servers answer\n"
+            ),
+            RelayState::NotRunning => "relay: not running\n".to_owned(),
+            RelayState::Unknown => "relay: unknown: postgres unreachable\n".to_owned(),
+        });
         let st = &self.stream;
-        out.push_str(&format!(
-            "stream {}: {}, {} messages {} bytes last sequence {} storage {} replicas {} duplicate window {}s\n",
-            st.name,
-            st.state.word(),
-            st.messages,
-            st.bytes,
-            st.last_sequence,
-            st.storage,
-            st.replicas,
-            st.duplicate_window_secs
-        ));
+        match (st.exists, &st.unknown_because) {
+            (Some(true), _) => out.push_str(&format!(
+                "stream {}: {}, {} messages {} bytes last sequence {} storage {} replicas {} duplicate window {}s\n",
+                st.name,
+                st.state.word(),
+                st.messages.unwrap_or(0),
+                st.bytes.unwrap_or(0),
+                st.last_sequence.unwrap_or(0),
+                st.storage.as_deref().unwrap_or("-"),
+                st.replicas.unwrap_or(0),
+                st.duplicate_window_secs.unwrap_or(0)
+            )),
+            (Some(false), _) => out.push_str(&format!("stream {}: MISSING\n", st.name)),
+            (None, why) => out.push_str(&format!(
+                "stream {}: unknown: {}\n",
+                st.name,
+                why.as_deref().unwrap_or("NATS unreachable")
+            )),
+        }
         for sb in &self.standbys {
             out.push_str(&format!(
                 "host {}: {}{}, slot copy {}{}\n",

@@ -12,6 +12,7 @@ mod events;
 mod faults;
 mod ha;
 mod hostile;
+mod lifecycle;
 mod ops;
 mod permissions;
 mod platforms;

@@ -635,8 +635,8 @@ async fn assert_nothing_created(
     );
 }
 
-/// P8: bad settings, wal_level, a missing table and an unreachable NATS each end `run` with one clear
-/// line and change nothing.
+/// P8: bad settings, wal_level and a missing table each end `run` with one clear line and change
+/// nothing; an unreachable NATS ends `setup` so (`run` waits for it).
 #[tokio::test]
 async fn configuration_errors_are_one_clear_line_and_change_nothing() {
     let db = TestDb::create(PgServer::shared()).await;
@@ -691,7 +691,8 @@ async fn configuration_errors_are_one_clear_line_and_change_nothing() {
         "OUTBOX_RELAY_NATS_URL".into(),
         format!("nats://127.0.0.1:{port}"),
     ));
-    let f = run_command(&["run"], &no_nats, limit);
+    // `setup` fails at once; `run` waits for the server instead (tests/lifecycle.rs).
+    let f = run_command(&["setup"], &no_nats, limit);
     assert_clear_failure(&f, "nats.url");
     assert_nothing_created(&client, &js, &stream, &slot).await;
     drop(client);

@@ -18,7 +18,7 @@ use crate::hostile::wait_for_active_slot;
 use crate::ops::free_addr;
 use crate::support::{
     Finished, InProcessRelay, NatsServer, PgServer, RelayProcess, TEXT_ID_OUTBOX_SQL, TestDb,
-    relay_config, relay_env, run_command, slot_exists, stream_count, wait_for,
+    relay_config, relay_env, run_command, slot_exists, stream_count, unique, wait_for,
 };
 
 const LIMIT: Duration = Duration::from_secs(60);
@@ -387,11 +387,12 @@ async fn bad_log_level_and_json_log_failures_end_with_the_plain_line() {
     assert_eq!(f.status.code(), Some(1), "{}", f.stderr);
     assert!(f.stderr.contains("log.level"), "{}", f.stderr);
 
+    // A database that does not exist: a definite error (`run` waits for an unreachable server).
     let env = vec![
         ("OUTBOX_RELAY_LOG_FORMAT".to_owned(), "json".to_owned()),
         (
             "OUTBOX_RELAY_POSTGRES_URL".to_owned(),
-            format!("postgres://postgres@{}/x", free_addr()),
+            PgServer::shared().url(&unique("no_such_db")),
         ),
         ("OUTBOX_RELAY_HTTP_LISTEN".to_owned(), String::new()),
     ];

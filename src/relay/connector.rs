@@ -124,11 +124,8 @@ impl Connector for Servers {
     ) -> BoxFuture<'a, Result<(ReplicationStream, SystemInfo), SessionEnd>> {
         Box::pin(async move {
             let settings = &self.settings;
-            let app = format!(
-                "outbox-relay/{}/{}",
-                settings.postgres.slot,
-                std::process::id()
-            );
+            let app =
+                catalog::relay_application_name(&settings.postgres.slot, std::process::id(), None);
             let mut conn = ReplConnection::connect(&settings.conn, &app)
                 .await
                 .map_err(from_source)?;

@@ -13,6 +13,7 @@
 mod connector;
 mod monitor;
 mod session;
+mod startup;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -26,8 +27,7 @@ use crate::config::Settings;
 pub use crate::error::RelayError;
 use crate::error::{CauseKind, NatsTrouble, Restart, SessionEnd};
 use crate::metrics::Metrics;
-use crate::setup;
-use crate::sink::{Outcome, SinkError, connect_nats};
+use crate::sink::{Outcome, SinkError};
 use connector::Servers;
 pub use connector::{Connector, Start};
 use monitor::{AbortOnDrop, sample_slot};
@@ -57,35 +57,40 @@ pub async fn run(
             ))))
         }
     };
-    let report = setup::setup(&settings).await?;
+    // The slot sampler first too: its connection tells `status` a relay runs while it waits.
+    let _slot_sampler = AbortOnDrop(tokio::spawn(sample_slot(
+        settings.clone(),
+        Arc::clone(&metrics),
+    )));
+    // Jitter from the clock's nanoseconds: enough to spread restarts of relays that failed together.
+    let mut jitter = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+        | 1;
+    tokio::pin!(shutdown);
+    let Some((report, nats)) =
+        startup::wait_for_servers(&settings, &mut jitter, shutdown.as_mut()).await?
+    else {
+        info!("stopped before streaming");
+        return Ok(());
+    };
     for line in &report.lines {
         info!(target: "outbox_relay::setup", "{line}");
     }
     for w in &report.warnings {
         warn!("{w}");
     }
-    let nats = connect_nats(&settings)
-        .await
-        .map_err(|e| RelayError::Setup(e.into()))?;
-    let _slot_sampler = AbortOnDrop(tokio::spawn(sample_slot(
-        settings.clone(),
-        Arc::clone(&metrics),
-    )));
     let settings = Arc::new(settings);
     let connector = Servers::new(Arc::clone(&settings), Arc::clone(&metrics), nats);
     // Start where the slot is; the server would use max(this, confirmed_flush) anyway, but the
     // tracker and the logs should know the real position.
     let start = report.slot_confirmed.unwrap_or(Lsn::ZERO);
-    // Jitter from the clock's nanoseconds: enough to spread restarts of relays that failed together.
-    let seed = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
     sessions(
         settings,
         metrics,
         Box::new(connector),
         start,
-        seed,
+        jitter,
         shutdown,
     )
     .await
@@ -292,12 +297,7 @@ impl Relay {
 
     /// The next number of the jitter's xorshift64.
     fn next_random(&mut self) -> u64 {
-        let mut x = self.jitter;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.jitter = x;
-        x
+        xorshift(&mut self.jitter)
     }
 
     fn count(&self, outcome: &Outcome) {
@@ -325,6 +325,16 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
         source = s.source();
     }
     out
+}
+
+/// Advances a xorshift64 state (never 0) and returns it: the backoff's jitter.
+fn xorshift(state: &mut u64) -> u64 {
+    let mut x = *state;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    *state = x;
+    x
 }
 
 /// Capped exponential backoff with jitter: 100 ms, 200 ms, … up to 30 s, each ±25 % (`random`

@@ -7,6 +7,7 @@ use std::time::Duration;
 use crate::catalog;
 use crate::config::Settings;
 use crate::metrics::Metrics;
+use crate::source::connect_control;
 
 /// Aborts a background task when dropped.
 pub struct AbortOnDrop<T>(pub tokio::task::JoinHandle<T>);
@@ -27,12 +28,19 @@ pub async fn watch_nats(client: async_nats::Client, metrics: Arc<Metrics>) {
 }
 
 /// Samples the slot every few seconds on a control connection of its own, so an operator sees a
-/// stalled or endangered slot from the metrics.
+/// stalled or endangered slot from the metrics. The connection is named for the slot and the
+/// process ([`catalog::relay_application_name`]): while it is open, `status` can tell a relay runs
+/// even when no session streams the slot.
 pub async fn sample_slot(settings: Settings, metrics: Arc<Metrics>) {
+    let app = catalog::relay_application_name(
+        &settings.postgres.slot,
+        std::process::id(),
+        Some("monitor"),
+    );
     let mut client = None;
     loop {
         if client.is_none() {
-            client = catalog::connect(&settings, "metrics").await.ok();
+            client = connect_control(&settings.conn, &app).await.ok();
         }
         if let Some(c) = &client {
             match catalog::slot(c, &settings.postgres.slot).await {

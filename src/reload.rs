@@ -1,0 +1,205 @@
+//! SIGHUP: re-read the configuration, apply what can change in a running relay, and name what needs
+//! a restart. Nothing here ever stops the relay: a file that no longer loads is reported and the
+//! running settings stay.
+//!
+//! What can be applied lives in [`Hook`]s, one per concern, each naming the keys it takes over
+//! (`log.level` for the log filter today); a later concern (e.g. a schema directory) adds a hook
+//! and its keys without touching the comparison. Every other key that changed is reported as
+//! needing a restart, by name only: values may hold passwords.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::PathBuf;
+
+use crate::config::{Config, Settings};
+
+/// Something a running relay can change on SIGHUP.
+pub trait Hook: Send {
+    /// The configuration keys (`section.key`) this hook applies.
+    fn keys(&self) -> &'static [&'static str];
+    /// Applies the new settings; called only when one of [`Hook::keys`] changed. An `Err` is one
+    /// line saying why it could not be applied (the old value stays in force).
+    fn apply(&mut self, new: &Settings) -> Result<(), String>;
+}
+
+/// The configuration a relay runs with, and the hooks that can change it.
+pub struct Reloader {
+    path: Option<PathBuf>,
+    /// The values in force, by `section.key`: what the process started with, plus what hooks
+    /// applied since.
+    running: BTreeMap<String, toml::Value>,
+    hooks: Vec<Box<dyn Hook>>,
+}
+
+/// What one reload did, for its log line.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Reloaded {
+    /// Keys whose new values are in force now.
+    pub applied: Vec<String>,
+    /// Keys that differ from the running values and take effect only after a restart.
+    pub needs_restart: Vec<String>,
+    /// Keys a hook could not apply, with its reason.
+    pub failed: Vec<(String, String)>,
+}
+
+impl Reloader {
+    /// A reloader for a relay started with `settings`, loaded from `path` (and the environment).
+    pub fn new(path: Option<PathBuf>, settings: &Settings) -> Reloader {
+        Reloader {
+            path,
+            running: flatten(settings.config()),
+            hooks: Vec::new(),
+        }
+    }
+
+    /// Adds a hook; its keys are applied on reload instead of being reported as needing a restart.
+    pub fn add(&mut self, hook: Box<dyn Hook>) {
+        self.hooks.push(hook);
+    }
+
+    /// Loads the configuration again, as at start (the file, then `OUTBOX_RELAY_*`), and applies
+    /// what changed. An error when the configuration no longer loads; nothing changes then.
+    pub fn reload(&mut self) -> Result<Reloaded, crate::config::ConfigError> {
+        let new = Config::load(self.path.as_deref())?;
+        Ok(self.apply(&new))
+    }
+
+    /// [`Reloader::reload`] with the new settings given.
+    pub fn apply(&mut self, new: &Settings) -> Reloaded {
+        let fresh = flatten(new.config());
+        let changed: Vec<String> = fresh
+            .iter()
+            .filter(|(k, v)| self.running.get(*k) != Some(v))
+            .map(|(k, _)| k.clone())
+            .chain(
+                self.running
+                    .keys()
+                    .filter(|k| !fresh.contains_key(*k))
+                    .cloned(),
+            )
+            .collect();
+        let mut out = Reloaded::default();
+        let mut taken = Vec::new();
+        for hook in &mut self.hooks {
+            let mine: Vec<&String> = changed
+                .iter()
+                .filter(|k| hook.keys().contains(&k.as_str()))
+                .collect();
+            if mine.is_empty() {
+                continue;
+            }
+            taken.extend(mine.iter().map(|k| (*k).clone()));
+            match hook.apply(new) {
+                Ok(()) => {
+                    for k in mine {
+                        match fresh.get(k) {
+                            Some(v) => self.running.insert(k.clone(), v.clone()),
+                            None => self.running.remove(k),
+                        };
+                        out.applied.push(k.clone());
+                    }
+                }
+                Err(why) => out
+                    .failed
+                    .extend(mine.into_iter().map(|k| (k.clone(), why.clone()))),
+            }
+        }
+        out.needs_restart = changed.into_iter().filter(|k| !taken.contains(k)).collect();
+        out
+    }
+}
+
+impl fmt::Display for Reloaded {
+    /// `applied log.level; needs a restart: nats.url, postgres.slot` (or `nothing changed`).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut parts = Vec::new();
+        if !self.applied.is_empty() {
+            parts.push(format!("applied {}", self.applied.join(", ")));
+        }
+        for (k, why) in &self.failed {
+            parts.push(format!("could not apply {k} ({why}); the old value stays"));
+        }
+        if !self.needs_restart.is_empty() {
+            parts.push(format!(
+                "changed but needs a restart: {}",
+                self.needs_restart.join(", ")
+            ));
+        }
+        if parts.is_empty() {
+            parts.push("nothing changed".to_owned());
+        }
+        f.write_str(&parts.join("; "))
+    }
+}
+
+/// Every key of `config` as `section.key` → value.
+fn flatten(config: &Config) -> BTreeMap<String, toml::Value> {
+    let mut out = BTreeMap::new();
+    // Config serialises to a table of tables; a failure would be a bug, and then nothing counts
+    // as changed rather than everything.
+    if let Ok(toml::Value::Table(sections)) = toml::Value::try_from(config) {
+        for (section, value) in sections {
+            match value {
+                toml::Value::Table(keys) => {
+                    for (key, v) in keys {
+                        out.insert(format!("{section}.{key}"), v);
+                    }
+                }
+                other => {
+                    out.insert(section, other);
+                }
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Level(Vec<String>);
+
+    impl Hook for Level {
+        fn keys(&self) -> &'static [&'static str] {
+            &["log.level"]
+        }
+        fn apply(&mut self, new: &Settings) -> Result<(), String> {
+            self.0.push(new.log.level.clone());
+            Ok(())
+        }
+    }
+
+    fn settings(edit: impl FnOnce(&mut Config)) -> Settings {
+        let mut c = Config::default();
+        edit(&mut c);
+        c.validate().expect("valid")
+    }
+
+    #[test]
+    fn hooks_apply_their_keys_and_the_rest_needs_a_restart() {
+        let mut r = Reloader::new(None, &settings(|_| {}));
+        r.add(Box::new(Level(Vec::new())));
+        let new = settings(|c| {
+            c.log.level = "debug".into();
+            c.nats.max_in_flight = 7;
+            c.postgres.url = "postgres://u:secret@db/x".into();
+        });
+        let done = r.apply(&new);
+        assert_eq!(done.applied, ["log.level"]);
+        assert_eq!(done.needs_restart, ["nats.max_in_flight", "postgres.url"]);
+        let line = done.to_string();
+        assert!(!line.contains("secret"), "{line}");
+        // Applied keys are in force now; the others still differ from what runs.
+        let again = r.apply(&new);
+        assert!(again.applied.is_empty());
+        assert_eq!(again.needs_restart, ["nats.max_in_flight", "postgres.url"]);
+    }
+
+    #[test]
+    fn an_unchanged_file_says_so() {
+        let s = settings(|_| {});
+        let mut r = Reloader::new(None, &s);
+        assert_eq!(r.apply(&s).to_string(), "nothing changed");
+    }
+}

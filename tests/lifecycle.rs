@@ -1,0 +1,454 @@
+//! The relay process across outages and signals (operations round 2): a relay started while NATS or
+//! Postgres is down waits for it (alive on `/healthz`, not ready on `/readyz`, one log line) and then
+//! publishes what was written meanwhile, while a setting it cannot use still ends it at once; `status`
+//! during a NATS outage says the relay is retrying and the stream's state is unknown, and never takes
+//! the slot from a relay that starts while it runs; SIGHUP reloads what it can and keeps the relay
+//! running.
+//!
+//! Every test runs the built binary, as a service manager would.
+
+use std::time::Duration;
+
+use async_nats::jetstream;
+use serde_json::Value;
+use tokio_postgres::Client;
+
+use crate::ops::{free_addr, try_get, wait_for_status};
+use crate::support::{
+    Finished, NatsServer, PgServer, RelayProcess, TEXT_ID_OUTBOX_SQL, TestDb, read_all,
+    relay_config, relay_env, run_command, stream_count, wait_for,
+};
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+async fn text_id_db(server: &PgServer) -> TestDb {
+    let db = TestDb::create(server).await;
+    db.psql(TEXT_ID_OUTBOX_SQL);
+    db
+}
+
+async fn insert(client: &Client, id: &str) {
+    client
+        .execute(
+            "INSERT INTO public.outbox (event_id, aggregate_type, aggregate_id, event_type, payload) \
+             VALUES ($1, 'Claim', '4711', 'ClaimApproved', '{\"claim_id\": 4711}')",
+            &[&id],
+        )
+        .await
+        .unwrap_or_else(|e| panic!("insert {id}: {e}"));
+}
+
+fn set(env: &mut Vec<(String, String)>, key: &str, value: &str) {
+    env.retain(|(k, _)| k != key);
+    env.push((key.into(), value.into()));
+}
+
+/// Lines of `stderr` that contain `text`.
+fn lines_with(stderr: &str, text: &str) -> usize {
+    stderr.lines().filter(|l| l.contains(text)).count()
+}
+
+/// Waits until the relay's stderr contains `text`, or panics with it (and fails if the relay exits).
+async fn wait_for_log(p: &mut RelayProcess, text: &str) {
+    let deadline = std::time::Instant::now() + LIMIT;
+    loop {
+        let stderr = p.stderr();
+        if stderr.contains(text) {
+            return;
+        }
+        assert!(
+            p.is_running(),
+            "the relay exited before logging {text:?}:\n{stderr}"
+        );
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no {text:?} within {LIMIT:?}:\n{stderr}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn wait_for_ids(js: &jetstream::Context, stream: &str, ids: &[&str]) {
+    wait_for(&format!("{ids:?} in {stream}"), LIMIT, || async {
+        if stream_count(js, stream).await < ids.len() as u64 {
+            return false;
+        }
+        let stored: Vec<String> = read_all(js, stream)
+            .await
+            .iter()
+            .map(|m| m.id().to_owned())
+            .collect();
+        ids.iter().all(|id| stored.iter().any(|s| s == id))
+    })
+    .await;
+}
+
+/// SIGTERM and exit 0; returns what the relay wrote.
+fn stop(mut p: RelayProcess) -> Finished {
+    p.signal("TERM");
+    let status = p
+        .wait(LIMIT)
+        .unwrap_or_else(|| panic!("no exit after SIGTERM: {}", p.stderr()));
+    assert_eq!(status.code(), Some(0), "{}", p.stderr());
+    Finished {
+        status,
+        stdout: p.stdout(),
+        stderr: p.stderr(),
+    }
+}
+
+/// While it waits: the process runs, `/healthz` is 200, `/readyz` is 503, and the waiting line was
+/// written once although several attempts failed.
+async fn assert_waiting(p: &mut RelayProcess, addr: &str) {
+    wait_for_log(p, "cannot start yet").await;
+    wait_for_status(addr, "/healthz", 200, 30).await;
+    // Long enough for several attempts (0.1 s, 0.2 s, 0.4 s, 0.8 s, 1.6 s, …).
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(p.is_running(), "the relay exited: {}", p.stderr());
+    assert_eq!(try_get(addr, "/healthz").await.map(|r| r.0), Some(200));
+    let ready = try_get(addr, "/readyz").await;
+    assert_eq!(ready.as_ref().map(|r| r.0), Some(503), "{ready:?}");
+    let stderr = p.stderr();
+    assert_eq!(
+        lines_with(&stderr, "cannot start yet"),
+        1,
+        "one line per state change, not per attempt:\n{stderr}"
+    );
+}
+
+/// A relay started while nats-server is down (after a deploy's `setup`, as on a node reboot) waits
+/// for it instead of exiting; an event written meanwhile is published once NATS is back.
+#[tokio::test]
+async fn a_relay_started_while_nats_is_down_waits_and_then_publishes() {
+    let db = text_id_db(PgServer::shared()).await;
+    let nats = NatsServer::start();
+    let config = relay_config(&db, &nats);
+    let mut env = relay_env(&config);
+    let setup = run_command(&["setup"], &env, LIMIT);
+    assert!(setup.status.success(), "setup: {}", setup.stderr);
+    let addr = free_addr();
+    set(&mut env, "OUTBOX_RELAY_HTTP_LISTEN", &addr);
+    let client = db.client().await;
+
+    nats.stop();
+    let mut p = RelayProcess::spawn(&["run"], &env);
+    insert(&client, "while-nats-down").await;
+    assert_waiting(&mut p, &addr).await;
+    assert!(
+        p.stderr().contains("cause=nats") || p.stderr().contains("NATS"),
+        "the line names NATS: {}",
+        p.stderr()
+    );
+
+    nats.start_again();
+    let js = nats.jetstream().await;
+    wait_for_ids(&js, &config.nats.stream, &["while-nats-down"]).await;
+    wait_for_status(&addr, "/readyz", 200, 60).await;
+    let f = stop(p);
+    assert_eq!(
+        lines_with(&f.stderr, "servers reachable"),
+        1,
+        "{}",
+        f.stderr
+    );
+}
+
+/// The same with Postgres down: the relay waits, and publishes both an event written before the
+/// outage and one written after Postgres came back.
+#[tokio::test]
+async fn a_relay_started_while_postgres_is_down_waits_and_then_publishes() {
+    let server = PgServer::start_private();
+    let db = text_id_db(&server).await;
+    let nats = NatsServer::start();
+    let config = relay_config(&db, &nats);
+    let mut env = relay_env(&config);
+    let setup = run_command(&["setup"], &env, LIMIT);
+    assert!(setup.status.success(), "setup: {}", setup.stderr);
+    let addr = free_addr();
+    set(&mut env, "OUTBOX_RELAY_HTTP_LISTEN", &addr);
+    insert(&db.client().await, "before-pg-down").await;
+
+    server.stop();
+    let mut p = RelayProcess::spawn(&["run"], &env);
+    assert_waiting(&mut p, &addr).await;
+    assert!(
+        p.stderr().contains("cause=postgres"),
+        "the line names postgres: {}",
+        p.stderr()
+    );
+
+    server.start();
+    insert(&db.client().await, "after-pg-back").await;
+    let js = nats.jetstream().await;
+    wait_for_ids(
+        &js,
+        &config.nats.stream,
+        &["before-pg-down", "after-pg-back"],
+    )
+    .await;
+    wait_for_status(&addr, "/readyz", 200, 60).await;
+    let f = stop(p);
+    assert_eq!(
+        lines_with(&f.stderr, "servers reachable"),
+        1,
+        "{}",
+        f.stderr
+    );
+}
+
+/// Settings retrying cannot fix still end `run` at once with one clear line: NATS refusing the
+/// relay's credentials, and a Postgres database that does not exist.
+#[tokio::test]
+async fn a_setting_that_cannot_work_still_ends_run_at_once() {
+    let db = text_id_db(PgServer::shared()).await;
+    let nats =
+        NatsServer::start_with_config("authorization {\n  user: relay\n  password: right\n}");
+    let config = relay_config(&db, &nats);
+    let mut env = relay_env(&config);
+    set(
+        &mut env,
+        "OUTBOX_RELAY_NATS_URL",
+        &format!("nats://relay:wrong@127.0.0.1:{}", nats.port()),
+    );
+    let f = run_command(&["run"], &env, LIMIT);
+    assert_eq!(f.status.code(), Some(1), "{}", f.stderr);
+    let last = f.stderr.trim().lines().last().unwrap_or("").to_owned();
+    assert!(
+        last.starts_with("outbox-relay: ") && last.contains("refused the relay's credentials"),
+        "{}",
+        f.stderr
+    );
+    assert_eq!(lines_with(&f.stderr, "cannot start yet"), 0, "{}", f.stderr);
+
+    let mut env = relay_env(&config);
+    set(
+        &mut env,
+        "OUTBOX_RELAY_POSTGRES_URL",
+        &PgServer::shared().url("no_such_database_here"),
+    );
+    let f = run_command(&["run"], &env, LIMIT);
+    assert_eq!(f.status.code(), Some(1), "{}", f.stderr);
+    let last = f.stderr.trim().lines().last().unwrap_or("").to_owned();
+    assert!(last.contains("postgres.url"), "{}", f.stderr);
+    assert_eq!(lines_with(&f.stderr, "cannot start yet"), 0, "{}", f.stderr);
+}
+
+/// SIGHUP does not end the relay: it re-reads `--config`, applies `log.level` (here to `warn`, so
+/// the info lines of the shutdown no longer appear), names the changed key that needs a restart in
+/// one line, and keeps publishing. A file that no longer parses is reported and changes nothing.
+#[tokio::test]
+async fn sighup_reloads_the_log_level_names_what_needs_a_restart_and_keeps_running() {
+    let db = text_id_db(PgServer::shared()).await;
+    let nats = NatsServer::start();
+    let config = relay_config(&db, &nats);
+    let env = relay_env(&config);
+    let client = db.client().await;
+    let js = nats.jetstream().await;
+    let stream = &config.nats.stream;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("relay.toml");
+    std::fs::write(&file, "[log]\nlevel = \"info\"\n").expect("write config");
+    let path = file.display().to_string();
+    let mut p = RelayProcess::spawn(&["run", "--config", &path], &env);
+    wait_for_log(&mut p, "streaming").await;
+    insert(&client, "before-hup").await;
+    wait_for_ids(&js, stream, &["before-hup"]).await;
+
+    std::fs::write(
+        &file,
+        "[log]\nlevel = \"warn\"\n[nats]\nmax_in_flight = 7\n",
+    )
+    .expect("write config");
+    p.signal("HUP");
+    wait_for_log(&mut p, "SIGHUP: configuration reloaded").await;
+    let stderr = p.stderr();
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("SIGHUP"))
+        .expect("the reload line");
+    assert!(line.contains("applied log.level"), "{line}");
+    assert!(
+        line.contains("needs a restart: nats.max_in_flight"),
+        "{line}"
+    );
+    assert_eq!(lines_with(&stderr, "SIGHUP"), 1, "{stderr}");
+    insert(&client, "after-hup").await;
+    wait_for_ids(&js, stream, &["before-hup", "after-hup"]).await;
+
+    std::fs::write(&file, "[log\nlevel = \"warn\"\n").expect("write config");
+    p.signal("HUP");
+    wait_for_log(&mut p, "cannot be loaded").await;
+    insert(&client, "after-bad-hup").await;
+    wait_for_ids(&js, stream, &["before-hup", "after-hup", "after-bad-hup"]).await;
+
+    let f = stop(p);
+    assert!(
+        !f.stderr.contains("shutdown requested"),
+        "log.level = warn is in force: {}",
+        f.stderr
+    );
+}
+
+/// `status --json`, parsed.
+fn json(f: &Finished) -> Value {
+    serde_json::from_str(&f.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}):\n{}\n{}", f.stdout, f.stderr))
+}
+
+async fn slot_active(client: &Client, slot: &str) -> bool {
+    client
+        .query_opt(
+            "SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND active",
+            &[&slot],
+        )
+        .await
+        .expect("query pg_replication_slots")
+        .is_some()
+}
+
+/// With the relay running and retrying against a stopped nats-server, `status` says a relay runs and
+/// retries (not "start outbox-relay run"), the events waiting in the slot, and a stream whose state is
+/// unknown: `null` in JSON, not `false` or 0, and `unknown: NATS unreachable (…)` in text.
+#[tokio::test]
+async fn status_during_a_nats_outage_says_the_relay_retries_and_the_stream_is_unknown() {
+    let db = text_id_db(PgServer::shared()).await;
+    let nats = NatsServer::start();
+    let config = relay_config(&db, &nats);
+    let env = relay_env(&config);
+    let slot = config.postgres.slot.clone();
+    let client = db.client().await;
+    let js = nats.jetstream().await;
+    let mut p = RelayProcess::run(&config);
+    wait_for_log(&mut p, "streaming").await;
+    insert(&client, "before-outage").await;
+    wait_for_ids(&js, &config.nats.stream, &["before-outage"]).await;
+
+    nats.stop();
+    insert(&client, "during-outage").await;
+    wait_for("the relay to stop streaming", LIMIT, || async {
+        !slot_active(&client, &slot).await
+    })
+    .await;
+    assert!(p.is_running(), "{}", p.stderr());
+
+    let text = run_command(&["status"], &env, LIMIT);
+    assert_eq!(
+        text.status.code(),
+        Some(1),
+        "{}{}",
+        text.stdout,
+        text.stderr
+    );
+    let out = &text.stdout;
+    assert!(!out.contains("start outbox-relay run"), "{out}");
+    assert!(
+        out.contains(&format!("relay: running (pid {})", p.pid())),
+        "{out}"
+    );
+    assert!(out.contains("retrying"), "{out}");
+    let stream_line = out
+        .lines()
+        .find(|l| l.starts_with(&format!("stream {}:", config.nats.stream)))
+        .unwrap_or_else(|| panic!("no stream line: {out}"));
+    assert!(
+        stream_line.contains("unknown: NATS unreachable ("),
+        "{stream_line}"
+    );
+    assert!(!stream_line.contains("0 messages"), "{stream_line}");
+
+    let f = run_command(&["status", "--json"], &env, LIMIT);
+    assert_eq!(f.status.code(), Some(1), "{}", f.stderr);
+    let v = json(&f);
+    let st = &v["stream"];
+    for key in [
+        "exists",
+        "messages",
+        "bytes",
+        "last_sequence",
+        "replicas",
+        "storage",
+        "duplicate_window_secs",
+    ] {
+        assert!(st[key].is_null(), "stream.{key} is unknown: {v:#}");
+    }
+    assert_eq!(st["state"], "unreachable", "{v:#}");
+    assert_eq!(v["relay"]["state"], "retrying", "{v:#}");
+    assert_eq!(v["relay"]["pids"], serde_json::json!([p.pid()]), "{v:#}");
+    assert_eq!(v["slot"]["exists"], Value::Bool(true), "{v:#}");
+    assert_eq!(v["slot"]["active"], Value::Bool(false), "{v:#}");
+    assert_eq!(v["slot"]["events_waiting"], Value::Bool(true), "{v:#}");
+    let problems = v["problems"].as_array().expect("problems");
+    assert!(
+        problems
+            .iter()
+            .all(|p| !p.as_str().unwrap_or("").contains("start outbox-relay run")),
+        "{v:#}"
+    );
+
+    nats.start_again();
+    wait_for_ids(
+        &js,
+        &config.nats.stream,
+        &["before-outage", "during-outage"],
+    )
+    .await;
+    let f = run_command(&["status", "--json"], &env, LIMIT);
+    let v = json(&f);
+    assert_eq!(v["relay"]["state"], "streaming", "{v:#}");
+    assert_eq!(v["stream"]["exists"], Value::Bool(true), "{v:#}");
+    stop(p);
+}
+
+/// `status` checks an idle slot for waiting events without acquiring it: the slot is never active
+/// while `status` runs alone, and a relay started while `status` reads a long backlog never finds
+/// its slot held (no standby line naming `status`'s connection) and publishes at once.
+#[tokio::test]
+async fn status_never_takes_the_slot_from_a_starting_relay() {
+    let db = text_id_db(PgServer::shared()).await;
+    let nats = NatsServer::start();
+    let config = relay_config(&db, &nats);
+    let env = relay_env(&config);
+    let slot = config.postgres.slot.clone();
+    let setup = run_command(&["setup"], &env, LIMIT);
+    assert!(setup.status.success(), "setup: {}", setup.stderr);
+    let client = db.client().await;
+    // A long transaction on a table outside the publication, then an event: decoding the slot's
+    // backlog takes a while, during which a peek on the slot would hold it.
+    db.psql(
+        "CREATE TABLE public.side (i int, t text); \
+         INSERT INTO public.side SELECT g, repeat('x', 100) FROM generate_series(1, 300000) g;",
+    );
+    insert(&client, "waiting").await;
+
+    let mut status = RelayProcess::spawn(&["status", "--json"], &env);
+    let mut seen_active = false;
+    while status.is_running() {
+        seen_active |= slot_active(&client, &slot).await;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(!seen_active, "status acquired the slot");
+    let f = Finished {
+        status: status.wait(LIMIT).expect("status exited"),
+        stdout: status.stdout(),
+        stderr: status.stderr(),
+    };
+    let v = json(&f);
+    assert_eq!(v["slot"]["events_waiting"], Value::Bool(true), "{v:#}");
+    assert_eq!(v["relay"]["state"], "not_running", "{v:#}");
+
+    // Now a relay starts while two status runs read the backlog.
+    let first = RelayProcess::spawn(&["status"], &env);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut relay = RelayProcess::run(&config);
+    let second = RelayProcess::spawn(&["status"], &env);
+    let js = nats.jetstream().await;
+    wait_for_ids(&js, &config.nats.stream, &["waiting"]).await;
+    wait_for_log(&mut relay, "streaming").await;
+    drop((first, second));
+    let f = stop(relay);
+    assert!(
+        !f.stderr.contains("another relay holds the slot") && !f.stderr.contains("standby"),
+        "the relay found its slot held: {}",
+        f.stderr
+    );
+}
