@@ -53,7 +53,9 @@ async fn connect_one(info: &ConnInfo, application_name: &str) -> Result<Client, 
         source,
     })?;
     let tls_config = match tcp.supports_tls() {
-        true => tls::client_config(info).map_err(|e| SourceError::Tls(e.to_string()))?,
+        true => tls::client_config_off_runtime(info)
+            .await
+            .map_err(|e| SourceError::Tls(e.to_string()))?,
         false => {
             config.ssl_mode(tokio_postgres::config::SslMode::Disable);
             None

@@ -85,6 +85,25 @@ pub fn client_config(info: &ConnInfo) -> Result<Option<Arc<ClientConfig>>, TlsCo
     Ok(Some(Arc::new(config)))
 }
 
+/// [`client_config`] on the runtime's blocking pool: it reads the `sslrootcert` file, and the relay's
+/// one runtime thread must not wait for a disk (or a network file system) meanwhile. Read at every
+/// connect, so a rotated CA file is picked up by the next connection.
+pub async fn client_config_off_runtime(
+    info: &ConnInfo,
+) -> Result<Option<Arc<ClientConfig>>, TlsConfigError> {
+    if info.sslmode == SslMode::Disable {
+        return Ok(None);
+    }
+    let info = info.clone();
+    tokio::task::spawn_blocking(move || client_config(&info))
+        .await
+        .unwrap_or_else(|e| {
+            Err(TlsConfigError::Rustls(rustls::Error::General(format!(
+                "reading the TLS settings failed: {e}"
+            ))))
+        })
+}
+
 fn root_store(roots: &RootCerts) -> Result<RootCertStore, TlsConfigError> {
     let mut store = RootCertStore::empty();
     match roots {
