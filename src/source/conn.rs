@@ -106,8 +106,8 @@ impl ReplConnection {
             .map_err(io_err)?;
         let tls_config = match tcp.supports_tls() {
             true => tls::client_config_off_runtime(info)
-            .await
-            .map_err(|e| SourceError::Tls(e.to_string()))?,
+                .await
+                .map_err(|e| SourceError::Tls(e.to_string()))?,
             false => None,
         };
         let (io, end_point_hash): (Box<dyn Transport>, _) = match tls_config {

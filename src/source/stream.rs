@@ -14,7 +14,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use postgres_protocol::message::backend::Message;
@@ -29,9 +29,6 @@ use super::wire::{
     Backend, MAX_FRAME_BYTES, Transport, log_notice, parse_backend, read_backend, server_error,
 };
 use crate::Lsn;
-
-/// Microseconds between the Unix epoch and the Postgres epoch (2000-01-01).
-const PG_EPOCH_OFFSET_US: i64 = 946_684_800_000_000;
 
 /// Tuning of a replication stream.
 #[derive(Clone, Debug)]
@@ -556,21 +553,12 @@ fn status_update(out: &mut BytesMut, write: Lsn, flush: Lsn, reply_requested: bo
     p.put_u64(write.0);
     p.put_u64(flush.0);
     p.put_u64(flush.0);
-    p.put_i64(pg_now());
+    p.put_i64(crate::lsn::pg_now_micros());
     p.put_u8(u8::from(reply_requested));
     // CopyData::new only fails for bodies over i32::MAX bytes.
     if let Ok(msg) = frontend::CopyData::new(&payload[..]) {
         msg.write(out);
     }
-}
-
-/// Now as microseconds since 2000-01-01 UTC.
-fn pg_now() -> i64 {
-    let unix_us = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_micros() as i64)
-        .unwrap_or(0);
-    unix_us - PG_EPOCH_OFFSET_US
 }
 
 #[cfg(test)]
