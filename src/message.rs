@@ -20,7 +20,7 @@ use async_nats::header::{HeaderName, HeaderValue, IntoHeaderName};
 use bytes::Bytes;
 use percent_encoding::{AsciiSet, CONTROLS, utf8_percent_encode};
 
-use crate::outbox::OutboxEvent;
+use crate::outbox::{MAX_ID_BYTES, OutboxEvent};
 use crate::route::SubjectTemplate;
 
 /// The event id, by which JetStream drops a republished event inside the duplicate window.
@@ -363,10 +363,6 @@ pub fn stamp_position(h: &mut HeaderMap, event: &OutboxEvent, history: Option<&s
         HeaderValue::from(crate::position::stamp(event.position, history)),
     );
 }
-
-/// The longest event id published as `Nats-Msg-Id`; a longer one makes the event invalid (its dead
-/// letter gets a WAL-derived id), so one huge id cannot keep even a minimal dead letter out.
-pub const MAX_ID_BYTES: usize = 1024;
 
 /// The relay's header names, built once: a name made from a `&str` is validated and copied on
 /// every insert, and these are on every message.

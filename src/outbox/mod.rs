@@ -28,9 +28,12 @@ use serde_json::value::RawValue;
 
 use crate::Lsn;
 use crate::config::OutboxConfig;
-use crate::message::MAX_ID_BYTES;
 use crate::pgoutput::{Message, Relation, TupleValue};
 use crate::position::Position;
+
+/// The longest event id published as `Nats-Msg-Id`; a longer one makes the event invalid (its dead
+/// letter gets a WAL-derived id), so one huge id cannot keep even a minimal dead letter out.
+pub const MAX_ID_BYTES: usize = 1024;
 
 /// Type OIDs the mapping cares about (`pg_type.dat`).
 mod oid {
