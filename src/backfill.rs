@@ -231,7 +231,7 @@ pub enum BackfillError {
         source: SinkError,
     },
     /// The outbox stage could not interpret the rows fed to it.
-    #[error("backfill: {0}")]
+    #[error("backfill")]
     Stage(#[from] StageError),
     /// More than `u32::MAX` rows match.
     #[error(

@@ -72,13 +72,13 @@ pub enum RelayError {
 #[derive(Debug, thiserror::Error)]
 pub enum Restart {
     /// The replication connection failed in a way a reconnect can fix.
-    #[error("postgres: {0}")]
+    #[error("postgres")]
     Postgres(#[source] SourceError),
     /// NATS, the stream or the sink failed in a way a reconnect can fix.
-    #[error("NATS: {0}")]
+    #[error("NATS")]
     Nats(#[source] NatsTrouble),
     /// "replication slot … is active for PID …": another relay streams; wait as a standby.
-    #[error("slot held by another relay: {0}")]
+    #[error("slot held by another relay")]
     SlotHeld(#[source] SourceError),
 }
 

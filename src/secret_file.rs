@@ -14,14 +14,13 @@ use std::path::Path;
 /// Why a secret file cannot be used; the text says what to do.
 #[derive(Debug, thiserror::Error)]
 pub enum SecretFileError {
-    /// It cannot be opened or read.
-    #[error("cannot read {path}: {source}")]
+    /// It cannot be opened or read (the OS error shown, the way every caller reports it: as text).
+    #[error("cannot read {path}: {error}")]
     Io {
         /// The file.
         path: String,
         /// The OS error.
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// It is a directory, FIFO, socket or device.
     #[error("{0} is not a regular file")]
@@ -51,9 +50,9 @@ pub enum Access {
 /// The file's text, after checking that it is a regular file readable as `access` allows.
 pub fn read(path: &Path, access: Access) -> Result<String, SecretFileError> {
     let shown = || path.display().to_string();
-    let io = |source| SecretFileError::Io {
+    let io = |error| SecretFileError::Io {
         path: shown(),
-        source,
+        error,
     };
     let before = std::fs::metadata(path).map_err(io)?;
     if !before.is_file() {

@@ -203,7 +203,7 @@ impl Relay {
                     return Ok(());
                 }
                 SessionEnd::Fatal(e) => {
-                    error!(error = %e, "stopping");
+                    error!(error = %error_chain(&e), "stopping");
                     return Err(e);
                 }
                 SessionEnd::Restart(restart) => {
@@ -317,7 +317,8 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
     let mut source = e.source();
     while let Some(s) = source {
         let text = s.to_string();
-        // `#[error(transparent)]` and "{0}" wrappers repeat their source's text.
+        // The relay's errors either show their source or return it, never both; some errors of
+        // other crates repeat their source's text in their own.
         if !out.ends_with(&text) {
             out.push_str(": ");
             out.push_str(&text);

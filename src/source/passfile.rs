@@ -16,7 +16,7 @@ use crate::secret_file::{self, Access, SecretFileError};
 pub fn lookup(file: &Path, host: &str, port: u16, dbname: &str, user: &str) -> Option<String> {
     let text = match secret_file::read(file, Access::Owner) {
         Ok(text) => text,
-        Err(SecretFileError::Io { source, .. }) if source.kind() == ErrorKind::NotFound => {
+        Err(SecretFileError::Io { error, .. }) if error.kind() == ErrorKind::NotFound => {
             return None;
         }
         Err(e) => {

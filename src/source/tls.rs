@@ -22,13 +22,12 @@ use super::conninfo::{ConnInfo, RootCerts, SslMode};
 #[derive(Debug, thiserror::Error)]
 pub enum TlsConfigError {
     /// The `sslrootcert` file cannot be read as PEM.
-    #[error("cannot read sslrootcert {path}: {source}")]
+    #[error("cannot read sslrootcert {path}: {error}")]
     RootCertFile {
         /// The file's path.
         path: String,
-        /// Why it cannot be read.
-        #[source]
-        source: rustls::pki_types::pem::Error,
+        /// Why it cannot be read (shown, not returned: the error travels on as text).
+        error: rustls::pki_types::pem::Error,
     },
     /// The `sslrootcert` file holds no certificate rustls accepts as a root.
     #[error("sslrootcert {0} holds no usable certificate")]
@@ -36,9 +35,16 @@ pub enum TlsConfigError {
     /// `verify-ca` or `verify-full` without `sslrootcert`.
     #[error("sslmode={0} needs sslrootcert=<file> (or sslrootcert=system) in the postgres url")]
     MissingRoots(&'static str),
-    /// rustls refused the configuration.
+    /// rustls refused the configuration. Its text is shown, not returned as a source: the error
+    /// travels on as text (`SourceError::Tls`).
     #[error("TLS setup failed: {0}")]
-    Rustls(#[from] rustls::Error),
+    Rustls(rustls::Error),
+}
+
+impl From<rustls::Error> for TlsConfigError {
+    fn from(e: rustls::Error) -> Self {
+        TlsConfigError::Rustls(e)
+    }
 }
 
 fn provider() -> Arc<CryptoProvider> {
@@ -112,9 +118,9 @@ fn root_store(roots: &RootCerts) -> Result<RootCertStore, TlsConfigError> {
             let shown = path.display().to_string();
             let certs = CertificateDer::pem_file_iter(path)
                 .and_then(|it| it.collect::<Result<Vec<_>, _>>())
-                .map_err(|source| TlsConfigError::RootCertFile {
+                .map_err(|error| TlsConfigError::RootCertFile {
                     path: shown.clone(),
-                    source,
+                    error,
                 })?;
             let (added, _) = store.add_parsable_certificates(certs);
             if added == 0 {
