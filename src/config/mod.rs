@@ -1,4 +1,4 @@
-//! Configuration: TOML file, environment overrides, defaults, validation (DESIGN.md §4).
+//! Configuration: TOML file, environment overrides, defaults, validation (docs/configuration.md).
 //!
 //! Layering: defaults < `--config FILE` < `OUTBOX_RELAY_<SECTION>_<KEY>` environment variables.
 //! Unknown keys, in the file or in the environment, are errors: a typo must not silently fall back to
@@ -73,7 +73,8 @@ impl Default for PostgresConfig {
     }
 }
 
-/// What to do with an event that cannot be published as it is (DESIGN.md P7).
+/// What to do with an event that cannot be published as it is
+/// (docs/guarantees.md#p7-no-silent-drop).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum OnInvalid {
