@@ -1,8 +1,10 @@
 //! Configuration: TOML file, environment overrides, defaults, validation (docs/configuration.md).
 //!
 //! Layering: defaults < `--config FILE` < `OUTBOX_RELAY_<SECTION>_<KEY>` environment variables.
-//! Unknown keys, in the file or in the environment, are errors: a typo must not silently fall back to
-//! a default. Every error is one line naming the key (and its environment variable) and how to fix it.
+//! Unknown keys in the file are errors: a typo must not silently fall back to a default. A variable
+//! that names no setting is ignored (Kubernetes injects `OUTBOX_RELAY_SERVICE_HOST` and the like),
+//! with a warning when it looks like a misspelt key (`env.rs`). Every error is one line naming the
+//! key (and its environment variable) and how to fix it.
 //! URLs may carry passwords: `Debug` of this module's types never shows them.
 
 use std::fmt;
