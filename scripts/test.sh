@@ -30,7 +30,8 @@ fi
 step "deploy/ checks"
 bash scripts/check-deploy.sh
 
-# (Not OUTBOX_RELAY_*: that prefix is the relay's configuration, and unknown keys there are errors.)
+# (Not OUTBOX_RELAY_*: that prefix is the relay's configuration; a variable there that names no
+# setting is ignored, with a warning when it looks like a misspelt key.)
 # The test support names every server dir "$TMPDIR/outbox-relay-test-<tag>-…" and puts it on the
 # server's command line; a tag of our own tells our servers from those of anyone else's test run on
 # this machine.

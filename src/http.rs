@@ -1,7 +1,8 @@
 //! The HTTP listener (`http.listen`): `/metrics` (Prometheus text), `/healthz` (200 while the process
 //! runs), `/readyz` (200 only while streaming with both connections up, 503 otherwise).
 //!
-//! HTTP/1 only, GET only, no bodies read: probes and scrapers need nothing more. It reads the shared
+//! HTTP/1 only, GET and HEAD only, no bodies read: probes and scrapers need nothing more. It reads
+//! the shared
 //! [`Metrics`] and never touches the pipeline.
 //!
 //! Probes must stay answerable while something else holds connections open (a scanner, a client

@@ -31,7 +31,10 @@
 //! P1 no loss; P2 the slot never passes an unacknowledged event; P3 every message carries
 //! `Nats-Msg-Id` = event id, so JetStream drops redeliveries; P4 commit order, and insert order within a
 //! transaction; P5 idle slots still advance; P6 memory bounded by the in-flight window; P7 bad events go
-//! to a dead-letter subject, never silently skipped; P8 bad settings fail with a one-line error.
+//! to a dead-letter subject, never silently skipped; P8 bad settings fail with a one-line error;
+//! P9 a lost slot is never replaced quietly; P10 P1–P4 hold across a Postgres failover and the loss
+//! of a JetStream node; P11 no input makes the relay panic, wedge or leak a secret. Each is stated in
+//! docs/guarantees.md; where the code keeps it, in docs/architecture.md.
 //! Consumers deduplicate by `Nats-Msg-Id`: delivery is at least once.
 
 #![warn(missing_docs)]

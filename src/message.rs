@@ -1,4 +1,5 @@
-//! What a NATS message for an outbox event looks like (DESIGN.md §4): subject, headers, payload, and
+//! What a NATS message for an outbox event looks like (docs/guarantees.md#messages): subject,
+//! headers, payload, and
 //! the dead-letter form of an event that cannot be published as it is.
 //!
 //! Headers: `Nats-Msg-Id` (the event id: JetStream drops a republished event inside the stream's

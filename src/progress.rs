@@ -1,4 +1,5 @@
-//! The in-order progress tracker: which LSN is safe to confirm to the slot (DESIGN.md P2, P5).
+//! The in-order progress tracker: which LSN is safe to confirm to the slot (P2 and P5 in
+//! docs/guarantees.md; the rule behind it: docs/pgoutput.md#which-lsn-is-confirmed).
 //!
 //! Every message handed to the sink gets a sequence number; the sink awaits acks in publish order, so
 //! "acked" is one counter. A transaction is done when its Commit arrived and every message published

@@ -1,4 +1,4 @@
-//! The relay process across outages and signals (operations round 2): a relay started while NATS or
+//! The relay process across outages and signals (docs/operations.md): a relay started while NATS or
 //! Postgres is down waits for it (alive on `/healthz`, not ready on `/readyz`, one log line) and then
 //! publishes what was written meanwhile, while a setting it cannot use still ends it at once; `status`
 //! during a NATS outage says the relay is retrying and the stream's state is unknown, and never takes

@@ -1,4 +1,5 @@
-//! Operability (issue 7): what an operator sees of a running relay. The metrics move while events flow
+//! Operability (docs/operations.md): what an operator sees of a running relay.
+//! The metrics move while events flow
 //! and freeze while NATS is down; `/readyz` follows the connections; `status --json` has the shape the
 //! docs promise and its exit code follows health; logs never show a password, and the JSON log format
 //! is JSON on every line; an HTTP address in use is one clear line; a standby says so.

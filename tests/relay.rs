@@ -1,9 +1,11 @@
-//! End-to-end tests of the relay against real Postgres and NATS (DESIGN.md §2): each test writes to an
+//! End-to-end tests of the relay against real Postgres and NATS (the promises in
+//! docs/guarantees.md): each test writes to an
 //! outbox table, runs the relay (in-process, or the binary when it must be killed or signalled), and
 //! judges it only by what a user can see: the JetStream stream, the slot's `confirmed_flush_lsn`,
 //! exit codes and stderr.
 //!
-//! Most tests use an outbox table with `event_id text` so ids read like the seed's story (`e-5531`);
+//! Most tests use an outbox table with `event_id text` so ids read like the README's story
+//! (`e-5531`);
 //! `setup_is_idempotent_and_status_reports_health` uses the shipped `sql/01_outbox_table.sql`.
 
 use std::collections::{BTreeMap, HashSet};
@@ -103,7 +105,8 @@ fn assert_unique_ids(messages: &[Stored]) {
     }
 }
 
-/// The seed's story (DESIGN.md §1): e-5531 arrives with every header; NATS goes down while claims
+/// The README's story (claim 4711, event e-5531): e-5531 arrives with every header;
+/// NATS goes down while claims
 /// 4712..4716 are approved; the slot does not pass the first unacknowledged commit (P2); when NATS
 /// returns all six events are in the stream once, in commit order (P1, P3, P4), and the slot moves on.
 #[tokio::test]
@@ -212,7 +215,8 @@ async fn claim_4711_story_survives_a_nats_outage_in_order_and_once() {
     relay.stop().await.expect("relay stops cleanly");
 }
 
-/// P1's other half and DESIGN.md §3: a rolled-back row is never published; updates and deletes of
+/// P1's other half and the outbox stage's rules (docs/pgoutput.md, "What the relay uses of them"):
+/// a rolled-back row is never published; updates and deletes of
 /// outbox rows are ignored and counted; an insert deleted in its own transaction is still published.
 /// The publication here publishes every operation, so the relay really sees the updates and deletes.
 #[tokio::test]

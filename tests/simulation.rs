@@ -18,7 +18,7 @@
 //! session read the stream's tail, take the sequence one of the new session's messages expected,
 //! and let a later message of that session be stored past the refused one. The relay then loses
 //! nothing (it stops, trusts no tail and publishes again), but the stream holds that event after
-//! later ones: a known break of P4 (order) this round did not fix (seeds 47, 75 and 400 of the
+//! later ones: a known break of P4 (order), not closed yet (seeds 47, 75 and 400 of the
 //! first 600 show it with `SIM_FAULTS=all`). The way to close it is to chain publishes by message
 //! id (`Nats-Expected-Last-Msg-Id`) as well as by sequence.
 

@@ -1,4 +1,5 @@
-//! Operator truth (DESIGN.md P8, P9, §4.1): what the relay tells an operator must be true. A lost
+//! Operator truth (P8 and P9 in docs/guarantees.md; `status` in docs/operations.md): what the relay
+//! tells an operator must be true. A lost
 //! slot behind a stream that holds events is never replaced quietly (`run` names `backfill`); a
 //! failed `setup` leaves nothing behind; `status` calls a stopped relay with waiting events, a NATS
 //! that is down or lacks JetStream, an unreachable Postgres and a stream that does not cover the

@@ -1,4 +1,4 @@
-//! The polling relay the product replaces, built the way the seed's Lab 06 builds one: an outbox
+//! The polling relay the product replaces, built the way such relays are commonly built: an outbox
 //! table with a nullable `published_at` and a partial index on the unpublished rows, and a loop that
 //! locks the next 100 unpublished rows, publishes them, marks them published and commits; when a batch
 //! comes back short it sleeps the poll interval (`@Scheduled(fixedDelay = …)`).
@@ -7,7 +7,7 @@
 //! `BEGIN; SELECT … WHERE published_at IS NULL ORDER BY created_at LIMIT 100 FOR UPDATE SKIP LOCKED;`
 //! publish each row to JetStream (`Nats-Msg-Id` = event id) and await every ack;
 //! `UPDATE … SET published_at = now() WHERE event_id = ANY($1); COMMIT`. The batch's publishes are
-//! pipelined (sent, then the acks awaited), which is already kinder than Lab 06's one-by-one loop.
+//! pipelined (sent, then the acks awaited), which is already kinder than the usual one-by-one loop.
 //!
 //! Also here: the database load of a period, from `pg_stat_user_tables` (the outbox table) and
 //! `pg_stat_database` — the cost the relay avoids by reading the WAL instead of the table.
@@ -22,7 +22,7 @@ use bytes::Bytes;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-/// Lab 06's table (uuid, aggregate, type, jsonb payload, created_at, published_at) named like the
+/// The poller's table (uuid, aggregate, type, jsonb payload, created_at, published_at) named like the
 /// relay's, so the latency writers' INSERT fits both; and its index on the unpublished rows.
 pub const TABLE_SQL: &str = "CREATE TABLE public.outbox (\n\
        event_id       uuid        PRIMARY KEY DEFAULT gen_random_uuid(),\n\

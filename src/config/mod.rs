@@ -1,8 +1,10 @@
-//! Configuration: TOML file, environment overrides, defaults, validation (DESIGN.md §4).
+//! Configuration: TOML file, environment overrides, defaults, validation (docs/configuration.md).
 //!
 //! Layering: defaults < `--config FILE` < `OUTBOX_RELAY_<SECTION>_<KEY>` environment variables.
-//! Unknown keys, in the file or in the environment, are errors: a typo must not silently fall back to
-//! a default. Every error is one line naming the key (and its environment variable) and how to fix it.
+//! Unknown keys in the file are errors: a typo must not silently fall back to a default. A variable
+//! that names no setting is ignored (Kubernetes injects `OUTBOX_RELAY_SERVICE_HOST` and the like),
+//! with a warning when it looks like a misspelt key (`env.rs`). Every error is one line naming the
+//! key (and its environment variable) and how to fix it.
 //! URLs may carry passwords: `Debug` of this module's types never shows them.
 
 use std::fmt;
@@ -73,7 +75,8 @@ impl Default for PostgresConfig {
     }
 }
 
-/// What to do with an event that cannot be published as it is (DESIGN.md P7).
+/// What to do with an event that cannot be published as it is
+/// (docs/guarantees.md#p7-no-silent-drop).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum OnInvalid {

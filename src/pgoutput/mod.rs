@@ -15,7 +15,7 @@
 //! Layouts follow the Postgres docs "Logical Replication Message Formats"
 //! (<https://www.postgresql.org/docs/current/protocol-logicalrep-message-formats.html>) and the writer
 //! side, `src/backend/replication/logical/proto.c` (`logicalrep_write_*`); summary in
-//! `reference/pgoutput-client.md` §3.
+//! docs/pgoutput.md#message-layouts-the-decoder-reads.
 //!
 //! # Layout
 //!

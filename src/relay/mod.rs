@@ -359,7 +359,8 @@ mod tests {
 
     #[test]
     fn run_future_is_send() {
-        // The relay runs on a multi-threaded runtime (tokio::spawn): its future must be Send.
+        // The binary runs it on a current-thread runtime, but the tests, benches and simulation
+        // spawn it (tokio::spawn, some on multi-threaded runtimes): its future must be Send.
         fn assert_send<T: Send>(_: &T) {}
         let f = run(
             Config::default().validate().unwrap(),

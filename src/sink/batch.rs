@@ -18,7 +18,8 @@
 //! can never hold more of the in-flight window than exists (its members are only acknowledged by its
 //! commit, so waiting for window room it holds itself would deadlock). A transaction past either
 //! limit is split into several batches, committed in order: nothing is lost and nothing is
-//! reordered, but atomicity then holds per batch, not per transaction (logged, counted). A session
+//! reordered, but atomicity then holds per batch, not per transaction (a warn line per split). A
+//! session
 //! that ends with a batch open (crash, lost connection) leaves it uncommitted: the server abandons it
 //! after 10 s without storing any of it, and the next session publishes the transaction again.
 
@@ -73,7 +74,8 @@ pub(super) struct Batcher {
     next: u64,
     open: Option<Open>,
     held: Option<Held>,
-    /// Transactions split into several batches so far (a log line each).
+    /// Transactions split into several batches so far. Nothing reads it (no metric): the warn line
+    /// each split logs is what reports it.
     pub splits: u64,
 }
 

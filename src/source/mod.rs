@@ -17,16 +17,22 @@
 //! Each module imports only those to its right (a `use super::…`), so the graph has no cycle:
 //!
 //! ```text
-//! conn     ──► options, stream, socket, tls, wire, conninfo, error
-//! control  ──► socket, tls, conninfo, error
-//! options  ──► wire, error
-//! stream   ──► wire, error
-//! tls      ──► conninfo
-//! wire     ──► error
-//! conninfo, error: leaves (error uses only crate::Lsn)
+//! conn       ──► options, stream, hosts, socket, tls, wire, conninfo, error
+//! control    ──► auth_guard, hosts, socket, tls, conninfo, error
+//! options    ──► wire, error
+//! stream     ──► wire, error
+//! hosts      ──► conninfo, error
+//! auth_guard ──► conninfo
+//! tls        ──► conninfo
+//! wire       ──► error
+//! conninfo   ──► passfile, socket
+//! error, passfile, socket: leaves (error uses only crate::Lsn)
 //! ```
 //!
-//! - `conninfo`: the connection URL and its TLS settings; a leaf.
+//! - `conninfo`: the connection URL and its TLS settings (the password file through `passfile`).
+//! - `passfile`: the libpq password file (`~/.pgpass`, `PGPASSFILE`).
+//! - `hosts`: the hosts of the URL tried in order, as `target_session_attrs` asks.
+//! - `auth_guard`: `require_auth` for the control connection, on the wire under tokio-postgres.
 //! - `error`: [`SourceError`] and [`ServerError`], transient or definite; a leaf.
 //! - `wire`: framing of backend messages (with the [`MAX_FRAME_BYTES`] cap), ErrorResponse fields,
 //!   identifier and literal quoting; shared by `conn`, `options` and `stream`.

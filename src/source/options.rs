@@ -3,7 +3,8 @@
 //! The walsender builds its decoding context (option parsing, publication lookup) before it answers
 //! with CopyBoth, so a wrong option comes back as an ErrorResponse. Checking here first gives a clearer
 //! message and never sends an option the server does not know ("unrecognized pgoutput option").
-//! Version table: /shared/reference/pgoutput-client.md §1, from worker.c and pgoutput.c.
+//! Version table: docs/pgoutput.md#options-and-protocol-versions (from Postgres' worker.c and
+//! pgoutput.c).
 
 use super::error::SourceError;
 use super::wire::{quote_ident, quote_literal};
@@ -25,7 +26,8 @@ pub struct PgOutputOptions {
 
 impl PgOutputOptions {
     /// Defaults for the relay: text values, no streaming of in-progress transactions (the relay can
-    /// publish a committed transaction's events as they arrive; see DESIGN.md §3).
+    /// publish a committed transaction's events as they arrive; see
+    /// docs/pgoutput.md#large-transactions).
     pub fn new(publications: impl IntoIterator<Item = String>) -> Self {
         PgOutputOptions {
             proto_version: None,

@@ -5,7 +5,8 @@
 //!
 //! The consumer hands back, through [`ReplicationStream::confirm`], the LSN up to which everything is
 //! durably processed: the `Commit.end_lsn` of the last fully acknowledged transaction, or a keepalive's
-//! WAL end when nothing is pending (so idle slots advance, DESIGN.md P5). The writer reports it as
+//! WAL end when nothing is pending (so idle slots advance, P5 in docs/guarantees.md).
+//! The writer reports it as
 //! `flush` (and `apply`) at least every `status_interval` and at once when the server asks for a reply.
 //! The timer is independent of the consumer: a stalled sink fills the bounded event channel and stops
 //! the reader, but status updates still go out, so `wal_sender_timeout` never kills a slow relay.

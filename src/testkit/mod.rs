@@ -1,4 +1,5 @@
-//! Test fixtures: real Postgres and NATS servers and a database per test (STYLE.md, Tests), for the
+//! Test fixtures: real Postgres and NATS servers and a database per test (CONTRIBUTING.md,
+//! Testing), for the
 //! integration tests (`tests/support` re-exports this and adds its own harnesses) and the benches.
 //! Compiled only with the `test-support` feature; the relay never starts servers.
 //!

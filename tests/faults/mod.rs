@@ -1,4 +1,4 @@
-//! Issue 5: the promises (DESIGN.md §2) under attack. Each fault test writes events with increasing ids
+//! The promises (docs/guarantees.md) under attack. Each fault test writes events with increasing ids
 //! from one writer (so commit order is id order), breaks something while the relay runs, repairs it,
 //! and then judges the stream by three invariants: every committed event stored (P1), no id stored
 //! twice (P3), stream order = commit order (P4). Each prints one row of the fault matrix:

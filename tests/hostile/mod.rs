@@ -1,4 +1,5 @@
-//! P11 under attack (DESIGN.md §2, §4.1): what a hostile or broken world does to the relay, against
+//! P11 under attack (docs/guarantees.md#p11-hostile-input): what a hostile or broken world does
+//! to the relay, against
 //! real servers. `nats` covers the connection (credentials in the URL or as keys, refused
 //! credentials, TLS on a private CA and mutual TLS, websocket URLs); `rows` the events no schema
 //! forbids (a 5,000-character aggregate type, 70 KB headers, ids reused in live traffic); `limits`

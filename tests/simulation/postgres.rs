@@ -3,7 +3,8 @@
 //! replication connection that decodes the WAL the way pgoutput does and speaks the CopyBoth
 //! framing over an in-memory pipe to the relay's real `ReplicationStream`.
 //!
-//! What it must get right (reference/simulation.md): a transaction is sent whole at its commit
+//! What it must get right (the walsender's behaviour the relay relies on,
+//! docs/pgoutput.md#which-lsn-is-confirmed): a transaction is sent whole at its commit
 //! record, in commit order, iff that record starts at or after the start position; a
 //! non-transactional logical message is sent iff its record starts there or later, and its LSN is
 //! the *end* of its record, which is the start of the next record (often the commit that follows

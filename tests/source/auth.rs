@@ -1,4 +1,5 @@
-//! Authentication and TLS of the replication connection (reference §1, §7 test 11), against the roles
+//! Authentication and TLS of the replication connection (docs/pgoutput.md, "The connection" and
+//! classic bug 11), against the roles
 //! and the CA the test server was set up with.
 
 use outbox_relay::source::{ReplConnection, SourceError};

@@ -1,4 +1,5 @@
-//! What real servers send that hand-made frames miss (reference §3, §7 tests 5 and 7): unchanged TOAST
+//! What real servers send that hand-made frames miss (docs/pgoutput.md, "Message layouts the
+//! decoder reads" and classic bugs 5 and 7): unchanged TOAST
 //! values (`'u'`) and where the full value is, and a Relation message that changes in the middle of a
 //! transaction.
 

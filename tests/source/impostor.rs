@@ -27,7 +27,7 @@ enum Trick {
 }
 
 /// A TLS acceptor with a fresh self-signed certificate for 127.0.0.1 (`sslmode=require` does not
-/// check it; a man in the middle with any certificate is the case the issue names).
+/// check it; a man in the middle with any certificate is the case to refuse).
 fn acceptor() -> tokio_rustls::TlsAcceptor {
     let key = rcgen::KeyPair::generate().expect("key");
     let params = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()]).expect("cert params");

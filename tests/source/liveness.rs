@@ -1,4 +1,5 @@
-//! A stalled consumer must not get the walsender to time out (reference §2, §7 test 10): status
+//! A stalled consumer must not get the walsender to time out (docs/pgoutput.md, "The standby status
+//! update" and classic bug 10): status
 //! updates run on their own timer, not on `recv()`.
 
 use std::time::Duration;

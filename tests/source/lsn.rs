@@ -1,4 +1,5 @@
-//! Which LSN the stream confirms, and what the server does with it (reference §2, §7 tests 1–3): no
+//! Which LSN the stream confirms, and what the server does with it (docs/pgoutput.md, "Which LSN is
+//! confirmed" and classic bugs 1–3): no
 //! re-delivery after confirming `Commit.end_lsn`, re-delivery of exactly the unconfirmed transaction
 //! after a crash, an idle slot that still advances, and a clean stop that leaves the slot where the
 //! consumer left it.

@@ -1,5 +1,7 @@
 //! Integration tests of the replication source (`src/source/`) against real Postgres: the classic
-//! pgoutput-client bugs of `reference/pgoutput-client.md` §7, each test built so it fails when its
+//! pgoutput-client bugs of
+//! docs/pgoutput.md#the-classic-client-bugs-and-the-tests-that-guard-against-them, each test built
+//! so it fails when its
 //! behaviour breaks.
 //!
 //! The helpers here read the stream the way a relay would, but without a sink: decode every XLogData,

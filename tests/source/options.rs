@@ -1,4 +1,5 @@
-//! START_REPLICATION options the server cannot honour (reference §1, §7 test 8): refused before any
+//! START_REPLICATION options the server cannot honour (docs/pgoutput.md, "Options and protocol
+//! versions" and classic bug 8): refused before any
 //! byte of streaming with the connection handed back, or, for a missing publication, a server error
 //! that names it (up to 17; 18 skips a missing publication and sends nothing).
 

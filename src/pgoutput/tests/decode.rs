@@ -19,7 +19,8 @@ fn begin() {
 
 #[test]
 fn commit() {
-    // end_lsn is what the consumer confirms (reference §2); it must follow commit_lsn.
+    // end_lsn is what the consumer confirms (docs/pgoutput.md#which-lsn-is-confirmed); it must
+    // follow commit_lsn.
     assert_eq!(
         ok(PG15_COMMIT),
         Message::Commit {

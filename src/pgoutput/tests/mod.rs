@@ -78,7 +78,8 @@ const PG15_STREAM_COMMIT: &[u8] = b"c\x00\x00\x02\xdf\x00\x00\x00\x00\x00\x01V\x
 /// 'A' | xid 736 | subxid 736 (top-level abort), no abort_lsn/ts: streaming 'on', not 'parallel'
 const PG15_STREAM_ABORT: &[u8] = b"A\x00\x00\x02\xe0\x00\x00\x02\xe0";
 
-// ---- Hand-written frames, from the layouts in reference/pgoutput-client.md §3 ----------------
+// ---- Hand-written frames, from the layouts in docs/pgoutput.md#message-layouts-the-decoder-reads
+// and, for two-phase and streaming messages, Postgres' "Logical Replication Message Formats" ----
 // (two-phase needs max_prepared_transactions > 0 and parallel streaming PG16; not on the capture
 // server, so written by hand).
 
