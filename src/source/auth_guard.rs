@@ -1,8 +1,10 @@
 //! `require_auth` for the control connection: a stream wrapper that reads the server's
-//! authentication request off the wire and refuses a method `require_auth` does not allow, before
-//! tokio-postgres (which has no such setting) can answer a cleartext request with the password.
+//! authentication request off the wire and refuses a method the connection's [`AuthPolicy`] does not
+//! allow, before tokio-postgres (which has no such setting) can answer a cleartext request with the
+//! password.
 //!
-//! The replication connection authenticates in our own code ([`super::conn`]) and checks there. Here
+//! The replication connection authenticates in our own code ([`super::conn`]) and asks the same
+//! policy there. Here
 //! the guard sits on the TCP stream (watching for `SSLRequest` and the server's one-byte answer) and,
 //! when TLS is negotiated, again on the TLS stream, where the messages are readable. It only parses
 //! messages up to AuthenticationOk; after that it passes bytes through untouched.
@@ -14,7 +16,8 @@ use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio_postgres::tls::{ChannelBinding, TlsConnect, TlsStream};
 
-use super::conninfo::{AuthMethod, ConnInfo, RequireAuth};
+use super::auth_policy::AuthPolicy;
+use super::conninfo::{AuthMethod, ConnInfo};
 
 /// `SSLRequest`: length 8, code 80877103.
 const SSL_REQUEST: [u8; 8] = [0, 0, 0, 8, 4, 210, 22, 47];
@@ -53,14 +56,14 @@ enum State {
 /// What the server asked for so far.
 #[derive(Debug)]
 struct Parser {
-    require: RequireAuth,
+    policy: AuthPolicy,
     state: State,
     asked: bool,
 }
 
 impl Parser {
-    fn new(require: RequireAuth, after_tls: bool) -> Self {
-        let state = if !require.is_set() {
+    fn new(policy: AuthPolicy, after_tls: bool) -> Self {
+        let state = if !policy.is_set() {
             State::Done
         } else if after_tls {
             State::Header {
@@ -71,7 +74,7 @@ impl Parser {
             State::Start
         };
         Parser {
-            require,
+            policy,
             state,
             asked: false,
         }
@@ -141,7 +144,7 @@ impl Parser {
                             _ => None,
                         };
                         if let Some(m) = method {
-                            self.require.check(m)?;
+                            self.policy.allow(m)?;
                         }
                         self.asked |= code != 0;
                         self.state = State::Skip {
@@ -240,14 +243,14 @@ impl<S: TlsStream + Unpin> TlsStream for Guarded<S> {
 /// A TLS connector whose stream is guarded too.
 pub struct GuardedConnect<T> {
     inner: T,
-    require: RequireAuth,
+    policy: AuthPolicy,
 }
 
 impl<T> GuardedConnect<T> {
     pub fn new(inner: T, info: &ConnInfo) -> Self {
         GuardedConnect {
             inner,
-            require: info.require_auth.clone(),
+            policy: AuthPolicy::new(info),
         }
     }
 
@@ -255,7 +258,7 @@ impl<T> GuardedConnect<T> {
     pub fn wrap_raw<S>(&self, stream: S) -> Guarded<S> {
         Guarded {
             inner: stream,
-            parser: Parser::new(self.require.clone(), false),
+            parser: Parser::new(self.policy.clone(), false),
         }
     }
 }
@@ -271,13 +274,13 @@ where
     type Future = Pin<Box<dyn Future<Output = Result<Self::Stream, T::Error>> + Send>>;
 
     fn connect(self, stream: S) -> Self::Future {
-        let require = self.require;
+        let policy = self.policy;
         let fut = self.inner.connect(stream);
         Box::pin(async move {
             let inner = fut.await?;
             Ok(Guarded {
                 inner,
-                parser: Parser::new(require, true),
+                parser: Parser::new(policy, true),
             })
         })
     }
@@ -287,10 +290,10 @@ where
 mod tests {
     use super::*;
 
-    fn require(s: &str) -> RequireAuth {
-        ConnInfo::parse_with_env(&format!("postgres://h/d?require_auth={s}"), |_| None)
-            .unwrap()
-            .require_auth
+    fn require(s: &str) -> AuthPolicy {
+        let info = ConnInfo::parse_with_env(&format!("postgres://h/d?require_auth={s}"), |_| None)
+            .unwrap();
+        AuthPolicy::new(&info)
     }
 
     fn auth(code: u32, extra: &[u8]) -> Vec<u8> {

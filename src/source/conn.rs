@@ -11,14 +11,15 @@ use std::collections::HashMap;
 
 use bytes::BytesMut;
 use fallible_iterator::FallibleIterator;
-use postgres_protocol::authentication::sasl::{self, ChannelBinding, ScramSha256};
+use postgres_protocol::authentication::sasl::{self, ScramSha256};
 use postgres_protocol::message::backend::Message;
 use postgres_protocol::message::frontend;
 use secrecy::ExposeSecret;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tracing::debug;
 
-use super::conninfo::{AuthMethod, ChannelBindingMode, ConnInfo, SslMode};
+use super::auth_policy::{AuthPolicy, Scram};
+use super::conninfo::{AuthMethod, ConnInfo, SslMode};
 use super::error::SourceError;
 use super::hosts::{self, ServerRole};
 use super::options::PgOutputOptions;
@@ -197,52 +198,24 @@ impl ReplConnection {
                     ))
                 })
         };
-        // libpq's require_auth and channel_binding=require: refuse before a password leaves.
-        let allow = |method: AuthMethod| -> Result<(), SourceError> {
-            info.require_auth.check(method).map_err(SourceError::Auth)?;
-            if info.channel_binding == ChannelBindingMode::Require {
-                return Err(SourceError::Auth(format!(
-                    "channel_binding=require, but the server asked for {} authentication, which has no \
-                     channel binding (a server without TLS or SCRAM, or someone in between)",
-                    method.as_str()
-                )));
-            }
-            Ok(())
-        };
+        let policy = AuthPolicy::new(info);
+        let auth = |r: Result<(), String>| r.map_err(SourceError::Auth);
         let mut scram: Option<ScramSha256> = None;
-        let mut bound = false;
-        // The server's signature checked: only then has the server proved it knows the password
-        // (and, with -PLUS, that it is the TLS end point we talk to).
-        let mut scram_done = false;
+        let mut progress = Scram::NotStarted;
         loop {
             match self.read_startup().await? {
                 Backend::Message(Message::AuthenticationOk) => {
-                    if scram.is_none() {
-                        allow(AuthMethod::None)?;
-                    } else if !scram_done {
-                        // libpq: "server did not complete authentication". An OK before a verified
-                        // SASLFinal is what a man in the middle answers: it cannot compute the
-                        // server signature, and without it channel binding proves nothing.
-                        return Err(SourceError::Auth(
-                            "server did not complete SCRAM authentication: it said OK before proving                              it knows the password (someone in between, or a broken server)"
-                                .into(),
-                        ));
-                    } else if info.channel_binding == ChannelBindingMode::Require && !bound {
-                        return Err(SourceError::Auth(
-                            "channel_binding=require, but the server authenticated without channel binding"
-                                .into(),
-                        ));
-                    }
+                    auth(policy.ok(progress))?;
                     break;
                 }
                 Backend::Message(Message::AuthenticationCleartextPassword) => {
-                    allow(AuthMethod::Password)?;
+                    auth(policy.allow(AuthMethod::Password))?;
                     frontend::password_message(password()?.as_bytes(), &mut self.wbuf)
                         .map_err(proto)?;
                     self.flush().await?;
                 }
                 Backend::Message(Message::AuthenticationMd5Password(body)) => {
-                    allow(AuthMethod::Md5)?;
+                    auth(policy.allow(AuthMethod::Md5))?;
                     let hash = postgres_protocol::authentication::md5_hash(
                         info.user.as_bytes(),
                         password()?.as_bytes(),
@@ -252,55 +225,21 @@ impl ReplConnection {
                     self.flush().await?;
                 }
                 Backend::Message(Message::AuthenticationSasl(body)) => {
-                    let mut plain = false;
-                    let mut plus = false;
+                    let (mut plain, mut plus) = (false, false);
                     let mut mechs = body.mechanisms();
                     while let Some(m) = mechs.next().map_err(proto)? {
                         plain |= m == sasl::SCRAM_SHA_256;
                         plus |= m == sasl::SCRAM_SHA_256_PLUS;
                     }
-                    // Use channel binding whenever the server offers it over TLS: it ties the
-                    // authentication to this TLS session (no relay through a MITM).
-                    // Without a hash (no TLS, or a certificate algorithm without one) we cannot
-                    // bind; with one but no -PLUS offer we say so ("y"), which lets the server
-                    // detect a stripped offer.
-                    info.require_auth
-                        .check(AuthMethod::ScramSha256)
+                    let (mech, binding, started) = policy
+                        .choose_sasl(plain, plus, end_point_hash.as_ref())
                         .map_err(SourceError::Auth)?;
-                    let hash = end_point_hash
-                        .as_ref()
-                        .filter(|_| info.channel_binding != ChannelBindingMode::Disable);
-                    if info.channel_binding == ChannelBindingMode::Require
-                        && !(plus && hash.is_some())
-                    {
-                        return Err(SourceError::Auth(
-                            "channel_binding=require, but the server offers no SCRAM-SHA-256-PLUS over TLS \
-                             (use sslmode=verify-full and a server with TLS)"
-                                .into(),
-                        ));
-                    }
-                    bound = plus && hash.is_some();
-                    let (mech, binding) = match (hash, plus, plain) {
-                        (Some(h), true, _) => (
-                            sasl::SCRAM_SHA_256_PLUS,
-                            ChannelBinding::tls_server_end_point(h.clone()),
-                        ),
-                        (Some(_), false, true) => {
-                            (sasl::SCRAM_SHA_256, ChannelBinding::unrequested())
-                        }
-                        (None, _, true) => (sasl::SCRAM_SHA_256, ChannelBinding::unsupported()),
-                        _ => {
-                            return Err(SourceError::Auth(
-                                "server offers no supported SASL mechanism (need SCRAM-SHA-256)"
-                                    .into(),
-                            ));
-                        }
-                    };
                     let s = ScramSha256::new(password()?.as_bytes(), binding);
                     frontend::sasl_initial_response(mech, s.message(), &mut self.wbuf)
                         .map_err(proto)?;
                     self.flush().await?;
                     scram = Some(s);
+                    progress = started;
                 }
                 Backend::Message(Message::AuthenticationSaslContinue(body)) => {
                     let s = scram.as_mut().ok_or_else(|| unexpected("SASL continue"))?;
@@ -314,7 +253,9 @@ impl ReplConnection {
                     s.finish(body.data()).map_err(|e| {
                         SourceError::Auth(format!("SCRAM: server signature invalid: {e}"))
                     })?;
-                    scram_done = true;
+                    if let Scram::Started { bound } = progress {
+                        progress = Scram::Verified { bound };
+                    }
                 }
                 Backend::Message(Message::ErrorResponse(body)) => {
                     return Err(SourceError::Server {

@@ -44,6 +44,7 @@
 //! - `control`: the tokio-postgres connection for ordinary SQL.
 
 mod auth_guard;
+mod auth_policy;
 mod conn;
 mod conninfo;
 mod control;
