@@ -38,6 +38,7 @@
 
 pub mod backfill;
 mod catalog;
+pub mod check_schemas;
 pub mod config;
 pub mod error;
 mod http;
@@ -51,6 +52,7 @@ pub mod progress;
 pub mod relay;
 pub mod reload;
 pub mod route;
+pub mod schema;
 mod secret_file;
 pub mod setup;
 pub mod sink;
