@@ -27,13 +27,16 @@
 //! `cargo bench --bench drain` prints a table and one JSON line. Knobs (environment): `BENCH_EVENTS`
 //! (100000), `BENCH_ROUNDS` (3), `BENCH_LATENCY_SECS` (10), `BENCH_RATES` (`1000,5000,10000`),
 //! `BENCH_IDLE_SECS` (10), `BENCH_BATCH_TXNS` (10000; 0 skips the 10-event transactions),
-//! `BENCH_BIG=1` (`BENCH_BIG_EVENTS`, 1000000), `BENCH_POLL_INTERVALS_MS` (`5000,100`; empty skips the
+//! `BENCH_BIG=1` (`BENCH_BIG_EVENTS`, 1000000), `BENCH_SCHEMAS` (validation off against on,
+//! `drain/schemas.rs`; `BENCH_SCHEMAS_ONLY=1` runs only that), `BENCH_POLL_INTERVALS_MS` (`5000,100`; empty skips the
 //! polling baseline), `BENCH_RELAY_WRAPPER` (a command prefix for the relay, e.g.
 //! `perf record -g -o relay.data --`; its RSS/CPU are then the wrapper's). Under `cargo test --benches`
 //! (no `--bench` argument) it does nothing: starting servers is the tests' job.
 
 #[path = "drain/poll.rs"]
 mod poll;
+#[path = "drain/schemas.rs"]
+mod schemas;
 #[path = "drain/shapes.rs"]
 mod shapes;
 #[path = "drain/sink.rs"]
@@ -266,6 +269,14 @@ async fn run(pg: &PgServer) -> anyhow::Result<()> {
     if std::env::var("BENCH_SHAPES_ONLY").is_ok_and(|v| v == "1") {
         return Ok(());
     }
+    // 0b. Validation off and on (`drain/schemas.rs`).
+    let schema_result = schemas::run(pg).await?;
+    if std::env::var("BENCH_SCHEMAS_ONLY").is_ok_and(|v| v == "1") {
+        if let Some(r) = &schema_result {
+            schemas::print(r);
+        }
+        return Ok(());
+    }
     let mut loads: Vec<Load> = Vec::new();
     let mut loadavg = vec![load_average()];
 
@@ -375,6 +386,9 @@ async fn run(pg: &PgServer) -> anyhow::Result<()> {
 
     if !shape_rows.is_empty() {
         shapes::print(&shape_rows);
+    }
+    if let Some(r) = &schema_result {
+        schemas::print(r);
     }
     report(
         &drains,

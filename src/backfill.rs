@@ -137,6 +137,9 @@ impl BackfillReport {
 /// Why a backfill did not finish. One line naming the object and the fix.
 #[derive(Debug, thiserror::Error)]
 pub enum BackfillError {
+    /// A setting the backfill cannot run with (`outbox.schemas` that does not load).
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
     /// Setup failed: a check, or creating the publication or the stream.
     #[error(transparent)]
     Setup(#[from] SetupError),
@@ -249,6 +252,8 @@ pub async fn backfill(
     opts: BackfillOptions,
     mut progress: impl FnMut(BackfillProgress),
 ) -> Result<BackfillReport, BackfillError> {
+    // Rows must never go out unchecked because the contracts did not load (P8).
+    settings.schemas_loaded()?;
     if let Some(o) = &opts.order_by
         && o.contains(';')
     {
@@ -542,7 +547,10 @@ async fn publish_snapshot(
         wal_end: report.consistent_point,
     });
     let mut sink = Sink::start(nats, config, origin.as_ref(), false).await?;
-    let mut stage = OutboxStage::new(&settings.outbox);
+    // Checked like live events (outbox.schemas); the failures are counted nowhere: a backfill
+    // reports its dead letters itself.
+    let mut stage =
+        OutboxStage::new(&settings.outbox).with_schemas(&settings.schemas, Default::default());
     let commit_ts = crate::lsn::pg_now_micros();
     let begin = Message::Begin {
         final_lsn: report.commit_lsn,

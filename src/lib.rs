@@ -41,6 +41,7 @@
 
 pub mod backfill;
 mod catalog;
+pub mod check_schemas;
 pub mod config;
 pub mod error;
 mod http;
@@ -54,6 +55,7 @@ pub mod progress;
 pub mod relay;
 pub mod reload;
 pub mod route;
+pub mod schema;
 mod secret_file;
 pub mod setup;
 pub mod sink;

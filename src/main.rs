@@ -50,6 +50,13 @@ enum Command {
         #[arg(long)]
         replace_slot: bool,
     },
+    /// Check the payloads of the rows in the outbox table against outbox.schemas, publishing
+    /// nothing: counts per event type and the first failures; exit 0 when every row passes.
+    CheckSchemas {
+        /// SQL predicate selecting the rows, e.g. "created_at > now() - interval '1 day'".
+        #[arg(long = "where", value_name = "SQL")]
+        where_sql: Option<String>,
+    },
     /// Show slot and stream; exit 0 when healthy, 1 when not.
     Status {
         /// Print JSON instead of text.
@@ -70,6 +77,15 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // The commands that check events refuse a schema directory that does not load, at once.
+    if matches!(
+        cli.command,
+        Command::Run | Command::Backfill { .. } | Command::CheckSchemas { .. }
+    ) && let Err(e) = config.schemas_loaded()
+    {
+        eprintln!("outbox-relay: {}", error_chain(&e));
+        return ExitCode::FAILURE;
+    }
     let log_filter = init_logging(&config);
     let json_logs = config.log.format == LogFormat::Json;
     // One thread: the pipeline is one ordered stream, and on a small machine the relay shares the
@@ -90,11 +106,11 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Run => {
                 // Before anything can wait: SIGHUP's default action would end the process.
+                let metrics = Arc::new(Metrics::default());
                 #[cfg(unix)]
-                reload_on_sighup(cli.config.clone(), &config, log_filter);
+                reload_on_sighup(cli.config.clone(), &config, log_filter, &metrics);
                 #[cfg(not(unix))]
                 let _ = log_filter;
-                let metrics = Arc::new(Metrics::default());
                 match outbox_relay::relay::run(config, metrics, shutdown_signal()).await {
                     Ok(()) => ExitCode::SUCCESS,
                     Err(e) => fail(json_logs, &e),
@@ -149,6 +165,23 @@ fn main() -> ExitCode {
                             report.commit_lsn
                         );
                         ExitCode::SUCCESS
+                    }
+                    Err(e) => fail(json_logs, &e),
+                }
+            }
+            Command::CheckSchemas { where_sql } => {
+                match outbox_relay::check_schemas::check_schemas(&config, where_sql.as_deref(), |p| {
+                    eprintln!("{p}")
+                })
+                .await
+                {
+                    Ok(report) => {
+                        print!("{report}");
+                        if report.failed() == 0 {
+                            ExitCode::SUCCESS
+                        } else {
+                            ExitCode::FAILURE
+                        }
                     }
                     Err(e) => fail(json_logs, &e),
                 }
@@ -263,7 +296,12 @@ impl Hook for LogLevel {
 /// environment) instead of ending the process, and logs one line: what was applied, what needs a
 /// restart, or why the configuration could not be loaded.
 #[cfg(unix)]
-fn reload_on_sighup(path: Option<PathBuf>, running: &Settings, log_filter: FilterHandle) {
+fn reload_on_sighup(
+    path: Option<PathBuf>,
+    running: &Settings,
+    log_filter: FilterHandle,
+    metrics: &Metrics,
+) {
     use tokio::signal::unix::{SignalKind, signal};
     let mut hangup = match signal(SignalKind::hangup()) {
         Ok(s) => s,
@@ -274,6 +312,10 @@ fn reload_on_sighup(path: Option<PathBuf>, running: &Settings, log_filter: Filte
     };
     let mut reloader = Reloader::new(path, running);
     reloader.add(Box::new(LogLevel(log_filter)));
+    reloader.add(Box::new(outbox_relay::schema::ReloadHook::new(
+        &running.schemas,
+        Arc::clone(&metrics.schemas),
+    )));
     tokio::spawn(async move {
         while hangup.recv().await.is_some() {
             match reloader.reload() {

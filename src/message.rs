@@ -77,6 +77,8 @@ pub const CE_TIME: &str = "ce-time";
 /// The binding maps `datacontenttype` to `ce-datacontenttype` like every other attribute; a
 /// `Content-Type` header is what marks a *structured* mode message (§3), so the relay never sets one.
 pub const CE_DATACONTENTTYPE: &str = "ce-datacontenttype";
+/// The CloudEvents `dataschema`: the `$id` of the JSON Schema the payload passed (`outbox.schemas`).
+pub const CE_DATASCHEMA: &str = "ce-dataschema";
 
 /// Whether `name` may be an event's own header (headers column, `header_columns`, a message's
 /// `headers`): a valid header name that is not one the relay sets. `Nats-*` and `Outbox-*` are always
@@ -458,6 +460,9 @@ fn cloudevents_headers(h: &mut HeaderMap, event: &OutboxEvent, ce: &CloudEvents)
     if let Some(ct) = event.content_type {
         h.insert(n.ce_datacontenttype.clone(), HeaderValue::from(ct));
     }
+    if let Some(id) = &event.data_schema {
+        h.insert(CE_DATASCHEMA, HeaderValue::from(ce_encode(id)));
+    }
 }
 
 /// A Postgres timestamp (µs since 2000-01-01 00:00 UTC) as RFC 3339 in UTC with microseconds:
@@ -546,6 +551,7 @@ mod tests {
             problem: None,
             msg_id: "e-5531".into(),
             content_type: Some("application/json"),
+            data_schema: None,
         }
     }
 
@@ -655,6 +661,20 @@ mod tests {
         assert_eq!(h("ce-subject").as_deref(), Some("claim%204711/%E2%82%AC"));
         assert_eq!(h("ce-time").as_deref(), Some("2024-02-29T13:45:06.000789Z"));
         assert_eq!(h("ce-datacontenttype").as_deref(), Some("application/json"));
+        assert_eq!(h("ce-dataschema"), None, "no schema, no dataschema");
+        let mut checked = e.clone();
+        checked.data_schema = Some("https://schemas.example.com/Claim Approved.json".into());
+        let m2 = build(&checked, &template(), "dlq", Some(&ce));
+        assert_eq!(
+            m2.headers.get(CE_DATASCHEMA).map(|v| v.as_str()),
+            Some("https://schemas.example.com/Claim%20Approved.json")
+        );
+        assert!(
+            build(&checked, &template(), "dlq", None)
+                .headers
+                .get(CE_DATASCHEMA)
+                .is_none()
+        );
         assert_eq!(
             h("content-type"),
             None,

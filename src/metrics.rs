@@ -110,6 +110,9 @@ pub struct Metrics {
     pub wal_status: AtomicU64,
     /// Commit (the transaction's commit timestamp) → JetStream ack.
     pub commit_to_ack: Histogram,
+    /// `outbox.schemas`: failed checks by event type, reloads, schemas in force. An `Arc`: the
+    /// outbox stage counts into it.
+    pub schemas: std::sync::Arc<crate::schema::SchemaMetrics>,
 }
 
 fn now_ms() -> u64 {
@@ -302,6 +305,7 @@ impl Metrics {
         let sum = h.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
         let _ = writeln!(out, "{COMMIT_TO_ACK}_sum {sum}");
         let _ = writeln!(out, "{COMMIT_TO_ACK}_count {count}");
+        self.schemas.render(&mut out);
         out
     }
 }

@@ -3,8 +3,9 @@
 //! running settings stay.
 //!
 //! What can be applied lives in [`Hook`]s, one per concern, each naming the keys it takes over
-//! (`log.level` for the log filter today); a later concern (e.g. a schema directory) adds a hook
-//! and its keys without touching the comparison. Every other key that changed is reported as
+//! (`log.level` for the log filter, `outbox.schemas` for the schema directory); a later concern
+//! adds a hook and its keys without touching the comparison. A hook whose keys name something
+//! outside the file (a directory's files) also applies when that changed ([`Hook::outside_changed`]). Every other key that changed is reported as
 //! needing a restart, by name only: values may hold passwords.
 
 use std::collections::BTreeMap;
@@ -20,6 +21,12 @@ pub trait Hook: Send {
     /// Applies the new settings; called only when one of [`Hook::keys`] changed. An `Err` is one
     /// line saying why it could not be applied (the old value stays in force).
     fn apply(&mut self, new: &Settings) -> Result<(), String>;
+    /// Whether what the keys name outside the configuration (the files of a directory) changed
+    /// since the hook last applied: then it applies although none of its keys changed, and is
+    /// reported under its first key.
+    fn outside_changed(&self, _new: &Settings) -> bool {
+        false
+    }
 }
 
 /// The configuration a relay runs with, and the hooks that can change it.
@@ -81,27 +88,32 @@ impl Reloader {
         let mut out = Reloaded::default();
         let mut taken = Vec::new();
         for hook in &mut self.hooks {
-            let mine: Vec<&String> = changed
+            let mut mine: Vec<String> = changed
                 .iter()
                 .filter(|k| hook.keys().contains(&k.as_str()))
+                .cloned()
                 .collect();
             if mine.is_empty() {
-                continue;
+                // Its keys are as they were, but what they name may not be.
+                match hook.keys().first() {
+                    Some(first) if hook.outside_changed(new) => mine.push((*first).to_owned()),
+                    _ => continue,
+                }
             }
-            taken.extend(mine.iter().map(|k| (*k).clone()));
+            taken.extend(mine.iter().cloned());
             match hook.apply(new) {
                 Ok(()) => {
                     for k in mine {
-                        match fresh.get(k) {
+                        match fresh.get(&k) {
                             Some(v) => self.running.insert(k.clone(), v.clone()),
-                            None => self.running.remove(k),
+                            None => self.running.remove(&k),
                         };
-                        out.applied.push(k.clone());
+                        out.applied.push(k);
                     }
                 }
                 Err(why) => out
                     .failed
-                    .extend(mine.into_iter().map(|k| (k.clone(), why.clone()))),
+                    .extend(mine.into_iter().map(|k| (k, why.clone()))),
             }
         }
         out.needs_restart = changed.into_iter().filter(|k| !taken.contains(k)).collect();
@@ -194,6 +206,36 @@ mod tests {
         let again = r.apply(&new);
         assert!(again.applied.is_empty());
         assert_eq!(again.needs_restart, ["nats.max_in_flight", "postgres.url"]);
+    }
+
+    /// A hook whose keys name something outside the file that changed.
+    struct Outside(bool, u32);
+
+    impl Hook for Outside {
+        fn keys(&self) -> &'static [&'static str] {
+            &["outbox.schemas", "outbox.schemas_required"]
+        }
+        fn outside_changed(&self, _: &Settings) -> bool {
+            self.0
+        }
+        fn apply(&mut self, _: &Settings) -> Result<(), String> {
+            self.1 += 1;
+            Err("x.json: is not JSON".into())
+        }
+    }
+
+    #[test]
+    fn a_hook_applies_when_what_its_keys_name_changed() {
+        let s = settings(|_| {});
+        let mut r = Reloader::new(None, &s);
+        r.add(Box::new(Outside(false, 0)));
+        assert_eq!(r.apply(&s).to_string(), "nothing changed");
+        let mut r = Reloader::new(None, &s);
+        r.add(Box::new(Outside(true, 0)));
+        assert_eq!(
+            r.apply(&s).to_string(),
+            "could not apply outbox.schemas (x.json: is not JSON); the old value stays"
+        );
     }
 
     #[test]

@@ -180,6 +180,20 @@ pub struct StandbyStatus {
     pub confirmed_flush_lsn: Option<String>,
 }
 
+/// `outbox.schemas` as this process loads it now: what a relay started now would check with (a
+/// running relay's own last reload is in its log and its `outbox_relay_schema_reloads_total`).
+#[derive(Debug, Clone, Serialize)]
+pub struct SchemasStatus {
+    /// The directory.
+    pub dir: String,
+    /// Schemas that load from it now (`None` when it does not load).
+    pub loaded: Option<usize>,
+    /// Why it does not load: the file and the problem.
+    pub error: Option<String>,
+    /// `outbox.schemas_required`.
+    pub required: bool,
+}
+
 /// Everything `status` prints.
 #[derive(Debug, Clone, Serialize)]
 pub struct Status {
@@ -197,6 +211,8 @@ pub struct Status {
     pub publication: PublicationStatus,
     /// The JetStream stream.
     pub stream: StreamStatus,
+    /// The schema directory (`None`: `outbox.schemas` is not set).
+    pub schemas: Option<SchemasStatus>,
     /// What makes the status unhealthy, one line each, with the fix.
     pub problems: Vec<String>,
     /// Findings that do not make the status unhealthy, one line each.
@@ -344,6 +360,7 @@ pub async fn status(settings: &Settings, max_lag_bytes: i64) -> Status {
         ));
     }
     let standbys = read_standbys(settings, server.host.as_deref(), &slot, &mut warnings).await;
+    let schemas = schemas_status(settings, &mut problems);
     Status {
         healthy: problems.is_empty(),
         postgres: server,
@@ -352,9 +369,31 @@ pub async fn status(settings: &Settings, max_lag_bytes: i64) -> Status {
         relay,
         publication,
         stream,
+        schemas,
         problems,
         warnings,
     }
+}
+
+/// The schema directory as it loads now. One that does not is a problem: a relay keeps its
+/// previous schemas, but one started now refuses to start.
+fn schemas_status(settings: &Settings, problems: &mut Vec<String>) -> Option<SchemasStatus> {
+    let dir = &settings.outbox.schemas;
+    if dir.is_empty() {
+        return None;
+    }
+    let error = settings.schemas_error.as_ref().map(ToString::to_string);
+    if let Some(e) = &error {
+        problems.push(format!(
+            "outbox.schemas: {e}: a running relay keeps the schemas it has, a relay started now refuses to              start; fix the file, then send SIGHUP"
+        ));
+    }
+    Some(SchemasStatus {
+        dir: dir.clone(),
+        loaded: error.is_none().then(|| settings.schemas.current().len()),
+        error,
+        required: settings.outbox.schemas_required,
+    })
 }
 
 async fn read_postgres(
@@ -801,6 +840,24 @@ impl Status {
                     _ => String::new(),
                 }
             ));
+        }
+        if let Some(sc) = &self.schemas {
+            out.push_str(&match (&sc.loaded, &sc.error) {
+                (Some(n), _) => format!(
+                    "schemas {}: {n} load{}\n",
+                    sc.dir,
+                    if sc.required {
+                        ", required for every event type"
+                    } else {
+                        ""
+                    }
+                ),
+                (None, e) => format!(
+                    "schemas {}: DO NOT LOAD: {}\n",
+                    sc.dir,
+                    e.as_deref().unwrap_or("-")
+                ),
+            });
         }
         for w in &self.warnings {
             out.push_str(&format!("warning: {w}\n"));

@@ -18,6 +18,7 @@ mod permissions;
 mod platforms;
 mod relay;
 mod resume;
+mod schemas;
 mod smoke;
 mod source;
 mod truth;

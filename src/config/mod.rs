@@ -112,6 +112,11 @@ pub struct OutboxConfig {
     pub message_prefix: String,
     /// What to do with an event that cannot be published as it is.
     pub on_invalid: OnInvalid,
+    /// A directory of JSON Schema files named `<event_type>.json`; an event whose payload does not
+    /// validate is a dead letter. "" for none (nothing is parsed).
+    pub schemas: String,
+    /// An event whose type has no schema file is a dead letter too.
+    pub schemas_required: bool,
 }
 
 impl Default for OutboxConfig {
@@ -127,6 +132,8 @@ impl Default for OutboxConfig {
             header_columns: Vec::new(),
             message_prefix: String::new(),
             on_invalid: OnInvalid::DeadLetter,
+            schemas: String::new(),
+            schemas_required: false,
         }
     }
 }
@@ -679,5 +686,24 @@ url = \"postgres://u:hunter2@h/d
         .unwrap();
         let d = format!("{c:?}");
         assert!(!d.contains("hunter2") && !d.contains("s3cret"), "{d}");
+    }
+
+    #[test]
+    fn a_schema_directory_that_does_not_load_is_a_config_error_for_the_commands_that_check() {
+        let e = load("[outbox]\nschemas_required = true\n", &[])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("outbox.schemas_required"), "{e}");
+        // Loads (status reports it), but refuses where events are checked.
+        let s = load("", &[("OUTBOX_RELAY_OUTBOX_SCHEMAS", "/no/such/schemas")]).unwrap();
+        let e = s.schemas_loaded().unwrap_err().to_string();
+        assert!(
+            e.contains("outbox.schemas")
+                && e.contains("OUTBOX_RELAY_OUTBOX_SCHEMAS")
+                && e.contains("/no/such/schemas: cannot read the directory"),
+            "{e}"
+        );
+        assert!(!e.contains('\n'), "{e}");
+        assert!(load("", &[]).unwrap().schemas_loaded().is_ok());
     }
 }

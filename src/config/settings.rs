@@ -9,6 +9,7 @@ use std::time::Duration;
 use super::nats::NatsSettings;
 use super::{Config, ConfigError, OnInvalid, invalid};
 use crate::route::SubjectTemplate;
+use crate::schema::{LoadError, SchemaSet, Schemas};
 use crate::source::ConnInfo;
 
 /// A validated configuration. Derefs to the [`Config`] it came from, for names and plain values.
@@ -31,6 +32,12 @@ pub struct Settings {
     pub stop_on_invalid: bool,
     /// Findings that do not stop the relay (e.g. a misspelt environment variable), for the log.
     pub warnings: Vec<String>,
+    /// `outbox.schemas`, loaded: the set in force, shared with every stage (empty when the
+    /// directory did not load; see [`Settings::schemas_loaded`]).
+    pub schemas: Schemas,
+    /// Why `outbox.schemas` did not load, if it did not: `status` reports it, the commands that
+    /// check events refuse to start ([`Settings::schemas_loaded`]), a reload keeps the old set.
+    pub schemas_error: Option<LoadError>,
 }
 
 impl Deref for Settings {
@@ -45,6 +52,18 @@ impl Settings {
     /// The configuration these settings came from.
     pub fn config(&self) -> &Config {
         &self.config
+    }
+
+    /// `outbox.schemas` loaded: a directory that does not is a config error for the commands that
+    /// check events (`run`, `backfill`, `check-schemas`).
+    pub fn schemas_loaded(&self) -> Result<(), ConfigError> {
+        match &self.schemas_error {
+            None => Ok(()),
+            Some(e) => Err(invalid(
+                "outbox.schemas",
+                format!("{e} (fix the file, or set outbox.schemas = \"\" to check nothing)"),
+            )),
+        }
     }
 }
 
@@ -228,6 +247,19 @@ impl Config {
             ));
         }
         check_log_level(&self.log.level)?;
+        if o.schemas_required && o.schemas.is_empty() {
+            return Err(invalid(
+                "outbox.schemas_required",
+                "is on, but outbox.schemas is empty: every event would be a dead letter; name the schema \
+                 directory in outbox.schemas",
+            ));
+        }
+        // Loaded here, so a reload's new settings carry the new set; whether a directory that does
+        // not load stops the command is the command's choice (status reports it).
+        let (schemas, schemas_error) = match SchemaSet::load(&o.schemas, o.schemas_required) {
+            Ok(set) => (Schemas::new(set), None),
+            Err(e) => (Schemas::new(SchemaSet::default()), Some(e)),
+        };
         Ok(Settings {
             config: self.clone(),
             conn,
@@ -238,6 +270,8 @@ impl Config {
             duplicate_window: Duration::from_secs(n.duplicate_window_secs),
             stop_on_invalid: o.on_invalid == OnInvalid::Stop,
             warnings: Vec::new(),
+            schemas,
+            schemas_error,
         })
     }
 }

@@ -20,6 +20,7 @@
 //! event: it becomes a dead letter of its own ([`Step::Standalone`]), outside any transaction.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use bytes::Bytes;
 
@@ -30,6 +31,7 @@ use crate::Lsn;
 use crate::config::OutboxConfig;
 use crate::pgoutput::{Message, Relation, TupleValue};
 use crate::position::Position;
+use crate::schema::{SchemaMetrics, SchemaReader, Schemas, Verdict};
 
 /// The longest event id published as `Nats-Msg-Id`; a longer one makes the event invalid (its dead
 /// letter gets a WAL-derived id), so one huge id cannot keep even a minimal dead letter out.
@@ -80,6 +82,8 @@ pub struct OutboxEvent {
     pub msg_id: String,
     /// The payload's media type, from the payload column's type (`None` for bytea: unknown bytes).
     pub content_type: Option<&'static str>,
+    /// The `$id` of the JSON Schema the payload passed (`outbox.schemas`): `ce-dataschema`.
+    pub data_schema: Option<Arc<str>>,
 }
 
 /// What one pgoutput message means for the relay.
@@ -200,6 +204,8 @@ pub struct OutboxStage {
     /// Between BEGIN and COMMIT: the shape checks Materialize's source makes, so a confused stream
     /// is an error, never a mis-attributed event.
     in_txn: bool,
+    /// `outbox.schemas`: the contracts events are checked against, and where failures are counted.
+    schemas: Option<(SchemaReader, Arc<SchemaMetrics>)>,
 }
 
 impl OutboxStage {
@@ -218,7 +224,15 @@ impl OutboxStage {
             commit_ts: 0,
             index: 0,
             in_txn: false,
+            schemas: None,
         }
+    }
+
+    /// Checks every event's payload against `schemas` (the set in force when it arrives), counting
+    /// failures in `metrics`; a failing event gets the reason as its problem (a dead letter).
+    pub fn with_schemas(mut self, schemas: &Schemas, metrics: Arc<SchemaMetrics>) -> Self {
+        self.schemas = Some((schemas.reader(), metrics));
+        self
     }
 
     /// With `nats.cloudevents` on, events may not bring their own `ce-*` or `Content-Type` headers.
@@ -286,7 +300,9 @@ impl OutboxStage {
                             expected: cols.ncols,
                         });
                     }
-                    let event = self.event(cols, new);
+                    let bytea = cols.payload_is_bytea;
+                    let mut event = self.event(cols, new);
+                    self.check(&mut event, bytea);
                     self.index += 1;
                     Step::Event(Box::new(event))
                 }
@@ -332,8 +348,9 @@ impl OutboxStage {
                 if !self.in_txn {
                     return Err(StageError::MessageWithoutBegin(lsn));
                 }
-                let event =
+                let mut event =
                     self.message_event(&content, self.commit_lsn, self.index, self.commit_ts);
+                self.check(&mut event, false);
                 self.index += 1;
                 Step::Event(Box::new(event))
             }
@@ -357,6 +374,30 @@ impl OutboxStage {
         !self.relations.contains_key(&rel.id)
             && !self.is_outbox(rel)
             && !self.partitions.contains(&rel.id)
+    }
+
+    /// The contract check (`outbox.schemas`) of an event that is good so far: the payload as it
+    /// will be published, against its type's schema. Only a set that is active costs more than a
+    /// branch; an event that already has a problem is a dead letter anyway.
+    fn check(&mut self, event: &mut OutboxEvent, bytea: bool) {
+        let Some((reader, metrics)) = &mut self.schemas else {
+            return;
+        };
+        let set = reader.get();
+        if !set.active() || event.problem.is_some() {
+            return;
+        }
+        let Some(event_type) = event.event_type.as_deref() else {
+            return;
+        };
+        match set.check(event_type, &event.payload, bytea) {
+            Verdict::Pass(id) => event.data_schema = id,
+            Verdict::NoSchema => {}
+            Verdict::Fail(why) => {
+                metrics.failed(event_type);
+                event.problem = Some(why);
+            }
+        }
     }
 
     fn ignored(&self, relation_id: u32, kind: &'static str) -> Step {
@@ -534,6 +575,7 @@ impl OutboxStage {
             commit_ts: self.commit_ts,
             problem: (!problems.is_empty()).then(|| problems.join("; ")),
             content_type: cols.content_type,
+            data_schema: None,
         }
     }
 
@@ -561,6 +603,7 @@ impl OutboxStage {
             problem: None,
             msg_id: String::new(),
             content_type: Some(JSON_CONTENT_TYPE),
+            data_schema: None,
         };
         let mut problems = Vec::new();
         match parse_message(content) {

@@ -551,3 +551,64 @@ fn content_type_follows_the_payload_column_type() {
         assert_eq!(e.content_type, ct, "type {oid}");
     }
 }
+
+#[test]
+fn schemas_turn_failing_payloads_into_dead_letters_and_name_the_schema() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("E.json"),
+        r#"{"$id": "urn:e", "type": "object", "required": ["n"], "properties": {"n": {"type": "integer"}}}"#,
+    )
+    .unwrap();
+    let set = crate::schema::SchemaSet::load(dir.path().to_str().unwrap(), false).unwrap();
+    let schemas = crate::schema::Schemas::new(set);
+    let metrics = Arc::new(crate::schema::SchemaMetrics::default());
+    let mut s = stage().with_schemas(&schemas, Arc::clone(&metrics));
+    s.step(outbox_relation(1, DEFAULT_COLS)).unwrap();
+    let row = |ty: &str, payload: &str| {
+        insert(1, vec![t("1"), t("A"), t("2"), t(ty), t(payload), t("x")])
+    };
+    let good = event(s.step(row("E", r#"{"n": 1}"#)).unwrap());
+    assert_eq!(good.problem, None);
+    assert_eq!(good.data_schema.as_deref(), Some("urn:e"));
+    let bad = event(s.step(row("E", r#"{"n": "1"}"#)).unwrap());
+    assert_eq!(
+        bad.problem.as_deref(),
+        Some(r#"E: /n: "1" is not of type "integer" (type)"#)
+    );
+    assert_eq!(bad.data_schema, None);
+    let other = event(s.step(row("F", "not even json")).unwrap());
+    assert_eq!(other.problem, None, "a type without a schema passes");
+    assert_eq!(metrics.failures("E"), 1);
+    // A reload is seen by the next event.
+    schemas.replace(Arc::new(crate::schema::SchemaSet::load("", false).unwrap()));
+    assert_eq!(
+        event(s.step(row("E", r#"{"n": "1"}"#)).unwrap()).problem,
+        None
+    );
+}
+
+#[test]
+fn bytea_payloads_are_checked_as_their_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("E.json"), r#"{"type": "object"}"#).unwrap();
+    let set = crate::schema::SchemaSet::load(dir.path().to_str().unwrap(), false).unwrap();
+    let mut s = stage().with_schemas(&crate::schema::Schemas::new(set), Default::default());
+    let mut cols = DEFAULT_COLS.to_vec();
+    cols[4] = ("payload", 17);
+    s.step(outbox_relation(1, &cols)).unwrap();
+    let row = |hex: &str| insert(1, vec![t("1"), t("A"), t("2"), t("E"), t(hex), t("x")]);
+    // {"a":1}
+    assert_eq!(
+        event(s.step(row("\\x7b2261223a317d")).unwrap()).problem,
+        None
+    );
+    let bad = event(s.step(row("\\x0001")).unwrap());
+    assert!(
+        bad.problem
+            .as_deref()
+            .unwrap()
+            .starts_with("E: the bytea payload is not JSON"),
+        "{bad:?}"
+    );
+}

@@ -46,6 +46,13 @@ pub async fn run(
     for w in &settings.warnings {
         warn!("{w}");
     }
+    // Events must never go out unchecked because the contracts did not load (P8).
+    settings.schemas_loaded()?;
+    let schemas = settings.schemas.current();
+    if schemas.active() {
+        Metrics::set(&metrics.schemas.loaded, schemas.len() as u64);
+        info!(dir = schemas.dir(), "{} JSON Schemas loaded", schemas.len());
+    }
     // The listener first: probes should answer while setup waits for the servers.
     let _http = match settings.http.listen.as_str() {
         "" => None,

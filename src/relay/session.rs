@@ -87,7 +87,9 @@ impl Session {
             stream,
             sink,
             decoder: Decoder::new(),
-            stage: OutboxStage::new(&settings.outbox).with_cloudevents(settings.nats.cloudevents),
+            stage: OutboxStage::new(&settings.outbox)
+                .with_cloudevents(settings.nats.cloudevents)
+                .with_schemas(&settings.schemas, Arc::clone(&relay.metrics.schemas)),
             progress: Progress::new(from),
             streaming_reported: false,
             started: Instant::now(),
