@@ -272,6 +272,10 @@ async fn wait(
             StatusCode::SERVICE_UNAVAILABLE,
             "too many open waits: ask again later",
         ),
+        WaitOutcome::Stopping => json_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the relay is stopping: ask again",
+        ),
     }
 }
 

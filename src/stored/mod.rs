@@ -15,8 +15,9 @@
 //! however many waits are open.
 //!
 //! Only a relay whose session streams the slot serves: a standby answers nothing (HTTP 503, no NATS
-//! service) until it takes over. A wait that is open when a session ends stays open: the next
-//! session may store its events, or it times out. Nothing is lost either way; a timeout only says
+//! service) until it takes over. An HTTP wait that is open when a session ends stays open: the next
+//! session may store its events, or it times out; the NATS service answers its open waits with an
+//! error that says to ask again (see `service.rs`). Nothing is lost either way; a timeout only says
 //! "not yet".
 
 pub(crate) mod service;
@@ -123,10 +124,12 @@ pub enum WaitOutcome {
     },
     /// Too many waits are open ([`MAX_WAITERS`]); ask again later.
     Overloaded,
+    /// The relay is stopping: no answer is coming; ask again (another relay may take over).
+    Stopping,
 }
 
 impl WaitOutcome {
-    /// The JSON of the reply (the overloaded case is an error, not a reply).
+    /// The JSON of the reply (overloaded and stopping are errors, not replies, over NATS).
     pub fn to_json(&self) -> String {
         match *self {
             WaitOutcome::Stored {
@@ -145,6 +148,10 @@ impl WaitOutcome {
             WaitOutcome::Overloaded => serde_json::json!({
                 "stored": false,
                 "error": "too many open waits",
+            }),
+            WaitOutcome::Stopping => serde_json::json!({
+                "stored": false,
+                "error": "the relay is stopping",
             }),
         }
         .to_string()
@@ -392,14 +399,11 @@ impl Positions {
                 Err(_) => Some(WaitOutcome::Overloaded),
             }
         };
-        let state = self.state.subscribe();
         Ok(async move {
             match at_once {
                 Some(outcome) => outcome,
-                // The task is gone (the relay is stopping): say how far it got.
-                None => rx.await.unwrap_or_else(|_| WaitOutcome::TimedOut {
-                    stored_lsn: state.borrow().stored,
-                }),
+                // The task is gone: the relay is stopping.
+                None => rx.await.unwrap_or(WaitOutcome::Stopping),
             }
         })
     }

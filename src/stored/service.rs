@@ -3,10 +3,11 @@
 //! ls/info/stats` and `$SRV.PING` see it.
 //!
 //! A session starts it once it streams the slot ([`start`]) and stops it when it ends (dropping the
-//! [`Serving`] guard): a standby never appears. Stopping unsubscribes at once, but the task that
-//! answers goes on until every wait it accepted is answered (stored, or timed out), so a session
-//! that ends does not leave its waiters without a reply. One task per session, whatever the number
-//! of waits: open waits are futures in one set, woken only when [`super::WaitTask`] answers them.
+//! [`Serving`] guard): a standby never appears. Stopping unsubscribes, and every wait still open
+//! gets a service error (503, "ask again") at once rather than silence: the task then ends and lets
+//! go of the session's NATS connection, which after a NATS failure must not outlive the session by
+//! a wait's timeout. One task per session, whatever the number of waits: open waits are futures in
+//! one set, woken only when [`super::WaitTask`] answers them (or the session ends).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -15,7 +16,7 @@ use async_nats::service::{Service, ServiceExt, error::Error as ServiceError};
 use bytes::Bytes;
 use futures_util::stream::FuturesUnordered;
 use futures_util::{FutureExt, StreamExt};
-use tokio::sync::oneshot;
+use tokio::sync::watch;
 use tracing::debug;
 
 use super::{Positions, WaitOutcome, WaitRequest};
@@ -26,14 +27,12 @@ pub const SERVICE_NAME: &str = "outbox-relay";
 /// The running service; dropping it stops the service.
 pub(crate) struct Serving {
     service: Option<Service>,
-    stop: Option<oneshot::Sender<()>>,
+    /// Dropped with the guard: the answering task and its open waits see the sender gone.
+    _stop: watch::Sender<()>,
 }
 
 impl Drop for Serving {
     fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
         if let Some(service) = self.service.take() {
             // `stop` does its work before its first await (it ends the PING/INFO/STATS task);
             // dropping the service without it would leave the relay answering `$SRV.PING`.
@@ -72,11 +71,11 @@ pub(crate) async fn start(
         .add("position")
         .await?;
     let wait = group.endpoint_builder().name("wait").add("wait").await?;
-    let (stop, stopped) = oneshot::channel();
-    tokio::spawn(answer(positions, position, wait, stopped));
+    let (stop, stopped) = watch::channel(());
+    tokio::spawn(answer(client.clone(), positions, position, wait, stopped));
     Ok(Serving {
         service: Some(service),
-        stop: Some(stop),
+        _stop: stop,
     })
 }
 
@@ -86,12 +85,13 @@ enum Endpoint {
     Wait,
 }
 
-/// Answers requests until stopped, then the waits it accepted.
+/// Answers requests until stopped; then the open waits, at once.
 async fn answer(
+    client: async_nats::Client,
     positions: Arc<Positions>,
     position: async_nats::service::endpoint::Endpoint,
     wait: async_nats::service::endpoint::Endpoint,
-    mut stopped: oneshot::Receiver<()>,
+    mut stopped: watch::Receiver<()>,
 ) {
     let mut requests = Some(futures_util::stream::select(
         position.map(|r| (Endpoint::Position, r)),
@@ -100,8 +100,8 @@ async fn answer(
     let mut open = FuturesUnordered::new();
     loop {
         tokio::select! {
-            // Dropping the endpoints unsubscribes them; the accepted waits are still answered.
-            _ = &mut stopped, if requests.is_some() => requests = None,
+            // Dropping the endpoints unsubscribes them; the open waits see the same stop.
+            _ = stopped.changed(), if requests.is_some() => requests = None,
             next = async { requests.as_mut()?.next().await }, if requests.is_some() => {
                 // The subscriptions ended (the connection closed for good): answer what is open.
                 let Some((endpoint, req)) = next else {
@@ -121,7 +121,16 @@ async fn answer(
                             .map_err(|e| error(400, e.to_string()))
                             .and_then(|r| positions.wait(r).map_err(|e| error(503, e.to_string())));
                         match waiting {
-                            Ok(outcome) => open.push(async move { (req, outcome.await) }),
+                            Ok(outcome) => {
+                                let mut stopped = stopped.clone();
+                                open.push(async move {
+                                    tokio::select! {
+                                        o = outcome => (req, Some(o)),
+                                        // Only the sender's drop ends this: the session ended.
+                                        _ = stopped.changed() => (req, None),
+                                    }
+                                });
+                            }
                             Err(e) => respond(&req, Err(e)).await,
                         }
                     }
@@ -129,14 +138,19 @@ async fn answer(
             }
             Some((req, outcome)) = open.next(), if !open.is_empty() => {
                 let reply = match outcome {
-                    WaitOutcome::Overloaded => Err(error(503, "too many open waits: ask again later".into())),
-                    o => Ok(Bytes::from(o.to_json())),
+                    Some(WaitOutcome::Overloaded) => Err(error(503, "too many open waits: ask again later".into())),
+                    Some(o @ (WaitOutcome::Stored { .. } | WaitOutcome::TimedOut { .. })) => Ok(Bytes::from(o.to_json())),
+                    Some(WaitOutcome::Stopping) | None => Err(error(503, "the relay stopped streaming the slot (reconnecting, or shutting down): ask again".into())),
                 };
                 respond(&req, reply).await;
             }
-            else => return,
+            else => break,
         }
     }
+    // Replies are only queued on the client; when the relay stops, this task may hold its last
+    // handle, and a handle dropped with replies queued can lose them. Bounded: the connection may
+    // be down.
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(2), client.flush()).await;
 }
 
 fn error(code: usize, status: String) -> ServiceError {
