@@ -94,6 +94,7 @@ fn lsn_of(v: &Value, key: &str) -> Lsn {
 }
 
 /// Every `$SRV.PING.outbox-relay` answer that arrives within a second: one per relay that serves.
+/// Published with a reply subject rather than asked as a request, so every answer is counted.
 async fn pings(nats: &async_nats::Client) -> Vec<Value> {
     use futures_util::StreamExt;
     let inbox = nats.new_inbox();
@@ -104,9 +105,34 @@ async fn pings(nats: &async_nats::Client) -> Vec<Value> {
     let mut out = Vec::new();
     let until = tokio::time::Instant::now() + Duration::from_secs(1);
     while let Ok(Some(m)) = tokio::time::timeout_at(until, answers.next()).await {
-        out.push(serde_json::from_slice(&m.payload).expect("ping answer is JSON"));
+        // With nobody subscribed the server says "no responders" (a status, no payload).
+        if m.status.is_none() {
+            out.push(serde_json::from_slice(&m.payload).expect("ping answer is JSON"));
+        }
     }
     out
+}
+
+/// `GET path` over HTTP/1.0, read for up to 40 s (ops.rs's reader gives up after 10): status and body.
+async fn get_slow(addr: &str, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes())
+        .await
+        .expect("send");
+    let mut buf = Vec::new();
+    tokio::time::timeout(Duration::from_secs(40), s.read_to_end(&mut buf))
+        .await
+        .expect("an answer within 40 s")
+        .expect("read");
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    (status, body.to_owned())
 }
 
 /// Thirty writers in a row each take their LSN after COMMIT, wait for it through
@@ -179,7 +205,8 @@ async fn thirty_writes_each_read_their_own_event_after_a_wait() {
 
 /// A wait for an LSN far past the WAL answers `stored: false, error: timeout` after its
 /// `timeout_ms`, not before (and within a generous bound after); bad requests are service errors
-/// (code 400) that name the field; `$SRV.PING` and `$SRV.INFO` list the service and its endpoints.
+/// (code 400) that name the field; `$SRV.PING` and `$SRV.INFO` list the service and its endpoints;
+/// a wait still open when the relay stops gets a 503 service error then, not silence.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn far_waits_time_out_bad_requests_name_the_field_and_ping_answers() {
     let db = text_id_db().await;
@@ -250,11 +277,36 @@ async fn far_waits_time_out_bad_requests_name_the_field_and_ping_answers() {
         "{info}"
     );
     assert_eq!(info["metadata"]["slot"], config.postgres.slot.as_str());
+
+    // A wait still open when the session ends (the walsender is cut: the relay reconnects) is told
+    // so (ask again), not left to its timeout.
+    let open = tokio::spawn({
+        let nc = nc.clone();
+        let subject = format!("{prefix}.wait");
+        let body = format!(r#"{{"lsn": "{far}", "timeout_ms": 30000}}"#);
+        async move {
+            let started = Instant::now();
+            (ask(&nc, subject, &body).await, started.elapsed())
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    client
+        .execute(
+            "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1",
+            &[&config.postgres.slot],
+        )
+        .await
+        .expect("terminate the walsender");
+    let (answer, took) = open.await.expect("the open wait");
+    let (code, text) = answer.expect_err("an error, not a timeout");
+    assert_eq!(code, "503", "{text}");
+    assert!(text.contains("ask again"), "{text}");
+    assert!(took < Duration::from_secs(20), "answered after {took:?}");
     relay.stop().await.expect("relay stops cleanly");
 }
 
 /// The same over HTTP: `/position` 200 with the JSON; `/wait` 200 once stored, 504 after its
-/// timeout, 400 with the field for bad input; and 503 on a standby, which serves nothing (neither
+/// timeout (also past the listener's 10 s connection limit), 400 with the field for bad input; and 503 on a standby, which serves nothing (neither
 /// HTTP nor a `$SRV.PING` answer) until the active relay stops, then takes over and answers waits
 /// for writes made after.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -288,6 +340,11 @@ async fn http_codes_and_a_standby_that_serves_once_it_takes_over() {
         .expect("/wait far");
     assert_eq!(status, 504, "{body}");
     assert!(body.contains("\"timeout\""), "{body}");
+    // A wait longer than the listener's 10 s connection limit gets its own timeout on top.
+    let started = Instant::now();
+    let (status, body) = get_slow(&active_addr, &format!("/wait?lsn={far}&timeout_ms=11000")).await;
+    assert_eq!(status, 504, "after {:?}: {body}", started.elapsed());
+    assert!(started.elapsed() >= Duration::from_secs(11), "{body}");
     for (query, field) in [
         ("lsn=zz", "lsn"),
         ("timeout_ms=5", "lsn"),
