@@ -1,9 +1,9 @@
 //! The HTTP listener (`http.listen`): `/metrics` (Prometheus text), `/healthz` (200 while the process
-//! runs), `/readyz` (200 only while streaming with both connections up, 503 otherwise).
+//! runs), `/readyz` (200 only while streaming with both connections up, 503 otherwise), and
+//! read-your-writes: `/position` and `/wait?lsn=X/Y&timeout_ms=N` ([`crate::stored`]).
 //!
-//! HTTP/1 only, GET and HEAD only, no bodies read: probes and scrapers need nothing more. It reads
-//! the shared
-//! [`Metrics`] and never touches the pipeline.
+//! HTTP/1 only, GET and HEAD only, no bodies read: probes, scrapers and waits need nothing more. It reads the
+//! shared [`Metrics`] and [`Positions`] and never touches the pipeline.
 //!
 //! Probes must stay answerable while something else holds connections open (a scanner, a client
 //! that sends half a request and stalls, reconnecting as it is cut): a kubelet whose probes are
@@ -26,6 +26,7 @@ use tokio::net::TcpListener;
 use tracing::{debug, warn};
 
 use crate::metrics::Metrics;
+use crate::stored::{MAX_WAIT_MS, Positions, WaitOutcome, WaitRequest};
 
 /// `http.listen` cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -60,7 +61,7 @@ pub async fn bind(listen: &str) -> Result<TcpListener, BindError> {
 }
 
 /// Serves until the task is dropped.
-pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
+pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>, positions: Arc<Positions>) {
     let slots = Arc::new(Mutex::new(Slots::default()));
     let mut last_emfile = None;
     loop {
@@ -90,11 +91,21 @@ pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
             continue;
         };
         let metrics = Arc::clone(&metrics);
+        let positions = Arc::clone(&positions);
         tokio::spawn(async move {
             let _slot = slot;
+            // A wait may hold its connection past CONNECTION_TIMEOUT, by its own bounded timeout.
+            let (extend, mut extended) = tokio::sync::watch::channel(Duration::ZERO);
             let service = service_fn(move |req| {
                 let metrics = Arc::clone(&metrics);
-                async move { Ok::<_, Infallible>(respond(&req, &metrics)) }
+                let positions = Arc::clone(&positions);
+                let extend = extend.clone();
+                async move {
+                    Ok::<_, Infallible>(match req.uri().path() {
+                        "/wait" if is_get(&req) => wait(&req, &positions, &extend).await,
+                        _ => respond(&req, &metrics, &positions),
+                    })
+                }
             });
             let conn = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
@@ -103,10 +114,23 @@ pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
                 // One request per connection: no idle keep-alive connections to hold open.
                 .keep_alive(false)
                 .serve_connection(TokioIo::new(stream), service);
-            match tokio::time::timeout(CONNECTION_TIMEOUT, conn).await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => debug!(%peer, error = %e, "http connection ended"),
-                Err(_) => debug!(%peer, "http connection closed: too slow"),
+            tokio::pin!(conn);
+            let opened = tokio::time::Instant::now();
+            loop {
+                let deadline = opened + CONNECTION_TIMEOUT + *extended.borrow_and_update();
+                tokio::select! {
+                    r = &mut conn => {
+                        if let Err(e) = r {
+                            debug!(%peer, error = %e, "http connection ended");
+                        }
+                        break;
+                    }
+                    () = tokio::time::sleep_until(deadline) => {
+                        debug!(%peer, "http connection closed: too slow");
+                        break;
+                    }
+                    Ok(()) = extended.changed() => {}
+                }
             }
         });
     }
@@ -125,7 +149,8 @@ const FEW: usize = 2;
 /// A client must send its request headers within this. A probe sends them at once (a few dozen
 /// bytes); a connection that stalls gives its slot back within a second.
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(1);
-/// A whole connection, request and response, within this (slow readers included).
+/// A whole connection, request and response, within this (slow readers included); a `/wait`
+/// gets its `timeout_ms` (at most [`MAX_WAIT_MS`]) on top.
 const CONNECTION_TIMEOUT: Duration = Duration::from_secs(10);
 /// hyper's read buffer (the smallest it allows); GET requests of probes are tiny.
 const MAX_BUF: usize = 8192;
@@ -200,17 +225,66 @@ fn peer_key(ip: IpAddr) -> IpAddr {
     }
 }
 
-fn respond(req: &Request<Incoming>, metrics: &Metrics) -> Response<Full<Bytes>> {
-    let text = |status: StatusCode, body: String, content_type: &'static str| {
-        let mut r = Response::new(Full::new(Bytes::from(body)));
-        *r.status_mut() = status;
-        r.headers_mut().insert(
-            hyper::header::CONTENT_TYPE,
-            hyper::header::HeaderValue::from_static(content_type),
-        );
-        r
+fn text(status: StatusCode, body: String, content_type: &'static str) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from(body)));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static(content_type),
+    );
+    r
+}
+
+fn json(status: StatusCode, body: String) -> Response<Full<Bytes>> {
+    text(status, body + "\n", "application/json")
+}
+
+/// `{"error": "..."}` with `status`.
+fn json_error(status: StatusCode, error: &str) -> Response<Full<Bytes>> {
+    json(status, serde_json::json!({ "error": error }).to_string())
+}
+
+fn is_get(req: &Request<Incoming>) -> bool {
+    req.method() == Method::GET || req.method() == Method::HEAD
+}
+
+/// `GET /wait?lsn=X/Y&timeout_ms=N`: 200 stored, 504 timed out, 400 bad input, 503 while this
+/// relay does not stream (or too many waits are open).
+async fn wait(
+    req: &Request<Incoming>,
+    positions: &Positions,
+    extend: &tokio::sync::watch::Sender<Duration>,
+) -> Response<Full<Bytes>> {
+    let wait = match WaitRequest::from_query(req.uri().query().unwrap_or("")) {
+        Ok(w) => w,
+        Err(e) => return json_error(StatusCode::BAD_REQUEST, &e.to_string()),
     };
-    if req.method() != Method::GET && req.method() != Method::HEAD {
+    let outcome = match positions.wait(wait) {
+        Ok(outcome) => outcome,
+        Err(e) => return json_error(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
+    };
+    // Bounded by MAX_WAIT_MS (the request parser refuses more).
+    let _ = extend.send(wait.timeout.min(Duration::from_millis(MAX_WAIT_MS)));
+    match outcome.await {
+        o @ WaitOutcome::Stored { .. } => json(StatusCode::OK, o.to_json()),
+        o @ WaitOutcome::TimedOut { .. } => json(StatusCode::GATEWAY_TIMEOUT, o.to_json()),
+        WaitOutcome::Overloaded => json_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "too many open waits: ask again later",
+        ),
+        WaitOutcome::Stopping => json_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the relay is stopping: ask again",
+        ),
+    }
+}
+
+fn respond(
+    req: &Request<Incoming>,
+    metrics: &Metrics,
+    positions: &Positions,
+) -> Response<Full<Bytes>> {
+    if !is_get(req) {
         return text(
             StatusCode::METHOD_NOT_ALLOWED,
             "GET only\n".into(),
@@ -240,9 +314,13 @@ fn respond(req: &Request<Incoming>, metrics: &Metrics) -> Response<Full<Bytes>> 
                 "text/plain",
             )
         }
+        "/position" => match positions.position() {
+            Ok(p) => json(StatusCode::OK, p.to_json()),
+            Err(e) => json_error(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
+        },
         _ => text(
             StatusCode::NOT_FOUND,
-            "not found: /metrics /healthz /readyz\n".into(),
+            "not found: /metrics /healthz /readyz /position /wait\n".into(),
             "text/plain",
         ),
     }

@@ -61,6 +61,7 @@ pub mod setup;
 pub mod sink;
 pub mod source;
 pub mod status;
+pub mod stored;
 #[cfg(feature = "test-support")]
 pub mod testkit;
 

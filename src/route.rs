@@ -1,5 +1,9 @@
 //! Subject routing: `outbox.{aggregate_type}` → `outbox.Claim`.
 //!
+//! `{partition}` (with `nats.partitions` = N) is the aggregate id's partition in `0..N`, computed as
+//! nats-server's subject mapping function `partition(N, …)` computes it ([`partition`]), so a
+//! template and a server-side mapping put an aggregate in the same partition.
+//!
 //! A template is parsed once at startup; rendering validates every substituted value as a NATS subject
 //! token (no empty token, whitespace, `.`, `*`, `>` or control characters:
 //! <https://docs.nats.io/nats-concepts/subjects#characters-allowed-and-recommended-for-subject-names>).
@@ -17,6 +21,8 @@ pub enum Field {
     EventType,
     /// `{aggregate_id}`.
     AggregateId,
+    /// `{partition}`: the aggregate id's partition.
+    Partition,
 }
 
 impl Field {
@@ -25,6 +31,7 @@ impl Field {
             Field::AggregateType => "aggregate_type",
             Field::EventType => "event_type",
             Field::AggregateId => "aggregate_id",
+            Field::Partition => "partition",
         }
     }
 }
@@ -40,6 +47,8 @@ enum Part {
 pub struct SubjectTemplate {
     parts: Vec<Part>,
     source: String,
+    /// `nats.partitions` (0: none), for `{partition}`.
+    partitions: u32,
 }
 
 /// A template that cannot be used.
@@ -63,7 +72,8 @@ pub struct RouteError {
 }
 
 impl SubjectTemplate {
-    /// Parses `{aggregate_type}`, `{event_type}` and `{aggregate_id}` placeholders between literals.
+    /// Parses `{aggregate_type}`, `{event_type}`, `{aggregate_id}` and `{partition}` placeholders
+    /// between literals. `{partition}` needs [`SubjectTemplate::with_partitions`].
     pub fn parse(s: &str) -> Result<Self, TemplateError> {
         let err = |reason: String| TemplateError {
             template: s.to_owned(),
@@ -83,9 +93,10 @@ impl SubjectTemplate {
                 "aggregate_type" => Field::AggregateType,
                 "event_type" => Field::EventType,
                 "aggregate_id" => Field::AggregateId,
+                "partition" => Field::Partition,
                 other => {
                     return Err(err(format!(
-                        "unknown placeholder {{{other}}}: use {{aggregate_type}}, {{event_type}} or {{aggregate_id}}"
+                        "unknown placeholder {{{other}}}: use {{aggregate_type}}, {{event_type}}, {{aggregate_id}} or {{partition}}"
                     )));
                 }
             };
@@ -101,6 +112,7 @@ impl SubjectTemplate {
         let t = SubjectTemplate {
             parts,
             source: s.to_owned(),
+            partitions: 0,
         };
         // With a valid stand-in for every placeholder the literal parts must form a valid subject
         // (so a literal '*' or '>' is refused: the template names subjects, not filters).
@@ -124,6 +136,12 @@ impl SubjectTemplate {
         Ok(t)
     }
 
+    /// The template with `partitions` partitions for `{partition}` (0: none).
+    pub fn with_partitions(mut self, partitions: u32) -> Self {
+        self.partitions = partitions;
+        self
+    }
+
     /// The subject for one event, or why it cannot have one.
     pub fn render(
         &self,
@@ -135,11 +153,14 @@ impl SubjectTemplate {
         for part in &self.parts {
             match part {
                 Part::Lit(l) => out.push_str(l),
+                // A number is always a valid token; settings refuse {partition} without partitions.
+                Part::Field(Field::Partition) => out
+                    .push_str(itoa::Buffer::new().format(partition(aggregate_id, self.partitions))),
                 Part::Field(f) => {
                     let value = match f {
                         Field::AggregateType => aggregate_type,
                         Field::EventType => event_type,
-                        Field::AggregateId => aggregate_id,
+                        Field::AggregateId | Field::Partition => aggregate_id,
                     };
                     check_token(value).map_err(|reason| RouteError {
                         field: f.name(),
@@ -160,6 +181,28 @@ impl SubjectTemplate {
             .map(|p| match p {
                 Part::Lit(l) => l.as_str(),
                 Part::Field(_) => "*",
+            })
+            .collect()
+    }
+
+    /// With `{partition}` and partitions: for each partition in order, the filter that covers the
+    /// subjects of that partition (other placeholders `*`, `{partition}` the number). Empty
+    /// otherwise.
+    pub fn partition_wildcards(&self) -> Vec<String> {
+        if self.partitions == 0 || !self.fields().any(|f| f == Field::Partition) {
+            return Vec::new();
+        }
+        (0..self.partitions)
+            .map(|p| {
+                let p = p.to_string();
+                self.parts
+                    .iter()
+                    .map(|part| match part {
+                        Part::Lit(l) => l.as_str(),
+                        Part::Field(Field::Partition) => p.as_str(),
+                        Part::Field(_) => "*",
+                    })
+                    .collect()
             })
             .collect()
     }
@@ -185,6 +228,21 @@ impl fmt::Display for SubjectTemplate {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.source)
     }
+}
+
+/// The partition of `key` among `partitions` (`0` when there are none), as nats-server's subject
+/// mapping function `partition(partitions, token…)` computes it: the 32-bit FNV-1a hash of the
+/// token's bytes (several tokens: their bytes one after the other) modulo the number of partitions
+/// (`getHashPartition` in nats-server's `server/subject_transform.go`). The server agrees with it
+/// for an aggregate id that is one valid subject token.
+pub fn partition(key: &str, partitions: u32) -> u32 {
+    if partitions == 0 {
+        return 0;
+    }
+    let hash = key.bytes().fold(0x811c_9dc5_u32, |h, b| {
+        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+    });
+    hash % partitions
 }
 
 /// The longest subject token the relay publishes to. NATS' own limit is the 4 KiB control line of a
@@ -385,6 +443,42 @@ mod tests {
         assert!(e.reason.contains("256"), "{e}");
         assert!(check_subject(&"d".repeat(5000)).is_err());
         assert!(t.render(&"C".repeat(256), "x", "y").is_ok());
+    }
+
+    #[test]
+    fn partition_is_fnv1a_32_modulo_the_count() {
+        // The published FNV-1a 32 test vectors: "" 0x811c9dc5, "a" 0xe40c292c, "foobar" 0xbf9cf968.
+        assert_eq!(partition("", u32::MAX), 0x811c_9dc5);
+        assert_eq!(partition("a", u32::MAX), 0xe40c_292c);
+        assert_eq!(partition("foobar", u32::MAX), 0xbf9c_f968);
+        assert_eq!(partition("foobar", 10), 0xbf9c_f968 % 10);
+        assert_eq!(partition("anything", 1), 0);
+        assert_eq!(partition("anything", 0), 0);
+        for id in ["4711", "Schaden_ü-1", "e-5531"] {
+            assert!(partition(id, 7) < 7);
+        }
+    }
+
+    #[test]
+    fn renders_the_partition_of_the_aggregate_id() {
+        let t = SubjectTemplate::parse("outbox.{aggregate_type}.{partition}")
+            .unwrap()
+            .with_partitions(8);
+        assert_eq!(t.wildcard(), "outbox.*.*");
+        assert_eq!(
+            t.render("Claim", "E", "foobar").unwrap(),
+            format!("outbox.Claim.{}", 0xbf9c_f968_u32 % 8)
+        );
+        // The partition is the id's, whatever the id: not a token of its own.
+        assert!(t.render("Claim", "E", "a.b").is_ok());
+        assert_eq!(
+            t.partition_wildcards(),
+            (0..8).map(|p| format!("outbox.*.{p}")).collect::<Vec<_>>()
+        );
+        let plain = SubjectTemplate::parse("outbox.{aggregate_type}")
+            .unwrap()
+            .with_partitions(8);
+        assert!(plain.partition_wildcards().is_empty());
     }
 
     #[test]

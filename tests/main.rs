@@ -7,6 +7,7 @@ mod support;
 mod atomic;
 mod backfill;
 mod cluster;
+mod consumers;
 mod deploy;
 mod events;
 mod faults;

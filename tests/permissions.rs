@@ -3,8 +3,8 @@
 //! `pg_logical_emit_message` itself (table privileges do not apply to it, so before that any role could
 //! forge an event), still writes events through the helper, and `setup`/`status` warn exactly while it
 //! could. NATS: a server configured with the accounts and users docs/operations.md prints, where the
-//! relay works end to end and another user of the account can neither publish into the stream's
-//! subjects nor answer on the relay's inbox.
+//! relay works end to end (its position service too) and another user of the account can neither
+//! publish into the stream's subjects, nor answer on the relay's inbox, nor take the service's subjects.
 
 use std::time::Duration;
 
@@ -15,8 +15,9 @@ use tokio::sync::mpsc;
 use tokio_postgres::NoTls;
 
 use crate::support::{
-    InProcessRelay, NatsServer, PgServer, TestDb, confirmed_flush, default_outbox_sql, read_all,
-    relay_config, relay_env, run_command, server_major, stream_count, unique, wait_for,
+    InProcessRelay, NatsServer, PgServer, TestDb, confirmed_flush, current_wal_lsn,
+    default_outbox_sql, read_all, relay_config, relay_env, run_command, server_major, stream_count,
+    unique, wait_for,
 };
 
 const LIMIT: Duration = Duration::from_secs(60);
@@ -309,7 +310,36 @@ async fn the_documented_nats_permissions_let_the_relay_work_and_keep_others_off_
         "the service may not answer on the relay's inbox: {refused:?}"
     );
 
+    // The service's user waits for its write through the position service (registered a moment
+    // after the session started: no responders until then), and cannot take the service's subjects.
     client.execute(insert, &[&"4712"]).await.expect("insert");
+    let token = current_wal_lsn(&client).await;
+    let wait = format!("outbox-relay.{}.wait", config.postgres.slot);
+    let body = format!(r#"{{"lsn": "{token}", "timeout_ms": 20000}}"#);
+    let deadline = std::time::Instant::now() + LIMIT;
+    let answer = loop {
+        if let Ok(m) = service.request(wait.clone(), body.clone().into()).await {
+            break String::from_utf8_lossy(&m.payload).into_owned();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no answer from {wait}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(answer.contains(r#""stored":true"#), "{answer}");
+    let _sub = service.subscribe(wait.clone()).await.expect("subscribe");
+    service.flush().await.expect("flush");
+    let refused = tokio::time::timeout(Duration::from_secs(2), errors.recv())
+        .await
+        .ok()
+        .flatten();
+    assert!(
+        refused
+            .as_deref()
+            .is_some_and(|e| e.contains("Permissions Violation for Subscription")),
+        "the service may not subscribe to the position service's subjects: {refused:?}"
+    );
     wait_for("the second event in the stream", LIMIT, || async {
         stream_count(&js, "OUTBOX").await >= 2
     })

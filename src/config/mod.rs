@@ -223,6 +223,9 @@ pub struct NatsConfig {
     /// The first token(s) of the relay's inbox subjects, where JetStream answers its requests and
     /// publishes: a prefix of its own lets NATS permissions keep every other client off its inbox.
     pub inbox_prefix: String,
+    /// Partitions of `{partition}` in the subject template (0: none): the aggregate id's partition,
+    /// as nats-server's `partition(partitions, …)` mapping computes it.
+    pub partitions: u32,
 }
 
 impl Default for NatsConfig {
@@ -253,6 +256,7 @@ impl Default for NatsConfig {
             cloudevents_source: "outbox-relay".into(),
             atomic_transactions: false,
             inbox_prefix: "_INBOX".into(),
+            partitions: 0,
         }
     }
 }
@@ -421,6 +425,7 @@ impl fmt::Debug for NatsConfig {
             .field("cloudevents_source", &self.cloudevents_source)
             .field("atomic_transactions", &self.atomic_transactions)
             .field("inbox_prefix", &self.inbox_prefix)
+            .field("partitions", &self.partitions)
             .finish_non_exhaustive()
     }
 }
@@ -521,6 +526,32 @@ mod tests {
         assert!(c.nats.fence);
         let c = load("", &[("OUTBOX_RELAY_NATS_FENCE", "Off")]).unwrap();
         assert!(!c.nats.fence);
+    }
+
+    #[test]
+    fn partition_placeholder_needs_partitions() {
+        let e = load(
+            "[nats]\nsubject = \"outbox.{aggregate_type}.{partition}\"",
+            &[],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("nats.partitions") && e.contains("{partition}"),
+            "{e}"
+        );
+        assert_eq!(e.lines().count(), 1, "{e}");
+        let c = load(
+            "[nats]\nsubject = \"outbox.{aggregate_type}.{partition}\"",
+            &[("OUTBOX_RELAY_NATS_PARTITIONS", "4")],
+        )
+        .unwrap();
+        assert_eq!(c.nats.partitions, 4);
+        assert_eq!(c.subject.partition_wildcards().len(), 4);
+        let e = load("[nats]\npartitions = 10001", &[])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("nats.partitions"), "{e}");
     }
 
     #[test]

@@ -177,7 +177,9 @@ impl Config {
             ));
         }
         let template = SubjectTemplate::parse(&n.subject)
-            .map_err(|e| invalid("nats.subject", e.to_string()))?;
+            .map_err(|e| invalid("nats.subject", e.to_string()))?
+            .with_partitions(n.partitions);
+        check_partitions(n, &template)?;
         crate::route::check_subject(&n.dead_letter_subject)
             .map_err(|e| invalid("nats.dead_letter_subject", e))?;
         if template.matches_literal(&n.dead_letter_subject) {
@@ -298,6 +300,32 @@ fn check_header_columns(entries: &[String], cloudevents: bool) -> Result<(), Con
             ));
         }
         seen.push(lower);
+    }
+    Ok(())
+}
+
+/// The most partitions: a consumer per partition, and setup checks the stream for each.
+const MAX_PARTITIONS: u32 = 10_000;
+
+/// `nats.partitions` and `{partition}`: one needs the other's count.
+fn check_partitions(n: &super::NatsConfig, template: &SubjectTemplate) -> Result<(), ConfigError> {
+    let uses = template
+        .fields()
+        .any(|f| f == crate::route::Field::Partition);
+    if uses && n.partitions == 0 {
+        return Err(invalid(
+            "nats.partitions",
+            format!(
+                "is 0, but nats.subject {:?} uses {{partition}}: set nats.partitions to the number of partitions                  (the N of the stream's partition(N, ...) mapping)",
+                n.subject
+            ),
+        ));
+    }
+    if n.partitions > MAX_PARTITIONS {
+        return Err(invalid(
+            "nats.partitions",
+            format!("must be between 0 and {MAX_PARTITIONS}"),
+        ));
     }
     Ok(())
 }

@@ -28,6 +28,7 @@ pub use crate::error::RelayError;
 use crate::error::{CauseKind, NatsTrouble, Restart, SessionEnd};
 use crate::metrics::Metrics;
 use crate::sink::{Outcome, SinkError};
+use crate::stored::Positions;
 use connector::Servers;
 pub use connector::{Connector, Start};
 use monitor::{AbortOnDrop, sample_slot};
@@ -53,6 +54,9 @@ pub async fn run(
         Metrics::set(&metrics.schemas.loaded, schemas.len() as u64);
         info!(dir = schemas.dir(), "{} JSON Schemas loaded", schemas.len());
     }
+    // Read-your-writes: one task answers every wait; sessions publish the stored position.
+    let (positions, waits) = Positions::new(&settings.postgres.slot, &settings.nats.stream);
+    let _waits = AbortOnDrop(tokio::spawn(waits.run()));
     // The listener first: probes should answer while setup waits for the servers.
     let _http = match settings.http.listen.as_str() {
         "" => None,
@@ -61,6 +65,7 @@ pub async fn run(
             Some(AbortOnDrop(tokio::spawn(crate::http::serve(
                 listener,
                 Arc::clone(&metrics),
+                Arc::clone(&positions),
             ))))
         }
     };
@@ -95,6 +100,7 @@ pub async fn run(
     sessions(
         settings,
         metrics,
+        positions,
         Box::new(connector),
         start,
         jitter,
@@ -115,9 +121,12 @@ pub async fn run_with(
     jitter_seed: u64,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), RelayError> {
+    // No wait task: nothing asks the simulated relay for its position.
+    let (positions, _) = Positions::new(&settings.postgres.slot, &settings.nats.stream);
     sessions(
         Arc::new(settings),
         metrics,
+        positions,
         connector,
         start,
         jitter_seed,
@@ -129,6 +138,7 @@ pub async fn run_with(
 async fn sessions(
     settings: Arc<Settings>,
     metrics: Arc<Metrics>,
+    positions: Arc<Positions>,
     connector: Box<dyn Connector>,
     start: Lsn,
     jitter_seed: u64,
@@ -139,6 +149,7 @@ async fn sessions(
     let mut relay = Relay {
         settings,
         metrics,
+        positions,
         connector,
         failures: 0,
         last_cause: None,
@@ -164,6 +175,8 @@ async fn sessions(
 pub(crate) struct Relay {
     settings: Arc<Settings>,
     metrics: Arc<Metrics>,
+    /// The stored position, which the streaming session serves (read-your-writes).
+    positions: Arc<Positions>,
     /// How sessions reach Postgres and NATS.
     connector: Box<dyn Connector>,
     /// Failed sessions in a row (drives the backoff); 0 once new events are stored.

@@ -22,8 +22,9 @@ use crate::outbox::{OutboxStage, Step};
 use crate::pgoutput::{Decoder, Message};
 use crate::position::History;
 use crate::progress::Progress;
-use crate::sink::{Acked, Origin, Outcome, Sink, SinkConfig, SinkError};
+use crate::sink::{Acked, NatsPort, Origin, Outcome, Sink, SinkConfig, SinkError};
 use crate::source::{ReplicationEvent, ReplicationStream, SourceError};
+use crate::stored::Serve;
 
 /// A running session: the replication stream, the sink and the pure stages between them.
 pub(super) struct Session {
@@ -33,6 +34,8 @@ pub(super) struct Session {
     stage: OutboxStage,
     progress: Progress,
     streaming_reported: bool,
+    /// This relay serves its position (read-your-writes) while the session lives.
+    _serve: Serve,
     /// When streaming started: a session that ran a while counts as a recovery.
     pub started: Instant,
 }
@@ -75,6 +78,11 @@ impl Session {
             wal_end: system.xlogpos,
         };
         relay.streaming();
+        let client = match &nats {
+            NatsPort::Client(c) => Some(c.clone()),
+            #[cfg(feature = "test-support")]
+            NatsPort::Sim(_) => None,
+        };
         let sink = Sink::start(
             nats,
             SinkConfig::from_settings(&settings),
@@ -83,6 +91,18 @@ impl Session {
         )
         .await
         .map_err(Restart::from)?;
+        // Everything the slot had confirmed is stored; a new history starts the position over.
+        let serve = Serve::start(
+            &relay.positions,
+            client.as_ref(),
+            stream.reported(),
+            relay.confirmed,
+            moved,
+        )
+        .await;
+        relay
+            .positions
+            .advance(relay.confirmed, sink.last_sequence());
         Ok(Session {
             stream,
             sink,
@@ -92,6 +112,7 @@ impl Session {
                 .with_schemas(&settings.schemas, Arc::clone(&relay.metrics.schemas)),
             progress: Progress::new(from),
             streaming_reported: false,
+            _serve: serve,
             started: Instant::now(),
         })
     }
@@ -296,5 +317,8 @@ impl Session {
         }
         Metrics::set(&relay.metrics.received_lsn, self.stream.received().0);
         Metrics::set(&relay.metrics.in_flight, self.sink.in_flight() as u64);
+        // Stored is what the tracker says, not what the slot was told: waiters need not wait for
+        // the next status update.
+        relay.positions.advance(c, self.sink.last_sequence());
     }
 }

@@ -56,11 +56,30 @@ pub(super) async fn check(
     };
     let info = s.info().await.map_err(|e| problem(e.to_string()))?.clone();
     let subjects = &info.config.subjects;
-    for needed in [
-        &settings.subject.wildcard(),
-        &settings.nats.dead_letter_subject,
-    ] {
-        if !subjects.iter().any(|f| subject_covers(f, needed)) {
+    let covered = |needed: &str| subjects.iter().any(|f| subject_covers(f, needed));
+    // With {partition}, a stream may name its partitions one by one: a stream that covers some
+    // but not all of them takes the events of those and refuses the others' (the relay retries them
+    // and stops advancing), which setup says; one that covers none is refused below as before.
+    let partitions = settings.subject.partition_wildcards();
+    let missing: Vec<&String> = partitions.iter().filter(|p| !covered(p)).collect();
+    let template = if !missing.is_empty() && missing.len() < partitions.len() {
+        report.warnings.push(format!(
+            "stream {name}'s subjects ({}) do not cover {} of the {} partitions, e.g. {}: events of those \
+             partitions cannot be stored, and the relay stops at the first one; add the subjects or set \
+             nats.partitions to what the stream covers",
+            subjects.join(", "),
+            missing.len(),
+            partitions.len(),
+            missing.iter().take(3).map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
+        ));
+        None
+    } else if !partitions.is_empty() && missing.is_empty() {
+        None
+    } else {
+        Some(settings.subject.wildcard())
+    };
+    for needed in template.iter().chain([&settings.nats.dead_letter_subject]) {
+        if !covered(needed) {
             return Err(problem(format!(
                 "does not cover subject {needed} (its subjects: {}): add it with `nats stream edit {name} \
                  --subjects ...` or use another nats.stream",

@@ -340,6 +340,8 @@ pub struct Sink {
     timer_at: Option<tokio::time::Instant>,
     /// Settled, not yet taken by [`Sink::acked`], in order.
     settled: VecDeque<Acked>,
+    /// The highest stream sequence an ack named (the tail's when fencing, before any ack).
+    last_sequence: u64,
 }
 
 impl Sink {
@@ -402,6 +404,7 @@ impl Sink {
             timer: Box::pin(tokio::time::sleep(Duration::ZERO)),
             timer_at: None,
             settled: VecDeque::new(),
+            last_sequence: tail.as_ref().map_or(0, |t| t.last_sequence),
         })
     }
 
@@ -659,6 +662,13 @@ impl Sink {
     /// Messages in the window (published, ack not yet reported).
     pub fn in_flight(&self) -> usize {
         self.messages
+    }
+
+    /// The highest stream sequence JetStream's acks named so far (with the fence, the stream's
+    /// last sequence when the session started, before any): the position service's
+    /// `last_sequence`.
+    pub fn last_sequence(&self) -> u64 {
+        self.last_sequence
     }
 
     /// Takes a place for a message of `size` bytes in the window, settling the oldest messages

@@ -84,6 +84,7 @@ impl Sink {
             Ok(ack) => {
                 // A batch is never a duplicate (its messages carry no Nats-Msg-Id).
                 self.check(item, ack).await?;
+                self.last_sequence = self.last_sequence.max(ack.sequence);
                 if let Some(f) = self.fence.as_mut() {
                     f.stored(ack.sequence);
                 }
@@ -122,6 +123,7 @@ impl Sink {
             let e = match answer {
                 Ok(ack) => {
                     self.check(item, ack).await?;
+                    self.last_sequence = self.last_sequence.max(ack.sequence);
                     if ack.duplicate {
                         self.duplicate(item);
                     } else if let Some(f) = self.fence.as_mut() {

@@ -91,6 +91,8 @@ struct Shared {
     received: AtomicU64,
     /// Highest LSN the consumer confirmed: reported as `flush` and `apply`.
     confirmed: AtomicU64,
+    /// The `flush` LSN of the last status update written to the server.
+    reported: Arc<AtomicU64>,
     /// Wakes the writer for an immediate status update (reply requested, or a new confirm on stop).
     reply_now: Notify,
     /// Set once the consumer asked to stop: the reader then drains instead of forwarding.
@@ -125,6 +127,7 @@ impl ReplicationStream {
         let shared = Arc::new(Shared {
             received: AtomicU64::new(start.0),
             confirmed: AtomicU64::new(start.0),
+            reported: Arc::new(AtomicU64::new(start.0)),
             reply_now: Notify::new(),
             stopping: AtomicBool::new(false),
         });
@@ -203,6 +206,12 @@ impl ReplicationStream {
     /// The highest LSN confirmed so far (the start LSN before any confirm).
     pub fn confirmed(&self) -> Lsn {
         Lsn(self.shared.confirmed.load(Ordering::Acquire))
+    }
+
+    /// The `flush` LSN of the last status update sent to the server, kept current by the writer:
+    /// what the slot has been told is confirmed.
+    pub fn reported(&self) -> Arc<AtomicU64> {
+        Arc::clone(&self.shared.reported)
     }
 
     /// The highest WAL position received so far.
@@ -538,6 +547,7 @@ async fn write_loop(
             return None;
         }
         buf.clear();
+        shared.reported.fetch_max(flush, Ordering::AcqRel);
         trace!(write = %Lsn(write), flush = %Lsn(flush), "status update");
         if stopping {
             return Some(io);

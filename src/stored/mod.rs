@@ -1,0 +1,596 @@
+//! Read-your-writes: how far the relay's events are stored, and waits for a writer's LSN
+//! ([`Positions`]), served over NATS ([`service`], the NATS services API) and HTTP (`/position`,
+//! `/wait` in `http.rs`).
+//!
+//! The stored LSN is the progress tracker's: every event of every transaction whose commit ends at
+//! or before it is acknowledged by JetStream, in order, and while idle it moves with the
+//! walsender's keepalives. It can be ahead of the LSN confirmed to the slot (the status update that
+//! reports it goes out a few milliseconds later). A writer takes `SELECT pg_current_wal_lsn()` after
+//! its COMMIT returned; once the stored LSN reaches it, its events are in the stream.
+//!
+//! The session must not be slowed by waiters: it only publishes a new stored LSN into a watch
+//! channel ([`Positions::advance`], a lock and a wake-up per burst of acks). One task
+//! ([`WaitTask::run`]) owns every open wait in a [`waitset::WaitSet`] ordered by LSN and by
+//! deadline, answers the ones an advance satisfies and sleeps once, until the earliest deadline,
+//! however many waits are open.
+//!
+//! Only a relay whose session streams the slot serves: a standby answers nothing (HTTP 503, no NATS
+//! service) until it takes over. An HTTP wait that is open when a session ends stays open: the next
+//! session may store its events, or it times out; the NATS service answers its open waits with an
+//! error that says to ask again (see `service.rs`). Nothing is lost either way; a timeout only says
+//! "not yet".
+
+pub(crate) mod service;
+pub mod waitset;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use serde_json::{Map, Value};
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::time::Instant;
+
+use crate::Lsn;
+use waitset::WaitSet;
+
+/// The longest wait a request may ask for. An HTTP wait holds one of the listener's few
+/// connections for that long, and a client that needs longer asks again: the answer carries the
+/// stored LSN, so it sees progress.
+pub const MAX_WAIT_MS: u64 = 30_000;
+/// A wait without `timeout_ms` waits this long.
+pub const DEFAULT_WAIT_MS: u64 = 5_000;
+/// Open waits at most. Each costs a few dozen bytes and nothing while it waits; the cap only keeps a
+/// flood of requests from growing memory without bound (they get a refusal, not a timeout).
+const MAX_WAITERS: usize = 200_000;
+
+/// What the session last published.
+#[derive(Clone, Debug, Default)]
+struct State {
+    /// The stored LSN (see the module docs). Never moves backwards within one WAL history.
+    stored: Lsn,
+    /// The stream sequence of the last message the relay stored (0 before the first).
+    last_sequence: u64,
+    /// While a session streams the slot: the flush LSN its last status update reported to the slot.
+    serving: Option<Arc<AtomicU64>>,
+}
+
+/// The shared handle: the session writes, the NATS service and the HTTP listener read and wait.
+#[derive(Debug)]
+pub struct Positions {
+    slot: String,
+    stream: String,
+    state: watch::Sender<State>,
+    waits: mpsc::Sender<Waiter>,
+}
+
+/// The task that answers waits; see [`WaitTask::run`].
+pub struct WaitTask {
+    state: watch::Receiver<State>,
+    waits: mpsc::Receiver<Waiter>,
+}
+
+/// A registered wait, answered once.
+#[derive(Debug)]
+struct Waiter {
+    lsn: Lsn,
+    deadline: Instant,
+    answer: oneshot::Sender<WaitOutcome>,
+}
+
+/// The answer to `/position` and `<prefix>.position`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Position {
+    /// `postgres.slot`.
+    pub slot: String,
+    /// `nats.stream`.
+    pub stream: String,
+    /// See the module docs.
+    pub stored_lsn: Lsn,
+    /// The LSN the relay's last status update confirmed to the slot.
+    pub confirmed_lsn: Lsn,
+    /// The stream sequence of the last message the relay stored.
+    pub last_sequence: u64,
+}
+
+impl Position {
+    /// The JSON of the reply.
+    pub fn to_json(&self) -> String {
+        serde_json::json!({
+            "slot": self.slot,
+            "stream": self.stream,
+            "stored_lsn": self.stored_lsn.to_string(),
+            "confirmed_lsn": self.confirmed_lsn.to_string(),
+            "last_sequence": self.last_sequence,
+        })
+        .to_string()
+    }
+}
+
+/// How a wait ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WaitOutcome {
+    /// Every event up to the LSN is stored.
+    Stored {
+        /// The stored LSN when it was answered (at or past the LSN waited for).
+        stored_lsn: Lsn,
+        /// The stream sequence of the last message stored then.
+        last_sequence: u64,
+    },
+    /// `timeout_ms` passed first.
+    TimedOut {
+        /// How far the relay had stored.
+        stored_lsn: Lsn,
+    },
+    /// Too many waits are open ([`MAX_WAITERS`]); ask again later.
+    Overloaded,
+    /// The relay is stopping: no answer is coming; ask again (another relay may take over).
+    Stopping,
+}
+
+impl WaitOutcome {
+    /// The JSON of the reply (overloaded and stopping are errors, not replies, over NATS).
+    pub fn to_json(&self) -> String {
+        match *self {
+            WaitOutcome::Stored {
+                stored_lsn,
+                last_sequence,
+            } => serde_json::json!({
+                "stored": true,
+                "stored_lsn": stored_lsn.to_string(),
+                "last_sequence": last_sequence,
+            }),
+            WaitOutcome::TimedOut { stored_lsn } => serde_json::json!({
+                "stored": false,
+                "error": "timeout",
+                "stored_lsn": stored_lsn.to_string(),
+            }),
+            WaitOutcome::Overloaded => serde_json::json!({
+                "stored": false,
+                "error": "too many open waits",
+            }),
+            WaitOutcome::Stopping => serde_json::json!({
+                "stored": false,
+                "error": "the relay is stopping",
+            }),
+        }
+        .to_string()
+    }
+}
+
+/// This relay does not stream the slot (a standby, or between sessions): it knows no position.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "this relay does not stream the slot now (a standby, or reconnecting): ask the one that does"
+)]
+pub struct NotServing;
+
+/// A wait request: the LSN and how long to wait.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WaitRequest {
+    /// Wait until every event of every transaction whose commit ends at or before this is stored.
+    pub lsn: Lsn,
+    /// At most this long (at most [`MAX_WAIT_MS`]).
+    pub timeout: Duration,
+}
+
+/// A bad wait request: the field and what to send instead.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {why}")]
+pub struct BadRequest {
+    /// The request's field (`lsn`, `timeout_ms`) or `request`.
+    pub field: &'static str,
+    /// What is wrong and how to fix it.
+    pub why: String,
+}
+
+fn bad(field: &'static str, why: impl Into<String>) -> BadRequest {
+    BadRequest {
+        field,
+        why: why.into(),
+    }
+}
+
+impl WaitRequest {
+    /// From the JSON body of `<prefix>.wait`: `{"lsn": "X/Y", "timeout_ms": N}`.
+    pub fn from_json(body: &[u8]) -> Result<WaitRequest, BadRequest> {
+        let shape = "send a JSON object like {\"lsn\": \"16/B374D848\", \"timeout_ms\": 5000}";
+        if body.iter().all(u8::is_ascii_whitespace) {
+            return Err(bad("lsn", format!("missing: {shape}")));
+        }
+        let value: Value = serde_json::from_slice(body)
+            .map_err(|_| bad("request", format!("is not JSON: {shape}")))?;
+        let Value::Object(map) = value else {
+            return Err(bad("request", format!("is not a JSON object: {shape}")));
+        };
+        Self::from_fields(&map)
+    }
+
+    fn from_fields(map: &Map<String, Value>) -> Result<WaitRequest, BadRequest> {
+        if let Some(other) = map
+            .keys()
+            .find(|k| !matches!(k.as_str(), "lsn" | "timeout_ms"))
+        {
+            return Err(bad(
+                "request",
+                format!(
+                    "unknown field {:?}: the fields are lsn and timeout_ms",
+                    shorten(other)
+                ),
+            ));
+        }
+        let lsn = match map.get("lsn") {
+            None => {
+                return Err(bad(
+                    "lsn",
+                    "missing: the LSN pg_current_wal_lsn() gave after your COMMIT, like \"16/B374D848\"",
+                ));
+            }
+            Some(Value::String(s)) => parse_lsn(s)?,
+            Some(_) => return Err(bad("lsn", "must be a string like \"16/B374D848\"")),
+        };
+        let timeout = match map.get("timeout_ms") {
+            None | Some(Value::Null) => DEFAULT_WAIT_MS,
+            Some(v) => v
+                .as_u64()
+                .filter(|&ms| ms <= MAX_WAIT_MS)
+                .ok_or_else(timeout_error)?,
+        };
+        Ok(WaitRequest {
+            lsn,
+            timeout: Duration::from_millis(timeout),
+        })
+    }
+
+    /// From the query of `GET /wait?lsn=X/Y&timeout_ms=N` (percent-decoded).
+    pub fn from_query(query: &str) -> Result<WaitRequest, BadRequest> {
+        let mut map = Map::new();
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            let k = percent_encoding::percent_decode_str(k).decode_utf8_lossy();
+            let v = percent_encoding::percent_decode_str(v).decode_utf8_lossy();
+            let v = match k.as_ref() {
+                "timeout_ms" => {
+                    Value::Number(v.trim().parse::<u64>().map_err(|_| timeout_error())?.into())
+                }
+                _ => Value::String(v.into_owned()),
+            };
+            if map.insert(k.into_owned(), v).is_some() {
+                return Err(bad("request", "a parameter is given twice"));
+            }
+        }
+        Self::from_fields(&map)
+    }
+}
+
+fn parse_lsn(s: &str) -> Result<Lsn, BadRequest> {
+    s.parse().map_err(|_| {
+        bad(
+            "lsn",
+            format!(
+                "{:?} is not an LSN: send what SELECT pg_current_wal_lsn() returns, like \"16/B374D848\"",
+                shorten(s)
+            ),
+        )
+    })
+}
+
+fn timeout_error() -> BadRequest {
+    bad(
+        "timeout_ms",
+        format!(
+            "must be a whole number of milliseconds from 0 to {MAX_WAIT_MS}: wait again for longer"
+        ),
+    )
+}
+
+/// At most 64 characters of what a client sent, for an error line.
+fn shorten(s: &str) -> String {
+    match s.char_indices().nth(64) {
+        Some((i, _)) => format!("{}...", &s[..i]),
+        None => s.to_owned(),
+    }
+}
+
+impl Positions {
+    /// The handle for `slot` and `stream`, and the task that answers its waits (run it, or waits
+    /// time out at once).
+    pub fn new(slot: &str, stream: &str) -> (Arc<Positions>, WaitTask) {
+        let (state, state_rx) = watch::channel(State::default());
+        // Room for bursts of new waits; the task takes them as fast as they come.
+        let (waits, waits_rx) = mpsc::channel(4096);
+        (
+            Arc::new(Positions {
+                slot: slot.to_owned(),
+                stream: stream.to_owned(),
+                state,
+                waits,
+            }),
+            WaitTask {
+                state: state_rx,
+                waits: waits_rx,
+            },
+        )
+    }
+
+    /// The subject prefix of the NATS service: `outbox-relay.<slot>`.
+    pub fn prefix(&self) -> String {
+        format!("outbox-relay.{}", self.slot)
+    }
+
+    /// A session streams the slot from here: serve. `confirmed` is what the slot is known to be
+    /// confirmed at (stored already); `reported` is the stream's last reported flush LSN; `reset`:
+    /// the session streams another WAL history than the last (a restore, a promotion), where
+    /// positions of the old one mean nothing.
+    pub(crate) fn serving(&self, reported: Arc<AtomicU64>, confirmed: Lsn, reset: bool) {
+        self.state.send_modify(|s| {
+            if reset {
+                s.stored = Lsn::ZERO;
+                s.last_sequence = 0;
+            }
+            s.stored = s.stored.max(confirmed);
+            s.serving = Some(reported);
+        });
+    }
+
+    /// The session ended: no position until the next one streams.
+    pub(crate) fn not_serving(&self) {
+        self.state.send_if_modified(|s| s.serving.take().is_some());
+    }
+
+    /// The session's tracker says everything through `stored` is stored, the last message at stream
+    /// sequence `last_sequence`. Cheap: waiters are woken only when something changed.
+    pub(crate) fn advance(&self, stored: Lsn, last_sequence: u64) {
+        self.state.send_if_modified(|s| {
+            let changed = stored > s.stored || last_sequence > s.last_sequence;
+            s.stored = s.stored.max(stored);
+            s.last_sequence = s.last_sequence.max(last_sequence);
+            changed
+        });
+    }
+
+    /// Whether a session streams the slot now.
+    pub fn is_serving(&self) -> bool {
+        self.state.borrow().serving.is_some()
+    }
+
+    /// The position now, or [`NotServing`].
+    pub fn position(&self) -> Result<Position, NotServing> {
+        let s = self.state.borrow();
+        let reported = s.serving.as_ref().ok_or(NotServing)?;
+        Ok(Position {
+            slot: self.slot.clone(),
+            stream: self.stream.clone(),
+            stored_lsn: s.stored,
+            confirmed_lsn: Lsn(reported.load(Ordering::Acquire)),
+            last_sequence: s.last_sequence,
+        })
+    }
+
+    /// Waits until everything through `req.lsn` is stored, or `req.timeout`. Refused at once while
+    /// no session streams; a wait that began while one did is answered whatever happens to it.
+    pub fn wait(
+        &self,
+        req: WaitRequest,
+    ) -> Result<impl Future<Output = WaitOutcome> + Send + 'static, NotServing> {
+        let (stored, last_sequence) = {
+            let s = self.state.borrow();
+            if s.serving.is_none() {
+                return Err(NotServing);
+            }
+            (s.stored, s.last_sequence)
+        };
+        let (answer, rx) = oneshot::channel();
+        let at_once = if req.lsn <= stored {
+            Some(WaitOutcome::Stored {
+                stored_lsn: stored,
+                last_sequence,
+            })
+        } else if req.timeout.is_zero() {
+            Some(WaitOutcome::TimedOut { stored_lsn: stored })
+        } else {
+            let waiter = Waiter {
+                lsn: req.lsn,
+                deadline: Instant::now() + req.timeout,
+                answer,
+            };
+            match self.waits.try_send(waiter) {
+                Ok(()) => None,
+                Err(_) => Some(WaitOutcome::Overloaded),
+            }
+        };
+        Ok(async move {
+            match at_once {
+                Some(outcome) => outcome,
+                // The task is gone: the relay is stopping.
+                None => rx.await.unwrap_or(WaitOutcome::Stopping),
+            }
+        })
+    }
+}
+
+/// What a streaming session holds: while it lives, this relay serves its position (HTTP, and the
+/// NATS service when the session publishes through a real NATS connection).
+pub(crate) struct Serve {
+    positions: Arc<Positions>,
+    _service: Option<service::Serving>,
+}
+
+impl Serve {
+    /// Serves from now on; see [`Positions::serving`] for the arguments. A NATS service that cannot
+    /// start (e.g. no permission) costs the service, not the session: HTTP still answers.
+    pub(crate) async fn start(
+        positions: &Arc<Positions>,
+        nats: Option<&async_nats::Client>,
+        reported: Arc<AtomicU64>,
+        confirmed: Lsn,
+        reset: bool,
+    ) -> Serve {
+        positions.serving(reported, confirmed, reset);
+        let service = match nats {
+            Some(client) => match service::start(client, Arc::clone(positions)).await {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    tracing::warn!(error = %e, prefix = %positions.prefix(), "the position service did not start; /position and /wait still answer");
+                    None
+                }
+            },
+            None => None,
+        };
+        Serve {
+            positions: Arc::clone(positions),
+            _service: service,
+        }
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        self.positions.not_serving();
+    }
+}
+
+impl WaitTask {
+    /// Answers waits until the handle is gone: each new stored LSN answers the waits it satisfies;
+    /// one timer, reset to the earliest deadline, answers the expired ones.
+    pub async fn run(mut self) {
+        let mut set: WaitSet<Instant, oneshot::Sender<WaitOutcome>> = WaitSet::default();
+        let timer = tokio::time::sleep(Duration::ZERO);
+        tokio::pin!(timer);
+        let mut timer_at = None;
+        loop {
+            let next = set.next_deadline();
+            if next != timer_at {
+                if let Some(at) = next {
+                    timer.as_mut().reset(at);
+                }
+                timer_at = next;
+            }
+            tokio::select! {
+                biased;
+                changed = self.state.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    let (stored, last_sequence) = {
+                        let s = self.state.borrow_and_update();
+                        (s.stored, s.last_sequence)
+                    };
+                    for answer in set.stored(stored) {
+                        // A waiter that gave up (its client went away) is simply dropped.
+                        let _ = answer.send(WaitOutcome::Stored { stored_lsn: stored, last_sequence });
+                    }
+                }
+                w = self.waits.recv() => {
+                    let Some(w) = w else { return };
+                    let (stored, last_sequence) = {
+                        let s = self.state.borrow();
+                        (s.stored, s.last_sequence)
+                    };
+                    // The position may have moved since the request looked.
+                    if w.lsn <= stored {
+                        let _ = w.answer.send(WaitOutcome::Stored { stored_lsn: stored, last_sequence });
+                    } else if set.len() >= MAX_WAITERS {
+                        let _ = w.answer.send(WaitOutcome::Overloaded);
+                    } else {
+                        set.insert(w.lsn, w.deadline, w.answer);
+                    }
+                }
+                () = &mut timer, if timer_at.is_some() => {
+                    let stored = self.state.borrow().stored;
+                    for answer in set.expired(Instant::now()) {
+                        let _ = answer.send(WaitOutcome::TimedOut { stored_lsn: stored });
+                    }
+                    timer_at = None;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wait_requests_parse_and_bad_ones_name_the_field() {
+        let r = WaitRequest::from_json(br#"{"lsn": "16/B374D848", "timeout_ms": 250}"#).unwrap();
+        assert_eq!(r.lsn, Lsn(0x16_B374_D848));
+        assert_eq!(r.timeout, Duration::from_millis(250));
+        let r = WaitRequest::from_json(br#"{"lsn": "0/10"}"#).unwrap();
+        assert_eq!(r.timeout, Duration::from_millis(DEFAULT_WAIT_MS));
+        let q = WaitRequest::from_query("lsn=16%2FB374D848&timeout_ms=0").unwrap();
+        assert_eq!((q.lsn, q.timeout), (Lsn(0x16_B374_D848), Duration::ZERO));
+        for (body, field) in [
+            (&b""[..], "lsn"),
+            (b"{}", "lsn"),
+            (b"nope", "request"),
+            (b"[1]", "request"),
+            (br#"{"lsn": 5}"#, "lsn"),
+            (br#"{"lsn": "16-B374"}"#, "lsn"),
+            (br#"{"lsn": "0/1", "timeout_ms": -1}"#, "timeout_ms"),
+            (br#"{"lsn": "0/1", "timeout_ms": 1.5}"#, "timeout_ms"),
+            (br#"{"lsn": "0/1", "timeout_ms": 30001}"#, "timeout_ms"),
+            (br#"{"lsn": "0/1", "timeout": 5}"#, "request"),
+        ] {
+            let e = WaitRequest::from_json(body).unwrap_err();
+            assert_eq!(e.field, field, "{}: {e}", String::from_utf8_lossy(body));
+            assert!(e.to_string().starts_with(field), "{e}");
+            assert!(!e.to_string().contains('\n'), "{e}");
+        }
+        for (query, field) in [
+            ("", "lsn"),
+            ("lsn=x", "lsn"),
+            ("lsn=0/1&timeout_ms=abc", "timeout_ms"),
+            ("lsn=0/1&lsn=0/2", "request"),
+            ("lsn=0/1&wait=1", "request"),
+        ] {
+            assert_eq!(
+                WaitRequest::from_query(query).unwrap_err().field,
+                field,
+                "{query}"
+            );
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn waits_answer_on_advance_or_timeout_and_not_while_not_serving() {
+        let (p, task) = Positions::new("s", "S");
+        tokio::spawn(task.run());
+        let req = |lsn, ms| WaitRequest {
+            lsn: Lsn(lsn),
+            timeout: Duration::from_millis(ms),
+        };
+        assert_eq!(p.position(), Err(NotServing));
+        assert!(p.wait(req(1, 10)).is_err());
+        p.serving(Arc::new(AtomicU64::new(0x10)), Lsn(0x20), false);
+        assert_eq!(p.position().unwrap().stored_lsn, Lsn(0x20));
+        assert_eq!(p.position().unwrap().confirmed_lsn, Lsn(0x10));
+        let done = p.wait(req(0x20, 10)).unwrap().await;
+        assert!(matches!(done, WaitOutcome::Stored { .. }), "{done:?}");
+        let soon = tokio::spawn(p.wait(req(0x30, 60_000)).unwrap());
+        let late = tokio::spawn(p.wait(req(0x40, 1_000)).unwrap());
+        tokio::task::yield_now().await;
+        p.advance(Lsn(0x35), 7);
+        assert_eq!(
+            soon.await.unwrap(),
+            WaitOutcome::Stored {
+                stored_lsn: Lsn(0x35),
+                last_sequence: 7
+            }
+        );
+        assert_eq!(
+            late.await.unwrap(),
+            WaitOutcome::TimedOut {
+                stored_lsn: Lsn(0x35)
+            }
+        );
+        p.not_serving();
+        assert!(p.wait(req(1, 10)).is_err());
+        // A new history starts over; the same history keeps what was stored.
+        p.serving(Arc::new(AtomicU64::new(0)), Lsn(0x8), false);
+        assert_eq!(p.position().unwrap().stored_lsn, Lsn(0x35));
+        p.serving(Arc::new(AtomicU64::new(0)), Lsn(0x8), true);
+        assert_eq!(p.position().unwrap().stored_lsn, Lsn(0x8));
+    }
+}

@@ -1,0 +1,520 @@
+//! What consumers rely on (issue 25): read-your-writes through the position service, over NATS (the
+//! services API: `outbox-relay.<slot>.position`, `.wait`, `$SRV.PING`) and HTTP (`/position`,
+//! `/wait`), served only by the relay that streams the slot; and `{partition}`, which must put every
+//! aggregate id in the partition a real nats-server's `partition()` mapping gives it.
+//!
+//! Each test judges the relay the way a consumer would: a write and its `pg_current_wal_lsn()`, the
+//! answers of the service, the messages in the stream.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::{self, stream};
+use outbox_relay::Lsn;
+use outbox_relay::config::Config;
+use serde_json::Value;
+use tokio_postgres::Client;
+
+use crate::ops::{free_addr, try_get, wait_for_status};
+use crate::support::{
+    InProcessRelay, NatsServer, PgServer, TEXT_ID_OUTBOX_SQL, TestDb, current_wal_lsn, read_all,
+    relay_config, relay_env, run_command, stream_count, unique, wait_for,
+};
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+async fn text_id_db() -> TestDb {
+    let db = TestDb::create(PgServer::shared()).await;
+    db.psql(TEXT_ID_OUTBOX_SQL);
+    db
+}
+
+/// Inserts one event in its own transaction and returns `pg_current_wal_lsn()` taken after the
+/// COMMIT returned: the writer's token.
+async fn write(client: &Client, id: &str, aggregate_id: &str) -> Lsn {
+    client
+        .execute(
+            "INSERT INTO public.outbox (event_id, aggregate_type, aggregate_id, event_type, payload) \
+             VALUES ($1, 'Claim', $2, 'ClaimApproved', '{}')",
+            &[&id, &aggregate_id],
+        )
+        .await
+        .unwrap_or_else(|e| panic!("insert {id}: {e}"));
+    current_wal_lsn(client).await
+}
+
+/// Waits until a session streams the slot: the slot is active and past its consistent point.
+async fn wait_for_streaming(client: &Client, slot: &str) {
+    wait_for("the relay's slot to be active", LIMIT, || async {
+        client
+            .query_opt(
+                "SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND active \
+                 AND confirmed_flush_lsn IS NOT NULL",
+                &[&slot],
+            )
+            .await
+            .expect("query pg_replication_slots")
+            .is_some()
+    })
+    .await;
+}
+
+/// A request to the service; the reply's JSON, or the service error (code, text).
+async fn ask(
+    nats: &async_nats::Client,
+    subject: String,
+    body: &str,
+) -> Result<Value, (String, String)> {
+    let request = async_nats::Request::new()
+        .payload(body.to_owned().into())
+        .timeout(Some(Duration::from_secs(40)));
+    let reply = nats
+        .send_request(subject.clone(), request)
+        .await
+        .unwrap_or_else(|e| panic!("request {subject}: {e}"));
+    if let Some(h) = &reply.headers
+        && let Some(code) = h.get("Nats-Service-Error-Code")
+    {
+        let text = h
+            .get("Nats-Service-Error")
+            .map(|v| v.as_str().to_owned())
+            .unwrap_or_default();
+        return Err((code.as_str().to_owned(), text));
+    }
+    Ok(serde_json::from_slice(&reply.payload)
+        .unwrap_or_else(|e| panic!("{subject}: reply is not JSON ({e}): {:?}", reply.payload)))
+}
+
+fn lsn_of(v: &Value, key: &str) -> Lsn {
+    v[key]
+        .as_str()
+        .unwrap_or_else(|| panic!("{key} missing: {v}"))
+        .parse()
+        .unwrap_or_else(|e| panic!("{key}: {e}: {v}"))
+}
+
+/// Every `$SRV.PING.outbox-relay` answer that arrives within a second: one per relay that serves.
+/// Published with a reply subject rather than asked as a request, so every answer is counted.
+async fn pings(nats: &async_nats::Client) -> Vec<Value> {
+    use futures_util::StreamExt;
+    let inbox = nats.new_inbox();
+    let mut answers = nats.subscribe(inbox.clone()).await.expect("subscribe");
+    nats.publish_with_reply("$SRV.PING.outbox-relay", inbox, "".into())
+        .await
+        .expect("ping");
+    let mut out = Vec::new();
+    let until = tokio::time::Instant::now() + Duration::from_secs(1);
+    while let Ok(Some(m)) = tokio::time::timeout_at(until, answers.next()).await {
+        // With nobody subscribed the server says "no responders" (a status, no payload).
+        if m.status.is_none() {
+            out.push(serde_json::from_slice(&m.payload).expect("ping answer is JSON"));
+        }
+    }
+    out
+}
+
+/// `GET path` over HTTP/1.0, read for up to 40 s (ops.rs's reader gives up after 10): status and body.
+async fn get_slow(addr: &str, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes())
+        .await
+        .expect("send");
+    let mut buf = Vec::new();
+    tokio::time::timeout(Duration::from_secs(40), s.read_to_end(&mut buf))
+        .await
+        .expect("an answer within 40 s")
+        .expect("read");
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    (status, body.to_owned())
+}
+
+/// Thirty writers in a row each take their LSN after COMMIT, wait for it through
+/// `outbox-relay.<slot>.wait`, and then find their own event in the stream at the `last_sequence`
+/// the answer names: a wait that answered before the event was stored (or a service that is not
+/// there) fails it. The position names the slot and stream, and its stored LSN is at or past every
+/// token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thirty_writes_each_read_their_own_event_after_a_wait() {
+    let db = text_id_db().await;
+    let nats = NatsServer::start();
+    let config = relay_config(&db, &nats);
+    let client = db.client().await;
+    let relay = InProcessRelay::start(config.clone());
+    wait_for_streaming(&client, &config.postgres.slot).await;
+    let nc = nats.client().await;
+    let js = jetstream::new(nc.clone());
+    let prefix = format!("outbox-relay.{}", config.postgres.slot);
+    // The service registers a moment after the slot turns active.
+    wait_for("the position service", LIMIT, || async {
+        !pings(&nc).await.is_empty()
+    })
+    .await;
+
+    for i in 0..30 {
+        let id = format!("e-{i}");
+        let token = write(&client, &id, &i.to_string()).await;
+        let answer = ask(
+            &nc,
+            format!("{prefix}.wait"),
+            &format!(r#"{{"lsn": "{token}", "timeout_ms": 20000}}"#),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("wait {i}: {e:?}"));
+        assert_eq!(answer["stored"], true, "wait {i}: {answer}");
+        assert!(lsn_of(&answer, "stored_lsn") >= token, "wait {i}: {answer}");
+        let seq = answer["last_sequence"].as_u64().expect("last_sequence");
+        let stream = js.get_stream(&config.nats.stream).await.expect("stream");
+        let m = stream
+            .get_raw_message(seq)
+            .await
+            .unwrap_or_else(|e| panic!("message {seq} after wait {i}: {e}"));
+        let msg_id = m.headers.get("Nats-Msg-Id").map(|v| v.as_str().to_owned());
+        assert_eq!(msg_id.as_deref(), Some(id.as_str()), "wait {i}: {answer}");
+    }
+
+    let position = ask(&nc, format!("{prefix}.position"), "")
+        .await
+        .expect("position");
+    assert_eq!(
+        position["slot"],
+        config.postgres.slot.as_str(),
+        "{position}"
+    );
+    assert_eq!(
+        position["stream"],
+        config.nats.stream.as_str(),
+        "{position}"
+    );
+    assert_eq!(position["last_sequence"], 30, "{position}");
+    let stored = lsn_of(&position, "stored_lsn");
+    let token = current_wal_lsn(&client).await;
+    assert!(
+        stored <= token,
+        "stored {stored} is not past the server's WAL {token}"
+    );
+    assert!(lsn_of(&position, "confirmed_lsn") <= stored, "{position}");
+    relay.stop().await.expect("relay stops cleanly");
+}
+
+/// A wait for an LSN far past the WAL answers `stored: false, error: timeout` after its
+/// `timeout_ms`, not before (and within a generous bound after); bad requests are service errors
+/// (code 400) that name the field; `$SRV.PING` and `$SRV.INFO` list the service and its endpoints;
+/// a wait still open when the relay stops gets a 503 service error then, not silence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn far_waits_time_out_bad_requests_name_the_field_and_ping_answers() {
+    let db = text_id_db().await;
+    let nats = NatsServer::start();
+    let config = relay_config(&db, &nats);
+    let client = db.client().await;
+    let relay = InProcessRelay::start(config.clone());
+    wait_for_streaming(&client, &config.postgres.slot).await;
+    let nc = nats.client().await;
+    let prefix = format!("outbox-relay.{}", config.postgres.slot);
+    wait_for("the position service", LIMIT, || async {
+        !pings(&nc).await.is_empty()
+    })
+    .await;
+
+    let far = Lsn(current_wal_lsn(&client).await.0 + (1 << 40));
+    let started = Instant::now();
+    let answer = ask(
+        &nc,
+        format!("{prefix}.wait"),
+        &format!(r#"{{"lsn": "{far}", "timeout_ms": 700}}"#),
+    )
+    .await
+    .expect("a timeout is an answer, not an error");
+    let took = started.elapsed();
+    assert_eq!(answer["stored"], false, "{answer}");
+    assert_eq!(answer["error"], "timeout", "{answer}");
+    assert!(lsn_of(&answer, "stored_lsn") < far, "{answer}");
+    assert!(
+        took >= Duration::from_millis(700),
+        "answered after {took:?}"
+    );
+    assert!(took < Duration::from_secs(10), "answered after {took:?}");
+
+    for (body, field) in [
+        ("", "lsn"),
+        (r#"{"lsn": "not-an-lsn"}"#, "lsn"),
+        (r#"{"lsn": "0/1", "timeout_ms": 99999999}"#, "timeout_ms"),
+        (r#"{"lsn": "0/1", "timeout": 5}"#, "timeout"),
+        ("not json", "JSON"),
+    ] {
+        let (code, text) = ask(&nc, format!("{prefix}.wait"), body)
+            .await
+            .expect_err(body);
+        assert_eq!(code, "400", "{body}: {text}");
+        assert!(text.contains(field), "{body}: {text}");
+        assert_eq!(text.lines().count(), 1, "{body}: {text}");
+    }
+
+    let pong = pings(&nc).await;
+    assert_eq!(pong.len(), 1, "{pong:?}");
+    assert_eq!(pong[0]["name"], "outbox-relay", "{pong:?}");
+    let info = nc
+        .request("$SRV.INFO.outbox-relay", "".into())
+        .await
+        .expect("$SRV.INFO");
+    let info: Value = serde_json::from_slice(&info.payload).expect("info JSON");
+    let mut subjects: Vec<&str> = info["endpoints"]
+        .as_array()
+        .expect("endpoints")
+        .iter()
+        .map(|e| e["subject"].as_str().expect("subject"))
+        .collect();
+    subjects.sort();
+    assert_eq!(
+        subjects,
+        [format!("{prefix}.position"), format!("{prefix}.wait")],
+        "{info}"
+    );
+    assert_eq!(info["metadata"]["slot"], config.postgres.slot.as_str());
+
+    // A wait still open when the session ends (the walsender is cut: the relay reconnects) is told
+    // so (ask again), not left to its timeout.
+    let open = tokio::spawn({
+        let nc = nc.clone();
+        let subject = format!("{prefix}.wait");
+        let body = format!(r#"{{"lsn": "{far}", "timeout_ms": 30000}}"#);
+        async move {
+            let started = Instant::now();
+            (ask(&nc, subject, &body).await, started.elapsed())
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    client
+        .execute(
+            "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1",
+            &[&config.postgres.slot],
+        )
+        .await
+        .expect("terminate the walsender");
+    let (answer, took) = open.await.expect("the open wait");
+    let (code, text) = answer.expect_err("an error, not a timeout");
+    assert_eq!(code, "503", "{text}");
+    assert!(text.contains("ask again"), "{text}");
+    assert!(took < Duration::from_secs(20), "answered after {took:?}");
+    relay.stop().await.expect("relay stops cleanly");
+}
+
+/// The same over HTTP: `/position` 200 with the JSON; `/wait` 200 once stored, 504 after its
+/// timeout (also past the listener's 10 s connection limit), 400 with the field for bad input; and 503 on a standby, which serves nothing (neither
+/// HTTP nor a `$SRV.PING` answer) until the active relay stops, then takes over and answers waits
+/// for writes made after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_codes_and_a_standby_that_serves_once_it_takes_over() {
+    let db = text_id_db().await;
+    let nats = NatsServer::start();
+    let mut config = relay_config(&db, &nats);
+    let active_addr = free_addr();
+    config.http.listen = active_addr.clone();
+    let client = db.client().await;
+    let active = InProcessRelay::start(config.clone());
+    wait_for_streaming(&client, &config.postgres.slot).await;
+    wait_for_status(&active_addr, "/position", 200, 30).await;
+
+    let (status, body) = try_get(&active_addr, "/position").await.expect("/position");
+    assert_eq!(status, 200, "{body}");
+    let position: Value = serde_json::from_str(&body).expect("position JSON");
+    assert_eq!(position["slot"], config.postgres.slot.as_str(), "{body}");
+
+    let token = write(&client, "e-http-1", "1").await;
+    let (status, body) = try_get(&active_addr, &format!("/wait?lsn={token}&timeout_ms=20000"))
+        .await
+        .expect("/wait");
+    assert_eq!(status, 200, "{body}");
+    let answer: Value = serde_json::from_str(&body).expect("wait JSON");
+    assert_eq!(answer["stored"], true, "{body}");
+
+    let far = Lsn(token.0 + (1 << 40));
+    let (status, body) = try_get(&active_addr, &format!("/wait?lsn={far}&timeout_ms=300"))
+        .await
+        .expect("/wait far");
+    assert_eq!(status, 504, "{body}");
+    assert!(body.contains("\"timeout\""), "{body}");
+    // A wait longer than the listener's 10 s connection limit gets its own timeout on top.
+    let started = Instant::now();
+    let (status, body) = get_slow(&active_addr, &format!("/wait?lsn={far}&timeout_ms=11000")).await;
+    assert_eq!(status, 504, "after {:?}: {body}", started.elapsed());
+    assert!(started.elapsed() >= Duration::from_secs(11), "{body}");
+    for (query, field) in [
+        ("lsn=zz", "lsn"),
+        ("timeout_ms=5", "lsn"),
+        ("lsn=0/1&timeout_ms=30001", "timeout_ms"),
+    ] {
+        let (status, body) = try_get(&active_addr, &format!("/wait?{query}"))
+            .await
+            .expect("/wait bad");
+        assert_eq!(status, 400, "{query}: {body}");
+        assert!(body.contains(field), "{query}: {body}");
+    }
+
+    let mut standby_config = config.clone();
+    let standby_addr = free_addr();
+    standby_config.http.listen = standby_addr.clone();
+    let standby = InProcessRelay::start(standby_config);
+    wait_for_status(&standby_addr, "/healthz", 200, 30).await;
+    wait_for("the standby to wait for the slot", LIMIT, || async {
+        outbox_relay::metrics::Metrics::get(&standby.metrics.standby) == 1
+    })
+    .await;
+    for path in ["/position", &format!("/wait?lsn={token}&timeout_ms=0")] {
+        let (status, body) = try_get(&standby_addr, path).await.expect("standby GET");
+        assert_eq!(status, 503, "a standby serves no position: {path}: {body}");
+    }
+    let nc = nats.client().await;
+    assert_eq!(
+        pings(&nc).await.len(),
+        1,
+        "only the active relay answers $SRV.PING"
+    );
+
+    active.stop().await.expect("the active relay stops cleanly");
+    wait_for_status(&standby_addr, "/position", 200, 60).await;
+    let pong = pings(&nc).await;
+    assert_eq!(
+        pong.len(),
+        1,
+        "the stopped relay left, the standby came: {pong:?}"
+    );
+    let token = write(&client, "e-http-2", "2").await;
+    let answer = ask(
+        &nc,
+        format!("outbox-relay.{}.wait", config.postgres.slot),
+        &format!(r#"{{"lsn": "{token}", "timeout_ms": 20000}}"#),
+    )
+    .await
+    .expect("the new active relay answers");
+    assert_eq!(answer["stored"], true, "{answer}");
+    standby.stop().await.expect("the standby stops cleanly");
+}
+
+/// A relay with `outbox.{aggregate_type}.{partition}` and 7 partitions puts each of a few hundred
+/// aggregate ids in the partition that a real nats-server puts it in: a second stream with the
+/// subject transform `check.* → check.{{partition(7,1)}}.{{wildcard(1)}}` stores each id published
+/// to `check.<id>` under its partition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partitions_agree_with_nats_server_partition_mapping() {
+    const N: u32 = 7;
+    let db = text_id_db().await;
+    let nats = NatsServer::start();
+    let mut config = relay_config(&db, &nats);
+    config.nats.subject = "outbox.{aggregate_type}.{partition}".into();
+    config.nats.partitions = N;
+    let client = db.client().await;
+    let ids: Vec<String> = (0..300)
+        .map(|i| match i % 4 {
+            0 => i.to_string(),
+            1 => format!("claim-{i}"),
+            2 => format!("{:08x}-4a1b-9c2d-{:012x}", i * 7919, i * 104_729),
+            _ => format!("Schaden_ü-{i}"),
+        })
+        .collect();
+    let relay = InProcessRelay::start(config.clone());
+    wait_for_streaming(&client, &config.postgres.slot).await;
+    for (i, id) in ids.iter().enumerate() {
+        write(&client, &format!("e-{i}"), id).await;
+    }
+
+    let nc = nats.client().await;
+    let js = jetstream::new(nc.clone());
+    let check = unique("CHECK").to_uppercase();
+    js.create_stream(stream::Config {
+        name: check.clone(),
+        subjects: vec!["check.*".into()],
+        subject_transform: Some(stream::SubjectTransform {
+            source: "check.*".into(),
+            destination: format!("check.{{{{partition({N},1)}}}}.{{{{wildcard(1)}}}}"),
+        }),
+        ..Default::default()
+    })
+    .await
+    .expect("create the checking stream");
+    for id in &ids {
+        js.publish(format!("check.{id}"), "".into())
+            .await
+            .expect("publish")
+            .await
+            .expect("stored");
+    }
+    let by_server: BTreeMap<String, String> = read_all(&js, &check)
+        .await
+        .into_iter()
+        .map(|m| {
+            let mut tokens = m.subject.splitn(3, '.').skip(1);
+            let partition = tokens.next().expect("partition token").to_owned();
+            (tokens.next().expect("id token").to_owned(), partition)
+        })
+        .collect();
+    assert_eq!(by_server.len(), ids.len());
+
+    wait_for("every event in the relay's stream", LIMIT, || async {
+        stream_count(&js, &config.nats.stream).await >= ids.len() as u64
+    })
+    .await;
+    let mut used = std::collections::BTreeSet::new();
+    for m in read_all(&js, &config.nats.stream).await {
+        let id = m.header("Outbox-Aggregate-Id");
+        let partition = m.subject.rsplit('.').next().expect("partition token");
+        assert_eq!(
+            Some(partition),
+            by_server.get(id).map(String::as_str),
+            "aggregate id {id:?}: the relay's subject {} against nats-server's partition",
+            m.subject
+        );
+        used.insert(partition.to_owned());
+    }
+    assert_eq!(used.len(), N as usize, "300 ids fill all {N} partitions");
+    relay.stop().await.expect("relay stops cleanly");
+}
+
+/// `setup` with a stream that names only some of the partitions (subjects `outbox.*.0` and
+/// `outbox.*.1` of 3) warns, naming the missing one; `{partition}` without `nats.partitions` is a
+/// configuration error naming the key.
+#[tokio::test]
+async fn setup_warns_about_partitions_the_stream_does_not_cover() {
+    let db = text_id_db().await;
+    let nats = NatsServer::start();
+    let mut config: Config = relay_config(&db, &nats);
+    config.nats.subject = "outbox.{aggregate_type}.{partition}".into();
+    let js = nats.jetstream().await;
+    js.create_stream(stream::Config {
+        name: config.nats.stream.clone(),
+        subjects: vec![
+            "outbox.*.0".into(),
+            "outbox.*.1".into(),
+            config.nats.dead_letter_subject.clone(),
+        ],
+        ..Default::default()
+    })
+    .await
+    .expect("create the stream");
+    let mut env = relay_env(&config);
+    env.push((
+        "OUTBOX_RELAY_NATS_SUBJECT".into(),
+        config.nats.subject.clone(),
+    ));
+    let refused = run_command(&["setup"], &env, LIMIT);
+    assert!(!refused.status.success(), "{}", refused.stdout);
+    assert!(
+        refused.stderr.contains("nats.partitions"),
+        "{}",
+        refused.stderr
+    );
+    env.push(("OUTBOX_RELAY_NATS_PARTITIONS".into(), "3".into()));
+    let setup = run_command(&["setup"], &env, LIMIT);
+    let out = format!("{}{}", setup.stdout, setup.stderr);
+    assert!(setup.status.success(), "{out}");
+    assert!(
+        out.contains("do not cover 1 of the 3 partitions") && out.contains("outbox.*.2"),
+        "{out}"
+    );
+}
