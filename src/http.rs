@@ -2,8 +2,8 @@
 //! runs), `/readyz` (200 only while streaming with both connections up, 503 otherwise), and
 //! read-your-writes: `/position` and `/wait?lsn=X/Y&timeout_ms=N` ([`crate::stored`]).
 //!
-//! HTTP/1 only, GET and HEAD only, no bodies read: probes, scrapers and waits need nothing more. It reads the
-//! shared [`Metrics`] and [`Positions`] and never touches the pipeline.
+//! HTTP/1 only, GET and HEAD only, no bodies read: probes, scrapers and waits need nothing more. It
+//! reads the shared [`Metrics`] and [`Positions`] and never touches the pipeline.
 //!
 //! Probes must stay answerable while something else holds connections open (a scanner, a client
 //! that sends half a request and stalls, reconnecting as it is cut): a kubelet whose probes are
