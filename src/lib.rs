@@ -56,6 +56,7 @@ pub mod setup;
 pub mod sink;
 pub mod source;
 pub mod status;
+pub mod telemetry;
 #[cfg(feature = "test-support")]
 pub mod testkit;
 

@@ -35,6 +35,8 @@ pub struct Config {
     pub http: HttpConfig,
     /// `[log]`: log format and filter.
     pub log: LogConfig,
+    /// `[telemetry]`: trace spans over OTLP/HTTP.
+    pub telemetry: TelemetryConfig,
 }
 
 /// The `[postgres]` section.
@@ -109,6 +111,9 @@ pub struct OutboxConfig {
     pub message_prefix: String,
     /// What to do with an event that cannot be published as it is.
     pub on_invalid: OnInvalid,
+    /// Transactional logical messages with this prefix carry trace context (a JSON object of
+    /// header names and string values) for the events of their transaction that follow; "" for none.
+    pub context_prefix: String,
 }
 
 impl Default for OutboxConfig {
@@ -124,6 +129,7 @@ impl Default for OutboxConfig {
             header_columns: Vec::new(),
             message_prefix: String::new(),
             on_invalid: OnInvalid::DeadLetter,
+            context_prefix: String::new(),
         }
     }
 }
@@ -259,6 +265,25 @@ impl Default for HttpConfig {
     fn default() -> Self {
         HttpConfig {
             listen: "127.0.0.1:9187".into(),
+        }
+    }
+}
+
+/// The `[telemetry]` section (docs/tracing.md).
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TelemetryConfig {
+    /// OTLP/HTTP (protobuf) endpoint of a collector, e.g. `http://127.0.0.1:4318`; "" = no spans.
+    pub otlp_endpoint: String,
+    /// The `service.name` of the relay's spans.
+    pub service_name: String,
+}
+
+impl Default for TelemetryConfig {
+    fn default() -> Self {
+        TelemetryConfig {
+            otlp_endpoint: String::new(),
+            service_name: "outbox-relay".into(),
         }
     }
 }
@@ -423,6 +448,7 @@ impl fmt::Debug for Config {
             .field("nats", &self.nats)
             .field("http", &self.http)
             .field("log", &self.log)
+            .field("telemetry", &self.telemetry)
             .finish()
     }
 }

@@ -77,7 +77,10 @@ impl Session {
         relay.streaming();
         let sink = Sink::start(
             nats,
-            SinkConfig::from_settings(&settings),
+            SinkConfig {
+                telemetry: relay.telemetry.clone(),
+                ..SinkConfig::from_settings(&settings)
+            },
             Some(&origin),
             relay.distrust,
         )
