@@ -20,4 +20,5 @@ mod relay;
 mod resume;
 mod smoke;
 mod source;
+mod telemetry;
 mod truth;
