@@ -619,6 +619,49 @@ mod tests {
     }
 
     #[test]
+    fn telemetry_and_context_keys() {
+        let c = load("", &[]).unwrap();
+        assert_eq!(c.telemetry.otlp_endpoint, "", "off by default");
+        assert_eq!(c.telemetry.service_name, "outbox-relay");
+        assert_eq!(c.outbox.context_prefix, "");
+        let c = load(
+            "[telemetry]\notlp_endpoint = \"http://127.0.0.1:4318\"\n",
+            &[("OUTBOX_RELAY_OUTBOX_CONTEXT_PREFIX", "outbox-context")],
+        )
+        .unwrap();
+        assert_eq!(c.outbox.context_prefix, "outbox-context");
+        assert_eq!(
+            crate::telemetry::traces_url(&c.telemetry.otlp_endpoint).unwrap(),
+            "http://127.0.0.1:4318/v1/traces"
+        );
+        assert_eq!(
+            crate::telemetry::traces_url("http://collector:4318/custom/path").unwrap(),
+            "http://collector:4318/custom/path"
+        );
+        for (bad, why) in [
+            ("https://collector:4318", "not supported"),
+            ("collector:4318", "not supported"),
+            ("not a url", "not a URL"),
+            ("http://user:pw@collector:4318", "credentials"),
+        ] {
+            let e = load("", &[("OUTBOX_RELAY_TELEMETRY_OTLP_ENDPOINT", bad)])
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("telemetry.otlp_endpoint") && e.contains(why),
+                "{bad}: {e}"
+            );
+        }
+        let e = load(
+            "[outbox]\nmessage_prefix = \"outbox\"\ncontext_prefix = \"outbox\"\n",
+            &[],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("outbox.context_prefix"), "{e}");
+    }
+
+    #[test]
     fn toml_errors_never_echo_the_source_line() {
         let e = load(
             "[postgres]
