@@ -11,7 +11,10 @@
 //!
 //! Never in the way: the queue between the two is bounded ([`QUEUE`]); a span that finds it full,
 //! or whose batch the collector refuses, does not answer, or answers with an error, is dropped and
-//! counted (`outbox_relay_spans_dropped_total`). A hanging collector holds the export thread for at
+//! counted. The queue is a vector under a mutex that the export thread empties in one swap, and the
+//! relay wakes that thread once per [`WAKE_AT`] spans, not per span: a channel whose receiver waits
+//! costs a futex wake-up and a context switch for every span, which measured as most of a span's
+//! cost on two cores (docs/performance.md) (`outbox_relay_spans_dropped_total`). A hanging collector holds the export thread for at
 //! most the request timeout, never the relay. Without `telemetry.otlp_endpoint` there is no
 //! [`Telemetry`] at all: the sink's `Option` is `None` and the hot path pays one branch.
 
@@ -20,8 +23,11 @@ pub mod traceparent;
 
 use std::borrow::Cow;
 use std::sync::Arc;
-use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError, sync_channel};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, sync_channel};
+use std::thread::Thread;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use opentelemetry::trace::{
     SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId, TraceState,
@@ -39,10 +45,12 @@ use crate::outbox::OutboxEvent;
 pub use traceparent::{TRACEPARENT, TRACESTATE, TraceParent};
 
 /// Finished spans waiting for the export thread; more are dropped and counted.
-pub const QUEUE: usize = 2048;
+pub const QUEUE: usize = 4096;
+/// The relay wakes the export thread when this many spans wait (else it wakes every [`DELAY`]).
+pub const WAKE_AT: usize = 1024;
 /// The most spans in one export request.
 pub const BATCH: usize = 512;
-/// How long a span waits for its batch to fill before the batch is sent anyway.
+/// How long a span waits at most before the export thread looks at the queue.
 pub const DELAY: Duration = Duration::from_millis(500);
 /// Connecting to the collector, and the whole request: a collector that does not answer in time
 /// costs the spans of that batch, nothing else.
@@ -59,13 +67,23 @@ pub struct Telemetry {
 }
 
 struct Inner {
-    queue: SyncSender<Box<Finished>>,
+    shared: Arc<Shared>,
+    /// The export thread, to wake when [`WAKE_AT`] spans wait, and on exit.
+    exporter: Thread,
     ids: RandomIdGenerator,
     metrics: Arc<Metrics>,
     dead_letter_subject: String,
     /// Told by the export thread when it has sent what was queued (on exit). In a mutex only so
     /// that `Inner` is `Sync`: the relay's future must be `Send`.
-    done: std::sync::Mutex<Receiver<()>>,
+    done: Mutex<Receiver<()>>,
+}
+
+/// What the relay and the export thread share.
+struct Shared {
+    /// Finished spans, oldest first; the export thread takes them all in one swap.
+    queue: Mutex<Vec<Finished>>,
+    /// Set on exit: the thread sends what is queued and stops.
+    closed: AtomicBool,
 }
 
 impl std::fmt::Debug for Telemetry {
@@ -122,24 +140,29 @@ impl Telemetry {
                 .with_attribute(KeyValue::new("service.version", env!("CARGO_PKG_VERSION")))
                 .build(),
         );
-        let (queue, rx) = sync_channel(QUEUE);
+        let shared = Arc::new(Shared {
+            queue: Mutex::new(Vec::with_capacity(WAKE_AT)),
+            closed: AtomicBool::new(false),
+        });
         let (done_tx, done) = sync_channel(1);
         let thread_metrics = Arc::clone(&metrics);
-        std::thread::Builder::new()
+        let thread_shared = Arc::clone(&shared);
+        let handle = std::thread::Builder::new()
             .name("otlp-export".into())
             .spawn(move || {
-                export_loop(rx, exporter, &thread_metrics);
+                export_loop(&thread_shared, exporter, &thread_metrics);
                 let _ = done_tx.send(());
             })
             .map_err(|e| format!("cannot start the span export thread: {e}"))?;
         info!(endpoint = %url, "exporting trace spans over OTLP/HTTP");
         Ok(Telemetry {
             inner: Arc::new(Inner {
-                queue,
+                shared,
+                exporter: handle.thread().clone(),
                 ids: RandomIdGenerator::default(),
                 metrics,
                 dead_letter_subject: dead_letter_subject.to_owned(),
-                done: std::sync::Mutex::new(done),
+                done: Mutex::new(done),
             }),
         })
     }
@@ -185,28 +208,35 @@ impl Telemetry {
             // It may have been refused after it was sent, and republished as a dead letter.
             started.subject = self.inner.dead_letter_subject.clone();
         }
-        let finished = Box::new(Finished {
+        let finished = Finished {
             started,
             end: SystemTime::now(),
             message_id: event.msg_id.clone(),
             commit_lsn: event.commit_lsn,
             error: dead_letter.map(str::to_owned),
-        });
-        match self.inner.queue.try_send(finished) {
-            Ok(()) => {}
-            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
-                Metrics::inc(&self.inner.metrics.spans_dropped)
+        };
+        let waiting = match self.inner.shared.queue.lock() {
+            Ok(mut q) if q.len() < QUEUE => {
+                q.push(finished);
+                q.len()
             }
+            // Full (the collector is slow or gone), or poisoned (the thread panicked).
+            _ => {
+                Metrics::inc(&self.inner.metrics.spans_dropped);
+                return;
+            }
+        };
+        if waiting == WAKE_AT {
+            self.inner.exporter.unpark();
         }
     }
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        // Closing the queue tells the thread to send what it holds and stop; the relay is
-        // exiting, so it waits for that, briefly.
-        let (closed, _) = sync_channel(0);
-        drop(std::mem::replace(&mut self.queue, closed));
+        // The relay is exiting: the thread sends what is queued and stops; waited for, briefly.
+        self.shared.closed.store(true, Ordering::Release);
+        self.exporter.unpark();
         if let Ok(done) = self.done.get_mut() {
             let _ = done.recv_timeout(EXIT_FLUSH);
         }
@@ -251,53 +281,46 @@ fn commit_time(pg_micros: i64) -> Option<SystemTime> {
     }
 }
 
-/// The export thread: batches of up to [`BATCH`] spans, sent when full or [`DELAY`] after their
-/// first span; until the queue is closed and empty.
-fn export_loop(
-    rx: Receiver<Box<Finished>>,
-    exporter: opentelemetry_otlp::SpanExporter,
-    metrics: &Metrics,
-) {
+/// The export thread: every [`DELAY`], or when woken because [`WAKE_AT`] spans wait, it takes the
+/// whole queue and sends it in batches of up to [`BATCH`]; until the relay exits.
+fn export_loop(shared: &Shared, exporter: opentelemetry_otlp::SpanExporter, metrics: &Metrics) {
     let scope = InstrumentationScope::builder("outbox-relay")
         .with_version(env!("CARGO_PKG_VERSION"))
         .build();
-    let mut batch: Vec<Box<Finished>> = Vec::with_capacity(BATCH);
+    let mut taken: Vec<Finished> = Vec::with_capacity(WAKE_AT);
     let mut failing = false;
-    let mut open = true;
-    while open {
-        match rx.recv() {
-            Ok(f) => batch.push(f),
-            Err(_) => break,
+    loop {
+        let closed = shared.closed.load(Ordering::Acquire);
+        if !closed {
+            std::thread::park_timeout(DELAY);
         }
-        let due = Instant::now() + DELAY;
-        while batch.len() < BATCH {
-            match rx.recv_timeout(due.saturating_duration_since(Instant::now())) {
-                Ok(f) => batch.push(f),
-                Err(RecvTimeoutError::Timeout) => break,
-                Err(RecvTimeoutError::Disconnected) => {
-                    open = false;
-                    break;
+        match shared.queue.lock() {
+            Ok(mut q) => std::mem::swap(&mut *q, &mut taken),
+            Err(_) => return,
+        }
+        while !taken.is_empty() {
+            let n = taken.len().min(BATCH);
+            let spans: Vec<SpanData> = taken.drain(..n).map(|f| span_data(f, &scope)).collect();
+            match futures_executor::block_on(exporter.export(spans)) {
+                Ok(()) => {
+                    Metrics::add(&metrics.spans_exported, n as u64);
+                    if failing {
+                        info!("trace spans are exported again");
+                        failing = false;
+                    }
+                }
+                Err(e) => {
+                    Metrics::add(&metrics.spans_dropped, n as u64);
+                    // Once per outage, not per batch.
+                    if !failing {
+                        warn!(error = %e, "the OTLP collector did not take a batch of spans; dropping spans until it does (counted in outbox_relay_spans_dropped_total)");
+                        failing = true;
+                    }
                 }
             }
         }
-        let n = batch.len() as u64;
-        let spans: Vec<SpanData> = batch.drain(..).map(|f| span_data(*f, &scope)).collect();
-        match futures_executor::block_on(exporter.export(spans)) {
-            Ok(()) => {
-                Metrics::add(&metrics.spans_exported, n);
-                if failing {
-                    info!("trace spans are exported again");
-                    failing = false;
-                }
-            }
-            Err(e) => {
-                Metrics::add(&metrics.spans_dropped, n);
-                // Once per outage, not per batch.
-                if !failing {
-                    warn!(error = %e, "the OTLP collector did not take a batch of spans; dropping spans until it does (counted in outbox_relay_spans_dropped_total)");
-                    failing = true;
-                }
-            }
+        if closed {
+            return;
         }
     }
 }
