@@ -41,6 +41,8 @@ mod schemas;
 mod shapes;
 #[path = "drain/sink.rs"]
 mod sink;
+#[path = "drain/telemetry.rs"]
+mod telemetry;
 
 use std::collections::HashMap;
 use std::fs;
@@ -260,6 +262,28 @@ async fn run(pg: &PgServer) -> anyhow::Result<()> {
     let big_events: u64 = env_or("BENCH_BIG_EVENTS", 1_000_000);
     let poll_intervals = env_list("BENCH_POLL_INTERVALS_MS", "5000,100");
     let started = Instant::now();
+    // Telemetry off / on 0 % / on 100 % sampled (`drain/telemetry.rs`), on request.
+    if std::env::var("BENCH_TELEMETRY").is_ok_and(|v| v == "1")
+        || std::env::var("BENCH_TELEMETRY_ONLY").is_ok_and(|v| v == "1")
+    {
+        let rows = telemetry::run(pg, events, rounds).await?;
+        for row in &rows {
+            println!(
+                "| {:<17} | CPU per 1k events {} ms (median {:.2}) | {:.0} events/s (median) |",
+                row.variant,
+                row.cpu_ms_per_1k
+                    .iter()
+                    .map(|c| format!("{c:.2}"))
+                    .collect::<Vec<_>>()
+                    .join(" / "),
+                median(row.cpu_ms_per_1k.clone()),
+                median(row.eps.clone())
+            );
+        }
+        if std::env::var("BENCH_TELEMETRY_ONLY").is_ok_and(|v| v == "1") {
+            return Ok(());
+        }
+    }
     // 0. Transaction shapes × payload sizes (`drain/shapes.rs`).
     let shape_rows = if std::env::var("BENCH_SHAPES").map_or(true, |v| !v.is_empty()) {
         shapes::run(pg, rounds).await?

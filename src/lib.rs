@@ -62,6 +62,7 @@ pub mod sink;
 pub mod source;
 pub mod status;
 pub mod stored;
+pub mod telemetry;
 #[cfg(feature = "test-support")]
 pub mod testkit;
 

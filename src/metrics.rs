@@ -38,6 +38,11 @@ pub const STREAMING: &str = "outbox_relay_streaming";
 pub const NATS_CONNECTED: &str = "outbox_relay_nats_connected";
 /// Gauge: 1 while this relay waits as a standby because another relay holds the slot.
 pub const STANDBY: &str = "outbox_relay_standby";
+/// Counter: trace spans sent to the OTLP collector (`[telemetry]`).
+pub const SPANS_EXPORTED: &str = "outbox_relay_spans_exported_total";
+/// Counter: trace spans dropped: the export queue was full, or the collector refused, failed or did
+/// not answer in time.
+pub const SPANS_DROPPED: &str = "outbox_relay_spans_dropped_total";
 
 /// `wal_status` values of `pg_replication_slots`, in the order of the gauge's codes (0 = unknown).
 pub const WAL_STATUSES: [&str; 4] = ["reserved", "extended", "unreserved", "lost"];
@@ -113,6 +118,10 @@ pub struct Metrics {
     /// `outbox.schemas`: failed checks by event type, reloads, schemas in force. An `Arc`: the
     /// outbox stage counts into it.
     pub schemas: std::sync::Arc<crate::schema::SchemaMetrics>,
+    /// Trace spans the collector took.
+    pub spans_exported: AtomicU64,
+    /// Trace spans dropped (queue full, collector down, slow or refusing).
+    pub spans_dropped: AtomicU64,
 }
 
 fn now_ms() -> u64 {
@@ -126,6 +135,11 @@ impl Metrics {
     /// Adds one to a counter.
     pub fn inc(counter: &AtomicU64) {
         counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Adds `n` to a counter.
+    pub fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
     }
 
     /// Sets a gauge.
@@ -288,6 +302,18 @@ impl Metrics {
             "gauge",
             "1 while the NATS connection is up.",
             &[("", g(&self.nats_connected) as f64)],
+        );
+        family(
+            SPANS_EXPORTED,
+            "counter",
+            "Trace spans sent to the OTLP collector ([telemetry]).",
+            &[("", g(&self.spans_exported) as f64)],
+        );
+        family(
+            SPANS_DROPPED,
+            "counter",
+            "Trace spans dropped: export queue full, or the collector refused, failed or did not answer in time.",
+            &[("", g(&self.spans_dropped) as f64)],
         );
         let h = &self.commit_to_ack;
         let _ = writeln!(

@@ -22,4 +22,5 @@ mod resume;
 mod schemas;
 mod smoke;
 mod source;
+mod telemetry;
 mod truth;

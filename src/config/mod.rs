@@ -37,6 +37,8 @@ pub struct Config {
     pub http: HttpConfig,
     /// `[log]`: log format and filter.
     pub log: LogConfig,
+    /// `[telemetry]`: trace spans over OTLP/HTTP.
+    pub telemetry: TelemetryConfig,
 }
 
 /// The `[postgres]` section.
@@ -117,6 +119,9 @@ pub struct OutboxConfig {
     pub schemas: String,
     /// An event whose type has no schema file is a dead letter too.
     pub schemas_required: bool,
+    /// Transactional logical messages with this prefix carry trace context (a JSON object of
+    /// header names and string values) for the events of their transaction that follow; "" for none.
+    pub context_prefix: String,
 }
 
 impl Default for OutboxConfig {
@@ -134,6 +139,7 @@ impl Default for OutboxConfig {
             on_invalid: OnInvalid::DeadLetter,
             schemas: String::new(),
             schemas_required: false,
+            context_prefix: String::new(),
         }
     }
 }
@@ -273,6 +279,25 @@ impl Default for HttpConfig {
     fn default() -> Self {
         HttpConfig {
             listen: "127.0.0.1:9187".into(),
+        }
+    }
+}
+
+/// The `[telemetry]` section (docs/tracing.md).
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TelemetryConfig {
+    /// OTLP/HTTP (protobuf) endpoint of a collector, e.g. `http://127.0.0.1:4318`; "" = no spans.
+    pub otlp_endpoint: String,
+    /// The `service.name` of the relay's spans.
+    pub service_name: String,
+}
+
+impl Default for TelemetryConfig {
+    fn default() -> Self {
+        TelemetryConfig {
+            otlp_endpoint: String::new(),
+            service_name: "outbox-relay".into(),
         }
     }
 }
@@ -438,6 +463,7 @@ impl fmt::Debug for Config {
             .field("nats", &self.nats)
             .field("http", &self.http)
             .field("log", &self.log)
+            .field("telemetry", &self.telemetry)
             .finish()
     }
 }
@@ -631,6 +657,49 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("reserved"), "{e}");
+    }
+
+    #[test]
+    fn telemetry_and_context_keys() {
+        let c = load("", &[]).unwrap();
+        assert_eq!(c.telemetry.otlp_endpoint, "", "off by default");
+        assert_eq!(c.telemetry.service_name, "outbox-relay");
+        assert_eq!(c.outbox.context_prefix, "");
+        let c = load(
+            "[telemetry]\notlp_endpoint = \"http://127.0.0.1:4318\"\n",
+            &[("OUTBOX_RELAY_OUTBOX_CONTEXT_PREFIX", "outbox-context")],
+        )
+        .unwrap();
+        assert_eq!(c.outbox.context_prefix, "outbox-context");
+        assert_eq!(
+            crate::telemetry::traces_url(&c.telemetry.otlp_endpoint).unwrap(),
+            "http://127.0.0.1:4318/v1/traces"
+        );
+        assert_eq!(
+            crate::telemetry::traces_url("http://collector:4318/custom/path").unwrap(),
+            "http://collector:4318/custom/path"
+        );
+        for (bad, why) in [
+            ("https://collector:4318", "not supported"),
+            ("collector:4318", "not supported"),
+            ("not a url", "not a URL"),
+            ("http://user:pw@collector:4318", "credentials"),
+        ] {
+            let e = load("", &[("OUTBOX_RELAY_TELEMETRY_OTLP_ENDPOINT", bad)])
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("telemetry.otlp_endpoint") && e.contains(why),
+                "{bad}: {e}"
+            );
+        }
+        let e = load(
+            "[outbox]\nmessage_prefix = \"outbox\"\ncontext_prefix = \"outbox\"\n",
+            &[],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("outbox.context_prefix"), "{e}");
     }
 
     #[test]

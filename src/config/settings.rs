@@ -154,6 +154,11 @@ impl Config {
                 "contains a NUL character, which a logical message prefix cannot hold",
             ));
         }
+        check_context_prefix(o)?;
+        if !self.telemetry.otlp_endpoint.is_empty() {
+            crate::telemetry::traces_url(&self.telemetry.otlp_endpoint)
+                .map_err(|e| invalid("telemetry.otlp_endpoint", e))?;
+        }
         if n.cloudevents && n.cloudevents_source.trim().is_empty() {
             return Err(invalid(
                 "nats.cloudevents_source",
@@ -427,6 +432,27 @@ fn check_log_level(level: &str) -> Result<(), ConfigError> {
                 return Err(bad(format!("{t:?} is neither a level nor a known target")));
             }
         }
+    }
+    Ok(())
+}
+
+/// `outbox.context_prefix`: a prefix of its own, which no event message uses.
+fn check_context_prefix(o: &super::OutboxConfig) -> Result<(), ConfigError> {
+    if o.context_prefix.contains('\0') {
+        return Err(invalid(
+            "outbox.context_prefix",
+            "contains a NUL character, which a logical message prefix cannot hold",
+        ));
+    }
+    if !o.context_prefix.is_empty() && o.context_prefix == o.message_prefix {
+        return Err(invalid(
+            "outbox.context_prefix",
+            format!(
+                "is the same as outbox.message_prefix ({:?}): context messages and event messages need \
+                 prefixes of their own (the helper sql/08_outbox_context.sql emits \"outbox-context\")",
+                o.message_prefix
+            ),
+        ));
     }
     Ok(())
 }

@@ -19,6 +19,8 @@
 //! non-transactional message with the prefix is atomic with nothing, so it is never published as an
 //! event: it becomes a dead letter of its own ([`Step::Standalone`]), outside any transaction.
 
+mod context;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -206,6 +208,9 @@ pub struct OutboxStage {
     in_txn: bool,
     /// `outbox.schemas`: the contracts events are checked against, and where failures are counted.
     schemas: Option<(SchemaReader, Arc<SchemaMetrics>)>,
+    /// The open transaction's trace context (`outbox.context_prefix`, `context.rs`): headers for
+    /// its events that follow the context message.
+    context: Vec<(String, String)>,
 }
 
 impl OutboxStage {
@@ -225,6 +230,7 @@ impl OutboxStage {
             index: 0,
             in_txn: false,
             schemas: None,
+            context: Vec::new(),
         }
     }
 
@@ -259,6 +265,7 @@ impl OutboxStage {
                 self.commit_lsn = final_lsn;
                 self.commit_ts = commit_ts;
                 self.index = 0;
+                self.context.clear();
                 Step::Begin { final_lsn }
             }
             Message::Commit {
@@ -276,6 +283,7 @@ impl OutboxStage {
                     });
                 }
                 self.in_txn = false;
+                self.context.clear();
                 Step::Commit {
                     commit_lsn,
                     end_lsn,
@@ -354,10 +362,83 @@ impl OutboxStage {
                 self.index += 1;
                 Step::Event(Box::new(event))
             }
+            Message::Message {
+                transactional,
+                lsn,
+                prefix,
+                content,
+                ..
+            } if !self.config.context_prefix.is_empty() && prefix == self.config.context_prefix => {
+                return self.context_message(transactional, lsn, &prefix, content);
+            }
             Message::StreamStart { .. } => return Err(StageError::Unrequested("Stream Start")),
             Message::BeginPrepare { .. } => return Err(StageError::Unrequested("Begin Prepare")),
             _ => Step::Nothing,
         })
+    }
+
+    /// A trace context message (`context.rs`): the transaction's context from here on, or, when
+    /// its content is not an object of strings or it belongs to no transaction, a dead letter
+    /// saying why (the transaction's events then carry no context).
+    fn context_message(
+        &mut self,
+        transactional: bool,
+        lsn: Lsn,
+        prefix: &str,
+        content: Bytes,
+    ) -> Result<Step, StageError> {
+        let dead_letter = |problem: String, commit_lsn: Lsn, index: u32, commit_ts: i64| {
+            Box::new(OutboxEvent {
+                id: None,
+                aggregate_type: None,
+                aggregate_id: None,
+                event_type: None,
+                msg_id: crate::message::message_id(None, commit_lsn, index, &content),
+                payload: content.clone(),
+                headers: Vec::new(),
+                commit_lsn,
+                index,
+                position: Position::in_transaction(commit_lsn, index),
+                commit_ts,
+                problem: Some(format!(
+                    "trace context message (prefix {prefix:?}): {problem}"
+                )),
+                content_type: Some(JSON_CONTENT_TYPE),
+                data_schema: None,
+            })
+        };
+        if !transactional {
+            let mut event = dead_letter(
+                format!(
+                    "non-transactional at {lsn}: it belongs to no transaction, so it applies to no event; emit it \
+                     with pg_logical_emit_message(true, ...) (or sql/08_outbox_context.sql's outbox_context)"
+                ),
+                lsn,
+                0,
+                0,
+            );
+            event.msg_id = crate::message::standalone_id(lsn, &content);
+            event.position = Position::standalone(lsn);
+            return Ok(Step::Standalone {
+                event,
+                end_lsn: lsn,
+            });
+        }
+        if !self.in_txn {
+            return Err(StageError::MessageWithoutBegin(lsn));
+        }
+        match context::parse(&content, self.cloudevents) {
+            Ok(headers) => {
+                self.context = headers;
+                Ok(Step::Nothing)
+            }
+            Err(problem) => {
+                self.context.clear();
+                let event = dead_letter(problem, self.commit_lsn, self.index, self.commit_ts);
+                self.index += 1;
+                Ok(Step::Event(event))
+            }
+        }
     }
 
     /// The OIDs of the outbox table's partitions, at any level. Their Relation messages (a
@@ -559,6 +640,7 @@ impl OutboxStage {
                 headers.push((header, value));
             }
         }
+        context::apply(&mut headers, &self.context);
         let msg_id =
             crate::message::message_id(id.as_deref(), self.commit_lsn, self.index, &payload);
         OutboxEvent {
@@ -671,6 +753,7 @@ impl OutboxStage {
                 }
             }
         }
+        context::apply(&mut event.headers, &self.context);
         event.msg_id =
             crate::message::message_id(event.id.as_deref(), commit_lsn, index, &event.payload);
         if !problems.is_empty() {

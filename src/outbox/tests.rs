@@ -612,3 +612,105 @@ fn bytea_payloads_are_checked_as_their_bytes() {
         "{bad:?}"
     );
 }
+
+fn context_stage() -> OutboxStage {
+    OutboxStage::new(&OutboxConfig {
+        message_prefix: "outbox".into(),
+        context_prefix: "outbox-context".into(),
+        ..OutboxConfig::default()
+    })
+}
+
+#[test]
+fn a_context_message_gives_its_headers_to_the_events_after_it_in_its_transaction() {
+    let mut s = context_stage();
+    begin(&mut s);
+    s.step(outbox_relation(7, DEFAULT_COLS)).unwrap();
+    let row = |id: &str| vec![t(id), t("Claim"), t("1"), t("E"), t("{}"), t("x")];
+    let before = event(s.step(insert(7, row("r-0"))).unwrap());
+    let ctx = r#"{"traceparent":"00-ctx","baggage":"k=v"}"#;
+    assert_eq!(
+        s.step(message(true, "outbox-context", ctx)).unwrap(),
+        Step::Nothing
+    );
+    let row_event = event(s.step(insert(7, row("r-1"))).unwrap());
+    // A message event's own traceparent wins; the rest of the context is added.
+    let m = event(s.step(message(true, "outbox", GOOD)).unwrap());
+    assert!(before.headers.is_empty(), "{:?}", before.headers);
+    assert_eq!(
+        row_event.headers,
+        vec![
+            ("baggage".into(), "k=v".into()),
+            ("traceparent".into(), "00-ctx".into())
+        ]
+    );
+    assert_eq!(
+        m.headers,
+        vec![
+            ("traceparent".into(), "00-x".into()),
+            ("baggage".into(), "k=v".into())
+        ]
+    );
+    // The context message takes no place among the events.
+    assert_eq!((before.index, row_event.index, m.index), (0, 1, 2));
+    // A later one replaces it; the next transaction starts without any.
+    s.step(message(true, "outbox-context", r#"{"traceparent":"00-2"}"#))
+        .unwrap();
+    let later = event(s.step(insert(7, row("r-2"))).unwrap());
+    assert_eq!(later.headers, vec![("traceparent".into(), "00-2".into())]);
+    s.step(Message::Commit {
+        flags: 0,
+        commit_lsn: Lsn(0x2000),
+        end_lsn: Lsn(0x2100),
+        commit_ts: 5,
+    })
+    .unwrap();
+    begin(&mut s);
+    let next = event(s.step(insert(7, row("r-3"))).unwrap());
+    assert!(next.headers.is_empty(), "{:?}", next.headers);
+}
+
+#[test]
+fn a_bad_or_non_transactional_context_message_is_a_dead_letter_not_a_silent_drop() {
+    let mut s = context_stage();
+    begin(&mut s);
+    s.step(outbox_relation(7, DEFAULT_COLS)).unwrap();
+    s.step(message(true, "outbox-context", r#"{"traceparent":"00-1"}"#))
+        .unwrap();
+    let bad = event(
+        s.step(message(true, "outbox-context", r#"{"traceparent": 1}"#))
+            .unwrap(),
+    );
+    let problem = bad.problem.as_deref().unwrap();
+    assert!(
+        problem.contains("trace context message") && problem.contains("not a string"),
+        "{problem}"
+    );
+    assert_eq!(&bad.payload[..], br#"{"traceparent": 1}"#);
+    assert!(bad.msg_id.starts_with("lsn:0/2000:0:"), "{}", bad.msg_id);
+    // The bad one also ends the earlier context.
+    let row = vec![t("r-1"), t("Claim"), t("1"), t("E"), t("{}"), t("x")];
+    let after = event(s.step(insert(7, row)).unwrap());
+    assert_eq!(after.index, 1);
+    assert!(after.headers.is_empty(), "{:?}", after.headers);
+    match s
+        .step(message(
+            false,
+            "outbox-context",
+            r#"{"traceparent":"00-1"}"#,
+        ))
+        .unwrap()
+    {
+        Step::Standalone { event, end_lsn } => {
+            assert_eq!(end_lsn, Lsn(0x3000));
+            assert!(
+                event
+                    .problem
+                    .as_deref()
+                    .is_some_and(|p| p.contains("non-transactional")),
+                "{event:?}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+}

@@ -140,9 +140,10 @@ impl Connector for Servers {
             // Proto v1 is enough: no streaming of in-progress transactions (the relay publishes
             // only committed transactions), and v1 keeps the decoding identical on every server.
             options.proto_version = Some(1);
-            // Logical messages are events only with a prefix; without one they would be decoded
-            // for nothing.
-            options.messages = !settings.outbox.message_prefix.is_empty();
+            // Logical messages are events (or trace context) only with a prefix; without one they
+            // would be decoded for nothing.
+            options.messages = !settings.outbox.message_prefix.is_empty()
+                || !settings.outbox.context_prefix.is_empty();
             let stream_config = StreamConfig {
                 status_interval: settings.status_interval,
                 channel_capacity: 1024,

@@ -146,6 +146,7 @@ async fn sessions(
 ) -> Result<(), RelayError> {
     let (stop_tx, stop_rx) = watch::channel(false);
     tokio::pin!(shutdown);
+    let telemetry = telemetry(&settings, &metrics);
     let mut relay = Relay {
         settings,
         metrics,
@@ -158,6 +159,7 @@ async fn sessions(
         distrust: false,
         jitter: jitter_seed | 1,
         stop: stop_rx,
+        telemetry,
     };
     let main = relay.main_loop();
     tokio::pin!(main);
@@ -194,6 +196,29 @@ pub(crate) struct Relay {
     /// The backoff jitter's xorshift state.
     jitter: u64,
     stop: watch::Receiver<bool>,
+    /// `[telemetry]`: the span exporter, one per process, handed to every session's sink.
+    telemetry: Option<crate::telemetry::Telemetry>,
+}
+
+/// The span exporter when `telemetry.otlp_endpoint` is set. One that cannot start (no thread) is
+/// logged and left out: tracing must never stop the relay.
+fn telemetry(settings: &Settings, metrics: &Arc<Metrics>) -> Option<crate::telemetry::Telemetry> {
+    let t = &settings.telemetry;
+    if t.otlp_endpoint.is_empty() {
+        return None;
+    }
+    match crate::telemetry::Telemetry::start(
+        &t.otlp_endpoint,
+        &t.service_name,
+        &settings.nats.dead_letter_subject,
+        Arc::clone(metrics),
+    ) {
+        Ok(t) => Some(t),
+        Err(e) => {
+            error!(error = %e, "no trace spans will be exported");
+            None
+        }
+    }
 }
 
 impl Relay {

@@ -85,7 +85,10 @@ impl Session {
         };
         let sink = Sink::start(
             nats,
-            SinkConfig::from_settings(&settings),
+            SinkConfig {
+                telemetry: relay.telemetry.clone(),
+                ..SinkConfig::from_settings(&settings)
+            },
             Some(&origin),
             relay.distrust,
         )

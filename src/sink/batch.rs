@@ -146,7 +146,12 @@ impl Sink {
             self.send_held(held, split).await?;
         }
         let size = self.reserve(size).await?;
-        let (out, sent) = self.batch_message(&event)?;
+        let (mut out, sent) = self.batch_message(&event)?;
+        let mut event = event;
+        let span = match &self.config.telemetry {
+            None => None,
+            Some(t) => t.begin(&mut event, &mut out),
+        };
         let expected = self.fence.as_mut().map(super::Fence::next_expected);
         self.batcher()?.held = Some(Held {
             item: InFlight {
@@ -158,6 +163,7 @@ impl Sink {
                 expected,
                 size,
                 members: None,
+                span,
             },
             out,
             size,

@@ -240,6 +240,9 @@ pub struct SinkConfig {
     /// The history every message's `Outbox-Position` names (`SYSTEM/TIMELINE/SLOT`). Set by
     /// [`Sink::start`] from the session's [`Origin`].
     pub history: Option<String>,
+    /// `[telemetry]`: spans for events with a sampled `traceparent`; `None` without an endpoint.
+    /// Set by the relay, which owns the exporter across sessions.
+    pub telemetry: Option<crate::telemetry::Telemetry>,
 }
 
 impl SinkConfig {
@@ -261,6 +264,7 @@ impl SinkConfig {
             atomic: s.nats.atomic_transactions,
             max_batch: batch::MAX_BATCH,
             history: None,
+            telemetry: None,
         }
     }
 
@@ -312,6 +316,8 @@ struct InFlight {
     size: usize,
     /// An atomic batch's commit: the batch's other messages, settled with it.
     members: Option<Vec<InFlight>>,
+    /// Its trace span (`[telemetry]`), ended when it is settled.
+    span: Option<Box<crate::telemetry::Started>>,
 }
 
 /// The publisher of one session; see the module docs.
@@ -411,7 +417,7 @@ impl Sink {
     /// Hands `event` to the sink as message `seq`: skipped when the fence proves it stored, else
     /// published (or dead-lettered). Returns once it has a place in the window (waiting, bounded by
     /// the ack timeout, for the oldest acks when the window is full); its ack comes later, in order.
-    pub async fn submit(&mut self, seq: u64, event: Box<OutboxEvent>) -> Result<(), SinkError> {
+    pub async fn submit(&mut self, seq: u64, mut event: Box<OutboxEvent>) -> Result<(), SinkError> {
         if self.skip_replayed(seq, &event).await? {
             return Ok(());
         }
@@ -419,12 +425,16 @@ impl Sink {
             return self.submit_batched(seq, event).await;
         }
         let size = self.reserve(approx_size(&event)).await?;
-        let out = message::build(
+        let mut out = message::build(
             &event,
             &self.config.template,
             &self.config.dead_letter_subject,
             self.config.cloudevents.as_ref(),
         );
+        let span = match &self.config.telemetry {
+            None => None,
+            Some(t) => t.begin(&mut event, &mut out),
+        };
         let sent = match &out.dead_letter {
             Some(reason) => {
                 self.config.on_invalid(&event, reason)?;
@@ -491,6 +501,7 @@ impl Sink {
             expected,
             size,
             members: None,
+            span,
         }));
         Ok(())
     }
@@ -734,21 +745,24 @@ impl Sink {
     }
 
     /// Reports a settled message (and the members of its batch) and gives its place back.
-    fn report(&mut self, item: InFlight, outcome: Outcome) {
-        if let Some(members) = item.members {
+    fn report(&mut self, mut item: InFlight, outcome: Outcome) {
+        if let Some(members) = item.members.take() {
             if let Some(b) = self.batch.as_mut() {
                 b.in_flight = b.in_flight.saturating_sub(1);
             }
-            for m in members {
+            for mut m in members {
                 self.messages -= 1;
                 self.bytes -= m.size;
+                let outcome = batch::outcome(&m.sent);
+                self.end_span(&mut m, &outcome);
                 self.settled.push_back(Acked {
                     seq: m.seq,
-                    outcome: batch::outcome(&m.sent),
+                    outcome,
                     commit_ts: m.event.commit_ts,
                 });
             }
         }
+        self.end_span(&mut item, &outcome);
         self.messages -= 1;
         self.bytes -= item.size;
         self.settled.push_back(Acked {
@@ -756,6 +770,19 @@ impl Sink {
             outcome,
             commit_ts: item.event.commit_ts,
         });
+    }
+}
+
+impl Sink {
+    /// Ends `item`'s span, if it has one, with its outcome: JetStream's ack is its end.
+    fn end_span(&self, item: &mut InFlight, outcome: &Outcome) {
+        if let (Some(span), Some(t)) = (item.span.take(), &self.config.telemetry) {
+            let dead_letter = match outcome {
+                Outcome::DeadLetter { reason } => Some(reason.as_str()),
+                _ => None,
+            };
+            t.end(span, &item.event, dead_letter);
+        }
     }
 }
 

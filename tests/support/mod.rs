@@ -12,9 +12,11 @@
 
 #![allow(dead_code)]
 
+mod otlp;
 mod proxy;
 mod relay;
 
+pub use otlp::{OtlpReceiver, ReceivedSpan};
 pub use outbox_relay::testkit::{
     NatsServer, PgPair, PgServer, SyncedSlot, TestDb, process, server_major, unique, wait_for,
 };

@@ -1,0 +1,96 @@
+//! Trace context messages (`outbox.context_prefix`): a transactional logical message whose content is
+//! a JSON object of header names and string values, e.g. `{"traceparent": "00-…-01"}`, written by
+//! `sql/08_outbox_context.sql`'s `outbox_context(…)`. Its headers go onto every event of its
+//! transaction that follows it; an event's own header of the same name wins, and a later context
+//! message replaces an earlier one. This is how an application that cannot add a `traceparent` to
+//! each row (or each `outbox_message`) gets its trace into the relay's spans (docs/tracing.md).
+//!
+//! Content that is not such an object is the application's mistake, and the relay says so where it
+//! can be seen: the message becomes a dead letter with the reason (its events keep flowing, without
+//! that context).
+
+/// The headers of a context message's content, or why it is not one.
+pub(super) fn parse(content: &[u8], cloudevents: bool) -> Result<Vec<(String, String)>, String> {
+    let value: serde_json::Value =
+        serde_json::from_slice(content).map_err(|e| format!("content is not JSON ({e})"))?;
+    let serde_json::Value::Object(map) = value else {
+        return Err("content is not a JSON object".into());
+    };
+    let mut out = Vec::with_capacity(map.len());
+    for (k, v) in map {
+        crate::message::check_header_name(&k, cloudevents)?;
+        let serde_json::Value::String(v) = v else {
+            return Err(format!("the value of {k:?} is not a string"));
+        };
+        if v.contains(['\r', '\n']) {
+            return Err(format!("the value of {k:?} contains a line break"));
+        }
+        out.push((k, v));
+    }
+    Ok(out)
+}
+
+/// Adds the transaction's context to an event's own headers, except those it has already
+/// (compared ignoring case, as header names are).
+pub(super) fn apply(headers: &mut Vec<(String, String)>, context: &[(String, String)]) {
+    for (k, v) in context {
+        if !headers.iter().any(|(own, _)| own.eq_ignore_ascii_case(k)) {
+            headers.push((k.clone(), v.clone()));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_object_of_strings_is_a_context() {
+        let h = parse(br#"{"traceparent":"00-a-b-01","baggage":"k=v"}"#, false).unwrap();
+        assert_eq!(
+            h,
+            [
+                ("baggage".to_owned(), "k=v".to_owned()),
+                ("traceparent".to_owned(), "00-a-b-01".to_owned())
+            ]
+        );
+        assert_eq!(parse(b"{}", false).unwrap(), []);
+    }
+
+    #[test]
+    fn anything_else_is_refused_with_a_reason() {
+        for (bad, why) in [
+            (&b"not json"[..], "not JSON"),
+            (b"[\"traceparent\"]", "not a JSON object"),
+            (b"\"00-a-b-01\"", "not a JSON object"),
+            (br#"{"traceparent": 1}"#, "not a string"),
+            (br#"{"traceparent": null}"#, "not a string"),
+            (br#"{"traceparent": {"a": "b"}}"#, "not a string"),
+            (br#"{"Nats-Msg-Id": "x"}"#, "reserved"),
+            (br#"{"a b": "x"}"#, "not a valid header name"),
+            (br#"{"x": "a\nb"}"#, "line break"),
+        ] {
+            let e = parse(bad, false).unwrap_err();
+            assert!(e.contains(why), "{bad:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn an_events_own_headers_win() {
+        let mut own = vec![("TraceParent".to_owned(), "own".to_owned())];
+        apply(
+            &mut own,
+            &[
+                ("traceparent".to_owned(), "ctx".to_owned()),
+                ("baggage".to_owned(), "k=v".to_owned()),
+            ],
+        );
+        assert_eq!(
+            own,
+            [
+                ("TraceParent".to_owned(), "own".to_owned()),
+                ("baggage".to_owned(), "k=v".to_owned())
+            ]
+        );
+    }
+}
