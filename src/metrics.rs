@@ -2,8 +2,12 @@
 //!
 //! Plain atomics, so updating them costs nothing on the hot path; the pipeline writes, the HTTP
 //! listener (`/metrics`) and tests read. The exposition is the Prometheus text format 0.0.4
-//! (<https://prometheus.io/docs/instrumenting/exposition_formats/>), rendered here directly: a dozen
-//! fixed series need no registry. Metric names are the constants below, prefix `outbox_relay_`.
+//! (<https://prometheus.io/docs/instrumenting/exposition_formats/>), rendered here directly: a few
+//! dozen fixed series need no registry. The official `prometheus-client` crate was weighed against
+//! this: it would replace the rendering (about 150 lines) but put its own registry, encoder and
+//! atomics behind every update, and the exposition's shape is already checked end to end (the
+//! deployment kit's alerts and dashboard against a live relay, and promtool). Metric names are the
+//! constants below, prefix `outbox_relay_`.
 
 use crate::error::CauseKind;
 use std::fmt::Write as _;

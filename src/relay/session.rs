@@ -22,7 +22,7 @@ use crate::outbox::{OutboxStage, Step};
 use crate::pgoutput::{Decoder, Message};
 use crate::position::History;
 use crate::progress::Progress;
-use crate::sink::{Acked, NatsPort, Origin, Outcome, Sink, SinkConfig, SinkError};
+use crate::sink::{Acked, NatsPort, Origin, Outcome, Sink, SinkConfig};
 use crate::source::{ReplicationEvent, ReplicationStream, SourceError};
 use crate::stored::Serve;
 
@@ -207,7 +207,7 @@ impl Session {
                 if !self.progress.in_transaction()
                     && let Err(e) = self.sink.keepalive(wal_end)
                 {
-                    return Err(self.sink_failure(e));
+                    return Err(from_sink(e));
                 }
                 self.progress.keepalive(wal_end);
                 self.confirm(relay);
@@ -241,7 +241,7 @@ impl Session {
             Step::Commit { end_lsn, .. } => {
                 // With atomic transactions, the transaction's last event commits its batch.
                 if let Err(e) = self.sink.commit().await {
-                    return Err(self.sink_failure(e));
+                    return Err(from_sink(e));
                 }
                 self.progress.commit(end_lsn);
                 self.confirm(relay);
@@ -249,14 +249,14 @@ impl Session {
             Step::Event(event) => {
                 let seq = self.progress.publish();
                 if let Err(e) = self.sink.submit(seq, event).await {
-                    return Err(self.sink_failure(e));
+                    return Err(from_sink(e));
                 }
                 Metrics::set(&relay.metrics.in_flight, self.sink.in_flight() as u64);
             }
             Step::Standalone { event, end_lsn } => {
                 let seq = self.progress.publish();
                 if let Err(e) = self.sink.submit(seq, event).await {
-                    return Err(self.sink_failure(e));
+                    return Err(from_sink(e));
                 }
                 self.progress.standalone(end_lsn);
                 self.confirm(relay);
@@ -265,11 +265,6 @@ impl Session {
             Step::Nothing => {}
         }
         Ok(())
-    }
-
-    /// A failed submit or commit.
-    fn sink_failure(&mut self, e: SinkError) -> SessionEnd {
-        from_sink(e)
     }
 
     /// Shutdown: wait, bounded by the ack timeout, for what is in flight, confirm it, and end the
