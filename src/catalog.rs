@@ -54,7 +54,10 @@ impl SlotRow {
 }
 
 /// The slot named `name`, or `None` when it does not exist.
-pub async fn slot(client: &Client, name: &str) -> Result<Option<SlotRow>, tokio_postgres::Error> {
+pub(crate) async fn slot(
+    client: &Client,
+    name: &str,
+) -> Result<Option<SlotRow>, tokio_postgres::Error> {
     let row = client
         .query_opt(
             "WITH pos AS (SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() \
@@ -78,14 +81,14 @@ pub async fn slot(client: &Client, name: &str) -> Result<Option<SlotRow>, tokio_
 }
 
 /// The control connection for `settings`, named so `pg_stat_activity` shows who it is.
-pub async fn connect(settings: &Settings, purpose: &str) -> Result<Client, SourceError> {
+pub(crate) async fn connect(settings: &Settings, purpose: &str) -> Result<Client, SourceError> {
     connect_control(&settings.conn, &format!("outbox-relay {purpose}")).await
 }
 
 /// The `application_name` of a relay process's connections for `slot`: `outbox-relay/SLOT/PID`,
 /// then `/monitor` on its sampler's control connection. `status` finds a running relay by it in
 /// `pg_stat_activity`, also while that relay does not stream (retrying, waiting for NATS).
-pub fn relay_application_name(slot: &str, pid: u32, role: Option<&str>) -> String {
+pub(crate) fn relay_application_name(slot: &str, pid: u32, role: Option<&str>) -> String {
     match role {
         None => format!("{RELAY_APPLICATION_PREFIX}{slot}/{pid}"),
         Some(r) => format!("{RELAY_APPLICATION_PREFIX}{slot}/{pid}/{r}"),
@@ -93,12 +96,15 @@ pub fn relay_application_name(slot: &str, pid: u32, role: Option<&str>) -> Strin
 }
 
 /// What every [`relay_application_name`] starts with.
-pub const RELAY_APPLICATION_PREFIX: &str = "outbox-relay/";
+pub(crate) const RELAY_APPLICATION_PREFIX: &str = "outbox-relay/";
 
 /// The OIDs of every partition of `table` (schema-qualified), at any level; empty for a table
 /// that is not partitioned or does not exist. Read from the current catalog: the outbox stage maps
 /// these to the outbox table when a publication sends them under their own names.
-pub async fn partitions(client: &Client, table: &str) -> Result<Vec<u32>, tokio_postgres::Error> {
+pub(crate) async fn partitions(
+    client: &Client,
+    table: &str,
+) -> Result<Vec<u32>, tokio_postgres::Error> {
     let rows = client
         .query(
             "SELECT relid::oid FROM pg_partition_tree(to_regclass($1)) WHERE level > 0",

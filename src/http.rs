@@ -48,7 +48,7 @@ pub enum BindError {
 }
 
 /// Binds `listen`. Fails with a line naming `http.listen` when the address cannot be used.
-pub async fn bind(listen: &str) -> Result<TcpListener, BindError> {
+pub(crate) async fn bind(listen: &str) -> Result<TcpListener, BindError> {
     let addr: SocketAddr = listen
         .parse()
         .map_err(|_| BindError::Address(listen.to_owned()))?;
@@ -61,7 +61,7 @@ pub async fn bind(listen: &str) -> Result<TcpListener, BindError> {
 }
 
 /// Serves until the task is dropped.
-pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>, positions: Arc<Positions>) {
+pub(crate) async fn serve(listener: TcpListener, metrics: Arc<Metrics>, positions: Arc<Positions>) {
     let slots = Arc::new(Mutex::new(Slots::default()));
     let mut last_emfile = None;
     loop {

@@ -61,7 +61,7 @@ impl FromStr for Lsn {
 
 /// Now as microseconds since 2000-01-01 UTC, the epoch of Postgres timestamps (commit times, status
 /// updates).
-pub fn pg_now_micros() -> i64 {
+pub(crate) fn pg_now_micros() -> i64 {
     const PG_EPOCH_OFFSET_US: i64 = 946_684_800_000_000;
     let unix = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

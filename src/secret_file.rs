@@ -13,7 +13,7 @@ use std::path::Path;
 
 /// Why a secret file cannot be used; the text says what to do.
 #[derive(Debug, thiserror::Error)]
-pub enum SecretFileError {
+pub(crate) enum SecretFileError {
     /// It cannot be opened or read (the OS error shown, the way every caller reports it: as text).
     #[error("cannot read {path}: {error}")]
     Io {
@@ -40,7 +40,7 @@ pub enum SecretFileError {
 
 /// Who besides the owner may read a secret file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Access {
+pub(crate) enum Access {
     /// The owner only (libpq's password file).
     Owner,
     /// The owner, and its group when root owns the file (libpq's private keys).
@@ -48,7 +48,7 @@ pub enum Access {
 }
 
 /// The file's text, after checking that it is a regular file readable as `access` allows.
-pub fn read(path: &Path, access: Access) -> Result<String, SecretFileError> {
+pub(crate) fn read(path: &Path, access: Access) -> Result<String, SecretFileError> {
     let shown = || path.display().to_string();
     let io = |error| SecretFileError::Io {
         path: shown(),

@@ -24,7 +24,7 @@ use tokio::task::JoinHandle;
 
 /// The poller's table (uuid, aggregate, type, jsonb payload, created_at, published_at) named like the
 /// relay's, so the latency writers' INSERT fits both; and its index on the unpublished rows.
-pub const TABLE_SQL: &str = "CREATE TABLE public.outbox (\n\
+pub(crate) const TABLE_SQL: &str = "CREATE TABLE public.outbox (\n\
        event_id       uuid        PRIMARY KEY DEFAULT gen_random_uuid(),\n\
        aggregate_type text        NOT NULL,\n\
        aggregate_id   text        NOT NULL,\n\
@@ -36,11 +36,11 @@ pub const TABLE_SQL: &str = "CREATE TABLE public.outbox (\n\
      );\n\
      CREATE INDEX ix_outbox_unpublished ON public.outbox (created_at) WHERE published_at IS NULL;";
 
-pub const BATCH: i64 = 100;
+pub(crate) const BATCH: i64 = 100;
 
 /// What the poller did, counted by itself (pg_stat_statements needs shared_preload_libraries).
 #[derive(Default)]
-pub struct Counters {
+pub(crate) struct Counters {
     /// Polls (one transaction and one SELECT each).
     pub polls: AtomicU64,
     /// UPDATEs (one per non-empty batch).
@@ -50,20 +50,20 @@ pub struct Counters {
 
 impl Counters {
     /// Statements against the outbox table so far.
-    pub fn queries(&self) -> u64 {
+    pub(crate) fn queries(&self) -> u64 {
         self.polls.load(Ordering::Relaxed) + self.updates.load(Ordering::Relaxed)
     }
 }
 
 /// A running poller; stops (between batches or during its sleep) when dropped or stopped.
-pub struct Poller {
+pub(crate) struct Poller {
     stop: watch::Sender<bool>,
     task: Option<JoinHandle<anyhow::Result<()>>>,
     pub counters: Arc<Counters>,
 }
 
 impl Poller {
-    pub fn start(
+    pub(crate) fn start(
         client: tokio_postgres::Client,
         js: jetstream::Context,
         interval: Duration,
@@ -79,7 +79,7 @@ impl Poller {
     }
 
     /// Fails if the poller has failed.
-    pub fn check(&mut self) -> anyhow::Result<()> {
+    pub(crate) fn check(&mut self) -> anyhow::Result<()> {
         if self.task.as_ref().is_some_and(|t| t.is_finished()) {
             let task = self.task.take().expect("checked");
             return match futures_util::FutureExt::now_or_never(task) {
@@ -91,7 +91,7 @@ impl Poller {
         Ok(())
     }
 
-    pub async fn stop(mut self) -> anyhow::Result<()> {
+    pub(crate) async fn stop(mut self) -> anyhow::Result<()> {
         let _ = self.stop.send(true);
         match self.task.take() {
             Some(task) => task.await?,
@@ -176,7 +176,7 @@ async fn run(
 
 /// Counters of the outbox table and the database at one moment.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct PgLoad {
+pub(crate) struct PgLoad {
     pub seq_scan: i64,
     pub idx_scan: i64,
     pub n_tup_upd: i64,
@@ -192,7 +192,7 @@ impl PgLoad {
     /// Backends publish their counters at most once a second (and an idle one after up to 10 s), so
     /// a period's delta can be off by about a second's worth at each end; the writers' connections
     /// are closed before the end snapshot, which flushes theirs.
-    pub async fn read(client: &tokio_postgres::Client) -> anyhow::Result<PgLoad> {
+    pub(crate) async fn read(client: &tokio_postgres::Client) -> anyhow::Result<PgLoad> {
         let row = client
             .query_one(
                 "SELECT coalesce(t.seq_scan, 0), coalesce(t.idx_scan, 0), t.n_tup_upd, \
@@ -213,7 +213,7 @@ impl PgLoad {
         })
     }
 
-    pub fn delta(&self, before: &PgLoad) -> PgLoad {
+    pub(crate) fn delta(&self, before: &PgLoad) -> PgLoad {
         PgLoad {
             seq_scan: self.seq_scan - before.seq_scan,
             idx_scan: self.idx_scan - before.idx_scan,
@@ -225,7 +225,7 @@ impl PgLoad {
         }
     }
 
-    pub fn json(&self) -> String {
+    pub(crate) fn json(&self) -> String {
         format!(
             r#"{{"seq_scan":{},"idx_scan":{},"n_tup_upd":{},"n_tup_hot_upd":{},"n_dead_tup":{},"xact_commit":{},"autovacuum_count":{}}}"#,
             self.seq_scan,

@@ -34,7 +34,7 @@ const COMMON: &str = r#"{"$defs": {"item": {
 type Run = (f64, f64);
 
 /// Medians of the off and on runs: events/s and CPU µs per event.
-pub struct SchemaResult {
+pub(crate) struct SchemaResult {
     pub events: u64,
     pub payload_bytes: usize,
     pub off: Run,
@@ -42,7 +42,7 @@ pub struct SchemaResult {
     pub rounds: Vec<(Run, Run)>,
 }
 
-pub async fn run(pg: &PgServer) -> anyhow::Result<Option<SchemaResult>> {
+pub(crate) async fn run(pg: &PgServer) -> anyhow::Result<Option<SchemaResult>> {
     if std::env::var("BENCH_SCHEMAS").is_ok_and(|v| v.is_empty() || v == "0") {
         return Ok(None);
     }
@@ -109,7 +109,7 @@ pub async fn run(pg: &PgServer) -> anyhow::Result<Option<SchemaResult>> {
     }))
 }
 
-pub fn print(r: &SchemaResult) {
+pub(crate) fn print(r: &SchemaResult) {
     println!(
         "\nschemas ({} events, {}-byte payload, medians of {} rounds): off {:.0}/s {:.2} µs CPU/event; \
          on {:.0}/s {:.2} µs CPU/event; validation costs {:+.2} µs/event (per-round differences: {})",

@@ -22,7 +22,7 @@ use super::{
 
 /// One variant's medians.
 #[derive(Default, Clone)]
-pub struct Measure {
+pub(crate) struct Measure {
     pub eps: f64,
     /// CPU µs per event of the relay, or of the publisher and its client for the sink limits (NaN
     /// for the batched one, which runs in the bench's runtime).
@@ -31,7 +31,7 @@ pub struct Measure {
     pub rss_mb: f64,
 }
 
-pub struct ShapeRow {
+pub(crate) struct ShapeRow {
     pub payload: usize,
     pub per_txn: u64,
     pub events: u64,
@@ -59,7 +59,7 @@ fn nats_cpu(nats: &NatsServer) -> f64 {
     nats.pid().map_or(f64::NAN, cpu_ms)
 }
 
-pub async fn run(pg: &PgServer, default_rounds: usize) -> anyhow::Result<Vec<ShapeRow>> {
+pub(crate) async fn run(pg: &PgServer, default_rounds: usize) -> anyhow::Result<Vec<ShapeRow>> {
     let shapes = env_list("BENCH_SHAPES", "1,10,100");
     let payloads = env_list("BENCH_PAYLOADS", "120,2048,16384");
     let max_events: u64 = env_or("BENCH_SHAPE_EVENTS", 100_000);
@@ -253,7 +253,7 @@ async fn shape(
     })
 }
 
-pub fn print(rows: &[ShapeRow]) {
+pub(crate) fn print(rows: &[ShapeRow]) {
     println!();
     println!(
         "== transaction shapes: events/s (x = / pg_recvlogical, median of the rounds); CPU µs per event: r = relay, c = publisher and client, n = nats-server =="

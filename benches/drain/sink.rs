@@ -16,10 +16,10 @@ use futures_util::StreamExt;
 use tokio::sync::{Semaphore, mpsc};
 
 /// The relay's default `nats.max_in_flight`.
-pub const WINDOW: usize = 4096;
+pub(crate) const WINDOW: usize = 4096;
 
 /// The stream as `outbox-relay setup` creates it (src/setup.rs).
-pub fn stream_config(name: &str) -> stream::Config {
+pub(crate) fn stream_config(name: &str) -> stream::Config {
     stream::Config {
         name: name.to_owned(),
         subjects: vec!["outbox.*".into(), "outbox_dead_letter".into()],
@@ -35,7 +35,7 @@ pub fn stream_config(name: &str) -> stream::Config {
 /// Runs `f` (a publisher) on its own thread with a current-thread runtime, like the relay's, and
 /// connects its client there, so the thread's CPU time is the publisher's and its client's:
 /// returns `f`'s result and that CPU time in ms.
-pub fn on_own_thread<F, Fut>(url: String, f: F) -> anyhow::Result<(f64, f64)>
+pub(crate) fn on_own_thread<F, Fut>(url: String, f: F) -> anyhow::Result<(f64, f64)>
 where
     F: FnOnce(async_nats::Client) -> Fut + Send + 'static,
     Fut: Future<Output = anyhow::Result<f64>>,
@@ -77,7 +77,7 @@ fn headers(i: u64) -> HeaderMap {
 /// The same messages as [`limit`], as core publishes whose reply subject is the publisher's own
 /// inbox with the message's number (`<inbox>.<i>`), one subscription for all acks, awaited in order
 /// by a second task: no per-publish inbox, oneshot channel, request map or timer in the client.
-pub async fn limit_core(
+pub(crate) async fn limit_core(
     client: async_nats::Client,
     stream_name: &str,
     payload: &str,
@@ -131,7 +131,7 @@ pub async fn limit_core(
 
 /// Publishes `events` messages to a new stream on `client`'s server; returns messages/s from the
 /// first publish to the last ack.
-pub async fn limit(
+pub(crate) async fn limit(
     client: async_nats::Client,
     stream_name: &str,
     payload: &str,
@@ -174,7 +174,7 @@ pub async fn limit(
 /// as core publishes without a reply, the last with `Nats-Batch-Commit` and the fence's
 /// expectation on the first), at the same window of messages in flight: what batching can give
 /// at best, with no Postgres.
-pub async fn limit_batched(
+pub(crate) async fn limit_batched(
     client: async_nats::Client,
     stream_name: &str,
     payload: &str,
@@ -265,7 +265,7 @@ pub async fn limit_batched(
 /// `batch` and its `count`. The publisher keeps at most `WINDOW` messages beyond the last flow ack,
 /// like the relay's window; the messages keep the relay's headers, `Nats-Msg-Id` and the fence's
 /// expectation included.
-pub async fn limit_fast(
+pub(crate) async fn limit_fast(
     client: async_nats::Client,
     stream_name: &str,
     payload: &str,

@@ -19,7 +19,7 @@ use outbox_relay::testkit::{NatsServer, PgServer, TestDb};
 use super::{cpu_ms, relay_db_setup, relay_with};
 
 /// One variant's result per round.
-pub struct Row {
+pub(crate) struct Row {
     pub variant: &'static str,
     pub cpu_ms_per_1k: Vec<f64>,
     pub eps: Vec<f64>,
@@ -105,7 +105,7 @@ fn fill_traced(db: &TestDb, events: u64, flags: &str) {
 }
 
 /// See the module docs.
-pub async fn run(pg: &PgServer, events: u64, rounds: usize) -> anyhow::Result<Vec<Row>> {
+pub(crate) async fn run(pg: &PgServer, events: u64, rounds: usize) -> anyhow::Result<Vec<Row>> {
     let slots =
         |kind: &str| -> Vec<String> { (0..rounds).map(|r| format!("{kind}_{r}")).collect() };
     let (off_slots, sampled_slots, unsampled_slots) =

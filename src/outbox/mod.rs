@@ -41,11 +41,11 @@ pub const MAX_ID_BYTES: usize = 1024;
 
 /// Type OIDs the mapping cares about (`pg_type.dat`).
 mod oid {
-    pub const BYTEA: u32 = 17;
-    pub const JSON: u32 = 114;
-    pub const JSONB: u32 = 3802;
-    pub const TEXT: u32 = 25;
-    pub const VARCHAR: u32 = 1043;
+    pub(super) const BYTEA: u32 = 17;
+    pub(super) const JSON: u32 = 114;
+    pub(super) const JSONB: u32 = 3802;
+    pub(super) const TEXT: u32 = 25;
+    pub(super) const VARCHAR: u32 = 1043;
 }
 
 /// The CloudEvents `datacontenttype` of JSON payloads (jsonb and json columns, logical messages).

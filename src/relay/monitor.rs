@@ -10,7 +10,7 @@ use crate::metrics::Metrics;
 use crate::source::connect_control;
 
 /// Aborts a background task when dropped.
-pub struct AbortOnDrop<T>(pub tokio::task::JoinHandle<T>);
+pub(super) struct AbortOnDrop<T>(pub tokio::task::JoinHandle<T>);
 
 impl<T> Drop for AbortOnDrop<T> {
     fn drop(&mut self) {
@@ -19,7 +19,7 @@ impl<T> Drop for AbortOnDrop<T> {
 }
 
 /// Keeps the `nats_connected` gauge current (async-nats reconnects on its own).
-pub async fn watch_nats(client: async_nats::Client, metrics: Arc<Metrics>) {
+pub(super) async fn watch_nats(client: async_nats::Client, metrics: Arc<Metrics>) {
     loop {
         let up = client.connection_state() == async_nats::connection::State::Connected;
         Metrics::set(&metrics.nats_connected, u64::from(up));
@@ -31,7 +31,7 @@ pub async fn watch_nats(client: async_nats::Client, metrics: Arc<Metrics>) {
 /// stalled or endangered slot from the metrics. The connection is named for the slot and the
 /// process ([`catalog::relay_application_name`]): while it is open, `status` can tell a relay runs
 /// even when no session streams the slot.
-pub async fn sample_slot(settings: Settings, metrics: Arc<Metrics>) {
+pub(super) async fn sample_slot(settings: Settings, metrics: Arc<Metrics>) {
     let app = catalog::relay_application_name(
         &settings.postgres.slot,
         std::process::id(),

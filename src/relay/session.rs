@@ -42,7 +42,7 @@ pub(super) struct Session {
 
 impl Session {
     /// Connects and starts streaming from `relay.confirmed`.
-    pub async fn start(relay: &mut Relay) -> Result<Session, SessionEnd> {
+    pub(super) async fn start(relay: &mut Relay) -> Result<Session, SessionEnd> {
         let settings = Arc::clone(&relay.settings);
         // NATS first: while it is down there is no point in holding the slot.
         let nats = relay.connector.nats().await?;
@@ -121,7 +121,7 @@ impl Session {
     }
 
     /// Runs until shutdown (after draining) or until the session must end.
-    pub async fn run(mut self, relay: &mut Relay) -> SessionEnd {
+    pub(super) async fn run(mut self, relay: &mut Relay) -> SessionEnd {
         let mut stop = relay.stop.clone();
         let end = loop {
             let step = tokio::select! {

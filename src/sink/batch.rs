@@ -35,12 +35,12 @@ use crate::message::{self, IdHeader, Outgoing, Shrink};
 use crate::outbox::OutboxEvent;
 
 /// nats-server's default limit of messages in one atomic batch.
-pub const MAX_BATCH: usize = 1000;
+pub(super) const MAX_BATCH: usize = 1000;
 
 /// Batches in flight (opened, commit not yet acknowledged) at most. nats-server allows 50 per
 /// stream by default; past that it drops a new batch without an answer, which the relay would only
 /// see as an ack timeout. Some room is left below the limit.
-pub const MAX_BATCHES_IN_FLIGHT: usize = 40;
+pub(super) const MAX_BATCHES_IN_FLIGHT: usize = 40;
 
 /// The batch being built.
 struct Open {
@@ -80,7 +80,7 @@ pub(super) struct Batcher {
 }
 
 impl Batcher {
-    pub fn new(max_payload: usize, max_msg_size: Option<usize>) -> Self {
+    pub(super) fn new(max_payload: usize, max_msg_size: Option<usize>) -> Self {
         Batcher {
             max_payload,
             max_msg_size,

@@ -80,7 +80,7 @@ pub(super) enum Answers {
 
 impl Answers {
     /// The next answer; `None` once the subscription ended.
-    pub async fn next(&mut self) -> Option<async_nats::Message> {
+    pub(super) async fn next(&mut self) -> Option<async_nats::Message> {
         match self {
             Answers::Client(s) => s.next().await,
             #[cfg(feature = "test-support")]
@@ -89,7 +89,7 @@ impl Answers {
     }
 
     /// The next answer if one is already queued: `Some(None)` once the subscription ended.
-    pub fn ready(&mut self) -> Option<Option<async_nats::Message>> {
+    pub(super) fn ready(&mut self) -> Option<Option<async_nats::Message>> {
         self.next().now_or_never()
     }
 }

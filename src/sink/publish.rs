@@ -69,7 +69,7 @@ pub(super) struct Ack {
 
 impl Publisher {
     /// Subscribes to a new inbox on `port`; acks must name `stream`.
-    pub async fn start(
+    pub(super) async fn start(
         port: NatsPort,
         stream: &str,
         send_timeout: Duration,
@@ -91,7 +91,7 @@ impl Publisher {
     /// Queues a publish whose answer will come under the returned token. The client refuses a
     /// message over the server's `max_payload` before sending it
     /// ([`PublishErrorKind::MaxPayloadExceeded`]).
-    pub async fn send(
+    pub(super) async fn send(
         &mut self,
         subject: String,
         headers: HeaderMap,
@@ -109,7 +109,7 @@ impl Publisher {
     }
 
     /// Queues a core publish (an atomic batch member: settled by its commit's ack).
-    pub async fn send_member(
+    pub(super) async fn send_member(
         &self,
         subject: String,
         headers: HeaderMap,
@@ -121,14 +121,14 @@ impl Publisher {
     }
 
     /// The server's `max_payload`.
-    pub fn max_payload(&self) -> usize {
+    pub(super) fn max_payload(&self) -> usize {
         self.port.max_payload()
     }
 
     /// Whether the stream's message `seq` is the event `id`, for an ack that says `id` was a
     /// duplicate of it. A message gone since (limits, purge) cannot be checked and counts as
     /// matching; one that is there with another id, or no answer, does not.
-    pub async fn holds(&self, seq: u64, id: &str) -> Result<(), String> {
+    pub(super) async fn holds(&self, seq: u64, id: &str) -> Result<(), String> {
         match self
             .port
             .message_headers(&self.stream, seq, self.send_timeout)
@@ -150,7 +150,7 @@ impl Publisher {
     }
 
     /// The headers of the stream's message `seq` (`None` when it is gone).
-    pub async fn stored(&self, seq: u64) -> Result<Option<HeaderMap>, String> {
+    pub(super) async fn stored(&self, seq: u64) -> Result<Option<HeaderMap>, String> {
         self.port
             .message_headers(&self.stream, seq, self.send_timeout)
             .await
@@ -158,7 +158,10 @@ impl Publisher {
 
     /// The answer for `token` if it has arrived (takes every answer already queued, no waiting).
     /// `Err` once the subscription ended or the inbox is flooded.
-    pub fn take(&mut self, token: u64) -> Result<Option<Result<Ack, PublishError>>, PublishError> {
+    pub(super) fn take(
+        &mut self,
+        token: u64,
+    ) -> Result<Option<Result<Ack, PublishError>>, PublishError> {
         if let Some(m) = self.early.remove(&token) {
             return Ok(Some(parse(&m, &self.stream)));
         }
@@ -179,7 +182,7 @@ impl Publisher {
     }
 
     /// Whether the answer for `token` is here already.
-    pub fn has(&self, token: u64) -> bool {
+    pub(super) fn has(&self, token: u64) -> bool {
         self.early.contains_key(&token)
     }
 
@@ -188,7 +191,7 @@ impl Publisher {
     /// or the subscription ended. The caller keeps the timer across calls: registering a new one on
     /// every call (the session polls this once per replication message) cost a timer-wheel insert
     /// and removal each time.
-    pub async fn receive(&mut self, timer: Pin<&mut Sleep>) -> bool {
+    pub(super) async fn receive(&mut self, timer: Pin<&mut Sleep>) -> bool {
         if self.closed {
             return false;
         }
@@ -208,7 +211,7 @@ impl Publisher {
     }
 
     /// The answer for `token`, or `None` if none arrives within `timeout`.
-    pub async fn wait(
+    pub(super) async fn wait(
         &mut self,
         token: u64,
         timeout: Duration,

@@ -28,7 +28,7 @@ const SSL_REQUEST: [u8; 8] = [0, 0, 0, 8, 4, 210, 22, 47];
 struct Refused(String);
 
 /// The refusal text, if `e` is one.
-pub fn refusal(e: &tokio_postgres::Error) -> Option<String> {
+pub(super) fn refusal(e: &tokio_postgres::Error) -> Option<String> {
     let io = std::error::Error::source(e)?.downcast_ref::<io::Error>()?;
     io.get_ref()?.downcast_ref::<Refused>().map(|r| r.0.clone())
 }
@@ -186,7 +186,7 @@ impl Parser {
 
 /// A stream with an authentication guard.
 #[derive(Debug)]
-pub struct Guarded<S> {
+pub(super) struct Guarded<S> {
     inner: S,
     parser: Parser,
 }
@@ -241,13 +241,13 @@ impl<S: TlsStream + Unpin> TlsStream for Guarded<S> {
 }
 
 /// A TLS connector whose stream is guarded too.
-pub struct GuardedConnect<T> {
+pub(super) struct GuardedConnect<T> {
     inner: T,
     policy: AuthPolicy,
 }
 
 impl<T> GuardedConnect<T> {
-    pub fn new(inner: T, info: &ConnInfo) -> Self {
+    pub(super) fn new(inner: T, info: &ConnInfo) -> Self {
         GuardedConnect {
             inner,
             policy: AuthPolicy::new(info),
@@ -255,7 +255,7 @@ impl<T> GuardedConnect<T> {
     }
 
     /// The TCP stream with its guard (it reads plaintext messages when TLS is not used).
-    pub fn wrap_raw<S>(&self, stream: S) -> Guarded<S> {
+    pub(super) fn wrap_raw<S>(&self, stream: S) -> Guarded<S> {
         Guarded {
             inner: stream,
             parser: Parser::new(self.policy.clone(), false),

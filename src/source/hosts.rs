@@ -40,7 +40,10 @@ fn acceptable(want: TargetSessionAttrs, role: ServerRole, standby_pass: bool) ->
 
 /// Connects with `attempt` to each host in turn until one is acceptable. With one host its own
 /// error comes back unchanged; with several, every host's error in one.
-pub async fn connect_first<T, F, Fut>(info: &ConnInfo, mut attempt: F) -> Result<T, SourceError>
+pub(super) async fn connect_first<T, F, Fut>(
+    info: &ConnInfo,
+    mut attempt: F,
+) -> Result<T, SourceError>
 where
     F: FnMut(ConnInfo) -> Fut,
     Fut: Future<Output = Result<(T, ServerRole), SourceError>>,

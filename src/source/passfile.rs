@@ -13,7 +13,13 @@ use crate::secret_file::{self, Access, SecretFileError};
 /// The password for this host, port, database and user, if the file has one. A missing file is no
 /// password; one that group or others can read, or that is not a regular file, is ignored with a
 /// warning (libpq ignores the first; a FIFO in its place would block the relay).
-pub fn lookup(file: &Path, host: &str, port: u16, dbname: &str, user: &str) -> Option<String> {
+pub(super) fn lookup(
+    file: &Path,
+    host: &str,
+    port: u16,
+    dbname: &str,
+    user: &str,
+) -> Option<String> {
     let text = match secret_file::read(file, Access::Owner) {
         Ok(text) => text,
         Err(SecretFileError::Io { error, .. }) if error.kind() == ErrorKind::NotFound => {

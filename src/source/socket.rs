@@ -15,18 +15,18 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpStream, UnixStream};
 
 /// Whether `host` names a socket directory rather than a network host.
-pub fn is_socket_dir(host: &str) -> bool {
+pub(super) fn is_socket_dir(host: &str) -> bool {
     host.starts_with('/')
 }
 
 /// The socket file libpq uses for `dir` and `port`.
-pub fn socket_path(dir: &str, port: u16) -> PathBuf {
+pub(super) fn socket_path(dir: &str, port: u16) -> PathBuf {
     PathBuf::from(dir).join(format!(".s.PGSQL.{port}"))
 }
 
 /// An open connection to one server.
 #[derive(Debug)]
-pub enum PgStream {
+pub(super) enum PgStream {
     /// A TCP connection (with `TCP_NODELAY`: status updates are small and latency matters).
     Tcp(TcpStream),
     /// A Unix-domain socket connection.
@@ -35,7 +35,7 @@ pub enum PgStream {
 
 impl PgStream {
     /// Connects to `host` (a name, an address or a socket directory) and `port`.
-    pub async fn connect(host: &str, port: u16) -> io::Result<Self> {
+    pub(super) async fn connect(host: &str, port: u16) -> io::Result<Self> {
         if is_socket_dir(host) {
             return Ok(PgStream::Unix(
                 UnixStream::connect(socket_path(host, port)).await?,
@@ -47,7 +47,7 @@ impl PgStream {
     }
 
     /// Whether TLS may be negotiated on this stream (libpq: never over a Unix socket).
-    pub fn supports_tls(&self) -> bool {
+    pub(super) fn supports_tls(&self) -> bool {
         matches!(self, PgStream::Tcp(_))
     }
 }

@@ -52,7 +52,7 @@ fn provider() -> Arc<CryptoProvider> {
 }
 
 /// The rustls config for `info.sslmode`, or `None` for `disable`.
-pub fn client_config(info: &ConnInfo) -> Result<Option<Arc<ClientConfig>>, TlsConfigError> {
+pub(super) fn client_config(info: &ConnInfo) -> Result<Option<Arc<ClientConfig>>, TlsConfigError> {
     let provider = provider();
     let builder = ClientConfig::builder_with_provider(Arc::clone(&provider))
         .with_safe_default_protocol_versions()?;
@@ -94,7 +94,7 @@ pub fn client_config(info: &ConnInfo) -> Result<Option<Arc<ClientConfig>>, TlsCo
 /// [`client_config`] on the runtime's blocking pool: it reads the `sslrootcert` file, and the relay's
 /// one runtime thread must not wait for a disk (or a network file system) meanwhile. Read at every
 /// connect, so a rotated CA file is picked up by the next connection.
-pub async fn client_config_off_runtime(
+pub(super) async fn client_config_off_runtime(
     info: &ConnInfo,
 ) -> Result<Option<Arc<ClientConfig>>, TlsConfigError> {
     if info.sslmode == SslMode::Disable {
@@ -132,7 +132,7 @@ fn root_store(roots: &RootCerts) -> Result<RootCertStore, TlsConfigError> {
 }
 
 /// The server name for SNI and `verify-full`: a DNS name or an IP address.
-pub fn server_name(host: &str) -> Result<ServerName<'static>, TlsConfigError> {
+pub(super) fn server_name(host: &str) -> Result<ServerName<'static>, TlsConfigError> {
     ServerName::try_from(host.to_owned())
         .map_err(|_| TlsConfigError::Rustls(Error::General(format!("invalid host name {host:?}"))))
 }
@@ -227,7 +227,7 @@ impl ServerCertVerifier for ChainOnly {
 /// RFC 5929 `tls-server-end-point`: the hash of the server certificate, with the hash of its signature
 /// algorithm, SHA-256 for MD5/SHA-1. `None` when the algorithm defines no hash (e.g. Ed25519): then
 /// SCRAM runs without channel binding, as libpq does.
-pub fn server_end_point_hash(cert_der: &[u8]) -> Option<Vec<u8>> {
+pub(super) fn server_end_point_hash(cert_der: &[u8]) -> Option<Vec<u8>> {
     use sha2::Digest;
     use x509_cert::der::Decode;
     let cert = x509_cert::Certificate::from_der(cert_der).ok()?;

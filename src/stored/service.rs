@@ -22,7 +22,7 @@ use tracing::debug;
 use super::{Positions, WaitOutcome, WaitRequest};
 
 /// The service's name in `nats micro ls`.
-pub const SERVICE_NAME: &str = "outbox-relay";
+pub(crate) const SERVICE_NAME: &str = "outbox-relay";
 
 /// The running service; dropping it stops the service.
 pub(crate) struct Serving {

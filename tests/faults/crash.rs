@@ -36,8 +36,8 @@ fn nats_down() -> Duration {
     Duration::from_secs(if long() { 60 } else { 20 })
 }
 /// Events in the one big transaction of the P6 test, and the memory bound it must stay under.
-pub const BIG_TXN_EVENTS: u64 = 200_000;
-pub const RSS_LIMIT_KB: u64 = 64 * 1024;
+pub(super) const BIG_TXN_EVENTS: u64 = 200_000;
+pub(super) const RSS_LIMIT_KB: u64 = 64 * 1024;
 
 /// P1/P3/P4 across SIGKILLs: the relay binary is killed at `kill_points()` random points while a
 /// `kill_backlog()` backlog drains, and restarted each time from the slot's confirmed position.

@@ -30,7 +30,7 @@ use crate::support::{PgServer, Stored, TEXT_ID_OUTBOX_SQL, TestDb, read_all, str
 /// Waits (30 s at most) until the relay under test has created its slot. A slot shows in
 /// `pg_replication_slots` before its consistent point is found; rows inserted before then are not
 /// decoded, so it waits for `confirmed_flush_lsn` too.
-pub async fn wait_for_slot(client: &tokio_postgres::Client, slot: &str) {
+pub(crate) async fn wait_for_slot(client: &tokio_postgres::Client, slot: &str) {
     crate::support::wait_for("the slot", Duration::from_secs(30), || async {
         crate::support::confirmed_flush(client, slot)
             .await
@@ -39,20 +39,20 @@ pub async fn wait_for_slot(client: &tokio_postgres::Client, slot: &str) {
     .await;
 }
 
-pub async fn text_id_db(server: &PgServer) -> TestDb {
+pub(crate) async fn text_id_db(server: &PgServer) -> TestDb {
     let db = TestDb::create(server).await;
     db.psql(TEXT_ID_OUTBOX_SQL);
     db
 }
 
 /// `e-000001`, `e-000002`, …: readable, and sorting as text sorts by number.
-pub fn event_id(prefix: &str, n: u64) -> String {
+pub(crate) fn event_id(prefix: &str, n: u64) -> String {
     format!("{prefix}-{n:06}")
 }
 
 /// What the invariant check measured.
 #[derive(Debug, Clone, Copy)]
-pub struct Tally {
+pub(crate) struct Tally {
     pub events: usize,
     pub stored: usize,
     pub lost: usize,
@@ -62,7 +62,7 @@ pub struct Tally {
 
 impl Tally {
     /// Prints the fault-matrix row for `fault`.
-    pub fn report(&self, fault: &str, runs: usize) {
+    pub(crate) fn report(&self, fault: &str, runs: usize) {
         eprintln!(
             "FAULT-MATRIX | {fault} | {runs} | {} | {} | {} | {} | stream held {}",
             self.events,
@@ -76,7 +76,7 @@ impl Tally {
 
 /// Measures the three invariants for `expected` (ids in commit order) against `stored` (stream order);
 /// messages with other ids are ignored.
-pub fn tally(stored: &[Stored], expected: &[String]) -> Tally {
+pub(crate) fn tally(stored: &[Stored], expected: &[String]) -> Tally {
     let position: HashMap<&str, usize> = expected
         .iter()
         .enumerate()
@@ -118,7 +118,7 @@ pub fn tally(stored: &[Stored], expected: &[String]) -> Tally {
 /// The invariant check: waits (up to `timeout`) until the stream holds at least every expected
 /// event, then reads it all and asserts P1 (every committed event stored), P3 (no Nats-Msg-Id stored
 /// twice) and P4 (stream order = commit order, commit LSNs non-decreasing).
-pub async fn assert_all_stored_once_in_order(
+pub(crate) async fn assert_all_stored_once_in_order(
     js: &async_nats::jetstream::Context,
     stream: &str,
     expected_ids_in_commit_order: &[String],
@@ -132,7 +132,7 @@ pub async fn assert_all_stored_once_in_order(
     .await
 }
 
-pub async fn assert_all_stored_once_in_order_within(
+pub(crate) async fn assert_all_stored_once_in_order_within(
     js: &async_nats::jetstream::Context,
     stream: &str,
     expected: &[String],
@@ -197,14 +197,14 @@ pub async fn assert_all_stored_once_in_order_within(
 /// about `per_sec` events a second, until stopped. It survives Postgres going away: it reconnects,
 /// and after an error whose outcome is unknown it looks the id up, so its list is exactly the
 /// committed events, in commit order.
-pub struct Writer {
+pub(crate) struct Writer {
     stop: Arc<AtomicBool>,
     paused: Arc<AtomicBool>,
     handle: JoinHandle<Vec<String>>,
 }
 
 impl Writer {
-    pub fn start(url: String, prefix: &str, per_sec: u64) -> Writer {
+    pub(crate) fn start(url: String, prefix: &str, per_sec: u64) -> Writer {
         let stop = Arc::new(AtomicBool::new(false));
         let paused = Arc::new(AtomicBool::new(false));
         let (s, p, prefix) = (Arc::clone(&stop), Arc::clone(&paused), prefix.to_owned());
@@ -278,12 +278,12 @@ impl Writer {
         }
     }
 
-    pub fn pause(&self, on: bool) {
+    pub(crate) fn pause(&self, on: bool) {
         self.paused.store(on, Ordering::SeqCst);
     }
 
     /// Stops writing; the committed ids in commit order.
-    pub async fn stop(self) -> Vec<String> {
+    pub(crate) async fn stop(self) -> Vec<String> {
         self.stop.store(true, Ordering::SeqCst);
         tokio::time::timeout(Duration::from_secs(90), self.handle)
             .await
@@ -307,7 +307,7 @@ async fn connect(url: &str) -> Option<tokio_postgres::Client> {
 }
 
 /// Writes `n` single-event transactions `<prefix>-000001…` with one `DO` block; returns their ids.
-pub fn write_backlog(db: &TestDb, prefix: &str, n: u64) -> Vec<String> {
+pub(crate) fn write_backlog(db: &TestDb, prefix: &str, n: u64) -> Vec<String> {
     db.psql(&format!(
         "DO $$ BEGIN
            FOR i IN 1..{n} LOOP
@@ -322,10 +322,10 @@ pub fn write_backlog(db: &TestDb, prefix: &str, n: u64) -> Vec<String> {
 }
 
 /// A small deterministic generator (no `rand` dependency); the seed is printed so a run repeats.
-pub struct Rng(u64);
+pub(crate) struct Rng(u64);
 
 impl Rng {
-    pub fn from_clock() -> Rng {
+    pub(crate) fn from_clock() -> Rng {
         let seed = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos() as u64)
@@ -335,7 +335,7 @@ impl Rng {
         Rng(seed)
     }
 
-    pub fn below(&mut self, n: u64) -> u64 {
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
         // xorshift64*
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;

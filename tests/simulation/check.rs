@@ -29,26 +29,26 @@ use super::trace::{Trace, trace};
 
 /// What went wrong in a world, in order.
 #[derive(Default)]
-pub struct Violations(Mutex<Vec<String>>);
+pub(crate) struct Violations(Mutex<Vec<String>>);
 
 impl Violations {
-    pub fn report(&self, trace: &Trace, what: String) {
+    pub(crate) fn report(&self, trace: &Trace, what: String) {
         trace!(trace, "VIOLATION {what}");
         self.0.lock().unwrap().push(what);
     }
 
-    pub fn any(&self) -> bool {
+    pub(crate) fn any(&self) -> bool {
         !self.0.lock().unwrap().is_empty()
     }
 
-    pub fn list(&self) -> Vec<String> {
+    pub(crate) fn list(&self) -> Vec<String> {
         self.0.lock().unwrap().clone()
     }
 }
 
 /// P1, P3, P4 and P7 over the settled world. `distrust` holds the instants the stream's tail could
 /// not be trusted from.
-pub fn settled(
+pub(crate) fn settled(
     units: &[Unit],
     stream: &[Stored],
     distrust: &[Instant],

@@ -24,12 +24,12 @@ use tokio::time::Instant;
 use super::rng::Dice;
 use super::trace::{Trace, trace};
 
-pub const STREAM: &str = "OUTBOX";
-pub const DEAD_LETTER_SUBJECT: &str = "outbox_dead_letter";
+pub(crate) const STREAM: &str = "OUTBOX";
+pub(crate) const DEAD_LETTER_SUBJECT: &str = "outbox_dead_letter";
 
 /// How often each fault of publishes and answers strikes (all zero while the world settles).
 #[derive(Clone, Copy, Debug, Default)]
-pub struct Chaos {
+pub(crate) struct Chaos {
     /// A publish lingers on its way to the server (20 to 400 ms), and those sent after it wait
     /// behind it (one connection): it may land after the session that sent it has ended and the
     /// next one has read the stream's tail.
@@ -48,7 +48,7 @@ pub struct Chaos {
 
 /// The stream's limits and its duplicate window, per world.
 #[derive(Clone, Copy, Debug)]
-pub struct Limits {
+pub(crate) struct Limits {
     pub duplicate_window: Duration,
     pub max_payload: usize,
     pub max_msg_size: Option<usize>,
@@ -56,7 +56,7 @@ pub struct Limits {
 
 /// A message in the stream.
 #[derive(Clone, Debug)]
-pub struct Stored {
+pub(crate) struct Stored {
     pub seq: u64,
     pub subject: String,
     pub headers: HeaderMap,
@@ -67,7 +67,7 @@ pub struct Stored {
 }
 
 impl Stored {
-    pub fn msg_id(&self) -> Option<&str> {
+    pub(crate) fn msg_id(&self) -> Option<&str> {
         self.headers.get(NATS_MSG_ID).map(|v| v.as_str())
     }
 }
@@ -98,7 +98,7 @@ struct State {
     last_arrival: Instant,
 }
 
-pub struct JetStream {
+pub(crate) struct JetStream {
     /// Itself, for the answer timers its `&self` methods spawn.
     me: Weak<JetStream>,
     state: Mutex<State>,
@@ -109,7 +109,7 @@ pub struct JetStream {
 
 impl JetStream {
     /// A JetStream with an empty stream; its server task runs on the current runtime.
-    pub fn start(limits: Limits, dice: Dice, trace: Arc<Trace>) -> Arc<Self> {
+    pub(crate) fn start(limits: Limits, dice: Dice, trace: Arc<Trace>) -> Arc<Self> {
         let js = Arc::new_cyclic(|me| JetStream {
             me: Weak::clone(me),
             state: Mutex::new(State {
@@ -132,17 +132,17 @@ impl JetStream {
         js
     }
 
-    pub fn set_chaos(&self, chaos: Chaos) {
+    pub(crate) fn set_chaos(&self, chaos: Chaos) {
         self.state.lock().unwrap().chaos = chaos;
     }
 
-    pub fn is_down(&self) -> bool {
+    pub(crate) fn is_down(&self) -> bool {
         self.state.lock().unwrap().down
     }
 
     /// NATS goes down: the connection drops, and with it each publish still on its way (or not:
     /// the server may have read it already) and every answer not yet delivered.
-    pub fn go_down(&self) {
+    pub(crate) fn go_down(&self) {
         let mut s = self.state.lock().unwrap();
         s.down = true;
         let before = s.queue.len();
@@ -158,14 +158,14 @@ impl JetStream {
         );
     }
 
-    pub fn come_up(&self) {
+    pub(crate) fn come_up(&self) {
         self.state.lock().unwrap().down = false;
         trace!(self.trace, "nats up");
     }
 
     /// Whether the relay stored a message with this `Nats-Msg-Id` at `since` or later (an earlier
     /// one is another event's: an id made of an LSN that a restore reused).
-    pub fn holds(&self, msg_id: &str, since: Instant) -> bool {
+    pub(crate) fn holds(&self, msg_id: &str, since: Instant) -> bool {
         self.state
             .lock()
             .unwrap()
@@ -174,7 +174,7 @@ impl JetStream {
             .is_some_and(|at| *at >= since)
     }
 
-    pub fn messages(&self) -> Vec<Stored> {
+    pub(crate) fn messages(&self) -> Vec<Stored> {
         self.state.lock().unwrap().messages.clone()
     }
 
@@ -182,7 +182,7 @@ impl JetStream {
     /// headers (an operator re-sending it, with a new id); otherwise it claims a position far
     /// beyond the WAL and names no history, or names the history of the last message with a
     /// position it never had.
-    pub fn publish_foreign(&self, n: u64) {
+    pub(crate) fn publish_foreign(&self, n: u64) {
         let mut s = self.state.lock().unwrap();
         // The last message's headers, less its expectation (a hand publish carries none).
         let last = s.messages.last().map(|m| {

@@ -40,7 +40,7 @@ use super::jetstream::JetStream;
 use super::rng::Dice;
 use super::trace::{Trace, trace};
 
-pub const PREFIX: &str = "outbox";
+pub(crate) const PREFIX: &str = "outbox";
 const OUTBOX_OID: u32 = 16_384;
 const ORDERS_OID: u32 = 16_390;
 const PAGE: u64 = 8192;
@@ -56,7 +56,7 @@ const BATCH_RECORDS: usize = 64;
 
 /// How one event must appear in the stream.
 #[derive(Clone, Debug)]
-pub enum Must {
+pub(crate) enum Must {
     /// Routed to this subject.
     Routed(String),
     /// As a dead letter; with the payload it must carry, when known.
@@ -68,7 +68,7 @@ pub enum Must {
 
 /// One event the relay must publish.
 #[derive(Clone, Debug)]
-pub struct Expected {
+pub(crate) struct Expected {
     pub msg_id: String,
     /// Its place in its unit.
     pub index: u32,
@@ -78,7 +78,7 @@ pub struct Expected {
 /// A unit of work the walsender sends whole: a committed transaction with outbox events, or a
 /// non-transactional outbox message.
 #[derive(Clone, Debug)]
-pub struct Unit {
+pub(crate) struct Unit {
     /// Where the record that decides it starts (the commit record, or the message's own): the
     /// walsender sends it iff this is at or after its start, and sends units in this order.
     pub start: u64,
@@ -90,7 +90,7 @@ pub struct Unit {
 
 /// What a world's Postgres looks like, drawn per seed.
 #[derive(Clone, Debug)]
-pub struct PgParams {
+pub(crate) struct PgParams {
     /// Application connections writing concurrently.
     pub apps: usize,
     /// The publication also has `public.orders` (changes of another table reach the relay).
@@ -205,7 +205,7 @@ struct State {
     written: u64,
 }
 
-pub struct Postgres {
+pub(crate) struct Postgres {
     state: Mutex<State>,
     dice: Dice,
     trace: Arc<Trace>,
@@ -370,7 +370,7 @@ impl State {
 }
 
 impl Postgres {
-    pub fn new(
+    pub(crate) fn new(
         params: PgParams,
         dice: Dice,
         trace: Arc<Trace>,
@@ -413,27 +413,27 @@ impl Postgres {
         PG_EPOCH_START + self.start.elapsed().as_micros() as i64
     }
 
-    pub fn slot_confirmed(&self) -> u64 {
+    pub(crate) fn slot_confirmed(&self) -> u64 {
         self.state.lock().unwrap().slot.confirmed
     }
 
     /// The server's flush position (what IDENTIFY_SYSTEM reports).
-    pub fn flushed(&self) -> u64 {
+    pub(crate) fn flushed(&self) -> u64 {
         self.state.lock().unwrap().flushed()
     }
 
-    pub fn units(&self) -> Vec<Unit> {
+    pub(crate) fn units(&self) -> Vec<Unit> {
         self.state.lock().unwrap().units.clone()
     }
 
-    pub fn history(&self) -> String {
+    pub(crate) fn history(&self) -> String {
         let s = self.state.lock().unwrap();
         format!("system {} timeline {}", s.system_id, s.timeline)
     }
 
     /// One step of the applications: a connection begins, writes, commits or aborts, or emits a
     /// non-transactional message; other databases write WAL too.
-    pub fn write(&self) {
+    pub(crate) fn write(&self) {
         let mut s = self.state.lock().unwrap();
         if s.is_down() {
             return;
@@ -484,7 +484,7 @@ impl Postgres {
     }
 
     /// Commits or aborts every open transaction: the applications stop writing.
-    pub fn finish_writes(&self) {
+    pub(crate) fn finish_writes(&self) {
         let mut s = self.state.lock().unwrap();
         let xids: Vec<u32> = s.open.keys().copied().collect();
         for xid in xids {
@@ -633,13 +633,13 @@ impl Postgres {
     }
 
     /// The slot as a checkpoint writes it to disk.
-    pub fn checkpoint(&self) {
+    pub(crate) fn checkpoint(&self) {
         let mut s = self.state.lock().unwrap();
         s.slot.checkpointed = s.slot.confirmed;
     }
 
     /// A crash-consistent disk snapshot: the WAL so far and the slot as on disk.
-    pub fn snapshot(&self) {
+    pub(crate) fn snapshot(&self) {
         let mut s = self.state.lock().unwrap();
         let snap = Snapshot {
             records: s.wal.len(),
@@ -659,7 +659,7 @@ impl Postgres {
     /// Restores a snapshot taken earlier (false if there is none): the WAL after it is gone and
     /// will be written anew at the same LSNs; the slot is as the snapshot has it. A point-in-time
     /// recovery does the same on a new timeline.
-    pub fn restore(&self, new_timeline: bool) -> bool {
+    pub(crate) fn restore(&self, new_timeline: bool) -> bool {
         let mut s = self.state.lock().unwrap();
         if s.snapshots.is_empty() {
             return false;
@@ -693,7 +693,7 @@ impl Postgres {
 
     /// The server crashes and restarts: connections end, open transactions die, and the slot is
     /// back at its last checkpoint (its confirmed position lives in memory until then).
-    pub fn crash(&self, down_for: Duration) {
+    pub(crate) fn crash(&self, down_for: Duration) {
         let mut s = self.state.lock().unwrap();
         s.end_all();
         s.open.clear();
@@ -709,19 +709,19 @@ impl Postgres {
     }
 
     /// The server cannot be reached for a while (its connections end; nothing is lost).
-    pub fn unreachable(&self, down_for: Duration) {
+    pub(crate) fn unreachable(&self, down_for: Duration) {
         let mut s = self.state.lock().unwrap();
         s.end_all();
         s.down_until = Some(Instant::now() + down_for);
         trace!(self.trace, "pg unreachable for {down_for:?}");
     }
 
-    pub fn up(&self) {
+    pub(crate) fn up(&self) {
         self.state.lock().unwrap().down_until = None;
     }
 
     /// Every replication connection is cut.
-    pub fn cut(&self) {
+    pub(crate) fn cut(&self) {
         let mut s = self.state.lock().unwrap();
         trace!(self.trace, "pg connections cut ({})", s.conns.len());
         s.end_all();
@@ -729,7 +729,7 @@ impl Postgres {
 
     /// Every replication connection stops carrying anything, both ways; the walsender notices
     /// after `wal_sender_timeout` and only then lets go of the slot.
-    pub fn black_hole(&self, timeout: Duration) {
+    pub(crate) fn black_hole(&self, timeout: Duration) {
         let mut s = self.state.lock().unwrap();
         let until = Instant::now() + timeout;
         for c in s.conns.values_mut() {
@@ -740,7 +740,7 @@ impl Postgres {
     }
 
     /// The partition lookup's query.
-    pub fn partitions(&self) -> Result<Vec<u32>, SessionEnd> {
+    pub(crate) fn partitions(&self) -> Result<Vec<u32>, SessionEnd> {
         if self.state.lock().unwrap().is_down() {
             return Err(unreachable_error());
         }
@@ -749,7 +749,7 @@ impl Postgres {
 
     /// IDENTIFY_SYSTEM and START_REPLICATION from `start`: the relay's end of the pipe, as a real
     /// `ReplicationStream`.
-    pub async fn connect(
+    pub(crate) async fn connect(
         self: &Arc<Self>,
         rule: &Start,
         config: StreamConfig,

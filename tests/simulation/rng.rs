@@ -11,14 +11,14 @@ use std::time::Duration;
 
 /// The shared generator; clones draw from the same sequence.
 #[derive(Clone)]
-pub struct Dice(Arc<Mutex<u64>>);
+pub(crate) struct Dice(Arc<Mutex<u64>>);
 
 impl Dice {
-    pub fn new(seed: u64) -> Self {
+    pub(crate) fn new(seed: u64) -> Self {
         Dice(Arc::new(Mutex::new(seed)))
     }
 
-    pub fn next_u64(&self) -> u64 {
+    pub(crate) fn next_u64(&self) -> u64 {
         let mut s = self.0.lock().unwrap();
         *s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = *s;
@@ -29,7 +29,7 @@ impl Dice {
 
     /// Uniform in `lo..hi` (`lo` when the range is empty). The modulo bias is far below anything
     /// a simulation run could notice.
-    pub fn range(&self, lo: u64, hi: u64) -> u64 {
+    pub(crate) fn range(&self, lo: u64, hi: u64) -> u64 {
         if hi <= lo {
             lo
         } else {
@@ -38,17 +38,17 @@ impl Dice {
     }
 
     /// True with probability `p`.
-    pub fn chance(&self, p: f64) -> bool {
+    pub(crate) fn chance(&self, p: f64) -> bool {
         ((self.next_u64() >> 11) as f64) < p * (1u64 << 53) as f64
     }
 
     /// One of `items`.
-    pub fn pick<T: Copy>(&self, items: &[T]) -> T {
+    pub(crate) fn pick<T: Copy>(&self, items: &[T]) -> T {
         items[self.range(0, items.len() as u64) as usize]
     }
 
     /// A duration uniform in `lo..hi` milliseconds.
-    pub fn millis(&self, lo: u64, hi: u64) -> Duration {
+    pub(crate) fn millis(&self, lo: u64, hi: u64) -> Duration {
         Duration::from_millis(self.range(lo, hi))
     }
 }

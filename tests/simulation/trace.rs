@@ -16,7 +16,7 @@ use tokio::time::Instant;
 /// Lines kept for a failure report.
 const RECENT: usize = 60;
 
-pub struct Trace {
+pub(crate) struct Trace {
     start: Instant,
     inner: Mutex<Inner>,
     /// When the relay itself decided to trust no tail ("replay skips nothing"): from then on it
@@ -34,7 +34,7 @@ struct Inner {
 }
 
 impl Trace {
-    pub fn new(keep_all: bool) -> Self {
+    pub(crate) fn new(keep_all: bool) -> Self {
         Trace {
             start: Instant::now(),
             inner: Mutex::new(Inner {
@@ -48,11 +48,11 @@ impl Trace {
     }
 
     /// Seconds of virtual time since the world began.
-    pub fn now(&self) -> f64 {
+    pub(crate) fn now(&self) -> f64 {
         self.start.elapsed().as_secs_f64()
     }
 
-    pub fn log(&self, what: std::fmt::Arguments<'_>) {
+    pub(crate) fn log(&self, what: std::fmt::Arguments<'_>) {
         let mut line = String::with_capacity(80);
         let _ = write!(line, "{:>9.3}s {what}", self.now());
         let mut inner = self.inner.lock().unwrap();
@@ -69,16 +69,16 @@ impl Trace {
         }
     }
 
-    pub fn recent(&self) -> Vec<String> {
+    pub(crate) fn recent(&self) -> Vec<String> {
         self.inner.lock().unwrap().recent.iter().cloned().collect()
     }
 
-    pub fn all(&self) -> Vec<String> {
+    pub(crate) fn all(&self) -> Vec<String> {
         self.inner.lock().unwrap().all.clone().unwrap_or_default()
     }
 
     /// (digest, number of lines).
-    pub fn digest(&self) -> (u64, u64) {
+    pub(crate) fn digest(&self) -> (u64, u64) {
         let inner = self.inner.lock().unwrap();
         (inner.digest, inner.lines)
     }
@@ -94,7 +94,7 @@ pub(crate) use trace;
 
 /// The relay's own log lines (info and above, and the sink's debug lines about the fence and the
 /// replay), into the world's trace: why it restarted, what it distrusted.
-pub struct RelayLog(pub std::sync::Arc<Trace>);
+pub(crate) struct RelayLog(pub std::sync::Arc<Trace>);
 
 impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for RelayLog {
     fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {

@@ -48,7 +48,7 @@ use super::trace::{RelayLog, Trace, trace};
 use tracing_subscriber::layer::SubscriberExt;
 
 /// Every fault, by the name `SIM_FAULTS` uses, with its weight among the faults.
-pub const FAULTS: &[(&str, u64)] = &[
+pub(crate) const FAULTS: &[(&str, u64)] = &[
     ("kill", 6),
     ("stop", 2),
     ("cut", 4),
@@ -69,11 +69,11 @@ pub const FAULTS: &[(&str, u64)] = &[
 
 /// The faults a run may use.
 #[derive(Clone, Debug)]
-pub struct FaultSet(Vec<&'static str>);
+pub(crate) struct FaultSet(Vec<&'static str>);
 
 impl FaultSet {
     /// `all`, names, and `-name` to remove one, comma-separated.
-    pub fn parse(spec: &str) -> Result<Self, String> {
+    pub(crate) fn parse(spec: &str) -> Result<Self, String> {
         let mut on: Vec<&'static str> = Vec::new();
         for word in spec.split(',').map(str::trim).filter(|w| !w.is_empty()) {
             let (remove, name) = match word.strip_prefix('-') {
@@ -104,7 +104,7 @@ impl FaultSet {
         Ok(FaultSet(on))
     }
 
-    pub fn has(&self, name: &str) -> bool {
+    pub(crate) fn has(&self, name: &str) -> bool {
         self.0.contains(&name)
     }
 }
@@ -180,7 +180,7 @@ impl Scenario {
 }
 
 /// How a world ended.
-pub struct Outcome {
+pub(crate) struct Outcome {
     pub violations: Vec<String>,
     pub trace: Arc<Trace>,
     /// Units of work (transactions with events, stray messages) in the final history.
@@ -248,7 +248,7 @@ struct World {
 }
 
 /// Runs the world of `seed` on its own runtime with a paused clock.
-pub fn run(seed: u64, faults: &FaultSet, keep_trace: bool) -> Outcome {
+pub(crate) fn run(seed: u64, faults: &FaultSet, keep_trace: bool) -> Outcome {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .start_paused(true)

@@ -148,7 +148,7 @@ pub(crate) struct Txn {
 
 impl Txn {
     /// The text values of every Insert, in order (NULL as `None`).
-    pub fn inserted(&self) -> Vec<Vec<Option<String>>> {
+    pub(crate) fn inserted(&self) -> Vec<Vec<Option<String>>> {
         self.changes
             .iter()
             .filter_map(|m| match m {

@@ -16,12 +16,12 @@ mod otlp;
 mod proxy;
 mod relay;
 
-pub use otlp::{OtlpReceiver, ReceivedSpan};
-pub use outbox_relay::testkit::{
+pub(crate) use otlp::{OtlpReceiver, ReceivedSpan};
+pub(crate) use outbox_relay::testkit::{
     NatsServer, PgPair, PgServer, SyncedSlot, TestDb, process, server_major, unique, wait_for,
 };
-pub use proxy::*;
-pub use relay::{
+pub(crate) use proxy::*;
+pub(crate) use relay::{
     Finished, InProcessRelay, RelayProcess, Stored, TEXT_ID_OUTBOX_SQL, confirmed_flush,
     current_wal_lsn, default_outbox_sql, read_all, relay_config, relay_env, run_command,
     slot_exists, stream_count,

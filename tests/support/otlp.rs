@@ -21,7 +21,7 @@ use tokio::task::JoinHandle;
 
 /// One span as received, ids in lower-case hex as a `traceparent` writes them.
 #[derive(Debug, Clone)]
-pub struct ReceivedSpan {
+pub(crate) struct ReceivedSpan {
     pub trace_id: String,
     pub span_id: String,
     pub parent_span_id: String,
@@ -42,7 +42,7 @@ pub struct ReceivedSpan {
 }
 
 impl ReceivedSpan {
-    pub fn attr(&self, key: &str) -> &str {
+    pub(crate) fn attr(&self, key: &str) -> &str {
         self.attributes
             .get(key)
             .map(String::as_str)
@@ -51,7 +51,7 @@ impl ReceivedSpan {
 }
 
 /// See the module docs.
-pub struct OtlpReceiver {
+pub(crate) struct OtlpReceiver {
     addr: SocketAddr,
     spans: Arc<Mutex<Vec<ReceivedSpan>>>,
     requests: Arc<Mutex<Vec<String>>>,
@@ -59,7 +59,7 @@ pub struct OtlpReceiver {
 }
 
 impl OtlpReceiver {
-    pub async fn start() -> OtlpReceiver {
+    pub(crate) async fn start() -> OtlpReceiver {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind the OTLP receiver");
@@ -92,21 +92,21 @@ impl OtlpReceiver {
     }
 
     /// What `telemetry.otlp_endpoint` is set to: the base URL, as for a collector.
-    pub fn endpoint(&self) -> String {
+    pub(crate) fn endpoint(&self) -> String {
         format!("http://{}", self.addr)
     }
 
-    pub fn spans(&self) -> Vec<ReceivedSpan> {
+    pub(crate) fn spans(&self) -> Vec<ReceivedSpan> {
         self.spans.lock().unwrap().clone()
     }
 
     /// `METHOD path content-type` of every request received.
-    pub fn requests(&self) -> Vec<String> {
+    pub(crate) fn requests(&self) -> Vec<String> {
         self.requests.lock().unwrap().clone()
     }
 
     /// Stops listening: from now on connections to the endpoint are refused.
-    pub async fn stop(mut self) {
+    pub(crate) async fn stop(mut self) {
         self.task.abort();
         // The aborted accept loop drops the listener once it has ended.
         let _ = (&mut self.task).await;

@@ -19,7 +19,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
-pub struct Proxy {
+pub(crate) struct Proxy {
     port: u16,
     shared: Arc<Shared>,
 }
@@ -37,7 +37,7 @@ struct Shared {
 
 impl Proxy {
     /// A proxy on `127.0.0.1:<free port>` forwarding to `127.0.0.1:target_port`.
-    pub fn start(target_port: u16) -> Proxy {
+    pub(crate) fn start(target_port: u16) -> Proxy {
         let listener = StdListener::bind("127.0.0.1:0").expect("bind proxy port");
         listener
             .set_nonblocking(true)
@@ -65,39 +65,39 @@ impl Proxy {
         Proxy { port, shared }
     }
 
-    pub fn port(&self) -> u16 {
+    pub(crate) fn port(&self) -> u16 {
         self.port
     }
 
     /// `nats://127.0.0.1:<port>`
-    pub fn nats_url(&self) -> String {
+    pub(crate) fn nats_url(&self) -> String {
         format!("nats://127.0.0.1:{}", self.port)
     }
 
     /// `url` (a `postgres://` URL on 127.0.0.1) with its port replaced by the proxy's.
-    pub fn postgres_url(&self, url: &str) -> String {
+    pub(crate) fn postgres_url(&self, url: &str) -> String {
         let target = format!("127.0.0.1:{}", self.shared.target.port());
         assert!(url.contains(&target), "{url} does not point at {target}");
         url.replace(&target, &format!("127.0.0.1:{}", self.port))
     }
 
     /// Closes every current connection; new ones are accepted as before.
-    pub fn cut(&self) {
+    pub(crate) fn cut(&self) {
         self.shared.generation.send_modify(|g| *g += 1);
     }
 
     /// While on, nothing is forwarded in either direction and nothing is closed.
-    pub fn blackhole(&self, on: bool) {
+    pub(crate) fn blackhole(&self, on: bool) {
         self.shared.blackhole.send_replace(on);
     }
 
     /// While on, new connections are closed as soon as they are accepted.
-    pub fn refuse(&self, on: bool) {
+    pub(crate) fn refuse(&self, on: bool) {
         self.shared.refuse.store(on, Ordering::SeqCst);
     }
 
     /// Connections accepted so far.
-    pub fn accepted(&self) -> u64 {
+    pub(crate) fn accepted(&self) -> u64 {
         self.shared.accepted.load(Ordering::SeqCst)
     }
 }

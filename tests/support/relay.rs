@@ -26,13 +26,13 @@ use super::process;
 use super::{NatsServer, TestDb, unique};
 
 /// The default outbox table of `sql/01_outbox_table.sql`, as shipped (uuid ids).
-pub fn default_outbox_sql() -> String {
+pub(crate) fn default_outbox_sql() -> String {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/sql/01_outbox_table.sql");
     fs::read_to_string(path).unwrap_or_else(|e| panic!("read {path}: {e}"))
 }
 
 /// The default outbox table with `event_id text`, so tests can write readable ids like `e-5531`.
-pub const TEXT_ID_OUTBOX_SQL: &str = "CREATE TABLE public.outbox (
+pub(crate) const TEXT_ID_OUTBOX_SQL: &str = "CREATE TABLE public.outbox (
     event_id       text        PRIMARY KEY,
     aggregate_type text        NOT NULL,
     aggregate_id   text        NOT NULL,
@@ -44,7 +44,7 @@ pub const TEXT_ID_OUTBOX_SQL: &str = "CREATE TABLE public.outbox (
 
 /// A relay configuration for `db` and `nats`: the test's own slot, publication and stream, no HTTP
 /// listener, a short ack timeout so fault tests notice a dead NATS quickly.
-pub fn relay_config(db: &TestDb, nats: &NatsServer) -> Config {
+pub(crate) fn relay_config(db: &TestDb, nats: &NatsServer) -> Config {
     let mut config = Config::default();
     config.postgres.url = db.url();
     config.postgres.slot = db.slot_name();
@@ -58,14 +58,14 @@ pub fn relay_config(db: &TestDb, nats: &NatsServer) -> Config {
 }
 
 /// `relay::run` on a task of the test's runtime.
-pub struct InProcessRelay {
+pub(crate) struct InProcessRelay {
     pub metrics: Arc<Metrics>,
     stop: Option<oneshot::Sender<()>>,
     handle: Option<JoinHandle<Result<(), RelayError>>>,
 }
 
 impl InProcessRelay {
-    pub fn start(config: Config) -> InProcessRelay {
+    pub(crate) fn start(config: Config) -> InProcessRelay {
         let metrics = Arc::new(Metrics::default());
         let (tx, rx) = oneshot::channel::<()>();
         let settings = config.validate().expect("test relay config is valid");
@@ -84,12 +84,12 @@ impl InProcessRelay {
     }
 
     /// True once `run` returned (setup failed or a definite error).
-    pub fn is_finished(&self) -> bool {
+    pub(crate) fn is_finished(&self) -> bool {
         self.handle.as_ref().is_none_or(|h| h.is_finished())
     }
 
     /// Requests shutdown and returns what `run` returned (panics if it takes over 30 s).
-    pub async fn stop(mut self) -> Result<(), RelayError> {
+    pub(crate) async fn stop(mut self) -> Result<(), RelayError> {
         if let Some(tx) = self.stop.take() {
             let _ = tx.send(());
         }
@@ -110,7 +110,7 @@ impl Drop for InProcessRelay {
 }
 
 /// The `outbox-relay` binary as a child process, stderr captured in a file.
-pub struct RelayProcess {
+pub(crate) struct RelayProcess {
     child: Child,
     stderr_path: PathBuf,
     stdout_path: PathBuf,
@@ -118,7 +118,7 @@ pub struct RelayProcess {
 }
 
 /// The environment that points the binary at `config`'s servers and names.
-pub fn relay_env(config: &Config) -> Vec<(String, String)> {
+pub(crate) fn relay_env(config: &Config) -> Vec<(String, String)> {
     let mut env = vec![
         (
             "OUTBOX_RELAY_POSTGRES_URL".into(),
@@ -154,7 +154,7 @@ pub fn relay_env(config: &Config) -> Vec<(String, String)> {
 
 /// A `Command` for the binary with exactly `env` as its `OUTBOX_RELAY_*` variables. `RELAY_TEST_BIN`
 /// runs another build instead (e.g. an older commit's, to see which tests it fails).
-pub fn relay_command(args: &[&str], env: &[(String, String)]) -> Command {
+pub(super) fn relay_command(args: &[&str], env: &[(String, String)]) -> Command {
     let bin = std::env::var_os("RELAY_TEST_BIN")
         .filter(|b| !b.is_empty())
         .unwrap_or_else(|| env!("CARGO_BIN_EXE_outbox-relay").into());
@@ -171,14 +171,14 @@ pub fn relay_command(args: &[&str], env: &[(String, String)]) -> Command {
 }
 
 /// Output of a finished command: exit status, stdout, stderr.
-pub struct Finished {
+pub(crate) struct Finished {
     pub status: ExitStatus,
     pub stdout: String,
     pub stderr: String,
 }
 
 /// Runs the binary to completion (bounded by `timeout`, then SIGKILL and panic).
-pub fn run_command(args: &[&str], env: &[(String, String)], timeout: Duration) -> Finished {
+pub(crate) fn run_command(args: &[&str], env: &[(String, String)], timeout: Duration) -> Finished {
     let mut p = RelayProcess::spawn(args, env);
     let status = p
         .wait(timeout)
@@ -191,7 +191,7 @@ pub fn run_command(args: &[&str], env: &[(String, String)], timeout: Duration) -
 }
 
 impl RelayProcess {
-    pub fn spawn(args: &[&str], env: &[(String, String)]) -> RelayProcess {
+    pub(crate) fn spawn(args: &[&str], env: &[(String, String)]) -> RelayProcess {
         let dir = tempfile::tempdir().expect("tempdir for relay output");
         let stderr_path = dir.path().join("stderr");
         let stdout_path = dir.path().join("stdout");
@@ -209,21 +209,21 @@ impl RelayProcess {
     }
 
     /// `run` against `config`'s servers.
-    pub fn run(config: &Config) -> RelayProcess {
+    pub(crate) fn run(config: &Config) -> RelayProcess {
         RelayProcess::spawn(&["run"], &relay_env(config))
     }
 
-    pub fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.child.id()
     }
 
     /// Sends a signal by name (`TERM`, `KILL`, `INT`).
-    pub fn signal(&self, name: &str) {
+    pub(crate) fn signal(&self, name: &str) {
         process::signal(i64::from(self.child.id()), name);
     }
 
     /// Waits up to `timeout` for the exit; `None` if still running.
-    pub fn wait(&mut self, timeout: Duration) -> Option<ExitStatus> {
+    pub(crate) fn wait(&mut self, timeout: Duration) -> Option<ExitStatus> {
         if process::wait_exit(&mut self.child, timeout) {
             self.child.try_wait().ok().flatten()
         } else {
@@ -231,15 +231,15 @@ impl RelayProcess {
         }
     }
 
-    pub fn is_running(&mut self) -> bool {
+    pub(crate) fn is_running(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
     }
 
-    pub fn stderr(&self) -> String {
+    pub(crate) fn stderr(&self) -> String {
         fs::read_to_string(&self.stderr_path).unwrap_or_default()
     }
 
-    pub fn stdout(&self) -> String {
+    pub(crate) fn stdout(&self) -> String {
         fs::read_to_string(&self.stdout_path).unwrap_or_default()
     }
 }
@@ -255,7 +255,7 @@ impl Drop for RelayProcess {
 
 /// One stored message, as a consumer sees it.
 #[derive(Debug, Clone)]
-pub struct Stored {
+pub(crate) struct Stored {
     pub seq: u64,
     pub subject: String,
     pub headers: BTreeMap<String, String>,
@@ -263,7 +263,7 @@ pub struct Stored {
 }
 
 impl Stored {
-    pub fn header(&self, name: &str) -> &str {
+    pub(crate) fn header(&self, name: &str) -> &str {
         self.headers
             .get(name)
             .map(String::as_str)
@@ -271,25 +271,25 @@ impl Stored {
     }
 
     /// The event id: `Nats-Msg-Id`, or `Outbox-Event-Id` on messages of an atomic batch.
-    pub fn id(&self) -> &str {
+    pub(crate) fn id(&self) -> &str {
         self.headers
             .get("Nats-Msg-Id")
             .map_or_else(|| self.header("Outbox-Event-Id"), String::as_str)
     }
 
-    pub fn commit_lsn(&self) -> Lsn {
+    pub(crate) fn commit_lsn(&self) -> Lsn {
         self.header("Outbox-Commit-Lsn")
             .parse()
             .unwrap_or_else(|e| panic!("message {}: {e}", self.seq))
     }
 
-    pub fn payload_str(&self) -> &str {
+    pub(crate) fn payload_str(&self) -> &str {
         std::str::from_utf8(&self.payload).expect("utf-8 payload")
     }
 }
 
 /// Number of messages in `stream` (0 while the stream does not exist or NATS is down).
-pub async fn stream_count(js: &jetstream::Context, stream: &str) -> u64 {
+pub(crate) async fn stream_count(js: &jetstream::Context, stream: &str) -> u64 {
     let Ok(mut s) = js.get_stream(stream).await else {
         return 0;
     };
@@ -297,7 +297,7 @@ pub async fn stream_count(js: &jetstream::Context, stream: &str) -> u64 {
 }
 
 /// Every message of `stream`, in stream order, through an ordered consumer.
-pub async fn read_all(js: &jetstream::Context, stream: &str) -> Vec<Stored> {
+pub(crate) async fn read_all(js: &jetstream::Context, stream: &str) -> Vec<Stored> {
     let mut s = js
         .get_stream(stream)
         .await
@@ -341,7 +341,7 @@ pub async fn read_all(js: &jetstream::Context, stream: &str) -> Vec<Stored> {
 }
 
 /// The slot's `confirmed_flush_lsn` (`None` if the slot does not exist).
-pub async fn confirmed_flush(client: &tokio_postgres::Client, slot: &str) -> Option<Lsn> {
+pub(crate) async fn confirmed_flush(client: &tokio_postgres::Client, slot: &str) -> Option<Lsn> {
     client
         .query_opt(
             "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1",
@@ -354,7 +354,7 @@ pub async fn confirmed_flush(client: &tokio_postgres::Client, slot: &str) -> Opt
 }
 
 /// `pg_current_wal_lsn()`.
-pub async fn current_wal_lsn(client: &tokio_postgres::Client) -> Lsn {
+pub(crate) async fn current_wal_lsn(client: &tokio_postgres::Client) -> Lsn {
     let s: String = client
         .query_one("SELECT pg_current_wal_lsn()::text", &[])
         .await
@@ -364,7 +364,7 @@ pub async fn current_wal_lsn(client: &tokio_postgres::Client) -> Lsn {
 }
 
 /// Whether a replication slot named `slot` exists on the server of `client`.
-pub async fn slot_exists(client: &tokio_postgres::Client, slot: &str) -> bool {
+pub(crate) async fn slot_exists(client: &tokio_postgres::Client, slot: &str) -> bool {
     client
         .query_opt(
             "SELECT 1 FROM pg_replication_slots WHERE slot_name = $1",
