@@ -70,22 +70,34 @@ impl Settings {
 impl Config {
     /// Checks every setting that can be checked without connecting, and parses each once.
     pub fn validate(&self) -> Result<Settings, ConfigError> {
+        let conn = self.validate_postgres()?;
+        self.validate_outbox()?;
+        self.validate_telemetry()?;
+        let (nats, template) = self.validate_nats()?;
+        self.validate_http()?;
+        check_log_level(&self.log.level)?;
+        let (schemas, schemas_error) = self.load_schemas()?;
+        let (o, n) = (&self.outbox, &self.nats);
+        Ok(Settings {
+            config: self.clone(),
+            conn,
+            nats_conn: nats,
+            subject: template,
+            status_interval: Duration::from_millis(self.postgres.status_interval_ms),
+            ack_timeout: Duration::from_millis(n.ack_timeout_ms),
+            duplicate_window: Duration::from_secs(n.duplicate_window_secs),
+            stop_on_invalid: o.on_invalid == OnInvalid::Stop,
+            warnings: Vec::new(),
+            schemas,
+            schemas_error,
+        })
+    }
+
+    /// `[postgres]`: the URL parsed, then the slot, publication and protocol limits.
+    fn validate_postgres(&self) -> Result<ConnInfo, ConfigError> {
         let conn = ConnInfo::parse(&self.postgres.url)
             .map_err(|e| invalid("postgres.url", e.to_string()))?;
-        let slot = &self.postgres.slot;
-        if slot.is_empty()
-            || slot.len() > 63
-            || !slot
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
-        {
-            return Err(invalid(
-                "postgres.slot",
-                format!(
-                    "{slot:?} is not a valid slot name: use 1-63 lowercase letters, digits and underscores"
-                ),
-            ));
-        }
+        check_slot_name(&self.postgres.slot)?;
         check_ident("postgres.publication", &self.postgres.publication)?;
         if !(50..=1000).contains(&self.postgres.status_interval_ms) {
             return Err(invalid(
@@ -102,38 +114,13 @@ impl Config {
                 ),
             ));
         }
+        Ok(conn)
+    }
+
+    /// `[outbox]`: the table (or messages only), its columns, and the message prefixes.
+    fn validate_outbox(&self) -> Result<(), ConfigError> {
         let o = &self.outbox;
-        match o.table.split_once('.') {
-            // Messages only: no table to read, so the prefix is what makes events.
-            None if o.table.is_empty() => {
-                if o.message_prefix.is_empty() {
-                    return Err(invalid(
-                        "outbox.table",
-                        "is empty, but outbox.message_prefix is not set: name the outbox table, or set \
-                         outbox.message_prefix to relay logical messages only",
-                    ));
-                }
-                if !o.header_columns.is_empty() {
-                    return Err(invalid(
-                        "outbox.header_columns",
-                        "needs a table, but outbox.table is empty (messages only): put the values in the \
-                         message's \"headers\" object instead",
-                    ));
-                }
-            }
-            Some((schema, table))
-                if !schema.is_empty() && !table.is_empty() && !table.contains('.') =>
-            {
-                check_ident("outbox.table", schema)?;
-                check_ident("outbox.table", table)?;
-            }
-            _ => {
-                return Err(invalid(
-                    "outbox.table",
-                    format!("{:?} must be schema-qualified, like public.outbox", o.table),
-                ));
-            }
-        }
+        check_outbox_table(o)?;
         for (key, col) in [
             ("outbox.id_column", &o.id_column),
             ("outbox.aggregate_type_column", &o.aggregate_type_column),
@@ -146,19 +133,28 @@ impl Config {
         if !o.headers_column.is_empty() {
             check_ident("outbox.headers_column", &o.headers_column)?;
         }
-        let n = &self.nats;
-        check_header_columns(&o.header_columns, n.cloudevents)?;
+        check_header_columns(&o.header_columns, self.nats.cloudevents)?;
         if o.message_prefix.contains('\0') {
             return Err(invalid(
                 "outbox.message_prefix",
                 "contains a NUL character, which a logical message prefix cannot hold",
             ));
         }
-        check_context_prefix(o)?;
+        check_context_prefix(o)
+    }
+
+    /// `[telemetry]`: an OTLP endpoint, if set, makes a traces URL.
+    fn validate_telemetry(&self) -> Result<(), ConfigError> {
         if !self.telemetry.otlp_endpoint.is_empty() {
             crate::telemetry::traces_url(&self.telemetry.otlp_endpoint)
                 .map_err(|e| invalid("telemetry.otlp_endpoint", e))?;
         }
+        Ok(())
+    }
+
+    /// `[nats]`: connection settings, stream name and subjects parsed, then the numeric limits.
+    fn validate_nats(&self) -> Result<(NatsSettings, SubjectTemplate), ConfigError> {
+        let n = &self.nats;
         if n.cloudevents && n.cloudevents_source.trim().is_empty() {
             return Err(invalid(
                 "nats.cloudevents_source",
@@ -167,83 +163,14 @@ impl Config {
             ));
         }
         let nats = super::nats::parse(n)?;
-        if n.stream.is_empty()
-            || n.stream.len() > 255
-            || n.stream
-                .chars()
-                .any(|c| c.is_whitespace() || c.is_control() || ".*>/\\".contains(c))
-        {
-            return Err(invalid(
-                "nats.stream",
-                format!(
-                    "{:?} is not a valid stream name: 1-255 characters, no spaces, '.', '*', '>', '/' or '\\'",
-                    n.stream
-                ),
-            ));
-        }
-        let template = SubjectTemplate::parse(&n.subject)
-            .map_err(|e| invalid("nats.subject", e.to_string()))?
-            .with_partitions(n.partitions);
-        check_partitions(n, &template)?;
-        crate::route::check_subject(&n.dead_letter_subject)
-            .map_err(|e| invalid("nats.dead_letter_subject", e))?;
-        if template.matches_literal(&n.dead_letter_subject) {
-            return Err(invalid(
-                "nats.dead_letter_subject",
-                format!(
-                    "{:?} is matched by nats.subject {:?}: dead letters would mix with events; pick a subject outside it",
-                    n.dead_letter_subject, n.subject
-                ),
-            ));
-        }
-        check_inbox_prefix(n, &template)?;
-        if !(1..=65_536).contains(&n.max_in_flight) {
-            return Err(invalid("nats.max_in_flight", "must be between 1 and 65536"));
-        }
-        if !((64 << 10)..=(4 << 30) - 1).contains(&n.max_in_flight_bytes) {
-            return Err(invalid(
-                "nats.max_in_flight_bytes",
-                "must be between 65536 and 4294967295",
-            ));
-        }
-        if n.ack_timeout_ms < 100 {
-            return Err(invalid("nats.ack_timeout_ms", "must be at least 100"));
-        }
-        if n.duplicate_window_secs == 0 {
-            return Err(invalid(
-                "nats.duplicate_window_secs",
-                "must be at least 1: the duplicate window is what drops republished events",
-            ));
-        }
-        if n.max_age_secs != 0 && n.duplicate_window_secs > n.max_age_secs {
-            // JetStream refuses such a stream: an id cannot be remembered longer than its message.
-            return Err(invalid(
-                "nats.max_age_secs",
-                format!(
-                    "is shorter than nats.duplicate_window_secs ({}): keep messages at least as long as \
-                     the duplicate window, or set 0 to keep them forever",
-                    n.duplicate_window_secs
-                ),
-            ));
-        }
-        if i64::try_from(n.max_bytes).is_err() {
-            return Err(invalid(
-                "nats.max_bytes",
-                "must be below 2^63 (0 for no limit)",
-            ));
-        }
-        if !(1..=5).contains(&n.stream_replicas) {
-            return Err(invalid("nats.stream_replicas", "must be between 1 and 5"));
-        }
-        if n.atomic_transactions && !n.fence {
-            // An atomic batch carries no Nats-Msg-Id: only the fence keeps a restart from storing
-            // a transaction twice.
-            return Err(invalid(
-                "nats.atomic_transactions",
-                "needs nats.fence = true: atomic batches cannot carry Nats-Msg-Id, so the fence is what keeps \
-                 every event stored once",
-            ));
-        }
+        check_stream_name(&n.stream)?;
+        let template = check_subjects(n)?;
+        check_nats_limits(n)?;
+        Ok((nats, template))
+    }
+
+    /// `http.listen`: empty (no listener) or a socket address.
+    fn validate_http(&self) -> Result<(), ConfigError> {
         if !self.http.listen.is_empty() && self.http.listen.parse::<SocketAddr>().is_err() {
             return Err(invalid(
                 "http.listen",
@@ -253,7 +180,14 @@ impl Config {
                 ),
             ));
         }
-        check_log_level(&self.log.level)?;
+        Ok(())
+    }
+
+    /// `outbox.schemas`: required needs a directory; the set is loaded here so a reload's new
+    /// settings carry the new set, and a directory that does not load is returned, not refused
+    /// (whether it stops the command is the command's choice; status reports it).
+    fn load_schemas(&self) -> Result<(Schemas, Option<LoadError>), ConfigError> {
+        let o = &self.outbox;
         if o.schemas_required && o.schemas.is_empty() {
             return Err(invalid(
                 "outbox.schemas_required",
@@ -261,26 +195,159 @@ impl Config {
                  directory in outbox.schemas",
             ));
         }
-        // Loaded here, so a reload's new settings carry the new set; whether a directory that does
-        // not load stops the command is the command's choice (status reports it).
-        let (schemas, schemas_error) = match SchemaSet::load(&o.schemas, o.schemas_required) {
+        Ok(match SchemaSet::load(&o.schemas, o.schemas_required) {
             Ok(set) => (Schemas::new(set), None),
             Err(e) => (Schemas::new(SchemaSet::default()), Some(e)),
-        };
-        Ok(Settings {
-            config: self.clone(),
-            conn,
-            nats_conn: nats,
-            subject: template,
-            status_interval: Duration::from_millis(self.postgres.status_interval_ms),
-            ack_timeout: Duration::from_millis(n.ack_timeout_ms),
-            duplicate_window: Duration::from_secs(n.duplicate_window_secs),
-            stop_on_invalid: o.on_invalid == OnInvalid::Stop,
-            warnings: Vec::new(),
-            schemas,
-            schemas_error,
         })
     }
+}
+
+/// `postgres.slot`: Postgres's rules for a replication slot name.
+fn check_slot_name(slot: &str) -> Result<(), ConfigError> {
+    if slot.is_empty()
+        || slot.len() > 63
+        || !slot
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+    {
+        return Err(invalid(
+            "postgres.slot",
+            format!(
+                "{slot:?} is not a valid slot name: use 1-63 lowercase letters, digits and underscores"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// `outbox.table`: schema-qualified, or empty for messages only (which then needs a message prefix
+/// and no header columns).
+fn check_outbox_table(o: &super::OutboxConfig) -> Result<(), ConfigError> {
+    match o.table.split_once('.') {
+        // Messages only: no table to read, so the prefix is what makes events.
+        None if o.table.is_empty() => {
+            if o.message_prefix.is_empty() {
+                return Err(invalid(
+                    "outbox.table",
+                    "is empty, but outbox.message_prefix is not set: name the outbox table, or set \
+                     outbox.message_prefix to relay logical messages only",
+                ));
+            }
+            if !o.header_columns.is_empty() {
+                return Err(invalid(
+                    "outbox.header_columns",
+                    "needs a table, but outbox.table is empty (messages only): put the values in the \
+                     message's \"headers\" object instead",
+                ));
+            }
+        }
+        Some((schema, table))
+            if !schema.is_empty() && !table.is_empty() && !table.contains('.') =>
+        {
+            check_ident("outbox.table", schema)?;
+            check_ident("outbox.table", table)?;
+        }
+        _ => {
+            return Err(invalid(
+                "outbox.table",
+                format!("{:?} must be schema-qualified, like public.outbox", o.table),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `nats.stream`: a name JetStream accepts.
+fn check_stream_name(stream: &str) -> Result<(), ConfigError> {
+    if stream.is_empty()
+        || stream.len() > 255
+        || stream
+            .chars()
+            .any(|c| c.is_whitespace() || c.is_control() || ".*>/\\".contains(c))
+    {
+        return Err(invalid(
+            "nats.stream",
+            format!(
+                "{stream:?} is not a valid stream name: 1-255 characters, no spaces, '.', '*', '>', '/' or '\\'"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// `nats.subject` parsed, with its partitions, and the dead-letter and inbox subjects kept apart
+/// from it.
+fn check_subjects(n: &super::NatsConfig) -> Result<SubjectTemplate, ConfigError> {
+    let template = SubjectTemplate::parse(&n.subject)
+        .map_err(|e| invalid("nats.subject", e.to_string()))?
+        .with_partitions(n.partitions);
+    check_partitions(n, &template)?;
+    crate::route::check_subject(&n.dead_letter_subject)
+        .map_err(|e| invalid("nats.dead_letter_subject", e))?;
+    if template.matches_literal(&n.dead_letter_subject) {
+        return Err(invalid(
+            "nats.dead_letter_subject",
+            format!(
+                "{:?} is matched by nats.subject {:?}: dead letters would mix with events; pick a subject outside it",
+                n.dead_letter_subject, n.subject
+            ),
+        ));
+    }
+    check_inbox_prefix(n, &template)?;
+    Ok(template)
+}
+
+/// `[nats]` numbers: in-flight limits, timeouts, stream retention and replicas, and the fence
+/// that atomic batches need.
+fn check_nats_limits(n: &super::NatsConfig) -> Result<(), ConfigError> {
+    if !(1..=65_536).contains(&n.max_in_flight) {
+        return Err(invalid("nats.max_in_flight", "must be between 1 and 65536"));
+    }
+    if !((64 << 10)..=(4 << 30) - 1).contains(&n.max_in_flight_bytes) {
+        return Err(invalid(
+            "nats.max_in_flight_bytes",
+            "must be between 65536 and 4294967295",
+        ));
+    }
+    if n.ack_timeout_ms < 100 {
+        return Err(invalid("nats.ack_timeout_ms", "must be at least 100"));
+    }
+    if n.duplicate_window_secs == 0 {
+        return Err(invalid(
+            "nats.duplicate_window_secs",
+            "must be at least 1: the duplicate window is what drops republished events",
+        ));
+    }
+    if n.max_age_secs != 0 && n.duplicate_window_secs > n.max_age_secs {
+        // JetStream refuses such a stream: an id cannot be remembered longer than its message.
+        return Err(invalid(
+            "nats.max_age_secs",
+            format!(
+                "is shorter than nats.duplicate_window_secs ({}): keep messages at least as long as \
+                 the duplicate window, or set 0 to keep them forever",
+                n.duplicate_window_secs
+            ),
+        ));
+    }
+    if i64::try_from(n.max_bytes).is_err() {
+        return Err(invalid(
+            "nats.max_bytes",
+            "must be below 2^63 (0 for no limit)",
+        ));
+    }
+    if !(1..=5).contains(&n.stream_replicas) {
+        return Err(invalid("nats.stream_replicas", "must be between 1 and 5"));
+    }
+    if n.atomic_transactions && !n.fence {
+        // An atomic batch carries no Nats-Msg-Id: only the fence keeps a restart from storing
+        // a transaction twice.
+        return Err(invalid(
+            "nats.atomic_transactions",
+            "needs nats.fence = true: atomic batches cannot carry Nats-Msg-Id, so the fence is what keeps \
+             every event stored once",
+        ));
+    }
+    Ok(())
 }
 
 /// `outbox.header_columns`: `column` or `column:Header-Name`, a plain column and a valid header name
