@@ -282,6 +282,233 @@ const OURS: &[&str] = &[
     "load_balance_hosts",
 ];
 
+/// Takes [`OURS`] out of a URL or key=value string, refusing other schemes and plain words; the
+/// rest is for tokio-postgres.
+fn split_ours(s: &str) -> Result<(String, Vec<(String, String)>), ConnInfoError> {
+    let s = s.trim();
+    if let Some((scheme, _)) = s.split_once("://") {
+        if scheme != "postgres" && scheme != "postgresql" {
+            return Err(ConnInfoError::Scheme(scheme.to_owned()));
+        }
+        Ok(split_url(s))
+    } else if s.contains('=') || s.is_empty() {
+        split_key_values(s)
+    } else {
+        Err(ConnInfoError::Syntax(
+            "neither a URL nor key=value pairs".into(),
+        ))
+    }
+}
+
+/// tokio-postgres parses what [`split_ours`] left.
+fn parse_rest(rest: &str) -> Result<tokio_postgres::Config, ConnInfoError> {
+    tokio_postgres::Config::from_str(rest).map_err(|e| {
+        // "invalid connection string" alone; the source names the option or value.
+        let why = std::error::Error::source(&e).map_or_else(|| e.to_string(), |s| s.to_string());
+        ConnInfoError::Syntax(why)
+    })
+}
+
+/// The values of [`OURS`] taken from the string, with the environment behind them.
+struct Params<'a, E> {
+    ours: &'a [(String, String)],
+    env: &'a E,
+}
+
+impl<E: Fn(&str) -> Option<String>> Params<'_, E> {
+    /// The string's last value for `key`, else `var` from the environment if not empty.
+    fn get(&self, key: &str, var: &str) -> Option<String> {
+        self.ours
+            .iter()
+            .rev()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.clone())
+            .or_else(|| (self.env)(var).filter(|v| !v.is_empty()))
+    }
+}
+
+/// The hosts (or socket directories), from the string or `PGHOST`: at least one, and none with an
+/// '@' (an unencoded '@' in the password leaves the rest of it in the host name).
+fn hosts_from(
+    pg: &tokio_postgres::Config,
+    env: &impl Fn(&str) -> Option<String>,
+) -> Result<Vec<String>, ConnInfoError> {
+    let mut hosts: Vec<String> = Vec::new();
+    for h in pg.get_hosts() {
+        match h {
+            tokio_postgres::config::Host::Tcp(h) => hosts.push(h.clone()),
+            tokio_postgres::config::Host::Unix(p) => hosts.push(p.display().to_string()),
+        }
+    }
+    if hosts.is_empty() {
+        hosts = env("PGHOST")
+            .map(|h| h.split(',').map(|h| h.trim().to_owned()).collect())
+            .unwrap_or_default();
+    }
+    hosts.retain(|h| !h.is_empty());
+    if hosts.is_empty() {
+        return Err(ConnInfoError::NoHost);
+    }
+    if let Some(h) = hosts.iter().find(|h| h.contains('@')) {
+        return Err(ConnInfoError::Syntax(format!(
+            "host {:?} contains '@'",
+            h.rsplit('@').next().unwrap_or_default()
+        )));
+    }
+    Ok(hosts)
+}
+
+/// One port per host, from the string or `PGPORT`: none means 5432, one applies to every host.
+fn ports_for(
+    pg: &tokio_postgres::Config,
+    env: &impl Fn(&str) -> Option<String>,
+    hosts: usize,
+) -> Result<Vec<u16>, ConnInfoError> {
+    let mut ports: Vec<u16> = pg.get_ports().to_vec();
+    if ports.is_empty()
+        && let Some(p) = env("PGPORT")
+    {
+        for p in p.split(',') {
+            ports.push(
+                p.trim()
+                    .parse()
+                    .map_err(|_| ConnInfoError::BadParam("port", p.to_owned()))?,
+            );
+        }
+    }
+    Ok(match ports.len() {
+        0 => vec![5432; hosts],
+        1 => vec![ports[0]; hosts],
+        n if n == hosts => ports,
+        n => return Err(ConnInfoError::Ports { hosts, ports: n }),
+    })
+}
+
+/// User (default `postgres`), password and database (default the user), each from the string or
+/// its environment variable.
+fn credentials(
+    pg: &tokio_postgres::Config,
+    env: &impl Fn(&str) -> Option<String>,
+) -> (String, Option<SecretString>, String) {
+    let user = pg
+        .get_user()
+        .map(str::to_owned)
+        .or_else(|| env("PGUSER"))
+        .unwrap_or_else(|| "postgres".to_owned());
+    let password = pg
+        .get_password()
+        .map(|p| String::from_utf8_lossy(p).into_owned())
+        .or_else(|| env("PGPASSWORD"))
+        .map(SecretString::from);
+    let dbname = pg
+        .get_dbname()
+        .map(str::to_owned)
+        .or_else(|| env("PGDATABASE"))
+        .unwrap_or_else(|| user.clone());
+    (user, password, dbname)
+}
+
+/// `connect_timeout` or `PGCONNECT_TIMEOUT` (default 10 s), at least a second.
+fn connect_timeout(
+    pg: &tokio_postgres::Config,
+    env: &impl Fn(&str) -> Option<String>,
+) -> Result<Duration, ConnInfoError> {
+    Ok(match pg.get_connect_timeout() {
+        Some(t) => *t,
+        None => match env("PGCONNECT_TIMEOUT") {
+            Some(v) => Duration::from_secs(
+                v.trim()
+                    .parse::<u64>()
+                    .map_err(|_| ConnInfoError::BadParam("connect_timeout", v.clone()))?,
+            ),
+            None => Duration::from_secs(10),
+        },
+    }
+    .max(Duration::from_secs(1)))
+}
+
+/// `sslmode` and `sslrootcert`: the system roots imply, and allow only, `verify-full`.
+fn tls_settings(
+    params: &Params<'_, impl Fn(&str) -> Option<String>>,
+) -> Result<(SslMode, Option<RootCerts>), ConnInfoError> {
+    let sslrootcert = params
+        .get("sslrootcert", "PGSSLROOTCERT")
+        .map(|v| match v.as_str() {
+            "system" => RootCerts::System,
+            _ => RootCerts::File(PathBuf::from(v)),
+        });
+    let sslmode = match params.get("sslmode", "PGSSLMODE") {
+        Some(v) => SslMode::parse(&v)?,
+        // libpq 16+: the public roots imply verify-full. Any CA in the bundle can certify any
+        // name, so trusting the bundle without checking the name trusts everyone.
+        None if sslrootcert == Some(RootCerts::System) => SslMode::VerifyFull,
+        None => SslMode::Prefer,
+    };
+    if sslrootcert == Some(RootCerts::System) && sslmode != SslMode::VerifyFull {
+        return Err(ConnInfoError::WeakSystemRoots(sslmode));
+    }
+    Ok((sslmode, sslrootcert))
+}
+
+/// Which host to accept and how to authenticate: the session parameters of [`OURS`].
+struct SessionSettings {
+    target_session_attrs: TargetSessionAttrs,
+    require_auth: RequireAuth,
+    channel_binding: ChannelBindingMode,
+    load_balance: bool,
+}
+
+impl SessionSettings {
+    fn from_params(
+        params: &Params<'_, impl Fn(&str) -> Option<String>>,
+    ) -> Result<Self, ConnInfoError> {
+        let target_session_attrs = match params.get("target_session_attrs", "PGTARGETSESSIONATTRS")
+        {
+            Some(v) => TargetSessionAttrs::parse(&v)?,
+            None => TargetSessionAttrs::Any,
+        };
+        let require_auth = match params.get("require_auth", "PGREQUIREAUTH") {
+            Some(v) => RequireAuth::parse(&v)?,
+            None => RequireAuth::default(),
+        };
+        let channel_binding = match params.get("channel_binding", "PGCHANNELBINDING").as_deref() {
+            Some("disable") => ChannelBindingMode::Disable,
+            Some("require") => ChannelBindingMode::Require,
+            Some("prefer") | None => ChannelBindingMode::Prefer,
+            Some(other) => {
+                return Err(ConnInfoError::BadParam("channel_binding", other.to_owned()));
+            }
+        };
+        let load_balance = match params
+            .get("load_balance_hosts", "PGLOADBALANCEHOSTS")
+            .as_deref()
+        {
+            Some("random") => true,
+            Some("disable") | None => false,
+            Some(other) => {
+                return Err(ConnInfoError::BadParam(
+                    "load_balance_hosts",
+                    other.to_owned(),
+                ));
+            }
+        };
+        Ok(Self {
+            target_session_attrs,
+            require_auth,
+            channel_binding,
+            load_balance,
+        })
+    }
+}
+
+/// `passfile` or `PGPASSFILE`, else `~/.pgpass`.
+fn param_passfile(params: &Params<'_, impl Fn(&str) -> Option<String>>) -> Option<PathBuf> {
+    params
+        .get("passfile", "PGPASSFILE")
+        .map(PathBuf::from)
+        .or_else(|| (params.env)("HOME").map(|h| PathBuf::from(h).join(".pgpass")))
+}
+
 impl ConnInfo {
     /// Parses a connection string, with libpq's environment variables for what it leaves out.
     pub fn parse(s: &str) -> Result<Self, ConnInfoError> {
@@ -293,150 +520,20 @@ impl ConnInfo {
         s: &str,
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<Self, ConnInfoError> {
-        let s = s.trim();
-        let (rest, ours) = if let Some((scheme, _)) = s.split_once("://") {
-            if scheme != "postgres" && scheme != "postgresql" {
-                return Err(ConnInfoError::Scheme(scheme.to_owned()));
-            }
-            split_url(s)
-        } else if s.contains('=') || s.is_empty() {
-            split_key_values(s)?
-        } else {
-            return Err(ConnInfoError::Syntax(
-                "neither a URL nor key=value pairs".into(),
-            ));
+        let (rest, ours) = split_ours(s)?;
+        let pg = parse_rest(&rest)?;
+        let params = Params {
+            ours: &ours,
+            env: &env,
         };
-        let pg = tokio_postgres::Config::from_str(&rest).map_err(|e| {
-            // "invalid connection string" alone; the source names the option or value.
-            let why =
-                std::error::Error::source(&e).map_or_else(|| e.to_string(), |s| s.to_string());
-            ConnInfoError::Syntax(why)
-        })?;
-        let param = |key: &str, var: &str| -> Option<String> {
-            ours.iter()
-                .rev()
-                .find(|(k, _)| k == key)
-                .map(|(_, v)| v.clone())
-                .or_else(|| env(var).filter(|v| !v.is_empty()))
-        };
-
-        let mut hosts: Vec<String> = Vec::new();
-        for h in pg.get_hosts() {
-            match h {
-                tokio_postgres::config::Host::Tcp(h) => hosts.push(h.clone()),
-                tokio_postgres::config::Host::Unix(p) => hosts.push(p.display().to_string()),
-            }
-        }
-        if hosts.is_empty() {
-            hosts = env("PGHOST")
-                .map(|h| h.split(',').map(|h| h.trim().to_owned()).collect())
-                .unwrap_or_default();
-        }
-        hosts.retain(|h| !h.is_empty());
-        if hosts.is_empty() {
-            return Err(ConnInfoError::NoHost);
-        }
-        // An unencoded '@' in the password leaves the rest of it in the host name.
-        if let Some(h) = hosts.iter().find(|h| h.contains('@')) {
-            return Err(ConnInfoError::Syntax(format!(
-                "host {:?} contains '@'",
-                h.rsplit('@').next().unwrap_or_default()
-            )));
-        }
-        let mut ports: Vec<u16> = pg.get_ports().to_vec();
-        if ports.is_empty()
-            && let Some(p) = env("PGPORT")
-        {
-            for p in p.split(',') {
-                ports.push(
-                    p.trim()
-                        .parse()
-                        .map_err(|_| ConnInfoError::BadParam("port", p.to_owned()))?,
-                );
-            }
-        }
-        let ports = match ports.len() {
-            0 => vec![5432; hosts.len()],
-            1 => vec![ports[0]; hosts.len()],
-            n if n == hosts.len() => ports,
-            n => {
-                return Err(ConnInfoError::Ports {
-                    hosts: hosts.len(),
-                    ports: n,
-                });
-            }
-        };
+        let hosts = hosts_from(&pg, &env)?;
+        let ports = ports_for(&pg, &env, hosts.len())?;
         let hosts: Vec<(String, u16)> = hosts.into_iter().zip(ports).collect();
-        let user = pg
-            .get_user()
-            .map(str::to_owned)
-            .or_else(|| env("PGUSER"))
-            .unwrap_or_else(|| "postgres".to_owned());
-        let password = pg
-            .get_password()
-            .map(|p| String::from_utf8_lossy(p).into_owned())
-            .or_else(|| env("PGPASSWORD"))
-            .map(SecretString::from);
-        let dbname = pg
-            .get_dbname()
-            .map(str::to_owned)
-            .or_else(|| env("PGDATABASE"))
-            .unwrap_or_else(|| user.clone());
-        let connect_timeout = match pg.get_connect_timeout() {
-            Some(t) => *t,
-            None => match env("PGCONNECT_TIMEOUT") {
-                Some(v) => Duration::from_secs(
-                    v.trim()
-                        .parse::<u64>()
-                        .map_err(|_| ConnInfoError::BadParam("connect_timeout", v.clone()))?,
-                ),
-                None => Duration::from_secs(10),
-            },
-        }
-        .max(Duration::from_secs(1));
-        let sslrootcert = param("sslrootcert", "PGSSLROOTCERT").map(|v| match v.as_str() {
-            "system" => RootCerts::System,
-            _ => RootCerts::File(PathBuf::from(v)),
-        });
-        let sslmode = match param("sslmode", "PGSSLMODE") {
-            Some(v) => SslMode::parse(&v)?,
-            // libpq 16+: the public roots imply verify-full. Any CA in the bundle can certify any
-            // name, so trusting the bundle without checking the name trusts everyone.
-            None if sslrootcert == Some(RootCerts::System) => SslMode::VerifyFull,
-            None => SslMode::Prefer,
-        };
-        if sslrootcert == Some(RootCerts::System) && sslmode != SslMode::VerifyFull {
-            return Err(ConnInfoError::WeakSystemRoots(sslmode));
-        }
-        let target_session_attrs = match param("target_session_attrs", "PGTARGETSESSIONATTRS") {
-            Some(v) => TargetSessionAttrs::parse(&v)?,
-            None => TargetSessionAttrs::Any,
-        };
-        let require_auth = match param("require_auth", "PGREQUIREAUTH") {
-            Some(v) => RequireAuth::parse(&v)?,
-            None => RequireAuth::default(),
-        };
-        let channel_binding = match param("channel_binding", "PGCHANNELBINDING").as_deref() {
-            Some("disable") => ChannelBindingMode::Disable,
-            Some("require") => ChannelBindingMode::Require,
-            Some("prefer") | None => ChannelBindingMode::Prefer,
-            Some(other) => {
-                return Err(ConnInfoError::BadParam("channel_binding", other.to_owned()));
-            }
-        };
-        let load_balance = match param("load_balance_hosts", "PGLOADBALANCEHOSTS").as_deref() {
-            Some("random") => true,
-            Some("disable") | None => false,
-            Some(other) => {
-                return Err(ConnInfoError::BadParam(
-                    "load_balance_hosts",
-                    other.to_owned(),
-                ));
-            }
-        };
-        let passfile = param("passfile", "PGPASSFILE")
-            .map(PathBuf::from)
-            .or_else(|| env("HOME").map(|h| PathBuf::from(h).join(".pgpass")));
+        let (user, password, dbname) = credentials(&pg, &env);
+        let connect_timeout = connect_timeout(&pg, &env)?;
+        let (sslmode, sslrootcert) = tls_settings(&params)?;
+        let session = SessionSettings::from_params(&params)?;
+        let passfile = param_passfile(&params);
         let (host, port) = hosts[0].clone();
         Ok(ConnInfo {
             hosts,
@@ -449,10 +546,10 @@ impl ConnInfo {
             sslmode,
             sslrootcert,
             connect_timeout,
-            target_session_attrs,
-            load_balance,
-            channel_binding,
-            require_auth,
+            target_session_attrs: session.target_session_attrs,
+            load_balance: session.load_balance,
+            channel_binding: session.channel_binding,
+            require_auth: session.require_auth,
         })
     }
 
