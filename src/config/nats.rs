@@ -47,60 +47,93 @@ pub struct NatsSettings {
 
 /// Parses and checks the connection part of `[nats]`.
 pub(super) fn parse(n: &NatsConfig) -> Result<NatsSettings, ConfigError> {
+    let (servers, url_auth) = servers_from_urls(&n.url)?;
+    let auth = credentials(n, url_auth)?;
+    let (tls_ca_file, tls_client) = tls_files(n)?;
+    // A CA or a client certificate says the operator means TLS. Without requiring it, a server (or
+    // someone in between) that does not offer TLS gets the credentials in plaintext.
+    let tls_required = n.tls_required || tls_ca_file.is_some() || tls_client.is_some();
+    Ok(NatsSettings {
+        servers,
+        auth,
+        tls_ca_file,
+        tls_client,
+        tls_required,
+    })
+}
+
+/// `nats.url`: one server per comma-separated URL, credentials taken out (the last URL that has
+/// some gives them); at least one server.
+fn servers_from_urls(urls: &str) -> Result<(Vec<ServerAddr>, NatsAuth), ConfigError> {
     let mut servers = Vec::new();
     let mut url_auth = NatsAuth::None;
-    for raw in n.url.split(',').map(str::trim).filter(|u| !u.is_empty()) {
-        let mut url = url::Url::parse(raw).map_err(|e| {
-            invalid(
-                "nats.url",
-                format!(
-                    "{} is not a URL ({e}): expected nats://host:4222, or a comma-separated list of them",
-                    super::redact_url(raw)
-                ),
-            )
-        })?;
-        match url.scheme() {
-            "nats" | "tls" => {}
-            "ws" | "wss" => {
-                return Err(invalid(
-                    "nats.url",
-                    "websocket URLs (ws://, wss://) are not supported: use nats:// or tls:// (the relay speaks \
-                     the NATS protocol over TCP, with TLS for tls://)",
-                ));
-            }
-            other => {
-                return Err(invalid(
-                    "nats.url",
-                    format!("scheme {other:?} is not supported: use nats:// or tls://"),
-                ));
-            }
-        }
-        if url.host_str().is_none_or(str::is_empty) {
-            return Err(invalid(
-                "nats.url",
-                "has no host: expected nats://host:4222",
-            ));
-        }
-        let auth = url_credentials(&url)?;
+    for raw in urls.split(',').map(str::trim).filter(|u| !u.is_empty()) {
+        let (server, auth) = server_from_url(raw)?;
         if !matches!(auth, NatsAuth::None) {
             url_auth = auth;
         }
-        let _ = url.set_username("");
-        let _ = url.set_password(None);
-        servers.push(ServerAddr::from_url(url).map_err(|e| invalid("nats.url", e.to_string()))?);
+        servers.push(server);
     }
     if servers.is_empty() {
         return Err(invalid("nats.url", "is empty: expected nats://host:4222"));
     }
-    let file = |key: &str, path: &str| -> Result<Option<PathBuf>, ConfigError> {
-        if path.is_empty() {
-            return Ok(None);
+    Ok((servers, url_auth))
+}
+
+/// One `nats://` or `tls://` URL with a host: its address without credentials, and the credentials.
+fn server_from_url(raw: &str) -> Result<(ServerAddr, NatsAuth), ConfigError> {
+    let mut url = url::Url::parse(raw).map_err(|e| {
+        invalid(
+            "nats.url",
+            format!(
+                "{} is not a URL ({e}): expected nats://host:4222, or a comma-separated list of them",
+                super::redact_url(raw)
+            ),
+        )
+    })?;
+    match url.scheme() {
+        "nats" | "tls" => {}
+        "ws" | "wss" => {
+            return Err(invalid(
+                "nats.url",
+                "websocket URLs (ws://, wss://) are not supported: use nats:// or tls:// (the relay speaks \
+                 the NATS protocol over TCP, with TLS for tls://)",
+            ));
         }
-        if !Path::new(path).is_file() {
-            return Err(invalid(key, format!("{path:?} is not a readable file")));
+        other => {
+            return Err(invalid(
+                "nats.url",
+                format!("scheme {other:?} is not supported: use nats:// or tls://"),
+            ));
         }
-        Ok(Some(PathBuf::from(path)))
-    };
+    }
+    if url.host_str().is_none_or(str::is_empty) {
+        return Err(invalid(
+            "nats.url",
+            "has no host: expected nats://host:4222",
+        ));
+    }
+    let auth = url_credentials(&url)?;
+    let _ = url.set_username("");
+    let _ = url.set_password(None);
+    let server = ServerAddr::from_url(url).map_err(|e| invalid("nats.url", e.to_string()))?;
+    Ok((server, auth))
+}
+
+/// A file key: empty for none, else a path that must be a file.
+fn existing_file(key: &str, path: &str) -> Result<Option<PathBuf>, ConfigError> {
+    if path.is_empty() {
+        return Ok(None);
+    }
+    if !Path::new(path).is_file() {
+        return Err(invalid(key, format!("{path:?} is not a readable file")));
+    }
+    Ok(Some(PathBuf::from(path)))
+}
+
+/// The relay's one set of credentials: from the URLs, user/password, token, NKey seed or creds
+/// file; given more than one way is refused (which one wins would be a guess).
+fn credentials(n: &NatsConfig, url_auth: NatsAuth) -> Result<NatsAuth, ConfigError> {
     let mut ways = Vec::new();
     let mut auth = url_auth;
     if !matches!(auth, NatsAuth::None) {
@@ -123,23 +156,11 @@ pub(super) fn parse(n: &NatsConfig) -> Result<NatsSettings, ConfigError> {
         ways.push("nats.token");
         auth = NatsAuth::Token(SecretString::from(n.token.clone()));
     }
-    if let Some(path) = file("nats.nkey_seed_file", &n.nkey_seed_file)? {
+    if let Some(path) = existing_file("nats.nkey_seed_file", &n.nkey_seed_file)? {
         ways.push("nats.nkey_seed_file");
-        let seed = secret_file::read(&path, Access::RootGroup)
-            .map_err(|e| invalid("nats.nkey_seed_file", e.to_string()))?;
-        let seed = seed
-            .lines()
-            .map(str::trim)
-            .find(|l| l.starts_with('S') && !l.is_empty())
-            .ok_or_else(|| {
-                invalid(
-                    "nats.nkey_seed_file",
-                    format!("{path:?} holds no NKey seed (a line starting with S)"),
-                )
-            })?;
-        auth = NatsAuth::NkeySeed(SecretString::from(seed.to_owned()));
+        auth = NatsAuth::NkeySeed(read_nkey_seed(&path)?);
     }
-    if let Some(path) = file("nats.creds_file", &n.creds_file)? {
+    if let Some(path) = existing_file("nats.creds_file", &n.creds_file)? {
         ways.push("nats.creds_file");
         // Checked here, read again by the client at each connect (so a rotated file is picked up).
         secret_file::read(&path, Access::RootGroup)
@@ -155,9 +176,34 @@ pub(super) fn parse(n: &NatsConfig) -> Result<NatsSettings, ConfigError> {
             ),
         ));
     }
-    let tls_ca_file = file("nats.tls_ca_file", &n.tls_ca_file)?;
-    let cert = file("nats.tls_cert_file", &n.tls_cert_file)?;
-    let key = file("nats.tls_key_file", &n.tls_key_file)?;
+    Ok(auth)
+}
+
+/// `nats.nkey_seed_file`: a secret file whose first line starting with S is the seed.
+fn read_nkey_seed(path: &Path) -> Result<SecretString, ConfigError> {
+    let seed = secret_file::read(path, Access::RootGroup)
+        .map_err(|e| invalid("nats.nkey_seed_file", e.to_string()))?;
+    let seed = seed
+        .lines()
+        .map(str::trim)
+        .find(|l| l.starts_with('S') && !l.is_empty())
+        .ok_or_else(|| {
+            invalid(
+                "nats.nkey_seed_file",
+                format!("{path:?} holds no NKey seed (a line starting with S)"),
+            )
+        })?;
+    Ok(SecretString::from(seed.to_owned()))
+}
+
+/// A client certificate file and its key file.
+type ClientCert = (PathBuf, PathBuf);
+
+/// `nats.tls_ca_file`, and the client certificate and key, which go together.
+fn tls_files(n: &NatsConfig) -> Result<(Option<PathBuf>, Option<ClientCert>), ConfigError> {
+    let tls_ca_file = existing_file("nats.tls_ca_file", &n.tls_ca_file)?;
+    let cert = existing_file("nats.tls_cert_file", &n.tls_cert_file)?;
+    let key = existing_file("nats.tls_key_file", &n.tls_key_file)?;
     let tls_client = match (cert, key) {
         (Some(c), Some(k)) => Some((c, k)),
         (None, None) => None,
@@ -168,16 +214,7 @@ pub(super) fn parse(n: &NatsConfig) -> Result<NatsSettings, ConfigError> {
             ));
         }
     };
-    // A CA or a client certificate says the operator means TLS. Without requiring it, a server (or
-    // someone in between) that does not offer TLS gets the credentials in plaintext.
-    let tls_required = n.tls_required || tls_ca_file.is_some() || tls_client.is_some();
-    Ok(NatsSettings {
-        servers,
-        auth,
-        tls_ca_file,
-        tls_client,
-        tls_required,
-    })
+    Ok((tls_ca_file, tls_client))
 }
 
 /// `user:password@` or `token@` in a URL (percent-decoded).
