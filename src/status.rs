@@ -225,37 +225,91 @@ pub async fn status(settings: &Settings, max_lag_bytes: i64) -> Status {
     let mut problems = Vec::new();
     let mut warnings = Vec::new();
     let slot_name = &settings.postgres.slot;
-    let mut slot = slot_status(slot_name, State::Unreachable, None);
-    let mut relay = RelayStatus {
-        state: RelayState::Unknown,
-        pids: Vec::new(),
-    };
-    let mut events_unknown = None;
-    let mut publication = PublicationStatus {
-        name: settings.postgres.publication.clone(),
-        exists: false,
-        tables: Vec::new(),
-    };
-    let mut server = ServerStatus {
-        state: State::Unreachable,
-        host: None,
-        server_version: None,
-        in_recovery: None,
-        synchronized_standby_slots: None,
-        idle_replication_slot_timeout: None,
+    let pg = postgres_side(settings, &mut problems, &mut warnings).await;
+    let stream = read_stream(settings, &mut problems).await;
+    // The checks `run` makes, so a configuration `run` rejects is never called healthy.
+    if pg.server.state == State::Exists
+        && stream.state == State::Exists
+        && let Err(e) = setup::check_only(settings).await
+    {
+        problems.push(crate::relay::error_chain(&e));
+    }
+    slot_problems(slot_name, &pg, &stream, &mut problems);
+    missing_problems(&pg, &stream, &mut problems);
+    if let Some(lag) = pg.slot.lag_bytes.filter(|&l| l > max_lag_bytes) {
+        problems.push(format!(
+            "slot {slot_name} is {lag} bytes behind the WAL (more than {max_lag_bytes}): is the relay running and acknowledged?"
+        ));
+    }
+    stream_warnings(settings, &stream, &mut warnings);
+    server_warnings(slot_name, &pg, &mut warnings);
+    let standbys =
+        read_standbys(settings, pg.server.host.as_deref(), &pg.slot, &mut warnings).await;
+    let schemas = schemas_status(settings, &mut problems);
+    Status {
+        healthy: problems.is_empty(),
+        postgres: pg.server,
+        standbys,
+        slot: pg.slot,
+        relay: pg.relay,
+        publication: pg.publication,
+        stream,
+        schemas,
+        problems,
+        warnings,
+    }
+}
+
+/// What the control connection to Postgres found; all unknown when it could not connect.
+struct PostgresSide {
+    server: ServerStatus,
+    slot: SlotStatus,
+    relay: RelayStatus,
+    publication: PublicationStatus,
+    /// Why whether events wait in the slot could not be checked.
+    events_unknown: Option<String>,
+}
+
+/// Connects to Postgres and reads the server, slot, relay and publication, and the
+/// `pg_logical_emit_message` grant warning; a failure is a problem, never an early return.
+async fn postgres_side(
+    settings: &Settings,
+    problems: &mut Vec<String>,
+    warnings: &mut Vec<String>,
+) -> PostgresSide {
+    let mut side = PostgresSide {
+        server: ServerStatus {
+            state: State::Unreachable,
+            host: None,
+            server_version: None,
+            in_recovery: None,
+            synchronized_standby_slots: None,
+            idle_replication_slot_timeout: None,
+        },
+        slot: slot_status(&settings.postgres.slot, State::Unreachable, None),
+        relay: RelayStatus {
+            state: RelayState::Unknown,
+            pids: Vec::new(),
+        },
+        publication: PublicationStatus {
+            name: settings.postgres.publication.clone(),
+            exists: false,
+            tables: Vec::new(),
+        },
+        events_unknown: None,
     };
     match setup::connect_postgres(settings).await {
         Err(e) => problems.push(crate::relay::error_chain(&e)),
         Ok(pg) => {
-            server.state = State::Exists;
+            side.server.state = State::Exists;
             if let Err(e) = read_postgres(
                 settings,
                 &pg,
-                &mut server,
-                &mut slot,
-                &mut relay,
-                &mut publication,
-                &mut events_unknown,
+                &mut side.server,
+                &mut side.slot,
+                &mut side.relay,
+                &mut side.publication,
+                &mut side.events_unknown,
             )
             .await
             {
@@ -267,16 +321,17 @@ pub async fn status(settings: &Settings, max_lag_bytes: i64) -> Status {
             }
         }
     }
+    side
+}
 
-    let stream = read_stream(settings, &mut problems).await;
-
-    // The checks `run` makes, so a configuration `run` rejects is never called healthy.
-    if server.state == State::Exists
-        && stream.state == State::Exists
-        && let Err(e) = setup::check_only(settings).await
-    {
-        problems.push(crate::relay::error_chain(&e));
-    }
+/// The slot's problems: missing, lost, or events waiting (or unknown) with no relay streaming it.
+fn slot_problems(
+    slot_name: &str,
+    pg: &PostgresSide,
+    stream: &StreamStatus,
+    problems: &mut Vec<String>,
+) {
+    let slot = &pg.slot;
     if slot.state == State::Missing {
         problems.push(format!(
             "slot {slot_name} does not exist: run outbox-relay setup (or `outbox-relay backfill` if the stream \
@@ -293,8 +348,32 @@ pub async fn status(settings: &Settings, max_lag_bytes: i64) -> Status {
         .as_deref()
         .map(|t| format!(" (inactive since {t})"))
         .unwrap_or_default();
-    // A relay that runs and retries needs its servers, not a start.
-    let retrying = (relay.state == RelayState::Retrying).then(|| {
+    let retrying = retrying_note(&pg.relay, stream);
+    if slot.events_waiting == Some(true) {
+        problems.push(match &retrying {
+            Some(r) => format!(
+                "slot {slot_name}{since}: events wait in it and {r}; they are published once it reconnects"
+            ),
+            None => format!(
+                "no relay streams slot {slot_name}{since} while events wait in it: start outbox-relay run"
+            ),
+        });
+    }
+    if let Some(e) = &pg.events_unknown {
+        problems.push(match &retrying {
+            Some(r) => format!(
+                "slot {slot_name}: {r}; whether events wait in the slot cannot be checked ({e})"
+            ),
+            None => format!(
+                "slot {slot_name}: no relay streams it, and it cannot be checked for waiting events ({e}): start outbox-relay run"
+            ),
+        });
+    }
+}
+
+/// A relay that runs and retries needs its servers, not a start: what to say instead.
+fn retrying_note(relay: &RelayStatus, stream: &StreamStatus) -> Option<String> {
+    (relay.state == RelayState::Retrying).then(|| {
         let pids = relay
             .pids
             .iter()
@@ -307,31 +386,15 @@ pub async fn status(settings: &Settings, max_lag_bytes: i64) -> Status {
             "see its log for why"
         };
         format!("the relay (pid {pids}) runs but does not stream it: it is retrying; {why}")
-    });
-    if slot.events_waiting == Some(true) {
-        problems.push(match &retrying {
-            Some(r) => format!(
-                "slot {slot_name}{since}: events wait in it and {r}; they are published once it reconnects"
-            ),
-            None => format!(
-                "no relay streams slot {slot_name}{since} while events wait in it: start outbox-relay run"
-            ),
-        });
-    }
-    if let Some(e) = events_unknown {
-        problems.push(match &retrying {
-            Some(r) => format!(
-                "slot {slot_name}: {r}; whether events wait in the slot cannot be checked ({e})"
-            ),
-            None => format!(
-                "slot {slot_name}: no relay streams it, and it cannot be checked for waiting events ({e}): start outbox-relay run"
-            ),
-        });
-    }
-    if server.state == State::Exists && !publication.exists {
+    })
+}
+
+/// A publication or stream that its server says is not there: setup creates them.
+fn missing_problems(pg: &PostgresSide, stream: &StreamStatus, problems: &mut Vec<String>) {
+    if pg.server.state == State::Exists && !pg.publication.exists {
         problems.push(format!(
             "publication {} does not exist: run outbox-relay setup",
-            publication.name
+            pg.publication.name
         ));
     }
     if stream.state == State::Missing {
@@ -340,38 +403,22 @@ pub async fn status(settings: &Settings, max_lag_bytes: i64) -> Status {
             stream.name
         ));
     }
-    if let Some(lag) = slot.lag_bytes.filter(|&l| l > max_lag_bytes) {
-        problems.push(format!(
-            "slot {slot_name} is {lag} bytes behind the WAL (more than {max_lag_bytes}): is the relay running and acknowledged?"
-        ));
-    }
-    stream_warnings(settings, &stream, &mut warnings);
-    if server.in_recovery == Some(true) {
+}
+
+/// Failover readiness: connected to a standby, or a slot a promotion would lose.
+fn server_warnings(slot_name: &str, pg: &PostgresSide, warnings: &mut Vec<String>) {
+    if pg.server.in_recovery == Some(true) {
         warnings.push(
             "postgres.url reached a standby: the relay streams from the primary; list the primary's host \
              too, with target_session_attrs=read-write"
                 .into(),
         );
     }
-    if slot.failover == Some(false) && server.in_recovery == Some(false) {
+    if pg.slot.failover == Some(false) && pg.server.in_recovery == Some(false) {
         warnings.push(format!(
             "slot {slot_name} is not a failover slot: it will not survive a promotion of a standby \
              (PG 17+: postgres.failover = true and outbox-relay setup alter it while no relay streams it)"
         ));
-    }
-    let standbys = read_standbys(settings, server.host.as_deref(), &slot, &mut warnings).await;
-    let schemas = schemas_status(settings, &mut problems);
-    Status {
-        healthy: problems.is_empty(),
-        postgres: server,
-        standbys,
-        slot,
-        relay,
-        publication,
-        stream,
-        schemas,
-        problems,
-        warnings,
     }
 }
 
@@ -727,137 +774,17 @@ fn stream_warnings(settings: &Settings, stream: &StreamStatus, warnings: &mut Ve
 impl Status {
     /// The human-readable form.
     pub fn render_text(&self) -> String {
-        let s = &self.slot;
-        let opt = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".into());
-        let num = |v: Option<i64>| v.map_or_else(|| "-".into(), |n| n.to_string());
         let mut out = String::new();
-        let pg = &self.postgres;
-        out.push_str(&format!(
-            "postgres: {}{}{}\n",
-            if pg.state == State::Exists {
-                "reachable"
-            } else {
-                "UNREACHABLE"
-            },
-            pg.host
-                .as_deref()
-                .map(|h| format!(" at {h}"))
-                .unwrap_or_default(),
-            match pg.in_recovery {
-                Some(true) => ", standby",
-                Some(false) => ", primary",
-                None => "",
-            }
-        ));
-        out.push_str(&format!(
-            "slot {}: {}{} confirmed {} lag {} bytes retained {} bytes wal_status {}{}{}\n",
-            s.name,
-            s.state.word(),
-            match (s.state, s.active) {
-                (State::Exists, Some(true)) => ", active",
-                (State::Exists, Some(false)) => ", inactive",
-                _ => "",
-            },
-            opt(&s.confirmed_flush_lsn),
-            num(s.lag_bytes),
-            num(s.retained_bytes),
-            opt(&s.wal_status),
-            match s.failover {
-                Some(true) => " failover",
-                _ => "",
-            },
-            match s.synced {
-                Some(true) => " synced",
-                _ => "",
-            },
-        ));
-        out.push_str(&format!(
-            "publication {}: {} tables [{}]\n",
-            self.publication.name,
-            if self.publication.exists {
-                "exists,"
-            } else if pg.state == State::Exists {
-                "MISSING,"
-            } else {
-                "UNKNOWN,"
-            },
-            self.publication.tables.join(", ")
-        ));
-        let r = &self.relay;
-        let pids = r
-            .pids
-            .iter()
-            .map(u32::to_string)
-            .collect::<Vec<_>>()
-            .join(", ");
-        out.push_str(&match r.state {
-            RelayState::Streaming if pids.is_empty() => "relay: streaming\n".to_owned(),
-            RelayState::Streaming => format!("relay: streaming (pid {pids})\n"),
-            RelayState::Retrying => format!(
-                "relay: running (pid {pids}), not streaming: retrying until its servers answer\n"
-            ),
-            RelayState::NotRunning => "relay: not running\n".to_owned(),
-            RelayState::Unknown => "relay: unknown: postgres unreachable\n".to_owned(),
-        });
-        let st = &self.stream;
-        match (st.exists, &st.unknown_because) {
-            (Some(true), _) => out.push_str(&format!(
-                "stream {}: {}, {} messages {} bytes last sequence {} storage {} replicas {} duplicate window {}s\n",
-                st.name,
-                st.state.word(),
-                st.messages.unwrap_or(0),
-                st.bytes.unwrap_or(0),
-                st.last_sequence.unwrap_or(0),
-                st.storage.as_deref().unwrap_or("-"),
-                st.replicas.unwrap_or(0),
-                st.duplicate_window_secs.unwrap_or(0)
-            )),
-            (Some(false), _) => out.push_str(&format!("stream {}: MISSING\n", st.name)),
-            (None, why) => out.push_str(&format!(
-                "stream {}: unknown: {}\n",
-                st.name,
-                why.as_deref().unwrap_or("NATS unreachable")
-            )),
-        }
+        out.push_str(&self.postgres_line());
+        out.push_str(&self.slot_line());
+        out.push_str(&self.publication_line());
+        out.push_str(&self.relay_line());
+        out.push_str(&self.stream_line());
         for sb in &self.standbys {
-            out.push_str(&format!(
-                "host {}: {}{}, slot copy {}{}\n",
-                sb.host,
-                if sb.state == State::Exists {
-                    "reachable"
-                } else {
-                    "UNREACHABLE"
-                },
-                match sb.in_recovery {
-                    Some(true) => ", standby",
-                    Some(false) => ", primary",
-                    None => "",
-                },
-                if sb.slot_exists { "exists" } else { "missing" },
-                match (sb.synced, &sb.confirmed_flush_lsn) {
-                    (Some(true), Some(l)) => format!(" (synced, confirmed {l})"),
-                    (_, Some(l)) => format!(" (confirmed {l})"),
-                    _ => String::new(),
-                }
-            ));
+            out.push_str(&standby_line(sb));
         }
         if let Some(sc) = &self.schemas {
-            out.push_str(&match (&sc.loaded, &sc.error) {
-                (Some(n), _) => format!(
-                    "schemas {}: {n} load{}\n",
-                    sc.dir,
-                    if sc.required {
-                        ", required for every event type"
-                    } else {
-                        ""
-                    }
-                ),
-                (None, e) => format!(
-                    "schemas {}: DO NOT LOAD: {}\n",
-                    sc.dir,
-                    e.as_deref().unwrap_or("-")
-                ),
-            });
+            out.push_str(&schemas_line(sc));
         }
         for w in &self.warnings {
             out.push_str(&format!("warning: {w}\n"));
@@ -871,5 +798,166 @@ impl Status {
             "NOT healthy\n"
         });
         out
+    }
+
+    /// `postgres: reachable at HOST, primary`.
+    fn postgres_line(&self) -> String {
+        let pg = &self.postgres;
+        format!(
+            "postgres: {}{}{}\n",
+            if pg.state == State::Exists {
+                "reachable"
+            } else {
+                "UNREACHABLE"
+            },
+            pg.host
+                .as_deref()
+                .map(|h| format!(" at {h}"))
+                .unwrap_or_default(),
+            role(pg.in_recovery)
+        )
+    }
+
+    /// `slot NAME: exists, active confirmed … lag … retained … wal_status …`.
+    fn slot_line(&self) -> String {
+        let s = &self.slot;
+        let num = |v: Option<i64>| v.map_or_else(|| "-".into(), |n| n.to_string());
+        format!(
+            "slot {}: {}{} confirmed {} lag {} bytes retained {} bytes wal_status {}{}{}\n",
+            s.name,
+            s.state.word(),
+            match (s.state, s.active) {
+                (State::Exists, Some(true)) => ", active",
+                (State::Exists, Some(false)) => ", inactive",
+                _ => "",
+            },
+            or_dash(&s.confirmed_flush_lsn),
+            num(s.lag_bytes),
+            num(s.retained_bytes),
+            or_dash(&s.wal_status),
+            match s.failover {
+                Some(true) => " failover",
+                _ => "",
+            },
+            match s.synced {
+                Some(true) => " synced",
+                _ => "",
+            },
+        )
+    }
+
+    /// `publication NAME: exists, tables [...]`; unknown rather than missing when Postgres did not
+    /// answer.
+    fn publication_line(&self) -> String {
+        format!(
+            "publication {}: {} tables [{}]\n",
+            self.publication.name,
+            if self.publication.exists {
+                "exists,"
+            } else if self.postgres.state == State::Exists {
+                "MISSING,"
+            } else {
+                "UNKNOWN,"
+            },
+            self.publication.tables.join(", ")
+        )
+    }
+
+    /// `relay: streaming (pid …)`, retrying, not running or unknown.
+    fn relay_line(&self) -> String {
+        let r = &self.relay;
+        let pids = r
+            .pids
+            .iter()
+            .map(u32::to_string)
+            .collect::<Vec<_>>()
+            .join(", ");
+        match r.state {
+            RelayState::Streaming if pids.is_empty() => "relay: streaming\n".to_owned(),
+            RelayState::Streaming => format!("relay: streaming (pid {pids})\n"),
+            RelayState::Retrying => format!(
+                "relay: running (pid {pids}), not streaming: retrying until its servers answer\n"
+            ),
+            RelayState::NotRunning => "relay: not running\n".to_owned(),
+            RelayState::Unknown => "relay: unknown: postgres unreachable\n".to_owned(),
+        }
+    }
+
+    /// `stream NAME: exists, N messages …`, missing, or unknown and why.
+    fn stream_line(&self) -> String {
+        let st = &self.stream;
+        match (st.exists, &st.unknown_because) {
+            (Some(true), _) => format!(
+                "stream {}: {}, {} messages {} bytes last sequence {} storage {} replicas {} duplicate window {}s\n",
+                st.name,
+                st.state.word(),
+                st.messages.unwrap_or(0),
+                st.bytes.unwrap_or(0),
+                st.last_sequence.unwrap_or(0),
+                st.storage.as_deref().unwrap_or("-"),
+                st.replicas.unwrap_or(0),
+                st.duplicate_window_secs.unwrap_or(0)
+            ),
+            (Some(false), _) => format!("stream {}: MISSING\n", st.name),
+            (None, why) => format!(
+                "stream {}: unknown: {}\n",
+                st.name,
+                why.as_deref().unwrap_or("NATS unreachable")
+            ),
+        }
+    }
+}
+
+/// A value, or `-` when unknown.
+fn or_dash(v: &Option<String>) -> String {
+    v.clone().unwrap_or_else(|| "-".into())
+}
+
+/// `, standby` or `, primary`; nothing when unknown.
+fn role(in_recovery: Option<bool>) -> &'static str {
+    match in_recovery {
+        Some(true) => ", standby",
+        Some(false) => ", primary",
+        None => "",
+    }
+}
+
+/// `host H:P: reachable, standby, slot copy exists (synced, confirmed …)`.
+fn standby_line(sb: &StandbyStatus) -> String {
+    format!(
+        "host {}: {}{}, slot copy {}{}\n",
+        sb.host,
+        if sb.state == State::Exists {
+            "reachable"
+        } else {
+            "UNREACHABLE"
+        },
+        role(sb.in_recovery),
+        if sb.slot_exists { "exists" } else { "missing" },
+        match (sb.synced, &sb.confirmed_flush_lsn) {
+            (Some(true), Some(l)) => format!(" (synced, confirmed {l})"),
+            (_, Some(l)) => format!(" (confirmed {l})"),
+            _ => String::new(),
+        }
+    )
+}
+
+/// `schemas DIR: N load`, or why they do not.
+fn schemas_line(sc: &SchemasStatus) -> String {
+    match (&sc.loaded, &sc.error) {
+        (Some(n), _) => format!(
+            "schemas {}: {n} load{}\n",
+            sc.dir,
+            if sc.required {
+                ", required for every event type"
+            } else {
+                ""
+            }
+        ),
+        (None, e) => format!(
+            "schemas {}: DO NOT LOAD: {}\n",
+            sc.dir,
+            e.as_deref().unwrap_or("-")
+        ),
     }
 }
