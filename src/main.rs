@@ -70,32 +70,13 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let config = match Config::load(cli.config.as_deref()) {
+    let config = match load_config(&cli) {
         Ok(c) => c,
-        Err(e) => {
-            eprintln!("outbox-relay: {}", error_chain(&e));
-            return ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
-    // The commands that check events refuse a schema directory that does not load, at once.
-    if matches!(
-        cli.command,
-        Command::Run | Command::Backfill { .. } | Command::CheckSchemas { .. }
-    ) && let Err(e) = config.schemas_loaded()
-    {
-        eprintln!("outbox-relay: {}", error_chain(&e));
-        return ExitCode::FAILURE;
-    }
     let log_filter = init_logging(&config);
     let json_logs = config.log.format == LogFormat::Json;
-    // One thread: the pipeline is one ordered stream, and on a small machine the relay shares the
-    // cores with the walsender and nats-server. Measured with `cargo bench --bench drain` (100k
-    // backlog, same run): 10.3–12.2 ms CPU per 1k events against 15.1–16.6 ms on the multi-threaded
-    // runtime, at the same throughput (bounded by Postgres' decoding), and a smaller peak RSS.
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match build_runtime() {
         Ok(r) => r,
         Err(e) => {
             eprintln!("outbox-relay: cannot start the runtime: {e}");
@@ -104,30 +85,8 @@ fn main() -> ExitCode {
     };
     runtime.block_on(async move {
         match cli.command {
-            Command::Run => {
-                // Before anything can wait: SIGHUP's default action would end the process.
-                let metrics = Arc::new(Metrics::default());
-                #[cfg(unix)]
-                reload_on_sighup(cli.config.clone(), &config, log_filter, &metrics);
-                #[cfg(not(unix))]
-                let _ = log_filter;
-                match outbox_relay::relay::run(config, metrics, shutdown_signal()).await {
-                    Ok(()) => ExitCode::SUCCESS,
-                    Err(e) => fail(json_logs, &e),
-                }
-            }
-            Command::Setup => match outbox_relay::setup::setup(&config).await {
-                Ok(report) => {
-                    for line in &report.lines {
-                        println!("{line}");
-                    }
-                    for w in &report.warnings {
-                        println!("warning: {w}");
-                    }
-                    ExitCode::SUCCESS
-                }
-                Err(e) => fail(json_logs, &e),
-            },
+            Command::Run => run(cli.config, config, log_filter, json_logs).await,
+            Command::Setup => setup(&config, json_logs).await,
             Command::Backfill {
                 where_sql,
                 order_by,
@@ -138,72 +97,153 @@ fn main() -> ExitCode {
                     order_by,
                     replace_slot,
                 };
-                match outbox_relay::backfill::backfill(&config, opts, |p| eprintln!("{p}")).await {
-                    Ok(report) => {
-                        for line in &report.setup_lines {
-                            println!("{line}");
-                        }
-                        for w in &report.warnings {
-                            println!("warning: {w}");
-                        }
-                        println!(
-                            "slot {}: {} (pgoutput, starts at {})",
-                            report.slot,
-                            if report.replaced_slot { "replaced" } else { "created" },
-                            report.consistent_point
-                        );
-                        println!(
-                            "backfill: {} rows in {:.1} s ({:.0}/s, after {:.1} s of setup and slot creation): {} stored, \
-                             {} already in the stream, {} dead letters; Outbox-Commit-Lsn {}; now start `outbox-relay run`",
-                            report.rows,
-                            report.elapsed.as_secs_f64(),
-                            report.rate(),
-                            report.slot_wait.as_secs_f64(),
-                            report.stored,
-                            report.duplicates,
-                            report.dead_letters,
-                            report.commit_lsn
-                        );
-                        ExitCode::SUCCESS
-                    }
-                    Err(e) => fail(json_logs, &e),
-                }
+                backfill(&config, opts, json_logs).await
             }
             Command::CheckSchemas { where_sql } => {
-                match outbox_relay::check_schemas::check_schemas(&config, where_sql.as_deref(), |p| {
-                    eprintln!("{p}")
-                })
-                .await
-                {
-                    Ok(report) => {
-                        print!("{report}");
-                        if report.failed() == 0 {
-                            ExitCode::SUCCESS
-                        } else {
-                            ExitCode::FAILURE
-                        }
-                    }
-                    Err(e) => fail(json_logs, &e),
-                }
+                check_schemas(&config, where_sql.as_deref(), json_logs).await
             }
             Command::Status {
                 json,
                 max_lag_bytes,
-            } => {
-                let s = outbox_relay::status::status(&config, max_lag_bytes).await;
-                if json {
-                    println!("{}", serde_json::to_string_pretty(&s).unwrap_or_default());
-                } else {
-                    print!("{}", s.render_text());
-                }
-                if s.healthy {
-                    ExitCode::SUCCESS
-                } else {
-                    ExitCode::FAILURE
-                }
-            }
+            } => status(&config, json, max_lag_bytes).await,
         }
     })
+}
+
+/// The settings, or the exit code after saying why not (before logging is set up, so on stderr).
+/// The commands that check events refuse a schema directory that does not load, at once.
+fn load_config(cli: &Cli) -> Result<Settings, ExitCode> {
+    let config = Config::load(cli.config.as_deref()).map_err(|e| {
+        eprintln!("outbox-relay: {}", error_chain(&e));
+        ExitCode::FAILURE
+    })?;
+    if matches!(
+        cli.command,
+        Command::Run | Command::Backfill { .. } | Command::CheckSchemas { .. }
+    ) && let Err(e) = config.schemas_loaded()
+    {
+        eprintln!("outbox-relay: {}", error_chain(&e));
+        return Err(ExitCode::FAILURE);
+    }
+    Ok(config)
+}
+
+/// One thread: the pipeline is one ordered stream, and on a small machine the relay shares the
+/// cores with the walsender and nats-server. Measured with `cargo bench --bench drain` (100k
+/// backlog, same run): 10.3–12.2 ms CPU per 1k events against 15.1–16.6 ms on the multi-threaded
+/// runtime, at the same throughput (bounded by Postgres' decoding), and a smaller peak RSS.
+fn build_runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+}
+
+/// `run`: streams until a signal, SIGHUP reloading what it can.
+async fn run(
+    path: Option<PathBuf>,
+    config: Settings,
+    log_filter: FilterHandle,
+    json_logs: bool,
+) -> ExitCode {
+    // Before anything can wait: SIGHUP's default action would end the process.
+    let metrics = Arc::new(Metrics::default());
+    #[cfg(unix)]
+    reload_on_sighup(path, &config, log_filter, &metrics);
+    #[cfg(not(unix))]
+    let _ = (path, log_filter);
+    match outbox_relay::relay::run(config, metrics, shutdown_signal()).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => fail(json_logs, &e),
+    }
+}
+
+/// `setup`: what it created or found, then its warnings.
+async fn setup(config: &Settings, json_logs: bool) -> ExitCode {
+    match outbox_relay::setup::setup(config).await {
+        Ok(report) => {
+            for line in &report.lines {
+                println!("{line}");
+            }
+            for w in &report.warnings {
+                println!("warning: {w}");
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(json_logs, &e),
+    }
+}
+
+/// `backfill`: progress on stderr, then setup's lines, the slot and the summary on stdout.
+async fn backfill(
+    config: &Settings,
+    opts: outbox_relay::backfill::BackfillOptions,
+    json_logs: bool,
+) -> ExitCode {
+    match outbox_relay::backfill::backfill(config, opts, |p| eprintln!("{p}")).await {
+        Ok(report) => {
+            for line in &report.setup_lines {
+                println!("{line}");
+            }
+            for w in &report.warnings {
+                println!("warning: {w}");
+            }
+            println!(
+                "slot {}: {} (pgoutput, starts at {})",
+                report.slot,
+                if report.replaced_slot {
+                    "replaced"
+                } else {
+                    "created"
+                },
+                report.consistent_point
+            );
+            println!(
+                "backfill: {} rows in {:.1} s ({:.0}/s, after {:.1} s of setup and slot creation): {} stored, \
+                 {} already in the stream, {} dead letters; Outbox-Commit-Lsn {}; now start `outbox-relay run`",
+                report.rows,
+                report.elapsed.as_secs_f64(),
+                report.rate(),
+                report.slot_wait.as_secs_f64(),
+                report.stored,
+                report.duplicates,
+                report.dead_letters,
+                report.commit_lsn
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(json_logs, &e),
+    }
+}
+
+/// `check-schemas`: the report; success only when every row passes.
+async fn check_schemas(config: &Settings, where_sql: Option<&str>, json_logs: bool) -> ExitCode {
+    match outbox_relay::check_schemas::check_schemas(config, where_sql, |p| eprintln!("{p}")).await
+    {
+        Ok(report) => {
+            print!("{report}");
+            if report.failed() == 0 {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+        Err(e) => fail(json_logs, &e),
+    }
+}
+
+/// `status`: text or JSON; success only when healthy.
+async fn status(config: &Settings, json: bool, max_lag_bytes: i64) -> ExitCode {
+    let s = outbox_relay::status::status(config, max_lag_bytes).await;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&s).unwrap_or_default());
+    } else {
+        print!("{}", s.render_text());
+    }
+    if s.healthy {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
 }
 
 /// Reports a failed command with its whole cause chain: with JSON logs first as a JSON log line (so a
