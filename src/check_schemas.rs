@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 
 use futures_util::TryStreamExt;
 
-use crate::config::{ConfigError, Settings};
-use crate::schema::Verdict;
+use crate::config::{ConfigError, OutboxConfig, Settings};
+use crate::schema::{SchemaSet, Verdict};
 use crate::setup::{self, SetupError};
 use crate::source::quote_ident;
 
@@ -196,50 +196,16 @@ pub async fn check_schemas(
     where_sql: Option<&str>,
     mut progress: impl FnMut(CheckProgress),
 ) -> Result<CheckReport, CheckError> {
-    settings.schemas_loaded()?;
-    if settings.outbox.schemas.is_empty() {
-        return Err(CheckError::NoSchemas);
-    }
-    if settings.outbox.messages_only() {
-        return Err(CheckError::NoTable);
-    }
+    check_settings(settings)?;
     let set = settings.schemas.current();
     let o = &settings.outbox;
     let (schema, name) = o.table_parts();
     let qualified = format!("{}.{}", quote_ident(schema), quote_ident(name));
-    let query_error = |what: &str| {
-        let table = o.table.clone();
-        let what = what.to_owned();
-        move |e: tokio_postgres::Error| CheckError::Query {
-            table,
-            what,
-            detail: match e.as_db_error() {
-                Some(db) => format!("{} ({})", db.message(), db.code().code()),
-                None => e.to_string(),
-            },
-        }
-    };
     let pg = setup::connect_postgres(settings).await?;
     pg.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
         .await
-        .map_err(query_error("BEGIN"))?;
-    let payload_type: Option<u32> = pg
-        .query_opt(
-            "SELECT atttypid::oid FROM pg_attribute \
-             WHERE attrelid = $1::text::regclass AND attname = $2 AND attnum > 0 AND NOT attisdropped",
-            &[&qualified, &o.payload_column],
-        )
-        .await
-        .map_err(query_error("reading its columns"))?
-        .map(|r| r.get(0));
-    let Some(payload_type) = payload_type else {
-        return Err(CheckError::Query {
-            table: o.table.clone(),
-            what: "outbox.payload_column".into(),
-            detail: format!("the table has no column {:?}", o.payload_column),
-        });
-    };
-    let bytea = payload_type == BYTEA_OID;
+        .map_err(query_error(&o.table, "BEGIN"))?;
+    let bytea = payload_is_bytea(&pg, o, &qualified).await?;
     let predicate = where_sql.unwrap_or("true");
     let total: i64 = pg
         .query_one(
@@ -247,28 +213,9 @@ pub async fn check_schemas(
             &[],
         )
         .await
-        .map_err(query_error("--where"))?
+        .map_err(query_error(&o.table, "--where"))?
         .get(0);
-    let payload = if bytea {
-        quote_ident(&o.payload_column)
-    } else {
-        format!("{}::text", quote_ident(&o.payload_column))
-    };
-    pg.execute(
-        &format!(
-            "DECLARE {CURSOR} NO SCROLL CURSOR FOR SELECT {}::text, {}::text, {payload} \
-             FROM {qualified} WHERE ({predicate})",
-            quote_ident(&o.id_column),
-            quote_ident(&o.event_type_column),
-        ),
-        &[],
-    )
-    .await
-    .map_err(query_error("--where"))?;
-    let fetch = pg
-        .prepare(&format!("FETCH {FETCH_ROWS} FROM {CURSOR}"))
-        .await
-        .map_err(query_error("FETCH"))?;
+    let cursor = Cursor::declare(&pg, o, &qualified, predicate, bytea).await?;
     let started = Instant::now();
     let mut report = CheckReport {
         table: o.table.clone(),
@@ -277,48 +224,12 @@ pub async fn check_schemas(
         ..CheckReport::default()
     };
     let total = total.max(0) as u64;
-    let mut last_progress = Instant::now();
-    loop {
-        let rows = pg
-            .query_raw(&fetch, std::iter::empty::<i32>())
-            .await
-            .map_err(query_error("FETCH"))?;
-        tokio::pin!(rows);
-        let mut fetched = 0u32;
-        while let Some(row) = rows.try_next().await.map_err(query_error("FETCH"))? {
-            fetched += 1;
-            let id: Option<&str> = row.get(0);
-            let event_type: Option<&str> = row.get(1);
-            let payload: &[u8] = if bytea {
-                row.get::<_, Option<&[u8]>>(2).unwrap_or_default()
-            } else {
-                row.get::<_, Option<&str>>(2).unwrap_or_default().as_bytes()
-            };
-            match event_type {
-                Some(t) => report.add(id, t, set.check(t, payload, bytea)),
-                // The relay makes it a dead letter whatever the schemas say.
-                None => report.add(
-                    id,
-                    "(null)",
-                    Verdict::Fail(format!("column {} is null", o.event_type_column)),
-                ),
-            }
-            if last_progress.elapsed() >= PROGRESS_EVERY {
-                last_progress = Instant::now();
-                progress(CheckProgress {
-                    done: report.rows,
-                    total,
-                    failed: report.failed(),
-                });
-            }
-        }
-        if fetched < FETCH_ROWS {
-            break;
-        }
-    }
+    cursor
+        .check_rows(&pg, &set, o, total, &mut report, &mut progress)
+        .await?;
     pg.batch_execute("COMMIT")
         .await
-        .map_err(query_error("COMMIT"))?;
+        .map_err(query_error(&o.table, "COMMIT"))?;
     report.elapsed = started.elapsed();
     progress(CheckProgress {
         done: report.rows,
@@ -326,6 +237,166 @@ pub async fn check_schemas(
         failed: report.failed(),
     });
     Ok(report)
+}
+
+/// What the check needs before connecting: schemas that load, a directory, and a table.
+fn check_settings(settings: &Settings) -> Result<(), CheckError> {
+    settings.schemas_loaded()?;
+    if settings.outbox.schemas.is_empty() {
+        return Err(CheckError::NoSchemas);
+    }
+    if settings.outbox.messages_only() {
+        return Err(CheckError::NoTable);
+    }
+    Ok(())
+}
+
+/// A failed query as [`CheckError::Query`], with the server's message and SQLSTATE when it has one.
+fn query_error(table: &str, what: &str) -> impl FnOnce(tokio_postgres::Error) -> CheckError {
+    let table = table.to_owned();
+    let what = what.to_owned();
+    move |e: tokio_postgres::Error| CheckError::Query {
+        table,
+        what,
+        detail: match e.as_db_error() {
+            Some(db) => format!("{} ({})", db.message(), db.code().code()),
+            None => e.to_string(),
+        },
+    }
+}
+
+/// Whether the payload column is bytea (read as bytes) rather than text-like; a table without it
+/// is an error naming `outbox.payload_column`.
+async fn payload_is_bytea(
+    pg: &tokio_postgres::Client,
+    o: &OutboxConfig,
+    qualified: &str,
+) -> Result<bool, CheckError> {
+    let payload_type: Option<u32> = pg
+        .query_opt(
+            "SELECT atttypid::oid FROM pg_attribute \
+             WHERE attrelid = $1::text::regclass AND attname = $2 AND attnum > 0 AND NOT attisdropped",
+            &[&qualified, &o.payload_column],
+        )
+        .await
+        .map_err(query_error(&o.table, "reading its columns"))?
+        .map(|r| r.get(0));
+    let Some(payload_type) = payload_type else {
+        return Err(CheckError::Query {
+            table: o.table.clone(),
+            what: "outbox.payload_column".into(),
+            detail: format!("the table has no column {:?}", o.payload_column),
+        });
+    };
+    Ok(payload_type == BYTEA_OID)
+}
+
+/// The server-side cursor over the matching rows' id, event type and payload.
+struct Cursor {
+    /// `FETCH` of the next [`FETCH_ROWS`].
+    fetch: tokio_postgres::Statement,
+    /// The payload comes as bytes, not text.
+    bytea: bool,
+}
+
+impl Cursor {
+    /// Declares the cursor (inside the open transaction) and prepares its `FETCH`.
+    async fn declare(
+        pg: &tokio_postgres::Client,
+        o: &OutboxConfig,
+        qualified: &str,
+        predicate: &str,
+        bytea: bool,
+    ) -> Result<Self, CheckError> {
+        let payload = if bytea {
+            quote_ident(&o.payload_column)
+        } else {
+            format!("{}::text", quote_ident(&o.payload_column))
+        };
+        pg.execute(
+            &format!(
+                "DECLARE {CURSOR} NO SCROLL CURSOR FOR SELECT {}::text, {}::text, {payload} \
+                 FROM {qualified} WHERE ({predicate})",
+                quote_ident(&o.id_column),
+                quote_ident(&o.event_type_column),
+            ),
+            &[],
+        )
+        .await
+        .map_err(query_error(&o.table, "--where"))?;
+        let fetch = pg
+            .prepare(&format!("FETCH {FETCH_ROWS} FROM {CURSOR}"))
+            .await
+            .map_err(query_error(&o.table, "FETCH"))?;
+        Ok(Self { fetch, bytea })
+    }
+
+    /// Fetches until a short batch, checking each row into `report`; progress at most every
+    /// [`PROGRESS_EVERY`].
+    async fn check_rows(
+        &self,
+        pg: &tokio_postgres::Client,
+        set: &SchemaSet,
+        o: &OutboxConfig,
+        total: u64,
+        report: &mut CheckReport,
+        progress: &mut impl FnMut(CheckProgress),
+    ) -> Result<(), CheckError> {
+        let mut last_progress = Instant::now();
+        loop {
+            let rows = pg
+                .query_raw(&self.fetch, std::iter::empty::<i32>())
+                .await
+                .map_err(query_error(&o.table, "FETCH"))?;
+            tokio::pin!(rows);
+            let mut fetched = 0u32;
+            while let Some(row) = rows
+                .try_next()
+                .await
+                .map_err(query_error(&o.table, "FETCH"))?
+            {
+                fetched += 1;
+                self.check_row(&row, set, o, report);
+                if last_progress.elapsed() >= PROGRESS_EVERY {
+                    last_progress = Instant::now();
+                    progress(CheckProgress {
+                        done: report.rows,
+                        total,
+                        failed: report.failed(),
+                    });
+                }
+            }
+            if fetched < FETCH_ROWS {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Checks one row's payload against its event type's schema.
+    fn check_row(
+        &self,
+        row: &tokio_postgres::Row,
+        set: &SchemaSet,
+        o: &OutboxConfig,
+        report: &mut CheckReport,
+    ) {
+        let id: Option<&str> = row.get(0);
+        let event_type: Option<&str> = row.get(1);
+        let payload: &[u8] = if self.bytea {
+            row.get::<_, Option<&[u8]>>(2).unwrap_or_default()
+        } else {
+            row.get::<_, Option<&str>>(2).unwrap_or_default().as_bytes()
+        };
+        match event_type {
+            Some(t) => report.add(id, t, set.check(t, payload, self.bytea)),
+            // The relay makes it a dead letter whatever the schemas say.
+            None => report.add(
+                id,
+                "(null)",
+                Verdict::Fail(format!("column {} is null", o.event_type_column)),
+            ),
+        }
+    }
 }
 
 #[cfg(test)]
