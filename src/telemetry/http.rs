@@ -13,34 +13,62 @@ use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use http::{Request, Response};
-use opentelemetry_http::{HttpClient, HttpError};
-
 /// The most of an answer that is read: OTLP answers are small (an `ExportTraceServiceResponse`).
 const MAX_RESPONSE: usize = 64 << 10;
+
+/// Why a request failed: connecting, writing, reading, or an answer that is not a success.
+pub(super) type Error = Box<dyn std::error::Error + Send + Sync>;
 
 /// See the module docs.
 #[derive(Debug)]
 pub(super) struct BlockingClient {
+    /// Host (without IPv6 brackets) and port to connect to.
+    host: String,
+    port: u16,
+    /// The request line and the headers that are the same for every request, up to and
+    /// including `Content-Length: ` (the body's length and the blank line follow).
+    head: String,
     connect_timeout: Duration,
     timeout: Duration,
 }
 
 impl BlockingClient {
-    pub(super) fn new(connect_timeout: Duration, timeout: Duration) -> Self {
-        BlockingClient {
+    /// A client that POSTs protobuf to `url` (`http://`, checked by the configuration), with
+    /// `headers` (already checked to be valid HTTP names and values) on every request.
+    pub(super) fn new(
+        url: &url::Url,
+        headers: &[(String, String)],
+        connect_timeout: Duration,
+        timeout: Duration,
+    ) -> Result<Self, String> {
+        let host = url.host_str().ok_or("the endpoint has no host")?;
+        let port = url.port_or_known_default().unwrap_or(80);
+        let path = &url[url::Position::BeforePath..url::Position::AfterQuery];
+        let authority = &url[url::Position::BeforeHost..url::Position::AfterPort];
+        let mut head = format!(
+            "POST {} HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\ncontent-type: application/x-protobuf\r\n",
+            if path.is_empty() { "/" } else { path }
+        );
+        for (name, value) in headers {
+            head.push_str(name);
+            head.push_str(": ");
+            head.push_str(value);
+            head.push_str("\r\n");
+        }
+        head.push_str("Content-Length: ");
+        Ok(BlockingClient {
+            host: host.trim_matches(['[', ']']).to_owned(),
+            port,
+            head,
             connect_timeout,
             timeout,
-        }
+        })
     }
 
-    fn post(&self, request: &Request<Bytes>) -> Result<Response<Bytes>, HttpError> {
+    /// POSTs `body`; `Ok` when the collector answered with a 2xx status.
+    pub(super) fn post(&self, body: &[u8]) -> Result<(), Error> {
         let deadline = Instant::now() + self.timeout;
-        let uri = request.uri();
-        let host = uri.host().ok_or("the endpoint has no host")?;
-        let port = uri.port_u16().unwrap_or(80);
-        let addrs = (host.trim_matches(['[', ']']), port).to_socket_addrs()?;
+        let addrs = (self.host.as_str(), self.port).to_socket_addrs()?;
         let mut last = None;
         let mut stream = None;
         for addr in addrs {
@@ -55,7 +83,7 @@ impl BlockingClient {
         let mut stream = match (stream, last) {
             (Some(s), _) => s,
             (None, Some(e)) => return Err(e.into()),
-            (None, None) => return Err(format!("{host} resolves to no address").into()),
+            (None, None) => return Err(format!("{} resolves to no address", self.host).into()),
         };
         let left = || {
             deadline
@@ -65,25 +93,12 @@ impl BlockingClient {
         };
         stream.set_nodelay(true)?;
         stream.set_write_timeout(Some(left()?))?;
-        let path = uri.path_and_query().map_or("/", |p| p.as_str());
-        let mut head = format!(
-            "POST {path} HTTP/1.1\r\nHost: {}\r\nContent-Length: {}\r\nConnection: close\r\n",
-            uri.authority().map_or(host, |a| a.as_str()),
-            request.body().len()
-        );
-        for (name, value) in request.headers() {
-            // Header values the exporter sets are visible ASCII; anything else is left out
-            // rather than written raw into the request.
-            if let Ok(v) = value.to_str() {
-                head.push_str(name.as_str());
-                head.push_str(": ");
-                head.push_str(v);
-                head.push_str("\r\n");
-            }
-        }
-        head.push_str("\r\n");
+        let mut head = String::with_capacity(self.head.len() + 24);
+        head.push_str(&self.head);
+        head.push_str(itoa::Buffer::new().format(body.len()));
+        head.push_str("\r\n\r\n");
         stream.write_all(head.as_bytes())?;
-        stream.write_all(request.body())?;
+        stream.write_all(body)?;
         let mut answer = Vec::with_capacity(1024);
         let mut buf = [0u8; 4096];
         loop {
@@ -100,16 +115,12 @@ impl BlockingClient {
                 break;
             }
         }
-        parse_response(&answer)
-    }
-}
-
-#[async_trait::async_trait]
-impl HttpClient for BlockingClient {
-    async fn send_bytes(&self, request: Request<Bytes>) -> Result<Response<Bytes>, HttpError> {
-        // Blocking inside the future is right here: it is only ever polled by `block_on` on the
-        // export thread.
-        self.post(&request)
+        let status = parse_status(&answer)?;
+        if (200..300).contains(&status) {
+            Ok(())
+        } else {
+            Err(format!("HTTP export failed with status code: {status}").into())
+        }
     }
 }
 
@@ -132,8 +143,10 @@ fn complete(answer: &[u8]) -> bool {
     matches!(head_end(answer), Some((end, Some(len))) if answer.len() >= end + len)
 }
 
-fn parse_response(answer: &[u8]) -> Result<Response<Bytes>, HttpError> {
-    let (end, len) = head_end(answer).ok_or("the collector's answer is not HTTP")?;
+/// The status code of a complete HTTP/1 answer. Its body is not read: a collector's
+/// partial-success details are not acted on, the status says whether the batch was taken.
+fn parse_status(answer: &[u8]) -> Result<u16, Error> {
+    let (end, _) = head_end(answer).ok_or("the collector's answer is not HTTP")?;
     let status_line = std::str::from_utf8(&answer[..end])?
         .split("\r\n")
         .next()
@@ -145,29 +158,7 @@ fn parse_response(answer: &[u8]) -> Result<Response<Bytes>, HttpError> {
     if !version.starts_with("HTTP/1.") {
         return Err(format!("the collector's answer is not HTTP/1: {status_line:?}").into());
     }
-    let status: u16 = code.parse()?;
-    let body = &answer[end..];
-    // A chunked body is not decoded: the exporter reads the answer only for partial-success
-    // details, and the status says whether the batch was taken.
-    let body = match len {
-        Some(len) => &body[..len.min(body.len())],
-        None if head_has_chunked(&answer[..end]) => &[][..],
-        None => body,
-    };
-    Ok(Response::builder()
-        .status(status)
-        .body(Bytes::copy_from_slice(body))?)
-}
-
-fn head_has_chunked(head: &[u8]) -> bool {
-    std::str::from_utf8(head).is_ok_and(|h| {
-        h.split("\r\n").any(|line| {
-            line.split_once(':').is_some_and(|(k, v)| {
-                k.trim().eq_ignore_ascii_case("transfer-encoding")
-                    && v.to_ascii_lowercase().contains("chunked")
-            })
-        })
-    })
+    Ok(code.parse()?)
 }
 
 #[cfg(test)]
@@ -175,19 +166,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn reads_status_and_body() {
-        let r = parse_response(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokMORE").unwrap();
-        assert_eq!(r.status(), 200);
-        assert_eq!(&r.body()[..], b"ok");
+    fn reads_the_status() {
+        assert_eq!(
+            parse_status(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok").unwrap(),
+            200
+        );
         assert!(complete(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"));
         assert!(!complete(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nok"));
-        let r = parse_response(b"HTTP/1.1 503 Unavailable\r\n\r\n").unwrap();
-        assert_eq!(r.status(), 503);
-        let r = parse_response(
-            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n",
-        )
-        .unwrap();
-        assert!(r.body().is_empty());
+        assert_eq!(
+            parse_status(b"HTTP/1.1 503 Unavailable\r\n\r\n").unwrap(),
+            503
+        );
+        assert_eq!(
+            parse_status(
+                b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n"
+            )
+            .unwrap(),
+            200
+        );
     }
 
     #[test]
@@ -199,13 +195,14 @@ mod tests {
             b"SSH-2.0-OpenSSH\r\n\r\n",
             b"HTTP/1.1 abc\r\n\r\n",
             b"HTTP/1.1\r\n\r\n",
-            b"HTTP/1.1 200 OK\r\nContent-Length: 99999999999999999999999\r\n\r\n",
+            b"HTTP/1.1 99999 Big\r\n\r\n",
         ] {
-            assert!(
-                parse_response(bad).is_err() || bad.starts_with(b"HTTP/1.1 200"),
-                "{bad:?}"
-            );
+            assert!(parse_status(bad).is_err(), "{bad:?}");
         }
+        assert!(
+            parse_status(b"HTTP/1.1 200 OK\r\nContent-Length: 99999999999999999999999\r\n\r\n")
+                .is_ok()
+        );
     }
 
     #[test]
@@ -228,18 +225,18 @@ mod tests {
             std::thread::sleep(Duration::from_secs(2));
             String::from_utf8(got).unwrap()
         });
-        let client = BlockingClient::new(Duration::from_secs(1), Duration::from_millis(500));
-        let request = || {
-            Request::builder()
-                .method("POST")
-                .uri(format!("http://{addr}/v1/traces"))
-                .header("content-type", "application/x-protobuf")
-                .body(Bytes::from_static(b"body"))
-                .unwrap()
-        };
-        assert_eq!(client.post(&request()).unwrap().status(), 200);
+        let url = url::Url::parse(&format!("http://{addr}/v1/traces")).unwrap();
+        let headers = [("api-key".to_owned(), "s3cret".to_owned())];
+        let client = BlockingClient::new(
+            &url,
+            &headers,
+            Duration::from_secs(1),
+            Duration::from_millis(500),
+        )
+        .unwrap();
+        client.post(b"body").unwrap();
         let started = Instant::now();
-        assert!(client.post(&request()).is_err());
+        assert!(client.post(b"body").is_err());
         assert!(started.elapsed() < Duration::from_millis(1500));
         let sent = server.join().unwrap();
         assert!(sent.starts_with("POST /v1/traces HTTP/1.1\r\n"), "{sent}");
@@ -247,5 +244,8 @@ mod tests {
             sent.contains("content-type: application/x-protobuf\r\n"),
             "{sent}"
         );
+        assert!(sent.contains("api-key: s3cret\r\n"), "{sent}");
+        assert!(sent.contains(&format!("Host: {addr}\r\n")), "{sent}");
+        assert!(sent.contains("Content-Length: 4\r\n\r\nbody"), "{sent}");
     }
 }

@@ -5,9 +5,10 @@
 //! (the event's `traceparent`), and the published message's `traceparent` names it, so a consumer's
 //! span becomes its child. The sink calls [`Telemetry::begin`] when it publishes an event and
 //! [`Telemetry::end`] when it settles it; both run on the relay's one thread and cost a few small
-//! allocations and a `try_send`. Everything else happens on the export thread: building the
-//! OpenTelemetry [`SpanData`], batching, the OTLP exporter of `opentelemetry-otlp` (protobuf) and the
-//! HTTP request (`http.rs`, a small blocking client, so the exporter needs no runtime of its own).
+//! allocations and one push under an uncontended mutex. Everything else happens on the export
+//! thread: writing the batch's OTLP protobuf straight from the relay's records into one reusable
+//! buffer (`otlp.rs`, no OpenTelemetry SDK: its per-span conversion was most of a span's cost) and
+//! the HTTP request (`http.rs`, a small blocking client, so the export needs no runtime of its own).
 //!
 //! Never in the way: the queue between the two is bounded ([`QUEUE`]); a span that finds it full,
 //! or whose batch the collector refuses, does not answer, or answers with an error, is dropped and
@@ -19,23 +20,17 @@
 //! [`Telemetry`] at all: the sink's `Option` is `None` and the hot path pays one branch.
 
 mod http;
+mod otlp;
 pub mod traceparent;
 
-use std::borrow::Cow;
+use std::hash::{BuildHasher, Hasher};
 use std::sync::Arc;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, sync_channel};
 use std::thread::Thread;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use opentelemetry::trace::{
-    SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId, TraceState,
-};
-use opentelemetry::{InstrumentationScope, KeyValue};
-use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig};
-use opentelemetry_sdk::Resource;
-use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator, SpanData, SpanExporter};
 use tracing::{info, warn};
 
 use crate::Lsn;
@@ -70,7 +65,7 @@ struct Inner {
     shared: Arc<Shared>,
     /// The export thread, to wake when [`WAKE_AT`] spans wait, and on exit.
     exporter: Thread,
-    ids: RandomIdGenerator,
+    ids: SpanIds,
     metrics: Arc<Metrics>,
     dead_letter_subject: String,
     /// Told by the export thread when it has sent what was queued (on exit). In a mutex only so
@@ -123,22 +118,16 @@ impl Telemetry {
         metrics: Arc<Metrics>,
     ) -> Result<Telemetry, String> {
         let url = traces_url(endpoint)?;
-        let mut exporter = opentelemetry_otlp::SpanExporter::builder()
-            .with_http()
-            .with_protocol(Protocol::HttpBinary)
-            .with_endpoint(url.clone())
-            .with_timeout(REQUEST_TIMEOUT)
-            // A failed batch is dropped and counted, not retried: retrying would hold the
-            // thread while newer spans wait, and a collector that is down stays down for a while.
-            .with_retry_policy(opentelemetry_otlp::RetryPolicy::disabled())
-            .with_http_client(http::BlockingClient::new(CONNECT_TIMEOUT, REQUEST_TIMEOUT))
-            .build()
+        let parsed = url::Url::parse(&url)
             .map_err(|e| format!("telemetry.otlp_endpoint {endpoint:?}: {e}"))?;
-        exporter.set_resource(
-            &Resource::builder_empty()
-                .with_service_name(service_name.to_owned())
-                .with_attribute(KeyValue::new("service.version", env!("CARGO_PKG_VERSION")))
-                .build(),
+        let headers = env_headers();
+        let client = http::BlockingClient::new(&parsed, &headers, CONNECT_TIMEOUT, REQUEST_TIMEOUT)
+            .map_err(|e| format!("telemetry.otlp_endpoint {endpoint:?}: {e}"))?;
+        let encoder = otlp::Encoder::new(
+            service_name,
+            env!("CARGO_PKG_VERSION"),
+            "outbox-relay",
+            env!("CARGO_PKG_VERSION"),
         );
         let shared = Arc::new(Shared {
             queue: Mutex::new(Vec::with_capacity(WAKE_AT)),
@@ -150,7 +139,7 @@ impl Telemetry {
         let handle = std::thread::Builder::new()
             .name("otlp-export".into())
             .spawn(move || {
-                export_loop(&thread_shared, exporter, &thread_metrics);
+                export_loop(&thread_shared, encoder, &client, &thread_metrics);
                 let _ = done_tx.send(());
             })
             .map_err(|e| format!("cannot start the span export thread: {e}"))?;
@@ -159,7 +148,7 @@ impl Telemetry {
             inner: Arc::new(Inner {
                 shared,
                 exporter: handle.thread().clone(),
-                ids: RandomIdGenerator::default(),
+                ids: SpanIds::new(),
                 metrics,
                 dead_letter_subject: dead_letter_subject.to_owned(),
                 done: Mutex::new(done),
@@ -180,7 +169,7 @@ impl Telemetry {
         if !trace.sampled() {
             return None;
         }
-        let span_id = u64::from_be_bytes(self.inner.ids.new_span_id().to_bytes());
+        let span_id = self.inner.ids.next();
         let child = trace.child(span_id);
         let header = &mut event.headers[i];
         if out.headers.get(header.0.as_str()).is_some() {
@@ -281,12 +270,96 @@ fn commit_time(pg_micros: i64) -> Option<SystemTime> {
     }
 }
 
+/// Span ids: unique within the process (a bijective mix of a counter never repeats and is zero
+/// for exactly one counter value, which is skipped), unpredictable enough across processes (the
+/// counter starts at a per-process random value: std's `RandomState` keys come from the OS). No
+/// lock: one atomic add per span.
+struct SpanIds(AtomicU64);
+
+impl SpanIds {
+    fn new() -> SpanIds {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u128(
+            SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos()),
+        );
+        SpanIds(AtomicU64::new(h.finish()))
+    }
+
+    /// The next span id, never zero (W3C Trace Context: an all-zero id is invalid).
+    fn next(&self) -> u64 {
+        loop {
+            let id = splitmix64(self.0.fetch_add(GOLDEN_GAMMA, Ordering::Relaxed));
+            if id != 0 {
+                return id;
+            }
+        }
+    }
+}
+
+/// SplitMix64's increment: odd, so the counter visits every u64 before it repeats.
+const GOLDEN_GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
+
+/// SplitMix64's output function, a bijection on u64 that scatters consecutive counters.
+fn splitmix64(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Extra request headers from `OTEL_EXPORTER_OTLP_TRACES_HEADERS`, else
+/// `OTEL_EXPORTER_OTLP_HEADERS` (the OpenTelemetry exporter's variables, e.g. a collector's API
+/// key): `key1=value1,key2=value2`, values percent-decoded.
+fn env_headers() -> Vec<(String, String)> {
+    std::env::var("OTEL_EXPORTER_OTLP_TRACES_HEADERS")
+        .or_else(|_| std::env::var("OTEL_EXPORTER_OTLP_HEADERS"))
+        .map(|v| parse_headers(&v))
+        .unwrap_or_default()
+}
+
+/// See [`env_headers`]. Names are lower-cased and a later one replaces an earlier one of the same
+/// name, as an HTTP header map would; a pair that is not a valid header (a name that is not an
+/// HTTP token, a value with control or non-ASCII characters) is left out rather than written raw
+/// into the request, and so are the headers the client sets itself.
+fn parse_headers(input: &str) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    for pair in input.split_terminator(',').map(str::trim) {
+        let Some((name, value)) = pair.split_once('=') else {
+            continue;
+        };
+        let name = name.trim().to_ascii_lowercase();
+        let raw = value.trim();
+        let value = percent_encoding::percent_decode_str(raw)
+            .decode_utf8()
+            .map_or_else(|_| raw.to_owned(), |v| v.into_owned());
+        let token = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
+        let visible = |b: u8| (0x20..0x7F).contains(&b) || b == b'\t';
+        if name.is_empty()
+            || value.is_empty()
+            || !name.bytes().all(token)
+            || !value.bytes().all(visible)
+            || matches!(
+                name.as_str(),
+                "host" | "content-length" | "content-type" | "connection" | "transfer-encoding"
+            )
+        {
+            continue;
+        }
+        out.retain(|(n, _)| *n != name);
+        out.push((name, value));
+    }
+    out
+}
+
 /// The export thread: every [`DELAY`], or when woken because [`WAKE_AT`] spans wait, it takes the
 /// whole queue and sends it in batches of up to [`BATCH`]; until the relay exits.
-fn export_loop(shared: &Shared, exporter: opentelemetry_otlp::SpanExporter, metrics: &Metrics) {
-    let scope = InstrumentationScope::builder("outbox-relay")
-        .with_version(env!("CARGO_PKG_VERSION"))
-        .build();
+fn export_loop(
+    shared: &Shared,
+    mut encoder: otlp::Encoder,
+    client: &http::BlockingClient,
+    metrics: &Metrics,
+) {
     let mut taken: Vec<Finished> = Vec::with_capacity(WAKE_AT);
     let mut failing = false;
     loop {
@@ -300,8 +373,11 @@ fn export_loop(shared: &Shared, exporter: opentelemetry_otlp::SpanExporter, metr
         }
         while !taken.is_empty() {
             let n = taken.len().min(BATCH);
-            let spans: Vec<SpanData> = taken.drain(..n).map(|f| span_data(f, &scope)).collect();
-            match futures_executor::block_on(exporter.export(spans)) {
+            encoder.start();
+            for f in taken.drain(..n) {
+                encoder.push(&f);
+            }
+            match client.post(encoder.finish()) {
                 Ok(()) => {
                     Metrics::add(&metrics.spans_exported, n as u64);
                     if failing {
@@ -325,49 +401,35 @@ fn export_loop(shared: &Shared, exporter: opentelemetry_otlp::SpanExporter, metr
     }
 }
 
-/// The OpenTelemetry form of a finished span: PRODUCER, `send <subject>`, the messaging
-/// attributes of the semantic conventions and the relay's own `outbox.commit_lsn`.
-fn span_data(f: Finished, scope: &InstrumentationScope) -> SpanData {
-    let s = *f.started;
-    let tracestate = s
-        .tracestate
-        .as_deref()
-        .and_then(|t| t.parse::<TraceState>().ok())
-        .unwrap_or_default();
-    let status = match f.error {
-        Some(reason) => Status::Error {
-            description: Cow::Owned(format!("dead letter: {reason}")),
-        },
-        None => Status::Unset,
-    };
-    let subject = s.subject;
-    SpanData {
-        span_context: SpanContext::new(
-            TraceId::from(s.trace.trace_id),
-            SpanId::from(s.span_id),
-            TraceFlags::SAMPLED,
-            false,
-            tracestate,
-        ),
-        parent_span_id: SpanId::from(s.trace.parent_id),
-        parent_span_is_remote: true,
-        span_kind: SpanKind::Producer,
-        name: Cow::Owned(format!("send {subject}")),
-        start_time: s.start,
-        // A commit time ahead of the relay's clock (skew between the hosts) must not make a
-        // negative span.
-        end_time: f.end.max(s.start),
-        attributes: vec![
-            KeyValue::new("messaging.system", "nats"),
-            KeyValue::new("messaging.destination.name", subject),
-            KeyValue::new("messaging.message.id", f.message_id),
-            KeyValue::new("messaging.operation.type", "send"),
-            KeyValue::new("outbox.commit_lsn", f.commit_lsn.to_string()),
-        ],
-        dropped_attributes_count: 0,
-        events: Default::default(),
-        links: Default::default(),
-        status,
-        instrumentation_scope: scope.clone(),
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn span_ids_are_non_zero_and_distinct() {
+        let ids = SpanIds::new();
+        let mut seen = std::collections::HashSet::new();
+        for _ in 0..100_000 {
+            let id = ids.next();
+            assert_ne!(id, 0);
+            assert!(seen.insert(id), "repeated {id:x}");
+        }
+        // The one counter value that mixes to zero is skipped.
+        let zero = SpanIds(AtomicU64::new(0));
+        assert_ne!(zero.next(), 0);
+    }
+
+    #[test]
+    fn otel_headers_as_the_exporter_read_them() {
+        assert_eq!(
+            parse_headers(
+                " API-Key = a%20b ,x-tenant=7,,bad name=1,empty=,x-tenant=8,host=evil,ctl=%0A"
+            ),
+            [
+                ("api-key".to_owned(), "a b".to_owned()),
+                ("x-tenant".to_owned(), "8".to_owned()),
+            ]
+        );
+        assert!(parse_headers("").is_empty());
     }
 }
