@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures_util::TryStreamExt;
-use tokio_postgres::Client;
+use tokio_postgres::{Client, Row, Statement};
 use tracing::{debug, info, warn};
 
 use crate::Lsn;
@@ -455,18 +455,52 @@ async fn publish_snapshot(
     progress: &mut impl FnMut(BackfillProgress),
 ) -> Result<(), BackfillError> {
     let started = Instant::now();
-    let table = settings.outbox.table.clone();
+    let table = settings.outbox.table.as_str();
+    import_snapshot(pg, snapshot, table).await?;
+    let columns = outbox_columns(settings, pg).await?;
+    let total = count_rows(settings, opts, pg).await?;
+    let fetch = declare_cursor(settings, opts, pg, &columns).await?;
+    let sink = start_sink(settings, nats, report).await?;
+    let mut publisher = Publisher::begin(settings, report, columns, sink, total, started)?;
+    publisher.publish_rows(pg, &fetch, table, progress).await?;
+    publisher.commit(report)?;
+    publisher.await_acks().await?;
+    pg.batch_execute("COMMIT")
+        .await
+        .map_err(query_error(table, "COMMIT"))?;
+    publisher.report_progress(progress);
+    let published = publisher.published;
+    debug!(published, "backfill acknowledged");
+    report.rows = published;
+    report.stored = publisher.acked.stored;
+    report.duplicates = publisher.acked.duplicates;
+    report.dead_letters = publisher.acked.dead_letters;
+    report.elapsed = started.elapsed();
+    Ok(())
+}
+
+/// A failed query on the outbox table as [`BackfillError::Query`], saying what it was for.
+fn query_error(
+    table: &str,
+    what: &str,
+) -> impl FnOnce(tokio_postgres::Error) -> BackfillError + use<> {
+    let table = table.to_owned();
+    let what = what.to_owned();
+    move |e: tokio_postgres::Error| BackfillError::Query {
+        table,
+        what,
+        message: pg_error(&e),
+    }
+}
+
+/// The outbox table as a quoted, schema-qualified name.
+fn qualified_table(settings: &Settings) -> String {
     let (schema, name) = settings.outbox.table_parts();
-    let qualified = format!("{}.{}", quote_ident(schema), quote_ident(name));
-    let query_error = |what: &str| {
-        let table = table.clone();
-        let what = what.to_owned();
-        move |e: tokio_postgres::Error| BackfillError::Query {
-            table,
-            what,
-            message: pg_error(&e),
-        }
-    };
+    format!("{}.{}", quote_ident(schema), quote_ident(name))
+}
+
+/// Opens the read-only REPEATABLE READ transaction that sees the slot's exported snapshot.
+async fn import_snapshot(pg: &Client, snapshot: &str, table: &str) -> Result<(), BackfillError> {
     // The snapshot name comes from the server; quoted all the same.
     pg.batch_execute(&format!(
         "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET TRANSACTION SNAPSHOT '{}'; \
@@ -474,10 +508,14 @@ async fn publish_snapshot(
         snapshot.replace('\'', "''")
     ))
     .await
-    .map_err(query_error("importing the slot's snapshot"))?;
+    .map_err(query_error(table, "importing the slot's snapshot"))
+}
 
-    // Every column, in table order, as pgoutput sends them (generated columns are not sent).
-    let columns: Vec<Column> = pg
+/// Every column of the outbox table, in table order, as pgoutput sends them (generated columns are
+/// not sent).
+async fn outbox_columns(settings: &Settings, pg: &Client) -> Result<Vec<Column>, BackfillError> {
+    let qualified = qualified_table(settings);
+    Ok(pg
         .query(
             "SELECT a.attname::text, a.atttypid, a.atttypmod FROM pg_attribute a \
              WHERE a.attrelid = $1::text::regclass AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = '' \
@@ -485,7 +523,7 @@ async fn publish_snapshot(
             &[&qualified],
         )
         .await
-        .map_err(query_error("reading its columns"))?
+        .map_err(query_error(&settings.outbox.table, "reading its columns"))?
         .iter()
         .map(|r| Column {
             flags: 0,
@@ -493,7 +531,16 @@ async fn publish_snapshot(
             type_oid: r.get(1),
             type_modifier: r.get(2),
         })
-        .collect();
+        .collect())
+}
+
+/// How many rows match `--where` in the snapshot; refuses more than `u32::MAX`.
+async fn count_rows(
+    settings: &Settings,
+    opts: &BackfillOptions,
+    pg: &Client,
+) -> Result<u64, BackfillError> {
+    let qualified = qualified_table(settings);
     let predicate = opts.where_sql.as_deref().unwrap_or("true");
     let total: i64 = pg
         .query_one(
@@ -501,12 +548,23 @@ async fn publish_snapshot(
             &[],
         )
         .await
-        .map_err(query_error("--where"))?
+        .map_err(query_error(&settings.outbox.table, "--where"))?
         .get(0);
     let total = total.max(0) as u64;
     if total > u64::from(u32::MAX) {
         return Err(BackfillError::TooManyRows);
     }
+    Ok(total)
+}
+
+/// Declares the cursor over the matching rows (every column as text) and prepares its `FETCH`.
+async fn declare_cursor(
+    settings: &Settings,
+    opts: &BackfillOptions,
+    pg: &Client,
+    columns: &[Column],
+) -> Result<Statement, BackfillError> {
+    let table = settings.outbox.table.as_str();
     let select: Vec<String> = columns
         .iter()
         .map(|c| format!("{}::text", quote_ident(&c.name)))
@@ -520,12 +578,18 @@ async fn publish_snapshot(
         &[],
     )
     .await
-    .map_err(query_error("--where / --order-by"))?;
-    let fetch = pg
-        .prepare(&format!("FETCH {FETCH_ROWS} FROM {CURSOR}"))
+    .map_err(query_error(table, "--where / --order-by"))?;
+    pg.prepare(&format!("FETCH {FETCH_ROWS} FROM {CURSOR}"))
         .await
-        .map_err(query_error("FETCH"))?;
+        .map_err(query_error(table, "FETCH"))
+}
 
+/// Starts the sink the rows are published through: unfenced, never atomic.
+async fn start_sink(
+    settings: &Settings,
+    nats: async_nats::Client,
+    report: &BackfillReport,
+) -> Result<Sink, BackfillError> {
     // Not fenced: the fence's expected sequences are for an ordered replay from the slot. Here,
     // rows the stream holds come back as duplicates that take no sequence, and every message
     // published behind one carries a stale expectation; the sink's repair resends them one at a
@@ -546,108 +610,170 @@ async fn publish_snapshot(
         history,
         wal_end: report.consistent_point,
     });
-    let mut sink = Sink::start(nats, config, origin.as_ref(), false).await?;
-    // Checked like live events (outbox.schemas); the failures are counted nowhere: a backfill
-    // reports its dead letters itself.
-    let mut stage =
-        OutboxStage::new(&settings.outbox).with_schemas(&settings.schemas, Default::default());
-    let commit_ts = crate::lsn::pg_now_micros();
-    let begin = Message::Begin {
-        final_lsn: report.commit_lsn,
-        commit_ts,
-        xid: 0,
-    };
-    stage.step(begin)?;
-    stage.step(Message::Relation(Relation {
-        xid: None,
-        id: RELATION_ID,
-        namespace: schema.to_owned(),
-        name: name.to_owned(),
-        replica_identity: b'd',
-        columns,
-    }))?;
+    Ok(Sink::start(nats, config, origin.as_ref(), false).await?)
+}
 
-    let mut published = 0u64;
-    let mut acked = Acked::default();
-    let mut last_progress = Instant::now();
-    let fail = |done: u64, source: SinkError| BackfillError::Publish {
-        done,
-        total,
-        source,
-    };
-    loop {
-        let rows = pg
-            .query_raw(&fetch, std::iter::empty::<i32>())
-            .await
-            .map_err(query_error("FETCH"))?;
-        tokio::pin!(rows);
-        let mut fetched = 0u32;
-        while let Some(row) = rows.try_next().await.map_err(query_error("FETCH"))? {
-            fetched += 1;
-            let new = (0..row.len())
-                .map(|i| match row.get::<_, Option<&str>>(i) {
-                    Some(v) => TupleValue::Text(Bytes::copy_from_slice(v.as_bytes())),
-                    None => TupleValue::Null,
-                })
-                .collect();
-            let msg = Message::Insert {
-                xid: None,
-                relation_id: RELATION_ID,
-                new,
-            };
-            let Step::Event(event) = stage.step(msg)? else {
-                continue;
-            };
-            if let Err(e) = sink.submit(published, event).await {
-                return Err(fail(published, e));
+/// The rows' way to the stream: the stage that makes events of them, the sink, and the counts.
+struct Publisher {
+    stage: OutboxStage,
+    sink: Sink,
+    commit_ts: i64,
+    total: u64,
+    published: u64,
+    acked: Acked,
+    started: Instant,
+    last_progress: Instant,
+}
+
+impl Publisher {
+    /// Feeds the stage the synthetic Begin and Relation the rows' Inserts belong to.
+    fn begin(
+        settings: &Settings,
+        report: &BackfillReport,
+        columns: Vec<Column>,
+        sink: Sink,
+        total: u64,
+        started: Instant,
+    ) -> Result<Self, BackfillError> {
+        let (schema, name) = settings.outbox.table_parts();
+        // Checked like live events (outbox.schemas); the failures are counted nowhere: a backfill
+        // reports its dead letters itself.
+        let mut stage =
+            OutboxStage::new(&settings.outbox).with_schemas(&settings.schemas, Default::default());
+        let commit_ts = crate::lsn::pg_now_micros();
+        let begin = Message::Begin {
+            final_lsn: report.commit_lsn,
+            commit_ts,
+            xid: 0,
+        };
+        stage.step(begin)?;
+        stage.step(Message::Relation(Relation {
+            xid: None,
+            id: RELATION_ID,
+            namespace: schema.to_owned(),
+            name: name.to_owned(),
+            replica_identity: b'd',
+            columns,
+        }))?;
+        Ok(Publisher {
+            stage,
+            sink,
+            commit_ts,
+            total,
+            published: 0,
+            acked: Acked::default(),
+            started,
+            last_progress: Instant::now(),
+        })
+    }
+
+    /// Fetches the cursor's rows until it is exhausted and publishes each.
+    async fn publish_rows(
+        &mut self,
+        pg: &Client,
+        fetch: &Statement,
+        table: &str,
+        progress: &mut impl FnMut(BackfillProgress),
+    ) -> Result<(), BackfillError> {
+        loop {
+            let rows = pg
+                .query_raw(fetch, std::iter::empty::<i32>())
+                .await
+                .map_err(query_error(table, "FETCH"))?;
+            tokio::pin!(rows);
+            let mut fetched = 0u32;
+            while let Some(row) = rows.try_next().await.map_err(query_error(table, "FETCH"))? {
+                fetched += 1;
+                self.publish_row(&row, progress).await?;
             }
-            published += 1;
-            // Acks are taken as they come, so the sink never holds more than the window.
-            sink.settle().await.map_err(|e| fail(published, e))?;
-            while let Some(ack) = sink.acked() {
-                acked.add(ack.outcome);
+            if fetched < FETCH_ROWS {
+                return Ok(());
             }
-            if last_progress.elapsed() >= PROGRESS_EVERY {
-                last_progress = Instant::now();
-                progress(BackfillProgress {
-                    done: published,
-                    total,
-                    elapsed: started.elapsed(),
-                });
-            }
-        }
-        if fetched < FETCH_ROWS {
-            break;
         }
     }
-    stage.step(Message::Commit {
-        flags: 0,
-        commit_lsn: report.commit_lsn,
-        end_lsn: report.consistent_point,
-        commit_ts,
-    })?;
-    while acked.total() < published {
-        sink.ready().await;
-        sink.settle().await.map_err(|e| fail(published, e))?;
-        while let Some(ack) = sink.acked() {
-            acked.add(ack.outcome);
+
+    /// One row as a synthetic Insert through the stage and, when it makes an event, the sink;
+    /// takes the acks that have come and reports progress when it is due.
+    async fn publish_row(
+        &mut self,
+        row: &Row,
+        progress: &mut impl FnMut(BackfillProgress),
+    ) -> Result<(), BackfillError> {
+        let new = (0..row.len())
+            .map(|i| match row.get::<_, Option<&str>>(i) {
+                Some(v) => TupleValue::Text(Bytes::copy_from_slice(v.as_bytes())),
+                None => TupleValue::Null,
+            })
+            .collect();
+        let msg = Message::Insert {
+            xid: None,
+            relation_id: RELATION_ID,
+            new,
+        };
+        let Step::Event(event) = self.stage.step(msg)? else {
+            return Ok(());
+        };
+        if let Err(e) = self.sink.submit(self.published, event).await {
+            return Err(self.fail(e));
+        }
+        self.published += 1;
+        // Acks are taken as they come, so the sink never holds more than the window.
+        self.settle().await?;
+        if self.last_progress.elapsed() >= PROGRESS_EVERY {
+            self.last_progress = Instant::now();
+            self.report_progress(progress);
+        }
+        Ok(())
+    }
+
+    /// Feeds the stage the synthetic Commit.
+    fn commit(&mut self, report: &BackfillReport) -> Result<(), BackfillError> {
+        self.stage.step(Message::Commit {
+            flags: 0,
+            commit_lsn: report.commit_lsn,
+            end_lsn: report.consistent_point,
+            commit_ts: self.commit_ts,
+        })?;
+        Ok(())
+    }
+
+    /// Waits until every published row is acknowledged.
+    async fn await_acks(&mut self) -> Result<(), BackfillError> {
+        while self.acked.total() < self.published {
+            self.sink.ready().await;
+            self.settle().await?;
+        }
+        Ok(())
+    }
+
+    /// Lets the sink settle and counts the acks it has.
+    async fn settle(&mut self) -> Result<(), BackfillError> {
+        if let Err(e) = self.sink.settle().await {
+            return Err(self.fail(e));
+        }
+        while let Some(ack) = self.sink.acked() {
+            self.acked.add(ack.outcome);
+        }
+        Ok(())
+    }
+
+    /// Publishing failed after the rows published so far.
+    fn fail(&self, source: SinkError) -> BackfillError {
+        BackfillError::Publish {
+            done: self.published,
+            total: self.total,
+            source,
         }
     }
-    pg.batch_execute("COMMIT")
-        .await
-        .map_err(query_error("COMMIT"))?;
-    progress(BackfillProgress {
-        done: published,
-        total,
-        elapsed: started.elapsed(),
-    });
-    debug!(published, "backfill acknowledged");
-    report.rows = published;
-    report.stored = acked.stored;
-    report.duplicates = acked.duplicates;
-    report.dead_letters = acked.dead_letters;
-    report.elapsed = started.elapsed();
-    Ok(())
+
+    /// Calls the progress callback with where the backfill is.
+    fn report_progress(&self, progress: &mut impl FnMut(BackfillProgress)) {
+        progress(BackfillProgress {
+            done: self.published,
+            total: self.total,
+            elapsed: self.started.elapsed(),
+        });
+    }
 }
 
 /// Outcomes counted.
