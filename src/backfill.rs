@@ -42,7 +42,7 @@ use crate::pgoutput::{Column, Message, Relation, TupleValue};
 use crate::position::History;
 use crate::setup::{self, Prepared, SetupError};
 use crate::sink::{ConnectError, Origin, Outcome, Sink, SinkConfig, SinkError, TailError};
-use crate::source::{ReplConnection, SourceError, quote_ident};
+use crate::source::{ReplConnection, SourceError, SystemInfo, quote_ident};
 
 /// Rows per `FETCH`: large enough to amortise the round trip, small enough that the rows in one
 /// fetch are a small part of the publish window.
@@ -252,72 +252,22 @@ pub async fn backfill(
     opts: BackfillOptions,
     mut progress: impl FnMut(BackfillProgress),
 ) -> Result<BackfillReport, BackfillError> {
-    // Rows must never go out unchecked because the contracts did not load (P8).
-    settings.schemas_loaded()?;
-    if let Some(o) = &opts.order_by
-        && o.contains(';')
-    {
-        return Err(BackfillError::OrderBy(o.clone()));
-    }
+    check_options(settings, &opts)?;
     let slot = settings.postgres.slot.clone();
     let prepared = setup::prepare_without_slot(settings).await?;
-    let replaced_slot = match decide_slot(settings, &prepared, &opts) {
-        Ok(r) => r,
-        Err(e) => {
-            prepared.undo(settings).await;
-            return Err(e);
-        }
-    };
+    let replaced_slot =
+        undo_on_error(settings, &prepared, decide_slot(settings, &prepared, &opts)).await?;
     let started = Instant::now();
-    let control = match connect(settings).await {
-        Ok(c) => c,
-        Err(e) => {
-            prepared.undo(settings).await;
-            return Err(e);
-        }
-    };
+    let control = undo_on_error(settings, &prepared, connect(settings).await).await?;
     // Everything that can fail for a reason of the operator's making is tried before anything is
     // dropped or created: a typo in --where must leave a healthy slot as it was.
-    let nats = match preflight(settings, &opts, &control).await {
-        Ok(nats) => nats,
-        Err(e) => {
-            prepared.undo(settings).await;
-            return Err(e);
-        }
-    };
+    let preflight = preflight(settings, &opts, &control).await;
+    let nats = undo_on_error(settings, &prepared, preflight).await?;
     if replaced_slot {
-        control
-            .execute("SELECT pg_drop_replication_slot($1)", &[&slot])
-            .await
-            .map_err(|source| BackfillError::DropSlot {
-                slot: slot.clone(),
-                source,
-            })?;
-        info!(%slot, "dropped the existing slot (--replace-slot)");
+        drop_existing_slot(&control, &slot).await?;
     }
-    let mut repl = ReplConnection::connect(&settings.conn, "outbox-relay backfill")
-        .await
-        .map_err(|source| BackfillError::Postgres {
-            target: settings.conn.to_string(),
-            source,
-        })?;
-    // The history the backfilled messages name, so the next run's replay recognises them as its
-    // own. Without it (an old server's answer it cannot read) they carry none, and the run after the
-    // backfill trusts nothing and republishes (JetStream drops the duplicates).
-    let system = repl.identify_system().await.ok();
-    let (consistent_point, snapshot) = match repl
-        .create_slot_with_snapshot(&slot, settings.postgres.failover)
-        .await
-    {
-        Ok(r) => r,
-        Err(source) => {
-            repl.close().await;
-            if !replaced_slot {
-                prepared.undo(settings).await;
-            }
-            return Err(BackfillError::CreateSlot { slot, source });
-        }
-    };
+    let (repl, system, consistent_point, snapshot) =
+        create_slot(settings, &prepared, replaced_slot).await?;
     info!(%slot, %consistent_point, %snapshot, "slot created; reading the rows of its snapshot");
     // Creating the slot waits for every transaction that holds a transaction id on the server to
     // end; the rate is measured from here.
@@ -350,18 +300,95 @@ pub async fn backfill(
     // The exported snapshot lived in the walsender's transaction; the cursor is done with it now.
     repl.close().await;
     if let Err(e) = result {
-        let _ = control.batch_execute("ROLLBACK").await;
-        // Without the slot, `run` refuses (P9) instead of starting after rows that were never
-        // published; the next backfill creates it again.
-        if let Err(drop) = control
-            .execute("SELECT pg_drop_replication_slot($1)", &[&slot])
-            .await
-        {
-            warn!(%slot, error = %drop, "backfill failed and the slot it created could not be dropped: run backfill again with --replace-slot");
-        }
+        abandon_slot(&control, &slot).await;
         return Err(e);
     }
     Ok(report)
+}
+
+/// Refuses what must not reach the database: schemas that did not load, `;` in `--order-by`.
+fn check_options(settings: &Settings, opts: &BackfillOptions) -> Result<(), BackfillError> {
+    // Rows must never go out unchecked because the contracts did not load (P8).
+    settings.schemas_loaded()?;
+    if let Some(o) = &opts.order_by
+        && o.contains(';')
+    {
+        return Err(BackfillError::OrderBy(o.clone()));
+    }
+    Ok(())
+}
+
+/// Passes `result` through; on an error, first undoes what setup created.
+async fn undo_on_error<T>(
+    settings: &Settings,
+    prepared: &Prepared,
+    result: Result<T, BackfillError>,
+) -> Result<T, BackfillError> {
+    if result.is_err() {
+        prepared.undo(settings).await;
+    }
+    result
+}
+
+/// Drops the existing slot (`--replace-slot`).
+async fn drop_existing_slot(control: &Client, slot: &str) -> Result<(), BackfillError> {
+    control
+        .execute("SELECT pg_drop_replication_slot($1)", &[&slot])
+        .await
+        .map_err(|source| BackfillError::DropSlot {
+            slot: slot.to_owned(),
+            source,
+        })?;
+    info!(%slot, "dropped the existing slot (--replace-slot)");
+    Ok(())
+}
+
+/// Opens the replication connection and creates the slot with an exported snapshot. Returns the
+/// connection (the snapshot lives as long as it does), the server's history when it told it, the
+/// consistent point and the snapshot's name. On failure undoes setup unless an old slot was
+/// dropped.
+async fn create_slot(
+    settings: &Settings,
+    prepared: &Prepared,
+    replaced_slot: bool,
+) -> Result<(ReplConnection, Option<SystemInfo>, Lsn, String), BackfillError> {
+    let slot = settings.postgres.slot.clone();
+    let mut repl = ReplConnection::connect(&settings.conn, "outbox-relay backfill")
+        .await
+        .map_err(|source| BackfillError::Postgres {
+            target: settings.conn.to_string(),
+            source,
+        })?;
+    // The history the backfilled messages name, so the next run's replay recognises them as its
+    // own. Without it (an old server's answer it cannot read) they carry none, and the run after the
+    // backfill trusts nothing and republishes (JetStream drops the duplicates).
+    let system = repl.identify_system().await.ok();
+    match repl
+        .create_slot_with_snapshot(&slot, settings.postgres.failover)
+        .await
+    {
+        Ok((consistent_point, snapshot)) => Ok((repl, system, consistent_point, snapshot)),
+        Err(source) => {
+            repl.close().await;
+            if !replaced_slot {
+                prepared.undo(settings).await;
+            }
+            Err(BackfillError::CreateSlot { slot, source })
+        }
+    }
+}
+
+/// After a failed publish: ends the snapshot's transaction and drops the new slot.
+async fn abandon_slot(control: &Client, slot: &str) {
+    let _ = control.batch_execute("ROLLBACK").await;
+    // Without the slot, `run` refuses (P9) instead of starting after rows that were never
+    // published; the next backfill creates it again.
+    if let Err(drop) = control
+        .execute("SELECT pg_drop_replication_slot($1)", &[&slot])
+        .await
+    {
+        warn!(%slot, error = %drop, "backfill failed and the slot it created could not be dropped: run backfill again with --replace-slot");
+    }
 }
 
 /// Refuses an active slot, and an existing one without `--replace-slot`. Returns whether to drop
