@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures_util::TryStreamExt;
-use tokio_postgres::Client;
+use tokio_postgres::{Client, Row, Statement};
 use tracing::{debug, info, warn};
 
 use crate::Lsn;
@@ -42,7 +42,7 @@ use crate::pgoutput::{Column, Message, Relation, TupleValue};
 use crate::position::History;
 use crate::setup::{self, Prepared, SetupError};
 use crate::sink::{ConnectError, Origin, Outcome, Sink, SinkConfig, SinkError, TailError};
-use crate::source::{ReplConnection, SourceError, quote_ident};
+use crate::source::{ReplConnection, SourceError, SystemInfo, quote_ident};
 
 /// Rows per `FETCH`: large enough to amortise the round trip, small enough that the rows in one
 /// fetch are a small part of the publish window.
@@ -252,72 +252,22 @@ pub async fn backfill(
     opts: BackfillOptions,
     mut progress: impl FnMut(BackfillProgress),
 ) -> Result<BackfillReport, BackfillError> {
-    // Rows must never go out unchecked because the contracts did not load (P8).
-    settings.schemas_loaded()?;
-    if let Some(o) = &opts.order_by
-        && o.contains(';')
-    {
-        return Err(BackfillError::OrderBy(o.clone()));
-    }
+    check_options(settings, &opts)?;
     let slot = settings.postgres.slot.clone();
     let prepared = setup::prepare_without_slot(settings).await?;
-    let replaced_slot = match decide_slot(settings, &prepared, &opts) {
-        Ok(r) => r,
-        Err(e) => {
-            prepared.undo(settings).await;
-            return Err(e);
-        }
-    };
+    let replaced_slot =
+        undo_on_error(settings, &prepared, decide_slot(settings, &prepared, &opts)).await?;
     let started = Instant::now();
-    let control = match connect(settings).await {
-        Ok(c) => c,
-        Err(e) => {
-            prepared.undo(settings).await;
-            return Err(e);
-        }
-    };
+    let control = undo_on_error(settings, &prepared, connect(settings).await).await?;
     // Everything that can fail for a reason of the operator's making is tried before anything is
     // dropped or created: a typo in --where must leave a healthy slot as it was.
-    let nats = match preflight(settings, &opts, &control).await {
-        Ok(nats) => nats,
-        Err(e) => {
-            prepared.undo(settings).await;
-            return Err(e);
-        }
-    };
+    let preflight = preflight(settings, &opts, &control).await;
+    let nats = undo_on_error(settings, &prepared, preflight).await?;
     if replaced_slot {
-        control
-            .execute("SELECT pg_drop_replication_slot($1)", &[&slot])
-            .await
-            .map_err(|source| BackfillError::DropSlot {
-                slot: slot.clone(),
-                source,
-            })?;
-        info!(%slot, "dropped the existing slot (--replace-slot)");
+        drop_existing_slot(&control, &slot).await?;
     }
-    let mut repl = ReplConnection::connect(&settings.conn, "outbox-relay backfill")
-        .await
-        .map_err(|source| BackfillError::Postgres {
-            target: settings.conn.to_string(),
-            source,
-        })?;
-    // The history the backfilled messages name, so the next run's replay recognises them as its
-    // own. Without it (an old server's answer it cannot read) they carry none, and the run after the
-    // backfill trusts nothing and republishes (JetStream drops the duplicates).
-    let system = repl.identify_system().await.ok();
-    let (consistent_point, snapshot) = match repl
-        .create_slot_with_snapshot(&slot, settings.postgres.failover)
-        .await
-    {
-        Ok(r) => r,
-        Err(source) => {
-            repl.close().await;
-            if !replaced_slot {
-                prepared.undo(settings).await;
-            }
-            return Err(BackfillError::CreateSlot { slot, source });
-        }
-    };
+    let (repl, system, consistent_point, snapshot) =
+        create_slot(settings, &prepared, replaced_slot).await?;
     info!(%slot, %consistent_point, %snapshot, "slot created; reading the rows of its snapshot");
     // Creating the slot waits for every transaction that holds a transaction id on the server to
     // end; the rate is measured from here.
@@ -350,18 +300,95 @@ pub async fn backfill(
     // The exported snapshot lived in the walsender's transaction; the cursor is done with it now.
     repl.close().await;
     if let Err(e) = result {
-        let _ = control.batch_execute("ROLLBACK").await;
-        // Without the slot, `run` refuses (P9) instead of starting after rows that were never
-        // published; the next backfill creates it again.
-        if let Err(drop) = control
-            .execute("SELECT pg_drop_replication_slot($1)", &[&slot])
-            .await
-        {
-            warn!(%slot, error = %drop, "backfill failed and the slot it created could not be dropped: run backfill again with --replace-slot");
-        }
+        abandon_slot(&control, &slot).await;
         return Err(e);
     }
     Ok(report)
+}
+
+/// Refuses what must not reach the database: schemas that did not load, `;` in `--order-by`.
+fn check_options(settings: &Settings, opts: &BackfillOptions) -> Result<(), BackfillError> {
+    // Rows must never go out unchecked because the contracts did not load (P8).
+    settings.schemas_loaded()?;
+    if let Some(o) = &opts.order_by
+        && o.contains(';')
+    {
+        return Err(BackfillError::OrderBy(o.clone()));
+    }
+    Ok(())
+}
+
+/// Passes `result` through; on an error, first undoes what setup created.
+async fn undo_on_error<T>(
+    settings: &Settings,
+    prepared: &Prepared,
+    result: Result<T, BackfillError>,
+) -> Result<T, BackfillError> {
+    if result.is_err() {
+        prepared.undo(settings).await;
+    }
+    result
+}
+
+/// Drops the existing slot (`--replace-slot`).
+async fn drop_existing_slot(control: &Client, slot: &str) -> Result<(), BackfillError> {
+    control
+        .execute("SELECT pg_drop_replication_slot($1)", &[&slot])
+        .await
+        .map_err(|source| BackfillError::DropSlot {
+            slot: slot.to_owned(),
+            source,
+        })?;
+    info!(%slot, "dropped the existing slot (--replace-slot)");
+    Ok(())
+}
+
+/// Opens the replication connection and creates the slot with an exported snapshot. Returns the
+/// connection (the snapshot lives as long as it does), the server's history when it told it, the
+/// consistent point and the snapshot's name. On failure undoes setup unless an old slot was
+/// dropped.
+async fn create_slot(
+    settings: &Settings,
+    prepared: &Prepared,
+    replaced_slot: bool,
+) -> Result<(ReplConnection, Option<SystemInfo>, Lsn, String), BackfillError> {
+    let slot = settings.postgres.slot.clone();
+    let mut repl = ReplConnection::connect(&settings.conn, "outbox-relay backfill")
+        .await
+        .map_err(|source| BackfillError::Postgres {
+            target: settings.conn.to_string(),
+            source,
+        })?;
+    // The history the backfilled messages name, so the next run's replay recognises them as its
+    // own. Without it (an old server's answer it cannot read) they carry none, and the run after the
+    // backfill trusts nothing and republishes (JetStream drops the duplicates).
+    let system = repl.identify_system().await.ok();
+    match repl
+        .create_slot_with_snapshot(&slot, settings.postgres.failover)
+        .await
+    {
+        Ok((consistent_point, snapshot)) => Ok((repl, system, consistent_point, snapshot)),
+        Err(source) => {
+            repl.close().await;
+            if !replaced_slot {
+                prepared.undo(settings).await;
+            }
+            Err(BackfillError::CreateSlot { slot, source })
+        }
+    }
+}
+
+/// After a failed publish: ends the snapshot's transaction and drops the new slot.
+async fn abandon_slot(control: &Client, slot: &str) {
+    let _ = control.batch_execute("ROLLBACK").await;
+    // Without the slot, `run` refuses (P9) instead of starting after rows that were never
+    // published; the next backfill creates it again.
+    if let Err(drop) = control
+        .execute("SELECT pg_drop_replication_slot($1)", &[&slot])
+        .await
+    {
+        warn!(%slot, error = %drop, "backfill failed and the slot it created could not be dropped: run backfill again with --replace-slot");
+    }
 }
 
 /// Refuses an active slot, and an existing one without `--replace-slot`. Returns whether to drop
@@ -455,18 +482,52 @@ async fn publish_snapshot(
     progress: &mut impl FnMut(BackfillProgress),
 ) -> Result<(), BackfillError> {
     let started = Instant::now();
-    let table = settings.outbox.table.clone();
+    let table = settings.outbox.table.as_str();
+    import_snapshot(pg, snapshot, table).await?;
+    let columns = outbox_columns(settings, pg).await?;
+    let total = count_rows(settings, opts, pg).await?;
+    let fetch = declare_cursor(settings, opts, pg, &columns).await?;
+    let sink = start_sink(settings, nats, report).await?;
+    let mut publisher = Publisher::begin(settings, report, columns, sink, total, started)?;
+    publisher.publish_rows(pg, &fetch, table, progress).await?;
+    publisher.commit(report)?;
+    publisher.await_acks().await?;
+    pg.batch_execute("COMMIT")
+        .await
+        .map_err(query_error(table, "COMMIT"))?;
+    publisher.report_progress(progress);
+    let published = publisher.published;
+    debug!(published, "backfill acknowledged");
+    report.rows = published;
+    report.stored = publisher.acked.stored;
+    report.duplicates = publisher.acked.duplicates;
+    report.dead_letters = publisher.acked.dead_letters;
+    report.elapsed = started.elapsed();
+    Ok(())
+}
+
+/// A failed query on the outbox table as [`BackfillError::Query`], saying what it was for.
+fn query_error(
+    table: &str,
+    what: &str,
+) -> impl FnOnce(tokio_postgres::Error) -> BackfillError + use<> {
+    let table = table.to_owned();
+    let what = what.to_owned();
+    move |e: tokio_postgres::Error| BackfillError::Query {
+        table,
+        what,
+        message: pg_error(&e),
+    }
+}
+
+/// The outbox table as a quoted, schema-qualified name.
+fn qualified_table(settings: &Settings) -> String {
     let (schema, name) = settings.outbox.table_parts();
-    let qualified = format!("{}.{}", quote_ident(schema), quote_ident(name));
-    let query_error = |what: &str| {
-        let table = table.clone();
-        let what = what.to_owned();
-        move |e: tokio_postgres::Error| BackfillError::Query {
-            table,
-            what,
-            message: pg_error(&e),
-        }
-    };
+    format!("{}.{}", quote_ident(schema), quote_ident(name))
+}
+
+/// Opens the read-only REPEATABLE READ transaction that sees the slot's exported snapshot.
+async fn import_snapshot(pg: &Client, snapshot: &str, table: &str) -> Result<(), BackfillError> {
     // The snapshot name comes from the server; quoted all the same.
     pg.batch_execute(&format!(
         "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET TRANSACTION SNAPSHOT '{}'; \
@@ -474,10 +535,14 @@ async fn publish_snapshot(
         snapshot.replace('\'', "''")
     ))
     .await
-    .map_err(query_error("importing the slot's snapshot"))?;
+    .map_err(query_error(table, "importing the slot's snapshot"))
+}
 
-    // Every column, in table order, as pgoutput sends them (generated columns are not sent).
-    let columns: Vec<Column> = pg
+/// Every column of the outbox table, in table order, as pgoutput sends them (generated columns are
+/// not sent).
+async fn outbox_columns(settings: &Settings, pg: &Client) -> Result<Vec<Column>, BackfillError> {
+    let qualified = qualified_table(settings);
+    Ok(pg
         .query(
             "SELECT a.attname::text, a.atttypid, a.atttypmod FROM pg_attribute a \
              WHERE a.attrelid = $1::text::regclass AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = '' \
@@ -485,7 +550,7 @@ async fn publish_snapshot(
             &[&qualified],
         )
         .await
-        .map_err(query_error("reading its columns"))?
+        .map_err(query_error(&settings.outbox.table, "reading its columns"))?
         .iter()
         .map(|r| Column {
             flags: 0,
@@ -493,7 +558,16 @@ async fn publish_snapshot(
             type_oid: r.get(1),
             type_modifier: r.get(2),
         })
-        .collect();
+        .collect())
+}
+
+/// How many rows match `--where` in the snapshot; refuses more than `u32::MAX`.
+async fn count_rows(
+    settings: &Settings,
+    opts: &BackfillOptions,
+    pg: &Client,
+) -> Result<u64, BackfillError> {
+    let qualified = qualified_table(settings);
     let predicate = opts.where_sql.as_deref().unwrap_or("true");
     let total: i64 = pg
         .query_one(
@@ -501,12 +575,23 @@ async fn publish_snapshot(
             &[],
         )
         .await
-        .map_err(query_error("--where"))?
+        .map_err(query_error(&settings.outbox.table, "--where"))?
         .get(0);
     let total = total.max(0) as u64;
     if total > u64::from(u32::MAX) {
         return Err(BackfillError::TooManyRows);
     }
+    Ok(total)
+}
+
+/// Declares the cursor over the matching rows (every column as text) and prepares its `FETCH`.
+async fn declare_cursor(
+    settings: &Settings,
+    opts: &BackfillOptions,
+    pg: &Client,
+    columns: &[Column],
+) -> Result<Statement, BackfillError> {
+    let table = settings.outbox.table.as_str();
     let select: Vec<String> = columns
         .iter()
         .map(|c| format!("{}::text", quote_ident(&c.name)))
@@ -520,12 +605,18 @@ async fn publish_snapshot(
         &[],
     )
     .await
-    .map_err(query_error("--where / --order-by"))?;
-    let fetch = pg
-        .prepare(&format!("FETCH {FETCH_ROWS} FROM {CURSOR}"))
+    .map_err(query_error(table, "--where / --order-by"))?;
+    pg.prepare(&format!("FETCH {FETCH_ROWS} FROM {CURSOR}"))
         .await
-        .map_err(query_error("FETCH"))?;
+        .map_err(query_error(table, "FETCH"))
+}
 
+/// Starts the sink the rows are published through: unfenced, never atomic.
+async fn start_sink(
+    settings: &Settings,
+    nats: async_nats::Client,
+    report: &BackfillReport,
+) -> Result<Sink, BackfillError> {
     // Not fenced: the fence's expected sequences are for an ordered replay from the slot. Here,
     // rows the stream holds come back as duplicates that take no sequence, and every message
     // published behind one carries a stale expectation; the sink's repair resends them one at a
@@ -546,108 +637,170 @@ async fn publish_snapshot(
         history,
         wal_end: report.consistent_point,
     });
-    let mut sink = Sink::start(nats, config, origin.as_ref(), false).await?;
-    // Checked like live events (outbox.schemas); the failures are counted nowhere: a backfill
-    // reports its dead letters itself.
-    let mut stage =
-        OutboxStage::new(&settings.outbox).with_schemas(&settings.schemas, Default::default());
-    let commit_ts = crate::lsn::pg_now_micros();
-    let begin = Message::Begin {
-        final_lsn: report.commit_lsn,
-        commit_ts,
-        xid: 0,
-    };
-    stage.step(begin)?;
-    stage.step(Message::Relation(Relation {
-        xid: None,
-        id: RELATION_ID,
-        namespace: schema.to_owned(),
-        name: name.to_owned(),
-        replica_identity: b'd',
-        columns,
-    }))?;
+    Ok(Sink::start(nats, config, origin.as_ref(), false).await?)
+}
 
-    let mut published = 0u64;
-    let mut acked = Acked::default();
-    let mut last_progress = Instant::now();
-    let fail = |done: u64, source: SinkError| BackfillError::Publish {
-        done,
-        total,
-        source,
-    };
-    loop {
-        let rows = pg
-            .query_raw(&fetch, std::iter::empty::<i32>())
-            .await
-            .map_err(query_error("FETCH"))?;
-        tokio::pin!(rows);
-        let mut fetched = 0u32;
-        while let Some(row) = rows.try_next().await.map_err(query_error("FETCH"))? {
-            fetched += 1;
-            let new = (0..row.len())
-                .map(|i| match row.get::<_, Option<&str>>(i) {
-                    Some(v) => TupleValue::Text(Bytes::copy_from_slice(v.as_bytes())),
-                    None => TupleValue::Null,
-                })
-                .collect();
-            let msg = Message::Insert {
-                xid: None,
-                relation_id: RELATION_ID,
-                new,
-            };
-            let Step::Event(event) = stage.step(msg)? else {
-                continue;
-            };
-            if let Err(e) = sink.submit(published, event).await {
-                return Err(fail(published, e));
+/// The rows' way to the stream: the stage that makes events of them, the sink, and the counts.
+struct Publisher {
+    stage: OutboxStage,
+    sink: Sink,
+    commit_ts: i64,
+    total: u64,
+    published: u64,
+    acked: Acked,
+    started: Instant,
+    last_progress: Instant,
+}
+
+impl Publisher {
+    /// Feeds the stage the synthetic Begin and Relation the rows' Inserts belong to.
+    fn begin(
+        settings: &Settings,
+        report: &BackfillReport,
+        columns: Vec<Column>,
+        sink: Sink,
+        total: u64,
+        started: Instant,
+    ) -> Result<Self, BackfillError> {
+        let (schema, name) = settings.outbox.table_parts();
+        // Checked like live events (outbox.schemas); the failures are counted nowhere: a backfill
+        // reports its dead letters itself.
+        let mut stage =
+            OutboxStage::new(&settings.outbox).with_schemas(&settings.schemas, Default::default());
+        let commit_ts = crate::lsn::pg_now_micros();
+        let begin = Message::Begin {
+            final_lsn: report.commit_lsn,
+            commit_ts,
+            xid: 0,
+        };
+        stage.step(begin)?;
+        stage.step(Message::Relation(Relation {
+            xid: None,
+            id: RELATION_ID,
+            namespace: schema.to_owned(),
+            name: name.to_owned(),
+            replica_identity: b'd',
+            columns,
+        }))?;
+        Ok(Publisher {
+            stage,
+            sink,
+            commit_ts,
+            total,
+            published: 0,
+            acked: Acked::default(),
+            started,
+            last_progress: Instant::now(),
+        })
+    }
+
+    /// Fetches the cursor's rows until it is exhausted and publishes each.
+    async fn publish_rows(
+        &mut self,
+        pg: &Client,
+        fetch: &Statement,
+        table: &str,
+        progress: &mut impl FnMut(BackfillProgress),
+    ) -> Result<(), BackfillError> {
+        loop {
+            let rows = pg
+                .query_raw(fetch, std::iter::empty::<i32>())
+                .await
+                .map_err(query_error(table, "FETCH"))?;
+            tokio::pin!(rows);
+            let mut fetched = 0u32;
+            while let Some(row) = rows.try_next().await.map_err(query_error(table, "FETCH"))? {
+                fetched += 1;
+                self.publish_row(&row, progress).await?;
             }
-            published += 1;
-            // Acks are taken as they come, so the sink never holds more than the window.
-            sink.settle().await.map_err(|e| fail(published, e))?;
-            while let Some(ack) = sink.acked() {
-                acked.add(ack.outcome);
+            if fetched < FETCH_ROWS {
+                return Ok(());
             }
-            if last_progress.elapsed() >= PROGRESS_EVERY {
-                last_progress = Instant::now();
-                progress(BackfillProgress {
-                    done: published,
-                    total,
-                    elapsed: started.elapsed(),
-                });
-            }
-        }
-        if fetched < FETCH_ROWS {
-            break;
         }
     }
-    stage.step(Message::Commit {
-        flags: 0,
-        commit_lsn: report.commit_lsn,
-        end_lsn: report.consistent_point,
-        commit_ts,
-    })?;
-    while acked.total() < published {
-        sink.ready().await;
-        sink.settle().await.map_err(|e| fail(published, e))?;
-        while let Some(ack) = sink.acked() {
-            acked.add(ack.outcome);
+
+    /// One row as a synthetic Insert through the stage and, when it makes an event, the sink;
+    /// takes the acks that have come and reports progress when it is due.
+    async fn publish_row(
+        &mut self,
+        row: &Row,
+        progress: &mut impl FnMut(BackfillProgress),
+    ) -> Result<(), BackfillError> {
+        let new = (0..row.len())
+            .map(|i| match row.get::<_, Option<&str>>(i) {
+                Some(v) => TupleValue::Text(Bytes::copy_from_slice(v.as_bytes())),
+                None => TupleValue::Null,
+            })
+            .collect();
+        let msg = Message::Insert {
+            xid: None,
+            relation_id: RELATION_ID,
+            new,
+        };
+        let Step::Event(event) = self.stage.step(msg)? else {
+            return Ok(());
+        };
+        if let Err(e) = self.sink.submit(self.published, event).await {
+            return Err(self.fail(e));
+        }
+        self.published += 1;
+        // Acks are taken as they come, so the sink never holds more than the window.
+        self.settle().await?;
+        if self.last_progress.elapsed() >= PROGRESS_EVERY {
+            self.last_progress = Instant::now();
+            self.report_progress(progress);
+        }
+        Ok(())
+    }
+
+    /// Feeds the stage the synthetic Commit.
+    fn commit(&mut self, report: &BackfillReport) -> Result<(), BackfillError> {
+        self.stage.step(Message::Commit {
+            flags: 0,
+            commit_lsn: report.commit_lsn,
+            end_lsn: report.consistent_point,
+            commit_ts: self.commit_ts,
+        })?;
+        Ok(())
+    }
+
+    /// Waits until every published row is acknowledged.
+    async fn await_acks(&mut self) -> Result<(), BackfillError> {
+        while self.acked.total() < self.published {
+            self.sink.ready().await;
+            self.settle().await?;
+        }
+        Ok(())
+    }
+
+    /// Lets the sink settle and counts the acks it has.
+    async fn settle(&mut self) -> Result<(), BackfillError> {
+        if let Err(e) = self.sink.settle().await {
+            return Err(self.fail(e));
+        }
+        while let Some(ack) = self.sink.acked() {
+            self.acked.add(ack.outcome);
+        }
+        Ok(())
+    }
+
+    /// Publishing failed after the rows published so far.
+    fn fail(&self, source: SinkError) -> BackfillError {
+        BackfillError::Publish {
+            done: self.published,
+            total: self.total,
+            source,
         }
     }
-    pg.batch_execute("COMMIT")
-        .await
-        .map_err(query_error("COMMIT"))?;
-    progress(BackfillProgress {
-        done: published,
-        total,
-        elapsed: started.elapsed(),
-    });
-    debug!(published, "backfill acknowledged");
-    report.rows = published;
-    report.stored = acked.stored;
-    report.duplicates = acked.duplicates;
-    report.dead_letters = acked.dead_letters;
-    report.elapsed = started.elapsed();
-    Ok(())
+
+    /// Calls the progress callback with where the backfill is.
+    fn report_progress(&self, progress: &mut impl FnMut(BackfillProgress)) {
+        progress(BackfillProgress {
+            done: self.published,
+            total: self.total,
+            elapsed: self.started.elapsed(),
+        });
+    }
 }
 
 /// Outcomes counted.

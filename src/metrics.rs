@@ -192,15 +192,21 @@ impl Metrics {
     /// The Prometheus text exposition of every series.
     pub fn render(&self) -> String {
         let mut out = String::with_capacity(4096);
+        self.render_events(&mut out);
+        self.render_positions(&mut out);
+        self.render_slot(&mut out);
+        self.render_liveness(&mut out);
+        self.render_spans(&mut out);
+        self.render_commit_to_ack(&mut out);
+        self.schemas.render(&mut out);
+        out
+    }
+
+    /// Events published, changes ignored, restarts by cause.
+    fn render_events(&self, out: &mut String) {
         let g = Self::get;
-        let mut family = |name: &str, kind: &str, help: &str, samples: &[(&str, f64)]| {
-            let _ = writeln!(out, "# HELP {name} {help}");
-            let _ = writeln!(out, "# TYPE {name} {kind}");
-            for (labels, v) in samples {
-                let _ = writeln!(out, "{name}{labels} {v}");
-            }
-        };
         family(
+            out,
             EVENTS_PUBLISHED,
             "counter",
             "Outbox events acknowledged by JetStream, by outcome.",
@@ -214,6 +220,7 @@ impl Metrics {
             ],
         );
         family(
+            out,
             IGNORED_CHANGES,
             "counter",
             "Updates, deletes and truncates of the outbox table (not published).",
@@ -230,36 +237,52 @@ impl Metrics {
             .collect();
         let causes: Vec<(&str, f64)> = causes.iter().map(|(l, v)| (l.as_str(), *v)).collect();
         family(
+            out,
             RECONNECTS,
             "counter",
             "Pipeline restarts from the confirmed position, by cause.",
             &causes,
         );
+    }
+
+    /// Messages in flight and the confirmed and received positions.
+    fn render_positions(&self, out: &mut String) {
+        let g = Self::get;
         family(
+            out,
             IN_FLIGHT,
             "gauge",
             "Messages published and not yet acknowledged.",
             &[("", g(&self.in_flight) as f64)],
         );
         family(
+            out,
             CONFIRMED_LSN,
             "gauge",
             "The LSN confirmed to the replication slot (as a number).",
             &[("", g(&self.confirmed_lsn) as f64)],
         );
         family(
+            out,
             RECEIVED_LSN,
             "gauge",
             "The highest WAL position received from Postgres (as a number).",
             &[("", g(&self.received_lsn) as f64)],
         );
+    }
+
+    /// The slot as last sampled: lag, retained WAL, `wal_status`.
+    fn render_slot(&self, out: &mut String) {
+        let g = Self::get;
         family(
+            out,
             SLOT_LAG,
             "gauge",
             "pg_current_wal_lsn() minus the slot's confirmed_flush_lsn, sampled.",
             &[("", g(&self.slot_lag_bytes) as f64)],
         );
         family(
+            out,
             RETAINED_WAL,
             "gauge",
             "pg_current_wal_lsn() minus the slot's restart_lsn: WAL kept for the slot, sampled.",
@@ -278,47 +301,68 @@ impl Metrics {
             .collect();
         let statuses: Vec<(&str, f64)> = statuses.iter().map(|(l, v)| (l.as_str(), *v)).collect();
         family(
+            out,
             WAL_STATUS,
             "gauge",
             "The slot's wal_status (1 for the current one); lost means events may be gone.",
             &statuses,
         );
+    }
+
+    /// The stall detector and the connection and standby states.
+    fn render_liveness(&self, out: &mut String) {
+        let g = Self::get;
         family(
+            out,
             SINCE_LAST_ACK,
             "gauge",
             "Seconds since JetStream last acknowledged an event (-1 before the first): the stall detector.",
             &[("", self.seconds_since_last_ack().unwrap_or(-1.0))],
         );
         family(
+            out,
             STREAMING,
             "gauge",
             "1 while a replication session streams from Postgres.",
             &[("", g(&self.streaming) as f64)],
         );
         family(
+            out,
             STANDBY,
             "gauge",
             "1 while this relay waits as a standby because another relay holds the slot.",
             &[("", g(&self.standby) as f64)],
         );
         family(
+            out,
             NATS_CONNECTED,
             "gauge",
             "1 while the NATS connection is up.",
             &[("", g(&self.nats_connected) as f64)],
         );
+    }
+
+    /// Trace spans exported and dropped.
+    fn render_spans(&self, out: &mut String) {
+        let g = Self::get;
         family(
+            out,
             SPANS_EXPORTED,
             "counter",
             "Trace spans sent to the OTLP collector ([telemetry]).",
             &[("", g(&self.spans_exported) as f64)],
         );
         family(
+            out,
             SPANS_DROPPED,
             "counter",
             "Trace spans dropped: export queue full, or the collector refused, failed or did not answer in time.",
             &[("", g(&self.spans_dropped) as f64)],
         );
+    }
+
+    /// The commit → ack latency histogram.
+    fn render_commit_to_ack(&self, out: &mut String) {
         let h = &self.commit_to_ack;
         let _ = writeln!(
             out,
@@ -335,8 +379,15 @@ impl Metrics {
         let sum = h.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
         let _ = writeln!(out, "{COMMIT_TO_ACK}_sum {sum}");
         let _ = writeln!(out, "{COMMIT_TO_ACK}_count {count}");
-        self.schemas.render(&mut out);
-        out
+    }
+}
+
+/// Appends one metric family: its HELP and TYPE lines, then one line per sample (labels, value).
+fn family(out: &mut String, name: &str, kind: &str, help: &str, samples: &[(&str, f64)]) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+    for (labels, v) in samples {
+        let _ = writeln!(out, "{name}{labels} {v}");
     }
 }
 

@@ -42,6 +42,32 @@ pub(super) async fn check(
     report: &mut SetupReport,
     check_slot_too: bool,
 ) -> Result<Found, SetupError> {
+    let version = check_server(settings, pg, report).await?;
+    let partitioned = check_table_or_messages(settings, pg, report).await?;
+    check_role(settings, pg, report).await?;
+    if let Some(w) = public_emit_message(settings, pg).await? {
+        report.warnings.push(w);
+    }
+    let create_publication = check_publication(settings, pg, partitioned, report).await?;
+    let slot = catalog::slot(pg, &settings.postgres.slot).await?;
+    if let Some(s) = slot.as_ref().filter(|_| check_slot_too) {
+        check_slot(settings, s)?;
+    }
+    Ok(Found {
+        version,
+        create_publication,
+        slot,
+        partitioned,
+    })
+}
+
+/// `wal_level`, a primary (not a standby), and with `failover` on PG 17, standbys that
+/// `synchronized_standby_slots` waits for. Returns `server_version_num`.
+async fn check_server(
+    settings: &Settings,
+    pg: &Client,
+    report: &mut SetupReport,
+) -> Result<u32, SetupError> {
     let row = pg
         .query_one(
             "SELECT current_setting('wal_level'), current_setting('server_version_num')::int4, \
@@ -84,16 +110,32 @@ pub(super) async fn check(
              in postgresql.conf (or ALTER SYSTEM SET wal_level = logical) and restart Postgres"
         )));
     }
-    let partitioned = if settings.outbox.messages_only() {
+    Ok(version)
+}
+
+/// The outbox table (returns whether it is partitioned), or with messages only the line saying so.
+async fn check_table_or_messages(
+    settings: &Settings,
+    pg: &Client,
+    report: &mut SetupReport,
+) -> Result<bool, SetupError> {
+    if settings.outbox.messages_only() {
         report.lines.push(format!(
             "table: none (messages only: logical messages with prefix {:?})",
             settings.outbox.message_prefix
         ));
-        false
+        Ok(false)
     } else {
-        check_table(settings, pg, report).await?
-    };
+        check_table(settings, pg, report).await
+    }
+}
 
+/// The role may stream from a slot: REPLICATION, superuser, or `rds_replication` on Amazon RDS.
+async fn check_role(
+    settings: &Settings,
+    pg: &Client,
+    report: &mut SetupReport,
+) -> Result<(), SetupError> {
     // What lets a role stream from a slot: the REPLICATION attribute, superuser, or on Amazon RDS
     // and Aurora, where no customer role may have the attribute, membership of `rds_replication`
     // (RDS's patched server honours it; a plain server has no such role, or refuses the walsender
@@ -116,21 +158,7 @@ pub(super) async fn check(
              (see sql/03_relay_role.sql; on Amazon RDS or Aurora: GRANT rds_replication TO {user})"
         )));
     }
-
-    if let Some(w) = public_emit_message(settings, pg).await? {
-        report.warnings.push(w);
-    }
-    let create_publication = check_publication(settings, pg, partitioned, report).await?;
-    let slot = catalog::slot(pg, &settings.postgres.slot).await?;
-    if let Some(s) = slot.as_ref().filter(|_| check_slot_too) {
-        check_slot(settings, s)?;
-    }
-    Ok(Found {
-        version,
-        create_publication,
-        slot,
-        partitioned,
-    })
+    Ok(())
 }
 
 /// Whether the outbox table holds any row (one index or heap page read, whatever its size).

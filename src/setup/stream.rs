@@ -35,26 +35,61 @@ pub(super) async fn check(
     report: &mut SetupReport,
 ) -> Result<Option<FoundStream>, SetupError> {
     let name = &settings.nats.stream;
-    let problem = |problem: String| SetupError::Stream {
-        name: name.clone(),
+    let Some(mut s) = get_stream(js, name).await? else {
+        return Ok(None);
+    };
+    let info = s
+        .info()
+        .await
+        .map_err(|e| problem(name, e.to_string()))?
+        .clone();
+    check_subjects(settings, &info, report)?;
+    check_config(settings, &info, report)?;
+    report.lines.push(format!(
+        "stream {name}: exists ({} messages, subjects {})",
+        info.state.messages,
+        info.config.subjects.join(", ")
+    ));
+    let relay_events = relay_events(settings, &mut s, &info).await;
+    Ok(Some(FoundStream { relay_events }))
+}
+
+/// A problem with the stream `name`, as [`SetupError::Stream`].
+fn problem(name: &str, problem: String) -> SetupError {
+    SetupError::Stream {
+        name: name.to_owned(),
         problem,
-    };
-    let mut s = match js.get_stream(name).await {
-        Ok(s) => s,
-        Err(e) => {
-            return match e.kind() {
-                // 10059: stream not found.
-                jetstream::context::GetStreamErrorKind::JetStream(je)
-                    if je.error_code().0 == 10059 =>
-                {
-                    Ok(None)
-                }
-                jetstream::context::GetStreamErrorKind::JetStream(_) => Err(problem(e.to_string())),
-                _ => Err(SetupError::NoJetStream(e)),
-            };
-        }
-    };
-    let info = s.info().await.map_err(|e| problem(e.to_string()))?.clone();
+    }
+}
+
+/// The stream `name`; `None` when it does not exist.
+async fn get_stream(
+    js: &jetstream::Context,
+    name: &str,
+) -> Result<Option<stream::Stream>, SetupError> {
+    match js.get_stream(name).await {
+        Ok(s) => Ok(Some(s)),
+        Err(e) => match e.kind() {
+            // 10059: stream not found.
+            jetstream::context::GetStreamErrorKind::JetStream(je) if je.error_code().0 == 10059 => {
+                Ok(None)
+            }
+            jetstream::context::GetStreamErrorKind::JetStream(_) => {
+                Err(problem(name, e.to_string()))
+            }
+            _ => Err(SetupError::NoJetStream(e)),
+        },
+    }
+}
+
+/// The stream's subjects must cover the subject template (or, with `{partition}`, at least one
+/// partition: a warning names those left out) and the dead-letter subject.
+fn check_subjects(
+    settings: &Settings,
+    info: &stream::Info,
+    report: &mut SetupReport,
+) -> Result<(), SetupError> {
+    let name = &settings.nats.stream;
     let subjects = &info.config.subjects;
     let covered = |needed: &str| subjects.iter().any(|f| subject_covers(f, needed));
     // With {partition}, a stream may name its partitions one by one: a stream that covers some
@@ -80,52 +115,72 @@ pub(super) async fn check(
     };
     for needed in template.iter().chain([&settings.nats.dead_letter_subject]) {
         if !covered(needed) {
-            return Err(problem(format!(
-                "does not cover subject {needed} (its subjects: {}): add it with `nats stream edit {name} \
-                 --subjects ...` or use another nats.stream",
-                subjects.join(", ")
-            )));
+            return Err(problem(
+                name,
+                format!(
+                    "does not cover subject {needed} (its subjects: {}): add it with `nats stream edit {name} \
+                     --subjects ...` or use another nats.stream",
+                    subjects.join(", ")
+                ),
+            ));
         }
     }
+    Ok(())
+}
+
+/// Atomic publishing when `nats.atomic_transactions` needs it; a warning for memory storage.
+fn check_config(
+    settings: &Settings,
+    info: &stream::Info,
+    report: &mut SetupReport,
+) -> Result<(), SetupError> {
+    let name = &settings.nats.stream;
     if settings.nats.atomic_transactions && !info.config.allow_atomic_publish {
-        return Err(problem(format!(
-            "does not allow atomic batch publishing, which nats.atomic_transactions needs: set \
-             \"allow_atomic\": true in its configuration (nats-server 2.12 or later; e.g. `nats stream info {name} --json`, \
-             edit the config part, then `nats stream edit {name} --config FILE`), or set nats.atomic_transactions = false"
-        )));
+        return Err(problem(
+            name,
+            format!(
+                "does not allow atomic batch publishing, which nats.atomic_transactions needs: set \
+                 \"allow_atomic\": true in its configuration (nats-server 2.12 or later; e.g. `nats stream info {name} --json`, \
+                 edit the config part, then `nats stream edit {name} --config FILE`), or set nats.atomic_transactions = false"
+            ),
+        ));
     }
     if info.config.storage == stream::StorageType::Memory {
         report.warnings.push(format!(
             "stream {name} uses memory storage: acknowledged events are lost when nats-server restarts"
         ));
     }
-    report.lines.push(format!(
-        "stream {name}: exists ({} messages, subjects {})",
-        info.state.messages,
-        subjects.join(", ")
-    ));
+    Ok(())
+}
+
+/// Whether the stream holds (or held) this outbox's events: the last sequence and the
+/// `Outbox-Commit-Lsn` of its message.
+async fn relay_events(
+    settings: &Settings,
+    s: &mut stream::Stream,
+    info: &stream::Info,
+) -> Option<(u64, String)> {
     let last = info.state.last_sequence;
     let ours = info.config.metadata.get(META_SLOT) == Some(&settings.postgres.slot);
-    let mut relay_events = None;
     // The stream's metadata decides first: a stream made for this slot that ever stored a message
     // held its events, even when age or size limits (or a purge) have emptied it since; its last
     // sequence survives the removal. The last message's header covers streams made without it.
-    if last > 0 {
-        let lsn = s.get_raw_message(last).await.ok().and_then(|m| {
-            m.headers
-                .get(message::COMMIT_LSN)
-                .map(|v| v.as_str().to_owned())
-        });
-        relay_events = match lsn {
-            Some(lsn) => Some((last, lsn)),
-            None if ours => Some((
-                last,
-                "unknown: the message is gone (age or size limits, or a purge)".to_owned(),
-            )),
-            None => None,
-        };
+    if last == 0 {
+        return None;
     }
-    Ok(Some(FoundStream { relay_events }))
+    let lsn = s.get_raw_message(last).await.ok().and_then(|m| {
+        m.headers
+            .get(message::COMMIT_LSN)
+            .map(|v| v.as_str().to_owned())
+    });
+    match lsn {
+        Some(lsn) => Some((last, lsn)),
+        None if ours => Some((
+            last,
+            "unknown: the message is gone (age or size limits, or a purge)".to_owned(),
+        )),
+        None => None,
+    }
 }
 
 /// The first existing stream whose subjects overlap `ours`, and its subjects.

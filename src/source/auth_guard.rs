@@ -93,95 +93,132 @@ impl Parser {
         }
     }
 
+    /// Reads the bytes the server sent; refuses the first authentication request the policy does
+    /// not allow.
     fn read(&mut self, mut bytes: &[u8]) -> Result<(), String> {
         while let Some((&b, rest)) = bytes.split_first() {
-            match &mut self.state {
+            match self.state {
                 State::Start | State::Done => return Ok(()),
                 State::SslAnswer => {
                     // 'S': TLS follows; the guard on the TLS stream reads the messages.
-                    self.state = if b == b'S' {
-                        State::Done
-                    } else {
-                        State::Header {
-                            got: 0,
-                            buf: [0; 5],
-                        }
-                    };
+                    self.state = if b == b'S' { State::Done } else { header() };
                     bytes = rest;
                 }
                 State::Header { got, buf } => {
-                    buf[*got] = b;
-                    *got += 1;
+                    self.header_byte(got, buf, b);
                     bytes = rest;
-                    if *got == 5 {
-                        let tag = buf[0];
-                        let len = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize;
-                        let body = len.saturating_sub(4);
-                        self.state = if tag == b'R' && body >= 4 {
-                            State::Code {
-                                got: 0,
-                                buf: [0; 4],
-                                rest: body - 4,
-                            }
-                        } else {
-                            // An error or anything else ends authentication.
-                            State::Done
-                        };
-                    }
                 }
-                State::Code { got, buf, rest: r } => {
-                    buf[*got] = b;
-                    *got += 1;
+                State::Code {
+                    got,
+                    buf,
+                    rest: remaining,
+                } => {
                     bytes = rest;
-                    if *got == 4 {
-                        let code = u32::from_be_bytes(*buf);
-                        let remaining = *r;
-                        let method = match code {
-                            0 if !self.asked => Some(AuthMethod::None),
-                            3 => Some(AuthMethod::Password),
-                            5 => Some(AuthMethod::Md5),
-                            10 => Some(AuthMethod::ScramSha256),
-                            _ => None,
-                        };
-                        if let Some(m) = method {
-                            self.policy.allow(m)?;
-                        }
-                        self.asked |= code != 0;
-                        self.state = State::Skip {
-                            rest: remaining,
-                            then_done: code == 0,
-                        };
-                    }
+                    self.code_byte(got, buf, remaining, b)?;
                 }
-                State::Skip { rest: r, then_done } => {
-                    let n = (*r).min(bytes.len());
-                    *r -= n;
-                    bytes = &bytes[n..];
-                    if *r == 0 {
-                        self.state = if *then_done {
-                            State::Done
-                        } else {
-                            State::Header {
-                                got: 0,
-                                buf: [0; 5],
-                            }
-                        };
-                    }
-                }
+                State::Skip {
+                    rest: remaining,
+                    then_done,
+                } => bytes = self.skip(remaining, then_done, bytes),
             }
             if let State::Skip { rest: 0, then_done } = self.state {
-                self.state = if then_done {
-                    State::Done
-                } else {
-                    State::Header {
-                        got: 0,
-                        buf: [0; 5],
-                    }
-                };
+                self.state = after_skip(then_done);
             }
         }
         Ok(())
     }
+
+    /// One byte of a message header (tag and length). After the fifth: the code of an
+    /// authentication request, or the end of authentication for any other message.
+    fn header_byte(&mut self, mut got: usize, mut buf: [u8; 5], b: u8) {
+        buf[got] = b;
+        got += 1;
+        self.state = State::Header { got, buf };
+        if got == 5 {
+            let tag = buf[0];
+            let len = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize;
+            let body = len.saturating_sub(4);
+            self.state = if tag == b'R' && body >= 4 {
+                State::Code {
+                    got: 0,
+                    buf: [0; 4],
+                    rest: body - 4,
+                }
+            } else {
+                // An error or anything else ends authentication.
+                State::Done
+            };
+        }
+    }
+
+    /// One byte of an authentication request's code; after the fourth, the request is checked.
+    fn code_byte(
+        &mut self,
+        mut got: usize,
+        mut buf: [u8; 4],
+        remaining: usize,
+        b: u8,
+    ) -> Result<(), String> {
+        buf[got] = b;
+        got += 1;
+        self.state = State::Code {
+            got,
+            buf,
+            rest: remaining,
+        };
+        if got == 4 {
+            self.auth_request(u32::from_be_bytes(buf), remaining)?;
+        }
+        Ok(())
+    }
+
+    /// Asks the policy about the method the request with `code` asks for, then skips the rest of
+    /// the request; AuthenticationOk (0) ends authentication.
+    fn auth_request(&mut self, code: u32, remaining: usize) -> Result<(), String> {
+        let method = match code {
+            0 if !self.asked => Some(AuthMethod::None),
+            3 => Some(AuthMethod::Password),
+            5 => Some(AuthMethod::Md5),
+            10 => Some(AuthMethod::ScramSha256),
+            _ => None,
+        };
+        if let Some(m) = method {
+            self.policy.allow(m)?;
+        }
+        self.asked |= code != 0;
+        self.state = State::Skip {
+            rest: remaining,
+            then_done: code == 0,
+        };
+        Ok(())
+    }
+
+    /// Skips what `bytes` holds of the `remaining` bytes of a message; returns the bytes after it.
+    fn skip<'b>(&mut self, mut remaining: usize, then_done: bool, bytes: &'b [u8]) -> &'b [u8] {
+        let n = remaining.min(bytes.len());
+        remaining -= n;
+        self.state = State::Skip {
+            rest: remaining,
+            then_done,
+        };
+        if remaining == 0 {
+            self.state = after_skip(then_done);
+        }
+        &bytes[n..]
+    }
+}
+
+/// The state at the start of a message header.
+fn header() -> State {
+    State::Header {
+        got: 0,
+        buf: [0; 5],
+    }
+}
+
+/// The state after a skipped message: done, or the next message's header.
+fn after_skip(then_done: bool) -> State {
+    if then_done { State::Done } else { header() }
 }
 
 /// A stream with an authentication guard.
