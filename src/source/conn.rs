@@ -167,11 +167,22 @@ impl ReplConnection {
         Ok(conn)
     }
 
+    /// The startup message, authentication, then the server's parameters until ReadyForQuery.
     async fn startup(
         &mut self,
         info: &ConnInfo,
         application_name: &str,
         end_point_hash: Option<Vec<u8>>,
+    ) -> Result<(), SourceError> {
+        self.send_startup(info, application_name).await?;
+        self.authenticate(info, end_point_hash).await?;
+        self.await_ready().await
+    }
+
+    async fn send_startup(
+        &mut self,
+        info: &ConnInfo,
+        application_name: &str,
     ) -> Result<(), SourceError> {
         let params = [
             ("user", info.user.as_str()),
@@ -183,21 +194,17 @@ impl ReplConnection {
             ("client_encoding", "UTF8"),
         ];
         frontend::startup_message(params.iter().copied(), &mut self.wbuf).map_err(proto)?;
-        self.flush().await?;
+        self.flush().await
+    }
 
-        let password = || {
-            info.password
-                .as_ref()
-                .map(|p| p.expose_secret())
-                .ok_or_else(|| {
-                    SourceError::Auth(format!(
-                        "password required: the server asks user {:?} for one and none is given; put it in \
-                         postgres.url (postgres://user:password@host/db), PGPASSWORD or the password file \
-                         (~/.pgpass or PGPASSFILE)",
-                        info.user
-                    ))
-                })
-        };
+    /// Answers the server's authentication requests as the [`AuthPolicy`] allows, until an
+    /// AuthenticationOk the policy believes.
+    async fn authenticate(
+        &mut self,
+        info: &ConnInfo,
+        end_point_hash: Option<Vec<u8>>,
+    ) -> Result<(), SourceError> {
+        let password = || password(info);
         let policy = AuthPolicy::new(info);
         let auth = |r: Result<(), String>| r.map_err(SourceError::Auth);
         let mut scram: Option<ScramSha256> = None;
@@ -243,10 +250,7 @@ impl ReplConnection {
                 }
                 Backend::Message(Message::AuthenticationSaslContinue(body)) => {
                     let s = scram.as_mut().ok_or_else(|| unexpected("SASL continue"))?;
-                    s.update(body.data())
-                        .map_err(|e| SourceError::Auth(format!("SCRAM: {e}")))?;
-                    frontend::sasl_response(s.message(), &mut self.wbuf).map_err(proto)?;
-                    self.flush().await?;
+                    self.sasl_continue(s, body.data()).await?;
                 }
                 Backend::Message(Message::AuthenticationSaslFinal(body)) => {
                     let s = scram.as_mut().ok_or_else(|| unexpected("SASL final"))?;
@@ -257,29 +261,26 @@ impl ReplConnection {
                         progress = Scram::Verified { bound };
                     }
                 }
-                Backend::Message(Message::ErrorResponse(body)) => {
-                    return Err(SourceError::Server {
-                        context: "connect",
-                        error: Box::new(server_error(body.fields())?),
-                    });
-                }
                 Backend::Message(Message::NoticeResponse(body)) => log_notice(body.fields()),
-                Backend::Message(
-                    Message::AuthenticationGss
-                    | Message::AuthenticationKerberosV5
-                    | Message::AuthenticationSspi
-                    | Message::AuthenticationScmCredential
-                    | Message::AuthenticationGssContinue(_),
-                ) => {
-                    return Err(SourceError::Auth(
-                        "server asks for GSS/SSPI/Kerberos authentication, which is not supported: \
-                         use scram-sha-256 or md5 in pg_hba.conf"
-                            .into(),
-                    ));
+                Backend::Message(other) => return Err(refusal(other)?),
+                Backend::CopyBothResponse => {
+                    return Err(unexpected("message during authentication"));
                 }
-                _ => return Err(unexpected("message during authentication")),
             }
         }
+        Ok(())
+    }
+
+    /// The client's answer to the server's SCRAM challenge.
+    async fn sasl_continue(&mut self, s: &mut ScramSha256, data: &[u8]) -> Result<(), SourceError> {
+        s.update(data)
+            .map_err(|e| SourceError::Auth(format!("SCRAM: {e}")))?;
+        frontend::sasl_response(s.message(), &mut self.wbuf).map_err(proto)?;
+        self.flush().await
+    }
+
+    /// The server's parameters and backend key, until ReadyForQuery.
+    async fn await_ready(&mut self) -> Result<(), SourceError> {
         loop {
             match self.read().await? {
                 Backend::Message(Message::ParameterStatus(body)) => {
@@ -556,6 +557,42 @@ impl ReplConnection {
         // (StreamConfig::max_frame_bytes).
         read_backend(&mut self.io, &mut self.rbuf, &self.target, MAX_FRAME_BYTES).await
     }
+}
+
+/// The password the server asks for, or why there is none.
+fn password(info: &ConnInfo) -> Result<&str, SourceError> {
+    info.password
+        .as_ref()
+        .map(|p| p.expose_secret())
+        .ok_or_else(|| {
+            SourceError::Auth(format!(
+                "password required: the server asks user {:?} for one and none is given; put it in \
+                 postgres.url (postgres://user:password@host/db), PGPASSWORD or the password file \
+                 (~/.pgpass or PGPASSFILE)",
+                info.user
+            ))
+        })
+}
+
+/// Why authentication ends at `msg`: the server's error, a method the relay does not speak, or a
+/// message that has no place there.
+fn refusal(msg: Message) -> Result<SourceError, SourceError> {
+    Ok(match msg {
+        Message::ErrorResponse(body) => SourceError::Server {
+            context: "connect",
+            error: Box::new(server_error(body.fields())?),
+        },
+        Message::AuthenticationGss
+        | Message::AuthenticationKerberosV5
+        | Message::AuthenticationSspi
+        | Message::AuthenticationScmCredential
+        | Message::AuthenticationGssContinue(_) => SourceError::Auth(
+            "server asks for GSS/SSPI/Kerberos authentication, which is not supported: \
+             use scram-sha-256 or md5 in pg_hba.conf"
+                .into(),
+        ),
+        _ => unexpected("message during authentication"),
+    })
 }
 
 /// "15.18 (Debian 15.18-0+deb12u1)" → 150018; "17devel" → 170000; "9.6.3" → 90603.
