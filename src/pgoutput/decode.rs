@@ -114,61 +114,9 @@ impl Decoder {
                     new: tuple(r)?,
                 }
             }
-            b'U' => {
-                let xid = self.stream_xid(r)?;
-                let relation_id = r.u32("relation id")?;
-                // 'K'/'O' old tuple is optional (only when the key changed, or REPLICA IDENTITY FULL);
-                // proto.c `logicalrep_write_update`.
-                let old = match r.u8("tuple marker")? {
-                    b'N' => None,
-                    b'K' => Some(OldTuple::Key(tuple(r)?)),
-                    b'O' => Some(OldTuple::Full(tuple(r)?)),
-                    other => return Err(unexpected_marker(other, "'K', 'O' or 'N'")),
-                };
-                if old.is_some() {
-                    match r.u8("new tuple marker")? {
-                        b'N' => {}
-                        other => return Err(unexpected_marker(other, "'N'")),
-                    }
-                }
-                Message::Update {
-                    xid,
-                    relation_id,
-                    old,
-                    new: tuple(r)?,
-                }
-            }
-            b'D' => {
-                let xid = self.stream_xid(r)?;
-                let relation_id = r.u32("relation id")?;
-                // Deletes without an old tuple are never sent (pgoutput.c skips them), so 'K'/'O' is
-                // mandatory here.
-                let old = match r.u8("tuple marker")? {
-                    b'K' => OldTuple::Key(tuple(r)?),
-                    b'O' => OldTuple::Full(tuple(r)?),
-                    other => return Err(unexpected_marker(other, "'K' or 'O'")),
-                };
-                Message::Delete {
-                    xid,
-                    relation_id,
-                    old,
-                }
-            }
-            b'T' => {
-                let xid = self.stream_xid(r)?;
-                let nrels = r.count32("number of relations")?;
-                let options = r.u8("truncate options")?;
-                // Capacity bounded by the bytes actually present: a lying count cannot make us allocate.
-                let mut relation_ids = Vec::with_capacity(nrels.min(r.remaining() / 4));
-                for _ in 0..nrels {
-                    relation_ids.push(r.u32("relation id")?);
-                }
-                Message::Truncate {
-                    xid,
-                    options,
-                    relation_ids,
-                }
-            }
+            b'U' => self.update(r)?,
+            b'D' => self.delete(r)?,
+            b'T' => self.truncate(r)?,
             b'M' => Message::Message {
                 xid: self.stream_xid(r)?,
                 // Flag bit 0 = transactional (proto.c `MESSAGE_TRANSACTIONAL`).
@@ -180,6 +128,78 @@ impl Decoder {
                     r.bytes(len, "content")?
                 },
             },
+            b'S' | b'E' | b'c' | b'A' => self.stream_control(tag, r)?,
+            b'b' | b'P' | b'p' | b'K' | b'r' => two_phase(tag, r)?,
+            _ => return Err("unknown message type".into()),
+        };
+        Ok(msg)
+    }
+
+    /// Update: an optional old tuple (key or full), then the new one.
+    fn update(&self, r: &mut Reader) -> Result<Message, String> {
+        let xid = self.stream_xid(r)?;
+        let relation_id = r.u32("relation id")?;
+        // 'K'/'O' old tuple is optional (only when the key changed, or REPLICA IDENTITY FULL);
+        // proto.c `logicalrep_write_update`.
+        let old = match r.u8("tuple marker")? {
+            b'N' => None,
+            b'K' => Some(OldTuple::Key(tuple(r)?)),
+            b'O' => Some(OldTuple::Full(tuple(r)?)),
+            other => return Err(unexpected_marker(other, "'K', 'O' or 'N'")),
+        };
+        if old.is_some() {
+            match r.u8("new tuple marker")? {
+                b'N' => {}
+                other => return Err(unexpected_marker(other, "'N'")),
+            }
+        }
+        Ok(Message::Update {
+            xid,
+            relation_id,
+            old,
+            new: tuple(r)?,
+        })
+    }
+
+    /// Delete: the old tuple (key or full).
+    fn delete(&self, r: &mut Reader) -> Result<Message, String> {
+        let xid = self.stream_xid(r)?;
+        let relation_id = r.u32("relation id")?;
+        // Deletes without an old tuple are never sent (pgoutput.c skips them), so 'K'/'O' is
+        // mandatory here.
+        let old = match r.u8("tuple marker")? {
+            b'K' => OldTuple::Key(tuple(r)?),
+            b'O' => OldTuple::Full(tuple(r)?),
+            other => return Err(unexpected_marker(other, "'K' or 'O'")),
+        };
+        Ok(Message::Delete {
+            xid,
+            relation_id,
+            old,
+        })
+    }
+
+    /// Truncate: the relations and the options.
+    fn truncate(&self, r: &mut Reader) -> Result<Message, String> {
+        let xid = self.stream_xid(r)?;
+        let nrels = r.count32("number of relations")?;
+        let options = r.u8("truncate options")?;
+        // Capacity bounded by the bytes actually present: a lying count cannot make us allocate.
+        let mut relation_ids = Vec::with_capacity(nrels.min(r.remaining() / 4));
+        for _ in 0..nrels {
+            relation_ids.push(r.u32("relation id")?);
+        }
+        Ok(Message::Truncate {
+            xid,
+            options,
+            relation_ids,
+        })
+    }
+
+    /// The streaming protocol's block and transaction markers (never requested by the relay, decoded
+    /// for completeness and for the tests).
+    fn stream_control(&self, tag: u8, r: &mut Reader) -> Result<Message, String> {
+        Ok(match tag {
             b'S' => {
                 if self.in_stream {
                     // pgoutput never nests blocks (reorderbuffer.c pairs stream_start/stream_stop);
@@ -223,49 +243,8 @@ impl Decoder {
                     abort_ts,
                 }
             }
-            b'b' => Message::BeginPrepare {
-                prepare_lsn: r.lsn("prepare_lsn")?,
-                end_lsn: r.lsn("end_lsn")?,
-                prepare_ts: r.i64("prepare_ts")?,
-                xid: r.u32("xid")?,
-                gid: r.cstr("gid")?,
-            },
-            b'P' => Message::Prepare {
-                flags: r.u8("flags")?,
-                prepare_lsn: r.lsn("prepare_lsn")?,
-                end_lsn: r.lsn("end_lsn")?,
-                prepare_ts: r.i64("prepare_ts")?,
-                xid: r.u32("xid")?,
-                gid: r.cstr("gid")?,
-            },
-            b'p' => Message::StreamPrepare {
-                flags: r.u8("flags")?,
-                prepare_lsn: r.lsn("prepare_lsn")?,
-                end_lsn: r.lsn("end_lsn")?,
-                prepare_ts: r.i64("prepare_ts")?,
-                xid: r.u32("xid")?,
-                gid: r.cstr("gid")?,
-            },
-            b'K' => Message::CommitPrepared {
-                flags: r.u8("flags")?,
-                commit_lsn: r.lsn("commit_lsn")?,
-                end_lsn: r.lsn("end_lsn")?,
-                commit_ts: r.i64("commit_ts")?,
-                xid: r.u32("xid")?,
-                gid: r.cstr("gid")?,
-            },
-            b'r' => Message::RollbackPrepared {
-                flags: r.u8("flags")?,
-                prepare_end_lsn: r.lsn("prepare_end_lsn")?,
-                rollback_end_lsn: r.lsn("rollback_end_lsn")?,
-                prepare_ts: r.i64("prepare_ts")?,
-                rollback_ts: r.i64("rollback_ts")?,
-                xid: r.u32("xid")?,
-                gid: r.cstr("gid")?,
-            },
             _ => return Err("unknown message type".into()),
-        };
-        Ok(msg)
+        })
     }
 
     fn relation(&self, r: &mut Reader) -> Result<Relation, String> {
@@ -289,6 +268,54 @@ impl Decoder {
             columns,
         })
     }
+}
+
+/// Two-phase commit messages (never requested by the relay, decoded for completeness and for the
+/// tests).
+fn two_phase(tag: u8, r: &mut Reader) -> Result<Message, String> {
+    Ok(match tag {
+        b'b' => Message::BeginPrepare {
+            prepare_lsn: r.lsn("prepare_lsn")?,
+            end_lsn: r.lsn("end_lsn")?,
+            prepare_ts: r.i64("prepare_ts")?,
+            xid: r.u32("xid")?,
+            gid: r.cstr("gid")?,
+        },
+        b'P' => Message::Prepare {
+            flags: r.u8("flags")?,
+            prepare_lsn: r.lsn("prepare_lsn")?,
+            end_lsn: r.lsn("end_lsn")?,
+            prepare_ts: r.i64("prepare_ts")?,
+            xid: r.u32("xid")?,
+            gid: r.cstr("gid")?,
+        },
+        b'p' => Message::StreamPrepare {
+            flags: r.u8("flags")?,
+            prepare_lsn: r.lsn("prepare_lsn")?,
+            end_lsn: r.lsn("end_lsn")?,
+            prepare_ts: r.i64("prepare_ts")?,
+            xid: r.u32("xid")?,
+            gid: r.cstr("gid")?,
+        },
+        b'K' => Message::CommitPrepared {
+            flags: r.u8("flags")?,
+            commit_lsn: r.lsn("commit_lsn")?,
+            end_lsn: r.lsn("end_lsn")?,
+            commit_ts: r.i64("commit_ts")?,
+            xid: r.u32("xid")?,
+            gid: r.cstr("gid")?,
+        },
+        b'r' => Message::RollbackPrepared {
+            flags: r.u8("flags")?,
+            prepare_end_lsn: r.lsn("prepare_end_lsn")?,
+            rollback_end_lsn: r.lsn("rollback_end_lsn")?,
+            prepare_ts: r.i64("prepare_ts")?,
+            rollback_ts: r.i64("rollback_ts")?,
+            xid: r.u32("xid")?,
+            gid: r.cstr("gid")?,
+        },
+        _ => return Err("unknown message type".into()),
+    })
 }
 
 /// TupleData: `i16 ncols | ncols × (u8 kind [i32 len | bytes])` (proto.c `logicalrep_write_tuple`).
