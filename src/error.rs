@@ -26,7 +26,7 @@ pub enum RelayError {
     Setup(#[from] SetupError),
     /// The HTTP listener cannot be started.
     #[error(transparent)]
-    Http(#[from] crate::http::BindError),
+    Http(#[from] BindError),
     /// Postgres can no longer give the slot's changes; events since its position may be lost.
     #[error("{}", crate::setup::lost_slot_message(.slot, .reason))]
     SlotInvalidated {
@@ -190,4 +190,23 @@ pub fn from_sink(e: SinkError) -> SessionEnd {
     } else {
         SessionEnd::Fatal(RelayError::Sink(e))
     }
+}
+
+/// `http.listen` cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum BindError {
+    /// `http.listen` is not an `ip:port` address.
+    #[error("http.listen {0:?} is not an address like 127.0.0.1:9187")]
+    Address(String),
+    /// Binding the address failed (in use, or not allowed).
+    #[error(
+        "http.listen {listen}: cannot listen: pick a free address, or \"\" to disable the listener"
+    )]
+    Listen {
+        /// `http.listen`.
+        listen: String,
+        /// The bind error.
+        #[source]
+        source: std::io::Error,
+    },
 }

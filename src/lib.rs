@@ -66,5 +66,5 @@ pub mod telemetry;
 #[cfg(feature = "test-support")]
 pub mod testkit;
 
-pub use http::BindError;
+pub use error::BindError;
 pub use lsn::Lsn;
