@@ -18,6 +18,7 @@ use crate::support::{
     Finished, NatsServer, PgServer, RelayProcess, TEXT_ID_OUTBOX_SQL, TestDb, read_all,
     relay_config, relay_env, run_command, stream_count, wait_for,
 };
+use crate::truth::{good as insert, set};
 
 const LIMIT: Duration = Duration::from_secs(60);
 
@@ -25,22 +26,6 @@ async fn text_id_db(server: &PgServer) -> TestDb {
     let db = TestDb::create(server).await;
     db.psql(TEXT_ID_OUTBOX_SQL);
     db
-}
-
-async fn insert(client: &Client, id: &str) {
-    client
-        .execute(
-            "INSERT INTO public.outbox (event_id, aggregate_type, aggregate_id, event_type, payload) \
-             VALUES ($1, 'Claim', '4711', 'ClaimApproved', '{\"claim_id\": 4711}')",
-            &[&id],
-        )
-        .await
-        .unwrap_or_else(|e| panic!("insert {id}: {e}"));
-}
-
-fn set(env: &mut Vec<(String, String)>, key: &str, value: &str) {
-    env.retain(|(k, _)| k != key);
-    env.push((key.into(), value.into()));
 }
 
 /// Lines of `stderr` that contain `text`.

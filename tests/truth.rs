@@ -30,7 +30,7 @@ async fn text_id_db() -> TestDb {
     db
 }
 
-async fn good(client: &Client, id: &str) {
+pub(crate) async fn good(client: &Client, id: &str) {
     client
         .execute(
             "INSERT INTO public.outbox (event_id, aggregate_type, aggregate_id, event_type, payload) \
@@ -41,7 +41,7 @@ async fn good(client: &Client, id: &str) {
         .unwrap_or_else(|e| panic!("insert {id}: {e}"));
 }
 
-fn set(env: &mut Vec<(String, String)>, key: &str, value: &str) {
+pub(crate) fn set(env: &mut Vec<(String, String)>, key: &str, value: &str) {
     env.retain(|(k, _)| k != key);
     env.push((key.into(), value.into()));
 }
