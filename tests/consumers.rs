@@ -15,6 +15,7 @@ use outbox_relay::config::Config;
 use serde_json::Value;
 use tokio_postgres::Client;
 
+use crate::hostile::wait_for_active_slot;
 use crate::ops::{free_addr, try_get, wait_for_status};
 use crate::support::{
     InProcessRelay, NatsServer, PgServer, TEXT_ID_OUTBOX_SQL, TestDb, current_wal_lsn, read_all,
@@ -41,22 +42,6 @@ async fn write(client: &Client, id: &str, aggregate_id: &str) -> Lsn {
         .await
         .unwrap_or_else(|e| panic!("insert {id}: {e}"));
     current_wal_lsn(client).await
-}
-
-/// Waits until a session streams the slot: the slot is active and past its consistent point.
-async fn wait_for_streaming(client: &Client, slot: &str) {
-    wait_for("the relay's slot to be active", LIMIT, || async {
-        client
-            .query_opt(
-                "SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND active \
-                 AND confirmed_flush_lsn IS NOT NULL",
-                &[&slot],
-            )
-            .await
-            .expect("query pg_replication_slots")
-            .is_some()
-    })
-    .await;
 }
 
 /// A request to the service; the reply's JSON, or the service error (code, text).
@@ -147,7 +132,7 @@ async fn thirty_writes_each_read_their_own_event_after_a_wait() {
     let config = relay_config(&db, &nats);
     let client = db.client().await;
     let relay = InProcessRelay::start(config.clone());
-    wait_for_streaming(&client, &config.postgres.slot).await;
+    wait_for_active_slot(&client, &config.postgres.slot).await;
     let nc = nats.client().await;
     let js = jetstream::new(nc.clone());
     let prefix = format!("outbox-relay.{}", config.postgres.slot);
@@ -214,7 +199,7 @@ async fn far_waits_time_out_bad_requests_name_the_field_and_ping_answers() {
     let config = relay_config(&db, &nats);
     let client = db.client().await;
     let relay = InProcessRelay::start(config.clone());
-    wait_for_streaming(&client, &config.postgres.slot).await;
+    wait_for_active_slot(&client, &config.postgres.slot).await;
     let nc = nats.client().await;
     let prefix = format!("outbox-relay.{}", config.postgres.slot);
     wait_for("the position service", LIMIT, || async {
@@ -318,7 +303,7 @@ async fn http_codes_and_a_standby_that_serves_once_it_takes_over() {
     config.http.listen = active_addr.clone();
     let client = db.client().await;
     let active = InProcessRelay::start(config.clone());
-    wait_for_streaming(&client, &config.postgres.slot).await;
+    wait_for_active_slot(&client, &config.postgres.slot).await;
     wait_for_status(&active_addr, "/position", 200, 30).await;
 
     let (status, body) = try_get(&active_addr, "/position").await.expect("/position");
@@ -419,7 +404,7 @@ async fn partitions_agree_with_nats_server_partition_mapping() {
         })
         .collect();
     let relay = InProcessRelay::start(config.clone());
-    wait_for_streaming(&client, &config.postgres.slot).await;
+    wait_for_active_slot(&client, &config.postgres.slot).await;
     for (i, id) in ids.iter().enumerate() {
         write(&client, &format!("e-{i}"), id).await;
     }

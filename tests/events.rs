@@ -33,19 +33,6 @@ fn message_config(db: &TestDb, nats: &NatsServer) -> Config {
     config
 }
 
-async fn start(config: &Config, client: &Client) -> InProcessRelay {
-    let relay = InProcessRelay::start(config.clone());
-    let slot = config.postgres.slot.clone();
-    // A slot shows before its consistent point is found; rows written then are not decoded.
-    wait_for("the relay's slot", Duration::from_secs(30), || async {
-        crate::support::confirmed_flush(client, &slot)
-            .await
-            .is_some()
-    })
-    .await;
-    relay
-}
-
 async fn wait_and_read(nats: &NatsServer, stream: &str, n: u64) -> Vec<Stored> {
     let js = nats.jetstream().await;
     wait_for(
@@ -94,7 +81,7 @@ async fn row_message_row_of_one_transaction_arrive_in_write_order() {
     let mut config = message_config(&db, &nats);
     config.outbox.headers_column = "headers".into();
     let mut client = db.client().await;
-    let relay = start(&config, &client).await;
+    let relay = InProcessRelay::start_streaming(&config, &client).await;
 
     let payload = r#"{"claim_id": 4711,   "note":"spaces kept"}"#;
     let tx = client.transaction().await.unwrap();
@@ -137,7 +124,7 @@ async fn rollback_other_prefix_and_malformed_messages() {
     let nats = NatsServer::start();
     let config = message_config(&db, &nats);
     let mut client = db.client().await;
-    let relay = start(&config, &client).await;
+    let relay = InProcessRelay::start_streaming(&config, &client).await;
 
     let tx = client.transaction().await.unwrap();
     emit(&tx, "outbox", &content("rolled-back", "1", "E", "1")).await;
@@ -254,7 +241,7 @@ async fn messages_only_with_the_sql_helper_in_a_business_transaction() {
         .get(0);
     assert_eq!(tables, 0, "the publication is empty");
     let mut client = db.client().await;
-    let relay = start(&config, &client).await;
+    let relay = InProcessRelay::start_streaming(&config, &client).await;
 
     let tx = client.transaction().await.unwrap();
     tx.execute("UPDATE claims SET status = 'approved' WHERE id = 4711", &[])
@@ -416,7 +403,7 @@ async fn header_columns_and_cloudevents_headers() {
     config.nats.cloudevents = true;
     config.nats.cloudevents_source = "/claims service".into();
     let client = db.client().await;
-    let relay = start(&config, &client).await;
+    let relay = InProcessRelay::start_streaming(&config, &client).await;
 
     let before = utc_now(&client).await;
     client

@@ -13,6 +13,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_postgres::Client;
 
+use crate::hostile::wait_for_active_slot;
 use crate::support::{
     Finished, InProcessRelay, NatsServer, PgServer, RelayProcess, TEXT_ID_OUTBOX_SQL, TestDb,
     default_outbox_sql, relay_config, relay_env, run_command, slot_exists, stream_count, unique,
@@ -132,22 +133,6 @@ async fn insert_events(client: &Client, ids: &[String]) {
 
 fn ids(prefix: &str, n: usize) -> Vec<String> {
     (0..n).map(|i| format!("{prefix}-{i}")).collect()
-}
-
-async fn wait_for_active_slot(client: &Client, slot: &str) {
-    wait_for("the relay's slot to be active", LIMIT, || async {
-        client
-            .query_opt(
-                // A slot being created is active before its consistent point (confirmed_flush_lsn NULL).
-                "SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND active \
-                 AND confirmed_flush_lsn IS NOT NULL",
-                &[&slot],
-            )
-            .await
-            .expect("query pg_replication_slots")
-            .is_some()
-    })
-    .await;
 }
 
 /// The counters and the latency histogram move with the events and the confirmed LSN with the slot;

@@ -61,18 +61,6 @@ async fn insert(client: &Client, id: &str, event_type: &str, payload: &str) {
         .unwrap_or_else(|e| panic!("insert {id}: {e}"));
 }
 
-async fn start(config: &Config, client: &Client) -> InProcessRelay {
-    let relay = InProcessRelay::start(config.clone());
-    let slot = config.postgres.slot.clone();
-    wait_for("the relay's slot", LIMIT, || async {
-        crate::support::confirmed_flush(client, &slot)
-            .await
-            .is_some()
-    })
-    .await;
-    relay
-}
-
 async fn wait_and_read(nats: &NatsServer, stream: &str, n: u64) -> Vec<Stored> {
     let js = nats.jetstream().await;
     wait_for(&format!("{n} messages in {stream}"), LIMIT, || async {
@@ -110,7 +98,7 @@ async fn failing_payloads_are_dead_letters_naming_type_pointer_and_keyword() {
     config.outbox.message_prefix = "outbox".into();
     config.nats.cloudevents = true;
     let client = db.client().await;
-    let relay = start(&config, &client).await;
+    let relay = InProcessRelay::start_streaming(&config, &client).await;
 
     insert(
         &client,
@@ -228,7 +216,7 @@ async fn bytea_payloads_must_be_json_and_required_schemas_refuse_unknown_types()
     config.outbox.schemas = dir.path().display().to_string();
     config.outbox.schemas_required = true;
     let client = db.client().await;
-    let relay = start(&config, &client).await;
+    let relay = InProcessRelay::start_streaming(&config, &client).await;
     for (id, ty, payload) in [
         ("json", "Blob", &br#"{"n": 1}"#[..]),
         ("raw", "Blob", &b"\x00\x01\xff"[..]),

@@ -11,7 +11,6 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use outbox_relay::config::Config;
-use tokio_postgres::Client;
 
 use crate::support::{
     InProcessRelay, NatsServer, OtlpReceiver, PgServer, ReceivedSpan, Stored, TEXT_ID_OUTBOX_SQL,
@@ -41,18 +40,6 @@ fn traced_config(db: &TestDb, nats: &NatsServer, endpoint: &str) -> Config {
     config.telemetry.otlp_endpoint = endpoint.to_owned();
     config.telemetry.service_name = "claims-relay".into();
     config
-}
-
-async fn start(config: &Config, client: &Client) -> InProcessRelay {
-    let relay = InProcessRelay::start(config.clone());
-    let slot = config.postgres.slot.clone();
-    wait_for("the relay's slot", Duration::from_secs(30), || async {
-        crate::support::confirmed_flush(client, &slot)
-            .await
-            .is_some()
-    })
-    .await;
-    relay
 }
 
 async fn insert(
@@ -131,7 +118,7 @@ async fn spans_continue_the_writers_trace_and_the_messages_name_them() {
     let receiver = OtlpReceiver::start().await;
     let config = traced_config(&db, &nats, &receiver.endpoint());
     let mut client = db.client().await;
-    let relay = start(&config, &client).await;
+    let relay = InProcessRelay::start_streaming(&config, &client).await;
 
     let before = SystemTime::now();
     insert(
@@ -308,7 +295,7 @@ async fn a_dead_or_hanging_collector_costs_spans_never_events() {
         };
         let config = traced_config(&db, &nats, &endpoint);
         let client = db.client().await;
-        let relay = start(&config, &client).await;
+        let relay = InProcessRelay::start_streaming(&config, &client).await;
 
         client
             .batch_execute(

@@ -65,6 +65,21 @@ pub(crate) struct InProcessRelay {
 }
 
 impl InProcessRelay {
+    /// Starts the relay and waits until its slot has a consistent point: a slot shows before it is
+    /// found, and rows written then are not decoded.
+    pub(crate) async fn start_streaming(
+        config: &Config,
+        client: &tokio_postgres::Client,
+    ) -> InProcessRelay {
+        let relay = InProcessRelay::start(config.clone());
+        let slot = config.postgres.slot.clone();
+        super::wait_for("the relay's slot", Duration::from_secs(30), || async {
+            confirmed_flush(client, &slot).await.is_some()
+        })
+        .await;
+        relay
+    }
+
     pub(crate) fn start(config: Config) -> InProcessRelay {
         let metrics = Arc::new(Metrics::default());
         let (tx, rx) = oneshot::channel::<()>();
