@@ -201,12 +201,8 @@ async fn nats_mutual_tls_needs_the_client_certificate() {
 /// relay was not given, a mutual-TLS server and no client certificate, and `nats.tls_required = true`
 /// against a server without TLS (no silent plain connection, nothing created).
 ///
-/// BUG (src/sink/connect.rs, `connect_nats`, the `map_err` at the end): async-nats reports these
-/// handshake failures as `ConnectErrorKind::Io` (the rustls error inside an io::Error), not
-/// `ConnectErrorKind::Tls`, so the relay says "cannot connect to NATS at …: check nats.url and that
-/// nats-server runs: IO error: invalid peer certificate: UnknownIssuer" (resp. "received fatal
-/// alert: CertificateRequired", "received corrupt message of type InvalidContentType") instead of
-/// its "TLS to NATS at … failed: check nats.tls_ca_file, …" line. Ignored until that is fixed.
+/// async-nats reports some handshake failures as `ConnectErrorKind::Io` (the rustls error inside an
+/// io::Error) rather than `ConnectErrorKind::Tls`; the relay's line must say TLS either way.
 #[tokio::test]
 async fn nats_tls_failures_say_tls() {
     let db = text_id_db().await;
