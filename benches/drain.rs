@@ -33,6 +33,8 @@
 //! `perf record -g -o relay.data --`; its RSS/CPU are then the wrapper's). Under `cargo test --benches`
 //! (no `--bench` argument) it does nothing: starting servers is the tests' job.
 
+#[path = "common/cpu.rs"]
+mod cpu;
 #[path = "drain/poll.rs"]
 mod poll;
 #[path = "drain/schemas.rs"]
@@ -49,6 +51,8 @@ use std::fs;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use cpu::{cpu_ms, stat_cpu_ms};
 
 use anyhow::{Context, bail};
 use async_nats::jetstream::{self, consumer::DeliverPolicy, consumer::pull::OrderedConfig};
@@ -980,37 +984,6 @@ fn peak_rss_mb(pid: u32) -> f64 {
         .find_map(|l| l.strip_prefix("VmHWM:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
         .map_or(0.0, |kb| kb / 1024.0)
-}
-
-/// utime + stime of `pid` in milliseconds (fields 14 and 15 of /proc/pid/stat, in clock ticks).
-fn cpu_ms(pid: u32) -> f64 {
-    stat_cpu_ms(&format!("/proc/{pid}/stat"))
-}
-
-/// utime + stime in milliseconds from a /proc `stat` file (a process's, or a thread's).
-fn stat_cpu_ms(path: &str) -> f64 {
-    let stat = fs::read_to_string(path).unwrap_or_default();
-    // The command name (field 2) may hold spaces; count fields after its closing parenthesis.
-    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let f: Vec<u64> = rest
-        .split_whitespace()
-        .map(|x| x.parse().unwrap_or(0))
-        .collect();
-    let ticks = f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0);
-    ticks as f64 * 1000.0 / clock_ticks() as f64
-}
-
-/// Clock ticks per second, asked once (a `getconf` run inside a measured interval would count).
-fn clock_ticks() -> u64 {
-    static TICKS: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    *TICKS.get_or_init(|| {
-        Command::new("getconf")
-            .arg("CLK_TCK")
-            .output()
-            .ok()
-            .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
-            .unwrap_or(100)
-    })
 }
 
 /// The relay drains `slot` into a fresh stream: spawn → the stream holds `events` messages.

@@ -15,10 +15,15 @@
 //! that ack: an upper bound of "ack that completes it → reply" (the completing ack is this one or a
 //! later one). Under `cargo test --benches` it does nothing: starting servers is the tests' job.
 
+#[path = "common/cpu.rs"]
+mod cpu;
+
 use std::collections::HashMap;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use cpu::cpu_ms;
 
 use anyhow::{Context, bail};
 use futures_util::StreamExt;
@@ -291,31 +296,6 @@ async fn phase(
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
-}
-
-/// utime + stime of `pid` in milliseconds (fields 14 and 15 of /proc/pid/stat, in clock ticks).
-fn cpu_ms(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // The command name (field 2) may hold spaces; count fields after its closing parenthesis.
-    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let f: Vec<u64> = rest
-        .split_whitespace()
-        .map(|x| x.parse().unwrap_or(0))
-        .collect();
-    let ticks = f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0);
-    ticks as f64 * 1000.0 / clock_ticks() as f64
-}
-
-fn clock_ticks() -> u64 {
-    static TICKS: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    *TICKS.get_or_init(|| {
-        Command::new("getconf")
-            .arg("CLK_TCK")
-            .output()
-            .ok()
-            .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
-            .unwrap_or(100)
-    })
 }
 
 /// The relay binary, stderr in a temporary directory.
