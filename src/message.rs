@@ -317,14 +317,19 @@ fn truncated(h: HeaderMap) -> HeaderMap {
 
 /// `s` cut to at most [`MAX_DEAD_LETTER_HEADER`] bytes, on a character boundary.
 fn cap(s: &str) -> String {
-    if s.len() <= MAX_DEAD_LETTER_HEADER {
-        return s.to_owned();
+    cut(s, MAX_DEAD_LETTER_HEADER).to_owned()
+}
+
+/// `s` cut to at most `max` bytes, on a character boundary.
+pub(crate) fn cut(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
     }
-    let mut end = MAX_DEAD_LETTER_HEADER;
+    let mut end = max;
     while !s.is_char_boundary(end) {
         end -= 1;
     }
-    s[..end].to_owned()
+    &s[..end]
 }
 
 /// The `Nats-Msg-Id` of an event: its id, or for an event without a usable id a WAL-derived one,
@@ -523,7 +528,8 @@ fn ascii(s: &str) -> String {
         .collect()
 }
 
-fn one_line(s: &str) -> String {
+/// `s` with its line breaks (and the blanks around them) turned into single spaces.
+pub(crate) fn one_line(s: &str) -> String {
     s.split(['\r', '\n'])
         .map(str::trim)
         .filter(|p| !p.is_empty())

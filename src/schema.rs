@@ -149,7 +149,7 @@ impl SchemaSet {
                 .build(schema)
                 .map_err(|e| LoadError {
                     file: file.clone(),
-                    problem: one_line(&e.to_string()),
+                    problem: crate::message::one_line(&e.to_string()),
                 })?;
             let id = schema
                 .get("$id")
@@ -231,7 +231,7 @@ impl SchemaSet {
                 };
                 Verdict::Fail(format!(
                     "{event_type}: {pointer}: {} ({})",
-                    shorten(&one_line(&e.to_string())),
+                    shorten(&crate::message::one_line(&e.to_string())),
                     e.kind().keyword()
                 ))
             }
@@ -482,23 +482,12 @@ fn label(v: &str) -> String {
         .replace('\n', "\\n")
 }
 
-fn one_line(s: &str) -> String {
-    s.split(['\r', '\n'])
-        .map(str::trim)
-        .filter(|p| !p.is_empty())
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
 fn shorten(s: &str) -> String {
-    if s.len() <= MAX_MESSAGE {
+    let cut = crate::message::cut(s, MAX_MESSAGE);
+    if cut.len() == s.len() {
         return s.to_owned();
     }
-    let mut end = MAX_MESSAGE;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}...", &s[..end])
+    format!("{cut}...")
 }
 
 #[cfg(test)]
