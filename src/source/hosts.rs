@@ -58,12 +58,15 @@ where
     for &standby_pass in passes {
         for (host, port) in info.host_order() {
             let target = format!("{host}:{port}");
-            // The password file is read for each host (as libpq does), off the runtime's thread.
-            let for_host = {
+            // The password file is read for each host (as libpq does), off the runtime's thread;
+            // without one to read there is nothing to hand over.
+            let for_host = if info.password.is_none() && info.passfile.is_some() {
                 let (copy, name) = (info.clone(), host.clone());
                 tokio::task::spawn_blocking(move || copy.for_host(&name, port))
                     .await
                     .unwrap_or_else(|_| info.for_host(&host, port))
+            } else {
+                info.for_host(&host, port)
             };
             match attempt(for_host).await {
                 Ok((conn, role)) if acceptable(want, role, standby_pass) => return Ok(conn),
