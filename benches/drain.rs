@@ -35,6 +35,8 @@
 
 #[path = "common/cpu.rs"]
 mod cpu;
+#[path = "drain/latency.rs"]
+mod latency;
 #[path = "drain/poll.rs"]
 mod poll;
 #[path = "drain/schemas.rs"]
@@ -46,17 +48,15 @@ mod sink;
 #[path = "drain/telemetry.rs"]
 mod telemetry;
 
-use std::collections::HashMap;
 use std::fs;
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cpu::{cpu_ms, stat_cpu_ms};
 
 use anyhow::{Context, bail};
-use async_nats::jetstream::{self, consumer::DeliverPolicy, consumer::pull::OrderedConfig};
-use futures_util::StreamExt;
+use async_nats::jetstream;
+use latency::{Latency, latency, latency_json, print_latency};
 use outbox_relay::Lsn;
 use outbox_relay::pgoutput::{Decoder, Message};
 use outbox_relay::source::{
@@ -450,27 +450,6 @@ async fn idle_load(
     })
 }
 
-fn print_latency(who: &str, rate: u64, l: &Latency) {
-    println!(
-        "{who} latency at {rate}/s (achieved {:.0}/s, {} events, {} missing): p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms; {} over 20 ms{}",
-        l.achieved,
-        l.count,
-        l.missing,
-        l.p50_ms,
-        l.p99_ms,
-        l.max_ms,
-        l.slow,
-        if l.slow > 0 {
-            format!(
-                ", committed between {:.2} s and {:.2} s",
-                l.slow_span_s.0, l.slow_span_s.1
-            )
-        } else {
-            String::new()
-        }
-    );
-}
-
 /// A backlog of `txns` × `per_txn` in a database of its own: `rounds` alternating rounds of
 /// pg_recvlogical, the sink's limit and the relay.
 async fn backlog_drain(
@@ -824,13 +803,6 @@ fn report(
     );
 }
 
-fn latency_json(who: &str, rate: u64, l: &Latency) -> String {
-    format!(
-        r#"{{"who":"{who}","rate":{rate},"achieved_eps":{:.0},"p50_ms":{:.2},"p99_ms":{:.2},"max_ms":{:.2},"missing":{}}}"#,
-        l.achieved, l.p50_ms, l.p99_ms, l.max_ms, l.missing
-    )
-}
-
 /// `pg_recvlogical --start … --endpos` into /dev/null: wall time from spawn to exit → events/s.
 fn recvlogical(
     pg: &PgServer,
@@ -1048,143 +1020,4 @@ async fn relay_with(
     let rss = peak_rss_mb(relay.pid());
     let cpu = cpu_ms(relay.pid());
     Ok((relay, events as f64 / secs, rss, cpu))
-}
-
-struct Latency {
-    count: usize,
-    /// Events over 20 ms, and the seconds into the phase of the first and last of them (one stall
-    /// or spread out?).
-    slow: usize,
-    slow_span_s: (f64, f64),
-    missing: usize,
-    achieved: f64,
-    p50_ms: f64,
-    p99_ms: f64,
-    max_ms: f64,
-}
-
-/// Writers commit single-event transactions at `rate`/s for `secs`; an ordered consumer records when
-/// each id arrives. Event ids are `<phase>-…-<index>` uuids so phases never mix.
-async fn latency(
-    db: &TestDb,
-    nats: &NatsServer,
-    rate: u64,
-    secs: u64,
-    phase: u32,
-) -> anyhow::Result<Latency> {
-    let total = (rate * secs) as usize;
-    let js = jetstream::new(nats.client().await);
-    let stream = js.get_stream(STREAM).await?;
-    let consumer = stream
-        .create_consumer(OrderedConfig {
-            deliver_policy: DeliverPolicy::New,
-            ..Default::default()
-        })
-        .await?;
-    let mut messages = consumer.messages().await?;
-    let received: Arc<Mutex<HashMap<usize, Instant>>> = Arc::default();
-    let prefix = format!("{phase:08x}-");
-    let reader = {
-        let received = Arc::clone(&received);
-        tokio::spawn(async move {
-            while let Some(Ok(m)) = messages.next().await {
-                let now = Instant::now();
-                let id = m
-                    .headers
-                    .as_ref()
-                    .and_then(|h| h.get("Nats-Msg-Id"))
-                    .map(|v| v.as_str().to_owned())
-                    .unwrap_or_default();
-                if let Some(rest) = id.strip_prefix(&prefix)
-                    && let Some(i) = rest
-                        .rsplit('-')
-                        .next()
-                        .and_then(|x| usize::from_str_radix(x, 16).ok())
-                {
-                    received.lock().unwrap().insert(i, now);
-                }
-            }
-        })
-    };
-
-    // Enough connections that one slow commit does not hold up the schedule: each writes every
-    // `writers`-th event at its scheduled time.
-    let writers = (rate / 250).clamp(4, 32) as usize;
-    let committed: Arc<Mutex<Vec<Option<Instant>>>> = Arc::new(Mutex::new(vec![None; total]));
-    let start = tokio::time::Instant::now() + Duration::from_millis(200);
-    let mut tasks = Vec::new();
-    for w in 0..writers {
-        let client = db.client().await;
-        let committed = Arc::clone(&committed);
-        tasks.push(tokio::spawn(async move {
-            let insert = client
-                .prepare(
-                    "INSERT INTO public.outbox (event_id, aggregate_type, aggregate_id, event_type, payload) \
-                     VALUES ($1::text::uuid, 'Order', $2, 'OrderPlaced', $3::text::jsonb)",
-                )
-                .await?;
-            let mut i = w;
-            while i < total {
-                let due = start + Duration::from_nanos(i as u64 * 1_000_000_000 / rate);
-                tokio::time::sleep_until(due).await;
-                let id = format!("{phase:08x}-0000-4000-8000-{i:012x}");
-                let agg = format!("order-{i}");
-                client.execute(&insert, &[&id, &agg, &PAYLOAD]).await?;
-                committed.lock().unwrap()[i] = Some(Instant::now());
-                i += writers;
-            }
-            anyhow::Ok(())
-        }));
-    }
-    let t = Instant::now();
-    for task in tasks {
-        task.await??;
-    }
-    let achieved = total as f64 / (t.elapsed().as_secs_f64() - 0.2).max(1e-3);
-    // Let the last events arrive.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while received.lock().unwrap().len() < total && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    reader.abort();
-    let received = received.lock().unwrap();
-    let committed = committed.lock().unwrap();
-    let first = committed.iter().flatten().min().copied();
-    let slow: Vec<f64> = committed
-        .iter()
-        .enumerate()
-        .filter_map(|(i, c)| {
-            let (c, r) = (c.as_ref()?, received.get(&i)?);
-            (r.saturating_duration_since(*c) > Duration::from_millis(20))
-                .then(|| first.map_or(0.0, |f| c.duration_since(f).as_secs_f64()))
-        })
-        .collect();
-    let slow_span_s = (
-        slow.iter().copied().fold(f64::INFINITY, f64::min),
-        slow.iter().copied().fold(0.0, f64::max),
-    );
-    let mut ms: Vec<f64> = committed
-        .iter()
-        .enumerate()
-        .filter_map(|(i, c)| {
-            let (c, r) = (c.as_ref()?, received.get(&i)?);
-            // A consumer can see an event before its writer sees COMMIT return: count that as 0.
-            Some(r.saturating_duration_since(*c).as_secs_f64() * 1000.0)
-        })
-        .collect();
-    ms.sort_by(f64::total_cmp);
-    if ms.is_empty() {
-        bail!("no event of the {rate}/s phase arrived");
-    }
-    let pct = |p: f64| ms[((ms.len() as f64 * p) as usize).min(ms.len() - 1)];
-    Ok(Latency {
-        count: ms.len(),
-        slow: slow.len(),
-        slow_span_s,
-        missing: total - ms.len(),
-        achieved,
-        p50_ms: pct(0.50),
-        p99_ms: pct(0.99),
-        max_ms: ms[ms.len() - 1],
-    })
 }
