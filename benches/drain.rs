@@ -31,7 +31,9 @@
 //! `drain/schemas.rs`; `BENCH_SCHEMAS_ONLY=1` runs only that), `BENCH_POLL_INTERVALS_MS` (`5000,100`; empty skips the
 //! polling baseline), `BENCH_RELAY_WRAPPER` (a command prefix for the relay, e.g.
 //! `perf record -g -o relay.data --`; its RSS/CPU are then the wrapper's), `BENCH_HEADERS=1` (what
-//! each header costs nats-server, `drain/headers.rs`; `BENCH_HEADERS_ONLY=1` runs only that). Under `cargo test --benches`
+//! each header costs nats-server, `drain/headers.rs`; `BENCH_HEADERS_ONLY=1` runs only that),
+//! `BENCH_IDLE_COST=1` (the relay's CPU at idle and a trickle of events, `drain/trickle.rs`;
+//! `BENCH_IDLE_COST_ONLY=1` runs only that). Under `cargo test --benches`
 //! (no `--bench` argument) it does nothing: starting servers is the tests' job.
 
 #[path = "common/cpu.rs"]
@@ -48,6 +50,8 @@ mod shapes;
 mod sink;
 #[path = "drain/telemetry.rs"]
 mod telemetry;
+#[path = "drain/trickle.rs"]
+mod trickle;
 
 use std::collections::HashMap;
 use std::fs;
@@ -102,7 +106,7 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     // The header costs need no Postgres: run alone, they start none.
-    if flag("BENCH_HEADERS_ONLY") {
+    if flag("BENCH_HEADERS_ONLY") && !flag("BENCH_IDLE_COST_ONLY") {
         return rt.block_on(headers::run(env_or("BENCH_ROUNDS", 3usize).max(1)));
     }
     let pg = PgServer::start_private();
@@ -300,9 +304,17 @@ async fn run(pg: &PgServer) -> anyhow::Result<()> {
             return Ok(());
         }
     }
-    // What each header costs nats-server (`drain/headers.rs`), on request.
-    if flag("BENCH_HEADERS") {
+    // What each header costs nats-server (`drain/headers.rs`), and the relay's idle and trickle
+    // cost (`drain/trickle.rs`), on request.
+    let (headers_only, idle_only) = (flag("BENCH_HEADERS_ONLY"), flag("BENCH_IDLE_COST_ONLY"));
+    if headers_only || flag("BENCH_HEADERS") {
         headers::run(rounds).await?;
+    }
+    if idle_only || flag("BENCH_IDLE_COST") {
+        trickle::run(pg).await?;
+    }
+    if headers_only || idle_only {
+        return Ok(());
     }
     // 0. Transaction shapes × payload sizes (`drain/shapes.rs`).
     let shape_rows = if std::env::var("BENCH_SHAPES").map_or(true, |v| !v.is_empty()) {
