@@ -30,11 +30,16 @@
 //! `BENCH_BIG=1` (`BENCH_BIG_EVENTS`, 1000000), `BENCH_SCHEMAS` (validation off against on,
 //! `drain/schemas.rs`; `BENCH_SCHEMAS_ONLY=1` runs only that), `BENCH_POLL_INTERVALS_MS` (`5000,100`; empty skips the
 //! polling baseline), `BENCH_RELAY_WRAPPER` (a command prefix for the relay, e.g.
-//! `perf record -g -o relay.data --`; its RSS/CPU are then the wrapper's). Under `cargo test --benches`
+//! `perf record -g -o relay.data --`; its RSS/CPU are then the wrapper's), `BENCH_HEADERS=1` (what
+//! each header costs nats-server, `drain/headers.rs`; `BENCH_HEADERS_ONLY=1` runs only that),
+//! `BENCH_IDLE_COST=1` (the relay's CPU at idle and a trickle of events, `drain/trickle.rs`;
+//! `BENCH_IDLE_COST_ONLY=1` runs only that). Under `cargo test --benches`
 //! (no `--bench` argument) it does nothing: starting servers is the tests' job.
 
 #[path = "common/cpu.rs"]
 mod cpu;
+#[path = "drain/headers.rs"]
+mod headers;
 #[path = "drain/latency.rs"]
 mod latency;
 #[path = "drain/poll.rs"]
@@ -47,6 +52,8 @@ mod shapes;
 mod sink;
 #[path = "drain/telemetry.rs"]
 mod telemetry;
+#[path = "drain/trickle.rs"]
+mod trickle;
 
 use std::fs;
 use std::process::{Child, Command, Stdio};
@@ -85,15 +92,24 @@ fn env_list(name: &str, default: &str) -> Vec<u64> {
         .collect()
 }
 
+/// Whether the environment variable `name` is `1`.
+fn flag(name: &str) -> bool {
+    std::env::var(name).is_ok_and(|v| v == "1")
+}
+
 fn main() -> anyhow::Result<()> {
     if !std::env::args().any(|a| a == "--bench") {
         println!("drain bench: skipped (it starts servers; run `cargo bench --bench drain`)");
         return Ok(());
     }
-    let pg = PgServer::start_private();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
+    // The header costs need no Postgres: run alone, they start none.
+    if flag("BENCH_HEADERS_ONLY") && !flag("BENCH_IDLE_COST_ONLY") {
+        return rt.block_on(headers::run(env_or("BENCH_ROUNDS", 3usize).max(1)));
+    }
+    let pg = PgServer::start_private();
     rt.block_on(run(&pg))
 }
 
@@ -287,6 +303,18 @@ async fn run(pg: &PgServer) -> anyhow::Result<()> {
         if std::env::var("BENCH_TELEMETRY_ONLY").is_ok_and(|v| v == "1") {
             return Ok(());
         }
+    }
+    // What each header costs nats-server (`drain/headers.rs`), and the relay's idle and trickle
+    // cost (`drain/trickle.rs`), on request.
+    let (headers_only, idle_only) = (flag("BENCH_HEADERS_ONLY"), flag("BENCH_IDLE_COST_ONLY"));
+    if headers_only || flag("BENCH_HEADERS") {
+        headers::run(rounds).await?;
+    }
+    if idle_only || flag("BENCH_IDLE_COST") {
+        trickle::run(pg).await?;
+    }
+    if headers_only || idle_only {
+        return Ok(());
     }
     // 0. Transaction shapes × payload sizes (`drain/shapes.rs`).
     let shape_rows = if std::env::var("BENCH_SHAPES").map_or(true, |v| !v.is_empty()) {

@@ -47,7 +47,7 @@ pub(crate) struct ShapeRow {
 }
 
 /// A jsonb object whose text form is about `bytes` long.
-fn payload_of(bytes: usize) -> String {
+pub(crate) fn payload_of(bytes: usize) -> String {
     let pad = bytes.saturating_sub(40).max(1);
     format!(
         r#"{{"currency": "EUR", "total_cents": 8498, "pad": "{}"}}"#,

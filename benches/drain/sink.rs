@@ -3,6 +3,9 @@
 //! fence's `Nats-Expected-Last-Sequence`) and payload, through a JetStream context configured like the
 //! relay's sink, at the relay's window (4096 publishes in flight, acks awaited in order by a second
 //! task). No Postgres: what the relay would reach with an infinitely fast source.
+//!
+//! [`publish_core`], the publisher of `sink core` (one ack inbox, what the relay does), takes any
+//! stream config and headers: the header costs (`drain/headers.rs`) publish through it too.
 
 use std::time::{Duration, Instant};
 
@@ -35,10 +38,11 @@ pub(crate) fn stream_config(name: &str) -> stream::Config {
 /// Runs `f` (a publisher) on its own thread with a current-thread runtime, like the relay's, and
 /// connects its client there, so the thread's CPU time is the publisher's and its client's:
 /// returns `f`'s result and that CPU time in ms.
-pub(crate) fn on_own_thread<F, Fut>(url: String, f: F) -> anyhow::Result<(f64, f64)>
+pub(crate) fn on_own_thread<F, Fut, T>(url: String, f: F) -> anyhow::Result<(T, f64)>
 where
     F: FnOnce(async_nats::Client) -> Fut + Send + 'static,
-    Fut: Future<Output = anyhow::Result<f64>>,
+    Fut: Future<Output = anyhow::Result<T>>,
+    T: Send + 'static,
 {
     std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -47,8 +51,8 @@ where
         rt.block_on(async move {
             let client = async_nats::connect(url).await?;
             let c0 = thread_cpu_ms();
-            let eps = f(client).await?;
-            Ok((eps, thread_cpu_ms() - c0))
+            let out = f(client).await?;
+            Ok((out, thread_cpu_ms() - c0))
         })
     })
     .join()
@@ -83,12 +87,51 @@ pub(crate) async fn limit_core(
     payload: &str,
     events: u64,
 ) -> anyhow::Result<f64> {
+    let run = publish_core(
+        client,
+        stream_config(stream_name),
+        Bytes::from(payload.to_owned()),
+        events,
+        None,
+        |i| {
+            let mut h = headers(i);
+            h.insert("Nats-Expected-Last-Sequence", i.to_string());
+            h
+        },
+    )
+    .await?;
+    Ok(run.eps)
+}
+
+/// What [`publish_core`] measured from its first publish to its last ack.
+pub(crate) struct CoreRun {
+    pub eps: f64,
+    /// CPU time of the calling thread: the publisher, the ack reader and the client's connection
+    /// task, when it runs on a current-thread runtime of its own ([`on_own_thread`]).
+    pub thread_ms: f64,
+    /// CPU time of the server process given, NaN without one.
+    pub server_ms: f64,
+}
+
+/// The core publisher of [`limit_core`], for any stream config and headers: creates the stream,
+/// publishes `events` messages to `outbox.Order` with `headers(i)` (an empty map goes out as a
+/// plain `PUB`), [`WINDOW`] in flight, each ack checked in order. CPU times are read at the first
+/// publish and the last ack, so the stream's creation and the connection are not in them.
+pub(crate) async fn publish_core(
+    client: async_nats::Client,
+    config: stream::Config,
+    payload: Bytes,
+    events: u64,
+    server_pid: Option<u32>,
+    mut headers: impl FnMut(u64) -> HeaderMap,
+) -> anyhow::Result<CoreRun> {
     let js = jetstream::new(client.clone());
-    js.create_stream(stream_config(stream_name)).await?;
-    let payload = Bytes::from(payload.to_owned());
+    js.create_stream(config).await?;
     let inbox = client.new_inbox();
     let mut sub = client.subscribe(format!("{inbox}.*")).await?;
     let window = Arc::new(Semaphore::new(WINDOW));
+    let server_cpu = || server_pid.map_or(f64::NAN, super::cpu_ms);
+    let (s0, c0) = (server_cpu(), thread_cpu_ms());
     let t = Instant::now();
     let freed = Arc::clone(&window);
     let acks = tokio::spawn(async move {
@@ -112,21 +155,24 @@ pub(crate) async fn limit_core(
     });
     for i in 0..events {
         window.acquire().await?.forget();
-        let mut h = headers(i);
-        h.insert("Nats-Expected-Last-Sequence", i.to_string());
         client
             .publish_with_reply_and_headers(
                 "outbox.Order",
                 format!("{inbox}.{i}"),
-                h,
+                headers(i),
                 payload.clone(),
             )
             .await?;
     }
     let acked = acks.await??;
     let secs = t.elapsed().as_secs_f64();
+    let run = CoreRun {
+        eps: events as f64 / secs,
+        thread_ms: thread_cpu_ms() - c0,
+        server_ms: server_cpu() - s0,
+    };
     anyhow::ensure!(acked == events, "{acked} of {events} acked");
-    Ok(events as f64 / secs)
+    Ok(run)
 }
 
 /// Publishes `events` messages to a new stream on `client`'s server; returns messages/s from the
