@@ -18,13 +18,20 @@ fn main() {
         Ok(c) if !c.trim().is_empty() => c.trim().to_owned(),
         _ => match git(&["rev-parse", "--short=12", "HEAD"]) {
             Some(c) => {
-                // Rebuild when HEAD moves (a commit, a checkout): HEAD and the branch it names.
-                if let Some(dir) = git(&["rev-parse", "--absolute-git-dir"]) {
-                    println!("cargo:rerun-if-changed={dir}/HEAD");
-                    if let Some(reference) = git(&["symbolic-ref", "-q", "HEAD"]) {
-                        println!("cargo:rerun-if-changed={dir}/{reference}");
+                // Rebuild when HEAD moves (a commit, a checkout). Paths come from `--git-path`, which
+                // knows a worktree's layout (its HEAD is its own, branches live in the common
+                // directory). Only existing paths are named: cargo reruns a build script on every
+                // build while a named path is missing, and `packed-refs` often is. The branch
+                // directory is watched as a whole, so a branch ref written later is still seen.
+                let paths = ["HEAD", "refs/heads", "packed-refs"];
+                for path in paths {
+                    let Some(p) = git(&["rev-parse", "--path-format=absolute", "--git-path", path])
+                    else {
+                        continue;
+                    };
+                    if std::path::Path::new(&p).exists() {
+                        println!("cargo:rerun-if-changed={p}");
                     }
-                    println!("cargo:rerun-if-changed={dir}/packed-refs");
                 }
                 c
             }
