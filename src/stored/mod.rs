@@ -468,7 +468,11 @@ impl WaitTask {
             }
             tokio::select! {
                 biased;
-                changed = self.state.changed() => {
+                // Only while someone waits: the sink moves the position once per burst of acks,
+                // and waking this task for each with nobody to answer cost a task switch per burst.
+                // A wait that arrives later reads the position itself, and `changed` still reports
+                // every move made since the last one this branch took.
+                changed = self.state.changed(), if !set.is_empty() => {
                     if changed.is_err() {
                         return;
                     }
