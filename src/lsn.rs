@@ -18,6 +18,40 @@ impl Lsn {
     pub fn is_zero(self) -> bool {
         self.0 == 0
     }
+
+    /// Appends `X/Y` to `out` without the formatting machinery (on every message, in
+    /// `Outbox-Commit-Lsn` and `Outbox-Position`): the same text as [`fmt::Display`].
+    pub fn push_to(self, out: &mut String) {
+        push_hex(out, (self.0 >> 32) as u32);
+        out.push('/');
+        push_hex(out, self.0 as u32);
+    }
+
+    /// `X/Y` as a new string (see [`Lsn::push_to`]).
+    pub fn text(self) -> String {
+        let mut out = String::with_capacity(17);
+        self.push_to(&mut out);
+        out
+    }
+}
+
+/// Upper-case hex without leading zeros, as Postgres prints LSN halves.
+fn push_hex(out: &mut String, v: u32) {
+    const DIGITS: &[u8; 16] = b"0123456789ABCDEF";
+    let mut buf = [0u8; 8];
+    let mut i = buf.len();
+    let mut v = v;
+    loop {
+        i -= 1;
+        buf[i] = DIGITS[(v & 0xF) as usize];
+        v >>= 4;
+        if v == 0 {
+            break;
+        }
+    }
+    for &b in &buf[i..] {
+        out.push(char::from(b));
+    }
 }
 
 impl fmt::Display for Lsn {
@@ -103,6 +137,11 @@ mod tests {
     }
 
     proptest! {
+        #[test]
+        fn text_is_the_display_form(v in any::<u64>()) {
+            prop_assert_eq!(Lsn(v).text(), Lsn(v).to_string());
+        }
+
         #[test]
         fn display_parse_round_trip(v: u64) {
             prop_assert_eq!(Lsn(v).to_string().parse::<Lsn>().unwrap(), Lsn(v));

@@ -273,7 +273,7 @@ pub fn dead_letter_as(
             h.insert(n.id(id).clone(), HeaderValue::from(event.msg_id.clone()));
             h.insert(
                 n.commit_lsn.clone(),
-                HeaderValue::from(event.commit_lsn.to_string()),
+                HeaderValue::from(event.commit_lsn.text()),
             );
             h
         }
@@ -436,7 +436,7 @@ fn headers(event: &OutboxEvent, id: IdHeader) -> HeaderMap {
     }
     h.insert(
         n.commit_lsn.clone(),
-        HeaderValue::from(event.commit_lsn.to_string()),
+        HeaderValue::from(event.commit_lsn.text()),
     );
     for (k, v) in &event.headers {
         h.insert(k.as_str(), v.as_str());

@@ -139,31 +139,10 @@ pub fn stamp(position: Position, history: Option<&str>) -> String {
         out.push_str(h);
         out.push('/');
     }
-    push_hex(&mut out, (position.lsn.0 >> 32) as u32);
-    out.push('/');
-    push_hex(&mut out, position.lsn.0 as u32);
+    position.lsn.push_to(&mut out);
     out.push(':');
     out.push_str(itoa::Buffer::new().format(position.index));
     out
-}
-
-/// Upper-case hex without leading zeros, as Postgres prints LSN halves.
-fn push_hex(out: &mut String, v: u32) {
-    const DIGITS: &[u8; 16] = b"0123456789ABCDEF";
-    let mut buf = [0u8; 8];
-    let mut i = buf.len();
-    let mut v = v;
-    loop {
-        i -= 1;
-        buf[i] = DIGITS[(v & 0xF) as usize];
-        v >>= 4;
-        if v == 0 {
-            break;
-        }
-    }
-    for &b in &buf[i..] {
-        out.push(char::from(b));
-    }
 }
 
 /// An `Outbox-Position` value: the position, and the history when the value names one.
