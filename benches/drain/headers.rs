@@ -2,8 +2,8 @@
 //! published by the `sink core` publisher ([`sink::publish_core`]: core publishes with a reply
 //! subject on one ack inbox, the relay's window in flight, each ack checked in order), to a fresh
 //! nats-server and stream per variant, with a growing header set: none; `Nats-Msg-Id`; + the
-//! fence's `Nats-Expected-Last-Sequence`; + the relay's `Outbox-*` headers (what the relay sends by
-//! default); + the CloudEvents headers (`nats.cloudevents`); and the relay's set again on a stream
+//! fence's `Nats-Expected-Last-Sequence`; + `Outbox-Position` (the least the relay's own resume
+//! needs); + the rest of the relay's `Outbox-*` headers (what the relay sends by default); + the CloudEvents headers (`nats.cloudevents`); and the relay's set again on a stream
 //! whose duplicate window is 1 h instead of the relay's default 2 min. Per event: nats-server's CPU
 //! (utime+stime of its pid) and the publisher thread's (building the headers, the client, the ack
 //! reader), from the first publish to the last ack; events/s; and the header block's bytes.
@@ -40,6 +40,8 @@ enum Set {
     None,
     MsgId,
     Fence,
+    /// `Nats-Msg-Id`, the fence and `Outbox-Position`: what the relay's own resume needs.
+    Position,
     Outbox,
     CloudEvents,
 }
@@ -75,22 +77,28 @@ fn variants() -> Vec<Variant> {
             base: Some(1),
         },
         Variant {
+            label: "+ Outbox-Position",
+            set: Set::Position,
+            window: min2,
+            base: Some(2),
+        },
+        Variant {
             label: "+ Outbox-* (relay)",
             set: Set::Outbox,
             window: min2,
-            base: Some(2),
+            base: Some(3),
         },
         Variant {
             label: "+ CloudEvents",
             set: Set::CloudEvents,
             window: min2,
-            base: Some(3),
+            base: Some(4),
         },
         Variant {
             label: "relay, window 1 h",
             set: Set::Outbox,
             window: Duration::from_secs(3600),
-            base: Some(3),
+            base: Some(4),
         },
     ]
 }
@@ -149,11 +157,17 @@ impl Headers {
     fn of(&mut self, i: u64) -> HeaderMap {
         match self.set {
             Set::None => HeaderMap::new(),
-            Set::MsgId | Set::Fence => {
+            Set::MsgId | Set::Fence | Set::Position => {
                 let mut h = HeaderMap::new();
                 h.insert(message::NATS_MSG_ID, HeaderValue::from(Self::id(i)));
-                if self.set == Set::Fence {
+                if self.set != Set::MsgId {
                     Self::fence(&mut h, i);
+                }
+                if self.set == Set::Position {
+                    let e = &mut self.event;
+                    e.commit_lsn = Lsn(0x1A00_0000 + i * 520);
+                    e.position = Position::in_transaction(e.commit_lsn, 0);
+                    message::stamp_position(&mut h, e, Some(&self.history));
                 }
                 h
             }

@@ -29,6 +29,9 @@ pub(crate) struct Measure {
     pub relay_us: f64,
     pub nats_us: f64,
     pub rss_mb: f64,
+    /// CPU µs per event of the walsender that served the relay (NaN for the publishers alone): with
+    /// the relay's and nats-server's, what the whole pipeline asks of the machine per event.
+    pub wal_us: f64,
 }
 
 pub(crate) struct ShapeRow {
@@ -158,6 +161,7 @@ async fn shape(
                 relay_us: client_ms * 1000.0 / events as f64,
                 nats_us: (nats_cpu(&nats) - c0) * 1000.0 / events as f64,
                 rss_mb: f64::NAN,
+                wal_us: f64::NAN,
             };
             println!(
                 "  round {} sink{variant}: {eps:.0}/s, client {:.2} µs/event, nats-server {:.2} µs/event",
@@ -195,6 +199,7 @@ async fn shape(
                 relay_us: f64::NAN,
                 nats_us: (nats_cpu(&nats) - c0) * 1000.0 / events as f64,
                 rss_mb: f64::NAN,
+                wal_us: f64::NAN,
             });
         }
         for (v, (label, bin, atomic)) in variants.iter().enumerate() {
@@ -209,21 +214,24 @@ async fn shape(
             let (mut child, eps, rss, cpu) =
                 relay_with(&db, &nats, slot, events, bin, &extra).await?;
             let nats_us = (nats_cpu(&nats) - c0) * 1000.0 / events as f64;
+            let wal_us = walsender_cpu_ms(&db, slot).await * 1000.0 / events as f64;
             child.stop();
             let m = Measure {
                 eps,
                 relay_us: cpu * 1000.0 / events as f64,
                 nats_us,
                 rss_mb: rss,
+                wal_us,
             };
             println!(
-                "  round {} {label}: {:.0}/s ({:.2}x rl {:.0}/s), relay {:.2} µs/event, nats-server {:.2} µs/event, RSS {:.1} MB",
+                "  round {} {label}: {:.0}/s ({:.2}x rl {:.0}/s), relay {:.2} µs/event, nats-server {:.2} µs/event, walsender {:.2} µs/event, RSS {:.1} MB",
                 r + 1,
                 m.eps,
                 m.eps / rl,
                 rl,
                 m.relay_us,
                 m.nats_us,
+                m.wal_us,
                 m.rss_mb
             );
             ratios[v].push(eps / rl);
@@ -235,6 +243,7 @@ async fn shape(
         relay_us: median(ms.iter().map(|m| m.relay_us).collect()),
         nats_us: median(ms.iter().map(|m| m.nats_us).collect()),
         rss_mb: ms.iter().map(|m| m.rss_mb).fold(f64::NAN, f64::max),
+        wal_us: median(ms.iter().map(|m| m.wal_us).collect()),
     };
     Ok(ShapeRow {
         payload: payload.len(),
@@ -253,10 +262,28 @@ async fn shape(
     })
 }
 
+/// CPU (ms) the walsender streaming `slot` used so far; NaN when no walsender holds the slot. A
+/// walsender is a process of its own per replication connection, so its total is this drain's.
+async fn walsender_cpu_ms(db: &TestDb, slot: &str) -> f64 {
+    let client = db.client().await;
+    match client
+        .query_opt(
+            "SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1",
+            &[&slot],
+        )
+        .await
+    {
+        Ok(Some(row)) => row
+            .get::<_, Option<i32>>(0)
+            .map_or(f64::NAN, |pid| cpu_ms(pid as u32)),
+        _ => f64::NAN,
+    }
+}
+
 pub(crate) fn print(rows: &[ShapeRow]) {
     println!();
     println!(
-        "== transaction shapes: events/s (x = / pg_recvlogical, median of the rounds); CPU µs per event: r = relay, c = publisher and client, n = nats-server =="
+        "== transaction shapes: events/s (x = / pg_recvlogical, median of the rounds); CPU µs per event: r = relay, c = publisher and client, n = nats-server, w = walsender =="
     );
     for row in rows {
         let mut line = format!(
@@ -279,8 +306,8 @@ pub(crate) fn print(rows: &[ShapeRow]) {
         );
         for (label, m, ratio) in &row.relays {
             line.push_str(&format!(
-                " | {label} {:>7.0} {ratio:.2}x r {:.2} n {:.2} {:.0} MB",
-                m.eps, m.relay_us, m.nats_us, m.rss_mb
+                " | {label} {:>7.0} {ratio:.2}x r {:.2} n {:.2} w {:.2} {:.0} MB",
+                m.eps, m.relay_us, m.nats_us, m.wal_us, m.rss_mb
             ));
         }
         println!("{line}");
@@ -293,8 +320,8 @@ pub(crate) fn print(rows: &[ShapeRow]) {
                 .iter()
                 .map(|(l, m, x)| {
                     format!(
-                        r#"{{"variant":"{l}","eps":{:.0},"ratio_rl":{x:.3},"relay_us":{:.2},"nats_us":{:.2},"rss_mb":{:.1}}}"#,
-                        m.eps, m.relay_us, m.nats_us, m.rss_mb
+                        r#"{{"variant":"{l}","eps":{:.0},"ratio_rl":{x:.3},"relay_us":{:.2},"nats_us":{:.2},"walsender_us":{:.2},"rss_mb":{:.1}}}"#,
+                        m.eps, m.relay_us, m.nats_us, m.wal_us, m.rss_mb
                     )
                 })
                 .collect();
