@@ -68,16 +68,16 @@ pub struct BackfillOptions {
 #[derive(Debug, Clone, Copy)]
 pub struct BackfillProgress {
     /// Rows handed to the sink.
-    pub done: u64,
+    pub(crate) done: u64,
     /// Rows matching the predicate in the snapshot.
-    pub total: u64,
+    pub(crate) total: u64,
     /// Time since the first row was read.
-    pub elapsed: Duration,
+    pub(crate) elapsed: Duration,
 }
 
 impl BackfillProgress {
     /// Rows per second so far.
-    pub fn rate(&self) -> f64 {
+    pub(crate) fn rate(&self) -> f64 {
         self.done as f64 / self.elapsed.as_secs_f64().max(1e-3)
     }
 }
@@ -110,7 +110,7 @@ pub struct BackfillReport {
     pub commit_lsn: Lsn,
     /// The history the slot belongs to (named in every backfilled message's `Outbox-Position`), when the
     /// server told it.
-    pub history: Option<History>,
+    pub(crate) history: Option<History>,
     /// An existing slot was dropped first (`--replace-slot`).
     pub replaced_slot: bool,
     /// Rows read and published (stored, duplicates and dead letters together).

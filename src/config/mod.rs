@@ -16,12 +16,12 @@ mod env;
 mod nats;
 mod settings;
 
-pub use env::redact_url;
-pub use nats::{NatsAuth, NatsSettings};
+pub(crate) use env::redact_url;
+pub(crate) use nats::NatsAuth;
 pub use settings::Settings;
 
 /// Prefix of the environment variables that override settings.
-pub const ENV_PREFIX: &str = "OUTBOX_RELAY_";
+pub(crate) const ENV_PREFIX: &str = "OUTBOX_RELAY_";
 
 /// The configuration as loaded (file, then environment), one field per `[section]`, before validation.
 #[derive(Clone, Default, Deserialize, Serialize)]
@@ -52,10 +52,10 @@ pub struct PostgresConfig {
     /// Publication that names the outbox table, inserts only.
     pub publication: String,
     /// Create the slot when it is missing (setup and run).
-    pub create_slot: bool,
+    pub(crate) create_slot: bool,
     /// PG 17+: create the slot with FAILOVER, so standbys with `sync_replication_slots` keep a copy
     /// that survives a promotion (ignored on older servers).
-    pub failover: bool,
+    pub(crate) failover: bool,
     /// Standby status update interval; at most 1000.
     pub status_interval_ms: u64,
     /// The largest replication message the relay accepts from the server (Postgres' own ceiling is
@@ -95,15 +95,15 @@ pub struct OutboxConfig {
     /// Schema-qualified table name; "" for none (logical messages only, with `message_prefix`).
     pub table: String,
     /// Column of the event id, which becomes the message's `Nats-Msg-Id`.
-    pub id_column: String,
+    pub(crate) id_column: String,
     /// Column of the kind of entity (header `Outbox-Aggregate-Type`, placeholder `{aggregate_type}`).
-    pub aggregate_type_column: String,
+    pub(crate) aggregate_type_column: String,
     /// Column of the entity id (header `Outbox-Aggregate-Id`, placeholder `{aggregate_id}`).
-    pub aggregate_id_column: String,
+    pub(crate) aggregate_id_column: String,
     /// Column of what happened (header `Outbox-Event-Type`, placeholder `{event_type}`).
-    pub event_type_column: String,
+    pub(crate) event_type_column: String,
     /// Column of the message body, published as stored.
-    pub payload_column: String,
+    pub(crate) payload_column: String,
     /// Optional jsonb object of extra headers; "" for none.
     pub headers_column: String,
     /// Extra columns copied to headers: `"tenant_id"` (header `tenant_id`) or
@@ -146,19 +146,19 @@ impl Default for OutboxConfig {
 
 impl OutboxConfig {
     /// (schema, table) of `table`.
-    pub fn table_parts(&self) -> (&str, &str) {
+    pub(crate) fn table_parts(&self) -> (&str, &str) {
         self.table
             .split_once('.')
             .unwrap_or(("public", &self.table))
     }
 
     /// No table: the events are logical messages only (`table = ""` with a `message_prefix`).
-    pub fn messages_only(&self) -> bool {
+    pub(crate) fn messages_only(&self) -> bool {
         self.table.is_empty()
     }
 
     /// `header_columns` as (column, header name) pairs; entries were checked by `validate`.
-    pub fn header_column_pairs(&self) -> Vec<(String, String)> {
+    pub(crate) fn header_column_pairs(&self) -> Vec<(String, String)> {
         self.header_columns
             .iter()
             .map(|entry| match entry.split_once(':') {
@@ -183,9 +183,9 @@ pub struct NatsConfig {
     /// An authentication token.
     pub token: String,
     /// Path of an NKey seed file; "" for none.
-    pub nkey_seed_file: String,
+    pub(crate) nkey_seed_file: String,
     /// Path of a NATS credentials file (JWT and seed); "" for none.
-    pub creds_file: String,
+    pub(crate) creds_file: String,
     /// TLS to NATS: a PEM CA file to trust instead of the system roots.
     pub tls_ca_file: String,
     /// A client certificate and its key (mutual TLS).
@@ -193,7 +193,7 @@ pub struct NatsConfig {
     /// The private key (PEM) of `tls_cert_file`; both or neither.
     pub tls_key_file: String,
     /// Refuse a connection without TLS even for `nats://` URLs.
-    pub tls_required: bool,
+    pub(crate) tls_required: bool,
     /// JetStream stream that stores the events; setup creates it when missing.
     pub stream: String,
     /// Subject template with the placeholders `{aggregate_type}`, `{event_type}` and `{aggregate_id}`.
@@ -203,7 +203,7 @@ pub struct NatsConfig {
     /// Publishes awaiting their ack.
     pub max_in_flight: usize,
     /// Bytes (payload and headers) of the publishes awaiting their ack: the window's second bound.
-    pub max_in_flight_bytes: usize,
+    pub(crate) max_in_flight_bytes: usize,
     /// How long to wait for an ack before treating the connection as broken.
     pub ack_timeout_ms: u64,
     /// Duplicate window of a stream that setup creates.

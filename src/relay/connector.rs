@@ -41,9 +41,9 @@ pub trait Connector: Send + Sync {
 #[derive(Clone, Debug, Default)]
 pub struct Start {
     /// The last position this process confirmed to the slot.
-    pub confirmed: Lsn,
+    pub(crate) confirmed: Lsn,
     /// The system and timeline the last session streamed, if any.
-    pub history: Option<(String, u32)>,
+    pub(crate) history: Option<(String, u32)>,
 }
 
 impl Start {
@@ -61,7 +61,7 @@ impl Start {
     /// Whether the server is visibly not where the relay left it: its WAL ends before the
     /// remembered position, or its system or timeline changed (a restore, a point-in-time
     /// recovery, a promoted standby). Only for the log: [`Start::at`] is the slot's position anyway.
-    pub fn moved(&self, system: &SystemInfo) -> bool {
+    pub(crate) fn moved(&self, system: &SystemInfo) -> bool {
         system.xlogpos < self.confirmed
             || self
                 .history

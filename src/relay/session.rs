@@ -37,7 +37,7 @@ pub(super) struct Session {
     /// This relay serves its position (read-your-writes) while the session lives.
     _serve: Serve,
     /// When streaming started: a session that ran a while counts as a recovery.
-    pub started: Instant,
+    pub(crate) started: Instant,
 }
 
 impl Session {

@@ -19,11 +19,9 @@ use crate::config::Settings;
 use crate::sink::{ConnectError, connect_nats};
 use crate::source::SourceError;
 
-pub use stream::{META_SLOT, META_TABLE};
-
 /// For `status`: the warning `setup` gives while PUBLIC may execute `pg_logical_emit_message` and
 /// `outbox.message_prefix` is set (anyone could write events directly); `None` otherwise.
-pub async fn public_emit_message_warning(
+pub(crate) async fn public_emit_message_warning(
     settings: &Settings,
     pg: &Client,
 ) -> Result<Option<String>, tokio_postgres::Error> {
@@ -99,11 +97,11 @@ pub struct SetupReport {
     /// Warnings worth a log line (e.g. a memory stream).
     pub warnings: Vec<String>,
     /// The slot's confirmed position: where streaming starts.
-    pub slot_confirmed: Option<crate::Lsn>,
+    pub(crate) slot_confirmed: Option<crate::Lsn>,
 }
 
 /// Connects the control connection. Fails with a line naming `postgres.url`.
-pub async fn connect_postgres(settings: &Settings) -> Result<Client, SetupError> {
+pub(crate) async fn connect_postgres(settings: &Settings) -> Result<Client, SetupError> {
     catalog::connect(settings, "setup")
         .await
         .map_err(|source| SetupError::Postgres {
@@ -127,22 +125,18 @@ pub async fn setup(settings: &Settings) -> Result<SetupReport, SetupError> {
 
 /// What [`prepare_without_slot`] leaves for `backfill` to decide.
 #[derive(Debug)]
-pub struct Prepared {
+pub(crate) struct Prepared {
     /// What setup found and created so far.
-    pub report: SetupReport,
+    pub(crate) report: SetupReport,
     /// The slot as it exists now, if it does (it is neither checked nor changed).
-    pub slot: Option<catalog::SlotRow>,
-    /// `server_version_num`.
-    pub version: u32,
-    /// The outbox table is partitioned.
-    pub partitioned: bool,
+    pub(crate) slot: Option<catalog::SlotRow>,
     /// What this run created (stream, publication), for [`Prepared::undo`].
     created: Created,
 }
 
 impl Prepared {
     /// Removes what [`prepare_without_slot`] created, when the step after it failed (P8).
-    pub async fn undo(&self, settings: &Settings) {
+    pub(crate) async fn undo(&self, settings: &Settings) {
         if !self.created.stream && !self.created.publication {
             return;
         }
@@ -163,27 +157,23 @@ impl Prepared {
 /// not of the slot, and without the P9 refusal (a missing slot while the stream holds events is
 /// exactly what `backfill` recovers from). An existing slot is returned as found, invalidated or
 /// not: `backfill` refuses or replaces it.
-pub async fn prepare_without_slot(settings: &Settings) -> Result<Prepared, SetupError> {
+pub(crate) async fn prepare_without_slot(settings: &Settings) -> Result<Prepared, SetupError> {
     let pg = connect_postgres(settings).await?;
     let nats = connect_nats(settings).await?;
     let js = jetstream::new(nats);
     let mut report = SetupReport::default();
     let checked = checks(settings, &pg, &js, &mut report, Mode::Backfill).await?;
     let slot = checked.found.slot.clone();
-    let version = checked.found.version;
-    let partitioned = checked.found.partitioned;
     let created = apply_without_slot(settings, &pg, &js, checked, &mut report).await?;
     Ok(Prepared {
         report,
         slot,
-        version,
-        partitioned,
         created,
     })
 }
 
 /// The checks of [`setup`] alone, changing nothing (for `status`).
-pub async fn check_only(settings: &Settings) -> Result<(), SetupError> {
+pub(crate) async fn check_only(settings: &Settings) -> Result<(), SetupError> {
     let pg = connect_postgres(settings).await?;
     let js = jetstream::new(connect_nats(settings).await?);
     checks(settings, &pg, &js, &mut SetupReport::default(), Mode::Setup).await?;
@@ -425,7 +415,7 @@ impl Created {
 }
 
 /// The message for a slot Postgres invalidated: events may be lost; how to recover.
-pub fn lost_slot_message(slot: &str, reason: &str) -> String {
+pub(crate) fn lost_slot_message(slot: &str, reason: &str) -> String {
     format!(
         "replication slot {slot} was invalidated ({reason}), so events written since its last confirmed position \
          may be lost: stop every relay for it and recover with `outbox-relay backfill --replace-slot`, which replaces \

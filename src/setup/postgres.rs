@@ -25,12 +25,12 @@ const HEADER_TYPES: &[&str] = &["jsonb", "json"];
 /// What the Postgres checks found.
 pub(super) struct Found {
     /// `server_version_num`.
-    pub version: u32,
-    pub create_publication: bool,
+    pub(crate) version: u32,
+    pub(crate) create_publication: bool,
     /// The slot, when it exists.
-    pub slot: Option<SlotRow>,
+    pub(crate) slot: Option<SlotRow>,
     /// The outbox table is partitioned.
-    pub partitioned: bool,
+    pub(crate) partitioned: bool,
 }
 
 /// Checks `wal_level`, the table, the role and the publication, and reads the slot. With

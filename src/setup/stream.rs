@@ -17,15 +17,15 @@ use crate::message;
 use crate::route::subject_covers;
 
 /// Metadata keys setup writes on a stream it creates.
-pub const META_SLOT: &str = "outbox-relay.slot";
+pub(crate) const META_SLOT: &str = "outbox-relay.slot";
 /// The stream metadata key that names the outbox table the stream's events come from.
-pub const META_TABLE: &str = "outbox-relay.table";
+pub(crate) const META_TABLE: &str = "outbox-relay.table";
 
 /// The stream as setup found it.
 pub(super) struct FoundStream {
     /// The stream holds events written by a relay for this outbox: the sequence and LSN of the
     /// last one.
-    pub relay_events: Option<(u64, String)>,
+    pub(crate) relay_events: Option<(u64, String)>,
 }
 
 /// Checks the stream; `None` when it must be created.

@@ -60,7 +60,7 @@ pub enum ConnectError {
 
 /// Connects to NATS with the relay's settings. Tries each server once; the relay's own restart
 /// loop retries, and once connected async-nats reconnects by itself.
-pub async fn connect_nats(settings: &Settings) -> Result<async_nats::Client, ConnectError> {
+pub(crate) async fn connect_nats(settings: &Settings) -> Result<async_nats::Client, ConnectError> {
     let n = &settings.nats_conn;
     let servers = n
         .servers

@@ -38,7 +38,7 @@ impl std::fmt::Display for ServerError {
 impl ServerError {
     /// Whether retrying can help. SQLSTATE classes from
     /// <https://www.postgresql.org/docs/current/errcodes-appendix.html>.
-    pub fn is_transient(&self) -> bool {
+    pub(crate) fn is_transient(&self) -> bool {
         let class = self.code.get(..2).unwrap_or("");
         match self.code.as_str() {
             // object_in_use: "replication slot … is active for PID …" (an old walsender lingers).
