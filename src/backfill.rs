@@ -253,7 +253,7 @@ pub async fn backfill(
     mut progress: impl FnMut(BackfillProgress),
 ) -> Result<BackfillReport, BackfillError> {
     check_options(settings, &opts)?;
-    let slot = settings.postgres.slot.clone();
+    let slot = settings.config().postgres.slot.clone();
     let prepared = setup::prepare_without_slot(settings).await?;
     let replaced_slot =
         undo_on_error(settings, &prepared, decide_slot(settings, &prepared, &opts)).await?;
@@ -352,7 +352,7 @@ async fn create_slot(
     prepared: &Prepared,
     replaced_slot: bool,
 ) -> Result<(ReplConnection, Option<SystemInfo>, Lsn, String), BackfillError> {
-    let slot = settings.postgres.slot.clone();
+    let slot = settings.config().postgres.slot.clone();
     let mut repl = ReplConnection::connect(&settings.conn, "outbox-relay backfill")
         .await
         .map_err(|source| BackfillError::Postgres {
@@ -364,7 +364,7 @@ async fn create_slot(
     // backfill trusts nothing and republishes (JetStream drops the duplicates).
     let system = repl.identify_system().await.ok();
     match repl
-        .create_slot_with_snapshot(&slot, settings.postgres.failover)
+        .create_slot_with_snapshot(&slot, settings.config().postgres.failover)
         .await
     {
         Ok((consistent_point, snapshot)) => Ok((repl, system, consistent_point, snapshot)),
@@ -398,7 +398,7 @@ fn decide_slot(
     prepared: &Prepared,
     opts: &BackfillOptions,
 ) -> Result<bool, BackfillError> {
-    let slot = &settings.postgres.slot;
+    let slot = &settings.config().postgres.slot;
     let Some(s) = &prepared.slot else {
         return Ok(false);
     };
@@ -442,7 +442,7 @@ async fn preflight(
     opts: &BackfillOptions,
     pg: &Client,
 ) -> Result<async_nats::Client, BackfillError> {
-    let table = settings.outbox.table.clone();
+    let table = settings.config().outbox.table.clone();
     let query = snapshot_query(settings, opts, "1");
     let checked = async {
         pg.batch_execute("BEGIN READ ONLY").await?;
@@ -461,12 +461,12 @@ async fn preflight(
 
 /// `SELECT <columns> FROM <outbox table> WHERE (<--where>) ORDER BY <--order-by or the id column>`.
 fn snapshot_query(settings: &Settings, opts: &BackfillOptions, columns: &str) -> String {
-    let (schema, name) = settings.outbox.table_parts();
+    let (schema, name) = settings.config().outbox.table_parts();
     let qualified = format!("{}.{}", quote_ident(schema), quote_ident(name));
     let predicate = opts.where_sql.as_deref().unwrap_or("true");
     let order = match &opts.order_by {
         Some(o) => o.clone(),
-        None => quote_ident(&settings.outbox.id_column),
+        None => quote_ident(&settings.config().outbox.id_column),
     };
     format!("SELECT {columns} FROM {qualified} WHERE ({predicate}) ORDER BY {order}")
 }
@@ -482,7 +482,7 @@ async fn publish_snapshot(
     progress: &mut impl FnMut(BackfillProgress),
 ) -> Result<(), BackfillError> {
     let started = Instant::now();
-    let table = settings.outbox.table.as_str();
+    let table = settings.config().outbox.table.as_str();
     import_snapshot(pg, snapshot, table).await?;
     let columns = outbox_columns(settings, pg).await?;
     let total = count_rows(settings, opts, pg).await?;
@@ -522,7 +522,7 @@ fn query_error(
 
 /// The outbox table as a quoted, schema-qualified name.
 fn qualified_table(settings: &Settings) -> String {
-    let (schema, name) = settings.outbox.table_parts();
+    let (schema, name) = settings.config().outbox.table_parts();
     format!("{}.{}", quote_ident(schema), quote_ident(name))
 }
 
@@ -550,7 +550,7 @@ async fn outbox_columns(settings: &Settings, pg: &Client) -> Result<Vec<Column>,
             &[&qualified],
         )
         .await
-        .map_err(query_error(&settings.outbox.table, "reading its columns"))?
+        .map_err(query_error(&settings.config().outbox.table, "reading its columns"))?
         .iter()
         .map(|r| Column {
             flags: 0,
@@ -575,7 +575,7 @@ async fn count_rows(
             &[],
         )
         .await
-        .map_err(query_error(&settings.outbox.table, "--where"))?
+        .map_err(query_error(&settings.config().outbox.table, "--where"))?
         .get(0);
     let total = total.max(0) as u64;
     if total > u64::from(u32::MAX) {
@@ -591,7 +591,7 @@ async fn declare_cursor(
     pg: &Client,
     columns: &[Column],
 ) -> Result<Statement, BackfillError> {
-    let table = settings.outbox.table.as_str();
+    let table = settings.config().outbox.table.as_str();
     let select: Vec<String> = columns
         .iter()
         .map(|c| format!("{}::text", quote_ident(&c.name)))
@@ -662,11 +662,11 @@ impl Publisher {
         total: u64,
         started: Instant,
     ) -> Result<Self, BackfillError> {
-        let (schema, name) = settings.outbox.table_parts();
+        let (schema, name) = settings.config().outbox.table_parts();
         // Checked like live events (outbox.schemas); the failures are counted nowhere: a backfill
         // reports its dead letters itself.
-        let mut stage =
-            OutboxStage::new(&settings.outbox).with_schemas(&settings.schemas, Default::default());
+        let mut stage = OutboxStage::new(&settings.config().outbox)
+            .with_schemas(&settings.schemas, Default::default());
         let commit_ts = crate::lsn::pg_now_micros();
         let begin = Message::Begin {
             final_lsn: report.commit_lsn,

@@ -198,7 +198,7 @@ pub async fn check_schemas(
 ) -> Result<CheckReport, CheckError> {
     check_settings(settings)?;
     let set = settings.schemas.current();
-    let o = &settings.outbox;
+    let o = &settings.config().outbox;
     let (schema, name) = o.table_parts();
     let qualified = format!("{}.{}", quote_ident(schema), quote_ident(name));
     let pg = setup::connect_postgres(settings).await?;
@@ -242,10 +242,10 @@ pub async fn check_schemas(
 /// What the check needs before connecting: schemas that load, a directory, and a table.
 fn check_settings(settings: &Settings) -> Result<(), CheckError> {
     settings.schemas_loaded()?;
-    if settings.outbox.schemas.is_empty() {
+    if settings.config().outbox.schemas.is_empty() {
         return Err(CheckError::NoSchemas);
     }
-    if settings.outbox.messages_only() {
+    if settings.config().outbox.messages_only() {
         return Err(CheckError::NoTable);
     }
     Ok(())

@@ -177,7 +177,7 @@ mod tests {
             &["log.level"]
         }
         fn apply(&mut self, new: &Settings) -> Result<(), String> {
-            self.0.push(new.log.level.clone());
+            self.0.push(new.config().log.level.clone());
             Ok(())
         }
     }

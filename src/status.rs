@@ -224,7 +224,7 @@ pub struct Status {
 pub async fn status(settings: &Settings, max_lag_bytes: i64) -> Status {
     let mut problems = Vec::new();
     let mut warnings = Vec::new();
-    let slot_name = &settings.postgres.slot;
+    let slot_name = &settings.config().postgres.slot;
     let pg = postgres_side(settings, &mut problems, &mut warnings).await;
     let stream = read_stream(settings, &mut problems).await;
     // The checks `run` makes, so a configuration `run` rejects is never called healthy.
@@ -286,13 +286,13 @@ async fn postgres_side(
             synchronized_standby_slots: None,
             idle_replication_slot_timeout: None,
         },
-        slot: slot_status(&settings.postgres.slot, State::Unreachable, None),
+        slot: slot_status(&settings.config().postgres.slot, State::Unreachable, None),
         relay: RelayStatus {
             state: RelayState::Unknown,
             pids: Vec::new(),
         },
         publication: PublicationStatus {
-            name: settings.postgres.publication.clone(),
+            name: settings.config().postgres.publication.clone(),
             exists: false,
             tables: Vec::new(),
         },
@@ -425,7 +425,7 @@ fn server_warnings(slot_name: &str, pg: &PostgresSide, warnings: &mut Vec<String
 /// The schema directory as it loads now. One that does not is a problem: a relay keeps its
 /// previous schemas, but one started now refuses to start.
 fn schemas_status(settings: &Settings, problems: &mut Vec<String>) -> Option<SchemasStatus> {
-    let dir = &settings.outbox.schemas;
+    let dir = &settings.config().outbox.schemas;
     if dir.is_empty() {
         return None;
     }
@@ -439,7 +439,7 @@ fn schemas_status(settings: &Settings, problems: &mut Vec<String>) -> Option<Sch
         dir: dir.clone(),
         loaded: error.is_none().then(|| settings.schemas.current().len()),
         error,
-        required: settings.outbox.schemas_required,
+        required: settings.config().outbox.schemas_required,
     })
 }
 
@@ -467,9 +467,9 @@ async fn read_postgres(
     server.idle_replication_slot_timeout = r.get(3);
     server.host = r.get(4);
 
-    let row = catalog::slot(pg, &settings.postgres.slot).await?;
+    let row = catalog::slot(pg, &settings.config().postgres.slot).await?;
     *slot = slot_status(
-        &settings.postgres.slot,
+        &settings.config().postgres.slot,
         if row.is_some() {
             State::Exists
         } else {
@@ -477,7 +477,7 @@ async fn read_postgres(
         },
         row.as_ref(),
     );
-    relay.pids = relay_pids(pg, &settings.postgres.slot).await?;
+    relay.pids = relay_pids(pg, &settings.config().postgres.slot).await?;
     relay.state = if row.as_ref().is_some_and(|r| r.active) {
         RelayState::Streaming
     } else if relay.pids.is_empty() {
@@ -502,14 +502,14 @@ async fn read_postgres(
     publication.exists = pg
         .query_opt(
             "SELECT 1 FROM pg_publication WHERE pubname = $1",
-            &[&settings.postgres.publication],
+            &[&settings.config().postgres.publication],
         )
         .await?
         .is_some();
     publication.tables = pg
         .query(
             "SELECT schemaname || '.' || tablename FROM pg_publication_tables WHERE pubname = $1 ORDER BY 1",
-            &[&settings.postgres.publication],
+            &[&settings.config().postgres.publication],
         )
         .await?
         .iter()
@@ -561,7 +561,7 @@ async fn events_waiting(settings: &Settings, pg: &Client) -> Result<bool, tokio_
     );
     pg.query(
         "SELECT pg_copy_logical_replication_slot($1, $2, true)",
-        &[&settings.postgres.slot, &copy],
+        &[&settings.config().postgres.slot, &copy],
     )
     .await?;
     let peeked = peek(settings, pg, &copy).await;
@@ -575,7 +575,7 @@ async fn peek(settings: &Settings, pg: &Client, slot: &str) -> Result<bool, toki
     // Decoding reads WAL up to the first outbox change; bound it, status must answer.
     pg.batch_execute("SET statement_timeout = '10s'").await?;
     // Logical-message events are only decoded when asked for, as the relay asks.
-    let messages = if settings.outbox.message_prefix.is_empty() {
+    let messages = if settings.config().outbox.message_prefix.is_empty() {
         "false"
     } else {
         "true"
@@ -584,7 +584,7 @@ async fn peek(settings: &Settings, pg: &Client, slot: &str) -> Result<bool, toki
         .query(
             "SELECT substr(data, 1, 1) FROM pg_logical_slot_peek_binary_changes($1, NULL, 1, \
              'proto_version', '1', 'publication_names', $2, 'messages', $3)",
-            &[&slot, &settings.postgres.publication, &messages],
+            &[&slot, &settings.config().postgres.publication, &messages],
         )
         .await;
     let _ = pg.batch_execute("RESET statement_timeout").await;
@@ -630,7 +630,7 @@ async fn read_standbys(
                 .await
                 .ok()
                 .map(|r| r.get(0));
-            if let Ok(Some(copy)) = catalog::slot(&client, &settings.postgres.slot).await {
+            if let Ok(Some(copy)) = catalog::slot(&client, &settings.config().postgres.slot).await {
                 st.slot_exists = true;
                 st.synced = copy.synced;
                 st.confirmed_flush_lsn = copy.confirmed_flush_lsn;
@@ -675,7 +675,7 @@ fn slot_status(name: &str, state: State, row: Option<&SlotRow>) -> SlotStatus {
 }
 
 async fn read_stream(settings: &Settings, problems: &mut Vec<String>) -> StreamStatus {
-    let name = &settings.nats.stream;
+    let name = &settings.config().nats.stream;
     let mut st = StreamStatus {
         name: name.clone(),
         state: State::Unreachable,

@@ -485,12 +485,12 @@ mod tests {
     #[test]
     fn defaults_are_valid_and_match_the_contract() {
         let c = Config::load_with_env(None, Vec::new()).unwrap();
-        assert_eq!(c.postgres.slot, "outbox_relay");
-        assert_eq!(c.outbox.table, "public.outbox");
-        assert_eq!(c.nats.subject, "outbox.{aggregate_type}");
-        assert_eq!(c.nats.dead_letter_subject, "outbox_dead_letter");
-        assert_eq!(c.http.listen, "127.0.0.1:9187");
-        assert_eq!(c.outbox.on_invalid, OnInvalid::DeadLetter);
+        assert_eq!(c.config().postgres.slot, "outbox_relay");
+        assert_eq!(c.config().outbox.table, "public.outbox");
+        assert_eq!(c.config().nats.subject, "outbox.{aggregate_type}");
+        assert_eq!(c.config().nats.dead_letter_subject, "outbox_dead_letter");
+        assert_eq!(c.config().http.listen, "127.0.0.1:9187");
+        assert_eq!(c.config().outbox.on_invalid, OnInvalid::DeadLetter);
     }
 
     #[test]
@@ -505,9 +505,9 @@ mod tests {
             ],
         )
         .unwrap();
-        assert_eq!(c.postgres.slot, "from_env");
-        assert_eq!(c.nats.max_in_flight, 20);
-        assert!(!c.postgres.create_slot);
+        assert_eq!(c.config().postgres.slot, "from_env");
+        assert_eq!(c.config().nats.max_in_flight, 20);
+        assert!(!c.config().postgres.create_slot);
     }
 
     #[test]
@@ -549,9 +549,9 @@ mod tests {
             .to_string();
         assert!(e.contains("OUTBOX_RELAY_OUTBOX_ON_INVALID"), "{e}");
         let c = load("", &[("OUTBOX_RELAY_NATS_FENCE", "TRUE")]).unwrap();
-        assert!(c.nats.fence);
+        assert!(c.config().nats.fence);
         let c = load("", &[("OUTBOX_RELAY_NATS_FENCE", "Off")]).unwrap();
-        assert!(!c.nats.fence);
+        assert!(!c.config().nats.fence);
     }
 
     #[test]
@@ -572,7 +572,7 @@ mod tests {
             &[("OUTBOX_RELAY_NATS_PARTITIONS", "4")],
         )
         .unwrap();
-        assert_eq!(c.nats.partitions, 4);
+        assert_eq!(c.config().nats.partitions, 4);
         assert_eq!(c.subject.partition_wildcards().len(), 4);
         let e = load("[nats]\npartitions = 10001", &[])
             .unwrap_err()
@@ -582,13 +582,13 @@ mod tests {
 
     #[test]
     fn inbox_prefix_is_literal_and_outside_the_stream() {
-        assert_eq!(load("", &[]).unwrap().nats.inbox_prefix, "_INBOX");
+        assert_eq!(load("", &[]).unwrap().config().nats.inbox_prefix, "_INBOX");
         let c = load(
             "[nats]\ninbox_prefix = \"_INBOX_outbox_relay\"",
             &[("OUTBOX_RELAY_NATS_INBOX_PREFIX", "_INBOX_relay.claims")],
         )
         .unwrap();
-        assert_eq!(c.nats.inbox_prefix, "_INBOX_relay.claims");
+        assert_eq!(c.config().nats.inbox_prefix, "_INBOX_relay.claims");
         for bad in ["", "a.*", "_INBOX.>", "$JS", "a..b", "has space", "outbox"] {
             let e = load("", &[("OUTBOX_RELAY_NATS_INBOX_PREFIX", bad)])
                 .unwrap_err()
@@ -617,18 +617,18 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            c.outbox.header_column_pairs(),
+            c.config().outbox.header_column_pairs(),
             [
                 ("tenant_id".to_owned(), "tenant_id".to_owned()),
                 ("region".to_owned(), "X-Region".to_owned())
             ]
         );
-        assert_eq!(c.outbox.message_prefix, "outbox");
-        assert!(c.nats.cloudevents);
-        assert_eq!(c.nats.cloudevents_source, "outbox-relay");
+        assert_eq!(c.config().outbox.message_prefix, "outbox");
+        assert!(c.config().nats.cloudevents);
+        assert_eq!(c.config().nats.cloudevents_source, "outbox-relay");
         // Messages only needs a prefix.
         let c = load("[outbox]\ntable = \"\"\nmessage_prefix = \"outbox\"\n", &[]).unwrap();
-        assert!(c.outbox.messages_only());
+        assert!(c.config().outbox.messages_only());
         let e = load("[outbox]\ntable = \"\"\n", &[])
             .unwrap_err()
             .to_string();
@@ -662,17 +662,17 @@ mod tests {
     #[test]
     fn telemetry_and_context_keys() {
         let c = load("", &[]).unwrap();
-        assert_eq!(c.telemetry.otlp_endpoint, "", "off by default");
-        assert_eq!(c.telemetry.service_name, "outbox-relay");
-        assert_eq!(c.outbox.context_prefix, "");
+        assert_eq!(c.config().telemetry.otlp_endpoint, "", "off by default");
+        assert_eq!(c.config().telemetry.service_name, "outbox-relay");
+        assert_eq!(c.config().outbox.context_prefix, "");
         let c = load(
             "[telemetry]\notlp_endpoint = \"http://127.0.0.1:4318\"\n",
             &[("OUTBOX_RELAY_OUTBOX_CONTEXT_PREFIX", "outbox-context")],
         )
         .unwrap();
-        assert_eq!(c.outbox.context_prefix, "outbox-context");
+        assert_eq!(c.config().outbox.context_prefix, "outbox-context");
         assert_eq!(
-            crate::telemetry::traces_url(&c.telemetry.otlp_endpoint).unwrap(),
+            crate::telemetry::traces_url(&c.config().telemetry.otlp_endpoint).unwrap(),
             "http://127.0.0.1:4318/v1/traces"
         );
         assert_eq!(

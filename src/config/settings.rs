@@ -3,7 +3,6 @@
 //! already parsed, so nothing later re-parses a string or needs an `expect`.
 
 use std::net::SocketAddr;
-use std::ops::Deref;
 use std::time::Duration;
 
 use super::nats::NatsSettings;
@@ -12,7 +11,9 @@ use crate::route::SubjectTemplate;
 use crate::schema::{LoadError, SchemaSet, Schemas};
 use crate::source::ConnInfo;
 
-/// A validated configuration. Derefs to the [`Config`] it came from, for names and plain values.
+/// A validated configuration. Each setting has one name: a setting that needs parsing is read from
+/// its parsed field here (`ack_timeout`, never `nats.ack_timeout_ms`), every other one from
+/// [`Settings::config`]. There is no `Deref` to [`Config`]: through one, both names would compile.
 #[derive(Clone, Debug)]
 pub struct Settings {
     config: Config,
@@ -38,17 +39,10 @@ pub struct Settings {
     pub(crate) schemas_error: Option<LoadError>,
 }
 
-impl Deref for Settings {
-    type Target = Config;
-
-    fn deref(&self) -> &Config {
-        &self.config
-    }
-}
-
 impl Settings {
-    /// The configuration these settings came from.
-    pub(crate) fn config(&self) -> &Config {
+    /// The configuration these settings came from: names and plain values. A setting with a parsed
+    /// field above is read there, not here.
+    pub fn config(&self) -> &Config {
         &self.config
     }
 

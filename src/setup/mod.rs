@@ -204,7 +204,7 @@ async fn checks(
 ) -> Result<Checked, SetupError> {
     let found = postgres::check(settings, pg, report, mode == Mode::Setup).await?;
     let found_stream = stream::check(settings, js, report).await?;
-    let slot = &settings.postgres.slot;
+    let slot = &settings.config().postgres.slot;
     if mode == Mode::Backfill {
         return Ok(Checked {
             found,
@@ -225,7 +225,7 @@ async fn checks(
             ));
             false
         }
-        None if !settings.postgres.create_slot => {
+        None if !settings.config().postgres.create_slot => {
             return Err(SetupError::Slot {
                 name: slot.clone(),
                 problem: format!(
@@ -245,16 +245,18 @@ async fn checks(
                          commit LSN {lsn}): the slot was dropped or lost, and events committed since may be missing. \
                          Recover with `outbox-relay backfill` (publishes the outbox rows in the new slot's snapshot; \
                          JetStream drops those it holds); see docs/recovery.md",
-                        settings.nats.stream
+                        settings.config().nats.stream
                     ),
                 });
             }
-            if !settings.outbox.messages_only() && postgres::table_has_rows(settings, pg).await? {
+            if !settings.config().outbox.messages_only()
+                && postgres::table_has_rows(settings, pg).await?
+            {
                 report.warnings.push(format!(
                     "table {} already holds rows: they were committed before the slot exists, so `run` \
                      will not publish them. To publish them too, run `outbox-relay backfill \
                      --replace-slot` before the first `run` (docs/recovery.md)",
-                    settings.outbox.table
+                    settings.config().outbox.table
                 ));
             }
             true
@@ -281,7 +283,7 @@ async fn apply(
         create_stream,
         create_slot,
     } = checked;
-    let slot = &settings.postgres.slot;
+    let slot = &settings.config().postgres.slot;
     let mut created = Created::default();
     let result = async {
         if create_stream {
@@ -297,7 +299,7 @@ async fn apply(
         if create_slot {
             let lsn = postgres::create_slot(settings, pg, found.version).await?;
             report.slot_confirmed = lsn.parse().ok();
-            let failover = if found.version >= 170000 && settings.postgres.failover {
+            let failover = if found.version >= 170000 && settings.config().postgres.failover {
                 ", failover"
             } else {
                 ""
@@ -315,7 +317,7 @@ async fn apply(
     }
     if let Some(existing) = &found.slot
         && found.version >= 170000
-        && settings.postgres.failover
+        && settings.config().postgres.failover
         && existing.failover == Some(false)
     {
         make_failover(settings, existing.active, report).await?;
@@ -330,7 +332,7 @@ async fn make_failover(
     active: bool,
     report: &mut SetupReport,
 ) -> Result<(), SetupError> {
-    let slot = &settings.postgres.slot;
+    let slot = &settings.config().postgres.slot;
     if active {
         report.warnings.push(format!(
             "slot {slot} is not a failover slot and a relay streams it: stop the relay and run outbox-relay setup \
@@ -397,7 +399,7 @@ struct Created {
 impl Created {
     async fn undo(&self, settings: &Settings, pg: &Client, js: &jetstream::Context) {
         if self.publication {
-            let name = &settings.postgres.publication;
+            let name = &settings.config().postgres.publication;
             if let Err(e) = pg
                 .batch_execute(&format!("DROP PUBLICATION IF EXISTS \"{name}\""))
                 .await
@@ -406,7 +408,7 @@ impl Created {
             }
         }
         if self.stream {
-            let name = &settings.nats.stream;
+            let name = &settings.config().nats.stream;
             if let Err(e) = js.delete_stream(name).await {
                 warn!(stream = %name, error = %e, "setup failed; could not delete the stream it created");
             }

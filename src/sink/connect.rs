@@ -75,7 +75,7 @@ pub(crate) async fn connect_nats(settings: &Settings) -> Result<async_nats::Clie
         .retain_servers_order()
         // JetStream answers on the inbox; a prefix of the relay's own can be kept from other clients
         // by NATS permissions (docs/operations.md, NATS permissions).
-        .custom_inbox_prefix(&settings.nats.inbox_prefix);
+        .custom_inbox_prefix(&settings.config().nats.inbox_prefix);
     opts = match &n.auth {
         NatsAuth::None => opts,
         NatsAuth::UserPassword { user, password } => {

@@ -248,20 +248,20 @@ pub(crate) struct SinkConfig {
 impl SinkConfig {
     /// The sink's part of the validated settings.
     pub(crate) fn from_settings(s: &Settings) -> Self {
+        let n = &s.config().nats;
         SinkConfig {
-            max_in_flight: s.nats.max_in_flight,
-            max_in_flight_bytes: s.nats.max_in_flight_bytes,
+            max_in_flight: n.max_in_flight,
+            max_in_flight_bytes: n.max_in_flight_bytes,
             ack_timeout: s.ack_timeout,
-            dead_letter_subject: s.nats.dead_letter_subject.clone(),
+            dead_letter_subject: n.dead_letter_subject.clone(),
             stop_on_invalid: s.stop_on_invalid,
             template: s.subject.clone(),
-            fence: s.nats.fence,
-            stream: s.nats.stream.clone(),
-            cloudevents: s
-                .nats
+            fence: n.fence,
+            stream: n.stream.clone(),
+            cloudevents: n
                 .cloudevents
-                .then(|| message::CloudEvents::new(&s.nats.cloudevents_source)),
-            atomic: s.nats.atomic_transactions,
+                .then(|| message::CloudEvents::new(&n.cloudevents_source)),
+            atomic: n.atomic_transactions,
             max_batch: batch::MAX_BATCH,
             history: None,
             telemetry: None,
