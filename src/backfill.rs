@@ -42,7 +42,7 @@ use crate::pgoutput::{Column, Message, Relation, TupleValue};
 use crate::position::History;
 use crate::setup::{self, Prepared, SetupError};
 use crate::sink::{ConnectError, Origin, Outcome, Sink, SinkConfig, SinkError, TailError};
-use crate::source::{ReplConnection, SourceError, SystemInfo, quote_ident};
+use crate::source::{ReplConnection, SourceError, SystemInfo, query_error_text, quote_ident};
 
 /// Rows per `FETCH`: large enough to amortise the round trip, small enough that the rows in one
 /// fetch are a small part of the publish window.
@@ -454,7 +454,7 @@ async fn preflight(
     checked.await.map_err(|e| BackfillError::Query {
         table,
         what: "--where / --order-by".to_owned(),
-        message: pg_error(&e),
+        message: query_error_text(&e),
     })?;
     Ok(crate::sink::connect_nats(settings).await?)
 }
@@ -516,7 +516,7 @@ fn query_error(
     move |e: tokio_postgres::Error| BackfillError::Query {
         table,
         what,
-        message: pg_error(&e),
+        message: query_error_text(&e),
     }
 }
 
@@ -822,13 +822,6 @@ impl Acked {
 
     fn total(&self) -> u64 {
         self.stored + self.duplicates + self.dead_letters
-    }
-}
-
-fn pg_error(e: &tokio_postgres::Error) -> String {
-    match e.as_db_error() {
-        Some(db) => format!("{} ({})", db.message(), db.code().code()),
-        None => e.to_string(),
     }
 }
 

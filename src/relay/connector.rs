@@ -181,7 +181,7 @@ impl Connector for Servers {
             let trouble = |what: String| {
                 from_source(SourceError::Io {
                     target: settings.conn.to_string(),
-                    source: std::io::Error::other(format!(
+                    error: std::io::Error::other(format!(
                         "reading the outbox table's partitions: {what}"
                     )),
                 })

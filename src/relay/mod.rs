@@ -368,8 +368,9 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
     let mut source = e.source();
     while let Some(s) = source {
         let text = s.to_string();
-        // The relay's errors either show their source or return it, never both; some errors of
-        // other crates repeat their source's text in their own.
+        // The relay's errors either show their cause or return it as the source, never both; but
+        // async-nats' errors do both ("{kind}: {source}"), so a text the line already ends with is
+        // not written again.
         if !out.ends_with(&text) {
             out.push_str(": ");
             out.push_str(&text);
@@ -439,5 +440,15 @@ mod tests {
         struct Outer(#[source] std::io::Error);
         let e = Outer(std::io::Error::other("connection refused"));
         assert_eq!(error_chain(&e), "outer: connection refused");
+    }
+
+    #[test]
+    fn error_chain_does_not_repeat_what_async_nats_already_printed() {
+        let e = async_nats::RequestError::with_source(
+            async_nats::RequestErrorKind::Other,
+            std::io::Error::other("broken pipe"),
+        );
+        assert!(e.to_string().ends_with("broken pipe"), "{e}");
+        assert_eq!(error_chain(&e).matches("broken pipe").count(), 1);
     }
 }

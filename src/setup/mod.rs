@@ -17,7 +17,7 @@ use tracing::warn;
 use crate::catalog;
 use crate::config::Settings;
 use crate::sink::{ConnectError, connect_nats};
-use crate::source::SourceError;
+use crate::source::{SourceError, query_error_text};
 
 /// For `status`: the warning `setup` gives while PUBLIC may execute `pg_logical_emit_message` and
 /// `outbox.message_prefix` is set (anyone could write events directly); `None` otherwise.
@@ -43,9 +43,11 @@ pub enum SetupError {
     /// NATS cannot be reached or refuses the relay.
     #[error(transparent)]
     Nats(#[from] ConnectError),
-    /// A catalog query failed.
-    #[error("postgres: {}", pg_error(.0))]
-    Query(#[from] tokio_postgres::Error),
+    /// A catalog query failed. The message is the server's own, with its SQLSTATE, on one line;
+    /// the error is kept (the start-up retry asks it whether the connection failed) but is not
+    /// also a `source()`, which would print the server's message a second time.
+    #[error("postgres: {}", query_error_text(.0))]
+    Query(tokio_postgres::Error),
     /// `wal_level`, the table, its columns, the role: what Postgres must offer.
     #[error("{0}")]
     Prerequisite(String),
@@ -87,6 +89,13 @@ pub enum SetupError {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+}
+
+// By hand rather than `#[from]`, which would also make the query error the `source()`.
+impl From<tokio_postgres::Error> for SetupError {
+    fn from(e: tokio_postgres::Error) -> Self {
+        SetupError::Query(e)
+    }
 }
 
 /// What setup found and did, one line per object.
@@ -423,11 +432,4 @@ pub(crate) fn lost_slot_message(slot: &str, reason: &str) -> String {
          may be lost: stop every relay for it and recover with `outbox-relay backfill --replace-slot`, which replaces \
          the slot with a new one and publishes the outbox rows in its snapshot; see docs/recovery.md"
     )
-}
-
-fn pg_error(e: &tokio_postgres::Error) -> String {
-    match e.as_db_error() {
-        Some(db) => format!("{} ({})", db.message(), db.code().code()),
-        None => e.to_string(),
-    }
 }

@@ -16,13 +16,12 @@ use crate::config::{NatsAuth, Settings};
 #[derive(Debug, thiserror::Error)]
 pub enum ConnectError {
     /// `nats.creds_file` cannot be read or used.
-    #[error("nats.creds_file {path:?}: {source}")]
+    #[error("nats.creds_file {path:?}: {error}")]
     Credentials {
         /// The file's path.
         path: String,
-        /// Why it cannot be read or used.
-        #[source]
-        source: std::io::Error,
+        /// Why it cannot be read or used, shown in the message (so not also a `source()`).
+        error: std::io::Error,
     },
     /// A server refused the relay's credentials.
     #[error(
@@ -86,9 +85,9 @@ pub(crate) async fn connect_nats(settings: &Settings) -> Result<async_nats::Clie
         NatsAuth::CredsFile(path) => {
             opts.credentials_file(path)
                 .await
-                .map_err(|source| ConnectError::Credentials {
+                .map_err(|error| ConnectError::Credentials {
                     path: path.display().to_string(),
-                    source,
+                    error,
                 })?
         }
     };

@@ -62,9 +62,10 @@ impl Stamp {
     }
 }
 
-/// The stream's tail cannot be read.
+/// The stream's tail cannot be read. The cause is the `source()`, not part of the message: it may
+/// have causes of its own, and `error_chain` prints them all once.
 #[derive(Debug, thiserror::Error)]
-#[error("JetStream stream {stream}: {source}")]
+#[error("JetStream stream {stream}")]
 pub struct TailError {
     /// The stream's name.
     pub(crate) stream: String,

@@ -98,9 +98,9 @@ impl ReplConnection {
 
     async fn connect_inner(info: &ConnInfo, application_name: &str) -> Result<Self, SourceError> {
         let target = format!("{}:{}", info.host, info.port);
-        let io_err = |source| SourceError::Io {
+        let io_err = |error| SourceError::Io {
             target: target.clone(),
-            source,
+            error,
         };
         let mut tcp = PgStream::connect(&info.host, info.port)
             .await
@@ -529,13 +529,13 @@ impl ReplConnection {
         self.io
             .write_all(&buf)
             .await
-            .map_err(|source| SourceError::Io {
+            .map_err(|error| SourceError::Io {
                 target: self.target.clone(),
-                source,
+                error,
             })?;
-        self.io.flush().await.map_err(|source| SourceError::Io {
+        self.io.flush().await.map_err(|error| SourceError::Io {
             target: self.target.clone(),
-            source,
+            error,
         })
     }
 

@@ -48,9 +48,9 @@ async fn connect_one(info: &ConnInfo, application_name: &str) -> Result<Client, 
         target: addr.clone(),
         secs: info.connect_timeout.as_secs(),
     })?
-    .map_err(|source| SourceError::Io {
+    .map_err(|error| SourceError::Io {
         target: addr.clone(),
-        source,
+        error,
     })?;
     let tls_config = match tcp.supports_tls() {
         true => tls::client_config_off_runtime(info)
@@ -114,6 +114,16 @@ where
     Ok(client)
 }
 
+/// A failed query on the control connection, on one line: the server's message and SQLSTATE
+/// (`relation "x" does not exist (42P01)`; its DETAIL and HINT lines are left out), or the
+/// client's error with its causes.
+pub(crate) fn query_error_text(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{} ({})", db.message(), db.code().code()),
+        None => crate::relay::error_chain(e),
+    }
+}
+
 /// A tokio-postgres error as a source error: the server's own error with its SQLSTATE, a refused
 /// authentication as such, the OS cause of a failed connection kept.
 fn map_error(addr: &str, e: tokio_postgres::Error) -> SourceError {
@@ -147,13 +157,13 @@ fn map_error(addr: &str, e: tokio_postgres::Error) -> SourceError {
             "channel_binding=require, but the server did not use channel binding ({text})"
         ));
     }
-    let source =
-        match std::error::Error::source(&e).and_then(|s| s.downcast_ref::<std::io::Error>()) {
-            Some(io) => std::io::Error::new(io.kind(), io.to_string()),
-            None => std::io::Error::other(text),
-        };
+    let error = match std::error::Error::source(&e).and_then(|s| s.downcast_ref::<std::io::Error>())
+    {
+        Some(io) => std::io::Error::new(io.kind(), io.to_string()),
+        None => std::io::Error::other(text),
+    };
     SourceError::Io {
         target: addr.to_owned(),
-        source,
+        error,
     }
 }

@@ -56,13 +56,12 @@ impl ServerError {
 #[derive(Debug, thiserror::Error)]
 pub enum SourceError {
     /// Connecting, reading or writing the socket failed.
-    #[error("postgres connection to {target}: {source}")]
+    #[error("postgres connection to {target}: {error}")]
     Io {
         /// The host and port.
         target: String,
-        /// The I/O error.
-        #[source]
-        source: std::io::Error,
+        /// The I/O error, shown in the message (so not also a `source()`).
+        error: std::io::Error,
     },
     /// The server did not answer in time: at connect, or no message on the stream within the receive timeout.
     #[error("postgres at {target} did not answer within {secs}s")]

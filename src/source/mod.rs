@@ -61,6 +61,7 @@ pub use conn::{ReplConnection, SystemInfo};
 pub use conninfo::ConnInfo;
 pub(crate) use conninfo::TargetSessionAttrs;
 pub use control::connect_control;
+pub(crate) use control::query_error_text;
 pub use error::{ServerError, SourceError};
 pub use options::PgOutputOptions;
 pub use stream::{ReplicationEvent, ReplicationStream, StreamConfig, parse_copy_data};
