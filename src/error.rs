@@ -4,7 +4,8 @@
 //! another relay holds).
 //!
 //! Each variant carries its source error (`#[source]`), so `main` prints the whole chain, and
-//! [`CauseKind`] gives metric labels and log fields without comparing strings.
+//! [`CauseKind`] gives metric labels and log fields without comparing strings. Which errors restart
+//! and which stop, and where each is decided: docs/architecture.md, "Errors: restart or stop".
 
 use crate::Lsn;
 use crate::config::ConfigError;
