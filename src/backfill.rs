@@ -42,7 +42,7 @@ use crate::pgoutput::{Column, Message, Relation, TupleValue};
 use crate::position::History;
 use crate::setup::{self, Prepared, SetupError};
 use crate::sink::{ConnectError, Origin, Outcome, Sink, SinkConfig, SinkError, TailError};
-use crate::source::{ReplConnection, SourceError, SystemInfo, quote_ident};
+use crate::source::{ReplConnection, SourceError, SystemInfo, query_error_text, quote_ident};
 
 /// Rows per `FETCH`: large enough to amortise the round trip, small enough that the rows in one
 /// fetch are a small part of the publish window.
@@ -68,16 +68,16 @@ pub struct BackfillOptions {
 #[derive(Debug, Clone, Copy)]
 pub struct BackfillProgress {
     /// Rows handed to the sink.
-    pub done: u64,
+    pub(crate) done: u64,
     /// Rows matching the predicate in the snapshot.
-    pub total: u64,
+    pub(crate) total: u64,
     /// Time since the first row was read.
-    pub elapsed: Duration,
+    pub(crate) elapsed: Duration,
 }
 
 impl BackfillProgress {
     /// Rows per second so far.
-    pub fn rate(&self) -> f64 {
+    pub(crate) fn rate(&self) -> f64 {
         self.done as f64 / self.elapsed.as_secs_f64().max(1e-3)
     }
 }
@@ -110,7 +110,7 @@ pub struct BackfillReport {
     pub commit_lsn: Lsn,
     /// The history the slot belongs to (named in every backfilled message's `Outbox-Position`), when the
     /// server told it.
-    pub history: Option<History>,
+    pub(crate) history: Option<History>,
     /// An existing slot was dropped first (`--replace-slot`).
     pub replaced_slot: bool,
     /// Rows read and published (stored, duplicates and dead letters together).
@@ -253,7 +253,7 @@ pub async fn backfill(
     mut progress: impl FnMut(BackfillProgress),
 ) -> Result<BackfillReport, BackfillError> {
     check_options(settings, &opts)?;
-    let slot = settings.postgres.slot.clone();
+    let slot = settings.config().postgres.slot.clone();
     let prepared = setup::prepare_without_slot(settings).await?;
     let replaced_slot =
         undo_on_error(settings, &prepared, decide_slot(settings, &prepared, &opts)).await?;
@@ -352,7 +352,7 @@ async fn create_slot(
     prepared: &Prepared,
     replaced_slot: bool,
 ) -> Result<(ReplConnection, Option<SystemInfo>, Lsn, String), BackfillError> {
-    let slot = settings.postgres.slot.clone();
+    let slot = settings.config().postgres.slot.clone();
     let mut repl = ReplConnection::connect(&settings.conn, "outbox-relay backfill")
         .await
         .map_err(|source| BackfillError::Postgres {
@@ -364,7 +364,7 @@ async fn create_slot(
     // backfill trusts nothing and republishes (JetStream drops the duplicates).
     let system = repl.identify_system().await.ok();
     match repl
-        .create_slot_with_snapshot(&slot, settings.postgres.failover)
+        .create_slot_with_snapshot(&slot, settings.config().postgres.failover)
         .await
     {
         Ok((consistent_point, snapshot)) => Ok((repl, system, consistent_point, snapshot)),
@@ -398,7 +398,7 @@ fn decide_slot(
     prepared: &Prepared,
     opts: &BackfillOptions,
 ) -> Result<bool, BackfillError> {
-    let slot = &settings.postgres.slot;
+    let slot = &settings.config().postgres.slot;
     let Some(s) = &prepared.slot else {
         return Ok(false);
     };
@@ -442,7 +442,7 @@ async fn preflight(
     opts: &BackfillOptions,
     pg: &Client,
 ) -> Result<async_nats::Client, BackfillError> {
-    let table = settings.outbox.table.clone();
+    let table = settings.config().outbox.table.clone();
     let query = snapshot_query(settings, opts, "1");
     let checked = async {
         pg.batch_execute("BEGIN READ ONLY").await?;
@@ -454,19 +454,19 @@ async fn preflight(
     checked.await.map_err(|e| BackfillError::Query {
         table,
         what: "--where / --order-by".to_owned(),
-        message: pg_error(&e),
+        message: query_error_text(&e),
     })?;
     Ok(crate::sink::connect_nats(settings).await?)
 }
 
 /// `SELECT <columns> FROM <outbox table> WHERE (<--where>) ORDER BY <--order-by or the id column>`.
 fn snapshot_query(settings: &Settings, opts: &BackfillOptions, columns: &str) -> String {
-    let (schema, name) = settings.outbox.table_parts();
+    let (schema, name) = settings.config().outbox.table_parts();
     let qualified = format!("{}.{}", quote_ident(schema), quote_ident(name));
     let predicate = opts.where_sql.as_deref().unwrap_or("true");
     let order = match &opts.order_by {
         Some(o) => o.clone(),
-        None => quote_ident(&settings.outbox.id_column),
+        None => quote_ident(&settings.config().outbox.id_column),
     };
     format!("SELECT {columns} FROM {qualified} WHERE ({predicate}) ORDER BY {order}")
 }
@@ -482,7 +482,7 @@ async fn publish_snapshot(
     progress: &mut impl FnMut(BackfillProgress),
 ) -> Result<(), BackfillError> {
     let started = Instant::now();
-    let table = settings.outbox.table.as_str();
+    let table = settings.config().outbox.table.as_str();
     import_snapshot(pg, snapshot, table).await?;
     let columns = outbox_columns(settings, pg).await?;
     let total = count_rows(settings, opts, pg).await?;
@@ -516,13 +516,13 @@ fn query_error(
     move |e: tokio_postgres::Error| BackfillError::Query {
         table,
         what,
-        message: pg_error(&e),
+        message: query_error_text(&e),
     }
 }
 
 /// The outbox table as a quoted, schema-qualified name.
 fn qualified_table(settings: &Settings) -> String {
-    let (schema, name) = settings.outbox.table_parts();
+    let (schema, name) = settings.config().outbox.table_parts();
     format!("{}.{}", quote_ident(schema), quote_ident(name))
 }
 
@@ -550,7 +550,7 @@ async fn outbox_columns(settings: &Settings, pg: &Client) -> Result<Vec<Column>,
             &[&qualified],
         )
         .await
-        .map_err(query_error(&settings.outbox.table, "reading its columns"))?
+        .map_err(query_error(&settings.config().outbox.table, "reading its columns"))?
         .iter()
         .map(|r| Column {
             flags: 0,
@@ -575,7 +575,7 @@ async fn count_rows(
             &[],
         )
         .await
-        .map_err(query_error(&settings.outbox.table, "--where"))?
+        .map_err(query_error(&settings.config().outbox.table, "--where"))?
         .get(0);
     let total = total.max(0) as u64;
     if total > u64::from(u32::MAX) {
@@ -591,7 +591,7 @@ async fn declare_cursor(
     pg: &Client,
     columns: &[Column],
 ) -> Result<Statement, BackfillError> {
-    let table = settings.outbox.table.as_str();
+    let table = settings.config().outbox.table.as_str();
     let select: Vec<String> = columns
         .iter()
         .map(|c| format!("{}::text", quote_ident(&c.name)))
@@ -662,11 +662,11 @@ impl Publisher {
         total: u64,
         started: Instant,
     ) -> Result<Self, BackfillError> {
-        let (schema, name) = settings.outbox.table_parts();
+        let (schema, name) = settings.config().outbox.table_parts();
         // Checked like live events (outbox.schemas); the failures are counted nowhere: a backfill
         // reports its dead letters itself.
-        let mut stage =
-            OutboxStage::new(&settings.outbox).with_schemas(&settings.schemas, Default::default());
+        let mut stage = OutboxStage::new(&settings.config().outbox)
+            .with_schemas(&settings.schemas, Default::default());
         let commit_ts = crate::lsn::pg_now_micros();
         let begin = Message::Begin {
             final_lsn: report.commit_lsn,
@@ -822,13 +822,6 @@ impl Acked {
 
     fn total(&self) -> u64 {
         self.stored + self.duplicates + self.dead_letters
-    }
-}
-
-fn pg_error(e: &tokio_postgres::Error) -> String {
-    match e.as_db_error() {
-        Some(db) => format!("{} ({})", db.message(), db.code().code()),
-        None => e.to_string(),
     }
 }
 

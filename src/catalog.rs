@@ -15,37 +15,37 @@ use crate::source::{SourceError, connect_control};
 /// A slot as `pg_replication_slots` shows it, plus its lag.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default)]
-pub struct SlotRow {
-    pub slot_type: String,
-    pub plugin: Option<String>,
-    pub database: Option<String>,
-    pub active: bool,
-    pub active_pid: Option<i32>,
-    pub confirmed_flush_lsn: Option<String>,
-    pub wal_status: Option<String>,
-    pub safe_wal_size: Option<i64>,
+pub(crate) struct SlotRow {
+    pub(crate) slot_type: String,
+    pub(crate) plugin: Option<String>,
+    pub(crate) database: Option<String>,
+    pub(crate) active: bool,
+    pub(crate) active_pid: Option<i32>,
+    pub(crate) confirmed_flush_lsn: Option<String>,
+    pub(crate) wal_status: Option<String>,
+    pub(crate) safe_wal_size: Option<i64>,
     /// PG 17+: the slot is synchronised to standbys (`FAILOVER`).
-    pub failover: Option<bool>,
+    pub(crate) failover: Option<bool>,
     /// PG 17+: this is a standby's copy of a failover slot.
-    pub synced: Option<bool>,
+    pub(crate) synced: Option<bool>,
     /// PG 17+: since when no one streams the slot.
-    pub inactive_since: Option<String>,
+    pub(crate) inactive_since: Option<String>,
     /// PG 17+: why the slot was invalidated (`wal_removed`, `idle_timeout`, …).
-    pub invalidation_reason: Option<String>,
+    pub(crate) invalidation_reason: Option<String>,
     /// Not a column: the database the control connection is in.
     #[serde(skip)]
-    pub current_database: String,
+    pub(crate) current_database: String,
     /// Not a column: WAL position − `confirmed_flush_lsn`.
     #[serde(skip)]
-    pub lag_bytes: Option<i64>,
+    pub(crate) lag_bytes: Option<i64>,
     /// Not a column: WAL position − `restart_lsn`, the WAL the slot keeps.
     #[serde(skip)]
-    pub retained_bytes: Option<i64>,
+    pub(crate) retained_bytes: Option<i64>,
 }
 
 impl SlotRow {
     /// Why Postgres can no longer give this slot's changes, if it cannot.
-    pub fn invalidated(&self) -> Option<String> {
+    pub(crate) fn invalidated(&self) -> Option<String> {
         if let Some(r) = &self.invalidation_reason {
             return Some(r.clone());
         }

@@ -65,41 +65,41 @@ pub enum CheckError {
 
 /// Rows of one event type.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct TypeCount {
+pub(crate) struct TypeCount {
     /// Payloads that validate.
-    pub pass: u64,
+    pub(crate) pass: u64,
     /// Payloads that fail (dead letters once validation is on).
-    pub fail: u64,
+    pub(crate) fail: u64,
     /// Rows whose type has no schema, which pass unchecked (`schemas_required` off).
-    pub unchecked: u64,
+    pub(crate) unchecked: u64,
 }
 
 /// One failing row.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Failure {
+pub(crate) struct Failure {
     /// The row's id (its text form), `NULL` when it has none.
-    pub id: String,
+    pub(crate) id: String,
     /// The reason, as `Outbox-Error` would give it: type, pointer, message, keyword.
-    pub reason: String,
+    pub(crate) reason: String,
 }
 
 /// What `check-schemas` found.
 #[derive(Debug, Clone, Default)]
 pub struct CheckReport {
     /// The outbox table.
-    pub table: String,
+    pub(crate) table: String,
     /// The schema directory.
-    pub dir: String,
+    pub(crate) dir: String,
     /// Schemas in it.
-    pub schemas: usize,
+    pub(crate) schemas: usize,
     /// Rows read.
-    pub rows: u64,
+    pub(crate) rows: u64,
     /// Counts by event type.
-    pub by_type: BTreeMap<String, TypeCount>,
+    pub(crate) by_type: BTreeMap<String, TypeCount>,
     /// The first failures, in the order read.
-    pub first_failures: Vec<Failure>,
+    pub(crate) first_failures: Vec<Failure>,
     /// Time spent reading and checking.
-    pub elapsed: Duration,
+    pub(crate) elapsed: Duration,
 }
 
 impl CheckReport {
@@ -173,11 +173,11 @@ impl fmt::Display for CheckReport {
 #[derive(Debug, Clone, Copy)]
 pub struct CheckProgress {
     /// Rows checked.
-    pub done: u64,
+    pub(crate) done: u64,
     /// Rows matching the predicate.
-    pub total: u64,
+    pub(crate) total: u64,
     /// Failures so far.
-    pub failed: u64,
+    pub(crate) failed: u64,
 }
 
 impl fmt::Display for CheckProgress {
@@ -198,7 +198,7 @@ pub async fn check_schemas(
 ) -> Result<CheckReport, CheckError> {
     check_settings(settings)?;
     let set = settings.schemas.current();
-    let o = &settings.outbox;
+    let o = &settings.config().outbox;
     let (schema, name) = o.table_parts();
     let qualified = format!("{}.{}", quote_ident(schema), quote_ident(name));
     let pg = setup::connect_postgres(settings).await?;
@@ -242,10 +242,10 @@ pub async fn check_schemas(
 /// What the check needs before connecting: schemas that load, a directory, and a table.
 fn check_settings(settings: &Settings) -> Result<(), CheckError> {
     settings.schemas_loaded()?;
-    if settings.outbox.schemas.is_empty() {
+    if settings.config().outbox.schemas.is_empty() {
         return Err(CheckError::NoSchemas);
     }
-    if settings.outbox.messages_only() {
+    if settings.config().outbox.messages_only() {
         return Err(CheckError::NoTable);
     }
     Ok(())

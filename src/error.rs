@@ -4,7 +4,8 @@
 //! another relay holds).
 //!
 //! Each variant carries its source error (`#[source]`), so `main` prints the whole chain, and
-//! [`CauseKind`] gives metric labels and log fields without comparing strings.
+//! [`CauseKind`] gives metric labels and log fields without comparing strings. Which errors restart
+//! and which stop, and where each is decided: docs/architecture.md, "Errors: restart or stop".
 
 use crate::Lsn;
 use crate::config::ConfigError;
@@ -102,7 +103,7 @@ pub enum NatsTrouble {
 
 /// The kind of a [`Restart`], for one log line per change of state and for metric labels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CauseKind {
+pub(crate) enum CauseKind {
     /// [`Restart::Postgres`].
     Postgres,
     /// [`Restart::Nats`].
@@ -113,10 +114,11 @@ pub enum CauseKind {
 
 impl CauseKind {
     /// Every kind, in the order of their discriminants (metric arrays are indexed by them).
-    pub const ALL: [CauseKind; 3] = [CauseKind::Postgres, CauseKind::Nats, CauseKind::SlotHeld];
+    pub(crate) const ALL: [CauseKind; 3] =
+        [CauseKind::Postgres, CauseKind::Nats, CauseKind::SlotHeld];
 
     /// The label value (`cause="…"` in logs and metrics).
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             CauseKind::Postgres => "postgres",
             CauseKind::Nats => "nats",
@@ -133,7 +135,7 @@ impl std::fmt::Display for CauseKind {
 
 impl Restart {
     /// The kind of this restart.
-    pub fn kind(&self) -> CauseKind {
+    pub(crate) fn kind(&self) -> CauseKind {
         match self {
             Restart::Postgres(_) => CauseKind::Postgres,
             Restart::Nats(_) => CauseKind::Nats,
@@ -184,7 +186,7 @@ pub fn from_source(e: SourceError) -> SessionEnd {
 
 /// A sink error: definite ones (`on_invalid = "stop"`, a dead letter that cannot be stored) end the
 /// relay, the rest restart the session.
-pub fn from_sink(e: SinkError) -> SessionEnd {
+pub(crate) fn from_sink(e: SinkError) -> SessionEnd {
     if e.is_transient() {
         SessionEnd::Restart(Restart::Nats(NatsTrouble::Sink(e)))
     } else {

@@ -61,10 +61,9 @@ pub mod setup;
 pub mod sink;
 pub mod source;
 pub mod status;
-pub mod stored;
-pub mod telemetry;
+pub(crate) mod stored;
+pub(crate) mod telemetry;
 #[cfg(feature = "test-support")]
 pub mod testkit;
 
-pub use error::BindError;
 pub use lsn::Lsn;

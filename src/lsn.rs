@@ -21,14 +21,14 @@ impl Lsn {
 
     /// Appends `X/Y` to `out` without the formatting machinery (on every message, in
     /// `Outbox-Commit-Lsn` and `Outbox-Position`): the same text as [`fmt::Display`].
-    pub fn push_to(self, out: &mut String) {
+    pub(crate) fn push_to(self, out: &mut String) {
         push_hex(out, (self.0 >> 32) as u32);
         out.push('/');
         push_hex(out, self.0 as u32);
     }
 
     /// `X/Y` as a new string (see [`Lsn::push_to`]).
-    pub fn text(self) -> String {
+    pub(crate) fn text(self) -> String {
         let mut out = String::with_capacity(17);
         self.push_to(&mut out);
         out

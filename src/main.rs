@@ -77,12 +77,12 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let config = match load_config(&cli) {
+    let settings = match load_config(&cli) {
         Ok(c) => c,
         Err(code) => return code,
     };
-    let log_filter = init_logging(&config);
-    let json_logs = config.log.format == LogFormat::Json;
+    let log_filter = init_logging(settings.config());
+    let json_logs = settings.config().log.format == LogFormat::Json;
     let runtime = match build_runtime() {
         Ok(r) => r,
         Err(e) => {
@@ -92,8 +92,8 @@ fn main() -> ExitCode {
     };
     runtime.block_on(async move {
         match cli.command {
-            Command::Run => run(cli.config, config, log_filter, json_logs).await,
-            Command::Setup => setup(&config, json_logs).await,
+            Command::Run => run(cli.config, settings, log_filter, json_logs).await,
+            Command::Setup => setup(&settings, json_logs).await,
             Command::Backfill {
                 where_sql,
                 order_by,
@@ -104,15 +104,15 @@ fn main() -> ExitCode {
                     order_by,
                     replace_slot,
                 };
-                backfill(&config, opts, json_logs).await
+                backfill(&settings, opts, json_logs).await
             }
             Command::CheckSchemas { where_sql } => {
-                check_schemas(&config, where_sql.as_deref(), json_logs).await
+                check_schemas(&settings, where_sql.as_deref(), json_logs).await
             }
             Command::Status {
                 json,
                 max_lag_bytes,
-            } => status(&config, json, max_lag_bytes).await,
+            } => status(&settings, json, max_lag_bytes).await,
         }
     })
 }
@@ -334,7 +334,8 @@ impl Hook for LogLevel {
     }
 
     fn apply(&mut self, new: &Settings) -> Result<(), String> {
-        let filter = EnvFilter::try_new(filter_for(&new.log.level)).map_err(|e| e.to_string())?;
+        let filter =
+            EnvFilter::try_new(filter_for(&new.config().log.level)).map_err(|e| e.to_string())?;
         self.0.reload(filter).map_err(|e| e.to_string())
     }
 }

@@ -27,35 +27,35 @@ use crate::route::SubjectTemplate;
 /// The event id, by which JetStream drops a republished event inside the duplicate window.
 pub const NATS_MSG_ID: &str = "Nats-Msg-Id";
 /// The event's type (the `event_type` column).
-pub const EVENT_TYPE: &str = "Outbox-Event-Type";
+pub(crate) const EVENT_TYPE: &str = "Outbox-Event-Type";
 /// The event's aggregate type (the `aggregate_type` column).
-pub const AGGREGATE_TYPE: &str = "Outbox-Aggregate-Type";
+pub(crate) const AGGREGATE_TYPE: &str = "Outbox-Aggregate-Type";
 /// The event's aggregate id (the `aggregate_id` column).
-pub const AGGREGATE_ID: &str = "Outbox-Aggregate-Id";
+pub(crate) const AGGREGATE_ID: &str = "Outbox-Aggregate-Id";
 /// The commit LSN of the event's transaction.
-pub const COMMIT_LSN: &str = "Outbox-Commit-Lsn";
+pub(crate) const COMMIT_LSN: &str = "Outbox-Commit-Lsn";
 /// The message's place in the slot's history, `SYSTEM/TIMELINE/SLOT/X/Y:I`
 /// ([`crate::position::stamp`]): what a resuming session compares with the stream's tail. Set by
 /// the sink ([`stamp_position`]).
-pub const POSITION: &str = "Outbox-Position";
+pub(crate) const POSITION: &str = "Outbox-Position";
 /// On a dead letter: why the event could not be published, in one line.
-pub const ERROR: &str = "Outbox-Error";
+pub(crate) const ERROR: &str = "Outbox-Error";
 /// On a dead letter: the subject the event would have had.
-pub const SUBJECT: &str = "Outbox-Subject";
+pub(crate) const SUBJECT: &str = "Outbox-Subject";
 /// On a dead letter without its payload: the payload's size in bytes.
-pub const PAYLOAD_SIZE: &str = "Outbox-Payload-Size";
+pub(crate) const PAYLOAD_SIZE: &str = "Outbox-Payload-Size";
 /// On a shrunk dead letter: the headers whose values were cut to fit.
-pub const TRUNCATED_HEADERS: &str = "Outbox-Truncated-Headers";
+pub(crate) const TRUNCATED_HEADERS: &str = "Outbox-Truncated-Headers";
 /// Set by the sink when the stream is fenced (see `fence`).
 pub const EXPECTED_LAST_SEQUENCE: &str = "Nats-Expected-Last-Sequence";
 /// The event id on messages of an atomic batch, which cannot carry `Nats-Msg-Id` (the server refuses
 /// a batch message with one, or rejects the whole batch for one duplicate): consumers deduplicate
 /// with it, and the fence finds the stream's last event by it.
-pub const EVENT_ID: &str = "Outbox-Event-Id";
+pub(crate) const EVENT_ID: &str = "Outbox-Event-Id";
 
 /// Which header carries the event id.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum IdHeader {
+pub(crate) enum IdHeader {
     /// `Nats-Msg-Id`: JetStream deduplicates by it (single publishes).
     MsgId,
     /// `Outbox-Event-Id`: atomic batches.
@@ -63,28 +63,28 @@ pub enum IdHeader {
 }
 
 /// CloudEvents header names (lower case, as the binding's examples write them).
-pub const CE_SPECVERSION: &str = "ce-specversion";
+pub(crate) const CE_SPECVERSION: &str = "ce-specversion";
 /// The CloudEvents `id`: the event's message id.
-pub const CE_ID: &str = "ce-id";
+pub(crate) const CE_ID: &str = "ce-id";
 /// The CloudEvents `type`: the event type.
-pub const CE_TYPE: &str = "ce-type";
+pub(crate) const CE_TYPE: &str = "ce-type";
 /// The CloudEvents `source`: `nats.cloudevents_source`.
-pub const CE_SOURCE: &str = "ce-source";
+pub(crate) const CE_SOURCE: &str = "ce-source";
 /// The CloudEvents `subject`: the aggregate id.
-pub const CE_SUBJECT: &str = "ce-subject";
+pub(crate) const CE_SUBJECT: &str = "ce-subject";
 /// The CloudEvents `time`: the transaction's commit time (RFC 3339).
-pub const CE_TIME: &str = "ce-time";
+pub(crate) const CE_TIME: &str = "ce-time";
 /// The binding maps `datacontenttype` to `ce-datacontenttype` like every other attribute; a
 /// `Content-Type` header is what marks a *structured* mode message (§3), so the relay never sets one.
-pub const CE_DATACONTENTTYPE: &str = "ce-datacontenttype";
+pub(crate) const CE_DATACONTENTTYPE: &str = "ce-datacontenttype";
 /// The CloudEvents `dataschema`: the `$id` of the JSON Schema the payload passed (`outbox.schemas`).
-pub const CE_DATASCHEMA: &str = "ce-dataschema";
+pub(crate) const CE_DATASCHEMA: &str = "ce-dataschema";
 
 /// Whether `name` may be an event's own header (headers column, `header_columns`, a message's
 /// `headers`): a valid header name that is not one the relay sets. `Nats-*` and `Outbox-*` are always
 /// the relay's; with CloudEvents on, so are `ce-*` and `Content-Type` (which would turn the message
 /// into a structured-mode CloudEvent for a consumer).
-pub fn check_header_name(name: &str, cloudevents: bool) -> Result<(), String> {
+pub(crate) fn check_header_name(name: &str, cloudevents: bool) -> Result<(), String> {
     if name.is_empty()
         || name
             .chars()
@@ -133,13 +133,13 @@ fn ce_encode(v: &str) -> String {
 #[derive(Debug, Clone)]
 pub struct Outgoing {
     /// The subject to publish to.
-    pub subject: String,
+    pub(crate) subject: String,
     /// The message's headers.
     pub headers: HeaderMap,
     /// The message's body.
-    pub payload: Bytes,
+    pub(crate) payload: Bytes,
     /// Set for dead letters: the reason, for logs and metrics.
-    pub dead_letter: Option<String>,
+    pub(crate) dead_letter: Option<String>,
 }
 
 /// Builds the message for `event`: routed by `template`, or a dead letter when the event has a problem
@@ -160,7 +160,7 @@ pub fn build(
 }
 
 /// [`build`], with the event id in the header `id` says.
-pub fn build_as(
+pub(crate) fn build_as(
     event: &OutboxEvent,
     template: &SubjectTemplate,
     dead_letter_subject: &str,
@@ -207,7 +207,7 @@ pub fn build_as(
 /// How much of an event a dead letter keeps. A dead letter that does not fit the server's limits is
 /// shrunk step by step, so one oversized row can never stop the relay (P7, P11).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Shrink {
+pub(crate) enum Shrink {
     /// Payload and every header as they are.
     Keep,
     /// No payload (`Outbox-Payload-Size` says how big it was); header values over
@@ -220,7 +220,7 @@ pub enum Shrink {
 impl Shrink {
     /// The next step down the ladder (`Keep` → `DropPayload` → `Minimal`), `None` past the last:
     /// the one place the order of the steps is written.
-    pub fn smaller(self) -> Option<Shrink> {
+    pub(crate) fn smaller(self) -> Option<Shrink> {
         match self {
             Shrink::Keep => Some(Shrink::DropPayload),
             Shrink::DropPayload => Some(Shrink::Minimal),
@@ -229,16 +229,16 @@ impl Shrink {
     }
 
     /// Every step below this one, in order.
-    pub fn below(self) -> impl Iterator<Item = Shrink> {
+    pub(crate) fn below(self) -> impl Iterator<Item = Shrink> {
         std::iter::successors(self.smaller(), |s| s.smaller())
     }
 }
 
 /// The longest header value a shrunk dead letter keeps.
-pub const MAX_DEAD_LETTER_HEADER: usize = 1024;
+pub(crate) const MAX_DEAD_LETTER_HEADER: usize = 1024;
 
 /// The dead-letter form of `event`, shrunk as `shrink` says.
-pub fn dead_letter(
+pub(crate) fn dead_letter(
     event: &OutboxEvent,
     dead_letter_subject: &str,
     reason: &str,
@@ -256,7 +256,7 @@ pub fn dead_letter(
 }
 
 /// [`dead_letter`], with the event id in the header `id` says.
-pub fn dead_letter_as(
+pub(crate) fn dead_letter_as(
     event: &OutboxEvent,
     dead_letter_subject: &str,
     reason: &str,
@@ -472,7 +472,7 @@ fn cloudevents_headers(h: &mut HeaderMap, event: &OutboxEvent, ce: &CloudEvents)
 
 /// A Postgres timestamp (µs since 2000-01-01 00:00 UTC) as RFC 3339 in UTC with microseconds:
 /// `2024-05-17T09:30:00.123456Z`.
-pub fn rfc3339_micros(pg_micros: i64) -> String {
+pub(crate) fn rfc3339_micros(pg_micros: i64) -> String {
     // 2000-01-01 is day 10957 of the Unix epoch.
     const PG_EPOCH_DAYS: i64 = 10_957;
     const DAY: i64 = 86_400_000_000;

@@ -15,41 +15,41 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Counter: events acknowledged by JetStream, by outcome (`ok`, `duplicate`, `dead_letter`).
-pub const EVENTS_PUBLISHED: &str = "outbox_relay_events_published_total";
+pub(crate) const EVENTS_PUBLISHED: &str = "outbox_relay_events_published_total";
 /// Counter: updates, deletes and truncates of the outbox table, which are not published.
-pub const IGNORED_CHANGES: &str = "outbox_relay_ignored_changes_total";
+pub(crate) const IGNORED_CHANGES: &str = "outbox_relay_ignored_changes_total";
 /// Counter: pipeline restarts from the confirmed position, by cause.
-pub const RECONNECTS: &str = "outbox_relay_reconnects_total";
+pub(crate) const RECONNECTS: &str = "outbox_relay_reconnects_total";
 /// Histogram: time from the transaction's commit to JetStream's ack.
-pub const COMMIT_TO_ACK: &str = "outbox_relay_commit_to_ack_seconds";
+pub(crate) const COMMIT_TO_ACK: &str = "outbox_relay_commit_to_ack_seconds";
 /// Gauge: messages published and not yet acknowledged.
-pub const IN_FLIGHT: &str = "outbox_relay_in_flight";
+pub(crate) const IN_FLIGHT: &str = "outbox_relay_in_flight";
 /// Gauge: the LSN confirmed to the replication slot, as a number.
-pub const CONFIRMED_LSN: &str = "outbox_relay_confirmed_lsn";
+pub(crate) const CONFIRMED_LSN: &str = "outbox_relay_confirmed_lsn";
 /// Gauge: the highest WAL position received from Postgres, as a number.
-pub const RECEIVED_LSN: &str = "outbox_relay_received_lsn";
+pub(crate) const RECEIVED_LSN: &str = "outbox_relay_received_lsn";
 /// Gauge: `pg_current_wal_lsn()` minus the slot's `confirmed_flush_lsn`, sampled.
-pub const SLOT_LAG: &str = "outbox_relay_slot_lag_bytes";
+pub(crate) const SLOT_LAG: &str = "outbox_relay_slot_lag_bytes";
 /// Gauge: `pg_current_wal_lsn()` minus the slot's `restart_lsn`, the WAL kept for the slot, sampled.
-pub const RETAINED_WAL: &str = "outbox_relay_retained_wal_bytes";
+pub(crate) const RETAINED_WAL: &str = "outbox_relay_retained_wal_bytes";
 /// Gauge: the slot's `wal_status`, 1 for the current one of [`WAL_STATUSES`].
-pub const WAL_STATUS: &str = "outbox_relay_slot_wal_status";
+pub(crate) const WAL_STATUS: &str = "outbox_relay_slot_wal_status";
 /// Gauge: seconds since JetStream last acknowledged an event (-1 before the first).
-pub const SINCE_LAST_ACK: &str = "outbox_relay_seconds_since_last_ack";
+pub(crate) const SINCE_LAST_ACK: &str = "outbox_relay_seconds_since_last_ack";
 /// Gauge: 1 while a replication session streams from Postgres.
-pub const STREAMING: &str = "outbox_relay_streaming";
+pub(crate) const STREAMING: &str = "outbox_relay_streaming";
 /// Gauge: 1 while the NATS connection is up.
-pub const NATS_CONNECTED: &str = "outbox_relay_nats_connected";
+pub(crate) const NATS_CONNECTED: &str = "outbox_relay_nats_connected";
 /// Gauge: 1 while this relay waits as a standby because another relay holds the slot.
-pub const STANDBY: &str = "outbox_relay_standby";
+pub(crate) const STANDBY: &str = "outbox_relay_standby";
 /// Counter: trace spans sent to the OTLP collector (`[telemetry]`).
-pub const SPANS_EXPORTED: &str = "outbox_relay_spans_exported_total";
+pub(crate) const SPANS_EXPORTED: &str = "outbox_relay_spans_exported_total";
 /// Counter: trace spans dropped: the export queue was full, or the collector refused, failed or did
 /// not answer in time.
-pub const SPANS_DROPPED: &str = "outbox_relay_spans_dropped_total";
+pub(crate) const SPANS_DROPPED: &str = "outbox_relay_spans_dropped_total";
 
 /// `wal_status` values of `pg_replication_slots`, in the order of the gauge's codes (0 = unknown).
-pub const WAL_STATUSES: [&str; 4] = ["reserved", "extended", "unreserved", "lost"];
+pub(crate) const WAL_STATUSES: [&str; 4] = ["reserved", "extended", "unreserved", "lost"];
 
 /// Upper bounds (seconds) of the commit → ack latency buckets.
 const BUCKETS: [f64; 12] = [
@@ -58,7 +58,7 @@ const BUCKETS: [f64; 12] = [
 
 /// A fixed-bucket histogram of durations.
 #[derive(Debug, Default)]
-pub struct Histogram {
+pub(crate) struct Histogram {
     buckets: [AtomicU64; BUCKETS.len()],
     count: AtomicU64,
     sum_micros: AtomicU64,
@@ -66,7 +66,7 @@ pub struct Histogram {
 
 impl Histogram {
     /// Records one duration.
-    pub fn observe(&self, d: Duration) {
+    pub(crate) fn observe(&self, d: Duration) {
         let secs = d.as_secs_f64();
         if let Some(i) = BUCKETS.iter().position(|&b| secs <= b) {
             self.buckets[i].fetch_add(1, Ordering::Relaxed);
@@ -74,11 +74,6 @@ impl Histogram {
         self.count.fetch_add(1, Ordering::Relaxed);
         self.sum_micros
             .fetch_add(d.as_micros() as u64, Ordering::Relaxed);
-    }
-
-    /// How many durations were recorded.
-    pub fn count(&self) -> u64 {
-        self.count.load(Ordering::Relaxed)
     }
 }
 
@@ -96,29 +91,29 @@ pub struct Metrics {
     /// Pipeline restarts after a transient failure, in all.
     pub reconnects: AtomicU64,
     /// The same by cause, indexed by [`CauseKind`] (see [`Metrics::restarted`]).
-    pub reconnects_by_cause: [AtomicU64; CauseKind::ALL.len()],
+    pub(crate) reconnects_by_cause: [AtomicU64; CauseKind::ALL.len()],
     /// The LSN last confirmed to the slot, as a number.
-    pub confirmed_lsn: AtomicU64,
+    pub(crate) confirmed_lsn: AtomicU64,
     /// The highest WAL position received from Postgres, as a number.
-    pub received_lsn: AtomicU64,
+    pub(crate) received_lsn: AtomicU64,
     /// Messages published and not yet acknowledged.
     pub in_flight: AtomicU64,
     /// Unix milliseconds of the last ack (0 = none yet).
-    pub last_ack_unix_ms: AtomicU64,
+    pub(crate) last_ack_unix_ms: AtomicU64,
     /// 1 while a replication session streams.
     pub streaming: AtomicU64,
     /// 1 while the NATS client is connected.
-    pub nats_connected: AtomicU64,
+    pub(crate) nats_connected: AtomicU64,
     /// 1 while waiting as a standby: another relay holds the slot.
     pub standby: AtomicU64,
     /// Sampled on the control connection: `pg_current_wal_lsn() - confirmed_flush_lsn`.
-    pub slot_lag_bytes: AtomicU64,
+    pub(crate) slot_lag_bytes: AtomicU64,
     /// Sampled: `pg_current_wal_lsn() - restart_lsn`, the WAL the slot keeps.
-    pub retained_wal_bytes: AtomicU64,
+    pub(crate) retained_wal_bytes: AtomicU64,
     /// 1 + index into [`WAL_STATUSES`]; 0 = unknown.
-    pub wal_status: AtomicU64,
+    pub(crate) wal_status: AtomicU64,
     /// Commit (the transaction's commit timestamp) → JetStream ack.
-    pub commit_to_ack: Histogram,
+    pub(crate) commit_to_ack: Histogram,
     /// `outbox.schemas`: failed checks by event type, reloads, schemas in force. An `Arc`: the
     /// outbox stage counts into it.
     pub schemas: std::sync::Arc<crate::schema::SchemaMetrics>,
@@ -137,17 +132,17 @@ fn now_ms() -> u64 {
 
 impl Metrics {
     /// Adds one to a counter.
-    pub fn inc(counter: &AtomicU64) {
+    pub(crate) fn inc(counter: &AtomicU64) {
         counter.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Adds `n` to a counter.
-    pub fn add(counter: &AtomicU64, n: u64) {
+    pub(crate) fn add(counter: &AtomicU64, n: u64) {
         counter.fetch_add(n, Ordering::Relaxed);
     }
 
     /// Sets a gauge.
-    pub fn set(gauge: &AtomicU64, v: u64) {
+    pub(crate) fn set(gauge: &AtomicU64, v: u64) {
         gauge.store(v, Ordering::Relaxed);
     }
 
@@ -157,18 +152,18 @@ impl Metrics {
     }
 
     /// Counts a session restart of kind `cause`.
-    pub fn restarted(&self, cause: CauseKind) {
+    pub(crate) fn restarted(&self, cause: CauseKind) {
         Self::inc(&self.reconnects);
         Self::inc(&self.reconnects_by_cause[cause as usize]);
     }
 
     /// Records that an ack arrived now.
-    pub fn acked_now(&self) {
+    pub(crate) fn acked_now(&self) {
         self.last_ack_unix_ms.store(now_ms(), Ordering::Relaxed);
     }
 
     /// Seconds since the last ack; `None` before the first.
-    pub fn seconds_since_last_ack(&self) -> Option<f64> {
+    pub(crate) fn seconds_since_last_ack(&self) -> Option<f64> {
         match self.last_ack_unix_ms.load(Ordering::Relaxed) {
             0 => None,
             t => Some(now_ms().saturating_sub(t) as f64 / 1000.0),
@@ -176,12 +171,12 @@ impl Metrics {
     }
 
     /// Streaming with both connections up: what `/readyz` reports.
-    pub fn ready(&self) -> bool {
+    pub(crate) fn ready(&self) -> bool {
         Self::get(&self.streaming) == 1 && Self::get(&self.nats_connected) == 1
     }
 
     /// Sets the `wal_status` gauge from its text.
-    pub fn set_wal_status(&self, status: &str) {
+    pub(crate) fn set_wal_status(&self, status: &str) {
         let code = WAL_STATUSES
             .iter()
             .position(|s| *s == status)

@@ -34,9 +34,9 @@ use crate::Lsn;
 pub struct Position {
     /// The commit LSN of the event's transaction, or the LSN a standalone message or backfilled
     /// row is placed at.
-    pub lsn: Lsn,
+    pub(crate) lsn: Lsn,
     /// Its index within that LSN (insert order within a transaction, cursor order in a backfill).
-    pub index: u32,
+    pub(crate) index: u32,
 }
 
 impl Position {
@@ -49,7 +49,7 @@ impl Position {
     }
 
     /// The position of a non-transactional message whose WAL record ends at `lsn`.
-    pub fn standalone(lsn: Lsn) -> Self {
+    pub(crate) fn standalone(lsn: Lsn) -> Self {
         Position {
             lsn: Lsn(lsn.0.saturating_sub(1)),
             index: 0,
@@ -91,13 +91,13 @@ impl FromStr for Position {
 
 /// One WAL history as seen through one slot: the database system, its timeline and the slot.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct History {
+pub(crate) struct History {
     /// `IDENTIFY_SYSTEM`'s system identifier (fixed at initdb, kept by physical replicas).
-    pub system_id: String,
+    pub(crate) system_id: String,
     /// The timeline (a promotion or a point-in-time recovery starts a new one).
-    pub timeline: u32,
+    pub(crate) timeline: u32,
     /// The replication slot the messages were read through.
-    pub slot: String,
+    pub(crate) slot: String,
 }
 
 impl fmt::Display for History {
@@ -133,7 +133,7 @@ impl FromStr for History {
 /// The `Outbox-Position` value of a message at `position` in `history` (given as its
 /// [`History`] text, `SYSTEM/TIMELINE/SLOT`, formatted once per session): `history/X/Y:I`, or only
 /// `X/Y:I` without a history. Written without `core::fmt`: it is on every message.
-pub fn stamp(position: Position, history: Option<&str>) -> String {
+pub(crate) fn stamp(position: Position, history: Option<&str>) -> String {
     let mut out = String::with_capacity(history.map_or(0, str::len) + 1 + 8 + 1 + 8 + 1 + 10);
     if let Some(h) = history {
         out.push_str(h);
@@ -146,7 +146,7 @@ pub fn stamp(position: Position, history: Option<&str>) -> String {
 }
 
 /// An `Outbox-Position` value: the position, and the history when the value names one.
-pub fn parse_stamp(s: &str) -> Result<(Option<History>, Position), ParseError> {
+pub(crate) fn parse_stamp(s: &str) -> Result<(Option<History>, Position), ParseError> {
     let s = s.trim();
     // The position is the last two '/'-separated parts (an LSN has one '/'); a history has three
     // before it (slot names have no '/').

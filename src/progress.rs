@@ -21,9 +21,9 @@ use crate::Lsn;
 )]
 pub struct OutOfOrderAck {
     /// The sequence number of the next ack expected.
-    pub expected: u64,
+    pub(crate) expected: u64,
     /// The sequence number of the ack that arrived.
-    pub got: u64,
+    pub(crate) got: u64,
 }
 
 /// See the module docs.
@@ -75,7 +75,7 @@ impl Progress {
     /// A unit of WAL outside any transaction (a non-transactional logical message) that ends at
     /// `end_lsn`: done, like a commit, once every message published so far is acked. It leaves an
     /// open transaction open (pgoutput never sends one inside, but nothing here depends on that).
-    pub fn standalone(&mut self, end_lsn: Lsn) {
+    pub(crate) fn standalone(&mut self, end_lsn: Lsn) {
         self.committed.push_back((self.next_seq, end_lsn));
         self.advance();
     }
@@ -106,17 +106,17 @@ impl Progress {
     }
 
     /// Between a Begin and its Commit.
-    pub fn in_transaction(&self) -> bool {
+    pub(crate) fn in_transaction(&self) -> bool {
         self.in_txn
     }
 
     /// Messages published but not acked.
-    pub fn in_flight(&self) -> u64 {
+    pub(crate) fn in_flight(&self) -> u64 {
         self.next_seq - self.acked
     }
 
     /// No open transaction, nothing unacknowledged, nothing waiting to be confirmed.
-    pub fn is_idle(&self) -> bool {
+    pub(crate) fn is_idle(&self) -> bool {
         !self.in_txn && self.committed.is_empty() && self.acked == self.next_seq
     }
 

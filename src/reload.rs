@@ -42,11 +42,11 @@ pub struct Reloader {
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Reloaded {
     /// Keys whose new values are in force now.
-    pub applied: Vec<String>,
+    pub(crate) applied: Vec<String>,
     /// Keys that differ from the running values and take effect only after a restart.
-    pub needs_restart: Vec<String>,
+    pub(crate) needs_restart: Vec<String>,
     /// Keys a hook could not apply, with its reason.
-    pub failed: Vec<(String, String)>,
+    pub(crate) failed: Vec<(String, String)>,
 }
 
 impl Reloader {
@@ -72,7 +72,7 @@ impl Reloader {
     }
 
     /// [`Reloader::reload`] with the new settings given.
-    pub fn apply(&mut self, new: &Settings) -> Reloaded {
+    pub(crate) fn apply(&mut self, new: &Settings) -> Reloaded {
         let fresh = flatten(new.config());
         let changed: Vec<String> = fresh
             .iter()
@@ -177,7 +177,7 @@ mod tests {
             &["log.level"]
         }
         fn apply(&mut self, new: &Settings) -> Result<(), String> {
-            self.0.push(new.log.level.clone());
+            self.0.push(new.config().log.level.clone());
             Ok(())
         }
     }

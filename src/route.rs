@@ -14,7 +14,7 @@ use std::fmt;
 
 /// A placeholder of the template.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Field {
+pub(crate) enum Field {
     /// `{aggregate_type}`.
     AggregateType,
     /// `{event_type}`.
@@ -62,13 +62,13 @@ pub struct TemplateError {
 /// Why an event's values cannot form a subject (goes into `Outbox-Error`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{field} {value:?} is not a valid subject token: {reason}")]
-pub struct RouteError {
+pub(crate) struct RouteError {
     /// The placeholder's field, e.g. `aggregate_type`.
-    pub field: &'static str,
+    pub(crate) field: &'static str,
     /// The event's value for it.
-    pub value: String,
+    pub(crate) value: String,
     /// Why the value is not a valid token.
-    pub reason: &'static str,
+    pub(crate) reason: &'static str,
 }
 
 impl SubjectTemplate {
@@ -137,13 +137,13 @@ impl SubjectTemplate {
     }
 
     /// The template with `partitions` partitions for `{partition}` (0: none).
-    pub fn with_partitions(mut self, partitions: u32) -> Self {
+    pub(crate) fn with_partitions(mut self, partitions: u32) -> Self {
         self.partitions = partitions;
         self
     }
 
     /// The subject for one event, or why it cannot have one.
-    pub fn render(
+    pub(crate) fn render(
         &self,
         aggregate_type: &str,
         event_type: &str,
@@ -175,7 +175,7 @@ impl SubjectTemplate {
     }
 
     /// The subject filter that covers every rendered subject: placeholders become `*`.
-    pub fn wildcard(&self) -> String {
+    pub(crate) fn wildcard(&self) -> String {
         self.parts
             .iter()
             .map(|p| match p {
@@ -188,7 +188,7 @@ impl SubjectTemplate {
     /// With `{partition}` and partitions: for each partition in order, the filter that covers the
     /// subjects of that partition (other placeholders `*`, `{partition}` the number). Empty
     /// otherwise.
-    pub fn partition_wildcards(&self) -> Vec<String> {
+    pub(crate) fn partition_wildcards(&self) -> Vec<String> {
         if self.partitions == 0 || !self.fields().any(|f| f == Field::Partition) {
             return Vec::new();
         }
@@ -208,7 +208,7 @@ impl SubjectTemplate {
     }
 
     /// Whether a literal subject could be produced by this template.
-    pub fn matches_literal(&self, subject: &str) -> bool {
+    pub(crate) fn matches_literal(&self, subject: &str) -> bool {
         let pattern = self.wildcard();
         let p: Vec<&str> = pattern.split('.').collect();
         let s: Vec<&str> = subject.split('.').collect();
@@ -216,7 +216,7 @@ impl SubjectTemplate {
     }
 
     /// Which placeholders the template uses.
-    pub fn fields(&self) -> impl Iterator<Item = Field> + '_ {
+    pub(crate) fn fields(&self) -> impl Iterator<Item = Field> + '_ {
         self.parts.iter().filter_map(|p| match p {
             Part::Field(f) => Some(*f),
             Part::Lit(_) => None,
@@ -235,7 +235,7 @@ impl fmt::Display for SubjectTemplate {
 /// token's bytes (several tokens: their bytes one after the other) modulo the number of partitions
 /// (`getHashPartition` in nats-server's `server/subject_transform.go`). The server agrees with it
 /// for an aggregate id that is one valid subject token.
-pub fn partition(key: &str, partitions: u32) -> u32 {
+pub(crate) fn partition(key: &str, partitions: u32) -> u32 {
     if partitions == 0 {
         return 0;
     }
@@ -248,9 +248,9 @@ pub fn partition(key: &str, partitions: u32) -> u32 {
 /// The longest subject token the relay publishes to. NATS' own limit is the 4 KiB control line of a
 /// publish (beyond it the server closes the connection and no ack ever comes); a token this long is
 /// a bad row, not a name.
-pub const MAX_TOKEN_BYTES: usize = 256;
+pub(crate) const MAX_TOKEN_BYTES: usize = 256;
 /// The longest literal subject (dead-letter subject, template literals).
-pub const MAX_SUBJECT_BYTES: usize = 1024;
+pub(crate) const MAX_SUBJECT_BYTES: usize = 1024;
 
 /// A value as an error shows it: at most 64 characters.
 fn shown(v: &str) -> String {
@@ -262,7 +262,7 @@ fn shown(v: &str) -> String {
 
 /// One subject token: not empty, at most [`MAX_TOKEN_BYTES`], no whitespace, `.`, `*`, `>` or
 /// control characters.
-pub fn check_token(t: &str) -> Result<(), &'static str> {
+pub(crate) fn check_token(t: &str) -> Result<(), &'static str> {
     if t.is_empty() {
         return Err("it is empty");
     }
@@ -286,7 +286,7 @@ pub fn check_token(t: &str) -> Result<(), &'static str> {
 }
 
 /// A whole literal subject (e.g. the dead-letter subject): valid tokens separated by `.`.
-pub fn check_subject(s: &str) -> Result<(), String> {
+pub(crate) fn check_subject(s: &str) -> Result<(), String> {
     if s.is_empty() {
         return Err("the subject is empty".into());
     }
@@ -309,7 +309,7 @@ pub fn check_subject(s: &str) -> Result<(), String> {
 
 /// Whether the stream subject filter `filter` matches every subject `subject` can stand for
 /// (`subject` may contain `*` itself, as a template's wildcard does).
-pub fn subject_covers(filter: &str, subject: &str) -> bool {
+pub(crate) fn subject_covers(filter: &str, subject: &str) -> bool {
     let f: Vec<&str> = filter.split('.').collect();
     let s: Vec<&str> = subject.split('.').collect();
     for (i, ft) in f.iter().enumerate() {
@@ -332,7 +332,7 @@ pub fn subject_covers(filter: &str, subject: &str) -> bool {
 
 /// Whether some subject matches both filters `a` and `b` (JetStream refuses two streams with
 /// overlapping subjects).
-pub fn subjects_overlap(a: &str, b: &str) -> bool {
+pub(crate) fn subjects_overlap(a: &str, b: &str) -> bool {
     let a: Vec<&str> = a.split('.').collect();
     let b: Vec<&str> = b.split('.').collect();
     for i in 0..a.len().max(b.len()) {

@@ -38,11 +38,11 @@ const MAX_LABELS: usize = 1000;
 /// Why a schema directory cannot be loaded: the file (or the directory) and the problem.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{}: {problem}", file.display())]
-pub struct LoadError {
+pub(crate) struct LoadError {
     /// The file at fault, or the directory when it cannot be read.
-    pub file: PathBuf,
+    pub(crate) file: PathBuf,
     /// What is wrong, in one line.
-    pub problem: String,
+    pub(crate) problem: String,
 }
 
 /// One event type's contract.
@@ -54,7 +54,7 @@ struct Contract {
 
 /// One load of the schema directory, compiled; never changed after.
 #[derive(Default)]
-pub struct SchemaSet {
+pub(crate) struct SchemaSet {
     /// The directory, as configured; empty when validation is off.
     dir: String,
     by_type: HashMap<String, Contract>,
@@ -77,7 +77,7 @@ impl fmt::Debug for SchemaSet {
 
 /// What the check says about one event.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Verdict {
+pub(crate) enum Verdict {
     /// The payload validates; the schema's `$id`, if it has one.
     Pass(Option<Arc<str>>),
     /// No schema for the type, and none is required: published unchecked.
@@ -89,7 +89,7 @@ pub enum Verdict {
 impl SchemaSet {
     /// Loads and compiles every `*.json` file of `dir` (`""`: validation off, an empty set).
     /// `required` is `outbox.schemas_required`.
-    pub fn load(dir: &str, required: bool) -> Result<SchemaSet, LoadError> {
+    pub(crate) fn load(dir: &str, required: bool) -> Result<SchemaSet, LoadError> {
         if dir.is_empty() {
             return Ok(SchemaSet {
                 required,
@@ -167,34 +167,35 @@ impl SchemaSet {
     }
 
     /// Whether `other` was loaded from the same files with the same settings.
-    pub fn same_as(&self, other: &SchemaSet) -> bool {
+    pub(crate) fn same_as(&self, other: &SchemaSet) -> bool {
         self.fingerprint == other.fingerprint
     }
 
     /// The directory (empty when validation is off).
-    pub fn dir(&self) -> &str {
+    pub(crate) fn dir(&self) -> &str {
         &self.dir
     }
 
     /// How many schemas the set holds.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.by_type.len()
     }
 
-    /// The set holds no schema.
-    pub fn is_empty(&self) -> bool {
+    /// The set holds no schema (for the tests: the relay asks [`SchemaSet::len`] for its log line).
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.by_type.is_empty()
     }
 
     /// Whether events are checked at all: a schema directory is set or schemas are required. When
     /// not, the stage never calls [`SchemaSet::check`].
-    pub fn active(&self) -> bool {
+    pub(crate) fn active(&self) -> bool {
         !self.dir.is_empty() || self.required
     }
 
     /// Checks `payload` (the bytes as published) of an event of type `event_type`. `bytea` says the
     /// payload column is bytea (raw bytes, which must hold JSON to validate).
-    pub fn check(&self, event_type: &str, payload: &[u8], bytea: bool) -> Verdict {
+    pub(crate) fn check(&self, event_type: &str, payload: &[u8], bytea: bool) -> Verdict {
         let Some(contract) = self.by_type.get(event_type) else {
             return if self.required {
                 Verdict::Fail(format!(
@@ -291,14 +292,14 @@ impl fmt::Debug for Schemas {
 
 impl Schemas {
     /// A handle holding `set`.
-    pub fn new(set: SchemaSet) -> Schemas {
+    pub(crate) fn new(set: SchemaSet) -> Schemas {
         let s = Schemas::default();
         s.replace(Arc::new(set));
         s
     }
 
     /// The set in force.
-    pub fn current(&self) -> Arc<SchemaSet> {
+    pub(crate) fn current(&self) -> Arc<SchemaSet> {
         // A poisoned lock still holds a whole set: replace only swaps an Arc.
         Arc::clone(
             &self
@@ -310,7 +311,7 @@ impl Schemas {
     }
 
     /// Puts `set` in force for every reader.
-    pub fn replace(&self, set: Arc<SchemaSet>) {
+    pub(crate) fn replace(&self, set: Arc<SchemaSet>) {
         *self
             .shared
             .current
@@ -320,7 +321,7 @@ impl Schemas {
     }
 
     /// A reader for one stage.
-    pub fn reader(&self) -> SchemaReader {
+    pub(crate) fn reader(&self) -> SchemaReader {
         SchemaReader {
             seen: self.shared.generation.load(Ordering::Acquire),
             set: self.current(),
@@ -331,7 +332,7 @@ impl Schemas {
 
 /// A stage's view of [`Schemas`]: the set it checks with, refreshed when a reload replaced it.
 #[derive(Debug)]
-pub struct SchemaReader {
+pub(crate) struct SchemaReader {
     schemas: Schemas,
     seen: u64,
     set: Arc<SchemaSet>,
@@ -339,7 +340,7 @@ pub struct SchemaReader {
 
 impl SchemaReader {
     /// The set in force now: one atomic load when nothing changed.
-    pub fn get(&mut self) -> &SchemaSet {
+    pub(crate) fn get(&mut self) -> &SchemaSet {
         let now = self.schemas.shared.generation.load(Ordering::Acquire);
         if now != self.seen {
             self.seen = now;
@@ -355,23 +356,23 @@ pub struct SchemaMetrics {
     /// Failed checks by event type.
     failures: Mutex<BTreeMap<String, u64>>,
     /// Reloads that put a new set in force.
-    pub reloads: AtomicU64,
+    pub(crate) reloads: AtomicU64,
     /// Reloads that failed (the previous set stayed).
-    pub reload_failures: AtomicU64,
+    pub(crate) reload_failures: AtomicU64,
     /// Schemas in force.
-    pub loaded: AtomicU64,
+    pub(crate) loaded: AtomicU64,
 }
 
 /// Counter: events whose payload failed their schema, by event type.
-pub const SCHEMA_FAILURES: &str = "outbox_relay_schema_failures_total";
+pub(crate) const SCHEMA_FAILURES: &str = "outbox_relay_schema_failures_total";
 /// Counter: schema directory reloads, by result (`ok`, `failed`).
-pub const SCHEMA_RELOADS: &str = "outbox_relay_schema_reloads_total";
+pub(crate) const SCHEMA_RELOADS: &str = "outbox_relay_schema_reloads_total";
 /// Gauge: schemas in force.
-pub const SCHEMAS_LOADED: &str = "outbox_relay_schemas_loaded";
+pub(crate) const SCHEMAS_LOADED: &str = "outbox_relay_schemas_loaded";
 
 impl SchemaMetrics {
     /// Counts a failed check of an event of `event_type`.
-    pub fn failed(&self, event_type: &str) {
+    pub(crate) fn failed(&self, event_type: &str) {
         let mut map = self.failures.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(n) = map.get_mut(event_type) {
             *n += 1;
@@ -389,7 +390,7 @@ impl SchemaMetrics {
     }
 
     /// Appends the Prometheus text of these series to `out`.
-    pub fn render(&self, out: &mut String) {
+    pub(crate) fn render(&self, out: &mut String) {
         let _ = writeln!(
             out,
             "# HELP {SCHEMA_FAILURES} Events whose payload failed its JSON Schema (dead letters), by event type."

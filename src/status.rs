@@ -26,7 +26,7 @@ use crate::sink::connect_nats;
 /// Whether a server or object could be looked at, and what was found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum State {
+pub(crate) enum State {
     /// The server answered and the object is there.
     Exists,
     /// The server answered and the object is not there.
@@ -50,71 +50,71 @@ impl State {
 
 /// The slot as `pg_replication_slots` shows it.
 #[derive(Debug, Clone, Serialize)]
-pub struct SlotStatus {
+pub(crate) struct SlotStatus {
     /// `postgres.slot`.
-    pub name: String,
+    pub(crate) name: String,
     /// Whether Postgres answered and the slot exists.
-    pub state: State,
+    pub(crate) state: State,
     /// The slot exists (`None`: Postgres could not be asked).
-    pub exists: Option<bool>,
+    pub(crate) exists: Option<bool>,
     /// A walsender (a relay) streams the slot now (`None`: Postgres could not be asked).
-    pub active: Option<bool>,
+    pub(crate) active: Option<bool>,
     /// The process id of that walsender.
-    pub active_pid: Option<i32>,
+    pub(crate) active_pid: Option<i32>,
     /// The position the slot's consumer last confirmed.
-    pub confirmed_flush_lsn: Option<String>,
+    pub(crate) confirmed_flush_lsn: Option<String>,
     /// WAL position − `confirmed_flush_lsn`.
-    pub lag_bytes: Option<i64>,
+    pub(crate) lag_bytes: Option<i64>,
     /// WAL position − `restart_lsn`: WAL the slot keeps on disk.
-    pub retained_bytes: Option<i64>,
+    pub(crate) retained_bytes: Option<i64>,
     /// `reserved`, `extended`, `unreserved` or `lost`: whether the WAL the slot needs is still there.
-    pub wal_status: Option<String>,
+    pub(crate) wal_status: Option<String>,
     /// Bytes of WAL that can still be written before the slot is in danger of being lost.
-    pub safe_wal_size: Option<i64>,
+    pub(crate) safe_wal_size: Option<i64>,
     /// Events are decoded in the slot and no relay streams it.
-    pub events_waiting: Option<bool>,
+    pub(crate) events_waiting: Option<bool>,
     /// PG 17+.
-    pub inactive_since: Option<String>,
+    pub(crate) inactive_since: Option<String>,
     /// Why the slot was invalidated (PG 17+); `None` while it is usable.
-    pub invalidation_reason: Option<String>,
+    pub(crate) invalidation_reason: Option<String>,
     /// PG 17+: the slot is a failover slot, which standbys keep a copy of.
-    pub failover: Option<bool>,
+    pub(crate) failover: Option<bool>,
     /// PG 17+: the slot is a copy synced from a primary's failover slot.
-    pub synced: Option<bool>,
+    pub(crate) synced: Option<bool>,
 }
 
 /// The stream as JetStream reports it.
 #[derive(Debug, Clone, Serialize)]
-pub struct StreamStatus {
+pub(crate) struct StreamStatus {
     /// `nats.stream`.
-    pub name: String,
+    pub(crate) name: String,
     /// Whether NATS answered with JetStream and the stream exists.
-    pub state: State,
+    pub(crate) state: State,
     /// The stream exists (`None`: NATS or JetStream could not be asked). The fields below are
     /// `None` unless it exists.
-    pub exists: Option<bool>,
+    pub(crate) exists: Option<bool>,
     /// Messages the stream holds.
-    pub messages: Option<u64>,
+    pub(crate) messages: Option<u64>,
     /// Bytes the stream holds.
-    pub bytes: Option<u64>,
+    pub(crate) bytes: Option<u64>,
     /// Sequence number of the stream's last message.
-    pub last_sequence: Option<u64>,
+    pub(crate) last_sequence: Option<u64>,
     /// The subjects the stream stores.
-    pub subjects: Option<Vec<String>>,
+    pub(crate) subjects: Option<Vec<String>>,
     /// `file` or `memory`.
-    pub storage: Option<String>,
+    pub(crate) storage: Option<String>,
     /// Number of replicas.
-    pub replicas: Option<usize>,
+    pub(crate) replicas: Option<usize>,
     /// The stream's duplicate window, in seconds.
-    pub duplicate_window_secs: Option<u64>,
+    pub(crate) duplicate_window_secs: Option<u64>,
     /// Why the stream's state is unknown (NATS unreachable, JetStream not answering).
-    pub unknown_because: Option<String>,
+    pub(crate) unknown_because: Option<String>,
 }
 
 /// What a relay for the slot is doing, as far as Postgres shows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum RelayState {
+pub(crate) enum RelayState {
     /// Something streams the slot (it is active).
     Streaming,
     /// A relay process for the slot is connected to Postgres but does not stream the slot: it
@@ -128,70 +128,70 @@ pub enum RelayState {
 
 /// The relay processes of the slot that Postgres sees.
 #[derive(Debug, Clone, Serialize)]
-pub struct RelayStatus {
+pub(crate) struct RelayStatus {
     /// What they are doing.
-    pub state: RelayState,
+    pub(crate) state: RelayState,
     /// Their process ids (on the relay's host), from the connections' `application_name`.
-    pub pids: Vec<u32>,
+    pub(crate) pids: Vec<u32>,
 }
 
 /// The publication as `pg_publication_tables` shows it.
 #[derive(Debug, Clone, Serialize)]
-pub struct PublicationStatus {
+pub(crate) struct PublicationStatus {
     /// `postgres.publication`.
-    pub name: String,
+    pub(crate) name: String,
     /// The publication exists.
-    pub exists: bool,
+    pub(crate) exists: bool,
     /// The tables it publishes, schema-qualified.
-    pub tables: Vec<String>,
+    pub(crate) tables: Vec<String>,
 }
 
 /// Postgres as a whole.
 #[derive(Debug, Clone, Serialize)]
-pub struct ServerStatus {
+pub(crate) struct ServerStatus {
     /// Whether the server answered.
-    pub state: State,
+    pub(crate) state: State,
     /// The host the control connection reached.
-    pub host: Option<String>,
+    pub(crate) host: Option<String>,
     /// The `server_version` setting, e.g. `17.2`.
-    pub server_version: Option<String>,
+    pub(crate) server_version: Option<String>,
     /// Connected to a standby (in recovery).
-    pub in_recovery: Option<bool>,
+    pub(crate) in_recovery: Option<bool>,
     /// PG 17+: the physical slots a logical failover slot waits for.
-    pub synchronized_standby_slots: Option<String>,
+    pub(crate) synchronized_standby_slots: Option<String>,
     /// PG 18+.
-    pub idle_replication_slot_timeout: Option<String>,
+    pub(crate) idle_replication_slot_timeout: Option<String>,
 }
 
 /// Another host of `postgres.url` (a standby, usually) and its copy of the slot.
 #[derive(Debug, Clone, Serialize)]
-pub struct StandbyStatus {
+pub(crate) struct StandbyStatus {
     /// `host:port` as listed in the URL.
-    pub host: String,
+    pub(crate) host: String,
     /// Whether the host answered.
-    pub state: State,
+    pub(crate) state: State,
     /// The host is in recovery (a standby).
-    pub in_recovery: Option<bool>,
+    pub(crate) in_recovery: Option<bool>,
     /// The slot exists there.
-    pub slot_exists: bool,
+    pub(crate) slot_exists: bool,
     /// PG 17+: it is a synced copy of the primary's failover slot.
-    pub synced: Option<bool>,
+    pub(crate) synced: Option<bool>,
     /// The position of the slot's copy there.
-    pub confirmed_flush_lsn: Option<String>,
+    pub(crate) confirmed_flush_lsn: Option<String>,
 }
 
 /// `outbox.schemas` as this process loads it now: what a relay started now would check with (a
 /// running relay's own last reload is in its log and its `outbox_relay_schema_reloads_total`).
 #[derive(Debug, Clone, Serialize)]
-pub struct SchemasStatus {
+pub(crate) struct SchemasStatus {
     /// The directory.
-    pub dir: String,
+    pub(crate) dir: String,
     /// Schemas that load from it now (`None` when it does not load).
-    pub loaded: Option<usize>,
+    pub(crate) loaded: Option<usize>,
     /// Why it does not load: the file and the problem.
-    pub error: Option<String>,
+    pub(crate) error: Option<String>,
     /// `outbox.schemas_required`.
-    pub required: bool,
+    pub(crate) required: bool,
 }
 
 /// Everything `status` prints.
@@ -200,23 +200,23 @@ pub struct Status {
     /// No problems were found.
     pub healthy: bool,
     /// The Postgres server `postgres.url` reached.
-    pub postgres: ServerStatus,
+    pub(crate) postgres: ServerStatus,
     /// The URL's other hosts, when it lists several: failover readiness.
-    pub standbys: Vec<StandbyStatus>,
+    pub(crate) standbys: Vec<StandbyStatus>,
     /// The replication slot.
-    pub slot: SlotStatus,
+    pub(crate) slot: SlotStatus,
     /// The relay processes for the slot, as Postgres sees them.
-    pub relay: RelayStatus,
+    pub(crate) relay: RelayStatus,
     /// The publication.
-    pub publication: PublicationStatus,
+    pub(crate) publication: PublicationStatus,
     /// The JetStream stream.
-    pub stream: StreamStatus,
+    pub(crate) stream: StreamStatus,
     /// The schema directory (`None`: `outbox.schemas` is not set).
-    pub schemas: Option<SchemasStatus>,
+    pub(crate) schemas: Option<SchemasStatus>,
     /// What makes the status unhealthy, one line each, with the fix.
-    pub problems: Vec<String>,
+    pub(crate) problems: Vec<String>,
     /// Findings that do not make the status unhealthy, one line each.
-    pub warnings: Vec<String>,
+    pub(crate) warnings: Vec<String>,
 }
 
 /// Gathers the status. `max_lag_bytes`: a slot further behind than this is a problem even while a
@@ -224,7 +224,7 @@ pub struct Status {
 pub async fn status(settings: &Settings, max_lag_bytes: i64) -> Status {
     let mut problems = Vec::new();
     let mut warnings = Vec::new();
-    let slot_name = &settings.postgres.slot;
+    let slot_name = &settings.config().postgres.slot;
     let pg = postgres_side(settings, &mut problems, &mut warnings).await;
     let stream = read_stream(settings, &mut problems).await;
     // The checks `run` makes, so a configuration `run` rejects is never called healthy.
@@ -286,13 +286,13 @@ async fn postgres_side(
             synchronized_standby_slots: None,
             idle_replication_slot_timeout: None,
         },
-        slot: slot_status(&settings.postgres.slot, State::Unreachable, None),
+        slot: slot_status(&settings.config().postgres.slot, State::Unreachable, None),
         relay: RelayStatus {
             state: RelayState::Unknown,
             pids: Vec::new(),
         },
         publication: PublicationStatus {
-            name: settings.postgres.publication.clone(),
+            name: settings.config().postgres.publication.clone(),
             exists: false,
             tables: Vec::new(),
         },
@@ -425,7 +425,7 @@ fn server_warnings(slot_name: &str, pg: &PostgresSide, warnings: &mut Vec<String
 /// The schema directory as it loads now. One that does not is a problem: a relay keeps its
 /// previous schemas, but one started now refuses to start.
 fn schemas_status(settings: &Settings, problems: &mut Vec<String>) -> Option<SchemasStatus> {
-    let dir = &settings.outbox.schemas;
+    let dir = &settings.config().outbox.schemas;
     if dir.is_empty() {
         return None;
     }
@@ -439,7 +439,7 @@ fn schemas_status(settings: &Settings, problems: &mut Vec<String>) -> Option<Sch
         dir: dir.clone(),
         loaded: error.is_none().then(|| settings.schemas.current().len()),
         error,
-        required: settings.outbox.schemas_required,
+        required: settings.config().outbox.schemas_required,
     })
 }
 
@@ -467,9 +467,9 @@ async fn read_postgres(
     server.idle_replication_slot_timeout = r.get(3);
     server.host = r.get(4);
 
-    let row = catalog::slot(pg, &settings.postgres.slot).await?;
+    let row = catalog::slot(pg, &settings.config().postgres.slot).await?;
     *slot = slot_status(
-        &settings.postgres.slot,
+        &settings.config().postgres.slot,
         if row.is_some() {
             State::Exists
         } else {
@@ -477,7 +477,7 @@ async fn read_postgres(
         },
         row.as_ref(),
     );
-    relay.pids = relay_pids(pg, &settings.postgres.slot).await?;
+    relay.pids = relay_pids(pg, &settings.config().postgres.slot).await?;
     relay.state = if row.as_ref().is_some_and(|r| r.active) {
         RelayState::Streaming
     } else if relay.pids.is_empty() {
@@ -502,14 +502,14 @@ async fn read_postgres(
     publication.exists = pg
         .query_opt(
             "SELECT 1 FROM pg_publication WHERE pubname = $1",
-            &[&settings.postgres.publication],
+            &[&settings.config().postgres.publication],
         )
         .await?
         .is_some();
     publication.tables = pg
         .query(
             "SELECT schemaname || '.' || tablename FROM pg_publication_tables WHERE pubname = $1 ORDER BY 1",
-            &[&settings.postgres.publication],
+            &[&settings.config().postgres.publication],
         )
         .await?
         .iter()
@@ -561,7 +561,7 @@ async fn events_waiting(settings: &Settings, pg: &Client) -> Result<bool, tokio_
     );
     pg.query(
         "SELECT pg_copy_logical_replication_slot($1, $2, true)",
-        &[&settings.postgres.slot, &copy],
+        &[&settings.config().postgres.slot, &copy],
     )
     .await?;
     let peeked = peek(settings, pg, &copy).await;
@@ -575,7 +575,7 @@ async fn peek(settings: &Settings, pg: &Client, slot: &str) -> Result<bool, toki
     // Decoding reads WAL up to the first outbox change; bound it, status must answer.
     pg.batch_execute("SET statement_timeout = '10s'").await?;
     // Logical-message events are only decoded when asked for, as the relay asks.
-    let messages = if settings.outbox.message_prefix.is_empty() {
+    let messages = if settings.config().outbox.message_prefix.is_empty() {
         "false"
     } else {
         "true"
@@ -584,7 +584,7 @@ async fn peek(settings: &Settings, pg: &Client, slot: &str) -> Result<bool, toki
         .query(
             "SELECT substr(data, 1, 1) FROM pg_logical_slot_peek_binary_changes($1, NULL, 1, \
              'proto_version', '1', 'publication_names', $2, 'messages', $3)",
-            &[&slot, &settings.postgres.publication, &messages],
+            &[&slot, &settings.config().postgres.publication, &messages],
         )
         .await;
     let _ = pg.batch_execute("RESET statement_timeout").await;
@@ -630,7 +630,7 @@ async fn read_standbys(
                 .await
                 .ok()
                 .map(|r| r.get(0));
-            if let Ok(Some(copy)) = catalog::slot(&client, &settings.postgres.slot).await {
+            if let Ok(Some(copy)) = catalog::slot(&client, &settings.config().postgres.slot).await {
                 st.slot_exists = true;
                 st.synced = copy.synced;
                 st.confirmed_flush_lsn = copy.confirmed_flush_lsn;
@@ -675,7 +675,7 @@ fn slot_status(name: &str, state: State, row: Option<&SlotRow>) -> SlotStatus {
 }
 
 async fn read_stream(settings: &Settings, problems: &mut Vec<String>) -> StreamStatus {
-    let name = &settings.nats.stream;
+    let name = &settings.config().nats.stream;
     let mut st = StreamStatus {
         name: name.clone(),
         state: State::Unreachable,

@@ -442,7 +442,7 @@ fn settings_in_the_deploy_files_are_real_settings() {
 
     let default_port = port(&Config::default().http.listen).to_owned();
     assert_eq!(
-        port(&in_pod.http.listen),
+        port(&in_pod.config().http.listen),
         default_port,
         "ConfigMap http.listen"
     );

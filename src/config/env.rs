@@ -125,7 +125,7 @@ pub(super) fn one_line(s: &str) -> String {
 
 /// `scheme://***@host…`: a URL with its user name, password or token hidden, for logs and `status`.
 /// A list of URLs (`nats://a,nats://b`) is redacted item by item.
-pub fn redact_url(raw: &str) -> String {
+pub(crate) fn redact_url(raw: &str) -> String {
     if raw.contains(',') && raw.contains("://") {
         return raw
             .split(',')

@@ -16,12 +16,12 @@ mod env;
 mod nats;
 mod settings;
 
-pub use env::redact_url;
-pub use nats::{NatsAuth, NatsSettings};
+pub(crate) use env::redact_url;
+pub(crate) use nats::NatsAuth;
 pub use settings::Settings;
 
 /// Prefix of the environment variables that override settings.
-pub const ENV_PREFIX: &str = "OUTBOX_RELAY_";
+pub(crate) const ENV_PREFIX: &str = "OUTBOX_RELAY_";
 
 /// The configuration as loaded (file, then environment), one field per `[section]`, before validation.
 #[derive(Clone, Default, Deserialize, Serialize)]
@@ -52,10 +52,10 @@ pub struct PostgresConfig {
     /// Publication that names the outbox table, inserts only.
     pub publication: String,
     /// Create the slot when it is missing (setup and run).
-    pub create_slot: bool,
+    pub(crate) create_slot: bool,
     /// PG 17+: create the slot with FAILOVER, so standbys with `sync_replication_slots` keep a copy
     /// that survives a promotion (ignored on older servers).
-    pub failover: bool,
+    pub(crate) failover: bool,
     /// Standby status update interval; at most 1000.
     pub status_interval_ms: u64,
     /// The largest replication message the relay accepts from the server (Postgres' own ceiling is
@@ -95,15 +95,15 @@ pub struct OutboxConfig {
     /// Schema-qualified table name; "" for none (logical messages only, with `message_prefix`).
     pub table: String,
     /// Column of the event id, which becomes the message's `Nats-Msg-Id`.
-    pub id_column: String,
+    pub(crate) id_column: String,
     /// Column of the kind of entity (header `Outbox-Aggregate-Type`, placeholder `{aggregate_type}`).
-    pub aggregate_type_column: String,
+    pub(crate) aggregate_type_column: String,
     /// Column of the entity id (header `Outbox-Aggregate-Id`, placeholder `{aggregate_id}`).
-    pub aggregate_id_column: String,
+    pub(crate) aggregate_id_column: String,
     /// Column of what happened (header `Outbox-Event-Type`, placeholder `{event_type}`).
-    pub event_type_column: String,
+    pub(crate) event_type_column: String,
     /// Column of the message body, published as stored.
-    pub payload_column: String,
+    pub(crate) payload_column: String,
     /// Optional jsonb object of extra headers; "" for none.
     pub headers_column: String,
     /// Extra columns copied to headers: `"tenant_id"` (header `tenant_id`) or
@@ -146,19 +146,19 @@ impl Default for OutboxConfig {
 
 impl OutboxConfig {
     /// (schema, table) of `table`.
-    pub fn table_parts(&self) -> (&str, &str) {
+    pub(crate) fn table_parts(&self) -> (&str, &str) {
         self.table
             .split_once('.')
             .unwrap_or(("public", &self.table))
     }
 
     /// No table: the events are logical messages only (`table = ""` with a `message_prefix`).
-    pub fn messages_only(&self) -> bool {
+    pub(crate) fn messages_only(&self) -> bool {
         self.table.is_empty()
     }
 
     /// `header_columns` as (column, header name) pairs; entries were checked by `validate`.
-    pub fn header_column_pairs(&self) -> Vec<(String, String)> {
+    pub(crate) fn header_column_pairs(&self) -> Vec<(String, String)> {
         self.header_columns
             .iter()
             .map(|entry| match entry.split_once(':') {
@@ -183,9 +183,9 @@ pub struct NatsConfig {
     /// An authentication token.
     pub token: String,
     /// Path of an NKey seed file; "" for none.
-    pub nkey_seed_file: String,
+    pub(crate) nkey_seed_file: String,
     /// Path of a NATS credentials file (JWT and seed); "" for none.
-    pub creds_file: String,
+    pub(crate) creds_file: String,
     /// TLS to NATS: a PEM CA file to trust instead of the system roots.
     pub tls_ca_file: String,
     /// A client certificate and its key (mutual TLS).
@@ -193,7 +193,7 @@ pub struct NatsConfig {
     /// The private key (PEM) of `tls_cert_file`; both or neither.
     pub tls_key_file: String,
     /// Refuse a connection without TLS even for `nats://` URLs.
-    pub tls_required: bool,
+    pub(crate) tls_required: bool,
     /// JetStream stream that stores the events; setup creates it when missing.
     pub stream: String,
     /// Subject template with the placeholders `{aggregate_type}`, `{event_type}` and `{aggregate_id}`.
@@ -203,7 +203,7 @@ pub struct NatsConfig {
     /// Publishes awaiting their ack.
     pub max_in_flight: usize,
     /// Bytes (payload and headers) of the publishes awaiting their ack: the window's second bound.
-    pub max_in_flight_bytes: usize,
+    pub(crate) max_in_flight_bytes: usize,
     /// How long to wait for an ack before treating the connection as broken.
     pub ack_timeout_ms: u64,
     /// Duplicate window of a stream that setup creates.
@@ -485,12 +485,12 @@ mod tests {
     #[test]
     fn defaults_are_valid_and_match_the_contract() {
         let c = Config::load_with_env(None, Vec::new()).unwrap();
-        assert_eq!(c.postgres.slot, "outbox_relay");
-        assert_eq!(c.outbox.table, "public.outbox");
-        assert_eq!(c.nats.subject, "outbox.{aggregate_type}");
-        assert_eq!(c.nats.dead_letter_subject, "outbox_dead_letter");
-        assert_eq!(c.http.listen, "127.0.0.1:9187");
-        assert_eq!(c.outbox.on_invalid, OnInvalid::DeadLetter);
+        assert_eq!(c.config().postgres.slot, "outbox_relay");
+        assert_eq!(c.config().outbox.table, "public.outbox");
+        assert_eq!(c.config().nats.subject, "outbox.{aggregate_type}");
+        assert_eq!(c.config().nats.dead_letter_subject, "outbox_dead_letter");
+        assert_eq!(c.config().http.listen, "127.0.0.1:9187");
+        assert_eq!(c.config().outbox.on_invalid, OnInvalid::DeadLetter);
     }
 
     #[test]
@@ -505,9 +505,9 @@ mod tests {
             ],
         )
         .unwrap();
-        assert_eq!(c.postgres.slot, "from_env");
-        assert_eq!(c.nats.max_in_flight, 20);
-        assert!(!c.postgres.create_slot);
+        assert_eq!(c.config().postgres.slot, "from_env");
+        assert_eq!(c.config().nats.max_in_flight, 20);
+        assert!(!c.config().postgres.create_slot);
     }
 
     #[test]
@@ -549,9 +549,9 @@ mod tests {
             .to_string();
         assert!(e.contains("OUTBOX_RELAY_OUTBOX_ON_INVALID"), "{e}");
         let c = load("", &[("OUTBOX_RELAY_NATS_FENCE", "TRUE")]).unwrap();
-        assert!(c.nats.fence);
+        assert!(c.config().nats.fence);
         let c = load("", &[("OUTBOX_RELAY_NATS_FENCE", "Off")]).unwrap();
-        assert!(!c.nats.fence);
+        assert!(!c.config().nats.fence);
     }
 
     #[test]
@@ -572,7 +572,7 @@ mod tests {
             &[("OUTBOX_RELAY_NATS_PARTITIONS", "4")],
         )
         .unwrap();
-        assert_eq!(c.nats.partitions, 4);
+        assert_eq!(c.config().nats.partitions, 4);
         assert_eq!(c.subject.partition_wildcards().len(), 4);
         let e = load("[nats]\npartitions = 10001", &[])
             .unwrap_err()
@@ -582,13 +582,13 @@ mod tests {
 
     #[test]
     fn inbox_prefix_is_literal_and_outside_the_stream() {
-        assert_eq!(load("", &[]).unwrap().nats.inbox_prefix, "_INBOX");
+        assert_eq!(load("", &[]).unwrap().config().nats.inbox_prefix, "_INBOX");
         let c = load(
             "[nats]\ninbox_prefix = \"_INBOX_outbox_relay\"",
             &[("OUTBOX_RELAY_NATS_INBOX_PREFIX", "_INBOX_relay.claims")],
         )
         .unwrap();
-        assert_eq!(c.nats.inbox_prefix, "_INBOX_relay.claims");
+        assert_eq!(c.config().nats.inbox_prefix, "_INBOX_relay.claims");
         for bad in ["", "a.*", "_INBOX.>", "$JS", "a..b", "has space", "outbox"] {
             let e = load("", &[("OUTBOX_RELAY_NATS_INBOX_PREFIX", bad)])
                 .unwrap_err()
@@ -617,18 +617,18 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            c.outbox.header_column_pairs(),
+            c.config().outbox.header_column_pairs(),
             [
                 ("tenant_id".to_owned(), "tenant_id".to_owned()),
                 ("region".to_owned(), "X-Region".to_owned())
             ]
         );
-        assert_eq!(c.outbox.message_prefix, "outbox");
-        assert!(c.nats.cloudevents);
-        assert_eq!(c.nats.cloudevents_source, "outbox-relay");
+        assert_eq!(c.config().outbox.message_prefix, "outbox");
+        assert!(c.config().nats.cloudevents);
+        assert_eq!(c.config().nats.cloudevents_source, "outbox-relay");
         // Messages only needs a prefix.
         let c = load("[outbox]\ntable = \"\"\nmessage_prefix = \"outbox\"\n", &[]).unwrap();
-        assert!(c.outbox.messages_only());
+        assert!(c.config().outbox.messages_only());
         let e = load("[outbox]\ntable = \"\"\n", &[])
             .unwrap_err()
             .to_string();
@@ -662,17 +662,17 @@ mod tests {
     #[test]
     fn telemetry_and_context_keys() {
         let c = load("", &[]).unwrap();
-        assert_eq!(c.telemetry.otlp_endpoint, "", "off by default");
-        assert_eq!(c.telemetry.service_name, "outbox-relay");
-        assert_eq!(c.outbox.context_prefix, "");
+        assert_eq!(c.config().telemetry.otlp_endpoint, "", "off by default");
+        assert_eq!(c.config().telemetry.service_name, "outbox-relay");
+        assert_eq!(c.config().outbox.context_prefix, "");
         let c = load(
             "[telemetry]\notlp_endpoint = \"http://127.0.0.1:4318\"\n",
             &[("OUTBOX_RELAY_OUTBOX_CONTEXT_PREFIX", "outbox-context")],
         )
         .unwrap();
-        assert_eq!(c.outbox.context_prefix, "outbox-context");
+        assert_eq!(c.config().outbox.context_prefix, "outbox-context");
         assert_eq!(
-            crate::telemetry::traces_url(&c.telemetry.otlp_endpoint).unwrap(),
+            crate::telemetry::traces_url(&c.config().telemetry.otlp_endpoint).unwrap(),
             "http://127.0.0.1:4318/v1/traces"
         );
         assert_eq!(

@@ -11,7 +11,7 @@ use crate::secret_file::{self, Access};
 
 /// How the relay proves who it is to NATS.
 #[derive(Clone, Debug, Default)]
-pub enum NatsAuth {
+pub(crate) enum NatsAuth {
     /// No credentials.
     #[default]
     None,
@@ -32,17 +32,17 @@ pub enum NatsAuth {
 
 /// The parsed `[nats]` connection settings.
 #[derive(Clone, Debug)]
-pub struct NatsSettings {
+pub(crate) struct NatsSettings {
     /// `nats.url`, one address per server, without credentials.
-    pub servers: Vec<ServerAddr>,
+    pub(crate) servers: Vec<ServerAddr>,
     /// The one set of credentials, from the URLs or the keys.
-    pub auth: NatsAuth,
+    pub(crate) auth: NatsAuth,
     /// `nats.tls_ca_file`: the only CA to trust; `None` for the system roots.
-    pub tls_ca_file: Option<PathBuf>,
+    pub(crate) tls_ca_file: Option<PathBuf>,
     /// Client certificate and key (mutual TLS).
-    pub tls_client: Option<(PathBuf, PathBuf)>,
+    pub(crate) tls_client: Option<(PathBuf, PathBuf)>,
     /// TLS for every server, also `nats://` ones.
-    pub tls_required: bool,
+    pub(crate) tls_required: bool,
 }
 
 /// Parses and checks the connection part of `[nats]`.

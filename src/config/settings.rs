@@ -3,7 +3,6 @@
 //! already parsed, so nothing later re-parses a string or needs an `expect`.
 
 use std::net::SocketAddr;
-use std::ops::Deref;
 use std::time::Duration;
 
 use super::nats::NatsSettings;
@@ -12,44 +11,37 @@ use crate::route::SubjectTemplate;
 use crate::schema::{LoadError, SchemaSet, Schemas};
 use crate::source::ConnInfo;
 
-/// A validated configuration. Derefs to the [`Config`] it came from, for names and plain values.
+/// A validated configuration. Each setting has one name: a setting that needs parsing is read from
+/// its parsed field here (`ack_timeout`, never `nats.ack_timeout_ms`), every other one from
+/// [`Settings::config`]. There is no `Deref` to [`Config`]: through one, both names would compile.
 #[derive(Clone, Debug)]
 pub struct Settings {
     config: Config,
     /// `postgres.url`, parsed.
-    pub conn: ConnInfo,
+    pub(crate) conn: ConnInfo,
     /// `[nats]` servers, credentials and TLS, parsed.
-    pub nats_conn: NatsSettings,
+    pub(crate) nats_conn: NatsSettings,
     /// `nats.subject`, parsed.
-    pub subject: SubjectTemplate,
+    pub(crate) subject: SubjectTemplate,
     /// `postgres.status_interval_ms`, as a duration.
     pub status_interval: Duration,
     /// `nats.ack_timeout_ms`, as a duration.
-    pub ack_timeout: Duration,
-    /// `nats.duplicate_window_secs`, as a duration.
-    pub duplicate_window: Duration,
+    pub(crate) ack_timeout: Duration,
     /// `outbox.on_invalid = "stop"`.
-    pub stop_on_invalid: bool,
+    pub(crate) stop_on_invalid: bool,
     /// Findings that do not stop the relay (e.g. a misspelt environment variable), for the log.
-    pub warnings: Vec<String>,
+    pub(crate) warnings: Vec<String>,
     /// `outbox.schemas`, loaded: the set in force, shared with every stage (empty when the
     /// directory did not load; see [`Settings::schemas_loaded`]).
     pub schemas: Schemas,
     /// Why `outbox.schemas` did not load, if it did not: `status` reports it, the commands that
     /// check events refuse to start ([`Settings::schemas_loaded`]), a reload keeps the old set.
-    pub schemas_error: Option<LoadError>,
-}
-
-impl Deref for Settings {
-    type Target = Config;
-
-    fn deref(&self) -> &Config {
-        &self.config
-    }
+    pub(crate) schemas_error: Option<LoadError>,
 }
 
 impl Settings {
-    /// The configuration these settings came from.
+    /// The configuration these settings came from: names and plain values. A setting with a parsed
+    /// field above is read there, not here.
     pub fn config(&self) -> &Config {
         &self.config
     }
@@ -85,7 +77,6 @@ impl Config {
             subject: template,
             status_interval: Duration::from_millis(self.postgres.status_interval_ms),
             ack_timeout: Duration::from_millis(n.ack_timeout_ms),
-            duplicate_window: Duration::from_secs(n.duplicate_window_secs),
             stop_on_invalid: o.on_invalid == OnInvalid::Stop,
             warnings: Vec::new(),
             schemas,

@@ -37,7 +37,7 @@ use crate::schema::{SchemaMetrics, SchemaReader, Schemas, Verdict};
 
 /// The longest event id published as `Nats-Msg-Id`; a longer one makes the event invalid (its dead
 /// letter gets a WAL-derived id), so one huge id cannot keep even a minimal dead letter out.
-pub const MAX_ID_BYTES: usize = 1024;
+pub(crate) const MAX_ID_BYTES: usize = 1024;
 
 /// Type OIDs the mapping cares about (`pg_type.dat`).
 mod oid {
@@ -51,7 +51,7 @@ mod oid {
 /// The CloudEvents `datacontenttype` of JSON payloads (jsonb and json columns, logical messages).
 pub const JSON_CONTENT_TYPE: &str = "application/json";
 /// ... and of text payloads.
-pub const TEXT_CONTENT_TYPE: &str = "text/plain; charset=utf-8";
+pub(crate) const TEXT_CONTENT_TYPE: &str = "text/plain; charset=utf-8";
 
 /// One outbox row on its way to JetStream. Fields are `None` when the column was NULL or missing; then
 /// `problem` says why the event cannot be published as is.
@@ -236,13 +236,13 @@ impl OutboxStage {
 
     /// Checks every event's payload against `schemas` (the set in force when it arrives), counting
     /// failures in `metrics`; a failing event gets the reason as its problem (a dead letter).
-    pub fn with_schemas(mut self, schemas: &Schemas, metrics: Arc<SchemaMetrics>) -> Self {
+    pub(crate) fn with_schemas(mut self, schemas: &Schemas, metrics: Arc<SchemaMetrics>) -> Self {
         self.schemas = Some((schemas.reader(), metrics));
         self
     }
 
     /// With `nats.cloudevents` on, events may not bring their own `ce-*` or `Content-Type` headers.
-    pub fn with_cloudevents(mut self, on: bool) -> Self {
+    pub(crate) fn with_cloudevents(mut self, on: bool) -> Self {
         self.cloudevents = on;
         self
     }
@@ -445,13 +445,13 @@ impl OutboxStage {
     /// publication without `publish_via_partition_root`) are mapped to the outbox table: the
     /// columns are looked up by name in the partition's own Relation, so a partition whose columns
     /// are in another order maps correctly. Takes effect for Relation messages that follow.
-    pub fn set_partitions(&mut self, oids: impl IntoIterator<Item = u32>) {
+    pub(crate) fn set_partitions(&mut self, oids: impl IntoIterator<Item = u32>) {
         self.partitions = oids.into_iter().collect();
     }
 
     /// A Relation the stage has not seen in this session and that is not the outbox table by
     /// name: it may be a partition the caller has not told about yet ([`Self::set_partitions`]).
-    pub fn is_new_foreign_relation(&self, rel: &Relation) -> bool {
+    pub(crate) fn is_new_foreign_relation(&self, rel: &Relation) -> bool {
         !self.relations.contains_key(&rel.id)
             && !self.is_outbox(rel)
             && !self.partitions.contains(&rel.id)

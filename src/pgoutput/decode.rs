@@ -32,8 +32,10 @@ impl Decoder {
         }
     }
 
-    /// True between a decoded Stream Start and the next Stream Stop.
-    pub fn in_stream(&self) -> bool {
+    /// True between a decoded Stream Start and the next Stream Stop. For the tests: the relay reads
+    /// the state from the messages it is given.
+    #[cfg(test)]
+    pub(crate) fn in_stream(&self) -> bool {
         self.in_stream
     }
 

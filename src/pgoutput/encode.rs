@@ -25,7 +25,7 @@ pub fn message(msg: &Message) -> Bytes {
 }
 
 /// Appends the wire bytes of one message to `out`: one step per message kind.
-pub fn write(msg: &Message, out: &mut BytesMut) {
+pub(crate) fn write(msg: &Message, out: &mut BytesMut) {
     match msg {
         Message::Begin { .. } => begin(msg, out),
         Message::Commit { .. } => commit(msg, out),
@@ -367,7 +367,7 @@ fn rollback_prepared(msg: &Message, out: &mut BytesMut) {
 }
 
 /// Appends a TupleData (`i16 ncols | columns`).
-pub fn tuple(values: &[TupleValue], out: &mut BytesMut) {
+pub(crate) fn tuple(values: &[TupleValue], out: &mut BytesMut) {
     count16(out, values.len());
     for v in values {
         match v {

@@ -31,7 +31,7 @@ use bytes::Bytes;
 use crate::Lsn;
 
 /// Microseconds since 2000-01-01 UTC, as Postgres sends timestamps.
-pub type PgTimestamp = i64;
+pub(crate) type PgTimestamp = i64;
 
 /// One column of a TupleData (proto.c `logicalrep_write_tuple`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -61,7 +61,9 @@ pub struct Column {
 
 impl Column {
     /// True when the column is part of the replica identity (flag 1, `LOGICALREP_IS_REPLICA_IDENTITY`).
-    pub fn is_key(&self) -> bool {
+    /// The relay keys nothing on it; the decoder's tests check the flag arrives.
+    #[cfg(test)]
+    pub(crate) fn is_key(&self) -> bool {
         self.flags & 1 != 0
     }
 }
@@ -300,7 +302,7 @@ pub enum Message {
 /// The tag byte of a message that failed to decode: shown as `'I'` when printable ASCII, as `0x7f`
 /// otherwise, and as `<empty>` when the payload had no byte at all.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TagName(pub Option<u8>);
+pub(crate) struct TagName(pub(crate) Option<u8>);
 
 impl fmt::Display for TagName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -318,11 +320,11 @@ impl fmt::Display for TagName {
 #[error("cannot decode pgoutput message {tag} at {lsn}: {reason}")]
 pub struct DecodeError {
     /// The tag byte of the message that failed.
-    pub tag: TagName,
+    pub(crate) tag: TagName,
     /// The WAL position of the XLogData that carried the message.
-    pub lsn: Lsn,
+    pub(crate) lsn: Lsn,
     /// What was wrong with the bytes.
-    pub reason: String,
+    pub(crate) reason: String,
 }
 
 mod decode;

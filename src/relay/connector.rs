@@ -41,9 +41,9 @@ pub trait Connector: Send + Sync {
 #[derive(Clone, Debug, Default)]
 pub struct Start {
     /// The last position this process confirmed to the slot.
-    pub confirmed: Lsn,
+    pub(crate) confirmed: Lsn,
     /// The system and timeline the last session streamed, if any.
-    pub history: Option<(String, u32)>,
+    pub(crate) history: Option<(String, u32)>,
 }
 
 impl Start {
@@ -61,7 +61,7 @@ impl Start {
     /// Whether the server is visibly not where the relay left it: its WAL ends before the
     /// remembered position, or its system or timeline changed (a restore, a point-in-time
     /// recovery, a promoted standby). Only for the log: [`Start::at`] is the slot's position anyway.
-    pub fn moved(&self, system: &SystemInfo) -> bool {
+    pub(crate) fn moved(&self, system: &SystemInfo) -> bool {
         system.xlogpos < self.confirmed
             || self
                 .history
@@ -124,8 +124,11 @@ impl Connector for Servers {
     ) -> BoxFuture<'a, Result<(ReplicationStream, SystemInfo), SessionEnd>> {
         Box::pin(async move {
             let settings = &self.settings;
-            let app =
-                catalog::relay_application_name(&settings.postgres.slot, std::process::id(), None);
+            let app = catalog::relay_application_name(
+                &settings.config().postgres.slot,
+                std::process::id(),
+                None,
+            );
             let mut conn = ReplConnection::connect(&settings.conn, &app)
                 .await
                 .map_err(from_source)?;
@@ -136,23 +139,29 @@ impl Connector for Servers {
                     return Err(from_source(e));
                 }
             };
-            let mut options = PgOutputOptions::new([settings.postgres.publication.clone()]);
+            let mut options =
+                PgOutputOptions::new([settings.config().postgres.publication.clone()]);
             // Proto v1 is enough: no streaming of in-progress transactions (the relay publishes
             // only committed transactions), and v1 keeps the decoding identical on every server.
             options.proto_version = Some(1);
             // Logical messages are events (or trace context) only with a prefix; without one they
             // would be decoded for nothing.
-            options.messages = !settings.outbox.message_prefix.is_empty()
-                || !settings.outbox.context_prefix.is_empty();
+            options.messages = !settings.config().outbox.message_prefix.is_empty()
+                || !settings.config().outbox.context_prefix.is_empty();
             let stream_config = StreamConfig {
                 status_interval: settings.status_interval,
                 channel_capacity: 1024,
-                max_frame_bytes: settings.postgres.max_frame_bytes,
+                max_frame_bytes: settings.config().postgres.max_frame_bytes,
                 ..StreamConfig::default()
             };
             let start = start.at(&system);
             match conn
-                .start_replication(&settings.postgres.slot, start, &options, stream_config)
+                .start_replication(
+                    &settings.config().postgres.slot,
+                    start,
+                    &options,
+                    stream_config,
+                )
                 .await
             {
                 Ok(s) => Ok((s, system)),
@@ -172,7 +181,7 @@ impl Connector for Servers {
             let trouble = |what: String| {
                 from_source(SourceError::Io {
                     target: settings.conn.to_string(),
-                    source: std::io::Error::other(format!(
+                    error: std::io::Error::other(format!(
                         "reading the outbox table's partitions: {what}"
                     )),
                 })
@@ -181,7 +190,7 @@ impl Connector for Servers {
                 let client = catalog::connect(settings, "partitions")
                     .await
                     .map_err(from_source)?;
-                catalog::partitions(&client, &settings.outbox.table)
+                catalog::partitions(&client, &settings.config().outbox.table)
                     .await
                     .map_err(|e| trouble(e.to_string()))
             };
@@ -204,7 +213,7 @@ const PARTITION_LOOKUP_TIMEOUT: std::time::Duration = std::time::Duration::from_
 /// language the server's messages are in.
 async fn classify_start_error(settings: &Settings, e: SourceError) -> SessionEnd {
     if e.sqlstate() == Some("55000") {
-        let slot = &settings.postgres.slot;
+        let slot = &settings.config().postgres.slot;
         let invalidated = match catalog::connect(settings, "check").await {
             Ok(c) => catalog::slot(&c, slot)
                 .await

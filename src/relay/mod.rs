@@ -55,10 +55,13 @@ pub async fn run(
         info!(dir = schemas.dir(), "{} JSON Schemas loaded", schemas.len());
     }
     // Read-your-writes: one task answers every wait; sessions publish the stored position.
-    let (positions, waits) = Positions::new(&settings.postgres.slot, &settings.nats.stream);
+    let (positions, waits) = Positions::new(
+        &settings.config().postgres.slot,
+        &settings.config().nats.stream,
+    );
     let _waits = AbortOnDrop(tokio::spawn(waits.run()));
     // The listener first: probes should answer while setup waits for the servers.
-    let _http = match settings.http.listen.as_str() {
+    let _http = match settings.config().http.listen.as_str() {
         "" => None,
         listen => {
             let listener = crate::http::bind(listen).await?;
@@ -122,7 +125,10 @@ pub async fn run_with(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), RelayError> {
     // No wait task: nothing asks the simulated relay for its position.
-    let (positions, _) = Positions::new(&settings.postgres.slot, &settings.nats.stream);
+    let (positions, _) = Positions::new(
+        &settings.config().postgres.slot,
+        &settings.config().nats.stream,
+    );
     sessions(
         Arc::new(settings),
         metrics,
@@ -203,14 +209,14 @@ pub(crate) struct Relay {
 /// The span exporter when `telemetry.otlp_endpoint` is set. One that cannot start (no thread) is
 /// logged and left out: tracing must never stop the relay.
 fn telemetry(settings: &Settings, metrics: &Arc<Metrics>) -> Option<crate::telemetry::Telemetry> {
-    let t = &settings.telemetry;
+    let t = &settings.config().telemetry;
     if t.otlp_endpoint.is_empty() {
         return None;
     }
     match crate::telemetry::Telemetry::start(
         &t.otlp_endpoint,
         &t.service_name,
-        &settings.nats.dead_letter_subject,
+        &settings.config().nats.dead_letter_subject,
         Arc::clone(metrics),
     ) {
         Ok(t) => Some(t),
@@ -282,7 +288,7 @@ impl Relay {
     /// get a restart every 100 ms.
     fn streaming(&mut self) {
         Metrics::set(&self.metrics.standby, 0);
-        let slot = &self.settings.postgres.slot;
+        let slot = &self.settings.config().postgres.slot;
         match self.last_cause {
             // From the slot's own position; `confirmed` is the last this process confirmed.
             None => info!(%slot, confirmed = %self.confirmed, "streaming"),
@@ -362,8 +368,9 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
     let mut source = e.source();
     while let Some(s) = source {
         let text = s.to_string();
-        // The relay's errors either show their source or return it, never both; some errors of
-        // other crates repeat their source's text in their own.
+        // The relay's errors either show their cause or return it as the source, never both; but
+        // async-nats' errors do both ("{kind}: {source}"), so a text the line already ends with is
+        // not written again.
         if !out.ends_with(&text) {
             out.push_str(": ");
             out.push_str(&text);
@@ -433,5 +440,15 @@ mod tests {
         struct Outer(#[source] std::io::Error);
         let e = Outer(std::io::Error::other("connection refused"));
         assert_eq!(error_chain(&e), "outer: connection refused");
+    }
+
+    #[test]
+    fn error_chain_does_not_repeat_what_async_nats_already_printed() {
+        let e = async_nats::RequestError::with_source(
+            async_nats::RequestErrorKind::Other,
+            std::io::Error::other("broken pipe"),
+        );
+        assert!(e.to_string().ends_with("broken pipe"), "{e}");
+        assert_eq!(error_chain(&e).matches("broken pipe").count(), 1);
     }
 }

@@ -33,7 +33,7 @@ pub(super) async fn watch_nats(client: async_nats::Client, metrics: Arc<Metrics>
 /// even when no session streams the slot.
 pub(super) async fn sample_slot(settings: Settings, metrics: Arc<Metrics>) {
     let app = catalog::relay_application_name(
-        &settings.postgres.slot,
+        &settings.config().postgres.slot,
         std::process::id(),
         Some("monitor"),
     );
@@ -43,7 +43,7 @@ pub(super) async fn sample_slot(settings: Settings, metrics: Arc<Metrics>) {
             client = connect_control(&settings.conn, &app).await.ok();
         }
         if let Some(c) = &client {
-            match catalog::slot(c, &settings.postgres.slot).await {
+            match catalog::slot(c, &settings.config().postgres.slot).await {
                 Ok(Some(slot)) => {
                     let bytes = |v: Option<i64>| v.unwrap_or(0).max(0) as u64;
                     Metrics::set(&metrics.slot_lag_bytes, bytes(slot.lag_bytes));

@@ -37,7 +37,7 @@ pub(super) struct Session {
     /// This relay serves its position (read-your-writes) while the session lives.
     _serve: Serve,
     /// When streaming started: a session that ran a while counts as a recovery.
-    pub started: Instant,
+    pub(crate) started: Instant,
 }
 
 impl Session {
@@ -73,7 +73,7 @@ impl Session {
             history: History {
                 system_id: system.system_id,
                 timeline: system.timeline,
-                slot: settings.postgres.slot.clone(),
+                slot: settings.config().postgres.slot.clone(),
             },
             wal_end: system.xlogpos,
         };
@@ -110,8 +110,8 @@ impl Session {
             stream,
             sink,
             decoder: Decoder::new(),
-            stage: OutboxStage::new(&settings.outbox)
-                .with_cloudevents(settings.nats.cloudevents)
+            stage: OutboxStage::new(&settings.config().outbox)
+                .with_cloudevents(settings.config().nats.cloudevents)
                 .with_schemas(&settings.schemas, Arc::clone(&relay.metrics.schemas)),
             progress: Progress::new(from),
             streaming_reported: false,

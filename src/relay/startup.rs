@@ -160,7 +160,7 @@ mod tests {
     fn unreachable_postgres_waits_a_refusal_does_not() {
         let refused = SourceError::Io {
             target: "127.0.0.1:5432".into(),
-            source: std::io::Error::from(std::io::ErrorKind::ConnectionRefused),
+            error: std::io::Error::from(std::io::ErrorKind::ConnectionRefused),
         };
         assert_eq!(transient(&pg(refused)), Some(CauseKind::Postgres));
         assert_eq!(

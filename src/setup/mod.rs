@@ -17,13 +17,11 @@ use tracing::warn;
 use crate::catalog;
 use crate::config::Settings;
 use crate::sink::{ConnectError, connect_nats};
-use crate::source::SourceError;
-
-pub use stream::{META_SLOT, META_TABLE};
+use crate::source::{SourceError, query_error_text};
 
 /// For `status`: the warning `setup` gives while PUBLIC may execute `pg_logical_emit_message` and
 /// `outbox.message_prefix` is set (anyone could write events directly); `None` otherwise.
-pub async fn public_emit_message_warning(
+pub(crate) async fn public_emit_message_warning(
     settings: &Settings,
     pg: &Client,
 ) -> Result<Option<String>, tokio_postgres::Error> {
@@ -45,9 +43,11 @@ pub enum SetupError {
     /// NATS cannot be reached or refuses the relay.
     #[error(transparent)]
     Nats(#[from] ConnectError),
-    /// A catalog query failed.
-    #[error("postgres: {}", pg_error(.0))]
-    Query(#[from] tokio_postgres::Error),
+    /// A catalog query failed. The message is the server's own, with its SQLSTATE, on one line;
+    /// the error is kept (the start-up retry asks it whether the connection failed) but is not
+    /// also a `source()`, which would print the server's message a second time.
+    #[error("postgres: {}", query_error_text(.0))]
+    Query(tokio_postgres::Error),
     /// `wal_level`, the table, its columns, the role: what Postgres must offer.
     #[error("{0}")]
     Prerequisite(String),
@@ -91,6 +91,13 @@ pub enum SetupError {
     },
 }
 
+// By hand rather than `#[from]`, which would also make the query error the `source()`.
+impl From<tokio_postgres::Error> for SetupError {
+    fn from(e: tokio_postgres::Error) -> Self {
+        SetupError::Query(e)
+    }
+}
+
 /// What setup found and did, one line per object.
 #[derive(Debug, Default, Clone)]
 pub struct SetupReport {
@@ -99,11 +106,11 @@ pub struct SetupReport {
     /// Warnings worth a log line (e.g. a memory stream).
     pub warnings: Vec<String>,
     /// The slot's confirmed position: where streaming starts.
-    pub slot_confirmed: Option<crate::Lsn>,
+    pub(crate) slot_confirmed: Option<crate::Lsn>,
 }
 
 /// Connects the control connection. Fails with a line naming `postgres.url`.
-pub async fn connect_postgres(settings: &Settings) -> Result<Client, SetupError> {
+pub(crate) async fn connect_postgres(settings: &Settings) -> Result<Client, SetupError> {
     catalog::connect(settings, "setup")
         .await
         .map_err(|source| SetupError::Postgres {
@@ -127,22 +134,18 @@ pub async fn setup(settings: &Settings) -> Result<SetupReport, SetupError> {
 
 /// What [`prepare_without_slot`] leaves for `backfill` to decide.
 #[derive(Debug)]
-pub struct Prepared {
+pub(crate) struct Prepared {
     /// What setup found and created so far.
-    pub report: SetupReport,
+    pub(crate) report: SetupReport,
     /// The slot as it exists now, if it does (it is neither checked nor changed).
-    pub slot: Option<catalog::SlotRow>,
-    /// `server_version_num`.
-    pub version: u32,
-    /// The outbox table is partitioned.
-    pub partitioned: bool,
+    pub(crate) slot: Option<catalog::SlotRow>,
     /// What this run created (stream, publication), for [`Prepared::undo`].
     created: Created,
 }
 
 impl Prepared {
     /// Removes what [`prepare_without_slot`] created, when the step after it failed (P8).
-    pub async fn undo(&self, settings: &Settings) {
+    pub(crate) async fn undo(&self, settings: &Settings) {
         if !self.created.stream && !self.created.publication {
             return;
         }
@@ -163,27 +166,23 @@ impl Prepared {
 /// not of the slot, and without the P9 refusal (a missing slot while the stream holds events is
 /// exactly what `backfill` recovers from). An existing slot is returned as found, invalidated or
 /// not: `backfill` refuses or replaces it.
-pub async fn prepare_without_slot(settings: &Settings) -> Result<Prepared, SetupError> {
+pub(crate) async fn prepare_without_slot(settings: &Settings) -> Result<Prepared, SetupError> {
     let pg = connect_postgres(settings).await?;
     let nats = connect_nats(settings).await?;
     let js = jetstream::new(nats);
     let mut report = SetupReport::default();
     let checked = checks(settings, &pg, &js, &mut report, Mode::Backfill).await?;
     let slot = checked.found.slot.clone();
-    let version = checked.found.version;
-    let partitioned = checked.found.partitioned;
     let created = apply_without_slot(settings, &pg, &js, checked, &mut report).await?;
     Ok(Prepared {
         report,
         slot,
-        version,
-        partitioned,
         created,
     })
 }
 
 /// The checks of [`setup`] alone, changing nothing (for `status`).
-pub async fn check_only(settings: &Settings) -> Result<(), SetupError> {
+pub(crate) async fn check_only(settings: &Settings) -> Result<(), SetupError> {
     let pg = connect_postgres(settings).await?;
     let js = jetstream::new(connect_nats(settings).await?);
     checks(settings, &pg, &js, &mut SetupReport::default(), Mode::Setup).await?;
@@ -214,7 +213,7 @@ async fn checks(
 ) -> Result<Checked, SetupError> {
     let found = postgres::check(settings, pg, report, mode == Mode::Setup).await?;
     let found_stream = stream::check(settings, js, report).await?;
-    let slot = &settings.postgres.slot;
+    let slot = &settings.config().postgres.slot;
     if mode == Mode::Backfill {
         return Ok(Checked {
             found,
@@ -235,7 +234,7 @@ async fn checks(
             ));
             false
         }
-        None if !settings.postgres.create_slot => {
+        None if !settings.config().postgres.create_slot => {
             return Err(SetupError::Slot {
                 name: slot.clone(),
                 problem: format!(
@@ -255,16 +254,18 @@ async fn checks(
                          commit LSN {lsn}): the slot was dropped or lost, and events committed since may be missing. \
                          Recover with `outbox-relay backfill` (publishes the outbox rows in the new slot's snapshot; \
                          JetStream drops those it holds); see docs/recovery.md",
-                        settings.nats.stream
+                        settings.config().nats.stream
                     ),
                 });
             }
-            if !settings.outbox.messages_only() && postgres::table_has_rows(settings, pg).await? {
+            if !settings.config().outbox.messages_only()
+                && postgres::table_has_rows(settings, pg).await?
+            {
                 report.warnings.push(format!(
                     "table {} already holds rows: they were committed before the slot exists, so `run` \
                      will not publish them. To publish them too, run `outbox-relay backfill \
                      --replace-slot` before the first `run` (docs/recovery.md)",
-                    settings.outbox.table
+                    settings.config().outbox.table
                 ));
             }
             true
@@ -291,7 +292,7 @@ async fn apply(
         create_stream,
         create_slot,
     } = checked;
-    let slot = &settings.postgres.slot;
+    let slot = &settings.config().postgres.slot;
     let mut created = Created::default();
     let result = async {
         if create_stream {
@@ -307,7 +308,7 @@ async fn apply(
         if create_slot {
             let lsn = postgres::create_slot(settings, pg, found.version).await?;
             report.slot_confirmed = lsn.parse().ok();
-            let failover = if found.version >= 170000 && settings.postgres.failover {
+            let failover = if found.version >= 170000 && settings.config().postgres.failover {
                 ", failover"
             } else {
                 ""
@@ -325,7 +326,7 @@ async fn apply(
     }
     if let Some(existing) = &found.slot
         && found.version >= 170000
-        && settings.postgres.failover
+        && settings.config().postgres.failover
         && existing.failover == Some(false)
     {
         make_failover(settings, existing.active, report).await?;
@@ -340,7 +341,7 @@ async fn make_failover(
     active: bool,
     report: &mut SetupReport,
 ) -> Result<(), SetupError> {
-    let slot = &settings.postgres.slot;
+    let slot = &settings.config().postgres.slot;
     if active {
         report.warnings.push(format!(
             "slot {slot} is not a failover slot and a relay streams it: stop the relay and run outbox-relay setup \
@@ -407,7 +408,7 @@ struct Created {
 impl Created {
     async fn undo(&self, settings: &Settings, pg: &Client, js: &jetstream::Context) {
         if self.publication {
-            let name = &settings.postgres.publication;
+            let name = &settings.config().postgres.publication;
             if let Err(e) = pg
                 .batch_execute(&format!("DROP PUBLICATION IF EXISTS \"{name}\""))
                 .await
@@ -416,7 +417,7 @@ impl Created {
             }
         }
         if self.stream {
-            let name = &settings.nats.stream;
+            let name = &settings.config().nats.stream;
             if let Err(e) = js.delete_stream(name).await {
                 warn!(stream = %name, error = %e, "setup failed; could not delete the stream it created");
             }
@@ -425,17 +426,10 @@ impl Created {
 }
 
 /// The message for a slot Postgres invalidated: events may be lost; how to recover.
-pub fn lost_slot_message(slot: &str, reason: &str) -> String {
+pub(crate) fn lost_slot_message(slot: &str, reason: &str) -> String {
     format!(
         "replication slot {slot} was invalidated ({reason}), so events written since its last confirmed position \
          may be lost: stop every relay for it and recover with `outbox-relay backfill --replace-slot`, which replaces \
          the slot with a new one and publishes the outbox rows in its snapshot; see docs/recovery.md"
     )
-}
-
-fn pg_error(e: &tokio_postgres::Error) -> String {
-    match e.as_db_error() {
-        Some(db) => format!("{} ({})", db.message(), db.code().code()),
-        None => e.to_string(),
-    }
 }

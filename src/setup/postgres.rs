@@ -25,12 +25,12 @@ const HEADER_TYPES: &[&str] = &["jsonb", "json"];
 /// What the Postgres checks found.
 pub(super) struct Found {
     /// `server_version_num`.
-    pub version: u32,
-    pub create_publication: bool,
+    pub(crate) version: u32,
+    pub(crate) create_publication: bool,
     /// The slot, when it exists.
-    pub slot: Option<SlotRow>,
+    pub(crate) slot: Option<SlotRow>,
     /// The outbox table is partitioned.
-    pub partitioned: bool,
+    pub(crate) partitioned: bool,
 }
 
 /// Checks `wal_level`, the table, the role and the publication, and reads the slot. With
@@ -49,7 +49,7 @@ pub(super) async fn check(
         report.warnings.push(w);
     }
     let create_publication = check_publication(settings, pg, partitioned, report).await?;
-    let slot = catalog::slot(pg, &settings.postgres.slot).await?;
+    let slot = catalog::slot(pg, &settings.config().postgres.slot).await?;
     if let Some(s) = slot.as_ref().filter(|_| check_slot_too) {
         check_slot(settings, s)?;
     }
@@ -94,7 +94,7 @@ async fn check_server(
         )));
     }
     if version >= 170000
-        && settings.postgres.failover
+        && settings.config().postgres.failover
         && physical_standbys > 0
         && sync_slots.is_empty()
     {
@@ -119,10 +119,10 @@ async fn check_table_or_messages(
     pg: &Client,
     report: &mut SetupReport,
 ) -> Result<bool, SetupError> {
-    if settings.outbox.messages_only() {
+    if settings.config().outbox.messages_only() {
         report.lines.push(format!(
             "table: none (messages only: logical messages with prefix {:?})",
-            settings.outbox.message_prefix
+            settings.config().outbox.message_prefix
         ));
         Ok(false)
     } else {
@@ -163,7 +163,7 @@ async fn check_role(
 
 /// Whether the outbox table holds any row (one index or heap page read, whatever its size).
 pub(super) async fn table_has_rows(settings: &Settings, pg: &Client) -> Result<bool, SetupError> {
-    let (schema, name) = settings.outbox.table_parts();
+    let (schema, name) = settings.config().outbox.table_parts();
     let sql = format!(
         "SELECT EXISTS (SELECT 1 FROM {}.{})",
         quote_ident(schema),
@@ -180,7 +180,7 @@ pub(crate) async fn public_emit_message(
     settings: &Settings,
     pg: &Client,
 ) -> Result<Option<String>, tokio_postgres::Error> {
-    if settings.outbox.message_prefix.is_empty() {
+    if settings.config().outbox.message_prefix.is_empty() {
         return Ok(None);
     }
     // Every overload (text and bytea content; PG 17 added `flush`). A NULL proacl is the default,
@@ -210,7 +210,7 @@ async fn check_table(
     pg: &Client,
     report: &mut SetupReport,
 ) -> Result<bool, SetupError> {
-    let o = &settings.outbox;
+    let o = &settings.config().outbox;
     let (schema, table) = o.table_parts();
     let found: Option<(u32, i8)> = pg
         .query_opt(
@@ -292,9 +292,9 @@ async fn check_publication(
     partitioned: bool,
     report: &mut SetupReport,
 ) -> Result<bool, SetupError> {
-    let name = &settings.postgres.publication;
-    let table = &settings.outbox.table;
-    let (schema, relname) = settings.outbox.table_parts();
+    let name = &settings.config().postgres.publication;
+    let table = &settings.config().outbox.table;
+    let (schema, relname) = settings.config().outbox.table_parts();
     let row = pg
         .query_opt(
             "SELECT pubinsert, pubviaroot FROM pg_publication WHERE pubname = $1",
@@ -308,7 +308,7 @@ async fn check_publication(
     let Some(row) = row else {
         return Ok(true);
     };
-    if settings.outbox.messages_only() {
+    if settings.config().outbox.messages_only() {
         // Whatever it publishes is decoded and ignored: only its existence matters to pgoutput.
         report.lines.push(format!(
             "publication {name}: exists (messages only: no table of it is read as the outbox)"
@@ -350,7 +350,7 @@ async fn check_publication(
 /// An existing slot must be a logical pgoutput slot of this database that Postgres did not
 /// invalidate.
 fn check_slot(settings: &Settings, s: &SlotRow) -> Result<(), SetupError> {
-    let name = &settings.postgres.slot;
+    let name = &settings.config().postgres.slot;
     let problem = |problem: String| SetupError::Slot {
         name: name.clone(),
         problem,
@@ -384,8 +384,8 @@ pub(super) async fn create_publication(
     pg: &Client,
     partitioned: bool,
 ) -> Result<String, SetupError> {
-    let name = &settings.postgres.publication;
-    if settings.outbox.messages_only() {
+    let name = &settings.config().postgres.publication;
+    if settings.config().outbox.messages_only() {
         pg.batch_execute(&format!(
             "CREATE PUBLICATION \"{name}\" WITH (publish = 'insert')"
         ))
@@ -398,7 +398,7 @@ pub(super) async fn create_publication(
             "publication {name}: created (no tables: messages only, pgoutput needs a publication to exist)"
         ));
     }
-    let (schema, table) = settings.outbox.table_parts();
+    let (schema, table) = settings.config().outbox.table_parts();
     let via_root = if partitioned {
         ", publish_via_partition_root = true"
     } else {
@@ -413,13 +413,13 @@ pub(super) async fn create_publication(
         .map_err(|e| SetupError::Create {
             object: format!(
                 "publication {name} (run sql/02_publication.sql as the owner of {})",
-                settings.outbox.table
+                settings.config().outbox.table
             ),
             source: Box::new(e),
         })?;
     Ok(format!(
         "publication {name}: created (FOR TABLE {}, publish = 'insert'{via_root})",
-        settings.outbox.table
+        settings.config().outbox.table
     ))
 }
 
@@ -430,8 +430,8 @@ pub(super) async fn create_slot(
     pg: &Client,
     version: u32,
 ) -> Result<String, SetupError> {
-    let slot = &settings.postgres.slot;
-    let sql = if version >= 170000 && settings.postgres.failover {
+    let slot = &settings.config().postgres.slot;
+    let sql = if version >= 170000 && settings.config().postgres.failover {
         "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput', false, false, true)"
     } else {
         "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')"

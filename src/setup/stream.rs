@@ -17,15 +17,15 @@ use crate::message;
 use crate::route::subject_covers;
 
 /// Metadata keys setup writes on a stream it creates.
-pub const META_SLOT: &str = "outbox-relay.slot";
+pub(crate) const META_SLOT: &str = "outbox-relay.slot";
 /// The stream metadata key that names the outbox table the stream's events come from.
-pub const META_TABLE: &str = "outbox-relay.table";
+pub(crate) const META_TABLE: &str = "outbox-relay.table";
 
 /// The stream as setup found it.
 pub(super) struct FoundStream {
     /// The stream holds events written by a relay for this outbox: the sequence and LSN of the
     /// last one.
-    pub relay_events: Option<(u64, String)>,
+    pub(crate) relay_events: Option<(u64, String)>,
 }
 
 /// Checks the stream; `None` when it must be created.
@@ -34,7 +34,7 @@ pub(super) async fn check(
     js: &jetstream::Context,
     report: &mut SetupReport,
 ) -> Result<Option<FoundStream>, SetupError> {
-    let name = &settings.nats.stream;
+    let name = &settings.config().nats.stream;
     let Some(mut s) = get_stream(js, name).await? else {
         return Ok(None);
     };
@@ -89,7 +89,7 @@ fn check_subjects(
     info: &stream::Info,
     report: &mut SetupReport,
 ) -> Result<(), SetupError> {
-    let name = &settings.nats.stream;
+    let name = &settings.config().nats.stream;
     let subjects = &info.config.subjects;
     let covered = |needed: &str| subjects.iter().any(|f| subject_covers(f, needed));
     // With {partition}, a stream may name its partitions one by one: a stream that covers some
@@ -113,7 +113,10 @@ fn check_subjects(
     } else {
         Some(settings.subject.wildcard())
     };
-    for needed in template.iter().chain([&settings.nats.dead_letter_subject]) {
+    for needed in template
+        .iter()
+        .chain([&settings.config().nats.dead_letter_subject])
+    {
         if !covered(needed) {
             return Err(problem(
                 name,
@@ -134,8 +137,8 @@ fn check_config(
     info: &stream::Info,
     report: &mut SetupReport,
 ) -> Result<(), SetupError> {
-    let name = &settings.nats.stream;
-    if settings.nats.atomic_transactions && !info.config.allow_atomic_publish {
+    let name = &settings.config().nats.stream;
+    if settings.config().nats.atomic_transactions && !info.config.allow_atomic_publish {
         return Err(problem(
             name,
             format!(
@@ -161,7 +164,7 @@ async fn relay_events(
     info: &stream::Info,
 ) -> Option<(u64, String)> {
     let last = info.state.last_sequence;
-    let ours = info.config.metadata.get(META_SLOT) == Some(&settings.postgres.slot);
+    let ours = info.config.metadata.get(META_SLOT) == Some(&settings.config().postgres.slot);
     // The stream's metadata decides first: a stream made for this slot that ever stored a message
     // held its events, even when age or size limits (or a purge) have emptied it since; its last
     // sequence survives the removal. The last message's header covers streams made without it.
@@ -207,7 +210,7 @@ pub(super) async fn create(
     settings: &Settings,
     js: &jetstream::Context,
 ) -> Result<String, SetupError> {
-    let n = &settings.nats;
+    let n = &settings.config().nats;
     let wildcard = settings.subject.wildcard();
     let cfg = stream::Config {
         name: n.stream.clone(),
@@ -226,8 +229,14 @@ pub(super) async fn create(
         num_replicas: n.stream_replicas,
         allow_atomic_publish: n.atomic_transactions,
         metadata: HashMap::from([
-            (META_SLOT.to_owned(), settings.postgres.slot.clone()),
-            (META_TABLE.to_owned(), settings.outbox.table.clone()),
+            (
+                META_SLOT.to_owned(),
+                settings.config().postgres.slot.clone(),
+            ),
+            (
+                META_TABLE.to_owned(),
+                settings.config().outbox.table.clone(),
+            ),
         ]),
         ..Default::default()
     };

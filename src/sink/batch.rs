@@ -68,7 +68,7 @@ pub(super) struct Batcher {
     /// whole, every time it is sent, so such a message is dead-lettered before it joins a batch.
     max_msg_size: Option<usize>,
     /// Batches opened and not yet settled (at most [`MAX_BATCHES_IN_FLIGHT`]).
-    pub in_flight: usize,
+    pub(crate) in_flight: usize,
     /// Unique per session, so a batch id never repeats (the server keys open batches by it).
     prefix: String,
     next: u64,
@@ -76,7 +76,7 @@ pub(super) struct Batcher {
     held: Option<Held>,
     /// Transactions split into several batches so far. Nothing reads it (no metric): the warn line
     /// each split logs is what reports it.
-    pub splits: u64,
+    pub(crate) splits: u64,
 }
 
 impl Batcher {
@@ -172,7 +172,7 @@ impl Sink {
     }
 
     /// The transaction ended: the held event commits the batch.
-    pub async fn commit(&mut self) -> Result<(), SinkError> {
+    pub(crate) async fn commit(&mut self) -> Result<(), SinkError> {
         let Some(b) = self.batch.as_mut() else {
             return Ok(());
         };
@@ -184,7 +184,7 @@ impl Sink {
 
     /// Messages handed to the sink whose batch is not committed yet: they will not be acknowledged
     /// unless their transaction's Commit arrives.
-    pub fn uncommitted(&self) -> usize {
+    pub(crate) fn uncommitted(&self) -> usize {
         self.batch.as_ref().map_or(0, |b| {
             b.open.as_ref().map_or(0, |o| o.sent) + usize::from(b.held.is_some())
         })

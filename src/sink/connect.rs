@@ -16,13 +16,12 @@ use crate::config::{NatsAuth, Settings};
 #[derive(Debug, thiserror::Error)]
 pub enum ConnectError {
     /// `nats.creds_file` cannot be read or used.
-    #[error("nats.creds_file {path:?}: {source}")]
+    #[error("nats.creds_file {path:?}: {error}")]
     Credentials {
         /// The file's path.
         path: String,
-        /// Why it cannot be read or used.
-        #[source]
-        source: std::io::Error,
+        /// Why it cannot be read or used, shown in the message (so not also a `source()`).
+        error: std::io::Error,
     },
     /// A server refused the relay's credentials.
     #[error(
@@ -60,7 +59,7 @@ pub enum ConnectError {
 
 /// Connects to NATS with the relay's settings. Tries each server once; the relay's own restart
 /// loop retries, and once connected async-nats reconnects by itself.
-pub async fn connect_nats(settings: &Settings) -> Result<async_nats::Client, ConnectError> {
+pub(crate) async fn connect_nats(settings: &Settings) -> Result<async_nats::Client, ConnectError> {
     let n = &settings.nats_conn;
     let servers = n
         .servers
@@ -75,7 +74,7 @@ pub async fn connect_nats(settings: &Settings) -> Result<async_nats::Client, Con
         .retain_servers_order()
         // JetStream answers on the inbox; a prefix of the relay's own can be kept from other clients
         // by NATS permissions (docs/operations.md, NATS permissions).
-        .custom_inbox_prefix(&settings.nats.inbox_prefix);
+        .custom_inbox_prefix(&settings.config().nats.inbox_prefix);
     opts = match &n.auth {
         NatsAuth::None => opts,
         NatsAuth::UserPassword { user, password } => {
@@ -86,9 +85,9 @@ pub async fn connect_nats(settings: &Settings) -> Result<async_nats::Client, Con
         NatsAuth::CredsFile(path) => {
             opts.credentials_file(path)
                 .await
-                .map_err(|source| ConnectError::Credentials {
+                .map_err(|error| ConnectError::Credentials {
                     path: path.display().to_string(),
-                    source,
+                    error,
                 })?
         }
     };

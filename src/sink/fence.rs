@@ -25,30 +25,30 @@ use crate::position::{History, Position};
 
 /// The stream's last message, as far as the relay needs it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Tail {
+pub(crate) struct Tail {
     /// The stream's last sequence (0 for a new stream).
-    pub last_sequence: u64,
+    pub(crate) last_sequence: u64,
     /// What the message at `last_sequence` says of itself, when it is still there.
-    pub last: Option<Stamp>,
+    pub(crate) last: Option<Stamp>,
     /// The stream's `max_msg_size` (headers and payload), when it has one.
-    pub max_msg_size: Option<usize>,
+    pub(crate) max_msg_size: Option<usize>,
 }
 
 /// The headers by which the relay recognises a message it wrote: each is `None` when the message
 /// lacks it or it does not parse (a message the relay did not write, or an older relay's).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Stamp {
+pub(crate) struct Stamp {
     /// The position `Outbox-Position` names.
-    pub position: Option<Position>,
+    pub(crate) position: Option<Position>,
     /// The history `Outbox-Position` names.
-    pub history: Option<History>,
+    pub(crate) history: Option<History>,
     /// `Nats-Msg-Id`, or `Outbox-Event-Id` on a message of an atomic batch.
-    pub id: Option<String>,
+    pub(crate) id: Option<String>,
 }
 
 impl Stamp {
     /// What a stored message's headers say of it.
-    pub fn from_headers(h: &async_nats::HeaderMap) -> Self {
+    pub(crate) fn from_headers(h: &async_nats::HeaderMap) -> Self {
         let text = |name: &str| h.get(name).map(|v| v.as_str().to_owned());
         let (history, position) = h
             .get(message::POSITION)
@@ -62,20 +62,21 @@ impl Stamp {
     }
 }
 
-/// The stream's tail cannot be read.
+/// The stream's tail cannot be read. The cause is the `source()`, not part of the message: it may
+/// have causes of its own, and `error_chain` prints them all once.
 #[derive(Debug, thiserror::Error)]
-#[error("JetStream stream {stream}: {source}")]
+#[error("JetStream stream {stream}")]
 pub struct TailError {
     /// The stream's name.
-    pub stream: String,
+    pub(crate) stream: String,
     /// Why its tail cannot be read (no stream, no JetStream, no answer).
     #[source]
-    pub source: Box<dyn std::error::Error + Send + Sync>,
+    pub(crate) source: Box<dyn std::error::Error + Send + Sync>,
 }
 
 /// Reads the tail of `stream`. The message is read from the stream leader (`STREAM.MSG.GET`), so a
 /// message just stored is seen.
-pub async fn read_tail(js: &jetstream::Context, stream: &str) -> Result<Tail, TailError> {
+pub(crate) async fn read_tail(js: &jetstream::Context, stream: &str) -> Result<Tail, TailError> {
     let err = |e: Box<dyn std::error::Error + Send + Sync>| TailError {
         stream: stream.to_owned(),
         source: e,
@@ -109,16 +110,16 @@ pub async fn read_tail(js: &jetstream::Context, stream: &str) -> Result<Tail, Ta
 
 /// What a session knows, before it reads anything, about the history it streams.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Origin {
+pub(crate) struct Origin {
     /// The server's system, timeline and the slot.
-    pub history: History,
+    pub(crate) history: History,
     /// The server's WAL flush position when the session started (`IDENTIFY_SYSTEM`).
-    pub wal_end: Lsn,
+    pub(crate) wal_end: Lsn,
 }
 
 /// What to do with one replayed event.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Replayed {
+pub(crate) enum Replayed {
     /// Before the tail's position: stored if the tail turns out to be this history's; not to be
     /// reported as stored until [`Replayed::Verified`] says so.
     Skip,
@@ -144,7 +145,7 @@ pub enum Replayed {
 /// tail's position with the tail's own event id. Anything else publishes (JetStream's duplicate
 /// window and the fence handle the true duplicates).
 #[derive(Debug, Clone)]
-pub struct Replay {
+pub(crate) struct Replay {
     state: State,
 }
 
@@ -160,7 +161,7 @@ enum State {
 
 /// Why a session does not skip anything, for its log line.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum Untrusted {
+pub(crate) enum Untrusted {
     /// The tail lacks an `Outbox-Position` that names a history, or an id.
     #[error(
         "the stream's last message was not written by this relay (no Outbox-Position with a history)"
@@ -196,7 +197,7 @@ pub enum Untrusted {
 
 impl Replay {
     /// A replay that skips nothing.
-    pub fn publishing() -> Self {
+    pub(crate) fn publishing() -> Self {
         Replay {
             state: State::Publishing,
         }
@@ -205,7 +206,7 @@ impl Replay {
     /// The replay of a session that streams `origin` with the stream at `tail`; `distrust`: an
     /// earlier session found the tail unreliable. The error says why the tail is not trusted (then
     /// nothing is skipped).
-    pub fn new(tail: &Tail, origin: &Origin, distrust: bool) -> (Self, Option<Untrusted>) {
+    pub(crate) fn new(tail: &Tail, origin: &Origin, distrust: bool) -> (Self, Option<Untrusted>) {
         match Self::trusted(tail, origin, distrust) {
             Ok(Some((until, id))) => (
                 Replay {
@@ -255,7 +256,7 @@ impl Replay {
 
     /// What to do with the replayed event at `position` with message id `id`. Events arrive in
     /// position order, as they were published.
-    pub fn replayed(&mut self, position: Position, id: &str) -> Replayed {
+    pub(crate) fn replayed(&mut self, position: Position, id: &str) -> Replayed {
         let State::Verifying {
             until,
             id: tail_id,
@@ -286,7 +287,7 @@ impl Replay {
     /// from another history (returns its position); if none were, it lay before the start and
     /// nothing is to be skipped. Without this a quiet outbox would hold skipped events back until
     /// the next event arrived.
-    pub fn passed(&mut self, wal_end: Lsn) -> Option<Position> {
+    pub(crate) fn passed(&mut self, wal_end: Lsn) -> Option<Position> {
         let State::Verifying { until, skipped, .. } = &self.state else {
             return None;
         };
@@ -299,7 +300,7 @@ impl Replay {
     }
 
     /// Events skipped so far whose storage is not yet proven.
-    pub fn unverified(&self) -> u64 {
+    pub(crate) fn unverified(&self) -> u64 {
         match &self.state {
             State::Verifying { skipped, .. } => *skipped,
             State::Publishing => 0,
@@ -310,7 +311,7 @@ impl Replay {
 /// The fence of one session, owned by the sink: which replayed events to skip, which sequence each
 /// publish expects, and the stream's last sequence as the acks report it.
 #[derive(Debug)]
-pub struct Fence {
+pub(crate) struct Fence {
     replay: Replay,
     /// The stream's last sequence when the session started.
     base: u64,
@@ -324,7 +325,7 @@ pub struct Fence {
 
 impl Fence {
     /// The fence of a session that starts with the stream at `tail`, replaying as `replay` says.
-    pub fn new(tail: &Tail, replay: Replay) -> Self {
+    pub(crate) fn new(tail: &Tail, replay: Replay) -> Self {
         Fence {
             replay,
             base: tail.last_sequence,
@@ -335,22 +336,22 @@ impl Fence {
     }
 
     /// What to do with a replayed event ([`Replay::replayed`]).
-    pub fn replayed(&mut self, position: Position, id: &str) -> Replayed {
+    pub(crate) fn replayed(&mut self, position: Position, id: &str) -> Replayed {
         self.replay.replayed(position, id)
     }
 
     /// A keepalive at `wal_end` ([`Replay::passed`]).
-    pub fn passed(&mut self, wal_end: Lsn) -> Option<Position> {
+    pub(crate) fn passed(&mut self, wal_end: Lsn) -> Option<Position> {
         self.replay.passed(wal_end)
     }
 
     /// Events skipped whose storage is not yet proven ([`Replay::unverified`]).
-    pub fn unverified(&self) -> u64 {
+    pub(crate) fn unverified(&self) -> u64 {
         self.replay.unverified()
     }
 
     /// The `Nats-Expected-Last-Sequence` of the next message; counts it.
-    pub fn next_expected(&mut self) -> u64 {
+    pub(crate) fn next_expected(&mut self) -> u64 {
         let e = self.base + self.published - self.duplicates;
         self.published += 1;
         e
@@ -358,22 +359,22 @@ impl Fence {
 
     /// JetStream acknowledged a message as a duplicate: it took no sequence, so later
     /// expectations step back by one.
-    pub fn duplicate(&mut self) {
+    pub(crate) fn duplicate(&mut self) {
         self.duplicates += 1;
     }
 
     /// JetStream stored a message at `sequence`.
-    pub fn stored(&mut self, sequence: u64) {
+    pub(crate) fn stored(&mut self, sequence: u64) {
         self.last_stored = sequence;
     }
 
     /// The last sequence the stream is known to hold.
-    pub fn last_stored(&self) -> u64 {
+    pub(crate) fn last_stored(&self) -> u64 {
         self.last_stored
     }
 
     /// The stream's last sequence when the session started.
-    pub fn base(&self) -> u64 {
+    pub(crate) fn base(&self) -> u64 {
         self.base
     }
 }

@@ -40,8 +40,8 @@ use crate::outbox::OutboxEvent;
 use crate::position::Position;
 use crate::route::SubjectTemplate;
 
-pub use connect::{ConnectError, connect_nats};
-pub use fence::{Fence, Origin, Replay, Replayed, Stamp, Tail, TailError, Untrusted, read_tail};
+pub(crate) use connect::{ConnectError, connect_nats};
+pub(crate) use fence::{Fence, Origin, Replay, Replayed, Stamp, TailError};
 pub use port::NatsPort;
 #[cfg(feature = "test-support")]
 pub use port::{SimJetStream, SimSendError};
@@ -175,7 +175,7 @@ pub enum SinkError {
 
 impl SinkError {
     /// Whether restarting the pipeline can help.
-    pub fn is_transient(&self) -> bool {
+    pub(crate) fn is_transient(&self) -> bool {
         !matches!(
             self,
             SinkError::Invalid { .. } | SinkError::DeadLetterRefused { .. }
@@ -185,7 +185,7 @@ impl SinkError {
 
 /// How a message ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     /// Stored (or already stored: `duplicate`, JetStream dropped it by its `Nats-Msg-Id`).
     Stored {
         /// JetStream already had it.
@@ -202,66 +202,66 @@ pub enum Outcome {
 
 /// An ack, reported in publish order.
 #[derive(Debug)]
-pub struct Acked {
+pub(crate) struct Acked {
     /// The sequence number the event was submitted with ([`Sink::submit`]).
-    pub seq: u64,
+    pub(crate) seq: u64,
     /// How the message ended.
-    pub outcome: Outcome,
+    pub(crate) outcome: Outcome,
     /// The event's commit time (µs since 2000-01-01; 0 when unknown), for commit → ack latency.
-    pub commit_ts: i64,
+    pub(crate) commit_ts: i64,
 }
 
 /// Settings the sink needs.
 #[derive(Clone, Debug)]
-pub struct SinkConfig {
+pub(crate) struct SinkConfig {
     /// `nats.max_in_flight`: publishes awaiting their ack.
-    pub max_in_flight: usize,
+    pub(crate) max_in_flight: usize,
     /// `nats.max_in_flight_bytes`: bytes of the publishes awaiting their ack.
-    pub max_in_flight_bytes: usize,
+    pub(crate) max_in_flight_bytes: usize,
     /// `nats.ack_timeout_ms`: how long to wait for one ack.
-    pub ack_timeout: Duration,
+    pub(crate) ack_timeout: Duration,
     /// `nats.dead_letter_subject`.
-    pub dead_letter_subject: String,
+    pub(crate) dead_letter_subject: String,
     /// `outbox.on_invalid = "stop"`: fail instead of dead-lettering.
-    pub stop_on_invalid: bool,
+    pub(crate) stop_on_invalid: bool,
     /// `nats.subject`, parsed.
-    pub template: SubjectTemplate,
+    pub(crate) template: SubjectTemplate,
     /// Fence the stream (`nats.fence`).
-    pub fence: bool,
+    pub(crate) fence: bool,
     /// `nats.stream`.
-    pub stream: String,
+    pub(crate) stream: String,
     /// `nats.cloudevents`: the CloudEvents headers to add to routed events.
-    pub cloudevents: Option<message::CloudEvents>,
+    pub(crate) cloudevents: Option<message::CloudEvents>,
     /// `nats.atomic_transactions`: each transaction is published as one atomic batch.
-    pub atomic: bool,
+    pub(crate) atomic: bool,
     /// The most messages in one atomic batch (the server's limit, 1,000 by default); a longer
     /// transaction is split into several batches.
-    pub max_batch: usize,
+    pub(crate) max_batch: usize,
     /// The history every message's `Outbox-Position` names (`SYSTEM/TIMELINE/SLOT`). Set by
     /// [`Sink::start`] from the session's [`Origin`].
-    pub history: Option<String>,
+    pub(crate) history: Option<String>,
     /// `[telemetry]`: spans for events with a sampled `traceparent`; `None` without an endpoint.
     /// Set by the relay, which owns the exporter across sessions.
-    pub telemetry: Option<crate::telemetry::Telemetry>,
+    pub(crate) telemetry: Option<crate::telemetry::Telemetry>,
 }
 
 impl SinkConfig {
     /// The sink's part of the validated settings.
-    pub fn from_settings(s: &Settings) -> Self {
+    pub(crate) fn from_settings(s: &Settings) -> Self {
+        let n = &s.config().nats;
         SinkConfig {
-            max_in_flight: s.nats.max_in_flight,
-            max_in_flight_bytes: s.nats.max_in_flight_bytes,
+            max_in_flight: n.max_in_flight,
+            max_in_flight_bytes: n.max_in_flight_bytes,
             ack_timeout: s.ack_timeout,
-            dead_letter_subject: s.nats.dead_letter_subject.clone(),
+            dead_letter_subject: n.dead_letter_subject.clone(),
             stop_on_invalid: s.stop_on_invalid,
             template: s.subject.clone(),
-            fence: s.nats.fence,
-            stream: s.nats.stream.clone(),
-            cloudevents: s
-                .nats
+            fence: n.fence,
+            stream: n.stream.clone(),
+            cloudevents: n
                 .cloudevents
-                .then(|| message::CloudEvents::new(&s.nats.cloudevents_source)),
-            atomic: s.nats.atomic_transactions,
+                .then(|| message::CloudEvents::new(&n.cloudevents_source)),
+            atomic: n.atomic_transactions,
             max_batch: batch::MAX_BATCH,
             history: None,
             telemetry: None,
@@ -270,7 +270,7 @@ impl SinkConfig {
 
     /// `outbox.on_invalid`, the one place it is applied: `Ok` means dead-letter the event (and it is
     /// logged), `Err` means stop.
-    pub fn on_invalid(&self, event: &OutboxEvent, reason: &str) -> Result<(), SinkError> {
+    pub(crate) fn on_invalid(&self, event: &OutboxEvent, reason: &str) -> Result<(), SinkError> {
         if self.stop_on_invalid {
             return Err(SinkError::Invalid {
                 id: event.msg_id.clone(),
@@ -321,7 +321,7 @@ struct InFlight {
 }
 
 /// The publisher of one session; see the module docs.
-pub struct Sink {
+pub(crate) struct Sink {
     publisher: Publisher,
     config: SinkConfig,
     fence: Option<Fence>,
@@ -355,7 +355,7 @@ impl Sink {
     /// history the session streams (`None` where there is none, e.g. a backfill: then nothing is
     /// skipped and positions name no history); `distrust`: an earlier session found the
     /// stream's tail unreliable ([`SinkError::Diverged`], [`SinkError::StoredPastRefused`]).
-    pub async fn start(
+    pub(crate) async fn start(
         nats: impl Into<NatsPort>,
         mut config: SinkConfig,
         origin: Option<&Origin>,
@@ -417,7 +417,11 @@ impl Sink {
     /// Hands `event` to the sink as message `seq`: skipped when the fence proves it stored, else
     /// published (or dead-lettered). Returns once it has a place in the window (waiting, bounded by
     /// the ack timeout, for the oldest acks when the window is full); its ack comes later, in order.
-    pub async fn submit(&mut self, seq: u64, mut event: Box<OutboxEvent>) -> Result<(), SinkError> {
+    pub(crate) async fn submit(
+        &mut self,
+        seq: u64,
+        mut event: Box<OutboxEvent>,
+    ) -> Result<(), SinkError> {
         if self.skip_replayed(seq, &event).await? {
             return Ok(());
         }
@@ -509,7 +513,7 @@ impl Sink {
     /// Resolves when [`Sink::settle`] has something to do: settled acks wait, the oldest
     /// message's answer arrived, or its deadline passed. Never resolves with nothing in flight.
     /// Cancel safe: an answer taken off the inbox is kept.
-    pub async fn ready(&mut self) {
+    pub(crate) async fn ready(&mut self) {
         loop {
             if !self.settled.is_empty() {
                 return;
@@ -539,7 +543,7 @@ impl Sink {
     /// Settles, in order, every message whose answer is here (waiting only for the answers of
     /// what it sends again: behind a duplicate, or as a dead letter). The results come out of
     /// [`Sink::acked`]. An error ends the session: nothing after it may be reported.
-    pub async fn settle(&mut self) -> Result<(), SinkError> {
+    pub(crate) async fn settle(&mut self) -> Result<(), SinkError> {
         loop {
             let token = match self.window.front() {
                 None => return Ok(()),
@@ -567,7 +571,7 @@ impl Sink {
     }
 
     /// The next settled ack, in publish order.
-    pub fn acked(&mut self) -> Option<Acked> {
+    pub(crate) fn acked(&mut self) -> Option<Acked> {
         self.settled.pop_front()
     }
 
@@ -647,7 +651,7 @@ impl Sink {
 
     /// A keepalive at `wal_end` arrived: a replay still waiting for the stream's tail is past it
     /// ([`Replay::passed`]); with events skipped, that is [`SinkError::Diverged`].
-    pub fn keepalive(&mut self, wal_end: crate::Lsn) -> Result<(), SinkError> {
+    pub(crate) fn keepalive(&mut self, wal_end: crate::Lsn) -> Result<(), SinkError> {
         let Some(fence) = self.fence.as_mut() else {
             return Ok(());
         };
@@ -666,19 +670,19 @@ impl Sink {
 
     /// Submitted events skipped by the replay and not yet proven stored: they will not be
     /// acknowledged unless the replay reaches the stream's tail.
-    pub fn unverified(&self) -> u64 {
+    pub(crate) fn unverified(&self) -> u64 {
         self.fence.as_ref().map_or(0, Fence::unverified)
     }
 
     /// Messages in the window (published, ack not yet reported).
-    pub fn in_flight(&self) -> usize {
+    pub(crate) fn in_flight(&self) -> usize {
         self.messages
     }
 
     /// The highest stream sequence JetStream's acks named so far (with the fence, the stream's
     /// last sequence when the session started, before any): the position service's
     /// `last_sequence`.
-    pub fn last_sequence(&self) -> u64 {
+    pub(crate) fn last_sequence(&self) -> u64 {
         self.last_sequence
     }
 

@@ -62,9 +62,9 @@ pub(super) struct Publisher {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Ack {
     /// The stream sequence it was stored at (for a duplicate: the original's).
-    pub sequence: u64,
+    pub(crate) sequence: u64,
     /// JetStream already held a message with its `Nats-Msg-Id`.
-    pub duplicate: bool,
+    pub(crate) duplicate: bool,
 }
 
 impl Publisher {
@@ -285,8 +285,8 @@ struct Answer<'a> {
      docs/operations.md, NATS permissions)"
 )]
 pub(super) struct Forged {
-    pub stream: String,
-    pub why: String,
+    pub(crate) stream: String,
+    pub(crate) why: String,
 }
 
 /// An answer as an [`Ack`] or the [`PublishError`] async-nats would give for it. An ack must name

@@ -8,9 +8,15 @@
 //! the guard sits on the TCP stream (watching for `SSLRequest` and the server's one-byte answer) and,
 //! when TLS is negotiated, again on the TLS stream, where the messages are readable. It only parses
 //! messages up to AuthenticationOk; after that it passes bytes through untouched.
+//!
+//! It also notes what the server asked for ([`Seen`]), so that when tokio-postgres gives up on its
+//! own (no password to send, no channel binding to offer) the error can be told from what happened
+//! on the wire rather than from tokio-postgres' message text, which is all its error exposes.
 
 use std::io;
 use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -31,6 +37,54 @@ struct Refused(String);
 pub(super) fn refusal(e: &tokio_postgres::Error) -> Option<String> {
     let io = std::error::Error::source(e)?.downcast_ref::<io::Error>()?;
     io.get_ref()?.downcast_ref::<Refused>().map(|r| r.0.clone())
+}
+
+/// What the server asked for during one connection attempt, shared by the guards of its streams and
+/// read after tokio-postgres returned.
+#[derive(Debug)]
+pub(super) struct Seen {
+    /// A password is configured for this attempt.
+    has_password: bool,
+    /// `channel_binding=require`.
+    requires_channel_binding: bool,
+    /// The server asked for a method that sends the password (cleartext, md5, SCRAM).
+    asked_password: AtomicBool,
+    /// The server asked for SASL and the client has written nothing since: tokio-postgres declined
+    /// to answer.
+    sasl_unanswered: AtomicBool,
+}
+
+/// Why tokio-postgres gave up on authentication before answering, as [`Seen`] tells it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum GaveUp {
+    /// The server asked for a password and none is configured.
+    NoPassword,
+    /// `channel_binding=require`, and the SASL request went unanswered: tokio-postgres found no
+    /// SCRAM-SHA-256-PLUS over TLS to bind with (the password was there, it checks that first).
+    NoChannelBinding,
+}
+
+impl Seen {
+    fn new(info: &ConnInfo, policy: &AuthPolicy) -> Self {
+        Seen {
+            has_password: info.password.is_some(),
+            requires_channel_binding: policy.requires_channel_binding(),
+            asked_password: AtomicBool::new(false),
+            sasl_unanswered: AtomicBool::new(false),
+        }
+    }
+
+    /// Why tokio-postgres gave up, if what the server asked for explains it. In tokio-postgres'
+    /// order: the password is looked for before the SASL mechanism is chosen.
+    pub(super) fn gave_up(&self) -> Option<GaveUp> {
+        if self.asked_password.load(Ordering::Relaxed) && !self.has_password {
+            Some(GaveUp::NoPassword)
+        } else if self.requires_channel_binding && self.sasl_unanswered.load(Ordering::Relaxed) {
+            Some(GaveUp::NoChannelBinding)
+        } else {
+            None
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -59,11 +113,16 @@ struct Parser {
     policy: AuthPolicy,
     state: State,
     asked: bool,
+    seen: Arc<Seen>,
+    /// This parser read a SASL request that the client has not answered yet.
+    sasl_pending: bool,
 }
 
 impl Parser {
-    fn new(policy: AuthPolicy, after_tls: bool) -> Self {
-        let state = if !policy.is_set() {
+    fn new(policy: AuthPolicy, seen: Arc<Seen>, after_tls: bool) -> Self {
+        // Nothing to refuse and nothing to explain: a missing password is the one thing
+        // tokio-postgres gives up on without a policy.
+        let state = if !policy.is_set() && seen.has_password {
             State::Done
         } else if after_tls {
             State::Header {
@@ -77,10 +136,17 @@ impl Parser {
             policy,
             state,
             asked: false,
+            seen,
+            sasl_pending: false,
         }
     }
 
     fn wrote(&mut self, buf: &[u8]) {
+        // Whatever the client writes on this stream after a SASL request is its answer.
+        if self.sasl_pending && !buf.is_empty() {
+            self.sasl_pending = false;
+            self.seen.sasl_unanswered.store(false, Ordering::Relaxed);
+        }
         if let State::Start = self.state {
             self.state = if buf.starts_with(&SSL_REQUEST) {
                 State::SslAnswer
@@ -184,6 +250,13 @@ impl Parser {
         };
         if let Some(m) = method {
             self.policy.allow(m)?;
+            if m != AuthMethod::None {
+                self.seen.asked_password.store(true, Ordering::Relaxed);
+            }
+        }
+        if code == 10 {
+            self.sasl_pending = true;
+            self.seen.sasl_unanswered.store(true, Ordering::Relaxed);
         }
         self.asked |= code != 0;
         self.state = State::Skip {
@@ -281,21 +354,29 @@ impl<S: TlsStream + Unpin> TlsStream for Guarded<S> {
 pub(super) struct GuardedConnect<T> {
     inner: T,
     policy: AuthPolicy,
+    seen: Arc<Seen>,
 }
 
 impl<T> GuardedConnect<T> {
     pub(super) fn new(inner: T, info: &ConnInfo) -> Self {
+        let policy = AuthPolicy::new(info);
         GuardedConnect {
             inner,
-            policy: AuthPolicy::new(info),
+            seen: Arc::new(Seen::new(info, &policy)),
+            policy,
         }
+    }
+
+    /// What the guards of this attempt see, to read after it failed.
+    pub(super) fn seen(&self) -> Arc<Seen> {
+        Arc::clone(&self.seen)
     }
 
     /// The TCP stream with its guard (it reads plaintext messages when TLS is not used).
     pub(super) fn wrap_raw<S>(&self, stream: S) -> Guarded<S> {
         Guarded {
             inner: stream,
-            parser: Parser::new(self.policy.clone(), false),
+            parser: Parser::new(self.policy.clone(), Arc::clone(&self.seen), false),
         }
     }
 }
@@ -311,13 +392,13 @@ where
     type Future = Pin<Box<dyn Future<Output = Result<Self::Stream, T::Error>> + Send>>;
 
     fn connect(self, stream: S) -> Self::Future {
-        let policy = self.policy;
+        let (policy, seen) = (self.policy, self.seen);
         let fut = self.inner.connect(stream);
         Box::pin(async move {
             let inner = fut.await?;
             Ok(Guarded {
                 inner,
-                parser: Parser::new(policy, true),
+                parser: Parser::new(policy, seen, true),
             })
         })
     }
@@ -327,10 +408,16 @@ where
 mod tests {
     use super::*;
 
-    fn require(s: &str) -> AuthPolicy {
-        let info = ConnInfo::parse_with_env(&format!("postgres://h/d?require_auth={s}"), |_| None)
-            .unwrap();
-        AuthPolicy::new(&info)
+    /// A parser for a connection to `url`, and what it sees.
+    fn parser_for(url: &str, after_tls: bool) -> (Parser, Arc<Seen>) {
+        let info = ConnInfo::parse_with_env(url, |_| None).unwrap();
+        let policy = AuthPolicy::new(&info);
+        let seen = Arc::new(Seen::new(&info, &policy));
+        (Parser::new(policy, Arc::clone(&seen), after_tls), seen)
+    }
+
+    fn require(s: &str, after_tls: bool) -> Parser {
+        parser_for(&format!("postgres://u:pw@h/d?require_auth={s}"), after_tls).0
     }
 
     fn auth(code: u32, extra: &[u8]) -> Vec<u8> {
@@ -343,7 +430,7 @@ mod tests {
 
     #[test]
     fn a_cleartext_request_is_refused_even_after_a_refused_ssl_request() {
-        let mut p = Parser::new(require("scram-sha-256"), false);
+        let mut p = require("scram-sha-256", false);
         p.wrote(&SSL_REQUEST);
         let mut wire = vec![b'N'];
         wire.extend(auth(3, &[]));
@@ -354,7 +441,7 @@ mod tests {
 
     #[test]
     fn scram_passes_and_the_guard_retires_after_ok() {
-        let mut p = Parser::new(require("scram-sha-256"), true);
+        let mut p = require("scram-sha-256", true);
         let mut wire = auth(10, b"SCRAM-SHA-256\0\0");
         wire.extend(auth(11, b"r=abc"));
         wire.extend(auth(12, b"v=xyz"));
@@ -367,15 +454,41 @@ mod tests {
 
     #[test]
     fn trust_needs_none_in_the_list() {
-        let mut p = Parser::new(require("scram-sha-256"), true);
+        let mut p = require("scram-sha-256", true);
         assert!(p.read(&auth(0, &[])).is_err());
-        let mut p = Parser::new(require("scram-sha-256,none"), true);
+        let mut p = require("scram-sha-256,none", true);
         assert!(p.read(&auth(0, &[])).is_ok());
     }
 
     #[test]
+    fn a_password_request_without_a_password_is_why_the_client_gave_up() {
+        for code in [3, 5, 10] {
+            let (mut p, seen) = parser_for("postgres://u@h/d", true);
+            assert!(p.read(&auth(code, b"SCRAM-SHA-256\0\0")).is_ok());
+            assert_eq!(seen.gave_up(), Some(GaveUp::NoPassword), "code {code}");
+        }
+        let (mut p, seen) = parser_for("postgres://u@h/d", true);
+        assert!(p.read(&auth(0, &[])).is_ok(), "trust");
+        assert_eq!(seen.gave_up(), None);
+    }
+
+    #[test]
+    fn an_unanswered_sasl_request_under_channel_binding_require() {
+        let url = "postgres://u:pw@h/d?channel_binding=require";
+        let (mut p, seen) = parser_for(url, true);
+        p.read(&auth(10, b"SCRAM-SHA-256\0\0")).unwrap();
+        assert_eq!(seen.gave_up(), Some(GaveUp::NoChannelBinding));
+        // Answered: whatever fails later, it was not that.
+        p.wrote(b"p\0\0\0\x05");
+        assert_eq!(seen.gave_up(), None);
+        let (mut p, seen) = parser_for("postgres://u:pw@h/d", true);
+        let _ = p.read(&auth(10, b"SCRAM-SHA-256\0\0"));
+        assert_eq!(seen.gave_up(), None, "binding not required");
+    }
+
+    #[test]
     fn tls_accepted_hands_over_to_the_tls_guard() {
-        let mut p = Parser::new(require("scram-sha-256"), false);
+        let mut p = require("scram-sha-256", false);
         p.wrote(&SSL_REQUEST);
         assert!(p.read(b"S\x16\x03\x01garbage").is_ok());
         assert!(matches!(p.state, State::Done));

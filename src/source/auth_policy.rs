@@ -40,7 +40,12 @@ impl AuthPolicy {
 
     /// Whether the policy restricts anything the stream guard must watch.
     pub(crate) fn is_set(&self) -> bool {
-        self.require.is_set() || self.channel_binding == ChannelBindingMode::Require
+        self.require.is_set() || self.requires_channel_binding()
+    }
+
+    /// `channel_binding=require`.
+    pub(crate) fn requires_channel_binding(&self) -> bool {
+        self.channel_binding == ChannelBindingMode::Require
     }
 
     /// The server asks for `method`: may it? Refused before a password or its hash leaves.

@@ -60,7 +60,7 @@ pub struct ReplConnection {
 }
 
 /// A row of a simple-query result: text values, `None` for NULL.
-pub type Row = Vec<Option<String>>;
+pub(crate) type Row = Vec<Option<String>>;
 
 impl ReplConnection {
     /// Connects to the first of the URL's hosts that accepts and matches `target_session_attrs`:
@@ -77,7 +77,7 @@ impl ReplConnection {
 
     /// What the server reported about itself at startup (`in_hot_standby` and
     /// `default_transaction_read_only`, both reported by PG 14+).
-    pub fn role(&self) -> ServerRole {
+    pub(crate) fn role(&self) -> ServerRole {
         let on = |k: &str| self.params.get(k).is_some_and(|v| v == "on");
         ServerRole {
             in_recovery: on("in_hot_standby"),
@@ -98,9 +98,9 @@ impl ReplConnection {
 
     async fn connect_inner(info: &ConnInfo, application_name: &str) -> Result<Self, SourceError> {
         let target = format!("{}:{}", info.host, info.port);
-        let io_err = |source| SourceError::Io {
+        let io_err = |error| SourceError::Io {
             target: target.clone(),
-            source,
+            error,
         };
         let mut tcp = PgStream::connect(&info.host, info.port)
             .await
@@ -305,7 +305,7 @@ impl ReplConnection {
     }
 
     /// `server_version_num` derived from the `server_version` parameter ("15.18 (Debian …)" → 150018).
-    pub fn server_version_num(&self) -> u32 {
+    pub(crate) fn server_version_num(&self) -> u32 {
         self.params
             .get("server_version")
             .map(|v| parse_server_version(v))
@@ -318,7 +318,7 @@ impl ReplConnection {
     }
 
     /// Runs one simple query; returns the rows of its (last) result set.
-    pub async fn simple_query(&mut self, sql: &str) -> Result<Vec<Row>, SourceError> {
+    pub(crate) async fn simple_query(&mut self, sql: &str) -> Result<Vec<Row>, SourceError> {
         frontend::query(sql, &mut self.wbuf).map_err(proto)?;
         self.flush().await?;
         let mut rows = Vec::new();
@@ -400,7 +400,7 @@ impl ReplConnection {
     /// backfill: rows read in that snapshot are exactly those committed before the slot's first
     /// change. The snapshot stays importable (`SET TRANSACTION SNAPSHOT`) until this connection
     /// runs another command or closes. `failover` (PG 17+) makes it a failover slot.
-    pub async fn create_slot_with_snapshot(
+    pub(crate) async fn create_slot_with_snapshot(
         &mut self,
         slot: &str,
         failover: bool,
@@ -442,7 +442,7 @@ impl ReplConnection {
 
     /// PG 17+: makes an existing slot a failover slot (`ALTER_REPLICATION_SLOT … (FAILOVER true)`,
     /// a replication command with no SQL equivalent). The slot must not be in use.
-    pub async fn alter_slot_failover(&mut self, slot: &str) -> Result<(), SourceError> {
+    pub(crate) async fn alter_slot_failover(&mut self, slot: &str) -> Result<(), SourceError> {
         let sql = format!(
             "ALTER_REPLICATION_SLOT {} (FAILOVER true)",
             quote_ident(slot)
@@ -529,13 +529,13 @@ impl ReplConnection {
         self.io
             .write_all(&buf)
             .await
-            .map_err(|source| SourceError::Io {
+            .map_err(|error| SourceError::Io {
                 target: self.target.clone(),
-                source,
+                error,
             })?;
-        self.io.flush().await.map_err(|source| SourceError::Io {
+        self.io.flush().await.map_err(|error| SourceError::Io {
             target: self.target.clone(),
-            source,
+            error,
         })
     }
 
@@ -596,7 +596,7 @@ fn refusal(msg: Message) -> Result<SourceError, SourceError> {
 }
 
 /// "15.18 (Debian 15.18-0+deb12u1)" → 150018; "17devel" → 170000; "9.6.3" → 90603.
-pub fn parse_server_version(v: &str) -> u32 {
+pub(crate) fn parse_server_version(v: &str) -> u32 {
     let v = v.split_whitespace().next().unwrap_or("");
     let mut nums = v
         .split(|c: char| !c.is_ascii_digit())

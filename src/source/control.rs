@@ -5,7 +5,7 @@
 use tokio_postgres::Client;
 use tracing::debug;
 
-use super::auth_guard::GuardedConnect;
+use super::auth_guard::{GaveUp, GuardedConnect, Seen};
 use super::conninfo::{ConnInfo, SslMode};
 use super::error::{ServerError, SourceError};
 use super::hosts::{self, ServerRole};
@@ -26,7 +26,7 @@ pub async fn connect_control(
                 &[],
             )
             .await
-            .map_err(|e| map_error(&format!("{}:{}", target.host, target.port), e))?;
+            .map_err(|e| map_error(&format!("{}:{}", target.host, target.port), e, None))?;
         let role = ServerRole {
             in_recovery: row.get(0),
             read_only: row.get(1),
@@ -48,9 +48,9 @@ async fn connect_one(info: &ConnInfo, application_name: &str) -> Result<Client, 
         target: addr.clone(),
         secs: info.connect_timeout.as_secs(),
     })?
-    .map_err(|source| SourceError::Io {
+    .map_err(|error| SourceError::Io {
         target: addr.clone(),
-        source,
+        error,
     })?;
     let tls_config = match tcp.supports_tls() {
         true => tls::client_config_off_runtime(info)
@@ -67,7 +67,8 @@ async fn connect_one(info: &ConnInfo, application_name: &str) -> Result<Client, 
         match tls_config {
             None => {
                 let guard = GuardedConnect::new(tokio_postgres::NoTls, info);
-                start(&config, guard.wrap_raw(tcp), guard, &addr).await
+                let seen = guard.seen();
+                start(&config, guard.wrap_raw(tcp), guard, &seen, &addr).await
             }
             Some(tls_config) => {
                 debug_assert_ne!(info.sslmode, SslMode::Disable);
@@ -78,7 +79,8 @@ async fn connect_one(info: &ConnInfo, application_name: &str) -> Result<Client, 
                 >::make_tls_connect(&mut rustls, &info.host)
                 .map_err(|e| SourceError::Tls(e.to_string()))?;
                 let guard = GuardedConnect::new(tls, info);
-                start(&config, guard.wrap_raw(tcp), guard, &addr).await
+                let seen = guard.seen();
+                start(&config, guard.wrap_raw(tcp), guard, &seen, &addr).await
             }
         }
     };
@@ -91,11 +93,12 @@ async fn connect_one(info: &ConnInfo, application_name: &str) -> Result<Client, 
 }
 
 /// Connects over `stream` with `tls` and spawns the connection task (it ends when the client is
-/// dropped).
+/// dropped). `seen` is what the guards saw, to tell why a failed login failed.
 async fn start<T>(
     config: &tokio_postgres::Config,
     stream: super::auth_guard::Guarded<PgStream>,
     tls: T,
+    seen: &Seen,
     addr: &str,
 ) -> Result<Client, SourceError>
 where
@@ -105,7 +108,7 @@ where
     let (client, conn) = config
         .connect_raw(stream, tls)
         .await
-        .map_err(|e| map_error(addr, e))?;
+        .map_err(|e| map_error(addr, e, Some(seen)))?;
     tokio::spawn(async move {
         if let Err(e) = conn.await {
             debug!(error = %e, "control connection ended");
@@ -114,9 +117,20 @@ where
     Ok(client)
 }
 
+/// A failed query on the control connection, on one line: the server's message and SQLSTATE
+/// (`relation "x" does not exist (42P01)`; its DETAIL and HINT lines are left out), or the
+/// client's error with its causes.
+pub(crate) fn query_error_text(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{} ({})", db.message(), db.code().code()),
+        None => crate::relay::error_chain(e),
+    }
+}
+
 /// A tokio-postgres error as a source error: the server's own error with its SQLSTATE, a refused
-/// authentication as such, the OS cause of a failed connection kept.
-fn map_error(addr: &str, e: tokio_postgres::Error) -> SourceError {
+/// authentication as such, the OS cause of a failed connection kept. `seen` (during a login) is what
+/// the server asked for: tokio-postgres' error tells why it gave up only in its text.
+fn map_error(addr: &str, e: tokio_postgres::Error, seen: Option<&Seen>) -> SourceError {
     if let Some(db) = e.as_db_error() {
         return SourceError::Server {
             context: "connect",
@@ -129,31 +143,34 @@ fn map_error(addr: &str, e: tokio_postgres::Error) -> SourceError {
             }),
         };
     }
-    // tokio-postgres says "invalid configuration"; the reason ("password missing") is its source.
-    let text = crate::relay::error_chain(&e);
-    if text.contains("password missing") {
-        return SourceError::Auth(
-            "password required: the server asks for one and none is given; put it in postgres.url, PGPASSWORD \
-             or the password file (~/.pgpass or PGPASSFILE)"
-                .into(),
-        );
-    }
-    // The guard's refusal, or tokio-postgres' own channel-binding refusal.
+    // The guard's refusal (require_auth, or channel_binding=require refusing a method).
     if let Some(guard) = super::auth_guard::refusal(&e) {
         return SourceError::Auth(guard);
     }
-    if text.contains("channel binding") {
-        return SourceError::Auth(format!(
-            "channel_binding=require, but the server did not use channel binding ({text})"
-        ));
+    let text = crate::relay::error_chain(&e);
+    let io = std::error::Error::source(&e).and_then(|s| s.downcast_ref::<std::io::Error>());
+    // Not the socket: tokio-postgres declined to answer what the server asked.
+    match seen.and_then(Seen::gave_up).filter(|_| io.is_none()) {
+        Some(GaveUp::NoPassword) => {
+            return SourceError::Auth(
+                "password required: the server asks for one and none is given; put it in postgres.url, \
+                 PGPASSWORD or the password file (~/.pgpass or PGPASSFILE)"
+                    .into(),
+            );
+        }
+        Some(GaveUp::NoChannelBinding) => {
+            return SourceError::Auth(format!(
+                "channel_binding=require, but the server did not use channel binding ({text})"
+            ));
+        }
+        None => {}
     }
-    let source =
-        match std::error::Error::source(&e).and_then(|s| s.downcast_ref::<std::io::Error>()) {
-            Some(io) => std::io::Error::new(io.kind(), io.to_string()),
-            None => std::io::Error::other(text),
-        };
+    let error = match io {
+        Some(io) => std::io::Error::new(io.kind(), io.to_string()),
+        None => std::io::Error::other(text),
+    };
     SourceError::Io {
         target: addr.to_owned(),
-        source,
+        error,
     }
 }

@@ -38,7 +38,7 @@ impl std::fmt::Display for ServerError {
 impl ServerError {
     /// Whether retrying can help. SQLSTATE classes from
     /// <https://www.postgresql.org/docs/current/errcodes-appendix.html>.
-    pub fn is_transient(&self) -> bool {
+    pub(crate) fn is_transient(&self) -> bool {
         let class = self.code.get(..2).unwrap_or("");
         match self.code.as_str() {
             // object_in_use: "replication slot … is active for PID …" (an old walsender lingers).
@@ -56,13 +56,12 @@ impl ServerError {
 #[derive(Debug, thiserror::Error)]
 pub enum SourceError {
     /// Connecting, reading or writing the socket failed.
-    #[error("postgres connection to {target}: {source}")]
+    #[error("postgres connection to {target}: {error}")]
     Io {
         /// The host and port.
         target: String,
-        /// The I/O error.
-        #[source]
-        source: std::io::Error,
+        /// The I/O error, shown in the message (so not also a `source()`).
+        error: std::io::Error,
     },
     /// The server did not answer in time: at connect, or no message on the stream within the receive timeout.
     #[error("postgres at {target} did not answer within {secs}s")]

@@ -9,11 +9,11 @@ use super::error::SourceError;
 
 /// What a server says about itself once connected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ServerRole {
+pub(crate) struct ServerRole {
     /// A standby (`pg_is_in_recovery()`, reported as `in_hot_standby`).
-    pub in_recovery: bool,
+    pub(crate) in_recovery: bool,
     /// Sessions default to read-only (a standby, or `default_transaction_read_only`).
-    pub read_only: bool,
+    pub(crate) read_only: bool,
 }
 
 impl ServerRole {

@@ -57,16 +57,13 @@ mod stream;
 mod tls;
 mod wire;
 
-pub use conn::{ReplConnection, Row, SystemInfo, parse_server_version};
-pub use conninfo::{
-    AuthMethod, ChannelBindingMode, ConnInfo, ConnInfoError, RequireAuth, RootCerts, SslMode,
-    TargetSessionAttrs,
-};
+pub use conn::{ReplConnection, SystemInfo};
+pub use conninfo::ConnInfo;
+pub(crate) use conninfo::TargetSessionAttrs;
 pub use control::connect_control;
+pub(crate) use control::query_error_text;
 pub use error::{ServerError, SourceError};
-pub use hosts::ServerRole;
 pub use options::PgOutputOptions;
 pub use stream::{ReplicationEvent, ReplicationStream, StreamConfig, parse_copy_data};
-pub use tls::TlsConfigError;
 pub(crate) use wire::quote_ident;
 pub use wire::{MAX_FRAME_BYTES, frame_len};

@@ -19,7 +19,7 @@ pub struct PgOutputOptions {
     /// Logical decoding messages (`pg_logical_emit_message`), PG14+.
     pub messages: bool,
     /// Binary column values (typsend), PG14+. The relay wants text: the jsonb text is the payload.
-    pub binary: bool,
+    pub(crate) binary: bool,
     /// `origin 'none'|'any'`, PG16+.
     pub origin: Option<String>,
 }
@@ -39,7 +39,7 @@ impl PgOutputOptions {
     }
 
     /// The parenthesised option list for a server of `version` (server_version_num).
-    pub fn to_sql(&self, version: u32) -> Result<String, SourceError> {
+    pub(crate) fn to_sql(&self, version: u32) -> Result<String, SourceError> {
         let max_proto = match version {
             160000.. => 4,
             150000.. => 3,

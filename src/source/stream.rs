@@ -210,12 +210,12 @@ impl ReplicationStream {
 
     /// The `flush` LSN of the last status update sent to the server, kept current by the writer:
     /// what the slot has been told is confirmed.
-    pub fn reported(&self) -> Arc<AtomicU64> {
+    pub(crate) fn reported(&self) -> Arc<AtomicU64> {
         Arc::clone(&self.shared.reported)
     }
 
     /// The highest WAL position received so far.
-    pub fn received(&self) -> Lsn {
+    pub(crate) fn received(&self) -> Lsn {
         Lsn(self.shared.received.load(Ordering::Acquire))
     }
 

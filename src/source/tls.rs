@@ -20,7 +20,7 @@ use super::conninfo::{ConnInfo, RootCerts, SslMode};
 
 /// A TLS setting that cannot be used: names the file or setting.
 #[derive(Debug, thiserror::Error)]
-pub enum TlsConfigError {
+pub(crate) enum TlsConfigError {
     /// The `sslrootcert` file cannot be read as PEM.
     #[error("cannot read sslrootcert {path}: {error}")]
     RootCertFile {

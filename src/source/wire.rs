@@ -46,9 +46,9 @@ pub(crate) async fn read_backend<R: AsyncRead + Unpin + ?Sized>(
         if buf.capacity() - buf.len() < 8 * 1024 {
             buf.reserve(64 * 1024);
         }
-        let n = io.read_buf(buf).await.map_err(|source| SourceError::Io {
+        let n = io.read_buf(buf).await.map_err(|error| SourceError::Io {
             target: target.to_owned(),
-            source,
+            error,
         })?;
         if n == 0 {
             return Err(SourceError::Closed("postgres closed the connection"));

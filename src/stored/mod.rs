@@ -21,7 +21,7 @@
 //! "not yet".
 
 pub(crate) mod service;
-pub mod waitset;
+pub(crate) mod waitset;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -37,9 +37,9 @@ use waitset::WaitSet;
 /// The longest wait a request may ask for. An HTTP wait holds one of the listener's few
 /// connections for that long, and a client that needs longer asks again: the answer carries the
 /// stored LSN, so it sees progress.
-pub const MAX_WAIT_MS: u64 = 30_000;
+pub(crate) const MAX_WAIT_MS: u64 = 30_000;
 /// A wait without `timeout_ms` waits this long.
-pub const DEFAULT_WAIT_MS: u64 = 5_000;
+pub(crate) const DEFAULT_WAIT_MS: u64 = 5_000;
 /// Open waits at most. Each costs a few dozen bytes and nothing while it waits; the cap only keeps a
 /// flood of requests from growing memory without bound (they get a refusal, not a timeout).
 const MAX_WAITERS: usize = 200_000;
@@ -57,7 +57,7 @@ struct State {
 
 /// The shared handle: the session writes, the NATS service and the HTTP listener read and wait.
 #[derive(Debug)]
-pub struct Positions {
+pub(crate) struct Positions {
     slot: String,
     stream: String,
     state: watch::Sender<State>,
@@ -65,7 +65,7 @@ pub struct Positions {
 }
 
 /// The task that answers waits; see [`WaitTask::run`].
-pub struct WaitTask {
+pub(crate) struct WaitTask {
     state: watch::Receiver<State>,
     waits: mpsc::Receiver<Waiter>,
 }
@@ -80,22 +80,22 @@ struct Waiter {
 
 /// The answer to `/position` and `<prefix>.position`.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Position {
+pub(crate) struct Position {
     /// `postgres.slot`.
-    pub slot: String,
+    pub(crate) slot: String,
     /// `nats.stream`.
-    pub stream: String,
+    pub(crate) stream: String,
     /// See the module docs.
-    pub stored_lsn: Lsn,
+    pub(crate) stored_lsn: Lsn,
     /// The LSN the relay's last status update confirmed to the slot.
-    pub confirmed_lsn: Lsn,
+    pub(crate) confirmed_lsn: Lsn,
     /// The stream sequence of the last message the relay stored.
-    pub last_sequence: u64,
+    pub(crate) last_sequence: u64,
 }
 
 impl Position {
     /// The JSON of the reply.
-    pub fn to_json(&self) -> String {
+    pub(crate) fn to_json(&self) -> String {
         serde_json::json!({
             "slot": self.slot,
             "stream": self.stream,
@@ -109,7 +109,7 @@ impl Position {
 
 /// How a wait ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum WaitOutcome {
+pub(crate) enum WaitOutcome {
     /// Every event up to the LSN is stored.
     Stored {
         /// The stored LSN when it was answered (at or past the LSN waited for).
@@ -130,8 +130,8 @@ pub enum WaitOutcome {
 
 impl WaitOutcome {
     /// The JSON of the reply (overloaded and stopping are errors, not replies, over NATS).
-    pub fn to_json(&self) -> String {
-        match *self {
+    pub(crate) fn to_json(self) -> String {
+        match self {
             WaitOutcome::Stored {
                 stored_lsn,
                 last_sequence,
@@ -163,25 +163,25 @@ impl WaitOutcome {
 #[error(
     "this relay does not stream the slot now (a standby, or reconnecting): ask the one that does"
 )]
-pub struct NotServing;
+pub(crate) struct NotServing;
 
 /// A wait request: the LSN and how long to wait.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct WaitRequest {
+pub(crate) struct WaitRequest {
     /// Wait until every event of every transaction whose commit ends at or before this is stored.
-    pub lsn: Lsn,
+    pub(crate) lsn: Lsn,
     /// At most this long (at most [`MAX_WAIT_MS`]).
-    pub timeout: Duration,
+    pub(crate) timeout: Duration,
 }
 
 /// A bad wait request: the field and what to send instead.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{field}: {why}")]
-pub struct BadRequest {
+pub(crate) struct BadRequest {
     /// The request's field (`lsn`, `timeout_ms`) or `request`.
-    pub field: &'static str,
+    pub(crate) field: &'static str,
     /// What is wrong and how to fix it.
-    pub why: String,
+    pub(crate) why: String,
 }
 
 fn bad(field: &'static str, why: impl Into<String>) -> BadRequest {
@@ -193,7 +193,7 @@ fn bad(field: &'static str, why: impl Into<String>) -> BadRequest {
 
 impl WaitRequest {
     /// From the JSON body of `<prefix>.wait`: `{"lsn": "X/Y", "timeout_ms": N}`.
-    pub fn from_json(body: &[u8]) -> Result<WaitRequest, BadRequest> {
+    pub(crate) fn from_json(body: &[u8]) -> Result<WaitRequest, BadRequest> {
         let shape = "send a JSON object like {\"lsn\": \"16/B374D848\", \"timeout_ms\": 5000}";
         if body.iter().all(u8::is_ascii_whitespace) {
             return Err(bad("lsn", format!("missing: {shape}")));
@@ -243,7 +243,7 @@ impl WaitRequest {
     }
 
     /// From the query of `GET /wait?lsn=X/Y&timeout_ms=N` (percent-decoded).
-    pub fn from_query(query: &str) -> Result<WaitRequest, BadRequest> {
+    pub(crate) fn from_query(query: &str) -> Result<WaitRequest, BadRequest> {
         let mut map = Map::new();
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
@@ -295,7 +295,7 @@ fn shorten(s: &str) -> String {
 impl Positions {
     /// The handle for `slot` and `stream`, and the task that answers its waits (run it, or waits
     /// time out at once).
-    pub fn new(slot: &str, stream: &str) -> (Arc<Positions>, WaitTask) {
+    pub(crate) fn new(slot: &str, stream: &str) -> (Arc<Positions>, WaitTask) {
         let (state, state_rx) = watch::channel(State::default());
         // Room for bursts of new waits; the task takes them as fast as they come.
         let (waits, waits_rx) = mpsc::channel(4096);
@@ -314,7 +314,7 @@ impl Positions {
     }
 
     /// The subject prefix of the NATS service: `outbox-relay.<slot>`.
-    pub fn prefix(&self) -> String {
+    pub(crate) fn prefix(&self) -> String {
         format!("outbox-relay.{}", self.slot)
     }
 
@@ -349,13 +349,8 @@ impl Positions {
         });
     }
 
-    /// Whether a session streams the slot now.
-    pub fn is_serving(&self) -> bool {
-        self.state.borrow().serving.is_some()
-    }
-
     /// The position now, or [`NotServing`].
-    pub fn position(&self) -> Result<Position, NotServing> {
+    pub(crate) fn position(&self) -> Result<Position, NotServing> {
         let s = self.state.borrow();
         let reported = s.serving.as_ref().ok_or(NotServing)?;
         Ok(Position {
@@ -369,7 +364,7 @@ impl Positions {
 
     /// Waits until everything through `req.lsn` is stored, or `req.timeout`. Refused at once while
     /// no session streams; a wait that began while one did is answered whatever happens to it.
-    pub fn wait(
+    pub(crate) fn wait(
         &self,
         req: WaitRequest,
     ) -> Result<impl Future<Output = WaitOutcome> + Send + 'static, NotServing> {
@@ -453,7 +448,7 @@ impl Drop for Serve {
 impl WaitTask {
     /// Answers waits until the handle is gone: each new stored LSN answers the waits it satisfies;
     /// one timer, reset to the earliest deadline, answers the expired ones.
-    pub async fn run(mut self) {
+    pub(crate) async fn run(mut self) {
         let mut set: WaitSet<Instant, oneshot::Sender<WaitOutcome>> = WaitSet::default();
         let timer = tokio::time::sleep(Duration::ZERO);
         tokio::pin!(timer);

@@ -13,7 +13,7 @@ use crate::Lsn;
 /// Waiters by the LSN they wait for and by their deadline. `D` is the deadline type (an
 /// `Instant` in the relay, a number in tests), `W` the waiter (e.g. a channel to answer on).
 #[derive(Debug)]
-pub struct WaitSet<D, W> {
+pub(crate) struct WaitSet<D, W> {
     /// (LSN, id): the front holds the waiters the next advance satisfies first.
     by_lsn: BTreeSet<(Lsn, u64)>,
     /// (deadline, id): the front is the next to expire.
@@ -36,7 +36,7 @@ impl<D: Ord + Copy, W> Default for WaitSet<D, W> {
 
 impl<D: Ord + Copy, W> WaitSet<D, W> {
     /// Adds a waiter for `lsn` that gives up at `deadline`.
-    pub fn insert(&mut self, lsn: Lsn, deadline: D, waiter: W) {
+    pub(crate) fn insert(&mut self, lsn: Lsn, deadline: D, waiter: W) {
         let id = self.next_id;
         self.next_id += 1;
         self.by_lsn.insert((lsn, id));
@@ -45,7 +45,7 @@ impl<D: Ord + Copy, W> WaitSet<D, W> {
     }
 
     /// Takes every waiter whose LSN is at or before `stored`, in LSN order.
-    pub fn stored(&mut self, stored: Lsn) -> Vec<W> {
+    pub(crate) fn stored(&mut self, stored: Lsn) -> Vec<W> {
         let mut out = Vec::new();
         while let Some(&(lsn, id)) = self.by_lsn.first() {
             if lsn > stored {
@@ -61,7 +61,7 @@ impl<D: Ord + Copy, W> WaitSet<D, W> {
     }
 
     /// Takes every waiter whose deadline is at or before `now`, earliest first.
-    pub fn expired(&mut self, now: D) -> Vec<W> {
+    pub(crate) fn expired(&mut self, now: D) -> Vec<W> {
         let mut out = Vec::new();
         while let Some(&(deadline, id)) = self.by_deadline.first() {
             if deadline > now {
@@ -77,17 +77,17 @@ impl<D: Ord + Copy, W> WaitSet<D, W> {
     }
 
     /// The earliest deadline of a waiter still waiting.
-    pub fn next_deadline(&self) -> Option<D> {
+    pub(crate) fn next_deadline(&self) -> Option<D> {
         self.by_deadline.first().map(|&(d, _)| d)
     }
 
     /// Waiters still waiting.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.waiters.len()
     }
 
     /// No waiter waits.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.waiters.is_empty()
     }
 }

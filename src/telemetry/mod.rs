@@ -21,7 +21,7 @@
 
 mod http;
 mod otlp;
-pub mod traceparent;
+pub(crate) mod traceparent;
 
 use std::hash::{BuildHasher, Hasher};
 use std::sync::Arc;
@@ -37,27 +37,27 @@ use crate::Lsn;
 use crate::message::Outgoing;
 use crate::metrics::Metrics;
 use crate::outbox::OutboxEvent;
-pub use traceparent::{TRACEPARENT, TRACESTATE, TraceParent};
+pub(crate) use traceparent::{TRACEPARENT, TRACESTATE, TraceParent};
 
 /// Finished spans waiting for the export thread; more are dropped and counted.
-pub const QUEUE: usize = 4096;
+pub(crate) const QUEUE: usize = 4096;
 /// The relay wakes the export thread when this many spans wait (else it wakes every [`DELAY`]).
-pub const WAKE_AT: usize = 1024;
+pub(crate) const WAKE_AT: usize = 1024;
 /// The most spans in one export request.
-pub const BATCH: usize = 512;
+pub(crate) const BATCH: usize = 512;
 /// How long a span waits at most before the export thread looks at the queue.
-pub const DELAY: Duration = Duration::from_millis(500);
+pub(crate) const DELAY: Duration = Duration::from_millis(500);
 /// Connecting to the collector, and the whole request: a collector that does not answer in time
 /// costs the spans of that batch, nothing else.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// See [`CONNECT_TIMEOUT`].
-pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long the relay's exit waits for the spans still queued to be sent.
 const EXIT_FLUSH: Duration = Duration::from_secs(2);
 
 /// The exporter of one relay process; cheap to clone (the sink of every session holds one).
 #[derive(Clone)]
-pub struct Telemetry {
+pub(crate) struct Telemetry {
     inner: Arc<Inner>,
 }
 
@@ -89,7 +89,7 @@ impl std::fmt::Debug for Telemetry {
 
 /// A span started by [`Telemetry::begin`]: what it needs until the ack ends it.
 #[derive(Debug)]
-pub struct Started {
+pub(crate) struct Started {
     trace: TraceParent,
     span_id: u64,
     tracestate: Option<String>,
@@ -111,7 +111,7 @@ impl Telemetry {
     /// The exporter for `endpoint` (an `http://` URL, validated by the configuration; a bare
     /// `http://host:port` gets OTLP's `/v1/traces`), and its export thread. Spans of dead letters
     /// are named after `dead_letter_subject`.
-    pub fn start(
+    pub(crate) fn start(
         endpoint: &str,
         service_name: &str,
         dead_letter_subject: &str,
@@ -159,7 +159,11 @@ impl Telemetry {
     /// Starts the span of `event`, published as `out`, when its `traceparent` is valid and
     /// sampled: from now on the event's and the message's `traceparent` name the relay's span
     /// (so a dead letter or a republish of it does too). Anything else passes through unchanged.
-    pub fn begin(&self, event: &mut OutboxEvent, out: &mut Outgoing) -> Option<Box<Started>> {
+    pub(crate) fn begin(
+        &self,
+        event: &mut OutboxEvent,
+        out: &mut Outgoing,
+    ) -> Option<Box<Started>> {
         let (i, trace) = event
             .headers
             .iter()
@@ -192,7 +196,12 @@ impl Telemetry {
 
     /// Ends `started` now (the ack of `event` arrived): `dead_letter` is the reason when the event
     /// went to the dead-letter subject. Queued for export, or dropped and counted.
-    pub fn end(&self, mut started: Box<Started>, event: &OutboxEvent, dead_letter: Option<&str>) {
+    pub(crate) fn end(
+        &self,
+        mut started: Box<Started>,
+        event: &OutboxEvent,
+        dead_letter: Option<&str>,
+    ) {
         if dead_letter.is_some() {
             // It may have been refused after it was sent, and republished as a dead letter.
             started.subject = self.inner.dead_letter_subject.clone();
@@ -234,7 +243,7 @@ impl Drop for Inner {
 
 /// `http://host:port` → `http://host:port/v1/traces` (OTLP/HTTP's path for traces); a URL with a
 /// path of its own is used as it is.
-pub fn traces_url(endpoint: &str) -> Result<String, String> {
+pub(crate) fn traces_url(endpoint: &str) -> Result<String, String> {
     let url = url::Url::parse(endpoint).map_err(|e| format!("not a URL ({e})"))?;
     if url.scheme() != "http" {
         return Err(format!(

@@ -8,23 +8,23 @@
 
 /// A parsed `traceparent`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TraceParent {
+pub(crate) struct TraceParent {
     /// The trace id (16 bytes, never zero).
-    pub trace_id: u128,
+    pub(crate) trace_id: u128,
     /// The span id of the parent: for an event, the writer's span (8 bytes, never zero).
-    pub parent_id: u64,
+    pub(crate) parent_id: u64,
     /// The trace flags; bit 0 is "sampled".
-    pub flags: u8,
+    pub(crate) flags: u8,
 }
 
 /// The header's name, as the recommendation writes it (header names are compared ignoring case).
-pub const TRACEPARENT: &str = "traceparent";
+pub(crate) const TRACEPARENT: &str = "traceparent";
 /// The vendor-specific companion header, passed through unchanged.
-pub const TRACESTATE: &str = "tracestate";
+pub(crate) const TRACESTATE: &str = "tracestate";
 
 impl TraceParent {
     /// Parses a header value; `None` for anything the recommendation calls invalid.
-    pub fn parse(value: &str) -> Option<TraceParent> {
+    pub(crate) fn parse(value: &str) -> Option<TraceParent> {
         let v = value.trim_matches([' ', '\t']).as_bytes();
         if v.len() < 55 {
             return None;
@@ -51,14 +51,14 @@ impl TraceParent {
     }
 
     /// Whether the writer sampled its trace (flag bit 0).
-    pub fn sampled(&self) -> bool {
+    pub(crate) fn sampled(&self) -> bool {
         self.flags & 1 == 1
     }
 
     /// The header naming `span_id` as the parent, in the same trace: what a consumer continues
     /// from. Always version 00, which is what a participant writes whatever version it read; the
     /// flags the version defines (sampled, and level 2's random trace id) are kept.
-    pub fn child(&self, span_id: u64) -> String {
+    pub(crate) fn child(&self, span_id: u64) -> String {
         format!(
             "00-{:032x}-{:016x}-{:02x}",
             self.trace_id,

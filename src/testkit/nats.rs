@@ -45,9 +45,9 @@ pub struct NatsTls {
     /// The private CA's certificate.
     pub ca: PathBuf,
     /// The server's certificate.
-    pub server_cert: PathBuf,
+    pub(crate) server_cert: PathBuf,
     /// The server's private key.
-    pub server_key: PathBuf,
+    pub(crate) server_key: PathBuf,
     /// The client certificate, for mutual TLS.
     pub client_cert: PathBuf,
     /// The client certificate's private key.
@@ -277,7 +277,7 @@ impl NatsServer {
     }
 
     /// The server's name in a cluster (`-n`), "" for a single server.
-    pub fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &str {
         self.args
             .iter()
             .position(|a| a == "-n")
@@ -378,7 +378,7 @@ impl NatsCluster {
     }
 
     /// A client that knows every node, so it survives any single node going away.
-    pub async fn client(&self) -> async_nats::Client {
+    pub(crate) async fn client(&self) -> async_nats::Client {
         let addrs: Vec<async_nats::ServerAddr> = self
             .nodes
             .iter()

@@ -54,7 +54,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use super::postgres::{self, PgServer, url_encode};
+use super::postgres::{self, PgServer};
 
 /// A Postgres primary and its streaming physical standby, both stopped on Drop.
 pub struct PgPair {
@@ -75,7 +75,7 @@ pub struct SyncedSlot {
 
 impl PgPair {
     /// The physical slot the standby streams from (and the primary's `synchronized_standby_slots`).
-    pub const PHYSICAL_SLOT: &'static str = "pair_standby";
+    pub(crate) const PHYSICAL_SLOT: &'static str = "pair_standby";
 
     /// A pair from `PG_BIN` (else the default Postgres), like `PgServer`.
     pub fn start() -> PgPair {
@@ -83,7 +83,7 @@ impl PgPair {
     }
 
     /// A pair from the server binaries in `bin_dir`.
-    pub fn start_with(bin_dir: &Path) -> PgPair {
+    pub(crate) fn start_with(bin_dir: &Path) -> PgPair {
         let primary = PgServer::start_new_with(bin_dir.to_path_buf());
         let slot_sync = primary.version_num() >= 170000;
         // Created before the copy so the physical slot holds the WAL the standby starts from; the
@@ -188,7 +188,7 @@ impl PgPair {
     /// what moves the slot's `catalog_xmin` and `restart_lsn`, and the slot sync worker only makes
     /// its copy persistent once those are past the standby's own (its log says "could lead to data
     /// loss" until then). On an idle server nothing else would log one for up to 15 s.
-    pub fn advance_slot(&self, slot: &str) -> String {
+    pub(crate) fn advance_slot(&self, slot: &str) -> String {
         self.primary.psql(
             "postgres",
             &format!(
@@ -242,16 +242,6 @@ impl PgPair {
     pub fn multi_host_url(&self, db: &str) -> String {
         format!(
             "postgres://postgres@{}/{db}?target_session_attrs=read-write",
-            self.hosts()
-        )
-    }
-
-    /// `multi_host_url` with a password role (`scram_user`/`scram_pw`, `md5_user`/`md5_pw`).
-    pub fn multi_host_url_as(&self, user: &str, password: &str, db: &str) -> String {
-        format!(
-            "postgres://{}:{}@{}/{db}?target_session_attrs=read-write",
-            url_encode(user),
-            url_encode(password),
             self.hosts()
         )
     }

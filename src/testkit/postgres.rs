@@ -113,7 +113,7 @@ impl PgServer {
     }
 
     /// The last `n` bytes of the server log, for panic messages.
-    pub fn log_tail(&self, n: usize) -> String {
+    pub(crate) fn log_tail(&self, n: usize) -> String {
         process::log_tail(&self.data_dir.join("server.log"), n)
     }
 
@@ -130,7 +130,7 @@ impl PgServer {
     /// Immediate shutdown (SIGQUIT, what `pg_ctl stop -m immediate` sends): the postmaster stops its
     /// backends and exits without a shutdown checkpoint, so WAL not yet sent to a standby stays
     /// behind and the next start runs crash recovery. No-op when already stopped.
-    pub fn stop_immediate(&self) {
+    pub(crate) fn stop_immediate(&self) {
         let mut child = self.child.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(mut c) = child.take() {
             process::stop_child(&mut c, "QUIT", Duration::from_secs(30));
@@ -139,7 +139,7 @@ impl PgServer {
     }
 
     /// Whether the postmaster this struct started is running (not stopped, killed or exited).
-    pub fn is_running(&self) -> bool {
+    pub(crate) fn is_running(&self) -> bool {
         let mut child = self.child.lock().unwrap_or_else(|e| e.into_inner());
         child
             .as_mut()

@@ -17,11 +17,11 @@ use std::time::{Duration, Instant};
 
 /// Every temp dir (and so every server command line) starts with this; `scripts/test.sh` looks for it
 /// to prove nothing was left running.
-pub const DIR_PREFIX: &str = "outbox-relay-test-";
+pub(crate) const DIR_PREFIX: &str = "outbox-relay-test-";
 
 /// A free TCP port on 127.0.0.1. There is a small race until the server binds it; the starters retry
 /// with a new port when the first start fails.
-pub fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("bind 127.0.0.1:0 to find a free port")
@@ -31,7 +31,7 @@ pub fn free_port() -> u16 {
 /// Creates `$TMPDIR/outbox-relay-test-[<tag>-]<kind>-<pid>-<n>`, mode 0755 so a server running as
 /// another user can reach its own subdirectories. `RELAY_TEST_TAG` lets `scripts/test.sh` tell
 /// its own servers from those of other runs on the same machine.
-pub fn temp_root(kind: &str) -> PathBuf {
+pub(crate) fn temp_root(kind: &str) -> PathBuf {
     static N: AtomicU32 = AtomicU32::new(0);
     let tag: String = std::env::var("RELAY_TEST_TAG")
         .unwrap_or_default()
@@ -56,14 +56,14 @@ pub fn temp_root(kind: &str) -> PathBuf {
 }
 
 /// The effective uid of this process (the owner of `/proc/self`), without libc.
-pub fn euid() -> u32 {
+pub(crate) fn euid() -> u32 {
     fs::metadata("/proc/self")
         .map(|m| m.uid())
         .expect("stat /proc/self")
 }
 
 /// `(uid, gid)` of a user from `/etc/passwd`.
-pub fn user_ids(name: &str) -> Option<(u32, u32)> {
+pub(crate) fn user_ids(name: &str) -> Option<(u32, u32)> {
     let passwd = fs::read_to_string("/etc/passwd").ok()?;
     passwd.lines().find_map(|line| {
         let f: Vec<&str> = line.split(':').collect();
@@ -99,7 +99,7 @@ pub fn wait_exit(child: &mut Child, timeout: Duration) -> bool {
 
 /// Stops a server child: `graceful` signal to the leader, then SIGKILL to its whole process group if
 /// it has not exited within `grace`.
-pub fn stop_child(child: &mut Child, graceful: &str, grace: Duration) {
+pub(crate) fn stop_child(child: &mut Child, graceful: &str, grace: Duration) {
     let pid = i64::from(child.id());
     signal(pid, graceful);
     if !wait_exit(child, grace) {
@@ -109,19 +109,19 @@ pub fn stop_child(child: &mut Child, graceful: &str, grace: Duration) {
 }
 
 /// The last `n` bytes of a log file, for panic messages.
-pub fn log_tail(path: &Path, n: usize) -> String {
+pub(crate) fn log_tail(path: &Path, n: usize) -> String {
     let text = fs::read(path).unwrap_or_default();
     let start = text.len().saturating_sub(n);
     String::from_utf8_lossy(&text[start..]).into_owned()
 }
 
 /// Puts a server command in its own process group; see the module comment.
-pub fn own_group(cmd: &mut Command) -> &mut Command {
+pub(crate) fn own_group(cmd: &mut Command) -> &mut Command {
     cmd.process_group(0)
 }
 
 /// Kills the server whose pid is in `pid_file` and removes `root` once this test process is gone.
-pub struct Watchdog {
+pub(crate) struct Watchdog {
     child: Child,
 }
 
@@ -141,7 +141,7 @@ rm -rf "$3"
 
 impl Watchdog {
     /// Starts a watchdog for the server whose pid is in `pid_file`; `graceful` is the signal it sends first.
-    pub fn spawn(pid_file: &Path, root: &Path, graceful: &str) -> Watchdog {
+    pub(crate) fn spawn(pid_file: &Path, root: &Path, graceful: &str) -> Watchdog {
         let child = own_group(
             Command::new("sh")
                 .arg("-c")
@@ -169,12 +169,12 @@ impl Drop for Watchdog {
 }
 
 /// Records the pid the watchdog must kill.
-pub fn write_pid_file(path: &Path, pid: u32) {
+pub(crate) fn write_pid_file(path: &Path, pid: u32) {
     fs::write(path, pid.to_string()).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
 }
 
 /// Removes a server's directory; for Drop, so it never panics.
-pub fn remove_dir(path: &PathBuf) {
+pub(crate) fn remove_dir(path: &PathBuf) {
     if let Err(e) = fs::remove_dir_all(path)
         && e.kind() != std::io::ErrorKind::NotFound
     {

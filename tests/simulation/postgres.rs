@@ -1173,6 +1173,6 @@ fn decode(
 fn unreachable_error() -> SessionEnd {
     from_source(SourceError::Io {
         target: "simulated postgres:5432".into(),
-        source: std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "connection refused"),
+        error: std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "connection refused"),
     })
 }

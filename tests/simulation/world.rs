@@ -367,7 +367,7 @@ async fn world(seed: u64, faults: &FaultSet, trace: Arc<Trace>) -> Outcome {
             &units,
             &stream,
             &distrust,
-            w.settings.nats.max_in_flight as u64,
+            w.settings.config().nats.max_in_flight as u64,
             &trace,
             &violations,
         );
@@ -404,7 +404,7 @@ impl World {
             config: StreamConfig {
                 status_interval: settings.status_interval,
                 channel_capacity: 1024,
-                max_frame_bytes: settings.postgres.max_frame_bytes,
+                max_frame_bytes: settings.config().postgres.max_frame_bytes,
                 ..StreamConfig::default()
             },
             dice: self.dice.clone(),

@@ -48,7 +48,7 @@ impl SslMode {
 
 /// Where trusted root certificates come from for `verify-ca`/`verify-full`.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum RootCerts {
+pub(crate) enum RootCerts {
     /// A PEM file (`sslrootcert=/path/ca.pem`).
     File(PathBuf),
     /// The bundled Mozilla roots (`sslrootcert=system`, as libpq 16+ spells it).
@@ -57,7 +57,7 @@ pub enum RootCerts {
 
 /// libpq's `target_session_attrs`: which of the listed hosts is acceptable.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum TargetSessionAttrs {
+pub(crate) enum TargetSessionAttrs {
     /// Any host that answers (the default).
     Any,
     /// Accepts writes (not a standby, `default_transaction_read_only` off).
@@ -91,7 +91,7 @@ impl TargetSessionAttrs {
     }
 
     /// The word libpq uses.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::Any => "any",
             Self::ReadWrite => "read-write",
@@ -105,7 +105,7 @@ impl TargetSessionAttrs {
 
 /// libpq's `channel_binding`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ChannelBindingMode {
+pub(crate) enum ChannelBindingMode {
     /// Never bind, even when the server offers it.
     Disable,
     /// Bind when the server offers SCRAM-SHA-256-PLUS over TLS (the default).
@@ -116,7 +116,7 @@ pub enum ChannelBindingMode {
 
 /// An authentication method `require_auth` can name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum AuthMethod {
+pub(crate) enum AuthMethod {
     /// No authentication asked (trust).
     None,
     /// Cleartext password.
@@ -129,7 +129,7 @@ pub enum AuthMethod {
 
 impl AuthMethod {
     /// The word libpq uses.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             AuthMethod::None => "none",
             AuthMethod::Password => "password",
@@ -141,7 +141,7 @@ impl AuthMethod {
 
 /// libpq's `require_auth`: the methods the server may ask for (`!` negates the whole list).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct RequireAuth {
+pub(crate) struct RequireAuth {
     /// `None` = any method (the default).
     allowed: Option<Vec<AuthMethod>>,
     negated: bool,
@@ -179,7 +179,7 @@ impl RequireAuth {
     }
 
     /// Whether the server may authenticate this way; the error says what was refused.
-    pub fn check(&self, method: AuthMethod) -> Result<(), String> {
+    pub(crate) fn check(&self, method: AuthMethod) -> Result<(), String> {
         let Some(list) = &self.allowed else {
             return Ok(());
         };
@@ -195,7 +195,7 @@ impl RequireAuth {
     }
 
     /// Whether any method was restricted.
-    pub fn is_set(&self) -> bool {
+    pub(crate) fn is_set(&self) -> bool {
         self.allowed.is_some()
     }
 }
@@ -204,33 +204,33 @@ impl RequireAuth {
 #[derive(Clone)]
 pub struct ConnInfo {
     /// The hosts to try, in order.
-    pub hosts: Vec<(String, u16)>,
+    pub(crate) hosts: Vec<(String, u16)>,
     /// The host this copy is for ([`ConnInfo::for_host`]); the first one otherwise.
     pub host: String,
     /// The port of `host`.
-    pub port: u16,
+    pub(crate) port: u16,
     /// The user to log in as.
-    pub user: String,
+    pub(crate) user: String,
     /// From the string or `PGPASSWORD`; `~/.pgpass` is looked up per host when this is `None`.
-    pub password: Option<SecretString>,
+    pub(crate) password: Option<SecretString>,
     /// The password file (`passfile`, `PGPASSFILE`, else `~/.pgpass`); `None` without `HOME`.
-    pub passfile: Option<PathBuf>,
+    pub(crate) passfile: Option<PathBuf>,
     /// The database to connect to (the user name when none is given).
-    pub dbname: String,
+    pub(crate) dbname: String,
     /// Whether to use TLS and how to check the server's certificate.
-    pub sslmode: SslMode,
+    pub(crate) sslmode: SslMode,
     /// The trusted roots (`sslrootcert`); `None` when not given.
-    pub sslrootcert: Option<RootCerts>,
+    pub(crate) sslrootcert: Option<RootCerts>,
     /// How long to wait for each host to connect (`connect_timeout`).
-    pub connect_timeout: Duration,
+    pub(crate) connect_timeout: Duration,
     /// Which of the hosts is acceptable.
-    pub target_session_attrs: TargetSessionAttrs,
+    pub(crate) target_session_attrs: TargetSessionAttrs,
     /// `load_balance_hosts=random`: start at a random host (then the rest in order), so relays spread.
-    pub load_balance: bool,
+    pub(crate) load_balance: bool,
     /// Whether SCRAM must, may or must not be bound to the TLS session.
-    pub channel_binding: ChannelBindingMode,
+    pub(crate) channel_binding: ChannelBindingMode,
     /// The authentication methods the server may ask for.
-    pub require_auth: RequireAuth,
+    pub(crate) require_auth: RequireAuth,
 }
 
 /// A connection string that cannot be used; the message names the part and how to fix it.
@@ -516,7 +516,7 @@ impl ConnInfo {
     }
 
     /// As [`ConnInfo::parse`], with the environment given (tests).
-    pub fn parse_with_env(
+    pub(crate) fn parse_with_env(
         s: &str,
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<Self, ConnInfoError> {
@@ -555,7 +555,7 @@ impl ConnInfo {
 
     /// This configuration for one of its hosts, with the password for it (the string's, or the
     /// password file's entry for this host, port, database and user).
-    pub fn for_host(&self, host: &str, port: u16) -> ConnInfo {
+    pub(crate) fn for_host(&self, host: &str, port: u16) -> ConnInfo {
         let mut c = self.clone();
         c.host = host.to_owned();
         c.port = port;
@@ -575,7 +575,7 @@ impl ConnInfo {
     }
 
     /// The hosts in the order to try them: as listed, or from a random start with `load_balance_hosts=random`.
-    pub fn host_order(&self) -> Vec<(String, u16)> {
+    pub(crate) fn host_order(&self) -> Vec<(String, u16)> {
         let mut hosts = self.hosts.clone();
         if self.load_balance && hosts.len() > 1 {
             // Spread relays over the hosts; the clock's nanoseconds are random enough for that.
@@ -592,7 +592,7 @@ impl ConnInfo {
     /// Settings for an ordinary SQL connection to this copy's host through tokio-postgres. TLS
     /// verification is done by the rustls config from `source::tls`, so `verify-*` map to
     /// tokio-postgres' `Require`.
-    pub fn tokio_postgres_config(&self, application_name: &str) -> tokio_postgres::Config {
+    pub(crate) fn tokio_postgres_config(&self, application_name: &str) -> tokio_postgres::Config {
         use secrecy::ExposeSecret;
         let mut c = tokio_postgres::Config::new();
         c.host(&self.host)
