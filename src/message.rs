@@ -156,16 +156,31 @@ pub fn build(
         dead_letter_subject,
         cloudevents,
         IdHeader::MsgId,
+        Descriptive::On,
     )
 }
 
-/// [`build`], with the event id in the header `id` says.
+/// Whether a routed event carries the descriptive headers (`nats.descriptive_headers`):
+/// `Outbox-Event-Type`, `Outbox-Aggregate-Type`, `Outbox-Aggregate-Id` and `Outbox-Commit-Lsn`.
+/// They cost nats-server about 1 µs per message (docs/performance.md); nothing in the relay reads
+/// them back (`Outbox-Position` carries the commit LSN too). Dead letters always carry them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Descriptive {
+    /// The default: all four.
+    On,
+    /// None of the four.
+    Off,
+}
+
+/// [`build`], with the event id in the header `id` says and the descriptive headers as
+/// `descriptive` says.
 pub(crate) fn build_as(
     event: &OutboxEvent,
     template: &SubjectTemplate,
     dead_letter_subject: &str,
     cloudevents: Option<&CloudEvents>,
     id: IdHeader,
+    descriptive: Descriptive,
 ) -> Outgoing {
     let routed = template.render(
         event.aggregate_type.as_deref().unwrap_or(""),
@@ -176,7 +191,7 @@ pub(crate) fn build_as(
         (None, Ok(subject)) => Outgoing {
             subject,
             headers: {
-                let mut h = headers(event, id);
+                let mut h = headers(event, id, descriptive);
                 if let Some(ce) = cloudevents {
                     cloudevents_headers(&mut h, event, ce);
                 }
@@ -265,8 +280,8 @@ pub(crate) fn dead_letter_as(
     id: IdHeader,
 ) -> Outgoing {
     let mut h = match shrink {
-        Shrink::Keep => headers(event, id),
-        Shrink::DropPayload => truncated(headers(event, id)),
+        Shrink::Keep => headers(event, id, Descriptive::On),
+        Shrink::DropPayload => truncated(headers(event, id, Descriptive::On)),
         Shrink::Minimal => {
             let n = names();
             let mut h = HeaderMap::new();
@@ -420,24 +435,26 @@ fn names() -> &'static Names {
     &NAMES
 }
 
-fn headers(event: &OutboxEvent, id: IdHeader) -> HeaderMap {
+fn headers(event: &OutboxEvent, id: IdHeader, descriptive: Descriptive) -> HeaderMap {
     let n = names();
     let mut h = HeaderMap::new();
     // Values go in as owned Strings: HeaderValue keeps them without another copy.
     h.insert(n.id(id).clone(), HeaderValue::from(event.msg_id.clone()));
-    if let Some(v) = &event.event_type {
-        h.insert(n.event_type.clone(), HeaderValue::from(header_value(v)));
+    if descriptive == Descriptive::On {
+        if let Some(v) = &event.event_type {
+            h.insert(n.event_type.clone(), HeaderValue::from(header_value(v)));
+        }
+        if let Some(v) = &event.aggregate_type {
+            h.insert(n.aggregate_type.clone(), HeaderValue::from(header_value(v)));
+        }
+        if let Some(v) = &event.aggregate_id {
+            h.insert(n.aggregate_id.clone(), HeaderValue::from(header_value(v)));
+        }
+        h.insert(
+            n.commit_lsn.clone(),
+            HeaderValue::from(event.commit_lsn.text()),
+        );
     }
-    if let Some(v) = &event.aggregate_type {
-        h.insert(n.aggregate_type.clone(), HeaderValue::from(header_value(v)));
-    }
-    if let Some(v) = &event.aggregate_id {
-        h.insert(n.aggregate_id.clone(), HeaderValue::from(header_value(v)));
-    }
-    h.insert(
-        n.commit_lsn.clone(),
-        HeaderValue::from(event.commit_lsn.text()),
-    );
     for (k, v) in &event.headers {
         h.insert(k.as_str(), v.as_str());
     }
@@ -578,6 +595,41 @@ mod tests {
         assert_eq!(h.get(COMMIT_LSN).unwrap().as_str(), "1/A0");
         assert_eq!(h.get("traceparent").unwrap().as_str(), "00-1-2-01");
         assert_eq!(&m.payload[..], b"{\"claim_id\":4711}");
+    }
+
+    #[test]
+    fn without_descriptive_headers_only_the_id_and_the_events_own_headers_stay() {
+        let e = event();
+        let m = build_as(
+            &e,
+            &template(),
+            "dlq",
+            None,
+            IdHeader::MsgId,
+            Descriptive::Off,
+        );
+        assert_eq!(m.subject, "outbox.Claim");
+        let h = &m.headers;
+        assert_eq!(h.get(NATS_MSG_ID).unwrap().as_str(), "e-5531");
+        assert_eq!(h.get("traceparent").unwrap().as_str(), "00-1-2-01");
+        for gone in [EVENT_TYPE, AGGREGATE_TYPE, AGGREGATE_ID, COMMIT_LSN] {
+            assert!(h.get(gone).is_none(), "{gone} left out");
+        }
+        assert_eq!(h.len(), 2);
+        // A dead letter is for a person to read: it keeps them.
+        let mut bad = event();
+        bad.problem = Some("payload is not JSON".into());
+        let d = build_as(
+            &bad,
+            &template(),
+            "dlq",
+            None,
+            IdHeader::MsgId,
+            Descriptive::Off,
+        );
+        assert_eq!(d.subject, "dlq");
+        assert_eq!(d.headers.get(EVENT_TYPE).unwrap().as_str(), "ClaimApproved");
+        assert_eq!(d.headers.get(COMMIT_LSN).unwrap().as_str(), "1/A0");
     }
 
     #[test]

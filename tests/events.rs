@@ -472,6 +472,59 @@ async fn header_columns_and_cloudevents_headers() {
     relay.stop().await.unwrap();
 }
 
+/// `nats.descriptive_headers = false`: row and message events arrive without `Outbox-Event-Type`,
+/// `-Aggregate-Type`, `-Aggregate-Id` and `-Commit-Lsn`, with their id, position and own headers; a
+/// relay started again on that stream resumes from its tail (which it reads by position and id) and
+/// publishes the next event once, in order.
+#[tokio::test]
+async fn without_descriptive_headers_events_carry_id_and_position_and_the_relay_resumes() {
+    let db = db_with_outbox().await;
+    let nats = NatsServer::start();
+    let mut config = message_config(&db, &nats);
+    config.nats.descriptive_headers = false;
+    config.outbox.headers_column = "headers".into();
+    let client = db.client().await;
+    let relay = InProcessRelay::start_streaming(&config, &client).await;
+    insert_row(&client, "e-5531", r#"{"claim_id": 4711}"#).await;
+    emit(
+        &client,
+        "outbox",
+        &content("m-1", "4712", "ClaimPaid", "[1]"),
+    )
+    .await;
+    let first = wait_and_read(&nats, &config.nats.stream, 2).await;
+    relay.stop().await.unwrap();
+
+    let relay = InProcessRelay::start_streaming(&config, &client).await;
+    insert_row(&client, "e-5532", r#"{"claim_id": 4713}"#).await;
+    let all = wait_and_read(&nats, &config.nats.stream, 3).await;
+    relay.stop().await.unwrap();
+
+    assert_eq!(first.len(), 2);
+    let ids: Vec<&str> = all.iter().map(Stored::id).collect();
+    assert_eq!(
+        ids,
+        ["e-5531", "m-1", "e-5532"],
+        "each once, in commit order"
+    );
+    for m in &all {
+        for gone in [
+            "Outbox-Event-Type",
+            "Outbox-Aggregate-Type",
+            "Outbox-Aggregate-Id",
+            "Outbox-Commit-Lsn",
+        ] {
+            assert!(!m.headers.contains_key(gone), "{gone} on {m:?}");
+        }
+        assert!(!m.header("Outbox-Position").is_empty(), "{m:?}");
+        assert!(
+            m.headers.contains_key("traceparent"),
+            "own headers stay: {m:?}"
+        );
+    }
+    assert_eq!(all[0].subject, "outbox.Claim");
+}
+
 /// The server's clock as the relay writes `ce-time`.
 async fn utc_now(client: &Client) -> String {
     client

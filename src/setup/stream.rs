@@ -171,11 +171,11 @@ async fn relay_events(
     if last == 0 {
         return None;
     }
-    let lsn = s.get_raw_message(last).await.ok().and_then(|m| {
-        m.headers
-            .get(message::COMMIT_LSN)
-            .map(|v| v.as_str().to_owned())
-    });
+    let lsn = s
+        .get_raw_message(last)
+        .await
+        .ok()
+        .and_then(|m| commit_lsn_of(&m.headers));
     match lsn {
         Some(lsn) => Some((last, lsn)),
         None if ours => Some((
@@ -184,6 +184,18 @@ async fn relay_events(
         )),
         None => None,
     }
+}
+
+/// The commit LSN a relay's message names: its `Outbox-Commit-Lsn`, or without one
+/// (`nats.descriptive_headers = false`) the LSN of its `Outbox-Position`, which for an event of a
+/// transaction is the same commit LSN.
+fn commit_lsn_of(headers: &async_nats::HeaderMap) -> Option<String> {
+    if let Some(v) = headers.get(message::COMMIT_LSN) {
+        return Some(v.as_str().to_owned());
+    }
+    let stamp = headers.get(message::POSITION)?;
+    let (_, position) = crate::position::parse_stamp(stamp.as_str()).ok()?;
+    Some(position.lsn.text())
 }
 
 /// The first existing stream whose subjects overlap `ours`, and its subjects.
@@ -282,4 +294,27 @@ pub(super) async fn create(
             ""
         }
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use async_nats::HeaderMap;
+
+    #[test]
+    fn the_commit_lsn_comes_from_its_header_or_else_from_the_position() {
+        let mut h = HeaderMap::new();
+        assert_eq!(commit_lsn_of(&h), None, "not a relay's message");
+        h.insert(
+            message::POSITION,
+            "7441234567890123456/1/outbox_relay/1/A0:3",
+        );
+        assert_eq!(commit_lsn_of(&h).as_deref(), Some("1/A0"));
+        h.insert(message::COMMIT_LSN, "1/B0");
+        assert_eq!(
+            commit_lsn_of(&h).as_deref(),
+            Some("1/B0"),
+            "the header wins"
+        );
+    }
 }

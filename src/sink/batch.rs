@@ -208,6 +208,7 @@ impl Sink {
             &c.dead_letter_subject,
             c.cloudevents.as_ref(),
             IdHeader::EventId,
+            c.descriptive,
         );
         let b = self.batch.as_ref();
         let server = b.map_or(usize::MAX, |b| b.max_payload);

@@ -230,6 +230,8 @@ pub(crate) struct SinkConfig {
     pub(crate) fence: bool,
     /// `nats.stream`.
     pub(crate) stream: String,
+    /// `nats.descriptive_headers`: whether routed events carry the four descriptive headers.
+    pub(crate) descriptive: message::Descriptive,
     /// `nats.cloudevents`: the CloudEvents headers to add to routed events.
     pub(crate) cloudevents: Option<message::CloudEvents>,
     /// `nats.atomic_transactions`: each transaction is published as one atomic batch.
@@ -258,6 +260,11 @@ impl SinkConfig {
             template: s.subject.clone(),
             fence: n.fence,
             stream: n.stream.clone(),
+            descriptive: if n.descriptive_headers {
+                message::Descriptive::On
+            } else {
+                message::Descriptive::Off
+            },
             cloudevents: n
                 .cloudevents
                 .then(|| message::CloudEvents::new(&n.cloudevents_source)),
@@ -429,11 +436,13 @@ impl Sink {
             return self.submit_batched(seq, event).await;
         }
         let size = self.reserve(approx_size(&event)).await?;
-        let mut out = message::build(
+        let mut out = message::build_as(
             &event,
             &self.config.template,
             &self.config.dead_letter_subject,
             self.config.cloudevents.as_ref(),
+            message::IdHeader::MsgId,
+            self.config.descriptive,
         );
         let span = match &self.config.telemetry {
             None => None,

@@ -270,11 +270,13 @@ impl Sink {
     /// Sends `item` again as it was last sent (event or dead letter), with its current expectation.
     async fn resend(&mut self, item: &InFlight) -> Result<u64, SinkError> {
         let out = match &item.sent {
-            Sent::Event => message::build(
+            Sent::Event => message::build_as(
                 &item.event,
                 &self.config.template,
                 &self.config.dead_letter_subject,
                 self.config.cloudevents.as_ref(),
+                message::IdHeader::MsgId,
+                self.config.descriptive,
             ),
             Sent::DeadLetter { reason, shrink } => message::dead_letter(
                 &item.event,
