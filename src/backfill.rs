@@ -634,6 +634,7 @@ async fn start_sink(
         ..SinkConfig::from_settings(settings)
     };
     let origin = report.history.clone().map(|history| Origin {
+        timelines: crate::source::TimelineHistory::root(history.timeline),
         history,
         wal_end: report.consistent_point,
     });

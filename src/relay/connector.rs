@@ -14,7 +14,8 @@ use crate::error::{RelayError, Restart, SessionEnd, from_source};
 use crate::metrics::Metrics;
 use crate::sink::{NatsPort, connect_nats};
 use crate::source::{
-    PgOutputOptions, ReplConnection, ReplicationStream, SourceError, StreamConfig, SystemInfo,
+    PgOutputOptions, ReplConnection, ReplicationStream, Shared, SourceError, StreamConfig,
+    SystemInfo, TimelineHistory,
 };
 
 use super::monitor::{AbortOnDrop, watch_nats};
@@ -59,14 +60,27 @@ impl Start {
     }
 
     /// Whether the server is visibly not where the relay left it: its WAL ends before the
-    /// remembered position, or its system or timeline changed (a restore, a point-in-time
-    /// recovery, a promoted standby). Only for the log: [`Start::at`] is the slot's position anyway.
+    /// remembered position, its system changed, or its timeline changed to one that does not
+    /// hold what this relay confirmed (a restore, a point-in-time recovery to a point before it).
+    /// A promoted standby is on a new timeline that branched off the remembered one at or past the
+    /// confirmed position: everything confirmed is still its history, so it has not moved. Only
+    /// for the log and the position service: [`Start::at`] is the slot's position anyway.
     pub(crate) fn moved(&self, system: &SystemInfo) -> bool {
-        system.xlogpos < self.confirmed
-            || self
-                .history
-                .as_ref()
-                .is_some_and(|(id, tl)| *id != system.system_id || *tl != system.timeline)
+        if system.xlogpos < self.confirmed {
+            return true;
+        }
+        let Some((id, tl)) = &self.history else {
+            return false;
+        };
+        if *id != system.system_id {
+            return true;
+        }
+        match system.history.shared(*tl) {
+            Shared::All if *tl == system.timeline => false,
+            // The remembered timeline ended at `end`: what was confirmed up to it survived.
+            Shared::Below(end) => self.confirmed > end,
+            Shared::All | Shared::Nothing => *tl != system.timeline,
+        }
     }
 }
 
@@ -132,8 +146,29 @@ impl Connector for Servers {
             let mut conn = ReplConnection::connect(&settings.conn, &app)
                 .await
                 .map_err(from_source)?;
-            let system = match conn.identify_system().await {
+            let mut system = match conn.identify_system().await {
                 Ok(s) => s,
+                Err(e) => {
+                    conn.close().await;
+                    return Err(from_source(e));
+                }
+            };
+            // On the same connection, so it is the same server's: which earlier timelines are
+            // still this one's history, and up to where (a promoted standby's are).
+            system.history = match conn.timeline_history(system.timeline).await {
+                Ok(h) => h,
+                // The server refused the command or sent a history that does not parse: the
+                // session can go on, trusting less.
+                Err(e @ (SourceError::Server { .. } | SourceError::Protocol(_))) => {
+                    tracing::warn!(
+                        error = %super::error_chain(&e),
+                        timeline = system.timeline,
+                        "TIMELINE_HISTORY failed: the stream's last message is trusted only if it is from \
+                         this timeline, so after a promotion or recovery the replay publishes again what \
+                         the stream holds (JetStream drops the duplicates inside its window)"
+                    );
+                    TimelineHistory::root(system.timeline)
+                }
                 Err(e) => {
                     conn.close().await;
                     return Err(from_source(e));
@@ -231,4 +266,71 @@ async fn classify_start_error(settings: &Settings, e: SourceError) -> SessionEnd
         }
     }
     from_source(e)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn system(timeline: u32, history: &str, xlogpos: u64) -> SystemInfo {
+        SystemInfo {
+            system_id: "7311234567890123456".into(),
+            timeline,
+            xlogpos: Lsn(xlogpos),
+            dbname: Some("app".into()),
+            history: if timeline > 1 {
+                TimelineHistory::parse(timeline, history).unwrap()
+            } else {
+                TimelineHistory::root(1)
+            },
+        }
+    }
+
+    fn left_at(confirmed: u64, timeline: u32) -> Start {
+        Start {
+            confirmed: Lsn(confirmed),
+            history: Some(("7311234567890123456".into(), timeline)),
+        }
+    }
+
+    #[test]
+    fn a_promotion_past_what_was_confirmed_is_not_a_move() {
+        let promoted = system(2, "1\t0/3000\tno recovery target specified\n", 0x5000);
+        assert!(!left_at(0x2000, 1).moved(&promoted));
+        assert!(
+            !left_at(0x3000, 1).moved(&promoted),
+            "confirmed up to the switch point"
+        );
+        // Twice promoted while this relay was away.
+        let twice = system(3, "1\t0/3000\tr\n2\t0/4000\tr\n", 0x5000);
+        assert!(!left_at(0x3800, 2).moved(&twice));
+        assert!(!left_at(0x2000, 1).moved(&twice));
+        // Nothing remembered, or the same timeline further on: not moved either.
+        assert!(!Start::default().moved(&promoted));
+        assert!(!left_at(0x4000, 2).moved(&promoted));
+    }
+
+    #[test]
+    fn a_new_timeline_that_lost_what_was_confirmed_is_a_move() {
+        // The old timeline ended before what this relay confirmed on it (a recovery to a point in
+        // time before it, or a standby that was behind).
+        let recovered = system(2, "1\t0/3000\tbefore 2026-12-03 10:00:00+00\n", 0x9000);
+        assert!(left_at(0x3008, 1).moved(&recovered));
+        // A sibling timeline: 3 branched off 1, this relay was on 2.
+        let sibling = system(3, "1\t0/3000\tr\n", 0x9000);
+        assert!(left_at(0x2000, 2).moved(&sibling));
+        // A history that could not be read: a changed timeline is all there is to go by.
+        let unread = SystemInfo {
+            history: TimelineHistory::root(2),
+            ..recovered.clone()
+        };
+        assert!(left_at(0x2000, 1).moved(&unread));
+        // Another system, or a WAL that ends before what was confirmed.
+        let other = SystemInfo {
+            system_id: "7311234567890123457".into(),
+            ..recovered.clone()
+        };
+        assert!(left_at(0x2000, 1).moved(&other));
+        assert!(left_at(0x9008, 2).moved(&recovered));
+    }
 }

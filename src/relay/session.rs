@@ -58,17 +58,28 @@ impl Session {
                 server_wal_end = %system.xlogpos,
                 system = %system.system_id,
                 timeline = system.timeline,
-                "the server is not where this relay left it (restored, recovered to a point in time, or a promoted standby): streaming from the slot's own position"
+                "the server is not where this relay left it (restored, or recovered to a point in time before what this relay confirmed): streaming from the slot's own position"
             );
         }
         // What this process confirmed is kept for the logs, unless it belongs to another history.
         if moved {
             relay.confirmed = Lsn::ZERO;
+        } else if let Some((_, before)) = &start.history
+            && *before != system.timeline
+        {
+            // A promotion: the new timeline holds everything confirmed on the old one.
+            tracing::info!(
+                confirmed = %relay.confirmed,
+                timeline = system.timeline,
+                history = %system.history.to_string().trim_end().replace('\n', "; "),
+                "following a promoted server: timeline {before} is this server's history up to its switch point"
+            );
         }
         let from = start.at(&system);
         relay.history = Some((system.system_id.clone(), system.timeline));
         // The history this session streams, and how far the server's WAL reaches: the sink trusts
-        // the stream's tail only when it is this history's and not beyond it.
+        // the stream's tail only when it is this history's (or an ancestor timeline's, below its
+        // switch point) and not beyond it.
         let origin = Origin {
             history: History {
                 system_id: system.system_id,
@@ -76,6 +87,7 @@ impl Session {
                 slot: settings.config().postgres.slot.clone(),
             },
             wal_end: system.xlogpos,
+            timelines: system.history,
         };
         relay.streaming();
         let client = match &nats {

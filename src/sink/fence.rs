@@ -22,6 +22,7 @@ use async_nats::jetstream;
 use crate::Lsn;
 use crate::message;
 use crate::position::{History, Position};
+use crate::source::{Shared, TimelineHistory};
 
 /// The stream's last message, as far as the relay needs it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -115,6 +116,9 @@ pub(crate) struct Origin {
     pub(crate) history: History,
     /// The server's WAL flush position when the session started (`IDENTIFY_SYSTEM`).
     pub(crate) wal_end: Lsn,
+    /// The timeline's ancestors and where each ended (`TIMELINE_HISTORY`): a promoted standby's
+    /// WAL below the switch point is the old primary's.
+    pub(crate) timelines: TimelineHistory,
 }
 
 /// What to do with one replayed event.
@@ -139,8 +143,10 @@ pub(crate) enum Replayed {
 
 /// Decides, for the events a session replays from the confirmed position, which are already stored.
 ///
-/// It trusts the stream's tail only when the relay wrote it in this history (the history in `Outbox-Position`) at a
-/// position the server has reached, and even then only provisionally: events before the tail's
+/// It trusts the stream's tail only when the relay wrote it in this history (the history in
+/// `Outbox-Position`: this system and slot, and this timeline or an ancestor of it below the
+/// point where that ancestor ended) at a position the server has reached, and even then only
+/// provisionally: events before the tail's
 /// position are skipped, but they count as stored only once the walsender's events reach the
 /// tail's position with the tail's own event id. Anything else publishes (JetStream's duplicate
 /// window and the fence handle the true duplicates).
@@ -167,7 +173,8 @@ pub(crate) enum Untrusted {
         "the stream's last message was not written by this relay (no Outbox-Position with a history)"
     )]
     Foreign,
-    /// The tail is from another database, timeline or slot.
+    /// The tail is from another database or slot, or a timeline that is neither this one nor an
+    /// ancestor of it.
     #[error(
         "the stream's last message is from another history ({tail}, this session streams {here})"
     )]
@@ -176,6 +183,22 @@ pub(crate) enum Untrusted {
         tail: History,
         /// The session's.
         here: History,
+    },
+    /// The tail is from an ancestor timeline, at or past the point where that timeline ended: a
+    /// history the server does not have (the old primary wrote it after the standby's last WAL).
+    #[error(
+        "the stream's last message is at {tail} on timeline {timeline}, at or past {switch} where \
+         this server's timeline {here} branched off it: it is from a history this server does not have"
+    )]
+    PastSwitch {
+        /// The tail's position.
+        tail: Position,
+        /// The tail's timeline.
+        timeline: u32,
+        /// Where that timeline ended in this server's history.
+        switch: Lsn,
+        /// The session's timeline.
+        here: u32,
     },
     /// The tail's position is beyond the server's WAL.
     #[error(
@@ -239,11 +262,28 @@ impl Replay {
         else {
             return Err(Untrusted::Foreign);
         };
-        if *history != origin.history {
-            return Err(Untrusted::OtherHistory {
-                tail: history.clone(),
-                here: origin.history.clone(),
-            });
+        let other = || Untrusted::OtherHistory {
+            tail: history.clone(),
+            here: origin.history.clone(),
+        };
+        if history.system_id != origin.history.system_id || history.slot != origin.history.slot {
+            return Err(other());
+        }
+        // The tail's timeline must be this one, or an ancestor whose WAL up to the tail's position
+        // is this timeline's too (a promotion, or a recovery that went past the tail).
+        if history.timeline != origin.history.timeline {
+            match origin.timelines.shared(history.timeline) {
+                Shared::Below(switch) if position.lsn < switch => {}
+                Shared::Below(switch) => {
+                    return Err(Untrusted::PastSwitch {
+                        tail: position,
+                        timeline: history.timeline,
+                        switch,
+                        here: origin.history.timeline,
+                    });
+                }
+                Shared::All | Shared::Nothing => return Err(other()),
+            }
         }
         if position.lsn >= origin.wal_end {
             return Err(Untrusted::AheadOfServer {
@@ -395,7 +435,27 @@ mod tests {
         Origin {
             history: history(),
             wal_end: Lsn(0x10_000),
+            timelines: TimelineHistory::root(1),
         }
+    }
+
+    /// A session on `timeline` of a server whose history file says `file`.
+    fn promoted(timeline: u32, file: &str) -> Origin {
+        Origin {
+            history: History {
+                timeline,
+                ..history()
+            },
+            wal_end: Lsn(0x10_000),
+            timelines: TimelineHistory::parse(timeline, file).unwrap(),
+        }
+    }
+
+    /// A tail at (lsn, 0) stamped with timeline `timeline`.
+    fn tail_on(timeline: u32, lsn: u64) -> Tail {
+        let mut t = tail(lsn, 0, "b");
+        t.last.as_mut().unwrap().history.as_mut().unwrap().timeline = timeline;
+        t
     }
 
     fn pos(lsn: u64, index: u32) -> Position {
@@ -528,6 +588,144 @@ mod tests {
 
         let (_, why) = Replay::new(&tail(200, 1, "b"), &origin(), true);
         assert_eq!(why, Some(Untrusted::Distrusted));
+    }
+
+    #[test]
+    fn a_promoted_server_trusts_a_tail_below_the_switch_point() {
+        // Timeline 1 ended at 0/300 when the standby was promoted to timeline 2.
+        let here = promoted(2, "1\t0/300\tno recovery target specified\n");
+        let (mut r, why) = Replay::new(&tail_on(1, 0x2F8), &here, false);
+        assert_eq!(why, None);
+        assert_eq!(r.replayed(pos(0x100, 0), "a"), Replayed::Skip);
+        assert_eq!(r.replayed(pos(0x2F8, 0), "b"), Replayed::Verified);
+        // A standalone message whose record ends exactly at the switch point survived too.
+        let mut standalone = tail_on(1, 0);
+        standalone.last.as_mut().unwrap().position = Some(Position::standalone(Lsn(0x300)));
+        assert_eq!(Replay::new(&standalone, &here, false).1, None);
+        // Two promotions: timeline 2 ended at 0/500, a tail of either ancestor is trusted.
+        let twice = promoted(3, "1\t0/300\tr\n2\t0/500\tr\n");
+        assert_eq!(Replay::new(&tail_on(1, 0x200), &twice, false).1, None);
+        assert_eq!(Replay::new(&tail_on(2, 0x4F8), &twice, false).1, None);
+    }
+
+    #[test]
+    fn a_tail_at_or_past_the_switch_point_did_not_survive() {
+        let here = promoted(2, "1\t0/300\n");
+        for lsn in [0x300, 0x308, 0x8000] {
+            let (mut r, why) = Replay::new(&tail_on(1, lsn), &here, false);
+            assert_eq!(
+                why,
+                Some(Untrusted::PastSwitch {
+                    tail: pos(lsn, 0),
+                    timeline: 1,
+                    switch: Lsn(0x300),
+                    here: 2
+                })
+            );
+            assert_eq!(r.replayed(pos(0x100, 0), "a"), Replayed::Publish);
+        }
+        let why = Replay::new(&tail_on(1, 0x300), &here, false).1.unwrap();
+        assert_eq!(
+            why.to_string(),
+            "the stream's last message is at 0/300:0 on timeline 1, at or past 0/300 where this \
+             server's timeline 2 branched off it: it is from a history this server does not have"
+        );
+    }
+
+    #[test]
+    fn a_timeline_that_is_not_an_ancestor_is_another_history() {
+        // Timeline 3 branched off timeline 1: timeline 2 (a sibling) is not its history.
+        let sibling = promoted(3, "1\t0/300\n");
+        assert!(matches!(
+            Replay::new(&tail_on(2, 0x100), &sibling, false).1,
+            Some(Untrusted::OtherHistory { .. })
+        ));
+        // A tail from a later timeline than the server's (the server was restored behind it).
+        assert!(matches!(
+            Replay::new(&tail_on(3, 0x100), &promoted(2, "1\t0/300\n"), false).1,
+            Some(Untrusted::OtherHistory { .. })
+        ));
+        // Without the history (timeline 1's, or one that could not be read), only the same
+        // timeline is trusted.
+        let unread = Origin {
+            timelines: TimelineHistory::root(2),
+            ..promoted(2, "1\t0/300\n")
+        };
+        assert!(matches!(
+            Replay::new(&tail_on(1, 0x100), &unread, false).1,
+            Some(Untrusted::OtherHistory { .. })
+        ));
+        // An ancestor timeline of another system or slot is not this history either.
+        let here = promoted(2, "1\t0/300\n");
+        let mut other_slot = tail_on(1, 0x100);
+        other_slot
+            .last
+            .as_mut()
+            .unwrap()
+            .history
+            .as_mut()
+            .unwrap()
+            .slot = "other".into();
+        assert!(matches!(
+            Replay::new(&other_slot, &here, false).1,
+            Some(Untrusted::OtherHistory { .. })
+        ));
+        let mut other_system = tail_on(1, 0x100);
+        other_system
+            .last
+            .as_mut()
+            .unwrap()
+            .history
+            .as_mut()
+            .unwrap()
+            .system_id = "7311234567890123457".into();
+        assert!(matches!(
+            Replay::new(&other_system, &here, false).1,
+            Some(Untrusted::OtherHistory { .. })
+        ));
+        // Distrust still wins over an ancestor's tail.
+        assert_eq!(
+            Replay::new(&tail_on(1, 0x100), &here, true).1,
+            Some(Untrusted::Distrusted)
+        );
+    }
+
+    /// A history file of `current` with ancestors at the given (timeline step, LSN step).
+    fn file(steps: &[(u32, u64)]) -> (u32, String, Vec<(u32, u64)>) {
+        let (mut tli, mut end) = (0u32, 0u64);
+        let mut ancestors = Vec::new();
+        for &(dt, de) in steps {
+            tli += dt;
+            end += de;
+            ancestors.push((tli, end));
+        }
+        let text = ancestors
+            .iter()
+            .map(|(t, e)| format!("{t}\t{}\treason\n", Lsn(*e)))
+            .collect();
+        (tli + 1, text, ancestors)
+    }
+
+    proptest::proptest! {
+        /// The rule, both ways: a tail of another timeline is trusted exactly when that timeline
+        /// is an ancestor and the tail lies below its switch point (and below the WAL end).
+        #[test]
+        fn an_older_timeline_is_trusted_exactly_below_its_switch_point(
+            steps in proptest::collection::vec((1u32..4, 1u64..0x8000), 1..5),
+            timeline in 1u32..20,
+            lsn in 0u64..0x2_0000,
+        ) {
+            let (current, text, ancestors) = file(&steps);
+            let here = promoted(current, &text);
+            let (mut r, why) = Replay::new(&tail_on(timeline, lsn), &here, false);
+            let below_switch = ancestors.iter().any(|&(t, end)| t == timeline && lsn < end);
+            let expect_trust = (timeline == current || below_switch) && lsn < here.wal_end.0;
+            proptest::prop_assert_eq!(why.is_none(), expect_trust, "{:?}", why);
+            // Trusted: the events before the tail are skipped; otherwise everything publishes.
+            let before = r.replayed(pos(lsn.saturating_sub(8), 0), "x");
+            let skips = lsn >= 8 && expect_trust;
+            proptest::prop_assert_eq!(before == Replayed::Skip, skips);
+        }
     }
 
     #[test]

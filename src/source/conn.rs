@@ -1,7 +1,7 @@
 //! The replication connection up to the point where streaming starts: TCP, TLS (SSLRequest), the
 //! startup message with `replication=database`, authentication (SCRAM-SHA-256 with or without channel
 //! binding, md5, cleartext), and the simple-query commands of the walsender (`IDENTIFY_SYSTEM`,
-//! `CREATE_REPLICATION_SLOT`, `START_REPLICATION`).
+//! `TIMELINE_HISTORY`, `CREATE_REPLICATION_SLOT`, `START_REPLICATION`).
 //!
 //! Built on postgres-protocol's message codecs because tokio-postgres has no replication support.
 //! postgres-protocol does not know CopyBothResponse (`'W'`): the framing in `wire` peels it off the
@@ -25,6 +25,7 @@ use super::hosts::{self, ServerRole};
 use super::options::PgOutputOptions;
 use super::socket::PgStream;
 use super::stream::{ReplicationStream, StreamConfig};
+use super::timeline::TimelineHistory;
 use super::tls;
 use super::wire::{
     Backend, MAX_FRAME_BYTES, Transport, log_notice, proto, quote_ident, read_backend,
@@ -47,6 +48,9 @@ pub struct SystemInfo {
     pub xlogpos: Lsn,
     /// The database connected to; `None` on a physical replication connection.
     pub dbname: Option<String>,
+    /// The current timeline's ancestors and where each ended ([`ReplConnection::timeline_history`]);
+    /// none as `IDENTIFY_SYSTEM` answers, which does not say.
+    pub history: TimelineHistory,
 }
 
 /// An authenticated replication connection, idle (ReadyForQuery seen).
@@ -370,12 +374,34 @@ impl ReplConnection {
             .filter(|r| r.len() >= 4)
             .ok_or_else(|| unexpected("IDENTIFY_SYSTEM result"))?;
         let text = |i: usize| row[i].clone().unwrap_or_default();
+        let timeline = text(1).parse().map_err(|_| unexpected("timeline"))?;
         Ok(SystemInfo {
             system_id: text(0),
-            timeline: text(1).parse().map_err(|_| unexpected("timeline"))?,
+            timeline,
             xlogpos: text(2).parse().map_err(|_| unexpected("xlogpos"))?,
             dbname: row[3].clone(),
+            history: TimelineHistory::root(timeline),
         })
+    }
+
+    /// `TIMELINE_HISTORY timeline`: the server's history file of `timeline`, parsed. Timeline 1
+    /// has no history file (the server refuses the command for it): it has no ancestors.
+    pub async fn timeline_history(
+        &mut self,
+        timeline: u32,
+    ) -> Result<TimelineHistory, SourceError> {
+        if timeline <= 1 {
+            return Ok(TimelineHistory::root(timeline));
+        }
+        let rows = self
+            .simple_query(&format!("TIMELINE_HISTORY {timeline}"))
+            .await?;
+        // Columns: filename, content (the file as it is on the server's disk).
+        let content = rows
+            .first()
+            .and_then(|r| r.get(1).cloned().flatten())
+            .ok_or_else(|| unexpected("TIMELINE_HISTORY result"))?;
+        TimelineHistory::parse(timeline, &content).map_err(|e| SourceError::Protocol(e.to_string()))
     }
 
     /// Creates a logical slot with pgoutput and no snapshot (the relay streams from the slot's

@@ -41,6 +41,7 @@
 //! - `stream`: the CopyBoth phase (reader and status-update writer tasks) and the CopyData parse.
 //! - `socket`: the byte stream to a host: TCP, or a Unix socket when the host is a directory.
 //! - `conn`: connect, authenticate, walsender commands; hands the socket to `stream`.
+//! - `timeline`: the history file `TIMELINE_HISTORY` returns: a timeline's ancestors and switch points.
 //! - `control`: the tokio-postgres connection for ordinary SQL.
 
 mod auth_guard;
@@ -54,6 +55,7 @@ mod options;
 mod passfile;
 mod socket;
 mod stream;
+mod timeline;
 mod tls;
 mod wire;
 
@@ -65,5 +67,6 @@ pub(crate) use control::query_error_text;
 pub use error::{ServerError, SourceError};
 pub use options::PgOutputOptions;
 pub use stream::{ReplicationEvent, ReplicationStream, StreamConfig, parse_copy_data};
+pub use timeline::{HistoryError, Shared, Switch, TimelineHistory};
 pub(crate) use wire::quote_ident;
 pub use wire::{MAX_FRAME_BYTES, frame_len};
