@@ -310,3 +310,140 @@ async fn relay_follows_a_crash_and_promotion_through_a_multi_host_url() {
 async fn relay_follows_a_switchover_through_a_multi_host_url() {
     relay_follows_the_promotion(Loss::Switchover).await;
 }
+
+/// Defect: a promoted standby distrusted every tail. The relay (the binary, with
+/// `nats.atomic_transactions`: batch messages carry no `Nats-Msg-Id`, so JetStream drops nothing
+/// as a duplicate) streams 80 events on the primary, but the standby's copy of the slot is left
+/// at the 50th (slot sync stopped: a sync always lags, this makes the lag certain). After the
+/// promotion the new primary sends events 51-80 again. The stream's tail (event 80) names the old
+/// timeline, below the point where the new one branched off: the relay must trust it, skip the 30
+/// events it proves stored, and store every event once. Before the fix it distrusted the tail
+/// ("replay skips nothing") and stored events 51-80 twice.
+async fn atomic_replay_after_the_promotion_stores_each_event_once(loss: Loss) {
+    use crate::support::{RelayProcess, TEXT_ID_OUTBOX_SQL, read_all, unique, wait_for};
+    use std::collections::BTreeMap;
+
+    let test = format!("atomic_replay_after_the_promotion_stores_each_event_once({loss:?})");
+    let Some(pair) = pair_with_slot_sync(&test) else {
+        return;
+    };
+    pair.primary.psql("postgres", TEXT_ID_OUTBOX_SQL);
+    let nats = crate::support::NatsServer::start();
+    let mut config = outbox_relay::config::Config::default();
+    config.postgres.url = pair.multi_host_url("postgres");
+    config.postgres.slot = unique("ha_relay");
+    config.postgres.publication = unique("ha_pub");
+    config.nats.url = nats.url();
+    config.nats.stream = unique("HA").to_uppercase();
+    config.nats.ack_timeout_ms = 2000;
+    config.nats.atomic_transactions = true;
+    let slot = config.postgres.slot.clone();
+    let stream = config.nats.stream.clone();
+    let mut relay = RelayProcess::run(&config);
+    let js = nats.jetstream().await;
+    let count = |n: u64, what: &'static str| {
+        let js = js.clone();
+        let stream = stream.clone();
+        wait_for(what, Duration::from_secs(90), move || {
+            let js = js.clone();
+            let stream = stream.clone();
+            async move { crate::support::stream_count(&js, &stream).await >= n }
+        })
+    };
+    // Events written before the relay's slot has its consistent point are never decoded.
+    let slot_sql =
+        format!("SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = '{slot}'");
+    let started = std::time::Instant::now();
+    while pair.primary.psql("postgres", &slot_sql).is_empty() {
+        assert!(
+            started.elapsed() < Duration::from_secs(60) && relay.is_running(),
+            "the relay created no slot; stderr:\n{}",
+            relay.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    write_events(&pair.primary, 1, 50);
+    count(50, "50 events before the sync is stopped").await;
+    let confirmed = pair.primary.psql("postgres", &slot_sql);
+    let synced = pair.wait_slot_synced(&slot, &confirmed, SYNC_TIMEOUT).await;
+    pair.stop_slot_sync(Duration::from_secs(30));
+    write_events(&pair.primary, 51, 80);
+    count(80, "80 events on the old primary").await;
+    // The relay confirms within its status interval; the standby's slot stays behind.
+    let behind = pair.standby.psql(
+        "postgres",
+        &format!("SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = '{slot}'"),
+    );
+    eprintln!(
+        "{test}: standby's slot frozen at {behind} (synced at {} after {:?})",
+        synced.confirmed_flush_lsn, synced.waited
+    );
+
+    match loss {
+        Loss::Crash => pair.stop_primary_immediate(),
+        Loss::Switchover => pair.stop_primary_clean(),
+    }
+    pair.promote_standby();
+    write_events(&pair.standby, 81, 100);
+    let expected: Vec<String> = (1..=100).map(|n| format!("e-{n}")).collect();
+    wait_for(
+        "events 81-100 from the new primary",
+        Duration::from_secs(90),
+        || {
+            let js = js.clone();
+            let stream = stream.clone();
+            async move {
+                read_all(&js, &stream)
+                    .await
+                    .iter()
+                    .any(|m| m.id() == "e-100")
+            }
+        },
+    )
+    .await;
+
+    let stored = read_all(&js, &stream).await;
+    let mut copies: BTreeMap<&str, usize> = BTreeMap::new();
+    for m in &stored {
+        *copies.entry(m.id()).or_default() += 1;
+    }
+    let twice: Vec<_> = copies.iter().filter(|(_, n)| **n > 1).collect();
+    let log = relay.stderr();
+    assert!(
+        twice.is_empty(),
+        "{test}: every event must be stored once; {} of {} stored more than once: {twice:?}\n\
+         relay stderr:\n{log}",
+        twice.len(),
+        stored.len()
+    );
+    let ids: Vec<&str> = stored.iter().map(|m| m.id()).collect();
+    assert_eq!(ids, expected, "{test}: every event once, in commit order");
+    assert!(
+        !log.contains("replay skips nothing"),
+        "{test}: the relay distrusted the stream's tail after the promotion:\n{log}"
+    );
+    assert!(
+        !log.contains("not where this relay left it"),
+        "{test}: the relay took the promotion for a restore:\n{log}"
+    );
+    assert!(relay.is_running(), "{test}: the relay must keep running");
+    relay.signal("TERM");
+    assert!(
+        relay
+            .wait(Duration::from_secs(30))
+            .is_some_and(|s| s.success()),
+        "{test}: the relay stops cleanly; stderr:\n{}",
+        relay.stderr()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn atomic_replay_after_a_crash_and_promotion_stores_each_event_once() {
+    atomic_replay_after_the_promotion_stores_each_event_once(Loss::Crash).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn atomic_replay_after_a_switchover_stores_each_event_once() {
+    atomic_replay_after_the_promotion_stores_each_event_once(Loss::Switchover).await;
+}

@@ -44,6 +44,7 @@
 //! slot moving; `advance_until_synced(slot, timeout)` drives a slot nobody streams from, as a client
 //! confirming everything would (`advance_slot`, which also logs the standby snapshot the slot needs
 //! to move). Both return a `SyncedSlot` (the standby's `confirmed_flush_lsn`, and how long it took).
+//! `stop_slot_sync` freezes the standby's copies where they are (a lag that is otherwise a race).
 //! After a promotion the synced slot is a usable logical slot on the new primary at that LSN or
 //! later; its `synced` column stays true there (the docs call it meaningless on a primary).
 //! Before 17 there is no slot sync (`supports_slot_sync` is false) and the waits panic; the pair
@@ -153,6 +154,33 @@ impl PgPair {
             "f",
             "promoted standby still in recovery"
         );
+    }
+
+    /// Stops slot sync on the standby (`sync_replication_slots = off`, reloaded) and returns once
+    /// its slot sync worker is gone: from here the standby's copies of failover slots stay where
+    /// they are, behind whatever clients confirm on the primary. A sync always lags the primary
+    /// (the worker naps), so after a promotion a client is sent again what it had confirmed on the
+    /// old primary; this makes that lag certain instead of a race. PG 17+ only.
+    pub fn stop_slot_sync(&self, timeout: Duration) {
+        assert!(
+            self.supports_slot_sync(),
+            "slot sync needs PG 17+, this pair is {}",
+            self.primary.version_num()
+        );
+        self.standby
+            .append_config("# outbox-relay tests: slot sync stopped\nsync_replication_slots = off");
+        self.standby.psql("postgres", "SELECT pg_reload_conf()");
+        let sql = "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'slotsync worker'";
+        let start = Instant::now();
+        while self.standby.psql("postgres", sql) != "0" {
+            assert!(
+                start.elapsed() < timeout,
+                "the standby's slot sync worker still runs {timeout:?} after sync_replication_slots = off; \
+                 standby log:\n{}",
+                self.standby.log_tail(4000)
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
 
     /// Polls the standby's `pg_replication_slots` until `slot` is there with `synced = true`, not
