@@ -16,7 +16,10 @@
 //! `wal_sender_timeout`), the server unreachable, a crash (the slot falls back to its last
 //! checkpoint, open transactions die), and a restore from a disk snapshot: the WAL is truncated to
 //! the snapshot and the slot reset, same system id and timeline, and new transactions reuse the
-//! LSNs after it (or, as a point-in-time recovery, on a new timeline).
+//! LSNs after it (or, as a point-in-time recovery, on a new timeline), and a promotion: a standby
+//! that had all of the WAL takes over on a new timeline, with the slot as its last sync left it.
+//! A new timeline's history file (what `TIMELINE_HISTORY` answers) names the switch point, and
+//! the relay reads it with its real parser.
 //!
 //! P2 is checked here, at every status update: the slot may not pass a unit of work whose events
 //! the stream does not hold, nor the end of the WAL.
@@ -30,7 +33,9 @@ use outbox_relay::Lsn;
 use outbox_relay::error::{SessionEnd, from_source};
 use outbox_relay::pgoutput::{Column, Message, Relation, TupleValue, encode};
 use outbox_relay::relay::Start;
-use outbox_relay::source::{ReplicationStream, ServerError, SourceError, StreamConfig, SystemInfo};
+use outbox_relay::source::{
+    ReplicationStream, ServerError, SourceError, StreamConfig, SystemInfo, TimelineHistory,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream, ReadHalf, WriteHalf};
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
@@ -180,12 +185,19 @@ struct Snapshot {
     end: u64,
     units: usize,
     slot: u64,
+    timeline: u32,
+    history_file: String,
 }
 
 struct State {
     params: PgParams,
     system_id: String,
     timeline: u32,
+    /// The current timeline's history file: a line `parentTLI<TAB>switch point<TAB>reason` per
+    /// ancestor.
+    history_file: String,
+    /// The highest timeline ever used: a new one is always above it.
+    newest_timeline: u32,
     /// The server's incarnation: bumped by a crash or a restore, which end every connection.
     epoch: u64,
     wal: Vec<Record>,
@@ -361,6 +373,14 @@ impl State {
         }
     }
 
+    /// Ends the current timeline at `switch` and starts the next; its history file names them all.
+    fn switch_timeline(&mut self, switch: u64, reason: &str) {
+        let line = format!("{}\t{}\t{reason}\n", self.timeline, Lsn(switch));
+        self.history_file.push_str(&line);
+        self.newest_timeline += 1;
+        self.timeline = self.newest_timeline;
+    }
+
     fn end_all(&mut self) {
         let ids: Vec<u64> = self.conns.keys().copied().collect();
         for id in ids {
@@ -384,6 +404,8 @@ impl Postgres {
                 params,
                 system_id,
                 timeline: 1,
+                history_file: String::new(),
+                newest_timeline: 1,
                 epoch: 0,
                 wal: Vec::new(),
                 end: WAL_START,
@@ -646,6 +668,8 @@ impl Postgres {
             end: s.end,
             units: s.units.len(),
             slot: s.slot.checkpointed,
+            timeline: s.timeline,
+            history_file: s.history_file.clone(),
         };
         trace!(
             self.trace,
@@ -669,6 +693,8 @@ impl Postgres {
         s.snapshots.truncate(i + 1);
         let snap = &s.snapshots[i];
         let (records, end, units, slot) = (snap.records, snap.end, snap.units, snap.slot);
+        // The restored server is on the snapshot's timeline, with its history.
+        let (timeline, history_file) = (snap.timeline, snap.history_file.clone());
         s.end_all();
         s.wal.truncate(records);
         s.end = end;
@@ -678,8 +704,11 @@ impl Postgres {
         s.slot.confirmed = slot;
         s.slot.checkpointed = slot;
         s.epoch += 1;
+        s.timeline = timeline;
+        s.history_file = history_file;
         if new_timeline {
-            s.timeline += 1;
+            // The recovery ends the old timeline where the restored WAL ends.
+            s.switch_timeline(end, "point-in-time recovery");
         }
         trace!(
             self.trace,
@@ -689,6 +718,30 @@ impl Postgres {
             s.timeline
         );
         true
+    }
+
+    /// A standby that has every record takes over (a switchover, or a crash after the standby
+    /// received everything; the relay was never sent more than the standby had): the old
+    /// primary's connections end and its open transactions die, the WAL is kept, the new timeline
+    /// starts at its end, and the slot is the standby's synced copy, which lags the primary's (its
+    /// last checkpointed position here). Unreachable while it promotes.
+    pub(crate) fn promote(&self, down_for: Duration) {
+        let mut s = self.state.lock().unwrap();
+        s.end_all();
+        s.open.clear();
+        s.apps.iter_mut().for_each(|a| *a = None);
+        s.slot.confirmed = s.slot.checkpointed;
+        s.epoch += 1;
+        let switch = s.end;
+        s.switch_timeline(switch, "no recovery target specified");
+        s.down_until = Some(Instant::now() + down_for);
+        trace!(
+            self.trace,
+            "pg PROMOTED: timeline {} from {}, slot at {}, down {down_for:?}",
+            s.timeline,
+            Lsn(switch),
+            Lsn(s.slot.confirmed)
+        );
     }
 
     /// The server crashes and restarts: connections end, open transactions die, and the slot is
@@ -785,6 +838,9 @@ impl Postgres {
                 timeline: s.timeline,
                 xlogpos: Lsn(s.flushed()),
                 dbname: Some("postgres".into()),
+                // TIMELINE_HISTORY on the same connection, parsed as the relay parses the real one.
+                history: TimelineHistory::parse(s.timeline, &s.history_file)
+                    .expect("the simulated history file parses"),
             };
             // The relay picks its start from IDENTIFY_SYSTEM's answer, as on a real connection.
             let start = rule.at(&info);

@@ -23,7 +23,10 @@
 //! - `foreign`: a message is published by hand at the stream's tail while no relay runs;
 //! - `restore` / `pitr`: Postgres is restored from a disk snapshot (same timeline / a new one) and
 //!   the relay restarted;
-//! - `live_foreign`, `live_restore`, `live_pitr`: the same while the relay keeps running.
+//! - `live_foreign`, `live_restore`, `live_pitr`: the same while the relay keeps running;
+//! - `promote`: a standby with all of the WAL is promoted (a new timeline, its history naming the
+//!   switch point, the slot where its last sync left it) while the relay keeps running. Nothing is
+//!   distrusted: the stream's tail is below the switch point, so nothing may be stored twice.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -65,6 +68,7 @@ pub(crate) const FAULTS: &[(&str, u64)] = &[
     ("pitr", 1),
     ("live_restore", 1),
     ("live_pitr", 1),
+    ("promote", 2),
 ];
 
 /// The faults a run may use.
@@ -520,6 +524,7 @@ impl World {
             "blackhole" => self.pg.black_hole(Duration::from_secs(60)),
             "pg_down" => self.pg.unreachable(d.millis(500, 20_000)),
             "pg_crash" => self.pg.crash(d.millis(200, 5_000)),
+            "promote" => self.pg.promote(d.millis(200, 5_000)),
             "nats_down" => {
                 self.js.go_down();
                 let (js, t) = (Arc::clone(&self.js), d.millis(1_000, 30_000));
