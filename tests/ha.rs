@@ -427,6 +427,10 @@ async fn atomic_replay_after_the_promotion_stores_each_event_once(loss: Loss) {
         !log.contains("not where this relay left it"),
         "{test}: the relay took the promotion for a restore:\n{log}"
     );
+    assert!(
+        log.contains("following a promoted server"),
+        "{test}: the relay read the promoted server's timeline history:\n{log}"
+    );
     assert!(relay.is_running(), "{test}: the relay must keep running");
     relay.signal("TERM");
     assert!(
