@@ -20,7 +20,10 @@
 //! Why a history: positions are WAL offsets, and the same offset means another event in another
 //! database, on another timeline (point-in-time recovery, promotion) or after a restore from a disk
 //! snapshot (same system and timeline, the WAL after the snapshot written anew). The first two are
-//! told by `IDENTIFY_SYSTEM`; the slot name keeps two relays' positions apart. A restore is not
+//! told by `IDENTIFY_SYSTEM`; the slot name keeps two relays' positions apart. A new timeline keeps
+//! its ancestors' WAL below the point where each ended (`TIMELINE_HISTORY`,
+//! [`crate::source::TimelineHistory`]), so there an older timeline's position still names the same
+//! event. A restore is not
 //! visible in any identifier: [`crate::sink::Replay`] checks that the walsender's events reach the
 //! tail's position with the tail's own event before it trusts anything it skipped.
 

@@ -17,7 +17,8 @@
 //! checkpoint, open transactions die), and a restore from a disk snapshot: the WAL is truncated to
 //! the snapshot and the slot reset, same system id and timeline, and new transactions reuse the
 //! LSNs after it (or, as a point-in-time recovery, on a new timeline), and a promotion: a standby
-//! that had all of the WAL takes over on a new timeline, with the slot as its last sync left it.
+//! takes over on a new timeline, with the slot as its last sync left it and all of the WAL (or,
+//! after a crash without `synchronized_standby_slots`, without the last records).
 //! A new timeline's history file (what `TIMELINE_HISTORY` answers) names the switch point, and
 //! the relay reads it with its real parser.
 //!
@@ -720,28 +721,58 @@ impl Postgres {
         true
     }
 
-    /// A standby that has every record takes over (a switchover, or a crash after the standby
-    /// received everything; the relay was never sent more than the standby had): the old
-    /// primary's connections end and its open transactions die, the WAL is kept, the new timeline
-    /// starts at its end, and the slot is the standby's synced copy, which lags the primary's (its
-    /// last checkpointed position here). Unreachable while it promotes.
-    pub(crate) fn promote(&self, down_for: Duration) {
+    /// A standby takes over: the old primary's connections end and its open transactions die, the
+    /// new timeline starts where the standby's WAL ends, and the slot is the standby's synced copy,
+    /// which lags the primary's (its last checkpointed position here). Without `lossy` the standby
+    /// has every record (a switchover, or a crash with `synchronized_standby_slots`: the relay was
+    /// never sent more than the standby had); with it, a crash without that setting, the standby
+    /// lacks the last records, which the relay may have published. Returns whether anything was
+    /// lost. Unreachable while it promotes.
+    pub(crate) fn promote(&self, down_for: Duration, lossy: bool) -> bool {
         let mut s = self.state.lock().unwrap();
         s.end_all();
         s.open.clear();
         s.apps.iter_mut().for_each(|a| *a = None);
         s.slot.confirmed = s.slot.checkpointed;
         s.epoch += 1;
+        let had = s.wal.len();
+        if lossy {
+            // The standby's WAL reaches at least the slot's copy, which it has on disk, and the
+            // start of the current timeline, which it followed.
+            let slot = s.slot.confirmed;
+            let needed = if slot > WAL_START {
+                (s.wal.partition_point(|r| r.end < slot) + 1).min(had)
+            } else {
+                0
+            };
+            let timeline_start = TimelineHistory::parse(s.timeline, &s.history_file)
+                .expect("the simulated history file parses")
+                .ancestors()
+                .last()
+                .map_or(WAL_START, |a| a.end.0);
+            let needed = needed.max(s.wal.partition_point(|r| r.start < timeline_start));
+            let kept = self.dice.range(needed as u64, had as u64 + 1) as usize;
+            s.wal.truncate(kept);
+            s.end = s.wal.last().map_or(WAL_START, |r| r.next);
+            let end = s.end;
+            let units = s.units.partition_point(|u| u.start < end);
+            s.units.truncate(units);
+            // A snapshot past the switch point is of WAL the new timeline does not have.
+            s.snapshots.retain(|snap| snap.records <= kept);
+        }
+        let lost = s.wal.len() < had;
         let switch = s.end;
         s.switch_timeline(switch, "no recovery target specified");
         s.down_until = Some(Instant::now() + down_for);
         trace!(
             self.trace,
-            "pg PROMOTED: timeline {} from {}, slot at {}, down {down_for:?}",
+            "pg PROMOTED: timeline {} from {}{}, slot at {}, down {down_for:?}",
             s.timeline,
             Lsn(switch),
+            if lost { " (the last records lost)" } else { "" },
             Lsn(s.slot.confirmed)
         );
+        lost
     }
 
     /// The server crashes and restarts: connections end, open transactions die, and the slot is

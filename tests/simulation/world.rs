@@ -24,9 +24,11 @@
 //! - `restore` / `pitr`: Postgres is restored from a disk snapshot (same timeline / a new one) and
 //!   the relay restarted;
 //! - `live_foreign`, `live_restore`, `live_pitr`: the same while the relay keeps running;
-//! - `promote`: a standby with all of the WAL is promoted (a new timeline, its history naming the
-//!   switch point, the slot where its last sync left it) while the relay keeps running. Nothing is
-//!   distrusted: the stream's tail is below the switch point, so nothing may be stored twice.
+//! - `promote`: a standby is promoted (a new timeline, its history naming the switch point, the
+//!   slot where its last sync left it) while the relay keeps running. With all of the WAL nothing is
+//!   distrusted: the stream's tail is below the switch point, so nothing may be stored twice. Now
+//!   and then the standby lacks the last records (a crash without `synchronized_standby_slots`);
+//!   what the relay published of them is a history that did not survive, like a restore's.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -524,7 +526,13 @@ impl World {
             "blackhole" => self.pg.black_hole(Duration::from_secs(60)),
             "pg_down" => self.pg.unreachable(d.millis(500, 20_000)),
             "pg_crash" => self.pg.crash(d.millis(200, 5_000)),
-            "promote" => self.pg.promote(d.millis(200, 5_000)),
+            // Now and then the standby lacks the last records, which the relay may have
+            // published: the stream's tail is then from a history the new timeline does not have.
+            "promote" => {
+                if self.pg.promote(d.millis(200, 5_000), d.chance(0.25)) {
+                    self.distrust.push(Instant::now());
+                }
+            }
             "nats_down" => {
                 self.js.go_down();
                 let (js, t) = (Arc::clone(&self.js), d.millis(1_000, 30_000));
