@@ -175,6 +175,58 @@ async fn multi_host_url_reaches_the_writable_server() {
 
     pair.promote_standby();
     assert_eq!(server_port().await.unwrap(), i32::from(pair.standby.port()));
+    promoted_server_answers_timeline_history(&pair).await;
+}
+
+/// The promoted server's `TIMELINE_HISTORY`, as the relay reads it on a logical replication
+/// connection, is its history file (timeline 1, ended at the switch point); timeline 1 has none
+/// and is not asked for; a timeline the server does not know is the server's error, and the
+/// connection still answers.
+async fn promoted_server_answers_timeline_history(pair: &PgPair) {
+    use outbox_relay::source::{ConnInfo, ReplConnection, SourceError, TimelineHistory};
+
+    let info = ConnInfo::parse(&pair.standby.url("postgres")).expect("standby URL");
+    let mut repl = ReplConnection::connect(&info, "ha_timeline_history")
+        .await
+        .expect("replication connection to the promoted server");
+    let system = repl.identify_system().await.expect("IDENTIFY_SYSTEM");
+    assert_eq!(system.timeline, 2, "a promotion starts timeline 2");
+    let history = repl.timeline_history(2).await.expect("TIMELINE_HISTORY 2");
+    let file = pair
+        .standby
+        .psql("postgres", "SELECT pg_read_file('pg_wal/00000002.history')");
+    assert_eq!(
+        history,
+        TimelineHistory::parse(2, &file).expect("the history file parses"),
+        "TIMELINE_HISTORY is the history file {file:?}"
+    );
+    let [switch] = history.ancestors() else {
+        panic!("one ancestor expected: {history:?}");
+    };
+    assert_eq!(switch.timeline, 1);
+    assert!(
+        switch.end <= system.xlogpos,
+        "switch point {} past the WAL end {}",
+        switch.end,
+        system.xlogpos
+    );
+    eprintln!(
+        "promoted server's history: {}",
+        history.to_string().trim_end()
+    );
+    assert_eq!(
+        repl.timeline_history(1).await.expect("timeline 1"),
+        TimelineHistory::root(1)
+    );
+    let refused = repl.timeline_history(9).await.expect_err("timeline 9");
+    assert!(
+        matches!(refused, SourceError::Server { .. }),
+        "the server's own error: {refused}"
+    );
+    repl.identify_system()
+        .await
+        .expect("the connection answers after the refusal");
+    repl.close().await;
 }
 
 /// How the primary goes away in a relay failover test.
