@@ -3,7 +3,11 @@
 //! is synced to the standby and, after the primary stops (immediately, as in a crash, or cleanly, as in
 //! a switchover) and the standby is promoted, is a usable slot on the new primary at or past the
 //! position that was synced; and a multi-host URL with `target_session_attrs=read-write` reaches
-//! whichever server is writable. These prove the fixture the relay's failover tests build on.
+//! whichever server is writable, and the promoted server answers `TIMELINE_HISTORY` with its history
+//! file. These prove the fixture the relay's failover tests build on. Those follow: the relay
+//! follows a promotion through a multi-host URL and, with atomic batches and the standby's copy of
+//! the slot behind, stores every event once because it trusts the old timeline's tail below the
+//! switch point.
 //!
 //! Failover slots are PG 17+: on older servers those tests print why they skip and pass.
 //! `scripts/test.sh` runs this module with `PG_BIN` set to 17 and 18.
