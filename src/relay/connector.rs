@@ -76,10 +76,11 @@ impl Start {
             return true;
         }
         match system.history.shared(*tl) {
-            Shared::All if *tl == system.timeline => false,
+            Shared::All => false,
             // The remembered timeline ended at `end`: what was confirmed up to it survived.
             Shared::Below(end) => self.confirmed > end,
-            Shared::All | Shared::Nothing => *tl != system.timeline,
+            // Neither this timeline nor an ancestor (or its history could not be read).
+            Shared::Nothing => true,
         }
     }
 }

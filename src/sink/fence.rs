@@ -146,9 +146,8 @@ pub(crate) enum Replayed {
 /// It trusts the stream's tail only when the relay wrote it in this history (the history in
 /// `Outbox-Position`: this system and slot, and this timeline or an ancestor of it below the
 /// point where that ancestor ended) at a position the server has reached, and even then only
-/// provisionally: events before the tail's
-/// position are skipped, but they count as stored only once the walsender's events reach the
-/// tail's position with the tail's own event id. Anything else publishes (JetStream's duplicate
+/// provisionally: events before the tail's position are skipped, but they count as stored only
+/// once the walsender's events reach the tail's position with the tail's own event id. Anything else publishes (JetStream's duplicate
 /// window and the fence handle the true duplicates).
 #[derive(Debug, Clone)]
 pub(crate) struct Replay {
