@@ -473,6 +473,13 @@ async fn atomic_replay_after_the_promotion_stores_each_event_once(loss: Loss) {
         twice.len(),
         stored.len()
     );
+    // Batch messages: JetStream has no id to drop a second copy by, only the fence keeps it out.
+    assert!(
+        stored
+            .iter()
+            .all(|m| !m.headers.contains_key("Nats-Msg-Id")),
+        "{test}: every event is published in an atomic batch"
+    );
     let ids: Vec<&str> = stored.iter().map(|m| m.id()).collect();
     assert_eq!(ids, expected, "{test}: every event once, in commit order");
     assert!(
