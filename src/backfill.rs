@@ -453,7 +453,7 @@ async fn get_ready(
     let standing = backfill_marker::read(&js, &settings.config().nats.stream)
         .await?
         .filter(|m| m.guards(&settings.config().postgres.slot));
-    let replace = decide_slot(settings, prepared, opts, standing.as_ref())?;
+    let replace = decide_slot(settings, prepared.slot.as_ref(), opts, standing.as_ref())?;
     Ok(Ready {
         control,
         nats,
@@ -590,12 +590,12 @@ async fn abandon_slot(control: &Client, slot: &str) -> bool {
 /// recovery says. Returns whether to drop the existing slot.
 fn decide_slot(
     settings: &Settings,
-    prepared: &Prepared,
+    existing: Option<&catalog::SlotRow>,
     opts: &BackfillOptions,
     standing: Option<&Marker>,
 ) -> Result<bool, BackfillError> {
     let slot = &settings.config().postgres.slot;
-    let Some(s) = &prepared.slot else {
+    let Some(s) = existing else {
         return Ok(false);
     };
     if s.active {
@@ -1045,6 +1045,84 @@ mod tests {
             elapsed: Duration::from_secs(2),
         };
         assert_eq!(p.to_string(), "backfill: 4200/10000 rows (2100/s)");
+    }
+
+    fn marker() -> Marker {
+        Marker::new("outbox_relay", None, None)
+    }
+
+    fn decide(
+        existing: Option<&catalog::SlotRow>,
+        replace_slot: bool,
+        standing: Option<&Marker>,
+    ) -> Result<bool, BackfillError> {
+        let settings = crate::config::Config::default().validate().unwrap();
+        let opts = BackfillOptions {
+            replace_slot,
+            ..BackfillOptions::default()
+        };
+        decide_slot(&settings, existing, &opts, standing)
+    }
+
+    #[test]
+    fn a_slot_an_unfinished_backfill_left_is_replaced_without_the_option() {
+        let idle = catalog::SlotRow::default();
+        assert!(matches!(
+            decide(Some(&idle), false, None),
+            Err(BackfillError::SlotExists { .. })
+        ));
+        assert!(decide(Some(&idle), false, Some(&marker())).unwrap());
+        assert!(decide(Some(&idle), true, None).unwrap());
+        assert!(
+            !decide(None, false, Some(&marker())).unwrap(),
+            "no slot: nothing to drop"
+        );
+    }
+
+    #[test]
+    fn a_streamed_slot_is_refused_whatever_the_marker_says() {
+        let active = catalog::SlotRow {
+            active: true,
+            active_pid: Some(4711),
+            ..catalog::SlotRow::default()
+        };
+        for (replace, standing) in [(false, None), (true, None), (false, Some(marker()))] {
+            assert!(matches!(
+                decide(Some(&active), replace, standing.as_ref()),
+                Err(BackfillError::SlotActive { pid: 4711, .. })
+            ));
+        }
+    }
+
+    #[test]
+    fn a_stop_says_what_is_left_and_how_to_finish() {
+        let e = BackfillError::Stopped {
+            signal: "SIGTERM",
+            done: 3000,
+            total: 30000,
+            left: left_after_stop("outbox_relay", "OUTBOX", true),
+            command: "outbox-relay backfill --where 'x'".into(),
+        };
+        let text = e.to_string();
+        assert!(!text.contains('\n'), "{text}");
+        assert!(
+            text.starts_with("backfill stopped by SIGTERM after 3000 of 30000 rows"),
+            "{text}"
+        );
+        assert!(
+            text.contains("outbox_relay it created was dropped"),
+            "{text}"
+        );
+        assert!(
+            text.contains("outbox-relay.backfill on stream OUTBOX"),
+            "{text}"
+        );
+        assert!(
+            text.contains("run `outbox-relay backfill --where 'x'` again"),
+            "{text}"
+        );
+        let kept = left_after_stop("outbox_relay", "OUTBOX", false);
+        assert!(kept.contains("could not be dropped"), "{kept}");
     }
 
     #[test]

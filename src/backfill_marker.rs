@@ -97,7 +97,7 @@ impl Marker {
         format!(
             "has the backfill marker {META_BACKFILL} (set by the backfill of slot {} started by {}): that backfill \
              has not finished, so the slot may stand past rows it never published, and nothing may stream it. If \
-             the backfill still runs, let it finish; if it was stopped (kill -9, a crash), run `{}` again (it \
+             the backfill still runs, let it finish; if it no longer runs (stopped, killed, crashed), run `{}` again (it \
              replaces the slot and publishes the rows again; JetStream drops those stream {stream} holds), \
              or to give those rows up, `outbox-relay backfill --where false`; see docs/recovery.md",
             if self.slot.is_empty() {

@@ -341,6 +341,7 @@ async fn run_and_setup_refuse(config: &Config) {
             .lines()
             .find(|l| l.starts_with("outbox-relay: "))
             .unwrap_or_else(|| panic!("{args:?}: no error line in\n{}", out.stderr));
+        eprintln!("{args:?}: {line}");
         assert!(
             line.contains("outbox-relay.backfill")
                 && line.contains("run `outbox-relay backfill` again"),
@@ -413,6 +414,7 @@ async fn a_signal_mid_backfill(signal: &str, prefix: &str) {
         .lines()
         .find(|l| l.starts_with("outbox-relay: "))
         .unwrap_or_else(|| panic!("no error line after SIG{signal} ({status:?}):\n{stderr}"));
+    eprintln!("SIG{signal}: {line}");
     assert!(
         line.contains(&format!("stopped by SIG{signal}"))
             && line.contains("was dropped")
