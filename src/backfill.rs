@@ -23,6 +23,12 @@
 //! counts them. Its publishes are not fenced (see `publish_snapshot`); `run` fences the stream
 //! again from the tail the backfill leaves.
 //!
+//! Until the last ack the new slot stands past rows the stream may not hold, so the backfill marks
+//! the stream first (`outbox-relay.backfill`, [`crate::backfill_marker`]) and removes the mark only
+//! then: `run`, `setup` and `status` see an unfinished backfill, also one killed with kill -9. On
+//! SIGINT/SIGTERM ([`backfill_until`]) it drops the slot it created and keeps the mark; the next
+//! backfill replaces a slot the mark guards without `--replace-slot`.
+//!
 //! `--where` and `--order-by` are SQL written by the operator, who already has access to the
 //! database; they go into the query as written, inside a READ ONLY transaction, through the extended
 //! query protocol (which refuses more than one statement). `--order-by` must not contain `;`.
