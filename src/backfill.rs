@@ -34,6 +34,7 @@
 //! query protocol (which refuses more than one statement). `--order-by` must not contain `;`.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -256,18 +257,17 @@ pub enum BackfillError {
         /// The signal.
         signal: &'static str,
     },
-    /// SIGINT or SIGTERM while rows were published: the slot was dropped, the marker stays.
+    /// SIGINT or SIGTERM once a slot was dropped or created: the new slot was dropped, the marker
+    /// stays.
     #[error(
-        "backfill stopped by {signal} after {done} of {total} rows: {left}. To finish, run `{command}` again \
-         (JetStream drops the rows it already holds)"
+        "backfill stopped by {signal} {progress}: {left}. To finish, run `{command}` again (JetStream drops the \
+         rows it already holds)"
     )]
     Stopped {
         /// The signal.
         signal: &'static str,
-        /// Rows handed to the sink before the stop.
-        done: u64,
-        /// Rows to backfill.
-        total: u64,
+        /// How far it got: `after 3000 of 30000 rows`, `while it created its slot`.
+        progress: String,
         /// What is left: the marker, and the slot if it could not be dropped.
         left: String,
         /// The command that repeats this backfill.
@@ -352,21 +352,53 @@ pub async fn backfill_until(
             .map_err(BackfillError::from),
     )
     .await?;
+    // Dropping the old slot is not interrupted; creating the new one is cancelled by a stop
+    // (Postgres may wait there a long time, for every transaction that was running).
     let created = async {
         if replaced_slot {
             drop_existing_slot(&control, &slot).await?;
         }
-        create_slot(settings, &prepared, replaced_slot).await
+        create_slot(settings, &control, stop.as_mut()).await
     };
-    let (repl, system, consistent_point, snapshot) = match created.await {
+    let creation = match created.await {
         Ok(c) => c,
         Err(e) => {
-            // No slot was dropped: nothing changed, and the marker goes again. With the old slot
-            // dropped, the marker stays: only another backfill makes a slot with no gap.
+            // No slot was dropped: nothing changed, and the marker goes again (before what setup
+            // created, the stream perhaps, is removed). With the old slot dropped, the marker stays:
+            // only another backfill makes a slot with no gap.
             if !replaced_slot || matches!(e, BackfillError::DropSlot { .. }) {
                 clear_marker(&js, &stream, &marker).await;
+                prepared.undo(settings).await;
             }
             return Err(e);
+        }
+    };
+    let (repl, system, consistent_point, snapshot) = match creation {
+        Creation::Done(new) => new,
+        Creation::Stopped { signal, created } => {
+            if let Some((repl, ..)) = created {
+                repl.close().await;
+            }
+            // A slot the cancelled walsender may have finished after all goes too.
+            let gone = abandon_slot(&control, &slot).await;
+            if gone && !replaced_slot {
+                clear_marker(&js, &stream, &marker).await;
+                return Err(BackfillError::StoppedEarly { signal });
+            }
+            return Err(BackfillError::Stopped {
+                signal,
+                progress: "while it created its slot".to_owned(),
+                left: left_after_stop(
+                    &slot,
+                    &stream,
+                    if gone {
+                        SlotLeft::OldDropped
+                    } else {
+                        SlotLeft::Kept
+                    },
+                ),
+                command: marker.recovery_command(),
+            });
         }
     };
     info!(%slot, %consistent_point, %snapshot, "slot created; reading the rows of its snapshot");
@@ -413,12 +445,23 @@ pub async fn backfill_until(
             return Err(e);
         }
         Err(signal) => {
-            let dropped = abandon_slot(&control, &slot).await;
+            let gone = abandon_slot(&control, &slot).await;
             return Err(BackfillError::Stopped {
                 signal,
-                done: handed.load(Ordering::Relaxed),
-                total: report.total,
-                left: left_after_stop(&slot, &stream, dropped),
+                progress: format!(
+                    "after {} of {} rows",
+                    handed.load(Ordering::Relaxed),
+                    report.total
+                ),
+                left: left_after_stop(
+                    &slot,
+                    &stream,
+                    if gone {
+                        SlotLeft::NewDropped
+                    } else {
+                        SlotLeft::Kept
+                    },
+                ),
                 command: marker.recovery_command(),
             });
         }
@@ -475,19 +518,36 @@ async fn clear_marker(js: &async_nats::jetstream::Context, stream: &str, marker:
     }
 }
 
+/// What became of the slot when a backfill stopped.
+#[derive(Clone, Copy)]
+enum SlotLeft {
+    /// The slot it created was dropped.
+    NewDropped,
+    /// The old slot was dropped (`--replace-slot`, or one an unfinished backfill left); no new
+    /// one was made.
+    OldDropped,
+    /// A slot could not be dropped and is still there.
+    Kept,
+}
+
 /// What a stopped backfill leaves, for [`BackfillError::Stopped`].
-fn left_after_stop(slot: &str, stream: &str, dropped: bool) -> String {
+fn left_after_stop(slot: &str, stream: &str, what: SlotLeft) -> String {
     let marker = format!(
         "the backfill marker {} on stream {stream}, which keeps `run` and `setup` from starting until a backfill \
          finishes",
         backfill_marker::META_BACKFILL
     );
-    if dropped {
-        format!("the slot {slot} it created was dropped, and nothing is left but {marker}")
-    } else {
-        format!(
-            "the slot {slot} it created could not be dropped (see the warning above); left are that slot and {marker}"
-        )
+    match what {
+        SlotLeft::NewDropped => {
+            format!("the slot {slot} it created was dropped, and nothing is left but {marker}")
+        }
+        SlotLeft::OldDropped => format!(
+            "the existing slot {slot} was dropped to be replaced and no new one was made, and nothing is left \
+             but {marker}"
+        ),
+        SlotLeft::Kept => format!(
+            "the slot {slot} could not be dropped (see the warning above); left are that slot and {marker}"
+        ),
     }
 }
 
@@ -528,15 +588,31 @@ async fn drop_existing_slot(control: &Client, slot: &str) -> Result<(), Backfill
     Ok(())
 }
 
-/// Opens the replication connection and creates the slot with an exported snapshot. Returns the
-/// connection (the snapshot lives as long as it does), the server's history when it told it, the
-/// consistent point and the snapshot's name. On failure undoes setup unless an old slot was
-/// dropped.
+/// The new slot: the replication connection (the snapshot lives as long as it does), the server's
+/// history when it told it, the consistent point and the snapshot's name.
+type NewSlot = (ReplConnection, Option<SystemInfo>, Lsn, String);
+
+/// How creating the slot ended.
+enum Creation {
+    /// The slot exists.
+    Done(NewSlot),
+    /// `stop` resolved meanwhile: the creation was cancelled, or had finished anyway (`created`).
+    Stopped {
+        /// The signal.
+        signal: &'static str,
+        /// The slot, when the cancel came too late.
+        created: Option<NewSlot>,
+    },
+}
+
+/// Opens the replication connection and creates the slot with an exported snapshot. A stop
+/// meanwhile cancels the walsender's command (`pg_cancel_backend` on the control connection, the
+/// same role): Postgres drops a slot it had not finished.
 async fn create_slot(
     settings: &Settings,
-    prepared: &Prepared,
-    replaced_slot: bool,
-) -> Result<(ReplConnection, Option<SystemInfo>, Lsn, String), BackfillError> {
+    control: &Client,
+    stop: Pin<&mut impl Future<Output = &'static str>>,
+) -> Result<Creation, BackfillError> {
     let slot = settings.config().postgres.slot.clone();
     let mut repl = ReplConnection::connect(&settings.conn, "outbox-relay backfill")
         .await
@@ -548,16 +624,36 @@ async fn create_slot(
     // own. Without it (an old server's answer it cannot read) they carry none, and the run after the
     // backfill trusts nothing and republishes (JetStream drops the duplicates).
     let system = repl.identify_system().await.ok();
-    match repl
-        .create_slot_with_snapshot(&slot, settings.config().postgres.failover)
-        .await
-    {
-        Ok((consistent_point, snapshot)) => Ok((repl, system, consistent_point, snapshot)),
-        Err(source) => {
-            repl.close().await;
-            if !replaced_slot {
-                prepared.undo(settings).await;
+    let walsender = repl.backend_pid();
+    let (result, signal) = {
+        let creating = repl.create_slot_with_snapshot(&slot, settings.config().postgres.failover);
+        tokio::pin!(creating);
+        tokio::select! {
+            biased;
+            signal = stop => {
+                if let Err(e) = control.execute("SELECT pg_cancel_backend($1)", &[&walsender]).await {
+                    warn!(error = %query_error_text(&e), "could not cancel the slot's creation; waiting for it");
+                }
+                (creating.await, Some(signal))
             }
+            r = &mut creating => (r, None),
+        }
+    };
+    match (result, signal) {
+        (Ok((lsn, snapshot)), None) => Ok(Creation::Done((repl, system, lsn, snapshot))),
+        (Ok((lsn, snapshot)), Some(signal)) => Ok(Creation::Stopped {
+            signal,
+            created: Some((repl, system, lsn, snapshot)),
+        }),
+        (Err(_), Some(signal)) => {
+            repl.close().await;
+            Ok(Creation::Stopped {
+                signal,
+                created: None,
+            })
+        }
+        (Err(source), None) => {
+            repl.close().await;
             Err(BackfillError::CreateSlot { slot, source })
         }
     }
@@ -572,8 +668,12 @@ async fn abandon_slot(control: &Client, slot: &str) -> bool {
     // moment after its connection closed: "is active for PID" (55006) is waited out, briefly.
     let deadline = Instant::now() + SLOT_RELEASE;
     loop {
+        // Only if it exists: after a cancelled creation there may be none.
         match control
-            .execute("SELECT pg_drop_replication_slot($1)", &[&slot])
+            .execute(
+                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1",
+                &[&slot],
+            )
             .await
         {
             Ok(_) => return true,
@@ -1104,9 +1204,8 @@ mod tests {
     fn a_stop_says_what_is_left_and_how_to_finish() {
         let e = BackfillError::Stopped {
             signal: "SIGTERM",
-            done: 3000,
-            total: 30000,
-            left: left_after_stop("outbox_relay", "OUTBOX", true),
+            progress: "after 3000 of 30000 rows".into(),
+            left: left_after_stop("outbox_relay", "OUTBOX", SlotLeft::NewDropped),
             command: "outbox-relay backfill --where 'x'".into(),
         };
         let text = e.to_string();
@@ -1127,8 +1226,10 @@ mod tests {
             text.contains("run `outbox-relay backfill --where 'x'` again"),
             "{text}"
         );
-        let kept = left_after_stop("outbox_relay", "OUTBOX", false);
+        let kept = left_after_stop("outbox_relay", "OUTBOX", SlotLeft::Kept);
         assert!(kept.contains("could not be dropped"), "{kept}");
+        let old = left_after_stop("outbox_relay", "OUTBOX", SlotLeft::OldDropped);
+        assert!(old.contains("no new one was made"), "{old}");
     }
 
     #[test]

@@ -441,6 +441,58 @@ async fn sigint_mid_backfill_drops_the_slot_and_a_rerun_publishes_every_row() {
     a_signal_mid_backfill("INT", "i").await;
 }
 
+/// Creating the slot waits for every transaction that was running; a stop then cancels the
+/// creation instead of waiting with it: the backfill exits at once saying nothing was changed, and
+/// no slot appears when the transaction ends (a walsender left to finish would make one, with no
+/// backfill behind it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigint_while_the_slot_waits_for_a_transaction_changes_nothing() {
+    let (db, _nats, config, js) = interrupted_setup("c").await;
+    let blocker = db.client().await;
+    blocker
+        .batch_execute("BEGIN; SELECT txid_current();")
+        .await
+        .expect("a transaction with an xid");
+    let mut p = RelayProcess::spawn(&["backfill"], &relay_env(&config));
+    let client = db.client().await;
+    wait_for("the slot's creation to wait", LIMIT, || async {
+        slot_exists(&client, &config.postgres.slot).await
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    p.signal("INT");
+    let status = p.wait(Duration::from_secs(15));
+    blocker.batch_execute("COMMIT").await.expect("commit");
+    let status = status.unwrap_or_else(|| {
+        panic!(
+            "the backfill did not stop while its slot waited:\n{}",
+            p.stderr()
+        )
+    });
+    let stderr = p.stderr();
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("outbox-relay: "))
+        .unwrap_or_else(|| panic!("no error line after SIGINT ({status:?}):\n{stderr}"));
+    eprintln!("SIGINT: {line}");
+    assert!(!status.success());
+    assert!(
+        line.contains("stopped by SIGINT") && line.contains("nothing was changed"),
+        "{line}"
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        !slot_exists(&client, &config.postgres.slot).await,
+        "a slot appeared after the stop"
+    );
+    assert_eq!(stream_count(&js, &config.nats.stream).await, 0);
+    let out = command(&["status", "--json"], relay_env(&config)).await;
+    let v: serde_json::Value = serde_json::from_str(&out.stdout).expect("status --json");
+    assert!(v["backfill"].is_null(), "no marker is left: {v}");
+    // Nothing was changed, so the backfill can simply run now.
+    recover_and_check_every_row(&db, &config, &js, "c").await;
+}
+
 /// kill -9 leaves the slot behind, past rows never published: `run` and `setup` refuse with the
 /// marker, `status` exits 1 naming the recovery (text and JSON), and the recovery, a plain
 /// `backfill` again, replaces the slot and publishes every row.
