@@ -2,7 +2,8 @@
 //! keeps inserting (no gap, no overlap with `run`), recovering after a lost slot (every duplicate
 //! dropped, rate beside the live drain rate), a backfill stopped mid-way by SIGTERM, SIGINT or
 //! kill -9 (its marker keeps `run`, `setup` and a waiting relay off its slot until a second
-//! backfill finished), refusal while a relay streams, and a partitioned outbox whose partitions are
+//! backfill finished), a stop while the slot waits for a running transaction (cancelled, nothing
+//! changed), refusal while a relay streams, and a partitioned outbox whose partitions are
 //! attached, detached and dropped while the relay streams.
 //!
 //! "No overlap" is checked without leaning on JetStream's deduplication: the backfill reports how
