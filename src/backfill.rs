@@ -309,10 +309,10 @@ pub async fn backfill(
 }
 
 /// [`backfill`], stopped when `stop` resolves (in the binary: SIGINT or SIGTERM, named by the value).
-/// Stopped before it touched a slot, it changes nothing; stopped later, it drops the slot it created
-/// and leaves the marker (`run` and `setup` refuse until a backfill finishes), and says so in
-/// [`BackfillError::Stopped`]. Creating the slot is not interrupted: a stop then takes effect once the
-/// slot exists (Postgres may have to wait for running transactions first), and the slot is dropped.
+/// Stopped before it touched a slot, it changes nothing ([`BackfillError::StoppedEarly`]); stopped
+/// later, it drops the slot it created and leaves the marker (`run` and `setup` refuse until a
+/// backfill finishes), and says so ([`BackfillError::Stopped`]). A stop while the slot is being
+/// created (Postgres waits there for the transactions that were running) cancels the creation.
 pub async fn backfill_until(
     settings: &Settings,
     opts: BackfillOptions,
