@@ -18,6 +18,7 @@ use std::collections::HashMap;
 
 use async_nats::jetstream;
 use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
 
 use crate::config::Settings;
 
@@ -146,7 +147,9 @@ pub(crate) async fn read(
     js: &jetstream::Context,
     stream: &str,
 ) -> Result<Option<Marker>, MarkerError> {
-    Ok(Marker::in_metadata(&config(js, stream).await?.metadata))
+    Ok(Marker::in_metadata(&metadata_of(
+        &config(js, stream).await?,
+    )))
 }
 
 /// Sets `marker` on the stream (replacing one that stands: the backfill setting it takes over).
@@ -157,8 +160,23 @@ pub(crate) async fn set(
 ) -> Result<(), MarkerError> {
     let mut cfg = config(js, stream).await?;
     let value = serde_json::to_string(marker).unwrap_or_default();
-    cfg.metadata.insert(META_BACKFILL.to_owned(), value);
-    update(js, stream, cfg, "set").await
+    let metadata = cfg.as_object_mut().map(|c| {
+        c.entry("metadata")
+            .or_insert_with(|| Value::Object(Map::new()))
+    });
+    match metadata.and_then(Value::as_object_mut) {
+        Some(m) => {
+            m.insert(META_BACKFILL.to_owned(), Value::String(value));
+        }
+        None => {
+            return Err(MarkerError::Read {
+                stream: stream.to_owned(),
+                reason: "its configuration is not a JSON object with an object `metadata`"
+                    .to_owned(),
+            });
+        }
+    }
+    update(js, stream, &cfg, "set").await
 }
 
 /// Removes the marker if it is still `marker` (another backfill may have taken over since).
@@ -169,11 +187,13 @@ pub(crate) async fn clear(
     marker: &Marker,
 ) -> Result<bool, MarkerError> {
     let mut cfg = config(js, stream).await?;
-    if Marker::in_metadata(&cfg.metadata).as_ref() != Some(marker) {
+    if Marker::in_metadata(&metadata_of(&cfg)).as_ref() != Some(marker) {
         return Ok(false);
     }
-    cfg.metadata.remove(META_BACKFILL);
-    update(js, stream, cfg, "clear").await?;
+    if let Some(m) = cfg.get_mut("metadata").and_then(Value::as_object_mut) {
+        m.remove(META_BACKFILL);
+    }
+    update(js, stream, &cfg, "clear").await?;
     Ok(true)
 }
 
@@ -185,36 +205,72 @@ pub(crate) fn refusal(settings: &Settings, metadata: &HashMap<String, String>) -
         .map(|m| m.refusal(&settings.config().nats.stream))
 }
 
-async fn config(
-    js: &jetstream::Context,
-    stream: &str,
-) -> Result<jetstream::stream::Config, MarkerError> {
+/// The stream's configuration as the server sends it. Kept as JSON, not as the client's typed
+/// configuration: an update sends the whole configuration back, and a field this client does not
+/// know (a newer server's) must go back as it was, not be reset to its default.
+async fn config(js: &jetstream::Context, stream: &str) -> Result<Value, MarkerError> {
     let read = |reason: String| MarkerError::Read {
         stream: stream.to_owned(),
         reason,
     };
-    // get_stream asks for the stream's info; its answer is the configuration as it is now.
-    let s = js
-        .get_stream(stream)
+    let answer: Value = js
+        .request(format!("STREAM.INFO.{stream}"), &Value::Object(Map::new()))
         .await
         .map_err(|e| read(e.to_string()))?;
-    Ok(s.cached_info().config.clone())
+    if let Some(e) = api_error(&answer) {
+        return Err(read(e));
+    }
+    answer
+        .get("config")
+        .cloned()
+        .filter(Value::is_object)
+        .ok_or_else(|| read("the answer has no configuration".to_owned()))
 }
 
+/// The `metadata` of a stream configuration (string values only).
+fn metadata_of(cfg: &Value) -> HashMap<String, String> {
+    cfg.get("metadata")
+        .and_then(Value::as_object)
+        .map(|m| {
+            m.iter()
+                .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned())))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// `STREAM.UPDATE` with `cfg`.
 async fn update(
     js: &jetstream::Context,
     stream: &str,
-    cfg: jetstream::stream::Config,
+    cfg: &Value,
     what: &'static str,
 ) -> Result<(), MarkerError> {
-    js.update_stream(&cfg)
+    let refused = |reason: String| MarkerError::Update {
+        stream: stream.to_owned(),
+        what,
+        reason,
+    };
+    let answer: Value = js
+        .request(format!("STREAM.UPDATE.{stream}"), cfg)
         .await
-        .map(drop)
-        .map_err(|e| MarkerError::Update {
-            stream: stream.to_owned(),
-            what,
-            reason: e.to_string(),
-        })
+        .map_err(|e| refused(e.to_string()))?;
+    match api_error(&answer) {
+        Some(e) => Err(refused(e)),
+        None => Ok(()),
+    }
+}
+
+/// A JetStream API error answer as `description (code N)`.
+fn api_error(answer: &Value) -> Option<String> {
+    let e = answer.get("error")?;
+    Some(format!(
+        "{} (error code {})",
+        e.get("description")
+            .and_then(Value::as_str)
+            .unwrap_or("refused"),
+        e.get("err_code").and_then(Value::as_u64).unwrap_or(0)
+    ))
 }
 
 /// This host's name, for the marker (`unknown` when the system does not say).
@@ -282,6 +338,28 @@ mod tests {
             "{}",
             odd.refusal("OUTBOX")
         );
+    }
+
+    #[test]
+    fn metadata_is_read_from_the_configuration_as_the_server_sends_it() {
+        let cfg = serde_json::json!({
+            "name": "OUTBOX",
+            "future_field": {"kept": true},
+            "metadata": {"outbox-relay.slot": "outbox_relay", "odd": 7}
+        });
+        let m = metadata_of(&cfg);
+        assert_eq!(
+            m.get("outbox-relay.slot").map(String::as_str),
+            Some("outbox_relay")
+        );
+        assert!(!m.contains_key("odd"), "only string values: {m:?}");
+        assert!(metadata_of(&serde_json::json!({"name": "OUTBOX"})).is_empty());
+        let refused = serde_json::json!({"error": {"code": 500, "err_code": 10052, "description": "stream configuration update can not change X"}});
+        assert_eq!(
+            api_error(&refused).as_deref(),
+            Some("stream configuration update can not change X (error code 10052)")
+        );
+        assert_eq!(api_error(&cfg), None);
     }
 
     #[test]

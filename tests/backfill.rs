@@ -537,13 +537,34 @@ async fn kill_9_mid_backfill_makes_run_setup_and_status_name_the_recovery() {
     );
     assert_eq!(v["healthy"], false);
 
+    let config_before = stream_config_without_metadata(&js, &config.nats.stream).await;
     recover_and_check_every_row(&db, &config, &js, "k").await;
+    assert_eq!(
+        stream_config_without_metadata(&js, &config.nats.stream).await,
+        config_before,
+        "setting and clearing the marker changed the stream's configuration"
+    );
     let out = command(&["status", "--json"], relay_env(&config)).await;
     let v: serde_json::Value = serde_json::from_str(&out.stdout).expect("status --json");
     assert!(
         v["backfill"].is_null(),
         "the marker is gone after the recovery: {v}"
     );
+}
+
+/// The stream's configuration as the server sends it, without its metadata.
+async fn stream_config_without_metadata(
+    js: &jetstream::Context,
+    stream: &str,
+) -> serde_json::Value {
+    let mut info: serde_json::Value = js
+        .request(format!("STREAM.INFO.{stream}"), &serde_json::json!({}))
+        .await
+        .expect("stream info");
+    let cfg = info["config"].take();
+    let mut cfg = cfg.as_object().cloned().expect("a configuration");
+    cfg.remove("metadata");
+    serde_json::Value::Object(cfg)
 }
 
 /// A relay whose setup passed before a backfill began, retrying while Postgres is out of its
