@@ -23,10 +23,19 @@
 //! counts them. Its publishes are not fenced (see `publish_snapshot`); `run` fences the stream
 //! again from the tail the backfill leaves.
 //!
+//! Until the last ack the new slot stands past rows the stream may not hold, so the backfill marks
+//! the stream first (`outbox-relay.backfill`, [`crate::backfill_marker`]) and removes the mark only
+//! then: `run`, `setup` and `status` see an unfinished backfill, also one killed with kill -9. On
+//! SIGINT/SIGTERM ([`backfill_until`]) it drops the slot it created and keeps the mark; the next
+//! backfill replaces a slot the mark guards without `--replace-slot`.
+//!
 //! `--where` and `--order-by` are SQL written by the operator, who already has access to the
 //! database; they go into the query as written, inside a READ ONLY transaction, through the extended
 //! query protocol (which refuses more than one statement). `--order-by` must not contain `;`.
 
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -35,6 +44,7 @@ use tokio_postgres::{Client, Row, Statement};
 use tracing::{debug, info, warn};
 
 use crate::Lsn;
+use crate::backfill_marker::{self, Marker, MarkerError};
 use crate::catalog;
 use crate::config::Settings;
 use crate::outbox::{OutboxStage, StageError, Step};
@@ -50,6 +60,8 @@ const FETCH_ROWS: u32 = 1000;
 /// How often the progress callback is called.
 const PROGRESS_EVERY: Duration = Duration::from_secs(2);
 const CURSOR: &str = "outbox_relay_backfill";
+/// How long a slot the backfill's walsender just let go of may still show as active.
+const SLOT_RELEASE: Duration = Duration::from_secs(10);
 /// The relation id of the synthetic Relation message (any value: it only pairs Relation and Insert).
 const RELATION_ID: u32 = 1;
 
@@ -113,6 +125,8 @@ pub struct BackfillReport {
     pub(crate) history: Option<History>,
     /// An existing slot was dropped first (`--replace-slot`).
     pub replaced_slot: bool,
+    /// Rows matching the predicate in the snapshot.
+    pub total: u64,
     /// Rows read and published (stored, duplicates and dead letters together).
     pub rows: u64,
     /// Newly stored.
@@ -219,10 +233,11 @@ pub enum BackfillError {
     /// The stream's tail cannot be read.
     #[error(transparent)]
     Tail(#[from] TailError),
-    /// Publishing failed part way; the new slot was dropped.
+    /// Publishing failed part way; the new slot was dropped, the marker stays.
     #[error(
-        "backfill stopped after {done} of {total} rows, and the slot it created was dropped so that `run` cannot \
-         start with a gap: fix the cause and run backfill again (JetStream drops the rows it already holds)"
+        "backfill stopped after {done} of {total} rows, and the slot it created was dropped; its marker on the \
+         stream keeps `run` and `setup` from starting with a gap: fix the cause and run backfill again (JetStream \
+         drops the rows it already holds)"
     )]
     Publish {
         /// Rows handed to the sink before the failure.
@@ -236,6 +251,43 @@ pub enum BackfillError {
     /// The outbox stage could not interpret the rows fed to it.
     #[error("backfill")]
     Stage(#[from] StageError),
+    /// SIGINT or SIGTERM before any slot was dropped or created.
+    #[error("backfill stopped by {signal} before it changed any slot: nothing was changed")]
+    StoppedEarly {
+        /// The signal.
+        signal: &'static str,
+    },
+    /// SIGINT or SIGTERM once a slot was dropped or created: the new slot was dropped, the marker
+    /// stays.
+    #[error(
+        "backfill stopped by {signal} {progress}: {left}. To finish, run `{command}` again (JetStream drops the \
+         rows it already holds)"
+    )]
+    Stopped {
+        /// The signal.
+        signal: &'static str,
+        /// How far it got: `after 3000 of 30000 rows`, `while it created its slot`.
+        progress: String,
+        /// What is left: the marker, and the slot if it could not be dropped.
+        left: String,
+        /// The command that repeats this backfill.
+        command: String,
+    },
+    /// The backfill marker could not be set (nothing was changed) or read.
+    #[error(transparent)]
+    Marker(#[from] MarkerError),
+    /// Every row is stored and the slot is ready, but the marker could not be removed.
+    #[error(
+        "backfill stored every row and slot {slot} is ready, but its marker could not be removed, so `run` and \
+         `setup` still refuse: fix the cause and run backfill again"
+    )]
+    MarkerLeft {
+        /// The slot.
+        slot: String,
+        /// Why the marker stays.
+        #[source]
+        source: MarkerError,
+    },
     /// More than `u32::MAX` rows match.
     #[error(
         "backfill of more than {} rows in one run: split it with --where",
@@ -244,30 +296,111 @@ pub enum BackfillError {
     TooManyRows,
 }
 
-/// Runs a backfill: setup without the slot, the slot decision, a new slot with its snapshot, the
-/// rows of that snapshot through the live pipeline, all acks. `progress` is called about every
-/// two seconds while rows are published.
+/// Runs a backfill: setup without the slot, the slot decision, the marker, a new slot with its
+/// snapshot, the rows of that snapshot through the live pipeline, all acks, the marker removed.
+/// `progress` is called about every two seconds while rows are published. Never stops early: see
+/// [`backfill_until`].
 pub async fn backfill(
     settings: &Settings,
     opts: BackfillOptions,
-    mut progress: impl FnMut(BackfillProgress),
+    progress: impl FnMut(BackfillProgress),
 ) -> Result<BackfillReport, BackfillError> {
+    backfill_until(settings, opts, progress, std::future::pending()).await
+}
+
+/// [`backfill`], stopped when `stop` resolves (in the binary: SIGINT or SIGTERM, named by the value).
+/// Stopped before it touched a slot, it changes nothing ([`BackfillError::StoppedEarly`]); stopped
+/// later, it drops the slot it created and leaves the marker (`run` and `setup` refuse until a
+/// backfill finishes), and says so ([`BackfillError::Stopped`]). A stop while the slot is being
+/// created (Postgres waits there for the transactions that were running) cancels the creation.
+pub async fn backfill_until(
+    settings: &Settings,
+    opts: BackfillOptions,
+    mut progress: impl FnMut(BackfillProgress),
+    stop: impl Future<Output = &'static str>,
+) -> Result<BackfillReport, BackfillError> {
+    tokio::pin!(stop);
     check_options(settings, &opts)?;
     let slot = settings.config().postgres.slot.clone();
-    let prepared = setup::prepare_without_slot(settings).await?;
-    let replaced_slot =
-        undo_on_error(settings, &prepared, decide_slot(settings, &prepared, &opts)).await?;
+    let stopped_early = |signal| BackfillError::StoppedEarly { signal };
+    let prepared = tokio::select! {
+        biased;
+        signal = &mut stop => return Err(stopped_early(signal)),
+        p = setup::prepare_without_slot(settings) => p?,
+    };
     let started = Instant::now();
-    let control = undo_on_error(settings, &prepared, connect(settings).await).await?;
-    // Everything that can fail for a reason of the operator's making is tried before anything is
-    // dropped or created: a typo in --where must leave a healthy slot as it was.
-    let preflight = preflight(settings, &opts, &control).await;
-    let nats = undo_on_error(settings, &prepared, preflight).await?;
-    if replaced_slot {
-        drop_existing_slot(&control, &slot).await?;
-    }
-    let (repl, system, consistent_point, snapshot) =
-        create_slot(settings, &prepared, replaced_slot).await?;
+    let ready = tokio::select! {
+        biased;
+        signal = &mut stop => Err(stopped_early(signal)),
+        r = get_ready(settings, &prepared, &opts) => r,
+    };
+    let Ready {
+        control,
+        nats,
+        replace: replaced_slot,
+    } = undo_on_error(settings, &prepared, ready).await?;
+    // From here until the last ack the slot may stand past rows the stream does not hold: the
+    // marker says so to `run`, `setup` and `status`, also if this process is killed.
+    let js = async_nats::jetstream::new(nats.clone());
+    let stream = settings.config().nats.stream.clone();
+    let marker = Marker::new(&slot, opts.where_sql.as_deref(), opts.order_by.as_deref());
+    undo_on_error(
+        settings,
+        &prepared,
+        backfill_marker::set(&js, &stream, &marker)
+            .await
+            .map_err(BackfillError::from),
+    )
+    .await?;
+    // Dropping the old slot is not interrupted; creating the new one is cancelled by a stop
+    // (Postgres may wait there a long time, for every transaction that was running).
+    let created = async {
+        if replaced_slot {
+            drop_existing_slot(&control, &slot).await?;
+        }
+        create_slot(settings, &control, stop.as_mut()).await
+    };
+    let creation = match created.await {
+        Ok(c) => c,
+        Err(e) => {
+            // No slot was dropped: nothing changed, and the marker goes again (before what setup
+            // created, the stream perhaps, is removed). With the old slot dropped, the marker stays:
+            // only another backfill makes a slot with no gap.
+            if !replaced_slot || matches!(e, BackfillError::DropSlot { .. }) {
+                clear_marker(&js, &stream, &marker).await;
+                prepared.undo(settings).await;
+            }
+            return Err(e);
+        }
+    };
+    let (repl, system, consistent_point, snapshot) = match creation {
+        Creation::Done(new) => new,
+        Creation::Stopped { signal, created } => {
+            if let Some((repl, ..)) = created {
+                repl.close().await;
+            }
+            // A slot the cancelled walsender may have finished after all goes too.
+            let gone = abandon_slot(&control, &slot).await;
+            if gone && !replaced_slot {
+                clear_marker(&js, &stream, &marker).await;
+                return Err(BackfillError::StoppedEarly { signal });
+            }
+            return Err(BackfillError::Stopped {
+                signal,
+                progress: "while it created its slot".to_owned(),
+                left: left_after_stop(
+                    &slot,
+                    &stream,
+                    if gone {
+                        SlotLeft::OldDropped
+                    } else {
+                        SlotLeft::Kept
+                    },
+                ),
+                command: marker.recovery_command(),
+            });
+        }
+    };
     info!(%slot, %consistent_point, %snapshot, "slot created; reading the rows of its snapshot");
     // Creating the slot waits for every transaction that holds a transaction id on the server to
     // end; the rate is measured from here.
@@ -287,7 +420,8 @@ pub async fn backfill(
         slot_wait,
         ..BackfillReport::default()
     };
-    let result = publish_snapshot(
+    let handed = AtomicU64::new(0);
+    let published = publish_snapshot(
         settings,
         &opts,
         &control,
@@ -295,15 +429,126 @@ pub async fn backfill(
         &snapshot,
         &mut report,
         &mut progress,
-    )
-    .await;
+        &handed,
+    );
+    let result = tokio::select! {
+        biased;
+        signal = &mut stop => Err(signal),
+        r = published => Ok(r),
+    };
     // The exported snapshot lived in the walsender's transaction; the cursor is done with it now.
     repl.close().await;
-    if let Err(e) = result {
-        abandon_slot(&control, &slot).await;
-        return Err(e);
+    match result {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            abandon_slot(&control, &slot).await;
+            return Err(e);
+        }
+        Err(signal) => {
+            let gone = abandon_slot(&control, &slot).await;
+            return Err(BackfillError::Stopped {
+                signal,
+                progress: format!(
+                    "after {} of {} rows",
+                    handed.load(Ordering::Relaxed),
+                    report.total
+                ),
+                left: left_after_stop(
+                    &slot,
+                    &stream,
+                    if gone {
+                        SlotLeft::NewDropped
+                    } else {
+                        SlotLeft::Kept
+                    },
+                ),
+                command: marker.recovery_command(),
+            });
+        }
+    }
+    // Every row is stored: the slot has no gap behind it now.
+    match backfill_marker::clear(&js, &stream, &marker).await {
+        Ok(true) => {}
+        Ok(false) => warn!(
+            %stream,
+            "the backfill marker is no longer this backfill's (another backfill took over): left as it is"
+        ),
+        Err(source) => return Err(BackfillError::MarkerLeft { slot, source }),
     }
     Ok(report)
+}
+
+/// What a backfill needs once it has decided about the slot.
+struct Ready {
+    /// The control connection: the snapshot's transaction, and dropping slots.
+    control: Client,
+    /// The NATS connection to publish through.
+    nats: async_nats::Client,
+    /// The existing slot is to be dropped first.
+    replace: bool,
+}
+
+/// Everything that can fail for a reason of the operator's making, tried before anything is
+/// dropped or created: a typo in --where must leave a healthy slot as it was. Then the slot
+/// decision, which a marker that stands for this slot takes part in.
+async fn get_ready(
+    settings: &Settings,
+    prepared: &Prepared,
+    opts: &BackfillOptions,
+) -> Result<Ready, BackfillError> {
+    let control = connect(settings).await?;
+    let nats = preflight(settings, opts, &control).await?;
+    let js = async_nats::jetstream::new(nats.clone());
+    let standing = backfill_marker::read(&js, &settings.config().nats.stream)
+        .await?
+        .filter(|m| m.guards(&settings.config().postgres.slot));
+    let replace = decide_slot(settings, prepared.slot.as_ref(), opts, standing.as_ref())?;
+    Ok(Ready {
+        control,
+        nats,
+        replace,
+    })
+}
+
+/// Removes this backfill's marker when it stops before changing a slot; a failure is logged (the
+/// marker then makes `run` refuse, and the next backfill removes it).
+async fn clear_marker(js: &async_nats::jetstream::Context, stream: &str, marker: &Marker) {
+    if let Err(e) = backfill_marker::clear(js, stream, marker).await {
+        warn!(error = %e, "the backfill marker could not be removed: `run` refuses until a backfill finishes");
+    }
+}
+
+/// What became of the slot when a backfill stopped.
+#[derive(Clone, Copy)]
+enum SlotLeft {
+    /// The slot it created was dropped.
+    NewDropped,
+    /// The old slot was dropped (`--replace-slot`, or one an unfinished backfill left); no new
+    /// one was made.
+    OldDropped,
+    /// A slot could not be dropped and is still there.
+    Kept,
+}
+
+/// What a stopped backfill leaves, for [`BackfillError::Stopped`].
+fn left_after_stop(slot: &str, stream: &str, what: SlotLeft) -> String {
+    let marker = format!(
+        "the backfill marker {} on stream {stream}, which keeps `run` and `setup` from starting until a backfill \
+         finishes",
+        backfill_marker::META_BACKFILL
+    );
+    match what {
+        SlotLeft::NewDropped => {
+            format!("the slot {slot} it created was dropped, and nothing is left but {marker}")
+        }
+        SlotLeft::OldDropped => format!(
+            "the existing slot {slot} was dropped to be replaced and no new one was made, and nothing is left \
+             but {marker}"
+        ),
+        SlotLeft::Kept => format!(
+            "the slot {slot} could not be dropped (see the warning above); left are that slot and {marker}"
+        ),
+    }
 }
 
 /// Refuses what must not reach the database: schemas that did not load, `;` in `--order-by`.
@@ -343,15 +588,31 @@ async fn drop_existing_slot(control: &Client, slot: &str) -> Result<(), Backfill
     Ok(())
 }
 
-/// Opens the replication connection and creates the slot with an exported snapshot. Returns the
-/// connection (the snapshot lives as long as it does), the server's history when it told it, the
-/// consistent point and the snapshot's name. On failure undoes setup unless an old slot was
-/// dropped.
+/// The new slot: the replication connection (the snapshot lives as long as it does), the server's
+/// history when it told it, the consistent point and the snapshot's name.
+type NewSlot = (ReplConnection, Option<SystemInfo>, Lsn, String);
+
+/// How creating the slot ended.
+enum Creation {
+    /// The slot exists.
+    Done(NewSlot),
+    /// `stop` resolved meanwhile: the creation was cancelled, or had finished anyway (`created`).
+    Stopped {
+        /// The signal.
+        signal: &'static str,
+        /// The slot, when the cancel came too late.
+        created: Option<NewSlot>,
+    },
+}
+
+/// Opens the replication connection and creates the slot with an exported snapshot. A stop
+/// meanwhile cancels the walsender's command (`pg_cancel_backend` on the control connection, the
+/// same role): Postgres drops a slot it had not finished.
 async fn create_slot(
     settings: &Settings,
-    prepared: &Prepared,
-    replaced_slot: bool,
-) -> Result<(ReplConnection, Option<SystemInfo>, Lsn, String), BackfillError> {
+    control: &Client,
+    stop: Pin<&mut impl Future<Output = &'static str>>,
+) -> Result<Creation, BackfillError> {
     let slot = settings.config().postgres.slot.clone();
     let mut repl = ReplConnection::connect(&settings.conn, "outbox-relay backfill")
         .await
@@ -363,43 +624,84 @@ async fn create_slot(
     // own. Without it (an old server's answer it cannot read) they carry none, and the run after the
     // backfill trusts nothing and republishes (JetStream drops the duplicates).
     let system = repl.identify_system().await.ok();
-    match repl
-        .create_slot_with_snapshot(&slot, settings.config().postgres.failover)
-        .await
-    {
-        Ok((consistent_point, snapshot)) => Ok((repl, system, consistent_point, snapshot)),
-        Err(source) => {
-            repl.close().await;
-            if !replaced_slot {
-                prepared.undo(settings).await;
+    let walsender = repl.backend_pid();
+    let (result, signal) = {
+        let creating = repl.create_slot_with_snapshot(&slot, settings.config().postgres.failover);
+        tokio::pin!(creating);
+        tokio::select! {
+            biased;
+            signal = stop => {
+                if let Err(e) = control.execute("SELECT pg_cancel_backend($1)", &[&walsender]).await {
+                    warn!(error = %query_error_text(&e), "could not cancel the slot's creation; waiting for it");
+                }
+                (creating.await, Some(signal))
             }
+            r = &mut creating => (r, None),
+        }
+    };
+    match (result, signal) {
+        (Ok((lsn, snapshot)), None) => Ok(Creation::Done((repl, system, lsn, snapshot))),
+        (Ok((lsn, snapshot)), Some(signal)) => Ok(Creation::Stopped {
+            signal,
+            created: Some((repl, system, lsn, snapshot)),
+        }),
+        (Err(_), Some(signal)) => {
+            repl.close().await;
+            Ok(Creation::Stopped {
+                signal,
+                created: None,
+            })
+        }
+        (Err(source), None) => {
+            repl.close().await;
             Err(BackfillError::CreateSlot { slot, source })
         }
     }
 }
 
-/// After a failed publish: ends the snapshot's transaction and drops the new slot.
-async fn abandon_slot(control: &Client, slot: &str) {
+/// After a failed or stopped publish: ends the snapshot's transaction and drops the new slot.
+/// Returns whether the slot is gone.
+async fn abandon_slot(control: &Client, slot: &str) -> bool {
     let _ = control.batch_execute("ROLLBACK").await;
     // Without the slot, `run` refuses (P9) instead of starting after rows that were never
-    // published; the next backfill creates it again.
-    if let Err(drop) = control
-        .execute("SELECT pg_drop_replication_slot($1)", &[&slot])
-        .await
-    {
-        warn!(%slot, error = %drop, "backfill failed and the slot it created could not be dropped: run backfill again with --replace-slot");
+    // published; the next backfill creates it again. The walsender that created it releases it a
+    // moment after its connection closed: "is active for PID" (55006) is waited out, briefly.
+    let deadline = Instant::now() + SLOT_RELEASE;
+    loop {
+        // Only if it exists: after a cancelled creation there may be none.
+        match control
+            .execute(
+                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1",
+                &[&slot],
+            )
+            .await
+        {
+            Ok(_) => return true,
+            Err(e)
+                if e.code() == Some(&tokio_postgres::error::SqlState::OBJECT_IN_USE)
+                    && Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(drop) => {
+                warn!(%slot, error = %query_error_text(&drop), "backfill stopped and the slot it created could not be dropped: run backfill again (it replaces the slot)");
+                return false;
+            }
+        }
     }
 }
 
-/// Refuses an active slot, and an existing one without `--replace-slot`. Returns whether to drop
-/// the existing slot.
+/// Refuses an active slot, and an existing one without `--replace-slot`, unless an unfinished
+/// backfill of this slot left it (its marker stands): that slot is replaced, as the marker's
+/// recovery says. Returns whether to drop the existing slot.
 fn decide_slot(
     settings: &Settings,
-    prepared: &Prepared,
+    existing: Option<&catalog::SlotRow>,
     opts: &BackfillOptions,
+    standing: Option<&Marker>,
 ) -> Result<bool, BackfillError> {
     let slot = &settings.config().postgres.slot;
-    let Some(s) = &prepared.slot else {
+    let Some(s) = existing else {
         return Ok(false);
     };
     if s.active {
@@ -409,6 +711,10 @@ fn decide_slot(
         });
     }
     if opts.replace_slot {
+        return Ok(true);
+    }
+    if let Some(m) = standing {
+        info!(%slot, backfill = %m.origin(), "replacing the slot an unfinished backfill left");
         return Ok(true);
     }
     let found = match s.invalidated() {
@@ -472,6 +778,8 @@ fn snapshot_query(settings: &Settings, opts: &BackfillOptions, columns: &str) ->
 }
 
 /// Reads the rows in `snapshot` and publishes them; returns once every one is acknowledged.
+/// `handed` counts the rows handed to the sink, for a stop that drops this future.
+#[allow(clippy::too_many_arguments)]
 async fn publish_snapshot(
     settings: &Settings,
     opts: &BackfillOptions,
@@ -480,16 +788,20 @@ async fn publish_snapshot(
     snapshot: &str,
     report: &mut BackfillReport,
     progress: &mut impl FnMut(BackfillProgress),
+    handed: &AtomicU64,
 ) -> Result<(), BackfillError> {
     let started = Instant::now();
     let table = settings.config().outbox.table.as_str();
     import_snapshot(pg, snapshot, table).await?;
     let columns = outbox_columns(settings, pg).await?;
     let total = count_rows(settings, opts, pg).await?;
+    report.total = total;
     let fetch = declare_cursor(settings, opts, pg, &columns).await?;
     let sink = start_sink(settings, nats, report).await?;
     let mut publisher = Publisher::begin(settings, report, columns, sink, total, started)?;
-    publisher.publish_rows(pg, &fetch, table, progress).await?;
+    publisher
+        .publish_rows(pg, &fetch, table, progress, handed)
+        .await?;
     publisher.commit(report)?;
     publisher.await_acks().await?;
     pg.batch_execute("COMMIT")
@@ -702,6 +1014,7 @@ impl Publisher {
         fetch: &Statement,
         table: &str,
         progress: &mut impl FnMut(BackfillProgress),
+        handed: &AtomicU64,
     ) -> Result<(), BackfillError> {
         loop {
             let rows = pg
@@ -713,6 +1026,7 @@ impl Publisher {
             while let Some(row) = rows.try_next().await.map_err(query_error(table, "FETCH"))? {
                 fetched += 1;
                 self.publish_row(&row, progress).await?;
+                handed.store(self.published, Ordering::Relaxed);
             }
             if fetched < FETCH_ROWS {
                 return Ok(());
@@ -838,6 +1152,85 @@ mod tests {
             elapsed: Duration::from_secs(2),
         };
         assert_eq!(p.to_string(), "backfill: 4200/10000 rows (2100/s)");
+    }
+
+    fn marker() -> Marker {
+        Marker::new("outbox_relay", None, None)
+    }
+
+    fn decide(
+        existing: Option<&catalog::SlotRow>,
+        replace_slot: bool,
+        standing: Option<&Marker>,
+    ) -> Result<bool, BackfillError> {
+        let settings = crate::config::Config::default().validate().unwrap();
+        let opts = BackfillOptions {
+            replace_slot,
+            ..BackfillOptions::default()
+        };
+        decide_slot(&settings, existing, &opts, standing)
+    }
+
+    #[test]
+    fn a_slot_an_unfinished_backfill_left_is_replaced_without_the_option() {
+        let idle = catalog::SlotRow::default();
+        assert!(matches!(
+            decide(Some(&idle), false, None),
+            Err(BackfillError::SlotExists { .. })
+        ));
+        assert!(decide(Some(&idle), false, Some(&marker())).unwrap());
+        assert!(decide(Some(&idle), true, None).unwrap());
+        assert!(
+            !decide(None, false, Some(&marker())).unwrap(),
+            "no slot: nothing to drop"
+        );
+    }
+
+    #[test]
+    fn a_streamed_slot_is_refused_whatever_the_marker_says() {
+        let active = catalog::SlotRow {
+            active: true,
+            active_pid: Some(4711),
+            ..catalog::SlotRow::default()
+        };
+        for (replace, standing) in [(false, None), (true, None), (false, Some(marker()))] {
+            assert!(matches!(
+                decide(Some(&active), replace, standing.as_ref()),
+                Err(BackfillError::SlotActive { pid: 4711, .. })
+            ));
+        }
+    }
+
+    #[test]
+    fn a_stop_says_what_is_left_and_how_to_finish() {
+        let e = BackfillError::Stopped {
+            signal: "SIGTERM",
+            progress: "after 3000 of 30000 rows".into(),
+            left: left_after_stop("outbox_relay", "OUTBOX", SlotLeft::NewDropped),
+            command: "outbox-relay backfill --where 'x'".into(),
+        };
+        let text = e.to_string();
+        assert!(!text.contains('\n'), "{text}");
+        assert!(
+            text.starts_with("backfill stopped by SIGTERM after 3000 of 30000 rows"),
+            "{text}"
+        );
+        assert!(
+            text.contains("outbox_relay it created was dropped"),
+            "{text}"
+        );
+        assert!(
+            text.contains("outbox-relay.backfill on stream OUTBOX"),
+            "{text}"
+        );
+        assert!(
+            text.contains("run `outbox-relay backfill --where 'x'` again"),
+            "{text}"
+        );
+        let kept = left_after_stop("outbox_relay", "OUTBOX", SlotLeft::Kept);
+        assert!(kept.contains("could not be dropped"), "{kept}");
+        let old = left_after_stop("outbox_relay", "OUTBOX", SlotLeft::OldDropped);
+        assert!(old.contains("no new one was made"), "{old}");
     }
 
     #[test]

@@ -40,6 +40,7 @@
 #![warn(missing_docs)]
 
 pub mod backfill;
+pub mod backfill_marker;
 mod catalog;
 pub mod check_schemas;
 pub mod config;

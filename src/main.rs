@@ -180,13 +180,15 @@ async fn setup(config: &Settings, json_logs: bool) -> ExitCode {
     }
 }
 
-/// `backfill`: progress on stderr, then setup's lines, the slot and the summary on stdout.
+/// `backfill`: progress on stderr, then setup's lines, the slot and the summary on stdout. SIGINT
+/// and SIGTERM stop it: the slot it created is dropped, and the error line says what is left.
 async fn backfill(
     config: &Settings,
     opts: outbox_relay::backfill::BackfillOptions,
     json_logs: bool,
 ) -> ExitCode {
-    match outbox_relay::backfill::backfill(config, opts, |p| eprintln!("{p}")).await {
+    let progress = |p| eprintln!("{p}");
+    match outbox_relay::backfill::backfill_until(config, opts, progress, stop_signal()).await {
         Ok(report) => {
             for line in &report.setup_lines {
                 println!("{line}");
@@ -267,6 +269,12 @@ fn fail(json_logs: bool, e: &dyn std::error::Error) -> ExitCode {
 
 /// Resolves on SIGINT or SIGTERM.
 async fn shutdown_signal() {
+    stop_signal().await;
+}
+
+/// Resolves on SIGINT or SIGTERM, naming it. Both are handled from the first poll on: a signal
+/// that comes while the caller does not poll (a step it finishes first) is seen at the next poll.
+async fn stop_signal() -> &'static str {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
@@ -275,16 +283,19 @@ async fn shutdown_signal() {
                 Ok(s) => s,
                 Err(_) => {
                     let _ = ctrl_c.await;
-                    return;
+                    return "SIGINT";
                 }
             };
         tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
+            _ = ctrl_c => "SIGINT",
+            _ = term.recv() => "SIGTERM",
         }
     }
     #[cfg(not(unix))]
-    let _ = ctrl_c.await;
+    {
+        let _ = ctrl_c.await;
+        "Ctrl-C"
+    }
 }
 
 /// The log filter, reloadable on SIGHUP.

@@ -109,6 +109,21 @@ pub(crate) struct StreamStatus {
     pub(crate) duplicate_window_secs: Option<u64>,
     /// Why the stream's state is unknown (NATS unreachable, JetStream not answering).
     pub(crate) unknown_because: Option<String>,
+    /// The stream's metadata (read for the backfill marker; not printed).
+    #[serde(skip)]
+    pub(crate) metadata: std::collections::HashMap<String, String>,
+}
+
+/// A backfill of the slot that has begun and not finished: its marker on the stream.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct BackfillStatus {
+    /// The stream metadata key (`outbox-relay.backfill`).
+    pub(crate) marker: &'static str,
+    /// What the marker names: the slot, and the backfill's pid, host, start, `--where`, `--order-by`.
+    #[serde(flatten)]
+    pub(crate) backfill: crate::backfill_marker::Marker,
+    /// The command that recovers (repeats the backfill), once it no longer runs.
+    pub(crate) recover: String,
 }
 
 /// What a relay for the slot is doing, as far as Postgres shows it.
@@ -213,6 +228,8 @@ pub struct Status {
     pub(crate) stream: StreamStatus,
     /// The schema directory (`None`: `outbox.schemas` is not set).
     pub(crate) schemas: Option<SchemasStatus>,
+    /// A backfill of the slot that has not finished (`None`: none, or the stream could not be read).
+    pub(crate) backfill: Option<BackfillStatus>,
     /// What makes the status unhealthy, one line each, with the fix.
     pub(crate) problems: Vec<String>,
     /// Findings that do not make the status unhealthy, one line each.
@@ -246,6 +263,7 @@ pub async fn status(settings: &Settings, max_lag_bytes: i64) -> Status {
     let standbys =
         read_standbys(settings, pg.server.host.as_deref(), &pg.slot, &mut warnings).await;
     let schemas = schemas_status(settings, &mut problems);
+    let backfill = backfill_status(settings, &stream, &mut problems);
     Status {
         healthy: problems.is_empty(),
         postgres: pg.server,
@@ -255,9 +273,31 @@ pub async fn status(settings: &Settings, max_lag_bytes: i64) -> Status {
         publication: pg.publication,
         stream,
         schemas,
+        backfill,
         problems,
         warnings,
     }
+}
+
+/// The marker of a backfill of this slot that has begun and not finished, as a problem: `run`
+/// refuses while it stands. (`setup`'s checks, which `status` runs too, leave it to this.)
+fn backfill_status(
+    settings: &Settings,
+    stream: &StreamStatus,
+    problems: &mut Vec<String>,
+) -> Option<BackfillStatus> {
+    let marker = crate::backfill_marker::Marker::in_metadata(&stream.metadata)
+        .filter(|m| m.guards(&settings.config().postgres.slot))?;
+    problems.push(format!(
+        "JetStream stream {}: {}",
+        stream.name,
+        marker.refusal(&stream.name)
+    ));
+    Some(BackfillStatus {
+        marker: crate::backfill_marker::META_BACKFILL,
+        recover: marker.recovery_command(),
+        backfill: marker,
+    })
 }
 
 /// What the control connection to Postgres found; all unknown when it could not connect.
@@ -688,6 +728,7 @@ async fn read_stream(settings: &Settings, problems: &mut Vec<String>) -> StreamS
         replicas: None,
         duplicate_window_secs: None,
         unknown_because: None,
+        metadata: Default::default(),
     };
     let client = match connect_nats(settings).await {
         Ok(c) => c,
@@ -711,6 +752,7 @@ async fn read_stream(settings: &Settings, problems: &mut Vec<String>) -> StreamS
                 st.storage = Some(format!("{:?}", info.config.storage).to_lowercase());
                 st.replicas = Some(info.config.num_replicas);
                 st.duplicate_window_secs = Some(info.config.duplicate_window.as_secs());
+                st.metadata = info.config.metadata.clone();
             }
             Err(e) => {
                 st.unknown_because = Some(format!("JetStream did not answer ({e})"));
@@ -785,6 +827,9 @@ impl Status {
         }
         if let Some(sc) = &self.schemas {
             out.push_str(&schemas_line(sc));
+        }
+        if let Some(b) = &self.backfill {
+            out.push_str(&backfill_line(b));
         }
         for w in &self.warnings {
             out.push_str(&format!("warning: {w}\n"));
@@ -939,6 +984,21 @@ fn standby_line(sb: &StandbyStatus) -> String {
             (_, Some(l)) => format!(" (confirmed {l})"),
             _ => String::new(),
         }
+    )
+}
+
+/// `backfill: NOT FINISHED: …`, with the command that recovers.
+fn backfill_line(b: &BackfillStatus) -> String {
+    format!(
+        "backfill: NOT FINISHED: slot {}, started by {} (marker {}); once it no longer runs, recover with `{}`\n",
+        if b.backfill.slot.is_empty() {
+            "(unknown)"
+        } else {
+            &b.backfill.slot
+        },
+        b.backfill.origin(),
+        b.marker,
+        b.recover
     )
 }
 

@@ -1,7 +1,9 @@
 //! `outbox-relay backfill` against real servers: adopting a polling publisher's table while a writer
 //! keeps inserting (no gap, no overlap with `run`), recovering after a lost slot (every duplicate
-//! dropped, rate beside the live drain rate), a kill -9 in the middle and a second run with
-//! `--replace-slot`, refusal while a relay streams, and a partitioned outbox whose partitions are
+//! dropped, rate beside the live drain rate), a backfill stopped mid-way by SIGTERM, SIGINT or
+//! kill -9 (its marker keeps `run`, `setup` and a waiting relay off its slot until a second
+//! backfill finished), a stop while the slot waits for a running transaction (cancelled, nothing
+//! changed), refusal while a relay streams, and a partitioned outbox whose partitions are
 //! attached, detached and dropped while the relay streams.
 //!
 //! "No overlap" is checked without leaning on JetStream's deduplication: the backfill reports how
@@ -280,54 +282,339 @@ async fn recovery_after_a_lost_slot_republishes_without_new_copies() {
     assert!(last.commit_lsn() > report.commit_lsn);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kill_during_backfill_then_replace_slot_stores_each_row_once() {
-    const N: u64 = 60_000;
+/// Rows in the interrupted-backfill tests: enough that a backfill is far from done after its
+/// first few thousand acks.
+const INTERRUPTED_ROWS: u64 = 30_000;
+/// Acks before the backfill is stopped.
+const STOP_AFTER: u64 = 3_000;
+
+/// A table of `INTERRUPTED_ROWS` rows `<prefix>-1…`, and the relay's config for it.
+async fn interrupted_setup(prefix: &str) -> (TestDb, NatsServer, Config, jetstream::Context) {
     let db = TestDb::create(PgServer::shared()).await;
     let nats = NatsServer::start();
     db.psql(TEXT_ID_OUTBOX_SQL);
     db.psql(&format!(
         "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, event_type, payload) \
-         SELECT 'k-' || i, 'Claim', i::text, 'ClaimApproved', jsonb_build_object('claim', i, 'pad', repeat('x', 200)) \
-         FROM generate_series(1, {N}) AS i"
+         SELECT '{prefix}-' || i, 'Claim', i::text, 'ClaimApproved', jsonb_build_object('claim', i, 'pad', repeat('x', 200)) \
+         FROM generate_series(1, {INTERRUPTED_ROWS}) AS i"
     ));
     let config = relay_config(&db, &nats);
-    let env = relay_env(&config);
     let js = js(&nats).await;
-    let mut p = RelayProcess::spawn(&["backfill"], &env);
+    (db, nats, config, js)
+}
+
+/// Starts `backfill` as the binary and waits until the stream holds `STOP_AFTER` of its rows.
+async fn backfill_until_some_stored(
+    config: &Config,
+    js: &jetstream::Context,
+    args: &[&str],
+) -> RelayProcess {
+    let p = RelayProcess::spawn(args, &relay_env(config));
     wait_for("the backfill to store some rows", LIMIT, || async {
-        stream_count(&js, &config.nats.stream).await >= 1000
+        stream_count(js, &config.nats.stream).await >= STOP_AFTER
     })
     .await;
+    p
+}
+
+/// Runs a command of the binary to its end (off the test's runtime threads).
+async fn command(
+    args: &'static [&'static str],
+    env: Vec<(String, String)>,
+) -> crate::support::Finished {
+    tokio::task::spawn_blocking(move || run_command(args, &env, Duration::from_secs(60)))
+        .await
+        .unwrap()
+}
+
+/// `run` and `setup` refuse while the marker stands, with one line naming it and the recovery.
+async fn run_and_setup_refuse(config: &Config) {
+    for args in [&["run"][..], &["setup"][..]] {
+        let out = command(args, relay_env(config)).await;
+        assert!(
+            !out.status.success(),
+            "{args:?} went on past the unfinished backfill:\n{}\n{}",
+            out.stdout,
+            out.stderr
+        );
+        let line = out
+            .stderr
+            .lines()
+            .find(|l| l.starts_with("outbox-relay: "))
+            .unwrap_or_else(|| panic!("{args:?}: no error line in\n{}", out.stderr));
+        eprintln!("{args:?}: {line}");
+        assert!(
+            line.contains("outbox-relay.backfill")
+                && line.contains("run `outbox-relay backfill` again"),
+            "{args:?}: {line}"
+        );
+    }
+}
+
+/// The stopped or killed backfill is run again, then `run` goes on from its slot: every row and
+/// a row written afterwards are in the stream, each once.
+async fn recover_and_check_every_row(
+    db: &TestDb,
+    config: &Config,
+    js: &jetstream::Context,
+    prefix: &str,
+) {
+    let out = command(&["backfill"], relay_env(config)).await;
+    assert!(
+        out.status.success(),
+        "the recovery backfill failed:\n{}\n{}",
+        out.stdout,
+        out.stderr
+    );
+    let relay = InProcessRelay::start(config.clone());
+    db.psql(&format!(
+        "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, event_type, payload) \
+         VALUES ('{prefix}-after', 'Claim', '1', 'ClaimPaid', '{{}}')"
+    ));
+    wait_for(
+        "run to publish the row written after the recovery",
+        LIMIT,
+        || async { stream_count(js, &config.nats.stream).await > INTERRUPTED_ROWS },
+    )
+    .await;
+    relay
+        .stop()
+        .await
+        .expect("the relay runs after the recovery");
+    let ids = stored_ids(js, &config.nats.stream).await;
+    assert_eq!(
+        ids.len() as u64,
+        INTERRUPTED_ROWS + 1,
+        "{} of {} ids stored",
+        ids.len(),
+        INTERRUPTED_ROWS + 1
+    );
+    assert!(ids.values().all(|&n| n == 1), "an id is stored twice");
+    assert!(ids.contains_key(&format!("{prefix}-after")));
+}
+
+/// A backfill stopped by `signal` mid-way drops the slot it created and says so in one line that
+/// names what is left (the marker) and how to finish; `run` and `setup` refuse until a second
+/// backfill has finished, and then every row is in the stream.
+async fn a_signal_mid_backfill(signal: &str, prefix: &str) {
+    let (db, _nats, config, js) = interrupted_setup(prefix).await;
+    let mut p = backfill_until_some_stored(&config, &js, &["backfill"]).await;
+    p.signal(signal);
+    let status = p.wait(Duration::from_secs(30)).expect("the backfill stops");
+    let at_stop = stream_count(&js, &config.nats.stream).await;
+    assert!(
+        at_stop < INTERRUPTED_ROWS,
+        "the backfill finished before the signal"
+    );
+    let stderr = p.stderr();
+    assert!(
+        !status.success(),
+        "a stopped backfill exits non-zero: {status:?}"
+    );
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("outbox-relay: "))
+        .unwrap_or_else(|| panic!("no error line after SIG{signal} ({status:?}):\n{stderr}"));
+    eprintln!("SIG{signal}: {line}");
+    assert!(
+        line.contains(&format!("stopped by SIG{signal}"))
+            && line.contains("was dropped")
+            && line.contains("outbox-relay.backfill")
+            && line.contains("run `outbox-relay backfill` again"),
+        "{line}"
+    );
+    let client = db.client().await;
+    assert!(
+        !slot_exists(&client, &config.postgres.slot).await,
+        "the stopped backfill left its slot behind"
+    );
+    run_and_setup_refuse(&config).await;
+    recover_and_check_every_row(&db, &config, &js, prefix).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_mid_backfill_drops_the_slot_and_a_rerun_publishes_every_row() {
+    a_signal_mid_backfill("TERM", "t").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigint_mid_backfill_drops_the_slot_and_a_rerun_publishes_every_row() {
+    a_signal_mid_backfill("INT", "i").await;
+}
+
+/// Creating the slot waits for every transaction that was running; a stop then cancels the
+/// creation instead of waiting with it: the backfill exits at once saying nothing was changed, and
+/// no slot appears when the transaction ends (a walsender left to finish would make one, with no
+/// backfill behind it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigint_while_the_slot_waits_for_a_transaction_changes_nothing() {
+    let (db, _nats, config, js) = interrupted_setup("c").await;
+    let blocker = db.client().await;
+    blocker
+        .batch_execute("BEGIN; SELECT txid_current();")
+        .await
+        .expect("a transaction with an xid");
+    let mut p = RelayProcess::spawn(&["backfill"], &relay_env(&config));
+    let client = db.client().await;
+    wait_for("the slot's creation to wait", LIMIT, || async {
+        slot_exists(&client, &config.postgres.slot).await
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    p.signal("INT");
+    let status = p.wait(Duration::from_secs(15));
+    blocker.batch_execute("COMMIT").await.expect("commit");
+    let status = status.unwrap_or_else(|| {
+        panic!(
+            "the backfill did not stop while its slot waited:\n{}",
+            p.stderr()
+        )
+    });
+    let stderr = p.stderr();
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("outbox-relay: "))
+        .unwrap_or_else(|| panic!("no error line after SIGINT ({status:?}):\n{stderr}"));
+    eprintln!("SIGINT: {line}");
+    assert!(!status.success());
+    assert!(
+        line.contains("stopped by SIGINT") && line.contains("nothing was changed"),
+        "{line}"
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        !slot_exists(&client, &config.postgres.slot).await,
+        "a slot appeared after the stop"
+    );
+    assert_eq!(stream_count(&js, &config.nats.stream).await, 0);
+    let out = command(&["status", "--json"], relay_env(&config)).await;
+    let v: serde_json::Value = serde_json::from_str(&out.stdout).expect("status --json");
+    assert!(v["backfill"].is_null(), "no marker is left: {v}");
+    // Nothing was changed, so the backfill can simply run now.
+    recover_and_check_every_row(&db, &config, &js, "c").await;
+}
+
+/// kill -9 leaves the slot behind, past rows never published: `run` and `setup` refuse with the
+/// marker, `status` exits 1 naming the recovery (text and JSON), and the recovery, a plain
+/// `backfill` again, replaces the slot and publishes every row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_mid_backfill_makes_run_setup_and_status_name_the_recovery() {
+    let (db, _nats, config, js) = interrupted_setup("k").await;
+    let mut p = backfill_until_some_stored(&config, &js, &["backfill"]).await;
     p.signal("KILL");
     p.wait(Duration::from_secs(10)).expect("killed");
     let at_kill = stream_count(&js, &config.nats.stream).await;
-    assert!(at_kill < N, "the backfill finished before the kill");
-
-    // The slot it created is still there: a second backfill explains and refuses without the option.
-    let client = db.client().await;
-    assert!(slot_exists(&client, &config.postgres.slot).await);
-    let env2 = env.clone();
-    let out = tokio::task::spawn_blocking(move || run_command(&["backfill"], &env2, LIMIT))
-        .await
-        .unwrap();
-    assert!(!out.status.success());
     assert!(
-        out.stderr.contains("already exists") && out.stderr.contains("--replace-slot"),
-        "{}",
-        out.stderr
+        at_kill < INTERRUPTED_ROWS,
+        "the backfill finished before the kill"
+    );
+    let client = db.client().await;
+    assert!(
+        slot_exists(&client, &config.postgres.slot).await,
+        "kill -9 leaves the slot: nothing could drop it"
     );
 
-    let out = tokio::task::spawn_blocking(move || {
-        run_command(&["backfill", "--replace-slot"], &env, LIMIT)
+    run_and_setup_refuse(&config).await;
+    let out = command(&["status"], relay_env(&config)).await;
+    assert_eq!(out.status.code(), Some(1), "{}", out.stdout);
+    assert!(
+        out.stdout.contains("backfill: NOT FINISHED")
+            && out.stdout.contains("recover with `outbox-relay backfill`"),
+        "{}",
+        out.stdout
+    );
+    let out = command(&["status", "--json"], relay_env(&config)).await;
+    assert_eq!(out.status.code(), Some(1), "{}", out.stdout);
+    let v: serde_json::Value = serde_json::from_str(&out.stdout).expect("status --json");
+    assert_eq!(v["backfill"]["recover"], "outbox-relay backfill", "{v}");
+    assert_eq!(v["backfill"]["slot"], config.postgres.slot.as_str(), "{v}");
+    assert_eq!(v["backfill"]["marker"], "outbox-relay.backfill", "{v}");
+    assert!(
+        v["backfill"]["pid"]
+            .as_u64()
+            .is_some_and(|pid| pid == u64::from(p.pid())),
+        "{v}"
+    );
+    assert_eq!(v["healthy"], false);
+
+    let config_before = stream_config_without_metadata(&js, &config.nats.stream).await;
+    recover_and_check_every_row(&db, &config, &js, "k").await;
+    assert_eq!(
+        stream_config_without_metadata(&js, &config.nats.stream).await,
+        config_before,
+        "setting and clearing the marker changed the stream's configuration"
+    );
+    let out = command(&["status", "--json"], relay_env(&config)).await;
+    let v: serde_json::Value = serde_json::from_str(&out.stdout).expect("status --json");
+    assert!(
+        v["backfill"].is_null(),
+        "the marker is gone after the recovery: {v}"
+    );
+}
+
+/// The stream's configuration as the server sends it, without its metadata.
+async fn stream_config_without_metadata(
+    js: &jetstream::Context,
+    stream: &str,
+) -> serde_json::Value {
+    let mut info: serde_json::Value = js
+        .request(format!("STREAM.INFO.{stream}"), &serde_json::json!({}))
+        .await
+        .expect("stream info");
+    let cfg = info["config"].take();
+    let mut cfg = cfg.as_object().cloned().expect("a configuration");
+    cfg.remove("metadata");
+    serde_json::Value::Object(cfg)
+}
+
+/// A relay whose setup passed before a backfill began, retrying while Postgres is out of its
+/// reach, must not take the slot a killed backfill left: its next session stops with the marker's
+/// refusal instead of streaming past the rows the backfill never published.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_relay_does_not_take_the_slot_of_a_killed_backfill() {
+    let (db, _nats, config, js) = interrupted_setup("w").await;
+    let settings = config.validate().unwrap();
+    outbox_relay::setup::setup(&settings).await.expect("setup");
+    let proxy = crate::support::Proxy::start(PgServer::shared().port());
+    let mut via_proxy = config.clone();
+    via_proxy.postgres.url = proxy.postgres_url(&config.postgres.url);
+    let client = db.client().await;
+    let relay = InProcessRelay::start_streaming(&via_proxy, &client).await;
+    let slot = config.postgres.slot.clone();
+    let active = || async {
+        client
+            .query_one(
+                "SELECT active FROM pg_replication_slots WHERE slot_name = $1",
+                &[&slot],
+            )
+            .await
+            .map(|r| r.get::<_, bool>(0))
+            .unwrap_or(false)
+    };
+    wait_for("the relay to stream", LIMIT, || async { active().await }).await;
+    // Postgres out of the relay's reach: it retries, its setup long done.
+    proxy.refuse(true);
+    proxy.cut();
+    wait_for("the relay to let go of the slot", LIMIT, || async {
+        !active().await
     })
-    .await
-    .unwrap();
-    assert!(out.status.success(), "{}\n{}", out.stdout, out.stderr);
-    assert!(out.stdout.contains("slot") && out.stdout.contains("replaced"));
-    let ids = stored_ids(&js, &config.nats.stream).await;
-    assert_eq!(ids.len() as u64, N, "{} of {N} ids stored", ids.len());
-    assert!(ids.values().all(|&n| n == 1), "an id is stored twice");
+    .await;
+
+    let mut p = backfill_until_some_stored(&config, &js, &["backfill", "--replace-slot"]).await;
+    p.signal("KILL");
+    p.wait(Duration::from_secs(10)).expect("killed");
+    assert!(stream_count(&js, &config.nats.stream).await < INTERRUPTED_ROWS);
+    proxy.refuse(false);
+    wait_for(
+        "the relay to refuse the killed backfill's slot",
+        LIMIT,
+        || async { relay.is_finished() },
+    )
+    .await;
+    let err = relay.stop().await.expect_err("the relay stops");
+    let text = outbox_relay::relay::error_chain(&err);
+    assert!(text.contains("outbox-relay.backfill"), "{text}");
+    assert!(!active().await, "the slot is streamed");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

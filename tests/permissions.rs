@@ -4,7 +4,9 @@
 //! forge an event), still writes events through the helper, and `setup`/`status` warn exactly while it
 //! could. NATS: a server configured with the accounts and users docs/operations.md prints, where the
 //! relay works end to end (its position service too) and another user of the account can neither
-//! publish into the stream's subjects, nor answer on the relay's inbox, nor take the service's subjects.
+//! publish into the stream's subjects, nor answer on the relay's inbox, nor take the service's subjects;
+//! and `backfill`, which needs one permission more than the relay (its marker), refused cleanly
+//! without it.
 
 use std::time::Duration;
 
@@ -352,4 +354,50 @@ async fn the_documented_nats_permissions_let_the_relay_work_and_keep_others_off_
     assert_eq!(ids, ["4711", "4712"], "only the relay's events are stored");
     assert!(!relay.is_finished(), "the relay runs on");
     relay.stop().await.expect("relay stops cleanly");
+}
+
+/// `backfill` sets its marker on the stream, which the documented relay user may not do (no
+/// `$JS.API.STREAM.UPDATE`): run as that user, it stops before it touches the slot, with one line
+/// naming the permission, and leaves the slot and the stream as they were.
+#[tokio::test]
+async fn backfill_as_the_documented_relay_user_names_the_permission_and_changes_nothing() {
+    let nats = NatsServer::start_with_config(&documented_nats_config());
+    let db = TestDb::create(PgServer::shared()).await;
+    db.psql(&default_outbox_sql());
+    let mut config = relay_config(&db, &nats);
+    config.nats.stream = "OUTBOX".into();
+    let mut env = relay_env(&config);
+    for (k, v) in [
+        ("OUTBOX_RELAY_NATS_USER", RELAY_USER),
+        ("OUTBOX_RELAY_NATS_PASSWORD", RELAY_PASSWORD),
+        ("OUTBOX_RELAY_NATS_INBOX_PREFIX", INBOX_PREFIX),
+    ] {
+        env.push((k.into(), v.into()));
+    }
+    let setup = run_command(&["setup"], &env, LIMIT);
+    assert!(setup.status.success(), "setup: {}", setup.stderr);
+    let client = db.client().await;
+    let before = confirmed_flush(&client, &config.postgres.slot).await;
+    assert!(before.is_some(), "setup created the slot");
+
+    let out = run_command(&["backfill", "--replace-slot"], &env, LIMIT);
+    assert!(!out.status.success(), "{}\n{}", out.stdout, out.stderr);
+    let line = out
+        .stderr
+        .lines()
+        .find(|l| l.starts_with("outbox-relay: "))
+        .unwrap_or_else(|| panic!("no error line:\n{}", out.stderr));
+    eprintln!("{line}");
+    assert!(
+        line.contains("backfill marker") && line.contains("$JS.API.STREAM.UPDATE.OUTBOX"),
+        "{line}"
+    );
+    assert_eq!(
+        confirmed_flush(&client, &config.postgres.slot).await,
+        before,
+        "the slot is as it was"
+    );
+    let status = run_command(&["status", "--json"], &env, LIMIT);
+    let v: serde_json::Value = serde_json::from_str(&status.stdout).expect("status --json");
+    assert!(v["backfill"].is_null(), "no marker was set: {v}");
 }

@@ -185,7 +185,14 @@ pub(crate) async fn prepare_without_slot(settings: &Settings) -> Result<Prepared
 pub(crate) async fn check_only(settings: &Settings) -> Result<(), SetupError> {
     let pg = connect_postgres(settings).await?;
     let js = jetstream::new(connect_nats(settings).await?);
-    checks(settings, &pg, &js, &mut SetupReport::default(), Mode::Setup).await?;
+    checks(
+        settings,
+        &pg,
+        &js,
+        &mut SetupReport::default(),
+        Mode::Status,
+    )
+    .await?;
     Ok(())
 }
 
@@ -196,10 +203,12 @@ struct Checked {
     create_slot: bool,
 }
 
-/// Whose checks: `setup` (and `run`) or `backfill`, which leaves the slot to its caller.
+/// Whose checks: `setup` (and `run`), `status` (the same, but it reports an unfinished backfill
+/// itself), or `backfill`, which leaves the slot to its caller.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Mode {
     Setup,
+    Status,
     Backfill,
 }
 
@@ -211,8 +220,11 @@ async fn checks(
     report: &mut SetupReport,
     mode: Mode,
 ) -> Result<Checked, SetupError> {
-    let found = postgres::check(settings, pg, report, mode == Mode::Setup).await?;
+    let found = postgres::check(settings, pg, report, mode != Mode::Backfill).await?;
     let found_stream = stream::check(settings, js, report).await?;
+    if mode == Mode::Setup {
+        refuse_unfinished_backfill(settings, found_stream.as_ref())?;
+    }
     let slot = &settings.config().postgres.slot;
     if mode == Mode::Backfill {
         return Ok(Checked {
@@ -276,6 +288,21 @@ async fn checks(
         create_stream: found_stream.is_none(),
         create_slot,
     })
+}
+
+/// A backfill of this slot has begun and not finished (its marker stands on the stream): its slot
+/// may stand past rows it never published, so neither `setup` nor `run` may go on from it.
+fn refuse_unfinished_backfill(
+    settings: &Settings,
+    found: Option<&stream::FoundStream>,
+) -> Result<(), SetupError> {
+    match found.and_then(|f| f.backfill_refusal.clone()) {
+        Some(problem) => Err(SetupError::Stream {
+            name: settings.config().nats.stream.clone(),
+            problem,
+        }),
+        None => Ok(()),
+    }
 }
 
 /// The changes, the stream first (the step most likely to be refused), the slot last (it retains WAL

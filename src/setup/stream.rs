@@ -26,6 +26,8 @@ pub(super) struct FoundStream {
     /// The stream holds events written by a relay for this outbox: the sequence and LSN of the
     /// last one.
     pub(crate) relay_events: Option<(u64, String)>,
+    /// A backfill of this slot has begun and not finished: why `setup` and `run` refuse.
+    pub(crate) backfill_refusal: Option<String>,
 }
 
 /// Checks the stream; `None` when it must be created.
@@ -51,7 +53,11 @@ pub(super) async fn check(
         info.config.subjects.join(", ")
     ));
     let relay_events = relay_events(settings, &mut s, &info).await;
-    Ok(Some(FoundStream { relay_events }))
+    let backfill_refusal = crate::backfill_marker::refusal(settings, &info.config.metadata);
+    Ok(Some(FoundStream {
+        relay_events,
+        backfill_refusal,
+    }))
 }
 
 /// A problem with the stream `name`, as [`SetupError::Stream`].

@@ -1,0 +1,373 @@
+//! The backfill marker: the stream metadata key `outbox-relay.backfill`, which says that a backfill of
+//! a slot has begun and has not finished. `backfill` sets it before it drops or creates a slot and
+//! removes it after the last row is acknowledged; `setup`, `run` (at every session's start) and
+//! `status` read it.
+//!
+//! Why it exists: a backfill creates its slot at a snapshot and then publishes that snapshot's rows.
+//! Until the last of them is stored, the slot stands past rows that are not in the stream, and a
+//! `run` from it would never publish them. A backfill that is stopped by a signal drops its slot, but
+//! one that is killed (kill -9, a crash, a lost host) cannot: the marker outlives it, and while it
+//! stands nothing streams the slot. The recovery is the same in every case, another backfill, which
+//! replaces the slot and publishes the rows again (JetStream drops those it holds).
+//!
+//! The value is JSON naming the slot and the backfill that set it (pid, host, start time, its
+//! `--where` and `--order-by`), so the refusal can say which backfill it was and print the command
+//! that repeats it, and a backfill removes only a marker it set itself.
+
+use std::collections::HashMap;
+
+use async_nats::jetstream;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::config::Settings;
+
+/// The stream metadata key.
+pub(crate) const META_BACKFILL: &str = "outbox-relay.backfill";
+
+/// A backfill that has begun and not finished, as its marker names it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Marker {
+    /// The slot the backfill creates (`postgres.slot`); empty when the value could not be read.
+    pub(crate) slot: String,
+    /// The backfill's process id.
+    pub(crate) pid: u32,
+    /// The host it ran on.
+    pub(crate) host: String,
+    /// When it set the marker (RFC 3339, UTC).
+    pub(crate) started: String,
+    /// Its `--where`.
+    #[serde(rename = "where", default, skip_serializing_if = "Option::is_none")]
+    pub(crate) where_sql: Option<String>,
+    /// Its `--order-by`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) order_by: Option<String>,
+}
+
+impl Marker {
+    /// The marker a backfill of `slot` in this process sets now.
+    pub(crate) fn new(slot: &str, where_sql: Option<&str>, order_by: Option<&str>) -> Marker {
+        Marker {
+            slot: slot.to_owned(),
+            pid: std::process::id(),
+            host: host_name(),
+            started: crate::message::rfc3339_micros(crate::lsn::pg_now_micros()),
+            where_sql: where_sql.map(str::to_owned),
+            order_by: order_by.map(str::to_owned),
+        }
+    }
+
+    /// The marker in a stream's metadata, if one stands. A value that is not the JSON a backfill
+    /// writes (edited by hand) still stands, for every slot: what it guards cannot be told.
+    pub(crate) fn in_metadata(metadata: &HashMap<String, String>) -> Option<Marker> {
+        let value = metadata.get(META_BACKFILL)?;
+        Some(serde_json::from_str(value).unwrap_or_else(|_| Marker {
+            slot: String::new(),
+            pid: 0,
+            host: format!("unknown (unreadable value {value:?})"),
+            started: "unknown".to_owned(),
+            where_sql: None,
+            order_by: None,
+        }))
+    }
+
+    /// Whether it guards `slot`.
+    pub(crate) fn guards(&self, slot: &str) -> bool {
+        self.slot.is_empty() || self.slot == slot
+    }
+
+    /// The command that repeats the interrupted backfill (same options), for a shell.
+    pub(crate) fn recovery_command(&self) -> String {
+        let mut cmd = "outbox-relay backfill".to_owned();
+        if let Some(w) = &self.where_sql {
+            cmd.push_str(&format!(" --where {}", shell_quote(w)));
+        }
+        if let Some(o) = &self.order_by {
+            cmd.push_str(&format!(" --order-by {}", shell_quote(o)));
+        }
+        cmd
+    }
+
+    /// Who set it: `pid 4711 on host-1 at 2026-…Z`.
+    pub(crate) fn origin(&self) -> String {
+        format!("pid {} on {} at {}", self.pid, self.host, self.started)
+    }
+
+    /// Why `run` and `setup` refuse while it stands, with the recovery; one line.
+    pub(crate) fn refusal(&self, stream: &str) -> String {
+        format!(
+            "has the backfill marker {META_BACKFILL} (set by the backfill of slot {} started by {}): that backfill \
+             has not finished, so the slot may stand past rows it never published, and nothing may stream it. If \
+             the backfill still runs, let it finish; if it no longer runs (stopped, killed, crashed), run `{}` again (it \
+             replaces the slot and publishes the rows again; JetStream drops those stream {stream} holds), \
+             or to give those rows up, `outbox-relay backfill --where false`; see docs/recovery.md",
+            if self.slot.is_empty() {
+                "(unknown)"
+            } else {
+                &self.slot
+            },
+            self.origin(),
+            self.recovery_command()
+        )
+    }
+}
+
+/// Why the marker could not be set or removed.
+#[derive(Debug, thiserror::Error)]
+pub enum MarkerError {
+    /// Reading the stream's configuration failed.
+    #[error(
+        "cannot read the configuration of JetStream stream {stream} to set or clear the backfill marker \
+         {META_BACKFILL}: {reason}"
+    )]
+    Read {
+        /// `nats.stream`.
+        stream: String,
+        /// What NATS answered.
+        reason: String,
+    },
+    /// Updating the stream's metadata was refused.
+    #[error(
+        "cannot update JetStream stream {stream} to {what} the backfill marker {META_BACKFILL}: {reason} (the \
+         relay's NATS user needs to publish to $JS.API.STREAM.UPDATE.{stream} for backfill; see docs/operations.md, \
+         NATS permissions)"
+    )]
+    Update {
+        /// `nats.stream`.
+        stream: String,
+        /// `set` or `clear`.
+        what: &'static str,
+        /// What NATS answered.
+        reason: String,
+    },
+}
+
+/// The marker standing on the stream, if any.
+pub(crate) async fn read(
+    js: &jetstream::Context,
+    stream: &str,
+) -> Result<Option<Marker>, MarkerError> {
+    Ok(Marker::in_metadata(&metadata_of(
+        &config(js, stream).await?,
+    )))
+}
+
+/// Sets `marker` on the stream (replacing one that stands: the backfill setting it takes over).
+pub(crate) async fn set(
+    js: &jetstream::Context,
+    stream: &str,
+    marker: &Marker,
+) -> Result<(), MarkerError> {
+    let mut cfg = config(js, stream).await?;
+    let value = serde_json::to_string(marker).unwrap_or_default();
+    let metadata = cfg.as_object_mut().map(|c| {
+        c.entry("metadata")
+            .or_insert_with(|| Value::Object(Map::new()))
+    });
+    match metadata.and_then(Value::as_object_mut) {
+        Some(m) => {
+            m.insert(META_BACKFILL.to_owned(), Value::String(value));
+        }
+        None => {
+            return Err(MarkerError::Read {
+                stream: stream.to_owned(),
+                reason: "its configuration is not a JSON object with an object `metadata`"
+                    .to_owned(),
+            });
+        }
+    }
+    update(js, stream, &cfg, "set").await
+}
+
+/// Removes the marker if it is still `marker` (another backfill may have taken over since).
+/// Returns whether it was removed.
+pub(crate) async fn clear(
+    js: &jetstream::Context,
+    stream: &str,
+    marker: &Marker,
+) -> Result<bool, MarkerError> {
+    let mut cfg = config(js, stream).await?;
+    if Marker::in_metadata(&metadata_of(&cfg)).as_ref() != Some(marker) {
+        return Ok(false);
+    }
+    if let Some(m) = cfg.get_mut("metadata").and_then(Value::as_object_mut) {
+        m.remove(META_BACKFILL);
+    }
+    update(js, stream, &cfg, "clear").await?;
+    Ok(true)
+}
+
+/// For `setup`, `run` and `status`: the refusal when a marker guarding this slot stands in
+/// `metadata`.
+pub(crate) fn refusal(settings: &Settings, metadata: &HashMap<String, String>) -> Option<String> {
+    Marker::in_metadata(metadata)
+        .filter(|m| m.guards(&settings.config().postgres.slot))
+        .map(|m| m.refusal(&settings.config().nats.stream))
+}
+
+/// The stream's configuration as the server sends it. Kept as JSON, not as the client's typed
+/// configuration: an update sends the whole configuration back, and a field this client does not
+/// know (a newer server's) must go back as it was, not be reset to its default.
+async fn config(js: &jetstream::Context, stream: &str) -> Result<Value, MarkerError> {
+    let read = |reason: String| MarkerError::Read {
+        stream: stream.to_owned(),
+        reason,
+    };
+    let answer: Value = js
+        .request(format!("STREAM.INFO.{stream}"), &Value::Object(Map::new()))
+        .await
+        .map_err(|e| read(e.to_string()))?;
+    if let Some(e) = api_error(&answer) {
+        return Err(read(e));
+    }
+    answer
+        .get("config")
+        .cloned()
+        .filter(Value::is_object)
+        .ok_or_else(|| read("the answer has no configuration".to_owned()))
+}
+
+/// The `metadata` of a stream configuration (string values only).
+fn metadata_of(cfg: &Value) -> HashMap<String, String> {
+    cfg.get("metadata")
+        .and_then(Value::as_object)
+        .map(|m| {
+            m.iter()
+                .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned())))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// `STREAM.UPDATE` with `cfg`.
+async fn update(
+    js: &jetstream::Context,
+    stream: &str,
+    cfg: &Value,
+    what: &'static str,
+) -> Result<(), MarkerError> {
+    let refused = |reason: String| MarkerError::Update {
+        stream: stream.to_owned(),
+        what,
+        reason,
+    };
+    let answer: Value = js
+        .request(format!("STREAM.UPDATE.{stream}"), cfg)
+        .await
+        .map_err(|e| refused(e.to_string()))?;
+    match api_error(&answer) {
+        Some(e) => Err(refused(e)),
+        None => Ok(()),
+    }
+}
+
+/// A JetStream API error answer as `description (code N)`.
+fn api_error(answer: &Value) -> Option<String> {
+    let e = answer.get("error")?;
+    Some(format!(
+        "{} (error code {})",
+        e.get("description")
+            .and_then(Value::as_str)
+            .unwrap_or("refused"),
+        e.get("err_code").and_then(Value::as_u64).unwrap_or(0)
+    ))
+}
+
+/// This host's name, for the marker (`unknown` when the system does not say).
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok().filter(|h| !h.is_empty()))
+        .unwrap_or_else(|| "unknown".to_owned())
+}
+
+/// `s` in single quotes for a POSIX shell.
+fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn marker() -> Marker {
+        Marker {
+            slot: "outbox_relay".into(),
+            pid: 4711,
+            host: "relay-1".into(),
+            started: "2026-12-03T10:50:00.000000Z".into(),
+            where_sql: Some("published_at IS NULL AND kind <> 'x'".into()),
+            order_by: Some("created_at, event_id".into()),
+        }
+    }
+
+    #[test]
+    fn a_marker_survives_the_metadata_round_trip() {
+        let m = marker();
+        let meta = HashMap::from([(META_BACKFILL.to_owned(), serde_json::to_string(&m).unwrap())]);
+        assert_eq!(Marker::in_metadata(&meta), Some(m));
+        assert_eq!(Marker::in_metadata(&HashMap::new()), None);
+    }
+
+    #[test]
+    fn the_recovery_command_repeats_the_options_quoted_for_a_shell() {
+        assert_eq!(
+            marker().recovery_command(),
+            r#"outbox-relay backfill --where 'published_at IS NULL AND kind <> '\''x'\''' --order-by 'created_at, event_id'"#
+        );
+        let plain = Marker {
+            where_sql: None,
+            order_by: None,
+            ..marker()
+        };
+        assert_eq!(plain.recovery_command(), "outbox-relay backfill");
+    }
+
+    #[test]
+    fn it_guards_its_own_slot_and_an_unreadable_one_guards_every_slot() {
+        let m = marker();
+        assert!(m.guards("outbox_relay"));
+        assert!(!m.guards("billing"));
+        let meta = HashMap::from([(META_BACKFILL.to_owned(), "set by hand".to_owned())]);
+        let odd = Marker::in_metadata(&meta).expect("an unreadable marker still stands");
+        assert!(odd.guards("billing"), "{odd:?}");
+        assert!(
+            odd.refusal("OUTBOX").contains("unknown"),
+            "{}",
+            odd.refusal("OUTBOX")
+        );
+    }
+
+    #[test]
+    fn metadata_is_read_from_the_configuration_as_the_server_sends_it() {
+        let cfg = serde_json::json!({
+            "name": "OUTBOX",
+            "future_field": {"kept": true},
+            "metadata": {"outbox-relay.slot": "outbox_relay", "odd": 7}
+        });
+        let m = metadata_of(&cfg);
+        assert_eq!(
+            m.get("outbox-relay.slot").map(String::as_str),
+            Some("outbox_relay")
+        );
+        assert!(!m.contains_key("odd"), "only string values: {m:?}");
+        assert!(metadata_of(&serde_json::json!({"name": "OUTBOX"})).is_empty());
+        let refused = serde_json::json!({"error": {"code": 500, "err_code": 10052, "description": "stream configuration update can not change X"}});
+        assert_eq!(
+            api_error(&refused).as_deref(),
+            Some("stream configuration update can not change X (error code 10052)")
+        );
+        assert_eq!(api_error(&cfg), None);
+    }
+
+    #[test]
+    fn the_refusal_names_the_marker_the_backfill_and_the_recovery() {
+        let text = marker().refusal("OUTBOX");
+        assert!(text.contains(META_BACKFILL), "{text}");
+        assert!(text.contains("pid 4711 on relay-1"), "{text}");
+        assert!(text.contains("`outbox-relay backfill --where"), "{text}");
+        assert!(!text.contains('\n'), "one line: {text}");
+    }
+}
