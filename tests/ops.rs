@@ -620,3 +620,63 @@ async fn standby_shows_in_metrics_and_readyz_until_it_takes_over() {
     assert_eq!(value(&body, "outbox_relay_streaming"), 1.0, "{body}");
     standby.stop().await.expect("the standby stops cleanly");
 }
+
+/// Issue 33, defect 5: a publication that also publishes deletes, a retention DELETE committed
+/// first and an outbox insert after it, no relay running. The insert waits behind a transaction
+/// that holds no event: `status` must still find it (exit 1, naming the event), and `setup` warns
+/// about the publication.
+#[tokio::test]
+async fn status_finds_an_event_that_waits_behind_a_retention_delete() {
+    let db = text_id_db().await;
+    let client = db.client().await;
+    // Rows from before the slot: a retention job's to delete, not events that wait.
+    insert_events(&client, &ids("old", 3)).await;
+    let nats = NatsServer::start();
+    let config = relay_config(&db, &nats);
+    let env = relay_env(&config);
+    let publication = &config.postgres.publication;
+    let setup = run_command(&["setup"], &env, LIMIT);
+    assert!(setup.status.success(), "setup: {}", setup.stderr);
+    let healthy = run_command(&["status"], &env, LIMIT);
+    assert_eq!(healthy.status.code(), Some(0), "{}", healthy.stdout);
+
+    db.psql(&format!(
+        "ALTER PUBLICATION \"{publication}\" SET (publish = 'insert, delete')"
+    ));
+    let again = run_command(&["setup"], &env, LIMIT);
+    assert!(again.status.success(), "setup: {}", again.stderr);
+    let said = format!("{}{}", again.stdout, again.stderr);
+    assert!(
+        said.contains("publishes delete besides inserts")
+            && said.contains(&format!(
+                "ALTER PUBLICATION {publication} SET (publish = 'insert')"
+            )),
+        "setup does not warn about the deletes:\n{said}"
+    );
+
+    client
+        .batch_execute("DELETE FROM public.outbox")
+        .await
+        .expect("the retention delete");
+    insert_events(&client, &["e-waiting".to_owned()]).await;
+    let status = run_command(&["status"], &env, LIMIT);
+    assert_eq!(
+        status.status.code(),
+        Some(1),
+        "an event waits, no relay runs:\n{}",
+        status.stdout
+    );
+    assert!(
+        status
+            .stdout
+            .contains("while events wait in it, the first e-waiting"),
+        "status does not name the waiting event:\n{}",
+        status.stdout
+    );
+    let json = status_json(&run_command(&["status", "--json"], &env, LIMIT));
+    assert_eq!(
+        json["slot"]["events_waiting"],
+        Value::Bool(true),
+        "{json:#}"
+    );
+}

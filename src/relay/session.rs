@@ -71,7 +71,7 @@ impl Session {
         // the stream's tail only when it is this history's and not beyond it.
         let origin = Origin {
             history: History {
-                system_id: system.system_id,
+                system_id: system.system_id.clone(),
                 timeline: system.timeline,
                 slot: settings.config().postgres.slot.clone(),
             },
@@ -94,18 +94,18 @@ impl Session {
         )
         .await
         .map_err(Restart::from)?;
-        // Everything the slot had confirmed is stored; a new history starts the position over.
+        // The slot is held: nobody else moves it now. Its position is where the position service
+        // starts, and a client that consumed it since the last session is reported here.
+        let check = relay.connector.slot_check(&system).await;
+        relay.slot_checked(&check)?;
         let serve = Serve::start(
             &relay.positions,
             client.as_ref(),
             stream.reported(),
-            relay.confirmed,
-            moved,
+            check.confirmed,
+            sink.last_sequence(),
         )
         .await;
-        relay
-            .positions
-            .advance(relay.confirmed, sink.last_sequence());
         Ok(Session {
             stream,
             sink,
@@ -150,6 +150,12 @@ impl Session {
         };
         if matches!(end, SessionEnd::Shutdown) {
             self.drain(relay).await;
+        } else {
+            // The walsender may still hold the slot: mark where it stands for the next session.
+            relay
+                .connector
+                .session_ended(self.stream.backend_pid())
+                .await;
         }
         end
     }
@@ -301,6 +307,11 @@ impl Session {
             );
         }
         self.confirm(relay);
+        // Before the slot is let go, so no other relay can have taken it when the mark is made.
+        relay
+            .connector
+            .session_ended(self.stream.backend_pid())
+            .await;
         let _ = self.stream.stop(Duration::from_secs(5)).await;
     }
 
