@@ -65,6 +65,11 @@ impl Session {
         if moved {
             relay.confirmed = Lsn::ZERO;
         }
+        // The slot is held: nobody else moves it now. Its position is where the position service
+        // starts, and a client that consumed it since the last session is reported here, before
+        // anything says this session streams.
+        let check = relay.connector.slot_check(&system).await;
+        relay.slot_checked(&check)?;
         let from = start.at(&system);
         relay.history = Some((system.system_id.clone(), system.timeline));
         // The history this session streams, and how far the server's WAL reaches: the sink trusts
@@ -94,10 +99,6 @@ impl Session {
         )
         .await
         .map_err(Restart::from)?;
-        // The slot is held: nobody else moves it now. Its position is where the position service
-        // starts, and a client that consumed it since the last session is reported here.
-        let check = relay.connector.slot_check(&system).await;
-        relay.slot_checked(&check)?;
         let serve = Serve::start(
             &relay.positions,
             client.as_ref(),
