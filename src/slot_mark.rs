@@ -207,11 +207,13 @@ pub(crate) async fn check(
     slot_at: Lsn,
     stored: &Stored,
 ) -> Result<Check, tokio_postgres::Error> {
-    let found = judge(settings, pg, slot_at, stored).await?;
-    if !matches!(found, Check::Consumed(_) | Check::NoMark) {
+    let found = judge(settings, pg, slot_at, stored).await;
+    // Evidence stays; anything else goes, also when it could not be judged: a mark left behind a
+    // streaming session would keep WAL for as long as that session lasts.
+    if !matches!(found, Ok(Check::Consumed(_) | Check::NoMark)) {
         drop_mark(settings, pg).await?;
     }
-    Ok(found)
+    found
 }
 
 /// Drops the mark if there is one. A mark `status` is peeking at is busy for a few seconds at
@@ -234,17 +236,39 @@ async fn drop_mark(settings: &Settings, pg: &Client) -> Result<(), tokio_postgre
     }
 }
 
-/// The end of a session whose walsender (`walsender_pid`) still holds the slot: leaves a mark at
-/// the slot's position, unless one is there already (an older mark covers more, and one that
-/// holds evidence must stay). Only while the walsender holds the slot, so no mark is made after
-/// another relay took the slot over (it would retain WAL behind that relay's back). Returns
-/// whether a mark was made.
+/// The end of a session whose walsender (`walsender_pid`) still holds the slot, having confirmed
+/// `confirmed`: leaves a mark at the slot's position, unless one is there already (an older mark
+/// covers more, and one that holds evidence must stay). Only while the walsender holds the slot, so
+/// no mark is made after another relay took the slot over (it would retain WAL behind that relay's
+/// back). The walsender applies the final status update a moment after it is sent: the copy waits
+/// (briefly) until the slot shows `confirmed`, so that a clean stop leaves nothing between the mark
+/// and the slot for the next start to look at. Returns whether a mark was made.
 pub(crate) async fn leave(
     settings: &Settings,
     pg: &Client,
     walsender_pid: i32,
+    confirmed: Lsn,
 ) -> Result<bool, tokio_postgres::Error> {
     let slot = &settings.config().postgres.slot;
+    let until = tokio::time::Instant::now() + Duration::from_secs(2);
+    loop {
+        let row = pg
+            .query_opt(
+                "SELECT confirmed_flush_lsn::text FROM pg_replication_slots \
+                 WHERE slot_name = $1 AND active_pid = $2",
+                &[slot, &walsender_pid],
+            )
+            .await?;
+        let Some(row) = row else {
+            // The walsender let the slot go (or another took it): no mark.
+            return Ok(false);
+        };
+        let at: Option<Lsn> = row.get::<_, Option<String>>(0).and_then(|t| t.parse().ok());
+        if at.is_some_and(|a| a >= confirmed) || tokio::time::Instant::now() >= until {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let made = pg
         .execute(
             "SELECT pg_copy_logical_replication_slot(slot_name, $2, false) FROM pg_replication_slots \

@@ -35,12 +35,16 @@ pub(crate) struct Bound {
 }
 
 impl Bound {
-    /// What `status` and the relay's start allow: a look must answer within seconds.
+    /// What `status` and the relay's start allow: a look must answer within seconds, and the
+    /// server keeps what it decoded (up to this many changes) in a tuplestore until it is read.
     pub(crate) const DEFAULT: Bound = Bound {
-        changes: 100_000,
+        changes: 20_000,
         timeout: Duration::from_secs(10),
     };
 }
+
+/// The first, cheap look of a search for the first event (see [`scan`]).
+const FIRST_LOOK: u32 = 64;
 
 /// An outbox event the look found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -177,17 +181,32 @@ pub(crate) async fn scan(
     // look at together is busy for one of them for as long as the other's look takes (at most the
     // bound). Wait for it rather than report "unknown".
     let deadline = tokio::time::Instant::now() + bound.timeout + Duration::from_secs(2);
-    let scan = loop {
-        let mut scanner = Scanner::new(settings, partitions.clone(), after, upto);
-        let ended = peek_into(settings, pg, slot, upto, first_only, bound, &mut scanner).await;
-        match ended {
-            Err(e) if in_use(&e) && tokio::time::Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(250)).await;
-            }
-            Err(e) => break scanner.finish(Some(server_words(&e, bound))),
-            Ok(unfinished) => break scanner.finish(unfinished),
-        }
+    // The server decodes every change up to `upto_nchanges` before it returns the first row. A
+    // look for the first event usually finds it in the first transaction: a small look first, the
+    // whole bound only when that one saw no event and more is pending.
+    let stages = if first_only && bound.changes > FIRST_LOOK {
+        vec![FIRST_LOOK, bound.changes]
+    } else {
+        vec![bound.changes]
     };
+    let mut scan = Scan::default();
+    for changes in stages {
+        let stage = Bound { changes, ..bound };
+        scan = loop {
+            let mut scanner = Scanner::new(settings, partitions.clone(), after, upto);
+            let ended = peek_into(settings, pg, slot, upto, first_only, stage, &mut scanner).await;
+            match ended {
+                Err(e) if in_use(&e) && tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+                Err(e) => break scanner.finish(Some(server_words(&e, stage))),
+                Ok(unfinished) => break scanner.finish(unfinished),
+            }
+        };
+        if scan.any().is_some() {
+            break;
+        }
+    }
     let _ = pg.batch_execute("RESET statement_timeout").await;
     Ok(scan)
 }

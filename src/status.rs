@@ -11,7 +11,11 @@
 //! `outbox-relay/SLOT/PID…`, its sampler's stays open while it waits for NATS or retries. So during an
 //! outage `status` says the relay is retrying instead of advising to start one. It never acquires the
 //! slot itself: whether events wait in an idle slot is peeked on a temporary copy of it, so a relay
-//! starting meanwhile never finds its slot held by `status`.
+//! starting meanwhile never finds its slot held by `status`. The look judges the changes as a relay
+//! would (`slot_scan.rs`): it finds an event behind changes that are not events, and says "cannot be
+//! checked" rather than "nothing waits" when its bound ends it first. A stop mark the last relay
+//! session left (`slot_mark.rs`) is judged the same way the relay judges it: events that a client
+//! other than a relay consumed from the slot, and the stream lacks, are a problem.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 

@@ -669,3 +669,38 @@ async fn status_finds_an_event_that_waits_behind_a_retention_delete() {
         "{json:#}"
     );
 }
+
+/// Issue 33, defect 5, the bound: a retention DELETE of more rows than `status` looks at (20,000
+/// changes) before the waiting insert. `status` cannot see the event, and must not say healthy: it
+/// exits 1 saying the slot cannot be checked for waiting events, and `events_waiting` is `null`.
+#[tokio::test]
+async fn status_is_unknown_not_healthy_when_its_look_ends_at_the_bound() {
+    let db = text_id_db().await;
+    db.psql(
+        "INSERT INTO public.outbox (event_id, aggregate_type, aggregate_id, event_type, payload) \
+         SELECT 'old-' || i, 'Claim', '1', 'x', '{}' FROM generate_series(1, 20001) i",
+    );
+    let nats = NatsServer::start();
+    let config = relay_config(&db, &nats);
+    let env = relay_env(&config);
+    let setup = run_command(&["setup"], &env, LIMIT);
+    assert!(setup.status.success(), "setup: {}", setup.stderr);
+    db.psql(&format!(
+        "ALTER PUBLICATION \"{}\" SET (publish = 'insert, delete')",
+        config.postgres.publication
+    ));
+    db.psql("DELETE FROM public.outbox");
+    let client = db.client().await;
+    insert_events(&client, &["e-behind".to_owned()]).await;
+    let status = run_command(&["status"], &env, LIMIT);
+    assert_eq!(status.status.code(), Some(1), "{}", status.stdout);
+    assert!(
+        status
+            .stdout
+            .contains("cannot be checked for waiting events (more than 20000 changes are pending"),
+        "{}",
+        status.stdout
+    );
+    let json = status_json(&run_command(&["status", "--json"], &env, LIMIT));
+    assert_eq!(json["slot"]["events_waiting"], Value::Null, "{json:#}");
+}

@@ -44,10 +44,11 @@ pub trait Connector: Send + Sync {
         let _ = system;
         Box::pin(async { SlotCheck::default() })
     }
-    /// A session ends while its walsender (`walsender_pid`) may still hold the slot: leave the stop
-    /// mark the next session's [`Connector::slot_check`] compares with. The default leaves none.
-    fn session_ended(&mut self, walsender_pid: i32) -> BoxFuture<'_, ()> {
-        let _ = walsender_pid;
+    /// A session that confirmed `confirmed` ends while its walsender (`walsender_pid`) may still
+    /// hold the slot: leave the stop mark the next session's [`Connector::slot_check`] compares
+    /// with. The default leaves none.
+    fn session_ended(&mut self, walsender_pid: i32, confirmed: Lsn) -> BoxFuture<'_, ()> {
+        let _ = (walsender_pid, confirmed);
         Box::pin(async {})
     }
 }
@@ -232,14 +233,14 @@ impl Connector for Servers {
         })
     }
 
-    fn session_ended(&mut self, walsender_pid: i32) -> BoxFuture<'_, ()> {
+    fn session_ended(&mut self, walsender_pid: i32, confirmed: Lsn) -> BoxFuture<'_, ()> {
         Box::pin(async move {
             let settings = &self.settings;
             let leave = async {
                 let pg = catalog::connect(settings, "stop mark")
                     .await
                     .map_err(|e| e.to_string())?;
-                slot_mark::leave(settings, &pg, walsender_pid)
+                slot_mark::leave(settings, &pg, walsender_pid, confirmed)
                     .await
                     .map_err(|e| crate::source::query_error_text(&e))
             };

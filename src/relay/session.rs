@@ -153,9 +153,10 @@ impl Session {
             self.drain(relay).await;
         } else {
             // The walsender may still hold the slot: mark where it stands for the next session.
+            self.stream.send_status_now();
             relay
                 .connector
-                .session_ended(self.stream.backend_pid())
+                .session_ended(self.stream.backend_pid(), self.stream.confirmed())
                 .await;
         }
         end
@@ -309,9 +310,10 @@ impl Session {
         }
         self.confirm(relay);
         // Before the slot is let go, so no other relay can have taken it when the mark is made.
+        self.stream.send_status_now();
         relay
             .connector
-            .session_ended(self.stream.backend_pid())
+            .session_ended(self.stream.backend_pid(), self.stream.confirmed())
             .await;
         let _ = self.stream.stop(Duration::from_secs(5)).await;
     }
