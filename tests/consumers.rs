@@ -508,7 +508,8 @@ async fn setup_warns_about_partitions_the_stream_does_not_cover() {
 /// Its first `/position` answer shows the slot's `confirmed_flush_lsn` as `confirmed_lsn` and as
 /// `stored_lsn` (not `0/0` until the session's first status update), with the stream's last
 /// sequence; a wait for an LSN beyond it is not answered stored. (The restore case, a slot behind
-/// what an earlier session of the same process stored, is the unit test in `stored/mod.rs`.)
+/// what an earlier session of the same process stored, is in `resume.rs` and the unit test in
+/// `stored/mod.rs`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn position_right_after_a_restart_is_the_slots_own() {
     let db = text_id_db().await;

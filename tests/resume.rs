@@ -762,21 +762,29 @@ async fn after_a_restore_the_position_service_waits_for_the_replayed_commits() {
     );
 
     block_in_place(|| nats.start_again());
+    let before_b = stream_count(&js, &stream).await;
+    assert_eq!(before_b, 203, "the events stored before the restore");
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {
         if let Some((status, body)) =
             crate::ops::try_get(&addr, &format!("/wait?lsn={token}&timeout_ms=5000")).await
             && status == 200
         {
+            // The answer names the stream's last sequence when it was given: set B's events come
+            // after the 203 stored before the restore.
+            let v: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+            let last = v["last_sequence"].as_u64().expect("last_sequence");
+            assert!(
+                last >= before_b + 3000,
+                "/wait answered stored for {token} while the stream's last sequence was {last}: set B's 3,000 \
+                 events come after sequence {before_b}: {body}"
+            );
             let in_stream = read_all(&js, &stream)
                 .await
                 .iter()
                 .filter(|m| m.id().starts_with("b-"))
                 .count();
-            assert_eq!(
-                in_stream, 3000,
-                "/wait answered stored for {token} with {in_stream} of set B's 3,000 events in the stream: {body}"
-            );
+            assert_eq!(in_stream, 3000, "{body}");
             break;
         }
         assert!(Instant::now() < deadline, "set B was never stored");
