@@ -64,6 +64,27 @@ fn stop(mut relay: RelayProcess) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slot_advanced_past_events_by_another_client_is_reported_and_a_normal_restart_never_is() {
+    consumed_by_another_client(|slot, _, past| {
+        format!("SELECT pg_replication_slot_advance('{slot}', '{past}')")
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_consumed_by_get_changes_is_reported_and_a_normal_restart_never_is() {
+    consumed_by_another_client(|slot, publication, past| {
+        format!(
+            "SELECT count(*) FROM pg_logical_slot_get_binary_changes('{slot}', '{past}', NULL, \
+             'proto_version', '1', 'publication_names', '{publication}')"
+        )
+    })
+    .await;
+}
+
+/// The story of the module: a clean run with an idle period, a normal restart, then `consume`
+/// (SQL for the slot, the publication and the WAL position past the new events) run by another
+/// client while no relay runs, and what must follow.
+async fn consumed_by_another_client(consume: impl Fn(&str, &str, outbox_relay::Lsn) -> String) {
     let db = text_id_db().await;
     db.psql("CREATE TABLE public.orders (id bigserial PRIMARY KEY, note text)");
     let nats = NatsServer::start();
@@ -132,9 +153,7 @@ async fn a_slot_advanced_past_events_by_another_client_is_reported_and_a_normal_
             .unwrap_or(false)
     })
     .await;
-    db.psql(&format!(
-        "SELECT pg_replication_slot_advance('{slot}', '{past}')"
-    ));
+    db.psql(&consume(&slot, &config.postgres.publication, past));
 
     // status, no relay running: exit 1 with the report, naming the events and backfill.
     let status = run_command(&["status"], &env, LIMIT);
