@@ -7,9 +7,8 @@
 use std::time::Duration;
 
 use async_nats::jetstream;
-use tokio_postgres::Client;
 
-use crate::hostile::{http_get, metric, set, text_id_db};
+use crate::hostile::{good, http_get, metric, set, text_id_db};
 use crate::ops::free_addr;
 use crate::support::{
     NatsServer, RelayProcess, confirmed_flush, current_wal_lsn, read_all, relay_config, relay_env,
@@ -21,17 +20,6 @@ const CONSUMED: &str = "outbox_relay_slot_consumed_events";
 const STREAMING: &str = "outbox_relay_streaming";
 /// Words of the report that only a consumed slot produces.
 const REPORT: &str = "by a client other than a relay";
-
-async fn insert(client: &Client, id: &str) {
-    client
-        .execute(
-            "INSERT INTO public.outbox (event_id, aggregate_type, aggregate_id, event_type, payload) \
-             VALUES ($1, 'Claim', '4711', 'ClaimApproved', '{}')",
-            &[&id],
-        )
-        .await
-        .unwrap_or_else(|e| panic!("insert {id}: {e}"));
-}
 
 async fn ids_in(js: &jetstream::Context, stream: &str) -> Vec<String> {
     read_all(js, stream)
@@ -103,7 +91,7 @@ async fn consumed_by_another_client(consume: impl Fn(&str, &str, outbox_relay::L
     // confirmed past the event, at the walsender's keepalive positions.
     let relay = RelayProcess::spawn(&["run"], &env);
     wait_metric(&addr, STREAMING, 1.0).await;
-    insert(&client, "e-1").await;
+    good(&client, "e-1").await;
     wait_for("e-1 stored", LIMIT, || async {
         ids_in(&js, &stream).await == ["e-1"]
     })
@@ -139,8 +127,8 @@ async fn consumed_by_another_client(consume: impl Fn(&str, &str, outbox_relay::L
     assert!(!log.contains(REPORT), "a normal restart reported: {log}");
 
     // While no relay runs, events are committed and another client advances the slot past them.
-    insert(&client, "e-2").await;
-    insert(&client, "e-3").await;
+    good(&client, "e-2").await;
+    good(&client, "e-3").await;
     let past = current_wal_lsn(&client).await;
     wait_for("the slot released by the stopped relay", LIMIT, || async {
         client
@@ -204,7 +192,7 @@ async fn consumed_by_another_client(consume: impl Fn(&str, &str, outbox_relay::L
     .await;
     wait_metric(&addr, CONSUMED, 0.0).await;
     wait_metric(&addr, STREAMING, 1.0).await;
-    insert(&client, "e-4").await;
+    good(&client, "e-4").await;
     wait_for("e-4 stored", LIMIT, || async {
         ids_in(&js, &stream).await == ["e-1", "e-4"]
     })

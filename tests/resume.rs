@@ -425,6 +425,30 @@ fn copy_dir(from: &Path, to: &Path) {
     );
 }
 
+/// Three events, stored and confirmed: what the snapshot will hold.
+async fn events_before_the_snapshot(
+    db: &TestDb,
+    js: &async_nats::jetstream::Context,
+    stream: &str,
+    client: &tokio_postgres::Client,
+    slot: &str,
+) {
+    let before = block_in_place(|| write_backlog(db, "s", 3));
+    wait_stored(js, stream, &before, "the events before the snapshot").await;
+    let end = current_wal_lsn(client).await;
+    wait_confirmed(client, slot, end, "the events before the snapshot").await;
+}
+
+/// Stops `pg`, puts the snapshot `copy` in place of its data directory and starts it again: a
+/// restore from a disk snapshot, same system and timeline.
+fn restore(pg: &PgServer, copy: &Path) {
+    pg.stop();
+    std::fs::remove_dir_all(pg.data_dir())
+        .unwrap_or_else(|e| panic!("remove {}: {e}", pg.data_dir().display()));
+    copy_dir(copy, pg.data_dir());
+    pg.start();
+}
+
 /// Defect 2a. Postgres restored from a disk snapshot: the slot (confirmed position) and the WAL go
 /// back to the snapshot, the stream keeps the events committed after it (set A), so its tail's
 /// commit LSN is ahead of the restored server's WAL. Events committed after the restore (set B) get
@@ -472,10 +496,7 @@ async fn restore_from_a_snapshot(new_events: u64, past_tail: bool, filler: bool)
     {
         let client = db.client().await;
         let relay = start_relay(&config, &client).await;
-        let before = block_in_place(|| write_backlog(&db, "s", 3));
-        wait_stored(&js, &stream, &before, "the events before the snapshot").await;
-        let end = current_wal_lsn(&client).await;
-        wait_confirmed(&client, &slot, end, "the events before the snapshot").await;
+        events_before_the_snapshot(&db, &js, &stream, &client, &slot).await;
         relay.stop().await.expect("the relay stops cleanly");
     }
     block_in_place(|| {
@@ -495,13 +516,7 @@ async fn restore_from_a_snapshot(new_events: u64, past_tail: bool, filler: bool)
         relay.stop().await.expect("the relay stops cleanly");
         all.last().expect("the stream's tail").commit_lsn()
     };
-    block_in_place(|| {
-        pg.stop();
-        std::fs::remove_dir_all(pg.data_dir())
-            .unwrap_or_else(|e| panic!("remove {}: {e}", pg.data_dir().display()));
-        copy_dir(&copy, pg.data_dir());
-        pg.start();
-    });
+    block_in_place(|| restore(&pg, &copy));
 
     let client = db.client().await;
     let set_b = block_in_place(|| write_backlog(&db, "b", new_events));
@@ -704,10 +719,7 @@ async fn after_a_restore_the_position_service_waits_for_the_replayed_commits() {
 
     let client = db.client().await;
     let relay = start_relay(&config, &client).await;
-    let before = block_in_place(|| write_backlog(&db, "s", 3));
-    wait_stored(&js, &stream, &before, "the events before the snapshot").await;
-    let end = current_wal_lsn(&client).await;
-    wait_confirmed(&client, &slot, end, "the events before the snapshot").await;
+    events_before_the_snapshot(&db, &js, &stream, &client, &slot).await;
     block_in_place(|| {
         pg.stop();
         copy_dir(pg.data_dir(), &copy);
@@ -737,11 +749,7 @@ async fn after_a_restore_the_position_service_waits_for_the_replayed_commits() {
     // NATS down first, so the relay cannot start a session until set B and the filler are in.
     block_in_place(|| {
         nats.stop();
-        pg.stop();
-        std::fs::remove_dir_all(pg.data_dir())
-            .unwrap_or_else(|e| panic!("remove {}: {e}", pg.data_dir().display()));
-        copy_dir(&copy, pg.data_dir());
-        pg.start();
+        restore(&pg, &copy);
     });
     let client = db.client().await;
     client
