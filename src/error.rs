@@ -81,6 +81,11 @@ pub enum Restart {
     /// "replication slot … is active for PID …": another relay streams; wait as a standby.
     #[error("slot held by another relay")]
     SlotHeld(#[source] SourceError),
+    /// Another client consumed the slot past outbox events the stream lacks (`slot_mark.rs`; the
+    /// text says which and how to recover). Streaming on would confirm past the gap as if nothing
+    /// happened, so every session refuses until the evidence is gone.
+    #[error("{0}")]
+    SlotConsumed(String),
 }
 
 /// What went wrong on the NATS side of a session.
@@ -137,7 +142,7 @@ impl Restart {
     /// The kind of this restart.
     pub(crate) fn kind(&self) -> CauseKind {
         match self {
-            Restart::Postgres(_) => CauseKind::Postgres,
+            Restart::Postgres(_) | Restart::SlotConsumed(_) => CauseKind::Postgres,
             Restart::Nats(_) => CauseKind::Nats,
             Restart::SlotHeld(_) => CauseKind::SlotHeld,
         }

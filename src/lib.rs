@@ -60,6 +60,8 @@ pub mod schema;
 mod secret_file;
 pub mod setup;
 pub mod sink;
+mod slot_mark;
+mod slot_scan;
 pub mod source;
 pub mod status;
 pub(crate) mod stored;

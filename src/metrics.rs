@@ -34,6 +34,9 @@ pub(crate) const SLOT_LAG: &str = "outbox_relay_slot_lag_bytes";
 pub(crate) const RETAINED_WAL: &str = "outbox_relay_retained_wal_bytes";
 /// Gauge: the slot's `wal_status`, 1 for the current one of [`WAL_STATUSES`].
 pub(crate) const WAL_STATUS: &str = "outbox_relay_slot_wal_status";
+/// Gauge: outbox events another client consumed from the slot (or skipped by advancing it) that the
+/// stream lacks, as the relay found at its last session start; 0 when none were.
+pub(crate) const SLOT_CONSUMED: &str = "outbox_relay_slot_consumed_events";
 /// Gauge: seconds since JetStream last acknowledged an event (-1 before the first).
 pub(crate) const SINCE_LAST_ACK: &str = "outbox_relay_seconds_since_last_ack";
 /// Gauge: 1 while a replication session streams from Postgres.
@@ -112,6 +115,8 @@ pub struct Metrics {
     pub(crate) retained_wal_bytes: AtomicU64,
     /// 1 + index into [`WAL_STATUSES`]; 0 = unknown.
     pub(crate) wal_status: AtomicU64,
+    /// Events another client took from the slot that the stream lacks (see [`SLOT_CONSUMED`]).
+    pub slot_consumed_events: AtomicU64,
     /// Commit (the transaction's commit timestamp) → JetStream ack.
     pub(crate) commit_to_ack: Histogram,
     /// `outbox.schemas`: failed checks by event type, reloads, schemas in force. An `Arc`: the
@@ -302,6 +307,13 @@ impl Metrics {
             "The slot's wal_status (1 for the current one); lost means events may be gone.",
             &statuses,
         );
+        family(
+            out,
+            SLOT_CONSUMED,
+            "gauge",
+            "Outbox events another client consumed from the slot (or advanced it past) that the stream lacks; 0 when none.",
+            &[("", g(&self.slot_consumed_events) as f64)],
+        );
     }
 
     /// The stall detector and the connection and standby states.
@@ -407,6 +419,7 @@ mod tests {
         assert!(text.contains("outbox_relay_events_published_total{outcome=\"dead_letter\"} 1\n"));
         assert!(text.contains("outbox_relay_slot_wal_status{status=\"extended\"} 1\n"));
         assert!(text.contains("outbox_relay_slot_wal_status{status=\"lost\"} 0\n"));
+        assert!(text.contains("outbox_relay_slot_consumed_events 0\n"));
         assert!(text.contains("outbox_relay_commit_to_ack_seconds_bucket{le=\"0.002\"} 0\n"));
         assert!(text.contains("outbox_relay_commit_to_ack_seconds_bucket{le=\"0.005\"} 1\n"));
         assert!(text.contains("outbox_relay_commit_to_ack_seconds_bucket{le=\"30\"} 1\n"));

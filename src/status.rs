@@ -11,7 +11,11 @@
 //! `outbox-relay/SLOT/PID…`, its sampler's stays open while it waits for NATS or retries. So during an
 //! outage `status` says the relay is retrying instead of advising to start one. It never acquires the
 //! slot itself: whether events wait in an idle slot is peeked on a temporary copy of it, so a relay
-//! starting meanwhile never finds its slot held by `status`.
+//! starting meanwhile never finds its slot held by `status`. The look judges the changes as a relay
+//! would (`slot_scan.rs`): it finds an event behind changes that are not events, and says "cannot be
+//! checked" rather than "nothing waits" when its bound ends it first. A stop mark the last relay
+//! session left (`slot_mark.rs`) is judged the same way the relay judges it: events that a client
+//! other than a relay consumed from the slot, and the stream lacks, are a problem.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -22,6 +26,8 @@ use crate::catalog::{self, SlotRow};
 use crate::config::Settings;
 use crate::setup;
 use crate::sink::connect_nats;
+use crate::slot_mark;
+use crate::slot_scan;
 
 /// Whether a server or object could be looked at, and what was found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -71,8 +77,14 @@ pub(crate) struct SlotStatus {
     pub(crate) wal_status: Option<String>,
     /// Bytes of WAL that can still be written before the slot is in danger of being lost.
     pub(crate) safe_wal_size: Option<i64>,
-    /// Events are decoded in the slot and no relay streams it.
+    /// Events are decoded in the slot and no relay streams it (`None`: not looked at, or the
+    /// look ended at its bound with WAL still pending and no event found).
     pub(crate) events_waiting: Option<bool>,
+    /// The first event that waits: its id and position.
+    pub(crate) waiting_event: Option<String>,
+    /// Outbox events a client other than a relay consumed from the slot (or advanced it past)
+    /// that the stream lacks, found through the stop mark (`None`: no mark, or not judged).
+    pub(crate) consumed_events: Option<u64>,
     /// PG 17+.
     pub(crate) inactive_since: Option<String>,
     /// Why the slot was invalidated (PG 17+); `None` while it is usable.
@@ -252,6 +264,7 @@ pub async fn status(settings: &Settings, max_lag_bytes: i64) -> Status {
         problems.push(crate::relay::error_chain(&e));
     }
     slot_problems(slot_name, &pg, &stream, &mut problems);
+    let consumed = consumed_problem(settings, &pg, &stream, &mut problems, &mut warnings).await;
     missing_problems(&pg, &stream, &mut problems);
     if let Some(lag) = pg.slot.lag_bytes.filter(|&l| l > max_lag_bytes) {
         problems.push(format!(
@@ -264,11 +277,13 @@ pub async fn status(settings: &Settings, max_lag_bytes: i64) -> Status {
         read_standbys(settings, pg.server.host.as_deref(), &pg.slot, &mut warnings).await;
     let schemas = schemas_status(settings, &mut problems);
     let backfill = backfill_status(settings, &stream, &mut problems);
+    let mut slot = pg.slot;
+    slot.consumed_events = consumed;
     Status {
         healthy: problems.is_empty(),
         postgres: pg.server,
         standbys,
-        slot: pg.slot,
+        slot,
         relay: pg.relay,
         publication: pg.publication,
         stream,
@@ -390,12 +405,17 @@ fn slot_problems(
         .unwrap_or_default();
     let retrying = retrying_note(&pg.relay, stream);
     if slot.events_waiting == Some(true) {
+        let first = slot
+            .waiting_event
+            .as_deref()
+            .map(|e| format!(", the first {e}"))
+            .unwrap_or_default();
         problems.push(match &retrying {
             Some(r) => format!(
-                "slot {slot_name}{since}: events wait in it and {r}; they are published once it reconnects"
+                "slot {slot_name}{since}: events wait in it{first} and {r}; they are published once it reconnects"
             ),
             None => format!(
-                "no relay streams slot {slot_name}{since} while events wait in it: start outbox-relay run"
+                "no relay streams slot {slot_name}{since} while events wait in it{first}: start outbox-relay run"
             ),
         });
     }
@@ -427,6 +447,53 @@ fn retrying_note(relay: &RelayStatus, stream: &StreamStatus) -> Option<String> {
         };
         format!("the relay (pid {pids}) runs but does not stream it: it is retrying; {why}")
     })
+}
+
+/// A client other than a relay consumed the slot past events the stream lacks, as the stop mark
+/// the last relay session left shows (`slot_mark.rs`): a problem that names the recovery. Returns
+/// how many events, when a mark was judged.
+async fn consumed_problem(
+    settings: &Settings,
+    pg: &PostgresSide,
+    stream: &StreamStatus,
+    problems: &mut Vec<String>,
+    warnings: &mut Vec<String>,
+) -> Option<u64> {
+    let slot = &settings.config().postgres.slot;
+    let slot_at = pg.slot.confirmed_flush_lsn.as_deref()?.parse().ok()?;
+    if stream.state != State::Exists {
+        return None;
+    }
+    let client = setup::connect_postgres(settings).await.ok()?;
+    let nats = connect_nats(settings).await.ok()?;
+    let stored = match crate::sink::read_tail(&async_nats::jetstream::new(nats), &stream.name).await
+    {
+        // status knows no timeline: the slot named in the tail is compared, not the history.
+        Ok(tail) => slot_mark::Stored::from_tail(&tail, slot, None),
+        Err(e) => slot_mark::Stored::Unknown(crate::relay::error_chain(&e)),
+    };
+    match slot_mark::judge(settings, &client, slot_at, &stored).await {
+        Ok(slot_mark::Check::Consumed(c)) => {
+            problems.push(c.to_string());
+            Some(c.events)
+        }
+        Ok(slot_mark::Check::Unknown(why)) => {
+            warnings.push(format!(
+                "slot {slot}: whether a client other than a relay consumed it since the last relay session cannot be told: {why}"
+            ));
+            None
+        }
+        Ok(slot_mark::Check::Clean) => Some(0),
+        Ok(slot_mark::Check::NoMark) => None,
+        Err(e) => {
+            warnings.push(format!(
+                "slot {slot}: the stop mark {} cannot be read: {}",
+                slot_mark::name(slot),
+                crate::source::query_error_text(&e)
+            ));
+            None
+        }
+    }
 }
 
 /// A publication or stream that its server says is not there: setup creates them.
@@ -530,7 +597,16 @@ async fn read_postgres(
         && r.invalidated().is_none()
     {
         match events_waiting(settings, pg).await {
-            Ok(w) => slot.events_waiting = Some(w),
+            Ok(scan) => {
+                slot.events_waiting = scan.any();
+                slot.waiting_event = scan
+                    .first
+                    .as_ref()
+                    .map(|f| format!("{} (position {})", f.id, f.position));
+                if scan.any().is_none() {
+                    *events_unknown = scan.unfinished;
+                }
+            }
             Err(e) => {
                 *events_unknown = Some(
                     e.as_db_error()
@@ -583,15 +659,19 @@ async fn relay_pids(pg: &Client, slot: &str) -> Result<Vec<u32>, tokio_postgres:
     Ok(pids)
 }
 
-/// Whether the inactive slot holds at least one outbox event nobody has published: the first
-/// decoded transaction, peeked (nothing is consumed). pgoutput sends nothing for transactions that
-/// touched no published table, so any insert or message row is a waiting event.
+/// Whether the inactive slot holds at least one outbox event nobody has published, and the first
+/// one: its pending changes are peeked, behind any number of changes that are not events (a
+/// retention DELETE, other published tables, messages under other prefixes), within
+/// [`slot_scan::Bound::DEFAULT`]; nothing is consumed.
 ///
 /// Peeking acquires the slot it reads for as long as decoding takes, and a relay starting then
 /// would find its slot held (and wait as a standby, naming this connection). So the peek reads a
 /// temporary copy (`pg_copy_logical_replication_slot`, which reads the slot's positions without
 /// acquiring it): the same WAL from the same position, and the copy goes with this connection.
-async fn events_waiting(settings: &Settings, pg: &Client) -> Result<bool, tokio_postgres::Error> {
+async fn events_waiting(
+    settings: &Settings,
+    pg: &Client,
+) -> Result<slot_scan::Scan, tokio_postgres::Error> {
     let copy = format!(
         "outbox_relay_status_{}_{}",
         std::process::id(),
@@ -604,33 +684,20 @@ async fn events_waiting(settings: &Settings, pg: &Client) -> Result<bool, tokio_
         &[&settings.config().postgres.slot, &copy],
     )
     .await?;
-    let peeked = peek(settings, pg, &copy).await;
+    let peeked = slot_scan::scan(
+        settings,
+        pg,
+        &copy,
+        None,
+        None,
+        true,
+        slot_scan::Bound::DEFAULT,
+    )
+    .await;
     let _ = pg
         .query("SELECT pg_drop_replication_slot($1)", &[&copy])
         .await;
     peeked
-}
-
-async fn peek(settings: &Settings, pg: &Client, slot: &str) -> Result<bool, tokio_postgres::Error> {
-    // Decoding reads WAL up to the first outbox change; bound it, status must answer.
-    pg.batch_execute("SET statement_timeout = '10s'").await?;
-    // Logical-message events are only decoded when asked for, as the relay asks.
-    let messages = if settings.config().outbox.message_prefix.is_empty() {
-        "false"
-    } else {
-        "true"
-    };
-    let rows = pg
-        .query(
-            "SELECT substr(data, 1, 1) FROM pg_logical_slot_peek_binary_changes($1, NULL, 1, \
-             'proto_version', '1', 'publication_names', $2, 'messages', $3)",
-            &[&slot, &settings.config().postgres.publication, &messages],
-        )
-        .await;
-    let _ = pg.batch_execute("RESET statement_timeout").await;
-    Ok(rows?
-        .iter()
-        .any(|r| matches!(r.get::<_, Vec<u8>>(0).first(), Some(b'I' | b'M'))))
 }
 
 /// Each other host of the URL: reachable, a standby, and holding a synced copy of the slot.
@@ -707,6 +774,8 @@ fn slot_status(name: &str, state: State, row: Option<&SlotRow>) -> SlotStatus {
         wal_status: r.wal_status,
         safe_wal_size: r.safe_wal_size,
         events_waiting: None,
+        waiting_event: None,
+        consumed_events: None,
         inactive_since: r.inactive_since,
         invalidation_reason: r.invalidation_reason,
         failover: r.failover,

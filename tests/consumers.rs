@@ -503,3 +503,63 @@ async fn setup_warns_about_partitions_the_stream_does_not_cover() {
         "{out}"
     );
 }
+
+/// Issue 33, defect 8: right after a restart the relay knows where the slot stands, and says so.
+/// Its first `/position` answer shows the slot's `confirmed_flush_lsn` as `confirmed_lsn` and as
+/// `stored_lsn` (not `0/0` until the session's first status update), with the stream's last
+/// sequence; a wait for an LSN beyond it is not answered stored. (The restore case, a slot behind
+/// what an earlier session of the same process stored, is in `resume.rs` and the unit test in
+/// `stored/mod.rs`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn position_right_after_a_restart_is_the_slots_own() {
+    let db = text_id_db().await;
+    let nats = NatsServer::start();
+    let mut config = relay_config(&db, &nats);
+    let addr = free_addr();
+    config.http.listen = addr.clone();
+    let client = db.client().await;
+    let js = jetstream::new(nats.client().await);
+    let relay = InProcessRelay::start(config.clone());
+    wait_for_active_slot(&client, &config.postgres.slot).await;
+    let mut token = Lsn::ZERO;
+    for i in 0..3 {
+        token = write(&client, &format!("e-{i}"), "1").await;
+    }
+    wait_for("three events stored and confirmed", LIMIT, || async {
+        stream_count(&js, &config.nats.stream).await == 3
+            && crate::support::confirmed_flush(&client, &config.postgres.slot)
+                .await
+                .is_some_and(|c| c >= token)
+    })
+    .await;
+    relay.stop().await.expect("relay stops cleanly");
+    let slot_at = crate::support::confirmed_flush(&client, &config.postgres.slot)
+        .await
+        .expect("the slot's position");
+
+    let relay = InProcessRelay::start(config.clone());
+    // The first answer after the restart, polled as fast as a client would.
+    let body = loop {
+        match try_get(&addr, "/position").await {
+            Some((200, body)) => break body,
+            _ => tokio::time::sleep(Duration::from_millis(5)).await,
+        }
+    };
+    let first: Value = serde_json::from_str(&body).expect("/position is JSON");
+    // At the slot's position or, if a status update came first, past it; never 0/0.
+    assert!(
+        lsn_of(&first, "confirmed_lsn") >= slot_at,
+        "right after the restart the slot is at {slot_at}: {first}"
+    );
+    assert!(lsn_of(&first, "stored_lsn") >= slot_at, "{first}");
+    assert_eq!(first["last_sequence"], 3, "{first}");
+    let far = Lsn(current_wal_lsn(&client).await.0 + (1 << 32));
+    let (status, body) = try_get(&addr, &format!("/wait?lsn={far}&timeout_ms=200"))
+        .await
+        .expect("/wait");
+    assert_eq!(
+        status, 504,
+        "a wait past what is stored is not stored: {body}"
+    );
+    relay.stop().await.expect("relay stops cleanly");
+}

@@ -11,6 +11,7 @@ mod consumers;
 mod deploy;
 mod events;
 mod faults;
+mod foreign_consumer;
 mod ha;
 mod hostile;
 mod lifecycle;

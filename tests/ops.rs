@@ -620,3 +620,87 @@ async fn standby_shows_in_metrics_and_readyz_until_it_takes_over() {
     assert_eq!(value(&body, "outbox_relay_streaming"), 1.0, "{body}");
     standby.stop().await.expect("the standby stops cleanly");
 }
+
+/// Issue 33, defect 5: a publication that also publishes deletes, a retention DELETE committed
+/// first and an outbox insert after it, no relay running. The insert waits behind a transaction
+/// that holds no event: `status` must still find it (exit 1, naming the event), and `setup` warns
+/// about the publication.
+#[tokio::test]
+async fn status_finds_an_event_that_waits_behind_a_retention_delete() {
+    let db = text_id_db().await;
+    let client = db.client().await;
+    // Rows from before the slot: a retention job's to delete, not events that wait.
+    insert_events(&client, &ids("old", 3)).await;
+    let nats = NatsServer::start();
+    let config = relay_config(&db, &nats);
+    let env = relay_env(&config);
+    let publication = &config.postgres.publication;
+    let setup = run_command(&["setup"], &env, LIMIT);
+    assert!(setup.status.success(), "setup: {}", setup.stderr);
+    let healthy = run_command(&["status"], &env, LIMIT);
+    assert_eq!(healthy.status.code(), Some(0), "{}", healthy.stdout);
+
+    db.psql(&format!(
+        "ALTER PUBLICATION \"{publication}\" SET (publish = 'insert, delete')"
+    ));
+    client
+        .batch_execute("DELETE FROM public.outbox")
+        .await
+        .expect("the retention delete");
+    insert_events(&client, &["e-waiting".to_owned()]).await;
+    let status = run_command(&["status"], &env, LIMIT);
+    assert_eq!(
+        status.status.code(),
+        Some(1),
+        "an event waits, no relay runs:\n{}",
+        status.stdout
+    );
+    assert!(
+        status
+            .stdout
+            .contains("while events wait in it, the first e-waiting"),
+        "status does not name the waiting event:\n{}",
+        status.stdout
+    );
+    let json = status_json(&run_command(&["status", "--json"], &env, LIMIT));
+    assert_eq!(
+        json["slot"]["events_waiting"],
+        Value::Bool(true),
+        "{json:#}"
+    );
+}
+
+/// Issue 33, defect 5, the bound: a retention DELETE of more rows than `status` looks at (20,000
+/// changes) before the waiting insert. `status` cannot see the event, and must not say healthy: it
+/// exits 1 saying the slot cannot be checked for waiting events, and `events_waiting` is `null`.
+#[tokio::test]
+async fn status_is_unknown_not_healthy_when_its_look_ends_at_the_bound() {
+    let db = text_id_db().await;
+    db.psql(
+        "INSERT INTO public.outbox (event_id, aggregate_type, aggregate_id, event_type, payload) \
+         SELECT 'old-' || i, 'Claim', '1', 'x', '{}' FROM generate_series(1, 20001) i",
+    );
+    let nats = NatsServer::start();
+    let config = relay_config(&db, &nats);
+    let env = relay_env(&config);
+    let setup = run_command(&["setup"], &env, LIMIT);
+    assert!(setup.status.success(), "setup: {}", setup.stderr);
+    db.psql(&format!(
+        "ALTER PUBLICATION \"{}\" SET (publish = 'insert, delete')",
+        config.postgres.publication
+    ));
+    db.psql("DELETE FROM public.outbox");
+    let client = db.client().await;
+    insert_events(&client, &["e-behind".to_owned()]).await;
+    let status = run_command(&["status"], &env, LIMIT);
+    assert_eq!(status.status.code(), Some(1), "{}", status.stdout);
+    assert!(
+        status
+            .stdout
+            .contains("cannot be checked for waiting events (more than 20000 changes are pending"),
+        "{}",
+        status.stdout
+    );
+    let json = status_json(&run_command(&["status", "--json"], &env, LIMIT));
+    assert_eq!(json["slot"]["events_waiting"], Value::Null, "{json:#}");
+}

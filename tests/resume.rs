@@ -425,6 +425,30 @@ fn copy_dir(from: &Path, to: &Path) {
     );
 }
 
+/// Three events, stored and confirmed: what the snapshot will hold.
+async fn events_before_the_snapshot(
+    db: &TestDb,
+    js: &async_nats::jetstream::Context,
+    stream: &str,
+    client: &tokio_postgres::Client,
+    slot: &str,
+) {
+    let before = block_in_place(|| write_backlog(db, "s", 3));
+    wait_stored(js, stream, &before, "the events before the snapshot").await;
+    let end = current_wal_lsn(client).await;
+    wait_confirmed(client, slot, end, "the events before the snapshot").await;
+}
+
+/// Stops `pg`, puts the snapshot `copy` in place of its data directory and starts it again: a
+/// restore from a disk snapshot, same system and timeline.
+fn restore(pg: &PgServer, copy: &Path) {
+    pg.stop();
+    std::fs::remove_dir_all(pg.data_dir())
+        .unwrap_or_else(|e| panic!("remove {}: {e}", pg.data_dir().display()));
+    copy_dir(copy, pg.data_dir());
+    pg.start();
+}
+
 /// Defect 2a. Postgres restored from a disk snapshot: the slot (confirmed position) and the WAL go
 /// back to the snapshot, the stream keeps the events committed after it (set A), so its tail's
 /// commit LSN is ahead of the restored server's WAL. Events committed after the restore (set B) get
@@ -472,10 +496,7 @@ async fn restore_from_a_snapshot(new_events: u64, past_tail: bool, filler: bool)
     {
         let client = db.client().await;
         let relay = start_relay(&config, &client).await;
-        let before = block_in_place(|| write_backlog(&db, "s", 3));
-        wait_stored(&js, &stream, &before, "the events before the snapshot").await;
-        let end = current_wal_lsn(&client).await;
-        wait_confirmed(&client, &slot, end, "the events before the snapshot").await;
+        events_before_the_snapshot(&db, &js, &stream, &client, &slot).await;
         relay.stop().await.expect("the relay stops cleanly");
     }
     block_in_place(|| {
@@ -495,13 +516,7 @@ async fn restore_from_a_snapshot(new_events: u64, past_tail: bool, filler: bool)
         relay.stop().await.expect("the relay stops cleanly");
         all.last().expect("the stream's tail").commit_lsn()
     };
-    block_in_place(|| {
-        pg.stop();
-        std::fs::remove_dir_all(pg.data_dir())
-            .unwrap_or_else(|e| panic!("remove {}: {e}", pg.data_dir().display()));
-        copy_dir(&copy, pg.data_dir());
-        pg.start();
-    });
+    block_in_place(|| restore(&pg, &copy));
 
     let client = db.client().await;
     let set_b = block_in_place(|| write_backlog(&db, "b", new_events));
@@ -671,4 +686,117 @@ async fn stop_is_not_held_up_by_a_blocked_partition_lookup() {
             "the relay did not stop within 5 s while its partition lookup waited for a lock on a partition"
         ),
     }
+}
+
+/// Issue 33, defect 8, on real servers: one relay process lives through a restore from a disk
+/// snapshot on the same system and timeline. Before the restore it had stored far past the
+/// snapshot (set A, then other tables' WAL it confirmed while idle); after it, set B (one
+/// transaction of 3,000 events) is committed at LSNs below that old stored position, and other
+/// tables' WAL takes the server past it, so nothing on the connection shows the restore. A
+/// `/wait` for set B's token may only answer "stored" once all of set B is in the stream: the
+/// process must not keep its old stored position.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_restore_the_position_service_waits_for_the_replayed_commits() {
+    let pg = PgServer::start_private();
+    let db = text_id_db(&pg).await;
+    db.psql("CREATE TABLE filler (x text)");
+    let nats = NatsServer::start();
+    let mut config = resume_config(&db, &nats);
+    let addr = crate::ops::free_addr();
+    config.http.listen = addr.clone();
+    let (stream, slot) = (config.nats.stream.clone(), config.postgres.slot.clone());
+    let js = nats.jetstream().await;
+    let snapshot = tempfile::tempdir().expect("tempdir for the snapshot");
+    let copy = snapshot.path().join("data");
+    let stored_lsn = |body: &str| -> Lsn {
+        let v: serde_json::Value = serde_json::from_str(body).expect("JSON");
+        v["stored_lsn"]
+            .as_str()
+            .expect("stored_lsn")
+            .parse()
+            .expect("an LSN")
+    };
+
+    let client = db.client().await;
+    let relay = start_relay(&config, &client).await;
+    events_before_the_snapshot(&db, &js, &stream, &client, &slot).await;
+    block_in_place(|| {
+        pg.stop();
+        copy_dir(pg.data_dir(), &copy);
+        pg.start();
+    });
+
+    // Set A and 5 MB of another table's WAL: the relay stores and, idle, confirms past them all.
+    let client = db.client().await;
+    let set_a = block_in_place(|| write_backlog(&db, "a", 200));
+    wait_stored(&js, &stream, &set_a, "set A").await;
+    db.psql("INSERT INTO filler SELECT repeat('x', 1000) FROM generate_series(1, 5000)");
+    let old_end = current_wal_lsn(&client).await;
+    let deadline = Instant::now() + WAIT;
+    let old_stored = loop {
+        if let Some((200, body)) = crate::ops::try_get(&addr, "/position").await
+            && stored_lsn(&body) >= old_end
+        {
+            break stored_lsn(&body);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the relay never stored past {old_end}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+
+    // NATS down first, so the relay cannot start a session until set B and the filler are in.
+    block_in_place(|| {
+        nats.stop();
+        restore(&pg, &copy);
+    });
+    let client = db.client().await;
+    client
+        .batch_execute(
+            "INSERT INTO public.outbox (event_id, aggregate_type, aggregate_id, event_type, payload) \
+             SELECT 'b-' || i, 'Claim', i::text, 'ClaimApproved', jsonb_build_object('n', i) \
+             FROM generate_series(1, 3000) i",
+        )
+        .await
+        .expect("set B");
+    let token = current_wal_lsn(&client).await;
+    db.psql("INSERT INTO filler SELECT repeat('x', 1000) FROM generate_series(1, 10000)");
+    let now = current_wal_lsn(&client).await;
+    assert!(
+        token < old_stored && now > old_stored,
+        "setup: set B's token {token} must lie below the old stored position {old_stored} and the WAL \
+         ({now}) beyond it, or the test proves nothing"
+    );
+
+    block_in_place(|| nats.start_again());
+    let before_b = stream_count(&js, &stream).await;
+    assert_eq!(before_b, 203, "the events stored before the restore");
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        if let Some((status, body)) =
+            crate::ops::try_get(&addr, &format!("/wait?lsn={token}&timeout_ms=5000")).await
+            && status == 200
+        {
+            // The answer names the stream's last sequence when it was given: set B's events come
+            // after the 203 stored before the restore.
+            let v: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+            let last = v["last_sequence"].as_u64().expect("last_sequence");
+            assert!(
+                last >= before_b + 3000,
+                "/wait answered stored for {token} while the stream's last sequence was {last}: set B's 3,000 \
+                 events come after sequence {before_b}: {body}"
+            );
+            let in_stream = read_all(&js, &stream)
+                .await
+                .iter()
+                .filter(|m| m.id().starts_with("b-"))
+                .count();
+            assert_eq!(in_stream, 3000, "{body}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "set B was never stored");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    relay.stop().await.expect("the relay stops cleanly");
 }

@@ -12,7 +12,9 @@ use crate::catalog;
 use crate::config::Settings;
 use crate::error::{RelayError, Restart, SessionEnd, from_source};
 use crate::metrics::Metrics;
-use crate::sink::{NatsPort, connect_nats};
+use crate::position::History;
+use crate::sink::{NatsPort, connect_nats, read_tail};
+use crate::slot_mark::{self, Check, Consumed, Stored};
 use crate::source::{
     PgOutputOptions, ReplConnection, ReplicationStream, Shared, SourceError, StreamConfig,
     SystemInfo, TimelineHistory,
@@ -36,6 +38,41 @@ pub trait Connector: Send + Sync {
     /// The OIDs of the outbox table's partitions (asked when a relation the stage does not know
     /// arrives).
     fn partitions(&mut self) -> BoxFuture<'_, Result<Vec<u32>, SessionEnd>>;
+    /// The slot as a session that holds it finds it (`system`: what the session's `IDENTIFY_SYSTEM`
+    /// said): its position, and whether another client consumed it past events the stream lacks
+    /// (`slot_mark.rs`). The default knows neither.
+    fn slot_check<'a>(&'a mut self, system: &'a SystemInfo) -> BoxFuture<'a, SlotCheck> {
+        let _ = system;
+        Box::pin(async { SlotCheck::default() })
+    }
+    /// A session that confirmed `confirmed` ends while its walsender (`walsender_pid`) may still
+    /// hold the slot: leave the stop mark the next session's [`Connector::slot_check`] compares
+    /// with. The default leaves none.
+    fn session_ended(&mut self, walsender_pid: i32, confirmed: Lsn) -> BoxFuture<'_, ()> {
+        let _ = (walsender_pid, confirmed);
+        Box::pin(async {})
+    }
+}
+
+/// What [`Connector::slot_check`] found.
+#[derive(Debug, Clone, Default)]
+pub struct SlotCheck {
+    /// The slot's `confirmed_flush_lsn` (`None`: it could not be read).
+    pub(crate) confirmed: Option<Lsn>,
+    /// Another client consumed the slot past events the stream lacks.
+    pub(crate) consumed: Option<Consumed>,
+    /// Why that could not be told, when it could not (for the log).
+    pub(crate) unknown: Option<String>,
+}
+
+impl SlotCheck {
+    /// The slot stands at `confirmed`; nothing else is known.
+    pub fn at(confirmed: Lsn) -> Self {
+        SlotCheck {
+            confirmed: Some(confirmed),
+            ..SlotCheck::default()
+        }
+    }
 }
 
 /// Where a session starts streaming, and what the relay remembers of where it left the slot.
@@ -252,6 +289,48 @@ impl Connector for Servers {
         })
     }
 
+    fn slot_check<'a>(&'a mut self, system: &'a SystemInfo) -> BoxFuture<'a, SlotCheck> {
+        Box::pin(async move {
+            let nats = self.nats.as_ref().map(|(c, _)| c.clone());
+            let history = History {
+                system_id: system.system_id.clone(),
+                timeline: system.timeline,
+                slot: self.settings.config().postgres.slot.clone(),
+            };
+            let history = &history;
+            tokio::time::timeout(
+                SLOT_CHECK_TIMEOUT,
+                check_slot(&self.settings, nats, history),
+            )
+            .await
+            .unwrap_or_else(|_| SlotCheck {
+                unknown: Some(format!("no answer within {SLOT_CHECK_TIMEOUT:?}")),
+                ..SlotCheck::default()
+            })
+        })
+    }
+
+    fn session_ended(&mut self, walsender_pid: i32, confirmed: Lsn) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            let settings = &self.settings;
+            let leave = async {
+                let pg = catalog::connect(settings, "stop mark")
+                    .await
+                    .map_err(|e| e.to_string())?;
+                slot_mark::leave(settings, &pg, walsender_pid, confirmed)
+                    .await
+                    .map_err(|e| crate::source::query_error_text(&e))
+            };
+            match tokio::time::timeout(MARK_TIMEOUT, leave).await {
+                Ok(Ok(made)) => tracing::debug!(made, "stop mark"),
+                Ok(Err(error)) => {
+                    tracing::debug!(%error, "no stop mark left: a client consuming the slot before the next session would go unnoticed")
+                }
+                Err(_) => tracing::debug!("no stop mark left: no answer in time"),
+            }
+        })
+    }
+
     fn partitions(&mut self) -> BoxFuture<'_, Result<Vec<u32>, SessionEnd>> {
         Box::pin(async move {
             let settings = &self.settings;
@@ -280,6 +359,61 @@ impl Connector for Servers {
                 })
         })
     }
+}
+
+/// How long the check at a session's start may take (connect, the slot, the stream's tail, the
+/// mark's look, which its own statement timeout bounds) before the session goes on without it.
+const SLOT_CHECK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(45);
+/// How long leaving the stop mark may take at a session's end.
+const MARK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The production [`Connector::slot_check`]: the slot's position on a control connection, then the
+/// stop mark judged against the stream's tail.
+async fn check_slot(
+    settings: &Settings,
+    nats: Option<async_nats::Client>,
+    history: &History,
+) -> SlotCheck {
+    let mut out = SlotCheck::default();
+    let slot = &settings.config().postgres.slot;
+    let pg = match catalog::connect(settings, "slot check").await {
+        Ok(c) => c,
+        Err(e) => {
+            out.unknown = Some(format!("no control connection: {e}"));
+            return out;
+        }
+    };
+    match catalog::slot(&pg, slot).await {
+        Ok(row) => {
+            out.confirmed = row
+                .and_then(|r| r.confirmed_flush_lsn)
+                .and_then(|t| t.parse().ok());
+        }
+        Err(e) => {
+            out.unknown = Some(format!("the slot cannot be read: {e}"));
+            return out;
+        }
+    }
+    let (Some(slot_at), Some(nats)) = (out.confirmed, nats) else {
+        return out;
+    };
+    let js = async_nats::jetstream::ContextBuilder::new()
+        .timeout(settings.ack_timeout)
+        .build(nats);
+    let stored = match read_tail(&js, &settings.config().nats.stream).await {
+        Ok(tail) => Stored::from_tail(&tail, slot, Some(history)),
+        Err(e) => Stored::Unknown(format!(
+            "the stream's tail cannot be read: {}",
+            super::error_chain(&e)
+        )),
+    };
+    match slot_mark::check(settings, &pg, slot_at, &stored).await {
+        Ok(Check::Consumed(c)) => out.consumed = Some(c),
+        Ok(Check::Unknown(why)) => out.unknown = Some(why),
+        Ok(Check::NoMark | Check::Clean) => {}
+        Err(e) => out.unknown = Some(format!("the stop mark cannot be read: {e}")),
+    }
+    out
 }
 
 /// How long the partition lookup may take (connect and query) before the session restarts.

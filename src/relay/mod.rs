@@ -30,7 +30,7 @@ use crate::metrics::Metrics;
 use crate::sink::{Outcome, SinkError};
 use crate::stored::Positions;
 use connector::Servers;
-pub use connector::{Connector, Start};
+pub use connector::{Connector, SlotCheck, Start};
 use monitor::{AbortOnDrop, sample_slot};
 use session::Session;
 
@@ -164,6 +164,7 @@ async fn sessions(
         history: None,
         distrust: false,
         jitter: jitter_seed | 1,
+        consumed: None,
         stop: stop_rx,
         telemetry,
     };
@@ -201,6 +202,9 @@ pub(crate) struct Relay {
     distrust: bool,
     /// The backoff jitter's xorshift state.
     jitter: u64,
+    /// The report of a client that consumed the slot, as last logged (logged again only when it
+    /// changes).
+    consumed: Option<String>,
     stop: watch::Receiver<bool>,
     /// `[telemetry]`: the span exporter, one per process, handed to every session's sink.
     telemetry: Option<crate::telemetry::Telemetry>,
@@ -300,6 +304,34 @@ impl Relay {
                 debug!(%slot, confirmed = %self.confirmed, "streaming (retry)")
             }
         }
+    }
+
+    /// What the session's [`Connector::slot_check`] found: a client that consumed the slot past
+    /// events the stream lacks ends the session (logged and counted, like a lost slot); a check
+    /// that could not tell is logged once.
+    fn slot_checked(&mut self, check: &SlotCheck) -> Result<(), SessionEnd> {
+        let events = check.consumed.as_ref().map_or(0, |c| c.events);
+        Metrics::set(&self.metrics.slot_consumed_events, events);
+        let Some(consumed) = &check.consumed else {
+            if let Some(why) = &check.unknown {
+                info!(%why, "whether another client consumed the slot since the last session cannot be told");
+            }
+            self.consumed = None;
+            return Ok(());
+        };
+        let text = consumed.to_string();
+        if self.consumed.as_ref() != Some(&text) {
+            error!(
+                slot = %consumed.slot,
+                from = %consumed.mark_at,
+                to = %consumed.slot_at,
+                events = consumed.events,
+                first = %consumed.first.id,
+                "{text}"
+            );
+            self.consumed = Some(text.clone());
+        }
+        Err(SessionEnd::Restart(Restart::SlotConsumed(text)))
     }
 
     /// A session stored a new event (or dead letter): the way to the stream works again.

@@ -75,6 +75,11 @@ impl Session {
                 "following a promoted server: timeline {before} is this server's history up to its switch point"
             );
         }
+        // The slot is held: nobody else moves it now. Its position is where the position service
+        // starts, and a client that consumed it since the last session is reported here, before
+        // anything says this session streams.
+        let check = relay.connector.slot_check(&system).await;
+        relay.slot_checked(&check)?;
         let from = start.at(&system);
         relay.history = Some((system.system_id.clone(), system.timeline));
         // The history this session streams, and how far the server's WAL reaches: the sink trusts
@@ -82,7 +87,7 @@ impl Session {
         // switch point) and not beyond it.
         let origin = Origin {
             history: History {
-                system_id: system.system_id,
+                system_id: system.system_id.clone(),
                 timeline: system.timeline,
                 slot: settings.config().postgres.slot.clone(),
             },
@@ -106,18 +111,14 @@ impl Session {
         )
         .await
         .map_err(Restart::from)?;
-        // Everything the slot had confirmed is stored; a new history starts the position over.
         let serve = Serve::start(
             &relay.positions,
             client.as_ref(),
             stream.reported(),
-            relay.confirmed,
-            moved,
+            check.confirmed,
+            sink.last_sequence(),
         )
         .await;
-        relay
-            .positions
-            .advance(relay.confirmed, sink.last_sequence());
         Ok(Session {
             stream,
             sink,
@@ -162,6 +163,13 @@ impl Session {
         };
         if matches!(end, SessionEnd::Shutdown) {
             self.drain(relay).await;
+        } else {
+            // The walsender may still hold the slot: mark where it stands for the next session.
+            self.stream.send_status_now();
+            relay
+                .connector
+                .session_ended(self.stream.backend_pid(), self.stream.confirmed())
+                .await;
         }
         end
     }
@@ -313,6 +321,12 @@ impl Session {
             );
         }
         self.confirm(relay);
+        // Before the slot is let go, so no other relay can have taken it when the mark is made.
+        self.stream.send_status_now();
+        relay
+            .connector
+            .session_ended(self.stream.backend_pid(), self.stream.confirmed())
+            .await;
         let _ = self.stream.stop(Duration::from_secs(5)).await;
     }
 

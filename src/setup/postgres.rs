@@ -297,7 +297,7 @@ async fn check_publication(
     let (schema, relname) = settings.config().outbox.table_parts();
     let row = pg
         .query_opt(
-            "SELECT pubinsert, pubviaroot FROM pg_publication WHERE pubname = $1",
+            "SELECT pubinsert, pubviaroot, pubupdate, pubdelete, pubtruncate FROM pg_publication WHERE pubname = $1",
             &[name],
         )
         .await?;
@@ -321,6 +321,9 @@ async fn check_publication(
             "does not publish inserts: ALTER PUBLICATION {name} SET (publish = 'insert')"
         )));
     }
+    report
+        .warnings
+        .extend(more_than_inserts(name, row.get(2), row.get(3), row.get(4)));
     if partitioned && !viaroot {
         return Err(problem(format!(
             "{table} is partitioned, but the publication publishes its partitions under their own names: \
@@ -345,6 +348,28 @@ async fn check_publication(
     }
     report.lines.push(format!("publication {name}: exists"));
     Ok(false)
+}
+
+/// The warning for a publication that publishes updates, deletes or truncates besides inserts:
+/// the relay ignores them, but each is decoded, sent and counted, and a retention `DELETE` of many
+/// rows is as much work for the walsender as the inserts were.
+fn more_than_inserts(name: &str, update: bool, delete: bool, truncate: bool) -> Option<String> {
+    let more: Vec<&str> = [
+        (update, "update"),
+        (delete, "delete"),
+        (truncate, "truncate"),
+    ]
+    .into_iter()
+    .filter_map(|(on, what)| on.then_some(what))
+    .collect();
+    (!more.is_empty()).then(|| {
+        format!(
+            "publication {name} publishes {} besides inserts: the relay ignores them, but the walsender \
+             decodes and sends every one (a retention DELETE costs as much as the inserts did): \
+             ALTER PUBLICATION {name} SET (publish = 'insert')",
+            more.join(", ")
+        )
+    })
 }
 
 /// An existing slot must be a logical pgoutput slot of this database that Postgres did not
@@ -444,4 +469,29 @@ pub(super) async fn create_slot(
             source: Box::new(e),
         })?;
     Ok(row.get(0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_publication_of_inserts_only_gets_no_warning_any_other_names_what_it_adds() {
+        assert_eq!(more_than_inserts("p", false, false, false), None);
+        let w = more_than_inserts("p", false, true, true).unwrap();
+        assert!(
+            w.contains("publishes delete, truncate besides inserts"),
+            "{w}"
+        );
+        assert!(
+            w.ends_with("ALTER PUBLICATION p SET (publish = 'insert')"),
+            "{w}"
+        );
+        assert!(!w.contains('\n'));
+        assert!(
+            more_than_inserts("p", true, false, false)
+                .unwrap()
+                .contains("publishes update besides")
+        );
+    }
 }

@@ -41,7 +41,7 @@ use crate::position::Position;
 use crate::route::SubjectTemplate;
 
 pub(crate) use connect::{ConnectError, connect_nats};
-pub(crate) use fence::{Fence, Origin, Replay, Replayed, Stamp, TailError};
+pub(crate) use fence::{Fence, Origin, Replay, Replayed, Stamp, Tail, TailError, read_tail};
 pub use port::NatsPort;
 #[cfg(feature = "test-support")]
 pub use port::{SimJetStream, SimSendError};

@@ -47,12 +47,16 @@ const MAX_WAITERS: usize = 200_000;
 /// What the session last published.
 #[derive(Clone, Debug, Default)]
 struct State {
-    /// The stored LSN (see the module docs). Never moves backwards within one WAL history.
+    /// The stored LSN (see the module docs). Never moves backwards within one session; each
+    /// session starts it at the slot's position.
     stored: Lsn,
     /// The stream sequence of the last message the relay stored (0 before the first).
     last_sequence: u64,
     /// While a session streams the slot: the flush LSN its last status update reported to the slot.
     serving: Option<Arc<AtomicU64>>,
+    /// The slot's `confirmed_flush_lsn` when the session started: confirmed already, before the
+    /// session's first status update reports anything.
+    slot_start: Lsn,
 }
 
 /// The shared handle: the session writes, the NATS service and the HTTP listener read and wait.
@@ -318,17 +322,20 @@ impl Positions {
         format!("outbox-relay.{}", self.slot)
     }
 
-    /// A session streams the slot from here: serve. `confirmed` is what the slot is known to be
-    /// confirmed at (stored already); `reported` is the stream's last reported flush LSN; `reset`:
-    /// the session streams another WAL history than the last (a restore, a promotion), where
-    /// positions of the old one mean nothing.
-    pub(crate) fn serving(&self, reported: Arc<AtomicU64>, confirmed: Lsn, reset: bool) {
+    /// A session streams the slot from here: serve. `slot` is the slot's `confirmed_flush_lsn` as
+    /// the session found it (`None` when it could not be read); `last_sequence` the stream's last
+    /// sequence; `reported` the stream's last reported flush LSN.
+    ///
+    /// Each session starts over from the slot, never from what an earlier session stored: after a
+    /// restore the slot is back where the snapshot left it, on the same system and timeline, and
+    /// its WAL after that point is written anew, so an LSN stored before means nothing now. Only
+    /// what the slot says is confirmed is stored for sure. An unknown slot position starts at
+    /// `0/0`: nothing is answered stored until the session's own progress says so.
+    pub(crate) fn serving(&self, reported: Arc<AtomicU64>, slot: Option<Lsn>, last_sequence: u64) {
         self.state.send_modify(|s| {
-            if reset {
-                s.stored = Lsn::ZERO;
-                s.last_sequence = 0;
-            }
-            s.stored = s.stored.max(confirmed);
+            s.stored = slot.unwrap_or(Lsn::ZERO);
+            s.slot_start = s.stored;
+            s.last_sequence = last_sequence;
             s.serving = Some(reported);
         });
     }
@@ -357,7 +364,7 @@ impl Positions {
             slot: self.slot.clone(),
             stream: self.stream.clone(),
             stored_lsn: s.stored,
-            confirmed_lsn: Lsn(reported.load(Ordering::Acquire)),
+            confirmed_lsn: Lsn(reported.load(Ordering::Acquire)).max(s.slot_start),
             last_sequence: s.last_sequence,
         })
     }
@@ -418,10 +425,10 @@ impl Serve {
         positions: &Arc<Positions>,
         nats: Option<&async_nats::Client>,
         reported: Arc<AtomicU64>,
-        confirmed: Lsn,
-        reset: bool,
+        slot: Option<Lsn>,
+        last_sequence: u64,
     ) -> Serve {
-        positions.serving(reported, confirmed, reset);
+        positions.serving(reported, slot, last_sequence);
         let service = match nats {
             Some(client) => match service::start(client, Arc::clone(positions)).await {
                 Ok(s) => Some(s),
@@ -562,9 +569,10 @@ mod tests {
         };
         assert_eq!(p.position(), Err(NotServing));
         assert!(p.wait(req(1, 10)).is_err());
-        p.serving(Arc::new(AtomicU64::new(0x10)), Lsn(0x20), false);
+        p.serving(Arc::new(AtomicU64::new(0x10)), Some(Lsn(0x20)), 0);
         assert_eq!(p.position().unwrap().stored_lsn, Lsn(0x20));
-        assert_eq!(p.position().unwrap().confirmed_lsn, Lsn(0x10));
+        // The slot stood at 0x20 when the session started: confirmed, whatever was reported since.
+        assert_eq!(p.position().unwrap().confirmed_lsn, Lsn(0x20));
         let done = p.wait(req(0x20, 10)).unwrap().await;
         assert!(matches!(done, WaitOutcome::Stored { .. }), "{done:?}");
         let soon = tokio::spawn(p.wait(req(0x30, 60_000)).unwrap());
@@ -586,10 +594,26 @@ mod tests {
         );
         p.not_serving();
         assert!(p.wait(req(1, 10)).is_err());
-        // A new history starts over; the same history keeps what was stored.
-        p.serving(Arc::new(AtomicU64::new(0)), Lsn(0x8), false);
-        assert_eq!(p.position().unwrap().stored_lsn, Lsn(0x35));
-        p.serving(Arc::new(AtomicU64::new(0)), Lsn(0x8), true);
-        assert_eq!(p.position().unwrap().stored_lsn, Lsn(0x8));
+        // Every session starts from the slot: after a restore on the same timeline the slot is
+        // behind what the last session stored, and nothing past it is stored in this WAL.
+        p.serving(Arc::new(AtomicU64::new(0)), Some(Lsn(0x8)), 3);
+        let at = p.position().unwrap();
+        assert_eq!((at.stored_lsn, at.last_sequence), (Lsn(0x8), 3));
+        assert_eq!(
+            at.confirmed_lsn,
+            Lsn(0x8),
+            "the slot's position before any status update"
+        );
+        let restored = p.wait(req(0x20, 0)).unwrap().await;
+        assert_eq!(
+            restored,
+            WaitOutcome::TimedOut {
+                stored_lsn: Lsn(0x8)
+            },
+            "a commit the restored WAL has not replayed is not stored"
+        );
+        // A slot position that could not be read stores nothing yet.
+        p.serving(Arc::new(AtomicU64::new(0)), None, 3);
+        assert_eq!(p.position().unwrap().stored_lsn, Lsn::ZERO);
     }
 }

@@ -38,7 +38,7 @@ use outbox_relay::Lsn;
 use outbox_relay::config::{Config, Settings};
 use outbox_relay::error::{NatsTrouble, Restart, SessionEnd};
 use outbox_relay::metrics::Metrics;
-use outbox_relay::relay::{Connector, RelayError, Start, error_chain, run_with};
+use outbox_relay::relay::{Connector, RelayError, SlotCheck, Start, error_chain, run_with};
 use outbox_relay::sink::{NatsPort, SimJetStream};
 use outbox_relay::source::{ReplicationStream, StreamConfig, SystemInfo};
 use tokio::sync::oneshot;
@@ -231,6 +231,11 @@ impl Connector for SimConnector {
             tokio::time::sleep(self.dice.millis(0, 5)).await;
             self.pg.partitions()
         })
+    }
+
+    fn slot_check<'a>(&'a mut self, _system: &'a SystemInfo) -> BoxFuture<'a, SlotCheck> {
+        // The session holds the slot: its position is what the position service starts from.
+        Box::pin(async move { SlotCheck::at(Lsn(self.pg.slot_confirmed())) })
     }
 }
 

@@ -1,0 +1,384 @@
+//! The stop mark: how the relay finds out that another client consumed its slot
+//! (`pg_logical_slot_get_changes`) or advanced it (`pg_replication_slot_advance`) past outbox
+//! events while no relay streamed it. Those events are never sent to the relay again, so without
+//! this nothing would say they are missing from the stream.
+//!
+//! The slot alone cannot tell: its `confirmed_flush_lsn` moves past the stream's last event in
+//! normal operation too (an idle relay confirms the walsender's keepalive positions, P5), and the
+//! WAL below it can no longer be decoded through it. So when a session ends while it still holds
+//! the slot, the relay copies it (`pg_copy_logical_replication_slot`, a logical slot named
+//! [`name`]) at that position. The next session, once it holds the slot, peeks the copy up to the
+//! slot's position and counts the outbox events past the stream's last one:
+//!
+//! - none: whatever moved the slot skipped no event the stream lacks (a normal restart, an idle
+//!   period, another relay of this slot that streamed in between): the mark is dropped;
+//! - some: they were consumed by someone else. The mark is kept, as the evidence `status` reads
+//!   and so the relay refuses to stream on past them (each retry finds them again) until the
+//!   operator recovers with `backfill` and drops the mark, or drops it to accept the gap.
+//!
+//! The rule compares events, not positions, so no position the relay itself confirmed can raise
+//! it: an event before the mark's position was streamed before the mark was made, and one between
+//! the mark and the slot that a relay published is at or before the stream's last message (the
+//! stream holds a gap-free prefix of the outbox in commit order). A mark is never left behind while
+//! a session streams: it is made only while the ending session's walsender still holds the slot,
+//! and every session start drops it unless it holds evidence, so it retains no WAL the slot does
+//! not retain itself. What it cannot see: a relay that died without ending its session (kill -9,
+//! a crash, Postgres going away first) leaves no mark, and a stream whose last message is gone or
+//! not the relay's gives nothing to compare with; both are said in the log, never guessed.
+
+use std::fmt;
+use std::time::Duration;
+
+use tokio_postgres::Client;
+
+use crate::Lsn;
+use crate::config::Settings;
+use crate::position::{History, Position};
+use crate::sink::Tail;
+use crate::slot_scan::{self, Bound, Found};
+
+/// The mark's name: the slot's with `_mark`, cut to Postgres' 63 bytes.
+pub(crate) fn name(slot: &str) -> String {
+    const SUFFIX: &str = "_mark";
+    let keep = slot.len().min(63 - SUFFIX.len());
+    // Slot names are [a-z0-9_]: any byte is a character boundary.
+    format!("{}{SUFFIX}", &slot[..keep])
+}
+
+/// How far the stream is known to hold this slot's events.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Stored {
+    /// Every event through this position (`None`: the stream holds none).
+    Through(Option<Position>),
+    /// Not known, and why.
+    Unknown(String),
+}
+
+impl Stored {
+    /// From the stream's tail: its last message's position, when a relay wrote it for `history`
+    /// (with `history` `None`, only the slot is compared: `status` knows no timeline).
+    pub(crate) fn from_tail(tail: &Tail, slot: &str, history: Option<&History>) -> Stored {
+        if tail.last_sequence == 0 {
+            return Stored::Through(None);
+        }
+        let Some(last) = &tail.last else {
+            return Stored::Unknown(format!(
+                "the stream's last message (sequence {}) is gone (limits or a purge)",
+                tail.last_sequence
+            ));
+        };
+        match (&last.position, &last.history) {
+            (Some(p), Some(h)) if h.slot == slot && history.is_none_or(|here| here == h) => {
+                Stored::Through(Some(*p))
+            }
+            (Some(_), Some(h)) => Stored::Unknown(format!(
+                "the stream's last message is from another history ({h})"
+            )),
+            _ => Stored::Unknown(
+                "the stream's last message was not written by this relay (no Outbox-Position)"
+                    .into(),
+            ),
+        }
+    }
+}
+
+/// Outbox events between the mark and the slot's position that the stream lacks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Consumed {
+    /// `postgres.slot`.
+    pub(crate) slot: String,
+    /// Where the last session left the slot (the mark's position).
+    pub(crate) mark_at: Lsn,
+    /// Where the slot stands now.
+    pub(crate) slot_at: Lsn,
+    /// How many events were counted, and whether that is all of them.
+    pub(crate) events: u64,
+    /// The count stopped at the look's bound.
+    pub(crate) at_least: bool,
+    /// The first of them.
+    pub(crate) first: Found,
+    /// The last of them counted.
+    pub(crate) last: Found,
+}
+
+impl fmt::Display for Consumed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "replication slot {slot} was moved from {from} to {to} by a client other than a relay \
+             (pg_logical_slot_get_changes or pg_replication_slot_advance) past {least}{n} outbox events the stream lacks \
+             (the first {first_id} at {first_pos}, the last {last_id} at {last_pos}): they will never be sent again. \
+             Stop every relay for the slot, recover with `outbox-relay backfill` (see docs/recovery.md), then drop the mark \
+             with SELECT pg_drop_replication_slot('{mark}') (dropping it without a backfill accepts the gap)",
+            slot = self.slot,
+            from = self.mark_at,
+            to = self.slot_at,
+            least = if self.at_least { "at least " } else { "" },
+            n = self.events,
+            first_id = self.first.id,
+            first_pos = self.first.position,
+            last_id = self.last.id,
+            last_pos = self.last.position,
+            mark = name(&self.slot),
+        )
+    }
+}
+
+/// What the start of a session found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Check {
+    /// No mark: the last session did not end cleanly, or this is the first.
+    NoMark,
+    /// The mark showed no event the stream lacks; it has been dropped.
+    Clean,
+    /// Events were consumed by someone else; the mark stays.
+    Consumed(Consumed),
+    /// The mark could not be judged (and was dropped, so it retains no WAL): why.
+    Unknown(String),
+}
+
+/// The mark's `confirmed_flush_lsn`, if there is a mark.
+async fn mark_position(pg: &Client, mark: &str) -> Result<Option<Lsn>, tokio_postgres::Error> {
+    let row = pg
+        .query_opt(
+            "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1",
+            &[&mark],
+        )
+        .await?;
+    Ok(row
+        .and_then(|r| r.get::<_, Option<String>>(0))
+        .and_then(|t| t.parse().ok()))
+}
+
+/// Judges the mark against the slot at `slot_at` and what the stream holds, without dropping it:
+/// `status` reads, and the relay's start decides what to keep ([`check`]).
+pub(crate) async fn judge(
+    settings: &Settings,
+    pg: &Client,
+    slot_at: Lsn,
+    stored: &Stored,
+) -> Result<Check, tokio_postgres::Error> {
+    let slot = &settings.config().postgres.slot;
+    let mark = name(slot);
+    let Some(mark_at) = mark_position(pg, &mark).await? else {
+        return Ok(Check::NoMark);
+    };
+    if mark_at >= slot_at {
+        return Ok(Check::Clean);
+    }
+    let after = match stored {
+        Stored::Through(p) => *p,
+        Stored::Unknown(why) => return Ok(Check::Unknown(why.clone())),
+    };
+    let scan = slot_scan::scan(
+        settings,
+        pg,
+        &mark,
+        Some(slot_at),
+        after,
+        false,
+        Bound::DEFAULT,
+    )
+    .await?;
+    Ok(match (scan.first, scan.last) {
+        (Some(first), Some(last)) => Check::Consumed(Consumed {
+            slot: slot.clone(),
+            mark_at,
+            slot_at,
+            events: scan.events,
+            at_least: scan.unfinished.is_some(),
+            first,
+            last,
+        }),
+        _ => match scan.unfinished {
+            Some(why) => Check::Unknown(format!(
+                "the WAL from {mark_at} to {slot_at} could not be read to the end: {why}"
+            )),
+            None => Check::Clean,
+        },
+    })
+}
+
+/// The start of a session that holds the slot at `slot_at`: [`judge`], then drops the mark unless
+/// it holds evidence.
+pub(crate) async fn check(
+    settings: &Settings,
+    pg: &Client,
+    slot_at: Lsn,
+    stored: &Stored,
+) -> Result<Check, tokio_postgres::Error> {
+    let found = judge(settings, pg, slot_at, stored).await;
+    // Evidence stays; anything else goes, also when it could not be judged: a mark left behind a
+    // streaming session would keep WAL for as long as that session lasts.
+    if !matches!(found, Ok(Check::Consumed(_) | Check::NoMark)) {
+        drop_mark(settings, pg).await?;
+    }
+    found
+}
+
+/// Drops the mark if there is one. A mark `status` is peeking at is busy for a few seconds at
+/// most: waited for, so that no mark is left behind a streaming session.
+async fn drop_mark(settings: &Settings, pg: &Client) -> Result<(), tokio_postgres::Error> {
+    let deadline = tokio::time::Instant::now() + Bound::DEFAULT.timeout + Duration::from_secs(2);
+    loop {
+        let dropped = pg
+            .execute(
+                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1",
+                &[&name(&settings.config().postgres.slot)],
+            )
+            .await;
+        match dropped {
+            Err(e) if slot_scan::in_use(&e) && tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            other => return other.map(|_| ()),
+        }
+    }
+}
+
+/// The end of a session whose walsender (`walsender_pid`) still holds the slot, having confirmed
+/// `confirmed`: leaves a mark at the slot's position, unless one is there already (an older mark
+/// covers more, and one that holds evidence must stay). Only while the walsender holds the slot, so
+/// no mark is made after another relay took the slot over (it would retain WAL behind that relay's
+/// back). The walsender applies the final status update a moment after it is sent: the copy waits
+/// (briefly) until the slot shows `confirmed`, so that a clean stop leaves nothing between the mark
+/// and the slot for the next start to look at. Returns whether a mark was made.
+pub(crate) async fn leave(
+    settings: &Settings,
+    pg: &Client,
+    walsender_pid: i32,
+    confirmed: Lsn,
+) -> Result<bool, tokio_postgres::Error> {
+    let slot = &settings.config().postgres.slot;
+    let until = tokio::time::Instant::now() + Duration::from_secs(2);
+    loop {
+        let row = pg
+            .query_opt(
+                "SELECT confirmed_flush_lsn::text FROM pg_replication_slots \
+                 WHERE slot_name = $1 AND active_pid = $2",
+                &[slot, &walsender_pid],
+            )
+            .await?;
+        let Some(row) = row else {
+            // The walsender let the slot go (or another took it): no mark.
+            return Ok(false);
+        };
+        let at: Option<Lsn> = row.get::<_, Option<String>>(0).and_then(|t| t.parse().ok());
+        if at.is_some_and(|a| a >= confirmed) || tokio::time::Instant::now() >= until {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let made = pg
+        .execute(
+            "SELECT pg_copy_logical_replication_slot(slot_name, $2, false) FROM pg_replication_slots \
+             WHERE slot_name = $1 AND active_pid = $3 \
+             AND NOT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $2)",
+            &[slot, &name(slot), &walsender_pid],
+        )
+        .await?;
+    Ok(made > 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sink::Stamp;
+
+    fn history(slot: &str) -> History {
+        History {
+            system_id: "7311234567890123456".into(),
+            timeline: 1,
+            slot: slot.into(),
+        }
+    }
+
+    fn tail(last: Option<Stamp>) -> Tail {
+        Tail {
+            last_sequence: 9,
+            last,
+            max_msg_size: None,
+        }
+    }
+
+    #[test]
+    fn the_mark_is_named_for_the_slot_within_postgres_limit() {
+        assert_eq!(name("outbox_relay"), "outbox_relay_mark");
+        let long = "s".repeat(63);
+        assert_eq!(name(&long).len(), 63);
+        assert!(name(&long).ends_with("_mark"));
+    }
+
+    #[test]
+    fn only_a_tail_this_relay_wrote_in_this_history_says_how_far_the_stream_holds() {
+        let p = Position::in_transaction(Lsn(0x10), 2);
+        let ours = Stamp {
+            position: Some(p),
+            history: Some(history("s")),
+            id: Some("e-1".into()),
+        };
+        assert_eq!(
+            Stored::from_tail(&tail(Some(ours.clone())), "s", Some(&history("s"))),
+            Stored::Through(Some(p))
+        );
+        assert_eq!(
+            Stored::from_tail(&tail(Some(ours.clone())), "s", None),
+            Stored::Through(Some(p)),
+            "status compares the slot only"
+        );
+        let empty = Tail {
+            last_sequence: 0,
+            last: None,
+            max_msg_size: None,
+        };
+        assert_eq!(Stored::from_tail(&empty, "s", None), Stored::Through(None));
+        for (t, slot, why) in [
+            (tail(None), "s", "gone"),
+            (tail(Some(ours.clone())), "other", "another history"),
+            (
+                tail(Some(Stamp::default())),
+                "s",
+                "not written by this relay",
+            ),
+        ] {
+            match Stored::from_tail(&t, slot, None) {
+                Stored::Unknown(w) => assert!(w.contains(why), "{w}"),
+                other => panic!("{other:?}"),
+            }
+        }
+        let mut timeline_2 = history("s");
+        timeline_2.timeline = 2;
+        assert!(matches!(
+            Stored::from_tail(&tail(Some(ours)), "s", Some(&timeline_2)),
+            Stored::Unknown(_)
+        ));
+    }
+
+    #[test]
+    fn the_report_names_the_slot_the_events_and_the_recovery_on_one_line() {
+        let found = |id: &str, lsn| Found {
+            id: id.into(),
+            position: Position::in_transaction(Lsn(lsn), 0),
+        };
+        let c = Consumed {
+            slot: "outbox_relay".into(),
+            mark_at: Lsn(0x100),
+            slot_at: Lsn(0x900),
+            events: 3,
+            at_least: false,
+            first: found("e-1", 0x200),
+            last: found("e-3", 0x800),
+        };
+        let text = c.to_string();
+        for part in [
+            "replication slot outbox_relay was moved from 0/100 to 0/900",
+            "past 3 outbox events the stream lacks",
+            "the first e-1 at 0/200:0",
+            "outbox-relay backfill",
+            "pg_drop_replication_slot('outbox_relay_mark')",
+        ] {
+            assert!(text.contains(part), "{part}: {text}");
+        }
+        assert!(!text.contains('\n'));
+    }
+}

@@ -1,0 +1,201 @@
+//! A client other than a relay consumes or advances the slot while no relay streams it
+//! (issue 33, defect 9): the events it skipped are never sent to a relay again. The relay must say
+//! so like a lost slot (a log line naming `backfill`, `status` exit 1, a metric) and refuse to
+//! stream on past them; and a normal stop and start, also after an idle period in which other
+//! tables were written and the slot was confirmed past the last event, must never say it.
+
+use std::time::Duration;
+
+use async_nats::jetstream;
+
+use crate::hostile::{good, http_get, metric, set, text_id_db};
+use crate::ops::free_addr;
+use crate::support::{
+    NatsServer, RelayProcess, confirmed_flush, current_wal_lsn, read_all, relay_config, relay_env,
+    run_command, slot_exists, wait_for,
+};
+
+const LIMIT: Duration = Duration::from_secs(60);
+const CONSUMED: &str = "outbox_relay_slot_consumed_events";
+const STREAMING: &str = "outbox_relay_streaming";
+/// Words of the report that only a consumed slot produces.
+const REPORT: &str = "by a client other than a relay";
+
+async fn ids_in(js: &jetstream::Context, stream: &str) -> Vec<String> {
+    read_all(js, stream)
+        .await
+        .iter()
+        .map(|m| m.id().to_owned())
+        .collect()
+}
+
+/// The metric's value, once `/metrics` answers with it.
+async fn wait_metric(addr: &str, series: &str, want: f64) {
+    wait_for(&format!("{series} = {want}"), LIMIT, || async {
+        match http_get(addr, "/metrics").await {
+            Some((200, body)) => metric(&body, series) == Some(want),
+            _ => false,
+        }
+    })
+    .await;
+}
+
+/// Stops the relay with SIGTERM (it must exit 0) and returns its log.
+fn stop(mut relay: RelayProcess) -> String {
+    relay.signal("TERM");
+    let status = relay
+        .wait(Duration::from_secs(30))
+        .unwrap_or_else(|| panic!("no exit after SIGTERM: {}", relay.stderr()));
+    assert_eq!(status.code(), Some(0), "{}", relay.stderr());
+    relay.stderr()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_advanced_past_events_by_another_client_is_reported_and_a_normal_restart_never_is() {
+    consumed_by_another_client(|slot, _, past| {
+        format!("SELECT pg_replication_slot_advance('{slot}', '{past}')")
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_consumed_by_get_changes_is_reported_and_a_normal_restart_never_is() {
+    consumed_by_another_client(|slot, publication, past| {
+        format!(
+            "SELECT count(*) FROM pg_logical_slot_get_binary_changes('{slot}', '{past}', NULL, \
+             'proto_version', '1', 'publication_names', '{publication}')"
+        )
+    })
+    .await;
+}
+
+/// The story of the module: a clean run with an idle period, a normal restart, then `consume`
+/// (SQL for the slot, the publication and the WAL position past the new events) run by another
+/// client while no relay runs, and what must follow.
+async fn consumed_by_another_client(consume: impl Fn(&str, &str, outbox_relay::Lsn) -> String) {
+    let db = text_id_db().await;
+    db.psql("CREATE TABLE public.orders (id bigserial PRIMARY KEY, note text)");
+    let nats = NatsServer::start();
+    let mut config = relay_config(&db, &nats);
+    config.http.listen = free_addr();
+    let addr = config.http.listen.clone();
+    let mut env = relay_env(&config);
+    set(&mut env, "OUTBOX_RELAY_HTTP_LISTEN", &addr);
+    let slot = config.postgres.slot.clone();
+    let mark = format!("{slot}_mark");
+    let stream = config.nats.stream.clone();
+    let client = db.client().await;
+    let js = jetstream::new(nats.client().await);
+
+    // A relay stores an event; then an idle period: other tables are written and the slot is
+    // confirmed past the event, at the walsender's keepalive positions.
+    let relay = RelayProcess::spawn(&["run"], &env);
+    wait_metric(&addr, STREAMING, 1.0).await;
+    good(&client, "e-1").await;
+    wait_for("e-1 stored", LIMIT, || async {
+        ids_in(&js, &stream).await == ["e-1"]
+    })
+    .await;
+    for i in 0..50 {
+        client
+            .execute(
+                "INSERT INTO public.orders (note) VALUES ($1)",
+                &[&format!("order {i}")],
+            )
+            .await
+            .expect("insert an order");
+    }
+    let idle_end = current_wal_lsn(&client).await;
+    wait_for("the idle slot confirmed past the orders", LIMIT, || async {
+        confirmed_flush(&client, &slot)
+            .await
+            .is_some_and(|c| c >= idle_end)
+    })
+    .await;
+    let log = stop(relay);
+    assert!(!log.contains(REPORT), "a clean run reported: {log}");
+
+    // A normal start after that: nothing reported, the mark is dropped, the relay streams.
+    let relay = RelayProcess::spawn(&["run"], &env);
+    wait_metric(&addr, STREAMING, 1.0).await;
+    let body = http_get(&addr, "/metrics").await.expect("metrics").1;
+    assert!(
+        metric(&body, CONSUMED).unwrap_or(0.0) == 0.0,
+        "a normal restart counted consumed events:\n{body}"
+    );
+    let log = stop(relay);
+    assert!(!log.contains(REPORT), "a normal restart reported: {log}");
+
+    // While no relay runs, events are committed and another client advances the slot past them.
+    good(&client, "e-2").await;
+    good(&client, "e-3").await;
+    let past = current_wal_lsn(&client).await;
+    wait_for("the slot released by the stopped relay", LIMIT, || async {
+        client
+            .query_one(
+                "SELECT NOT active FROM pg_replication_slots WHERE slot_name = $1",
+                &[&slot],
+            )
+            .await
+            .map(|r| r.get::<_, bool>(0))
+            .unwrap_or(false)
+    })
+    .await;
+    db.psql(&consume(&slot, &config.postgres.publication, past));
+
+    // status, no relay running: exit 1 with the report, naming the events and backfill.
+    let status = run_command(&["status"], &env, LIMIT);
+    assert_eq!(status.status.code(), Some(1), "{}", status.stdout);
+    for part in [
+        REPORT,
+        "past 2 outbox events the stream lacks",
+        "the first e-2",
+        "the last e-3",
+        "outbox-relay backfill",
+    ] {
+        assert!(
+            status.stdout.contains(part),
+            "status lacks {part:?}:\n{}",
+            status.stdout
+        );
+    }
+
+    // The relay started again: the log line, the metric, and it does not stream on past the gap.
+    let relay = RelayProcess::spawn(&["run"], &env);
+    wait_metric(&addr, CONSUMED, 2.0).await;
+    wait_for("the report in the log", LIMIT, || {
+        let log = relay.stderr();
+        async move { log.contains(REPORT) && log.contains("outbox-relay backfill") }
+    })
+    .await;
+    let body = http_get(&addr, "/metrics").await.expect("metrics").1;
+    assert_eq!(
+        metric(&body, STREAMING),
+        Some(0.0),
+        "it must not stream past the gap"
+    );
+    let status = run_command(&["status"], &env, LIMIT);
+    assert_eq!(status.status.code(), Some(1), "{}", status.stdout);
+    assert!(status.stdout.contains(REPORT), "{}", status.stdout);
+    assert_eq!(ids_in(&js, &stream).await, ["e-1"]);
+
+    assert!(slot_exists(&client, &mark).await, "the evidence stays");
+
+    // Dropping the mark accepts the gap: the relay streams again, and says nothing more.
+    // The relay peeks the mark at each retry; the drop waits for a moment it is not.
+    wait_for("the stop mark dropped by the operator", LIMIT, || async {
+        client
+            .execute("SELECT pg_drop_replication_slot($1)", &[&mark])
+            .await
+            .is_ok()
+    })
+    .await;
+    wait_metric(&addr, CONSUMED, 0.0).await;
+    wait_metric(&addr, STREAMING, 1.0).await;
+    good(&client, "e-4").await;
+    wait_for("e-4 stored", LIMIT, || async {
+        ids_in(&js, &stream).await == ["e-1", "e-4"]
+    })
+    .await;
+    stop(relay);
+}
