@@ -475,6 +475,15 @@ pub async fn backfill_until(
         ),
         Err(source) => return Err(BackfillError::MarkerLeft { slot, source }),
     }
+    // The rows are stored from the new slot's snapshot on: a stop mark left by the slot it replaced
+    // (a client that consumed that slot, `slot_mark.rs`) shows a gap this backfill has filled.
+    if let Err(e) = crate::slot_mark::drop_mark(settings, &control).await {
+        warn!(
+            error = %crate::source::query_error_text(&e),
+            mark = %crate::slot_mark::name(&slot),
+            "the replaced slot's stop mark could not be dropped: drop it with pg_drop_replication_slot"
+        );
+    }
     Ok(report)
 }
 

@@ -218,7 +218,10 @@ pub(crate) async fn check(
 
 /// Drops the mark if there is one. A mark `status` is peeking at is busy for a few seconds at
 /// most: waited for, so that no mark is left behind a streaming session.
-async fn drop_mark(settings: &Settings, pg: &Client) -> Result<(), tokio_postgres::Error> {
+pub(crate) async fn drop_mark(
+    settings: &Settings,
+    pg: &Client,
+) -> Result<(), tokio_postgres::Error> {
     let deadline = tokio::time::Instant::now() + Bound::DEFAULT.timeout + Duration::from_secs(2);
     loop {
         let dropped = pg

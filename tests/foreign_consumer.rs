@@ -52,27 +52,54 @@ fn stop(mut relay: RelayProcess) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slot_advanced_past_events_by_another_client_is_reported_and_a_normal_restart_never_is() {
-    consumed_by_another_client(|slot, _, past| {
-        format!("SELECT pg_replication_slot_advance('{slot}', '{past}')")
-    })
+    consumed_by_another_client(
+        |slot, _, past| format!("SELECT pg_replication_slot_advance('{slot}', '{past}')"),
+        Recovery::DropTheMark,
+    )
     .await;
+}
+
+/// The recovery the report names: `backfill --replace-slot` publishes the skipped rows, and with
+/// them stored the mark has nothing left to show: the backfill drops it, and `run` streams on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backfill_after_a_consumed_slot_publishes_the_skipped_events_and_drops_the_mark() {
+    consumed_by_another_client(
+        |slot, _, past| format!("SELECT pg_replication_slot_advance('{slot}', '{past}')"),
+        Recovery::Backfill,
+    )
+    .await;
+}
+
+/// How the test ends the gap once it is reported.
+#[derive(PartialEq)]
+enum Recovery {
+    /// The operator accepts the gap: drops the mark by hand.
+    DropTheMark,
+    /// The operator runs the recovery the report names.
+    Backfill,
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slot_consumed_by_get_changes_is_reported_and_a_normal_restart_never_is() {
-    consumed_by_another_client(|slot, publication, past| {
-        format!(
-            "SELECT count(*) FROM pg_logical_slot_get_binary_changes('{slot}', '{past}', NULL, \
-             'proto_version', '1', 'publication_names', '{publication}')"
-        )
-    })
+    consumed_by_another_client(
+        |slot, publication, past| {
+            format!(
+                "SELECT count(*) FROM pg_logical_slot_get_binary_changes('{slot}', '{past}', NULL, \
+                 'proto_version', '1', 'publication_names', '{publication}')"
+            )
+        },
+        Recovery::DropTheMark,
+    )
     .await;
 }
 
 /// The story of the module: a clean run with an idle period, a normal restart, then `consume`
 /// (SQL for the slot, the publication and the WAL position past the new events) run by another
 /// client while no relay runs, and what must follow.
-async fn consumed_by_another_client(consume: impl Fn(&str, &str, outbox_relay::Lsn) -> String) {
+async fn consumed_by_another_client(
+    consume: impl Fn(&str, &str, outbox_relay::Lsn) -> String,
+    recovery: Recovery,
+) {
     let db = text_id_db().await;
     db.psql("CREATE TABLE public.orders (id bigserial PRIMARY KEY, note text)");
     let nats = NatsServer::start();
@@ -158,6 +185,31 @@ async fn consumed_by_another_client(consume: impl Fn(&str, &str, outbox_relay::L
             "status lacks {part:?}:\n{}",
             status.stdout
         );
+    }
+
+    if recovery == Recovery::Backfill {
+        let backfill = run_command(&["backfill", "--replace-slot"], &env, LIMIT);
+        assert_eq!(
+            backfill.status.code(),
+            Some(0),
+            "backfill: {}{}",
+            backfill.stdout,
+            backfill.stderr
+        );
+        assert!(
+            !slot_exists(&client, &mark).await,
+            "the backfill left the mark of the slot it replaced"
+        );
+        let relay = RelayProcess::spawn(&["run"], &env);
+        wait_metric(&addr, STREAMING, 1.0).await;
+        good(&client, "e-4").await;
+        wait_for("every event stored once", LIMIT, || async {
+            ids_in(&js, &stream).await == ["e-1", "e-2", "e-3", "e-4"]
+        })
+        .await;
+        let log = stop(relay);
+        assert!(!log.contains(REPORT), "reported after the backfill: {log}");
+        return;
     }
 
     // The relay started again: the log line, the metric, and it does not stream on past the gap.
