@@ -522,4 +522,28 @@ impl SimJetStream for JetStream {
             .and_then(|i| s.messages.get(i as usize))
             .map(|m| m.headers.clone()))
     }
+
+    fn headers_from(
+        &self,
+        stream: &str,
+        from: u64,
+        to: u64,
+        max: usize,
+    ) -> Result<Vec<(u64, HeaderMap)>, String> {
+        let s = self.state.lock().unwrap();
+        if s.down {
+            return Err("timed out: no answer from JetStream (NATS down)".into());
+        }
+        if stream != STREAM {
+            return Err(format!("stream {stream} not found"));
+        }
+        // Sorted by sequence: start at the first one at or after `from`.
+        let start = s.messages.partition_point(|m| m.seq < from);
+        Ok(s.messages[start..]
+            .iter()
+            .take_while(|m| m.seq <= to)
+            .take(max)
+            .map(|m| (m.seq, m.headers.clone()))
+            .collect())
+    }
 }
