@@ -627,8 +627,10 @@ impl Sink {
                 let first = self.skipped_from.take().unwrap_or(seq);
                 let count = seq + 1 - first;
                 let hash = skipped_hash(self.skipped_hash, event.position, &event.msg_id);
+                let started = std::time::Instant::now();
                 self.prove_skipped(count, hash).await?;
-                tracing::debug!(events = count, position = %event.position, "replay reached the stream's tail: skipped events are stored");
+                tracing::debug!(events = count, position = %event.position, took_ms = started.elapsed().as_millis() as u64,
+                    "replay reached the stream's tail: skipped events are stored");
                 self.window.push_back(Pending::Stored { first, count });
                 Ok(true)
             }
@@ -1035,6 +1037,35 @@ mod tests {
         assert_eq!(
             p.message(1, &h),
             Err("message 1 was not written by the relay".into())
+        );
+    }
+}
+
+#[cfg(test)]
+mod distrust {
+    use super::*;
+
+    #[test]
+    fn a_proof_not_completed_says_so_and_why() {
+        let e = SinkError::Unproven {
+            sequence: 30_000,
+            count: 25_000,
+            reason: "reading back message 7 failed: timed out".into(),
+        };
+        let why = e.distrust().expect("the tail is distrusted");
+        assert!(why.contains("could not be completed"), "{why}");
+        assert!(
+            why.contains("its last 25000 messages (up to sequence 30000)"),
+            "{why}"
+        );
+        assert!(
+            why.ends_with("reading back message 7 failed: timed out"),
+            "{why}"
+        );
+        assert_eq!(
+            SinkError::Stopped.distrust(),
+            None,
+            "other errors trust the tail"
         );
     }
 }
