@@ -42,7 +42,8 @@ pub(crate) struct Chaos {
     pub lost: f64,
     /// An answer arrives twice.
     pub duplicated: f64,
-    /// Another client plants an answer on the relay's inbox before the real one.
+    /// Another client plants an answer on the relay's inbox, before the real one or right behind
+    /// it (and behind a refusal ten times as often).
     pub forged: f64,
 }
 
@@ -327,10 +328,20 @@ impl JetStream {
             return;
         };
         let chaos = s.chaos;
-        let forged = self
-            .dice
-            .chance(chaos.forged)
-            .then(|| self.forgery(&s, &m.headers));
+        // A refusal is what a planted "stored" behind JetStream's answer would hide: such answers
+        // are planted for refusals far more often than for other publishes.
+        let refused = answer
+            .as_ref()
+            .is_ok_and(|text| text.contains(r#""error""#));
+        let forged = if self.dice.chance(chaos.forged) {
+            Some(self.forgery(&s, &m.headers))
+        } else if refused && self.dice.chance((chaos.forged * 10.0).min(1.0)) {
+            let text = perfect_ack(&s, &m.headers);
+            trace!(self.trace, "js forged answer {text} (After the refusal)");
+            Some((text, Plant::After))
+        } else {
+            None
+        };
         drop(s);
         let lost = self.dice.chance(chaos.lost);
         let copies = if self.dice.chance(chaos.duplicated) {
@@ -391,8 +402,7 @@ impl JetStream {
             }
             6 => {
                 when = Plant::After;
-                let seq = expected.map_or(last + 1, |e| e + 1);
-                format!(r#"{{"stream":"{STREAM}","seq":{seq}}}"#)
+                perfect_ack(s, headers)
             }
             3 => {
                 let mut seq = last + self.dice.range(1, 4);
@@ -462,6 +472,16 @@ impl JetStream {
             }
         });
     }
+}
+
+/// An ack no one can tell from JetStream's for the publish with `headers`: the stream, and the
+/// sequence after the one it expected (or after the last, unfenced).
+fn perfect_ack(s: &State, headers: &HeaderMap) -> String {
+    let seq = headers
+        .get(EXPECTED_LAST_SEQUENCE)
+        .and_then(|v| v.as_str().parse::<u64>().ok())
+        .map_or(s.messages.len() as u64 + 1, |e| e + 1);
+    format!(r#"{{"stream":"{STREAM}","seq":{seq}}}"#)
 }
 
 /// An id for the trace: a uuid's first group, an LSN-made id whole.
