@@ -7,7 +7,8 @@
 //!
 //! The reproduction: one transaction of 30,000 events into a stream whose `max_msgs` (discard new)
 //! stops it at 25,000; the relay stalls there, the 2 s duplicate window passes, the limit is
-//! lifted, and the relay resumes. Each test judges what a consumer sees: every event once.
+//! lifted, and the relay resumes. Each test judges what a consumer sees: every event once; and that
+//! the relay left no consumer behind.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -93,6 +94,16 @@ async fn a_stalled_replay_past_20_000_events_is_proven(atomic: bool) {
         "resumed and confirmed in {:.1} s after the limit was lifted",
         started.elapsed().as_secs_f64()
     );
+    // The read-back consumer is ephemeral: the server removes it once the read is over.
+    wait_for(
+        "the relay's read-back consumer to be gone",
+        Duration::from_secs(20),
+        || async {
+            let mut s = js.get_stream(&stream).await.expect("stream");
+            s.info().await.expect("stream info").state.consumer_count == 0
+        },
+    )
+    .await;
     let all = read_all(&js, &stream).await;
     let mut copies: BTreeMap<&str, u32> = BTreeMap::new();
     for m in &all {
