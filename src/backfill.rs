@@ -959,7 +959,7 @@ async fn start_sink(
         history,
         wal_end: report.consistent_point,
     });
-    Ok(Sink::start(nats, config, origin.as_ref(), false).await?)
+    Ok(Sink::start(nats, config, origin.as_ref(), None).await?)
 }
 
 /// The rows' way to the stream: the stage that makes events of them, the sink, and the counts.

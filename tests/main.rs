@@ -19,6 +19,7 @@ mod ops;
 mod permissions;
 mod platforms;
 mod relay;
+mod replay_proof;
 mod resume;
 mod schemas;
 mod smoke;

@@ -401,3 +401,87 @@ async fn backfill_as_the_documented_relay_user_names_the_permission_and_changes_
     let v: serde_json::Value = serde_json::from_str(&status.stdout).expect("status --json");
     assert!(v["backfill"].is_null(), "no marker was set: {v}");
 }
+
+/// A resumed session proves the events it skipped by reading them back in bulk (an ephemeral
+/// headers-only consumer), and the documented permissions allow that read: a relay stores a
+/// transaction of 200 events and is killed before it confirms it; the next one finds them in the
+/// stream, proves them without falling back to one request per message (whose warn line would
+/// say so), stores nothing twice and confirms the slot.
+#[tokio::test]
+async fn the_documented_nats_permissions_let_a_resumed_session_read_its_replay_back_in_bulk() {
+    const EVENTS: u64 = 200;
+    let nats = NatsServer::start_with_config(&documented_nats_config());
+    let db = TestDb::create(PgServer::shared()).await;
+    db.psql(&default_outbox_sql());
+    let mut config = relay_config(&db, &nats);
+    config.nats.stream = "OUTBOX".into();
+    let mut env = relay_env(&config);
+    for (k, v) in [
+        ("OUTBOX_RELAY_NATS_USER", RELAY_USER),
+        ("OUTBOX_RELAY_NATS_PASSWORD", RELAY_PASSWORD),
+        ("OUTBOX_RELAY_NATS_INBOX_PREFIX", INBOX_PREFIX),
+    ] {
+        env.push((k.into(), v.into()));
+    }
+    let setup = run_command(&["setup"], &env, LIMIT);
+    assert!(setup.status.success(), "setup: {}", setup.stderr);
+    let (service, _errors) = service_client(&nats).await;
+    let js = async_nats::jetstream::new(service);
+    let client = db.client().await;
+    let slot = config.postgres.slot.clone();
+    // A relay killed right after JetStream acked the whole transaction, before its next status
+    // update (at most a second later) confirmed it: the next one replays it. Tried again in the
+    // rare case the update came first.
+    let mut stored = 0;
+    let mut end = None;
+    for _ in 0..3 {
+        client
+            .batch_execute(&format!(
+                "INSERT INTO public.outbox (aggregate_type, aggregate_id, event_type, payload) \
+                 SELECT 'Claim', i::text, 'ClaimApproved', '{{}}' FROM generate_series(1, {EVENTS}) AS i"
+            ))
+            .await
+            .expect("insert");
+        stored += EVENTS;
+        let lsn = current_wal_lsn(&client).await;
+        let mut first = crate::support::RelayProcess::spawn(&["run"], &env);
+        let deadline = std::time::Instant::now() + LIMIT;
+        while stream_count(&js, "OUTBOX").await < stored {
+            assert!(
+                std::time::Instant::now() < deadline && first.is_running(),
+                "the transaction in the stream: {}",
+                first.stderr()
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        first.signal("KILL");
+        assert!(first.wait(LIMIT).is_some(), "kill -9");
+        if confirmed_flush(&client, &slot).await.expect("slot") < lsn {
+            end = Some(lsn);
+            break;
+        }
+    }
+    let end = end.expect("a relay killed before it confirmed its transaction");
+
+    let mut second = crate::support::RelayProcess::spawn(&["run"], &env);
+    wait_for("the slot confirmed past the transaction", LIMIT, || async {
+        confirmed_flush(&client, &slot)
+            .await
+            .is_some_and(|c| c >= end)
+    })
+    .await;
+    second.signal("TERM");
+    assert!(second.wait(LIMIT).is_some(), "the relay stops on SIGTERM");
+    let log = second.stderr();
+    assert!(
+        !log.contains("cannot read the replay's messages back in bulk")
+            && !log.contains("replay skips nothing")
+            && !log.contains("pipeline stopped"),
+        "the replay was proven by the bulk read:\n{log}"
+    );
+    assert_eq!(
+        read_all(&js, "OUTBOX").await.len() as u64,
+        stored,
+        "nothing stored twice"
+    );
+}

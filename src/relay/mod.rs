@@ -27,7 +27,7 @@ use crate::config::Settings;
 pub use crate::error::RelayError;
 use crate::error::{CauseKind, NatsTrouble, Restart, SessionEnd};
 use crate::metrics::Metrics;
-use crate::sink::{Outcome, SinkError};
+use crate::sink::Outcome;
 use crate::stored::Positions;
 use connector::Servers;
 pub use connector::{Connector, SlotCheck, Start};
@@ -162,7 +162,7 @@ async fn sessions(
         last_cause: None,
         confirmed: start,
         history: None,
-        distrust: false,
+        distrust: None,
         jitter: jitter_seed | 1,
         consumed: None,
         stop: stop_rx,
@@ -196,10 +196,10 @@ pub(crate) struct Relay {
     confirmed: Lsn,
     /// The system and timeline the last session streamed.
     history: Option<(String, u32)>,
-    /// A session found the stream's tail unreliable ([`crate::sink::SinkError::Diverged`],
-    /// [`crate::sink::SinkError::StoredPastRefused`]): the next sessions skip nothing until one
-    /// has stored a new event (its own tail is then one to trust).
-    distrust: bool,
+    /// Why a session found the stream's tail unreliable ([`crate::sink::SinkError::distrust`]):
+    /// the next sessions skip nothing until one has stored a new event (its own tail is then one
+    /// to trust), and their warn line says why.
+    distrust: Option<String>,
     /// The backoff jitter's xorshift state.
     jitter: u64,
     /// The report of a client that consumed the slot, as last logged (logged again only when it
@@ -262,13 +262,10 @@ impl Relay {
                     return Err(e);
                 }
                 SessionEnd::Restart(restart) => {
-                    if let Restart::Nats(NatsTrouble::Sink(
-                        SinkError::Diverged { .. }
-                        | SinkError::StoredPastRefused { .. }
-                        | SinkError::Unproven { .. },
-                    )) = &restart
+                    if let Restart::Nats(NatsTrouble::Sink(e)) = &restart
+                        && let Some(why) = e.distrust()
                     {
-                        self.distrust = true;
+                        self.distrust = Some(why);
                     }
                     if ran_for.is_some_and(|d| d >= HEALTHY_SESSION) {
                         self.failures = 0;
@@ -341,7 +338,7 @@ impl Relay {
         }
         self.failures = 0;
         self.last_cause = None;
-        self.distrust = false;
+        self.distrust = None;
     }
 
     /// Records a restart (metrics, one log line per change of state) and returns the delay before

@@ -107,7 +107,7 @@ impl Session {
                 ..SinkConfig::from_settings(&settings)
             },
             Some(&origin),
-            relay.distrust,
+            relay.distrust.as_deref(),
         )
         .await
         .map_err(Restart::from)?;

@@ -210,11 +210,10 @@ pub(crate) enum Untrusted {
         /// The server's WAL flush position.
         wal_end: Lsn,
     },
-    /// An earlier session found the stream's tail unreliable.
-    #[error(
-        "an earlier session found the stream's tail unreliable (from another history, or stored past a refused message)"
-    )]
-    Distrusted,
+    /// An earlier session found the stream's tail unreliable; holds why
+    /// ([`crate::sink::SinkError::distrust`]).
+    #[error("an earlier session found the stream's tail unreliable: {0}")]
+    Distrusted(String),
 }
 
 impl Replay {
@@ -225,10 +224,14 @@ impl Replay {
         }
     }
 
-    /// The replay of a session that streams `origin` with the stream at `tail`; `distrust`: an
-    /// earlier session found the tail unreliable. The error says why the tail is not trusted (then
-    /// nothing is skipped).
-    pub(crate) fn new(tail: &Tail, origin: &Origin, distrust: bool) -> (Self, Option<Untrusted>) {
+    /// The replay of a session that streams `origin` with the stream at `tail`; `distrust`: why an
+    /// earlier session found the tail unreliable, if one did. The error says why the tail is not
+    /// trusted (then nothing is skipped).
+    pub(crate) fn new(
+        tail: &Tail,
+        origin: &Origin,
+        distrust: Option<&str>,
+    ) -> (Self, Option<Untrusted>) {
         match Self::trusted(tail, origin, distrust) {
             Ok(Some((until, id))) => (
                 Replay {
@@ -248,14 +251,14 @@ impl Replay {
     fn trusted(
         tail: &Tail,
         origin: &Origin,
-        distrust: bool,
+        distrust: Option<&str>,
     ) -> Result<Option<(Position, String)>, Untrusted> {
         // An empty stream, or its last message gone: nothing to match.
         let Some(last) = &tail.last else {
             return Ok(None);
         };
-        if distrust {
-            return Err(Untrusted::Distrusted);
+        if let Some(why) = distrust {
+            return Err(Untrusted::Distrusted(why.to_owned()));
         }
         let (Some(position), Some(history), Some(id)) = (last.position, &last.history, &last.id)
         else {
@@ -474,7 +477,7 @@ mod tests {
     }
 
     fn replay(t: &Tail) -> Replay {
-        let (r, why) = Replay::new(t, &origin(), false);
+        let (r, why) = Replay::new(t, &origin(), None);
         assert_eq!(why, None);
         r
     }
@@ -564,7 +567,7 @@ mod tests {
     fn untrusted_tails_skip_nothing() {
         let mut foreign = tail(200, 1, "b");
         foreign.last.as_mut().unwrap().history = None;
-        let (mut r, why) = Replay::new(&foreign, &origin(), false);
+        let (mut r, why) = Replay::new(&foreign, &origin(), None);
         assert_eq!(why, Some(Untrusted::Foreign));
         assert_eq!(r.replayed(pos(100, 0), "x"), Replayed::Publish);
 
@@ -577,16 +580,16 @@ mod tests {
             .as_mut()
             .unwrap()
             .timeline = 2;
-        let (_, why) = Replay::new(&other, &origin(), false);
+        let (_, why) = Replay::new(&other, &origin(), None);
         assert!(matches!(why, Some(Untrusted::OtherHistory { .. })));
 
         let ahead = tail(0x20_000, 0, "b");
-        let (mut r, why) = Replay::new(&ahead, &origin(), false);
+        let (mut r, why) = Replay::new(&ahead, &origin(), None);
         assert!(matches!(why, Some(Untrusted::AheadOfServer { .. })));
         assert_eq!(r.replayed(pos(100, 0), "x"), Replayed::Publish);
 
-        let (_, why) = Replay::new(&tail(200, 1, "b"), &origin(), true);
-        assert_eq!(why, Some(Untrusted::Distrusted));
+        let (_, why) = Replay::new(&tail(200, 1, "b"), &origin(), Some("the proof failed"));
+        assert_eq!(why, Some(Untrusted::Distrusted("the proof failed".into())));
     }
 
     #[test]
@@ -736,7 +739,7 @@ mod tests {
                 max_msg_size: None,
             },
             &origin(),
-            false,
+            None,
         );
         assert_eq!(why, None);
         assert_eq!(r.replayed(pos(1, 0), "a"), Replayed::Publish);

@@ -25,6 +25,7 @@ mod connect;
 mod fence;
 mod port;
 mod publish;
+mod readback;
 mod settle;
 
 use std::collections::VecDeque;
@@ -174,6 +175,29 @@ pub enum SinkError {
 }
 
 impl SinkError {
+    /// Why the stream's tail is not to be trusted by the next sessions, for the error that found
+    /// it so; `None` for every other error. The next session's warn line names it.
+    pub(crate) fn distrust(&self) -> Option<String> {
+        match self {
+            SinkError::Diverged { sequence, tail, .. } => Some(format!(
+                "its last message (sequence {sequence}, position {tail}) is not in this database's history"
+            )),
+            SinkError::StoredPastRefused { id, expected, last } => Some(format!(
+                "message {id} was refused expecting last sequence {expected}, and the stream's last is {last}: \
+                 a message may be stored past the refused one"
+            )),
+            SinkError::Unproven {
+                sequence,
+                count,
+                reason,
+            } => Some(format!(
+                "the proof that its last {count} messages (up to sequence {sequence}) are the events the replay \
+                 skipped could not be completed: {reason}"
+            )),
+            _ => None,
+        }
+    }
+
     /// Whether restarting the pipeline can help.
     pub(crate) fn is_transient(&self) -> bool {
         !matches!(
@@ -360,13 +384,13 @@ pub(crate) struct Sink {
 impl Sink {
     /// Reads the stream's tail when fencing and subscribes to the session's inbox. `origin` is the
     /// history the session streams (`None` where there is none, e.g. a backfill: then nothing is
-    /// skipped and positions name no history); `distrust`: an earlier session found the
-    /// stream's tail unreliable ([`SinkError::Diverged`], [`SinkError::StoredPastRefused`]).
+    /// skipped and positions name no history); `distrust`: why an earlier session found the
+    /// stream's tail unreliable ([`SinkError::distrust`]), if one did.
     pub(crate) async fn start(
         nats: impl Into<NatsPort>,
         mut config: SinkConfig,
         origin: Option<&Origin>,
-        distrust: bool,
+        distrust: Option<&str>,
     ) -> Result<Sink, TailError> {
         let port = nats.into();
         config.history = origin.map(|o| o.history.to_string());
@@ -603,8 +627,10 @@ impl Sink {
                 let first = self.skipped_from.take().unwrap_or(seq);
                 let count = seq + 1 - first;
                 let hash = skipped_hash(self.skipped_hash, event.position, &event.msg_id);
+                let started = std::time::Instant::now();
                 self.prove_skipped(count, hash).await?;
-                tracing::debug!(events = count, position = %event.position, "replay reached the stream's tail: skipped events are stored");
+                tracing::debug!(events = count, position = %event.position, took_ms = started.elapsed().as_millis() as u64,
+                    "replay reached the stream's tail: skipped events are stored");
                 self.window.push_back(Pending::Stored { first, count });
                 Ok(true)
             }
@@ -619,8 +645,10 @@ impl Sink {
     /// The replay reached the stream's tail: proves that the stream's last `count` messages are
     /// exactly the events skipped (with the tail's own), in order, by their positions and ids
     /// (`hash`). The tail alone cannot tell: a late publish of an earlier session can have been
-    /// stored behind another writer's message, past a gap. Reads `count` messages; a replay longer
-    /// than [`MAX_PROVEN`] is not proven.
+    /// stored behind another writer's message, past a gap. The messages are read back in bulk,
+    /// headers only (`readback.rs`), one at a time into the hash: no limit on `count`, and memory
+    /// that does not grow with it. Where the bulk read cannot start (a user without the consumer
+    /// permission), they are read one request each, as slow as that is.
     async fn prove_skipped(&mut self, count: u64, hash: u64) -> Result<(), SinkError> {
         let sequence = self.fence.as_ref().map_or(0, Fence::base);
         let unproven = |reason: String| SinkError::Unproven {
@@ -628,34 +656,42 @@ impl Sink {
             count,
             reason,
         };
-        if count > MAX_PROVEN {
-            return Err(unproven(format!(
-                "more than {MAX_PROVEN} to compare; a replay this long is published again instead"
-            )));
-        }
         if count > sequence {
             return Err(unproven("the stream holds fewer messages".into()));
         }
-        let mut stream = SKIPPED_HASH_START;
-        for seq in sequence + 1 - count..=sequence {
-            let stamp = match self.publisher.stored(seq).await {
-                Ok(Some(h)) => Stamp::from_headers(&h),
-                Ok(None) => return Err(unproven(format!("message {seq} is gone"))),
-                Err(e) => return Err(unproven(format!("message {seq} cannot be read: {e}"))),
-            };
-            let (Some(position), Some(id)) = (stamp.position, stamp.id) else {
-                return Err(unproven(format!(
-                    "message {seq} was not written by the relay"
-                )));
-            };
-            stream = skipped_hash(stream, position, &id);
+        let first = sequence + 1 - count;
+        let mut proof = Proof::new(first);
+        match self.publisher.read(first, sequence).await {
+            Ok(mut reader) => loop {
+                match reader.next().await {
+                    Ok(Some((seq, headers))) => proof.message(seq, &headers).map_err(unproven)?,
+                    Ok(None) => break,
+                    Err(e) => {
+                        return Err(unproven(format!(
+                            "reading back message {} failed: {e}",
+                            proof.next
+                        )));
+                    }
+                }
+            },
+            Err(e) => {
+                warn!(error = %e, stream = %self.config.stream, first, last = sequence,
+                    "cannot read the replay's messages back in bulk: reading them one request each \
+                     (allow the relay's user $JS.API.CONSUMER.CREATE.<stream>; see docs/operations.md, NATS permissions)");
+                for seq in first..=sequence {
+                    match self.publisher.stored(seq).await {
+                        Ok(Some(h)) => proof.message(seq, &h).map_err(unproven)?,
+                        Ok(None) => {}
+                        Err(e) => {
+                            return Err(unproven(format!(
+                                "reading back message {seq} failed: {e}"
+                            )));
+                        }
+                    }
+                }
+            }
         }
-        if stream != hash {
-            return Err(unproven(
-                "another message, or one missing, among them".into(),
-            ));
-        }
-        Ok(())
+        proof.end(sequence, hash).map_err(unproven)
     }
 
     /// A keepalive at `wal_end` arrived: a replay still waiting for the stream's tail is past it
@@ -799,10 +835,49 @@ impl Sink {
     }
 }
 
-/// The most skipped events a session proves stored by reading them back ([`Sink::prove_skipped`]).
-const MAX_PROVEN: u64 = 20_000;
-
 const SKIPPED_HASH_START: u64 = 0xcbf2_9ce4_8422_2325;
+
+/// The stream's side of a replay's proof ([`Sink::prove_skipped`]): the messages read back, in
+/// sequence order, folded into the hash the skipped events were folded into.
+struct Proof {
+    /// The sequence the next message must have: one skipped means it is gone.
+    next: u64,
+    hash: u64,
+}
+
+impl Proof {
+    fn new(first: u64) -> Self {
+        Proof {
+            next: first,
+            hash: SKIPPED_HASH_START,
+        }
+    }
+
+    /// The stored message `seq`, with `headers`.
+    fn message(&mut self, seq: u64, headers: &async_nats::HeaderMap) -> Result<(), String> {
+        if seq != self.next {
+            return Err(format!("message {} is gone", self.next));
+        }
+        let stamp = Stamp::from_headers(headers);
+        let (Some(position), Some(id)) = (stamp.position, stamp.id) else {
+            return Err(format!("message {seq} was not written by the relay"));
+        };
+        self.hash = skipped_hash(self.hash, position, &id);
+        self.next += 1;
+        Ok(())
+    }
+
+    /// Every message up to `last` was read: they are the events whose fold is `skipped`.
+    fn end(&self, last: u64, skipped: u64) -> Result<(), String> {
+        if self.next <= last {
+            return Err(format!("message {} is gone", self.next));
+        }
+        if self.hash != skipped {
+            return Err("another message, or one missing, among them".into());
+        }
+        Ok(())
+    }
+}
 
 /// Folds an event's position and id into `h` (FNV-1a), in order.
 fn skipped_hash(h: u64, position: Position, id: &str) -> u64 {
@@ -890,4 +965,107 @@ async fn send_dead_letter(
         reason: reason.to_owned(),
         refusal: last.map_or_else(String::new, |e| e.to_string()),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Lsn;
+
+    fn headers(lsn: u64, index: u32, id: &str) -> async_nats::HeaderMap {
+        let mut h = async_nats::HeaderMap::new();
+        h.insert(
+            message::POSITION,
+            crate::position::stamp(
+                Position::in_transaction(Lsn(lsn), index),
+                Some("7311234567890123456/1/slot"),
+            )
+            .as_str(),
+        );
+        h.insert(message::NATS_MSG_ID, id);
+        h
+    }
+
+    /// The skipped events' fold of `(lsn, index, id)`.
+    fn skipped(events: &[(u64, u32, &str)]) -> u64 {
+        events.iter().fold(SKIPPED_HASH_START, |h, (lsn, i, id)| {
+            skipped_hash(h, Position::in_transaction(Lsn(*lsn), *i), id)
+        })
+    }
+
+    const EVENTS: [(u64, u32, &str); 3] = [(100, 0, "a"), (100, 1, "b"), (200, 0, "c")];
+
+    #[test]
+    fn the_stream_proves_the_skipped_events_in_order() {
+        let mut p = Proof::new(5);
+        for (i, (lsn, index, id)) in EVENTS.iter().enumerate() {
+            p.message(5 + i as u64, &headers(*lsn, *index, id)).unwrap();
+        }
+        assert_eq!(p.end(7, skipped(&EVENTS)), Ok(()));
+        // The same messages, other events skipped (or in another order): no proof.
+        let swapped = [EVENTS[1], EVENTS[0], EVENTS[2]];
+        assert!(p.end(7, skipped(&swapped)).is_err());
+    }
+
+    #[test]
+    fn a_message_gone_first_between_or_last_is_no_proof() {
+        let mut p = Proof::new(5);
+        assert_eq!(
+            p.message(6, &headers(100, 0, "a")),
+            Err("message 5 is gone".into())
+        );
+        let mut p = Proof::new(5);
+        p.message(5, &headers(100, 0, "a")).unwrap();
+        assert_eq!(
+            p.message(7, &headers(100, 1, "b")),
+            Err("message 6 is gone".into())
+        );
+        let mut p = Proof::new(5);
+        p.message(5, &headers(100, 0, "a")).unwrap();
+        p.message(6, &headers(100, 1, "b")).unwrap();
+        assert_eq!(
+            p.end(7, skipped(&EVENTS[..2])),
+            Err("message 7 is gone".into())
+        );
+    }
+
+    #[test]
+    fn a_message_the_relay_did_not_write_is_no_proof() {
+        let mut p = Proof::new(1);
+        let mut h = async_nats::HeaderMap::new();
+        h.insert(message::NATS_MSG_ID, "manual-1");
+        assert_eq!(
+            p.message(1, &h),
+            Err("message 1 was not written by the relay".into())
+        );
+    }
+}
+
+#[cfg(test)]
+mod distrust {
+    use super::*;
+
+    #[test]
+    fn a_proof_not_completed_says_so_and_why() {
+        let e = SinkError::Unproven {
+            sequence: 30_000,
+            count: 25_000,
+            reason: "reading back message 7 failed: timed out".into(),
+        };
+        let why = e.distrust().expect("the tail is distrusted");
+        assert!(why.contains("could not be completed"), "{why}");
+        assert!(
+            why.contains("its last 25000 messages (up to sequence 30000)"),
+            "{why}"
+        );
+        assert!(
+            why.ends_with("reading back message 7 failed: timed out"),
+            "{why}"
+        );
+        assert_eq!(
+            SinkError::Stopped.distrust(),
+            None,
+            "other errors trust the tail"
+        );
+    }
 }

@@ -14,6 +14,7 @@ use bytes::Bytes;
 use futures_util::{FutureExt, StreamExt};
 
 use super::fence::{Tail, TailError, read_tail};
+use super::readback::{ClientReader, Reader};
 
 /// Where the sink publishes. Cheap to clone.
 #[derive(Clone)]
@@ -57,6 +58,16 @@ pub trait SimJetStream: Send + Sync + 'static {
     fn stream_state(&self, stream: &str) -> Result<(u64, Option<usize>), String>;
     /// The headers of the stream's message `seq` (`None` if it is gone).
     fn message_headers(&self, stream: &str, seq: u64) -> Result<Option<HeaderMap>, String>;
+    /// The stream's messages with sequences `from..=to` that are still there, in order, at most
+    /// `max` of them: the bulk read behind [`NatsPort::read_headers`] (a gone message is left out,
+    /// as a consumer skips it).
+    fn headers_from(
+        &self,
+        stream: &str,
+        from: u64,
+        to: u64,
+        max: usize,
+    ) -> Result<Vec<(u64, HeaderMap)>, String>;
 }
 
 /// Why the simulated client could not send a publish.
@@ -210,6 +221,49 @@ impl NatsPort {
             }
             #[cfg(feature = "test-support")]
             NatsPort::Sim(s) => s.message_headers(stream, seq),
+        }
+    }
+
+    /// A read of the stream's messages `from..=to`, headers only, in bulk ([`Reader`]): every
+    /// message still stored, in order.
+    pub(super) async fn read_headers(
+        &self,
+        stream: &str,
+        from: u64,
+        to: u64,
+        timeout: Duration,
+    ) -> Result<Reader, String> {
+        match self {
+            NatsPort::Client(c) => ClientReader::start(c, stream, from, to, timeout)
+                .await
+                .map(|r| Reader::Client(Box::new(r))),
+            #[cfg(feature = "test-support")]
+            NatsPort::Sim(s) => Ok(Reader::Sim(super::readback::SimReader {
+                js: std::sync::Arc::clone(s),
+                stream: stream.to_owned(),
+                next: from,
+                to,
+                chunk: std::collections::VecDeque::new(),
+            })),
+        }
+    }
+
+    /// The stream's last sequence now (`STREAM.INFO`).
+    pub(super) async fn last_sequence(
+        &self,
+        stream: &str,
+        timeout: Duration,
+    ) -> Result<u64, String> {
+        match self {
+            NatsPort::Client(c) => {
+                let js = async_nats::jetstream::ContextBuilder::new()
+                    .timeout(timeout)
+                    .build(c.clone());
+                let s = js.get_stream(stream).await.map_err(|e| e.to_string())?;
+                Ok(s.cached_info().state.last_sequence)
+            }
+            #[cfg(feature = "test-support")]
+            NatsPort::Sim(s) => s.stream_state(stream).map(|(last, _)| last),
         }
     }
 

@@ -19,8 +19,10 @@
 //! Acks are checked, not trusted: any client of the same account that may publish to `_INBOX.>` can
 //! see the reply subject and plant an answer. An answer for a token never issued is dropped; an ack
 //! must name the relay's stream and a sequence, and with the fence the sink also checks that the
-//! sequence is exactly the one the message expected to take. Anything else ends the session; it
-//! never confirms anything.
+//! sequence is exactly the one the message expected to take. A "duplicate" must name a message of
+//! the same id, or one gone since at a sequence the stream has reached. Two different answers for
+//! one publish end the session: JetStream answers once, so one of them is planted, and which one
+//! cannot be told. Anything else ends the session; it never confirms anything.
 
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -35,6 +37,7 @@ use bytes::Bytes;
 use serde::Deserialize;
 
 use super::port::{Answers, NatsPort};
+use super::readback::Reader;
 
 /// Answers kept out of turn at most: the subscription's own queue (async-nats' default).
 const MAX_EARLY: usize = 65_536;
@@ -54,6 +57,9 @@ pub(super) struct Publisher {
     early: HashMap<u64, async_nats::Message>,
     /// The subscription ended (the connection is gone for good).
     closed: bool,
+    /// Why the inbox cannot be trusted any more (two different answers for one publish, a
+    /// flood): every later `take` fails with it, so the session ends.
+    broken: Option<String>,
     /// The stream every ack must name.
     stream: String,
 }
@@ -84,6 +90,7 @@ impl Publisher {
             sub,
             early: HashMap::new(),
             closed: false,
+            broken: None,
             stream: stream.to_owned(),
         })
     }
@@ -127,14 +134,29 @@ impl Publisher {
 
     /// Whether the stream's message `seq` is the event `id`, for an ack that says `id` was a
     /// duplicate of it. A message gone since (limits, purge) cannot be checked and counts as
-    /// matching; one that is there with another id, or no answer, does not.
-    pub(super) async fn holds(&self, seq: u64, id: &str) -> Result<(), String> {
+    /// matching, but only at a sequence the stream has reached: `known_last` (the highest the sink
+    /// knows stored), or else the stream's last sequence asked of the server. One that is there
+    /// with another id, one beyond the stream's last sequence, or no answer, does not.
+    pub(super) async fn holds(&self, seq: u64, id: &str, known_last: u64) -> Result<(), String> {
         match self
             .port
             .message_headers(&self.stream, seq, self.send_timeout)
             .await?
         {
-            None => Ok(()),
+            None if seq <= known_last => Ok(()),
+            None => {
+                let last = self
+                    .port
+                    .last_sequence(&self.stream, self.send_timeout)
+                    .await?;
+                if seq <= last {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "the ack says message {id} duplicates sequence {seq}, beyond the stream's last sequence {last}"
+                    ))
+                }
+            }
             Some(h) => {
                 let stored = super::Stamp::from_headers(&h).id;
                 if stored.as_deref() == Some(id) {
@@ -156,24 +178,34 @@ impl Publisher {
             .await
     }
 
+    /// The stream's messages `from..=to` still stored, read back in bulk, headers only.
+    pub(super) async fn read(&self, from: u64, to: u64) -> Result<Reader, String> {
+        self.port
+            .read_headers(&self.stream, from, to, self.send_timeout)
+            .await
+    }
+
     /// The answer for `token` if it has arrived (takes every answer already queued, no waiting).
-    /// `Err` once the subscription ended or the inbox is flooded.
+    /// `Err` once the subscription ended or the inbox is broken (flooded, or two different answers
+    /// for one publish).
     pub(super) fn take(
         &mut self,
         token: u64,
     ) -> Result<Option<Result<Ack, PublishError>>, PublishError> {
-        if let Some(m) = self.early.remove(&token) {
-            return Ok(Some(parse(&m, &self.stream)));
-        }
+        // Everything queued first: a second answer for the token may be right behind its first,
+        // and once the first had been acted on the second could change nothing.
         while let Some(next) = self.sub.ready() {
             let Some(m) = next else {
                 self.closed = true;
                 break;
             };
-            if token_of(&m.subject) == Some(token) {
-                return Ok(Some(parse(&m, &self.stream)));
-            }
             self.keep(m)?;
+        }
+        if let Some(why) = &self.broken {
+            return Err(self.forged(why.clone()));
+        }
+        if let Some(m) = self.early.remove(&token) {
+            return Ok(Some(parse(&m, &self.stream)));
         }
         if self.closed {
             return Err(PublishError::new(PublishErrorKind::BrokenPipe));
@@ -181,9 +213,10 @@ impl Publisher {
         Ok(None)
     }
 
-    /// Whether the answer for `token` is here already.
+    /// Whether the answer for `token` is here already (or the inbox is broken, which the next
+    /// `take` reports).
     pub(super) fn has(&self, token: u64) -> bool {
-        self.early.contains_key(&token)
+        self.broken.is_some() || self.early.contains_key(&token)
     }
 
     /// Waits, until `timer` fires, for one more answer and keeps it (cancel safe: an answer taken
@@ -235,20 +268,29 @@ impl Publisher {
     /// Keeps an answer that arrived before it was asked for. Answers are checked, not trusted:
     /// anyone allowed to publish to the inbox can plant one. One for a token never issued is
     /// dropped; one that names another stream or no sequence becomes an error ([`Forged`]) when
-    /// it is taken, never an ack.
+    /// it is taken, never an ack. JetStream answers a publish once: a second answer for a token
+    /// that differs from the first is planted, and which of the two is JetStream's cannot be
+    /// told, so neither is used: the inbox is broken ([`Publisher::take`] fails from then on). An
+    /// identical second answer is dropped (whichever is JetStream's, they say the same).
     fn keep(&mut self, m: async_nats::Message) -> Result<(), PublishError> {
         match token_of(&m.subject) {
             Some(t) if t < self.next => {
+                if let Some(first) = self.early.get(&t) {
+                    if same_answer(first, &m) {
+                        tracing::debug!(subject = %m.subject, "dropping a second, identical answer");
+                        return Ok(());
+                    }
+                    return Err(self.break_inbox(format!(
+                        "two different answers arrived for one publish (reply subject {})",
+                        m.subject
+                    )));
+                }
                 // Answers for settled tokens (duplicated or planted) are never taken out again;
                 // past this many, something floods the inbox.
                 if self.early.len() >= MAX_EARLY {
-                    return Err(PublishError::with_source(
-                        PublishErrorKind::Other,
-                        Forged {
-                            stream: self.stream.clone(),
-                            why: format!("more than {MAX_EARLY} answers arrived out of turn"),
-                        },
-                    ));
+                    return Err(self.break_inbox(format!(
+                        "more than {MAX_EARLY} answers arrived out of turn"
+                    )));
                 }
                 self.early.insert(t, m);
             }
@@ -256,6 +298,28 @@ impl Publisher {
         }
         Ok(())
     }
+
+    /// The inbox cannot be trusted any more, for `why`: every later `take` fails.
+    fn break_inbox(&mut self, why: String) -> PublishError {
+        let e = self.forged(why.clone());
+        self.broken.get_or_insert(why);
+        e
+    }
+
+    fn forged(&self, why: String) -> PublishError {
+        PublishError::with_source(
+            PublishErrorKind::Other,
+            Forged {
+                stream: self.stream.clone(),
+                why,
+            },
+        )
+    }
+}
+
+/// Whether two answers say the same.
+fn same_answer(a: &async_nats::Message, b: &async_nats::Message) -> bool {
+    a.status == b.status && a.payload == b.payload && a.headers == b.headers
 }
 
 /// The token at the end of a reply subject.
@@ -423,5 +487,194 @@ mod tests {
             )
             .is_ok()
         );
+    }
+}
+
+/// The publisher against a stream whose state the test sets, and answers the test plants.
+#[cfg(test)]
+mod checked {
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex};
+
+    use async_nats::HeaderMap;
+    use bytes::Bytes;
+    use tokio::sync::mpsc;
+
+    use super::*;
+    use crate::message::NATS_MSG_ID;
+    use crate::sink::{SimJetStream, SimSendError};
+
+    /// A stream whose last sequence is `last` and which holds `stored` (sequence → id).
+    #[derive(Default)]
+    struct Stream {
+        last: u64,
+        stored: HashMap<u64, String>,
+        inbox: Mutex<Option<mpsc::UnboundedSender<async_nats::Message>>>,
+    }
+
+    impl SimJetStream for Stream {
+        fn new_inbox(&self) -> String {
+            "_INBOX.t".into()
+        }
+        fn subscribe(&self, _: String) -> mpsc::UnboundedReceiver<async_nats::Message> {
+            let (tx, rx) = mpsc::unbounded_channel();
+            *self.inbox.lock().unwrap() = Some(tx);
+            rx
+        }
+        fn publish(
+            &self,
+            _: String,
+            _: Option<String>,
+            _: HeaderMap,
+            _: Bytes,
+        ) -> Result<(), SimSendError> {
+            Ok(())
+        }
+        fn max_payload(&self) -> usize {
+            1 << 20
+        }
+        fn stream_state(&self, _: &str) -> Result<(u64, Option<usize>), String> {
+            Ok((self.last, None))
+        }
+        fn message_headers(&self, _: &str, seq: u64) -> Result<Option<HeaderMap>, String> {
+            Ok(self.stored.get(&seq).map(|id| {
+                let mut h = HeaderMap::new();
+                h.insert(NATS_MSG_ID, id.as_str());
+                h
+            }))
+        }
+        fn headers_from(
+            &self,
+            _: &str,
+            _: u64,
+            _: u64,
+            _: usize,
+        ) -> Result<Vec<(u64, HeaderMap)>, String> {
+            Ok(Vec::new())
+        }
+    }
+
+    async fn publisher(stream: Stream) -> (Publisher, Arc<Stream>) {
+        let stream = Arc::new(stream);
+        let port = NatsPort::Sim(Arc::clone(&stream) as Arc<dyn SimJetStream>);
+        let p = Publisher::start(port, "OUTBOX", Duration::from_secs(1))
+            .await
+            .expect("publisher");
+        (p, stream)
+    }
+
+    fn plant(stream: &Stream, token: u64, payload: &str) {
+        let m = async_nats::Message {
+            subject: format!("_INBOX.t.{token}").as_str().into(),
+            reply: None,
+            payload: Bytes::from(payload.to_owned()),
+            headers: None,
+            status: None,
+            description: None,
+            length: payload.len(),
+        };
+        stream
+            .inbox
+            .lock()
+            .unwrap()
+            .as_ref()
+            .unwrap()
+            .send(m)
+            .unwrap();
+    }
+
+    fn is_forged(e: &PublishError) -> bool {
+        std::error::Error::source(e).is_some_and(|s| s.is::<Forged>())
+    }
+
+    #[tokio::test]
+    async fn a_duplicate_of_a_gone_message_counts_only_up_to_the_streams_last_sequence() {
+        let stream = Stream {
+            last: 10,
+            stored: HashMap::from([(4, "a".to_owned())]),
+            ..Stream::default()
+        };
+        let (p, _) = publisher(stream).await;
+        assert_eq!(p.holds(4, "a", 10).await, Ok(()), "the same id");
+        assert!(p.holds(4, "b", 10).await.is_err(), "another id");
+        assert_eq!(
+            p.holds(7, "a", 10).await,
+            Ok(()),
+            "gone, below what the sink knows"
+        );
+        assert_eq!(
+            p.holds(9, "a", 5).await,
+            Ok(()),
+            "gone, past what the sink knows but not the stream's last sequence"
+        );
+        let e = p.holds(999_999_999, "a", 10).await.unwrap_err();
+        assert!(e.contains("beyond the stream's last sequence 10"), "{e}");
+        assert!(p.holds(11, "a", 10).await.is_err(), "one past the last");
+    }
+
+    #[tokio::test]
+    async fn two_different_answers_for_one_publish_break_the_inbox() {
+        let (mut p, stream) = publisher(Stream::default()).await;
+        let t0 = p
+            .send("s".into(), HeaderMap::new(), Bytes::new())
+            .await
+            .unwrap();
+        let t1 = p
+            .send("s".into(), HeaderMap::new(), Bytes::new())
+            .await
+            .unwrap();
+        // The answer awaited is t0's; t1's real refusal and a planted ack arrive before it.
+        plant(
+            &stream,
+            t1,
+            r#"{"error":{"code":400,"err_code":10077,"description":"maximum messages exceeded"}}"#,
+        );
+        plant(&stream, t1, r#"{"stream":"OUTBOX","seq":2}"#);
+        plant(&stream, t0, r#"{"stream":"OUTBOX","seq":1}"#);
+        let e = p.take(t0).unwrap_err();
+        assert!(is_forged(&e), "{e}");
+        assert!(p.has(t1), "the session is told at once");
+        let e = p.take(t1).unwrap_err();
+        assert!(is_forged(&e), "and stays told: {e}");
+    }
+
+    #[tokio::test]
+    async fn a_second_answer_right_behind_the_first_is_seen_before_the_first_is_used() {
+        let (mut p, stream) = publisher(Stream::default()).await;
+        let t0 = p
+            .send("s".into(), HeaderMap::new(), Bytes::new())
+            .await
+            .unwrap();
+        plant(&stream, t0, r#"{"stream":"OUTBOX","seq":1}"#);
+        plant(
+            &stream,
+            t0,
+            r#"{"stream":"OUTBOX","seq":1,"duplicate":true}"#,
+        );
+        assert!(is_forged(&p.take(t0).unwrap_err()));
+    }
+
+    #[tokio::test]
+    async fn an_identical_second_answer_is_dropped() {
+        let (mut p, stream) = publisher(Stream::default()).await;
+        let t0 = p
+            .send("s".into(), HeaderMap::new(), Bytes::new())
+            .await
+            .unwrap();
+        let t1 = p
+            .send("s".into(), HeaderMap::new(), Bytes::new())
+            .await
+            .unwrap();
+        plant(&stream, t0, r#"{"stream":"OUTBOX","seq":1}"#);
+        plant(&stream, t0, r#"{"stream":"OUTBOX","seq":1}"#);
+        plant(&stream, t1, r#"{"stream":"OUTBOX","seq":2}"#);
+        assert_eq!(
+            p.take(t0).unwrap().unwrap().unwrap(),
+            Ack {
+                sequence: 1,
+                duplicate: false
+            }
+        );
+        assert_eq!(p.take(t1).unwrap().unwrap().unwrap().sequence, 2);
     }
 }

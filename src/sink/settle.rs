@@ -81,8 +81,24 @@ impl Sink {
         answer: Result<Ack, PublishError>,
     ) -> Result<Outcome, SinkError> {
         match answer {
+            // A batch cannot be a duplicate: its messages carry no Nats-Msg-Id, the only thing
+            // JetStream deduplicates by. An answer that says so is planted (or not JetStream's),
+            // and it would confirm a batch nobody stored.
+            Ok(ack) if ack.duplicate => Err(SinkError::Publish {
+                id: item.event.msg_id.clone(),
+                source: PublishError::with_source(
+                    PublishErrorKind::Other,
+                    Forged {
+                        stream: self.config.stream.clone(),
+                        why: format!(
+                            "it says the atomic batch committed by message {} is a duplicate of sequence {}, \
+                             but a batch carries no Nats-Msg-Id to be a duplicate by",
+                            item.event.msg_id, ack.sequence
+                        ),
+                    },
+                ),
+            }),
             Ok(ack) => {
-                // A batch is never a duplicate (its messages carry no Nats-Msg-Id).
                 self.check(item, ack).await?;
                 self.last_sequence = self.last_sequence.max(ack.sequence);
                 if let Some(f) = self.fence.as_mut() {
@@ -201,7 +217,7 @@ impl Sink {
         if ack.duplicate {
             return self
                 .publisher
-                .holds(ack.sequence, &item.event.msg_id)
+                .holds(ack.sequence, &item.event.msg_id, self.last_sequence)
                 .await
                 .map_err(forged);
         }

@@ -42,7 +42,8 @@ pub(crate) struct Chaos {
     pub lost: f64,
     /// An answer arrives twice.
     pub duplicated: f64,
-    /// Another client plants an answer on the relay's inbox before the real one.
+    /// Another client plants an answer on the relay's inbox, before the real one or right behind
+    /// it (and behind a refusal ten times as often).
     pub forged: f64,
 }
 
@@ -70,6 +71,13 @@ impl Stored {
     pub(crate) fn msg_id(&self) -> Option<&str> {
         self.headers.get(NATS_MSG_ID).map(|v| v.as_str())
     }
+}
+
+/// When a forged answer is planted, against JetStream's own.
+#[derive(Clone, Copy, Debug)]
+enum Plant {
+    Before,
+    After,
 }
 
 /// A publish on its way to the server.
@@ -320,20 +328,28 @@ impl JetStream {
             return;
         };
         let chaos = s.chaos;
-        if self.dice.chance(chaos.forged) {
-            let forged = self.forgery(&s, &m.headers);
-            self.deliver_later(reply.clone(), Ok(forged), self.dice.millis(0, 2));
-        }
+        // A refusal is what a planted "stored" behind JetStream's answer would hide: such answers
+        // are planted for refusals far more often than for other publishes.
+        let refused = answer
+            .as_ref()
+            .is_ok_and(|text| text.contains(r#""error""#));
+        let forged = if self.dice.chance(chaos.forged) {
+            Some(self.forgery(&s, &m.headers))
+        } else if refused && self.dice.chance((chaos.forged * 10.0).min(1.0)) {
+            let text = perfect_ack(&s, &m.headers);
+            trace!(self.trace, "js forged answer {text} (After the refusal)");
+            Some((text, Plant::After))
+        } else {
+            None
+        };
         drop(s);
-        if self.dice.chance(chaos.lost) {
-            trace!(self.trace, "js answer to {short} lost");
-            return;
-        }
+        let lost = self.dice.chance(chaos.lost);
         let copies = if self.dice.chance(chaos.duplicated) {
             2
         } else {
             1
         };
+        let mut last = Duration::ZERO;
         for _ in 0..copies {
             let delay = if self.dice.chance(chaos.late) {
                 self.dice.millis(2_500, 6_000)
@@ -342,23 +358,52 @@ impl JetStream {
             } else {
                 self.dice.millis(0, 5)
             };
-            self.deliver_later(reply.clone(), answer.clone(), delay);
+            last = last.max(delay);
+            if !lost {
+                self.deliver_later(reply.clone(), answer.clone(), delay);
+            }
+        }
+        if lost {
+            trace!(self.trace, "js answer to {short} lost");
+        }
+        match forged {
+            Some((text, Plant::Before)) => {
+                self.deliver_later(reply, Ok(text), self.dice.millis(0, 2));
+            }
+            // Right behind JetStream's own answer (or where it would have been).
+            Some((text, Plant::After)) => {
+                self.deliver_later(reply, Ok(text), last + self.dice.millis(0, 3));
+            }
+            None => {}
         }
     }
 
-    /// An answer another client could plant: one the relay is documented to refuse (no stream,
-    /// another stream, no sequence, a sequence other than the one the fence expects, a duplicate
-    /// of a message holding another id). An answer that names the stream and exactly the
-    /// expected sequence cannot be told from JetStream's, by anyone: it is not planted.
-    fn forgery(&self, s: &State, headers: &HeaderMap) -> String {
+    /// An answer another client could plant, and when: one the relay is documented to refuse
+    /// (no stream, another stream, no sequence, a sequence other than the one the fence expects, a
+    /// duplicate of a message holding another id, a duplicate of a sequence the stream never
+    /// reached), planted before JetStream's answer; or an ack in exactly the sequence expected,
+    /// planted right behind JetStream's answer, which the relay must not take in place of that
+    /// answer (a refusal, say). Planted before JetStream's, an answer naming the stream and
+    /// exactly the expected sequence cannot be told from JetStream's, by anyone: it is not
+    /// planted. The sim has no atomic batches, so no batch commit's answer is forged.
+    fn forgery(&self, s: &State, headers: &HeaderMap) -> (String, Plant) {
         let last = s.messages.len() as u64;
         let expected = headers
             .get(EXPECTED_LAST_SEQUENCE)
             .and_then(|v| v.as_str().parse::<u64>().ok());
-        let text = match self.dice.range(0, 5) {
+        let mut when = Plant::Before;
+        let text = match self.dice.range(0, 7) {
             0 => "{}".to_owned(),
             1 => format!(r#"{{"stream":"{STREAM}","seq":0}}"#),
             2 => format!(r#"{{"stream":"ORDERS","seq":{}}}"#, last + 1),
+            5 => {
+                let seq = last + self.dice.range(1, 1_000_000_000);
+                format!(r#"{{"stream":"{STREAM}","seq":{seq},"duplicate":true}}"#)
+            }
+            6 => {
+                when = Plant::After;
+                perfect_ack(s, headers)
+            }
             3 => {
                 let mut seq = last + self.dice.range(1, 4);
                 if expected.is_some_and(|e| e + 1 == seq) {
@@ -382,8 +427,11 @@ impl JetStream {
                 }
             }
         };
-        trace!(self.trace, "js forged answer {text}");
-        text
+        trace!(
+            self.trace,
+            "js forged answer {text} ({when:?} the real one)"
+        );
+        (text, when)
     }
 
     /// Sends `answer` to `reply` after `delay`. The subscriptions are looked up on arrival: a
@@ -424,6 +472,16 @@ impl JetStream {
             }
         });
     }
+}
+
+/// An ack no one can tell from JetStream's for the publish with `headers`: the stream, and the
+/// sequence after the one it expected (or after the last, unfenced).
+fn perfect_ack(s: &State, headers: &HeaderMap) -> String {
+    let seq = headers
+        .get(EXPECTED_LAST_SEQUENCE)
+        .and_then(|v| v.as_str().parse::<u64>().ok())
+        .map_or(s.messages.len() as u64 + 1, |e| e + 1);
+    format!(r#"{{"stream":"{STREAM}","seq":{seq}}}"#)
 }
 
 /// An id for the trace: a uuid's first group, an LSN-made id whole.
@@ -521,5 +579,29 @@ impl SimJetStream for JetStream {
             .checked_sub(1)
             .and_then(|i| s.messages.get(i as usize))
             .map(|m| m.headers.clone()))
+    }
+
+    fn headers_from(
+        &self,
+        stream: &str,
+        from: u64,
+        to: u64,
+        max: usize,
+    ) -> Result<Vec<(u64, HeaderMap)>, String> {
+        let s = self.state.lock().unwrap();
+        if s.down {
+            return Err("timed out: no answer from JetStream (NATS down)".into());
+        }
+        if stream != STREAM {
+            return Err(format!("stream {stream} not found"));
+        }
+        // Sorted by sequence: start at the first one at or after `from`.
+        let start = s.messages.partition_point(|m| m.seq < from);
+        Ok(s.messages[start..]
+            .iter()
+            .take_while(|m| m.seq <= to)
+            .take(max)
+            .map(|m| (m.seq, m.headers.clone()))
+            .collect())
     }
 }

@@ -19,7 +19,8 @@
 //! - `nats_down`: NATS is unreachable, and publishes on the wire are lost;
 //! - `transit`: publishes linger on their way to the server (one may land after its session ended);
 //! - `answers`: JetStream's answers are slow, late, lost or duplicated;
-//! - `forge`: another client plants answers on the relay's inbox;
+//! - `forge`: another client plants answers on the relay's inbox, before JetStream's (refused
+//!   forms, a duplicate of a sequence never reached) or right behind it (a perfect-looking ack);
 //! - `foreign`: a message is published by hand at the stream's tail while no relay runs;
 //! - `restore` / `pitr`: Postgres is restored from a disk snapshot (same timeline / a new one) and
 //!   the relay restarted;

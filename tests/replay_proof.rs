@@ -1,0 +1,131 @@
+//! The replay's proof against real servers: a session that resumes behind a long stored run of one
+//! transaction must prove the run stored (by reading the stream back) and publish only what
+//! follows it, whatever the run's length. Until this was fixed the proof gave up past 20,000
+//! events, the relay then trusted no tail and published the whole transaction again, and with a
+//! duplicate window shorter than the stall (or with atomic batches, which carry no `Nats-Msg-Id`)
+//! every event of the run was stored twice.
+//!
+//! The reproduction: one transaction of 30,000 events into a stream whose `max_msgs` (discard new)
+//! stops it at 25,000; the relay stalls there, the 2 s duplicate window passes, the limit is
+//! lifted, and the relay resumes. Each test judges what a consumer sees: every event once; and that
+//! the relay left no consumer behind.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use crate::support::{
+    InProcessRelay, NatsServer, PgServer, TEXT_ID_OUTBOX_SQL, TestDb, confirmed_flush,
+    current_wal_lsn, read_all, relay_config, stream_count, wait_for,
+};
+
+const EVENTS: u64 = 30_000;
+const LIMIT: u64 = 25_000;
+
+/// One transaction of `n` events, ids `<prefix>-NNNNNN`.
+fn write_one_transaction(db: &TestDb, prefix: &str, n: u64) {
+    db.psql(&format!(
+        "INSERT INTO public.outbox (event_id, aggregate_type, aggregate_id, event_type, payload)
+         SELECT '{prefix}-' || lpad(i::text, 6, '0'), 'Claim', i::text, 'ClaimApproved',
+                jsonb_build_object('n', i)
+         FROM generate_series(1, {n}) AS i;"
+    ));
+}
+
+async fn stream_max_messages(js: &async_nats::jetstream::Context, stream: &str, max: i64) {
+    let mut s = js.get_stream(stream).await.expect("stream");
+    let mut config = s.info().await.expect("stream info").config.clone();
+    config.max_messages = max;
+    js.update_stream(config)
+        .await
+        .expect("update the stream's max_msgs");
+}
+
+async fn a_stalled_replay_past_20_000_events_is_proven(atomic: bool) {
+    let db = TestDb::create(PgServer::shared()).await;
+    db.psql(TEXT_ID_OUTBOX_SQL);
+    let nats = NatsServer::start();
+    let mut config = relay_config(&db, &nats);
+    config.postgres.status_interval_ms = 100;
+    config.nats.duplicate_window_secs = 2;
+    config.nats.atomic_transactions = atomic;
+    config.nats.fence = true;
+    let stream = config.nats.stream.clone();
+    let slot = config.postgres.slot.clone();
+    let client = db.client().await;
+    let relay = InProcessRelay::start_streaming(&config, &client).await;
+    let js = nats.jetstream().await;
+    // Setup made the stream (discard new); now it stops at LIMIT messages.
+    stream_max_messages(&js, &stream, LIMIT as i64).await;
+    write_one_transaction(&db, "p", EVENTS);
+    let end = current_wal_lsn(&client).await;
+
+    wait_for(
+        "the stream to fill up to its max_msgs",
+        Duration::from_secs(120),
+        || async { stream_count(&js, &stream).await >= LIMIT },
+    )
+    .await;
+    // The relay is refused at the limit and restarts; let the duplicate window pass, so nothing
+    // but the relay's own proof stands between a republish and a second copy.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        stream_count(&js, &stream).await,
+        LIMIT,
+        "stalled at the limit"
+    );
+    assert!(
+        confirmed_flush(&client, &slot).await.unwrap() < end,
+        "the transaction is not confirmed while part of it is refused"
+    );
+    stream_max_messages(&js, &stream, -1).await;
+
+    let started = Instant::now();
+    wait_for(
+        "the slot to be confirmed past the transaction",
+        Duration::from_secs(180),
+        || async {
+            confirmed_flush(&client, &slot)
+                .await
+                .is_some_and(|c| c >= end)
+        },
+    )
+    .await;
+    eprintln!(
+        "resumed and confirmed in {:.1} s after the limit was lifted",
+        started.elapsed().as_secs_f64()
+    );
+    // The read-back consumer is ephemeral: the server removes it once the read is over.
+    wait_for(
+        "the relay's read-back consumer to be gone",
+        Duration::from_secs(20),
+        || async {
+            let mut s = js.get_stream(&stream).await.expect("stream");
+            s.info().await.expect("stream info").state.consumer_count == 0
+        },
+    )
+    .await;
+    let all = read_all(&js, &stream).await;
+    let mut copies: BTreeMap<&str, u32> = BTreeMap::new();
+    for m in &all {
+        *copies.entry(m.id()).or_default() += 1;
+    }
+    let twice = copies.values().filter(|n| **n > 1).count();
+    assert_eq!(
+        (all.len(), copies.len(), twice),
+        (EVENTS as usize, EVENTS as usize, 0),
+        "every event stored exactly once (messages, distinct ids, ids stored more than once)"
+    );
+    let in_order = all.windows(2).all(|w| w[0].id() < w[1].id());
+    assert!(in_order, "in insert order");
+    relay.stop().await.expect("relay stops cleanly");
+}
+
+#[tokio::test]
+async fn a_stalled_replay_of_25_000_events_is_proven_not_published_again() {
+    a_stalled_replay_past_20_000_events_is_proven(false).await;
+}
+
+#[tokio::test]
+async fn a_stalled_replay_of_25_000_atomic_batch_events_is_proven_not_published_again() {
+    a_stalled_replay_past_20_000_events_is_proven(true).await;
+}
