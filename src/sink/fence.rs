@@ -596,25 +596,25 @@ mod tests {
     fn a_promoted_server_trusts_a_tail_below_the_switch_point() {
         // Timeline 1 ended at 0/300 when the standby was promoted to timeline 2.
         let here = promoted(2, "1\t0/300\tno recovery target specified\n");
-        let (mut r, why) = Replay::new(&tail_on(1, 0x2F8), &here, false);
+        let (mut r, why) = Replay::new(&tail_on(1, 0x2F8), &here, None);
         assert_eq!(why, None);
         assert_eq!(r.replayed(pos(0x100, 0), "a"), Replayed::Skip);
         assert_eq!(r.replayed(pos(0x2F8, 0), "b"), Replayed::Verified);
         // A standalone message whose record ends exactly at the switch point survived too.
         let mut standalone = tail_on(1, 0);
         standalone.last.as_mut().unwrap().position = Some(Position::standalone(Lsn(0x300)));
-        assert_eq!(Replay::new(&standalone, &here, false).1, None);
+        assert_eq!(Replay::new(&standalone, &here, None).1, None);
         // Two promotions: timeline 2 ended at 0/500, a tail of either ancestor is trusted.
         let twice = promoted(3, "1\t0/300\tr\n2\t0/500\tr\n");
-        assert_eq!(Replay::new(&tail_on(1, 0x200), &twice, false).1, None);
-        assert_eq!(Replay::new(&tail_on(2, 0x4F8), &twice, false).1, None);
+        assert_eq!(Replay::new(&tail_on(1, 0x200), &twice, None).1, None);
+        assert_eq!(Replay::new(&tail_on(2, 0x4F8), &twice, None).1, None);
     }
 
     #[test]
     fn a_tail_at_or_past_the_switch_point_did_not_survive() {
         let here = promoted(2, "1\t0/300\n");
         for lsn in [0x300, 0x308, 0x8000] {
-            let (mut r, why) = Replay::new(&tail_on(1, lsn), &here, false);
+            let (mut r, why) = Replay::new(&tail_on(1, lsn), &here, None);
             assert_eq!(
                 why,
                 Some(Untrusted::PastSwitch {
@@ -626,7 +626,7 @@ mod tests {
             );
             assert_eq!(r.replayed(pos(0x100, 0), "a"), Replayed::Publish);
         }
-        let why = Replay::new(&tail_on(1, 0x300), &here, false).1.unwrap();
+        let why = Replay::new(&tail_on(1, 0x300), &here, None).1.unwrap();
         assert_eq!(
             why.to_string(),
             "the stream's last message is at 0/300:0 on timeline 1, at or past 0/300 where this \
@@ -639,12 +639,12 @@ mod tests {
         // Timeline 3 branched off timeline 1: timeline 2 (a sibling) is not its history.
         let sibling = promoted(3, "1\t0/300\n");
         assert!(matches!(
-            Replay::new(&tail_on(2, 0x100), &sibling, false).1,
+            Replay::new(&tail_on(2, 0x100), &sibling, None).1,
             Some(Untrusted::OtherHistory { .. })
         ));
         // A tail from a later timeline than the server's (the server was restored behind it).
         assert!(matches!(
-            Replay::new(&tail_on(3, 0x100), &promoted(2, "1\t0/300\n"), false).1,
+            Replay::new(&tail_on(3, 0x100), &promoted(2, "1\t0/300\n"), None).1,
             Some(Untrusted::OtherHistory { .. })
         ));
         // Without the history (timeline 1's, or one that could not be read), only the same
@@ -654,7 +654,7 @@ mod tests {
             ..promoted(2, "1\t0/300\n")
         };
         assert!(matches!(
-            Replay::new(&tail_on(1, 0x100), &unread, false).1,
+            Replay::new(&tail_on(1, 0x100), &unread, None).1,
             Some(Untrusted::OtherHistory { .. })
         ));
         // An ancestor timeline of another system or slot is not this history either.
@@ -669,7 +669,7 @@ mod tests {
             .unwrap()
             .slot = "other".into();
         assert!(matches!(
-            Replay::new(&other_slot, &here, false).1,
+            Replay::new(&other_slot, &here, None).1,
             Some(Untrusted::OtherHistory { .. })
         ));
         let mut other_system = tail_on(1, 0x100);
@@ -682,13 +682,13 @@ mod tests {
             .unwrap()
             .system_id = "7311234567890123457".into();
         assert!(matches!(
-            Replay::new(&other_system, &here, false).1,
+            Replay::new(&other_system, &here, None).1,
             Some(Untrusted::OtherHistory { .. })
         ));
         // Distrust still wins over an ancestor's tail.
         assert_eq!(
-            Replay::new(&tail_on(1, 0x100), &here, true).1,
-            Some(Untrusted::Distrusted)
+            Replay::new(&tail_on(1, 0x100), &here, Some("an earlier session failed")).1,
+            Some(Untrusted::Distrusted("an earlier session failed".into()))
         );
     }
 
@@ -719,7 +719,7 @@ mod tests {
         ) {
             let (current, text, ancestors) = file(&steps);
             let here = promoted(current, &text);
-            let (mut r, why) = Replay::new(&tail_on(timeline, lsn), &here, false);
+            let (mut r, why) = Replay::new(&tail_on(timeline, lsn), &here, None);
             let below_switch = ancestors.iter().any(|&(t, end)| t == timeline && lsn < end);
             let expect_trust = (timeline == current || below_switch) && lsn < here.wal_end.0;
             proptest::prop_assert_eq!(why.is_none(), expect_trust, "{:?}", why);
