@@ -129,13 +129,15 @@ impl Sink {
                     } else if let Some(f) = self.fence.as_mut() {
                         f.stored(ack.sequence);
                     }
+                    // A dead letter JetStream drops by its id was stored before (an earlier
+                    // session's): a duplicate like any other, neither a new dead letter nor
+                    // progress that could reset the relay's backoff.
                     return Ok(match &item.sent {
+                        _ if ack.duplicate => Outcome::Stored { duplicate: true },
                         Sent::DeadLetter { reason, .. } => Outcome::DeadLetter {
                             reason: reason.clone(),
                         },
-                        Sent::Event => Outcome::Stored {
-                            duplicate: ack.duplicate,
-                        },
+                        Sent::Event => Outcome::Stored { duplicate: false },
                     });
                 }
                 Err(e) => e,
