@@ -182,3 +182,240 @@ async fn setup_says_how_to_allow_atomic_publish_on_an_existing_stream() {
         out.stderr
     );
 }
+
+/// The header block of a stored message as nats-server counts it, for the names `keep` accepts.
+fn header_bytes(m: &crate::support::Stored, keep: impl Fn(&str) -> bool) -> usize {
+    m.headers
+        .iter()
+        .filter(|(k, _)| keep(k))
+        .map(|(k, v)| k.len() + 2 + v.len() + 2)
+        .sum()
+}
+
+/// The headers the relay builds for an event before it joins a batch, which the old size check
+/// measured (with a fixed 160 bytes for the rest).
+fn built_before_the_batch(name: &str) -> bool {
+    !name.starts_with("Nats-") && name != "Outbox-Position"
+}
+
+/// A transaction with members around the size limit (`limit`: the stream's `max_msg_size` or the
+/// server's `max_payload`), sized from stored probe messages of the same shapes:
+/// - `t-1`, the batch's first message (it carries the expected last sequence), fits the old check
+///   (its message without the batch headers and `Outbox-Position` is under the limit less 160
+///   bytes) but is over the limit as sent: the old relay sent it, and the whole batch was refused
+///   on every session (or the client refused the member), so nothing after it was published;
+/// - `t-3`, a member in the middle, is just over the limit as sent, `t-4` just under it.
+///
+/// Every event is stored or dead-lettered with the reason, in order, without a single restart.
+async fn members_around_the_size_limit(
+    nats: NatsServer,
+    max_msg_size: Option<usize>,
+    limit: usize,
+) {
+    let db = text_id_db().await;
+    let mut config = relay_config(&db, &nats);
+    config.nats.atomic_transactions = true;
+    // A slot name of a production length (the tests' own are short): it is in every message's
+    // Outbox-Position, one of the headers the old check left out.
+    config.postgres.slot = format!("{}_orders_outbox_relay", config.postgres.slot);
+    let stream = config.nats.stream.clone();
+    let js = nats.jetstream().await;
+    js.create_stream(async_nats::jetstream::stream::Config {
+        name: stream.clone(),
+        subjects: vec!["outbox.*".into(), "outbox_dead_letter".into()],
+        max_message_size: max_msg_size.map_or(-1, |n| n as i32),
+        duplicate_window: Duration::from_secs(120),
+        allow_atomic_publish: true,
+        ..Default::default()
+    })
+    .await
+    .expect("create stream");
+    let client = db.client().await;
+    let relay = InProcessRelay::start_streaming(&config, &client).await;
+    let insert = |id: &str, pad: usize| {
+        format!(
+            "INSERT INTO public.outbox (event_id, aggregate_type, aggregate_id, event_type, payload) \
+             VALUES ('{id}', 'Claim', '4711', 'ClaimApproved', jsonb_build_object('pad', repeat('x', {pad})));"
+        )
+    };
+    // The probe: a batch of three, a first message, a middle one and a commit.
+    client
+        .batch_execute(&format!(
+            "BEGIN; {} {} {} COMMIT;",
+            insert("p-1", 1),
+            insert("p-2", 1),
+            insert("p-3", 1)
+        ))
+        .await
+        .expect("probe transaction");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while stream_count(&js, &stream).await < 3 {
+        assert!(Instant::now() < deadline, "probe not stored");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let probe = read_all(&js, &stream).await;
+    let (first, middle) = (&probe[0], &probe[1]);
+    assert_eq!((first.id(), middle.id()), ("p-1", "p-2"));
+    // "NATS/1.0\r\n" + "\r\n", and `{"pad": "` + `"}` around the padding.
+    let frame = 12 + first.payload.len() - 1;
+    let built = header_bytes(first, built_before_the_batch);
+    let first_all = header_bytes(first, |_| true);
+    let batch = first_all - built;
+    assert!(
+        batch > 160,
+        "the first message's batch headers take {batch} bytes: the case needs more than the old allowance"
+    );
+    // Between the old allowance and the real headers (the reproduction had 40 bytes).
+    let margin = ((batch - 160) / 2).min(40);
+    let under_old = limit - 160 - margin - built - frame;
+    let middle_all = header_bytes(middle, |_| true);
+    let over = limit + 8 - middle_all - frame;
+    let under = limit - 40 - middle_all - frame;
+    client
+        .batch_execute(&format!(
+            "BEGIN; {} {} {} {} {} {} COMMIT; {}",
+            insert("t-1", under_old),
+            insert("t-2", 10),
+            insert("t-3", over),
+            insert("t-4", under),
+            insert("t-5", 10),
+            insert("t-6", 10),
+            insert("u-1", 10),
+        ))
+        .await
+        .expect("the transaction around the limit, and one after it");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while stream_count(&js, &stream).await < 10 {
+        assert!(
+            Instant::now() < deadline,
+            "only {} of 10 messages stored after 30 s ({} restarts): the batch around the limit wedges the relay",
+            stream_count(&js, &stream).await,
+            outbox_relay::metrics::Metrics::get(&relay.metrics.reconnects)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let got = read_all(&js, &stream).await;
+    let ids: Vec<&str> = got.iter().map(|m| m.id()).collect();
+    assert_eq!(
+        ids,
+        [
+            "p-1", "p-2", "p-3", "t-1", "t-2", "t-3", "t-4", "t-5", "t-6", "u-1"
+        ],
+        "every event once, in order"
+    );
+    let what = if max_msg_size.is_some() {
+        "max_msg_size"
+    } else {
+        "max_payload"
+    };
+    for m in &got {
+        let size = m.payload.len() + 12 + header_bytes(m, |_| true);
+        assert!(size <= limit, "{} stored at {size} bytes", m.id());
+        match m.id() {
+            "t-1" | "t-3" => {
+                assert_eq!(m.subject, "outbox_dead_letter", "{m:?}");
+                let error = m.header("Outbox-Error");
+                assert!(
+                    error.contains(what) && error.contains(&limit.to_string()),
+                    "{}: {error}",
+                    m.id()
+                );
+                assert_eq!(m.header("Outbox-Subject"), "outbox.Claim");
+                assert!(m.payload.is_empty());
+            }
+            _ => assert_eq!(m.subject, "outbox.Claim", "{m:?}"),
+        }
+    }
+    use outbox_relay::metrics::Metrics;
+    let m = &relay.metrics;
+    assert_eq!(Metrics::get(&m.dead_letters), 2);
+    assert_eq!(Metrics::get(&m.reconnects), 0, "no restart");
+    eprintln!(
+        "atomic size limit ({what} {limit}): first message's batch headers {batch} bytes; t-1 {} \
+         bytes without them; t-3 / t-4 {} / {} bytes as sent",
+        under_old + built + frame,
+        over + middle_all + frame,
+        under + middle_all + frame
+    );
+    relay.stop().await.expect("relay stops cleanly");
+}
+
+/// The stream's `max_msg_size` (JetStream refuses the whole batch, 10054).
+#[tokio::test]
+async fn members_around_the_streams_max_msg_size_are_stored_or_dead_lettered() {
+    members_around_the_size_limit(NatsServer::start(), Some(8192), 8192).await;
+}
+
+/// The server's `max_payload` (the client refuses the member before sending it).
+#[tokio::test]
+async fn members_around_the_servers_max_payload_are_stored_or_dead_lettered() {
+    members_around_the_size_limit(
+        NatsServer::start_with_config("max_payload: 8192"),
+        None,
+        8192,
+    )
+    .await;
+}
+
+/// The stream's `max_msg_size` lowered while the relay streams: the session's limit is stale, so
+/// JetStream refuses the whole batch holding a member over the new limit (10054). That costs one
+/// restart, not a loop: the next session reads the new limit and dead-letters the member in its
+/// place, and the rest of the transaction is stored.
+#[tokio::test]
+async fn a_max_msg_size_lowered_while_streaming_costs_one_restart_not_a_loop() {
+    let db = text_id_db().await;
+    let nats = NatsServer::start();
+    let mut config = relay_config(&db, &nats);
+    config.nats.atomic_transactions = true;
+    let stream = config.nats.stream.clone();
+    let js = nats.jetstream().await;
+    let mut cfg = async_nats::jetstream::stream::Config {
+        name: stream.clone(),
+        subjects: vec!["outbox.*".into(), "outbox_dead_letter".into()],
+        max_message_size: 8192,
+        duplicate_window: Duration::from_secs(120),
+        allow_atomic_publish: true,
+        ..Default::default()
+    };
+    js.create_stream(cfg.clone()).await.expect("create stream");
+    let client = db.client().await;
+    let relay = InProcessRelay::start_streaming(&config, &client).await;
+    let ids = write_transactions(&db, "w", &[1]);
+    assert_all_stored_once_in_order(&js, &stream, &ids).await;
+    cfg.max_message_size = 4096;
+    js.update_stream(cfg).await.expect("lower max_msg_size");
+    client
+        .batch_execute(
+            "BEGIN; \
+             INSERT INTO public.outbox (event_id, aggregate_type, aggregate_id, event_type, payload) \
+               VALUES ('x-1', 'Claim', '1', 'ClaimApproved', '{}'); \
+             INSERT INTO public.outbox (event_id, aggregate_type, aggregate_id, event_type, payload) \
+               VALUES ('x-2', 'Claim', '1', 'ClaimApproved', jsonb_build_object('pad', repeat('x', 6000))); \
+             INSERT INTO public.outbox (event_id, aggregate_type, aggregate_id, event_type, payload) \
+               VALUES ('x-3', 'Claim', '1', 'ClaimApproved', '{}'); \
+             COMMIT;",
+        )
+        .await
+        .expect("a transaction with a member over the new limit");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while stream_count(&js, &stream).await < 4 {
+        assert!(
+            Instant::now() < deadline,
+            "only {} of 4 messages after 30 s ({} restarts)",
+            stream_count(&js, &stream).await,
+            outbox_relay::metrics::Metrics::get(&relay.metrics.reconnects)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let got = read_all(&js, &stream).await;
+    let ids: Vec<&str> = got.iter().map(|m| m.id()).collect();
+    assert_eq!(ids, [ids[0], "x-1", "x-2", "x-3"]);
+    assert_eq!(got[2].subject, "outbox_dead_letter", "{:?}", got[2]);
+    let error = got[2].header("Outbox-Error");
+    assert!(error.contains("max_msg_size of 4096"), "{error}");
+    let restarts = outbox_relay::metrics::Metrics::get(&relay.metrics.reconnects);
+    assert_eq!(restarts, 1, "one restart reads the new limit");
+    relay.stop().await.expect("relay stops cleanly");
+}
