@@ -338,7 +338,9 @@ async fn members_around_the_size_limit(
                 assert!(m.payload.is_empty());
             }
             "t-4" => {
-                eprintln!("t-4's commit LSN differs in length from the probe's: not exactly at the limit")
+                eprintln!(
+                    "t-4's commit LSN differs in length from the probe's: not exactly at the limit"
+                )
             }
             _ => assert_eq!(m.subject, "outbox.Claim", "{m:?}"),
         }

@@ -84,6 +84,19 @@ pub enum SinkError {
         #[source]
         source: jetstream::context::PublishError,
     },
+    /// JetStream refused an atomic batch for the size of a message in it (its `max_msg_size`,
+    /// or headers too large), although the relay measured each against the limit the session
+    /// read: the next session reads the limit again and dead-letters what is over it.
+    #[error(
+        "the stream refused the atomic batch committed by message {id} ({refusal}): its max_msg_size changed \
+         since the session started? restarting to read it again (a message over it becomes a dead letter)"
+    )]
+    BatchRefused {
+        /// The id of the batch's commit message.
+        id: String,
+        /// JetStream's refusal.
+        refusal: String,
+    },
     /// The window is full of messages that cannot be settled (a defect in the relay: the members
     /// of an open atomic batch filled it).
     #[error("the publish window is full of messages that wait for a batch commit not yet sent")]

@@ -97,6 +97,13 @@ impl Sink {
                     last,
                 })
             }
+            // Every message was measured against the stream's limit as the session read it, so
+            // the limit was lowered since: the next session reads it and dead-letters what is
+            // over, in its place (one restart, never a loop).
+            Err(e) if let Some(refusal) = refused_for_good(&e) => Err(SinkError::BatchRefused {
+                id: item.event.msg_id.clone(),
+                refusal,
+            }),
             Err(e) if batch::fence_refused(&e) => Err(SinkError::FenceBroken {
                 id: item.event.msg_id.clone(),
                 expected: item.expected.unwrap_or(0),
