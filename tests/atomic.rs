@@ -442,3 +442,65 @@ async fn a_max_msg_size_lowered_while_streaming_costs_one_restart_not_a_loop() {
     assert_eq!(restarts, 1, "one restart reads the new limit");
     relay.stop().await.expect("relay stops cleanly");
 }
+
+/// A member whose headers are over JetStream's limit for a message's header block (65,535 bytes: a
+/// 70 KB value in the headers column) would get its whole batch refused (10097) on every session:
+/// it is dead-lettered in its place instead, its long header value cut and named, and the rest of
+/// the transaction is stored, without a restart.
+#[tokio::test]
+async fn a_member_with_headers_over_jetstreams_limit_is_dead_lettered_not_a_wedge() {
+    let db = text_id_db().await;
+    let nats = NatsServer::start();
+    let mut config = relay_config(&db, &nats);
+    config.nats.atomic_transactions = true;
+    config.outbox.headers_column = "headers".into();
+    let stream = config.nats.stream.clone();
+    let client = db.client().await;
+    let relay = InProcessRelay::start_streaming(&config, &client).await;
+    let big = format!(
+        r#"{{"traceparent": "00-1-2-01", "big": "{}"}}"#,
+        "v".repeat(70 * 1024)
+    );
+    client
+        .execute(
+            "INSERT INTO public.outbox (event_id, aggregate_type, aggregate_id, event_type, payload, headers) \
+             VALUES ('h-1', 'Claim', '1', 'ClaimApproved', '{}', NULL), \
+                    ('h-2', 'Claim', '1', 'ClaimApproved', '{}', $1::text::jsonb), \
+                    ('h-3', 'Claim', '1', 'ClaimApproved', '{}', NULL)",
+            &[&big],
+        )
+        .await
+        .expect("one transaction, a member with a 70 KB header value");
+    let ids = write_transactions(&db, "h", &[1]);
+    let js = nats.jetstream().await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while stream_count(&js, &stream).await < 4 {
+        assert!(
+            Instant::now() < deadline,
+            "only {} of 4 messages after 30 s ({} restarts): the batch wedges the relay",
+            stream_count(&js, &stream).await,
+            outbox_relay::metrics::Metrics::get(&relay.metrics.reconnects)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let got = read_all(&js, &stream).await;
+    let got_ids: Vec<&str> = got.iter().map(|m| m.id()).collect();
+    assert_eq!(got_ids, ["h-1", "h-2", "h-3", ids[0].as_str()]);
+    let m = &got[1];
+    assert_eq!(m.subject, "outbox_dead_letter", "{:?}", m.headers.keys());
+    let error = m.header("Outbox-Error").to_lowercase();
+    assert!(error.contains("header"), "names the headers: {error}");
+    assert!(m.header("Outbox-Truncated-Headers").contains("big"));
+    assert!(m.header("big").len() <= 1024);
+    assert_eq!(m.header("traceparent"), "00-1-2-01");
+    for m in [&got[0], &got[2], &got[3]] {
+        assert_eq!(m.subject, "outbox.Claim", "{m:?}");
+    }
+    assert_eq!(
+        outbox_relay::metrics::Metrics::get(&relay.metrics.reconnects),
+        0,
+        "no restart"
+    );
+    relay.stop().await.expect("relay stops cleanly");
+}

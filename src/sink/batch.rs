@@ -17,7 +17,8 @@
 //! Size: one message over the stream's `max_msg_size` makes the server refuse the whole batch, on
 //! every session, and one over the server's `max_payload` is refused by the client. So each message
 //! is measured as it is sent, every header stamped (the batch headers and `Outbox-Position` take
-//! about 200 bytes), against the smaller of the two, and one that does not fit goes out as its dead
+//! about 200 bytes), against the smaller of the two (and its header block against JetStream's
+//! 65,535 bytes, 10097), and one that does not fit goes out as its dead
 //! letter, shrunk until it fits, in its place in the batch ([`fit`]); a client refusal all the same
 //! (a server with a smaller `max_payload`) steps down the same ladder. A batch refused for its size
 //! all the same (the stream's limit lowered during the session) ends the session once: the next
@@ -178,7 +179,30 @@ impl Stamped {
     fn size(&self) -> usize {
         wire_size(&self.headers, self.payload.len())
     }
+
+    /// Why it cannot be stored as it is: over `limit`, or a header block over JetStream's own
+    /// limit ([`MAX_HEADER_BLOCK`]); `None` when it fits.
+    fn too_large(&self, limit: Limit) -> Option<String> {
+        let size = self.size();
+        let headers = wire_size(&self.headers, 0);
+        if size > limit.bytes {
+            Some(format!(
+                "message too large for {} of {} bytes ({size} bytes with its headers)",
+                limit.what, limit.bytes
+            ))
+        } else if headers > MAX_HEADER_BLOCK {
+            Some(format!(
+                "headers too large for JetStream: {headers} bytes, at most {MAX_HEADER_BLOCK}"
+            ))
+        } else {
+            None
+        }
+    }
 }
+
+/// The largest header block JetStream stores (nats-server encodes its length in 16 bits and
+/// refuses a larger one, 10097): one member over it would get its whole batch refused.
+const MAX_HEADER_BLOCK: usize = 65_535;
 
 impl Sink {
     /// [`Sink::submit`] with `atomic`: the event is held back; the one held before it goes out as
@@ -431,8 +455,8 @@ struct Limit {
     what: &'static str,
 }
 
-/// `out`, the message for `item`, with `m` stamped, if that fits `limit`; else its dead letter
-/// (`outbox.on_invalid`), shrunk until it fits. Measured as it will be sent: the batch headers and
+/// `out`, the message for `item`, with `m` stamped, if that fits `limit` (and JetStream's limit
+/// for a header block); else its dead letter (`outbox.on_invalid`), shrunk until it fits. Measured as it will be sent: the batch headers and
 /// `Outbox-Position` take about 200 bytes, more than a guess can hold.
 fn fit(
     config: &SinkConfig,
@@ -450,10 +474,9 @@ fn fit(
         item.subject = s.as_str().to_owned();
     }
     let stamped = Stamped::new(out, m, &item.event, config.history.as_deref());
-    let size = stamped.size();
-    if size <= limit.bytes {
+    let Some(reason) = stamped.too_large(limit) else {
         return Ok(stamped);
-    }
+    };
     let routed = super::routed_subject(
         config,
         &item.event,
@@ -466,10 +489,7 @@ fn fit(
         item,
         Some(routed.as_str()).filter(|s| !s.is_empty()),
         m,
-        format!(
-            "message too large for {} of {} bytes ({size} bytes with its headers)",
-            limit.what, limit.bytes
-        ),
+        reason,
     )
 }
 
@@ -501,7 +521,7 @@ fn smaller(
             IdHeader::EventId,
         );
         let stamped = Stamped::new(dl, m, &item.event, config.history.as_deref());
-        if stamped.size() <= limit.bytes {
+        if stamped.too_large(limit).is_none() {
             item.sent = Sent::DeadLetter { reason, shrink };
             item.subject = subject.unwrap_or_default().to_owned();
             return Ok(stamped);
@@ -759,6 +779,36 @@ mod tests {
         };
         assert!(reason.contains("even its minimal dead letter"), "{reason}");
         assert!(refusal.contains("max_msg_size of 200 bytes"), "{refusal}");
+    }
+
+    #[test]
+    fn headers_over_jetstreams_limit_are_a_dead_letter_under_any_size_limit() {
+        let c = config(OnInvalid::DeadLetter);
+        let mut e = event(10);
+        e.headers = vec![("big".into(), "v".repeat(MAX_HEADER_BLOCK))];
+        let m = first_and_commit();
+        let mut it = item(e);
+        let o = out(&c, &it.event);
+        let s = fit(&c, limit(1024 * 1024), &mut it, o, &m).unwrap();
+        let Sent::DeadLetter { reason, shrink } = &it.sent else {
+            panic!("{:?}", it.sent);
+        };
+        assert_eq!(*shrink, Shrink::DropPayload);
+        assert!(reason.contains("headers too large"), "{reason}");
+        assert!(wire_size(&s.headers, 0) <= MAX_HEADER_BLOCK);
+        assert_eq!(s.headers.get("big").unwrap().as_str().len(), 1024);
+        // One byte under JetStream's limit goes as it is.
+        let mut e = event(10);
+        let bare = {
+            let o = out(&c, &e);
+            Stamped::new(o, &m, &e, c.history.as_deref()).size() - 10
+        };
+        e.headers = vec![("big".into(), "v".repeat(MAX_HEADER_BLOCK - bare - 7))];
+        let mut it = item(e);
+        let o = out(&c, &it.event);
+        let s = fit(&c, limit(1024 * 1024), &mut it, o, &m).unwrap();
+        assert_eq!(wire_size(&s.headers, 0), MAX_HEADER_BLOCK);
+        assert!(matches!(it.sent, Sent::Event), "{:?}", it.sent);
     }
 
     #[test]
