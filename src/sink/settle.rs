@@ -99,7 +99,7 @@ impl Sink {
             }
             // Every message was measured against the stream's limit as the session read it, so
             // the limit was lowered since: the next session reads it and dead-letters what is
-            // over, in its place (one restart, never a loop).
+            // over, in its place (one restart).
             Err(e) if let Some(refusal) = refused_for_good(&e) => Err(SinkError::BatchRefused {
                 id: item.event.msg_id.clone(),
                 refusal,
