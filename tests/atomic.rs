@@ -274,9 +274,14 @@ async fn members_around_the_size_limit(
     let middle_all = header_bytes(middle, |_| true);
     let over = limit + 8 - middle_all - frame;
     let exact = limit - middle_all - frame;
+    // And every other shape exactly at the limit: `e-1` first (it will expect sequence 10, one
+    // digit more than the probe's 0), `e-3` the commit.
+    let commit = &probe[2];
+    let exact_first = limit - (first_all + 1) - frame;
+    let exact_commit = limit - header_bytes(commit, |_| true) - frame;
     client
         .batch_execute(&format!(
-            "BEGIN; {} {} {} {} {} {} COMMIT; {}",
+            "BEGIN; {} {} {} {} {} {} COMMIT; BEGIN; {} COMMIT; BEGIN; {} {} {} COMMIT;",
             insert("t-1", under_old),
             insert("t-2", 10),
             insert("t-3", over),
@@ -284,14 +289,17 @@ async fn members_around_the_size_limit(
             insert("t-5", 10),
             insert("t-6", 10),
             insert("u-1", 10),
+            insert("e-1", exact_first),
+            insert("e-2", 10),
+            insert("e-3", exact_commit),
         ))
         .await
         .expect("the transaction around the limit, and one after it");
     let deadline = Instant::now() + Duration::from_secs(30);
-    while stream_count(&js, &stream).await < 10 {
+    while stream_count(&js, &stream).await < 13 {
         assert!(
             Instant::now() < deadline,
-            "only {} of 10 messages stored after 30 s ({} restarts): the batch around the limit wedges the relay",
+            "only {} of 13 messages stored after 30 s ({} restarts): the batch around the limit wedges the relay",
             stream_count(&js, &stream).await,
             outbox_relay::metrics::Metrics::get(&relay.metrics.reconnects)
         );
@@ -303,7 +311,8 @@ async fn members_around_the_size_limit(
     assert_eq!(
         ids,
         [
-            "p-1", "p-2", "p-3", "t-1", "t-2", "t-3", "t-4", "t-5", "t-6", "u-1"
+            "p-1", "p-2", "p-3", "t-1", "t-2", "t-3", "t-4", "t-5", "t-6", "u-1", "e-1", "e-2",
+            "e-3"
         ],
         "every event once, in order"
     );
@@ -312,19 +321,19 @@ async fn members_around_the_size_limit(
     } else {
         "max_payload"
     };
+    let lsn_len = |m: &crate::support::Stored| m.header("Outbox-Commit-Lsn").len();
+    let mut exactly = 0;
     for m in &got {
         let size = m.payload.len() + 12 + header_bytes(m, |_| true);
         assert!(size <= limit, "{} stored at {size} bytes", m.id());
         match m.id() {
-            "t-4"
-                if m.header("Outbox-Commit-Lsn").len()
-                    == middle.header("Outbox-Commit-Lsn").len() =>
-            {
+            id @ ("t-4" | "e-1" | "e-3") if lsn_len(m) == lsn_len(middle) => {
                 assert_eq!(
                     m.subject, "outbox.Claim",
-                    "exactly at the limit: stored as it is"
+                    "{id} exactly at the limit: stored as it is"
                 );
-                assert_eq!(size, limit, "t-4 is exactly at the limit");
+                assert_eq!(size, limit, "{id} is exactly at the limit");
+                exactly += 1;
             }
             "t-1" | "t-3" => {
                 assert_eq!(m.subject, "outbox_dead_letter", "{m:?}");
@@ -337,9 +346,9 @@ async fn members_around_the_size_limit(
                 assert_eq!(m.header("Outbox-Subject"), "outbox.Claim");
                 assert!(m.payload.is_empty());
             }
-            "t-4" => {
+            id @ ("t-4" | "e-1" | "e-3") => {
                 eprintln!(
-                    "t-4's commit LSN differs in length from the probe's: not exactly at the limit"
+                    "{id}'s commit LSN differs in length from the probe's: not exactly at the limit"
                 )
             }
             _ => assert_eq!(m.subject, "outbox.Claim", "{m:?}"),
@@ -354,9 +363,10 @@ async fn members_around_the_size_limit(
     assert_eq!(Metrics::get(&m.dead_letters), dead as u64);
     assert!(dead >= 2);
     assert_eq!(Metrics::get(&m.reconnects), 0, "no restart");
+    assert!(exactly >= 1, "no message was exactly at the limit");
     eprintln!(
         "atomic size limit ({what} {limit}): first message's batch headers {batch} bytes; t-1 {} \
-         bytes without them; t-3 / t-4 {} / {} bytes as sent",
+         bytes without them; t-3 / t-4 {} / {} bytes as sent; {exactly} of 3 shapes stored at exactly the limit",
         under_old + built + frame,
         over + middle_all + frame,
         exact + middle_all + frame
