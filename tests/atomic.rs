@@ -204,8 +204,9 @@ fn built_before_the_batch(name: &str) -> bool {
 ///   (its message without the batch headers and `Outbox-Position` is under the limit less 160
 ///   bytes) but is over the limit as sent: the old relay sent it, and the whole batch was refused
 ///   on every session (or the client refused the member), so nothing after it was published;
-/// - `t-3`, a member in the middle, is just over the limit as sent, `t-4` exactly at it (when
-///   its commit LSN is as long as the probe's, which the sizes are measured from).
+/// - `t-3`, a member in the middle, is just over the limit as sent, `t-4` exactly at it;
+/// - in a later transaction `e-1` (first) and `e-3` (commit) are exactly at the limit too (each
+///   when its commit LSN is as long as the probe's, which the sizes are measured from).
 ///
 /// Measured by nats-server as by the relay: a message at the limit is stored, one over is not.
 ///
