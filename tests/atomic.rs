@@ -182,3 +182,336 @@ async fn setup_says_how_to_allow_atomic_publish_on_an_existing_stream() {
         out.stderr
     );
 }
+
+/// The header block of a stored message as nats-server counts it, for the names `keep` accepts.
+fn header_bytes(m: &crate::support::Stored, keep: impl Fn(&str) -> bool) -> usize {
+    m.headers
+        .iter()
+        .filter(|(k, _)| keep(k))
+        .map(|(k, v)| k.len() + 2 + v.len() + 2)
+        .sum()
+}
+
+/// The headers the relay builds for an event before it joins a batch, which the old size check
+/// measured (with a fixed 160 bytes for the rest).
+fn built_before_the_batch(name: &str) -> bool {
+    !name.starts_with("Nats-") && name != "Outbox-Position"
+}
+
+/// A transaction with members around the size limit (`limit`: the stream's `max_msg_size` or the
+/// server's `max_payload`), sized from stored probe messages of the same shapes:
+/// - `t-1`, the batch's first message (it carries the expected last sequence), fits the old check
+///   (its message without the batch headers and `Outbox-Position` is under the limit less 160
+///   bytes) but is over the limit as sent: the old relay sent it, and the whole batch was refused
+///   on every session (or the client refused the member), so nothing after it was published;
+/// - `t-3`, a member in the middle, is just over the limit as sent, `t-4` exactly at it;
+/// - in a later transaction `e-1` (first) and `e-3` (commit) are exactly at the limit too (each
+///   when its commit LSN is as long as the probe's, which the sizes are measured from).
+///
+/// Measured by nats-server as by the relay: a message at the limit is stored, one over is not.
+///
+/// Every event is stored or dead-lettered with the reason, in order, without a single restart.
+async fn members_around_the_size_limit(
+    nats: NatsServer,
+    max_msg_size: Option<usize>,
+    limit: usize,
+) {
+    let db = text_id_db().await;
+    let mut config = relay_config(&db, &nats);
+    config.nats.atomic_transactions = true;
+    // A slot name of a production length (the tests' own are short): it is in every message's
+    // Outbox-Position, one of the headers the old check left out.
+    config.postgres.slot = format!("{}_orders_outbox_relay", config.postgres.slot);
+    let stream = config.nats.stream.clone();
+    let js = nats.jetstream().await;
+    js.create_stream(async_nats::jetstream::stream::Config {
+        name: stream.clone(),
+        subjects: vec!["outbox.*".into(), "outbox_dead_letter".into()],
+        max_message_size: max_msg_size.map_or(-1, |n| n as i32),
+        duplicate_window: Duration::from_secs(120),
+        allow_atomic_publish: true,
+        ..Default::default()
+    })
+    .await
+    .expect("create stream");
+    let client = db.client().await;
+    let relay = InProcessRelay::start_streaming(&config, &client).await;
+    let insert = |id: &str, pad: usize| {
+        format!(
+            "INSERT INTO public.outbox (event_id, aggregate_type, aggregate_id, event_type, payload) \
+             VALUES ('{id}', 'Claim', '4711', 'ClaimApproved', jsonb_build_object('pad', repeat('x', {pad})));"
+        )
+    };
+    // The probe: a batch of three, a first message, a middle one and a commit.
+    client
+        .batch_execute(&format!(
+            "BEGIN; {} {} {} COMMIT;",
+            insert("p-1", 1),
+            insert("p-2", 1),
+            insert("p-3", 1)
+        ))
+        .await
+        .expect("probe transaction");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while stream_count(&js, &stream).await < 3 {
+        assert!(Instant::now() < deadline, "probe not stored");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let probe = read_all(&js, &stream).await;
+    let (first, middle) = (&probe[0], &probe[1]);
+    assert_eq!((first.id(), middle.id()), ("p-1", "p-2"));
+    // "NATS/1.0\r\n" + "\r\n", and `{"pad": "` + `"}` around the padding.
+    let frame = 12 + first.payload.len() - 1;
+    let built = header_bytes(first, built_before_the_batch);
+    let first_all = header_bytes(first, |_| true);
+    let batch = first_all - built;
+    assert!(
+        batch > 160,
+        "the first message's batch headers take {batch} bytes: the case needs more than the old allowance"
+    );
+    // Between the old allowance and the real headers (the reproduction had 40 bytes).
+    let margin = ((batch - 160) / 2).min(40);
+    let under_old = limit - 160 - margin - built - frame;
+    let middle_all = header_bytes(middle, |_| true);
+    let over = limit + 8 - middle_all - frame;
+    let exact = limit - middle_all - frame;
+    // And every other shape exactly at the limit: `e-1` first (it will expect sequence 10, one
+    // digit more than the probe's 0), `e-3` the commit.
+    let commit = &probe[2];
+    let exact_first = limit - (first_all + 1) - frame;
+    let exact_commit = limit - header_bytes(commit, |_| true) - frame;
+    client
+        .batch_execute(&format!(
+            "BEGIN; {} {} {} {} {} {} COMMIT; BEGIN; {} COMMIT; BEGIN; {} {} {} COMMIT;",
+            insert("t-1", under_old),
+            insert("t-2", 10),
+            insert("t-3", over),
+            insert("t-4", exact),
+            insert("t-5", 10),
+            insert("t-6", 10),
+            insert("u-1", 10),
+            insert("e-1", exact_first),
+            insert("e-2", 10),
+            insert("e-3", exact_commit),
+        ))
+        .await
+        .expect("the transaction around the limit, and one after it");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while stream_count(&js, &stream).await < 13 {
+        assert!(
+            Instant::now() < deadline,
+            "only {} of 13 messages stored after 30 s ({} restarts): the batch around the limit wedges the relay",
+            stream_count(&js, &stream).await,
+            outbox_relay::metrics::Metrics::get(&relay.metrics.reconnects)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let got = read_all(&js, &stream).await;
+    let ids: Vec<&str> = got.iter().map(|m| m.id()).collect();
+    assert_eq!(
+        ids,
+        [
+            "p-1", "p-2", "p-3", "t-1", "t-2", "t-3", "t-4", "t-5", "t-6", "u-1", "e-1", "e-2",
+            "e-3"
+        ],
+        "every event once, in order"
+    );
+    let what = if max_msg_size.is_some() {
+        "max_msg_size"
+    } else {
+        "max_payload"
+    };
+    let lsn_len = |m: &crate::support::Stored| m.header("Outbox-Commit-Lsn").len();
+    let mut exactly = 0;
+    for m in &got {
+        let size = m.payload.len() + 12 + header_bytes(m, |_| true);
+        assert!(size <= limit, "{} stored at {size} bytes", m.id());
+        match m.id() {
+            id @ ("t-4" | "e-1" | "e-3") if lsn_len(m) == lsn_len(middle) => {
+                assert_eq!(
+                    m.subject, "outbox.Claim",
+                    "{id} exactly at the limit: stored as it is"
+                );
+                assert_eq!(size, limit, "{id} is exactly at the limit");
+                exactly += 1;
+            }
+            "t-1" | "t-3" => {
+                assert_eq!(m.subject, "outbox_dead_letter", "{m:?}");
+                let error = m.header("Outbox-Error");
+                assert!(
+                    error.contains(what) && error.contains(&limit.to_string()),
+                    "{}: {error}",
+                    m.id()
+                );
+                assert_eq!(m.header("Outbox-Subject"), "outbox.Claim");
+                assert!(m.payload.is_empty());
+            }
+            id @ ("t-4" | "e-1" | "e-3") => {
+                eprintln!(
+                    "{id}'s commit LSN differs in length from the probe's: not exactly at the limit"
+                )
+            }
+            _ => assert_eq!(m.subject, "outbox.Claim", "{m:?}"),
+        }
+    }
+    use outbox_relay::metrics::Metrics;
+    let m = &relay.metrics;
+    let dead = got
+        .iter()
+        .filter(|m| m.subject == "outbox_dead_letter")
+        .count();
+    assert_eq!(Metrics::get(&m.dead_letters), dead as u64);
+    assert!(dead >= 2);
+    assert_eq!(Metrics::get(&m.reconnects), 0, "no restart");
+    assert!(exactly >= 1, "no message was exactly at the limit");
+    eprintln!(
+        "atomic size limit ({what} {limit}): first message's batch headers {batch} bytes; t-1 {} \
+         bytes without them; t-3 / t-4 {} / {} bytes as sent; {exactly} of 3 shapes stored at exactly the limit",
+        under_old + built + frame,
+        over + middle_all + frame,
+        exact + middle_all + frame
+    );
+    relay.stop().await.expect("relay stops cleanly");
+}
+
+/// The stream's `max_msg_size` (JetStream refuses the whole batch, 10054).
+#[tokio::test]
+async fn members_around_the_streams_max_msg_size_are_stored_or_dead_lettered() {
+    members_around_the_size_limit(NatsServer::start(), Some(8192), 8192).await;
+}
+
+/// The server's `max_payload` (the client refuses the member before sending it).
+#[tokio::test]
+async fn members_around_the_servers_max_payload_are_stored_or_dead_lettered() {
+    members_around_the_size_limit(
+        NatsServer::start_with_config("max_payload: 8192"),
+        None,
+        8192,
+    )
+    .await;
+}
+
+/// The stream's `max_msg_size` lowered while the relay streams: the session's limit is stale, so
+/// JetStream refuses the whole batch holding a member over the new limit (10054). That costs one
+/// restart, not a loop: the next session reads the new limit and dead-letters the member in its
+/// place, and the rest of the transaction is stored.
+#[tokio::test]
+async fn a_max_msg_size_lowered_while_streaming_costs_one_restart_not_a_loop() {
+    let db = text_id_db().await;
+    let nats = NatsServer::start();
+    let mut config = relay_config(&db, &nats);
+    config.nats.atomic_transactions = true;
+    let stream = config.nats.stream.clone();
+    let js = nats.jetstream().await;
+    let mut cfg = async_nats::jetstream::stream::Config {
+        name: stream.clone(),
+        subjects: vec!["outbox.*".into(), "outbox_dead_letter".into()],
+        max_message_size: 8192,
+        duplicate_window: Duration::from_secs(120),
+        allow_atomic_publish: true,
+        ..Default::default()
+    };
+    js.create_stream(cfg.clone()).await.expect("create stream");
+    let client = db.client().await;
+    let relay = InProcessRelay::start_streaming(&config, &client).await;
+    let ids = write_transactions(&db, "w", &[1]);
+    assert_all_stored_once_in_order(&js, &stream, &ids).await;
+    cfg.max_message_size = 4096;
+    js.update_stream(cfg).await.expect("lower max_msg_size");
+    client
+        .batch_execute(
+            "BEGIN; \
+             INSERT INTO public.outbox (event_id, aggregate_type, aggregate_id, event_type, payload) \
+               VALUES ('x-1', 'Claim', '1', 'ClaimApproved', '{}'); \
+             INSERT INTO public.outbox (event_id, aggregate_type, aggregate_id, event_type, payload) \
+               VALUES ('x-2', 'Claim', '1', 'ClaimApproved', jsonb_build_object('pad', repeat('x', 6000))); \
+             INSERT INTO public.outbox (event_id, aggregate_type, aggregate_id, event_type, payload) \
+               VALUES ('x-3', 'Claim', '1', 'ClaimApproved', '{}'); \
+             COMMIT;",
+        )
+        .await
+        .expect("a transaction with a member over the new limit");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while stream_count(&js, &stream).await < 4 {
+        assert!(
+            Instant::now() < deadline,
+            "only {} of 4 messages after 30 s ({} restarts)",
+            stream_count(&js, &stream).await,
+            outbox_relay::metrics::Metrics::get(&relay.metrics.reconnects)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let got = read_all(&js, &stream).await;
+    let ids: Vec<&str> = got.iter().map(|m| m.id()).collect();
+    assert_eq!(ids, [ids[0], "x-1", "x-2", "x-3"]);
+    assert_eq!(got[2].subject, "outbox_dead_letter", "{:?}", got[2]);
+    let error = got[2].header("Outbox-Error");
+    assert!(error.contains("max_msg_size of 4096"), "{error}");
+    let restarts = outbox_relay::metrics::Metrics::get(&relay.metrics.reconnects);
+    assert_eq!(restarts, 1, "one restart reads the new limit");
+    relay.stop().await.expect("relay stops cleanly");
+}
+
+/// A member whose headers are over JetStream's limit for a message's header block (65,535 bytes: a
+/// 70 KB value in the headers column) would get its whole batch refused (10097) on every session:
+/// it is dead-lettered in its place instead, its long header value cut and named, and the rest of
+/// the transaction is stored, without a restart.
+#[tokio::test]
+async fn a_member_with_headers_over_jetstreams_limit_is_dead_lettered_not_a_wedge() {
+    let db = text_id_db().await;
+    let nats = NatsServer::start();
+    let mut config = relay_config(&db, &nats);
+    config.nats.atomic_transactions = true;
+    config.outbox.headers_column = "headers".into();
+    let stream = config.nats.stream.clone();
+    let client = db.client().await;
+    let relay = InProcessRelay::start_streaming(&config, &client).await;
+    let big = format!(
+        r#"{{"traceparent": "00-1-2-01", "big": "{}"}}"#,
+        "v".repeat(70 * 1024)
+    );
+    client
+        .execute(
+            "INSERT INTO public.outbox (event_id, aggregate_type, aggregate_id, event_type, payload, headers) \
+             VALUES ('h-1', 'Claim', '1', 'ClaimApproved', '{}', NULL), \
+                    ('h-2', 'Claim', '1', 'ClaimApproved', '{}', $1::text::jsonb), \
+                    ('h-3', 'Claim', '1', 'ClaimApproved', '{}', NULL)",
+            &[&big],
+        )
+        .await
+        .expect("one transaction, a member with a 70 KB header value");
+    let ids = write_transactions(&db, "h", &[1]);
+    let js = nats.jetstream().await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while stream_count(&js, &stream).await < 4 {
+        assert!(
+            Instant::now() < deadline,
+            "only {} of 4 messages after 30 s ({} restarts): the batch wedges the relay",
+            stream_count(&js, &stream).await,
+            outbox_relay::metrics::Metrics::get(&relay.metrics.reconnects)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let got = read_all(&js, &stream).await;
+    let got_ids: Vec<&str> = got.iter().map(|m| m.id()).collect();
+    assert_eq!(got_ids, ["h-1", "h-2", "h-3", ids[0].as_str()]);
+    let m = &got[1];
+    assert_eq!(m.subject, "outbox_dead_letter", "{:?}", m.headers.keys());
+    let error = m.header("Outbox-Error").to_lowercase();
+    assert!(error.contains("header"), "names the headers: {error}");
+    assert!(m.header("Outbox-Truncated-Headers").contains("big"));
+    assert!(m.header("big").len() <= 1024);
+    assert_eq!(m.header("traceparent"), "00-1-2-01");
+    for m in [&got[0], &got[2], &got[3]] {
+        assert_eq!(m.subject, "outbox.Claim", "{m:?}");
+    }
+    assert_eq!(
+        outbox_relay::metrics::Metrics::get(&relay.metrics.reconnects),
+        0,
+        "no restart"
+    );
+    relay.stop().await.expect("relay stops cleanly");
+}

@@ -22,7 +22,7 @@ use crate::outbox::{OutboxStage, Step};
 use crate::pgoutput::{Decoder, Message};
 use crate::position::History;
 use crate::progress::Progress;
-use crate::sink::{Acked, NatsPort, Origin, Outcome, Sink, SinkConfig};
+use crate::sink::{Acked, NatsPort, Origin, Sink, SinkConfig};
 use crate::source::{ReplicationEvent, ReplicationStream, SourceError};
 use crate::stored::Serve;
 
@@ -164,6 +164,12 @@ impl Session {
         if matches!(end, SessionEnd::Shutdown) {
             self.drain(relay).await;
         } else {
+            if let Err(e) = self.take_acks(relay) {
+                // What the sink settled before the failure (a publish waiting for room settles the
+                // oldest) was stored: counted and confirmed like any ack. An ack progress refuses is
+                // a defect, which outweighs the failure.
+                return SessionEnd::Fatal(e);
+            }
             // The walsender may still hold the slot: mark where it stands for the next session.
             self.stream.send_status_now();
             relay
@@ -175,9 +181,17 @@ impl Session {
     }
 
     /// Lets the sink settle what has arrived and hands every ack, in publish order, to progress;
-    /// the clock is read and the confirmed LSN handed on once per burst, not per ack.
+    /// the clock is read and the confirmed LSN handed on once per burst, not per ack. The acks
+    /// settled before a failure are taken first: they were stored (a dead letter among them is
+    /// counted in the session that stored it, not as a duplicate in the next).
     async fn on_acks(&mut self, relay: &mut Relay) -> Result<(), SessionEnd> {
-        self.sink.settle().await.map_err(from_sink)?;
+        let settled = self.sink.settle().await;
+        self.take_acks(relay)?;
+        settled.map_err(from_sink)
+    }
+
+    /// Hands every settled ack, in publish order, to progress and the metrics, and confirms.
+    fn take_acks(&mut self, relay: &mut Relay) -> Result<(), RelayError> {
         let now = crate::lsn::pg_now_micros();
         while let Some(ack) = self.sink.acked() {
             self.on_ack(relay, ack, now)?;
@@ -188,8 +202,8 @@ impl Session {
     }
 
     /// One ack, in publish order: progress and metrics.
-    fn on_ack(&mut self, relay: &mut Relay, ack: Acked, now: i64) -> Result<(), SessionEnd> {
-        self.progress.ack(ack.seq).map_err(RelayError::from)?;
+    fn on_ack(&mut self, relay: &mut Relay, ack: Acked, now: i64) -> Result<(), RelayError> {
+        self.progress.ack(ack.seq)?;
         relay.count(&ack.outcome);
         if ack.commit_ts != 0 {
             let micros = now - ack.commit_ts;
@@ -199,12 +213,9 @@ impl Session {
                 .observe(Duration::from_micros(micros.max(0) as u64));
         }
         // Only a newly stored event proves the way to the stream works again: acks of what was
-        // stored before (a full stream refuses only new ones) must not reset the backoff.
-        let new = matches!(
-            ack.outcome,
-            Outcome::Stored { duplicate: false } | Outcome::DeadLetter { .. }
-        );
-        if new {
+        // stored before (a full stream refuses only new ones, and a republished dead letter is a
+        // duplicate too) must not reset the backoff, the last cause or the distrust.
+        if ack.outcome.is_new() {
             relay.stored_new();
         }
         Ok(())

@@ -85,6 +85,19 @@ pub enum SinkError {
         #[source]
         source: jetstream::context::PublishError,
     },
+    /// JetStream refused an atomic batch for the size of a message in it (its `max_msg_size`,
+    /// or headers too large), although the relay measured each against the limit the session
+    /// read: the next session reads the limit again and dead-letters what is over it.
+    #[error(
+        "the stream refused the atomic batch committed by message {id} ({refusal}): its max_msg_size changed \
+         since the session started? restarting to read it again (a message over it becomes a dead letter)"
+    )]
+    BatchRefused {
+        /// The id of the batch's commit message.
+        id: String,
+        /// JetStream's refusal.
+        refusal: String,
+    },
     /// The window is full of messages that cannot be settled (a defect in the relay: the members
     /// of an open atomic batch filled it).
     #[error("the publish window is full of messages that wait for a batch commit not yet sent")]
@@ -210,18 +223,32 @@ impl SinkError {
 /// How a message ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Outcome {
-    /// Stored (or already stored: `duplicate`, JetStream dropped it by its `Nats-Msg-Id`).
+    /// Stored (or already stored: `duplicate`, JetStream dropped it by its `Nats-Msg-Id`; a
+    /// republished dead letter too).
     Stored {
         /// JetStream already had it.
         duplicate: bool,
     },
     /// Not published: a fenced replay found it in the stream already.
     AlreadyStored,
-    /// Published to the dead-letter subject, with the reason.
+    /// Stored on the dead-letter subject as a new message, with the reason (a dead letter JetStream
+    /// dropped as a duplicate is [`Outcome::Stored`] with `duplicate`).
     DeadLetter {
         /// Why the event could not be published as it is.
         reason: String,
     },
+}
+
+impl Outcome {
+    /// Whether JetStream stored a new message for it (an event or a dead letter): the only proof
+    /// that the way to the stream works again. A duplicate, or an event a replay found stored,
+    /// proves nothing: a stream that refuses every new message still answers those.
+    pub(crate) fn is_new(&self) -> bool {
+        matches!(
+            self,
+            Outcome::Stored { duplicate: false } | Outcome::DeadLetter { .. }
+        )
+    }
 }
 
 /// An ack, reported in publish order.
@@ -1067,5 +1094,18 @@ mod distrust {
             None,
             "other errors trust the tail"
         );
+    }
+
+    #[test]
+    fn only_a_new_message_is_progress() {
+        assert!(Outcome::Stored { duplicate: false }.is_new());
+        assert!(
+            Outcome::DeadLetter {
+                reason: "aggregate_type".into()
+            }
+            .is_new()
+        );
+        assert!(!Outcome::Stored { duplicate: true }.is_new());
+        assert!(!Outcome::AlreadyStored.is_new());
     }
 }

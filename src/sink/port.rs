@@ -175,6 +175,15 @@ impl NatsPort {
                 let send = c.publish_with_headers(subject, headers, payload);
                 match tokio::time::timeout(timeout, send).await {
                     Ok(Ok(())) => Ok(()),
+                    // The same check as a publish with a reply: the sink dead-letters on it.
+                    Ok(Err(e))
+                        if e.kind() == async_nats::client::PublishErrorKind::MaxPayloadExceeded =>
+                    {
+                        Err(PublishError::with_source(
+                            PublishErrorKind::MaxPayloadExceeded,
+                            e,
+                        ))
+                    }
                     Ok(Err(e)) => Err(PublishError::with_source(PublishErrorKind::Other, e)),
                     Err(_) => Err(PublishError::new(PublishErrorKind::TimedOut)),
                 }

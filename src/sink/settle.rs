@@ -113,6 +113,13 @@ impl Sink {
                     last,
                 })
             }
+            // Every message was measured against the stream's limit as the session read it, so
+            // the limit was lowered since: the next session reads it and dead-letters what is
+            // over, in its place (one restart).
+            Err(e) if let Some(refusal) = refused_for_good(&e) => Err(SinkError::BatchRefused {
+                id: item.event.msg_id.clone(),
+                refusal,
+            }),
             Err(e) if batch::fence_refused(&e) => Err(SinkError::FenceBroken {
                 id: item.event.msg_id.clone(),
                 expected: item.expected.unwrap_or(0),
@@ -145,13 +152,15 @@ impl Sink {
                     } else if let Some(f) = self.fence.as_mut() {
                         f.stored(ack.sequence);
                     }
+                    // A dead letter JetStream drops by its id was stored before (an earlier
+                    // session's): a duplicate like any other, neither a new dead letter nor
+                    // progress that could reset the relay's backoff.
                     return Ok(match &item.sent {
+                        _ if ack.duplicate => Outcome::Stored { duplicate: true },
                         Sent::DeadLetter { reason, .. } => Outcome::DeadLetter {
                             reason: reason.clone(),
                         },
-                        Sent::Event => Outcome::Stored {
-                            duplicate: ack.duplicate,
-                        },
+                        Sent::Event => Outcome::Stored { duplicate: false },
                     });
                 }
                 Err(e) => e,

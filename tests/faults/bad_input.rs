@@ -384,3 +384,69 @@ async fn on_invalid_stop_stops_at_the_event_and_confirms_nothing_past_it() {
     );
     let _ = &rig.db;
 }
+
+/// A dead letter republished after every restart is a duplicate, not a new dead letter: an event
+/// that becomes a dead letter, followed in its transaction by one the stream refuses (full,
+/// `discard: new`), so every session republishes the dead letter (no fence: nothing is skipped) and
+/// JetStream drops it by its id. The dead letter is counted once, the republished copies as
+/// duplicates, and they are not progress: the restarts back off (the old relay counted a new dead
+/// letter per session and restarted every ~100 ms).
+#[tokio::test]
+async fn a_republished_dead_letter_is_a_duplicate_and_does_not_reset_the_backoff() {
+    let mut rig = Rig::new(TEXT_ID_OUTBOX_SQL, NatsServer::start()).await;
+    rig.config.nats.fence = false;
+    rig.js
+        .create_stream(stream::Config {
+            name: rig.config.nats.stream.clone(),
+            subjects: vec!["outbox.*".into(), DEAD_LETTER.into()],
+            max_messages: 1,
+            discard: stream::DiscardPolicy::New,
+            duplicate_window: Duration::from_secs(120),
+            ..Default::default()
+        })
+        .await
+        .expect("create stream");
+    let relay = rig.start().await;
+    rig.client
+        .batch_execute(
+            "BEGIN; \
+             INSERT INTO public.outbox (event_id, aggregate_type, aggregate_id, event_type, payload) \
+               VALUES ('bad-1', 'Bad Type', '1', 'ClaimApproved', '{}'); \
+             INSERT INTO public.outbox (event_id, aggregate_type, aggregate_id, event_type, payload) \
+               VALUES ('refused-1', 'Claim', '1', 'ClaimApproved', '{}'); \
+             COMMIT;",
+        )
+        .await
+        .expect("one transaction: a dead letter, then an event the full stream refuses");
+    wait_for("the first restart", Duration::from_secs(30), || async {
+        Metrics::get(&relay.metrics.reconnects) >= 1
+    })
+    .await;
+    let watched = std::time::Instant::now();
+    let first = Metrics::get(&relay.metrics.reconnects);
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let restarts = Metrics::get(&relay.metrics.reconnects) - first;
+    let dead = Metrics::get(&relay.metrics.dead_letters);
+    let duplicates = Metrics::get(&relay.metrics.published_duplicate);
+    eprintln!(
+        "republished dead letter: {dead} dead letters, {duplicates} duplicates, {restarts} restarts in {:?}",
+        watched.elapsed()
+    );
+    assert!(!relay.is_finished(), "the relay keeps retrying");
+    assert_eq!(dead, 1, "the dead letter is counted once");
+    assert!(
+        duplicates >= 1,
+        "its republished copies count as duplicates: {duplicates}"
+    );
+    // Backoff from the first restart: 200, 400, 800, 1600, 3200 ms (each ±25 %) reach past 6 s at
+    // the fifth; a backoff reset by every republished copy restarts every ~100 ms (about 50).
+    assert!(
+        (1..=6).contains(&restarts),
+        "restarts back off: {restarts} in 6 s"
+    );
+    let all = read_all(&rig.js, &rig.config.nats.stream).await;
+    assert_eq!(all.len(), 1, "{all:#?}");
+    assert_dead_letter(&all[0], "bad-1", "aggregate_type");
+    report("dead letter republished behind a full stream", 2, dead);
+    relay.stop().await.expect("relay stops cleanly");
+}

@@ -15,6 +15,9 @@
 //!   pair out of order is excused only when a foreign message lies within one window
 //!   (`max_in_flight`) before the earlier-stored copy.
 //!
+//! - P7 counted: the relay's dead-letter counter never counts more dead letters than it stored
+//!   (a republished one that JetStream drops by its id is a duplicate, not a new dead letter).
+//!
 //! A copy stored before its event committed belongs to another event with the same id (an id made
 //! of an LSN that a restore reused), so it never counts for this one.
 
@@ -147,5 +150,23 @@ pub(crate) fn settled(
                 ),
             );
         }
+    }
+}
+
+/// P7 counted: `counted` (the relay processes' `dead_letters`, added up) is at most the dead
+/// letters the relay stored. Less is possible (an answer lost: the next session finds the dead
+/// letter stored), more means a dead letter was counted that JetStream did not store anew.
+pub(crate) fn counted(counted: u64, stream: &[Stored], trace: &Trace, v: &Violations) {
+    let stored = stream
+        .iter()
+        .filter(|m| !m.foreign && m.subject == DEAD_LETTER_SUBJECT)
+        .count() as u64;
+    if counted > stored {
+        v.report(
+            trace,
+            format!(
+                "P7: the relay counted {counted} dead letters, but stored {stored} (duplicates counted as new ones)"
+            ),
+        );
     }
 }

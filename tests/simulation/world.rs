@@ -257,6 +257,9 @@ struct World {
     processes: u64,
     /// When the stream's tail stopped being trustworthy (restores, foreign messages).
     distrust: Vec<Instant>,
+    /// The counters of every relay process of the world, added up (each process's own would
+    /// start at zero).
+    metrics: Arc<Metrics>,
 }
 
 /// Runs the world of `seed` on its own runtime with a paused clock.
@@ -297,6 +300,7 @@ async fn world(seed: u64, faults: &FaultSet, trace: Arc<Trace>) -> Outcome {
         relay: None,
         processes: 0,
         distrust: Vec::new(),
+        metrics: Arc::new(Metrics::default()),
     };
     js.set_chaos(sc.chaos);
     let writing = Arc::new(std::sync::atomic::AtomicBool::new(true));
@@ -383,6 +387,12 @@ async fn world(seed: u64, faults: &FaultSet, trace: Arc<Trace>) -> Outcome {
             &trace,
             &violations,
         );
+        check::counted(
+            Metrics::get(&w.metrics.dead_letters),
+            &stream,
+            &trace,
+            &violations,
+        );
     }
     trace!(
         trace,
@@ -424,7 +434,7 @@ impl World {
         let (tx, rx) = oneshot::channel::<()>();
         let handle = tokio::spawn(run_with(
             settings,
-            Arc::new(Metrics::default()),
+            Arc::clone(&self.metrics),
             Box::new(connector),
             start,
             self.dice.next_u64(),
