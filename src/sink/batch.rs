@@ -152,7 +152,9 @@ impl Sink {
             None => None,
             Some(t) => t.begin(&mut event, &mut out),
         };
-        let expected = self.fence.as_mut().map(super::Fence::next_expected);
+        // Batch messages carry no `Nats-Msg-Id`, and the server refuses an id expectation inside
+        // a batch: the chain is by sequence only, one expectation per batch (its first message).
+        let expected = self.fence.as_mut().map(super::Fence::next_sequence);
         self.batcher()?.held = Some(Held {
             item: InFlight {
                 seq,
@@ -161,6 +163,7 @@ impl Sink {
                 subject: String::new(),
                 sent,
                 expected,
+                expected_id: None,
                 size,
                 members: None,
                 span,

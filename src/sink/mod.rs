@@ -319,6 +319,9 @@ struct InFlight {
     sent: Sent,
     /// The `Nats-Expected-Last-Sequence` it was sent with (fenced streams).
     expected: Option<u64>,
+    /// The `Nats-Expected-Last-Msg-Id` it was sent with (fenced streams, after a session's first
+    /// message).
+    expected_id: Option<String>,
     /// Its bytes in the window.
     size: usize,
     /// An atomic batch's commit: the batch's other messages, settled with it.
@@ -469,9 +472,20 @@ impl Sink {
                 .map(|v| v.as_str().to_owned())
                 .unwrap_or_default(),
         };
-        let expected = self.fence.as_mut().map(Fence::next_expected);
-        let (target, headers, payload) =
-            stamped(out, &event, expected, self.config.history.as_deref());
+        let (expected, expected_id) = match self.fence.as_mut() {
+            Some(f) => {
+                let e = f.next_expected(&event.msg_id);
+                (Some(e.seq), e.id)
+            }
+            None => (None, None),
+        };
+        let (target, headers, payload) = stamped(
+            out,
+            &event,
+            expected,
+            expected_id.as_deref(),
+            self.config.history.as_deref(),
+        );
         let (ack, sent) = match self.publisher.send(target, headers, payload).await {
             Ok(ack) => (ack, sent),
             // async-nats checks payload + headers against the server's max_payload before sending
@@ -492,7 +506,7 @@ impl Sink {
                     &event,
                     Some(&routed).filter(|s| !s.is_empty()).map(String::as_str),
                     &reason,
-                    expected,
+                    (expected, expected_id.as_deref()),
                     Shrink::Keep,
                 )
                 .await?;
@@ -512,6 +526,7 @@ impl Sink {
             subject,
             sent,
             expected,
+            expected_id,
             size,
             members: None,
             span,
@@ -839,11 +854,13 @@ fn routed_subject(config: &SinkConfig, event: &OutboxEvent, sent: &Sent, known: 
 }
 
 /// A publish (subject, headers, payload) of `event`, with its `Outbox-Position` (in `history`, when
-/// the session knows it) and, when the stream is fenced, `Nats-Expected-Last-Sequence`.
+/// the session knows it) and, when the stream is fenced, `Nats-Expected-Last-Sequence` and (after
+/// a session's first message) `Nats-Expected-Last-Msg-Id`.
 fn stamped(
     out: Outgoing,
     event: &OutboxEvent,
     expected: Option<u64>,
+    expected_id: Option<&str>,
     history: Option<&str>,
 ) -> (String, async_nats::HeaderMap, bytes::Bytes) {
     let mut headers = out.headers;
@@ -853,26 +870,34 @@ fn stamped(
             message::EXPECTED_LAST_SEQUENCE,
             async_nats::HeaderValue::from(itoa::Buffer::new().format(e)),
         );
+        if let Some(id) = expected_id {
+            headers.insert(
+                message::EXPECTED_LAST_MSG_ID,
+                async_nats::HeaderValue::from(id),
+            );
+        }
     }
     (out.subject, headers, out.payload)
 }
 
-/// Queues the dead letter of `event` (it takes the refused message's place in the sequence), at the
-/// first step of the shrink ladder below `from` that the client accepts: the payload goes first, its
-/// size is what usually cannot be published.
+/// Queues the dead letter of `event` (it takes the refused message's place in the sequence and in
+/// the chain of ids: it carries the event's `Nats-Msg-Id` and the refused message's `expected`
+/// sequence and id), at the first step of the shrink ladder below `from` that the client accepts:
+/// the payload goes first, its size is what usually cannot be published.
 async fn send_dead_letter(
     publisher: &mut Publisher,
     config: &SinkConfig,
     event: &OutboxEvent,
     subject: Option<&str>,
     reason: &str,
-    expected: Option<u64>,
+    (expected, expected_id): (Option<u64>, Option<&str>),
     from: Shrink,
 ) -> Result<(u64, Shrink), SinkError> {
     let mut last = None;
     for shrink in from.below() {
         let dl = message::dead_letter(event, &config.dead_letter_subject, reason, subject, shrink);
-        let (target, headers, payload) = stamped(dl, event, expected, config.history.as_deref());
+        let (target, headers, payload) =
+            stamped(dl, event, expected, expected_id, config.history.as_deref());
         match publisher.send(target, headers, payload).await {
             Ok(ack) => return Ok((ack, shrink)),
             Err(e) if e.kind() == PublishErrorKind::MaxPayloadExceeded => last = Some(e),
