@@ -1,13 +1,15 @@
 //! The simulated JetStream behind the relay's `SimJetStream` port: one stream (`OUTBOX`, subjects
 //! `outbox.>` and the dead-letter subject) with sequences, the duplicate window by `Nats-Msg-Id` on
-//! the paused clock, `Nats-Expected-Last-Sequence`, `max_msg_size` and the client's `max_payload`,
+//! the paused clock, `Nats-Expected-Last-Sequence`, `Nats-Expected-Last-Msg-Id`, `max_msg_size` and
+//! the client's `max_payload`,
 //! and the faults a real connection and cluster produce: outages, publishes lost with the
 //! connection, answers delayed, lost, duplicated, reordered or late past the ack timeout, answers
 //! forged by another client on the relay's inbox, and messages hand-published to the stream.
 //!
 //! Publishes reach the server in the order they were sent (one TCP connection: a single server task
 //! takes them off a queue, each after its transit delay), and the server checks them as nats-server
-//! does: the duplicate window first, then the expected last sequence, then the size. Each answer
+//! does: the duplicate window first, then the expected last sequence, then the expected last message
+//! id (the `Nats-Msg-Id` of the last message stored, "" for one without), then the size. Each answer
 //! then travels on its own timer, so answers can overtake each other.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -16,7 +18,7 @@ use std::time::Duration;
 
 use async_nats::{HeaderMap, StatusCode};
 use bytes::Bytes;
-use outbox_relay::message::{EXPECTED_LAST_SEQUENCE, NATS_MSG_ID};
+use outbox_relay::message::{EXPECTED_LAST_MSG_ID, EXPECTED_LAST_SEQUENCE, NATS_MSG_ID};
 use outbox_relay::sink::{SimJetStream, SimSendError};
 use tokio::sync::{Notify, mpsc};
 use tokio::time::Instant;
@@ -88,6 +90,9 @@ struct State {
     ids: HashMap<String, Instant>,
     /// `Nats-Msg-Id` → (sequence, stored at): the duplicate window's memory.
     dedup: BTreeMap<String, (u64, Instant)>,
+    /// The `Nats-Msg-Id` of the last message stored ("" if it had none), which
+    /// `Nats-Expected-Last-Msg-Id` is compared with (nats-server's `lmsgId`).
+    last_msg_id: String,
     down: bool,
     chaos: Chaos,
     /// (prefix `<inbox>.`, receiver): the inbox subscriptions of the relay's sessions.
@@ -117,6 +122,7 @@ impl JetStream {
                 messages: Vec::new(),
                 ids: HashMap::new(),
                 dedup: BTreeMap::new(),
+                last_msg_id: String::new(),
                 down: false,
                 chaos: Chaos::default(),
                 subs: Vec::new(),
@@ -188,7 +194,8 @@ impl JetStream {
         let last = s.messages.last().map(|m| {
             let mut h = HeaderMap::new();
             for (name, values) in m.headers.iter() {
-                if AsRef::<str>::as_ref(name) != EXPECTED_LAST_SEQUENCE {
+                let name_str: &str = name.as_ref();
+                if name_str != EXPECTED_LAST_SEQUENCE && name_str != EXPECTED_LAST_MSG_ID {
                     for v in values {
                         h.append(name.clone(), v.clone());
                     }
@@ -220,6 +227,9 @@ impl JetStream {
         }
         let seq = s.messages.len() as u64 + 1;
         let now = Instant::now();
+        s.last_msg_id = headers
+            .get(NATS_MSG_ID)
+            .map_or_else(String::new, |v| v.as_str().to_owned());
         s.messages.push(Stored {
             seq,
             subject: "outbox.manual".into(),
@@ -289,6 +299,22 @@ impl JetStream {
             Ok(format!(
                 r#"{{"error":{{"code":400,"err_code":10071,"description":"wrong last sequence: {last}"}}}}"#
             ))
+        } else if let Some(expected) = m
+            .headers
+            .get(EXPECTED_LAST_MSG_ID)
+            .map(|v| v.as_str())
+            .filter(|e| !e.is_empty() && *e != s.last_msg_id)
+        {
+            trace!(
+                self.trace,
+                "js refused {short}: expected last id {}, last {}",
+                short_id(expected),
+                short_id(&s.last_msg_id)
+            );
+            Ok(format!(
+                r#"{{"error":{{"code":400,"err_code":10070,"description":"wrong last msg ID: {}"}}}}"#,
+                s.last_msg_id
+            ))
         } else if s
             .limits
             .max_msg_size
@@ -302,9 +328,15 @@ impl JetStream {
                 s.dedup.insert(id.clone(), (seq, now));
                 s.ids.insert(id.clone(), now);
             }
+            s.last_msg_id = id.clone().unwrap_or_default();
+            let after = m
+                .headers
+                .get(EXPECTED_LAST_MSG_ID)
+                .map(|v| format!(" after {}", short_id(v.as_str())))
+                .unwrap_or_default();
             trace!(
                 self.trace,
-                "js stored {short} at seq {seq} on {}", m.subject
+                "js stored {short} at seq {seq} on {}{after}", m.subject
             );
             s.messages.push(Stored {
                 seq,
@@ -432,6 +464,15 @@ fn short(id: Option<&str>) -> String {
         Some(id) if id.starts_with("lsn:") => id.to_owned(),
         Some(id) => id.get(..8).unwrap_or(id).to_owned(),
         None => "-".to_owned(),
+    }
+}
+
+/// [`short`] of an id that may be empty (a last message without one).
+fn short_id(id: &str) -> String {
+    if id.is_empty() {
+        "\"\"".to_owned()
+    } else {
+        short(Some(id))
     }
 }
 
