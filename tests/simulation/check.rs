@@ -5,20 +5,26 @@
 //! - P1: every event of that history is in the stream, by id, as a routed message or a dead letter;
 //! - P7: an event that cannot be routed, and every non-transactional outbox message, is a dead
 //!   letter, and the message's dead letter carries its payload: nothing vanishes;
-//! - P3: no event id is stored twice by the relay, unless the stream had to be distrusted in
-//!   between (a restore, a new timeline, a foreign message at the tail: then the relay republishes
-//!   from the confirmed position and only the duplicate window stands between it and a second copy);
-//! - P4: the stream holds the events in commit order, and in insert order within a transaction,
-//!   except behind a message another writer stored: the fence needs the relay to be the only
-//!   writer, and a publish of a killed relay that arrives after such a message can be stored past
-//!   the one refused before it (the relay then republishes that one: later, but never lost). A
-//!   pair out of order is excused only when a foreign message lies within one window
-//!   (`max_in_flight`) before the earlier-stored copy.
+//! - P3: no event id is stored twice by the relay, unless the world gave the stream a reason to be
+//!   distrusted in between (a restore, a new timeline, a foreign message, a publish of an ended
+//!   session landing late: then the relay republishes from the confirmed position and only the
+//!   duplicate window stands between it and a second copy): between the two copies, or between the
+//!   starts of the sessions that published them (a session running at a restore still stores
+//!   what it read before). Without the fence (`nats.fence =
+//!   false`) the duplicate window is the only guard: a second copy is excused once it expired. The
+//!   excuses are events the simulators saw, never the relay's own log lines;
+//! - P4: the stream holds the first copies of the events in commit order, and in insert order
+//!   within a transaction. With the fence nothing excuses a pair out of order (publishes are
+//!   chained by sequence and by message id: nothing is stored past a refused message, whoever
+//!   wrote in between). Without it, a publish lost with a connection can be stored after later
+//!   ones when the relay sends it again, and the dead letter of a message the stream refused for
+//!   its size after the messages sent behind it: a pair is excused when a publish of the earlier
+//!   event was lost or refused so.
 //!
 //! A copy stored before its event committed belongs to another event with the same id (an id made
 //! of an LSN that a restore reused), so it never counts for this one.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Mutex;
 
 use tokio::time::Instant;
@@ -46,17 +52,27 @@ impl Violations {
     }
 }
 
-/// P1, P3, P4 and P7 over the settled world. `distrust` holds the instants the stream's tail could
-/// not be trusted from.
+/// What the world did that excuses a second copy or an order.
+pub(crate) struct Excuses<'a> {
+    /// When the world gave the stream's tail a reason to be distrusted: restores, foreign
+    /// messages, publishes of ended sessions landing late.
+    pub distrust: &'a [Instant],
+    /// `Nats-Msg-Id`s of publishes lost with a connection.
+    pub lost: &'a HashSet<String>,
+    /// `Nats-Msg-Id`s of publishes the stream refused for their size.
+    pub refused: &'a HashSet<String>,
+    /// `nats.fence`.
+    pub fence: bool,
+}
+
+/// P1, P3, P4 and P7 over the settled world.
 pub(crate) fn settled(
     units: &[Unit],
     stream: &[Stored],
-    distrust: &[Instant],
-    window: u64,
+    excuses: &Excuses<'_>,
     trace: &Trace,
     v: &Violations,
 ) {
-    let foreign: Vec<u64> = stream.iter().filter(|m| m.foreign).map(|m| m.seq).collect();
     let mut copies: BTreeMap<&str, Vec<&Stored>> = BTreeMap::new();
     for m in stream.iter().filter(|m| !m.foreign) {
         if let Some(id) = m.msg_id() {
@@ -116,11 +132,32 @@ pub(crate) fn settled(
             }
         }
     }
-    // P3: a second copy needs a reason.
-    for (id, all) in &copies {
+    p3_second_copies(stream, &copies, excuses, trace, v);
+    p4_commit_order(order, excuses, trace, v);
+}
+
+/// P3: a second copy of an event id needs a reason the world gave.
+fn p3_second_copies(
+    stream: &[Stored],
+    copies: &BTreeMap<&str, Vec<&Stored>>,
+    excuses: &Excuses<'_>,
+    trace: &Trace,
+    v: &Violations,
+) {
+    let reach = republished_over(stream, copies);
+    for (id, all) in copies {
         for pair in all.windows(2) {
             let (a, b) = (pair[0], pair[1]);
-            if !distrust.iter().any(|t| a.at <= *t && *t <= b.at) {
+            // Without the fence the duplicate window is the only guard (the simulated JetStream
+            // stores a second copy only once it expired); with it, the tail must have been
+            // distrusted in between.
+            let excused = !excuses.fence
+                || b.era > a.era
+                || excuses.distrust.iter().any(|t| a.at <= *t && *t <= b.at)
+                || reach
+                    .get(&b.session)
+                    .is_some_and(|&(from, to)| from < a.seq && a.seq <= to);
+            if !excused {
                 v.report(
                     trace,
                     format!(
@@ -131,13 +168,57 @@ pub(crate) fn settled(
             }
         }
     }
-    // P4: first copies in commit order.
+}
+
+/// For each session that republished what the stream held, the stretch of the stream it went over
+/// again, when a message another writer stored (or one a session stored after it ended) lies in
+/// it: `(from, to)` = (the sequence of the earlier copy of the session's first message, the
+/// sequence the session started at). A replay that has to prove such a stretch cannot: the
+/// relay then trusts no tail, and a copy of anything in the stretch may follow.
+fn republished_over(
+    stream: &[Stored],
+    copies: &BTreeMap<&str, Vec<&Stored>>,
+) -> std::collections::HashMap<u64, (u64, u64)> {
+    let mut first_of: std::collections::HashMap<u64, &Stored> = std::collections::HashMap::new();
+    for m in stream.iter().filter(|m| !m.foreign && m.session != 0) {
+        first_of.entry(m.session).or_insert(m);
+    }
+    let intruders: Vec<u64> = stream
+        .iter()
+        .filter(|m| m.foreign || m.late)
+        .map(|m| m.seq)
+        .collect();
+    let mut reach = std::collections::HashMap::new();
+    for (session, first) in first_of {
+        let Some(earlier) = first
+            .msg_id()
+            .and_then(|id| copies.get(id))
+            .and_then(|c| c.iter().rev().find(|m| m.seq < first.seq))
+        else {
+            continue;
+        };
+        if intruders.iter().any(|&f| earlier.seq < f && f < first.seq) {
+            reach.insert(session, (earlier.seq - 1, first.seq));
+        }
+    }
+    reach
+}
+
+/// P4: first copies in commit order (`order`: commit position, index in the unit, first copy's
+/// sequence, id).
+fn p4_commit_order(
+    mut order: Vec<(u64, u32, u64, &str)>,
+    excuses: &Excuses<'_>,
+    trace: &Trace,
+    v: &Violations,
+) {
     order.sort();
     for pair in order.windows(2) {
         let (a, b) = (pair[0], pair[1]);
-        let excused = foreign
-            .iter()
-            .any(|&f| f < b.2 && f + window >= b.2 && f < a.2);
+        // Without the fence nothing stops the messages behind a lost publish, or behind one the
+        // stream refused for its size (its dead letter follows them).
+        let excused =
+            !excuses.fence && (excuses.lost.contains(a.3) || excuses.refused.contains(a.3));
         if a.2 >= b.2 && !excused {
             v.report(
                 trace,

@@ -66,6 +66,14 @@ pub(crate) struct Stored {
     pub at: Instant,
     /// Hand-published by "an operator", not by the relay: the promises are about the relay's.
     pub foreign: bool,
+    /// How many times the world had given the stream's tail a reason to be distrusted when the
+    /// session that published it began ([`Facts::distrust`]); a foreign message's is the era it
+    /// begins.
+    pub era: u64,
+    /// The session that published it (its inbox's number; 0 for a foreign message).
+    pub session: u64,
+    /// Published by a session that had ended (its inbox gone): stored late.
+    pub late: bool,
 }
 
 impl Stored {
@@ -98,9 +106,27 @@ struct State {
     /// (prefix `<inbox>.`, receiver): the inbox subscriptions of the relay's sessions.
     subs: Vec<(String, mpsc::UnboundedSender<async_nats::Message>)>,
     inboxes: u64,
+    /// The era each session's inbox began in (see [`Stored::era`]).
+    inbox_era: HashMap<String, u64>,
     queue: VecDeque<InTransit>,
     /// When the last queued publish arrives: later ones arrive after it (TCP order).
     last_arrival: Instant,
+    /// What the world did to the stream that the promises' checks may excuse a copy or an order
+    /// by: never what the relay says about itself.
+    facts: Facts,
+}
+
+/// Events of the simulated JetStream's world that `check.rs` excuses copies and orders by.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Facts {
+    /// When the world gave the stream's tail a reason to be distrusted: a restore of Postgres, a
+    /// message of another writer, a publish of an ended session stored late (the stream then
+    /// holds a message the running session did not expect). Each begins a new era.
+    pub distrust: Vec<Instant>,
+    /// The `Nats-Msg-Id`s of publishes lost on the way with a connection (`go_down`).
+    pub lost: std::collections::HashSet<String>,
+    /// The `Nats-Msg-Id`s of publishes the stream refused for their size (`max_msg_size`).
+    pub refused: std::collections::HashSet<String>,
 }
 
 pub(crate) struct JetStream {
@@ -127,8 +153,10 @@ impl JetStream {
                 chaos: Chaos::default(),
                 subs: Vec::new(),
                 inboxes: 0,
+                inbox_era: HashMap::new(),
                 queue: VecDeque::new(),
                 last_arrival: Instant::now(),
+                facts: Facts::default(),
             }),
             arrived: Notify::new(),
             dice,
@@ -153,10 +181,14 @@ impl JetStream {
         s.down = true;
         let before = s.queue.len();
         let queue = std::mem::take(&mut s.queue);
-        s.queue = queue
-            .into_iter()
-            .filter(|_| self.dice.chance(0.5))
-            .collect();
+        let (kept, lost): (VecDeque<InTransit>, VecDeque<InTransit>) =
+            queue.into_iter().partition(|_| self.dice.chance(0.5));
+        s.queue = kept;
+        for m in lost {
+            if let Some(id) = m.headers.get(NATS_MSG_ID) {
+                s.facts.lost.insert(id.as_str().to_owned());
+            }
+        }
         trace!(
             self.trace,
             "nats down ({} of {before} publishes in transit lost)",
@@ -182,6 +214,22 @@ impl JetStream {
 
     pub(crate) fn messages(&self) -> Vec<Stored> {
         self.state.lock().unwrap().messages.clone()
+    }
+
+    /// What happened to the stream that the checks may excuse copies and orders by.
+    pub(crate) fn facts(&self) -> Facts {
+        self.state.lock().unwrap().facts.clone()
+    }
+
+    /// The world gave the stream's tail a reason to be distrusted (a restore of Postgres): a new
+    /// era begins.
+    pub(crate) fn distrusted(&self) {
+        self.state
+            .lock()
+            .unwrap()
+            .facts
+            .distrust
+            .push(Instant::now());
     }
 
     /// A message published by hand at the stream's tail. `copy` repeats the last message's
@@ -230,6 +278,8 @@ impl JetStream {
         s.last_msg_id = headers
             .get(NATS_MSG_ID)
             .map_or_else(String::new, |v| v.as_str().to_owned());
+        s.facts.distrust.push(now);
+        let era = s.facts.distrust.len() as u64;
         s.messages.push(Stored {
             seq,
             subject: "outbox.manual".into(),
@@ -237,6 +287,9 @@ impl JetStream {
             payload: Bytes::from_static(b"{}"),
             at: now,
             foreign: true,
+            era,
+            session: 0,
+            late: false,
         });
         trace!(self.trace, "js foreign message at seq {seq} (kind {kind})");
     }
@@ -321,6 +374,9 @@ impl JetStream {
             .is_some_and(|max| wire_size(&m.headers, m.payload.len()) > max)
         {
             trace!(self.trace, "js refused {short}: over max_msg_size");
+            if let Some(id) = &id {
+                s.facts.refused.insert(id.clone());
+            }
             Ok(r#"{"error":{"code":400,"err_code":10054,"description":"message size exceeds maximum allowed"}}"#.to_owned())
         } else {
             let seq = last + 1;
@@ -329,6 +385,25 @@ impl JetStream {
                 s.ids.insert(id.clone(), now);
             }
             s.last_msg_id = id.clone().unwrap_or_default();
+            let ended = m.reply.as_deref().is_some_and(|r| {
+                !s.subs.iter().any(|(prefix, tx)| {
+                    r.starts_with(prefix.as_str())
+                        && !r[prefix.len()..].contains('.')
+                        && !tx.is_closed()
+                })
+            });
+            let inbox = m.reply.as_deref().and_then(|r| r.rsplit_once('.'));
+            let era = inbox
+                .and_then(|(inbox, _)| s.inbox_era.get(inbox).copied())
+                .unwrap_or(s.facts.distrust.len() as u64);
+            let session = inbox
+                .and_then(|(inbox, _)| inbox.strip_prefix("_INBOX.sim"))
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0);
+            if ended {
+                trace!(self.trace, "js stores a publish of an ended session");
+                s.facts.distrust.push(now);
+            }
             let after = m
                 .headers
                 .get(EXPECTED_LAST_MSG_ID)
@@ -345,6 +420,9 @@ impl JetStream {
                 payload: m.payload,
                 at: now,
                 foreign: false,
+                era,
+                session,
+                late: ended,
             });
             Ok(format!(r#"{{"stream":"{STREAM}","seq":{seq}}}"#))
         };
@@ -492,7 +570,10 @@ impl SimJetStream for JetStream {
     fn new_inbox(&self) -> String {
         let mut s = self.state.lock().unwrap();
         s.inboxes += 1;
-        format!("_INBOX.sim{}", s.inboxes)
+        let inbox = format!("_INBOX.sim{}", s.inboxes);
+        let era = s.facts.distrust.len() as u64;
+        s.inbox_era.insert(inbox.clone(), era);
+        inbox
     }
 
     fn subscribe(&self, subject: String) -> mpsc::UnboundedReceiver<async_nats::Message> {

@@ -121,6 +121,26 @@ struct Scenario {
     write_gap_ms: (u64, u64),
     fault_gap_ms: (u64, u64),
     faults_for: Duration,
+    modes: Modes,
+}
+
+/// The settings users turn on or off, drawn per world.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Modes {
+    /// `nats.fence`: off, the relay expects nothing of the stream, and only the duplicate window
+    /// keeps copies out.
+    pub fence: bool,
+    /// `nats.descriptive_headers`.
+    pub descriptive: bool,
+}
+
+impl Modes {
+    fn draw(d: &Dice) -> Self {
+        Modes {
+            fence: !d.chance(0.2),
+            descriptive: !d.chance(0.3),
+        }
+    }
 }
 
 impl Scenario {
@@ -163,6 +183,7 @@ impl Scenario {
             write_gap_ms: d.pick(&[(0, 20), (5, 100), (20, 400)]),
             fault_gap_ms: d.pick(&[(500, 4_000), (2_000, 10_000)]),
             faults_for: d.millis(20_000, 60_000),
+            modes: Modes::draw(d),
         }
     }
 
@@ -173,7 +194,8 @@ impl Scenario {
         c.nats.max_in_flight = self.max_in_flight;
         c.nats.ack_timeout_ms = 2_000;
         c.nats.cloudevents = self.cloudevents;
-        c.nats.fence = true;
+        c.nats.fence = self.modes.fence;
+        c.nats.descriptive_headers = self.modes.descriptive;
         c.postgres.status_interval_ms = self.status_interval_ms;
         c.validate().expect("simulation settings are valid")
     }
@@ -243,8 +265,6 @@ struct World {
     violations: Arc<Violations>,
     relay: Option<Process>,
     processes: u64,
-    /// When the stream's tail stopped being trustworthy (restores, foreign messages).
-    distrust: Vec<Instant>,
 }
 
 /// Runs the world of `seed` on its own runtime with a paused clock.
@@ -284,7 +304,6 @@ async fn world(seed: u64, faults: &FaultSet, trace: Arc<Trace>) -> Outcome {
         violations: Arc::clone(&violations),
         relay: None,
         processes: 0,
-        distrust: Vec::new(),
     };
     js.set_chaos(sc.chaos);
     let writing = Arc::new(std::sync::atomic::AtomicBool::new(true));
@@ -361,13 +380,17 @@ async fn world(seed: u64, faults: &FaultSet, trace: Arc<Trace>) -> Outcome {
     let units = pg.units();
     let stream = js.messages();
     if !violations.any() {
-        let mut distrust = w.distrust.clone();
-        distrust.extend(trace.relay_distrust.lock().unwrap().iter().copied());
+        // Only what the world did excuses a copy or an order, never what the relay logged.
+        let facts = js.facts();
         check::settled(
             &units,
             &stream,
-            &distrust,
-            w.settings.config().nats.max_in_flight as u64,
+            &check::Excuses {
+                distrust: &facts.distrust,
+                lost: &facts.lost,
+                refused: &facts.refused,
+                fence: sc.modes.fence,
+            },
             &trace,
             &violations,
         );
@@ -532,14 +555,12 @@ impl World {
             "foreign" => {
                 self.kill_relay().await;
                 self.js.publish_foreign(self.processes);
-                self.distrust.push(Instant::now());
                 tokio::time::sleep(d.millis(0, 3_000)).await;
                 self.start_relay();
             }
             // By hand while the relay publishes: the fence's "only writer" is broken mid-flight.
             "live_foreign" => {
                 self.js.publish_foreign(self.processes);
-                self.distrust.push(Instant::now());
             }
             "restore" | "pitr" | "live_restore" | "live_pitr" => {
                 let live = name.starts_with("live_");
@@ -547,7 +568,7 @@ impl World {
                     self.kill_relay().await;
                 }
                 if self.pg.restore(name.ends_with("pitr")) {
-                    self.distrust.push(Instant::now());
+                    self.js.distrusted();
                 }
                 if !live {
                     tokio::time::sleep(d.millis(0, 3_000)).await;
