@@ -100,8 +100,9 @@ impl Batcher {
     }
 }
 
-/// The serialized size of a message as nats-server counts it against `max_payload`.
-fn wire_size(h: &HeaderMap, payload: usize) -> usize {
+/// The serialized size of a message as nats-server counts it against `max_payload` and the
+/// stream's `max_msg_size` (the header block and the payload).
+pub(super) fn wire_size(h: &HeaderMap, payload: usize) -> usize {
     let mut n = "NATS/1.0\r\n\r\n".len() + payload;
     for (k, vs) in h.iter() {
         for v in vs {

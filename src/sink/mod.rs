@@ -358,6 +358,10 @@ pub(crate) struct Sink {
     settled: VecDeque<Acked>,
     /// The highest stream sequence an ack named (the tail's when fencing, before any ack).
     last_sequence: u64,
+    /// The stream's `max_msg_size`, when it has one (and it could be read): a message over it is
+    /// dead-lettered before it is sent, in its place. A refusal by the stream would come back
+    /// only after the messages sent behind it, which without the fence nothing refuses.
+    max_msg_size: Option<usize>,
 }
 
 impl Sink {
@@ -393,6 +397,17 @@ impl Sink {
             };
             Fence::new(tail, replay)
         });
+        let max_msg_size = match &tail {
+            Some(t) => t.max_msg_size,
+            // Without the fence the tail is read for the stream's limit only.
+            None => match port.tail(&config.stream, config.ack_timeout).await {
+                Ok(t) => t.max_msg_size,
+                Err(e) => {
+                    warn!(error = %crate::relay::error_chain(&e), "cannot read the stream's max_msg_size: a message over it is dead-lettered only after the stream refused it, behind the messages sent after it");
+                    None
+                }
+            },
+        };
         let publisher = Publisher::start(port, &config.stream, config.ack_timeout)
             .await
             .map_err(|e| TailError {
@@ -400,12 +415,9 @@ impl Sink {
                 source: format!("subscribing to the inbox for its acks: {e}").into(),
             })?;
         // Settings refuse atomic_transactions without the fence, so the tail is there.
-        let batch = config.atomic.then(|| {
-            batch::Batcher::new(
-                publisher.max_payload(),
-                tail.as_ref().and_then(|t| t.max_msg_size),
-            )
-        });
+        let batch = config
+            .atomic
+            .then(|| batch::Batcher::new(publisher.max_payload(), max_msg_size));
         Ok(Sink {
             publisher,
             config,
@@ -421,6 +433,7 @@ impl Sink {
             timer_at: None,
             settled: VecDeque::new(),
             last_sequence: tail.as_ref().map_or(0, |t| t.last_sequence),
+            max_msg_size,
         })
     }
 
@@ -486,18 +499,41 @@ impl Sink {
             expected_id.as_deref(),
             self.config.history.as_deref(),
         );
-        let (ack, sent) = match self.publisher.send(target, headers, payload).await {
+        // Too large for the stream (checked here, so its dead letter keeps its place) or, as
+        // async-nats checks before sending, for the server's max_payload (an oversize publish
+        // would make the server close the connection).
+        let too_large = self.max_msg_size.and_then(|max| {
+            let size = batch::wire_size(&headers, payload.len());
+            (size > max).then(|| {
+                format!(
+                    "refused by the stream's max_msg_size of {max} bytes: the message is {size} bytes"
+                )
+            })
+        });
+        let sent_as = match too_large {
+            Some(reason) => Err(reason),
+            None => match self.publisher.send(target, headers, payload).await {
+                Ok(ack) => Ok(ack),
+                Err(e) if e.kind() == PublishErrorKind::MaxPayloadExceeded => {
+                    Err("message too large for the server's max_payload".to_owned())
+                }
+                Err(source) => {
+                    return Err(SinkError::Publish {
+                        id: event.msg_id.clone(),
+                        source,
+                    });
+                }
+            },
+        };
+        let (ack, sent) = match sent_as {
             Ok(ack) => (ack, sent),
-            // async-nats checks payload + headers against the server's max_payload before sending
-            // (an oversize publish would make the server close the connection).
-            Err(e) if e.kind() == PublishErrorKind::MaxPayloadExceeded => {
+            Err(too_large) => {
                 let routed = routed_subject(&self.config, &event, &sent, subject.clone());
                 let reason = match sent {
                     Sent::DeadLetter { reason, .. } => reason,
                     Sent::Event => {
-                        let reason = "message too large for the server's max_payload".to_owned();
-                        self.config.on_invalid(&event, &reason)?;
-                        reason
+                        self.config.on_invalid(&event, &too_large)?;
+                        too_large
                     }
                 };
                 let (ack, shrink) = send_dead_letter(
@@ -508,15 +544,10 @@ impl Sink {
                     &reason,
                     (expected, expected_id.as_deref()),
                     Shrink::Keep,
+                    self.max_msg_size,
                 )
                 .await?;
                 (ack, Sent::DeadLetter { reason, shrink })
-            }
-            Err(source) => {
-                return Err(SinkError::Publish {
-                    id: event.msg_id.clone(),
-                    source,
-                });
             }
         };
         self.window.push_back(Pending::Sent(InFlight {
@@ -882,8 +913,9 @@ fn stamped(
 
 /// Queues the dead letter of `event` (it takes the refused message's place in the sequence and in
 /// the chain of ids: it carries the event's `Nats-Msg-Id` and the refused message's `expected`
-/// sequence and id), at the first step of the shrink ladder below `from` that the client accepts:
-/// the payload goes first, its size is what usually cannot be published.
+/// sequence and id), at the first step of the shrink ladder below `from` that fits the stream's
+/// `max_msg_size` (when known) and that the client accepts: the payload goes first, its size is
+/// what usually cannot be published.
 async fn send_dead_letter(
     publisher: &mut Publisher,
     config: &SinkConfig,
@@ -892,15 +924,26 @@ async fn send_dead_letter(
     reason: &str,
     (expected, expected_id): (Option<u64>, Option<&str>),
     from: Shrink,
+    max_msg_size: Option<usize>,
 ) -> Result<(u64, Shrink), SinkError> {
     let mut last = None;
     for shrink in from.below() {
         let dl = message::dead_letter(event, &config.dead_letter_subject, reason, subject, shrink);
         let (target, headers, payload) =
             stamped(dl, event, expected, expected_id, config.history.as_deref());
+        if let Some(max) = max_msg_size
+            && batch::wire_size(&headers, payload.len()) > max
+        {
+            last = Some(format!(
+                "larger than the stream's max_msg_size of {max} bytes"
+            ));
+            continue;
+        }
         match publisher.send(target, headers, payload).await {
             Ok(ack) => return Ok((ack, shrink)),
-            Err(e) if e.kind() == PublishErrorKind::MaxPayloadExceeded => last = Some(e),
+            Err(e) if e.kind() == PublishErrorKind::MaxPayloadExceeded => {
+                last = Some(e.to_string())
+            }
             Err(source) => {
                 return Err(SinkError::Publish {
                     id: event.msg_id.clone(),
@@ -913,6 +956,6 @@ async fn send_dead_letter(
         id: event.msg_id.clone(),
         lsn: event.commit_lsn,
         reason: reason.to_owned(),
-        refusal: last.map_or_else(String::new, |e| e.to_string()),
+        refusal: last.unwrap_or_default(),
     })
 }

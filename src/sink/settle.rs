@@ -268,6 +268,7 @@ impl Sink {
             &reason,
             (item.expected, item.expected_id.as_deref()),
             from,
+            self.max_msg_size,
         )
         .await?;
         item.sent = Sent::DeadLetter { reason, shrink };
