@@ -17,9 +17,9 @@
 //!   within a transaction. With the fence nothing excuses a pair out of order (publishes are
 //!   chained by sequence and by message id: nothing is stored past a refused message, whoever
 //!   wrote in between). Without it, a publish lost with a connection can be stored after later
-//!   ones when the relay sends it again, and the dead letter of a message the stream refused for
-//!   its size after the messages sent behind it: a pair is excused when a publish of the earlier
-//!   event was lost or refused so.
+//!   ones when the relay sends it again: a pair is excused when a publish of the earlier event
+//!   was lost. (A message over the stream's `max_msg_size` is dead-lettered before it is sent,
+//!   fence or not, so its dead letter keeps its place.)
 //!
 //! A copy stored before its event committed belongs to another event with the same id (an id made
 //! of an LSN that a restore reused), so it never counts for this one.
@@ -59,8 +59,6 @@ pub(crate) struct Excuses<'a> {
     pub distrust: &'a [Instant],
     /// `Nats-Msg-Id`s of publishes lost with a connection.
     pub lost: &'a HashSet<String>,
-    /// `Nats-Msg-Id`s of publishes the stream refused for their size.
-    pub refused: &'a HashSet<String>,
     /// `nats.fence`.
     pub fence: bool,
 }
@@ -215,10 +213,8 @@ fn p4_commit_order(
     order.sort();
     for pair in order.windows(2) {
         let (a, b) = (pair[0], pair[1]);
-        // Without the fence nothing stops the messages behind a lost publish, or behind one the
-        // stream refused for its size (its dead letter follows them).
-        let excused =
-            !excuses.fence && (excuses.lost.contains(a.3) || excuses.refused.contains(a.3));
+        // Without the fence nothing stops the messages behind a lost publish.
+        let excused = !excuses.fence && excuses.lost.contains(a.3);
         if a.2 >= b.2 && !excused {
             v.report(
                 trace,

@@ -125,8 +125,6 @@ pub(crate) struct Facts {
     pub distrust: Vec<Instant>,
     /// The `Nats-Msg-Id`s of publishes lost on the way with a connection (`go_down`).
     pub lost: std::collections::HashSet<String>,
-    /// The `Nats-Msg-Id`s of publishes the stream refused for their size (`max_msg_size`).
-    pub refused: std::collections::HashSet<String>,
 }
 
 pub(crate) struct JetStream {
@@ -374,9 +372,6 @@ impl JetStream {
             .is_some_and(|max| wire_size(&m.headers, m.payload.len()) > max)
         {
             trace!(self.trace, "js refused {short}: over max_msg_size");
-            if let Some(id) = &id {
-                s.facts.refused.insert(id.clone());
-            }
             Ok(r#"{"error":{"code":400,"err_code":10054,"description":"message size exceeds maximum allowed"}}"#.to_owned())
         } else {
             let seq = last + 1;

@@ -388,7 +388,6 @@ async fn world(seed: u64, faults: &FaultSet, trace: Arc<Trace>) -> Outcome {
             &check::Excuses {
                 distrust: &facts.distrust,
                 lost: &facts.lost,
-                refused: &facts.refused,
                 fence: sc.modes.fence,
             },
             &trace,
