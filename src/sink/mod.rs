@@ -242,6 +242,11 @@ pub(crate) struct SinkConfig {
     /// The history every message's `Outbox-Position` names (`SYSTEM/TIMELINE/SLOT`). Set by
     /// [`Sink::start`] from the session's [`Origin`].
     pub(crate) history: Option<String>,
+    /// The stream's `max_msg_size`, when it has one (and it could be read); set by [`Sink::start`].
+    /// A message over it is dead-lettered before it is sent, in its place: a refusal by the stream
+    /// would come back only after the messages sent behind it, which without the fence nothing
+    /// refuses.
+    pub(crate) max_msg_size: Option<usize>,
     /// `[telemetry]`: spans for events with a sampled `traceparent`; `None` without an endpoint.
     /// Set by the relay, which owns the exporter across sessions.
     pub(crate) telemetry: Option<crate::telemetry::Telemetry>,
@@ -271,6 +276,7 @@ impl SinkConfig {
             atomic: n.atomic_transactions,
             max_batch: batch::MAX_BATCH,
             history: None,
+            max_msg_size: None,
             telemetry: None,
         }
     }
@@ -358,10 +364,6 @@ pub(crate) struct Sink {
     settled: VecDeque<Acked>,
     /// The highest stream sequence an ack named (the tail's when fencing, before any ack).
     last_sequence: u64,
-    /// The stream's `max_msg_size`, when it has one (and it could be read): a message over it is
-    /// dead-lettered before it is sent, in its place. A refusal by the stream would come back
-    /// only after the messages sent behind it, which without the fence nothing refuses.
-    max_msg_size: Option<usize>,
 }
 
 impl Sink {
@@ -397,7 +399,7 @@ impl Sink {
             };
             Fence::new(tail, replay)
         });
-        let max_msg_size = match &tail {
+        config.max_msg_size = match &tail {
             Some(t) => t.max_msg_size,
             // Without the fence the tail is read for the stream's limit only.
             None => match port.tail(&config.stream, config.ack_timeout).await {
@@ -417,7 +419,7 @@ impl Sink {
         // Settings refuse atomic_transactions without the fence, so the tail is there.
         let batch = config
             .atomic
-            .then(|| batch::Batcher::new(publisher.max_payload(), max_msg_size));
+            .then(|| batch::Batcher::new(publisher.max_payload(), config.max_msg_size));
         Ok(Sink {
             publisher,
             config,
@@ -433,7 +435,6 @@ impl Sink {
             timer_at: None,
             settled: VecDeque::new(),
             last_sequence: tail.as_ref().map_or(0, |t| t.last_sequence),
-            max_msg_size,
         })
     }
 
@@ -502,7 +503,7 @@ impl Sink {
         // Too large for the stream (checked here, so its dead letter keeps its place) or, as
         // async-nats checks before sending, for the server's max_payload (an oversize publish
         // would make the server close the connection).
-        let too_large = self.max_msg_size.and_then(|max| {
+        let too_large = self.config.max_msg_size.and_then(|max| {
             let size = batch::wire_size(&headers, payload.len());
             (size > max).then(|| {
                 format!(
@@ -544,7 +545,6 @@ impl Sink {
                     &reason,
                     (expected, expected_id.as_deref()),
                     Shrink::Keep,
-                    self.max_msg_size,
                 )
                 .await?;
                 (ack, Sent::DeadLetter { reason, shrink })
@@ -924,14 +924,13 @@ async fn send_dead_letter(
     reason: &str,
     (expected, expected_id): (Option<u64>, Option<&str>),
     from: Shrink,
-    max_msg_size: Option<usize>,
 ) -> Result<(u64, Shrink), SinkError> {
     let mut last = None;
     for shrink in from.below() {
         let dl = message::dead_letter(event, &config.dead_letter_subject, reason, subject, shrink);
         let (target, headers, payload) =
             stamped(dl, event, expected, expected_id, config.history.as_deref());
-        if let Some(max) = max_msg_size
+        if let Some(max) = config.max_msg_size
             && batch::wire_size(&headers, payload.len()) > max
         {
             last = Some(format!(

@@ -268,7 +268,6 @@ impl Sink {
             &reason,
             (item.expected, item.expected_id.as_deref()),
             from,
-            self.max_msg_size,
         )
         .await?;
         item.sent = Sent::DeadLetter { reason, shrink };
