@@ -8,9 +8,11 @@
 //! - P3: no event id is stored twice by the relay, unless the world gave the stream a reason to be
 //!   distrusted in between (a restore, a new timeline, a foreign message, a publish of an ended
 //!   session landing late: then the relay republishes from the confirmed position and only the
-//!   duplicate window stands between it and a second copy): between the two copies, or between the
-//!   starts of the sessions that published them (a session running at a restore still stores
-//!   what it read before). Without the fence (`nats.fence =
+//!   duplicate window stands between it and a second copy): between the event's first copy and
+//!   the later one (what was stored before a restore, or before another writer's message, can no
+//!   longer be proven stored by a replay that has to read past it), or between the starts of the
+//!   sessions that published them (a session running at a restore still stores what it read
+//!   before). Without the fence (`nats.fence =
 //!   false`) the duplicate window is the only guard: a second copy is excused once it expired. The
 //!   excuses are events the simulators saw, never the relay's own log lines;
 //! - P4: the stream holds the first copies of the events in commit order, and in insert order
@@ -151,7 +153,7 @@ fn p3_second_copies(
             // distrusted in between.
             let excused = !excuses.fence
                 || b.era > a.era
-                || excuses.distrust.iter().any(|t| a.at <= *t && *t <= b.at)
+                || excuses.distrust.iter().any(|t| all[0].at <= *t && *t <= b.at)
                 || reach
                     .get(&b.session)
                     .is_some_and(|&(from, to)| from < a.seq && a.seq <= to);

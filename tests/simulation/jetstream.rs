@@ -1,7 +1,8 @@
 //! The simulated JetStream behind the relay's `SimJetStream` port: one stream (`OUTBOX`, subjects
 //! `outbox.>` and the dead-letter subject) with sequences, the duplicate window by `Nats-Msg-Id` on
 //! the paused clock, `Nats-Expected-Last-Sequence`, `Nats-Expected-Last-Msg-Id`, `max_msg_size` and
-//! the client's `max_payload`,
+//! the client's `max_payload`, retention limits (`max_msgs` and `max_bytes` with `discard: new`,
+//! `max_age`) and purges,
 //! and the faults a real connection and cluster produce: outages, publishes lost with the
 //! connection, answers delayed, lost, duplicated, reordered or late past the ack timeout, answers
 //! forged by another client on the relay's inbox, and messages hand-published to the stream.
@@ -56,6 +57,15 @@ pub(crate) struct Limits {
     pub max_msg_size: Option<usize>,
 }
 
+/// The stream's retention limits, with `discard: new` (a full stream refuses a new message, 10077:
+/// the relay must stall, never lose it), and `max_age` (messages older are removed).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Retention {
+    pub max_msgs: Option<usize>,
+    pub max_bytes: Option<usize>,
+    pub max_age: Option<Duration>,
+}
+
 /// A message in the stream.
 #[derive(Clone, Debug)]
 pub(crate) struct Stored {
@@ -74,6 +84,9 @@ pub(crate) struct Stored {
     pub session: u64,
     /// Published by a session that had ended (its inbox gone): stored late.
     pub late: bool,
+    /// Removed since (`max_age`, a purge): a read-back finds nothing at its sequence, but it was
+    /// stored, and the promises count it.
+    pub gone: bool,
 }
 
 impl Stored {
@@ -93,6 +106,7 @@ struct InTransit {
 
 struct State {
     limits: Limits,
+    retention: Retention,
     messages: Vec<Stored>,
     /// When the relay last stored a message with each `Nats-Msg-Id` (looked up, never iterated).
     ids: HashMap<String, Instant>,
@@ -123,7 +137,8 @@ pub(crate) struct Facts {
     /// message of another writer, a publish of an ended session stored late (the stream then
     /// holds a message the running session did not expect). Each begins a new era.
     pub distrust: Vec<Instant>,
-    /// The `Nats-Msg-Id`s of publishes lost on the way with a connection (`go_down`).
+    /// The `Nats-Msg-Id`s of publishes lost on the way with a connection (`go_down`), or refused
+    /// by a full stream: sent, never stored.
     pub lost: std::collections::HashSet<String>,
 }
 
@@ -143,6 +158,7 @@ impl JetStream {
             me: Weak::clone(me),
             state: Mutex::new(State {
                 limits,
+                retention: Retention::default(),
                 messages: Vec::new(),
                 ids: HashMap::new(),
                 dedup: BTreeMap::new(),
@@ -219,6 +235,64 @@ impl JetStream {
         self.state.lock().unwrap().facts.clone()
     }
 
+    /// The stream's retention limits from now on (`lift`: the operator raises `max_msgs` and
+    /// `max_bytes` so that a stalled relay can go on; `max_age` stays).
+    pub(crate) fn set_retention(&self, r: Retention) {
+        self.state.lock().unwrap().retention = r;
+    }
+
+    /// The operator purges the stream: every message is gone, the sequences stay.
+    pub(crate) fn purge(&self) {
+        let mut s = self.state.lock().unwrap();
+        let n = s.messages.iter().filter(|m| !m.gone).count();
+        s.messages.iter_mut().for_each(|m| m.gone = true);
+        s.facts.distrust.push(Instant::now());
+        trace!(self.trace, "js purged ({n} messages)");
+    }
+
+    /// Removes the messages older than `max_age` (nats-server does it on a timer; here before
+    /// anything reads or writes the stream). The tail, or messages a replay must read back, may
+    /// go with them: a reason the world gives to distrust the stream.
+    fn expire(&self, s: &mut State) {
+        let Some(age) = s.retention.max_age else {
+            return;
+        };
+        let now = Instant::now();
+        let mut n = 0;
+        for m in s.messages.iter_mut().filter(|m| !m.gone) {
+            if now.duration_since(m.at) < age {
+                break;
+            }
+            m.gone = true;
+            n += 1;
+        }
+        if n > 0 {
+            s.facts.distrust.push(now);
+            trace!(self.trace, "js {n} messages aged out");
+        }
+    }
+
+    /// Why a full stream (`discard: new`) refuses one more message of `size` bytes, if it does.
+    fn full(s: &State, size: usize) -> Option<&'static str> {
+        if s.retention.max_msgs.is_none() && s.retention.max_bytes.is_none() {
+            return None;
+        }
+        let live = s.messages.iter().filter(|m| !m.gone);
+        let (msgs, bytes) = live.fold((0, 0), |(n, b), m| {
+            (
+                n + 1,
+                b + wire_size(&m.headers, m.payload.len()) + m.subject.len(),
+            )
+        });
+        if s.retention.max_msgs.is_some_and(|max| msgs + 1 > max) {
+            Some("maximum messages exceeded")
+        } else if s.retention.max_bytes.is_some_and(|max| bytes + size > max) {
+            Some("maximum bytes exceeded")
+        } else {
+            None
+        }
+    }
+
     /// The world gave the stream's tail a reason to be distrusted (a restore of Postgres): a new
     /// era begins.
     pub(crate) fn distrusted(&self) {
@@ -288,6 +362,7 @@ impl JetStream {
             era,
             session: 0,
             late: false,
+            gone: false,
         });
         trace!(self.trace, "js foreign message at seq {seq} (kind {kind})");
     }
@@ -320,6 +395,7 @@ impl JetStream {
     /// One publish at the server: checked and stored as nats-server does, then answered.
     fn process(&self, m: InTransit) {
         let mut s = self.state.lock().unwrap();
+        self.expire(&mut s);
         let now = Instant::now();
         let id = m.headers.get(NATS_MSG_ID).map(|v| v.as_str().to_owned());
         let short = short(id.as_deref());
@@ -373,6 +449,17 @@ impl JetStream {
         {
             trace!(self.trace, "js refused {short}: over max_msg_size");
             Ok(r#"{"error":{"code":400,"err_code":10054,"description":"message size exceeds maximum allowed"}}"#.to_owned())
+        } else if let Some(why) =
+            Self::full(&s, wire_size(&m.headers, m.payload.len()) + m.subject.len())
+        {
+            trace!(self.trace, "js refused {short}: {why}");
+            // Not stored: as good as lost on the way, for what the checks excuse.
+            if let Some(id) = &id {
+                s.facts.lost.insert(id.clone());
+            }
+            Ok(format!(
+                r#"{{"error":{{"code":503,"err_code":10077,"description":"{why}"}}}}"#
+            ))
         } else {
             let seq = last + 1;
             if let Some(id) = &id {
@@ -418,6 +505,7 @@ impl JetStream {
                 era,
                 session,
                 late: ended,
+                gone: false,
             });
             Ok(format!(r#"{{"stream":"{STREAM}","seq":{seq}}}"#))
         };
@@ -616,7 +704,8 @@ impl SimJetStream for JetStream {
     }
 
     fn stream_state(&self, stream: &str) -> Result<(u64, Option<usize>), String> {
-        let s = self.state.lock().unwrap();
+        let mut s = self.state.lock().unwrap();
+        self.expire(&mut s);
         if s.down {
             return Err("timed out: no answer from JetStream (NATS down)".into());
         }
@@ -627,7 +716,8 @@ impl SimJetStream for JetStream {
     }
 
     fn message_headers(&self, stream: &str, seq: u64) -> Result<Option<HeaderMap>, String> {
-        let s = self.state.lock().unwrap();
+        let mut s = self.state.lock().unwrap();
+        self.expire(&mut s);
         if s.down {
             return Err("timed out: no answer from JetStream (NATS down)".into());
         }
@@ -637,6 +727,7 @@ impl SimJetStream for JetStream {
         Ok(seq
             .checked_sub(1)
             .and_then(|i| s.messages.get(i as usize))
+            .filter(|m| !m.gone)
             .map(|m| m.headers.clone()))
     }
 }

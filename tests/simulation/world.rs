@@ -23,7 +23,13 @@
 //! - `foreign`: a message is published by hand at the stream's tail while no relay runs;
 //! - `restore` / `pitr`: Postgres is restored from a disk snapshot (same timeline / a new one) and
 //!   the relay restarted;
-//! - `live_foreign`, `live_restore`, `live_pitr`: the same while the relay keeps running.
+//! - `live_foreign`, `live_restore`, `live_pitr`: the same while the relay keeps running;
+//! - `purge`: the operator purges the stream (every message gone, the sequences stay).
+//!
+//! Besides the faults, each world draws the modes users turn on or off ([`Modes`]): the fence,
+//! the descriptive headers, and the stream's retention limits (`max_msgs`, `max_bytes` with
+//! `discard: new`, which stall the relay until the operator raises them when the world settles;
+//! `max_age`, which removes old messages, the stream's tail among them).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,7 +47,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::check::{self, Violations};
-use super::jetstream::{Chaos, JetStream, Limits};
+use super::jetstream::{Chaos, JetStream, Limits, Retention};
 use super::postgres::{PgParams, Postgres};
 use super::rng::Dice;
 use super::trace::{RelayLog, Trace, trace};
@@ -65,6 +71,7 @@ pub(crate) const FAULTS: &[(&str, u64)] = &[
     ("pitr", 1),
     ("live_restore", 1),
     ("live_pitr", 1),
+    ("purge", 1),
 ];
 
 /// The faults a run may use.
@@ -132,6 +139,8 @@ pub(crate) struct Modes {
     pub fence: bool,
     /// `nats.descriptive_headers`.
     pub descriptive: bool,
+    /// The stream's retention limits.
+    pub retention: Retention,
 }
 
 impl Modes {
@@ -139,6 +148,26 @@ impl Modes {
         Modes {
             fence: !d.chance(0.2),
             descriptive: !d.chance(0.3),
+            retention: Self::retention(d),
+        }
+    }
+
+    /// Most streams keep everything; some are full now and then, some forget old messages.
+    fn retention(d: &Dice) -> Retention {
+        match d.range(0, 10) {
+            0 => Retention {
+                max_msgs: Some(d.range(50, 400) as usize),
+                ..Retention::default()
+            },
+            1 => Retention {
+                max_bytes: Some(d.range(20_000, 200_000) as usize),
+                ..Retention::default()
+            },
+            2 => Retention {
+                max_age: Some(d.millis(2_000, 30_000)),
+                ..Retention::default()
+            },
+            _ => Retention::default(),
         }
     }
 }
@@ -306,6 +335,7 @@ async fn world(seed: u64, faults: &FaultSet, trace: Arc<Trace>) -> Outcome {
         processes: 0,
     };
     js.set_chaos(sc.chaos);
+    js.set_retention(sc.modes.retention);
     let writing = Arc::new(std::sync::atomic::AtomicBool::new(true));
     let writer = tokio::spawn({
         let (pg, dice, writing) = (Arc::clone(&pg), dice.clone(), Arc::clone(&writing));
@@ -343,6 +373,11 @@ async fn world(seed: u64, faults: &FaultSet, trace: Arc<Trace>) -> Outcome {
     let _ = writer.await;
     pg.finish_writes();
     js.set_chaos(Chaos::default());
+    // A full stream stalls the relay until the operator makes room: raised here.
+    js.set_retention(Retention {
+        max_age: sc.modes.retention.max_age,
+        ..Retention::default()
+    });
     pg.up();
     if js.is_down() {
         js.come_up();
@@ -561,6 +596,7 @@ impl World {
             "live_foreign" => {
                 self.js.publish_foreign(self.processes);
             }
+            "purge" => self.js.purge(),
             "restore" | "pitr" | "live_restore" | "live_pitr" => {
                 let live = name.starts_with("live_");
                 if !live {
