@@ -61,6 +61,8 @@ pub(crate) struct Excuses<'a> {
     pub distrust: &'a [Instant],
     /// `Nats-Msg-Id`s of publishes lost with a connection.
     pub lost: &'a HashSet<String>,
+    /// Every move of the slot's confirmed position: (when, to).
+    pub confirmations: &'a [(Instant, u64)],
     /// `nats.fence`.
     pub fence: bool,
 }
@@ -132,7 +134,8 @@ pub(crate) fn settled(
             }
         }
     }
-    p3_second_copies(stream, &copies, excuses, trace, v);
+    let trusted = trusted_again(units, &copies, excuses);
+    p3_second_copies(stream, &copies, excuses, &trusted, trace, v);
     p4_commit_order(order, excuses, trace, v);
 }
 
@@ -141,6 +144,7 @@ fn p3_second_copies(
     stream: &[Stored],
     copies: &BTreeMap<&str, Vec<&Stored>>,
     excuses: &Excuses<'_>,
+    trusted: &[(Instant, Option<Instant>)],
     trace: &Trace,
     v: &Violations,
 ) {
@@ -153,10 +157,16 @@ fn p3_second_copies(
             // distrusted in between.
             let excused = !excuses.fence
                 || b.era > a.era
-                || excuses.distrust.iter().any(|t| all[0].at <= *t && *t <= b.at)
+                || excuses
+                    .distrust
+                    .iter()
+                    .any(|t| all[0].at <= *t && *t <= b.at)
                 || reach
                     .get(&b.session)
-                    .is_some_and(|&(from, to)| from < a.seq && a.seq <= to);
+                    .is_some_and(|&(from, to)| from < a.seq && a.seq <= to)
+                || trusted
+                    .iter()
+                    .any(|&(t, until)| t <= b.at && until.is_none_or(|u| b.at <= u));
             if !excused {
                 v.report(
                     trace,
@@ -168,6 +178,47 @@ fn p3_second_copies(
             }
         }
     }
+}
+
+/// For each distrust event, until when the relay may still distrust the stream: until the slot
+/// was first confirmed past a unit of work whose first copy was stored after the event (to confirm
+/// it, the relay had the acks of what it stored past the event, and trusts its tail again). `None`:
+/// never within the run.
+fn trusted_again(
+    units: &[Unit],
+    copies: &BTreeMap<&str, Vec<&Stored>>,
+    excuses: &Excuses<'_>,
+) -> Vec<(Instant, Option<Instant>)> {
+    // Each unit's commit position and the first time one of its events was stored after it
+    // committed.
+    let firsts: Vec<(u64, Instant)> = units
+        .iter()
+        .filter_map(|u| {
+            u.events
+                .iter()
+                .filter_map(|e| copies.get(e.msg_id.as_str()))
+                .filter_map(|c| c.iter().find(|m| m.at >= u.at).map(|m| m.at))
+                .min()
+                .map(|at| (u.start, at))
+        })
+        .collect();
+    excuses
+        .distrust
+        .iter()
+        .map(|&t| {
+            let until = excuses
+                .confirmations
+                .iter()
+                .filter(|(at, _)| *at >= t)
+                .find(|(at, to)| {
+                    firsts
+                        .iter()
+                        .any(|(start, first)| *first >= t && *first <= *at && *to > *start)
+                })
+                .map(|(at, _)| *at);
+            (t, until)
+        })
+        .collect()
 }
 
 /// For each session that republished what the stream held, the stretch of the stream it went over

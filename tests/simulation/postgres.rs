@@ -101,6 +101,9 @@ pub(crate) struct PgParams {
     pub pipe: usize,
     /// How long the walsender waits, caught up, before a keepalive (ms range).
     pub keepalive_ms: (u64, u64),
+    /// How often a write is a whole large transaction (50 to 600 events), longer than a small
+    /// window and than a replay reads back at once.
+    pub big_transactions: f64,
 }
 
 enum Change {
@@ -184,6 +187,9 @@ struct Snapshot {
 
 struct State {
     params: PgParams,
+    /// Every move of the slot's confirmed position, with when it happened: the checks read from it
+    /// when the relay took the stream's tail as trustworthy again.
+    confirmations: Vec<(Instant, u64)>,
     system_id: String,
     timeline: u32,
     /// The server's incarnation: bumped by a crash or a restore, which end every connection.
@@ -382,6 +388,7 @@ impl Postgres {
             state: Mutex::new(State {
                 apps: vec![None; params.apps],
                 params,
+                confirmations: Vec::new(),
                 system_id,
                 timeline: 1,
                 epoch: 0,
@@ -422,6 +429,11 @@ impl Postgres {
         self.state.lock().unwrap().flushed()
     }
 
+    /// Every move of the slot's confirmed position: (when, to).
+    pub(crate) fn confirmations(&self) -> Vec<(Instant, u64)> {
+        self.state.lock().unwrap().confirmations.clone()
+    }
+
     pub(crate) fn units(&self) -> Vec<Unit> {
         self.state.lock().unwrap().units.clone()
     }
@@ -442,6 +454,10 @@ impl Postgres {
         if d.chance(0.08) {
             let size = d.range(24, 3000);
             s.append(size, Body::Other);
+        }
+        if d.chance(s.params.big_transactions) {
+            self.big_transaction(&mut s);
+            return;
         }
         let app = d.range(0, s.apps.len() as u64) as usize;
         let Some(xid) = s.apps[app] else {
@@ -481,6 +497,23 @@ impl Postgres {
                 }
             }
         }
+    }
+
+    /// One transaction of many events (rows and transactional messages), committed at once, from a
+    /// connection of its own (a batch job beside the applications).
+    fn big_transaction(&self, s: &mut State) {
+        let xid = s.next_xid;
+        s.next_xid += 1;
+        s.open.insert(xid, Open::default());
+        let n = self.dice.range(50, 600);
+        for _ in 0..n {
+            if self.dice.chance(0.9) {
+                self.insert_row(s, xid);
+            } else {
+                self.insert_message(s, xid);
+            }
+        }
+        self.commit(s, xid);
     }
 
     /// Commits or aborts every open transaction: the applications stop writing.
@@ -1067,6 +1100,7 @@ impl Postgres {
             }
         }
         s.slot.confirmed = flush;
+        s.confirmations.push((Instant::now(), flush));
         trace!(self.trace, "pg slot confirmed {}", Lsn(flush));
     }
 }

@@ -196,6 +196,7 @@ impl Scenario {
                 send_empty: d.chance(0.5),
                 pipe: d.pick(&[512, 8 << 10, 64 << 10]),
                 keepalive_ms: d.pick(&[(10, 200), (100, 2_000)]),
+                big_transactions: d.pick(&[0.0, 0.0, 0.002, 0.01]),
             },
             chaos: if calm {
                 Chaos::default()
@@ -423,6 +424,7 @@ async fn world(seed: u64, faults: &FaultSet, trace: Arc<Trace>) -> Outcome {
             &check::Excuses {
                 distrust: &facts.distrust,
                 lost: &facts.lost,
+                confirmations: &pg.confirmations(),
                 fence: sc.modes.fence,
             },
             &trace,
