@@ -4,9 +4,9 @@
 //! runtime with a paused clock, every choice drawn from one seeded generator, faults injected at
 //! random times and the modes users choose drawn per world (`simulation/world.rs`), and the
 //! promises (P1–P4, P7) checked against what the simulators saw, never against what the relay
-//! logged (`simulation/check.rs`). A third
-//! layer beside the unit tests and the tests against real servers: it reaches interleavings of
-//! faults no real-server test can order on purpose, and a seed replays its run forever.
+//! logged (`simulation/check.rs`). A third layer beside the unit tests and the tests against real
+//! servers: it reaches interleavings of faults no real-server test can order on purpose, and a seed
+//! replays its run forever.
 //!
 //! ```text
 //! cargo test --test simulation                               # SIM_SEEDS seeds from SIM_SEED_START
