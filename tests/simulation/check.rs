@@ -3,6 +3,7 @@
 //! the slot now follows (the WAL after every restore) and the stream:
 //!
 //! - P1: every event of that history is in the stream, by id, as a routed message or a dead letter;
+//! - context: an event after a trace context message of its transaction carries its `traceparent`;
 //! - P7: an event that cannot be routed, and every non-transactional outbox message, is a dead
 //!   letter, and the message's dead letter carries its payload: nothing vanishes;
 //! - P3: no event id is stored twice by the relay, unless the world gave the stream a reason to be
@@ -100,6 +101,21 @@ pub(crate) fn settled(
                 continue;
             };
             order.push((unit.start, e.index, first.seq, &e.msg_id));
+            if let (Some(tp), Must::Routed(subject)) = (&e.context, &e.must) {
+                let carried = mine.iter().any(|m| {
+                    &m.subject == subject
+                        && m.headers.get("traceparent").map(|v| v.as_str()) == Some(tp.as_str())
+                });
+                if !carried {
+                    v.report(
+                        trace,
+                        format!(
+                            "context: event {} of the {} does not carry its transaction's traceparent {tp}",
+                            e.msg_id, unit.what
+                        ),
+                    );
+                }
+            }
             match &e.must {
                 Must::Routed(subject) if !mine.iter().any(|m| &m.subject == subject) => v.report(
                     trace,

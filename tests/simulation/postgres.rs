@@ -41,6 +41,8 @@ use super::rng::Dice;
 use super::trace::{Trace, trace};
 
 pub(crate) const PREFIX: &str = "outbox";
+/// The prefix of trace context messages (`outbox.context_prefix`), in worlds that write them.
+pub(crate) const CONTEXT_PREFIX: &str = "outbox-context";
 const OUTBOX_OID: u32 = 16_384;
 const ORDERS_OID: u32 = 16_390;
 const PAGE: u64 = 8192;
@@ -73,6 +75,8 @@ pub(crate) struct Expected {
     /// Its place in its unit.
     pub index: u32,
     pub must: Must,
+    /// The `traceparent` of its transaction's context message before it, which it must carry.
+    pub context: Option<String>,
 }
 
 /// A unit of work the walsender sends whole: a committed transaction with outbox events, or a
@@ -101,6 +105,8 @@ pub(crate) struct PgParams {
     pub pipe: usize,
     /// How long the walsender waits, caught up, before a keepalive (ms range).
     pub keepalive_ms: (u64, u64),
+    /// Applications write trace context messages (and the relay is configured for them).
+    pub context: bool,
     /// How often a write is a whole large transaction (50 to 600 events), longer than a small
     /// window and than a replay reads back at once.
     pub big_transactions: f64,
@@ -110,6 +116,8 @@ enum Change {
     Outbox(Vec<TupleValue>),
     /// A transactional logical message with the prefix.
     Event(Bytes),
+    /// A transactional trace context message (`CONTEXT_PREFIX`).
+    Context(Bytes),
     Orders(Vec<TupleValue>),
 }
 
@@ -140,6 +148,8 @@ struct Record {
 struct Open {
     changes: Vec<usize>,
     events: Vec<Expected>,
+    /// The `traceparent` of the last context message written in it.
+    context: Option<String>,
 }
 
 struct Slot {
@@ -469,6 +479,7 @@ impl Postgres {
         };
         match d.range(0, 100) {
             0..40 => self.insert_row(&mut s, xid),
+            40..50 if s.params.context && d.chance(0.3) => self.insert_context(&mut s, xid),
             40..50 => self.insert_message(&mut s, xid),
             50..60 => {
                 let n = s.written;
@@ -577,10 +588,12 @@ impl Postgres {
         let open = s.open.get_mut(&xid).unwrap();
         let index = open.events.len() as u32;
         open.changes.push(idx);
+        let context = open.context.clone();
         open.events.push(Expected {
             msg_id: id,
             index,
             must,
+            context,
         });
     }
 
@@ -598,11 +611,32 @@ impl Postgres {
         let open = s.open.get_mut(&xid).unwrap();
         let index = open.events.len() as u32;
         open.changes.push(idx);
+        let context = open.context.clone();
         open.events.push(Expected {
             msg_id: id,
             index,
             must: Must::Routed(format!("outbox.{ty}")),
+            context,
         });
+    }
+
+    /// `outbox_context(…)`: a trace context for the transaction's events that follow it.
+    fn insert_context(&self, s: &mut State, xid: u32) {
+        let d = &self.dice;
+        let tp = format!(
+            "00-{:016x}{:016x}-{:016x}-01",
+            d.next_u64(),
+            d.next_u64(),
+            d.next_u64()
+        );
+        let content = format!(r#"{{"traceparent":"{tp}"}}"#);
+        let idx = s.append(
+            48 + content.len() as u64,
+            Body::Change(Change::Context(Bytes::from(content))),
+        );
+        let open = s.open.get_mut(&xid).unwrap();
+        open.changes.push(idx);
+        open.context = Some(tp);
     }
 
     /// `pg_logical_emit_message(false, 'outbox', …)`: atomic with nothing, so the relay must
@@ -625,6 +659,7 @@ impl Postgres {
                 msg_id: outbox_relay::message::standalone_id(Lsn(end), content.as_bytes()),
                 index: 0,
                 must: Must::DeadLetter(Some(Bytes::from(payload))),
+                context: None,
             }],
             what: format!("non-transactional message at {}", Lsn(end)),
         });
@@ -1164,6 +1199,16 @@ fn decode(
                             transactional: true,
                             lsn: Lsn(change.end),
                             prefix: PREFIX.into(),
+                            content: content.clone(),
+                        },
+                    ),
+                    Change::Context(content) => (
+                        None,
+                        Message::Message {
+                            xid: None,
+                            transactional: true,
+                            lsn: Lsn(change.end),
+                            prefix: CONTEXT_PREFIX.into(),
                             content: content.clone(),
                         },
                     ),

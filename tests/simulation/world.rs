@@ -197,6 +197,7 @@ impl Scenario {
                 pipe: d.pick(&[512, 8 << 10, 64 << 10]),
                 keepalive_ms: d.pick(&[(10, 200), (100, 2_000)]),
                 big_transactions: d.pick(&[0.0, 0.0, 0.002, 0.01]),
+                context: d.chance(0.3),
             },
             chaos: if calm {
                 Chaos::default()
@@ -221,6 +222,9 @@ impl Scenario {
         let mut c = Config::default();
         c.http.listen = String::new();
         c.outbox.message_prefix = super::postgres::PREFIX.into();
+        if self.pg.context {
+            c.outbox.context_prefix = super::postgres::CONTEXT_PREFIX.into();
+        }
         c.nats.max_in_flight = self.max_in_flight;
         c.nats.ack_timeout_ms = 2_000;
         c.nats.cloudevents = self.cloudevents;
