@@ -14,9 +14,11 @@
 //! backpressure does the rest (P6).
 //!
 //! The sink decides about a single event: skip it (the fence proved it stored), publish it, or
-//! dead-letter it (`outbox.on_invalid`, decided in [`SinkConfig::on_invalid`] only). A message the
-//! stream refuses for good is republished as a dead letter, shrunk until it fits, before its ack is
-//! reported (`settle.rs`), so order and "nothing skipped" both hold. Anything uncertain (ack
+//! dead-letter it (`outbox.on_invalid`, decided in [`SinkConfig::on_invalid`] only). A message over
+//! the stream's `max_msg_size` (read when the session starts, fence or not) is dead-lettered before
+//! it is sent, in its place. A message the stream still refuses for good is republished as a dead
+//! letter, shrunk until it fits, before its ack is reported (`settle.rs`), so order and "nothing
+//! skipped" both hold. Anything uncertain (ack
 //! timeout, lost connection, no stream, a broken fence, an answer that is not JetStream's) is
 //! reported as a failure: the relay then restarts from the last confirmed LSN.
 
