@@ -17,6 +17,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
+use async_nats::header::{NATS_BATCH_COMMIT, NATS_BATCH_ID, NATS_BATCH_SEQUENCE};
 use async_nats::{HeaderMap, StatusCode};
 use bytes::Bytes;
 use outbox_relay::message::{EXPECTED_LAST_MSG_ID, EXPECTED_LAST_SEQUENCE, NATS_MSG_ID};
@@ -90,8 +91,12 @@ pub(crate) struct Stored {
 }
 
 impl Stored {
+    /// The event id: `Nats-Msg-Id`, or `Outbox-Event-Id` on a message of an atomic batch.
     pub(crate) fn msg_id(&self) -> Option<&str> {
-        self.headers.get(NATS_MSG_ID).map(|v| v.as_str())
+        self.headers
+            .get(NATS_MSG_ID)
+            .or_else(|| self.headers.get("Outbox-Event-Id"))
+            .map(|v| v.as_str())
     }
 }
 
@@ -122,6 +127,8 @@ struct State {
     inboxes: u64,
     /// The era each session's inbox began in (see [`Stored::era`]).
     inbox_era: HashMap<String, u64>,
+    /// Atomic batches being staged (`Nats-Batch-Id` → its messages so far, when the last came).
+    batches: HashMap<String, (Vec<InTransit>, Instant)>,
     queue: VecDeque<InTransit>,
     /// When the last queued publish arrives: later ones arrive after it (TCP order).
     last_arrival: Instant,
@@ -168,6 +175,7 @@ impl JetStream {
                 subs: Vec::new(),
                 inboxes: 0,
                 inbox_era: HashMap::new(),
+                batches: HashMap::new(),
                 queue: VecDeque::new(),
                 last_arrival: Instant::now(),
                 facts: Facts::default(),
@@ -193,6 +201,8 @@ impl JetStream {
     pub(crate) fn go_down(&self) {
         let mut s = self.state.lock().unwrap();
         s.down = true;
+        // The connection's open batches are abandoned with it.
+        s.batches.clear();
         let before = s.queue.len();
         let queue = std::mem::take(&mut s.queue);
         let (kept, lost): (VecDeque<InTransit>, VecDeque<InTransit>) =
@@ -274,6 +284,11 @@ impl JetStream {
 
     /// Why a full stream (`discard: new`) refuses one more message of `size` bytes, if it does.
     fn full(s: &State, size: usize) -> Option<&'static str> {
+        Self::full_for(s, 1, size)
+    }
+
+    /// Why a full stream refuses `n` more messages of `size` bytes in all, if it does.
+    fn full_for(s: &State, n: usize, size: usize) -> Option<&'static str> {
         if s.retention.max_msgs.is_none() && s.retention.max_bytes.is_none() {
             return None;
         }
@@ -284,7 +299,7 @@ impl JetStream {
                 b + wire_size(&m.headers, m.payload.len()) + m.subject.len(),
             )
         });
-        if s.retention.max_msgs.is_some_and(|max| msgs + 1 > max) {
+        if s.retention.max_msgs.is_some_and(|max| msgs + n > max) {
             Some("maximum messages exceeded")
         } else if s.retention.max_bytes.is_some_and(|max| bytes + size > max) {
             Some("maximum bytes exceeded")
@@ -401,7 +416,15 @@ impl JetStream {
         let short = short(id.as_deref());
         let covered = m.subject.starts_with("outbox.") || m.subject == DEAD_LETTER_SUBJECT;
         let last = s.messages.len() as u64;
-        let answer: Result<String, StatusCode> = if !covered {
+        let answer: Result<String, StatusCode> = if m.headers.get(NATS_BATCH_ID).is_some() {
+            match self.batch(&mut s, m) {
+                Some((answer, reply, headers)) => {
+                    drop(s);
+                    return self.answer(reply, headers, answer);
+                }
+                None => return,
+            }
+        } else if !covered {
             Err(StatusCode::NO_RESPONDERS)
         } else if let Some((seq, _)) = id
             .as_ref()
@@ -461,60 +484,185 @@ impl JetStream {
                 r#"{{"error":{{"code":503,"err_code":10077,"description":"{why}"}}}}"#
             ))
         } else {
-            let seq = last + 1;
-            if let Some(id) = &id {
-                s.dedup.insert(id.clone(), (seq, now));
-                s.ids.insert(id.clone(), now);
-            }
-            s.last_msg_id = id.clone().unwrap_or_default();
-            let ended = m.reply.as_deref().is_some_and(|r| {
-                !s.subs.iter().any(|(prefix, tx)| {
-                    r.starts_with(prefix.as_str())
-                        && !r[prefix.len()..].contains('.')
-                        && !tx.is_closed()
-                })
-            });
-            let inbox = m.reply.as_deref().and_then(|r| r.rsplit_once('.'));
-            let era = inbox
-                .and_then(|(inbox, _)| s.inbox_era.get(inbox).copied())
-                .unwrap_or(s.facts.distrust.len() as u64);
-            let session = inbox
-                .and_then(|(inbox, _)| inbox.strip_prefix("_INBOX.sim"))
-                .and_then(|n| n.parse().ok())
-                .unwrap_or(0);
-            if ended {
-                trace!(self.trace, "js stores a publish of an ended session");
-                s.facts.distrust.push(now);
-            }
-            let after = m
-                .headers
-                .get(EXPECTED_LAST_MSG_ID)
-                .map(|v| format!(" after {}", short_id(v.as_str())))
-                .unwrap_or_default();
-            trace!(
-                self.trace,
-                "js stored {short} at seq {seq} on {}{after}", m.subject
-            );
-            s.messages.push(Stored {
-                seq,
-                subject: m.subject,
-                headers: m.headers.clone(),
-                payload: m.payload,
-                at: now,
-                foreign: false,
-                era,
-                session,
-                late: ended,
-                gone: false,
-            });
+            let seq = self.store(&mut s, &m, m.reply.as_deref());
             Ok(format!(r#"{{"stream":"{STREAM}","seq":{seq}}}"#))
         };
-        let Some(reply) = m.reply else {
+        let reply = m.reply;
+        drop(s);
+        self.answer(reply, m.headers, answer);
+    }
+
+    /// A message of an atomic batch (ADR-50, as nats-server 2.12+ handles it): staged until the
+    /// one with `Nats-Batch-Commit`, then checked and stored whole or not at all. A batch whose
+    /// `Nats-Batch-Sequence` skips one (a member lost with a connection) or that was idle for 10 s
+    /// is abandoned: its commit is refused as incomplete. `Nats-Expected-Last-Sequence` counts only
+    /// on the first message; the commit's answer names the batch's last sequence. Returns the
+    /// commit's answer, with its reply subject and headers; `None` for a member (no answer).
+    #[allow(clippy::type_complexity)]
+    fn batch(
+        &self,
+        s: &mut State,
+        m: InTransit,
+    ) -> Option<(Result<String, StatusCode>, Option<String>, HeaderMap)> {
+        let now = Instant::now();
+        let id = m.headers.get(NATS_BATCH_ID)?.as_str().to_owned();
+        s.batches
+            .retain(|_, (_, at)| now.duration_since(*at) < Duration::from_secs(10));
+        let place: Option<usize> = m
+            .headers
+            .get(NATS_BATCH_SEQUENCE)
+            .and_then(|v| v.as_str().parse().ok());
+        let commit = m.headers.get(NATS_BATCH_COMMIT).is_some();
+        let (reply, headers) = (m.reply.clone(), m.headers.clone());
+        let refuse = |code: u16, err: u32, what: &str| {
+            Ok(format!(
+                r#"{{"error":{{"code":{code},"err_code":{err},"description":"{what}"}}}}"#
+            ))
+        };
+        let staged = s
+            .batches
+            .entry(id.clone())
+            .or_insert_with(|| (Vec::new(), now));
+        staged.1 = now;
+        if place != Some(staged.0.len() + 1) || staged.0.len() >= 1000 {
+            s.batches.remove(&id);
+            trace!(self.trace, "js batch {id} abandoned (gap or too large)");
+            return commit.then(|| {
+                (
+                    refuse(400, 10176, "atomic publish batch is incomplete"),
+                    reply,
+                    headers,
+                )
+            });
+        }
+        staged.0.push(m);
+        if !commit {
+            return None;
+        }
+        let (msgs, _) = s.batches.remove(&id)?;
+        let last = s.messages.len() as u64;
+        let expected = msgs[0]
+            .headers
+            .get(EXPECTED_LAST_SEQUENCE)
+            .and_then(|v| v.as_str().parse::<u64>().ok());
+        let size: usize = msgs
+            .iter()
+            .map(|m| wire_size(&m.headers, m.payload.len()) + m.subject.len())
+            .sum();
+        let answer = if let Some(e) = expected.filter(|e| *e != last) {
+            trace!(
+                self.trace,
+                "js refused batch {id}: expected {e}, last {last}"
+            );
+            refuse(400, 10071, &format!("wrong last sequence: {last}"))
+        } else if msgs.iter().any(|m| {
+            s.limits
+                .max_msg_size
+                .is_some_and(|max| wire_size(&m.headers, m.payload.len()) > max)
+        }) {
+            trace!(
+                self.trace,
+                "js refused batch {id}: a message over max_msg_size"
+            );
+            refuse(400, 10054, "message size exceeds maximum allowed")
+        } else if let Some(why) = Self::full_for(s, msgs.len(), size) {
+            trace!(self.trace, "js refused batch {id}: {why}");
+            refuse(503, 10077, why)
+        } else {
+            let mut seq = last;
+            for m in &msgs {
+                seq = self.store(s, m, reply.as_deref());
+            }
+            trace!(
+                self.trace,
+                "js committed batch {id}: {} messages",
+                msgs.len()
+            );
+            Ok(format!(
+                r#"{{"stream":"{STREAM}","seq":{seq},"batch":"{id}","count":{}}}"#,
+                msgs.len()
+            ))
+        };
+        Some((answer, reply, headers))
+    }
+
+    /// Stores `m` at the stream's next sequence (its session named by `reply`, the reply subject
+    /// of the publish, or of its batch's commit).
+    fn store(&self, s: &mut State, m: &InTransit, reply: Option<&str>) -> u64 {
+        let now = Instant::now();
+        let seq = s.messages.len() as u64 + 1;
+        let id = m.headers.get(NATS_MSG_ID).map(|v| v.as_str().to_owned());
+        let short = short(id.as_deref());
+        if let Some(id) = &id {
+            s.dedup.insert(id.clone(), (seq, now));
+        }
+        // What P2 asks about: the event id, also of a batch message (`Outbox-Event-Id`).
+        if let Some(event) = id.clone().or_else(|| {
+            m.headers
+                .get("Outbox-Event-Id")
+                .map(|v| v.as_str().to_owned())
+        }) {
+            s.ids.insert(event, now);
+        }
+        s.last_msg_id = id.clone().unwrap_or_default();
+        let ended = reply.is_some_and(|r| {
+            !s.subs.iter().any(|(prefix, tx)| {
+                r.starts_with(prefix.as_str())
+                    && !r[prefix.len()..].contains('.')
+                    && !tx.is_closed()
+            })
+        });
+        let inbox = reply.and_then(|r| r.rsplit_once('.'));
+        let era = inbox
+            .and_then(|(inbox, _)| s.inbox_era.get(inbox).copied())
+            .unwrap_or(s.facts.distrust.len() as u64);
+        let session = inbox
+            .and_then(|(inbox, _)| inbox.strip_prefix("_INBOX.sim"))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0);
+        if ended {
+            trace!(self.trace, "js stores a publish of an ended session");
+            s.facts.distrust.push(now);
+        }
+        let after = m
+            .headers
+            .get(EXPECTED_LAST_MSG_ID)
+            .map(|v| format!(" after {}", short_id(v.as_str())))
+            .unwrap_or_default();
+        trace!(
+            self.trace,
+            "js stored {short} at seq {seq} on {}{after}", m.subject
+        );
+        s.messages.push(Stored {
+            seq,
+            subject: m.subject.clone(),
+            headers: m.headers.clone(),
+            payload: m.payload.clone(),
+            at: now,
+            foreign: false,
+            era,
+            session,
+            late: ended,
+            gone: false,
+        });
+        seq
+    }
+
+    /// Sends `answer` to `reply` (if the publish had one), through the answer faults.
+    fn answer(
+        &self,
+        reply: Option<String>,
+        headers: HeaderMap,
+        answer: Result<String, StatusCode>,
+    ) {
+        let Some(reply) = reply else {
             return;
         };
+        let short = short(headers.get(NATS_MSG_ID).map(|v| v.as_str()));
+        let s = self.state.lock().unwrap();
         let chaos = s.chaos;
         if self.dice.chance(chaos.forged) {
-            let forged = self.forgery(&s, &m.headers);
+            let forged = self.forgery(&s, &headers);
             self.deliver_later(reply.clone(), Ok(forged), self.dice.millis(0, 2));
         }
         drop(s);

@@ -141,14 +141,19 @@ pub(crate) struct Modes {
     pub descriptive: bool,
     /// The stream's retention limits.
     pub retention: Retention,
+    /// `nats.atomic_transactions` (which needs the fence): each transaction one atomic batch, or
+    /// several past the window or 1,000 messages.
+    pub atomic: bool,
 }
 
 impl Modes {
     fn draw(d: &Dice) -> Self {
+        let fence = !d.chance(0.2);
         Modes {
-            fence: !d.chance(0.2),
+            fence,
             descriptive: !d.chance(0.3),
             retention: Self::retention(d),
+            atomic: fence && d.chance(0.25),
         }
     }
 
@@ -230,6 +235,7 @@ impl Scenario {
         c.nats.cloudevents = self.cloudevents;
         c.nats.fence = self.modes.fence;
         c.nats.descriptive_headers = self.modes.descriptive;
+        c.nats.atomic_transactions = self.modes.atomic;
         c.postgres.status_interval_ms = self.status_interval_ms;
         c.validate().expect("simulation settings are valid")
     }
