@@ -48,6 +48,9 @@ pub(crate) const PAYLOAD_SIZE: &str = "Outbox-Payload-Size";
 pub(crate) const TRUNCATED_HEADERS: &str = "Outbox-Truncated-Headers";
 /// Set by the sink when the stream is fenced (see `fence`).
 pub const EXPECTED_LAST_SEQUENCE: &str = "Nats-Expected-Last-Sequence";
+/// Set by the sink on a fenced stream on every message after the first of a session: the previous
+/// message's `Nats-Msg-Id` (see `fence`, "chained by id").
+pub const EXPECTED_LAST_MSG_ID: &str = "Nats-Expected-Last-Msg-Id";
 /// The event id on messages of an atomic batch, which cannot carry `Nats-Msg-Id` (the server refuses
 /// a batch message with one, or rejects the whole batch for one duplicate): consumers deduplicate
 /// with it, and the fence finds the stream's last event by it.

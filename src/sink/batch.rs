@@ -113,7 +113,7 @@ impl Batcher {
 /// The serialized size of a message as nats-server counts it against `max_payload` and the
 /// stream's `max_msg_size`, and as async-nats checks it before sending: the header block
 /// (`NATS/1.0\r\n`, each `name: value\r\n`, `\r\n`) and the payload.
-fn wire_size(h: &HeaderMap, payload: usize) -> usize {
+pub(super) fn wire_size(h: &HeaderMap, payload: usize) -> usize {
     let mut n = "NATS/1.0\r\n\r\n".len() + payload;
     for (k, vs) in h.iter() {
         for v in vs {
@@ -242,7 +242,9 @@ impl Sink {
             None => None,
             Some(t) => t.begin(&mut event, &mut out),
         };
-        let expected = self.fence.as_mut().map(super::Fence::next_expected);
+        // Batch messages carry no `Nats-Msg-Id`, and the server refuses an id expectation inside
+        // a batch: the chain is by sequence only, one expectation per batch (its first message).
+        let expected = self.fence.as_mut().map(super::Fence::next_sequence);
         self.batcher()?.held = Some(Held {
             item: InFlight {
                 seq,
@@ -251,6 +253,7 @@ impl Sink {
                 subject: String::new(),
                 sent,
                 expected,
+                expected_id: None,
                 size,
                 members: None,
                 span,

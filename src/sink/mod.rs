@@ -14,9 +14,11 @@
 //! backpressure does the rest (P6).
 //!
 //! The sink decides about a single event: skip it (the fence proved it stored), publish it, or
-//! dead-letter it (`outbox.on_invalid`, decided in [`SinkConfig::on_invalid`] only). A message the
-//! stream refuses for good is republished as a dead letter, shrunk until it fits, before its ack is
-//! reported (`settle.rs`), so order and "nothing skipped" both hold. Anything uncertain (ack
+//! dead-letter it (`outbox.on_invalid`, decided in [`SinkConfig::on_invalid`] only). A message over
+//! the stream's `max_msg_size` (read when the session starts, fence or not) is dead-lettered before
+//! it is sent, in its place. A message the stream still refuses for good is republished as a dead
+//! letter, shrunk until it fits, before its ack is reported (`settle.rs`), so order and "nothing
+//! skipped" both hold. Anything uncertain (ack
 //! timeout, lost connection, no stream, a broken fence, an answer that is not JetStream's) is
 //! reported as a failure: the relay then restarts from the last confirmed LSN.
 
@@ -293,6 +295,11 @@ pub(crate) struct SinkConfig {
     /// The history every message's `Outbox-Position` names (`SYSTEM/TIMELINE/SLOT`). Set by
     /// [`Sink::start`] from the session's [`Origin`].
     pub(crate) history: Option<String>,
+    /// The stream's `max_msg_size`, when it has one (and it could be read); set by [`Sink::start`].
+    /// A message over it is dead-lettered before it is sent, in its place: a refusal by the stream
+    /// would come back only after the messages sent behind it, which without the fence nothing
+    /// refuses.
+    pub(crate) max_msg_size: Option<usize>,
     /// `[telemetry]`: spans for events with a sampled `traceparent`; `None` without an endpoint.
     /// Set by the relay, which owns the exporter across sessions.
     pub(crate) telemetry: Option<crate::telemetry::Telemetry>,
@@ -322,6 +329,7 @@ impl SinkConfig {
             atomic: n.atomic_transactions,
             max_batch: batch::MAX_BATCH,
             history: None,
+            max_msg_size: None,
             telemetry: None,
         }
     }
@@ -370,6 +378,9 @@ struct InFlight {
     sent: Sent,
     /// The `Nats-Expected-Last-Sequence` it was sent with (fenced streams).
     expected: Option<u64>,
+    /// The `Nats-Expected-Last-Msg-Id` it was sent with (fenced streams, after a session's first
+    /// message).
+    expected_id: Option<String>,
     /// Its bytes in the window.
     size: usize,
     /// An atomic batch's commit: the batch's other messages, settled with it.
@@ -441,6 +452,17 @@ impl Sink {
             };
             Fence::new(tail, replay)
         });
+        config.max_msg_size = match &tail {
+            Some(t) => t.max_msg_size,
+            // Without the fence the tail is read for the stream's limit only.
+            None => match port.tail(&config.stream, config.ack_timeout).await {
+                Ok(t) => t.max_msg_size,
+                Err(e) => {
+                    warn!(error = %crate::relay::error_chain(&e), "cannot read the stream's max_msg_size: a message over it is dead-lettered only after the stream refused it, behind the messages sent after it");
+                    None
+                }
+            },
+        };
         let publisher = Publisher::start(port, &config.stream, config.ack_timeout)
             .await
             .map_err(|e| TailError {
@@ -448,12 +470,9 @@ impl Sink {
                 source: format!("subscribing to the inbox for its acks: {e}").into(),
             })?;
         // Settings refuse atomic_transactions without the fence, so the tail is there.
-        let batch = config.atomic.then(|| {
-            batch::Batcher::new(
-                publisher.max_payload(),
-                tail.as_ref().and_then(|t| t.max_msg_size),
-            )
-        });
+        let batch = config
+            .atomic
+            .then(|| batch::Batcher::new(publisher.max_payload(), config.max_msg_size));
         Ok(Sink {
             publisher,
             config,
@@ -520,21 +539,55 @@ impl Sink {
                 .map(|v| v.as_str().to_owned())
                 .unwrap_or_default(),
         };
-        let expected = self.fence.as_mut().map(Fence::next_expected);
-        let (target, headers, payload) =
-            stamped(out, &event, expected, self.config.history.as_deref());
-        let (ack, sent) = match self.publisher.send(target, headers, payload).await {
+        let (expected, expected_id) = match self.fence.as_mut() {
+            Some(f) => {
+                let e = f.next_expected(&event.msg_id);
+                (Some(e.seq), e.id)
+            }
+            None => (None, None),
+        };
+        let (target, headers, payload) = stamped(
+            out,
+            &event,
+            expected,
+            expected_id.as_deref(),
+            self.config.history.as_deref(),
+        );
+        // Too large for the stream (checked here, so its dead letter keeps its place) or, as
+        // async-nats checks before sending, for the server's max_payload (an oversize publish
+        // would make the server close the connection).
+        let too_large = self.config.max_msg_size.and_then(|max| {
+            let size = batch::wire_size(&headers, payload.len());
+            (size > max).then(|| {
+                format!(
+                    "refused by the stream's max_msg_size of {max} bytes: the message is {size} bytes"
+                )
+            })
+        });
+        let sent_as = match too_large {
+            Some(reason) => Err(reason),
+            None => match self.publisher.send(target, headers, payload).await {
+                Ok(ack) => Ok(ack),
+                Err(e) if e.kind() == PublishErrorKind::MaxPayloadExceeded => {
+                    Err("message too large for the server's max_payload".to_owned())
+                }
+                Err(source) => {
+                    return Err(SinkError::Publish {
+                        id: event.msg_id.clone(),
+                        source,
+                    });
+                }
+            },
+        };
+        let (ack, sent) = match sent_as {
             Ok(ack) => (ack, sent),
-            // async-nats checks payload + headers against the server's max_payload before sending
-            // (an oversize publish would make the server close the connection).
-            Err(e) if e.kind() == PublishErrorKind::MaxPayloadExceeded => {
+            Err(too_large) => {
                 let routed = routed_subject(&self.config, &event, &sent, subject.clone());
                 let reason = match sent {
                     Sent::DeadLetter { reason, .. } => reason,
                     Sent::Event => {
-                        let reason = "message too large for the server's max_payload".to_owned();
-                        self.config.on_invalid(&event, &reason)?;
-                        reason
+                        self.config.on_invalid(&event, &too_large)?;
+                        too_large
                     }
                 };
                 let (ack, shrink) = send_dead_letter(
@@ -543,17 +596,11 @@ impl Sink {
                     &event,
                     Some(&routed).filter(|s| !s.is_empty()).map(String::as_str),
                     &reason,
-                    expected,
+                    (expected, expected_id.as_deref()),
                     Shrink::Keep,
                 )
                 .await?;
                 (ack, Sent::DeadLetter { reason, shrink })
-            }
-            Err(source) => {
-                return Err(SinkError::Publish {
-                    id: event.msg_id.clone(),
-                    source,
-                });
             }
         };
         self.window.push_back(Pending::Sent(InFlight {
@@ -563,6 +610,7 @@ impl Sink {
             subject,
             sent,
             expected,
+            expected_id,
             size,
             members: None,
             span,
@@ -941,11 +989,13 @@ fn routed_subject(config: &SinkConfig, event: &OutboxEvent, sent: &Sent, known: 
 }
 
 /// A publish (subject, headers, payload) of `event`, with its `Outbox-Position` (in `history`, when
-/// the session knows it) and, when the stream is fenced, `Nats-Expected-Last-Sequence`.
+/// the session knows it) and, when the stream is fenced, `Nats-Expected-Last-Sequence` and (after
+/// a session's first message) `Nats-Expected-Last-Msg-Id`.
 fn stamped(
     out: Outgoing,
     event: &OutboxEvent,
     expected: Option<u64>,
+    expected_id: Option<&str>,
     history: Option<&str>,
 ) -> (String, async_nats::HeaderMap, bytes::Bytes) {
     let mut headers = out.headers;
@@ -955,29 +1005,48 @@ fn stamped(
             message::EXPECTED_LAST_SEQUENCE,
             async_nats::HeaderValue::from(itoa::Buffer::new().format(e)),
         );
+        if let Some(id) = expected_id {
+            headers.insert(
+                message::EXPECTED_LAST_MSG_ID,
+                async_nats::HeaderValue::from(id),
+            );
+        }
     }
     (out.subject, headers, out.payload)
 }
 
-/// Queues the dead letter of `event` (it takes the refused message's place in the sequence), at the
-/// first step of the shrink ladder below `from` that the client accepts: the payload goes first, its
-/// size is what usually cannot be published.
+/// Queues the dead letter of `event` (it takes the refused message's place in the sequence and in
+/// the chain of ids: it carries the event's `Nats-Msg-Id` and the refused message's `expected`
+/// sequence and id), at the first step of the shrink ladder below `from` that fits the stream's
+/// `max_msg_size` (when known) and that the client accepts: the payload goes first, its size is
+/// what usually cannot be published.
 async fn send_dead_letter(
     publisher: &mut Publisher,
     config: &SinkConfig,
     event: &OutboxEvent,
     subject: Option<&str>,
     reason: &str,
-    expected: Option<u64>,
+    (expected, expected_id): (Option<u64>, Option<&str>),
     from: Shrink,
 ) -> Result<(u64, Shrink), SinkError> {
     let mut last = None;
     for shrink in from.below() {
         let dl = message::dead_letter(event, &config.dead_letter_subject, reason, subject, shrink);
-        let (target, headers, payload) = stamped(dl, event, expected, config.history.as_deref());
+        let (target, headers, payload) =
+            stamped(dl, event, expected, expected_id, config.history.as_deref());
+        if let Some(max) = config.max_msg_size
+            && batch::wire_size(&headers, payload.len()) > max
+        {
+            last = Some(format!(
+                "larger than the stream's max_msg_size of {max} bytes"
+            ));
+            continue;
+        }
         match publisher.send(target, headers, payload).await {
             Ok(ack) => return Ok((ack, shrink)),
-            Err(e) if e.kind() == PublishErrorKind::MaxPayloadExceeded => last = Some(e),
+            Err(e) if e.kind() == PublishErrorKind::MaxPayloadExceeded => {
+                last = Some(e.to_string())
+            }
             Err(source) => {
                 return Err(SinkError::Publish {
                     id: event.msg_id.clone(),
@@ -990,7 +1059,7 @@ async fn send_dead_letter(
         id: event.msg_id.clone(),
         lsn: event.commit_lsn,
         reason: reason.to_owned(),
-        refusal: last.map_or_else(String::new, |e| e.to_string()),
+        refusal: last.unwrap_or_default(),
     })
 }
 

@@ -102,7 +102,7 @@ impl Sink {
                 self.check(item, ack).await?;
                 self.last_sequence = self.last_sequence.max(ack.sequence);
                 if let Some(f) = self.fence.as_mut() {
-                    f.stored(ack.sequence);
+                    f.stored(ack.sequence, None);
                 }
                 Ok(batch::outcome(&item.sent))
             }
@@ -150,7 +150,8 @@ impl Sink {
                     if ack.duplicate {
                         self.duplicate(item);
                     } else if let Some(f) = self.fence.as_mut() {
-                        f.stored(ack.sequence);
+                        // A dead letter carries the event's `Nats-Msg-Id` too.
+                        f.stored(ack.sequence, Some(&item.event.msg_id));
                     }
                     // A dead letter JetStream drops by its id was stored before (an earlier
                     // session's): a duplicate like any other, neither a new dead letter nor
@@ -173,17 +174,23 @@ impl Sink {
                     expected: item.expected.unwrap_or(0),
                     last,
                 });
-            } else if e.kind() == PublishErrorKind::WrongLastSequence {
+            } else if matches!(
+                e.kind(),
+                PublishErrorKind::WrongLastSequence | PublishErrorKind::WrongLastMessageId
+            ) {
                 // Refused behind a duplicate: either sent with an expectation that counted the
                 // duplicate (acknowledged after it was sent), or sent with the right one but
-                // arriving before the messages ahead of it were republished. Either way, send it
+                // arriving before the messages ahead of it were republished, or chained to the id
+                // of a message that turned out a duplicate (10070 with the right sequence: the
+                // stream's last message is then the one the acks named). Either way, send it
                 // once more behind what the stream is known to hold; a second refusal there means
                 // the stream really is not where the relay left it.
                 match (item.expected, self.fence.as_ref(), refenced) {
                     (Some(_), Some(f), false) => {
-                        let last = f.last_stored();
-                        debug!(id = %item.event.msg_id, expected = ?item.expected, last, "republishing behind a duplicate");
-                        item.expected = Some(last);
+                        let behind = f.behind_last_stored();
+                        debug!(id = %item.event.msg_id, expected = ?item.expected, last = behind.seq, last_id = ?behind.id, "republishing behind a duplicate");
+                        item.expected = Some(behind.seq);
+                        item.expected_id = behind.id;
                         refenced = true;
                         self.resend(item).await?
                     }
@@ -284,7 +291,7 @@ impl Sink {
             &item.event,
             (!item.subject.is_empty()).then_some(item.subject.as_str()),
             &reason,
-            item.expected,
+            (item.expected, item.expected_id.as_deref()),
             from,
         )
         .await?;
@@ -315,6 +322,7 @@ impl Sink {
             out,
             &item.event,
             item.expected,
+            item.expected_id.as_deref(),
             self.config.history.as_deref(),
         );
         self.publisher

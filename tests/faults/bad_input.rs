@@ -253,6 +253,60 @@ async fn message_refused_by_the_stream_is_dead_lettered() {
     relay.stop().await.expect("relay stops cleanly");
 }
 
+/// The same without the fence (`nats.fence = false`), with the events behind the refused one in
+/// flight with it (one transaction): nothing refuses them, so the refused event's dead letter used
+/// to be stored after them (P4). The relay knows the stream's max_msg_size and dead-letters the
+/// event before sending it, in its place.
+#[tokio::test]
+async fn message_over_the_streams_max_msg_size_keeps_its_place_without_the_fence() {
+    let mut rig = Rig::new(TEXT_ID_OUTBOX_SQL, NatsServer::start()).await;
+    rig.config.nats.fence = false;
+    rig.js
+        .create_stream(stream::Config {
+            name: rig.config.nats.stream.clone(),
+            subjects: vec!["outbox.*".into(), DEAD_LETTER.into()],
+            max_message_size: 2048,
+            duplicate_window: Duration::from_secs(120),
+            ..Default::default()
+        })
+        .await
+        .expect("create stream");
+    let relay = rig.start().await;
+    let big = format!(r#"{{"pad": "{}"}}"#, "x".repeat(3_000));
+    rig.client
+        .batch_execute(&format!(
+            "BEGIN; \
+             INSERT INTO public.outbox (event_id, aggregate_type, aggregate_id, event_type, payload) \
+               VALUES ('refused', 'Claim', '1', 'ClaimApproved', '{big}'); \
+             INSERT INTO public.outbox (event_id, aggregate_type, aggregate_id, event_type, payload) \
+               SELECT 'after-' || lpad(i::text, 3, '0'), 'Claim', '1', 'ClaimApproved', '{{}}' \
+               FROM generate_series(1, 50) AS i; \
+             COMMIT;"
+        ))
+        .await
+        .expect("one transaction of 51 events");
+    let all = rig.messages(51).await;
+    let order: Vec<&str> = all.iter().map(Stored::id).collect();
+    let mut expected = vec!["refused".to_owned()];
+    expected.extend((1..=50).map(|i| format!("after-{i:03}")));
+    assert_eq!(
+        order, expected,
+        "P4: the dead letter keeps the refused event's place"
+    );
+    assert_dead_letter(&all[0], "refused", "max_msg_size");
+    assert!(all[0].payload.is_empty());
+    assert_eq!(all[0].header("Outbox-Payload-Size"), big.len().to_string());
+    for m in &all[1..] {
+        assert_eq!(m.subject, "outbox.Claim", "{m:?}");
+    }
+    report(
+        "stream refuses (max_msg_size 2048, 3 kB), fence = false, in flight with 50 later events",
+        51,
+        1,
+    );
+    relay.stop().await.expect("relay stops cleanly");
+}
+
 /// The same with `nats.atomic_transactions`: a batch that holds a message over the stream's
 /// max_msg_size would be refused whole, every time, so the relay must dead-letter that message before
 /// it goes into the batch, and the rest of its transaction and the next one are stored.

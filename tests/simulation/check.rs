@@ -3,17 +3,26 @@
 //! the slot now follows (the WAL after every restore) and the stream:
 //!
 //! - P1: every event of that history is in the stream, by id, as a routed message or a dead letter;
+//! - context: an event after a trace context message of its transaction carries its `traceparent`;
 //! - P7: an event that cannot be routed, and every non-transactional outbox message, is a dead
 //!   letter, and the message's dead letter carries its payload: nothing vanishes;
-//! - P3: no event id is stored twice by the relay, unless the stream had to be distrusted in
-//!   between (a restore, a new timeline, a foreign message at the tail: then the relay republishes
-//!   from the confirmed position and only the duplicate window stands between it and a second copy);
-//! - P4: the stream holds the events in commit order, and in insert order within a transaction,
-//!   except behind a message another writer stored: the fence needs the relay to be the only
-//!   writer, and a publish of a killed relay that arrives after such a message can be stored past
-//!   the one refused before it (the relay then republishes that one: later, but never lost). A
-//!   pair out of order is excused only when a foreign message lies within one window
-//!   (`max_in_flight`) before the earlier-stored copy.
+//! - P3: no event id is stored twice by the relay, unless the world gave the stream a reason to be
+//!   distrusted in between (a restore, a new timeline, a foreign message, a publish of an ended
+//!   session landing late: then the relay republishes from the confirmed position and only the
+//!   duplicate window stands between it and a second copy): between the event's first copy and
+//!   the later one (what was stored before a restore, or before another writer's message, can no
+//!   longer be proven stored by a replay that has to read past it), or between the starts of the
+//!   sessions that published them (a session running at a restore still stores what it read
+//!   before). Without the fence (`nats.fence =
+//!   false`) the duplicate window is the only guard: a second copy is excused once it expired. The
+//!   excuses are events the simulators saw, never the relay's own log lines;
+//! - P4: the stream holds the first copies of the events in commit order, and in insert order
+//!   within a transaction. With the fence nothing excuses a pair out of order (publishes are
+//!   chained by sequence and by message id: nothing is stored past a refused message, whoever
+//!   wrote in between). Without it, a publish lost with a connection can be stored after later
+//!   ones when the relay sends it again: a pair is excused when a publish of the earlier event
+//!   was lost. (A message over the stream's `max_msg_size` is dead-lettered before it is sent,
+//!   fence or not, so its dead letter keeps its place.)
 //!
 //! - P7 counted: the relay's dead-letter counter never counts more dead letters than it stored
 //!   (a republished one that JetStream drops by its id is a duplicate, not a new dead letter).
@@ -21,7 +30,7 @@
 //! A copy stored before its event committed belongs to another event with the same id (an id made
 //! of an LSN that a restore reused), so it never counts for this one.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Mutex;
 
 use tokio::time::Instant;
@@ -49,17 +58,27 @@ impl Violations {
     }
 }
 
-/// P1, P3, P4 and P7 over the settled world. `distrust` holds the instants the stream's tail could
-/// not be trusted from.
+/// What the world did that excuses a second copy or an order.
+pub(crate) struct Excuses<'a> {
+    /// When the world gave the stream's tail a reason to be distrusted: restores, foreign
+    /// messages, publishes of ended sessions landing late.
+    pub distrust: &'a [Instant],
+    /// `Nats-Msg-Id`s of publishes lost with a connection.
+    pub lost: &'a HashSet<String>,
+    /// Every move of the slot's confirmed position: (when, to).
+    pub confirmations: &'a [(Instant, u64)],
+    /// `nats.fence`.
+    pub fence: bool,
+}
+
+/// P1, P3, P4 and P7 over the settled world.
 pub(crate) fn settled(
     units: &[Unit],
     stream: &[Stored],
-    distrust: &[Instant],
-    window: u64,
+    excuses: &Excuses<'_>,
     trace: &Trace,
     v: &Violations,
 ) {
-    let foreign: Vec<u64> = stream.iter().filter(|m| m.foreign).map(|m| m.seq).collect();
     let mut copies: BTreeMap<&str, Vec<&Stored>> = BTreeMap::new();
     for m in stream.iter().filter(|m| !m.foreign) {
         if let Some(id) = m.msg_id() {
@@ -85,6 +104,21 @@ pub(crate) fn settled(
                 continue;
             };
             order.push((unit.start, e.index, first.seq, &e.msg_id));
+            if let (Some(tp), Must::Routed(subject)) = (&e.context, &e.must) {
+                let carried = mine.iter().any(|m| {
+                    &m.subject == subject
+                        && m.headers.get("traceparent").map(|v| v.as_str()) == Some(tp.as_str())
+                });
+                if !carried {
+                    v.report(
+                        trace,
+                        format!(
+                            "context: event {} of the {} does not carry its transaction's traceparent {tp}",
+                            e.msg_id, unit.what
+                        ),
+                    );
+                }
+            }
             match &e.must {
                 Must::Routed(subject) if !mine.iter().any(|m| &m.subject == subject) => v.report(
                     trace,
@@ -119,11 +153,40 @@ pub(crate) fn settled(
             }
         }
     }
-    // P3: a second copy needs a reason.
-    for (id, all) in &copies {
+    let trusted = trusted_again(units, &copies, excuses);
+    p3_second_copies(stream, &copies, excuses, &trusted, trace, v);
+    p4_commit_order(order, excuses, trace, v);
+}
+
+/// P3: a second copy of an event id needs a reason the world gave.
+fn p3_second_copies(
+    stream: &[Stored],
+    copies: &BTreeMap<&str, Vec<&Stored>>,
+    excuses: &Excuses<'_>,
+    trusted: &[(Instant, Option<Instant>)],
+    trace: &Trace,
+    v: &Violations,
+) {
+    let reach = republished_over(stream, copies);
+    for (id, all) in copies {
         for pair in all.windows(2) {
             let (a, b) = (pair[0], pair[1]);
-            if !distrust.iter().any(|t| a.at <= *t && *t <= b.at) {
+            // Without the fence the duplicate window is the only guard (the simulated JetStream
+            // stores a second copy only once it expired); with it, the tail must have been
+            // distrusted in between.
+            let excused = !excuses.fence
+                || b.era > a.era
+                || excuses
+                    .distrust
+                    .iter()
+                    .any(|t| all[0].at <= *t && *t <= b.at)
+                || reach
+                    .get(&b.session)
+                    .is_some_and(|&(from, to)| from < a.seq && a.seq <= to)
+                || trusted
+                    .iter()
+                    .any(|&(t, until)| t <= b.at && until.is_none_or(|u| b.at <= u));
+            if !excused {
                 v.report(
                     trace,
                     format!(
@@ -134,13 +197,96 @@ pub(crate) fn settled(
             }
         }
     }
-    // P4: first copies in commit order.
+}
+
+/// For each distrust event, until when the relay may still distrust the stream: until the slot
+/// was first confirmed past a unit of work whose first copy was stored after the event (to confirm
+/// it, the relay had the acks of what it stored past the event, and trusts its tail again). `None`:
+/// never within the run.
+fn trusted_again(
+    units: &[Unit],
+    copies: &BTreeMap<&str, Vec<&Stored>>,
+    excuses: &Excuses<'_>,
+) -> Vec<(Instant, Option<Instant>)> {
+    // Each unit's commit position and the first time one of its events was stored after it
+    // committed.
+    let firsts: Vec<(u64, Instant)> = units
+        .iter()
+        .filter_map(|u| {
+            u.events
+                .iter()
+                .filter_map(|e| copies.get(e.msg_id.as_str()))
+                .filter_map(|c| c.iter().find(|m| m.at >= u.at).map(|m| m.at))
+                .min()
+                .map(|at| (u.start, at))
+        })
+        .collect();
+    excuses
+        .distrust
+        .iter()
+        .map(|&t| {
+            let until = excuses
+                .confirmations
+                .iter()
+                .filter(|(at, _)| *at >= t)
+                .find(|(at, to)| {
+                    firsts
+                        .iter()
+                        .any(|(start, first)| *first >= t && *first <= *at && *to > *start)
+                })
+                .map(|(at, _)| *at);
+            (t, until)
+        })
+        .collect()
+}
+
+/// For each session that republished what the stream held, the stretch of the stream it went over
+/// again, when a message another writer stored (or one a session stored after it ended) lies in
+/// it: `(from, to)` = (the sequence of the earlier copy of the session's first message, the
+/// sequence the session started at). A replay that has to prove such a stretch cannot: the
+/// relay then trusts no tail, and a copy of anything in the stretch may follow.
+fn republished_over(
+    stream: &[Stored],
+    copies: &BTreeMap<&str, Vec<&Stored>>,
+) -> std::collections::HashMap<u64, (u64, u64)> {
+    let mut first_of: std::collections::HashMap<u64, &Stored> = std::collections::HashMap::new();
+    for m in stream.iter().filter(|m| !m.foreign && m.session != 0) {
+        first_of.entry(m.session).or_insert(m);
+    }
+    let intruders: Vec<u64> = stream
+        .iter()
+        .filter(|m| m.foreign || m.late)
+        .map(|m| m.seq)
+        .collect();
+    let mut reach = std::collections::HashMap::new();
+    for (session, first) in first_of {
+        let Some(earlier) = first
+            .msg_id()
+            .and_then(|id| copies.get(id))
+            .and_then(|c| c.iter().rev().find(|m| m.seq < first.seq))
+        else {
+            continue;
+        };
+        if intruders.iter().any(|&f| earlier.seq < f && f < first.seq) {
+            reach.insert(session, (earlier.seq - 1, first.seq));
+        }
+    }
+    reach
+}
+
+/// P4: first copies in commit order (`order`: commit position, index in the unit, first copy's
+/// sequence, id).
+fn p4_commit_order(
+    mut order: Vec<(u64, u32, u64, &str)>,
+    excuses: &Excuses<'_>,
+    trace: &Trace,
+    v: &Violations,
+) {
     order.sort();
     for pair in order.windows(2) {
         let (a, b) = (pair[0], pair[1]);
-        let excused = foreign
-            .iter()
-            .any(|&f| f < b.2 && f + window >= b.2 && f < a.2);
+        // Without the fence nothing stops the messages behind a lost publish.
+        let excused = !excuses.fence && excuses.lost.contains(a.3);
         if a.2 >= b.2 && !excused {
             v.report(
                 trace,

@@ -1,22 +1,26 @@
 //! The simulated JetStream behind the relay's `SimJetStream` port: one stream (`OUTBOX`, subjects
 //! `outbox.>` and the dead-letter subject) with sequences, the duplicate window by `Nats-Msg-Id` on
-//! the paused clock, `Nats-Expected-Last-Sequence`, `max_msg_size` and the client's `max_payload`,
+//! the paused clock, `Nats-Expected-Last-Sequence`, `Nats-Expected-Last-Msg-Id`, `max_msg_size` and
+//! the client's `max_payload`, retention limits (`max_msgs` and `max_bytes` with `discard: new`,
+//! `max_age`) and purges,
 //! and the faults a real connection and cluster produce: outages, publishes lost with the
 //! connection, answers delayed, lost, duplicated, reordered or late past the ack timeout, answers
 //! forged by another client on the relay's inbox, and messages hand-published to the stream.
 //!
 //! Publishes reach the server in the order they were sent (one TCP connection: a single server task
 //! takes them off a queue, each after its transit delay), and the server checks them as nats-server
-//! does: the duplicate window first, then the expected last sequence, then the size. Each answer
+//! does: the duplicate window first, then the expected last sequence, then the expected last message
+//! id (the `Nats-Msg-Id` of the last message stored, "" for one without), then the size. Each answer
 //! then travels on its own timer, so answers can overtake each other.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
+use async_nats::header::{NATS_BATCH_COMMIT, NATS_BATCH_ID, NATS_BATCH_SEQUENCE};
 use async_nats::{HeaderMap, StatusCode};
 use bytes::Bytes;
-use outbox_relay::message::{EXPECTED_LAST_SEQUENCE, NATS_MSG_ID};
+use outbox_relay::message::{EXPECTED_LAST_MSG_ID, EXPECTED_LAST_SEQUENCE, NATS_MSG_ID};
 use outbox_relay::sink::{SimJetStream, SimSendError};
 use tokio::sync::{Notify, mpsc};
 use tokio::time::Instant;
@@ -55,6 +59,15 @@ pub(crate) struct Limits {
     pub max_msg_size: Option<usize>,
 }
 
+/// The stream's retention limits, with `discard: new` (a full stream refuses a new message, 10077:
+/// the relay must stall, never lose it), and `max_age` (messages older are removed).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Retention {
+    pub max_msgs: Option<usize>,
+    pub max_bytes: Option<usize>,
+    pub max_age: Option<Duration>,
+}
+
 /// A message in the stream.
 #[derive(Clone, Debug)]
 pub(crate) struct Stored {
@@ -65,11 +78,26 @@ pub(crate) struct Stored {
     pub at: Instant,
     /// Hand-published by "an operator", not by the relay: the promises are about the relay's.
     pub foreign: bool,
+    /// How many times the world had given the stream's tail a reason to be distrusted when the
+    /// session that published it began ([`Facts::distrust`]); a foreign message's is the era it
+    /// begins.
+    pub era: u64,
+    /// The session that published it (its inbox's number; 0 for a foreign message).
+    pub session: u64,
+    /// Published by a session that had ended (its inbox gone): stored late.
+    pub late: bool,
+    /// Removed since (`max_age`, a purge): a read-back finds nothing at its sequence, but it was
+    /// stored, and the promises count it.
+    pub gone: bool,
 }
 
 impl Stored {
+    /// The event id: `Nats-Msg-Id`, or `Outbox-Event-Id` on a message of an atomic batch.
     pub(crate) fn msg_id(&self) -> Option<&str> {
-        self.headers.get(NATS_MSG_ID).map(|v| v.as_str())
+        self.headers
+            .get(NATS_MSG_ID)
+            .or_else(|| self.headers.get("Outbox-Event-Id"))
+            .map(|v| v.as_str())
     }
 }
 
@@ -91,19 +119,42 @@ struct InTransit {
 
 struct State {
     limits: Limits,
+    retention: Retention,
     messages: Vec<Stored>,
     /// When the relay last stored a message with each `Nats-Msg-Id` (looked up, never iterated).
     ids: HashMap<String, Instant>,
     /// `Nats-Msg-Id` → (sequence, stored at): the duplicate window's memory.
     dedup: BTreeMap<String, (u64, Instant)>,
+    /// The `Nats-Msg-Id` of the last message stored ("" if it had none), which
+    /// `Nats-Expected-Last-Msg-Id` is compared with (nats-server's `lmsgId`).
+    last_msg_id: String,
     down: bool,
     chaos: Chaos,
     /// (prefix `<inbox>.`, receiver): the inbox subscriptions of the relay's sessions.
     subs: Vec<(String, mpsc::UnboundedSender<async_nats::Message>)>,
     inboxes: u64,
+    /// The era each session's inbox began in (see [`Stored::era`]).
+    inbox_era: HashMap<String, u64>,
+    /// Atomic batches being staged (`Nats-Batch-Id` → its messages so far, when the last came).
+    batches: HashMap<String, (Vec<InTransit>, Instant)>,
     queue: VecDeque<InTransit>,
     /// When the last queued publish arrives: later ones arrive after it (TCP order).
     last_arrival: Instant,
+    /// What the world did to the stream that the promises' checks may excuse a copy or an order
+    /// by: never what the relay says about itself.
+    facts: Facts,
+}
+
+/// Events of the simulated JetStream's world that `check.rs` excuses copies and orders by.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Facts {
+    /// When the world gave the stream's tail a reason to be distrusted: a restore of Postgres, a
+    /// message of another writer, a publish of an ended session stored late (the stream then
+    /// holds a message the running session did not expect). Each begins a new era.
+    pub distrust: Vec<Instant>,
+    /// The `Nats-Msg-Id`s of publishes lost on the way with a connection (`go_down`), or refused
+    /// by a full stream: sent, never stored.
+    pub lost: std::collections::HashSet<String>,
 }
 
 pub(crate) struct JetStream {
@@ -122,15 +173,20 @@ impl JetStream {
             me: Weak::clone(me),
             state: Mutex::new(State {
                 limits,
+                retention: Retention::default(),
                 messages: Vec::new(),
                 ids: HashMap::new(),
                 dedup: BTreeMap::new(),
+                last_msg_id: String::new(),
                 down: false,
                 chaos: Chaos::default(),
                 subs: Vec::new(),
                 inboxes: 0,
+                inbox_era: HashMap::new(),
+                batches: HashMap::new(),
                 queue: VecDeque::new(),
                 last_arrival: Instant::now(),
+                facts: Facts::default(),
             }),
             arrived: Notify::new(),
             dice,
@@ -153,12 +209,18 @@ impl JetStream {
     pub(crate) fn go_down(&self) {
         let mut s = self.state.lock().unwrap();
         s.down = true;
+        // The connection's open batches are abandoned with it.
+        s.batches.clear();
         let before = s.queue.len();
         let queue = std::mem::take(&mut s.queue);
-        s.queue = queue
-            .into_iter()
-            .filter(|_| self.dice.chance(0.5))
-            .collect();
+        let (kept, lost): (VecDeque<InTransit>, VecDeque<InTransit>) =
+            queue.into_iter().partition(|_| self.dice.chance(0.5));
+        s.queue = kept;
+        for m in lost {
+            if let Some(id) = m.headers.get(NATS_MSG_ID) {
+                s.facts.lost.insert(id.as_str().to_owned());
+            }
+        }
         trace!(
             self.trace,
             "nats down ({} of {before} publishes in transit lost)",
@@ -186,6 +248,85 @@ impl JetStream {
         self.state.lock().unwrap().messages.clone()
     }
 
+    /// What happened to the stream that the checks may excuse copies and orders by.
+    pub(crate) fn facts(&self) -> Facts {
+        self.state.lock().unwrap().facts.clone()
+    }
+
+    /// The stream's retention limits from now on (`lift`: the operator raises `max_msgs` and
+    /// `max_bytes` so that a stalled relay can go on; `max_age` stays).
+    pub(crate) fn set_retention(&self, r: Retention) {
+        self.state.lock().unwrap().retention = r;
+    }
+
+    /// The operator purges the stream: every message is gone, the sequences stay.
+    pub(crate) fn purge(&self) {
+        let mut s = self.state.lock().unwrap();
+        let n = s.messages.iter().filter(|m| !m.gone).count();
+        s.messages.iter_mut().for_each(|m| m.gone = true);
+        s.facts.distrust.push(Instant::now());
+        trace!(self.trace, "js purged ({n} messages)");
+    }
+
+    /// Removes the messages older than `max_age` (nats-server does it on a timer; here before
+    /// anything reads or writes the stream). The tail, or messages a replay must read back, may
+    /// go with them: a reason the world gives to distrust the stream.
+    fn expire(&self, s: &mut State) {
+        let Some(age) = s.retention.max_age else {
+            return;
+        };
+        let now = Instant::now();
+        let mut n = 0;
+        for m in s.messages.iter_mut().filter(|m| !m.gone) {
+            if now.duration_since(m.at) < age {
+                break;
+            }
+            m.gone = true;
+            n += 1;
+        }
+        if n > 0 {
+            s.facts.distrust.push(now);
+            trace!(self.trace, "js {n} messages aged out");
+        }
+    }
+
+    /// Why a full stream (`discard: new`) refuses one more message of `size` bytes, if it does.
+    fn full(s: &State, size: usize) -> Option<&'static str> {
+        Self::full_for(s, 1, size)
+    }
+
+    /// Why a full stream refuses `n` more messages of `size` bytes in all, if it does.
+    fn full_for(s: &State, n: usize, size: usize) -> Option<&'static str> {
+        if s.retention.max_msgs.is_none() && s.retention.max_bytes.is_none() {
+            return None;
+        }
+        let live = s.messages.iter().filter(|m| !m.gone);
+        let (msgs, bytes) = live.fold((0, 0), |(n, b), m| {
+            (
+                n + 1,
+                b + wire_size(&m.headers, m.payload.len()) + m.subject.len(),
+            )
+        });
+        if s.retention.max_msgs.is_some_and(|max| msgs + n > max) {
+            Some("maximum messages exceeded")
+        } else if s.retention.max_bytes.is_some_and(|max| bytes + size > max) {
+            Some("maximum bytes exceeded")
+        } else {
+            None
+        }
+    }
+
+    /// The world gave the stream's tail a reason to be distrusted (a restore of Postgres): a new
+    /// era begins.
+    pub(crate) fn distrusted(&self) {
+        self.state
+            .lock()
+            .unwrap()
+            .facts
+            .distrust
+            .push(Instant::now());
+    }
+
     /// A message published by hand at the stream's tail. `copy` repeats the last message's
     /// headers (an operator re-sending it, with a new id); otherwise it claims a position far
     /// beyond the WAL and names no history, or names the history of the last message with a
@@ -196,7 +337,8 @@ impl JetStream {
         let last = s.messages.last().map(|m| {
             let mut h = HeaderMap::new();
             for (name, values) in m.headers.iter() {
-                if AsRef::<str>::as_ref(name) != EXPECTED_LAST_SEQUENCE {
+                let name_str: &str = name.as_ref();
+                if name_str != EXPECTED_LAST_SEQUENCE && name_str != EXPECTED_LAST_MSG_ID {
                     for v in values {
                         h.append(name.clone(), v.clone());
                     }
@@ -228,6 +370,11 @@ impl JetStream {
         }
         let seq = s.messages.len() as u64 + 1;
         let now = Instant::now();
+        s.last_msg_id = headers
+            .get(NATS_MSG_ID)
+            .map_or_else(String::new, |v| v.as_str().to_owned());
+        s.facts.distrust.push(now);
+        let era = s.facts.distrust.len() as u64;
         s.messages.push(Stored {
             seq,
             subject: "outbox.manual".into(),
@@ -235,6 +382,10 @@ impl JetStream {
             payload: Bytes::from_static(b"{}"),
             at: now,
             foreign: true,
+            era,
+            session: 0,
+            late: false,
+            gone: false,
         });
         trace!(self.trace, "js foreign message at seq {seq} (kind {kind})");
     }
@@ -267,12 +418,21 @@ impl JetStream {
     /// One publish at the server: checked and stored as nats-server does, then answered.
     fn process(&self, m: InTransit) {
         let mut s = self.state.lock().unwrap();
+        self.expire(&mut s);
         let now = Instant::now();
         let id = m.headers.get(NATS_MSG_ID).map(|v| v.as_str().to_owned());
         let short = short(id.as_deref());
         let covered = m.subject.starts_with("outbox.") || m.subject == DEAD_LETTER_SUBJECT;
         let last = s.messages.len() as u64;
-        let answer: Result<String, StatusCode> = if !covered {
+        let answer: Result<String, StatusCode> = if m.headers.get(NATS_BATCH_ID).is_some() {
+            match self.batch(&mut s, m) {
+                Some((answer, reply, headers)) => {
+                    drop(s);
+                    return self.answer(reply, headers, answer);
+                }
+                None => return,
+            }
+        } else if !covered {
             Err(StatusCode::NO_RESPONDERS)
         } else if let Some((seq, _)) = id
             .as_ref()
@@ -297,6 +457,22 @@ impl JetStream {
             Ok(format!(
                 r#"{{"error":{{"code":400,"err_code":10071,"description":"wrong last sequence: {last}"}}}}"#
             ))
+        } else if let Some(expected) = m
+            .headers
+            .get(EXPECTED_LAST_MSG_ID)
+            .map(|v| v.as_str())
+            .filter(|e| !e.is_empty() && *e != s.last_msg_id)
+        {
+            trace!(
+                self.trace,
+                "js refused {short}: expected last id {}, last {}",
+                short_id(expected),
+                short_id(&s.last_msg_id)
+            );
+            Ok(format!(
+                r#"{{"error":{{"code":400,"err_code":10070,"description":"wrong last msg ID: {}"}}}}"#,
+                s.last_msg_id
+            ))
         } else if s
             .limits
             .max_msg_size
@@ -304,29 +480,194 @@ impl JetStream {
         {
             trace!(self.trace, "js refused {short}: over max_msg_size");
             Ok(r#"{"error":{"code":400,"err_code":10054,"description":"message size exceeds maximum allowed"}}"#.to_owned())
-        } else {
-            let seq = last + 1;
+        } else if let Some(why) =
+            Self::full(&s, wire_size(&m.headers, m.payload.len()) + m.subject.len())
+        {
+            trace!(self.trace, "js refused {short}: {why}");
+            // Not stored: as good as lost on the way, for what the checks excuse.
             if let Some(id) = &id {
-                s.dedup.insert(id.clone(), (seq, now));
-                s.ids.insert(id.clone(), now);
+                s.facts.lost.insert(id.clone());
+            }
+            Ok(format!(
+                r#"{{"error":{{"code":503,"err_code":10077,"description":"{why}"}}}}"#
+            ))
+        } else {
+            let seq = self.store(&mut s, &m, m.reply.as_deref());
+            Ok(format!(r#"{{"stream":"{STREAM}","seq":{seq}}}"#))
+        };
+        let reply = m.reply;
+        drop(s);
+        self.answer(reply, m.headers, answer);
+    }
+
+    /// A message of an atomic batch (ADR-50, as nats-server 2.12+ handles it): staged until the
+    /// one with `Nats-Batch-Commit`, then checked and stored whole or not at all. A batch whose
+    /// `Nats-Batch-Sequence` skips one (a member lost with a connection) or that was idle for 10 s
+    /// is abandoned: its commit is refused as incomplete. `Nats-Expected-Last-Sequence` counts only
+    /// on the first message; the commit's answer names the batch's last sequence. Returns the
+    /// commit's answer, with its reply subject and headers; `None` for a member (no answer).
+    #[allow(clippy::type_complexity)]
+    fn batch(
+        &self,
+        s: &mut State,
+        m: InTransit,
+    ) -> Option<(Result<String, StatusCode>, Option<String>, HeaderMap)> {
+        let now = Instant::now();
+        let id = m.headers.get(NATS_BATCH_ID)?.as_str().to_owned();
+        s.batches
+            .retain(|_, (_, at)| now.duration_since(*at) < Duration::from_secs(10));
+        let place: Option<usize> = m
+            .headers
+            .get(NATS_BATCH_SEQUENCE)
+            .and_then(|v| v.as_str().parse().ok());
+        let commit = m.headers.get(NATS_BATCH_COMMIT).is_some();
+        let (reply, headers) = (m.reply.clone(), m.headers.clone());
+        let refuse = |code: u16, err: u32, what: &str| {
+            Ok(format!(
+                r#"{{"error":{{"code":{code},"err_code":{err},"description":"{what}"}}}}"#
+            ))
+        };
+        let staged = s
+            .batches
+            .entry(id.clone())
+            .or_insert_with(|| (Vec::new(), now));
+        staged.1 = now;
+        if place != Some(staged.0.len() + 1) || staged.0.len() >= 1000 {
+            s.batches.remove(&id);
+            trace!(self.trace, "js batch {id} abandoned (gap or too large)");
+            return commit.then(|| {
+                (
+                    refuse(400, 10176, "atomic publish batch is incomplete"),
+                    reply,
+                    headers,
+                )
+            });
+        }
+        staged.0.push(m);
+        if !commit {
+            return None;
+        }
+        let (msgs, _) = s.batches.remove(&id)?;
+        let last = s.messages.len() as u64;
+        let expected = msgs[0]
+            .headers
+            .get(EXPECTED_LAST_SEQUENCE)
+            .and_then(|v| v.as_str().parse::<u64>().ok());
+        let size: usize = msgs
+            .iter()
+            .map(|m| wire_size(&m.headers, m.payload.len()) + m.subject.len())
+            .sum();
+        let answer = if let Some(e) = expected.filter(|e| *e != last) {
+            trace!(
+                self.trace,
+                "js refused batch {id}: expected {e}, last {last}"
+            );
+            refuse(400, 10071, &format!("wrong last sequence: {last}"))
+        } else if msgs.iter().any(|m| {
+            s.limits
+                .max_msg_size
+                .is_some_and(|max| wire_size(&m.headers, m.payload.len()) > max)
+        }) {
+            trace!(
+                self.trace,
+                "js refused batch {id}: a message over max_msg_size"
+            );
+            refuse(400, 10054, "message size exceeds maximum allowed")
+        } else if let Some(why) = Self::full_for(s, msgs.len(), size) {
+            trace!(self.trace, "js refused batch {id}: {why}");
+            refuse(503, 10077, why)
+        } else {
+            let mut seq = last;
+            for m in &msgs {
+                seq = self.store(s, m, reply.as_deref());
             }
             trace!(
                 self.trace,
-                "js stored {short} at seq {seq} on {}", m.subject
+                "js committed batch {id}: {} messages",
+                msgs.len()
             );
-            s.messages.push(Stored {
-                seq,
-                subject: m.subject,
-                headers: m.headers.clone(),
-                payload: m.payload,
-                at: now,
-                foreign: false,
-            });
-            Ok(format!(r#"{{"stream":"{STREAM}","seq":{seq}}}"#))
+            Ok(format!(
+                r#"{{"stream":"{STREAM}","seq":{seq},"batch":"{id}","count":{}}}"#,
+                msgs.len()
+            ))
         };
-        let Some(reply) = m.reply else {
+        Some((answer, reply, headers))
+    }
+
+    /// Stores `m` at the stream's next sequence (its session named by `reply`, the reply subject
+    /// of the publish, or of its batch's commit).
+    fn store(&self, s: &mut State, m: &InTransit, reply: Option<&str>) -> u64 {
+        let now = Instant::now();
+        let seq = s.messages.len() as u64 + 1;
+        let id = m.headers.get(NATS_MSG_ID).map(|v| v.as_str().to_owned());
+        let short = short(id.as_deref());
+        if let Some(id) = &id {
+            s.dedup.insert(id.clone(), (seq, now));
+        }
+        // What P2 asks about: the event id, also of a batch message (`Outbox-Event-Id`).
+        if let Some(event) = id.clone().or_else(|| {
+            m.headers
+                .get("Outbox-Event-Id")
+                .map(|v| v.as_str().to_owned())
+        }) {
+            s.ids.insert(event, now);
+        }
+        s.last_msg_id = id.clone().unwrap_or_default();
+        let ended = reply.is_some_and(|r| {
+            !s.subs.iter().any(|(prefix, tx)| {
+                r.starts_with(prefix.as_str())
+                    && !r[prefix.len()..].contains('.')
+                    && !tx.is_closed()
+            })
+        });
+        let inbox = reply.and_then(|r| r.rsplit_once('.'));
+        let era = inbox
+            .and_then(|(inbox, _)| s.inbox_era.get(inbox).copied())
+            .unwrap_or(s.facts.distrust.len() as u64);
+        let session = inbox
+            .and_then(|(inbox, _)| inbox.strip_prefix("_INBOX.sim"))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0);
+        if ended {
+            trace!(self.trace, "js stores a publish of an ended session");
+            s.facts.distrust.push(now);
+        }
+        let after = m
+            .headers
+            .get(EXPECTED_LAST_MSG_ID)
+            .map(|v| format!(" after {}", short_id(v.as_str())))
+            .unwrap_or_default();
+        trace!(
+            self.trace,
+            "js stored {short} at seq {seq} on {}{after}", m.subject
+        );
+        s.messages.push(Stored {
+            seq,
+            subject: m.subject.clone(),
+            headers: m.headers.clone(),
+            payload: m.payload.clone(),
+            at: now,
+            foreign: false,
+            era,
+            session,
+            late: ended,
+            gone: false,
+        });
+        seq
+    }
+
+    /// Sends `answer` to `reply` (if the publish had one), through the answer faults.
+    fn answer(
+        &self,
+        reply: Option<String>,
+        headers: HeaderMap,
+        answer: Result<String, StatusCode>,
+    ) {
+        let Some(reply) = reply else {
             return;
         };
+        let short = short(headers.get(NATS_MSG_ID).map(|v| v.as_str()));
+        let s = self.state.lock().unwrap();
         let chaos = s.chaos;
         // A refusal is what a planted "stored" behind JetStream's answer would hide: such answers
         // are planted for refusals far more often than for other publishes.
@@ -334,9 +675,9 @@ impl JetStream {
             .as_ref()
             .is_ok_and(|text| text.contains(r#""error""#));
         let forged = if self.dice.chance(chaos.forged) {
-            Some(self.forgery(&s, &m.headers))
+            Some(self.forgery(&s, &headers))
         } else if refused && self.dice.chance((chaos.forged * 10.0).min(1.0)) {
-            let text = perfect_ack(&s, &m.headers);
+            let text = perfect_ack(&s, &headers);
             trace!(self.trace, "js forged answer {text} (After the refusal)");
             Some((text, Plant::After))
         } else {
@@ -493,6 +834,15 @@ fn short(id: Option<&str>) -> String {
     }
 }
 
+/// [`short`] of an id that may be empty (a last message without one).
+fn short_id(id: &str) -> String {
+    if id.is_empty() {
+        "\"\"".to_owned()
+    } else {
+        short(Some(id))
+    }
+}
+
 /// A message's size as nats-server and the client count it against `max_payload` and
 /// `max_msg_size`: the header block and the payload.
 fn wire_size(h: &HeaderMap, payload: usize) -> usize {
@@ -509,7 +859,10 @@ impl SimJetStream for JetStream {
     fn new_inbox(&self) -> String {
         let mut s = self.state.lock().unwrap();
         s.inboxes += 1;
-        format!("_INBOX.sim{}", s.inboxes)
+        let inbox = format!("_INBOX.sim{}", s.inboxes);
+        let era = s.facts.distrust.len() as u64;
+        s.inbox_era.insert(inbox.clone(), era);
+        inbox
     }
 
     fn subscribe(&self, subject: String) -> mpsc::UnboundedReceiver<async_nats::Message> {
@@ -557,7 +910,8 @@ impl SimJetStream for JetStream {
     }
 
     fn stream_state(&self, stream: &str) -> Result<(u64, Option<usize>), String> {
-        let s = self.state.lock().unwrap();
+        let mut s = self.state.lock().unwrap();
+        self.expire(&mut s);
         if s.down {
             return Err("timed out: no answer from JetStream (NATS down)".into());
         }
@@ -568,7 +922,8 @@ impl SimJetStream for JetStream {
     }
 
     fn message_headers(&self, stream: &str, seq: u64) -> Result<Option<HeaderMap>, String> {
-        let s = self.state.lock().unwrap();
+        let mut s = self.state.lock().unwrap();
+        self.expire(&mut s);
         if s.down {
             return Err("timed out: no answer from JetStream (NATS down)".into());
         }
@@ -578,6 +933,7 @@ impl SimJetStream for JetStream {
         Ok(seq
             .checked_sub(1)
             .and_then(|i| s.messages.get(i as usize))
+            .filter(|m| !m.gone)
             .map(|m| m.headers.clone()))
     }
 

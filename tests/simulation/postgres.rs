@@ -47,6 +47,8 @@ use super::rng::Dice;
 use super::trace::{Trace, trace};
 
 pub(crate) const PREFIX: &str = "outbox";
+/// The prefix of trace context messages (`outbox.context_prefix`), in worlds that write them.
+pub(crate) const CONTEXT_PREFIX: &str = "outbox-context";
 const OUTBOX_OID: u32 = 16_384;
 const ORDERS_OID: u32 = 16_390;
 const PAGE: u64 = 8192;
@@ -79,6 +81,8 @@ pub(crate) struct Expected {
     /// Its place in its unit.
     pub index: u32,
     pub must: Must,
+    /// The `traceparent` of its transaction's context message before it, which it must carry.
+    pub context: Option<String>,
 }
 
 /// A unit of work the walsender sends whole: a committed transaction with outbox events, or a
@@ -107,12 +111,19 @@ pub(crate) struct PgParams {
     pub pipe: usize,
     /// How long the walsender waits, caught up, before a keepalive (ms range).
     pub keepalive_ms: (u64, u64),
+    /// Applications write trace context messages (and the relay is configured for them).
+    pub context: bool,
+    /// How often a write is a whole large transaction (50 to 600 events), longer than a small
+    /// window and than a replay reads back at once.
+    pub big_transactions: f64,
 }
 
 enum Change {
     Outbox(Vec<TupleValue>),
     /// A transactional logical message with the prefix.
     Event(Bytes),
+    /// A transactional trace context message (`CONTEXT_PREFIX`).
+    Context(Bytes),
     Orders(Vec<TupleValue>),
 }
 
@@ -143,6 +154,8 @@ struct Record {
 struct Open {
     changes: Vec<usize>,
     events: Vec<Expected>,
+    /// The `traceparent` of the last context message written in it.
+    context: Option<String>,
 }
 
 struct Slot {
@@ -192,6 +205,9 @@ struct Snapshot {
 
 struct State {
     params: PgParams,
+    /// Every move of the slot's confirmed position, with when it happened: the checks read from it
+    /// when the relay took the stream's tail as trustworthy again.
+    confirmations: Vec<(Instant, u64)>,
     system_id: String,
     timeline: u32,
     /// The current timeline's history file: a line `parentTLI<TAB>switch point<TAB>reason` per
@@ -403,6 +419,7 @@ impl Postgres {
             state: Mutex::new(State {
                 apps: vec![None; params.apps],
                 params,
+                confirmations: Vec::new(),
                 system_id,
                 timeline: 1,
                 history_file: String::new(),
@@ -445,6 +462,11 @@ impl Postgres {
         self.state.lock().unwrap().flushed()
     }
 
+    /// Every move of the slot's confirmed position: (when, to).
+    pub(crate) fn confirmations(&self) -> Vec<(Instant, u64)> {
+        self.state.lock().unwrap().confirmations.clone()
+    }
+
     pub(crate) fn units(&self) -> Vec<Unit> {
         self.state.lock().unwrap().units.clone()
     }
@@ -466,6 +488,10 @@ impl Postgres {
             let size = d.range(24, 3000);
             s.append(size, Body::Other);
         }
+        if d.chance(s.params.big_transactions) {
+            self.big_transaction(&mut s);
+            return;
+        }
         let app = d.range(0, s.apps.len() as u64) as usize;
         let Some(xid) = s.apps[app] else {
             let xid = s.next_xid;
@@ -476,6 +502,7 @@ impl Postgres {
         };
         match d.range(0, 100) {
             0..40 => self.insert_row(&mut s, xid),
+            40..50 if s.params.context && d.chance(0.3) => self.insert_context(&mut s, xid),
             40..50 => self.insert_message(&mut s, xid),
             50..60 => {
                 let n = s.written;
@@ -504,6 +531,23 @@ impl Postgres {
                 }
             }
         }
+    }
+
+    /// One transaction of many events (rows and transactional messages), committed at once, from a
+    /// connection of its own (a batch job beside the applications).
+    fn big_transaction(&self, s: &mut State) {
+        let xid = s.next_xid;
+        s.next_xid += 1;
+        s.open.insert(xid, Open::default());
+        let n = self.dice.range(50, 600);
+        for _ in 0..n {
+            if self.dice.chance(0.9) {
+                self.insert_row(s, xid);
+            } else {
+                self.insert_message(s, xid);
+            }
+        }
+        self.commit(s, xid);
     }
 
     /// Commits or aborts every open transaction: the applications stop writing.
@@ -567,10 +611,12 @@ impl Postgres {
         let open = s.open.get_mut(&xid).unwrap();
         let index = open.events.len() as u32;
         open.changes.push(idx);
+        let context = open.context.clone();
         open.events.push(Expected {
             msg_id: id,
             index,
             must,
+            context,
         });
     }
 
@@ -588,11 +634,32 @@ impl Postgres {
         let open = s.open.get_mut(&xid).unwrap();
         let index = open.events.len() as u32;
         open.changes.push(idx);
+        let context = open.context.clone();
         open.events.push(Expected {
             msg_id: id,
             index,
             must: Must::Routed(format!("outbox.{ty}")),
+            context,
         });
+    }
+
+    /// `outbox_context(…)`: a trace context for the transaction's events that follow it.
+    fn insert_context(&self, s: &mut State, xid: u32) {
+        let d = &self.dice;
+        let tp = format!(
+            "00-{:016x}{:016x}-{:016x}-01",
+            d.next_u64(),
+            d.next_u64(),
+            d.next_u64()
+        );
+        let content = format!(r#"{{"traceparent":"{tp}"}}"#);
+        let idx = s.append(
+            48 + content.len() as u64,
+            Body::Change(Change::Context(Bytes::from(content))),
+        );
+        let open = s.open.get_mut(&xid).unwrap();
+        open.changes.push(idx);
+        open.context = Some(tp);
     }
 
     /// `pg_logical_emit_message(false, 'outbox', …)`: atomic with nothing, so the relay must
@@ -615,6 +682,7 @@ impl Postgres {
                 msg_id: outbox_relay::message::standalone_id(Lsn(end), content.as_bytes()),
                 index: 0,
                 must: Must::DeadLetter(Some(Bytes::from(payload))),
+                context: None,
             }],
             what: format!("non-transactional message at {}", Lsn(end)),
         });
@@ -1154,6 +1222,7 @@ impl Postgres {
             }
         }
         s.slot.confirmed = flush;
+        s.confirmations.push((Instant::now(), flush));
         trace!(self.trace, "pg slot confirmed {}", Lsn(flush));
     }
 }
@@ -1217,6 +1286,16 @@ fn decode(
                             transactional: true,
                             lsn: Lsn(change.end),
                             prefix: PREFIX.into(),
+                            content: content.clone(),
+                        },
+                    ),
+                    Change::Context(content) => (
+                        None,
+                        Message::Message {
+                            xid: None,
+                            transactional: true,
+                            lsn: Lsn(change.end),
+                            prefix: CONTEXT_PREFIX.into(),
                             content: content.clone(),
                         },
                     ),

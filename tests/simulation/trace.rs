@@ -19,9 +19,6 @@ const RECENT: usize = 60;
 pub(crate) struct Trace {
     start: Instant,
     inner: Mutex<Inner>,
-    /// When the relay itself decided to trust no tail ("replay skips nothing"): from then on it
-    /// republishes, and only the duplicate window stands between an event and a second copy.
-    pub relay_distrust: Mutex<Vec<Instant>>,
 }
 
 struct Inner {
@@ -43,7 +40,6 @@ impl Trace {
                 digest: 0xcbf2_9ce4_8422_2325,
                 lines: 0,
             }),
-            relay_distrust: Mutex::new(Vec::new()),
         }
     }
 
@@ -107,9 +103,6 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for RelayLog {
         }
         let mut line = String::new();
         event.record(&mut Fields(&mut line));
-        if line.contains("replay skips nothing") {
-            self.0.relay_distrust.lock().unwrap().push(Instant::now());
-        }
         // Dead-letter reasons and error chains run long; the start says what happened.
         if let Some((cut, _)) = line.char_indices().nth(240) {
             line.truncate(cut);

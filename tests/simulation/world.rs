@@ -30,6 +30,12 @@
 //!   distrusted: the stream's tail is below the switch point, so nothing may be stored twice. Now
 //!   and then the standby lacks the last records (a crash without `synchronized_standby_slots`);
 //!   what the relay published of them is a history that did not survive, like a restore's.
+//! - `purge`: the operator purges the stream (every message gone, the sequences stay).
+//!
+//! Besides the faults, each world draws the modes users turn on or off ([`Modes`]): the fence,
+//! the descriptive headers, and the stream's retention limits (`max_msgs`, `max_bytes` with
+//! `discard: new`, which stall the relay until the operator raises them when the world settles;
+//! `max_age`, which removes old messages, the stream's tail among them).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -47,7 +53,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::check::{self, Violations};
-use super::jetstream::{Chaos, JetStream, Limits};
+use super::jetstream::{Chaos, JetStream, Limits, Retention};
 use super::postgres::{PgParams, Postgres};
 use super::rng::Dice;
 use super::trace::{RelayLog, Trace, trace};
@@ -72,6 +78,7 @@ pub(crate) const FAULTS: &[(&str, u64)] = &[
     ("live_restore", 1),
     ("live_pitr", 1),
     ("promote", 2),
+    ("purge", 1),
 ];
 
 /// The faults a run may use.
@@ -128,6 +135,53 @@ struct Scenario {
     write_gap_ms: (u64, u64),
     fault_gap_ms: (u64, u64),
     faults_for: Duration,
+    modes: Modes,
+}
+
+/// The settings users turn on or off, drawn per world.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Modes {
+    /// `nats.fence`: off, the relay expects nothing of the stream, and only the duplicate window
+    /// keeps copies out.
+    pub fence: bool,
+    /// `nats.descriptive_headers`.
+    pub descriptive: bool,
+    /// The stream's retention limits.
+    pub retention: Retention,
+    /// `nats.atomic_transactions` (which needs the fence): each transaction one atomic batch, or
+    /// several past the window or 1,000 messages.
+    pub atomic: bool,
+}
+
+impl Modes {
+    fn draw(d: &Dice) -> Self {
+        let fence = !d.chance(0.2);
+        Modes {
+            fence,
+            descriptive: !d.chance(0.3),
+            retention: Self::retention(d),
+            atomic: fence && d.chance(0.25),
+        }
+    }
+
+    /// Most streams keep everything; some are full now and then, some forget old messages.
+    fn retention(d: &Dice) -> Retention {
+        match d.range(0, 10) {
+            0 => Retention {
+                max_msgs: Some(d.range(50, 400) as usize),
+                ..Retention::default()
+            },
+            1 => Retention {
+                max_bytes: Some(d.range(20_000, 200_000) as usize),
+                ..Retention::default()
+            },
+            2 => Retention {
+                max_age: Some(d.millis(2_000, 30_000)),
+                ..Retention::default()
+            },
+            _ => Retention::default(),
+        }
+    }
 }
 
 impl Scenario {
@@ -154,6 +208,8 @@ impl Scenario {
                 send_empty: d.chance(0.5),
                 pipe: d.pick(&[512, 8 << 10, 64 << 10]),
                 keepalive_ms: d.pick(&[(10, 200), (100, 2_000)]),
+                big_transactions: d.pick(&[0.0, 0.0, 0.002, 0.01]),
+                context: d.chance(0.3),
             },
             chaos: if calm {
                 Chaos::default()
@@ -170,6 +226,7 @@ impl Scenario {
             write_gap_ms: d.pick(&[(0, 20), (5, 100), (20, 400)]),
             fault_gap_ms: d.pick(&[(500, 4_000), (2_000, 10_000)]),
             faults_for: d.millis(20_000, 60_000),
+            modes: Modes::draw(d),
         }
     }
 
@@ -177,10 +234,15 @@ impl Scenario {
         let mut c = Config::default();
         c.http.listen = String::new();
         c.outbox.message_prefix = super::postgres::PREFIX.into();
+        if self.pg.context {
+            c.outbox.context_prefix = super::postgres::CONTEXT_PREFIX.into();
+        }
         c.nats.max_in_flight = self.max_in_flight;
         c.nats.ack_timeout_ms = 2_000;
         c.nats.cloudevents = self.cloudevents;
-        c.nats.fence = true;
+        c.nats.fence = self.modes.fence;
+        c.nats.descriptive_headers = self.modes.descriptive;
+        c.nats.atomic_transactions = self.modes.atomic;
         c.postgres.status_interval_ms = self.status_interval_ms;
         c.validate().expect("simulation settings are valid")
     }
@@ -255,8 +317,6 @@ struct World {
     violations: Arc<Violations>,
     relay: Option<Process>,
     processes: u64,
-    /// When the stream's tail stopped being trustworthy (restores, foreign messages).
-    distrust: Vec<Instant>,
     /// The counters of every relay process of the world, added up (each process's own would
     /// start at zero).
     metrics: Arc<Metrics>,
@@ -299,10 +359,10 @@ async fn world(seed: u64, faults: &FaultSet, trace: Arc<Trace>) -> Outcome {
         violations: Arc::clone(&violations),
         relay: None,
         processes: 0,
-        distrust: Vec::new(),
         metrics: Arc::new(Metrics::default()),
     };
     js.set_chaos(sc.chaos);
+    js.set_retention(sc.modes.retention);
     let writing = Arc::new(std::sync::atomic::AtomicBool::new(true));
     let writer = tokio::spawn({
         let (pg, dice, writing) = (Arc::clone(&pg), dice.clone(), Arc::clone(&writing));
@@ -340,6 +400,11 @@ async fn world(seed: u64, faults: &FaultSet, trace: Arc<Trace>) -> Outcome {
     let _ = writer.await;
     pg.finish_writes();
     js.set_chaos(Chaos::default());
+    // A full stream stalls the relay until the operator makes room: raised here.
+    js.set_retention(Retention {
+        max_age: sc.modes.retention.max_age,
+        ..Retention::default()
+    });
     pg.up();
     if js.is_down() {
         js.come_up();
@@ -377,13 +442,17 @@ async fn world(seed: u64, faults: &FaultSet, trace: Arc<Trace>) -> Outcome {
     let units = pg.units();
     let stream = js.messages();
     if !violations.any() {
-        let mut distrust = w.distrust.clone();
-        distrust.extend(trace.relay_distrust.lock().unwrap().iter().copied());
+        // Only what the world did excuses a copy or an order, never what the relay logged.
+        let facts = js.facts();
         check::settled(
             &units,
             &stream,
-            &distrust,
-            w.settings.config().nats.max_in_flight as u64,
+            &check::Excuses {
+                distrust: &facts.distrust,
+                lost: &facts.lost,
+                confirmations: &pg.confirmations(),
+                fence: sc.modes.fence,
+            },
             &trace,
             &violations,
         );
@@ -546,7 +615,7 @@ impl World {
             // published: the stream's tail is then from a history the new timeline does not have.
             "promote" => {
                 if self.pg.promote(d.millis(200, 5_000), d.chance(0.25)) {
-                    self.distrust.push(Instant::now());
+                    self.js.distrusted();
                 }
             }
             "nats_down" => {
@@ -561,22 +630,21 @@ impl World {
             "foreign" => {
                 self.kill_relay().await;
                 self.js.publish_foreign(self.processes);
-                self.distrust.push(Instant::now());
                 tokio::time::sleep(d.millis(0, 3_000)).await;
                 self.start_relay();
             }
             // By hand while the relay publishes: the fence's "only writer" is broken mid-flight.
             "live_foreign" => {
                 self.js.publish_foreign(self.processes);
-                self.distrust.push(Instant::now());
             }
+            "purge" => self.js.purge(),
             "restore" | "pitr" | "live_restore" | "live_pitr" => {
                 let live = name.starts_with("live_");
                 if !live {
                     self.kill_relay().await;
                 }
                 if self.pg.restore(name.ends_with("pitr")) {
-                    self.distrust.push(Instant::now());
+                    self.js.distrusted();
                 }
                 if !live {
                     tokio::time::sleep(d.millis(0, 3_000)).await;
