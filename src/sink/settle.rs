@@ -100,7 +100,8 @@ impl Sink {
             }),
             Ok(ack) => {
                 self.check(item, ack).await?;
-                self.last_sequence = self.last_sequence.max(ack.sequence);
+                // Held until the stream shows the commit message at that sequence.
+                self.stored_new = Some((ack.sequence, item.event.position));
                 if let Some(f) = self.fence.as_mut() {
                     f.stored(ack.sequence);
                 }
@@ -146,11 +147,16 @@ impl Sink {
             let e = match answer {
                 Ok(ack) => {
                     self.check(item, ack).await?;
-                    self.last_sequence = self.last_sequence.max(ack.sequence);
                     if ack.duplicate {
+                        // `check` read the stream for it already.
+                        self.last_sequence = self.last_sequence.max(ack.sequence);
                         self.duplicate(item);
-                    } else if let Some(f) = self.fence.as_mut() {
-                        f.stored(ack.sequence);
+                    } else {
+                        // Held until the stream shows it (or a later new store) at its sequence.
+                        self.stored_new = Some((ack.sequence, item.event.position));
+                        if let Some(f) = self.fence.as_mut() {
+                            f.stored(ack.sequence);
+                        }
                     }
                     // A dead letter JetStream drops by its id was stored before (an earlier
                     // session's): a duplicate like any other, neither a new dead letter nor
