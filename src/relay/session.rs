@@ -170,7 +170,13 @@ impl Session {
                 // a defect, which outweighs the failure.
                 return SessionEnd::Fatal(e);
             }
+            tracing::debug!(
+                proofs = self.sink.proofs(),
+                unproven = self.sink.held(),
+                "session ends: acks held for a proof are not confirmed"
+            );
             // The walsender may still hold the slot: mark where it stands for the next session.
+            // Only what progress confirmed: acks the stream has not shown never reached it.
             self.stream.send_status_now();
             relay
                 .connector
@@ -190,7 +196,8 @@ impl Session {
         settled.map_err(from_sink)
     }
 
-    /// Hands every settled ack, in publish order, to progress and the metrics, and confirms.
+    /// Hands every settled ack the sink lets go (those of new stores once the stream showed the
+    /// last of them), in publish order, to progress and the metrics, and confirms.
     fn take_acks(&mut self, relay: &mut Relay) -> Result<(), RelayError> {
         let now = crate::lsn::pg_now_micros();
         while let Some(ack) = self.sink.acked() {
@@ -325,12 +332,19 @@ impl Session {
                 sink.ready().await;
             }
         };
+        // Acks held for the proof that the stream shows the last new store are not confirmed
+        // unless it ends in time: the proof's own request is bounded by the same timeout.
         if tokio::time::timeout(deadline, drain).await.is_err() {
             warn!(
                 in_flight = self.progress.in_flight(),
-                "shutdown: acks still missing; they will be republished on the next start"
+                unproven = self.sink.held(),
+                "shutdown: acks still missing or not yet shown by the stream; they will be republished on the next start"
             );
         }
+        tracing::debug!(
+            proofs = self.sink.proofs(),
+            "session drained: proofs that the stream shows the last new store"
+        );
         self.confirm(relay);
         // Before the slot is let go, so no other relay can have taken it when the mark is made.
         self.stream.send_status_now();

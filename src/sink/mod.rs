@@ -26,6 +26,7 @@ mod batch;
 mod connect;
 mod fence;
 mod port;
+mod prove;
 mod publish;
 mod readback;
 mod settle;
@@ -34,7 +35,10 @@ use std::collections::VecDeque;
 use std::pin::Pin;
 use std::time::Duration;
 
-use async_nats::jetstream::{self, context::PublishErrorKind};
+use async_nats::jetstream::{
+    self,
+    context::{PublishError, PublishErrorKind},
+};
 use tracing::warn;
 
 use crate::config::Settings;
@@ -415,7 +419,17 @@ pub(crate) struct Sink {
     timer_at: Option<tokio::time::Instant>,
     /// Settled, not yet taken by [`Sink::acked`], in order.
     settled: VecDeque<Acked>,
-    /// The highest stream sequence an ack named (the tail's when fencing, before any ack).
+    /// Which of them may be taken: acks of new stores wait until the stream shows the last of
+    /// them (`prove.rs`).
+    gate: prove::Gate,
+    /// The proof in flight: reading the stream's message at the gate's target sequence.
+    proof: Option<publish::Showing>,
+    /// Its result, once it came, until [`Sink::settle`] judges it.
+    shown: Option<Result<prove::Shown, String>>,
+    /// The message the settling ack newly stored (its sequence and position), for the gate.
+    stored_new: Option<(u64, Position)>,
+    /// The highest stream sequence the stream showed: a proven new store, a duplicate checked
+    /// against the stream, or the tail's when fencing, before any ack.
     last_sequence: u64,
 }
 
@@ -487,6 +501,10 @@ impl Sink {
             timer: Box::pin(tokio::time::sleep(Duration::ZERO)),
             timer_at: None,
             settled: VecDeque::new(),
+            gate: prove::Gate::default(),
+            proof: None,
+            shown: None,
+            stored_new: None,
             last_sequence: tail.as_ref().map_or(0, |t| t.last_sequence),
         })
     }
@@ -623,11 +641,21 @@ impl Sink {
     /// Cancel safe: an answer taken off the inbox is kept.
     pub(crate) async fn ready(&mut self) {
         loop {
-            if !self.settled.is_empty() {
+            if self.gate.may_take() || self.shown.is_some() {
                 return;
             }
             let token = match self.window.front() {
-                None => return std::future::pending().await,
+                // Only the proof in flight can bring something now (its request is bounded by
+                // the ack timeout).
+                None => match self.proof.as_mut() {
+                    None => return std::future::pending().await,
+                    Some(f) => {
+                        let shown = showing(f).await;
+                        self.proof = None;
+                        self.shown = Some(shown);
+                        return;
+                    }
+                },
                 Some(Pending::Stored { .. }) => return,
                 Some(Pending::Sent(item)) => item.ack,
             };
@@ -642,8 +670,24 @@ impl Sink {
                 self.timer.as_mut().reset(deadline);
                 self.timer_at = Some(deadline);
             }
-            if !self.publisher.receive(self.timer.as_mut()).await {
-                return;
+            let received = match self.proof.as_mut() {
+                None => Ok(self.publisher.receive(self.timer.as_mut()).await),
+                // Both cancel safe: an answer taken off the inbox is kept, and the proof stays
+                // in flight.
+                Some(f) => tokio::select! {
+                    biased;
+                    shown = showing(f) => Err(shown),
+                    received = self.publisher.receive(self.timer.as_mut()) => Ok(received),
+                },
+            };
+            match received {
+                Ok(true) => {}
+                Ok(false) => return,
+                Err(shown) => {
+                    self.proof = None;
+                    self.shown = Some(shown);
+                    return;
+                }
             }
         }
     }
@@ -652,6 +696,17 @@ impl Sink {
     /// what it sends again: behind a duplicate, or as a dead letter). The results come out of
     /// [`Sink::acked`]. An error ends the session: nothing after it may be reported.
     pub(crate) async fn settle(&mut self) -> Result<(), SinkError> {
+        loop {
+            self.judge_proof()?;
+            self.settle_window().await?;
+            if !self.start_proof() {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Settles, in order, every message of the window whose answer is here.
+    async fn settle_window(&mut self) -> Result<(), SinkError> {
         loop {
             let token = match self.window.front() {
                 None => return Ok(()),
@@ -678,9 +733,97 @@ impl Sink {
         }
     }
 
-    /// The next settled ack, in publish order.
+    /// The next settled ack, in publish order, once the stream has shown what it stored.
     pub(crate) fn acked(&mut self) -> Option<Acked> {
-        self.settled.pop_front()
+        if !self.gate.may_take() {
+            return None;
+        }
+        let ack = self.settled.pop_front()?;
+        self.gate.took();
+        Some(ack)
+    }
+
+    /// Starts the proof of the last new store, when acks of new stores arrived since the last proof
+    /// and none is in flight; polled once at once (it sends the request, and a simulated stream
+    /// answers right away). True when its result is already here, to be judged.
+    fn start_proof(&mut self) -> bool {
+        if self.proof.is_some() || self.shown.is_some() {
+            return false;
+        }
+        let Some(target) = self.gate.start() else {
+            return false;
+        };
+        let mut f = self.publisher.show(target.sequence);
+        match futures_util::FutureExt::now_or_never(showing(&mut f)) {
+            Some(shown) => {
+                self.shown = Some(shown);
+                true
+            }
+            None => {
+                self.proof = Some(f);
+                false
+            }
+        }
+    }
+
+    /// Judges the proof's result, if it came (polling the one in flight once): the stream shows the
+    /// target, so every ack up to it may be taken; or it does not, and the session ends before
+    /// anything past the last proven message is confirmed.
+    fn judge_proof(&mut self) -> Result<(), SinkError> {
+        if self.shown.is_none()
+            && let Some(f) = self.proof.as_mut()
+            && let Some(shown) = futures_util::FutureExt::now_or_never(showing(f))
+        {
+            self.proof = None;
+            self.shown = Some(shown);
+        }
+        let Some(shown) = self.shown.take() else {
+            return Ok(());
+        };
+        let Some(target) = self.gate.target() else {
+            return Ok(());
+        };
+        let failed = |source: PublishError| SinkError::Publish {
+            id: format!("at position {}", target.position),
+            source,
+        };
+        let shown = shown.map_err(|e| {
+            failed(PublishError::with_source(
+                PublishErrorKind::Other,
+                std::io::Error::other(format!(
+                    "reading back stream {} sequence {} to prove the ack that named it: {e}",
+                    self.config.stream, target.sequence
+                )),
+            ))
+        })?;
+        prove::verdict(&target, &shown).map_err(|why| {
+            failed(PublishError::with_source(
+                PublishErrorKind::Other,
+                publish::Forged {
+                    stream: self.config.stream.clone(),
+                    why,
+                },
+            ))
+        })?;
+        self.gate.proven();
+        self.last_sequence = self.last_sequence.max(target.sequence);
+        tracing::trace!(
+            sequence = target.sequence,
+            position = %target.position,
+            proofs = self.gate.proofs,
+            "the stream shows the last message stored"
+        );
+        Ok(())
+    }
+
+    /// Proofs started in this session (`prove.rs`): one per group of acks of new stores.
+    pub(crate) fn proofs(&self) -> u64 {
+        self.gate.proofs
+    }
+
+    /// Settled acks held until the stream shows the last new store among them.
+    pub(crate) fn held(&self) -> u64 {
+        self.gate.held()
     }
 
     /// Asks the fence's replay about `event` (submitted as `seq`): true when it is stored already,
@@ -799,9 +942,10 @@ impl Sink {
         self.messages
     }
 
-    /// The highest stream sequence JetStream's acks named so far (with the fence, the stream's
-    /// last sequence when the session started, before any): the position service's
-    /// `last_sequence`.
+    /// The highest stream sequence the stream showed so far: the last proven new store, or a
+    /// duplicate checked against the stream (with the fence, the stream's last sequence when the
+    /// session started, before any): the position service's `last_sequence`. An ack alone never
+    /// raises it.
     pub(crate) fn last_sequence(&self) -> u64 {
         self.last_sequence
     }
@@ -847,6 +991,8 @@ impl Sink {
                 outcome: Outcome::AlreadyStored,
                 commit_ts: 0,
             }));
+            // Proven by the replay's read-back already.
+            self.gate.settled(count, None);
         }
     }
 
@@ -870,7 +1016,9 @@ impl Sink {
 
     /// Reports a settled message (and the members of its batch) and gives its place back.
     fn report(&mut self, mut item: InFlight, outcome: Outcome) {
+        let mut count = 1;
         if let Some(members) = item.members.take() {
+            count += members.len() as u64;
             if let Some(b) = self.batch.as_mut() {
                 b.in_flight = b.in_flight.saturating_sub(1);
             }
@@ -894,6 +1042,8 @@ impl Sink {
             outcome,
             commit_ts: item.event.commit_ts,
         });
+        let new = self.stored_new.take();
+        self.gate.settled(count, new);
     }
 }
 
@@ -908,6 +1058,16 @@ impl Sink {
             t.end(span, &item.event, dead_letter);
         }
     }
+}
+
+/// The proof in flight, to be polled (a mutex only for `Sync`, so never locked: see
+/// [`publish::Showing`]).
+fn showing(
+    f: &mut publish::Showing,
+) -> Pin<&mut (dyn std::future::Future<Output = Result<prove::Shown, String>> + Send)> {
+    f.get_mut()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .as_mut()
 }
 
 const SKIPPED_HASH_START: u64 = 0xcbf2_9ce4_8422_2325;

@@ -37,7 +37,14 @@ use bytes::Bytes;
 use serde::Deserialize;
 
 use super::port::{Answers, NatsPort};
+use super::prove::Shown;
 use super::readback::Reader;
+
+/// A read of what the stream shows at one sequence ([`Publisher::show`]), in flight. In a mutex
+/// only so the sink stays `Sync` (the future is `Send`, not `Sync`); it is polled through
+/// `get_mut`, which never locks.
+pub(super) type Showing =
+    std::sync::Mutex<Pin<Box<dyn std::future::Future<Output = Result<Shown, String>> + Send>>>;
 
 /// Answers kept out of turn at most: the subscription's own queue (async-nats' default).
 const MAX_EARLY: usize = 65_536;
@@ -169,6 +176,24 @@ impl Publisher {
                 }
             }
         }
+    }
+
+    /// What the stream shows at `seq`, for the proof that an ack naming it is JetStream's
+    /// (`prove.rs`): the `Outbox-Position` of its message, or, when it is gone, the stream's last
+    /// sequence. Owns what it needs, so it can stay in flight while the sink goes on; each request
+    /// is bounded by the ack timeout.
+    pub(super) fn show(&self, seq: u64) -> Showing {
+        let port = self.port.clone();
+        let stream = self.stream.clone();
+        let timeout = self.send_timeout;
+        std::sync::Mutex::new(Box::pin(async move {
+            match port.message_headers(&stream, seq, timeout).await? {
+                Some(h) => Ok(Shown::Message(super::Stamp::from_headers(&h).position)),
+                None => Ok(Shown::Gone {
+                    last: port.last_sequence(&stream, timeout).await?,
+                }),
+            }
+        }))
     }
 
     /// The headers of the stream's message `seq` (`None` when it is gone).

@@ -100,7 +100,8 @@ impl Sink {
             }),
             Ok(ack) => {
                 self.check(item, ack).await?;
-                self.last_sequence = self.last_sequence.max(ack.sequence);
+                // Held until the stream shows the commit message at that sequence.
+                self.stored_new = Some((ack.sequence, item.event.position));
                 if let Some(f) = self.fence.as_mut() {
                     f.stored(ack.sequence, None);
                 }
@@ -146,12 +147,17 @@ impl Sink {
             let e = match answer {
                 Ok(ack) => {
                     self.check(item, ack).await?;
-                    self.last_sequence = self.last_sequence.max(ack.sequence);
                     if ack.duplicate {
+                        // `check` read the stream for it already.
+                        self.last_sequence = self.last_sequence.max(ack.sequence);
                         self.duplicate(item);
-                    } else if let Some(f) = self.fence.as_mut() {
-                        // A dead letter carries the event's `Nats-Msg-Id` too.
-                        f.stored(ack.sequence, Some(&item.event.msg_id));
+                    } else {
+                        // Held until the stream shows it (or a later new store) at its sequence.
+                        self.stored_new = Some((ack.sequence, item.event.position));
+                        if let Some(f) = self.fence.as_mut() {
+                            // A dead letter carries the event's `Nats-Msg-Id` too.
+                            f.stored(ack.sequence, Some(&item.event.msg_id));
+                        }
                     }
                     // A dead letter JetStream drops by its id was stored before (an earlier
                     // session's): a duplicate like any other, neither a new dead letter nor

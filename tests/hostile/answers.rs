@@ -6,7 +6,10 @@
 //!   counted as "gone since", so the ack passed;
 //! - two different answers for one publish, a refusal and then an ack: the last one won;
 //! - "duplicate" for an atomic batch's commit, naming a message gone since: a batch cannot be a
-//!   duplicate, yet the batch was confirmed.
+//!   duplicate, yet the batch was confirmed;
+//! - a perfect ack, naming the relay's stream and exactly the sequence the message expected to take:
+//!   every check of the answer passed, and the slot was confirmed past a message the stream never
+//!   stored.
 //!
 //! Each test checks that the slot is never confirmed past the planted event, then takes the planter
 //! away, gives the stream its subjects back and waits for the event to be stored once.
@@ -271,5 +274,27 @@ async fn a_duplicate_answer_to_an_atomic_batch_commit_confirms_nothing() {
     s.delete_message(1).await.expect("delete message 1");
     let lsn = p.write(&["victim-1", "victim-2"]).await;
     p.assert_nothing_confirmed_then_stored(lsn, &["victim-1", "victim-2"], 1)
+        .await;
+}
+
+#[tokio::test]
+async fn a_perfect_ack_for_a_message_never_stored_confirms_nothing() {
+    let nats = NatsServer::start();
+    // The ack JetStream would send had it stored the message: the stream, and the sequence after
+    // the one the message expected. Only reading the stream shows that nothing is there.
+    let mut p = planted(&nats, false, &["before-1"], 1, 50, |stream, seen| {
+        let expected: u64 = seen[0]
+            .header("Nats-Expected-Last-Sequence")
+            .expect("fenced")
+            .parse()
+            .expect("a number");
+        vec![(
+            seen[0].reply.clone().expect("a reply subject"),
+            format!(r#"{{"stream":"{stream}","seq":{}}}"#, expected + 1),
+        )]
+    })
+    .await;
+    let lsn = p.write(&["victim-1"]).await;
+    p.assert_nothing_confirmed_then_stored(lsn, &["victim-1"], 1)
         .await;
 }
