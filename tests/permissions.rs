@@ -151,7 +151,7 @@ async fn sql_06_stops_direct_emit_messages_and_setup_and_status_warn_until_it_ra
 
 /// The nats-server configuration docs/operations.md prints under "NATS permissions": the first code
 /// block of that section, as it is.
-fn documented_nats_config() -> String {
+pub(crate) fn documented_nats_config() -> String {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/operations.md");
     let text = std::fs::read_to_string(path).expect("read docs/operations.md");
     let (_, section) = text
@@ -166,15 +166,15 @@ fn documented_nats_config() -> String {
 }
 
 /// The names and passwords of the documented configuration.
-const RELAY_USER: &str = "outbox-relay";
-const RELAY_PASSWORD: &str = "change-me-relay";
-const SERVICE_USER: &str = "claims-service";
-const SERVICE_PASSWORD: &str = "change-me-service";
-const INBOX_PREFIX: &str = "_INBOX_outbox_relay";
+pub(crate) const RELAY_USER: &str = "outbox-relay";
+pub(crate) const RELAY_PASSWORD: &str = "change-me-relay";
+pub(crate) const SERVICE_USER: &str = "claims-service";
+pub(crate) const SERVICE_PASSWORD: &str = "change-me-service";
+pub(crate) const INBOX_PREFIX: &str = "_INBOX_outbox_relay";
 
 /// A client of the documented service user, and the errors the server sends it (a permission
 /// violation comes as an `-ERR` line, not as the publish's result).
-async fn service_client(
+pub(crate) async fn service_client(
     nats: &NatsServer,
 ) -> (async_nats::Client, mpsc::UnboundedReceiver<String>) {
     let (tx, rx) = mpsc::unbounded_channel();
