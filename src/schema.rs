@@ -144,12 +144,13 @@ impl SchemaSet {
                 .map(String::from)
                 .unwrap_or_else(|()| format!("file:///{name}"));
             let validator = jsonschema::draft202012::options()
+                .with_pattern_options(jsonschema::PatternOptions::regex())
                 .with_retriever(Directory(Arc::clone(&files)))
                 .with_base_uri(base)
                 .build(schema)
                 .map_err(|e| LoadError {
                     file: file.clone(),
-                    problem: crate::message::one_line(&e.to_string()),
+                    problem: build_problem(&e),
                 })?;
             let id = schema
                 .get("$id")
@@ -246,6 +247,27 @@ impl SchemaSet {
             &self.dir
         }
     }
+}
+
+/// What a schema that does not compile gets wrong, in one line. A `pattern` (or a
+/// `patternProperties` key) the `regex` engine refuses is named with where it is and why: patterns
+/// must match in time linear in the payload, so lookaround and backreferences, which need a
+/// backtracking engine, are refused when the schemas load rather than stalling the relay on a payload.
+fn build_problem(e: &jsonschema::ValidationError<'_>) -> String {
+    if let jsonschema::error::ValidationErrorKind::Format { format } = e.kind()
+        && format == "regex"
+        && let Value::String(pattern) = e.instance().as_ref()
+    {
+        let at = e.instance_path().as_str();
+        let at = if at.is_empty() { "(root)" } else { at };
+        return format!(
+            "{at}: pattern {} is refused: patterns must match in linear time, so lookaround ((?=, (?!, (?<=, \
+             (?<!) and backreferences (\\1, \\k<name>) are not supported, nor is a pattern that does not compile; \
+             rewrite it without them",
+            shorten(&format!("{pattern:?}"))
+        );
+    }
+    crate::message::one_line(&e.to_string())
 }
 
 /// Resolves a `$ref` outside the schema itself to a file of the directory, by the URI's last path

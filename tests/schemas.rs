@@ -373,6 +373,44 @@ async fn a_missing_directory_at_start_is_a_config_error() {
     );
 }
 
+/// Issue 34, finding 2: a `pattern` that needs backtracking (`^(\w+\s?)*(?<!\s)$` kept the relay's
+/// only runtime thread busy for seconds on one 35 KB payload, and the slot stuck) is refused when the
+/// schemas load: `run` and `check-schemas` exit 1 at once with one line naming the file, where the
+/// pattern is and the pattern; `status` says the directory does not load.
+#[tokio::test]
+async fn a_backtracking_pattern_is_refused_when_the_schemas_load() {
+    let db = text_id_db().await;
+    let nats = NatsServer::start();
+    let config = relay_config(&db, &nats);
+    let schema = serde_json::json!({
+        "type": "object",
+        "properties": {"note": {"type": "string", "pattern": r"^(\w+\s?)*(?<!\s)$"}}
+    });
+    let dir = schema_dir(&[("NoteAdded.json", &schema.to_string())]);
+    let dir_path = dir.path().to_str().expect("utf-8 path").to_owned();
+    let mut env = relay_env(&config);
+    env.push(("OUTBOX_RELAY_OUTBOX_SCHEMAS".into(), dir_path.clone()));
+    for cmd in ["run", "check-schemas"] {
+        let f = run_command(&[cmd], &env, Duration::from_secs(20));
+        assert_eq!(f.status.code(), Some(1), "{cmd}: {}", f.stderr);
+        let lines: Vec<&str> = f.stderr.lines().collect();
+        assert_eq!(lines.len(), 1, "{cmd}: one line: {}", f.stderr);
+        assert!(
+            lines[0].contains("outbox.schemas")
+                && lines[0].contains(&format!(
+                    "{dir_path}/NoteAdded.json: /properties/note/pattern: pattern"
+                ))
+                && lines[0].contains(r#""^(\\w+\\s?)*(?<!\\s)$" is refused"#)
+                && lines[0].contains("linear time"),
+            "{cmd}: {}",
+            f.stderr
+        );
+    }
+    let f = run_command(&["status"], &env, LIMIT);
+    assert_eq!(f.status.code(), Some(1), "{}", f.stdout);
+    assert!(f.stdout.contains("DO NOT LOAD"), "{}", f.stdout);
+}
+
 /// Backfilled rows are checked like live ones: the failing row is a dead letter with its reason.
 #[tokio::test]
 async fn backfill_checks_the_rows_it_publishes() {
