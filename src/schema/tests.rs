@@ -246,19 +246,3 @@ fn linear_patterns_load_and_check() {
     assert!(why.starts_with("ClaimApproved: /code: "), "{why}");
     assert!(why.ends_with("(pattern)"), "{why}");
 }
-
-/// The payload that stalled the relay, against the part of the pattern the `regex` engine takes:
-/// matched in linear time, so a 1 MiB payload is checked well within a second even unoptimized.
-#[test]
-fn a_large_payload_is_checked_in_linear_time() {
-    let schema = r#"{"type": "object", "properties": {"text": {"type": "string", "pattern": "^(\\w+\\s?)*$"}}}"#;
-    let d = dir(&[("Note.json", schema)]);
-    let set = load(&d, false).expect("loads");
-    let text = format!("{}!", "word ".repeat(200_000));
-    let payload = serde_json::json!({ "text": text }).to_string();
-    let started = std::time::Instant::now();
-    let verdict = set.check("Note", payload.as_bytes(), false);
-    let took = started.elapsed();
-    assert!(matches!(verdict, Verdict::Fail(_)), "{verdict:?}");
-    assert!(took < std::time::Duration::from_secs(5), "took {took:?}");
-}
