@@ -28,6 +28,10 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use serde_json::Value;
 
+mod budget;
+pub(crate) use budget::INLINE_BYTES;
+pub use budget::PendingCheck;
+
 /// How much of a validator's message a reason keeps: a message may quote the whole failing value.
 const MAX_MESSAGE: usize = 200;
 
@@ -240,6 +244,11 @@ impl SchemaSet {
         }
     }
 
+    /// Whether `event_type` has a schema of its own in this set.
+    pub(crate) fn has_schema_for(&self, event_type: &str) -> bool {
+        self.by_type.contains_key(event_type)
+    }
+
     fn dir_shown(&self) -> &str {
         if self.dir.is_empty() {
             "outbox.schemas (not set)"
@@ -369,6 +378,11 @@ impl SchemaReader {
             self.set = self.schemas.current();
         }
         &self.set
+    }
+
+    /// The set [`SchemaReader::get`] last returned, to hand to a check that runs elsewhere.
+    pub(crate) fn shared(&self) -> Arc<SchemaSet> {
+        Arc::clone(&self.set)
     }
 }
 

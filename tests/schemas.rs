@@ -142,6 +142,22 @@ async fn failing_payloads_are_dead_letters_naming_type_pointer_and_keyword() {
         )
         .await
         .expect("emit");
+    // Payloads over 16 KiB are checked off the runtime thread, by the sink: the same verdicts.
+    let note = "n".repeat(20 * 1024);
+    insert(
+        &client,
+        "big-ok",
+        "ClaimApproved",
+        &format!(r#"{{"claim": 4713, "amount": 1, "note": "{note}"}}"#),
+    )
+    .await;
+    insert(
+        &client,
+        "big-bad",
+        "ClaimApproved",
+        &format!(r#"{{"claim": "4713", "amount": 1, "note": "{note}"}}"#),
+    )
+    .await;
     insert(
         &client,
         "ok-2",
@@ -150,7 +166,15 @@ async fn failing_payloads_are_dead_letters_naming_type_pointer_and_keyword() {
     )
     .await;
 
-    let all = wait_and_read(&nats, &config.nats.stream, 7).await;
+    let all = wait_and_read(&nats, &config.nats.stream, 9).await;
+    assert_eq!(
+        by_id(&all, "big-ok").header("ce-dataschema"),
+        "https://schemas.example.com/claims/ClaimApproved.json"
+    );
+    assert_eq!(
+        reason(by_id(&all, "big-bad"), &config),
+        r#"ClaimApproved: /claim: "4713" is not of type "integer" (type)"#
+    );
     let ok = by_id(&all, "ok-1");
     assert_eq!(ok.subject, "outbox.Claim");
     assert_eq!(
@@ -190,10 +214,10 @@ async fn failing_payloads_are_dead_letters_naming_type_pointer_and_keyword() {
         "outbox.Claim",
         "the stream goes on"
     );
-    assert_eq!(relay.metrics.schemas.failures("ClaimApproved"), 4);
+    assert_eq!(relay.metrics.schemas.failures("ClaimApproved"), 5);
     let text = relay.metrics.render();
     assert!(
-        text.contains("outbox_relay_schema_failures_total{event_type=\"ClaimApproved\"} 4"),
+        text.contains("outbox_relay_schema_failures_total{event_type=\"ClaimApproved\"} 5"),
         "{text}"
     );
     assert!(text.contains("outbox_relay_schemas_loaded 2"), "{text}");
