@@ -149,6 +149,50 @@ async fn sql_06_stops_direct_emit_messages_and_setup_and_status_warn_until_it_ra
     server.psql("postgres", &format!("DROP ROLE IF EXISTS {writer}"));
 }
 
+/// Issue 34, finding 6: with only `outbox.context_prefix` set (no `message_prefix`), every role may
+/// still call `pg_logical_emit_message` and write context messages the relay applies unchecked (an
+/// invalid one is a dead letter). `setup` and `status` warn about it, naming `outbox.context_prefix`
+/// and the REVOKE, until sql/06 revoked it; then neither warns.
+#[tokio::test]
+async fn setup_and_status_warn_while_every_role_may_emit_context_messages() {
+    let server = PgServer::shared();
+    let db = TestDb::create(server).await;
+    db.psql(&default_outbox_sql());
+    let nats = NatsServer::start();
+    let config = relay_config(&db, &nats);
+    let mut env = relay_env(&config);
+    env.push((
+        "OUTBOX_RELAY_OUTBOX_CONTEXT_PREFIX".into(),
+        "outbox-context".into(),
+    ));
+    let setup = run_command(&["setup"], &env, LIMIT);
+    assert!(setup.status.success(), "setup: {}", setup.stderr);
+    let line = emit_warning(&setup.stdout)
+        .unwrap_or_else(|| panic!("setup warns about direct calls:\n{}", setup.stdout));
+    assert!(
+        line.contains("outbox.context_prefix is set")
+            && line.contains("trace context messages")
+            && line.contains("REVOKE EXECUTE ON FUNCTION pg_logical_emit_message(boolean,text,")
+            && line.contains("FROM PUBLIC"),
+        "{line}"
+    );
+    let status = run_command(&["status"], &env, LIMIT);
+    assert!(
+        emit_warning(&status.stdout).is_some_and(|l| l == line),
+        "status warns as setup does:\n{}",
+        status.stdout
+    );
+
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/sql/06_outbox_message.sql");
+    let script = std::fs::read_to_string(path).expect("read sql/06");
+    db.psql(&script);
+    let setup = run_command(&["setup"], &env, LIMIT);
+    assert!(setup.status.success(), "setup: {}", setup.stderr);
+    assert_eq!(emit_warning(&setup.stdout), None, "{}", setup.stdout);
+    let status = run_command(&["status"], &env, LIMIT);
+    assert_eq!(emit_warning(&status.stdout), None, "{}", status.stdout);
+}
+
 /// The nats-server configuration docs/operations.md prints under "NATS permissions": the first code
 /// block of that section, as it is.
 pub(crate) fn documented_nats_config() -> String {

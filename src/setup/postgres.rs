@@ -172,17 +172,31 @@ pub(super) async fn table_has_rows(settings: &Settings, pg: &Client) -> Result<b
     Ok(pg.query_one(&sql, &[]).await?.get(0))
 }
 
-/// With `outbox.message_prefix` set: a warning while PUBLIC may execute `pg_logical_emit_message`.
-/// Table privileges do not apply to it, so then any role that can connect may write a message with the
-/// prefix directly, and the relay publishes it as an event, bypassing the checks of
-/// sql/06_outbox_message.sql's helper.
+/// With `outbox.message_prefix` or `outbox.context_prefix` set: a warning while PUBLIC may execute
+/// `pg_logical_emit_message`. Table privileges do not apply to it, so then any role that can connect
+/// may write a message with the prefix directly: an event the relay publishes, bypassing the checks of
+/// sql/06_outbox_message.sql's helper, or a trace context message that sql/08's helper did not check
+/// (an invalid or non-transactional one is a dead letter in the stream).
 pub(crate) async fn public_emit_message(
     settings: &Settings,
     pg: &Client,
 ) -> Result<Option<String>, tokio_postgres::Error> {
-    if settings.config().outbox.message_prefix.is_empty() {
-        return Ok(None);
-    }
+    let outbox = &settings.config().outbox;
+    let (key, what) = match (
+        outbox.message_prefix.is_empty(),
+        outbox.context_prefix.is_empty(),
+    ) {
+        (true, true) => return Ok(None),
+        (false, _) => (
+            "outbox.message_prefix",
+            "write events the relay publishes, unchecked",
+        ),
+        (true, false) => (
+            "outbox.context_prefix",
+            "write trace context messages the relay applies to their transaction's events, unchecked (and fill the \
+             dead-letter subject with invalid ones)",
+        ),
+    };
     // Every overload (text and bytea content; PG 17 added `flush`). A NULL proacl is the default,
     // which grants EXECUTE to PUBLIC (grantee 0).
     let row = pg
@@ -197,9 +211,9 @@ pub(crate) async fn public_emit_message(
         .await?;
     Ok(row.get::<_, Option<String>>(0).map(|functions| {
         format!(
-            "outbox.message_prefix is set, but every role of this database may call {functions} and so write \
-             events the relay publishes, unchecked: as a superuser, REVOKE EXECUTE ON FUNCTION {functions} FROM \
-             PUBLIC (sql/06_outbox_message.sql does it; its helper keeps working)"
+            "{key} is set, but every role of this database may call {functions} and so {what}: as a superuser, \
+             REVOKE EXECUTE ON FUNCTION {functions} FROM PUBLIC (sql/06_outbox_message.sql does it; its helper \
+             and sql/08's keep working)"
         )
     }))
 }
