@@ -149,6 +149,77 @@ async fn sql_06_stops_direct_emit_messages_and_setup_and_status_warn_until_it_ra
     server.psql("postgres", &format!("DROP ROLE IF EXISTS {writer}"));
 }
 
+/// The warning `setup` and `status` print while PUBLIC may execute a SECURITY DEFINER helper.
+fn helper_warning(stdout: &str) -> Option<&str> {
+    stdout
+        .lines()
+        .find(|l| l.starts_with("warning:") && l.contains("SECURITY DEFINER"))
+}
+
+/// Issue 34, finding 5: sql/06's `outbox_message` and sql/08's `outbox_context` are SECURITY DEFINER;
+/// run without `-v writer_role` they used to keep PostgreSQL's default EXECUTE for PUBLIC, so a role
+/// with no grants could publish events (and emit first under another writer's id). Now both scripts
+/// always revoke it: such a role gets `permission denied` from either helper. And while PUBLIC may execute such a helper (granted back by hand), `setup` and `status` warn,
+/// naming it; once revoked, neither does.
+#[tokio::test]
+async fn the_helpers_are_never_executable_by_public_and_setup_warns_while_they_are() {
+    let server = PgServer::shared();
+    let db = TestDb::create(server).await;
+    let nobody = unique("nobody");
+    db.psql(&format!(
+        "CREATE ROLE {nobody} LOGIN PASSWORD '{PG_PASSWORD}'"
+    ));
+    let nats = NatsServer::start();
+    let config = relay_config(&db, &nats);
+    let env = messages_env(&config);
+    for script in ["06_outbox_message.sql", "08_outbox_context.sql"] {
+        let path = format!("{}/sql/{script}", env!("CARGO_MANIFEST_DIR"));
+        db.psql(&std::fs::read_to_string(&path).expect("read the script"));
+    }
+    let (as_nobody, connection) =
+        tokio_postgres::connect(&server.url_as(&nobody, PG_PASSWORD, db.name()), NoTls)
+            .await
+            .expect("connect as a role with no grants");
+    tokio::spawn(connection);
+    for call in [
+        "SELECT outbox_message('Claim', '4711', 'ClaimApproved', '{\"amount\": 1000000}')",
+        "SELECT outbox_context('00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01')",
+    ] {
+        let e = as_nobody
+            .query_one(call, &[])
+            .await
+            .expect_err(&format!("{call} as a role with no grants"));
+        let code = e.as_db_error().map(|d| d.code().code().to_owned());
+        assert_eq!(code.as_deref(), Some("42501"), "{call}: {e}");
+    }
+
+    let setup = run_command(&["setup"], &env, LIMIT);
+    assert!(setup.status.success(), "setup: {}", setup.stderr);
+    assert_eq!(helper_warning(&setup.stdout), None, "{}", setup.stdout);
+    db.psql(
+        "GRANT EXECUTE ON FUNCTION public.outbox_message(text, text, text, jsonb, jsonb, text) TO PUBLIC",
+    );
+    let setup = run_command(&["setup"], &env, LIMIT);
+    assert!(setup.status.success(), "setup: {}", setup.stderr);
+    let line = helper_warning(&setup.stdout)
+        .unwrap_or_else(|| panic!("setup warns about the helper:\n{}", setup.stdout));
+    assert!(
+        line.contains("outbox_message(text,text,text,jsonb,jsonb,text)")
+            && line.contains("FROM PUBLIC")
+            && !line.contains("outbox_context"),
+        "{line}"
+    );
+    let status = run_command(&["status"], &env, LIMIT);
+    assert!(
+        helper_warning(&status.stdout).is_some_and(|l| l == line),
+        "status warns as setup does:\n{}",
+        status.stdout
+    );
+    drop(as_nobody);
+    drop(db);
+    server.psql("postgres", &format!("DROP ROLE IF EXISTS {nobody}"));
+}
+
 /// Issue 34, finding 6: with only `outbox.context_prefix` set (no `message_prefix`), every role may
 /// still call `pg_logical_emit_message` and write context messages the relay applies unchecked (an
 /// invalid one is a dead letter). `setup` and `status` warn about it, naming `outbox.context_prefix`
