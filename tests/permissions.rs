@@ -149,6 +149,54 @@ async fn sql_06_stops_direct_emit_messages_and_setup_and_status_warn_until_it_ra
     server.psql("postgres", &format!("DROP ROLE IF EXISTS {writer}"));
 }
 
+/// Issue 34, finding 7: any session may call itself `outbox-relay/<slot>/<pid>`. A role with no
+/// rights that does so while no relay runs does not make `status` print "relay: running (pid
+/// 4242)": only sessions of the relay's own role, and the slot's walsender, are believed.
+#[tokio::test]
+async fn status_believes_no_application_name_of_another_role() {
+    let server = PgServer::shared();
+    let db = TestDb::create(server).await;
+    db.psql(&default_outbox_sql());
+    let nobody = unique("nobody");
+    db.psql(&format!(
+        "CREATE ROLE {nobody} LOGIN PASSWORD '{PG_PASSWORD}'"
+    ));
+    let nats = NatsServer::start();
+    let config = relay_config(&db, &nats);
+    let env = relay_env(&config);
+    let setup = run_command(&["setup"], &env, LIMIT);
+    assert!(setup.status.success(), "setup: {}", setup.stderr);
+    let url = format!(
+        "{}?application_name=outbox-relay/{}/4242",
+        server.url_as(&nobody, PG_PASSWORD, db.name()),
+        config.postgres.slot
+    );
+    let (impostor, connection) = tokio_postgres::connect(&url, NoTls)
+        .await
+        .expect("connect as a role with no rights");
+    tokio::spawn(connection);
+    let name: String = impostor
+        .query_one("SELECT current_setting('application_name')", &[])
+        .await
+        .expect("application_name")
+        .get(0);
+    assert!(name.ends_with("/4242"), "{name}");
+    let status = run_command(&["status"], &env, LIMIT);
+    assert!(
+        !status.stdout.contains("4242"),
+        "status believes another role's application_name:\n{}",
+        status.stdout
+    );
+    assert!(
+        !status.stdout.contains("relay: running"),
+        "{}",
+        status.stdout
+    );
+    drop(impostor);
+    drop(db);
+    server.psql("postgres", &format!("DROP ROLE IF EXISTS {nobody}"));
+}
+
 /// The warning `setup` and `status` print while PUBLIC may execute a SECURITY DEFINER helper.
 fn helper_warning(stdout: &str) -> Option<&str> {
     stdout
