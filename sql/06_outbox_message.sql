@@ -43,7 +43,8 @@
 --   message_prefix   outbox           the logical message prefix (`message_prefix` in [outbox] of relay.toml)
 --   function_name    outbox_message   another name, for a second prefix in the same database:
 --                                     -v message_prefix=billing -v function_name=billing_message
---   writer_role      (none)           the application's role: EXECUTE is revoked from PUBLIC and granted to it
+--   writer_role      (none)           the application's role, granted EXECUTE (PUBLIC never has it: without
+--                                     this, only the owner may call the function until you grant it)
 
 \if :{?message_schema}
 \else
@@ -104,11 +105,18 @@ SELECT format('COMMENT ON FUNCTION %I.%I(text, text, text, jsonb, jsonb, text) I
     format('Emit an outbox event as a transactional logical message with prefix %s (no table row); returns its id.',
            :'message_prefix')) \gexec
 
-\if :{?writer_role}
+-- A new function is executable by PUBLIC: every role of the database could write events through this
+-- one. Only the writer role may (and the owner); without -v writer_role, grant it yourself:
+--   GRANT EXECUTE ON FUNCTION public.outbox_message(text, text, text, jsonb, jsonb, text) TO app_writer;
 SELECT format('REVOKE EXECUTE ON FUNCTION %I.%I(text, text, text, jsonb, jsonb, text) FROM PUBLIC',
     :'message_schema', :'function_name') \gexec
+\if :{?writer_role}
 SELECT format('GRANT EXECUTE ON FUNCTION %I.%I(text, text, text, jsonb, jsonb, text) TO %I',
     :'message_schema', :'function_name', :'writer_role') \gexec
+\else
+SELECT format('only the owner may call %I.%I(…) now: GRANT EXECUTE ON FUNCTION %I.%I(text, text, text, jsonb, jsonb, text) TO <your writer role>, or run this script with -v writer_role=…',
+    :'message_schema', :'function_name', :'message_schema', :'function_name') AS notice \gset
+\echo :notice
 \endif
 
 -- Direct calls: see "Privileges" above. Only statements this role may run are generated (it must be a

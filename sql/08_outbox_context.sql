@@ -30,7 +30,8 @@
 -- psql variables (set with -v name=value), with their defaults:
 --   context_schema   public            the schema the function is created in
 --   context_prefix   outbox-context    the logical message prefix (`context_prefix` in [outbox] of relay.toml)
---   writer_role      (none)            the application's role: EXECUTE is revoked from PUBLIC and granted to it
+--   writer_role      (none)            the application's role, granted EXECUTE (PUBLIC never has it: without
+--                                      this, only the owner may call the function until you grant it)
 
 \if :{?context_schema}
 \else
@@ -86,11 +87,16 @@ SELECT format('COMMENT ON FUNCTION %I.outbox_context(text, text, jsonb) IS %L',
     format('Hand the trace context (W3C traceparent, tracestate, other headers) to the outbox relay for the events of this transaction that follow (logical message prefix %s).',
            :'context_prefix')) \gexec
 
-\if :{?writer_role}
+-- As in sql/06: PUBLIC never executes it, only the writer role (and the owner).
 SELECT format('REVOKE EXECUTE ON FUNCTION %I.outbox_context(text, text, jsonb) FROM PUBLIC',
     :'context_schema') \gexec
+\if :{?writer_role}
 SELECT format('GRANT EXECUTE ON FUNCTION %I.outbox_context(text, text, jsonb) TO %I',
     :'context_schema', :'writer_role') \gexec
+\else
+SELECT format('only the owner may call %I.outbox_context(…) now: GRANT EXECUTE ON FUNCTION %I.outbox_context(text, text, jsonb) TO <your writer role>, or run this script with -v writer_role=…',
+    :'context_schema', :'context_schema') AS notice \gset
+\echo :notice
 \endif
 
 -- The helper calls the text overload with its owner's rights: a superuser owner needs no grant, another

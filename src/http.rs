@@ -27,7 +27,7 @@ use tracing::{debug, warn};
 
 use crate::error::BindError;
 use crate::metrics::Metrics;
-use crate::stored::{MAX_WAIT_MS, Positions, WaitOutcome, WaitRequest};
+use crate::stored::{MAX_REQUEST_BYTES, MAX_WAIT_MS, Positions, WaitOutcome, WaitRequest};
 
 /// Binds `listen`. Fails with a line naming `http.listen` when the address cannot be used.
 pub(crate) async fn bind(listen: &str) -> Result<TcpListener, BindError> {
@@ -84,7 +84,7 @@ pub(crate) async fn serve(listener: TcpListener, metrics: Arc<Metrics>, position
                 let extend = extend.clone();
                 async move {
                     Ok::<_, Infallible>(match req.uri().path() {
-                        "/wait" if is_get(&req) => wait(&req, &positions, &extend).await,
+                        "/wait" if is_get(&req) => wait(req, &metrics, &positions, &extend).await,
                         _ => respond(&req, &metrics, &positions),
                     })
                 }
@@ -230,17 +230,38 @@ fn is_get(req: &Request<Incoming>) -> bool {
     req.method() == Method::GET || req.method() == Method::HEAD
 }
 
-/// `GET /wait?lsn=X/Y&timeout_ms=N`: 200 stored, 504 timed out, 400 bad input, 503 while this
-/// relay does not stream (or too many waits are open).
+/// `GET /wait?lsn=X/Y&timeout_ms=N`: 200 stored, 504 timed out, 400 bad input, 413/414 a body or
+/// a query over [`MAX_REQUEST_BYTES`], 503 while this relay does not stream (or too many waits are
+/// open). The request is dropped before the wait: an open wait holds only its parsed LSN and timeout.
 async fn wait(
-    req: &Request<Incoming>,
+    req: Request<Incoming>,
+    metrics: &Metrics,
     positions: &Positions,
     extend: &tokio::sync::watch::Sender<Duration>,
 ) -> Response<Full<Bytes>> {
-    let wait = match WaitRequest::from_query(req.uri().query().unwrap_or("")) {
+    let query = req.uri().query().unwrap_or("");
+    if query.len() > MAX_REQUEST_BYTES {
+        Metrics::inc(&metrics.position_refused_too_large);
+        return json_error(
+            StatusCode::URI_TOO_LONG,
+            &format!(
+                "request: the query is {} bytes, more than {MAX_REQUEST_BYTES}: send only lsn and timeout_ms",
+                query.len()
+            ),
+        );
+    }
+    if has_body(&req) {
+        Metrics::inc(&metrics.position_refused_too_large);
+        return json_error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "request: /wait takes no body: send lsn and timeout_ms in the query",
+        );
+    }
+    let wait = match WaitRequest::from_query(query) {
         Ok(w) => w,
         Err(e) => return json_error(StatusCode::BAD_REQUEST, &e.to_string()),
     };
+    drop(req);
     let outcome = match positions.wait(wait) {
         Ok(outcome) => outcome,
         Err(e) => return json_error(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
@@ -259,6 +280,16 @@ async fn wait(
             "the relay is stopping: ask again",
         ),
     }
+}
+
+/// Whether the request announces a body (a length above zero, or chunks): `/wait` reads none, and a
+/// client that sends one means something else.
+fn has_body(req: &Request<Incoming>) -> bool {
+    let headers = req.headers();
+    headers.contains_key(hyper::header::TRANSFER_ENCODING)
+        || headers
+            .get(hyper::header::CONTENT_LENGTH)
+            .is_some_and(|v| v.as_bytes() != b"0")
 }
 
 fn respond(

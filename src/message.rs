@@ -578,6 +578,7 @@ mod tests {
             msg_id: "e-5531".into(),
             content_type: Some("application/json"),
             data_schema: None,
+            schema_check: None,
         }
     }
 

@@ -50,6 +50,9 @@ pub(crate) const SPANS_EXPORTED: &str = "outbox_relay_spans_exported_total";
 /// Counter: trace spans dropped: the export queue was full, or the collector refused, failed or did
 /// not answer in time.
 pub(crate) const SPANS_DROPPED: &str = "outbox_relay_spans_dropped_total";
+/// Counter: position service and `/wait` requests refused, by reason (`reply_subject`: a reply
+/// subject the relay never publishes to, left unanswered; `too_large`: a body or query over 512 bytes).
+pub(crate) const POSITION_REFUSED: &str = "outbox_relay_position_requests_refused_total";
 
 /// `wal_status` values of `pg_replication_slots`, in the order of the gauge's codes (0 = unknown).
 pub(crate) const WAL_STATUSES: [&str; 4] = ["reserved", "extended", "unreserved", "lost"];
@@ -126,6 +129,11 @@ pub struct Metrics {
     pub spans_exported: AtomicU64,
     /// Trace spans dropped (queue full, collector down, slow or refusing).
     pub spans_dropped: AtomicU64,
+    /// Position service requests left unanswered: their reply subject is one the relay never
+    /// publishes to.
+    pub position_refused_reply: AtomicU64,
+    /// Position service and `/wait` requests refused for their size.
+    pub position_refused_too_large: AtomicU64,
 }
 
 fn now_ms() -> u64 {
@@ -197,6 +205,7 @@ impl Metrics {
         self.render_slot(&mut out);
         self.render_liveness(&mut out);
         self.render_spans(&mut out);
+        self.render_refused(&mut out);
         self.render_commit_to_ack(&mut out);
         self.schemas.render(&mut out);
         out
@@ -365,6 +374,27 @@ impl Metrics {
             "counter",
             "Trace spans dropped: export queue full, or the collector refused, failed or did not answer in time.",
             &[("", g(&self.spans_dropped) as f64)],
+        );
+    }
+
+    /// Requests the position service (and `/wait`) refused.
+    fn render_refused(&self, out: &mut String) {
+        let g = Self::get;
+        family(
+            out,
+            POSITION_REFUSED,
+            "counter",
+            "Position service and /wait requests refused, by reason (reply_subject: never answered; too_large: over 512 bytes).",
+            &[
+                (
+                    "{reason=\"reply_subject\"}",
+                    g(&self.position_refused_reply) as f64,
+                ),
+                (
+                    "{reason=\"too_large\"}",
+                    g(&self.position_refused_too_large) as f64,
+                ),
+            ],
         );
     }
 

@@ -28,6 +28,10 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use serde_json::Value;
 
+mod budget;
+pub(crate) use budget::INLINE_BYTES;
+pub use budget::PendingCheck;
+
 /// How much of a validator's message a reason keeps: a message may quote the whole failing value.
 const MAX_MESSAGE: usize = 200;
 
@@ -144,12 +148,13 @@ impl SchemaSet {
                 .map(String::from)
                 .unwrap_or_else(|()| format!("file:///{name}"));
             let validator = jsonschema::draft202012::options()
+                .with_pattern_options(jsonschema::PatternOptions::regex())
                 .with_retriever(Directory(Arc::clone(&files)))
                 .with_base_uri(base)
                 .build(schema)
                 .map_err(|e| LoadError {
                     file: file.clone(),
-                    problem: crate::message::one_line(&e.to_string()),
+                    problem: build_problem(&e),
                 })?;
             let id = schema
                 .get("$id")
@@ -239,6 +244,11 @@ impl SchemaSet {
         }
     }
 
+    /// Whether `event_type` has a schema of its own in this set.
+    pub(crate) fn has_schema_for(&self, event_type: &str) -> bool {
+        self.by_type.contains_key(event_type)
+    }
+
     fn dir_shown(&self) -> &str {
         if self.dir.is_empty() {
             "outbox.schemas (not set)"
@@ -246,6 +256,27 @@ impl SchemaSet {
             &self.dir
         }
     }
+}
+
+/// What a schema that does not compile gets wrong, in one line. A `pattern` (or a
+/// `patternProperties` key) the `regex` engine refuses is named with where it is and why: patterns
+/// must match in time linear in the payload, so lookaround and backreferences, which need a
+/// backtracking engine, are refused when the schemas load rather than stalling the relay on a payload.
+fn build_problem(e: &jsonschema::ValidationError<'_>) -> String {
+    if let jsonschema::error::ValidationErrorKind::Format { format } = e.kind()
+        && format == "regex"
+        && let Value::String(pattern) = e.instance().as_ref()
+    {
+        let at = e.instance_path().as_str();
+        let at = if at.is_empty() { "(root)" } else { at };
+        return format!(
+            "{at}: pattern {} is refused: patterns must match in linear time, so lookaround ((?=, (?!, (?<=, \
+             (?<!) and backreferences (\\1, \\k<name>) are not supported, nor is a pattern that does not compile; \
+             rewrite it without them",
+            shorten(&format!("{pattern:?}"))
+        );
+    }
+    crate::message::one_line(&e.to_string())
 }
 
 /// Resolves a `$ref` outside the schema itself to a file of the directory, by the URI's last path
@@ -347,6 +378,11 @@ impl SchemaReader {
             self.set = self.schemas.current();
         }
         &self.set
+    }
+
+    /// The set [`SchemaReader::get`] last returned, to hand to a check that runs elsewhere.
+    pub(crate) fn shared(&self) -> Arc<SchemaSet> {
+        Arc::clone(&self.set)
     }
 }
 

@@ -4,8 +4,9 @@
 //! access); the password file must be 0600 or less, whoever owns it.
 //!
 //! The check and the read use the same open file: checking a path and then opening it again would
-//! check one file and read another if it were swapped in between. A FIFO or a device in the file's
-//! place is refused before it is opened, because opening a FIFO blocks until someone writes to it.
+//! check one file and read another if it were swapped in between. The file is opened non-blocking,
+//! so a FIFO or a device in its place (even one swapped in at the last moment) is refused after an
+//! open that returns at once: a plain open of a FIFO blocks until someone writes to it.
 
 use std::fs::File;
 use std::io::Read;
@@ -33,9 +34,6 @@ pub(crate) enum SecretFileError {
         /// Its permission bits.
         mode: u32,
     },
-    /// It was replaced between the check and the open.
-    #[error("{0} changed while it was being opened: try again")]
-    Replaced(String),
 }
 
 /// Who besides the owner may read a secret file.
@@ -49,19 +47,28 @@ pub(crate) enum Access {
 
 /// The file's text, after checking that it is a regular file readable as `access` allows.
 pub(crate) fn read(path: &Path, access: Access) -> Result<String, SecretFileError> {
+    read_with(path, access, || {})
+}
+
+/// [`read`], with `before_open` run just before the file is opened: the tests swap a FIFO in there.
+fn read_with(
+    path: &Path,
+    access: Access,
+    before_open: impl FnOnce(),
+) -> Result<String, SecretFileError> {
     let shown = || path.display().to_string();
     let io = |error| SecretFileError::Io {
         path: shown(),
         error,
     };
-    let before = std::fs::metadata(path).map_err(io)?;
-    if !before.is_file() {
-        return Err(SecretFileError::NotRegular(shown()));
-    }
-    let mut file = File::open(path).map_err(io)?;
+    before_open();
+    // Non-blocking: whatever is at the path now (a FIFO swapped in after a look would block a plain
+    // open until someone writes to it), the open returns at once, and the open file is what is
+    // checked and read. A regular file reads the same either way.
+    let mut file = open_nonblocking(path).map_err(io)?;
     let meta = file.metadata().map_err(io)?;
-    if !same_file(&before, &meta) || !meta.is_file() {
-        return Err(SecretFileError::Replaced(shown()));
+    if !meta.is_file() {
+        return Err(SecretFileError::NotRegular(shown()));
     }
     check_mode(&meta, access).map_err(|mode| SecretFileError::Exposed {
         path: shown(),
@@ -73,14 +80,17 @@ pub(crate) fn read(path: &Path, access: Access) -> Result<String, SecretFileErro
 }
 
 #[cfg(unix)]
-fn same_file(a: &std::fs::Metadata, b: &std::fs::Metadata) -> bool {
-    use std::os::unix::fs::MetadataExt;
-    a.dev() == b.dev() && a.ino() == b.ino()
+fn open_nonblocking(path: &Path) -> std::io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
 }
 
 #[cfg(not(unix))]
-fn same_file(_: &std::fs::Metadata, _: &std::fs::Metadata) -> bool {
-    true
+fn open_nonblocking(path: &Path) -> std::io::Result<File> {
+    File::open(path)
 }
 
 /// `Err(mode)` when group or others have access beyond libpq's rule.
@@ -153,5 +163,39 @@ mod tests {
         assert!(matches!(e, SecretFileError::NotRegular(_)), "{e:?}");
         let e = read(dir.path(), Access::Owner).unwrap_err();
         assert!(matches!(e, SecretFileError::NotRegular(_)), "{e:?}");
+    }
+
+    /// Issue 34: a regular file that is replaced by a FIFO just before it is opened (after any look
+    /// at the path) is refused at once, not waited on: the open does not block. Run on a thread, so
+    /// a blocking open fails the test after 10 s instead of hanging it.
+    #[test]
+    fn a_fifo_swapped_in_before_the_open_is_refused_without_blocking() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = file(dir.path(), 0o600);
+        let (done, finished) = std::sync::mpsc::channel();
+        let swapped = path.clone();
+        std::thread::spawn(move || {
+            let r = read_with(&swapped, Access::Owner, || {
+                std::fs::remove_file(&swapped).unwrap();
+                let status = std::process::Command::new("mkfifo")
+                    .arg(&swapped)
+                    .status()
+                    .unwrap();
+                assert!(status.success());
+            });
+            let _ = done.send(r.map_err(|e| e.to_string()));
+        });
+        let r = finished
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("read blocked on the FIFO: no answer within 10 s");
+        let e = r.unwrap_err();
+        assert!(e.contains("is not a regular file"), "{e}");
+        // Unblock a reader that is stuck (only before the fix): a writer opens the FIFO, itself
+        // non-blocking (with no reader left, that open fails at once).
+        use std::os::unix::fs::OpenOptionsExt;
+        let _ = std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&path);
     }
 }

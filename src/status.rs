@@ -635,7 +635,9 @@ async fn read_postgres(
 }
 
 /// The pids of the relay processes for `slot` connected to this database: every connection a relay
-/// opens is named [`catalog::relay_application_name`] (`outbox-relay/SLOT/PID…`).
+/// opens is named [`catalog::relay_application_name`] (`outbox-relay/SLOT/PID…`). Any session may
+/// give itself that name, so only sessions of the relay's own role (the role `status` connects as)
+/// and the walsender that holds the slot are believed.
 async fn relay_pids(pg: &Client, slot: &str) -> Result<Vec<u32>, tokio_postgres::Error> {
     let prefix = format!("{}{slot}/", catalog::RELAY_APPLICATION_PREFIX);
     // application_name is cut at 63 bytes (NAMEDATALEN - 1); a long slot name leaves no pid.
@@ -643,8 +645,10 @@ async fn relay_pids(pg: &Client, slot: &str) -> Result<Vec<u32>, tokio_postgres:
     let rows = pg
         .query(
             "SELECT DISTINCT application_name FROM pg_stat_activity \
-             WHERE datname = current_database() AND left(application_name, $2) = left($1, $2)",
-            &[&prefix, &(cut as i32)],
+             WHERE datname = current_database() AND left(application_name, $2) = left($1, $2) \
+               AND (usename = current_user \
+                    OR pid = (SELECT active_pid FROM pg_replication_slots WHERE slot_name = $3))",
+            &[&prefix, &(cut as i32), &slot],
         )
         .await?;
     let mut pids: Vec<u32> = rows

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use async_nats::jetstream::{self, stream};
 use outbox_relay::Lsn;
 use outbox_relay::config::Config;
+use outbox_relay::metrics::Metrics;
 use serde_json::Value;
 use tokio_postgres::Client;
 
@@ -504,6 +505,139 @@ async fn setup_warns_about_partitions_the_stream_does_not_cover() {
     );
 }
 
+/// The counter `outbox_relay_position_requests_refused_total{reason=…}` in the relay's metrics text.
+fn refused(relay: &InProcessRelay, reason: &str) -> Option<f64> {
+    crate::hostile::metric(
+        &relay.metrics.render(),
+        &format!("outbox_relay_position_requests_refused_total{{reason=\"{reason}\"}}"),
+    )
+}
+
+/// Issue 34, finding 1: the position service is nobody's deputy. Under the NATS permissions
+/// docs/operations.md gives, the service's user may not publish into the stream, onto the relay's
+/// inbox or to JetStream's API; it sends `.position`, `.wait`, `$SRV.PING`, `$SRV.INFO` and
+/// `$SRV.STATS` requests whose reply subject is the stream's subject, the dead-letter subject, the
+/// relay's inbox or `$JS.API.STREAM.PURGE.OUTBOX`, which the relay's `allow_responses` would let it
+/// answer on. None is answered: the stream holds exactly the two inserted events (no stored answer,
+/// no purge), the relay never restarted, the refusals are counted, and the same requests with the
+/// user's own inbox are answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_position_service_refuses_reply_subjects_it_must_never_publish_to() {
+    use crate::permissions::{
+        INBOX_PREFIX, RELAY_PASSWORD, RELAY_USER, documented_nats_config, service_client,
+    };
+    let nats = NatsServer::start_with_config(&documented_nats_config());
+    let db = TestDb::create(PgServer::shared()).await;
+    db.psql(&crate::support::default_outbox_sql());
+    let mut config = relay_config(&db, &nats);
+    config.nats.stream = "OUTBOX".into();
+    config.nats.user = RELAY_USER.into();
+    config.nats.password = RELAY_PASSWORD.into();
+    config.nats.inbox_prefix = INBOX_PREFIX.into();
+    let mut env = relay_env(&config);
+    env.push(("OUTBOX_RELAY_NATS_USER".into(), RELAY_USER.into()));
+    env.push(("OUTBOX_RELAY_NATS_PASSWORD".into(), RELAY_PASSWORD.into()));
+    env.push(("OUTBOX_RELAY_NATS_INBOX_PREFIX".into(), INBOX_PREFIX.into()));
+    let setup = run_command(&["setup"], &env, LIMIT);
+    assert!(setup.status.success(), "setup: {}", setup.stderr);
+
+    let (service, _errors) = service_client(&nats).await;
+    let js = jetstream::new(service.clone());
+    let client = db.client().await;
+    let relay = InProcessRelay::start(config.clone());
+    wait_for_active_slot(&client, &config.postgres.slot).await;
+    let insert = "INSERT INTO public.outbox (aggregate_type, aggregate_id, event_type, payload) \
+                  VALUES ('Claim', $1, 'ClaimApproved', '{}')";
+    client.execute(insert, &[&"4711"]).await.expect("insert");
+    wait_for("the first event in the stream", LIMIT, || async {
+        stream_count(&js, "OUTBOX").await >= 1
+    })
+    .await;
+    let prefix = format!("outbox-relay.{}", config.postgres.slot);
+    wait_for("the position service", LIMIT, || async {
+        !pings(&service).await.is_empty()
+    })
+    .await;
+
+    let far = Lsn(current_wal_lsn(&client).await.0 + (1 << 40));
+    let wait_body = format!(r#"{{"lsn": "{far}", "timeout_ms": 0}}"#);
+    let requests = [
+        (format!("{prefix}.position"), String::new()),
+        (format!("{prefix}.wait"), wait_body.clone()),
+        ("$SRV.PING".to_owned(), String::new()),
+        ("$SRV.INFO.outbox-relay".to_owned(), String::new()),
+        ("$SRV.STATS".to_owned(), String::new()),
+    ];
+    let replies = [
+        "outbox.Claim",
+        "outbox_dead_letter",
+        &format!("{INBOX_PREFIX}.planted.1"),
+        "$JS.API.STREAM.PURGE.OUTBOX",
+    ];
+    for reply in replies {
+        for (subject, body) in &requests {
+            service
+                .publish_with_reply(subject.clone(), reply.to_owned(), body.clone().into())
+                .await
+                .expect("publish");
+        }
+    }
+    service.flush().await.expect("flush");
+    // Answers would be stored (or the stream purged) within milliseconds; give them time.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    client.execute(insert, &[&"4712"]).await.expect("insert");
+    wait_for("the second event in the stream", LIMIT, || async {
+        read_all(&js, "OUTBOX").await.iter().any(|m| {
+            m.headers
+                .get("Outbox-Aggregate-Id")
+                .is_some_and(|id| id == "4712")
+        })
+    })
+    .await;
+    // A message the relay did not write shows as its subject and payload.
+    let ids: Vec<String> = read_all(&js, "OUTBOX")
+        .await
+        .iter()
+        .map(|m| match m.headers.get("Outbox-Aggregate-Id") {
+            Some(id) => id.clone(),
+            None => format!("{}: {}", m.subject, String::from_utf8_lossy(&m.payload)),
+        })
+        .collect();
+    assert_eq!(
+        ids,
+        ["4711", "4712"],
+        "the stream holds only the relay's events: no answer stored, nothing purged"
+    );
+    assert_eq!(
+        Metrics::get(&relay.metrics.reconnects),
+        0,
+        "the relay never restarted"
+    );
+    assert!(!relay.is_finished(), "the relay runs on");
+    let expected = (replies.len() * requests.len()) as f64;
+    assert_eq!(refused(&relay, "reply_subject"), Some(expected));
+
+    // The same requests on the user's own inbox are answered.
+    let position = ask(&service, format!("{prefix}.position"), "")
+        .await
+        .expect("position");
+    assert_eq!(position["stream"], "OUTBOX", "{position}");
+    let answer = ask(&service, format!("{prefix}.wait"), &wait_body)
+        .await
+        .expect("wait");
+    assert_eq!(answer["error"], "timeout", "{answer}");
+    assert_eq!(pings(&service).await.len(), 1);
+    let stats = service
+        .request("$SRV.STATS.outbox-relay", "".into())
+        .await
+        .expect("$SRV.STATS");
+    let stats: Value = serde_json::from_slice(&stats.payload).expect("stats JSON");
+    assert_eq!(stats["type"], "io.nats.micro.v1.stats_response", "{stats}");
+    assert_eq!(refused(&relay, "reply_subject"), Some(expected));
+    relay.stop().await.expect("relay stops cleanly");
+}
+
 /// Issue 33, defect 8: right after a restart the relay knows where the slot stands, and says so.
 /// Its first `/position` answer shows the slot's `confirmed_flush_lsn` as `confirmed_lsn` and as
 /// `stored_lsn` (not `0/0` until the session's first status update), with the stream's last
@@ -561,5 +695,82 @@ async fn position_right_after_a_restart_is_the_slots_own() {
         status, 504,
         "a wait past what is stored is not stored: {body}"
     );
+    relay.stop().await.expect("relay stops cleanly");
+}
+
+/// Issue 34, finding 3: a wait's request is bounded. A `.wait` body over 512 bytes (a valid wait
+/// padded with whitespace) gets a 413 service error naming the limit, and a `/wait` whose query is
+/// over 512 bytes (valid, padded with empty parameters) a 414, one with a body a 413; each is
+/// counted. A normal wait on both still answers once its event is stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_wait_requests_are_refused_on_nats_and_http() {
+    let db = text_id_db().await;
+    let nats = NatsServer::start();
+    let mut config = relay_config(&db, &nats);
+    let addr = free_addr();
+    config.http.listen = addr.clone();
+    let client = db.client().await;
+    let relay = InProcessRelay::start(config.clone());
+    wait_for_active_slot(&client, &config.postgres.slot).await;
+    let nc = nats.client().await;
+    let prefix = format!("outbox-relay.{}", config.postgres.slot);
+    wait_for("the position service", LIMIT, || async {
+        !pings(&nc).await.is_empty()
+    })
+    .await;
+    wait_for_status(&addr, "/position", 200, 30).await;
+
+    let far = Lsn(current_wal_lsn(&client).await.0 + (1 << 40));
+    let body = format!(r#"{{"lsn": "{far}", "timeout_ms": 30000}}"#);
+    let padded = format!("{body}{}", " ".repeat(600));
+    let (code, text) = ask(&nc, format!("{prefix}.wait"), &padded)
+        .await
+        .expect_err("a padded wait is refused");
+    assert_eq!(code, "413", "{text}");
+    assert!(text.contains("more than 512"), "{text}");
+    assert_eq!(text.lines().count(), 1, "{text}");
+
+    let query = format!("lsn={far}&timeout_ms=30000{}", "&".repeat(600));
+    let (status, text) = try_get(&addr, &format!("/wait?{query}"))
+        .await
+        .expect("/wait padded");
+    assert_eq!(status, 414, "{text}");
+    assert!(text.contains("more than 512"), "{text}");
+    let with_body = {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(&addr)
+            .await
+            .expect("connect");
+        s.write_all(
+            format!(
+                "GET /wait?lsn={far}&timeout_ms=30000 HTTP/1.0\r\nHost: x\r\nContent-Length: 4\r\n\r\nabcd"
+            )
+            .as_bytes(),
+        )
+        .await
+        .expect("send");
+        let mut buf = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut buf))
+            .await
+            .expect("answered at once")
+            .expect("read");
+        String::from_utf8_lossy(&buf).into_owned()
+    };
+    assert!(with_body.starts_with("HTTP/1.0 413"), "{with_body}");
+    assert_eq!(refused(&relay, "too_large"), Some(3.0));
+
+    let token = write(&client, "e-1", "1").await;
+    let answer = ask(
+        &nc,
+        format!("{prefix}.wait"),
+        &format!(r#"{{"lsn": "{token}", "timeout_ms": 20000}}"#),
+    )
+    .await
+    .expect("a normal wait");
+    assert_eq!(answer["stored"], true, "{answer}");
+    let (status, text) = try_get(&addr, &format!("/wait?lsn={token}&timeout_ms=20000"))
+        .await
+        .expect("/wait");
+    assert_eq!(status, 200, "{text}");
     relay.stop().await.expect("relay stops cleanly");
 }

@@ -181,6 +181,87 @@ async fn a_relay_started_while_postgres_is_down_waits_and_then_publishes() {
     );
 }
 
+/// Issue 34, finding 4: a multi-host `postgres.url` whose first host is down and whose second
+/// refuses the password ends `run` at once with the refusal, instead of logging in with the wrong
+/// password again and again (enough to lock an LDAP- or PAM-backed account); a single host did so
+/// already.
+#[tokio::test]
+async fn a_wrong_password_ends_run_even_when_another_host_is_down() {
+    let server = PgServer::shared();
+    let db = text_id_db(server).await;
+    let nats = NatsServer::start();
+    let config = relay_config(&db, &nats);
+    let down = free_addr();
+    let mut env = relay_env(&config);
+    set(
+        &mut env,
+        "OUTBOX_RELAY_POSTGRES_URL",
+        &format!(
+            "postgres://scram_user:wrong@{down},{}:{}/{}?sslmode=disable",
+            server.host(),
+            server.port(),
+            db.name()
+        ),
+    );
+    let f = run_command(&["run"], &env, Duration::from_secs(30));
+    assert_eq!(f.status.code(), Some(1), "{}", f.stderr);
+    let last = f.stderr.trim().lines().last().unwrap_or("").to_owned();
+    assert!(
+        last.starts_with("outbox-relay: ") && last.contains("password authentication failed"),
+        "{}",
+        f.stderr
+    );
+    assert_eq!(lines_with(&f.stderr, "cannot start yet"), 0, "{}", f.stderr);
+    assert!(
+        !f.stderr.contains(":wrong@"),
+        "no password in the output: {}",
+        f.stderr
+    );
+}
+
+/// Issue 34, finding 8: `sslmode=require` against a server without TLS (here a listener that
+/// answers every SSLRequest with `N`, as such a Postgres does) ends `run` at once with a line that
+/// says TLS, as the docs promise for TLS failures, instead of "waiting for the server; retrying"
+/// forever.
+#[tokio::test]
+async fn a_tls_refusal_on_the_control_connection_ends_run() {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut s) = conn else { return };
+            std::thread::spawn(move || {
+                let mut request = [0u8; 8];
+                if s.read_exact(&mut request).is_ok() {
+                    let _ = s.write_all(b"N");
+                    let _ = s.read(&mut [0u8; 64]);
+                }
+            });
+        }
+    });
+    let db = text_id_db(PgServer::shared()).await;
+    let nats = NatsServer::start();
+    let config = relay_config(&db, &nats);
+    let mut env = relay_env(&config);
+    set(
+        &mut env,
+        "OUTBOX_RELAY_POSTGRES_URL",
+        &format!("postgres://outbox_relay@{addr}/app?sslmode=require"),
+    );
+    let f = run_command(&["run"], &env, Duration::from_secs(30));
+    assert_eq!(f.status.code(), Some(1), "{}", f.stderr);
+    let last = f.stderr.trim().lines().last().unwrap_or("").to_owned();
+    assert!(
+        last.starts_with("outbox-relay: ")
+            && last.contains("TLS")
+            && last.contains("server does not support TLS"),
+        "{}",
+        f.stderr
+    );
+    assert_eq!(lines_with(&f.stderr, "cannot start yet"), 0, "{}", f.stderr);
+}
+
 /// Settings retrying cannot fix still end `run` at once with one clear line: NATS refusing the
 /// relay's credentials, and a Postgres database that does not exist.
 #[tokio::test]

@@ -151,9 +151,172 @@ async fn sql_06_stops_direct_emit_messages_and_setup_and_status_warn_until_it_ra
     server.psql("postgres", &format!("DROP ROLE IF EXISTS {writer}"));
 }
 
+/// Issue 34, finding 7: any session may call itself `outbox-relay/<slot>/<pid>`. A role with no
+/// rights that does so while no relay runs does not make `status` print "relay: running (pid
+/// 4242)": only sessions of the relay's own role, and the slot's walsender, are believed.
+#[tokio::test]
+async fn status_believes_no_application_name_of_another_role() {
+    let server = PgServer::shared();
+    let db = TestDb::create(server).await;
+    db.psql(&default_outbox_sql());
+    let nobody = unique("nobody");
+    db.psql(&format!(
+        "CREATE ROLE {nobody} LOGIN PASSWORD '{PG_PASSWORD}'"
+    ));
+    let nats = NatsServer::start();
+    let config = relay_config(&db, &nats);
+    let env = relay_env(&config);
+    let setup = run_command(&["setup"], &env, LIMIT);
+    assert!(setup.status.success(), "setup: {}", setup.stderr);
+    let url = format!(
+        "{}?application_name=outbox-relay/{}/4242",
+        server.url_as(&nobody, PG_PASSWORD, db.name()),
+        config.postgres.slot
+    );
+    let (impostor, connection) = tokio_postgres::connect(&url, NoTls)
+        .await
+        .expect("connect as a role with no rights");
+    tokio::spawn(connection);
+    let name: String = impostor
+        .query_one("SELECT current_setting('application_name')", &[])
+        .await
+        .expect("application_name")
+        .get(0);
+    assert!(name.ends_with("/4242"), "{name}");
+    let status = run_command(&["status"], &env, LIMIT);
+    assert!(
+        !status.stdout.contains("4242"),
+        "status believes another role's application_name:\n{}",
+        status.stdout
+    );
+    assert!(
+        !status.stdout.contains("relay: running"),
+        "{}",
+        status.stdout
+    );
+    drop(impostor);
+    drop(db);
+    server.psql("postgres", &format!("DROP ROLE IF EXISTS {nobody}"));
+}
+
+/// The warning `setup` and `status` print while PUBLIC may execute a SECURITY DEFINER helper.
+fn helper_warning(stdout: &str) -> Option<&str> {
+    stdout
+        .lines()
+        .find(|l| l.starts_with("warning:") && l.contains("SECURITY DEFINER"))
+}
+
+/// Issue 34, finding 5: sql/06's `outbox_message` and sql/08's `outbox_context` are SECURITY DEFINER;
+/// run without `-v writer_role` they used to keep PostgreSQL's default EXECUTE for PUBLIC, so a role
+/// with no grants could publish events (and emit first under another writer's id). Now both scripts
+/// always revoke it: such a role gets `permission denied` from either helper. And while PUBLIC may execute such a helper (granted back by hand), `setup` and `status` warn,
+/// naming it; once revoked, neither does.
+#[tokio::test]
+async fn the_helpers_are_never_executable_by_public_and_setup_warns_while_they_are() {
+    let server = PgServer::shared();
+    let db = TestDb::create(server).await;
+    let nobody = unique("nobody");
+    db.psql(&format!(
+        "CREATE ROLE {nobody} LOGIN PASSWORD '{PG_PASSWORD}'"
+    ));
+    let nats = NatsServer::start();
+    let config = relay_config(&db, &nats);
+    let env = messages_env(&config);
+    for script in ["06_outbox_message.sql", "08_outbox_context.sql"] {
+        let path = format!("{}/sql/{script}", env!("CARGO_MANIFEST_DIR"));
+        db.psql(&std::fs::read_to_string(&path).expect("read the script"));
+    }
+    let (as_nobody, connection) =
+        tokio_postgres::connect(&server.url_as(&nobody, PG_PASSWORD, db.name()), NoTls)
+            .await
+            .expect("connect as a role with no grants");
+    tokio::spawn(connection);
+    for call in [
+        "SELECT outbox_message('Claim', '4711', 'ClaimApproved', '{\"amount\": 1000000}')",
+        "SELECT outbox_context('00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01')",
+    ] {
+        let e = as_nobody
+            .query_one(call, &[])
+            .await
+            .expect_err(&format!("{call} as a role with no grants"));
+        let code = e.as_db_error().map(|d| d.code().code().to_owned());
+        assert_eq!(code.as_deref(), Some("42501"), "{call}: {e}");
+    }
+
+    let setup = run_command(&["setup"], &env, LIMIT);
+    assert!(setup.status.success(), "setup: {}", setup.stderr);
+    assert_eq!(helper_warning(&setup.stdout), None, "{}", setup.stdout);
+    db.psql(
+        "GRANT EXECUTE ON FUNCTION public.outbox_message(text, text, text, jsonb, jsonb, text) TO PUBLIC",
+    );
+    let setup = run_command(&["setup"], &env, LIMIT);
+    assert!(setup.status.success(), "setup: {}", setup.stderr);
+    let line = helper_warning(&setup.stdout)
+        .unwrap_or_else(|| panic!("setup warns about the helper:\n{}", setup.stdout));
+    assert!(
+        line.contains("outbox_message(text,text,text,jsonb,jsonb,text)")
+            && line.contains("FROM PUBLIC")
+            && !line.contains("outbox_context"),
+        "{line}"
+    );
+    let status = run_command(&["status"], &env, LIMIT);
+    assert!(
+        helper_warning(&status.stdout).is_some_and(|l| l == line),
+        "status warns as setup does:\n{}",
+        status.stdout
+    );
+    drop(as_nobody);
+    drop(db);
+    server.psql("postgres", &format!("DROP ROLE IF EXISTS {nobody}"));
+}
+
+/// Issue 34, finding 6: with only `outbox.context_prefix` set (no `message_prefix`), every role may
+/// still call `pg_logical_emit_message` and write context messages the relay applies unchecked (an
+/// invalid one is a dead letter). `setup` and `status` warn about it, naming `outbox.context_prefix`
+/// and the REVOKE, until sql/06 revoked it; then neither warns.
+#[tokio::test]
+async fn setup_and_status_warn_while_every_role_may_emit_context_messages() {
+    let server = PgServer::shared();
+    let db = TestDb::create(server).await;
+    db.psql(&default_outbox_sql());
+    let nats = NatsServer::start();
+    let config = relay_config(&db, &nats);
+    let mut env = relay_env(&config);
+    env.push((
+        "OUTBOX_RELAY_OUTBOX_CONTEXT_PREFIX".into(),
+        "outbox-context".into(),
+    ));
+    let setup = run_command(&["setup"], &env, LIMIT);
+    assert!(setup.status.success(), "setup: {}", setup.stderr);
+    let line = emit_warning(&setup.stdout)
+        .unwrap_or_else(|| panic!("setup warns about direct calls:\n{}", setup.stdout));
+    assert!(
+        line.contains("outbox.context_prefix is set")
+            && line.contains("trace context messages")
+            && line.contains("REVOKE EXECUTE ON FUNCTION pg_logical_emit_message(boolean,text,")
+            && line.contains("FROM PUBLIC"),
+        "{line}"
+    );
+    let status = run_command(&["status"], &env, LIMIT);
+    assert!(
+        emit_warning(&status.stdout).is_some_and(|l| l == line),
+        "status warns as setup does:\n{}",
+        status.stdout
+    );
+
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/sql/06_outbox_message.sql");
+    let script = std::fs::read_to_string(path).expect("read sql/06");
+    db.psql(&script);
+    let setup = run_command(&["setup"], &env, LIMIT);
+    assert!(setup.status.success(), "setup: {}", setup.stderr);
+    assert_eq!(emit_warning(&setup.stdout), None, "{}", setup.stdout);
+    let status = run_command(&["status"], &env, LIMIT);
+    assert_eq!(emit_warning(&status.stdout), None, "{}", status.stdout);
+}
+
 /// The nats-server configuration docs/operations.md prints under "NATS permissions": the first code
 /// block of that section, as it is.
-fn documented_nats_config() -> String {
+pub(crate) fn documented_nats_config() -> String {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/operations.md");
     let text = std::fs::read_to_string(path).expect("read docs/operations.md");
     let (_, section) = text
@@ -168,15 +331,15 @@ fn documented_nats_config() -> String {
 }
 
 /// The names and passwords of the documented configuration.
-const RELAY_USER: &str = "outbox-relay";
-const RELAY_PASSWORD: &str = "change-me-relay";
-const SERVICE_USER: &str = "claims-service";
-const SERVICE_PASSWORD: &str = "change-me-service";
-const INBOX_PREFIX: &str = "_INBOX_outbox_relay";
+pub(crate) const RELAY_USER: &str = "outbox-relay";
+pub(crate) const RELAY_PASSWORD: &str = "change-me-relay";
+pub(crate) const SERVICE_USER: &str = "claims-service";
+pub(crate) const SERVICE_PASSWORD: &str = "change-me-service";
+pub(crate) const INBOX_PREFIX: &str = "_INBOX_outbox_relay";
 
 /// A client of the documented service user, and the errors the server sends it (a permission
 /// violation comes as an `-ERR` line, not as the publish's result).
-async fn service_client(
+pub(crate) async fn service_client(
     nats: &NatsServer,
 ) -> (async_nats::Client, mpsc::UnboundedReceiver<String>) {
     let (tx, rx) = mpsc::unbounded_channel();

@@ -142,6 +142,22 @@ async fn failing_payloads_are_dead_letters_naming_type_pointer_and_keyword() {
         )
         .await
         .expect("emit");
+    // Payloads over 16 KiB are checked off the runtime thread, by the sink: the same verdicts.
+    let note = "n".repeat(20 * 1024);
+    insert(
+        &client,
+        "big-ok",
+        "ClaimApproved",
+        &format!(r#"{{"claim": 4713, "amount": 1, "note": "{note}"}}"#),
+    )
+    .await;
+    insert(
+        &client,
+        "big-bad",
+        "ClaimApproved",
+        &format!(r#"{{"claim": "4713", "amount": 1, "note": "{note}"}}"#),
+    )
+    .await;
     insert(
         &client,
         "ok-2",
@@ -150,7 +166,15 @@ async fn failing_payloads_are_dead_letters_naming_type_pointer_and_keyword() {
     )
     .await;
 
-    let all = wait_and_read(&nats, &config.nats.stream, 7).await;
+    let all = wait_and_read(&nats, &config.nats.stream, 9).await;
+    assert_eq!(
+        by_id(&all, "big-ok").header("ce-dataschema"),
+        "https://schemas.example.com/claims/ClaimApproved.json"
+    );
+    assert_eq!(
+        reason(by_id(&all, "big-bad"), &config),
+        r#"ClaimApproved: /claim: "4713" is not of type "integer" (type)"#
+    );
     let ok = by_id(&all, "ok-1");
     assert_eq!(ok.subject, "outbox.Claim");
     assert_eq!(
@@ -190,10 +214,10 @@ async fn failing_payloads_are_dead_letters_naming_type_pointer_and_keyword() {
         "outbox.Claim",
         "the stream goes on"
     );
-    assert_eq!(relay.metrics.schemas.failures("ClaimApproved"), 4);
+    assert_eq!(relay.metrics.schemas.failures("ClaimApproved"), 5);
     let text = relay.metrics.render();
     assert!(
-        text.contains("outbox_relay_schema_failures_total{event_type=\"ClaimApproved\"} 4"),
+        text.contains("outbox_relay_schema_failures_total{event_type=\"ClaimApproved\"} 5"),
         "{text}"
     );
     assert!(text.contains("outbox_relay_schemas_loaded 2"), "{text}");
@@ -371,6 +395,44 @@ async fn a_missing_directory_at_start_is_a_config_error() {
         "{}",
         f.stdout
     );
+}
+
+/// Issue 34, finding 2: a `pattern` that needs backtracking (`^(\w+\s?)*(?<!\s)$` kept the relay's
+/// only runtime thread busy for seconds on one 35 KB payload, and the slot stuck) is refused when the
+/// schemas load: `run` and `check-schemas` exit 1 at once with one line naming the file, where the
+/// pattern is and the pattern; `status` says the directory does not load.
+#[tokio::test]
+async fn a_backtracking_pattern_is_refused_when_the_schemas_load() {
+    let db = text_id_db().await;
+    let nats = NatsServer::start();
+    let config = relay_config(&db, &nats);
+    let schema = serde_json::json!({
+        "type": "object",
+        "properties": {"note": {"type": "string", "pattern": r"^(\w+\s?)*(?<!\s)$"}}
+    });
+    let dir = schema_dir(&[("NoteAdded.json", &schema.to_string())]);
+    let dir_path = dir.path().to_str().expect("utf-8 path").to_owned();
+    let mut env = relay_env(&config);
+    env.push(("OUTBOX_RELAY_OUTBOX_SCHEMAS".into(), dir_path.clone()));
+    for cmd in ["run", "check-schemas"] {
+        let f = run_command(&[cmd], &env, Duration::from_secs(20));
+        assert_eq!(f.status.code(), Some(1), "{cmd}: {}", f.stderr);
+        let lines: Vec<&str> = f.stderr.lines().collect();
+        assert_eq!(lines.len(), 1, "{cmd}: one line: {}", f.stderr);
+        assert!(
+            lines[0].contains("outbox.schemas")
+                && lines[0].contains(&format!(
+                    "{dir_path}/NoteAdded.json: /properties/note/pattern: pattern"
+                ))
+                && lines[0].contains(r#""^(\\w+\\s?)*(?<!\\s)$" is refused"#)
+                && lines[0].contains("linear time"),
+            "{cmd}: {}",
+            f.stderr
+        );
+    }
+    let f = run_command(&["status"], &env, LIMIT);
+    assert_eq!(f.status.code(), Some(1), "{}", f.stdout);
+    assert!(f.stdout.contains("DO NOT LOAD"), "{}", f.stdout);
 }
 
 /// Backfilled rows are checked like live ones: the failing row is a dead letter with its reason.

@@ -134,6 +134,7 @@ impl Headers {
                 msg_id: String::new(),
                 content_type: Some(JSON_CONTENT_TYPE),
                 data_schema: None,
+                schema_check: None,
             },
             template: SubjectTemplate::parse("outbox.{aggregate_type}")?,
             cloudevents: CloudEvents::new("outbox-relay"),

@@ -605,6 +605,24 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("overlaps nats.subject"), "{e}");
+        // Under the position service's subjects, where its callers may publish (issue 34).
+        for bad in ["outbox-relay", "outbox-relay.inbox", "outbox-relay.s.wait"] {
+            let e = load("", &[("OUTBOX_RELAY_NATS_INBOX_PREFIX", bad)])
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("nats.inbox_prefix")
+                    && e.contains("overlaps the position service's subjects outbox-relay.>"),
+                "{bad:?}: {e}"
+            );
+            assert!(!e.contains('\n'), "{e}");
+        }
+        for good in ["outbox-relay_inbox", "_INBOX_outbox-relay"] {
+            assert!(
+                load("", &[("OUTBOX_RELAY_NATS_INBOX_PREFIX", good)]).is_ok(),
+                "{good}"
+            );
+        }
     }
 
     #[test]

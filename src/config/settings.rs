@@ -393,8 +393,9 @@ fn check_partitions(n: &super::NatsConfig, template: &SubjectTemplate) -> Result
     Ok(())
 }
 
-/// `nats.inbox_prefix`: literal tokens (no wildcards, not `$…`, which NATS reserves), and no subject
-/// the stream stores: JetStream would store the answers to the relay's own publishes.
+/// `nats.inbox_prefix`: literal tokens (no wildcards, not `$…`, which NATS reserves), no subject
+/// the stream stores (JetStream would store the answers to the relay's own publishes), and not under
+/// `outbox-relay.>`, where service callers may publish.
 fn check_inbox_prefix(
     n: &super::NatsConfig,
     template: &SubjectTemplate,
@@ -408,6 +409,17 @@ fn check_inbox_prefix(
         )
     })?;
     let inbox = format!("{prefix}.>");
+    // The position service's subjects: service callers may publish there, so an inbox among them
+    // would let any of them plant an answer on the relay's inbox.
+    if crate::route::subjects_overlap(&inbox, "outbox-relay.>") {
+        return Err(invalid(
+            KEY,
+            format!(
+                "{prefix:?}: the relay's inbox {inbox} overlaps the position service's subjects outbox-relay.>, \
+                 where service callers may publish: pick a prefix of its own, such as \"_INBOX_outbox_relay\""
+            ),
+        ));
+    }
     for (key, subject) in [
         ("nats.subject", template.wildcard()),
         ("nats.dead_letter_subject", n.dead_letter_subject.clone()),

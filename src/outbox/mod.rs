@@ -33,7 +33,7 @@ use crate::Lsn;
 use crate::config::OutboxConfig;
 use crate::pgoutput::{Message, Relation, TupleValue};
 use crate::position::Position;
-use crate::schema::{SchemaMetrics, SchemaReader, Schemas, Verdict};
+use crate::schema::{PendingCheck, SchemaMetrics, SchemaReader, Schemas, Verdict};
 
 /// The longest event id published as `Nats-Msg-Id`; a longer one makes the event invalid (its dead
 /// letter gets a WAL-derived id), so one huge id cannot keep even a minimal dead letter out.
@@ -86,6 +86,9 @@ pub struct OutboxEvent {
     pub content_type: Option<&'static str>,
     /// The `$id` of the JSON Schema the payload passed (`outbox.schemas`): `ce-dataschema`.
     pub data_schema: Option<Arc<str>>,
+    /// The contract check of a payload too large to check on the runtime thread, which the sink
+    /// runs before it publishes the event (`schema/budget.rs`); `None` once checked, or for none.
+    pub schema_check: Option<PendingCheck>,
 }
 
 /// What one pgoutput message means for the relay.
@@ -405,6 +408,7 @@ impl OutboxStage {
                 )),
                 content_type: Some(JSON_CONTENT_TYPE),
                 data_schema: None,
+                schema_check: None,
             })
         };
         if !transactional {
@@ -471,6 +475,16 @@ impl OutboxStage {
         let Some(event_type) = event.event_type.as_deref() else {
             return;
         };
+        // A large payload is checked off the runtime thread, within a budget, before it is
+        // published; a type without a schema needs no check at all.
+        if event.payload.len() > crate::schema::INLINE_BYTES && set.has_schema_for(event_type) {
+            event.schema_check = Some(PendingCheck {
+                set: reader.shared(),
+                metrics: Arc::clone(metrics),
+                bytea,
+            });
+            return;
+        }
         match set.check(event_type, &event.payload, bytea) {
             Verdict::Pass(id) => event.data_schema = id,
             Verdict::NoSchema => {}
@@ -658,6 +672,7 @@ impl OutboxStage {
             problem: (!problems.is_empty()).then(|| problems.join("; ")),
             content_type: cols.content_type,
             data_schema: None,
+            schema_check: None,
         }
     }
 
@@ -686,6 +701,7 @@ impl OutboxStage {
             msg_id: String::new(),
             content_type: Some(JSON_CONTENT_TYPE),
             data_schema: None,
+            schema_check: None,
         };
         let mut problems = Vec::new();
         match parse_message(content) {

@@ -588,6 +588,90 @@ fn schemas_turn_failing_payloads_into_dead_letters_and_name_the_schema() {
     );
 }
 
+/// A payload over `INLINE_BYTES` is not checked on the runtime thread: the stage leaves the check
+/// to the sink (`schema_check`), which runs it on the blocking pool; its verdict is the one the
+/// inline check gives (a pass names the schema, a failure is a counted dead letter), and a check that
+/// runs out of its budget makes the event a dead letter saying so. The set in force when the event
+/// arrived is the one it is checked against, whatever a reload does meanwhile.
+#[test]
+fn large_payloads_are_checked_off_the_runtime_thread_within_a_budget() {
+    // One blocking thread, which the test can keep busy: then a check cannot start, and its budget
+    // runs out whatever the machine's speed.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .max_blocking_threads(1)
+        .build()
+        .unwrap();
+    rt.block_on(large_payloads_checked_later());
+}
+
+async fn large_payloads_checked_later() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("E.json"),
+        r#"{"$id": "urn:e", "type": "object", "properties": {"n": {"type": "integer"}, "text": {"type": "string", "pattern": "^(\\w+\\s?)*$"}}}"#,
+    )
+    .unwrap();
+    let set = crate::schema::SchemaSet::load(dir.path().to_str().unwrap(), false).unwrap();
+    let schemas = crate::schema::Schemas::new(set);
+    let metrics = Arc::new(crate::schema::SchemaMetrics::default());
+    let mut s = stage().with_schemas(&schemas, Arc::clone(&metrics));
+    s.step(outbox_relation(1, DEFAULT_COLS)).unwrap();
+    let words = "word ".repeat(crate::schema::INLINE_BYTES / 4);
+    let mut row = |n: &str, text: &str| {
+        let payload = format!(r#"{{"n": {n}, "text": "{text}"}}"#);
+        event(
+            s.step(insert(
+                1,
+                vec![t("1"), t("A"), t("2"), t("E"), t(&payload), t("x")],
+            ))
+            .unwrap(),
+        )
+    };
+    // A small one is checked at once, as before.
+    let small = row(r#""1""#, "a few words");
+    assert!(small.schema_check.is_none());
+    assert!(small.problem.is_some());
+    let mut good = row("1", words.trim_end());
+    let mut bad = row(r#""1""#, words.trim_end());
+    let mut slow = row("2", words.trim_end());
+    for e in [&good, &bad, &slow] {
+        assert!(e.schema_check.is_some(), "left to the sink");
+        assert_eq!(
+            (e.problem.as_deref(), e.data_schema.as_deref()),
+            (None, None)
+        );
+    }
+    // A reload before the sink runs the check does not change what the event is checked against.
+    schemas.replace(Arc::new(crate::schema::SchemaSet::load("", false).unwrap()));
+
+    good.schema_check.take().unwrap().run(&mut good).await;
+    assert_eq!(good.problem, None);
+    assert_eq!(good.data_schema.as_deref(), Some("urn:e"));
+    bad.schema_check.take().unwrap().run(&mut bad).await;
+    assert_eq!(
+        bad.problem.as_deref(),
+        Some(r#"E: /n: "1" is not of type "integer" (type)"#)
+    );
+    let (release, busy) = std::sync::mpsc::channel::<()>();
+    let blocker = tokio::task::spawn_blocking(move || busy.recv());
+    slow.schema_check
+        .take()
+        .unwrap()
+        .run_within(&mut slow, std::time::Duration::from_millis(50))
+        .await;
+    release.send(()).unwrap();
+    blocker.await.unwrap().unwrap();
+    let why = slow.problem.as_deref().unwrap_or("");
+    assert!(why.starts_with("E: the schema check of its "), "{why}");
+    assert!(
+        why.contains("byte payload ran out of its 0.05 s budget"),
+        "{why}"
+    );
+    assert_eq!(slow.data_schema, None);
+    assert_eq!(metrics.failures("E"), 3);
+}
+
 #[test]
 fn bytea_payloads_are_checked_as_their_bytes() {
     let dir = tempfile::tempdir().unwrap();

@@ -111,9 +111,14 @@ impl Session {
         )
         .await
         .map_err(Restart::from)?;
+        let guard = crate::stored::service::Guard {
+            dead_letter_subject: settings.config().nats.dead_letter_subject.clone(),
+            inbox_prefix: settings.config().nats.inbox_prefix.clone(),
+            metrics: Arc::clone(&relay.metrics),
+        };
         let serve = Serve::start(
             &relay.positions,
-            client.as_ref(),
+            client.as_ref().map(|c| (c, guard)),
             stream.reported(),
             check.confirmed,
             sink.last_sequence(),

@@ -183,3 +183,66 @@ fn failures_are_counted_by_type_and_rendered() {
         "{out}"
     );
 }
+
+/// Patterns run on the `regex` engine (linear in the payload): lookaround and backreferences, which
+/// need backtracking (the pattern `^(\w+\s?)*(?<!\s)$` kept the relay busy for seconds on one 35 KB
+/// payload), are refused when the schemas load, in `pattern` and in `patternProperties`, with one
+/// line naming the file, where the pattern is, the pattern and why.
+#[test]
+fn backtracking_patterns_are_refused_at_load_with_the_file_and_the_pattern() {
+    for (pattern, shown) in [
+        (r"^(\w+\s?)*(?<!\s)$", r#""^(\\w+\\s?)*(?<!\\s)$""#),
+        (r"^(?=a)", r#""^(?=a)""#),
+        (r"foo(?!bar)", r#""foo(?!bar)""#),
+        (r"(?<=x)y", r#""(?<=x)y""#),
+        (r"(a)\1", r#""(a)\\1""#),
+        ("[", r#""[""#),
+    ] {
+        for (schema, at) in [
+            (
+                serde_json::json!({"type": "object", "properties": {"name": {"type": "string", "pattern": pattern}}}),
+                "/properties/name/pattern",
+            ),
+            (
+                serde_json::json!({"type": "object", "patternProperties": {pattern: {}}}),
+                "/patternProperties",
+            ),
+        ] {
+            let d = dir(&[("ClaimApproved.json", &schema.to_string())]);
+            let e = load(&d, false).expect_err(pattern).to_string();
+            assert!(e.contains("ClaimApproved.json: "), "{pattern}: {e}");
+            assert!(e.contains(at), "{pattern}: {e}");
+            assert!(
+                e.contains(&format!("pattern {shown} is refused")),
+                "{pattern}: {e}"
+            );
+            assert!(e.contains("linear time"), "{pattern}: {e}");
+            assert!(!e.contains('\n'), "{pattern}: {e}");
+        }
+    }
+}
+
+/// What the `regex` engine does support still loads and checks: classes, Unicode properties,
+/// anchors, counted repetition, non-capturing groups.
+#[test]
+fn linear_patterns_load_and_check() {
+    let schema = r#"{"type": "object", "properties": {
+        "code": {"type": "string", "pattern": "^[A-Z]{2}-\\d{4}$"},
+        "name": {"type": "string", "pattern": "^\\p{L}+(?: \\p{L}+)*$"}
+    }}"#;
+    let d = dir(&[("ClaimApproved.json", schema)]);
+    let set = load(&d, false).expect("loads");
+    assert_eq!(
+        set.check(
+            "ClaimApproved",
+            r#"{"code": "DE-4711", "name": "Jürgen Weiß"}"#.as_bytes(),
+            false
+        ),
+        Verdict::Pass(None)
+    );
+    let Verdict::Fail(why) = set.check("ClaimApproved", br#"{"code": "DE-47"}"#, false) else {
+        panic!("a code that does not match passes")
+    };
+    assert!(why.starts_with("ClaimApproved: /code: "), "{why}");
+    assert!(why.ends_with("(pattern)"), "{why}");
+}

@@ -19,12 +19,13 @@ use crate::config::Settings;
 use crate::sink::{ConnectError, connect_nats};
 use crate::source::{SourceError, query_error_text};
 
-/// For `status`: the warning `setup` gives while PUBLIC may execute `pg_logical_emit_message` and
-/// `outbox.message_prefix` is set (anyone could write events directly); `None` otherwise.
+/// For `status`: the warnings `setup` gives while PUBLIC may execute `pg_logical_emit_message`, or a
+/// `SECURITY DEFINER` helper that emits logical messages, and `outbox.message_prefix` or
+/// `outbox.context_prefix` is set (anyone could write events or context messages).
 pub(crate) async fn public_emit_message_warning(
     settings: &Settings,
     pg: &Client,
-) -> Result<Option<String>, tokio_postgres::Error> {
+) -> Result<Vec<String>, tokio_postgres::Error> {
     postgres::public_emit_message(settings, pg).await
 }
 

@@ -45,9 +45,9 @@ pub(super) async fn check(
     let version = check_server(settings, pg, report).await?;
     let partitioned = check_table_or_messages(settings, pg, report).await?;
     check_role(settings, pg, report).await?;
-    if let Some(w) = public_emit_message(settings, pg).await? {
-        report.warnings.push(w);
-    }
+    report
+        .warnings
+        .extend(public_emit_message(settings, pg).await?);
     let create_publication = check_publication(settings, pg, partitioned, report).await?;
     let slot = catalog::slot(pg, &settings.config().postgres.slot).await?;
     if let Some(s) = slot.as_ref().filter(|_| check_slot_too) {
@@ -172,17 +172,35 @@ pub(super) async fn table_has_rows(settings: &Settings, pg: &Client) -> Result<b
     Ok(pg.query_one(&sql, &[]).await?.get(0))
 }
 
-/// With `outbox.message_prefix` set: a warning while PUBLIC may execute `pg_logical_emit_message`.
-/// Table privileges do not apply to it, so then any role that can connect may write a message with the
-/// prefix directly, and the relay publishes it as an event, bypassing the checks of
-/// sql/06_outbox_message.sql's helper.
+/// With `outbox.message_prefix` or `outbox.context_prefix` set: a warning while PUBLIC may execute
+/// `pg_logical_emit_message`. Table privileges do not apply to it, so then any role that can connect
+/// may write a message with the prefix directly: an event the relay publishes, bypassing the checks of
+/// sql/06_outbox_message.sql's helper, or a trace context message that sql/08's helper did not check
+/// (an invalid or non-transactional one is a dead letter in the stream).
+///
+/// The same for the helpers: a `SECURITY DEFINER` function that emits logical messages (sql/06's
+/// `outbox_message`, sql/08's `outbox_context`, or one of yours) and that PUBLIC may execute lets every
+/// role emit through it, with its owner's rights.
 pub(crate) async fn public_emit_message(
     settings: &Settings,
     pg: &Client,
-) -> Result<Option<String>, tokio_postgres::Error> {
-    if settings.config().outbox.message_prefix.is_empty() {
-        return Ok(None);
-    }
+) -> Result<Vec<String>, tokio_postgres::Error> {
+    let outbox = &settings.config().outbox;
+    let (key, what) = match (
+        outbox.message_prefix.is_empty(),
+        outbox.context_prefix.is_empty(),
+    ) {
+        (true, true) => return Ok(Vec::new()),
+        (false, _) => (
+            "outbox.message_prefix",
+            "write events the relay publishes, unchecked",
+        ),
+        (true, false) => (
+            "outbox.context_prefix",
+            "write trace context messages the relay applies to their transaction's events, unchecked (and fill the \
+             dead-letter subject with invalid ones)",
+        ),
+    };
     // Every overload (text and bytea content; PG 17 added `flush`). A NULL proacl is the default,
     // which grants EXECUTE to PUBLIC (grantee 0).
     let row = pg
@@ -195,13 +213,36 @@ pub(crate) async fn public_emit_message(
             &[],
         )
         .await?;
-    Ok(row.get::<_, Option<String>>(0).map(|functions| {
-        format!(
-            "outbox.message_prefix is set, but every role of this database may call {functions} and so write \
-             events the relay publishes, unchecked: as a superuser, REVOKE EXECUTE ON FUNCTION {functions} FROM \
-             PUBLIC (sql/06_outbox_message.sql does it; its helper keeps working)"
+    let mut warnings: Vec<String> = row
+        .get::<_, Option<String>>(0)
+        .map(|functions| {
+            format!(
+                "{key} is set, but every role of this database may call {functions} and so {what}: as a superuser, \
+                 REVOKE EXECUTE ON FUNCTION {functions} FROM PUBLIC (sql/06_outbox_message.sql does it; its helper \
+                 and sql/08's keep working)"
+            )
+        })
+        .into_iter()
+        .collect();
+    let helpers = pg
+        .query_one(
+            "SELECT string_agg(p.oid::regprocedure::text, ', ' ORDER BY p.oid::regprocedure::text) \
+             FROM pg_catalog.pg_proc p \
+             WHERE p.prosecdef AND p.prosrc LIKE '%pg_logical_emit_message%' \
+               AND p.pronamespace <> 'pg_catalog'::regnamespace \
+               AND EXISTS (SELECT 1 FROM aclexplode(coalesce(p.proacl, acldefault('f', p.proowner))) a \
+                           WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE')",
+            &[],
         )
-    }))
+        .await?;
+    if let Some(functions) = helpers.get::<_, Option<String>>(0) {
+        warnings.push(format!(
+            "{key} is set, but every role of this database may call {functions}, SECURITY DEFINER and emitting \
+             logical messages with its owner's rights, and so {what}: REVOKE EXECUTE ON FUNCTION {functions} FROM \
+             PUBLIC and GRANT it to your writer role (sql/06 and sql/08 do both with -v writer_role=…)"
+        ));
+    }
+    Ok(warnings)
 }
 
 /// The outbox table and its columns. Returns whether it is partitioned.

@@ -520,6 +520,11 @@ impl Sink {
         if self.skip_replayed(seq, &event).await? {
             return Ok(());
         }
+        // A large payload's contract check, left by the stage: off the runtime thread, within its
+        // budget; a failure makes the event a dead letter like any other.
+        if let Some(check) = event.schema_check.take() {
+            check.run(&mut event).await;
+        }
         if self.batch.is_some() {
             return self.submit_batched(seq, event).await;
         }

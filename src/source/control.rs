@@ -148,6 +148,13 @@ fn map_error(addr: &str, e: tokio_postgres::Error, seen: Option<&Seen>) -> Sourc
         return SourceError::Auth(guard);
     }
     let text = crate::relay::error_chain(&e);
+    // TLS refused or failed (`sslmode=require` against a server without TLS, a certificate that does
+    // not verify): a setting to fix, not a server to wait for. tokio-postgres has no public error
+    // kind, but its TLS errors, and only those, say this of themselves; their cause may be an I/O
+    // error (the handshake's), which must not make them look like a connection problem.
+    if e.to_string() == "error performing TLS handshake" {
+        return SourceError::Tls(format!("{addr}: {text}"));
+    }
     let io = std::error::Error::source(&e).and_then(|s| s.downcast_ref::<std::io::Error>());
     // Not the socket: tokio-postgres declined to answer what the server asked.
     match seen.and_then(Seen::gave_up).filter(|_| io.is_none()) {

@@ -156,7 +156,13 @@ impl SourceError {
             | SourceError::Timeout { .. }
             | SourceError::Closed(_)
             | SourceError::WrongRole { .. } => true,
-            SourceError::NoHost(tried) => tried.iter().any(|(_, e)| e.is_transient()),
+            // One host down must not turn another's refusal into a retry: every attempt would
+            // log in with the refused credentials again (an LDAP or PAM account locks, an address
+            // gets banned). Any host that refused them, or TLS, makes the attempt definite.
+            SourceError::NoHost(tried) => {
+                !tried.iter().any(|(_, e)| e.is_refusal())
+                    && tried.iter().any(|(_, e)| e.is_transient())
+            }
             SourceError::Server { error, .. } => error.is_transient(),
             SourceError::Auth(_)
             | SourceError::Tls(_)
@@ -164,6 +170,17 @@ impl SourceError {
             | SourceError::Version { .. }
             | SourceError::BadFrame { .. }
             | SourceError::FrameTooLarge { .. } => false,
+        }
+    }
+
+    /// The server refused the relay's credentials (SQLSTATE class 28, or the client's own
+    /// authentication checks) or TLS failed: settings to fix, which no retry can.
+    pub(crate) fn is_refusal(&self) -> bool {
+        match self {
+            SourceError::Auth(_) | SourceError::Tls(_) => true,
+            SourceError::Server { error, .. } => error.code.starts_with("28"),
+            SourceError::NoHost(tried) => tried.iter().any(|(_, e)| e.is_refusal()),
+            _ => false,
         }
     }
 
@@ -207,5 +224,38 @@ mod tests {
             !server("55000").is_transient(),
             "invalidated slot is definite"
         );
+    }
+
+    /// Issue 34: a multi-host attempt where one host is down and another refused the password (or
+    /// TLS) is definite, whatever the order; all hosts down, or one down and one a standby, retry.
+    #[test]
+    fn a_refusal_by_any_host_is_definite() {
+        let down = || SourceError::Io {
+            target: "db1:5432".into(),
+            error: std::io::Error::from(std::io::ErrorKind::ConnectionRefused),
+        };
+        let standby = || SourceError::WrongRole {
+            target: "db3:5432".into(),
+            found: "a standby",
+            wanted: "read-write",
+        };
+        let hosts = |es: Vec<SourceError>| {
+            SourceError::NoHost(es.into_iter().map(|e| ("h".to_owned(), e)).collect())
+        };
+        for refused in [
+            server("28P01"),
+            server("28000"),
+            SourceError::Auth("SCRAM: server signature invalid".into()),
+            SourceError::Tls("the server does not support TLS".into()),
+        ] {
+            let e = hosts(vec![down(), refused]);
+            assert!(!e.is_transient(), "{e}");
+            assert!(e.is_refusal(), "{e}");
+        }
+        assert!(!hosts(vec![server("28P01"), down()]).is_transient());
+        assert!(hosts(vec![down(), down()]).is_transient());
+        assert!(hosts(vec![down(), standby()]).is_transient());
+        // A definite error that is not a refusal keeps the old rule: a host down may come back.
+        assert!(hosts(vec![down(), server("3D000")]).is_transient());
     }
 }

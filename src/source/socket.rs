@@ -19,6 +19,17 @@ pub(super) fn is_socket_dir(host: &str) -> bool {
     host.starts_with('/')
 }
 
+/// Whether `dir` is a default socket directory of libpq builds: `/tmp` (upstream's) or
+/// `/var/run/postgresql` (Debian's, Red Hat's; `/run/postgresql` is the same directory). libpq
+/// matches a socket connection's password file lines by the name `localhost` only for its default
+/// directory; any other directory is matched by its own path.
+pub(super) fn is_default_socket_dir(dir: &str) -> bool {
+    matches!(
+        dir.trim_end_matches('/'),
+        "/tmp" | "/var/run/postgresql" | "/run/postgresql"
+    )
+}
+
 /// The socket file libpq uses for `dir` and `port`.
 pub(super) fn socket_path(dir: &str, port: u16) -> PathBuf {
     PathBuf::from(dir).join(format!(".s.PGSQL.{port}"))

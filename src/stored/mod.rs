@@ -20,6 +20,8 @@
 //! error that says to ask again (see `service.rs`). Nothing is lost either way; a timeout only says
 //! "not yet".
 
+mod discovery;
+mod replies;
 pub(crate) mod service;
 pub(crate) mod waitset;
 
@@ -38,6 +40,9 @@ use waitset::WaitSet;
 /// connections for that long, and a client that needs longer asks again: the answer carries the
 /// stored LSN, so it sees progress.
 pub(crate) const MAX_WAIT_MS: u64 = 30_000;
+/// The largest request body the service and `/wait` read: a wait needs some 50 bytes, and a wait
+/// open for its timeout must not hold a large request's memory.
+pub(crate) const MAX_REQUEST_BYTES: usize = 512;
 /// A wait without `timeout_ms` waits this long.
 pub(crate) const DEFAULT_WAIT_MS: u64 = 5_000;
 /// Open waits at most. Each costs a few dozen bytes and nothing while it waits; the cap only keeps a
@@ -423,20 +428,22 @@ impl Serve {
     /// start (e.g. no permission) costs the service, not the session: HTTP still answers.
     pub(crate) async fn start(
         positions: &Arc<Positions>,
-        nats: Option<&async_nats::Client>,
+        nats: Option<(&async_nats::Client, service::Guard)>,
         reported: Arc<AtomicU64>,
         slot: Option<Lsn>,
         last_sequence: u64,
     ) -> Serve {
         positions.serving(reported, slot, last_sequence);
         let service = match nats {
-            Some(client) => match service::start(client, Arc::clone(positions)).await {
-                Ok(s) => Some(s),
-                Err(e) => {
-                    tracing::warn!(error = %e, prefix = %positions.prefix(), "the position service did not start; /position and /wait still answer");
-                    None
+            Some((client, guard)) => {
+                match service::start(client, Arc::clone(positions), guard).await {
+                    Ok(s) => Some(s),
+                    Err(e) => {
+                        tracing::warn!(error = %e, prefix = %positions.prefix(), "the position service did not start; /position and /wait still answer");
+                        None
+                    }
                 }
-            },
+            }
             None => None,
         };
         Serve {

@@ -72,7 +72,16 @@ impl BlockingClient {
         let mut last = None;
         let mut stream = None;
         for addr in addrs {
-            match TcpStream::connect_timeout(&addr, self.connect_timeout) {
+            // Within the request's own deadline too, however many addresses the name has.
+            let connect = self.connect_timeout.min(
+                deadline
+                    .checked_duration_since(Instant::now())
+                    .filter(|d| !d.is_zero())
+                    .ok_or_else(|| {
+                        std::io::Error::new(std::io::ErrorKind::TimedOut, "timed out")
+                    })?,
+            );
+            match TcpStream::connect_timeout(&addr, connect) {
                 Ok(s) => {
                     stream = Some(s);
                     break;
@@ -92,13 +101,24 @@ impl BlockingClient {
                 .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::TimedOut, "timed out"))
         };
         stream.set_nodelay(true)?;
-        stream.set_write_timeout(Some(left()?))?;
         let mut head = String::with_capacity(self.head.len() + 24);
         head.push_str(&self.head);
         head.push_str(itoa::Buffer::new().format(body.len()));
         head.push_str("\r\n\r\n");
-        stream.write_all(head.as_bytes())?;
-        stream.write_all(body)?;
+        // A write timeout bounds one write call, and a collector that reads slowly lets every call
+        // make a little progress: the timeout is set again to what is left before each call, so
+        // the whole request stays within the deadline.
+        for mut rest in [head.as_bytes(), body] {
+            while !rest.is_empty() {
+                stream.set_write_timeout(Some(left()?))?;
+                match stream.write(rest) {
+                    Ok(0) => return Err("the collector closed the connection".into()),
+                    Ok(n) => rest = &rest[n..],
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
         let mut answer = Vec::with_capacity(1024);
         let mut buf = [0u8; 4096];
         loop {
@@ -247,5 +267,47 @@ mod tests {
         assert!(sent.contains("api-key: s3cret\r\n"), "{sent}");
         assert!(sent.contains(&format!("Host: {addr}\r\n")), "{sent}");
         assert!(sent.contains("Content-Length: 4\r\n\r\nbody"), "{sent}");
+    }
+
+    /// Issue 34: a collector that reads the request slowly (64 KiB every 100 ms) cannot hold the
+    /// export thread past the request's timeout: each write makes a little progress, and a write
+    /// timeout set once per request would let the whole write take minutes. Run on a thread, so
+    /// the test ends after 10 s either way.
+    #[test]
+    fn a_slowly_reading_collector_is_cut_off_at_the_timeout() {
+        use std::net::TcpListener;
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let reading = std::sync::Arc::clone(&stop);
+        std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            let mut buf = vec![0u8; 64 << 10];
+            while !reading.load(std::sync::atomic::Ordering::Relaxed) {
+                if matches!(s.read(&mut buf), Ok(0) | Err(_)) {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        });
+        let url = url::Url::parse(&format!("http://{addr}/v1/traces")).unwrap();
+        let client = BlockingClient::new(
+            &url,
+            &[],
+            Duration::from_secs(1),
+            Duration::from_millis(500),
+        )
+        .unwrap();
+        let (done, finished) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let started = Instant::now();
+            let r = client.post(&vec![b'x'; 64 << 20]);
+            let _ = done.send((r.is_err(), started.elapsed()));
+        });
+        let answer = finished.recv_timeout(Duration::from_secs(10));
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let (failed, took) = answer.expect("post returned within 10 s");
+        assert!(failed, "a request cut off is an error");
+        assert!(took < Duration::from_secs(3), "took {took:?}");
     }
 }

@@ -562,8 +562,12 @@ impl ConnInfo {
         if c.password.is_none()
             && let Some(file) = &self.passfile
         {
-            // libpq matches a socket connection's line by the name `localhost`.
-            let name = if super::socket::is_socket_dir(host) {
+            // libpq matches a connection through its default socket directory by the name
+            // `localhost`, and one through any other directory by the directory's path: a
+            // `localhost` line is not meant for every server with a socket somewhere.
+            let name = if super::socket::is_socket_dir(host)
+                && super::socket::is_default_socket_dir(host)
+            {
                 "localhost"
             } else {
                 host

@@ -184,3 +184,36 @@ fn settings_are_read_as_keys_not_found_as_text() {
     let e = parse("host=h load_balance_hosts=sometimes").unwrap_err();
     assert!(e.to_string().contains("load_balance_hosts"), "{e}");
 }
+
+/// Issue 34: the password file's `localhost` lines match a socket connection only through a
+/// default socket directory, as in libpq; another directory is matched by its own path, so a
+/// password meant for the local server is not sent to whatever listens in another directory.
+#[test]
+fn the_password_file_matches_localhost_only_for_the_default_socket_directory() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("pgpass");
+    std::fs::write(
+        &file,
+        "localhost:5432:app:relay:local-pw\n/srv/pg/sockets:5432:app:relay:srv-pw\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let passfile = file.display().to_string();
+    let password = |host: &str| {
+        let c = ConnInfo::parse_with_env(
+            &format!("host={host} port=5432 dbname=app user=relay"),
+            |k| (k == "PGPASSFILE").then(|| passfile.clone()),
+        )
+        .unwrap();
+        c.for_host(host, 5432)
+            .password
+            .map(|p| p.expose_secret().to_owned())
+    };
+    for default in ["/var/run/postgresql", "/run/postgresql", "/tmp", "/tmp/"] {
+        assert_eq!(password(default).as_deref(), Some("local-pw"), "{default}");
+    }
+    assert_eq!(password("/srv/pg/sockets").as_deref(), Some("srv-pw"));
+    assert_eq!(password("/home/mallory/sock"), None);
+    assert_eq!(password("localhost").as_deref(), Some("local-pw"));
+}
