@@ -590,6 +590,7 @@ mod tests {
             msg_id: "e-5531".into(),
             content_type: Some("application/json"),
             data_schema: None,
+            schema_check: None,
         })
     }
 
@@ -601,6 +602,7 @@ mod tests {
             subject: String::new(),
             sent: Sent::Event,
             expected: Some(41),
+            expected_id: None,
             size: 0,
             members: None,
             span: None,
