@@ -850,7 +850,7 @@ impl Sink {
                 let first = self.skipped_from.take().unwrap_or(seq);
                 let count = seq + 1 - first;
                 let hash = skipped_hash(self.skipped_hash, event.position, &event.msg_id);
-                let started = std::time::Instant::now();
+                let started = tokio::time::Instant::now();
                 self.prove_skipped(count, hash).await?;
                 tracing::debug!(events = count, position = %event.position, took_ms = started.elapsed().as_millis() as u64,
                     "replay reached the stream's tail: skipped events are stored");
