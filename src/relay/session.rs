@@ -301,6 +301,11 @@ impl Session {
                 if let Err(e) = self.sink.submit(seq, event).await {
                     return Err(from_sink(e));
                 }
+                // Its own transaction: with atomic transactions it commits a batch of one, or it
+                // would wait for the next transaction's first event, forever on a quiet database.
+                if let Err(e) = self.sink.commit().await {
+                    return Err(from_sink(e));
+                }
                 self.progress.standalone(end_lsn);
                 self.confirm(relay);
             }

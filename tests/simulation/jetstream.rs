@@ -534,7 +534,7 @@ impl JetStream {
         staged.1 = now;
         if place != Some(staged.0.len() + 1) || staged.0.len() >= 1000 {
             s.batches.remove(&id);
-            trace!(self.trace, "js batch {id} abandoned (gap or too large)");
+            trace!(self.trace, "js batch abandoned (gap or too large)");
             return commit.then(|| {
                 (
                     refuse(400, 10176, "atomic publish batch is incomplete"),
@@ -560,7 +560,7 @@ impl JetStream {
         let answer = if let Some(e) = expected.filter(|e| *e != last) {
             trace!(
                 self.trace,
-                "js refused batch {id}: expected {e}, last {last}"
+                "js refused batch: expected {e}, last {last}"
             );
             refuse(400, 10071, &format!("wrong last sequence: {last}"))
         } else if msgs.iter().any(|m| {
@@ -570,11 +570,11 @@ impl JetStream {
         }) {
             trace!(
                 self.trace,
-                "js refused batch {id}: a message over max_msg_size"
+                "js refused batch: a message over max_msg_size"
             );
             refuse(400, 10054, "message size exceeds maximum allowed")
         } else if let Some(why) = Self::full_for(s, msgs.len(), size) {
-            trace!(self.trace, "js refused batch {id}: {why}");
+            trace!(self.trace, "js refused batch: {why}");
             refuse(503, 10077, why)
         } else {
             let mut seq = last;
@@ -583,7 +583,7 @@ impl JetStream {
             }
             trace!(
                 self.trace,
-                "js committed batch {id}: {} messages",
+                "js committed batch: {} messages",
                 msgs.len()
             );
             Ok(format!(
