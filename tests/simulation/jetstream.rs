@@ -558,20 +558,14 @@ impl JetStream {
             .map(|m| wire_size(&m.headers, m.payload.len()) + m.subject.len())
             .sum();
         let answer = if let Some(e) = expected.filter(|e| *e != last) {
-            trace!(
-                self.trace,
-                "js refused batch: expected {e}, last {last}"
-            );
+            trace!(self.trace, "js refused batch: expected {e}, last {last}");
             refuse(400, 10071, &format!("wrong last sequence: {last}"))
         } else if msgs.iter().any(|m| {
             s.limits
                 .max_msg_size
                 .is_some_and(|max| wire_size(&m.headers, m.payload.len()) > max)
         }) {
-            trace!(
-                self.trace,
-                "js refused batch: a message over max_msg_size"
-            );
+            trace!(self.trace, "js refused batch: a message over max_msg_size");
             refuse(400, 10054, "message size exceeds maximum allowed")
         } else if let Some(why) = Self::full_for(s, msgs.len(), size) {
             trace!(self.trace, "js refused batch: {why}");
@@ -581,11 +575,7 @@ impl JetStream {
             for m in &msgs {
                 seq = self.store(s, m, reply.as_deref());
             }
-            trace!(
-                self.trace,
-                "js committed batch: {} messages",
-                msgs.len()
-            );
+            trace!(self.trace, "js committed batch: {} messages", msgs.len());
             Ok(format!(
                 r#"{{"stream":"{STREAM}","seq":{seq},"batch":"{id}","count":{}}}"#,
                 msgs.len()
