@@ -716,7 +716,8 @@ impl JetStream {
     /// planted right behind JetStream's answer, which the relay must not take in place of that
     /// answer (a refusal, say). Planted before JetStream's, an answer naming the stream and
     /// exactly the expected sequence cannot be told from JetStream's, by anyone: it is not
-    /// planted. The sim has no atomic batches, so no batch commit's answer is forged.
+    /// planted. No answer to an atomic batch's commit is forged (not modelled yet; the real-server
+    /// test `hostile::answers::a_duplicate_answer_to_an_atomic_batch_commit_confirms_nothing` covers it).
     fn forgery(&self, s: &State, headers: &HeaderMap) -> (String, Plant) {
         let last = s.messages.len() as u64;
         let expected = headers

@@ -33,9 +33,11 @@
 //! - `purge`: the operator purges the stream (every message gone, the sequences stay).
 //!
 //! Besides the faults, each world draws the modes users turn on or off ([`Modes`]): the fence,
-//! the descriptive headers, and the stream's retention limits (`max_msgs`, `max_bytes` with
-//! `discard: new`, which stall the relay until the operator raises them when the world settles;
-//! `max_age`, which removes old messages, the stream's tail among them).
+//! the descriptive headers, atomic transactions (in a quarter of fenced worlds), and the stream's
+//! retention limits (`max_msgs`, `max_bytes` with `discard: new`, which stall the relay until the
+//! operator raises them when the world settles; `max_age`, which removes old messages, the stream's
+//! tail among them); the scenario draws the rest (CloudEvents, trace context messages, the window,
+//! large transactions, the number of applications writing at once).
 
 use std::sync::Arc;
 use std::time::Duration;
