@@ -515,3 +515,94 @@ async fn a_member_with_headers_over_jetstreams_limit_is_dead_lettered_not_a_wedg
     );
     relay.stop().await.expect("relay stops cleanly");
 }
+
+/// A non-transactional logical message with the outbox prefix is dead-lettered in a batch of its
+/// own, at once, and the slot is confirmed past it, with nothing written after it. It belongs to no
+/// transaction, so no Commit follows it; the batcher held it (as it holds every event until the
+/// next one or its transaction's Commit) and waited for the next transaction's first event to send
+/// it: on a quiet database the dead letter was never published and the slot never confirmed past
+/// it (issue 33; found by the simulation, seed 35). Guards the commit after the standalone event's
+/// submit (`Step::Standalone` in src/relay/session.rs).
+#[tokio::test]
+async fn a_standalone_dead_letter_is_published_and_confirmed_on_a_quiet_database() {
+    let db = text_id_db().await;
+    let nats = NatsServer::start();
+    let mut config = relay_config(&db, &nats);
+    config.nats.atomic_transactions = true;
+    assert!(
+        config.nats.fence,
+        "atomic transactions need the fence, the default"
+    );
+    // Logical messages with this prefix are the relay's events (and dead letters when not
+    // transactional).
+    config.outbox.message_prefix = "outbox".into();
+    let stream = config.nats.stream.clone();
+    let slot = config.postgres.slot.clone();
+    let dead_subject = config.nats.dead_letter_subject.clone();
+    let client = db.client().await;
+    let relay = InProcessRelay::start_streaming(&config, &client).await;
+    let js = nats.jetstream().await;
+    let ids = write_transactions(&db, "q", &[1]);
+    assert_all_stored_once_in_order(&js, &stream, &ids).await;
+
+    // The message's LSN (its record's end, the position pgoutput gives it); nothing after it.
+    let message_lsn: outbox_relay::Lsn = client
+        .query_one(
+            "SELECT pg_logical_emit_message(false, 'outbox', $1::text)::text",
+            &[&r#"{"id":"nt-1","aggregate_type":"Claim","aggregate_id":"4711","event_type":"E","payload":{}}"#],
+        )
+        .await
+        .expect("emit the non-transactional message")
+        .get::<_, String>(0)
+        .parse()
+        .expect("an LSN");
+    let wait = Duration::from_secs(30);
+    let deadline = Instant::now() + wait;
+    while stream_count(&js, &stream).await < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the dead letter of the non-transactional message at {message_lsn} is not in the stream \
+             after {wait:?} (the slot is confirmed to {}): it waits for a transaction that never comes",
+            shown(crate::support::confirmed_flush(&client, &slot).await)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let got = read_all(&js, &stream).await;
+    assert_eq!(got.len(), 2, "{got:?}");
+    let dead = &got[1];
+    assert_eq!(dead.subject, dead_subject, "{dead:?}");
+    assert!(
+        dead.header("Outbox-Error")
+            .contains("pg_logical_emit_message(true"),
+        "the reason says how to emit it: {dead:?}"
+    );
+    assert!(
+        dead.id().contains(":non-transactional:"),
+        "a WAL-derived id: {dead:?}"
+    );
+    assert_eq!(dead.commit_lsn(), message_lsn, "{dead:?}");
+    let deadline = Instant::now() + wait;
+    loop {
+        let confirmed = crate::support::confirmed_flush(&client, &slot).await;
+        if confirmed.is_some_and(|c| c >= message_lsn) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the slot is confirmed to {} after {wait:?}, not past the message at {message_lsn}",
+            shown(confirmed)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        outbox_relay::metrics::Metrics::get(&relay.metrics.reconnects),
+        0,
+        "no restart"
+    );
+    relay.stop().await.expect("relay stops cleanly");
+}
+
+/// A slot's confirmed LSN as `X/Y`, or `none`.
+fn shown(lsn: Option<outbox_relay::Lsn>) -> String {
+    lsn.map_or_else(|| "none".into(), |l| l.to_string())
+}
