@@ -169,6 +169,7 @@ impl Session {
         if matches!(end, SessionEnd::Shutdown) {
             self.drain(relay).await;
         } else {
+            self.sink.prove_held().await;
             if let Err(e) = self.take_acks(relay) {
                 // What the sink settled before the failure (a publish waiting for room settles the
                 // oldest) was stored: counted and confirmed like any ack. An ack progress refuses is
@@ -178,7 +179,7 @@ impl Session {
             tracing::debug!(
                 proofs = self.sink.proofs(),
                 unproven = self.sink.held(),
-                "session ends: acks held for a proof are not confirmed"
+                "session ends: acks the stream did not show are not confirmed"
             );
             // The walsender may still hold the slot: mark where it stands for the next session.
             // Only what progress confirmed: acks the stream has not shown never reached it.

@@ -821,6 +821,31 @@ impl Sink {
         Ok(())
     }
 
+    /// The session ends on a failure: proves what is held, one proof at a time and within the ack
+    /// timeout, so acks the stream shows are counted and confirmed like any other (a dead letter
+    /// stored just before a refusal is counted in the session that stored it, not found as a
+    /// duplicate by the next). What the stream does not show, or not in time, stays held.
+    pub(crate) async fn prove_held(&mut self) {
+        let timeout = self.config.ack_timeout;
+        let work = async {
+            loop {
+                if self.judge_proof().is_err() {
+                    return;
+                }
+                if let Some(f) = self.proof.as_mut() {
+                    let shown = showing(f).await;
+                    self.proof = None;
+                    self.shown = Some(shown);
+                    continue;
+                }
+                if !self.start_proof() && self.proof.is_none() {
+                    return;
+                }
+            }
+        };
+        let _ = tokio::time::timeout(timeout, work).await;
+    }
+
     /// Proofs started in this session (`prove.rs`): one per group of acks of new stores.
     pub(crate) fn proofs(&self) -> u64 {
         self.gate.proofs
