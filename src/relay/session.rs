@@ -206,10 +206,15 @@ impl Session {
     /// last of them), in publish order, to progress and the metrics, and confirms.
     fn take_acks(&mut self, relay: &mut Relay) -> Result<(), RelayError> {
         let now = crate::lsn::pg_now_micros();
+        let mut any = false;
         while let Some(ack) = self.sink.acked() {
             self.on_ack(relay, ack, now)?;
+            any = true;
         }
-        relay.metrics.acked_now();
+        // Only an ack taken is one: a session ending on a failure (NATS down) takes none.
+        if any {
+            relay.metrics.acked_now();
+        }
         self.confirm(relay);
         Ok(())
     }
