@@ -8,7 +8,8 @@
 //!
 //! Relay variants per round: `relay` (single publishes), `relay atomic` (`nats.atomic_transactions`),
 //! and with `BENCH_RELAY_ALT=/path/to/outbox-relay` the same binary built from another commit
-//! (`alt`), so a change is judged by a same-run ratio. Knobs: `BENCH_SHAPES` (`1,10,100`),
+//! (`alt`, and `alt atomic` when the atomic variant runs), so a change is judged by a same-run
+//! ratio. Knobs: `BENCH_SHAPES` (`1,10,100`),
 //! `BENCH_PAYLOADS` (`120,2048,16384`, bytes of jsonb text), `BENCH_SHAPE_EVENTS` (100000; capped at
 //! 100 MB of payload per backlog), `BENCH_SHAPE_ROUNDS` (`BENCH_ROUNDS`), `BENCH_SHAPE_ATOMIC` (1;
 //! 0 skips the atomic variant), `BENCH_FAST_FLOW` (100: the flow-ack interval of `sink fast`).
@@ -85,6 +86,10 @@ pub(crate) async fn run(pg: &PgServer, default_rounds: usize) -> anyhow::Result<
             env!("CARGO_BIN_EXE_outbox-relay").into(),
             true,
         ));
+        // A change to the atomic path is judged against the other commit's atomic path too.
+        if let Some(alt) = &alt {
+            variants.push(("alt atomic".into(), alt.clone(), true));
+        }
     }
     let mut rows = Vec::new();
     for &size in &payloads {
