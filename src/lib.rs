@@ -54,6 +54,7 @@ pub mod pgoutput;
 pub mod position;
 pub mod progress;
 pub mod relay;
+mod relay_word;
 pub mod reload;
 pub mod route;
 pub mod schema;

@@ -119,6 +119,14 @@ pub(crate) struct StreamStatus {
     pub(crate) replicas: Option<usize>,
     /// The stream's duplicate window, in seconds.
     pub(crate) duplicate_window_secs: Option<u64>,
+    /// `max_msgs` (`None`: unlimited or unknown).
+    pub(crate) max_msgs: Option<u64>,
+    /// `max_bytes` (`None`: unlimited or unknown).
+    pub(crate) max_bytes: Option<u64>,
+    /// `max_age` in seconds (`None`: unlimited or unknown).
+    pub(crate) max_age_secs: Option<u64>,
+    /// `new` (a full stream refuses events: the relay stalls) or `old` (it drops the oldest).
+    pub(crate) discard: Option<String>,
     /// Why the stream's state is unknown (NATS unreachable, JetStream not answering).
     pub(crate) unknown_because: Option<String>,
     /// The stream's metadata (read for the backfill marker; not printed).
@@ -160,6 +168,8 @@ pub(crate) struct RelayStatus {
     pub(crate) state: RelayState,
     /// Their process ids (on the relay's host), from the connections' `application_name`.
     pub(crate) pids: Vec<u32>,
+    /// What the relay serving `http.listen` says of itself (`None`: `http.listen` is empty).
+    pub(crate) own_word: Option<crate::relay_word::RelayWord>,
 }
 
 /// The publication as `pg_publication_tables` shows it.
@@ -254,8 +264,10 @@ pub async fn status(settings: &Settings, max_lag_bytes: i64) -> Status {
     let mut problems = Vec::new();
     let mut warnings = Vec::new();
     let slot_name = &settings.config().postgres.slot;
-    let pg = postgres_side(settings, &mut problems, &mut warnings).await;
+    let mut pg = postgres_side(settings, &mut problems, &mut warnings).await;
     let stream = read_stream(settings, &mut problems).await;
+    pg.relay.own_word = crate::relay_word::ask(&settings.config().http.listen).await;
+    own_word_findings(&pg.relay, &mut problems, &mut warnings);
     // The checks `run` makes, so a configuration `run` rejects is never called healthy.
     if pg.server.state == State::Exists
         && stream.state == State::Exists
@@ -345,6 +357,7 @@ async fn postgres_side(
         relay: RelayStatus {
             state: RelayState::Unknown,
             pids: Vec::new(),
+            own_word: None,
         },
         publication: PublicationStatus {
             name: settings.config().postgres.publication.clone(),
@@ -800,6 +813,10 @@ async fn read_stream(settings: &Settings, problems: &mut Vec<String>) -> StreamS
         storage: None,
         replicas: None,
         duplicate_window_secs: None,
+        max_msgs: None,
+        max_bytes: None,
+        max_age_secs: None,
+        discard: None,
         unknown_because: None,
         metadata: Default::default(),
     };
@@ -825,6 +842,11 @@ async fn read_stream(settings: &Settings, problems: &mut Vec<String>) -> StreamS
                 st.storage = Some(format!("{:?}", info.config.storage).to_lowercase());
                 st.replicas = Some(info.config.num_replicas);
                 st.duplicate_window_secs = Some(info.config.duplicate_window.as_secs());
+                // JetStream's "unlimited" is -1 (0 for max_age).
+                st.max_msgs = u64::try_from(info.config.max_messages).ok();
+                st.max_bytes = u64::try_from(info.config.max_bytes).ok();
+                st.max_age_secs = Some(info.config.max_age.as_secs()).filter(|s| *s > 0);
+                st.discard = Some(format!("{:?}", info.config.discard).to_lowercase());
                 st.metadata = info.config.metadata.clone();
             }
             Err(e) => {
@@ -856,10 +878,73 @@ async fn read_stream(settings: &Settings, problems: &mut Vec<String>) -> StreamS
     st
 }
 
+/// What the relay's own word adds to what Postgres shows: a relay that says it is not ready is a
+/// problem (its slot can look active until the ack timeout ends the session); a relay Postgres
+/// shows that could not be asked, or `http.listen` left empty, is said to be unknown.
+fn own_word_findings(relay: &RelayStatus, problems: &mut Vec<String>, warnings: &mut Vec<String>) {
+    let shown = matches!(relay.state, RelayState::Streaming | RelayState::Retrying);
+    match &relay.own_word {
+        Some(w) if w.ready == Some(false) => problems.push(format!(
+            "the relay at http {} is not streaming: {}{}",
+            w.address,
+            w.not_ready_because.as_deref().unwrap_or("not ready"),
+            last_ack(w)
+        )),
+        Some(w) if !w.reached && shown => warnings.push(format!(
+            "could not ask the relay what it knows itself ({}): this status is what Postgres and NATS show; \
+             run status where http.listen is reachable",
+            w.error.as_deref().unwrap_or("no answer")
+        )),
+        None if shown => warnings.push(
+            "http.listen is empty: status cannot ask the relay what it knows itself, only what Postgres \
+             and NATS show (a relay whose NATS connection died looks streaming until its ack timeout)"
+                .into(),
+        ),
+        _ => {}
+    }
+}
+
+/// `; its last ack N s ago`, when the relay has acked anything.
+fn last_ack(w: &crate::relay_word::RelayWord) -> String {
+    w.seconds_since_last_ack
+        .map(|s| format!("; its last ack {s:.1} s ago"))
+        .unwrap_or_default()
+}
+
+/// The share of a limit the stream fills from which `status` warns.
+const FULL_WARNING: f64 = 0.8;
+
+/// A warning per limit (`max_msgs`, `max_bytes`) the stream fills to 80 % or more, saying what
+/// happens when it is full under its discard policy.
+fn fill_warnings(stream: &StreamStatus, warnings: &mut Vec<String>) {
+    let what = match stream.discard.as_deref() {
+        Some("new") => {
+            "with discard new a full stream refuses new events and the relay stalls until it has room"
+        }
+        _ => "with discard old a full stream drops its oldest messages",
+    };
+    for (limit, used, max) in [
+        ("max_msgs", stream.messages, stream.max_msgs),
+        ("max_bytes", stream.bytes, stream.max_bytes),
+    ] {
+        if let (Some(used), Some(max)) = (used, max)
+            && max > 0
+            && used as f64 >= FULL_WARNING * max as f64
+        {
+            warnings.push(format!(
+                "stream {} is {:.0} % full: {used} of its {limit} {max}; {what}: raise {limit} or let consumers' retention free it",
+                stream.name,
+                100.0 * used as f64 / max as f64
+            ));
+        }
+    }
+}
+
 fn stream_warnings(settings: &Settings, stream: &StreamStatus, warnings: &mut Vec<String>) {
     if stream.exists != Some(true) {
         return;
     }
+    fill_warnings(stream, warnings);
     let storage = stream.storage.as_deref().unwrap_or("");
     if storage == "memory" {
         warnings.push(
@@ -990,7 +1075,35 @@ impl Status {
             .map(u32::to_string)
             .collect::<Vec<_>>()
             .join(", ");
-        match r.state {
+        if let Some(w) = &r.own_word
+            && w.ready == Some(false)
+            && r.state == RelayState::Streaming
+        {
+            // Postgres still shows the walsender; the relay itself knows better.
+            return format!(
+                "relay: running (pid {pids}), NOT streaming by its own word: {}{} (its slot stays active until the ack timeout ends the session)\n",
+                w.not_ready_because.as_deref().unwrap_or("not ready"),
+                last_ack(w)
+            );
+        }
+        let own = match &r.own_word {
+            Some(w) if w.ready == Some(true) => {
+                let stored = w
+                    .position
+                    .as_ref()
+                    .and_then(|p| p.get("stored_lsn"))
+                    .and_then(|v| v.as_str())
+                    .map(|l| format!(", stored up to {l}"))
+                    .unwrap_or_default();
+                format!(
+                    " (its own word at http {}: ready{stored}{})",
+                    w.address,
+                    last_ack(w)
+                )
+            }
+            _ => String::new(),
+        };
+        let line = match r.state {
             RelayState::Streaming if pids.is_empty() => "relay: streaming\n".to_owned(),
             RelayState::Streaming => format!("relay: streaming (pid {pids})\n"),
             RelayState::Retrying => format!(
@@ -998,6 +1111,10 @@ impl Status {
             ),
             RelayState::NotRunning => "relay: not running\n".to_owned(),
             RelayState::Unknown => "relay: unknown: postgres unreachable\n".to_owned(),
+        };
+        match line.strip_suffix('\n') {
+            Some(l) if !own.is_empty() => format!("{l}{own}\n"),
+            _ => line,
         }
     }
 
@@ -1006,7 +1123,7 @@ impl Status {
         let st = &self.stream;
         match (st.exists, &st.unknown_because) {
             (Some(true), _) => format!(
-                "stream {}: {}, {} messages {} bytes last sequence {} storage {} replicas {} duplicate window {}s\n",
+                "stream {}: {}, {} messages {} bytes last sequence {} storage {} replicas {} duplicate window {}s{}\n",
                 st.name,
                 st.state.word(),
                 st.messages.unwrap_or(0),
@@ -1014,7 +1131,8 @@ impl Status {
                 st.last_sequence.unwrap_or(0),
                 st.storage.as_deref().unwrap_or("-"),
                 st.replicas.unwrap_or(0),
-                st.duplicate_window_secs.unwrap_or(0)
+                st.duplicate_window_secs.unwrap_or(0),
+                limits(st)
             ),
             (Some(false), _) => format!("stream {}: MISSING\n", st.name),
             (None, why) => format!(
@@ -1024,6 +1142,26 @@ impl Status {
             ),
         }
     }
+}
+
+/// ` limits max_msgs … max_bytes … max_age …s discard …`, the limits the stream has.
+fn limits(st: &StreamStatus) -> String {
+    let mut out = String::new();
+    if let Some(m) = st.max_msgs {
+        out.push_str(&format!(" max_msgs {m}"));
+    }
+    if let Some(b) = st.max_bytes {
+        out.push_str(&format!(" max_bytes {b}"));
+    }
+    if let Some(a) = st.max_age_secs {
+        out.push_str(&format!(" max_age {a}s"));
+    }
+    if !out.is_empty()
+        && let Some(d) = &st.discard
+    {
+        out.push_str(&format!(" discard {d}"));
+    }
+    out
 }
 
 /// A value, or `-` when unknown.

@@ -372,6 +372,124 @@ async fn slot_active(client: &Client, slot: &str) -> bool {
         .is_some()
 }
 
+/// Issue 36, trap 4: `status` asks the relay itself. With nats-server stopped and no event written,
+/// the relay's walsender stays active (its session ends only when a publish fails or times out), so
+/// Postgres alone shows "streaming"; the relay's own `/readyz` says "nats disconnected" at once.
+/// `status` reports the relay's word: not streaming, a problem naming the reason and the listener,
+/// exit 1, and `relay.own_word` in JSON; while NATS was up it said "ready" with the stored LSN.
+#[tokio::test]
+async fn status_asks_the_relay_and_says_nats_is_down_while_postgres_still_shows_streaming() {
+    let db = text_id_db(PgServer::shared()).await;
+    let nats = NatsServer::start();
+    let mut config = relay_config(&db, &nats);
+    let addr = free_addr();
+    config.http.listen = addr.clone();
+    let env = relay_env(&config);
+    let slot = config.postgres.slot.clone();
+    let client = db.client().await;
+    let js = nats.jetstream().await;
+    let mut p = RelayProcess::run(&config);
+    wait_for_log(&mut p, "streaming").await;
+    insert(&client, "before-outage").await;
+    wait_for_ids(&js, &config.nats.stream, &["before-outage"]).await;
+    wait_for_status(&addr, "/readyz", 200, 30).await;
+    let up = run_command(&["status"], &env, LIMIT);
+    let relay_line = up
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("relay:"))
+        .unwrap_or_else(|| panic!("no relay line: {}", up.stdout))
+        .to_owned();
+    assert!(
+        relay_line.contains(&format!(
+            "its own word at http {addr}: ready, stored up to "
+        )),
+        "{relay_line}"
+    );
+
+    nats.stop();
+    wait_for_status(&addr, "/readyz", 503, 30).await;
+    assert!(
+        slot_active(&client, &slot).await,
+        "the walsender still holds the slot: what Postgres shows says streaming"
+    );
+    let text = run_command(&["status"], &env, LIMIT);
+    assert_eq!(
+        text.status.code(),
+        Some(1),
+        "{}{}",
+        text.stdout,
+        text.stderr
+    );
+    let out = &text.stdout;
+    assert!(
+        out.contains(&format!(
+            "relay: running (pid {}), NOT streaming by its own word: nats disconnected",
+            p.pid()
+        )),
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!(
+            "problem: the relay at http {addr} is not streaming: nats disconnected"
+        )),
+        "{out}"
+    );
+    let f = run_command(&["status", "--json"], &env, LIMIT);
+    let v = json(&f);
+    let word = &v["relay"]["own_word"];
+    assert_eq!(word["reached"], true, "{v:#}");
+    assert_eq!(word["ready"], false, "{v:#}");
+    assert_eq!(word["not_ready_because"], "nats disconnected", "{v:#}");
+    assert!(word["seconds_since_last_ack"].as_f64().is_some(), "{v:#}");
+    drop(p);
+}
+
+/// Issue 36, trap 4: `status` shows the stream's limits and warns from 80 % of one: a stream with
+/// `max_msgs` 5 and `discard: new` holding 4 events is "80 % full", and what a full one does.
+#[tokio::test]
+async fn status_shows_the_streams_limits_and_warns_when_it_is_80_percent_full() {
+    let db = text_id_db(PgServer::shared()).await;
+    let nats = NatsServer::start();
+    let config = relay_config(&db, &nats);
+    let env = relay_env(&config);
+    let js = nats.jetstream().await;
+    js.create_stream(jetstream::stream::Config {
+        name: config.nats.stream.clone(),
+        subjects: vec!["outbox.*".into(), config.nats.dead_letter_subject.clone()],
+        max_messages: 5,
+        discard: jetstream::stream::DiscardPolicy::New,
+        duplicate_window: Duration::from_secs(120),
+        ..Default::default()
+    })
+    .await
+    .expect("create the stream");
+    let client = db.client().await;
+    let mut p = RelayProcess::run(&config);
+    wait_for_log(&mut p, "streaming").await;
+    let ids = ["f-1", "f-2", "f-3", "f-4"];
+    for id in ids {
+        insert(&client, id).await;
+    }
+    wait_for_ids(&js, &config.nats.stream, &ids).await;
+    let text = run_command(&["status"], &env, LIMIT);
+    let out = &text.stdout;
+    assert!(out.contains(" max_msgs 5 discard new"), "{out}");
+    assert!(
+        out.contains(&format!(
+            "warning: stream {} is 80 % full: 4 of its max_msgs 5; with discard new a full stream refuses new events",
+            config.nats.stream
+        )),
+        "{out}"
+    );
+    let f = run_command(&["status", "--json"], &env, LIMIT);
+    let v = json(&f);
+    assert_eq!(v["stream"]["max_msgs"], 5, "{v:#}");
+    assert_eq!(v["stream"]["discard"], "new", "{v:#}");
+    assert!(v["stream"]["max_bytes"].is_null(), "{v:#}");
+    stop(p);
+}
+
 /// With the relay running and retrying against a stopped nats-server, `status` says a relay runs and
 /// retries (not "start outbox-relay run"), the events waiting in the slot, and a stream whose state is
 /// unknown: `null` in JSON, not `false` or 0, and `unknown: NATS unreachable (…)` in text.

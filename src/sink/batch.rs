@@ -52,9 +52,10 @@ pub(super) const MAX_BATCH: usize = 1000;
 /// a batch refused because another writer (or a late publish of an ended session) took its
 /// sequences would have the next one stored past it, exactly when that writer took as many
 /// sequences as the refused batch held (P4; found by the simulation, seed 177). So the next batch
-/// is opened only once the stream stored the one before it. It costs one round trip per batch,
-/// small beside nats-server's ~3 ms of CPU per batch (docs/performance.md); nats-server's own
-/// limit of 50 open batches per stream is never near.
+/// is opened only once the stream stored the one before it. It costs one round trip and about
+/// 80 µs of the relay's CPU per batch, with no throughput loss measurable beside nats-server's
+/// ~3 ms of CPU per batch (docs/performance.md). nats-server's own limit of 50 open batches per
+/// stream is never near.
 pub(super) const MAX_BATCHES_IN_FLIGHT: usize = 1;
 
 /// The batch being built.

@@ -156,7 +156,11 @@ pub(crate) fn relay_env(config: &Config) -> Vec<(String, String)> {
             "OUTBOX_RELAY_NATS_ACK_TIMEOUT_MS".into(),
             config.nats.ack_timeout_ms.to_string(),
         ),
-        ("OUTBOX_RELAY_HTTP_LISTEN".into(), String::new()),
+        // "" unless the test gave the config a listener (then `status` asks that relay too).
+        (
+            "OUTBOX_RELAY_HTTP_LISTEN".into(),
+            config.http.listen.clone(),
+        ),
     ];
     if config.nats.atomic_transactions {
         env.push((
