@@ -339,9 +339,13 @@ fn init_logging(config: &Config) -> FilterHandle {
 /// SIGHUP's reload hook for `log.level`.
 struct LogLevel(FilterHandle);
 
+impl LogLevel {
+    const KEYS: &'static [&'static str] = &["log.level"];
+}
+
 impl Hook for LogLevel {
     fn keys(&self) -> &'static [&'static str] {
-        &["log.level"]
+        Self::KEYS
     }
 
     fn apply(&mut self, new: &Settings) -> Result<(), String> {
@@ -393,4 +397,22 @@ fn reload_on_sighup(
             }
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    /// The hooks `reload_on_sighup` registers apply exactly the keys the docs' SIGHUP table (held to
+    /// `RELOADED_KEYS` by the reload module's test) says are applied.
+    #[test]
+    fn the_registered_hooks_apply_exactly_the_reloaded_keys() {
+        let mut hooks: Vec<&str> = super::LogLevel::KEYS
+            .iter()
+            .chain(outbox_relay::schema::ReloadHook::KEYS)
+            .copied()
+            .collect();
+        let mut listed = outbox_relay::reload::RELOADED_KEYS.to_vec();
+        hooks.sort_unstable();
+        listed.sort_unstable();
+        assert_eq!(hooks, listed);
+    }
 }

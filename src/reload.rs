@@ -14,6 +14,11 @@ use std::path::PathBuf;
 
 use crate::config::{Config, Settings};
 
+/// Every key a running relay applies on SIGHUP: the keys of the hooks `run` registers (a test in
+/// main.rs holds them to this list) and the "applied" rows of docs/configuration.md's table "What
+/// SIGHUP reloads" (a test here holds that table to this list and to every key there is).
+pub const RELOADED_KEYS: &[&str] = &["log.level", "outbox.schemas", "outbox.schemas_required"];
+
 /// Something a running relay can change on SIGHUP.
 pub trait Hook: Send {
     /// The configuration keys (`section.key`) this hook applies.
@@ -169,6 +174,52 @@ fn flatten(config: &Config) -> BTreeMap<String, toml::Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// One answer per key: docs/configuration.md's table "What SIGHUP reloads" names every key of
+    /// the configuration, and says "applied" for exactly [`RELOADED_KEYS`].
+    #[test]
+    fn the_sighup_table_names_every_key_and_exactly_the_reloaded_ones() {
+        let doc = include_str!("../docs/configuration.md");
+        let section = doc
+            .split("\n## What SIGHUP reloads\n")
+            .nth(1)
+            .expect("docs/configuration.md has a section \"What SIGHUP reloads\"");
+        let section = section.split("\n## ").next().unwrap_or(section);
+        let mut rows = BTreeMap::new();
+        for line in section.lines() {
+            let Some(rest) = line.strip_prefix("| `") else {
+                continue;
+            };
+            let (key, rest) = rest.split_once('`').expect("a key in backquotes");
+            let cell = rest.split('|').nth(1).expect("an 'on SIGHUP' cell").trim();
+            assert!(
+                rows.insert(key.to_owned(), cell.to_owned()).is_none(),
+                "{key} appears twice"
+            );
+        }
+        for key in flatten(&Config::default()).keys() {
+            assert!(
+                rows.contains_key(key),
+                "docs/configuration.md's SIGHUP table does not say what SIGHUP does with {key}"
+            );
+        }
+        for (key, cell) in &rows {
+            assert!(
+                cell == "applied" || cell == "restart",
+                "{key}: the cell says {cell:?}, not applied or restart"
+            );
+            assert_eq!(
+                cell == "applied",
+                RELOADED_KEYS.contains(&key.as_str()),
+                "{key}: the table says {cell}, the code {}",
+                if RELOADED_KEYS.contains(&key.as_str()) {
+                    "applies it"
+                } else {
+                    "needs a restart"
+                }
+            );
+        }
+    }
 
     struct Level(Vec<String>);
 

@@ -472,6 +472,9 @@ pub struct ReloadHook {
 }
 
 impl ReloadHook {
+    /// The keys it applies.
+    pub const KEYS: &'static [&'static str] = &["outbox.schemas", "outbox.schemas_required"];
+
     /// A hook replacing the set of `running`, counting into `metrics`.
     pub fn new(running: &Schemas, metrics: Arc<SchemaMetrics>) -> ReloadHook {
         ReloadHook {
@@ -483,7 +486,7 @@ impl ReloadHook {
 
 impl crate::reload::Hook for ReloadHook {
     fn keys(&self) -> &'static [&'static str] {
-        &["outbox.schemas", "outbox.schemas_required"]
+        Self::KEYS
     }
 
     fn outside_changed(&self, new: &crate::config::Settings) -> bool {
