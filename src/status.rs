@@ -370,7 +370,7 @@ async fn postgres_side(
             {
                 problems.push(format!("postgres: {e}"));
             }
-            match setup::public_emit_message_warning(settings, &pg).await {
+            match setup::message_warnings(settings, &pg).await {
                 Ok(w) => warnings.extend(w),
                 Err(e) => problems.push(format!("postgres: {e}")),
             }

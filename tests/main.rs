@@ -15,6 +15,7 @@ mod foreign_consumer;
 mod ha;
 mod hostile;
 mod lifecycle;
+mod message_default;
 mod ops;
 mod permissions;
 mod platforms;

@@ -20,6 +20,10 @@ pub(crate) use env::redact_url;
 pub(crate) use nats::NatsAuth;
 pub use settings::Settings;
 
+/// The logical message prefix sql/06_outbox_message.sql's helper emits by default, and so the
+/// default `outbox.message_prefix`: "" is the explicit opt-out.
+pub const DEFAULT_MESSAGE_PREFIX: &str = "outbox";
+
 /// Prefix of the environment variables that override settings.
 pub(crate) const ENV_PREFIX: &str = "OUTBOX_RELAY_";
 
@@ -110,7 +114,8 @@ pub struct OutboxConfig {
     /// `"tenant_id:Tenant-Id"`. A NULL column gives no header.
     pub header_columns: Vec<String>,
     /// Transactional logical messages (`pg_logical_emit_message(true, prefix, content)`) with this
-    /// prefix are events too; "" for none.
+    /// prefix are events too; "" for none. The default is the prefix of sql/06's `outbox_message()`,
+    /// so the helper the project ships publishes with the default configuration.
     pub message_prefix: String,
     /// What to do with an event that cannot be published as it is.
     pub on_invalid: OnInvalid,
@@ -135,7 +140,7 @@ impl Default for OutboxConfig {
             payload_column: "payload".into(),
             headers_column: String::new(),
             header_columns: Vec::new(),
-            message_prefix: String::new(),
+            message_prefix: DEFAULT_MESSAGE_PREFIX.into(),
             on_invalid: OnInvalid::DeadLetter,
             schemas: String::new(),
             schemas_required: false,
@@ -496,6 +501,12 @@ mod tests {
         assert_eq!(c.config().nats.dead_letter_subject, "outbox_dead_letter");
         assert_eq!(c.config().http.listen, "127.0.0.1:9187");
         assert_eq!(c.config().outbox.on_invalid, OnInvalid::DeadLetter);
+        // sql/06's helper publishes with the default configuration; "" is the explicit opt-out.
+        assert_eq!(c.config().outbox.message_prefix, "outbox");
+        let off = load("[outbox]\nmessage_prefix = \"\"\n", &[]).unwrap();
+        assert_eq!(off.config().outbox.message_prefix, "");
+        let off = load("", &[("OUTBOX_RELAY_OUTBOX_MESSAGE_PREFIX", "")]).unwrap();
+        assert_eq!(off.config().outbox.message_prefix, "");
     }
 
     #[test]
@@ -652,7 +663,7 @@ mod tests {
         // Messages only needs a prefix.
         let c = load("[outbox]\ntable = \"\"\nmessage_prefix = \"outbox\"\n", &[]).unwrap();
         assert!(c.config().outbox.messages_only());
-        let e = load("[outbox]\ntable = \"\"\n", &[])
+        let e = load("[outbox]\ntable = \"\"\nmessage_prefix = \"\"\n", &[])
             .unwrap_err()
             .to_string();
         assert!(e.contains("outbox.message_prefix"), "{e}");

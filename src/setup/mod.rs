@@ -7,6 +7,7 @@
 //! publication (`publish = 'insert'`), the slot, the stream. Each step prints one line saying what it
 //! found or did. Every failure is one line naming the object and how to fix it.
 
+mod helper;
 mod postgres;
 mod stream;
 
@@ -19,14 +20,18 @@ use crate::config::Settings;
 use crate::sink::{ConnectError, connect_nats};
 use crate::source::{SourceError, query_error_text};
 
-/// For `status`: the warnings `setup` gives while PUBLIC may execute `pg_logical_emit_message`, or a
-/// `SECURITY DEFINER` helper that emits logical messages, and `outbox.message_prefix` or
-/// `outbox.context_prefix` is set (anyone could write events or context messages).
-pub(crate) async fn public_emit_message_warning(
+/// For `status`: the logical-message warnings `setup` gives. While PUBLIC may execute
+/// `pg_logical_emit_message`, or a `SECURITY DEFINER` helper that emits logical messages, and
+/// `outbox.message_prefix` or `outbox.context_prefix` is set (anyone could write events or context
+/// messages); and while sql/06's helper is installed but its prefix is not relayed (its events go
+/// nowhere).
+pub(crate) async fn message_warnings(
     settings: &Settings,
     pg: &Client,
 ) -> Result<Vec<String>, tokio_postgres::Error> {
-    postgres::public_emit_message(settings, pg).await
+    let mut warnings = postgres::public_emit_message(settings, pg).await?;
+    warnings.extend(helper::unrelayed_helpers(settings, pg).await?);
+    Ok(warnings)
 }
 
 /// A check that failed, or a server that cannot be reached. One line, naming the object and the fix.
