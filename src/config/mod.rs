@@ -13,6 +13,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 mod env;
+mod name;
 mod nats;
 mod settings;
 
@@ -31,6 +32,9 @@ pub(crate) const ENV_PREFIX: &str = "OUTBOX_RELAY_";
 #[derive(Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
+    /// The relay's name (top level): "" keeps the default names; a name derives the slot,
+    /// publication, stream, subject prefix and dead-letter subject from it (`name.rs`).
+    pub name: String,
     /// `[postgres]`: the database, the slot and the publication.
     pub postgres: PostgresConfig,
     /// `[outbox]`: where events come from and which columns they are made of.
@@ -406,6 +410,7 @@ impl Config {
         };
         let file_path = path.map(|p| p.display().to_string());
         let warnings = env::apply_env(&mut table, env)?;
+        name::derive(&mut table);
         let config: Config = Config::deserialize(toml::Value::Table(table)).map_err(|e| {
             // Deserialising a parsed value: the text names the key and section, and holds no line
             // of the file.
@@ -468,6 +473,7 @@ impl fmt::Debug for NatsConfig {
 impl fmt::Debug for Config {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Config")
+            .field("name", &self.name)
             .field("postgres", &self.postgres)
             .field("outbox", &self.outbox)
             .field("nats", &self.nats)
@@ -507,6 +513,53 @@ mod tests {
         assert_eq!(off.config().outbox.message_prefix, "");
         let off = load("", &[("OUTBOX_RELAY_OUTBOX_MESSAGE_PREFIX", "")]).unwrap();
         assert_eq!(off.config().outbox.message_prefix, "");
+    }
+
+    #[test]
+    fn name_derives_the_relays_names_and_explicit_keys_win() {
+        let c = load("name = \"orders\"\n", &[]).unwrap();
+        let c = c.config();
+        assert_eq!(c.postgres.slot, "outbox_relay_orders");
+        assert_eq!(c.postgres.publication, "outbox_relay_orders");
+        assert_eq!(c.nats.stream, "OUTBOX_ORDERS");
+        assert_eq!(c.nats.subject, "orders.{aggregate_type}");
+        assert_eq!(c.nats.dead_letter_subject, "orders_dead_letter");
+        // "" keeps today's names.
+        let c = load("name = \"\"\n", &[]).unwrap();
+        assert_eq!(c.config().postgres.slot, "outbox_relay");
+        assert_eq!(c.config().nats.stream, "OUTBOX");
+        // The environment form, and explicit keys from the file and the environment, even when they
+        // equal a default.
+        let c = load(
+            "[postgres]\nslot = \"outbox_relay\"\n[nats]\nsubject = \"claims.{event_type}\"\n",
+            &[
+                ("OUTBOX_RELAY_NAME", "claims"),
+                ("OUTBOX_RELAY_NATS_STREAM", "CLAIMS"),
+            ],
+        )
+        .unwrap();
+        let c = c.config();
+        assert_eq!(c.name, "claims");
+        assert_eq!(c.postgres.slot, "outbox_relay", "explicit in the file");
+        assert_eq!(c.nats.stream, "CLAIMS", "explicit in the environment");
+        assert_eq!(c.nats.subject, "claims.{event_type}");
+        assert_eq!(c.postgres.publication, "outbox_relay_claims", "derived");
+        assert_eq!(c.nats.dead_letter_subject, "claims_dead_letter", "derived");
+        // The environment wins over the file's name.
+        let c = load("name = \"orders\"\n", &[("OUTBOX_RELAY_NAME", "billing")]).unwrap();
+        assert_eq!(c.config().nats.stream, "OUTBOX_BILLING");
+        for bad in ["Orders", "or.ders", "or-ders", "a b", "x*", &"n".repeat(51)] {
+            let e = load(&format!("name = {bad:?}\n"), &[])
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.starts_with("config name (env OUTBOX_RELAY_NAME): ")
+                    && e.contains("not a valid relay name"),
+                "{bad:?}: {e}"
+            );
+            assert!(!e.contains('\n'), "{e}");
+        }
+        assert!(load(&format!("name = {:?}\n", "n".repeat(50)), &[]).is_ok());
     }
 
     #[test]

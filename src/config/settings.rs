@@ -62,6 +62,8 @@ impl Settings {
 impl Config {
     /// Checks every setting that can be checked without connecting, and parses each once.
     pub fn validate(&self) -> Result<Settings, ConfigError> {
+        // First: with a bad name, the derived keys would be refused under their own names instead.
+        super::name::check(&self.name)?;
         let conn = self.validate_postgres()?;
         self.validate_outbox()?;
         self.validate_telemetry()?;
