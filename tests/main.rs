@@ -16,6 +16,7 @@ mod ha;
 mod hostile;
 mod lifecycle;
 mod message_default;
+mod named_relays;
 mod ops;
 mod permissions;
 mod platforms;

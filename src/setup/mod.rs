@@ -8,6 +8,7 @@
 //! found or did. Every failure is one line naming the object and how to fix it.
 
 mod helper;
+mod overlap;
 mod postgres;
 mod stream;
 
@@ -205,6 +206,8 @@ pub(crate) async fn check_only(settings: &Settings) -> Result<(), SetupError> {
 /// What the checks found to do.
 struct Checked {
     found: postgres::Found,
+    /// This database for the stream's metadata (`overlap::database_stamp`).
+    database: Option<String>,
     create_stream: bool,
     create_slot: bool,
 }
@@ -231,10 +234,23 @@ async fn checks(
     if mode == Mode::Setup {
         refuse_unfinished_backfill(settings, found_stream.as_ref())?;
     }
+    // Another relay's slot or subjects (its stream: `stream::check`): refused before anything changes.
+    let database = overlap::database_stamp(pg).await;
+    if found_stream.is_none() {
+        overlap::check_new_stream(
+            settings,
+            js,
+            found.slot.is_some(),
+            database.as_deref(),
+            report,
+        )
+        .await?;
+    }
     let slot = &settings.config().postgres.slot;
     if mode == Mode::Backfill {
         return Ok(Checked {
             found,
+            database,
             create_stream: found_stream.is_none(),
             create_slot: false,
         });
@@ -291,6 +307,7 @@ async fn checks(
     };
     Ok(Checked {
         found,
+        database,
         create_stream: found_stream.is_none(),
         create_slot,
     })
@@ -322,6 +339,7 @@ async fn apply(
 ) -> Result<(), SetupError> {
     let Checked {
         found,
+        database,
         create_stream,
         create_slot,
     } = checked;
@@ -329,7 +347,9 @@ async fn apply(
     let mut created = Created::default();
     let result = async {
         if create_stream {
-            report.lines.push(stream::create(settings, js).await?);
+            report
+                .lines
+                .push(stream::create(settings, js, database.as_deref()).await?);
             created.stream = true;
         }
         if found.create_publication {
@@ -412,7 +432,9 @@ async fn apply_without_slot(
     let mut created = Created::default();
     let result = async {
         if checked.create_stream {
-            report.lines.push(stream::create(settings, js).await?);
+            report
+                .lines
+                .push(stream::create(settings, js, checked.database.as_deref()).await?);
             created.stream = true;
         }
         if checked.found.create_publication {
