@@ -148,7 +148,7 @@ async fn setup_refuses_another_relays_slot_stream_or_subjects() {
     let cases = [
         (
             "the slot",
-            // The orders database, today's stream and subjects, but the orders relay's slot.
+            // The sales database, today's stream and subjects, but the sales relay's slot.
             with(
                 named_env(&sales_db, &nats, ""),
                 "OUTBOX_RELAY_POSTGRES_SLOT",
