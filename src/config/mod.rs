@@ -563,6 +563,18 @@ mod tests {
     }
 
     #[test]
+    fn the_documented_complete_relay_toml_has_only_real_keys() {
+        // docs/configuration.md, "A complete relay.toml": every key, `name` at the top level.
+        let doc = include_str!("../../docs/configuration.md");
+        let (_, section) = doc.split_once("\n## A complete relay.toml\n").unwrap();
+        let (_, block) = section.split_once("```toml\n").unwrap();
+        let (block, _) = block.split_once("\n```").unwrap();
+        let table: toml::Table = block.parse().unwrap();
+        let config = Config::deserialize(toml::Value::Table(table)).unwrap();
+        assert_eq!(config.name, "");
+    }
+
+    #[test]
     fn env_wins_over_file_and_is_typed() {
         let c = load(
             "[postgres]\nslot = \"from_file\"\n[nats]\nmax_in_flight = 10\n",
