@@ -539,7 +539,7 @@ fn schemas_status(settings: &Settings, problems: &mut Vec<String>) -> Option<Sch
     let error = settings.schemas_error.as_ref().map(ToString::to_string);
     if let Some(e) = &error {
         problems.push(format!(
-            "outbox.schemas: {e}: a running relay keeps the schemas it has, a relay started now refuses to              start; fix the file, then send SIGHUP"
+            "outbox.schemas: {e}: a running relay keeps the schemas it has, a relay started now refuses to start; fix the file, then send SIGHUP"
         ));
     }
     Some(SchemasStatus {
