@@ -381,7 +381,7 @@ fn check_partitions(n: &super::NatsConfig, template: &SubjectTemplate) -> Result
         return Err(invalid(
             "nats.partitions",
             format!(
-                "is 0, but nats.subject {:?} uses {{partition}}: set nats.partitions to the number of partitions                  (the N of the stream's partition(N, ...) mapping)",
+                "is 0, but nats.subject {:?} uses {{partition}}: set nats.partitions to the number of partitions (the N of the stream's partition(N, ...) mapping)",
                 n.subject
             ),
         ));
