@@ -9,6 +9,7 @@ mod backfill;
 mod cluster;
 mod consumers;
 mod deploy;
+mod docs_commands;
 mod events;
 mod faults;
 mod foreign_consumer;
