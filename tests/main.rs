@@ -9,7 +9,7 @@ mod backfill;
 mod cluster;
 mod consumers;
 mod deploy;
-mod docs_commands;
+mod docs_lists;
 mod events;
 mod faults;
 mod foreign_consumer;

@@ -648,7 +648,10 @@ mod tests {
             "{e}"
         );
         assert_eq!(e.lines().count(), 1, "{e}");
-        assert!(!e.contains("  "), "no run of spaces from a line continuation: {e}");
+        assert!(
+            !e.contains("  "),
+            "no run of spaces from a line continuation: {e}"
+        );
         let c = load(
             "[nats]\nsubject = \"outbox.{aggregate_type}.{partition}\"",
             &[("OUTBOX_RELAY_NATS_PARTITIONS", "4")],

@@ -1,6 +1,7 @@
-//! The docs name every command the binary has (issue 36, trap 5): docs/configuration.md's "All N
-//! commands (…)" line and docs/compatibility.md's list of stable commands are compared with the
-//! commands `outbox-relay --help` prints, so a new command that the docs leave out fails here.
+//! The docs' lists of what the repository has, compared with the repository (issue 36, trap 5): every
+//! command `outbox-relay --help` prints is in docs/configuration.md's "All N commands (…)" line and in
+//! docs/compatibility.md's stable commands, and every file in sql/ is in docs/README.md's SQL index, so
+//! a new command or SQL file that the docs leave out fails here.
 
 use std::time::Duration;
 
@@ -66,5 +67,26 @@ fn the_docs_name_every_command_of_the_binary() {
         listed("compatibility.md", "| **Commands and exit codes**"),
         commands,
         "docs/compatibility.md"
+    );
+}
+
+#[test]
+fn the_sql_index_names_every_sql_file() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let index = std::fs::read_to_string(format!("{root}/docs/README.md")).unwrap();
+    let mut files: Vec<String> = std::fs::read_dir(format!("{root}/sql"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|f| f.ends_with(".sql"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 9, "{files:?}");
+    let missing: Vec<&String> = files
+        .iter()
+        .filter(|f| !index.contains(&format!("| `{f}` |")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "docs/README.md's SQL index leaves out {missing:?}"
     );
 }
