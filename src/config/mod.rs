@@ -33,7 +33,9 @@ pub(crate) const ENV_PREFIX: &str = "OUTBOX_RELAY_";
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     /// The relay's name (top level): "" keeps the default names; a name derives the slot,
-    /// publication, stream, subject prefix and dead-letter subject from it (`name.rs`).
+    /// publication, stream, subject prefix and dead-letter subject from it (`name.rs`). The
+    /// derivation is part of [`Config::load`], which knows which keys were set; a `Config` built in
+    /// code sets those keys itself.
     pub name: String,
     /// `[postgres]`: the database, the slot and the publication.
     pub postgres: PostgresConfig,
