@@ -21,6 +21,7 @@ mod named_relays;
 mod ops;
 mod permissions;
 mod platforms;
+mod quickstart_step4;
 mod relay;
 mod replay_proof;
 mod resume;
