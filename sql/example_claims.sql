@@ -5,7 +5,8 @@
 -- the subject outbox.Claim. The docs call this event e-5531: it stands for the uuid that outbox_write
 -- returns (the default table's event_id is a uuid; a table whose id column is text or bigint works too).
 --
--- Run after 01, 02 and 04, with the relay running (`outbox-relay run`) and a subscriber watching:
+-- Run after 01, 02 and 04, with the relay running (`outbox-relay run`) and a subscriber watching (or,
+-- without the nats CLI, `curl -s 127.0.0.1:9187/position` before and after: last_sequence goes up by one):
 --   nats sub 'outbox.>'
 --   psql "$DATABASE_URL" -v ON_ERROR_STOP=1 -f sql/example_claims.sql
 -- Each run approves the claim again and so writes one more event, as the application would.

@@ -217,6 +217,17 @@ pub enum BackfillError {
         #[source]
         source: SourceError,
     },
+    /// The check of `--where` and `--order-by`, before any slot is touched, failed: no slot (and so no
+    /// snapshot) exists for it yet, so the text must not say it read one.
+    #[error("checking {what} on {table} failed, before any slot was created or changed: {message}")]
+    Preflight {
+        /// The outbox table.
+        table: String,
+        /// What was checked.
+        what: String,
+        /// The server's error.
+        message: String,
+    },
     /// A query reading the outbox table in the snapshot failed.
     #[error("reading {table} in the slot's snapshot failed ({what}): {message}")]
     Query {
@@ -766,7 +777,7 @@ async fn preflight(
         pg.batch_execute("ROLLBACK").await?;
         r
     };
-    checked.await.map_err(|e| BackfillError::Query {
+    checked.await.map_err(|e| BackfillError::Preflight {
         table,
         what: "--where / --order-by".to_owned(),
         message: query_error_text(&e),

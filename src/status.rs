@@ -383,7 +383,7 @@ async fn postgres_side(
             {
                 problems.push(format!("postgres: {e}"));
             }
-            match setup::public_emit_message_warning(settings, &pg).await {
+            match setup::message_warnings(settings, &pg).await {
                 Ok(w) => warnings.extend(w),
                 Err(e) => problems.push(format!("postgres: {e}")),
             }
@@ -552,7 +552,7 @@ fn schemas_status(settings: &Settings, problems: &mut Vec<String>) -> Option<Sch
     let error = settings.schemas_error.as_ref().map(ToString::to_string);
     if let Some(e) = &error {
         problems.push(format!(
-            "outbox.schemas: {e}: a running relay keeps the schemas it has, a relay started now refuses to              start; fix the file, then send SIGHUP"
+            "outbox.schemas: {e}: a running relay keeps the schemas it has, a relay started now refuses to start; fix the file, then send SIGHUP"
         ));
     }
     Some(SchemasStatus {

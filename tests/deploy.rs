@@ -363,16 +363,19 @@ fn the_metric_cross_check_catches_renames() {
     }
 }
 
-/// `OUTBOX_RELAY_<SECTION>_<KEY>` for every key the config loader knows, derived the way it maps
-/// variables to keys (from the defaults).
+/// `OUTBOX_RELAY_<SECTION>_<KEY>` (or `OUTBOX_RELAY_<KEY>` at the top level) for every key the config
+/// loader knows, derived the way it maps variables to keys (from the defaults).
 fn setting_variables() -> BTreeSet<String> {
     let defaults = toml::Table::try_from(Config::default()).expect("defaults serialise");
     defaults
         .iter()
-        .flat_map(|(section, keys)| {
-            let keys = keys.as_table().expect("a section is a table");
-            keys.keys()
-                .map(move |key| format!("OUTBOX_RELAY_{section}_{key}").to_uppercase())
+        .flat_map(|(section, keys)| match keys.as_table() {
+            Some(keys) => keys
+                .keys()
+                .map(|key| format!("OUTBOX_RELAY_{section}_{key}").to_uppercase())
+                .collect::<Vec<_>>(),
+            // A top-level key (`name`): `OUTBOX_RELAY_<KEY>`.
+            None => vec![format!("OUTBOX_RELAY_{section}").to_uppercase()],
         })
         .collect()
 }

@@ -286,6 +286,8 @@ async fn setup_and_status_warn_while_every_role_may_emit_context_messages() {
         "OUTBOX_RELAY_OUTBOX_CONTEXT_PREFIX".into(),
         "outbox-context".into(),
     ));
+    // Message events are on by default ("outbox"): only context messages means turning them off.
+    env.push(("OUTBOX_RELAY_OUTBOX_MESSAGE_PREFIX".into(), String::new()));
     let setup = run_command(&["setup"], &env, LIMIT);
     assert!(setup.status.success(), "setup: {}", setup.stderr);
     let line = emit_warning(&setup.stdout)

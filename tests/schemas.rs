@@ -395,6 +395,17 @@ async fn a_missing_directory_at_start_is_a_config_error() {
         "{}",
         f.stdout
     );
+    // Issue 36: the problem line read "refuses to              start" (a line continuation's spaces).
+    let problem = f
+        .stdout
+        .lines()
+        .find(|l| l.contains("a running relay keeps the schemas it has"))
+        .unwrap_or_else(|| panic!("status names the schemas problem:\n{}", f.stdout));
+    assert!(
+        problem.contains("a relay started now refuses to start; fix the file, then send SIGHUP")
+            && !problem.contains("  "),
+        "{problem}"
+    );
 }
 
 /// Issue 34, finding 2: a `pattern` that needs backtracking (`^(\w+\s?)*(?<!\s)$` kept the relay's

@@ -20,6 +20,11 @@ pub(super) fn apply_env(
             continue;
         };
         let rest = rest.to_lowercase();
+        // A top-level key (`OUTBOX_RELAY_NAME`): a string, set as it is.
+        if defaults.get(&rest).is_some_and(|d| d.is_str()) {
+            table.insert(rest, toml::Value::String(value));
+            continue;
+        }
         let default = rest.split_once('_').and_then(|(section, key)| {
             let d = defaults.get(section)?.as_table()?.get(key)?;
             Some((section, key, d))

@@ -13,12 +13,17 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 mod env;
+mod name;
 mod nats;
 mod settings;
 
 pub(crate) use env::redact_url;
 pub(crate) use nats::NatsAuth;
 pub use settings::Settings;
+
+/// The logical message prefix sql/06_outbox_message.sql's helper emits by default, and so the
+/// default `outbox.message_prefix`: "" is the explicit opt-out.
+pub const DEFAULT_MESSAGE_PREFIX: &str = "outbox";
 
 /// Prefix of the environment variables that override settings.
 pub(crate) const ENV_PREFIX: &str = "OUTBOX_RELAY_";
@@ -27,6 +32,11 @@ pub(crate) const ENV_PREFIX: &str = "OUTBOX_RELAY_";
 #[derive(Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
+    /// The relay's name (top level): "" keeps the default names; a name derives the slot,
+    /// publication, stream, subject prefix and dead-letter subject from it (`name.rs`). The
+    /// derivation is part of [`Config::load`], which knows which keys were set; a `Config` built in
+    /// code sets those keys itself.
+    pub name: String,
     /// `[postgres]`: the database, the slot and the publication.
     pub postgres: PostgresConfig,
     /// `[outbox]`: where events come from and which columns they are made of.
@@ -110,7 +120,8 @@ pub struct OutboxConfig {
     /// `"tenant_id:Tenant-Id"`. A NULL column gives no header.
     pub header_columns: Vec<String>,
     /// Transactional logical messages (`pg_logical_emit_message(true, prefix, content)`) with this
-    /// prefix are events too; "" for none.
+    /// prefix are events too; "" for none. The default is the prefix of sql/06's `outbox_message()`,
+    /// so the helper the project ships publishes with the default configuration.
     pub message_prefix: String,
     /// What to do with an event that cannot be published as it is.
     pub on_invalid: OnInvalid,
@@ -135,7 +146,7 @@ impl Default for OutboxConfig {
             payload_column: "payload".into(),
             headers_column: String::new(),
             header_columns: Vec::new(),
-            message_prefix: String::new(),
+            message_prefix: DEFAULT_MESSAGE_PREFIX.into(),
             on_invalid: OnInvalid::DeadLetter,
             schemas: String::new(),
             schemas_required: false,
@@ -401,6 +412,7 @@ impl Config {
         };
         let file_path = path.map(|p| p.display().to_string());
         let warnings = env::apply_env(&mut table, env)?;
+        name::derive(&mut table);
         let config: Config = Config::deserialize(toml::Value::Table(table)).map_err(|e| {
             // Deserialising a parsed value: the text names the key and section, and holds no line
             // of the file.
@@ -463,6 +475,7 @@ impl fmt::Debug for NatsConfig {
 impl fmt::Debug for Config {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Config")
+            .field("name", &self.name)
             .field("postgres", &self.postgres)
             .field("outbox", &self.outbox)
             .field("nats", &self.nats)
@@ -496,6 +509,71 @@ mod tests {
         assert_eq!(c.config().nats.dead_letter_subject, "outbox_dead_letter");
         assert_eq!(c.config().http.listen, "127.0.0.1:9187");
         assert_eq!(c.config().outbox.on_invalid, OnInvalid::DeadLetter);
+        // sql/06's helper publishes with the default configuration; "" is the explicit opt-out.
+        assert_eq!(c.config().outbox.message_prefix, "outbox");
+        let off = load("[outbox]\nmessage_prefix = \"\"\n", &[]).unwrap();
+        assert_eq!(off.config().outbox.message_prefix, "");
+        let off = load("", &[("OUTBOX_RELAY_OUTBOX_MESSAGE_PREFIX", "")]).unwrap();
+        assert_eq!(off.config().outbox.message_prefix, "");
+    }
+
+    #[test]
+    fn name_derives_the_relays_names_and_explicit_keys_win() {
+        let c = load("name = \"orders\"\n", &[]).unwrap();
+        let c = c.config();
+        assert_eq!(c.postgres.slot, "outbox_relay_orders");
+        assert_eq!(c.postgres.publication, "outbox_relay_orders");
+        assert_eq!(c.nats.stream, "OUTBOX_ORDERS");
+        assert_eq!(c.nats.subject, "orders.{aggregate_type}");
+        assert_eq!(c.nats.dead_letter_subject, "orders_dead_letter");
+        // "" keeps today's names.
+        let c = load("name = \"\"\n", &[]).unwrap();
+        assert_eq!(c.config().postgres.slot, "outbox_relay");
+        assert_eq!(c.config().nats.stream, "OUTBOX");
+        // The environment form, and explicit keys from the file and the environment, even when they
+        // equal a default.
+        let c = load(
+            "[postgres]\nslot = \"outbox_relay\"\n[nats]\nsubject = \"claims.{event_type}\"\n",
+            &[
+                ("OUTBOX_RELAY_NAME", "claims"),
+                ("OUTBOX_RELAY_NATS_STREAM", "CLAIMS"),
+            ],
+        )
+        .unwrap();
+        let c = c.config();
+        assert_eq!(c.name, "claims");
+        assert_eq!(c.postgres.slot, "outbox_relay", "explicit in the file");
+        assert_eq!(c.nats.stream, "CLAIMS", "explicit in the environment");
+        assert_eq!(c.nats.subject, "claims.{event_type}");
+        assert_eq!(c.postgres.publication, "outbox_relay_claims", "derived");
+        assert_eq!(c.nats.dead_letter_subject, "claims_dead_letter", "derived");
+        // The environment wins over the file's name.
+        let c = load("name = \"orders\"\n", &[("OUTBOX_RELAY_NAME", "billing")]).unwrap();
+        assert_eq!(c.config().nats.stream, "OUTBOX_BILLING");
+        for bad in ["Orders", "or.ders", "or-ders", "a b", "x*", &"n".repeat(51)] {
+            let e = load(&format!("name = {bad:?}\n"), &[])
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.starts_with("config name (env OUTBOX_RELAY_NAME): ")
+                    && e.contains("not a valid relay name"),
+                "{bad:?}: {e}"
+            );
+            assert!(!e.contains('\n'), "{e}");
+        }
+        assert!(load(&format!("name = {:?}\n", "n".repeat(50)), &[]).is_ok());
+    }
+
+    #[test]
+    fn the_documented_complete_relay_toml_has_only_real_keys() {
+        // docs/configuration.md, "A complete relay.toml": every key, `name` at the top level.
+        let doc = include_str!("../../docs/configuration.md");
+        let (_, section) = doc.split_once("\n## A complete relay.toml\n").unwrap();
+        let (_, block) = section.split_once("```toml\n").unwrap();
+        let (block, _) = block.split_once("\n```").unwrap();
+        let table: toml::Table = block.parse().unwrap();
+        let config = Config::deserialize(toml::Value::Table(table)).unwrap();
+        assert_eq!(config.name, "");
     }
 
     #[test]
@@ -572,6 +650,10 @@ mod tests {
             "{e}"
         );
         assert_eq!(e.lines().count(), 1, "{e}");
+        assert!(
+            !e.contains("  "),
+            "no run of spaces from a line continuation: {e}"
+        );
         let c = load(
             "[nats]\nsubject = \"outbox.{aggregate_type}.{partition}\"",
             &[("OUTBOX_RELAY_NATS_PARTITIONS", "4")],
@@ -652,7 +734,7 @@ mod tests {
         // Messages only needs a prefix.
         let c = load("[outbox]\ntable = \"\"\nmessage_prefix = \"outbox\"\n", &[]).unwrap();
         assert!(c.config().outbox.messages_only());
-        let e = load("[outbox]\ntable = \"\"\n", &[])
+        let e = load("[outbox]\ntable = \"\"\nmessage_prefix = \"\"\n", &[])
             .unwrap_err()
             .to_string();
         assert!(e.contains("outbox.message_prefix"), "{e}");

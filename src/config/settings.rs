@@ -62,6 +62,8 @@ impl Settings {
 impl Config {
     /// Checks every setting that can be checked without connecting, and parses each once.
     pub fn validate(&self) -> Result<Settings, ConfigError> {
+        // First: with a bad name, the derived keys would be refused under their own names instead.
+        super::name::check(&self.name)?;
         let conn = self.validate_postgres()?;
         self.validate_outbox()?;
         self.validate_telemetry()?;
@@ -379,7 +381,7 @@ fn check_partitions(n: &super::NatsConfig, template: &SubjectTemplate) -> Result
         return Err(invalid(
             "nats.partitions",
             format!(
-                "is 0, but nats.subject {:?} uses {{partition}}: set nats.partitions to the number of partitions                  (the N of the stream's partition(N, ...) mapping)",
+                "is 0, but nats.subject {:?} uses {{partition}}: set nats.partitions to the number of partitions (the N of the stream's partition(N, ...) mapping)",
                 n.subject
             ),
         ));

@@ -7,6 +7,8 @@
 //! publication (`publish = 'insert'`), the slot, the stream. Each step prints one line saying what it
 //! found or did. Every failure is one line naming the object and how to fix it.
 
+mod helper;
+mod overlap;
 mod postgres;
 mod stream;
 
@@ -19,14 +21,18 @@ use crate::config::Settings;
 use crate::sink::{ConnectError, connect_nats};
 use crate::source::{SourceError, query_error_text};
 
-/// For `status`: the warnings `setup` gives while PUBLIC may execute `pg_logical_emit_message`, or a
-/// `SECURITY DEFINER` helper that emits logical messages, and `outbox.message_prefix` or
-/// `outbox.context_prefix` is set (anyone could write events or context messages).
-pub(crate) async fn public_emit_message_warning(
+/// For `status`: the logical-message warnings `setup` gives. While PUBLIC may execute
+/// `pg_logical_emit_message`, or a `SECURITY DEFINER` helper that emits logical messages, and
+/// `outbox.message_prefix` or `outbox.context_prefix` is set (anyone could write events or context
+/// messages); and while sql/06's helper is installed but its prefix is not relayed (its events go
+/// nowhere).
+pub(crate) async fn message_warnings(
     settings: &Settings,
     pg: &Client,
 ) -> Result<Vec<String>, tokio_postgres::Error> {
-    postgres::public_emit_message(settings, pg).await
+    let mut warnings = postgres::public_emit_message(settings, pg).await?;
+    warnings.extend(helper::unrelayed_helpers(settings, pg).await?);
+    Ok(warnings)
 }
 
 /// A check that failed, or a server that cannot be reached. One line, naming the object and the fix.
@@ -200,6 +206,8 @@ pub(crate) async fn check_only(settings: &Settings) -> Result<(), SetupError> {
 /// What the checks found to do.
 struct Checked {
     found: postgres::Found,
+    /// This database for the stream's metadata (`overlap::database_stamp`).
+    database: Option<String>,
     create_stream: bool,
     create_slot: bool,
 }
@@ -226,10 +234,23 @@ async fn checks(
     if mode == Mode::Setup {
         refuse_unfinished_backfill(settings, found_stream.as_ref())?;
     }
+    // Another relay's slot or subjects (its stream: `stream::check`): refused before anything changes.
+    let database = overlap::database_stamp(pg).await;
+    if found_stream.is_none() {
+        overlap::check_new_stream(
+            settings,
+            js,
+            found.slot.is_some(),
+            database.as_deref(),
+            report,
+        )
+        .await?;
+    }
     let slot = &settings.config().postgres.slot;
     if mode == Mode::Backfill {
         return Ok(Checked {
             found,
+            database,
             create_stream: found_stream.is_none(),
             create_slot: false,
         });
@@ -286,6 +307,7 @@ async fn checks(
     };
     Ok(Checked {
         found,
+        database,
         create_stream: found_stream.is_none(),
         create_slot,
     })
@@ -317,6 +339,7 @@ async fn apply(
 ) -> Result<(), SetupError> {
     let Checked {
         found,
+        database,
         create_stream,
         create_slot,
     } = checked;
@@ -324,7 +347,9 @@ async fn apply(
     let mut created = Created::default();
     let result = async {
         if create_stream {
-            report.lines.push(stream::create(settings, js).await?);
+            report
+                .lines
+                .push(stream::create(settings, js, database.as_deref()).await?);
             created.stream = true;
         }
         if found.create_publication {
@@ -407,7 +432,9 @@ async fn apply_without_slot(
     let mut created = Created::default();
     let result = async {
         if checked.create_stream {
-            report.lines.push(stream::create(settings, js).await?);
+            report
+                .lines
+                .push(stream::create(settings, js, checked.database.as_deref()).await?);
             created.stream = true;
         }
         if checked.found.create_publication {

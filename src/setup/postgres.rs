@@ -48,6 +48,9 @@ pub(super) async fn check(
     report
         .warnings
         .extend(public_emit_message(settings, pg).await?);
+    report
+        .warnings
+        .extend(super::helper::unrelayed_helpers(settings, pg).await?);
     let create_publication = check_publication(settings, pg, partitioned, report).await?;
     let slot = catalog::slot(pg, &settings.config().postgres.slot).await?;
     if let Some(s) = slot.as_ref().filter(|_| check_slot_too) {

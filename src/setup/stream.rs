@@ -20,6 +20,9 @@ use crate::route::subject_covers;
 pub(crate) const META_SLOT: &str = "outbox-relay.slot";
 /// The stream metadata key that names the outbox table the stream's events come from.
 pub(crate) const META_TABLE: &str = "outbox-relay.table";
+/// The stream metadata key that names the database the slot is in, `<system identifier>/<database>`:
+/// slot names are unique per server only, and two servers may share one NATS.
+pub(crate) const META_DATABASE: &str = "outbox-relay.database";
 
 /// The stream as setup found it.
 pub(super) struct FoundStream {
@@ -45,6 +48,11 @@ pub(super) async fn check(
         .await
         .map_err(|e| problem(name, e.to_string()))?
         .clone();
+    // Another relay's stream first: its subjects not covering ours would be the wrong reason.
+    super::overlap::check_existing_stream(
+        settings,
+        info.config.metadata.get(META_SLOT).map(String::as_str),
+    )?;
     check_subjects(settings, &info, report)?;
     check_config(settings, &info, report)?;
     report.lines.push(format!(
@@ -227,6 +235,7 @@ async fn overlapping_stream(
 pub(super) async fn create(
     settings: &Settings,
     js: &jetstream::Context,
+    database: Option<&str>,
 ) -> Result<String, SetupError> {
     let n = &settings.config().nats;
     let wildcard = settings.subject.wildcard();
@@ -255,7 +264,10 @@ pub(super) async fn create(
                 META_TABLE.to_owned(),
                 settings.config().outbox.table.clone(),
             ),
-        ]),
+        ])
+        .into_iter()
+        .chain(database.map(|d| (META_DATABASE.to_owned(), d.to_owned())))
+        .collect(),
         ..Default::default()
     };
     let ours = cfg.subjects.clone();
@@ -268,8 +280,9 @@ pub(super) async fn create(
             return Err(SetupError::Stream {
                 name: n.stream.clone(),
                 problem: format!(
-                    "cannot be created: its subjects [{}] overlap with stream {other}'s [{}]; use that stream \
-                     (nats.stream = \"{other}\") or other subjects (nats.subject, nats.dead_letter_subject)",
+                    "cannot be created: its subjects [{}] overlap with stream {other}'s [{}]; give this relay names \
+                     of its own with name, or use that stream (nats.stream = \"{other}\") or other subjects \
+                     (nats.subject, nats.dead_letter_subject)",
                     ours.join(", "),
                     theirs.join(", ")
                 ),

@@ -1,0 +1,92 @@
+//! The docs' lists of what the repository has, compared with the repository (issue 36, trap 5): every
+//! command `outbox-relay --help` prints is in docs/configuration.md's "All N commands (…)" line and in
+//! docs/compatibility.md's stable commands, and every file in sql/ is in docs/README.md's SQL index, so
+//! a new command or SQL file that the docs leave out fails here.
+
+use std::time::Duration;
+
+use crate::support::run_command;
+
+/// The commands `outbox-relay --help` lists, without `help`.
+fn commands_of_the_binary() -> Vec<String> {
+    let help = run_command(&["--help"], &[], Duration::from_secs(30));
+    assert!(help.status.success(), "{}", help.stderr);
+    let (_, list) = help
+        .stdout
+        .split_once("Commands:\n")
+        .unwrap_or_else(|| panic!("--help lists commands:\n{}", help.stdout));
+    let mut commands: Vec<String> = list
+        .lines()
+        .take_while(|l| l.starts_with("  "))
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|c| *c != "help")
+        .map(str::to_owned)
+        .collect();
+    commands.sort();
+    commands
+}
+
+/// The backquoted words in the parentheses after `marker` in `doc`.
+fn listed(doc: &str, marker: &str) -> Vec<String> {
+    let path = format!("{}/docs/{doc}", env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {path}: {e}"));
+    let (_, rest) = text
+        .split_once(marker)
+        .unwrap_or_else(|| panic!("{doc} has {marker:?}"));
+    let (_, rest) = rest.split_once('(').expect("a list in parentheses");
+    let (inside, _) = rest.split_once(')').expect("the list ends");
+    let mut words: Vec<String> = inside
+        .split(',')
+        .map(|w| w.trim().trim_matches('`').to_owned())
+        .filter(|w| !w.starts_with('-'))
+        .collect();
+    words.sort();
+    words
+}
+
+#[test]
+fn the_docs_name_every_command_of_the_binary() {
+    let commands = commands_of_the_binary();
+    assert_eq!(commands.len(), 5, "{commands:?}");
+    // "- All five commands (`run`, …)": the list, and the number in words.
+    assert_eq!(
+        listed("configuration.md", "- All "),
+        commands,
+        "docs/configuration.md"
+    );
+    let config = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/docs/configuration.md"
+    ))
+    .unwrap();
+    assert!(
+        config.contains("- All five commands ("),
+        "docs/configuration.md counts the commands"
+    );
+    assert_eq!(
+        listed("compatibility.md", "| **Commands and exit codes**"),
+        commands,
+        "docs/compatibility.md"
+    );
+}
+
+#[test]
+fn the_sql_index_names_every_sql_file() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let index = std::fs::read_to_string(format!("{root}/docs/README.md")).unwrap();
+    let mut files: Vec<String> = std::fs::read_dir(format!("{root}/sql"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|f| f.ends_with(".sql"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 9, "{files:?}");
+    let missing: Vec<&String> = files
+        .iter()
+        .filter(|f| !index.contains(&format!("| `{f}` |")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "docs/README.md's SQL index leaves out {missing:?}"
+    );
+}
