@@ -5,7 +5,8 @@
 //! `max_age`) and purges,
 //! and the faults a real connection and cluster produce: outages, publishes lost with the
 //! connection, answers delayed, lost, duplicated, reordered or late past the ack timeout, answers
-//! forged by another client on the relay's inbox, and messages hand-published to the stream.
+//! forged by another client on the relay's inbox (to single publishes and to atomic batch commits),
+//! and messages hand-published to the stream.
 //!
 //! Publishes reach the server in the order they were sent (one TCP connection: a single server task
 //! takes them off a queue, each after its transit delay), and the server checks them as nats-server
@@ -106,6 +107,15 @@ impl Stored {
 enum Plant {
     Before,
     After,
+}
+
+/// What another client on the connection's inbox could know of an atomic batch when its commit is
+/// answered: its id, how many messages it holds, and the sequence its first one expected.
+#[derive(Clone, Debug)]
+struct Commit {
+    id: String,
+    count: usize,
+    expected: Option<u64>,
 }
 
 /// A publish on its way to the server.
@@ -426,9 +436,9 @@ impl JetStream {
         let last = s.messages.len() as u64;
         let answer: Result<String, StatusCode> = if m.headers.get(NATS_BATCH_ID).is_some() {
             match self.batch(&mut s, m) {
-                Some((answer, reply, headers)) => {
+                Some((answer, reply, headers, commit)) => {
                     drop(s);
-                    return self.answer(reply, headers, answer);
+                    return self.answer(reply, headers, answer, Some(commit));
                 }
                 None => return,
             }
@@ -497,7 +507,7 @@ impl JetStream {
         };
         let reply = m.reply;
         drop(s);
-        self.answer(reply, m.headers, answer);
+        self.answer(reply, m.headers, answer, None);
     }
 
     /// A message of an atomic batch (ADR-50, as nats-server 2.12+ handles it): staged until the
@@ -505,13 +515,14 @@ impl JetStream {
     /// `Nats-Batch-Sequence` skips one (a member lost with a connection) or that was idle for 10 s
     /// is abandoned: its commit is refused as incomplete. `Nats-Expected-Last-Sequence` counts only
     /// on the first message; the commit's answer names the batch's last sequence. Returns the
-    /// commit's answer, with its reply subject and headers; `None` for a member (no answer).
+    /// commit's answer, with its reply subject, headers and what a forger would know of the batch;
+    /// `None` for a member (no answer).
     #[allow(clippy::type_complexity)]
     fn batch(
         &self,
         s: &mut State,
         m: InTransit,
-    ) -> Option<(Result<String, StatusCode>, Option<String>, HeaderMap)> {
+    ) -> Option<(Result<String, StatusCode>, Option<String>, HeaderMap, Commit)> {
         let now = Instant::now();
         let id = m.headers.get(NATS_BATCH_ID)?.as_str().to_owned();
         s.batches
@@ -535,11 +546,19 @@ impl JetStream {
         if place != Some(staged.0.len() + 1) || staged.0.len() >= 1000 {
             s.batches.remove(&id);
             trace!(self.trace, "js batch abandoned (gap or too large)");
+            // What the forger saw of the batch: the place the commit claimed, and no expectation
+            // (the first message's, which carried it, may be the one lost).
+            let known = Commit {
+                id: id.clone(),
+                count: place.unwrap_or(1),
+                expected: None,
+            };
             return commit.then(|| {
                 (
                     refuse(400, 10176, "atomic publish batch is incomplete"),
                     reply,
                     headers,
+                    known,
                 )
             });
         }
@@ -553,6 +572,11 @@ impl JetStream {
             .headers
             .get(EXPECTED_LAST_SEQUENCE)
             .and_then(|v| v.as_str().parse::<u64>().ok());
+        let known = Commit {
+            id: id.clone(),
+            count: msgs.len(),
+            expected,
+        };
         let size: usize = msgs
             .iter()
             .map(|m| wire_size(&m.headers, m.payload.len()) + m.subject.len())
@@ -581,7 +605,7 @@ impl JetStream {
                 msgs.len()
             ))
         };
-        Some((answer, reply, headers))
+        Some((answer, reply, headers, known))
     }
 
     /// Stores `m` at the stream's next sequence (its session named by `reply`, the reply subject
@@ -652,6 +676,7 @@ impl JetStream {
         reply: Option<String>,
         headers: HeaderMap,
         answer: Result<String, StatusCode>,
+        commit: Option<Commit>,
     ) {
         let Some(reply) = reply else {
             return;
@@ -665,9 +690,16 @@ impl JetStream {
             .as_ref()
             .is_ok_and(|text| text.contains(r#""error""#));
         let forged = if self.dice.chance(chaos.forged) {
-            Some(self.forgery(&s, &headers))
+            Some(match &commit {
+                // Half of the answers planted for a commit take a batch's own forms.
+                Some(c) if self.dice.chance(0.5) => self.commit_forgery(&s, c),
+                _ => self.forgery(&s, &headers),
+            })
         } else if refused && self.dice.chance((chaos.forged * 10.0).min(1.0)) {
-            let text = perfect_ack(&s, &headers);
+            let text = match &commit {
+                Some(c) => perfect_batch_ack(&s, c),
+                None => perfect_ack(&s, &headers),
+            };
             trace!(self.trace, "js forged answer {text} (After the refusal)");
             Some((text, Plant::After))
         } else {
@@ -716,8 +748,8 @@ impl JetStream {
     /// planted right behind JetStream's answer, which the relay must not take in place of that
     /// answer (a refusal, say). Planted before JetStream's, an answer naming the stream and
     /// exactly the expected sequence cannot be told from JetStream's, by anyone: it is not
-    /// planted. No answer to an atomic batch's commit is forged (not modelled yet; the real-server
-    /// test `hostile::answers::a_duplicate_answer_to_an_atomic_batch_commit_confirms_nothing` covers it).
+    /// planted. An answer to an atomic batch's commit gets these forms or, half of the time, a
+    /// batch's own ([`JetStream::commit_forgery`]).
     fn forgery(&self, s: &State, headers: &HeaderMap) -> (String, Plant) {
         let last = s.messages.len() as u64;
         let expected = headers
@@ -762,6 +794,74 @@ impl JetStream {
         trace!(
             self.trace,
             "js forged answer {text} ({when:?} the real one)"
+        );
+        (text, when)
+    }
+
+    /// An answer another client could plant for an atomic batch's commit, and when: a duplicate
+    /// (a batch carries no `Nats-Msg-Id`, so JetStream never says it) of the sequence the batch
+    /// would end at, or of the stream's last; an ack of exactly the batch's form (stream, the
+    /// sequence the batch would end at, its id and count) right behind JetStream's answer (a
+    /// refusal, say, or where a lost answer would have been); the same ack with a wrong count,
+    /// before or behind JetStream's; an ack of fewer messages than the batch holds, ending where
+    /// that smaller batch would. Before JetStream's, an ack naming the batch's last sequence is
+    /// only planted with a count that betrays it: with the right count no one could tell it
+    /// from JetStream's own. Whatever the relay makes of any of them, it may confirm only what
+    /// the stream holds (P2).
+    fn commit_forgery(&self, s: &State, c: &Commit) -> (String, Plant) {
+        let base = c.expected.unwrap_or(s.messages.len() as u64);
+        let n = c.count as u64;
+        let id = &c.id;
+        let (text, when) = match self.dice.range(0, 5) {
+            0 => (
+                format!(r#"{{"stream":"{STREAM}","seq":{},"duplicate":true}}"#, base + n),
+                Plant::Before,
+            ),
+            1 => (
+                format!(
+                    r#"{{"stream":"{STREAM}","seq":{},"duplicate":true}}"#,
+                    s.messages.len().max(1)
+                ),
+                Plant::Before,
+            ),
+            2 => (perfect_batch_ack(s, c), Plant::After),
+            3 => {
+                let wrong = if n > 1 && self.dice.chance(0.5) {
+                    n - self.dice.range(1, n)
+                } else {
+                    n + self.dice.range(1, 5)
+                };
+                let when = if self.dice.chance(0.5) {
+                    Plant::Before
+                } else {
+                    Plant::After
+                };
+                (
+                    format!(
+                        r#"{{"stream":"{STREAM}","seq":{},"batch":"{id}","count":{wrong}}}"#,
+                        base + n
+                    ),
+                    when,
+                )
+            }
+            _ if n < 2 => (
+                format!(r#"{{"stream":"{STREAM}","seq":{},"duplicate":true}}"#, base + n),
+                Plant::Before,
+            ),
+            _ => {
+                let fewer = self.dice.range(1, n);
+                (
+                    format!(
+                        r#"{{"stream":"{STREAM}","seq":{},"batch":"{id}","count":{fewer}}}"#,
+                        base + fewer
+                    ),
+                    Plant::Before,
+                )
+            }
+        };
+        trace!(
+            self.trace,
+            "js forged commit answer {text} ({when:?} the real one)"
         );
         (text, when)
     }
@@ -814,6 +914,16 @@ fn perfect_ack(s: &State, headers: &HeaderMap) -> String {
         .and_then(|v| v.as_str().parse::<u64>().ok())
         .map_or(s.messages.len() as u64 + 1, |e| e + 1);
     format!(r#"{{"stream":"{STREAM}","seq":{seq}}}"#)
+}
+
+/// A batch's commit ack no one can tell from JetStream's: the stream, the sequence the batch would
+/// end at (its count after the one its first message expected, or after the last), its id and count.
+fn perfect_batch_ack(s: &State, c: &Commit) -> String {
+    let seq = c.expected.unwrap_or(s.messages.len() as u64) + c.count as u64;
+    format!(
+        r#"{{"stream":"{STREAM}","seq":{seq},"batch":"{}","count":{}}}"#,
+        c.id, c.count
+    )
 }
 
 /// An id for the trace: a uuid's first group, an LSN-made id whole.
