@@ -522,7 +522,12 @@ impl JetStream {
         &self,
         s: &mut State,
         m: InTransit,
-    ) -> Option<(Result<String, StatusCode>, Option<String>, HeaderMap, Commit)> {
+    ) -> Option<(
+        Result<String, StatusCode>,
+        Option<String>,
+        HeaderMap,
+        Commit,
+    )> {
         let now = Instant::now();
         let id = m.headers.get(NATS_BATCH_ID)?.as_str().to_owned();
         s.batches
@@ -689,7 +694,14 @@ impl JetStream {
         let refused = answer
             .as_ref()
             .is_ok_and(|text| text.contains(r#""error""#));
-        let forged = if self.dice.chance(chaos.forged) {
+        // A commit settles a whole batch, and there is one per transaction: planted five times
+        // as often as an answer to a single publish, or a run would see a handful.
+        let rate = if commit.is_some() {
+            (chaos.forged * 5.0).min(1.0)
+        } else {
+            chaos.forged
+        };
+        let forged = if self.dice.chance(rate) {
             Some(match &commit {
                 // Half of the answers planted for a commit take a batch's own forms.
                 Some(c) if self.dice.chance(0.5) => self.commit_forgery(&s, c),
@@ -814,7 +826,10 @@ impl JetStream {
         let id = &c.id;
         let (text, when) = match self.dice.range(0, 5) {
             0 => (
-                format!(r#"{{"stream":"{STREAM}","seq":{},"duplicate":true}}"#, base + n),
+                format!(
+                    r#"{{"stream":"{STREAM}","seq":{},"duplicate":true}}"#,
+                    base + n
+                ),
                 Plant::Before,
             ),
             1 => (
@@ -845,7 +860,10 @@ impl JetStream {
                 )
             }
             _ if n < 2 => (
-                format!(r#"{{"stream":"{STREAM}","seq":{},"duplicate":true}}"#, base + n),
+                format!(
+                    r#"{{"stream":"{STREAM}","seq":{},"duplicate":true}}"#,
+                    base + n
+                ),
                 Plant::Before,
             ),
             _ => {
