@@ -21,6 +21,9 @@
 //! - `answers`: JetStream's answers are slow, late, lost or duplicated;
 //! - `forge`: another client plants answers on the relay's inbox, before JetStream's (refused
 //!   forms, a duplicate of a sequence never reached) or right behind it (a perfect-looking ack);
+//!   to an atomic batch's commit also a batch's own forms: a `duplicate: true` answer, an ack of
+//!   exactly the batch's form (`batch`, `count`) behind a refusal or where a lost answer was, a
+//!   wrong `count`, an ack of a smaller batch;
 //! - `foreign`: a message is published by hand at the stream's tail while no relay runs;
 //! - `restore` / `pitr`: Postgres is restored from a disk snapshot (same timeline / a new one) and
 //!   the relay restarted;
@@ -38,8 +41,15 @@
 //! operator raises them when the world settles; `max_age`, which removes old messages, the stream's
 //! tail among them); the scenario draws the rest (CloudEvents, trace context messages, the window,
 //! large transactions, the number of applications writing at once).
+//!
+//! Besides the promises checked in `check.rs` and at status updates (P2), each relay process's
+//! position service (the `Positions` its sessions serve, handed out through `run_with`) is asked
+//! after every status update the slot takes and every 100 to 500 ms what it says is stored
+//! ([`PositionOracle`]): every event below that must already be in the stream. Its wait queue and
+//! its HTTP and NATS front ends are not run.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
@@ -47,7 +57,9 @@ use outbox_relay::Lsn;
 use outbox_relay::config::{Config, Settings};
 use outbox_relay::error::{NatsTrouble, Restart, SessionEnd};
 use outbox_relay::metrics::Metrics;
-use outbox_relay::relay::{Connector, RelayError, SlotCheck, Start, error_chain, run_with};
+use outbox_relay::relay::{
+    Connector, PositionProbe, RelayError, SlotCheck, Start, error_chain, run_with,
+};
 use outbox_relay::sink::{NatsPort, SimJetStream};
 use outbox_relay::source::{ReplicationStream, StreamConfig, SystemInfo};
 use tokio::sync::oneshot;
@@ -56,7 +68,7 @@ use tokio::time::Instant;
 
 use super::check::{self, Violations};
 use super::jetstream::{Chaos, JetStream, Limits, Retention};
-use super::postgres::{PgParams, Postgres};
+use super::postgres::{PgParams, Postgres, UnitCursor};
 use super::rng::Dice;
 use super::trace::{RelayLog, Trace, trace};
 use tracing_subscriber::layer::SubscriberExt;
@@ -266,6 +278,9 @@ struct SimConnector {
     js: Arc<JetStream>,
     config: StreamConfig,
     dice: Dice,
+    /// The server's rewinds ([`Postgres::rewinds`]) when this process last connected for
+    /// replication: its position service speaks of that history.
+    connected: Arc<AtomicU64>,
 }
 
 impl Connector for SimConnector {
@@ -288,7 +303,13 @@ impl Connector for SimConnector {
         &'a mut self,
         start: &'a Start,
     ) -> BoxFuture<'a, Result<(ReplicationStream, SystemInfo), SessionEnd>> {
-        Box::pin(async move { self.pg.connect(start, self.config.clone()).await })
+        Box::pin(async move {
+            let connected = self.pg.connect(start, self.config.clone()).await?;
+            // No await since the server took the connection: no rewind came in between.
+            self.connected
+                .store(self.pg.rewinds() as u64, Ordering::Relaxed);
+            Ok(connected)
+        })
     }
 
     fn partitions(&mut self) -> BoxFuture<'_, Result<Vec<u32>, SessionEnd>> {
@@ -308,6 +329,82 @@ impl Connector for SimConnector {
 struct Process {
     handle: JoinHandle<Result<(), RelayError>>,
     shutdown: Option<oneshot::Sender<()>>,
+    /// Its number (the trace's "relay process N"): the position oracle watches it by this.
+    number: u64,
+}
+
+/// The position service's oracle: whenever a relay process's position service says an LSN is
+/// stored (the stored LSN `/wait` answers "stored" by at once), every event of every unit of work
+/// whose deciding record (its commit, or a non-transactional message's own) starts below it must be
+/// in the stream, stored after it committed: what P2 asks of a confirmation, asked of a claim that
+/// runs ahead of the slot. Sampled after every status update the slot takes and every 100 to
+/// 500 ms besides. Excused only by what the world did: a session that connected before the WAL was
+/// cut back (a restore, a lossy promotion) may still speak of the history that was forgotten, whose
+/// units the server no longer has (and a new unit at a forgotten LSN is not the one it stored);
+/// such a session's connection ended with the rewind, and claims are checked again from the next.
+struct PositionOracle {
+    js: Arc<JetStream>,
+    trace: Arc<Trace>,
+    violations: Arc<Violations>,
+    watched: std::sync::Mutex<Vec<Watched>>,
+}
+
+/// One relay process's position service, and how far its claims were checked.
+struct Watched {
+    number: u64,
+    probe: PositionProbe,
+    connected: Arc<AtomicU64>,
+    /// The units found stored so far.
+    checked: UnitCursor,
+}
+
+impl PositionOracle {
+    fn watch(&self, number: u64, probe: PositionProbe, connected: Arc<AtomicU64>) {
+        self.watched.lock().unwrap().push(Watched {
+            number,
+            probe,
+            connected,
+            checked: UnitCursor::default(),
+        });
+    }
+
+    /// A process is gone: nothing answers for it any more.
+    fn forget(&self, number: u64) {
+        self.watched.lock().unwrap().retain(|w| w.number != number);
+    }
+
+    /// Checks what every watched position service says now.
+    fn sample(&self, pg: &Postgres) {
+        let mut watched = self.watched.lock().unwrap();
+        for w in watched.iter_mut() {
+            let Some(served) = w.probe.served() else {
+                continue;
+            };
+            if w.connected.load(Ordering::Relaxed) != pg.rewinds() as u64 {
+                continue;
+            }
+            let stored = served.stored_lsn;
+            let mut missing: Option<String> = None;
+            pg.units_below(&mut w.checked, stored.0, |u| {
+                if missing.is_some() {
+                    return;
+                }
+                if let Some(e) = u.events.iter().find(|e| !self.js.holds(&e.msg_id, u.at)) {
+                    missing = Some(format!(
+                        "position service of relay process {} said stored at {stored} before event {} of the {} \
+                         (commit LSN {} <= {stored}) was in the stream",
+                        w.number,
+                        e.msg_id,
+                        u.what,
+                        Lsn(u.start)
+                    ));
+                }
+            });
+            if let Some(what) = missing {
+                self.violations.report(&self.trace, what);
+            }
+        }
+    }
 }
 
 struct World {
@@ -322,6 +419,7 @@ struct World {
     /// The counters of every relay process of the world, added up (each process's own would
     /// start at zero).
     metrics: Arc<Metrics>,
+    positions: Arc<PositionOracle>,
 }
 
 /// Runs the world of `seed` on its own runtime with a paused clock.
@@ -362,7 +460,29 @@ async fn world(seed: u64, faults: &FaultSet, trace: Arc<Trace>) -> Outcome {
         relay: None,
         processes: 0,
         metrics: Arc::new(Metrics::default()),
+        positions: Arc::new(PositionOracle {
+            js: Arc::clone(&js),
+            trace: Arc::clone(&trace),
+            violations: Arc::clone(&violations),
+            watched: std::sync::Mutex::new(Vec::new()),
+        }),
     };
+    // The position services are asked after every status update and every 100 to 500 ms,
+    // at times from a generator of their own: asking draws nothing from the world's.
+    pg.on_status(Box::new({
+        let oracle = Arc::clone(&w.positions);
+        move |pg| oracle.sample(pg)
+    }));
+    let sampler = tokio::spawn({
+        let (oracle, pg) = (Arc::clone(&w.positions), Arc::clone(&pg));
+        let dice = Dice::new(seed ^ 0x706f_7369_7469_6f6e);
+        async move {
+            loop {
+                tokio::time::sleep(dice.millis(100, 500)).await;
+                oracle.sample(&pg);
+            }
+        }
+    });
     js.set_chaos(sc.chaos);
     js.set_retention(sc.modes.retention);
     let writing = Arc::new(std::sync::atomic::AtomicBool::new(true));
@@ -441,6 +561,7 @@ async fn world(seed: u64, faults: &FaultSet, trace: Arc<Trace>) -> Outcome {
     w.reap();
     w.stop_relay().await;
     checkpointer.abort();
+    sampler.abort();
     let units = pg.units();
     let stream = js.messages();
     if !violations.any() {
@@ -491,6 +612,10 @@ impl World {
             "relay process {} starts at {start}", self.processes
         );
         let settings = self.settings.clone();
+        let probe = PositionProbe::new(&settings);
+        let connected = Arc::new(AtomicU64::new(u64::MAX));
+        self.positions
+            .watch(self.processes, probe.clone(), Arc::clone(&connected));
         let connector = SimConnector {
             pg: Arc::clone(&self.pg),
             js: Arc::clone(&self.js),
@@ -501,6 +626,7 @@ impl World {
                 ..StreamConfig::default()
             },
             dice: self.dice.clone(),
+            connected,
         };
         let (tx, rx) = oneshot::channel::<()>();
         let handle = tokio::spawn(run_with(
@@ -509,6 +635,7 @@ impl World {
             Box::new(connector),
             start,
             self.dice.next_u64(),
+            probe,
             async move {
                 let _ = rx.await;
             },
@@ -516,6 +643,7 @@ impl World {
         self.relay = Some(Process {
             handle,
             shutdown: Some(tx),
+            number: self.processes,
         });
     }
 
@@ -525,6 +653,7 @@ impl World {
             return;
         }
         let p = self.relay.take().unwrap();
+        self.positions.forget(p.number);
         let what = match futures_util::FutureExt::now_or_never(p.handle) {
             Some(Ok(Ok(()))) => "the relay stopped without being asked to".to_owned(),
             Some(Ok(Err(e))) => format!("the relay stopped: {}", error_chain(&e)),
@@ -536,9 +665,10 @@ impl World {
 
     async fn kill_relay(&mut self) {
         if let Some(p) = self.relay.take() {
-            trace!(self.trace, "relay process {} killed", self.processes);
+            trace!(self.trace, "relay process {} killed", p.number);
             p.handle.abort();
             let _ = p.handle.await;
+            self.positions.forget(p.number);
         }
     }
 
@@ -546,7 +676,7 @@ impl World {
         let Some(mut p) = self.relay.take() else {
             return;
         };
-        trace!(self.trace, "relay process {} asked to stop", self.processes);
+        trace!(self.trace, "relay process {} asked to stop", p.number);
         if let Some(tx) = p.shutdown.take() {
             let _ = tx.send(());
         }
@@ -568,6 +698,7 @@ impl World {
                 p.handle.abort();
             }
         }
+        self.positions.forget(p.number);
     }
 
     async fn restart_relay(&mut self) {
