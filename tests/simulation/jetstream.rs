@@ -6,7 +6,9 @@
 //! and the faults a real connection and cluster produce: outages, publishes lost with the
 //! connection, answers delayed, lost, duplicated, reordered or late past the ack timeout, answers
 //! forged by another client on the relay's inbox (to single publishes and to atomic batch commits),
-//! and messages hand-published to the stream.
+//! and messages hand-published to the stream. Each relay process reaches it through its own
+//! [`ProcessPort`], which marks its sessions' inboxes as that process's: a publish of a process that
+//! lost the slot to another is then told from the holder's.
 //!
 //! Publishes reach the server in the order they were sent (one TCP connection: a single server task
 //! takes them off a queue, each after its transit delay), and the server checks them as nats-server
@@ -145,6 +147,10 @@ struct State {
     inboxes: u64,
     /// The era each session's inbox began in (see [`Stored::era`]).
     inbox_era: HashMap<String, u64>,
+    /// The relay process each session's inbox belongs to ([`ProcessPort`]).
+    inbox_process: HashMap<String, u64>,
+    /// The relay process whose session last got the slot (0: none yet).
+    holder: u64,
     /// Atomic batches being staged (`Nats-Batch-Id` → its messages so far, when the last came).
     batches: HashMap<String, (Vec<InTransit>, Instant)>,
     queue: VecDeque<InTransit>,
@@ -193,6 +199,8 @@ impl JetStream {
                 subs: Vec::new(),
                 inboxes: 0,
                 inbox_era: HashMap::new(),
+                inbox_process: HashMap::new(),
+                holder: 0,
                 batches: HashMap::new(),
                 queue: VecDeque::new(),
                 last_arrival: Instant::now(),
@@ -236,6 +244,41 @@ impl JetStream {
             "nats down ({} of {before} publishes in transit lost)",
             before - s.queue.len()
         );
+    }
+
+    /// A session of relay `process` got the slot (its walsender streams): from now on a publish
+    /// of another process's session is another writer's.
+    pub(crate) fn slot_held_by(&self, process: u64) {
+        self.state.lock().unwrap().holder = process;
+    }
+
+    /// A publish of a session that no longer holds the slot (its process lost it to another,
+    /// whose session stored in its place) was refused for the stream's last sequence or message
+    /// id: that session ends finding the stream's tail unreliable, and its process trusts no tail
+    /// until it stores anew (docs/guarantees.md, "Trusting no tail"). A reason the world gave to
+    /// distrust the stream, like another writer's message (seed 475 with the standby mode: the
+    /// process that lost the slot in a cut got it back 0.4 s later and published 400 events again,
+    /// past a 487 ms duplicate window).
+    fn refused_overtaken(&self, s: &mut State, reply: Option<&str>) {
+        let process = reply
+            .and_then(|r| r.rsplit_once('.'))
+            .and_then(|(inbox, _)| s.inbox_process.get(inbox).copied());
+        // Only a session still listening hears the refusal (a dead one's publishes landing late
+        // are excused as such when stored).
+        let listening = reply.is_some_and(|r| {
+            s.subs.iter().any(|(prefix, tx)| {
+                r.starts_with(prefix.as_str())
+                    && !r[prefix.len()..].contains('.')
+                    && !tx.is_closed()
+            })
+        });
+        if let Some(p) = process.filter(|p| *p != s.holder && listening) {
+            trace!(
+                self.trace,
+                "js refused a publish of relay process {p}, overtaken by process {}", s.holder
+            );
+            s.facts.distrust.push(Instant::now());
+        }
     }
 
     pub(crate) fn come_up(&self) {
@@ -464,6 +507,7 @@ impl JetStream {
                 self.trace,
                 "js refused {short}: expected {expected}, last {last}"
             );
+            self.refused_overtaken(&mut s, m.reply.as_deref());
             Ok(format!(
                 r#"{{"error":{{"code":400,"err_code":10071,"description":"wrong last sequence: {last}"}}}}"#
             ))
@@ -479,6 +523,7 @@ impl JetStream {
                 short_id(expected),
                 short_id(&s.last_msg_id)
             );
+            self.refused_overtaken(&mut s, m.reply.as_deref());
             Ok(format!(
                 r#"{{"error":{{"code":400,"err_code":10070,"description":"wrong last msg ID: {}"}}}}"#,
                 s.last_msg_id
@@ -588,6 +633,7 @@ impl JetStream {
             .sum();
         let answer = if let Some(e) = expected.filter(|e| *e != last) {
             trace!(self.trace, "js refused batch: expected {e}, last {last}");
+            self.refused_overtaken(s, reply.as_deref());
             refuse(400, 10071, &format!("wrong last sequence: {last}"))
         } else if msgs.iter().any(|m| {
             s.limits
@@ -658,7 +704,7 @@ impl JetStream {
             .unwrap_or_default();
         trace!(
             self.trace,
-            "js stored {short} at seq {seq} on {}{after}", m.subject
+            "js stored {short} at seq {seq} on {}{after} (session {session})", m.subject
         );
         s.messages.push(Stored {
             seq,
@@ -974,14 +1020,71 @@ fn wire_size(h: &HeaderMap, payload: usize) -> usize {
     n
 }
 
-impl SimJetStream for JetStream {
-    fn new_inbox(&self) -> String {
+/// One relay process's connection to the simulated JetStream: the same server, with the inboxes
+/// of its sessions marked as the process's, so that a publish of a process that lost the slot
+/// can be told from the holder's.
+pub(crate) struct ProcessPort {
+    pub js: Arc<JetStream>,
+    pub process: u64,
+}
+
+impl JetStream {
+    fn inbox(&self, process: u64) -> String {
         let mut s = self.state.lock().unwrap();
         s.inboxes += 1;
         let inbox = format!("_INBOX.sim{}", s.inboxes);
         let era = s.facts.distrust.len() as u64;
         s.inbox_era.insert(inbox.clone(), era);
+        s.inbox_process.insert(inbox.clone(), process);
         inbox
+    }
+}
+
+impl SimJetStream for ProcessPort {
+    fn new_inbox(&self) -> String {
+        self.js.inbox(self.process)
+    }
+
+    fn subscribe(&self, subject: String) -> mpsc::UnboundedReceiver<async_nats::Message> {
+        self.js.subscribe(subject)
+    }
+
+    fn publish(
+        &self,
+        subject: String,
+        reply: Option<String>,
+        headers: HeaderMap,
+        payload: Bytes,
+    ) -> Result<(), SimSendError> {
+        self.js.publish(subject, reply, headers, payload)
+    }
+
+    fn max_payload(&self) -> usize {
+        self.js.max_payload()
+    }
+
+    fn stream_state(&self, stream: &str) -> Result<(u64, Option<usize>), String> {
+        self.js.stream_state(stream)
+    }
+
+    fn message_headers(&self, stream: &str, seq: u64) -> Result<Option<HeaderMap>, String> {
+        self.js.message_headers(stream, seq)
+    }
+
+    fn headers_from(
+        &self,
+        stream: &str,
+        from: u64,
+        to: u64,
+        max: usize,
+    ) -> Result<Vec<(u64, HeaderMap)>, String> {
+        self.js.headers_from(stream, from, to, max)
+    }
+}
+
+impl SimJetStream for JetStream {
+    fn new_inbox(&self) -> String {
+        self.inbox(0)
     }
 
     fn subscribe(&self, subject: String) -> mpsc::UnboundedReceiver<async_nats::Message> {

@@ -39,7 +39,13 @@
 //! the descriptive headers, atomic transactions (in a quarter of fenced worlds), and the stream's
 //! retention limits (`max_msgs`, `max_bytes` with `discard: new`, which stall the relay until the
 //! operator raises them when the world settles; `max_age`, which removes old messages, the stream's
-//! tail among them); the scenario draws the rest (CloudEvents, trace context messages, the window,
+//! tail among them), and a standby (in a quarter of the worlds, `standby` in `SIM_FAULTS`: a
+//! second relay process on the slot, refused it with 55006 while the other's walsender holds it,
+//! that takes over when the process the faults strike is killed or stopped; a new standby then
+//! starts behind it, and `foreign` and the restores that stop the relay stop both; each process
+//! reaches JetStream through its own `ProcessPort`, so a refusal of a publish of the process that
+//! lost the slot is a fact the checks know); the scenario
+//! draws the rest (CloudEvents, trace context messages, the window,
 //! large transactions, the number of applications writing at once).
 //!
 //! Besides the promises checked in `check.rs` and at status updates (P2), each relay process's
@@ -67,7 +73,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::check::{self, Violations};
-use super::jetstream::{Chaos, JetStream, Limits, Retention};
+use super::jetstream::{Chaos, JetStream, Limits, ProcessPort, Retention};
 use super::postgres::{PgParams, Postgres, UnitCursor};
 use super::rng::Dice;
 use super::trace::{RelayLog, Trace, trace};
@@ -85,6 +91,8 @@ pub(crate) const FAULTS: &[(&str, u64)] = &[
     ("transit", 0),
     ("answers", 0),
     ("forge", 0),
+    // A mode of the world rather than a fault that strikes ([`Modes::standby`]).
+    ("standby", 0),
     ("foreign", 2),
     ("live_foreign", 1),
     ("restore", 2),
@@ -165,16 +173,22 @@ pub(crate) struct Modes {
     /// `nats.atomic_transactions` (which needs the fence): each transaction one atomic batch, or
     /// several past the window or 1,000 messages.
     pub atomic: bool,
+    /// A second relay process on the same slot, started with the first: the simulated Postgres
+    /// refuses it the slot while the other's walsender holds it (55006, as Postgres does), so it
+    /// waits as a standby and takes over when the other is killed or stopped; then a new standby
+    /// starts. Faults strike the process started first.
+    pub standby: bool,
 }
 
 impl Modes {
-    fn draw(d: &Dice) -> Self {
+    fn draw(d: &Dice, faults: &FaultSet) -> Self {
         let fence = !d.chance(0.2);
         Modes {
             fence,
             descriptive: !d.chance(0.3),
             retention: Self::retention(d),
             atomic: fence && d.chance(0.25),
+            standby: faults.has("standby") && d.chance(0.25),
         }
     }
 
@@ -240,7 +254,7 @@ impl Scenario {
             write_gap_ms: d.pick(&[(0, 20), (5, 100), (20, 400)]),
             fault_gap_ms: d.pick(&[(500, 4_000), (2_000, 10_000)]),
             faults_for: d.millis(20_000, 60_000),
-            modes: Modes::draw(d),
+            modes: Modes::draw(d, faults),
         }
     }
 
@@ -281,6 +295,8 @@ struct SimConnector {
     /// The server's rewinds ([`Postgres::rewinds`]) when this process last connected for
     /// replication: its position service speaks of that history.
     connected: Arc<AtomicU64>,
+    /// The process's number.
+    process: u64,
 }
 
 impl Connector for SimConnector {
@@ -292,7 +308,10 @@ impl Connector for SimConnector {
                     "connection refused (simulated outage)".into(),
                 )));
             }
-            let port: Arc<dyn SimJetStream> = Arc::clone(&self.js) as _;
+            let port: Arc<dyn SimJetStream> = Arc::new(ProcessPort {
+                js: Arc::clone(&self.js),
+                process: self.process,
+            });
             Ok(NatsPort::Sim(port))
         })
     }
@@ -308,6 +327,7 @@ impl Connector for SimConnector {
             // No await since the server took the connection: no rewind came in between.
             self.connected
                 .store(self.pg.rewinds() as u64, Ordering::Relaxed);
+            self.js.slot_held_by(self.process);
             Ok(connected)
         })
     }
@@ -415,6 +435,9 @@ struct World {
     js: Arc<JetStream>,
     violations: Arc<Violations>,
     relay: Option<Process>,
+    /// The second process on the slot, in worlds with [`Modes::standby`].
+    standby: Option<Process>,
+    with_standby: bool,
     processes: u64,
     /// The counters of every relay process of the world, added up (each process's own would
     /// start at zero).
@@ -458,6 +481,8 @@ async fn world(seed: u64, faults: &FaultSet, trace: Arc<Trace>) -> Outcome {
         js: Arc::clone(&js),
         violations: Arc::clone(&violations),
         relay: None,
+        standby: None,
+        with_standby: sc.modes.standby,
         processes: 0,
         metrics: Arc::new(Metrics::default()),
         positions: Arc::new(PositionOracle {
@@ -559,7 +584,7 @@ async fn world(seed: u64, faults: &FaultSet, trace: Arc<Trace>) -> Outcome {
     // relay is shut down cleanly.
     tokio::time::sleep(Duration::from_secs(10)).await;
     w.reap();
-    w.stop_relay().await;
+    w.stop_all().await;
     checkpointer.abort();
     sampler.abort();
     let units = pg.units();
@@ -603,13 +628,33 @@ async fn world(seed: u64, faults: &FaultSet, trace: Arc<Trace>) -> Outcome {
 }
 
 impl World {
-    /// A new relay process, from where the slot is (what `run` reads at setup).
+    /// The relay the faults strike runs again: the standby, which may hold the slot already, if
+    /// there is one, else a new process; and, with [`Modes::standby`], a new standby behind it.
     fn start_relay(&mut self) {
+        if self.relay.is_none() {
+            self.relay = Some(match self.standby.take() {
+                Some(p) => {
+                    trace!(
+                        self.trace,
+                        "relay process {} is the one faults strike", p.number
+                    );
+                    p
+                }
+                None => self.spawn("relay"),
+            });
+        }
+        if self.with_standby && self.standby.is_none() {
+            self.standby = Some(self.spawn("standby"));
+        }
+    }
+
+    /// A new relay process, from where the slot is (what `run` reads at setup).
+    fn spawn(&mut self, role: &str) -> Process {
         self.processes += 1;
         let start = Lsn(self.pg.slot_confirmed());
         trace!(
             self.trace,
-            "relay process {} starts at {start}", self.processes
+            "{role} process {} starts at {start}", self.processes
         );
         let settings = self.settings.clone();
         let probe = PositionProbe::new(&settings);
@@ -627,32 +672,46 @@ impl World {
             },
             dice: self.dice.clone(),
             connected,
+            process: self.processes,
         };
         let (tx, rx) = oneshot::channel::<()>();
-        let handle = tokio::spawn(run_with(
-            settings,
-            Arc::clone(&self.metrics),
-            Box::new(connector),
-            start,
-            self.dice.next_u64(),
-            probe,
-            async move {
-                let _ = rx.await;
-            },
+        let handle = tokio::spawn(tracing::Instrument::instrument(
+            run_with(
+                settings,
+                Arc::clone(&self.metrics),
+                Box::new(connector),
+                start,
+                self.dice.next_u64(),
+                probe,
+                async move {
+                    let _ = rx.await;
+                },
+            ),
+            tracing::info_span!("process", n = self.processes),
         ));
-        self.relay = Some(Process {
+        Process {
             handle,
             shutdown: Some(tx),
             number: self.processes,
-        });
+        }
     }
 
-    /// A relay that ended on its own is a finding: it may only end when told to.
+    /// A relay (or standby) that ended on its own is a finding: it may only end when told to.
     fn reap(&mut self) {
-        if !self.relay.as_ref().is_some_and(|p| p.handle.is_finished()) {
-            return;
+        for standby in [false, true] {
+            let slot = if standby {
+                &mut self.standby
+            } else {
+                &mut self.relay
+            };
+            if slot.as_ref().is_some_and(|p| p.handle.is_finished()) {
+                let p = slot.take().unwrap();
+                self.ended(p);
+            }
         }
-        let p = self.relay.take().unwrap();
+    }
+
+    fn ended(&mut self, p: Process) {
         self.positions.forget(p.number);
         let what = match futures_util::FutureExt::now_or_never(p.handle) {
             Some(Ok(Ok(()))) => "the relay stopped without being asked to".to_owned(),
@@ -660,7 +719,19 @@ impl World {
             Some(Err(e)) if e.is_panic() => format!("the relay panicked: {e}"),
             _ => "the relay task ended".to_owned(),
         };
-        self.violations.report(&self.trace, what);
+        self.violations
+            .report(&self.trace, format!("process {}: {what}", p.number));
+    }
+
+    /// Every relay process dies: none runs until the next starts.
+    async fn kill_all(&mut self) {
+        self.kill_relay().await;
+        if let Some(p) = self.standby.take() {
+            trace!(self.trace, "standby process {} killed", p.number);
+            p.handle.abort();
+            let _ = p.handle.await;
+            self.positions.forget(p.number);
+        }
     }
 
     async fn kill_relay(&mut self) {
@@ -672,10 +743,22 @@ impl World {
         }
     }
 
+    /// The relay and its standby are shut down cleanly, at the end of a world.
+    async fn stop_all(&mut self) {
+        // The standby first: stopping the relay first would hand it the slot.
+        if let Some(p) = self.standby.take() {
+            self.stop(p).await;
+        }
+        self.stop_relay().await;
+    }
+
     async fn stop_relay(&mut self) {
-        let Some(mut p) = self.relay.take() else {
-            return;
-        };
+        if let Some(p) = self.relay.take() {
+            self.stop(p).await;
+        }
+    }
+
+    async fn stop(&mut self, mut p: Process) {
         trace!(self.trace, "relay process {} asked to stop", p.number);
         if let Some(tx) = p.shutdown.take() {
             let _ = tx.send(());
@@ -761,7 +844,7 @@ impl World {
             }
             // By hand while no relay runs: what the next session finds at the tail.
             "foreign" => {
-                self.kill_relay().await;
+                self.kill_all().await;
                 self.js.publish_foreign(self.processes);
                 tokio::time::sleep(d.millis(0, 3_000)).await;
                 self.start_relay();
@@ -774,7 +857,7 @@ impl World {
             "restore" | "pitr" | "live_restore" | "live_pitr" => {
                 let live = name.starts_with("live_");
                 if !live {
-                    self.kill_relay().await;
+                    self.kill_all().await;
                 }
                 if self.pg.restore(name.ends_with("pitr")) {
                     self.js.distrusted();
