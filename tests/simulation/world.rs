@@ -35,18 +35,17 @@
 //!   what the relay published of them is a history that did not survive, like a restore's.
 //! - `purge`: the operator purges the stream (every message gone, the sequences stay).
 //!
-//! Besides the faults, each world draws the modes users turn on or off ([`Modes`]): the fence,
-//! the descriptive headers, atomic transactions (in a quarter of fenced worlds), and the stream's
+//! Besides the faults, each world draws the modes users turn on or off ([`Modes`]): the fence, the
+//! descriptive headers, atomic transactions (in a quarter of fenced worlds), and the stream's
 //! retention limits (`max_msgs`, `max_bytes` with `discard: new`, which stall the relay until the
 //! operator raises them when the world settles; `max_age`, which removes old messages, the stream's
-//! tail among them), and a standby (in a quarter of the worlds, `standby` in `SIM_FAULTS`: a
-//! second relay process on the slot, refused it with 55006 while the other's walsender holds it,
-//! that takes over when the process the faults strike is killed or stopped; a new standby then
-//! starts behind it, and `foreign` and the restores that stop the relay stop both; each process
-//! reaches JetStream through its own `ProcessPort`, so a refusal of a publish of the process that
-//! lost the slot is a fact the checks know); the scenario
-//! draws the rest (CloudEvents, trace context messages, the window,
-//! large transactions, the number of applications writing at once).
+//! tail among them), and a standby (in a quarter of the worlds, `standby` in `SIM_FAULTS`: a second
+//! relay process on the slot, refused it with 55006 while the other's walsender holds it, that
+//! takes over when the process the faults strike is killed or stopped; a new standby then starts
+//! behind it, and `foreign` and the restores that stop the relay stop both; each process reaches
+//! JetStream through its own `ProcessPort`, so a refusal of a publish of the process that lost the
+//! slot is a fact the checks know); the scenario draws the rest (CloudEvents, trace context
+//! messages, the window, large transactions, the number of applications writing at once).
 //!
 //! Besides the promises checked in `check.rs` and at status updates (P2), each relay process's
 //! position service (the `Positions` its sessions serve, handed out through `run_with`) is asked
