@@ -171,6 +171,8 @@ pub(crate) struct Facts {
     /// The `Nats-Msg-Id`s of publishes lost on the way with a connection (`go_down`), or refused
     /// by a full stream: sent, never stored.
     pub lost: std::collections::HashSet<String>,
+    /// Each session (its inbox's number) got the slot: its relay process, and when.
+    pub sessions: BTreeMap<u64, (u64, Instant)>,
 }
 
 pub(crate) struct JetStream {
@@ -1036,6 +1038,8 @@ impl JetStream {
         let era = s.facts.distrust.len() as u64;
         s.inbox_era.insert(inbox.clone(), era);
         s.inbox_process.insert(inbox.clone(), process);
+        let n = s.inboxes;
+        s.facts.sessions.insert(n, (process, Instant::now()));
         inbox
     }
 }

@@ -597,6 +597,7 @@ async fn world(seed: u64, faults: &FaultSet, trace: Arc<Trace>) -> Outcome {
             &check::Excuses {
                 distrust: &facts.distrust,
                 lost: &facts.lost,
+                sessions: &facts.sessions,
                 confirmations: &pg.confirmations(),
                 fence: sc.modes.fence,
             },
