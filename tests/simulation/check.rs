@@ -9,7 +9,9 @@
 //! - P3: no event id is stored twice by the relay, unless the world gave the stream a reason to be
 //!   distrusted in between (a restore, a new timeline, a foreign message, a publish of an ended
 //!   session landing late, a publish refused because the relay process that sent it lost the slot
-//!   to another one whose session stored in its place (`jetstream.rs` `refused_overtaken`): then the relay republishes from the confirmed position and only the
+//!   to another one whose session stored in its place (`jetstream.rs` `refused_overtaken`), or a
+//!   standby that found the tail unreliable and takes over before any of its own sessions stored
+//!   anew ([`still_distrusting`]): then the relay republishes from the confirmed position and only the
 //!   duplicate window stands between it and a second copy): between the event's first copy and
 //!   the later one (what was stored before a restore, or before another writer's message, can no
 //!   longer be proven stored by a replay that has to read past it), or between the starts of the
