@@ -29,6 +29,8 @@ use crate::error::{CauseKind, NatsTrouble, Restart, SessionEnd};
 use crate::metrics::Metrics;
 use crate::sink::Outcome;
 use crate::stored::Positions;
+#[cfg(feature = "test-support")]
+pub use crate::stored::probe::{PositionProbe, Served};
 use connector::Servers;
 pub use connector::{Connector, SlotCheck, Start};
 use monitor::{AbortOnDrop, sample_slot};
@@ -113,8 +115,9 @@ pub async fn run(
 }
 
 /// The restart loop and its sessions, reaching the servers through `connector`, from `start`: what
-/// [`run`] does after setup. `jitter_seed` seeds the backoff's jitter. The deterministic simulation
-/// runs this against simulated servers.
+/// [`run`] does after setup. `jitter_seed` seeds the backoff's jitter. The sessions serve their
+/// stored position through `positions` (made by the caller, who reads it). The deterministic
+/// simulation runs this against simulated servers.
 #[cfg(feature = "test-support")]
 pub async fn run_with(
     settings: Settings,
@@ -122,17 +125,14 @@ pub async fn run_with(
     connector: Box<dyn Connector>,
     start: Lsn,
     jitter_seed: u64,
+    positions: PositionProbe,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), RelayError> {
-    // No wait task: nothing asks the simulated relay for its position.
-    let (positions, _) = Positions::new(
-        &settings.config().postgres.slot,
-        &settings.config().nats.stream,
-    );
+    // No wait task: the caller reads the position itself, nothing waits on it.
     sessions(
         Arc::new(settings),
         metrics,
-        positions,
+        positions.0,
         connector,
         start,
         jitter_seed,

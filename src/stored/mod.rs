@@ -21,6 +21,8 @@
 //! "not yet".
 
 mod discovery;
+#[cfg(feature = "test-support")]
+pub(crate) mod probe;
 mod replies;
 pub(crate) mod service;
 pub(crate) mod waitset;

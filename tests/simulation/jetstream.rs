@@ -5,7 +5,10 @@
 //! `max_age`) and purges,
 //! and the faults a real connection and cluster produce: outages, publishes lost with the
 //! connection, answers delayed, lost, duplicated, reordered or late past the ack timeout, answers
-//! forged by another client on the relay's inbox, and messages hand-published to the stream.
+//! forged by another client on the relay's inbox (to single publishes and to atomic batch commits),
+//! and messages hand-published to the stream. Each relay process reaches it through its own
+//! [`ProcessPort`], which marks its sessions' inboxes as that process's: a publish of a process that
+//! lost the slot to another is then told from the holder's.
 //!
 //! Publishes reach the server in the order they were sent (one TCP connection: a single server task
 //! takes them off a queue, each after its transit delay), and the server checks them as nats-server
@@ -108,6 +111,15 @@ enum Plant {
     After,
 }
 
+/// What another client on the connection's inbox could know of an atomic batch when its commit is
+/// answered: its id, how many messages it holds, and the sequence its first one expected.
+#[derive(Clone, Debug)]
+struct Commit {
+    id: String,
+    count: usize,
+    expected: Option<u64>,
+}
+
 /// A publish on its way to the server.
 struct InTransit {
     arrives: Instant,
@@ -135,6 +147,10 @@ struct State {
     inboxes: u64,
     /// The era each session's inbox began in (see [`Stored::era`]).
     inbox_era: HashMap<String, u64>,
+    /// The relay process each session's inbox belongs to ([`ProcessPort`]).
+    inbox_process: HashMap<String, u64>,
+    /// The relay process whose session last got the slot (0: none yet).
+    holder: u64,
     /// Atomic batches being staged (`Nats-Batch-Id` → its messages so far, when the last came).
     batches: HashMap<String, (Vec<InTransit>, Instant)>,
     queue: VecDeque<InTransit>,
@@ -155,6 +171,8 @@ pub(crate) struct Facts {
     /// The `Nats-Msg-Id`s of publishes lost on the way with a connection (`go_down`), or refused
     /// by a full stream: sent, never stored.
     pub lost: std::collections::HashSet<String>,
+    /// Each session (its inbox's number) got the slot: its relay process, and when.
+    pub sessions: BTreeMap<u64, (u64, Instant)>,
 }
 
 pub(crate) struct JetStream {
@@ -183,6 +201,8 @@ impl JetStream {
                 subs: Vec::new(),
                 inboxes: 0,
                 inbox_era: HashMap::new(),
+                inbox_process: HashMap::new(),
+                holder: 0,
                 batches: HashMap::new(),
                 queue: VecDeque::new(),
                 last_arrival: Instant::now(),
@@ -226,6 +246,41 @@ impl JetStream {
             "nats down ({} of {before} publishes in transit lost)",
             before - s.queue.len()
         );
+    }
+
+    /// A session of relay `process` got the slot (its walsender streams): from now on a publish
+    /// of another process's session is another writer's.
+    pub(crate) fn slot_held_by(&self, process: u64) {
+        self.state.lock().unwrap().holder = process;
+    }
+
+    /// A publish of a session that no longer holds the slot (its process lost it to another,
+    /// whose session stored in its place) was refused for the stream's last sequence or message
+    /// id: that session ends finding the stream's tail unreliable, and its process trusts no tail
+    /// until it stores anew (docs/guarantees.md, "Trusting no tail"). A reason the world gave to
+    /// distrust the stream, like another writer's message (seed 475 with the standby mode: the
+    /// process that lost the slot in a cut got it back 0.4 s later and published 400 events again,
+    /// past a 487 ms duplicate window).
+    fn refused_overtaken(&self, s: &mut State, reply: Option<&str>) {
+        let process = reply
+            .and_then(|r| r.rsplit_once('.'))
+            .and_then(|(inbox, _)| s.inbox_process.get(inbox).copied());
+        // Only a session still listening hears the refusal (a dead one's publishes landing late
+        // are excused as such when stored).
+        let listening = reply.is_some_and(|r| {
+            s.subs.iter().any(|(prefix, tx)| {
+                r.starts_with(prefix.as_str())
+                    && !r[prefix.len()..].contains('.')
+                    && !tx.is_closed()
+            })
+        });
+        if let Some(p) = process.filter(|p| *p != s.holder && listening) {
+            trace!(
+                self.trace,
+                "js refused a publish of relay process {p}, overtaken by process {}", s.holder
+            );
+            s.facts.distrust.push(Instant::now());
+        }
     }
 
     pub(crate) fn come_up(&self) {
@@ -426,9 +481,9 @@ impl JetStream {
         let last = s.messages.len() as u64;
         let answer: Result<String, StatusCode> = if m.headers.get(NATS_BATCH_ID).is_some() {
             match self.batch(&mut s, m) {
-                Some((answer, reply, headers)) => {
+                Some((answer, reply, headers, commit)) => {
                     drop(s);
-                    return self.answer(reply, headers, answer);
+                    return self.answer(reply, headers, answer, Some(commit));
                 }
                 None => return,
             }
@@ -454,6 +509,7 @@ impl JetStream {
                 self.trace,
                 "js refused {short}: expected {expected}, last {last}"
             );
+            self.refused_overtaken(&mut s, m.reply.as_deref());
             Ok(format!(
                 r#"{{"error":{{"code":400,"err_code":10071,"description":"wrong last sequence: {last}"}}}}"#
             ))
@@ -469,6 +525,7 @@ impl JetStream {
                 short_id(expected),
                 short_id(&s.last_msg_id)
             );
+            self.refused_overtaken(&mut s, m.reply.as_deref());
             Ok(format!(
                 r#"{{"error":{{"code":400,"err_code":10070,"description":"wrong last msg ID: {}"}}}}"#,
                 s.last_msg_id
@@ -497,7 +554,7 @@ impl JetStream {
         };
         let reply = m.reply;
         drop(s);
-        self.answer(reply, m.headers, answer);
+        self.answer(reply, m.headers, answer, None);
     }
 
     /// A message of an atomic batch (ADR-50, as nats-server 2.12+ handles it): staged until the
@@ -505,13 +562,19 @@ impl JetStream {
     /// `Nats-Batch-Sequence` skips one (a member lost with a connection) or that was idle for 10 s
     /// is abandoned: its commit is refused as incomplete. `Nats-Expected-Last-Sequence` counts only
     /// on the first message; the commit's answer names the batch's last sequence. Returns the
-    /// commit's answer, with its reply subject and headers; `None` for a member (no answer).
+    /// commit's answer, with its reply subject, headers and what a forger would know of the batch;
+    /// `None` for a member (no answer).
     #[allow(clippy::type_complexity)]
     fn batch(
         &self,
         s: &mut State,
         m: InTransit,
-    ) -> Option<(Result<String, StatusCode>, Option<String>, HeaderMap)> {
+    ) -> Option<(
+        Result<String, StatusCode>,
+        Option<String>,
+        HeaderMap,
+        Commit,
+    )> {
         let now = Instant::now();
         let id = m.headers.get(NATS_BATCH_ID)?.as_str().to_owned();
         s.batches
@@ -535,11 +598,19 @@ impl JetStream {
         if place != Some(staged.0.len() + 1) || staged.0.len() >= 1000 {
             s.batches.remove(&id);
             trace!(self.trace, "js batch abandoned (gap or too large)");
+            // What the forger saw of the batch: the place the commit claimed, and no expectation
+            // (the first message's, which carried it, may be the one lost).
+            let known = Commit {
+                id: id.clone(),
+                count: place.unwrap_or(1),
+                expected: None,
+            };
             return commit.then(|| {
                 (
                     refuse(400, 10176, "atomic publish batch is incomplete"),
                     reply,
                     headers,
+                    known,
                 )
             });
         }
@@ -553,12 +624,18 @@ impl JetStream {
             .headers
             .get(EXPECTED_LAST_SEQUENCE)
             .and_then(|v| v.as_str().parse::<u64>().ok());
+        let known = Commit {
+            id: id.clone(),
+            count: msgs.len(),
+            expected,
+        };
         let size: usize = msgs
             .iter()
             .map(|m| wire_size(&m.headers, m.payload.len()) + m.subject.len())
             .sum();
         let answer = if let Some(e) = expected.filter(|e| *e != last) {
             trace!(self.trace, "js refused batch: expected {e}, last {last}");
+            self.refused_overtaken(s, reply.as_deref());
             refuse(400, 10071, &format!("wrong last sequence: {last}"))
         } else if msgs.iter().any(|m| {
             s.limits
@@ -581,7 +658,7 @@ impl JetStream {
                 msgs.len()
             ))
         };
-        Some((answer, reply, headers))
+        Some((answer, reply, headers, known))
     }
 
     /// Stores `m` at the stream's next sequence (its session named by `reply`, the reply subject
@@ -629,7 +706,7 @@ impl JetStream {
             .unwrap_or_default();
         trace!(
             self.trace,
-            "js stored {short} at seq {seq} on {}{after}", m.subject
+            "js stored {short} at seq {seq} on {}{after} (session {session})", m.subject
         );
         s.messages.push(Stored {
             seq,
@@ -652,6 +729,7 @@ impl JetStream {
         reply: Option<String>,
         headers: HeaderMap,
         answer: Result<String, StatusCode>,
+        commit: Option<Commit>,
     ) {
         let Some(reply) = reply else {
             return;
@@ -664,10 +742,24 @@ impl JetStream {
         let refused = answer
             .as_ref()
             .is_ok_and(|text| text.contains(r#""error""#));
-        let forged = if self.dice.chance(chaos.forged) {
-            Some(self.forgery(&s, &headers))
+        // A commit settles a whole batch, and there is one per transaction: planted five times
+        // as often as an answer to a single publish, or a run would see a handful.
+        let rate = if commit.is_some() {
+            (chaos.forged * 5.0).min(1.0)
+        } else {
+            chaos.forged
+        };
+        let forged = if self.dice.chance(rate) {
+            Some(match &commit {
+                // Half of the answers planted for a commit take a batch's own forms.
+                Some(c) if self.dice.chance(0.5) => self.commit_forgery(&s, c),
+                _ => self.forgery(&s, &headers),
+            })
         } else if refused && self.dice.chance((chaos.forged * 10.0).min(1.0)) {
-            let text = perfect_ack(&s, &headers);
+            let text = match &commit {
+                Some(c) => perfect_batch_ack(&s, c),
+                None => perfect_ack(&s, &headers),
+            };
             trace!(self.trace, "js forged answer {text} (After the refusal)");
             Some((text, Plant::After))
         } else {
@@ -716,8 +808,8 @@ impl JetStream {
     /// planted right behind JetStream's answer, which the relay must not take in place of that
     /// answer (a refusal, say). Planted before JetStream's, an answer naming the stream and
     /// exactly the expected sequence cannot be told from JetStream's, by anyone: it is not
-    /// planted. No answer to an atomic batch's commit is forged (not modelled yet; the real-server
-    /// test `hostile::answers::a_duplicate_answer_to_an_atomic_batch_commit_confirms_nothing` covers it).
+    /// planted. An answer to an atomic batch's commit gets these forms or, half of the time, a
+    /// batch's own ([`JetStream::commit_forgery`]).
     fn forgery(&self, s: &State, headers: &HeaderMap) -> (String, Plant) {
         let last = s.messages.len() as u64;
         let expected = headers
@@ -762,6 +854,80 @@ impl JetStream {
         trace!(
             self.trace,
             "js forged answer {text} ({when:?} the real one)"
+        );
+        (text, when)
+    }
+
+    /// An answer another client could plant for an atomic batch's commit, and when: a duplicate
+    /// (a batch carries no `Nats-Msg-Id`, so JetStream never says it) of the sequence the batch
+    /// would end at, or of the stream's last; an ack of exactly the batch's form (stream, the
+    /// sequence the batch would end at, its id and count) right behind JetStream's answer (a
+    /// refusal, say, or where a lost answer would have been); the same ack with a wrong count,
+    /// before or behind JetStream's; an ack of fewer messages than the batch holds, ending where
+    /// that smaller batch would. Before JetStream's, an ack naming the batch's last sequence is
+    /// only planted with a count that betrays it: with the right count no one could tell it
+    /// from JetStream's own. Whatever the relay makes of any of them, it may confirm only what
+    /// the stream holds (P2).
+    fn commit_forgery(&self, s: &State, c: &Commit) -> (String, Plant) {
+        let base = c.expected.unwrap_or(s.messages.len() as u64);
+        let n = c.count as u64;
+        let id = &c.id;
+        let (text, when) = match self.dice.range(0, 5) {
+            0 => (
+                format!(
+                    r#"{{"stream":"{STREAM}","seq":{},"duplicate":true}}"#,
+                    base + n
+                ),
+                Plant::Before,
+            ),
+            1 => (
+                format!(
+                    r#"{{"stream":"{STREAM}","seq":{},"duplicate":true}}"#,
+                    s.messages.len().max(1)
+                ),
+                Plant::Before,
+            ),
+            2 => (perfect_batch_ack(s, c), Plant::After),
+            3 => {
+                let wrong = if n > 1 && self.dice.chance(0.5) {
+                    n - self.dice.range(1, n)
+                } else {
+                    n + self.dice.range(1, 5)
+                };
+                let when = if self.dice.chance(0.5) {
+                    Plant::Before
+                } else {
+                    Plant::After
+                };
+                (
+                    format!(
+                        r#"{{"stream":"{STREAM}","seq":{},"batch":"{id}","count":{wrong}}}"#,
+                        base + n
+                    ),
+                    when,
+                )
+            }
+            _ if n < 2 => (
+                format!(
+                    r#"{{"stream":"{STREAM}","seq":{},"duplicate":true}}"#,
+                    base + n
+                ),
+                Plant::Before,
+            ),
+            _ => {
+                let fewer = self.dice.range(1, n);
+                (
+                    format!(
+                        r#"{{"stream":"{STREAM}","seq":{},"batch":"{id}","count":{fewer}}}"#,
+                        base + fewer
+                    ),
+                    Plant::Before,
+                )
+            }
+        };
+        trace!(
+            self.trace,
+            "js forged commit answer {text} ({when:?} the real one)"
         );
         (text, when)
     }
@@ -816,6 +982,16 @@ fn perfect_ack(s: &State, headers: &HeaderMap) -> String {
     format!(r#"{{"stream":"{STREAM}","seq":{seq}}}"#)
 }
 
+/// A batch's commit ack no one can tell from JetStream's: the stream, the sequence the batch would
+/// end at (its count after the one its first message expected, or after the last), its id and count.
+fn perfect_batch_ack(s: &State, c: &Commit) -> String {
+    let seq = c.expected.unwrap_or(s.messages.len() as u64) + c.count as u64;
+    format!(
+        r#"{{"stream":"{STREAM}","seq":{seq},"batch":"{}","count":{}}}"#,
+        c.id, c.count
+    )
+}
+
 /// An id for the trace: a uuid's first group, an LSN-made id whole.
 fn short(id: Option<&str>) -> String {
     match id {
@@ -846,14 +1022,73 @@ fn wire_size(h: &HeaderMap, payload: usize) -> usize {
     n
 }
 
-impl SimJetStream for JetStream {
-    fn new_inbox(&self) -> String {
+/// One relay process's connection to the simulated JetStream: the same server, with the inboxes
+/// of its sessions marked as the process's, so that a publish of a process that lost the slot
+/// can be told from the holder's.
+pub(crate) struct ProcessPort {
+    pub js: Arc<JetStream>,
+    pub process: u64,
+}
+
+impl JetStream {
+    fn inbox(&self, process: u64) -> String {
         let mut s = self.state.lock().unwrap();
         s.inboxes += 1;
         let inbox = format!("_INBOX.sim{}", s.inboxes);
         let era = s.facts.distrust.len() as u64;
         s.inbox_era.insert(inbox.clone(), era);
+        s.inbox_process.insert(inbox.clone(), process);
+        let n = s.inboxes;
+        s.facts.sessions.insert(n, (process, Instant::now()));
         inbox
+    }
+}
+
+impl SimJetStream for ProcessPort {
+    fn new_inbox(&self) -> String {
+        self.js.inbox(self.process)
+    }
+
+    fn subscribe(&self, subject: String) -> mpsc::UnboundedReceiver<async_nats::Message> {
+        self.js.subscribe(subject)
+    }
+
+    fn publish(
+        &self,
+        subject: String,
+        reply: Option<String>,
+        headers: HeaderMap,
+        payload: Bytes,
+    ) -> Result<(), SimSendError> {
+        self.js.publish(subject, reply, headers, payload)
+    }
+
+    fn max_payload(&self) -> usize {
+        self.js.max_payload()
+    }
+
+    fn stream_state(&self, stream: &str) -> Result<(u64, Option<usize>), String> {
+        self.js.stream_state(stream)
+    }
+
+    fn message_headers(&self, stream: &str, seq: u64) -> Result<Option<HeaderMap>, String> {
+        self.js.message_headers(stream, seq)
+    }
+
+    fn headers_from(
+        &self,
+        stream: &str,
+        from: u64,
+        to: u64,
+        max: usize,
+    ) -> Result<Vec<(u64, HeaderMap)>, String> {
+        self.js.headers_from(stream, from, to, max)
+    }
+}
+
+impl SimJetStream for JetStream {
+    fn new_inbox(&self) -> String {
+        self.inbox(0)
     }
 
     fn subscribe(&self, subject: String) -> mpsc::UnboundedReceiver<async_nats::Message> {

@@ -23,7 +23,8 @@
 //! the relay reads it with its real parser.
 //!
 //! P2 is checked here, at every status update: the slot may not pass a unit of work whose events
-//! the stream does not hold, nor the end of the WAL.
+//! the stream does not hold, nor the end of the WAL. After each one the world's hook runs too (the
+//! position service's oracle in `world.rs`, which walks the units with [`Postgres::units_below`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -232,7 +233,22 @@ struct State {
     snapshots: Vec<Snapshot>,
     /// Events written so far, in every history: ids and payload markers never repeat.
     written: u64,
+    /// How many units of work each time the WAL was cut back (a restore, a promotion of a standby
+    /// that lacked the last records) kept: an LSN learned before names a history the server may no
+    /// longer have.
+    rewinds: Vec<usize>,
 }
+
+/// How far a walk over the units ([`Postgres::units_below`]) has come: the units before `next`, in
+/// the history after `rewinds` rewinds.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct UnitCursor {
+    pub next: usize,
+    pub rewinds: usize,
+}
+
+/// What the world runs at every status update the slot takes (the position-service oracle).
+pub(crate) type StatusHook = Box<dyn Fn(&Postgres) + Send + Sync>;
 
 pub(crate) struct Postgres {
     state: Mutex<State>,
@@ -241,6 +257,7 @@ pub(crate) struct Postgres {
     js: Arc<JetStream>,
     violations: Arc<Violations>,
     start: Instant,
+    on_status: Mutex<Option<StatusHook>>,
 }
 
 /// The outbox table of sql/01_outbox_table.sql, as pgoutput describes it.
@@ -440,17 +457,45 @@ impl Postgres {
                 down_until: None,
                 snapshots: Vec::new(),
                 written: 0,
+                rewinds: Vec::new(),
             }),
             dice,
             trace,
             js,
             violations,
             start: Instant::now(),
+            on_status: Mutex::new(None),
         })
     }
 
     fn pg_now(&self) -> i64 {
         PG_EPOCH_START + self.start.elapsed().as_micros() as i64
+    }
+
+    /// `hook` runs after every status update, outside the server's lock.
+    pub(crate) fn on_status(&self, hook: StatusHook) {
+        *self.on_status.lock().unwrap() = Some(hook);
+    }
+
+    /// How many times the WAL was cut back so far (see [`State::rewinds`]).
+    pub(crate) fn rewinds(&self) -> usize {
+        self.state.lock().unwrap().rewinds.len()
+    }
+
+    /// Hands `f` each unit of work of the current history from `at` on whose deciding record
+    /// starts below `lsn` (what a relay that says `lsn` is stored or confirmed must have stored, as
+    /// P2 reads a confirmation), in order, under the server's lock, and moves `at` past them. A
+    /// cursor from before a rewind first steps back to what the rewind kept.
+    pub(crate) fn units_below(&self, at: &mut UnitCursor, lsn: u64, mut f: impl FnMut(&Unit)) {
+        let s = self.state.lock().unwrap();
+        if let Some(kept) = s.rewinds.get(at.rewinds..).and_then(|r| r.iter().min()) {
+            at.next = at.next.min(*kept);
+        }
+        at.rewinds = s.rewinds.len();
+        while let Some(u) = s.units.get(at.next).filter(|u| u.start < lsn) {
+            f(u);
+            at.next += 1;
+        }
     }
 
     pub(crate) fn slot_confirmed(&self) -> u64 {
@@ -773,6 +818,7 @@ impl Postgres {
         s.slot.confirmed = slot;
         s.slot.checkpointed = slot;
         s.epoch += 1;
+        s.rewinds.push(units);
         s.timeline = timeline;
         s.history_file = history_file;
         if new_timeline {
@@ -825,6 +871,7 @@ impl Postgres {
             let end = s.end;
             let units = s.units.partition_point(|u| u.start < end);
             s.units.truncate(units);
+            s.rewinds.push(units);
             // A snapshot past the switch point is of WAL the new timeline does not have.
             s.snapshots.retain(|snap| snap.records <= kept);
         }
@@ -1138,6 +1185,9 @@ impl Postgres {
                     (b'd', Some(b'r')) if frame.len() >= 5 + 34 => {
                         let flush = u64::from_be_bytes(frame[14..22].try_into().unwrap());
                         self.status_update(id, flush, frame[38] != 0);
+                        if let Some(hook) = &*self.on_status.lock().unwrap() {
+                            hook(&self);
+                        }
                     }
                     (b'c', _) => self.copy_done(id),
                     (b'X', _) => {

@@ -89,11 +89,47 @@ macro_rules! trace {
 pub(crate) use trace;
 
 /// The relay's own log lines (info and above, and the sink's debug lines about the fence and the
-/// replay), into the world's trace: why it restarted, what it distrusted.
+/// replay), into the world's trace: why it restarted, what it distrusted. A line logged inside a
+/// span `process` (the world runs each relay process in one, with its number `n`) says which
+/// process wrote it: `relay 2 INFO ...`.
 pub(crate) struct RelayLog(pub std::sync::Arc<Trace>);
 
-impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for RelayLog {
-    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+/// The number of the relay process a span runs, kept in the span's extensions.
+struct ProcessNumber(u64);
+
+struct NumberField(Option<u64>);
+
+impl tracing::field::Visit for NumberField {
+    fn record_u64(&mut self, field: &tracing::field::Field, value: u64) {
+        if field.name() == "n" {
+            self.0 = Some(value);
+        }
+    }
+
+    fn record_debug(&mut self, _: &tracing::field::Field, _: &dyn std::fmt::Debug) {}
+}
+
+impl<S> tracing_subscriber::Layer<S> for RelayLog
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    fn on_new_span(
+        &self,
+        attrs: &tracing::span::Attributes<'_>,
+        id: &tracing::span::Id,
+        ctx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        if attrs.metadata().name() != "process" {
+            return;
+        }
+        let mut n = NumberField(None);
+        attrs.record(&mut n);
+        if let (Some(n), Some(span)) = (n.0, ctx.span(id)) {
+            span.extensions_mut().insert(ProcessNumber(n));
+        }
+    }
+
+    fn on_event(&self, event: &tracing::Event<'_>, ctx: tracing_subscriber::layer::Context<'_, S>) {
         let meta = event.metadata();
         let fence = meta.target().starts_with("outbox_relay::sink");
         if *meta.level() > tracing::Level::INFO
@@ -108,8 +144,14 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for RelayLog {
             line.truncate(cut);
             line.push('…');
         }
+        let process = ctx.event_scope(event).and_then(|scope| {
+            scope
+                .from_root()
+                .find_map(|span| span.extensions().get::<ProcessNumber>().map(|p| p.0))
+        });
+        let process = process.map(|n| format!(" {n}")).unwrap_or_default();
         self.0.log(format_args!(
-            "relay {} {}:{line}",
+            "relay{process} {} {}:{line}",
             meta.level(),
             meta.target()
         ));

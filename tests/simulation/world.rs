@@ -21,6 +21,9 @@
 //! - `answers`: JetStream's answers are slow, late, lost or duplicated;
 //! - `forge`: another client plants answers on the relay's inbox, before JetStream's (refused
 //!   forms, a duplicate of a sequence never reached) or right behind it (a perfect-looking ack);
+//!   to an atomic batch's commit also a batch's own forms: a `duplicate: true` answer, an ack of
+//!   exactly the batch's form (`batch`, `count`) behind a refusal or where a lost answer was, a
+//!   wrong `count`, an ack of a smaller batch;
 //! - `foreign`: a message is published by hand at the stream's tail while no relay runs;
 //! - `restore` / `pitr`: Postgres is restored from a disk snapshot (same timeline / a new one) and
 //!   the relay restarted;
@@ -32,14 +35,26 @@
 //!   what the relay published of them is a history that did not survive, like a restore's.
 //! - `purge`: the operator purges the stream (every message gone, the sequences stay).
 //!
-//! Besides the faults, each world draws the modes users turn on or off ([`Modes`]): the fence,
-//! the descriptive headers, atomic transactions (in a quarter of fenced worlds), and the stream's
+//! Besides the faults, each world draws the modes users turn on or off ([`Modes`]): the fence, the
+//! descriptive headers, atomic transactions (in a quarter of fenced worlds), and the stream's
 //! retention limits (`max_msgs`, `max_bytes` with `discard: new`, which stall the relay until the
 //! operator raises them when the world settles; `max_age`, which removes old messages, the stream's
-//! tail among them); the scenario draws the rest (CloudEvents, trace context messages, the window,
-//! large transactions, the number of applications writing at once).
+//! tail among them), and a standby (in a quarter of the worlds, `standby` in `SIM_FAULTS`: a second
+//! relay process on the slot, refused it with 55006 while the other's walsender holds it, that
+//! takes over when the process the faults strike is killed or stopped; a new standby then starts
+//! behind it, and `foreign` and the restores that stop the relay stop both; each process reaches
+//! JetStream through its own `ProcessPort`, so a refusal of a publish of the process that lost the
+//! slot is a fact the checks know); the scenario draws the rest (CloudEvents, trace context
+//! messages, the window, large transactions, the number of applications writing at once).
+//!
+//! Besides the promises checked in `check.rs` and at status updates (P2), each relay process's
+//! position service (the `Positions` its sessions serve, handed out through `run_with`) is asked
+//! after every status update the slot takes and every 100 to 500 ms what it says is stored
+//! ([`PositionOracle`]): every event below that must already be in the stream. Its wait queue and
+//! its HTTP and NATS front ends are not run.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
@@ -47,7 +62,9 @@ use outbox_relay::Lsn;
 use outbox_relay::config::{Config, Settings};
 use outbox_relay::error::{NatsTrouble, Restart, SessionEnd};
 use outbox_relay::metrics::Metrics;
-use outbox_relay::relay::{Connector, RelayError, SlotCheck, Start, error_chain, run_with};
+use outbox_relay::relay::{
+    Connector, PositionProbe, RelayError, SlotCheck, Start, error_chain, run_with,
+};
 use outbox_relay::sink::{NatsPort, SimJetStream};
 use outbox_relay::source::{ReplicationStream, StreamConfig, SystemInfo};
 use tokio::sync::oneshot;
@@ -55,8 +72,8 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::check::{self, Violations};
-use super::jetstream::{Chaos, JetStream, Limits, Retention};
-use super::postgres::{PgParams, Postgres};
+use super::jetstream::{Chaos, JetStream, Limits, ProcessPort, Retention};
+use super::postgres::{PgParams, Postgres, UnitCursor};
 use super::rng::Dice;
 use super::trace::{RelayLog, Trace, trace};
 use tracing_subscriber::layer::SubscriberExt;
@@ -73,6 +90,8 @@ pub(crate) const FAULTS: &[(&str, u64)] = &[
     ("transit", 0),
     ("answers", 0),
     ("forge", 0),
+    // A mode of the world rather than a fault that strikes ([`Modes::standby`]).
+    ("standby", 0),
     ("foreign", 2),
     ("live_foreign", 1),
     ("restore", 2),
@@ -153,16 +172,22 @@ pub(crate) struct Modes {
     /// `nats.atomic_transactions` (which needs the fence): each transaction one atomic batch, or
     /// several past the window or 1,000 messages.
     pub atomic: bool,
+    /// A second relay process on the same slot, started with the first: the simulated Postgres
+    /// refuses it the slot while the other's walsender holds it (55006, as Postgres does), so it
+    /// waits as a standby and takes over when the other is killed or stopped; then a new standby
+    /// starts. Faults strike the process started first.
+    pub standby: bool,
 }
 
 impl Modes {
-    fn draw(d: &Dice) -> Self {
+    fn draw(d: &Dice, faults: &FaultSet) -> Self {
         let fence = !d.chance(0.2);
         Modes {
             fence,
             descriptive: !d.chance(0.3),
             retention: Self::retention(d),
             atomic: fence && d.chance(0.25),
+            standby: faults.has("standby") && d.chance(0.25),
         }
     }
 
@@ -228,7 +253,7 @@ impl Scenario {
             write_gap_ms: d.pick(&[(0, 20), (5, 100), (20, 400)]),
             fault_gap_ms: d.pick(&[(500, 4_000), (2_000, 10_000)]),
             faults_for: d.millis(20_000, 60_000),
-            modes: Modes::draw(d),
+            modes: Modes::draw(d, faults),
         }
     }
 
@@ -266,6 +291,11 @@ struct SimConnector {
     js: Arc<JetStream>,
     config: StreamConfig,
     dice: Dice,
+    /// The server's rewinds ([`Postgres::rewinds`]) when this process last connected for
+    /// replication: its position service speaks of that history.
+    connected: Arc<AtomicU64>,
+    /// The process's number.
+    process: u64,
 }
 
 impl Connector for SimConnector {
@@ -277,7 +307,10 @@ impl Connector for SimConnector {
                     "connection refused (simulated outage)".into(),
                 )));
             }
-            let port: Arc<dyn SimJetStream> = Arc::clone(&self.js) as _;
+            let port: Arc<dyn SimJetStream> = Arc::new(ProcessPort {
+                js: Arc::clone(&self.js),
+                process: self.process,
+            });
             Ok(NatsPort::Sim(port))
         })
     }
@@ -288,7 +321,14 @@ impl Connector for SimConnector {
         &'a mut self,
         start: &'a Start,
     ) -> BoxFuture<'a, Result<(ReplicationStream, SystemInfo), SessionEnd>> {
-        Box::pin(async move { self.pg.connect(start, self.config.clone()).await })
+        Box::pin(async move {
+            let connected = self.pg.connect(start, self.config.clone()).await?;
+            // No await since the server took the connection: no rewind came in between.
+            self.connected
+                .store(self.pg.rewinds() as u64, Ordering::Relaxed);
+            self.js.slot_held_by(self.process);
+            Ok(connected)
+        })
     }
 
     fn partitions(&mut self) -> BoxFuture<'_, Result<Vec<u32>, SessionEnd>> {
@@ -308,6 +348,82 @@ impl Connector for SimConnector {
 struct Process {
     handle: JoinHandle<Result<(), RelayError>>,
     shutdown: Option<oneshot::Sender<()>>,
+    /// Its number (the trace's "relay process N"): the position oracle watches it by this.
+    number: u64,
+}
+
+/// The position service's oracle: whenever a relay process's position service says an LSN is
+/// stored (the stored LSN `/wait` answers "stored" by at once), every event of every unit of work
+/// whose deciding record (its commit, or a non-transactional message's own) starts below it must be
+/// in the stream, stored after it committed: what P2 asks of a confirmation, asked of a claim that
+/// runs ahead of the slot. Sampled after every status update the slot takes and every 100 to
+/// 500 ms besides. Excused only by what the world did: a session that connected before the WAL was
+/// cut back (a restore, a lossy promotion) may still speak of the history that was forgotten, whose
+/// units the server no longer has (and a new unit at a forgotten LSN is not the one it stored);
+/// such a session's connection ended with the rewind, and claims are checked again from the next.
+struct PositionOracle {
+    js: Arc<JetStream>,
+    trace: Arc<Trace>,
+    violations: Arc<Violations>,
+    watched: std::sync::Mutex<Vec<Watched>>,
+}
+
+/// One relay process's position service, and how far its claims were checked.
+struct Watched {
+    number: u64,
+    probe: PositionProbe,
+    connected: Arc<AtomicU64>,
+    /// The units found stored so far.
+    checked: UnitCursor,
+}
+
+impl PositionOracle {
+    fn watch(&self, number: u64, probe: PositionProbe, connected: Arc<AtomicU64>) {
+        self.watched.lock().unwrap().push(Watched {
+            number,
+            probe,
+            connected,
+            checked: UnitCursor::default(),
+        });
+    }
+
+    /// A process is gone: nothing answers for it any more.
+    fn forget(&self, number: u64) {
+        self.watched.lock().unwrap().retain(|w| w.number != number);
+    }
+
+    /// Checks what every watched position service says now.
+    fn sample(&self, pg: &Postgres) {
+        let mut watched = self.watched.lock().unwrap();
+        for w in watched.iter_mut() {
+            let Some(served) = w.probe.served() else {
+                continue;
+            };
+            if w.connected.load(Ordering::Relaxed) != pg.rewinds() as u64 {
+                continue;
+            }
+            let stored = served.stored_lsn;
+            let mut missing: Option<String> = None;
+            pg.units_below(&mut w.checked, stored.0, |u| {
+                if missing.is_some() {
+                    return;
+                }
+                if let Some(e) = u.events.iter().find(|e| !self.js.holds(&e.msg_id, u.at)) {
+                    missing = Some(format!(
+                        "position service of relay process {} said stored at {stored} before event {} of the {} \
+                         (commit LSN {} <= {stored}) was in the stream",
+                        w.number,
+                        e.msg_id,
+                        u.what,
+                        Lsn(u.start)
+                    ));
+                }
+            });
+            if let Some(what) = missing {
+                self.violations.report(&self.trace, what);
+            }
+        }
+    }
 }
 
 struct World {
@@ -318,10 +434,14 @@ struct World {
     js: Arc<JetStream>,
     violations: Arc<Violations>,
     relay: Option<Process>,
+    /// The second process on the slot, in worlds with [`Modes::standby`].
+    standby: Option<Process>,
+    with_standby: bool,
     processes: u64,
     /// The counters of every relay process of the world, added up (each process's own would
     /// start at zero).
     metrics: Arc<Metrics>,
+    positions: Arc<PositionOracle>,
 }
 
 /// Runs the world of `seed` on its own runtime with a paused clock.
@@ -360,9 +480,33 @@ async fn world(seed: u64, faults: &FaultSet, trace: Arc<Trace>) -> Outcome {
         js: Arc::clone(&js),
         violations: Arc::clone(&violations),
         relay: None,
+        standby: None,
+        with_standby: sc.modes.standby,
         processes: 0,
         metrics: Arc::new(Metrics::default()),
+        positions: Arc::new(PositionOracle {
+            js: Arc::clone(&js),
+            trace: Arc::clone(&trace),
+            violations: Arc::clone(&violations),
+            watched: std::sync::Mutex::new(Vec::new()),
+        }),
     };
+    // The position services are asked after every status update and every 100 to 500 ms,
+    // at times from a generator of their own: asking draws nothing from the world's.
+    pg.on_status(Box::new({
+        let oracle = Arc::clone(&w.positions);
+        move |pg| oracle.sample(pg)
+    }));
+    let sampler = tokio::spawn({
+        let (oracle, pg) = (Arc::clone(&w.positions), Arc::clone(&pg));
+        let dice = Dice::new(seed ^ 0x706f_7369_7469_6f6e);
+        async move {
+            loop {
+                tokio::time::sleep(dice.millis(100, 500)).await;
+                oracle.sample(&pg);
+            }
+        }
+    });
     js.set_chaos(sc.chaos);
     js.set_retention(sc.modes.retention);
     let writing = Arc::new(std::sync::atomic::AtomicBool::new(true));
@@ -439,8 +583,9 @@ async fn world(seed: u64, faults: &FaultSet, trace: Arc<Trace>) -> Outcome {
     // relay is shut down cleanly.
     tokio::time::sleep(Duration::from_secs(10)).await;
     w.reap();
-    w.stop_relay().await;
+    w.stop_all().await;
     checkpointer.abort();
+    sampler.abort();
     let units = pg.units();
     let stream = js.messages();
     if !violations.any() {
@@ -452,6 +597,7 @@ async fn world(seed: u64, faults: &FaultSet, trace: Arc<Trace>) -> Outcome {
             &check::Excuses {
                 distrust: &facts.distrust,
                 lost: &facts.lost,
+                sessions: &facts.sessions,
                 confirmations: &pg.confirmations(),
                 fence: sc.modes.fence,
             },
@@ -482,15 +628,39 @@ async fn world(seed: u64, faults: &FaultSet, trace: Arc<Trace>) -> Outcome {
 }
 
 impl World {
-    /// A new relay process, from where the slot is (what `run` reads at setup).
+    /// The relay the faults strike runs again: the standby, which may hold the slot already, if
+    /// there is one, else a new process; and, with [`Modes::standby`], a new standby behind it.
     fn start_relay(&mut self) {
+        if self.relay.is_none() {
+            self.relay = Some(match self.standby.take() {
+                Some(p) => {
+                    trace!(
+                        self.trace,
+                        "relay process {} is the one faults strike", p.number
+                    );
+                    p
+                }
+                None => self.spawn("relay"),
+            });
+        }
+        if self.with_standby && self.standby.is_none() {
+            self.standby = Some(self.spawn("standby"));
+        }
+    }
+
+    /// A new relay process, from where the slot is (what `run` reads at setup).
+    fn spawn(&mut self, role: &str) -> Process {
         self.processes += 1;
         let start = Lsn(self.pg.slot_confirmed());
         trace!(
             self.trace,
-            "relay process {} starts at {start}", self.processes
+            "{role} process {} starts at {start}", self.processes
         );
         let settings = self.settings.clone();
+        let probe = PositionProbe::new(&settings);
+        let connected = Arc::new(AtomicU64::new(u64::MAX));
+        self.positions
+            .watch(self.processes, probe.clone(), Arc::clone(&connected));
         let connector = SimConnector {
             pg: Arc::clone(&self.pg),
             js: Arc::clone(&self.js),
@@ -501,52 +671,95 @@ impl World {
                 ..StreamConfig::default()
             },
             dice: self.dice.clone(),
+            connected,
+            process: self.processes,
         };
         let (tx, rx) = oneshot::channel::<()>();
-        let handle = tokio::spawn(run_with(
-            settings,
-            Arc::clone(&self.metrics),
-            Box::new(connector),
-            start,
-            self.dice.next_u64(),
-            async move {
-                let _ = rx.await;
-            },
+        let handle = tokio::spawn(tracing::Instrument::instrument(
+            run_with(
+                settings,
+                Arc::clone(&self.metrics),
+                Box::new(connector),
+                start,
+                self.dice.next_u64(),
+                probe,
+                async move {
+                    let _ = rx.await;
+                },
+            ),
+            tracing::info_span!("process", n = self.processes),
         ));
-        self.relay = Some(Process {
+        Process {
             handle,
             shutdown: Some(tx),
-        });
+            number: self.processes,
+        }
     }
 
-    /// A relay that ended on its own is a finding: it may only end when told to.
+    /// A relay (or standby) that ended on its own is a finding: it may only end when told to.
     fn reap(&mut self) {
-        if !self.relay.as_ref().is_some_and(|p| p.handle.is_finished()) {
-            return;
+        for standby in [false, true] {
+            let slot = if standby {
+                &mut self.standby
+            } else {
+                &mut self.relay
+            };
+            if slot.as_ref().is_some_and(|p| p.handle.is_finished()) {
+                let p = slot.take().unwrap();
+                self.ended(p);
+            }
         }
-        let p = self.relay.take().unwrap();
+    }
+
+    fn ended(&mut self, p: Process) {
+        self.positions.forget(p.number);
         let what = match futures_util::FutureExt::now_or_never(p.handle) {
             Some(Ok(Ok(()))) => "the relay stopped without being asked to".to_owned(),
             Some(Ok(Err(e))) => format!("the relay stopped: {}", error_chain(&e)),
             Some(Err(e)) if e.is_panic() => format!("the relay panicked: {e}"),
             _ => "the relay task ended".to_owned(),
         };
-        self.violations.report(&self.trace, what);
+        self.violations
+            .report(&self.trace, format!("process {}: {what}", p.number));
+    }
+
+    /// Every relay process dies: none runs until the next starts.
+    async fn kill_all(&mut self) {
+        self.kill_relay().await;
+        if let Some(p) = self.standby.take() {
+            trace!(self.trace, "standby process {} killed", p.number);
+            p.handle.abort();
+            let _ = p.handle.await;
+            self.positions.forget(p.number);
+        }
     }
 
     async fn kill_relay(&mut self) {
         if let Some(p) = self.relay.take() {
-            trace!(self.trace, "relay process {} killed", self.processes);
+            trace!(self.trace, "relay process {} killed", p.number);
             p.handle.abort();
             let _ = p.handle.await;
+            self.positions.forget(p.number);
         }
     }
 
+    /// The relay and its standby are shut down cleanly, at the end of a world.
+    async fn stop_all(&mut self) {
+        // The standby first: stopping the relay first would hand it the slot.
+        if let Some(p) = self.standby.take() {
+            self.stop(p).await;
+        }
+        self.stop_relay().await;
+    }
+
     async fn stop_relay(&mut self) {
-        let Some(mut p) = self.relay.take() else {
-            return;
-        };
-        trace!(self.trace, "relay process {} asked to stop", self.processes);
+        if let Some(p) = self.relay.take() {
+            self.stop(p).await;
+        }
+    }
+
+    async fn stop(&mut self, mut p: Process) {
+        trace!(self.trace, "relay process {} asked to stop", p.number);
         if let Some(tx) = p.shutdown.take() {
             let _ = tx.send(());
         }
@@ -568,6 +781,7 @@ impl World {
                 p.handle.abort();
             }
         }
+        self.positions.forget(p.number);
     }
 
     async fn restart_relay(&mut self) {
@@ -630,7 +844,7 @@ impl World {
             }
             // By hand while no relay runs: what the next session finds at the tail.
             "foreign" => {
-                self.kill_relay().await;
+                self.kill_all().await;
                 self.js.publish_foreign(self.processes);
                 tokio::time::sleep(d.millis(0, 3_000)).await;
                 self.start_relay();
@@ -643,7 +857,7 @@ impl World {
             "restore" | "pitr" | "live_restore" | "live_pitr" => {
                 let live = name.starts_with("live_");
                 if !live {
-                    self.kill_relay().await;
+                    self.kill_all().await;
                 }
                 if self.pg.restore(name.ends_with("pitr")) {
                     self.js.distrusted();
