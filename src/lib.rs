@@ -68,5 +68,6 @@ pub(crate) mod stored;
 pub(crate) mod telemetry;
 #[cfg(feature = "test-support")]
 pub mod testkit;
+pub mod verify;
 
 pub use lsn::Lsn;

@@ -1,0 +1,461 @@
+//! `outbox-relay verify`: a read-only proof of delivery. It compares the outbox table's rows that
+//! are still there with the relay's stream and reports what differs: rows whose event is not
+//! stored (missing, or in flight, or older than the stream's first message), events stored twice,
+//! the relay's messages out of position order, messages the relay did not write, messages on
+//! another subject than the template gives, and (with `--payloads`) bodies that differ from the
+//! row. It writes nothing: no slot, no publish, no durable consumer; it runs while the relay runs.
+//!
+//! The order of work: the rows are read in one snapshot ([`rows`]), then the stream up to the last
+//! sequence it had after the snapshot was taken ([`stream`]); both become compact records that are
+//! sorted and merged ([`compare`]). When rows are absent, the stream is read once more after
+//! [`RECHECK`], past where the first read ended: an event committed just before the snapshot may
+//! still have been on its way. Every candidate difference then gets an exact second look (the
+//! message by its sequence, the row by its id) before it is counted; see docs/operations.md,
+//! "Proving delivery", for what that costs.
+
+use std::time::Duration;
+
+use async_nats::jetstream;
+
+use crate::config::{ConfigError, Settings};
+use crate::setup::{self, SetupError};
+use crate::sink::{ConnectError, connect_nats};
+
+mod compare;
+mod report;
+mod rows;
+mod stream;
+
+use compare::{RowFinding, RowRec, hash64};
+pub use report::{Example, VerifyReport};
+use rows::Table;
+use stream::{StreamScan, event_id};
+
+/// How long to wait before the stream is read again for rows not in it yet.
+const RECHECK: Duration = Duration::from_secs(3);
+
+/// What to verify.
+#[derive(Debug, Clone, Default)]
+pub struct VerifyOptions {
+    /// SQL predicate on the rows.
+    pub where_sql: Option<String>,
+    /// Only rows created at or after this time (the `created_at` column).
+    pub since: Option<String>,
+    /// Read the stream from this sequence (default: its first).
+    pub from_sequence: Option<u64>,
+    /// Compare payloads too.
+    pub payloads: bool,
+}
+
+/// Why `verify` could not check (exit code 2). One line naming what and how to fix it.
+#[derive(Debug, thiserror::Error)]
+pub enum VerifyError {
+    /// The configuration does not load.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// Postgres cannot be reached.
+    #[error(transparent)]
+    Postgres(#[from] SetupError),
+    /// NATS cannot be reached.
+    #[error(transparent)]
+    Nats(#[from] ConnectError),
+    /// A query failed.
+    #[error("{table}: {what}: {detail}")]
+    Query {
+        /// The outbox table.
+        table: String,
+        /// What was being done.
+        what: String,
+        /// The server's message.
+        detail: String,
+    },
+    /// `--since` on a table without the creation-time column.
+    #[error(
+        "--since: {0} has no created_at timestamp column to filter on; select the rows with --where instead"
+    )]
+    Since(String),
+    /// `--from-sequence 0`.
+    #[error("--from-sequence must be 1 or more (stream sequences start at 1)")]
+    FromSequence,
+    /// Reading the stream failed.
+    #[error(
+        "stream {stream} (nats.stream): {what}: {detail} (verify needs the relay's NATS user plus \
+         $JS.API.CONSUMER.CREATE.{stream} and $JS.API.STREAM.MSG.GET.{stream}; docs/operations.md, Proving delivery)"
+    )]
+    Stream {
+        /// The stream.
+        stream: String,
+        /// What was being done.
+        what: String,
+        /// The server's or client's message.
+        detail: String,
+    },
+}
+
+/// Verifies the rows and the stream; `progress` gets a line now and then (for stderr).
+pub async fn verify(
+    settings: &Settings,
+    opts: &VerifyOptions,
+    mut progress: impl FnMut(String),
+) -> Result<VerifyReport, VerifyError> {
+    if opts.from_sequence == Some(0) {
+        return Err(VerifyError::FromSequence);
+    }
+    let o = &settings.config().outbox;
+    let n = &settings.config().nats;
+    let mut report = VerifyReport {
+        stream: n.stream.clone(),
+        fence: n.fence,
+        ..VerifyReport::default()
+    };
+
+    // The rows first: everything the stream holds later can only add to what the snapshot saw.
+    let pg = if o.messages_only() {
+        None
+    } else {
+        Some(setup::connect_postgres(settings).await?)
+    };
+    let mut rows: Vec<RowRec> = Vec::new();
+    let table = match &pg {
+        None => None,
+        Some(pg) => {
+            let t = Table::open(pg, o, opts.where_sql.as_deref(), opts.since.as_deref()).await?;
+            let template = &settings.subject;
+            t.scan(
+                pg,
+                o,
+                opts.payloads,
+                "outbox_relay_verify_rows",
+                async |r| {
+                    let Some(id) = r.id else { return Ok(true) };
+                    let subject = template
+                        .render(
+                            r.aggregate_type.unwrap_or(""),
+                            r.event_type.unwrap_or(""),
+                            r.aggregate_id.unwrap_or(""),
+                        )
+                        .ok()
+                        .filter(|_| r.event_type.is_some())
+                        .map(|s| hash64(s.as_bytes()));
+                    rows.push(RowRec {
+                        id: hash64(id.as_bytes()),
+                        subject,
+                        payload: if opts.payloads { hash64(r.payload) } else { 0 },
+                        created_us: r.created_us,
+                        young: r.young,
+                    });
+                    if rows.len() % 100_000 == 0 {
+                        progress(format!("verify: {} rows read", rows.len()));
+                    }
+                    Ok(true)
+                },
+            )
+            .await?;
+            Some(t)
+        }
+    };
+    report.rows = rows.len() as u64;
+
+    let nats = connect_nats(settings).await?;
+    let js = jetstream::new(nats);
+    let stream_error = |what: &str, e: &dyn std::fmt::Display| VerifyError::Stream {
+        stream: n.stream.clone(),
+        what: what.to_owned(),
+        detail: e.to_string(),
+    };
+    let js_stream = js
+        .get_stream(&n.stream)
+        .await
+        .map_err(|e| stream_error("looking it up (run `outbox-relay setup`?)", &e))?;
+    let state = js_stream
+        .get_info()
+        .await
+        .map_err(|e| stream_error("reading its state", &e))?
+        .state
+        .clone();
+    let start = state.first_sequence.max(opts.from_sequence.unwrap_or(1));
+    let mut scan = StreamScan::default();
+    let mut tick = |read: u64| progress(format!("verify: {read} messages read"));
+    if state.messages > 0 {
+        scan.read(
+            &js_stream,
+            &n.stream,
+            start,
+            state.last_sequence,
+            opts.payloads,
+            &n.dead_letter_subject,
+            &mut tick,
+        )
+        .await?;
+    }
+    let mut candidates = compare::merge(&mut rows, &mut scan.msgs, opts.payloads);
+    let absent = |c: &compare::Candidates| c.rows.iter().any(|(_, f)| *f == RowFinding::Absent);
+    if absent(&candidates) {
+        // A row committed just before the snapshot may still be on its way to the stream.
+        tokio::time::sleep(RECHECK).await;
+        let now = js_stream
+            .get_info()
+            .await
+            .map_err(|e| stream_error("reading its state", &e))?
+            .state
+            .last_sequence;
+        let from = start.max(scan.last_read + 1);
+        scan.read(
+            &js_stream,
+            &n.stream,
+            from,
+            now,
+            opts.payloads,
+            &n.dead_letter_subject,
+            &mut tick,
+        )
+        .await?;
+        candidates = compare::merge(&mut rows, &mut scan.msgs, opts.payloads);
+    }
+    report.messages = scan.messages;
+    report.first_sequence = if scan.messages > 0 { start } else { 0 };
+    report.last_sequence = scan.last_read;
+
+    // Once: each second copy, confirmed by reading both copies' ids.
+    let mut second_copies: Vec<u64> = Vec::new();
+    for &(first, later) in &candidates.second_copies {
+        let a = message(&js_stream, first)
+            .await
+            .map_err(|e| stream_error("reading a message", &e))?;
+        let b = message(&js_stream, later)
+            .await
+            .map_err(|e| stream_error("reading a message", &e))?;
+        let (Some(a), Some(b)) = (a, b) else { continue };
+        if a.0 == b.0 {
+            second_copies.push(later);
+            report.add("duplicates", || {
+                Some(Example {
+                    event_id: b.0.clone(),
+                    sequence: Some(later),
+                    detail: Some(format!("first stored at sequence {first}")),
+                })
+            });
+        }
+    }
+    second_copies.sort_unstable();
+
+    // Order: breaks that are not a second copy (a copy sits wherever its writer put it).
+    for &seq in &scan.out_of_order {
+        if second_copies.binary_search(&seq).is_ok() {
+            continue;
+        }
+        let example = if report.wants_example("out_of_order") {
+            message(&js_stream, seq).await.ok().flatten()
+        } else {
+            None
+        };
+        report.add("out_of_order", || {
+            example.map(|(id, _, pos)| Example {
+                event_id: id,
+                sequence: Some(seq),
+                detail: Some(format!(
+                    "Outbox-Position {pos} is not above the message before it"
+                )),
+            })
+        });
+    }
+
+    // Gap-free: messages without the relay's headers.
+    for &seq in &scan.foreign {
+        let example = if report.wants_example("foreign") {
+            message_any(&js_stream, seq).await.ok().flatten()
+        } else {
+            None
+        };
+        report.add("foreign", || {
+            example.map(|(id, subject)| Example {
+                event_id: id,
+                sequence: Some(seq),
+                detail: Some(format!("subject {subject}, no Outbox-Position")),
+            })
+        });
+    }
+
+    report.checks = vec!["once", "order", "gap_free"];
+    match (&pg, &table) {
+        (Some(pg), Some(table)) => {
+            report.checks.insert(0, "completeness");
+            report.checks.push("routing");
+            if opts.payloads {
+                report.checks.push("payloads");
+            } else {
+                report.skipped.push("payloads (give --payloads)".into());
+            }
+            let ctx = RowsCtx {
+                older_than: (start > 1).then_some(scan.first_time_us.unwrap_or(i64::MAX)),
+                stream: &js_stream,
+            };
+            second_look(
+                pg,
+                table,
+                settings,
+                opts,
+                &rows,
+                candidates,
+                &ctx,
+                &mut report,
+            )
+            .await?;
+            if !table.has_created {
+                report.skipped.push(format!(
+                    "in flight by creation time ({} has no created_at column: a row not stored after the recheck is missing)",
+                    o.table
+                ));
+            }
+        }
+        _ => report.skipped.push(
+            "completeness, routing and payloads (outbox.table is empty: no rows to compare)".into(),
+        ),
+    }
+    for c in report::CLASSES {
+        report.counts.entry(c).or_default();
+    }
+    if let Some(pg) = &pg {
+        // A read-only snapshot: ending it cannot lose anything, so a failure here is not reported.
+        let _ = pg.batch_execute("COMMIT").await;
+    }
+    Ok(report)
+}
+
+/// What the rows' second look needs besides the rows.
+struct RowsCtx<'a> {
+    /// With a stream whose first sequence read is above 1: the store time (µs) of that first
+    /// message; a row absent and created before it is older than the stream.
+    older_than: Option<i64>,
+    stream: &'a jetstream::stream::Stream,
+}
+
+/// The exact second look at the rows' candidates: the rows are read again (same snapshot), and
+/// each candidate row's id is compared with the message the merge paired it with.
+#[allow(clippy::too_many_arguments)]
+async fn second_look(
+    pg: &tokio_postgres::Client,
+    table: &Table,
+    settings: &Settings,
+    opts: &VerifyOptions,
+    rows: &[RowRec],
+    candidates: compare::Candidates,
+    ctx: &RowsCtx<'_>,
+    report: &mut VerifyReport,
+) -> Result<(), VerifyError> {
+    if candidates.rows.is_empty() {
+        return Ok(());
+    }
+    let mut by_hash: Vec<(u64, RowFinding, usize)> = candidates
+        .rows
+        .iter()
+        .map(|&(i, f)| (rows[i].id, f, i))
+        .collect();
+    by_hash.sort_unstable_by_key(|x| x.0);
+    let o = &settings.config().outbox;
+    table
+        .scan(pg, o, false, "outbox_relay_verify_look", async |r| {
+            let Some(id) = r.id else { return Ok(true) };
+            let h = hash64(id.as_bytes());
+            let Ok(k) = by_hash.binary_search_by_key(&h, |x| x.0) else {
+                return Ok(true);
+            };
+            let (_, finding, i) = by_hash[k];
+            let row = rows[i];
+            let class = match finding {
+                RowFinding::Absent if row.young => "in_flight",
+                RowFinding::Absent
+                    if ctx
+                        .older_than
+                        .is_some_and(|t| row.created_us.is_none_or(|c| c < t)) =>
+                {
+                    "older_than_stream"
+                }
+                RowFinding::Absent => "missing",
+                RowFinding::Misrouted(seq) | RowFinding::PayloadDiffers(seq) => {
+                    // The message the merge paired with the row must carry the row's own id.
+                    let m = message(ctx.stream, seq).await.ok().flatten();
+                    let Some((mid, subject, _)) = m else {
+                        return Ok(true);
+                    };
+                    if mid != id {
+                        return Ok(true);
+                    }
+                    let class = if matches!(finding, RowFinding::Misrouted(_)) {
+                        "misrouted"
+                    } else {
+                        "payload_differs"
+                    };
+                    report.add(class, || {
+                        Some(Example {
+                            event_id: id.to_owned(),
+                            sequence: Some(seq),
+                            detail: Some(match finding {
+                                RowFinding::Misrouted(_) => format!(
+                                    "stored on {subject}, the template gives {}",
+                                    settings
+                                        .subject
+                                        .render(
+                                            r.aggregate_type.unwrap_or(""),
+                                            r.event_type.unwrap_or(""),
+                                            r.aggregate_id.unwrap_or("")
+                                        )
+                                        .unwrap_or_else(|e| format!("none ({e})"))
+                                ),
+                                _ => "the payload differs from the row's".into(),
+                            }),
+                        })
+                    });
+                    return Ok(true);
+                }
+            };
+            report.add(class, || {
+                Some(Example {
+                    event_id: id.to_owned(),
+                    sequence: None,
+                    detail: None,
+                })
+            });
+            Ok(true)
+        })
+        .await?;
+    let _ = opts;
+    Ok(())
+}
+
+/// The relay's event id, subject and `Outbox-Position` of the message at `seq` (`None` when it
+/// is gone or has no id).
+async fn message(
+    stream: &jetstream::stream::Stream,
+    seq: u64,
+) -> Result<Option<(String, String, String)>, String> {
+    match stream.get_raw_message(seq).await {
+        Ok(m) => Ok(event_id(Some(&m.headers)).map(|id| {
+            (
+                id.to_owned(),
+                m.subject.to_string(),
+                m.headers
+                    .get("Outbox-Position")
+                    .map(|v| v.as_str().to_owned())
+                    .unwrap_or_default(),
+            )
+        })),
+        Err(e) if e.kind() == jetstream::stream::RawMessageErrorKind::NoMessageFound => Ok(None),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Any message's `Nats-Msg-Id` ("" without one) and subject.
+async fn message_any(
+    stream: &jetstream::stream::Stream,
+    seq: u64,
+) -> Result<Option<(String, String)>, String> {
+    match stream.get_raw_message(seq).await {
+        Ok(m) => Ok(Some((
+            event_id(Some(&m.headers)).unwrap_or("").to_owned(),
+            m.subject.to_string(),
+        ))),
+        Err(e) if e.kind() == jetstream::stream::RawMessageErrorKind::NoMessageFound => Ok(None),
+        Err(e) => Err(e.to_string()),
+    }
+}
