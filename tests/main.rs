@@ -26,3 +26,4 @@ mod smoke;
 mod source;
 mod telemetry;
 mod truth;
+mod verify;

@@ -144,7 +144,7 @@ pub async fn verify(
                         created_us: r.created_us,
                         young: r.young,
                     });
-                    if rows.len() % 100_000 == 0 {
+                    if rows.len().is_multiple_of(100_000) {
                         progress(format!("verify: {} rows read", rows.len()));
                     }
                     Ok(true)
@@ -174,19 +174,11 @@ pub async fn verify(
         .state
         .clone();
     let start = state.first_sequence.max(opts.from_sequence.unwrap_or(1));
-    let mut scan = StreamScan::default();
+    let mut scan = StreamScan::new(opts.payloads, &n.dead_letter_subject);
     let mut tick = |read: u64| progress(format!("verify: {read} messages read"));
     if state.messages > 0 {
-        scan.read(
-            &js_stream,
-            &n.stream,
-            start,
-            state.last_sequence,
-            opts.payloads,
-            &n.dead_letter_subject,
-            &mut tick,
-        )
-        .await?;
+        scan.read(&js_stream, &n.stream, start, state.last_sequence, &mut tick)
+            .await?;
     }
     let mut candidates = compare::merge(&mut rows, &mut scan.msgs, opts.payloads);
     let absent = |c: &compare::Candidates| c.rows.iter().any(|(_, f)| *f == RowFinding::Absent);
@@ -200,16 +192,8 @@ pub async fn verify(
             .state
             .last_sequence;
         let from = start.max(scan.last_read + 1);
-        scan.read(
-            &js_stream,
-            &n.stream,
-            from,
-            now,
-            opts.payloads,
-            &n.dead_letter_subject,
-            &mut tick,
-        )
-        .await?;
+        scan.read(&js_stream, &n.stream, from, now, &mut tick)
+            .await?;
         candidates = compare::merge(&mut rows, &mut scan.msgs, opts.payloads);
     }
     report.messages = scan.messages;
@@ -287,20 +271,14 @@ pub async fn verify(
                 report.skipped.push("payloads (give --payloads)".into());
             }
             let ctx = RowsCtx {
+                // A relay that confirmed past the snapshot has nothing of it in flight.
+                in_flight_possible: !table
+                    .slot_passed_snapshot(pg, &settings.config().postgres.slot)
+                    .await,
                 older_than: (start > 1).then_some(scan.first_time_us.unwrap_or(i64::MAX)),
                 stream: &js_stream,
             };
-            second_look(
-                pg,
-                table,
-                settings,
-                opts,
-                &rows,
-                candidates,
-                &ctx,
-                &mut report,
-            )
-            .await?;
+            second_look(pg, table, settings, &rows, candidates, &ctx, &mut report).await?;
             if !table.has_created {
                 report.skipped.push(format!(
                     "in flight by creation time ({} has no created_at column: a row not stored after the recheck is missing)",
@@ -324,6 +302,8 @@ pub async fn verify(
 
 /// What the rows' second look needs besides the rows.
 struct RowsCtx<'a> {
+    /// The relay's slot has not confirmed past the snapshot: a young absent row may be in flight.
+    in_flight_possible: bool,
     /// With a stream whose first sequence read is above 1: the store time (µs) of that first
     /// message; a row absent and created before it is older than the stream.
     older_than: Option<i64>,
@@ -332,12 +312,10 @@ struct RowsCtx<'a> {
 
 /// The exact second look at the rows' candidates: the rows are read again (same snapshot), and
 /// each candidate row's id is compared with the message the merge paired it with.
-#[allow(clippy::too_many_arguments)]
 async fn second_look(
     pg: &tokio_postgres::Client,
     table: &Table,
     settings: &Settings,
-    opts: &VerifyOptions,
     rows: &[RowRec],
     candidates: compare::Candidates,
     ctx: &RowsCtx<'_>,
@@ -363,7 +341,7 @@ async fn second_look(
             let (_, finding, i) = by_hash[k];
             let row = rows[i];
             let class = match finding {
-                RowFinding::Absent if row.young => "in_flight",
+                RowFinding::Absent if row.young && ctx.in_flight_possible => "in_flight",
                 RowFinding::Absent
                     if ctx
                         .older_than
@@ -419,7 +397,6 @@ async fn second_look(
             Ok(true)
         })
         .await?;
-    let _ = opts;
     Ok(())
 }
 

@@ -12,6 +12,7 @@ use futures_util::TryStreamExt;
 use tokio_postgres::{Client, Row};
 
 use super::VerifyError;
+use crate::Lsn;
 use crate::config::OutboxConfig;
 use crate::source::quote_ident;
 
@@ -35,6 +36,8 @@ pub(crate) struct Table {
     pub(crate) has_created: bool,
     /// The row predicate: `--where` and `--since`, as SQL.
     predicate: String,
+    /// The WAL position when the snapshot was taken: every row it shows committed before it.
+    pub(crate) snapshot_lsn: Option<Lsn>,
 }
 
 /// One row as read: the fields in [`Table::select`]'s order.
@@ -78,6 +81,16 @@ impl Table {
         pg.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             .await
             .map_err(query_error(&o.table, "BEGIN"))?;
+        let snapshot_lsn = pg
+            .query_one(
+                "SELECT (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() \
+                 ELSE pg_current_wal_lsn() END)::text",
+                &[],
+            )
+            .await
+            .ok()
+            .and_then(|r| r.get::<_, Option<String>>(0))
+            .and_then(|s| s.parse().ok());
         let columns = pg
             .query(
                 "SELECT attname::text, atttypid::oid FROM pg_attribute \
@@ -129,6 +142,7 @@ impl Table {
             bytea,
             has_created,
             predicate,
+            snapshot_lsn,
         })
     }
 
@@ -161,6 +175,22 @@ impl Table {
             self.qualified,
             self.predicate
         )
+    }
+
+    /// Whether the relay's slot (`slot`) has confirmed past the snapshot: then every row the
+    /// snapshot shows was acknowledged by JetStream, and none is in flight. `false` when unknown.
+    pub(crate) async fn slot_passed_snapshot(&self, pg: &Client, slot: &str) -> bool {
+        let confirmed: Option<Lsn> = pg
+            .query_opt(
+                "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1",
+                &[&slot],
+            )
+            .await
+            .ok()
+            .flatten()
+            .and_then(|r| r.get::<_, Option<String>>(0))
+            .and_then(|s| s.parse().ok());
+        matches!((confirmed, self.snapshot_lsn), (Some(c), Some(w)) if c >= w)
     }
 
     /// Reads every matching row through a cursor named `cursor`, calling `each` on each one (it may

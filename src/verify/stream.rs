@@ -42,6 +42,10 @@ pub(crate) struct StreamScan {
     pub(crate) first_time_us: Option<i64>,
     /// The history and position of the relay's last message read.
     prev: Option<(String, Position)>,
+    /// Read and hash the payloads (`--payloads`).
+    payloads: bool,
+    /// `nats.dead_letter_subject`.
+    dead_letter_subject: String,
 }
 
 /// The relay's event id of a message: `Outbox-Event-Id` (atomic batches), else `Nats-Msg-Id`.
@@ -64,6 +68,15 @@ fn split_position(value: &str) -> Option<(&str, Position)> {
 }
 
 impl StreamScan {
+    /// An empty scan; `payloads`: read and hash the bodies.
+    pub(crate) fn new(payloads: bool, dead_letter_subject: &str) -> StreamScan {
+        StreamScan {
+            payloads,
+            dead_letter_subject: dead_letter_subject.to_owned(),
+            ..StreamScan::default()
+        }
+    }
+
     /// Reads the stored messages `from..=to` into the scan. `progress` is called now and then with
     /// the messages read so far.
     pub(crate) async fn read(
@@ -72,8 +85,6 @@ impl StreamScan {
         name: &str,
         from: u64,
         to: u64,
-        payloads: bool,
-        dead_letter_subject: &str,
         progress: &mut impl FnMut(u64),
     ) -> Result<(), VerifyError> {
         if from > to {
@@ -89,7 +100,7 @@ impl StreamScan {
                 deliver_policy: DeliverPolicy::ByStartSequence {
                     start_sequence: from,
                 },
-                headers_only: !payloads,
+                headers_only: !self.payloads,
                 description: Some("outbox-relay verify: reading the stream".into()),
                 ..Default::default()
             })
@@ -123,14 +134,7 @@ impl StreamScan {
             if self.first_time_us.is_none() {
                 self.first_time_us = Some((info.published.unix_timestamp_nanos() / 1000) as i64);
             }
-            self.take(
-                seq,
-                m.subject.as_str(),
-                m.headers.as_ref(),
-                &m.payload,
-                payloads,
-                dead_letter_subject,
-            );
+            self.take(seq, m.subject.as_str(), m.headers.as_ref(), &m.payload);
             if last_progress.elapsed() >= PROGRESS_EVERY {
                 last_progress = std::time::Instant::now();
                 progress(self.messages);
@@ -150,8 +154,6 @@ impl StreamScan {
         subject: &str,
         headers: Option<&async_nats::HeaderMap>,
         payload: &[u8],
-        payloads: bool,
-        dead_letter_subject: &str,
     ) {
         self.messages += 1;
         self.last_read = seq;
@@ -171,13 +173,13 @@ impl StreamScan {
             }
             prev => *prev = Some((history.to_owned(), position)),
         }
-        let dead_letter = subject == dead_letter_subject
+        let dead_letter = subject == self.dead_letter_subject
             || headers.is_some_and(|h| h.get("Outbox-Error").is_some());
         self.msgs.push(MsgRec {
             id: hash64(id.as_bytes()),
             seq,
             subject: hash64(subject.as_bytes()),
-            payload: if payloads { hash64(payload) } else { 0 },
+            payload: if self.payloads { hash64(payload) } else { 0 },
             dead_letter,
         });
     }
@@ -196,7 +198,7 @@ mod tests {
 
     #[test]
     fn one_message_out_of_place_is_one_break_and_a_new_history_starts_afresh() {
-        let mut s = StreamScan::default();
+        let mut s = StreamScan::new(false, "dl");
         let h = "7311/1/outbox_relay";
         for (seq, id, pos) in [
             (1, "e-1", format!("{h}/0/100:0")),
@@ -208,16 +210,9 @@ mod tests {
             (6, "e-6", "9999/1/outbox_relay/0/10:0".to_owned()),
             (7, "e-7", "0/20:0".to_owned()),
         ] {
-            s.take(
-                seq,
-                "outbox.Claim",
-                Some(&headers(id, &pos)),
-                b"",
-                false,
-                "dl",
-            );
+            s.take(seq, "outbox.Claim", Some(&headers(id, &pos)), b"");
         }
-        s.take(8, "outbox.Claim", None, b"", false, "dl");
+        s.take(8, "outbox.Claim", None, b"");
         assert_eq!(s.out_of_order, vec![4]);
         assert_eq!(s.foreign, vec![8]);
         assert_eq!(s.msgs.len(), 7);

@@ -1,0 +1,360 @@
+//! `outbox-relay verify` against real servers: the relay (in process) publishes the README's story
+//! (claim 4711, event e-5531 on `outbox.Claim`) among other events, then each class of difference
+//! is planted by hand as another client or an operator would cause it, and the binary's `--json`
+//! must report exactly that class (its count and its example's event id) with exit code 1; a clean
+//! stream of a few thousand events reports nothing and exits 0.
+
+use std::time::Duration;
+
+use async_nats::HeaderMap;
+use async_nats::jetstream;
+use outbox_relay::config::Config;
+use serde_json::Value;
+
+use crate::support::{
+    InProcessRelay, NatsServer, PgServer, Stored, TEXT_ID_OUTBOX_SQL, TestDb, read_all,
+    relay_config, relay_env, run_command, stream_count, wait_for,
+};
+
+/// The classes of the contract, each a count in `--json`.
+const CLASSES: [&str; 8] = [
+    "missing",
+    "in_flight",
+    "duplicates",
+    "out_of_order",
+    "foreign",
+    "misrouted",
+    "payload_differs",
+    "older_than_stream",
+];
+
+const STORY_PAYLOAD: &str = r#"{"claim_id": 4711, "status": "approved", "amount_cents": 125000}"#;
+
+/// A database with the text-id outbox and servers for one test.
+struct Story {
+    /// Kept for the test's length: the database goes with it.
+    _db: TestDb,
+    nats: NatsServer,
+    config: Config,
+    client: tokio_postgres::Client,
+}
+
+impl Story {
+    async fn new() -> Story {
+        let db = TestDb::create(PgServer::shared()).await;
+        db.psql(TEXT_ID_OUTBOX_SQL);
+        let nats = NatsServer::start();
+        let config = relay_config(&db, &nats);
+        let client = db.client().await;
+        Story {
+            _db: db,
+            nats,
+            config,
+            client,
+        }
+    }
+
+    /// `n` filler events `e-<from>..`, one transaction each `per_tx` rows.
+    async fn fillers(&self, from: u32, n: u32, per_tx: u32) {
+        let mut i = from;
+        while i < from + n {
+            let end = (i + per_tx).min(from + n) - 1;
+            self.client
+                .batch_execute(&format!(
+                    "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, event_type, payload) \
+                     SELECT 'e-' || g, 'Claim', g::text, 'ClaimSubmitted', jsonb_build_object('claim_id', g) \
+                     FROM generate_series({i}, {end}) g"
+                ))
+                .await
+                .unwrap();
+            i = end + 1;
+        }
+    }
+
+    /// Claim 4711 approved: event e-5531, created a minute ago. A row created in the last seconds
+    /// that is not in the stream is in flight rather than missing (while the relay's slot has not
+    /// confirmed past it), so the planted differences are about a row that is old enough.
+    async fn e5531(&self) {
+        self.client
+            .execute(
+                "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, event_type, payload, created_at) \
+                 VALUES ('e-5531', 'Claim', '4711', 'ClaimApproved', $1::text::jsonb, now() - interval '1 minute')",
+                &[&STORY_PAYLOAD],
+            )
+            .await
+            .unwrap();
+    }
+
+    async fn js(&self) -> jetstream::Context {
+        self.nats.jetstream().await
+    }
+
+    async fn wait_for_messages(&self, n: u64) {
+        let js = self.js().await;
+        let stream = self.config.nats.stream.clone();
+        wait_for(
+            &format!("{n} messages in {stream}"),
+            Duration::from_secs(60),
+            || async { stream_count(&js, &stream).await >= n },
+        )
+        .await;
+    }
+
+    /// The relay publishes `before` fillers, e-5531, `after` fillers, and stops.
+    async fn published(before: u32, after: u32) -> Story {
+        let s = Story::new().await;
+        let relay = InProcessRelay::start_streaming(&s.config, &s.client).await;
+        s.fillers(1, before, 100).await;
+        s.e5531().await;
+        s.fillers(10_000, after, 100).await;
+        s.wait_for_messages(u64::from(before + after + 1)).await;
+        relay.stop().await.expect("relay stops cleanly");
+        s
+    }
+
+    async fn messages(&self) -> Vec<Stored> {
+        read_all(&self.js().await, &self.config.nats.stream).await
+    }
+
+    /// `outbox-relay verify --json ARGS`: exit code and the object.
+    async fn verify(&self, args: &[&str]) -> (i32, Value) {
+        let mut all = vec!["verify".to_owned(), "--json".to_owned()];
+        all.extend(args.iter().map(|a| (*a).to_owned()));
+        let env = relay_env(&self.config);
+        let done = tokio::task::spawn_blocking(move || {
+            let args: Vec<&str> = all.iter().map(String::as_str).collect();
+            run_command(&args, &env, Duration::from_secs(120))
+        })
+        .await
+        .unwrap();
+        let code = done.status.code().expect("verify exited");
+        let json: Value = serde_json::from_str(done.stdout.trim()).unwrap_or_else(|e| {
+            panic!(
+                "verify printed no JSON ({e}), exit {code}\nstdout: {}\nstderr: {}",
+                done.stdout, done.stderr
+            )
+        });
+        println!("verify {args:?}: exit {code}: {json}");
+        (code, json)
+    }
+}
+
+/// Headers of a stored message as a map to publish again, without `skip` and the fence's
+/// expectations (which were about the stream's tail when the relay published).
+fn headers_of(m: &Stored, skip: &[&str]) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    for (k, v) in &m.headers {
+        if !skip.contains(&k.as_str()) && !k.starts_with("Nats-Expected-") {
+            h.insert(k.as_str(), v.as_str());
+        }
+    }
+    h
+}
+
+async fn publish(js: &jetstream::Context, subject: &str, h: HeaderMap, payload: &str) -> u64 {
+    js.publish_with_headers(subject.to_owned(), h, payload.to_owned().into())
+        .await
+        .unwrap()
+        .await
+        .unwrap()
+        .sequence
+}
+
+/// Every class is 0 but `class`, which is `n` with `event_id` as its first example.
+fn assert_exactly(json: &Value, class: &str, n: u64, event_id: &str) {
+    for c in CLASSES {
+        let want = if c == class { n } else { 0 };
+        assert_eq!(json[c], want, "{c} in {json}");
+    }
+    assert_eq!(json["examples"][class][0]["event_id"], event_id, "{json}");
+}
+
+#[tokio::test]
+async fn a_clean_stream_of_thousands_of_events_reports_nothing() {
+    let s = Story::published(2000, 1000).await;
+    let (code, json) = s.verify(&["--payloads"]).await;
+    assert_eq!(code, 0, "{json}");
+    assert_eq!(json["rows"], 3001, "{json}");
+    assert_eq!(json["messages"], 3001, "{json}");
+    for c in CLASSES {
+        assert_eq!(json[c], 0, "{c} in {json}");
+        assert_eq!(json["examples"][c], Value::Array(vec![]), "{c} in {json}");
+    }
+    let checks = json["checks"].to_string();
+    for c in [
+        "completeness",
+        "once",
+        "order",
+        "gap_free",
+        "routing",
+        "payloads",
+    ] {
+        assert!(checks.contains(c), "{c} in {checks}");
+    }
+}
+
+#[tokio::test]
+async fn a_message_deleted_from_the_stream_is_missing() {
+    let s = Story::published(10, 10).await;
+    let seq = s
+        .messages()
+        .await
+        .iter()
+        .find(|m| m.id() == "e-5531")
+        .expect("e-5531 stored")
+        .seq;
+    let stream = s
+        .js()
+        .await
+        .get_stream(&s.config.nats.stream)
+        .await
+        .unwrap();
+    assert!(stream.delete_message(seq).await.unwrap());
+    let (code, json) = s.verify(&[]).await;
+    assert_eq!(code, 1, "{json}");
+    assert_exactly(&json, "missing", 1, "e-5531");
+    assert!(json["examples"]["missing"][0].get("sequence").is_none());
+    assert_eq!(json["rows"], 21);
+    assert_eq!(json["messages"], 20);
+}
+
+#[tokio::test]
+async fn a_duplicate_published_by_another_client_is_a_duplicate_not_a_break_of_order() {
+    let s = Story::published(10, 10).await;
+    let messages = s.messages().await;
+    let original = messages.iter().find(|m| m.id() == "e-5531").unwrap();
+    // Another client republishes e-5531 as it is, without Nats-Msg-Id (which JetStream would
+    // deduplicate within its window) but with the event id consumers deduplicate on.
+    let mut h = headers_of(original, &["Nats-Msg-Id"]);
+    h.insert("Outbox-Event-Id", "e-5531");
+    let js = s.js().await;
+    let copy = publish(&js, &original.subject, h, original.payload_str()).await;
+    let (code, json) = s.verify(&[]).await;
+    assert_eq!(code, 1, "{json}");
+    assert_exactly(&json, "duplicates", 1, "e-5531");
+    assert_eq!(
+        json["examples"]["duplicates"][0]["sequence"], copy,
+        "{json}"
+    );
+}
+
+#[tokio::test]
+async fn a_pair_stored_out_of_order_by_another_client_is_one_break() {
+    let s = Story::published(10, 10).await;
+    let messages = s.messages().await;
+    let last = messages.last().unwrap();
+    let position = last.header("Outbox-Position");
+    let (history, place) = position.rsplit_once('/').unwrap();
+    let (lsn_lo, _) = place.split_once(':').unwrap();
+    let lo = u64::from_str_radix(lsn_lo, 16).unwrap();
+    let js = s.js().await;
+    // x-2's position is after x-1's, and it is stored first.
+    for (id, offset) in [("x-2", 0x200u64), ("x-1", 0x100)] {
+        let mut h = headers_of(last, &["Nats-Msg-Id", "Outbox-Position"]);
+        h.insert("Nats-Msg-Id", id);
+        h.insert(
+            "Outbox-Position",
+            format!("{history}/{:X}:0", lo + offset).as_str(),
+        );
+        publish(&js, "outbox.Claim", h, "{}").await;
+    }
+    let (code, json) = s.verify(&[]).await;
+    assert_eq!(code, 1, "{json}");
+    assert_exactly(&json, "out_of_order", 1, "x-1");
+    assert_eq!(
+        json["examples"]["out_of_order"][0]["sequence"], 23,
+        "{json}"
+    );
+}
+
+#[tokio::test]
+async fn a_foreign_message_is_foreign() {
+    let s = Story::published(10, 10).await;
+    let js = s.js().await;
+    let mut h = HeaderMap::new();
+    h.insert("Nats-Msg-Id", "f-1");
+    let seq = publish(&js, "outbox.Claim", h, r#"{"not": "the relay's"}"#).await;
+    let (code, json) = s.verify(&[]).await;
+    assert_eq!(code, 1, "{json}");
+    assert_exactly(&json, "foreign", 1, "f-1");
+    assert_eq!(json["examples"]["foreign"][0]["sequence"], seq, "{json}");
+}
+
+#[tokio::test]
+async fn a_row_inserted_before_the_slot_existed_is_missing() {
+    let s = Story::new().await;
+    // Written before the relay created its slot: the slot starts after it, so it is never sent.
+    s.e5531().await;
+    let relay = InProcessRelay::start_streaming(&s.config, &s.client).await;
+    s.fillers(1, 20, 10).await;
+    s.wait_for_messages(20).await;
+    relay.stop().await.expect("relay stops cleanly");
+    let (code, json) = s.verify(&[]).await;
+    assert_eq!(code, 1, "{json}");
+    assert_exactly(&json, "missing", 1, "e-5531");
+    assert_eq!(json["rows"], 21);
+}
+
+#[tokio::test]
+async fn a_payload_changed_in_flight_differs_with_payloads_only() {
+    let s = Story::new().await;
+    let relay = InProcessRelay::start_streaming(&s.config, &s.client).await;
+    s.fillers(1, 10, 5).await;
+    s.wait_for_messages(10).await;
+    relay.stop().await.expect("relay stops cleanly");
+    // The row is committed while the relay is stopped; a hand-made message carries it on, with
+    // the relay's headers and the next position, but another amount.
+    s.e5531().await;
+    let messages = s.messages().await;
+    let last = messages.last().unwrap();
+    let (history, place) = last.header("Outbox-Position").rsplit_once('/').unwrap();
+    let (lsn_lo, _) = place.split_once(':').unwrap();
+    let lo = u64::from_str_radix(lsn_lo, 16).unwrap();
+    let mut h = headers_of(last, &["Nats-Msg-Id", "Outbox-Position"]);
+    h.insert("Nats-Msg-Id", "e-5531");
+    h.insert(
+        "Outbox-Position",
+        format!("{history}/{:X}:0", lo + 0x100).as_str(),
+    );
+    let stored: String = s
+        .client
+        .query_one(
+            "SELECT payload::text FROM outbox WHERE event_id = 'e-5531'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let changed = stored.replace("125000", "1");
+    assert_ne!(stored, changed);
+    let js = s.js().await;
+    let seq = publish(&js, "outbox.Claim", h, &changed).await;
+
+    let (code, json) = s.verify(&["--payloads"]).await;
+    assert_eq!(code, 1, "{json}");
+    assert_exactly(&json, "payload_differs", 1, "e-5531");
+    assert_eq!(
+        json["examples"]["payload_differs"][0]["sequence"], seq,
+        "{json}"
+    );
+    // Without --payloads the bodies are not compared, and the report says so.
+    let (code, json) = s.verify(&[]).await;
+    assert_eq!(code, 0, "{json}");
+    assert!(json["skipped"].to_string().contains("payloads"), "{json}");
+}
+
+#[tokio::test]
+async fn a_row_committed_just_now_and_not_stored_yet_is_in_flight_not_missing() {
+    let s = Story::published(10, 10).await;
+    // Claim 4712 is approved while the relay is stopped: its slot has not confirmed past the row.
+    s.client
+        .batch_execute(
+            "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, event_type, payload) \
+             VALUES ('e-5532', 'Claim', '4712', 'ClaimApproved', '{\"claim_id\": 4712}')",
+        )
+        .await
+        .unwrap();
+    let (code, json) = s.verify(&[]).await;
+    assert_eq!(code, 0, "in flight is not a difference: {json}");
+    assert_exactly(&json, "in_flight", 1, "e-5532");
+}
