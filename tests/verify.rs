@@ -12,7 +12,7 @@ use outbox_relay::config::Config;
 use serde_json::Value;
 
 use crate::support::{
-    InProcessRelay, NatsServer, PgServer, Stored, TEXT_ID_OUTBOX_SQL, TestDb, read_all,
+    Finished, InProcessRelay, NatsServer, PgServer, Stored, TEXT_ID_OUTBOX_SQL, TestDb, read_all,
     relay_config, relay_env, run_command, stream_count, wait_for,
 };
 
@@ -116,17 +116,23 @@ impl Story {
         read_all(&self.js().await, &self.config.nats.stream).await
     }
 
-    /// `outbox-relay verify --json ARGS`: exit code and the object.
-    async fn verify(&self, args: &[&str]) -> (i32, Value) {
+    /// `outbox-relay verify --json ARGS` with `env` added to the test's: how it ended.
+    async fn verify_with(&self, args: &[&str], env: &[(&str, &str)]) -> Finished {
         let mut all = vec!["verify".to_owned(), "--json".to_owned()];
         all.extend(args.iter().map(|a| (*a).to_owned()));
-        let env = relay_env(&self.config);
-        let done = tokio::task::spawn_blocking(move || {
+        let mut vars = relay_env(&self.config);
+        vars.extend(env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
+        tokio::task::spawn_blocking(move || {
             let args: Vec<&str> = all.iter().map(String::as_str).collect();
-            run_command(&args, &env, Duration::from_secs(120))
+            run_command(&args, &vars, Duration::from_secs(120))
         })
         .await
-        .unwrap();
+        .unwrap()
+    }
+
+    /// `outbox-relay verify --json ARGS`: exit code and the object.
+    async fn verify(&self, args: &[&str]) -> (i32, Value) {
+        let done = self.verify_with(args, &[]).await;
         let code = done.status.code().expect("verify exited");
         let json: Value = serde_json::from_str(done.stdout.trim()).unwrap_or_else(|e| {
             panic!(
@@ -357,4 +363,99 @@ async fn a_row_committed_just_now_and_not_stored_yet_is_in_flight_not_missing() 
     let (code, json) = s.verify(&[]).await;
     assert_eq!(code, 0, "in flight is not a difference: {json}");
     assert_exactly(&json, "in_flight", 1, "e-5532");
+}
+
+#[tokio::test]
+async fn rows_older_than_the_streams_first_message_are_neither_missing_nor_fine() {
+    let s = Story::published(10, 10).await;
+    // As a limit (max_age, max_msgs) would: the first two messages are gone, the first sequence is 3.
+    let stream = s
+        .js()
+        .await
+        .get_stream(&s.config.nats.stream)
+        .await
+        .unwrap();
+    stream.purge().sequence(3).await.unwrap();
+    let (code, json) = s.verify(&[]).await;
+    assert_eq!(code, 0, "older than the stream is not a difference: {json}");
+    assert_exactly(&json, "older_than_stream", 2, "e-1");
+    assert_eq!(json["first_sequence"], 3, "{json}");
+}
+
+#[tokio::test]
+async fn a_message_on_another_subject_than_the_template_gives_is_misrouted() {
+    let s = Story::new().await;
+    let relay = InProcessRelay::start_streaming(&s.config, &s.client).await;
+    s.fillers(1, 10, 5).await;
+    s.wait_for_messages(10).await;
+    relay.stop().await.expect("relay stops cleanly");
+    // e-5531 is committed while the relay is stopped and carried on by hand to outbox.Other.
+    s.e5531().await;
+    let messages = s.messages().await;
+    let last = messages.last().unwrap();
+    let (history, place) = last.header("Outbox-Position").rsplit_once('/').unwrap();
+    let lo = u64::from_str_radix(place.split_once(':').unwrap().0, 16).unwrap();
+    let mut h = headers_of(last, &["Nats-Msg-Id", "Outbox-Position"]);
+    h.insert("Nats-Msg-Id", "e-5531");
+    h.insert(
+        "Outbox-Position",
+        format!("{history}/{:X}:0", lo + 0x100).as_str(),
+    );
+    let js = s.js().await;
+    let seq = publish(&js, "outbox.Other", h, STORY_PAYLOAD).await;
+    let (code, json) = s.verify(&[]).await;
+    assert_eq!(code, 1, "{json}");
+    assert_exactly(&json, "misrouted", 1, "e-5531");
+    assert_eq!(json["examples"]["misrouted"][0]["sequence"], seq, "{json}");
+    let detail = json["examples"]["misrouted"][0]["detail"].to_string();
+    assert!(
+        detail.contains("outbox.Other") && detail.contains("outbox.Claim"),
+        "{detail}"
+    );
+}
+
+#[tokio::test]
+async fn what_cannot_be_checked_exits_2_with_one_line_naming_it() {
+    let s = Story::published(1, 0).await;
+    let no_stream = s
+        .verify_with(&[], &[("OUTBOX_RELAY_NATS_STREAM", "NO_SUCH_STREAM")])
+        .await;
+    println!(
+        "no stream: {:?} {}",
+        no_stream.status.code(),
+        no_stream.stderr
+    );
+    assert_eq!(no_stream.status.code(), Some(2), "{}", no_stream.stderr);
+    assert!(
+        no_stream
+            .stderr
+            .contains("stream NO_SUCH_STREAM (nats.stream)"),
+        "{}",
+        no_stream.stderr
+    );
+    assert_eq!(
+        no_stream.stderr.trim().lines().count(),
+        1,
+        "{}",
+        no_stream.stderr
+    );
+
+    let bad_where = s.verify_with(&["--where", "no_such_column = 1"], &[]).await;
+    println!(
+        "bad --where: {:?} {}",
+        bad_where.status.code(),
+        bad_where.stderr
+    );
+    assert_eq!(bad_where.status.code(), Some(2), "{}", bad_where.stderr);
+    assert!(bad_where.stderr.contains("--where"), "{}", bad_where.stderr);
+
+    let bad_config = s
+        .verify_with(&[], &[("OUTBOX_RELAY_NATS_MAX_IN_FLIGHT", "many")])
+        .await;
+    println!(
+        "bad config: {:?} {}",
+        bad_config.status.code(),
+        bad_config.stderr
+    );
+    assert_eq!(bad_config.status.code(), Some(2), "{}", bad_config.stderr);
 }

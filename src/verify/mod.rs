@@ -341,7 +341,6 @@ async fn second_look(
             let (_, finding, i) = by_hash[k];
             let row = rows[i];
             let class = match finding {
-                RowFinding::Absent if row.young && ctx.in_flight_possible => "in_flight",
                 RowFinding::Absent
                     if ctx
                         .older_than
@@ -349,6 +348,8 @@ async fn second_look(
                 {
                     "older_than_stream"
                 }
+                // Not yet in the stream while the relay has not confirmed past the snapshot.
+                RowFinding::Absent if row.young && ctx.in_flight_possible => "in_flight",
                 RowFinding::Absent => "missing",
                 RowFinding::Misrouted(seq) | RowFinding::PayloadDiffers(seq) => {
                     // The message the merge paired with the row must carry the row's own id.
