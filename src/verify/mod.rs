@@ -157,7 +157,7 @@ pub async fn verify(
     report.rows = rows.len() as u64;
 
     let nats = connect_nats(settings).await?;
-    let js = jetstream::new(nats);
+    let js = jetstream::new(nats.clone());
     let stream_error = |what: &str, e: &dyn std::fmt::Display| VerifyError::Stream {
         stream: n.stream.clone(),
         what: what.to_owned(),
@@ -177,7 +177,7 @@ pub async fn verify(
     let mut scan = StreamScan::new(opts.payloads, &n.dead_letter_subject);
     let mut tick = |read: u64| progress(format!("verify: {read} messages read"));
     if state.messages > 0 {
-        scan.read(&js_stream, &n.stream, start, state.last_sequence, &mut tick)
+        scan.read(&nats, &n.stream, start, state.last_sequence, &mut tick)
             .await?;
     }
     let mut candidates = compare::merge(&mut rows, &mut scan.msgs, opts.payloads);
@@ -192,8 +192,7 @@ pub async fn verify(
             .state
             .last_sequence;
         let from = start.max(scan.last_read + 1);
-        scan.read(&js_stream, &n.stream, from, now, &mut tick)
-            .await?;
+        scan.read(&nats, &n.stream, from, now, &mut tick).await?;
         candidates = compare::merge(&mut rows, &mut scan.msgs, opts.payloads);
     }
     report.messages = scan.messages;
@@ -275,7 +274,11 @@ pub async fn verify(
                 in_flight_possible: !table
                     .slot_passed_snapshot(pg, &settings.config().postgres.slot)
                     .await,
-                older_than: (start > 1).then_some(scan.first_time_us.unwrap_or(i64::MAX)),
+                older_than: if start > 1 {
+                    Some(first_time_us(&js_stream, report.first_sequence).await)
+                } else {
+                    None
+                },
                 stream: &js_stream,
             };
             second_look(pg, table, settings, &rows, candidates, &ctx, &mut report).await?;
@@ -399,6 +402,16 @@ async fn second_look(
         })
         .await?;
     Ok(())
+}
+
+/// The store time (µs since the epoch) of the first message read, at `seq`: rows created before it
+/// are older than the stream. When it cannot be read (gone meanwhile, or none), every absent row
+/// counts as older than the stream, which errs towards "not checked" rather than "missing".
+async fn first_time_us(stream: &jetstream::stream::Stream, seq: u64) -> i64 {
+    match stream.get_raw_message(seq).await {
+        Ok(m) => (m.time.unix_timestamp_nanos() / 1000) as i64,
+        Err(_) => i64::MAX,
+    }
 }
 
 /// The relay's event id, subject and `Outbox-Position` of the message at `seq` (`None` when it

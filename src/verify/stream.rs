@@ -1,6 +1,7 @@
 //! Reading the relay's stream for `verify`: every stored message of a sequence range through an
-//! ephemeral ordered consumer (in memory, one replica, no acks, removed by the server once idle:
-//! nothing durable is left behind), headers only unless `--payloads` needs the bodies. Each message
+//! ephemeral push consumer ([`ClientReader`], the one a resumed session reads its replay back
+//! with: in memory, one replica, no acks, removed by the server 5 s after the read, so nothing
+//! durable is left behind), headers only unless `--payloads` needs the bodies. Each message
 //! becomes a compact [`MsgRec`]; on the way the order of `Outbox-Position` is checked and messages
 //! without the relay's headers are set aside as foreign.
 //!
@@ -11,14 +12,10 @@
 
 use std::time::Duration;
 
-use async_nats::jetstream::consumer::DeliverPolicy;
-use async_nats::jetstream::consumer::pull::OrderedConfig;
-use async_nats::jetstream::stream::Stream;
-use futures_util::StreamExt;
-
 use super::VerifyError;
 use super::compare::{MsgRec, hash64};
 use crate::position::Position;
+use crate::sink::ClientReader;
 
 /// How long to wait for the next message before giving up on the read.
 const READ_TIMEOUT: Duration = Duration::from_secs(30);
@@ -38,8 +35,6 @@ pub(crate) struct StreamScan {
     pub(crate) out_of_order: Vec<u64>,
     /// The last sequence read (0 before any).
     pub(crate) last_read: u64,
-    /// The store time of the first message read, µs since the epoch.
-    pub(crate) first_time_us: Option<i64>,
     /// The history and position of the relay's last message read.
     prev: Option<(String, Position)>,
     /// Read and hash the payloads (`--payloads`).
@@ -81,7 +76,7 @@ impl StreamScan {
     /// the messages read so far.
     pub(crate) async fn read(
         &mut self,
-        stream: &Stream,
+        client: &async_nats::Client,
         name: &str,
         from: u64,
         to: u64,
@@ -90,57 +85,32 @@ impl StreamScan {
         if from > to {
             return Ok(());
         }
-        let nats = |what: &str, e: &dyn std::fmt::Display| VerifyError::Stream {
+        let nats = |what: &str, detail: String| VerifyError::Stream {
             stream: name.to_owned(),
             what: what.to_owned(),
-            detail: e.to_string(),
+            detail,
         };
-        let consumer = stream
-            .create_consumer(OrderedConfig {
-                deliver_policy: DeliverPolicy::ByStartSequence {
-                    start_sequence: from,
-                },
-                headers_only: !self.payloads,
-                description: Some("outbox-relay verify: reading the stream".into()),
-                ..Default::default()
-            })
-            .await
-            .map_err(|e| nats("creating an ephemeral ordered consumer", &e))?;
-        let mut messages = consumer
-            .messages()
-            .await
-            .map_err(|e| nats("reading through the ordered consumer", &e))?;
+        let mut reader = ClientReader::start_with(
+            client,
+            name,
+            from,
+            to,
+            READ_TIMEOUT,
+            !self.payloads,
+            "outbox-relay verify: reading the stream",
+        )
+        .await
+        .map_err(|e| nats("reading", e))?;
         let mut last_progress = std::time::Instant::now();
-        loop {
-            let m = match tokio::time::timeout(READ_TIMEOUT, messages.next()).await {
-                Err(_) => {
-                    return Err(nats(
-                        "reading",
-                        &format!(
-                            "no message within {READ_TIMEOUT:?} after sequence {}",
-                            self.last_read
-                        ),
-                    ));
-                }
-                Ok(None) => return Err(nats("reading", &"the consumer ended")),
-                Ok(Some(Err(e))) => return Err(nats("reading", &e)),
-                Ok(Some(Ok(m))) => m,
-            };
-            let info = m.info().map_err(|e| nats("reading", &e))?;
-            let (seq, pending) = (info.stream_sequence, info.pending);
-            if seq > to {
-                break;
-            }
-            if self.first_time_us.is_none() {
-                self.first_time_us = Some((info.published.unix_timestamp_nanos() / 1000) as i64);
-            }
+        while let Some((seq, m)) = reader
+            .next_message()
+            .await
+            .map_err(|e| nats("reading", e))?
+        {
             self.take(seq, m.subject.as_str(), m.headers.as_ref(), &m.payload);
             if last_progress.elapsed() >= PROGRESS_EVERY {
                 last_progress = std::time::Instant::now();
                 progress(self.messages);
-            }
-            if seq >= to || pending == 0 {
-                break;
             }
         }
         progress(self.messages);
