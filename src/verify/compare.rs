@@ -14,42 +14,52 @@
 use std::hash::{Hash, Hasher};
 
 /// The hash every side uses: SipHash with fixed keys (`DefaultHasher::new`), the same within one
-/// process, which is all a comparison within one run needs.
+/// process, which is all a comparison within one run needs. A row and a message are each two or
+/// three hashes: the id's, and one of what else must match (subject, and payload with `--payloads`),
+/// so the records stay 16 and 24 bytes whatever is compared.
 pub(crate) fn hash64(bytes: &[u8]) -> u64 {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     bytes.hash(&mut h);
     h.finish()
 }
 
-/// One outbox row, as the comparison needs it: 40 bytes.
+/// The content hash of a dead letter, and of a row the template gives no subject (which only a dead
+/// letter delivers). [`content_hash`] never gives it.
+pub(crate) const DEAD_LETTER: u64 = 0;
+
+/// The hash of what a message carries besides its id: its subject and, with `--payloads`, its body.
+pub(crate) fn content_hash(subject: &str, payload: Option<&[u8]>) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    subject.hash(&mut h);
+    if let Some(p) = payload {
+        p.hash(&mut h);
+    }
+    match h.finish() {
+        DEAD_LETTER => 1,
+        x => x,
+    }
+}
+
+/// One outbox row, as the comparison needs it: 16 bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct RowRec {
     /// Hash of the event id's text form.
     pub(crate) id: u64,
-    /// Hash of the subject the template gives it; `None` when the template gives none (the relay
-    /// makes the event a dead letter).
-    pub(crate) subject: Option<u64>,
-    /// Hash of the payload as the relay publishes it (0 without `--payloads`).
-    pub(crate) payload: u64,
-    /// The creation time in microseconds since the epoch, when the table has the column.
-    pub(crate) created_us: Option<i64>,
-    /// Created within the in-flight window before the rows were read.
-    pub(crate) young: bool,
+    /// [`content_hash`] of the subject the template gives it (and its payload), or [`DEAD_LETTER`]
+    /// when the relay makes it a dead letter.
+    pub(crate) content: u64,
 }
 
-/// One stored message of the relay's: 40 bytes.
+/// One stored message of the relay's: 24 bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct MsgRec {
     /// Hash of its event id (`Outbox-Event-Id`, else `Nats-Msg-Id`).
     pub(crate) id: u64,
     /// Its stream sequence.
     pub(crate) seq: u64,
-    /// Hash of its subject.
-    pub(crate) subject: u64,
-    /// Hash of its payload (0 without `--payloads`).
-    pub(crate) payload: u64,
-    /// A dead letter: delivered, but neither routed nor carrying the payload as such.
-    pub(crate) dead_letter: bool,
+    /// [`content_hash`] of its subject (and payload); [`DEAD_LETTER`] for a dead letter, which
+    /// delivers its row whatever it carries.
+    pub(crate) content: u64,
 }
 
 /// What a row's message (or its absence) says about the row.
@@ -57,10 +67,9 @@ pub(crate) struct MsgRec {
 pub(crate) enum RowFinding {
     /// No message with its id.
     Absent,
-    /// Its first copy is on another subject than the template gives (sequence of that copy).
-    Misrouted(u64),
-    /// Its first copy's payload differs from the row's (sequence of that copy).
-    PayloadDiffers(u64),
+    /// Its first copy (at this sequence) carries another subject or payload than the row gives:
+    /// the exact second look tells which.
+    Differs(u64),
 }
 
 /// The candidates the merge found, before the exact second look.
@@ -72,9 +81,8 @@ pub(crate) struct Candidates {
     pub(crate) second_copies: Vec<(u64, u64)>,
 }
 
-/// Sorts both sides by id hash (messages then by sequence) and merges them. `payloads`: compare
-/// payload hashes too.
-pub(crate) fn merge(rows: &mut [RowRec], msgs: &mut [MsgRec], payloads: bool) -> Candidates {
+/// Sorts both sides by id hash (messages then by sequence) and merges them.
+pub(crate) fn merge(rows: &mut [RowRec], msgs: &mut [MsgRec]) -> Candidates {
     rows.sort_unstable_by_key(|r| r.id);
     msgs.sort_unstable_by_key(|m| (m.id, m.seq));
     let mut out = Candidates::default();
@@ -92,15 +100,8 @@ pub(crate) fn merge(rows: &mut [RowRec], msgs: &mut [MsgRec], payloads: bool) ->
             out.rows.push((i, RowFinding::Absent));
             continue;
         };
-        let routed = match row.subject {
-            Some(subject) => first.dead_letter || first.subject == subject,
-            // The template gives no subject: only a dead letter is right.
-            None => first.dead_letter,
-        };
-        if !routed {
-            out.rows.push((i, RowFinding::Misrouted(first.seq)));
-        } else if payloads && !first.dead_letter && first.payload != row.payload {
-            out.rows.push((i, RowFinding::PayloadDiffers(first.seq)));
+        if first.content != DEAD_LETTER && first.content != row.content {
+            out.rows.push((i, RowFinding::Differs(first.seq)));
         }
     }
     out
@@ -113,10 +114,7 @@ mod tests {
     fn row(id: &str, subject: &str, payload: &str) -> RowRec {
         RowRec {
             id: hash64(id.as_bytes()),
-            subject: Some(hash64(subject.as_bytes())),
-            payload: hash64(payload.as_bytes()),
-            created_us: None,
-            young: false,
+            content: content_hash(subject, Some(payload.as_bytes())),
         }
     }
 
@@ -124,9 +122,7 @@ mod tests {
         MsgRec {
             id: hash64(id.as_bytes()),
             seq,
-            subject: hash64(subject.as_bytes()),
-            payload: hash64(payload.as_bytes()),
-            dead_letter: false,
+            content: content_hash(subject, Some(payload.as_bytes())),
         }
     }
 
@@ -147,39 +143,43 @@ mod tests {
             msg("e-5", 7, "outbox.Claim", "{}"),
             msg("gone", 5, "outbox.Claim", "{}"),
         ];
-        let c = merge(&mut rows, &mut msgs, true);
+        let c = merge(&mut rows, &mut msgs);
         assert_eq!(c.second_copies, vec![(4, 7)]);
         let mut found: Vec<(u64, RowFinding)> =
             c.rows.iter().map(|&(i, f)| (rows[i].id, f)).collect();
         found.sort_by_key(|x| x.0);
         let mut want = vec![
             (hash64(b"e-2"), RowFinding::Absent),
-            (hash64(b"e-3"), RowFinding::PayloadDiffers(2)),
-            (hash64(b"e-4"), RowFinding::Misrouted(3)),
+            (hash64(b"e-3"), RowFinding::Differs(2)),
+            (hash64(b"e-4"), RowFinding::Differs(3)),
         ];
         want.sort_by_key(|x| x.0);
         assert_eq!(found, want);
-        // Without --payloads the payload is not compared.
-        let c = merge(&mut rows, &mut msgs, false);
-        assert_eq!(c.rows.len(), 2);
 
         let mut rows = vec![row("e-1", "outbox.Claim", "{}")];
         let mut msgs = vec![msg("e-1", 1, "outbox.Claim", "{}")];
-        let c = merge(&mut rows, &mut msgs, true);
+        let c = merge(&mut rows, &mut msgs);
         assert!(c.rows.is_empty() && c.second_copies.is_empty());
+        assert_eq!(std::mem::size_of::<RowRec>(), 16);
+        assert_eq!(std::mem::size_of::<MsgRec>(), 24);
     }
 
     #[test]
     fn a_dead_letter_delivers_its_row_and_a_row_without_a_subject_needs_one() {
-        let mut unroutable = row("e-1", "", "{}");
-        unroutable.subject = None;
+        let unroutable = RowRec {
+            id: hash64(b"e-1"),
+            content: DEAD_LETTER,
+        };
         let mut rows = vec![unroutable, row("e-2", "outbox.Claim", "{}")];
-        let mut dl = msg("e-2", 2, "outbox_dead_letter", "");
-        dl.dead_letter = true;
+        let dl = MsgRec {
+            id: hash64(b"e-2"),
+            seq: 2,
+            content: DEAD_LETTER,
+        };
         let mut msgs = vec![msg("e-1", 1, "outbox.Claim", "{}"), dl];
-        let c = merge(&mut rows, &mut msgs, true);
+        let c = merge(&mut rows, &mut msgs);
         assert_eq!(c.rows.len(), 1);
         assert_eq!(rows[c.rows[0].0].id, hash64(b"e-1"));
-        assert_eq!(c.rows[0].1, RowFinding::Misrouted(1));
+        assert_eq!(c.rows[0].1, RowFinding::Differs(1));
     }
 }

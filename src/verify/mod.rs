@@ -26,7 +26,7 @@ mod report;
 mod rows;
 mod stream;
 
-use compare::{RowFinding, RowRec, hash64};
+use compare::{DEAD_LETTER, RowFinding, RowRec, content_hash, hash64};
 pub use report::{Example, VerifyReport};
 use rows::Table;
 use stream::{StreamScan, event_id};
@@ -128,21 +128,13 @@ pub async fn verify(
                 "outbox_relay_verify_rows",
                 async |r| {
                     let Some(id) = r.id else { return Ok(true) };
-                    let subject = template
-                        .render(
-                            r.aggregate_type.unwrap_or(""),
-                            r.event_type.unwrap_or(""),
-                            r.aggregate_id.unwrap_or(""),
-                        )
-                        .ok()
-                        .filter(|_| r.event_type.is_some())
-                        .map(|s| hash64(s.as_bytes()));
+                    let content = match expected_subject(template, &r) {
+                        Some(subject) => content_hash(&subject, opts.payloads.then_some(r.payload)),
+                        None => DEAD_LETTER,
+                    };
                     rows.push(RowRec {
                         id: hash64(id.as_bytes()),
-                        subject,
-                        payload: if opts.payloads { hash64(r.payload) } else { 0 },
-                        created_us: r.created_us,
-                        young: r.young,
+                        content,
                     });
                     if rows.len().is_multiple_of(100_000) {
                         progress(format!("verify: {} rows read", rows.len()));
@@ -180,7 +172,7 @@ pub async fn verify(
         scan.read(&nats, &n.stream, start, state.last_sequence, &mut tick)
             .await?;
     }
-    let mut candidates = compare::merge(&mut rows, &mut scan.msgs, opts.payloads);
+    let mut candidates = compare::merge(&mut rows, &mut scan.msgs);
     let absent = |c: &compare::Candidates| c.rows.iter().any(|(_, f)| *f == RowFinding::Absent);
     if absent(&candidates) {
         // A row committed just before the snapshot may still be on its way to the stream.
@@ -193,7 +185,7 @@ pub async fn verify(
             .last_sequence;
         let from = start.max(scan.last_read + 1);
         scan.read(&nats, &n.stream, from, now, &mut tick).await?;
-        candidates = compare::merge(&mut rows, &mut scan.msgs, opts.payloads);
+        candidates = compare::merge(&mut rows, &mut scan.msgs);
     }
     report.messages = scan.messages;
     report.first_sequence = if scan.messages > 0 { start } else { 0 };
@@ -270,6 +262,7 @@ pub async fn verify(
                 report.skipped.push("payloads (give --payloads)".into());
             }
             let ctx = RowsCtx {
+                payloads: opts.payloads,
                 // A relay that confirmed past the snapshot has nothing of it in flight.
                 in_flight_possible: !table
                     .slot_passed_snapshot(pg, &settings.config().postgres.slot)
@@ -305,6 +298,8 @@ pub async fn verify(
 
 /// What the rows' second look needs besides the rows.
 struct RowsCtx<'a> {
+    /// `--payloads`.
+    payloads: bool,
     /// The relay's slot has not confirmed past the snapshot: a young absent row may be in flight.
     in_flight_possible: bool,
     /// With a stream whose first sequence read is above 1: the store time (µs) of that first
@@ -334,58 +329,62 @@ async fn second_look(
         .collect();
     by_hash.sort_unstable_by_key(|x| x.0);
     let o = &settings.config().outbox;
+    let payloads = ctx.payloads;
     table
-        .scan(pg, o, false, "outbox_relay_verify_look", async |r| {
+        .scan(pg, o, payloads, "outbox_relay_verify_look", async |r| {
             let Some(id) = r.id else { return Ok(true) };
             let h = hash64(id.as_bytes());
             let Ok(k) = by_hash.binary_search_by_key(&h, |x| x.0) else {
                 return Ok(true);
             };
-            let (_, finding, i) = by_hash[k];
-            let row = rows[i];
+            let (_, finding, _) = by_hash[k];
             let class = match finding {
                 RowFinding::Absent
                     if ctx
                         .older_than
-                        .is_some_and(|t| row.created_us.is_none_or(|c| c < t)) =>
+                        .is_some_and(|t| r.created_us.is_none_or(|c| c < t)) =>
                 {
                     "older_than_stream"
                 }
                 // Not yet in the stream while the relay has not confirmed past the snapshot.
-                RowFinding::Absent if row.young && ctx.in_flight_possible => "in_flight",
+                RowFinding::Absent if r.young && ctx.in_flight_possible => "in_flight",
                 RowFinding::Absent => "missing",
-                RowFinding::Misrouted(seq) | RowFinding::PayloadDiffers(seq) => {
-                    // The message the merge paired with the row must carry the row's own id.
-                    let m = message(ctx.stream, seq).await.ok().flatten();
-                    let Some((mid, subject, _)) = m else {
-                        return Ok(true);
+                RowFinding::Differs(seq) => {
+                    // The message the merge paired with the row, read again: it must carry the
+                    // row's own id, and its subject or payload must really differ.
+                    let m = match ctx.stream.get_raw_message(seq).await {
+                        Ok(m) => m,
+                        Err(_) => return Ok(true),
                     };
-                    if mid != id {
+                    if event_id(Some(&m.headers)) != Some(id) {
                         return Ok(true);
                     }
-                    let class = if matches!(finding, RowFinding::Misrouted(_)) {
-                        "misrouted"
-                    } else {
-                        "payload_differs"
+                    let expected = expected_subject(&settings.subject, &r);
+                    let (class, detail) = match expected {
+                        Some(e) if e == m.subject.as_str() => {
+                            if payloads && m.payload.as_ref() != r.payload {
+                                (
+                                    "payload_differs",
+                                    "the payload differs from the row's".to_owned(),
+                                )
+                            } else {
+                                return Ok(true);
+                            }
+                        }
+                        Some(e) => (
+                            "misrouted",
+                            format!("stored on {}, the template gives {e}", m.subject),
+                        ),
+                        None => (
+                            "misrouted",
+                            format!("stored on {}, the row can only be a dead letter", m.subject),
+                        ),
                     };
                     report.add(class, || {
                         Some(Example {
                             event_id: id.to_owned(),
                             sequence: Some(seq),
-                            detail: Some(match finding {
-                                RowFinding::Misrouted(_) => format!(
-                                    "stored on {subject}, the template gives {}",
-                                    settings
-                                        .subject
-                                        .render(
-                                            r.aggregate_type.unwrap_or(""),
-                                            r.event_type.unwrap_or(""),
-                                            r.aggregate_id.unwrap_or("")
-                                        )
-                                        .unwrap_or_else(|e| format!("none ({e})"))
-                                ),
-                                _ => "the payload differs from the row's".into(),
-                            }),
+                            detail: Some(detail),
                         })
                     });
                     return Ok(true);
@@ -402,6 +401,20 @@ async fn second_look(
         })
         .await?;
     Ok(())
+}
+
+/// The subject the relay gives the row, `None` when it makes the row a dead letter (no aggregate
+/// or event type, or a value the template cannot take).
+fn expected_subject(
+    template: &crate::route::SubjectTemplate,
+    r: &rows::RowView<'_>,
+) -> Option<String> {
+    let (Some(aggregate_type), Some(event_type)) = (r.aggregate_type, r.event_type) else {
+        return None;
+    };
+    template
+        .render(aggregate_type, event_type, r.aggregate_id.unwrap_or(""))
+        .ok()
 }
 
 /// The store time (µs since the epoch) of the first message read, at `seq`: rows created before it

@@ -13,7 +13,7 @@
 use std::time::Duration;
 
 use super::VerifyError;
-use super::compare::{MsgRec, hash64};
+use super::compare::{DEAD_LETTER, MsgRec, content_hash, hash64};
 use crate::position::Position;
 use crate::sink::ClientReader;
 
@@ -148,9 +148,11 @@ impl StreamScan {
         self.msgs.push(MsgRec {
             id: hash64(id.as_bytes()),
             seq,
-            subject: hash64(subject.as_bytes()),
-            payload: if self.payloads { hash64(payload) } else { 0 },
-            dead_letter,
+            content: if dead_letter {
+                DEAD_LETTER
+            } else {
+                content_hash(subject, self.payloads.then_some(payload))
+            },
         });
     }
 }
