@@ -168,6 +168,9 @@ pub async fn verify(
     let start = state.first_sequence.max(opts.from_sequence.unwrap_or(1));
     let mut scan = StreamScan::new(opts.payloads, &n.dead_letter_subject);
     let mut tick = |read: u64| progress(format!("verify: {read} messages read"));
+    // Exactly the records needed, not a doubling Vec's slack (24 bytes a message).
+    scan.msgs
+        .reserve_exact(usize::try_from(state.messages).unwrap_or(0));
     if state.messages > 0 {
         scan.read(&nats, &n.stream, start, state.last_sequence, &mut tick)
             .await?;
@@ -188,7 +191,7 @@ pub async fn verify(
         candidates = compare::merge(&mut rows, &mut scan.msgs);
     }
     report.messages = scan.messages;
-    report.first_sequence = if scan.messages > 0 { start } else { 0 };
+    report.first_sequence = scan.first_read;
     report.last_sequence = scan.last_read;
 
     // Once: each second copy, confirmed by reading both copies' ids.

@@ -33,6 +33,8 @@ pub(crate) struct StreamScan {
     pub(crate) foreign: Vec<u64>,
     /// Sequences of the relay's messages whose position is not above the one before.
     pub(crate) out_of_order: Vec<u64>,
+    /// The first sequence read (0 before any).
+    pub(crate) first_read: u64,
     /// The last sequence read (0 before any).
     pub(crate) last_read: u64,
     /// The history and position of the relay's last message read.
@@ -126,6 +128,9 @@ impl StreamScan {
         payload: &[u8],
     ) {
         self.messages += 1;
+        if self.first_read == 0 {
+            self.first_read = seq;
+        }
         self.last_read = seq;
         let position = headers
             .and_then(|h| h.get("Outbox-Position"))
