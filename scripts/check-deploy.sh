@@ -36,6 +36,17 @@ if command -v systemd-analyze >/dev/null 2>&1; then
     exit 1
   fi
   echo "systemd-analyze verify: deploy/systemd/outbox-relay.service is valid"
+  # The daily proof of delivery: its oneshot service and timer, the same way.
+  sed "s#/usr/local/bin/outbox-relay#$dir/outbox-relay#" deploy/systemd/outbox-relay-verify.service \
+    >"$dir/outbox-relay-verify.service"
+  cp deploy/systemd/outbox-relay-verify.timer "$dir/"
+  out=$(systemd-analyze verify "$dir/outbox-relay-verify.service" "$dir/outbox-relay-verify.timer" 2>&1) \
+    || { echo "$out" >&2; exit 1; }
+  if [ -n "$out" ]; then
+    echo "systemd-analyze verify: $out" >&2
+    exit 1
+  fi
+  echo "systemd-analyze verify: deploy/systemd/outbox-relay-verify.service and .timer are valid"
   systemd-analyze security --offline=yes "$dir/outbox-relay.service" 2>/dev/null | tail -n 1 || true
 else
   echo "skipped: systemd-analyze not installed; deploy/systemd/outbox-relay.service not verified"

@@ -147,6 +147,8 @@ sleep 1
 
 say "Result"
 "$RELAY" status | sed 's/^/   /'
+note "proof of delivery: the outbox table's rows against the stream (exit 0: once and in order)"
+"$RELAY" verify --payloads | sed 's/^/     /' # pipefail: a difference (exit 1) ends the demo
 note "payments made: $(payments) for 6 approved claims"
 psql_ -d payments -c "SELECT event_id, claim_id, amount FROM payments ORDER BY event_id"
 note "relay log:"

@@ -19,7 +19,7 @@
 //!    ▼                                  │                      session  start / run / drain of one session
 //!  route      subject from a template; token checks            monitor  NATS state, slot lag sampler
 //!    ▼                                  │                    error      RelayError (stop) · Restart (retry)
-//!  sink/      one publisher: window (messages + bytes), acks,
+//!  sink/      one publisher: window (messages + bytes), acks, verify     rows against the stream, read only
 //!    │        fence (skip stored, expected sequence), dead letters
 //!    ▼                                  │
 //!  progress   in-order tracker → confirmed LSN = Commit.end_lsn
@@ -69,5 +69,6 @@ pub(crate) mod stored;
 pub(crate) mod telemetry;
 #[cfg(feature = "test-support")]
 pub mod testkit;
+pub mod verify;
 
 pub use lsn::Lsn;

@@ -410,7 +410,9 @@ fn settings_in_the_deploy_files_are_real_settings() {
         "deploy/kubernetes/configmap.yaml",
         "deploy/kubernetes/deployment.yaml",
         "deploy/kubernetes/secret.yaml",
+        "deploy/kubernetes/verify-cronjob.yaml",
         "deploy/systemd/outbox-relay.service",
+        "deploy/systemd/outbox-relay-verify.service",
         "deploy/systemd/outbox-relay.env.example",
         "docker-compose.yml",
     ];

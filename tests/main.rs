@@ -30,3 +30,4 @@ mod smoke;
 mod source;
 mod telemetry;
 mod truth;
+mod verify;

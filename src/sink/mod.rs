@@ -29,6 +29,7 @@ mod port;
 mod prove;
 mod publish;
 mod readback;
+pub(crate) use readback::ClientReader;
 mod settle;
 
 use std::collections::VecDeque;

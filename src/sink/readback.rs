@@ -1,6 +1,9 @@
 //! Reading a range of the stream's messages back, headers only, in bulk: what the replay's proof
 //! ([`super::Sink::prove_skipped`]) compares with the events it skipped. A replay can be as long as
-//! the largest transaction, so the read holds one message at a time, never the range.
+//! the largest transaction, so the read holds one message at a time, never the range. `verify`
+//! ([`crate::verify`]) reads the whole stream the same way, with the payloads when it compares them
+//! ([`ClientReader::start_with`], [`ClientReader::next_message`]): a push consumer needs no
+//! permission beyond the relay's own (a pull consumer's `$JS.API.CONSUMER.MSG.NEXT` requests would).
 //!
 //! Against nats-server it is an ephemeral push consumer (`$JS.API.CONSUMER.CREATE.<stream>`) that
 //! starts at the first sequence, delivers headers only (`headers_only`: the payloads stay on the
@@ -53,7 +56,7 @@ impl Reader {
 }
 
 /// The read through an ephemeral push consumer; see the module docs.
-pub(super) struct ClientReader {
+pub(crate) struct ClientReader {
     client: async_nats::Client,
     context: async_nats::jetstream::Context,
     sub: Subscriber,
@@ -77,6 +80,29 @@ impl ClientReader {
         to: u64,
         timeout: Duration,
     ) -> Result<ClientReader, String> {
+        Self::start_with(
+            client,
+            stream,
+            from,
+            to,
+            timeout,
+            true,
+            "outbox-relay: reading back a replay's messages",
+        )
+        .await
+    }
+
+    /// [`ClientReader::start`], with the payloads unless `headers_only`, and the consumer's
+    /// description (what an operator listing the stream's consumers sees).
+    pub(crate) async fn start_with(
+        client: &async_nats::Client,
+        stream: &str,
+        from: u64,
+        to: u64,
+        timeout: Duration,
+        headers_only: bool,
+        description: &str,
+    ) -> Result<ClientReader, String> {
         let context = async_nats::jetstream::ContextBuilder::new()
             .timeout(timeout)
             .build(client.clone());
@@ -87,12 +113,12 @@ impl ClientReader {
             .map_err(|e| format!("subscribing to {deliver}: {e}"))?;
         let config = push::Config {
             deliver_subject: deliver,
-            description: Some("outbox-relay: reading back a replay's messages".into()),
+            description: Some(description.into()),
             deliver_policy: DeliverPolicy::ByStartSequence {
                 start_sequence: from,
             },
             ack_policy: AckPolicy::None,
-            headers_only: true,
+            headers_only,
             flow_control: true,
             idle_heartbeat: HEARTBEAT,
             inactive_threshold: INACTIVE,
@@ -120,6 +146,17 @@ impl ClientReader {
     }
 
     async fn next(&mut self) -> Result<Option<(u64, HeaderMap)>, String> {
+        Ok(self
+            .next_message()
+            .await?
+            .map(|(seq, m)| (seq, m.headers.unwrap_or_default())))
+    }
+
+    /// The next stored message of the range, whole, with its stream sequence; `None` once the
+    /// range is read.
+    pub(crate) async fn next_message(
+        &mut self,
+    ) -> Result<Option<(u64, async_nats::Message)>, String> {
         let deadline = tokio::time::Instant::now() + self.timeout;
         loop {
             if self.done {
@@ -172,7 +209,10 @@ impl ClientReader {
     }
 
     /// A delivered message, checked to be this consumer's next one: `None` past the range.
-    fn delivery(&mut self, m: async_nats::Message) -> Result<Option<(u64, HeaderMap)>, String> {
+    fn delivery(
+        &mut self,
+        m: async_nats::Message,
+    ) -> Result<Option<(u64, async_nats::Message)>, String> {
         let m = async_nats::jetstream::Message {
             message: m,
             context: self.context.clone(),
@@ -201,7 +241,7 @@ impl ClientReader {
         if seq > self.to {
             return Ok(None);
         }
-        Ok(Some((seq, m.message.headers.unwrap_or_default())))
+        Ok(Some((seq, m.message)))
     }
 }
 

@@ -1,0 +1,254 @@
+//! Reading the outbox table for `verify`: the rows still there (retention deletes old ones) that
+//! match `--where` and `--since`, in one READ ONLY, REPEATABLE READ transaction held open for the
+//! whole run, so the exact second look at the candidates reads the same snapshot as the first pass.
+//! Rows come through a server-side cursor, [`FETCH_ROWS`] at a time: memory stays bounded.
+//!
+//! Columns are the configured ones (`outbox.*_column`), a partitioned table is read through its
+//! parent. The creation time is the column `created_at` when the table has one (as
+//! `sql/01_outbox_table.sql` creates it): `--since` filters on it, and it tells a row committed in
+//! the last seconds (in flight) and a row older than the stream's first message from a missing one.
+
+use futures_util::TryStreamExt;
+use tokio_postgres::{Client, Row};
+
+use super::VerifyError;
+use crate::Lsn;
+use crate::config::OutboxConfig;
+use crate::source::quote_ident;
+
+/// Rows per `FETCH`.
+const FETCH_ROWS: u32 = 5000;
+/// The creation-time column `verify` looks for.
+pub(crate) const CREATED_COLUMN: &str = "created_at";
+/// A row created this recently, not yet in the stream, is in flight rather than missing.
+pub(crate) const IN_FLIGHT_SECS: u32 = 10;
+/// `pg_type.dat`.
+const BYTEA_OID: u32 = 17;
+
+/// What the table offers.
+#[derive(Debug, Clone)]
+pub(crate) struct Table {
+    /// `"schema"."name"`.
+    pub(crate) qualified: String,
+    /// The payload column is bytea (published as its bytes), not text-like (published as text).
+    bytea: bool,
+    /// The table has a `created_at` timestamp column.
+    pub(crate) has_created: bool,
+    /// The row predicate: `--where` and `--since`, as SQL.
+    predicate: String,
+    /// The WAL position when the snapshot was taken: every row it shows committed before it.
+    pub(crate) snapshot_lsn: Option<Lsn>,
+}
+
+/// One row as read: the fields in [`Table::select`]'s order.
+pub(crate) struct RowView<'a> {
+    pub(crate) id: Option<&'a str>,
+    pub(crate) aggregate_type: Option<&'a str>,
+    pub(crate) event_type: Option<&'a str>,
+    pub(crate) aggregate_id: Option<&'a str>,
+    pub(crate) created_us: Option<i64>,
+    pub(crate) young: bool,
+    pub(crate) payload: &'a [u8],
+}
+
+/// A failed query as [`VerifyError::Query`].
+pub(crate) fn query_error(
+    table: &str,
+    what: &str,
+) -> impl FnOnce(tokio_postgres::Error) -> VerifyError {
+    let table = table.to_owned();
+    let what = what.to_owned();
+    move |e: tokio_postgres::Error| VerifyError::Query {
+        table,
+        what,
+        detail: match e.as_db_error() {
+            Some(db) => format!("{} ({})", db.message(), db.code().code()),
+            None => e.to_string(),
+        },
+    }
+}
+
+impl Table {
+    /// Opens the snapshot and looks up the payload's type and the creation-time column.
+    pub(crate) async fn open(
+        pg: &Client,
+        o: &OutboxConfig,
+        where_sql: Option<&str>,
+        since: Option<&str>,
+    ) -> Result<Table, VerifyError> {
+        let (schema, name) = o.table_parts();
+        let qualified = format!("{}.{}", quote_ident(schema), quote_ident(name));
+        pg.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            .await
+            .map_err(query_error(&o.table, "BEGIN"))?;
+        let snapshot_lsn = pg
+            .query_one(
+                "SELECT (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() \
+                 ELSE pg_current_wal_lsn() END)::text",
+                &[],
+            )
+            .await
+            .ok()
+            .and_then(|r| r.get::<_, Option<String>>(0))
+            .and_then(|s| s.parse().ok());
+        let columns = pg
+            .query(
+                "SELECT attname::text, atttypid::oid FROM pg_attribute \
+                 WHERE attrelid = $1::text::regclass AND attnum > 0 AND NOT attisdropped",
+                &[&qualified],
+            )
+            .await
+            .map_err(query_error(
+                &o.table,
+                "reading its columns (does outbox.table exist?)",
+            ))?;
+        let type_of = |col: &str| {
+            columns
+                .iter()
+                .find(|r| r.get::<_, &str>(0) == col)
+                .map(|r| r.get::<_, u32>(1))
+        };
+        for (key, col) in [
+            ("outbox.id_column", &o.id_column),
+            ("outbox.aggregate_type_column", &o.aggregate_type_column),
+            ("outbox.aggregate_id_column", &o.aggregate_id_column),
+            ("outbox.event_type_column", &o.event_type_column),
+            ("outbox.payload_column", &o.payload_column),
+        ] {
+            if type_of(col).is_none() {
+                return Err(VerifyError::Query {
+                    table: o.table.clone(),
+                    what: key.into(),
+                    detail: format!("the table has no column {col:?}: set {key} to its name"),
+                });
+            }
+        }
+        let bytea = type_of(&o.payload_column) == Some(BYTEA_OID);
+        // timestamptz 1184, timestamp 1114.
+        let has_created = matches!(type_of(CREATED_COLUMN), Some(1184 | 1114));
+        let mut predicate = format!("({})", where_sql.unwrap_or("true"));
+        if let Some(since) = since {
+            if !has_created {
+                return Err(VerifyError::Since(o.table.clone()));
+            }
+            predicate.push_str(&format!(
+                " AND {} >= '{}'::timestamptz",
+                quote_ident(CREATED_COLUMN),
+                since.replace('\'', "''")
+            ));
+        }
+        Ok(Table {
+            qualified,
+            bytea,
+            has_created,
+            predicate,
+            snapshot_lsn,
+        })
+    }
+
+    /// The query: id, aggregate type, event type, aggregate id, created (µs), young, payload.
+    fn select(&self, o: &OutboxConfig, payloads: bool) -> String {
+        let text = |c: &str| format!("{}::text", quote_ident(c));
+        let (created, young) = if self.has_created {
+            let c = quote_ident(CREATED_COLUMN);
+            (
+                format!("(extract(epoch FROM {c}) * 1000000)::int8"),
+                format!("coalesce({c} > now() - interval '{IN_FLIGHT_SECS} seconds', false)"),
+            )
+        } else {
+            ("NULL::int8".into(), "false".into())
+        };
+        let payload = match (payloads, self.bytea) {
+            (false, _) => "NULL::bytea".into(),
+            (true, true) => quote_ident(&o.payload_column),
+            (true, false) => format!(
+                "convert_to({}::text, 'UTF8')",
+                quote_ident(&o.payload_column)
+            ),
+        };
+        format!(
+            "SELECT {}, {}, {}, {}, {created}, {young}, {payload} FROM {} WHERE {}",
+            text(&o.id_column),
+            text(&o.aggregate_type_column),
+            text(&o.event_type_column),
+            text(&o.aggregate_id_column),
+            self.qualified,
+            self.predicate
+        )
+    }
+
+    /// Whether the relay's slot (`slot`) has confirmed past the snapshot: then every row the
+    /// snapshot shows was acknowledged by JetStream, and none is in flight. `false` when unknown.
+    pub(crate) async fn slot_passed_snapshot(&self, pg: &Client, slot: &str) -> bool {
+        let confirmed: Option<Lsn> = pg
+            .query_opt(
+                "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1",
+                &[&slot],
+            )
+            .await
+            .ok()
+            .flatten()
+            .and_then(|r| r.get::<_, Option<String>>(0))
+            .and_then(|s| s.parse().ok());
+        matches!((confirmed, self.snapshot_lsn), (Some(c), Some(w)) if c >= w)
+    }
+
+    /// Reads every matching row through a cursor named `cursor`, calling `each` on each one (it may
+    /// await, for the exact second look); `each` returns false to stop early.
+    pub(crate) async fn scan<F>(
+        &self,
+        pg: &Client,
+        o: &OutboxConfig,
+        payloads: bool,
+        cursor: &str,
+        mut each: F,
+    ) -> Result<(), VerifyError>
+    where
+        F: AsyncFnMut(RowView<'_>) -> Result<bool, VerifyError>,
+    {
+        pg.execute(
+            &format!(
+                "DECLARE {cursor} NO SCROLL CURSOR FOR {}",
+                self.select(o, payloads)
+            ),
+            &[],
+        )
+        .await
+        .map_err(query_error(&o.table, "--where / --since"))?;
+        let fetch = pg
+            .prepare(&format!("FETCH {FETCH_ROWS} FROM {cursor}"))
+            .await
+            .map_err(query_error(&o.table, "FETCH"))?;
+        'fetch: loop {
+            let rows: Vec<Row> = pg
+                .query_raw(&fetch, std::iter::empty::<i32>())
+                .await
+                .map_err(query_error(&o.table, "FETCH"))?
+                .try_collect()
+                .await
+                .map_err(query_error(&o.table, "FETCH"))?;
+            let n = rows.len();
+            for row in &rows {
+                let view = RowView {
+                    id: row.get(0),
+                    aggregate_type: row.get(1),
+                    event_type: row.get(2),
+                    aggregate_id: row.get(3),
+                    created_us: row.get(4),
+                    young: row.get(5),
+                    payload: row.get::<_, Option<&[u8]>>(6).unwrap_or_default(),
+                };
+                if !each(view).await? {
+                    break 'fetch;
+                }
+            }
+            if n < FETCH_ROWS as usize {
+                break;
+            }
+        }
+        pg.execute(&format!("CLOSE {cursor}"), &[])
+            .await
+            .map_err(query_error(&o.table, "CLOSE"))?;
+        Ok(())
+    }
+}

@@ -1,0 +1,217 @@
+//! Reading the relay's stream for `verify`: every stored message of a sequence range through an
+//! ephemeral push consumer ([`ClientReader`], the one a resumed session reads its replay back
+//! with: in memory, one replica, no acks, removed by the server 5 s after the read, so nothing
+//! durable is left behind), headers only unless `--payloads` needs the bodies. Each message
+//! becomes a compact [`MsgRec`]; on the way the order of `Outbox-Position` is checked and messages
+//! without the relay's headers are set aside as foreign.
+//!
+//! Order is judged per history (`Outbox-Position`'s `SYSTEM/TIMELINE/SLOT` part): a message of a
+//! new history (a restore, a new slot) starts the comparison afresh, since positions of different
+//! histories are not comparable. Each message is compared with the relay's message before it, so
+//! one message stored out of place is one break, not a break for every message after it.
+
+use std::time::Duration;
+
+use super::VerifyError;
+use super::compare::{DEAD_LETTER, MsgRec, content_hash, hash64};
+use crate::position::Position;
+use crate::sink::ClientReader;
+
+/// How long to wait for the next message before giving up on the read.
+const READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// Sequences per consumer. A push consumer's flow control lets the server run ahead of the reader
+/// by its pending-bytes allowance, which for small (headers-only) messages is more than the client's
+/// subscription buffer holds (65,536 messages): past it the client drops deliveries, and the read
+/// fails ("delivery … arrived after …", seen at 160,000 messages). A consumer per chunk well below the
+/// buffer keeps every delivery the read takes within it.
+const CHUNK: u64 = 16_384;
+/// How often progress is reported.
+const PROGRESS_EVERY: Duration = Duration::from_secs(2);
+
+/// What the read of the stream collected.
+#[derive(Debug, Default)]
+pub(crate) struct StreamScan {
+    /// The relay's messages.
+    pub(crate) msgs: Vec<MsgRec>,
+    /// Messages read, the relay's and others.
+    pub(crate) messages: u64,
+    /// Sequences of the messages without the relay's headers.
+    pub(crate) foreign: Vec<u64>,
+    /// Sequences of the relay's messages whose position is not above the one before.
+    pub(crate) out_of_order: Vec<u64>,
+    /// The first sequence read (0 before any).
+    pub(crate) first_read: u64,
+    /// The last sequence read (0 before any).
+    pub(crate) last_read: u64,
+    /// The history and position of the relay's last message read.
+    prev: Option<(String, Position)>,
+    /// Read and hash the payloads (`--payloads`).
+    payloads: bool,
+    /// `nats.dead_letter_subject`.
+    dead_letter_subject: String,
+}
+
+/// The relay's event id of a message: `Outbox-Event-Id` (atomic batches), else `Nats-Msg-Id`.
+pub(crate) fn event_id(headers: Option<&async_nats::HeaderMap>) -> Option<&str> {
+    let h = headers?;
+    h.get("Outbox-Event-Id")
+        .or_else(|| h.get(async_nats::header::NATS_MESSAGE_ID))
+        .map(|v| v.as_str())
+}
+
+/// `Outbox-Position` split into its history (possibly empty) and position.
+fn split_position(value: &str) -> Option<(&str, Position)> {
+    let value = value.trim();
+    let mut cut = value.rmatch_indices('/').map(|(i, _)| i);
+    let (_, lsn_slash) = (cut.next(), cut.next());
+    match lsn_slash {
+        None => Some(("", value.parse().ok()?)),
+        Some(i) => Some((&value[..i], value[i + 1..].parse().ok()?)),
+    }
+}
+
+impl StreamScan {
+    /// An empty scan; `payloads`: read and hash the bodies.
+    pub(crate) fn new(payloads: bool, dead_letter_subject: &str) -> StreamScan {
+        StreamScan {
+            payloads,
+            dead_letter_subject: dead_letter_subject.to_owned(),
+            ..StreamScan::default()
+        }
+    }
+
+    /// Reads the stored messages `from..=to` into the scan. `progress` is called now and then with
+    /// the messages read so far.
+    pub(crate) async fn read(
+        &mut self,
+        client: &async_nats::Client,
+        name: &str,
+        from: u64,
+        to: u64,
+        progress: &mut impl FnMut(u64),
+    ) -> Result<(), VerifyError> {
+        if from > to {
+            return Ok(());
+        }
+        let nats = |what: &str, detail: String| VerifyError::Stream {
+            stream: name.to_owned(),
+            what: what.to_owned(),
+            detail,
+        };
+        let mut last_progress = std::time::Instant::now();
+        let mut chunk_from = from;
+        while chunk_from <= to {
+            let chunk_to = to.min(chunk_from.saturating_add(CHUNK - 1));
+            let mut reader = ClientReader::start_with(
+                client,
+                name,
+                chunk_from,
+                chunk_to,
+                READ_TIMEOUT,
+                !self.payloads,
+                "outbox-relay verify: reading the stream",
+            )
+            .await
+            .map_err(|e| nats("reading", e))?;
+            while let Some((seq, m)) = reader
+                .next_message()
+                .await
+                .map_err(|e| nats("reading", e))?
+            {
+                self.take(seq, m.subject.as_str(), m.headers.as_ref(), &m.payload);
+                if last_progress.elapsed() >= PROGRESS_EVERY {
+                    last_progress = std::time::Instant::now();
+                    progress(self.messages);
+                }
+            }
+            chunk_from = chunk_to.saturating_add(1);
+            if chunk_to == u64::MAX {
+                break;
+            }
+        }
+        progress(self.messages);
+        Ok(())
+    }
+
+    /// One stored message.
+    fn take(
+        &mut self,
+        seq: u64,
+        subject: &str,
+        headers: Option<&async_nats::HeaderMap>,
+        payload: &[u8],
+    ) {
+        self.messages += 1;
+        if self.first_read == 0 {
+            self.first_read = seq;
+        }
+        self.last_read = seq;
+        let position = headers
+            .and_then(|h| h.get("Outbox-Position"))
+            .and_then(|v| split_position(v.as_str()));
+        let (Some((history, position)), Some(id)) = (position, event_id(headers)) else {
+            self.foreign.push(seq);
+            return;
+        };
+        match &mut self.prev {
+            Some((h, p)) if h == history => {
+                if position <= *p {
+                    self.out_of_order.push(seq);
+                }
+                *p = position;
+            }
+            prev => *prev = Some((history.to_owned(), position)),
+        }
+        let dead_letter = subject == self.dead_letter_subject
+            || headers.is_some_and(|h| h.get("Outbox-Error").is_some());
+        self.msgs.push(MsgRec {
+            id: hash64(id.as_bytes()),
+            seq,
+            content: if dead_letter {
+                DEAD_LETTER
+            } else {
+                content_hash(subject, self.payloads.then_some(payload))
+            },
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(id: &str, position: &str) -> async_nats::HeaderMap {
+        let mut h = async_nats::HeaderMap::new();
+        h.insert(async_nats::header::NATS_MESSAGE_ID, id);
+        h.insert("Outbox-Position", position);
+        h
+    }
+
+    #[test]
+    fn one_message_out_of_place_is_one_break_and_a_new_history_starts_afresh() {
+        let mut s = StreamScan::new(false, "dl");
+        let h = "7311/1/outbox_relay";
+        for (seq, id, pos) in [
+            (1, "e-1", format!("{h}/0/100:0")),
+            (2, "e-2", format!("{h}/0/100:1")),
+            (3, "e-4", format!("{h}/0/300:0")),
+            (4, "e-3", format!("{h}/0/200:0")),
+            (5, "e-5", format!("{h}/0/400:0")),
+            // Another history: lower positions are not a break.
+            (6, "e-6", "9999/1/outbox_relay/0/10:0".to_owned()),
+            (7, "e-7", "0/20:0".to_owned()),
+        ] {
+            s.take(seq, "outbox.Claim", Some(&headers(id, &pos)), b"");
+        }
+        s.take(8, "outbox.Claim", None, b"");
+        assert_eq!(s.out_of_order, vec![4]);
+        assert_eq!(s.foreign, vec![8]);
+        assert_eq!(s.msgs.len(), 7);
+        assert_eq!(s.messages, 8);
+        assert_eq!(
+            split_position("0/16B3748:3").map(|x| x.0),
+            Some(""),
+            "a position without a history"
+        );
+    }
+}
