@@ -393,6 +393,8 @@ async fn atomic_replay_after_the_promotion_stores_each_event_once(loss: Loss) {
     config.nats.stream = unique("HA").to_uppercase();
     config.nats.ack_timeout_ms = 2000;
     config.nats.atomic_transactions = true;
+    // The default port is shared by every test that runs at the same time.
+    config.http.listen = String::new();
     let slot = config.postgres.slot.clone();
     let stream = config.nats.stream.clone();
     let mut relay = RelayProcess::run(&config);
