@@ -19,12 +19,6 @@ use crate::sink::ClientReader;
 
 /// How long to wait for the next message before giving up on the read.
 const READ_TIMEOUT: Duration = Duration::from_secs(30);
-/// Sequences per consumer. A push consumer's flow control lets the server run ahead of the reader
-/// by its pending-bytes allowance, which for small (headers-only) messages is more than the client's
-/// subscription buffer holds (65,536 messages): past it the client drops deliveries, and the read
-/// fails ("delivery … arrived after …", seen at 160,000 messages). A consumer per chunk well below the
-/// buffer keeps every delivery the read takes within it.
-const CHUNK: u64 = 16_384;
 /// How often progress is reported.
 const PROGRESS_EVERY: Duration = Duration::from_secs(2);
 
@@ -99,34 +93,28 @@ impl StreamScan {
             detail,
         };
         let mut last_progress = std::time::Instant::now();
-        let mut chunk_from = from;
-        while chunk_from <= to {
-            let chunk_to = to.min(chunk_from.saturating_add(CHUNK - 1));
-            let mut reader = ClientReader::start_with(
-                client,
-                name,
-                chunk_from,
-                chunk_to,
-                READ_TIMEOUT,
-                !self.payloads,
-                "outbox-relay verify: reading the stream",
-            )
+        // The reader moves to a new consumer every so many deliveries itself, so a long read
+        // cannot outgrow the client's subscription buffer (src/sink/readback.rs).
+        let mut reader = ClientReader::start_with(
+            client,
+            name,
+            from,
+            to,
+            READ_TIMEOUT,
+            !self.payloads,
+            "outbox-relay verify: reading the stream",
+        )
+        .await
+        .map_err(|e| nats("reading", e))?;
+        while let Some((seq, m)) = reader
+            .next_message()
             .await
-            .map_err(|e| nats("reading", e))?;
-            while let Some((seq, m)) = reader
-                .next_message()
-                .await
-                .map_err(|e| nats("reading", e))?
-            {
-                self.take(seq, m.subject.as_str(), m.headers.as_ref(), &m.payload);
-                if last_progress.elapsed() >= PROGRESS_EVERY {
-                    last_progress = std::time::Instant::now();
-                    progress(self.messages);
-                }
-            }
-            chunk_from = chunk_to.saturating_add(1);
-            if chunk_to == u64::MAX {
-                break;
+            .map_err(|e| nats("reading", e))?
+        {
+            self.take(seq, m.subject.as_str(), m.headers.as_ref(), &m.payload);
+            if last_progress.elapsed() >= PROGRESS_EVERY {
+                last_progress = std::time::Instant::now();
+                progress(self.messages);
             }
         }
         progress(self.messages);
