@@ -133,11 +133,42 @@ impl FromStr for History {
     }
 }
 
-/// The `Outbox-Position` value of a message at `position` in `history` (given as its
-/// [`History`] text, `SYSTEM/TIMELINE/SLOT`, formatted once per session): `history/X/Y:I`, or only
-/// `X/Y:I` without a history. Written without `core::fmt`: it is on every message.
-pub(crate) fn stamp(position: Position, history: Option<&str>) -> String {
-    let mut out = String::with_capacity(history.map_or(0, str::len) + 1 + 8 + 1 + 8 + 1 + 10);
+/// The field a session that trusted no tail stamps after every message's position:
+/// `;replay-over=N`, N the stream's last sequence when the session began. Such a session publishes
+/// again from the slot's confirmed position, so its messages can sit after messages with higher
+/// positions; a later session whose tail is one of them reads message N, the stream's last before
+/// that replay, to find where the stream really ends ([`crate::sink::Replay`]).
+pub(crate) const REPLAY_OVER: &str = "replay-over";
+
+/// What a session stamps on every message besides the position, formatted once per session: the
+/// [`History`] text (`SYSTEM/TIMELINE/SLOT`), then, when the session replays over a stream whose
+/// tail it did not trust, `;replay-over=N` ([`REPLAY_OVER`]). [`stamp`] puts the history before
+/// the position and the fields after it: the header's format gains fields only at its end.
+pub(crate) fn context(history: &History, replay_over: Option<u64>) -> String {
+    let mut out = history.to_string();
+    if let Some(n) = replay_over {
+        out.push(';');
+        out.push_str(REPLAY_OVER);
+        out.push('=');
+        out.push_str(itoa::Buffer::new().format(n));
+    }
+    out
+}
+
+/// The `Outbox-Position` value of a message at `position` in `context` (a session's
+/// [`context`]: `SYSTEM/TIMELINE/SLOT`, maybe with `;fields`): `SYSTEM/TIMELINE/SLOT/X/Y:I;fields`,
+/// or only `X/Y:I` without a context. Written without `core::fmt`: it is on every message.
+pub(crate) fn stamp(position: Position, context: Option<&str>) -> String {
+    let (history, fields) = match context {
+        Some(c) => match c.split_once(';') {
+            Some((h, f)) => (Some(h), Some(f)),
+            None => (Some(c), None),
+        },
+        None => (None, None),
+    };
+    let mut out = String::with_capacity(
+        context.map_or(0, str::len) + 1 + 8 + 1 + 8 + 1 + 10 + usize::from(fields.is_some()),
+    );
     if let Some(h) = history {
         out.push_str(h);
         out.push('/');
@@ -145,12 +176,17 @@ pub(crate) fn stamp(position: Position, history: Option<&str>) -> String {
     position.lsn.push_to(&mut out);
     out.push(':');
     out.push_str(itoa::Buffer::new().format(position.index));
+    if let Some(f) = fields {
+        out.push(';');
+        out.push_str(f);
+    }
     out
 }
 
-/// An `Outbox-Position` value: the position, and the history when the value names one.
+/// An `Outbox-Position` value: the position, and the history when the value names one. Fields
+/// after the position (`;name=value`) are not part of either ([`stamp_fields`]).
 pub(crate) fn parse_stamp(s: &str) -> Result<(Option<History>, Position), ParseError> {
-    let s = s.trim();
+    let s = s.split_once(';').map_or(s, |(main, _)| main).trim();
     // The position is the last two '/'-separated parts (an LSN has one '/'); a history has three
     // before it (slot names have no '/').
     let mut cut = s.rmatch_indices('/').map(|(i, _)| i);
@@ -159,6 +195,18 @@ pub(crate) fn parse_stamp(s: &str) -> Result<(Option<History>, Position), ParseE
         None => Ok((None, s.parse()?)),
         Some(i) => Ok((Some(s[..i].parse()?), s[i + 1..].parse()?)),
     }
+}
+
+/// The `;replay-over=N` field of an `Outbox-Position` value ([`REPLAY_OVER`]), when it has one
+/// that parses. Fields it does not know are ignored: a later version may add its own.
+pub(crate) fn replay_over(s: &str) -> Option<u64> {
+    let (_, fields) = s.split_once(';')?;
+    fields.split(';').find_map(|f| {
+        let (name, value) = f.split_once('=')?;
+        (name.trim() == REPLAY_OVER)
+            .then(|| value.trim().parse().ok())
+            .flatten()
+    })
 }
 
 #[cfg(test)]
@@ -202,6 +250,32 @@ mod tests {
         assert_eq!(p.to_string(), stamp(p, None), "the same form as Display");
         assert!(parse_stamp("x/1/s/1A/F08:12").is_err());
         assert!(parse_stamp("1A/F08").is_err());
+        assert_eq!(replay_over(&text), None);
+    }
+
+    #[test]
+    fn a_replay_over_field_follows_the_position_and_round_trips() {
+        let h = History {
+            system_id: "7311234567890123456".into(),
+            timeline: 2,
+            slot: "outbox_relay".into(),
+        };
+        let p = Position::in_transaction(Lsn(0x1A_0000_0F08), 12);
+        let c = context(&h, Some(228));
+        assert_eq!(c, "7311234567890123456/2/outbox_relay;replay-over=228");
+        let text = stamp(p, Some(&c));
+        assert_eq!(
+            text, "7311234567890123456/2/outbox_relay/1A/F08:12;replay-over=228",
+            "the field comes after the position: the format gains fields only at its end"
+        );
+        assert_eq!(parse_stamp(&text).unwrap(), (Some(h.clone()), p));
+        assert_eq!(replay_over(&text), Some(228));
+        assert_eq!(context(&h, None), h.to_string());
+        // Fields this version does not know are ignored; a junk value is no field.
+        assert_eq!(replay_over("1A/F08:12;future=1;replay-over=7"), Some(7));
+        assert_eq!(replay_over("1A/F08:12;replay-over=x"), None);
+        assert_eq!(replay_over("1A/F08:12;other=7"), None);
+        assert_eq!(parse_stamp("1A/F08:12;other=7").unwrap(), (None, p));
     }
 
     #[test]

@@ -319,6 +319,7 @@ mod tests {
             position: Some(p),
             history: Some(history("s")),
             id: Some("e-1".into()),
+            replay_over: None,
         };
         assert_eq!(
             Stored::from_tail(&tail(Some(ours.clone())), "s", Some(&history("s"))),

@@ -57,20 +57,24 @@ pub(crate) struct Stamp {
     pub(crate) history: Option<History>,
     /// `Nats-Msg-Id`, or `Outbox-Event-Id` on a message of an atomic batch.
     pub(crate) id: Option<String>,
+    /// `;replay-over=N` after the position: the message was published by a session that trusted
+    /// no tail, when the stream's last sequence was N ([`crate::position::REPLAY_OVER`]).
+    pub(crate) replay_over: Option<u64>,
 }
 
 impl Stamp {
     /// What a stored message's headers say of it.
     pub(crate) fn from_headers(h: &async_nats::HeaderMap) -> Self {
         let text = |name: &str| h.get(name).map(|v| v.as_str().to_owned());
-        let (history, position) = h
-            .get(message::POSITION)
-            .and_then(|v| crate::position::parse_stamp(v.as_str()).ok())
+        let stamp = h.get(message::POSITION).map(|v| v.as_str());
+        let (history, position) = stamp
+            .and_then(|v| crate::position::parse_stamp(v).ok())
             .map_or((None, None), |(h, p)| (h, Some(p)));
         Stamp {
             position,
             history,
             id: text(message::NATS_MSG_ID).or_else(|| text(message::EVENT_ID)),
+            replay_over: stamp.and_then(crate::position::replay_over),
         }
     }
 }
@@ -164,6 +168,9 @@ pub(crate) enum Replayed {
 #[derive(Debug, Clone)]
 pub(crate) struct Replay {
     state: State,
+    /// The sequence of the message whose event the replay verifies, when it is not the stream's
+    /// last (see [`Replay::new`]): the skipped events must be the messages that end there.
+    ends_at: Option<u64>,
 }
 
 #[derive(Debug, Clone)]
@@ -233,31 +240,62 @@ impl Replay {
     pub(crate) fn publishing() -> Self {
         Replay {
             state: State::Publishing,
+            ends_at: None,
         }
     }
 
     /// The replay of a session that streams `origin` with the stream at `tail`; `distrust`: why an
     /// earlier session found the tail unreliable, if one did. The error says why the tail is not
     /// trusted (then nothing is skipped).
+    ///
+    /// `before_replay`: when the tail was published by a session that trusted no tail
+    /// (`;replay-over=N`, [`Stamp::replay_over`]), message N as the stream holds it. Such a session
+    /// publishes again from the slot's confirmed position, so when it ended early its last message
+    /// sits behind messages with higher positions, and a replay that trusted that tail would publish
+    /// them all again (with atomic batches, which carry no `Nats-Msg-Id`, nothing drops those
+    /// copies). Message N was the stream's last before that replay: when it is this history's and
+    /// lies further on, the replay verifies it instead, and the skipped events must then be the
+    /// messages that end at N ([`Replay::ends_at`]). When it is not (gone, foreign, another history),
+    /// the tail is used as before: no worse than a replay that never looked.
     pub(crate) fn new(
         tail: &Tail,
+        before_replay: Option<(u64, &Stamp)>,
         origin: &Origin,
         distrust: Option<&str>,
     ) -> (Self, Option<Untrusted>) {
         match Self::trusted(tail, origin, distrust) {
-            Ok(Some((until, id))) => (
-                Replay {
-                    state: State::Verifying {
-                        until,
-                        id,
-                        skipped: 0,
+            Ok(Some((until, id))) => {
+                let further = before_replay
+                    .filter(|(seq, _)| *seq < tail.last_sequence)
+                    .and_then(|(seq, stamp)| {
+                        let (p, id) = Self::judge(stamp, origin).ok()?;
+                        (p > until).then_some((p, id, seq))
+                    });
+                let (until, id, ends_at) = match further {
+                    Some((p, id, seq)) => (p, id, Some(seq)),
+                    None => (until, id, None),
+                };
+                (
+                    Replay {
+                        state: State::Verifying {
+                            until,
+                            id,
+                            skipped: 0,
+                        },
+                        ends_at,
                     },
-                },
-                None,
-            ),
+                    None,
+                )
+            }
             Ok(None) => (Self::publishing(), None),
             Err(why) => (Self::publishing(), Some(why)),
         }
+    }
+
+    /// The sequence of the message the replay verifies when it is not the stream's last message:
+    /// the skipped events are proven against the messages that end there.
+    pub(crate) fn ends_at(&self) -> Option<u64> {
+        self.ends_at
     }
 
     fn trusted(
@@ -272,6 +310,12 @@ impl Replay {
         if let Some(why) = distrust {
             return Err(Untrusted::Distrusted(why.to_owned()));
         }
+        Self::judge(last, origin).map(Some)
+    }
+
+    /// Whether a message the relay wrote (`last`) names an event of the history `origin` streams,
+    /// at a position the server has: its position and id, or why not.
+    fn judge(last: &Stamp, origin: &Origin) -> Result<(Position, String), Untrusted> {
         let (Some(position), Some(history), Some(id)) = (last.position, &last.history, &last.id)
         else {
             return Err(Untrusted::Foreign);
@@ -305,7 +349,7 @@ impl Replay {
                 wal_end: origin.wal_end,
             });
         }
-        Ok(Some((position, id.clone())))
+        Ok((position, id.clone()))
     }
 
     /// What to do with the replayed event at `position` with message id `id`. Events arrive in
@@ -470,6 +514,12 @@ impl Fence {
     pub(crate) fn base(&self) -> u64 {
         self.base
     }
+
+    /// The sequence of the last message the skipped events are proven against: the stream's last
+    /// when the session started, or the message before a cut-off replay ([`Replay::new`]).
+    pub(crate) fn proof_end(&self) -> u64 {
+        self.replay.ends_at().unwrap_or(self.base)
+    }
 }
 
 #[cfg(test)]
@@ -519,6 +569,7 @@ mod tests {
         Tail {
             last_sequence: 9,
             last: Some(Stamp {
+                replay_over: None,
                 position: Some(pos(lsn, index)),
                 history: Some(history()),
                 id: Some(id.to_owned()),
@@ -528,9 +579,71 @@ mod tests {
     }
 
     fn replay(t: &Tail) -> Replay {
-        let (r, why) = Replay::new(t, &origin(), None);
+        let (r, why) = Replay::new(t, None, &origin(), None);
         assert_eq!(why, None);
         r
+    }
+
+    /// The stream after a replay that trusted no tail was cut off: the stream's last message before
+    /// it (sequence 5, event "e" at 500) and the replay's copies after it, the last one "b" at 200
+    /// stamped `;replay-over=5`.
+    fn cut_off_replay() -> (Tail, Stamp) {
+        let mut t = tail(200, 1, "b");
+        t.last.as_mut().unwrap().replay_over = Some(5);
+        let before = tail(500, 0, "e").last.unwrap();
+        (t, before)
+    }
+
+    #[test]
+    fn a_cut_off_replays_tail_verifies_the_message_before_that_replay() {
+        let (t, before) = cut_off_replay();
+        let (mut r, why) = Replay::new(&t, Some((5, &before)), &origin(), None);
+        assert_eq!(why, None);
+        assert_eq!(r.ends_at(), Some(5), "the proof ends at message 5");
+        // Everything up to "e" is stored already, the events past the replay's tail included.
+        assert_eq!(r.replayed(pos(200, 1), "b"), Replayed::Skip);
+        assert_eq!(r.replayed(pos(300, 0), "c"), Replayed::Skip);
+        assert_eq!(r.replayed(pos(500, 0), "e"), Replayed::Verified);
+        assert_eq!(r.replayed(pos(600, 0), "f"), Replayed::Publish);
+        // The same stream read without the message before the replay: the tail alone, which would
+        // have published "c" and "e" again.
+        let (mut alone, _) = Replay::new(&t, None, &origin(), None);
+        assert_eq!(alone.ends_at(), None);
+        assert_eq!(alone.replayed(pos(200, 1), "b"), Replayed::Verified);
+        assert_eq!(alone.replayed(pos(300, 0), "c"), Replayed::Publish);
+    }
+
+    #[test]
+    fn the_message_before_a_replay_counts_only_when_it_is_this_historys_and_further_on() {
+        let (t, before) = cut_off_replay();
+        let ends_at = |before: &Stamp, seq: u64| {
+            let (r, why) = Replay::new(&t, Some((seq, before)), &origin(), None);
+            assert_eq!(why, None, "the tail itself is still trusted");
+            r.ends_at()
+        };
+        assert_eq!(ends_at(&before, 5), Some(5));
+        // Not before the tail in the stream: not the message before the replay.
+        assert_eq!(ends_at(&before, 9), None);
+        assert_eq!(ends_at(&before, 12), None);
+        // Behind the tail's position (the replay passed it): the tail is the stream's end.
+        assert_eq!(ends_at(&tail(100, 0, "a").last.unwrap(), 5), None);
+        // Another writer's, another history's, or past the server's WAL (a restore): not trusted.
+        let foreign = Stamp::default();
+        assert_eq!(ends_at(&foreign, 5), None);
+        let mut other = before.clone();
+        other.history.as_mut().unwrap().slot = "another_slot".into();
+        assert_eq!(ends_at(&other, 5), None);
+        let ahead = tail(0x1_0000_0000, 0, "z").last.unwrap();
+        assert_eq!(ends_at(&ahead, 5), None);
+        // A tail the relay does not trust makes the message before it irrelevant.
+        let (r, why) = Replay::new(
+            &t,
+            Some((5, &before)),
+            &origin(),
+            Some("an earlier session failed"),
+        );
+        assert!(why.is_some());
+        assert_eq!(r.ends_at(), None);
     }
 
     #[test]
@@ -599,6 +712,7 @@ mod tests {
         let t = Tail {
             last_sequence: 4,
             last: Some(Stamp {
+                replay_over: None,
                 position: Some(message),
                 history: Some(history()),
                 id: Some("lsn:0/1000:non-transactional".into()),
@@ -618,7 +732,7 @@ mod tests {
     fn untrusted_tails_skip_nothing() {
         let mut foreign = tail(200, 1, "b");
         foreign.last.as_mut().unwrap().history = None;
-        let (mut r, why) = Replay::new(&foreign, &origin(), None);
+        let (mut r, why) = Replay::new(&foreign, None, &origin(), None);
         assert_eq!(why, Some(Untrusted::Foreign));
         assert_eq!(r.replayed(pos(100, 0), "x"), Replayed::Publish);
 
@@ -631,15 +745,20 @@ mod tests {
             .as_mut()
             .unwrap()
             .timeline = 2;
-        let (_, why) = Replay::new(&other, &origin(), None);
+        let (_, why) = Replay::new(&other, None, &origin(), None);
         assert!(matches!(why, Some(Untrusted::OtherHistory { .. })));
 
         let ahead = tail(0x20_000, 0, "b");
-        let (mut r, why) = Replay::new(&ahead, &origin(), None);
+        let (mut r, why) = Replay::new(&ahead, None, &origin(), None);
         assert!(matches!(why, Some(Untrusted::AheadOfServer { .. })));
         assert_eq!(r.replayed(pos(100, 0), "x"), Replayed::Publish);
 
-        let (_, why) = Replay::new(&tail(200, 1, "b"), &origin(), Some("the proof failed"));
+        let (_, why) = Replay::new(
+            &tail(200, 1, "b"),
+            None,
+            &origin(),
+            Some("the proof failed"),
+        );
         assert_eq!(why, Some(Untrusted::Distrusted("the proof failed".into())));
     }
 
@@ -647,25 +766,25 @@ mod tests {
     fn a_promoted_server_trusts_a_tail_below_the_switch_point() {
         // Timeline 1 ended at 0/300 when the standby was promoted to timeline 2.
         let here = promoted(2, "1\t0/300\tno recovery target specified\n");
-        let (mut r, why) = Replay::new(&tail_on(1, 0x2F8), &here, None);
+        let (mut r, why) = Replay::new(&tail_on(1, 0x2F8), None, &here, None);
         assert_eq!(why, None);
         assert_eq!(r.replayed(pos(0x100, 0), "a"), Replayed::Skip);
         assert_eq!(r.replayed(pos(0x2F8, 0), "b"), Replayed::Verified);
         // A standalone message whose record ends exactly at the switch point survived too.
         let mut standalone = tail_on(1, 0);
         standalone.last.as_mut().unwrap().position = Some(Position::standalone(Lsn(0x300)));
-        assert_eq!(Replay::new(&standalone, &here, None).1, None);
+        assert_eq!(Replay::new(&standalone, None, &here, None).1, None);
         // Two promotions: timeline 2 ended at 0/500, a tail of either ancestor is trusted.
         let twice = promoted(3, "1\t0/300\tr\n2\t0/500\tr\n");
-        assert_eq!(Replay::new(&tail_on(1, 0x200), &twice, None).1, None);
-        assert_eq!(Replay::new(&tail_on(2, 0x4F8), &twice, None).1, None);
+        assert_eq!(Replay::new(&tail_on(1, 0x200), None, &twice, None).1, None);
+        assert_eq!(Replay::new(&tail_on(2, 0x4F8), None, &twice, None).1, None);
     }
 
     #[test]
     fn a_tail_at_or_past_the_switch_point_did_not_survive() {
         let here = promoted(2, "1\t0/300\n");
         for lsn in [0x300, 0x308, 0x8000] {
-            let (mut r, why) = Replay::new(&tail_on(1, lsn), &here, None);
+            let (mut r, why) = Replay::new(&tail_on(1, lsn), None, &here, None);
             assert_eq!(
                 why,
                 Some(Untrusted::PastSwitch {
@@ -677,7 +796,9 @@ mod tests {
             );
             assert_eq!(r.replayed(pos(0x100, 0), "a"), Replayed::Publish);
         }
-        let why = Replay::new(&tail_on(1, 0x300), &here, None).1.unwrap();
+        let why = Replay::new(&tail_on(1, 0x300), None, &here, None)
+            .1
+            .unwrap();
         assert_eq!(
             why.to_string(),
             "the stream's last message is at 0/300:0 on timeline 1, at or past 0/300 where this \
@@ -690,12 +811,12 @@ mod tests {
         // Timeline 3 branched off timeline 1: timeline 2 (a sibling) is not its history.
         let sibling = promoted(3, "1\t0/300\n");
         assert!(matches!(
-            Replay::new(&tail_on(2, 0x100), &sibling, None).1,
+            Replay::new(&tail_on(2, 0x100), None, &sibling, None).1,
             Some(Untrusted::OtherHistory { .. })
         ));
         // A tail from a later timeline than the server's (the server was restored behind it).
         assert!(matches!(
-            Replay::new(&tail_on(3, 0x100), &promoted(2, "1\t0/300\n"), None).1,
+            Replay::new(&tail_on(3, 0x100), None, &promoted(2, "1\t0/300\n"), None).1,
             Some(Untrusted::OtherHistory { .. })
         ));
         // Without the history (timeline 1's, or one that could not be read), only the same
@@ -705,7 +826,7 @@ mod tests {
             ..promoted(2, "1\t0/300\n")
         };
         assert!(matches!(
-            Replay::new(&tail_on(1, 0x100), &unread, None).1,
+            Replay::new(&tail_on(1, 0x100), None, &unread, None).1,
             Some(Untrusted::OtherHistory { .. })
         ));
         // An ancestor timeline of another system or slot is not this history either.
@@ -720,7 +841,7 @@ mod tests {
             .unwrap()
             .slot = "other".into();
         assert!(matches!(
-            Replay::new(&other_slot, &here, None).1,
+            Replay::new(&other_slot, None, &here, None).1,
             Some(Untrusted::OtherHistory { .. })
         ));
         let mut other_system = tail_on(1, 0x100);
@@ -733,12 +854,18 @@ mod tests {
             .unwrap()
             .system_id = "7311234567890123457".into();
         assert!(matches!(
-            Replay::new(&other_system, &here, None).1,
+            Replay::new(&other_system, None, &here, None).1,
             Some(Untrusted::OtherHistory { .. })
         ));
         // Distrust still wins over an ancestor's tail.
         assert_eq!(
-            Replay::new(&tail_on(1, 0x100), &here, Some("an earlier session failed")).1,
+            Replay::new(
+                &tail_on(1, 0x100),
+                None,
+                &here,
+                Some("an earlier session failed")
+            )
+            .1,
             Some(Untrusted::Distrusted("an earlier session failed".into()))
         );
     }
@@ -770,7 +897,7 @@ mod tests {
         ) {
             let (current, text, ancestors) = file(&steps);
             let here = promoted(current, &text);
-            let (mut r, why) = Replay::new(&tail_on(timeline, lsn), &here, None);
+            let (mut r, why) = Replay::new(&tail_on(timeline, lsn), None, &here, None);
             let below_switch = ancestors.iter().any(|&(t, end)| t == timeline && lsn < end);
             let expect_trust = (timeline == current || below_switch) && lsn < here.wal_end.0;
             proptest::prop_assert_eq!(why.is_none(), expect_trust, "{:?}", why);
@@ -789,6 +916,7 @@ mod tests {
                 last: None,
                 max_msg_size: None,
             },
+            None,
             &origin(),
             None,
         );

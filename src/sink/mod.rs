@@ -40,7 +40,7 @@ use async_nats::jetstream::{
     self,
     context::{PublishError, PublishErrorKind},
 };
-use tracing::warn;
+use tracing::{debug, warn};
 
 use crate::config::Settings;
 use crate::message::{self, Outgoing, Shrink};
@@ -454,12 +454,39 @@ impl Sink {
         } else {
             None
         };
+        // The tail of a replay that trusted no tail names the stream's last message before that
+        // replay (`Replay::new`): read it too.
+        let before_replay = match tail.as_ref().and_then(|t| {
+            let n = t.last.as_ref()?.replay_over?;
+            (n > 0 && n < t.last_sequence).then_some(n)
+        }) {
+            Some(n) => match port
+                .message_headers(&config.stream, n, config.ack_timeout)
+                .await
+            {
+                Ok(h) => h.map(|h| (n, Stamp::from_headers(&h))),
+                Err(e) => {
+                    debug!(error = %e, sequence = n, "cannot read the message before the replay that wrote the stream's tail: trusting the tail alone");
+                    None
+                }
+            },
+            None => None,
+        };
         let fence = tail.as_ref().map(|tail| {
             let replay = match origin {
                 Some(origin) => {
-                    let (replay, untrusted) = Replay::new(tail, origin, distrust);
+                    let before = before_replay.as_ref().map(|(n, s)| (*n, s));
+                    let (replay, untrusted) = Replay::new(tail, before, origin, distrust);
                     if let Some(why) = untrusted {
                         warn!(%why, last_sequence = tail.last_sequence, "replay skips nothing: every event from the confirmed position is published again (JetStream drops the duplicates inside its window)");
+                        // Its messages say so, and over which tail: a later session whose tail is
+                        // one of them looks past it (`Replay::new`).
+                        config.history = Some(crate::position::context(
+                            &origin.history,
+                            Some(tail.last_sequence),
+                        ));
+                    } else if let Some(end) = replay.ends_at() {
+                        debug!(tail = tail.last_sequence, verifies = end, "the stream's tail is from a replay that trusted no tail: verifying the message before that replay instead");
                     }
                     replay
                 }
@@ -884,22 +911,23 @@ impl Sink {
                 Ok(true)
             }
             Replayed::Diverged { tail, at } => Err(SinkError::Diverged {
-                sequence: fence.base(),
+                sequence: fence.proof_end(),
                 tail,
                 at,
             }),
         }
     }
 
-    /// The replay reached the stream's tail: proves that the stream's last `count` messages are
-    /// exactly the events skipped (with the tail's own), in order, by their positions and ids
+    /// The replay reached the stream's tail: proves that the stream's last `count` messages (those
+    /// that end at the message before a cut-off replay, when the replay verifies that one:
+    /// [`Replay::new`]) are exactly the events skipped (with the tail's own), in order, by their positions and ids
     /// (`hash`). The tail alone cannot tell: a late publish of an earlier session can have been
     /// stored behind another writer's message, past a gap. The messages are read back in bulk,
     /// headers only (`readback.rs`), one at a time into the hash: no limit on `count`, and memory
     /// that does not grow with it. Where the bulk read cannot start (a user without the consumer
     /// permission), they are read one request each, as slow as that is.
     async fn prove_skipped(&mut self, count: u64, hash: u64) -> Result<(), SinkError> {
-        let sequence = self.fence.as_ref().map_or(0, Fence::base);
+        let sequence = self.fence.as_ref().map_or(0, Fence::proof_end);
         let unproven = |reason: String| SinkError::Unproven {
             sequence,
             count,
