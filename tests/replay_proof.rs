@@ -129,3 +129,154 @@ async fn a_stalled_replay_of_25_000_events_is_proven_not_published_again() {
 async fn a_stalled_replay_of_25_000_atomic_batch_events_is_proven_not_published_again() {
     a_stalled_replay_past_20_000_events_is_proven(true).await;
 }
+
+/// One transaction per id: `Claim` events with payload `{"id": …}`.
+fn write_each(db: &TestDb, ids: &[&str]) {
+    for id in ids {
+        db.psql(&format!(
+            "INSERT INTO public.outbox (event_id, aggregate_type, aggregate_id, event_type, payload)
+             VALUES ('{id}', 'Claim', '4711', 'ClaimApproved', '{{\"id\": \"{id}\"}}');"
+        ));
+    }
+}
+
+/// Drops the slot `slot` once no walsender holds it (a stopped relay's may linger a moment).
+async fn drop_slot(client: &tokio_postgres::Client, slot: &str) {
+    wait_for(
+        &format!("slot {slot} dropped"),
+        Duration::from_secs(30),
+        || async {
+            client
+                .execute("SELECT pg_drop_replication_slot($1)", &[&slot])
+                .await
+                .is_ok()
+        },
+    )
+    .await;
+}
+
+/// A replay that trusted no tail and was cut off leaves its last copy, at an old position, behind
+/// messages with higher positions. A later session must not take that copy for the stream's end:
+/// with atomic batches (no `Nats-Msg-Id`, nothing drops a copy) it would store every event between
+/// the copy's position and the stream's real end again. The replay's messages say over which tail
+/// they were published (`;replay-over=N` in `Outbox-Position`), and the later session verifies
+/// message N instead (found by the simulation, seed 1356, with a standby carrying a distrust).
+///
+/// Here, with the real relay: e-1..e-5 are stored, the slot is set back before them (a crash before
+/// the confirmation reached the server), and message 1 is deleted, so the next session's proof
+/// fails and the relay trusts no tail; its replay stores e-1 and e-2 again and is then cut off by
+/// the stream's `max_msgs` (discard new). The session after it finds e-2's copy as the tail.
+#[tokio::test]
+async fn a_cut_off_replays_last_copy_is_not_taken_for_the_streams_end() {
+    let db = TestDb::create(PgServer::shared()).await;
+    db.psql(TEXT_ID_OUTBOX_SQL);
+    let nats = NatsServer::start();
+    let mut config = relay_config(&db, &nats);
+    config.postgres.status_interval_ms = 100;
+    config.nats.atomic_transactions = true;
+    config.nats.fence = true;
+    let stream = config.nats.stream.clone();
+    let slot = config.postgres.slot.clone();
+    let saved = format!("{slot}_saved");
+    let client = db.client().await;
+    let js = nats.jetstream().await;
+
+    // The slot, saved before any event, to set it back with later.
+    let relay = InProcessRelay::start_streaming(&config, &client).await;
+    relay.stop().await.expect("relay stops cleanly");
+    client
+        .execute(
+            "SELECT pg_copy_logical_replication_slot($1, $2)",
+            &[&slot, &saved],
+        )
+        .await
+        .expect("copy the slot");
+
+    write_each(&db, &["e-1", "e-2", "e-3", "e-4", "e-5"]);
+    let end = current_wal_lsn(&client).await;
+    let relay = InProcessRelay::start_streaming(&config, &client).await;
+    wait_for("e-1..e-5 confirmed", Duration::from_secs(60), || async {
+        confirmed_flush(&client, &slot)
+            .await
+            .is_some_and(|c| c >= end)
+    })
+    .await;
+    relay.stop().await.expect("relay stops cleanly");
+    assert_eq!(stream_count(&js, &stream).await, 5);
+
+    // Set the slot back before e-1, delete message 1, and let the stream take two more messages.
+    drop_slot(&client, &slot).await;
+    client
+        .execute(
+            "SELECT pg_copy_logical_replication_slot($1, $2)",
+            &[&saved, &slot],
+        )
+        .await
+        .expect("copy the saved slot back");
+    drop_slot(&client, &saved).await;
+    let s = js.get_stream(&stream).await.expect("stream");
+    s.delete_message(1).await.expect("delete message 1");
+    stream_max_messages(&js, &stream, 6).await;
+
+    let relay = InProcessRelay::start_streaming(&config, &client).await;
+    wait_for(
+        "the replay that trusts no tail to store e-1 and e-2 again and be cut off",
+        Duration::from_secs(60),
+        || async { stream_count(&js, &stream).await >= 6 },
+    )
+    .await;
+    let ids = |all: &[crate::support::Stored]| {
+        all.iter()
+            .map(|m| {
+                let replay = m
+                    .header("Outbox-Position")
+                    .split_once(";replay-over=")
+                    .map(|(_, n)| n.to_owned());
+                (m.seq, m.id().to_owned(), replay)
+            })
+            .collect::<Vec<_>>()
+    };
+    let cut_off = ids(&read_all(&js, &stream).await);
+    assert_eq!(
+        cut_off,
+        [
+            (2, "e-2".into(), None),
+            (3, "e-3".into(), None),
+            (4, "e-4".into(), None),
+            (5, "e-5".into(), None),
+            (6, "e-1".into(), Some("5".into())),
+            (7, "e-2".into(), Some("5".into())),
+        ],
+        "the replay that trusted no tail stamps the stream's last sequence before it"
+    );
+
+    // The next session (the relay restarts after the refusal) proves e-3..e-5 stored from message
+    // 5 on and confirms past them, with the stream still full: nothing of them is sent again.
+    wait_for(
+        "the slot confirmed past e-5 without publishing e-3..e-5 again",
+        Duration::from_secs(60),
+        || async {
+            confirmed_flush(&client, &slot)
+                .await
+                .is_some_and(|c| c >= end)
+        },
+    )
+    .await;
+    stream_max_messages(&js, &stream, -1).await;
+    write_each(&db, &["e-6"]);
+    let end = current_wal_lsn(&client).await;
+    wait_for("e-6 confirmed", Duration::from_secs(60), || async {
+        confirmed_flush(&client, &slot)
+            .await
+            .is_some_and(|c| c >= end)
+    })
+    .await;
+    let all = ids(&read_all(&js, &stream).await);
+    let stored: Vec<&str> = all.iter().map(|(_, id, _)| id.as_str()).collect();
+    assert_eq!(
+        stored,
+        ["e-2", "e-3", "e-4", "e-5", "e-1", "e-2", "e-6"],
+        "e-3..e-5 once; only what the replay that trusted no tail sent twice"
+    );
+    relay.stop().await.expect("relay stops cleanly");
+}
