@@ -30,7 +30,7 @@ use crate::metrics::Metrics;
 use crate::sink::Outcome;
 use crate::stored::Positions;
 #[cfg(feature = "test-support")]
-pub use crate::stored::probe::{PositionProbe, Served};
+pub use crate::stored::probe::{PositionProbe, Served, Waited};
 use connector::Servers;
 pub use connector::{Connector, SlotCheck, Start};
 use monitor::{AbortOnDrop, sample_slot};

@@ -26,15 +26,47 @@ pub struct Served {
     pub last_sequence: u64,
 }
 
+/// How a [`PositionProbe::wait`] ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Waited {
+    /// "Stored": every event through the LSN waited for is in the stream; the stored LSN then.
+    Stored(Lsn),
+    /// Not yet, within the timeout.
+    TimedOut,
+    /// Overloaded or stopping: ask again.
+    NoAnswer,
+}
+
 impl PositionProbe {
     /// A position service for `settings`' slot and stream, not serving until a session streams.
     /// Nothing answers waits through it: only [`PositionProbe::served`] reads it.
+    ///
+    /// Its wait task runs on the caller's runtime, as `run`'s does, so that [`PositionProbe::wait`]
+    /// goes through the same wait queue a `/wait` request does.
     pub fn new(settings: &Settings) -> Self {
-        let (positions, _waits) = Positions::new(
+        let (positions, waits) = Positions::new(
             &settings.config().postgres.slot,
             &settings.config().nats.stream,
         );
+        tokio::spawn(waits.run());
         PositionProbe(positions)
+    }
+
+    /// A `/wait` for `lsn` of at most `timeout`, through the wait queue: `None` while no session
+    /// streams the slot (503), else what it answers when it does.
+    pub fn wait(
+        &self,
+        lsn: Lsn,
+        timeout: std::time::Duration,
+    ) -> Option<impl std::future::Future<Output = Waited> + Send + 'static> {
+        let answer = self.0.wait(super::WaitRequest { lsn, timeout }).ok()?;
+        Some(async move {
+            match answer.await {
+                super::WaitOutcome::Stored { stored_lsn, .. } => Waited::Stored(stored_lsn),
+                super::WaitOutcome::TimedOut { .. } => Waited::TimedOut,
+                super::WaitOutcome::Overloaded | super::WaitOutcome::Stopping => Waited::NoAnswer,
+            }
+        })
     }
 
     /// What `/position` would answer now; `None` while no session streams the slot (a standby,

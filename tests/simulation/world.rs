@@ -63,7 +63,7 @@ use outbox_relay::config::{Config, Settings};
 use outbox_relay::error::{NatsTrouble, Restart, SessionEnd};
 use outbox_relay::metrics::Metrics;
 use outbox_relay::relay::{
-    Connector, PositionProbe, RelayError, SlotCheck, Start, error_chain, run_with,
+    Connector, PositionProbe, RelayError, SlotCheck, Start, Waited, error_chain, run_with,
 };
 use outbox_relay::sink::{NatsPort, SimJetStream};
 use outbox_relay::source::{ReplicationStream, StreamConfig, SystemInfo};
@@ -387,6 +387,61 @@ impl PositionOracle {
         });
     }
 
+    /// A writer's read-your-writes wait: for every watched process that serves now, a `/wait` for
+    /// `lsn` (the server's WAL end after a commit, what a writer takes with `pg_current_wal_lsn()`)
+    /// of at most `timeout`, through the process's wait queue. A "stored" answer is checked when it
+    /// comes: every unit of work below `lsn` must be in the stream then. The same excuse as
+    /// [`PositionOracle::sample`]: the WAL cut back since the wait was opened, or a session connected
+    /// before it.
+    fn ask(self: &Arc<Self>, pg: &Arc<Postgres>, lsn: u64, timeout: Duration) {
+        let watched = self.watched.lock().unwrap();
+        for w in watched.iter() {
+            let Some(answer) = w.probe.wait(Lsn(lsn), timeout) else {
+                continue;
+            };
+            let rewinds = pg.rewinds();
+            let (oracle, pg, number) = (Arc::clone(self), Arc::clone(pg), w.number);
+            let connected = Arc::clone(&w.connected);
+            tokio::spawn(async move {
+                let Waited::Stored(stored) = answer.await else {
+                    return;
+                };
+                if pg.rewinds() != rewinds || connected.load(Ordering::Relaxed) != rewinds as u64 {
+                    return;
+                }
+                if stored.0 < lsn {
+                    oracle.violations.report(
+                        &oracle.trace,
+                        format!(
+                            "position service of relay process {number} answered a wait for {} as stored at {stored}, below it",
+                            Lsn(lsn)
+                        ),
+                    );
+                    return;
+                }
+                let mut missing = None;
+                pg.units_below(&mut UnitCursor::default(), lsn, |u| {
+                    if missing.is_some() {
+                        return;
+                    }
+                    if let Some(e) = u.events.iter().find(|e| !oracle.js.holds(&e.msg_id, u.at)) {
+                        missing = Some(format!(
+                            "position service of relay process {number} answered a wait for {} as stored before \
+                             event {} of the {} (commit LSN {}) was in the stream",
+                            Lsn(lsn),
+                            e.msg_id,
+                            u.what,
+                            Lsn(u.start)
+                        ));
+                    }
+                });
+                if let Some(what) = missing {
+                    oracle.violations.report(&oracle.trace, what);
+                }
+            });
+        }
+    }
+
     /// A process is gone: nothing answers for it any more.
     fn forget(&self, number: u64) {
         self.watched.lock().unwrap().retain(|w| w.number != number);
@@ -513,10 +568,16 @@ async fn world(seed: u64, faults: &FaultSet, trace: Arc<Trace>) -> Outcome {
     let writer = tokio::spawn({
         let (pg, dice, writing) = (Arc::clone(&pg), dice.clone(), Arc::clone(&writing));
         let (lo, hi) = sc.write_gap_ms;
+        // Writers that wait for their own writes, with a generator of their own: asking draws
+        // nothing from the world's.
+        let (oracle, waits) = (Arc::clone(&w.positions), Dice::new(seed ^ 0x7761_6974_7321));
         async move {
             while writing.load(std::sync::atomic::Ordering::Relaxed) {
                 tokio::time::sleep(dice.millis(lo, hi).max(Duration::from_millis(1))).await;
                 pg.write();
+                if waits.chance(0.05) {
+                    oracle.ask(&pg, pg.flushed(), waits.millis(0, 3_000));
+                }
             }
         }
     });
