@@ -1,4 +1,4 @@
-//! What consumers rely on (issue 25): read-your-writes through the position service, over NATS (the
+//! What consumers rely on: read-your-writes through the position service, over NATS (the
 //! services API: `outbox-relay.<slot>.position`, `.wait`, `$SRV.PING`) and HTTP (`/position`,
 //! `/wait`), served only by the relay that streams the slot; and `{partition}`, which must put every
 //! aggregate id in the partition a real nats-server's `partition()` mapping gives it.

@@ -4,12 +4,12 @@
 //! `Outbox-Commit-Lsn`, or equal to it, was taken as stored. These tests build, against real
 //! servers, the states in which that judgement was wrong and committed events were confirmed to the
 //! slot without ever being stored: a dead letter of a non-transactional message whose LSN equals the next
-//! transaction's commit LSN (defect 1), a message someone else published to the stream with a high
-//! `Outbox-Commit-Lsn` (defect 2b), a Postgres restored from a disk snapshot, whose slot and WAL go
-//! back while the stream does not (defect 2a). A fourth test covers `backfill` with
+//! transaction's commit LSN, a message someone else published to the stream with a high
+//! `Outbox-Commit-Lsn`, a Postgres restored from a disk snapshot, whose slot and WAL go
+//! back while the stream does not. A fourth test covers `backfill` with
 //! `nats.atomic_transactions`, which never committed its last batch and published messages without
-//! `Nats-Msg-Id`, so a rerun could not be deduplicated (defect 3). The last one stops the relay
-//! while a step of its session waits on a blocked query (defect 4).
+//! `Nats-Msg-Id`, so a rerun could not be deduplicated. The last one stops the relay
+//! while a step of its session waits on a blocked query.
 //!
 //! Each test judges by what a consumer sees: every committed event in the stream, by id, once. An
 //! event counts as lost as soon as the slot is confirmed past its commit while the stream lacks it:

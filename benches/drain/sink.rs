@@ -21,7 +21,7 @@ use tokio::sync::{Semaphore, mpsc};
 /// The relay's default `nats.max_in_flight`.
 pub(crate) const WINDOW: usize = 4096;
 
-/// The stream as `outbox-relay setup` creates it (src/setup.rs).
+/// The stream as `outbox-relay setup` creates it (src/setup/stream.rs).
 pub(crate) fn stream_config(name: &str) -> stream::Config {
     stream::Config {
         name: name.to_owned(),

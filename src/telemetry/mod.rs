@@ -1,5 +1,5 @@
 //! `[telemetry]`: one OpenTelemetry PRODUCER span per event whose writer sampled its trace
-//! (DESIGN §4.2 "Trace context", docs/tracing.md), exported over OTLP/HTTP (protobuf).
+//! (docs/tracing.md), exported over OTLP/HTTP (protobuf).
 //!
 //! The span runs from the transaction's commit to JetStream's ack, its parent is the writer's span
 //! (the event's `traceparent`), and the published message's `traceparent` names it, so a consumer's

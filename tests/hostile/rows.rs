@@ -133,14 +133,12 @@ async fn oversized_columns_and_headers_are_dead_lettered_and_the_relay_goes_on()
 /// flight: the dead letter takes the refused message's place, and the normal event must follow it
 /// without a session restart.
 ///
-/// BUG (src/sink/ack.rs, `AckTask::settle`, the `WrongLastSequence` branch): the event behind the
-/// refused one was sent expecting the refused one's sequence (say 5) and reached the server before
-/// the dead letter, so it is refused with 10071 "wrong last sequence: 4". By the time its ack is
-/// settled the dead letter is stored, `last_stored` = 5 = its expectation, and the branch resends
-/// only when `expected != last`: so it reports `FenceBroken` ("the stream's tail is not where the
-/// relay left it") and the session restarts. Nothing is lost or reordered (the restart replays), but
-/// every refused row costs a restart and a WARN line. A fix: resend once with `expected = last` when
-/// an earlier message of this session was re-sent after this one went out. Ignored until fixed.
+/// The race it guards: the event behind the refused one was sent expecting the refused one's
+/// sequence (say 5) and reached the server before the dead letter, so it is refused with 10071
+/// "wrong last sequence: 4". Settling that refusal (src/sink/settle.rs, the `WrongLastSequence`
+/// branch) sends it once more behind what the stream is known to hold (`Fence::behind_last_stored`)
+/// instead of ending the session with `FenceBroken`, which once cost a restart and a WARN line per
+/// refused row.
 #[tokio::test]
 async fn a_row_the_stream_refuses_costs_no_restart() {
     let db = text_id_db().await;
@@ -182,13 +180,12 @@ async fn reused_ids_in_live_traffic_do_not_restart_per_duplicate() {
 
 /// As above, with no restart at all, as the fence module promises ("never a session restart").
 ///
-/// BUG (src/sink/ack.rs, `AckTask::settle`, the `WrongLastSequence` branch; same root cause as
+/// The race it guards (the same branch of src/sink/settle.rs as
 /// `a_row_the_stream_refuses_costs_no_restart`): n-0077 goes out expecting 277 before the duplicate
 /// o-0076 is counted, is refused (last 276) and resent expecting 276; o-0077, sent after the count
 /// with the right expectation 277, reaches the server before that resend and is refused too
-/// ("wrong last sequence: 276"). When it is settled `last_stored` is 277 = its expectation, the
-/// branch resends only when they differ, and reports `FenceBroken`: a restart. Seen in about one run
-/// in five on this machine (more under load). Ignored until fixed.
+/// ("wrong last sequence: 276"). Each is sent once more behind what the stream is known to hold,
+/// never a restart (once seen in about one run in five here, more under load).
 #[tokio::test]
 async fn reused_ids_in_live_traffic_never_restart() {
     for _ in 0..5 {
