@@ -52,7 +52,7 @@ pub(crate) async fn serve(listener: TcpListener, metrics: Arc<Metrics>, position
             Err(e) => {
                 // Out of descriptors (EMFILE/ENFILE) starves the Postgres and NATS connections too:
                 // an operator must see it.
-                if matches!(e.raw_os_error(), Some(23 | 24)) {
+                if matches!(e.raw_os_error(), Some(libc::ENFILE | libc::EMFILE)) {
                     // Once a minute at most: the condition lasts, the log must not flood.
                     if last_emfile
                         .is_none_or(|t: std::time::Instant| t.elapsed() > Duration::from_secs(60))

@@ -184,7 +184,7 @@ pub(crate) fn stamp(position: Position, context: Option<&str>) -> String {
 }
 
 /// An `Outbox-Position` value: the position, and the history when the value names one. Fields
-/// after the position (`;name=value`) are not part of either ([`stamp_fields`]).
+/// after the position (`;name=value`) are not part of either ([`replay_over`]).
 pub(crate) fn parse_stamp(s: &str) -> Result<(Option<History>, Position), ParseError> {
     let s = s.split_once(';').map_or(s, |(main, _)| main).trim();
     // The position is the last two '/'-separated parts (an LSN has one '/'); a history has three

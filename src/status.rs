@@ -856,7 +856,7 @@ async fn read_stream(settings: &Settings, problems: &mut Vec<String>) -> StreamS
         },
         Err(e) => match e.kind() {
             async_nats::jetstream::context::GetStreamErrorKind::JetStream(je)
-                if je.error_code().0 == 10059 =>
+                if je.error_code() == async_nats::jetstream::ErrorCode::STREAM_NOT_FOUND =>
             {
                 st.state = State::Missing;
                 st.exists = Some(false);

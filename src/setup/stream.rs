@@ -84,8 +84,9 @@ async fn get_stream(
     match js.get_stream(name).await {
         Ok(s) => Ok(Some(s)),
         Err(e) => match e.kind() {
-            // 10059: stream not found.
-            jetstream::context::GetStreamErrorKind::JetStream(je) if je.error_code().0 == 10059 => {
+            jetstream::context::GetStreamErrorKind::JetStream(je)
+                if je.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND =>
+            {
                 Ok(None)
             }
             jetstream::context::GetStreamErrorKind::JetStream(_) => {
@@ -272,9 +273,9 @@ pub(super) async fn create(
     };
     let ours = cfg.subjects.clone();
     if let Err(e) = js.create_stream(cfg).await {
-        // 10065: subjects overlap with an existing stream; the server does not say which.
+        // Subjects overlap with an existing stream; the server does not say which.
         if let jetstream::context::CreateStreamErrorKind::JetStream(je) = e.kind()
-            && je.error_code().0 == 10065
+            && je.error_code() == jetstream::ErrorCode::STREAM_SUBJECT_OVERLAP
             && let Some((other, theirs)) = overlapping_stream(js, &ours).await
         {
             return Err(SetupError::Stream {
