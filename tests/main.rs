@@ -17,6 +17,7 @@ mod ha;
 mod hostile;
 mod lifecycle;
 mod message_default;
+mod module_graph;
 mod named_relays;
 mod ops;
 mod permissions;

@@ -1,0 +1,246 @@
+//! The import graph between the library's top-level modules, read from the source: an edge A → B
+//! for every `crate::B…` path in code (not comments) of a file under `src/A`. Cycles make a module
+//! impossible to read without the others, so this test fails on any *new* one: every strongly
+//! connected component of the graph must lie inside one of the components listed in [`KNOWN`],
+//! which records the cycles the code has today. A change that breaks a cycle must shrink the list
+//! (the test says which entry to change), so the list only ever gets shorter; the architecture
+//! work's aim is an empty one.
+//!
+//! Read from the text rather than by a tool (cargo-modules) so that it runs with the rest of the
+//! suite and needs nothing installed. `src/main.rs`, `src/lib.rs` are the roots, not modules. Being
+//! textual, it also counts a `crate::` path inside a string literal: name the module differently there.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// The import cycles the library has today, as the sets of top-level modules in each strongly
+/// connected component. Shrink an entry (or drop it) when a cycle is broken; never grow one.
+const KNOWN: &[&[&str]] = &[&[
+    "backfill_marker",
+    "catalog",
+    "config",
+    "error",
+    "http",
+    "message",
+    "metrics",
+    "outbox",
+    "relay",
+    "reload",
+    "schema",
+    "setup",
+    "sink",
+    "slot_mark",
+    "slot_scan",
+    "source",
+    "stored",
+    "telemetry",
+]];
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("read {}: {e}", dir.display())) {
+        let path = entry.expect("dir entry").path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// The top-level module a file under `src` belongs to (`None` for the crate roots).
+fn module_of(src: &Path, file: &Path) -> Option<String> {
+    let rel = file.strip_prefix(src).expect("under src");
+    let first = rel.components().next()?.as_os_str().to_str()?.to_owned();
+    let name = first.strip_suffix(".rs").unwrap_or(&first).to_owned();
+    (name != "lib" && name != "main").then_some(name)
+}
+
+/// The top-level modules a line of code names through `crate::` (a group `crate::{a, b::c}`
+/// names each of its members).
+fn named(line: &str, out: &mut BTreeSet<String>) {
+    let ident = |s: &str| -> String {
+        s.chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect()
+    };
+    let mut rest = line;
+    while let Some(i) = rest.find("crate::") {
+        let after = &rest[i + "crate::".len()..];
+        if let Some(group) = after.strip_prefix('{') {
+            // The group's top-level members: split at commas outside nested braces.
+            let mut depth = 0;
+            let mut start = 0;
+            for (j, c) in group.char_indices() {
+                match c {
+                    '{' => depth += 1,
+                    '}' if depth == 0 => {
+                        out.insert(ident(group[start..j].trim()));
+                        break;
+                    }
+                    '}' => depth -= 1,
+                    ',' if depth == 0 => {
+                        out.insert(ident(group[start..j].trim()));
+                        start = j + 1;
+                    }
+                    _ => {}
+                }
+            }
+        } else {
+            out.insert(ident(after));
+        }
+        rest = after;
+    }
+}
+
+/// Edges between top-level modules, and every module.
+fn graph() -> (BTreeMap<String, BTreeSet<String>>, BTreeSet<String>) {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut modules = BTreeSet::new();
+    for f in &files {
+        modules.extend(module_of(&src, f));
+    }
+    let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for f in &files {
+        let Some(from) = module_of(&src, f) else {
+            continue;
+        };
+        let text = std::fs::read_to_string(f).expect("read source");
+        let mut to = BTreeSet::new();
+        for line in text.lines() {
+            let code = line.trim_start();
+            if code.starts_with("//") {
+                continue;
+            }
+            // A trailing comment is not code either.
+            let code = code.split(" // ").next().unwrap_or(code);
+            named(code, &mut to);
+        }
+        let e = edges.entry(from.clone()).or_default();
+        e.extend(to.into_iter().filter(|m| *m != from && modules.contains(m)));
+    }
+    (edges, modules)
+}
+
+/// Tarjan's strongly connected components with more than one module.
+fn cycles(
+    edges: &BTreeMap<String, BTreeSet<String>>,
+    modules: &BTreeSet<String>,
+) -> Vec<BTreeSet<String>> {
+    struct T<'a> {
+        edges: &'a BTreeMap<String, BTreeSet<String>>,
+        index: BTreeMap<&'a str, usize>,
+        low: BTreeMap<&'a str, usize>,
+        stack: Vec<&'a str>,
+        on: BTreeSet<&'a str>,
+        out: Vec<BTreeSet<String>>,
+    }
+    fn visit<'a>(t: &mut T<'a>, v: &'a str) {
+        let n = t.index.len();
+        t.index.insert(v, n);
+        t.low.insert(v, n);
+        t.stack.push(v);
+        t.on.insert(v);
+        if let Some(next) = t.edges.get(v) {
+            for w in next {
+                let w = w.as_str();
+                if !t.index.contains_key(w) {
+                    visit(t, w);
+                    let lw = t.low[w];
+                    let lv = t.low.get_mut(v).unwrap();
+                    *lv = (*lv).min(lw);
+                } else if t.on.contains(w) {
+                    let iw = t.index[w];
+                    let lv = t.low.get_mut(v).unwrap();
+                    *lv = (*lv).min(iw);
+                }
+            }
+        }
+        if t.low[v] == t.index[v] {
+            let mut c = BTreeSet::new();
+            loop {
+                let w = t.stack.pop().unwrap();
+                t.on.remove(w);
+                c.insert(w.to_owned());
+                if w == v {
+                    break;
+                }
+            }
+            if c.len() > 1 {
+                t.out.push(c);
+            }
+        }
+    }
+    let mut t = T {
+        edges,
+        index: BTreeMap::new(),
+        low: BTreeMap::new(),
+        stack: Vec::new(),
+        on: BTreeSet::new(),
+        out: Vec::new(),
+    };
+    for m in modules {
+        if !t.index.contains_key(m.as_str()) {
+            visit(&mut t, m);
+        }
+    }
+    t.out
+}
+
+#[test]
+fn no_new_import_cycle_between_top_level_modules() {
+    let (edges, modules) = graph();
+    let found = cycles(&edges, &modules);
+    let known: Vec<BTreeSet<String>> = KNOWN
+        .iter()
+        .map(|c| c.iter().map(|m| (*m).to_owned()).collect())
+        .collect();
+    for c in &found {
+        assert!(
+            known.iter().any(|k| c.is_subset(k)),
+            "a new import cycle between {c:?}: break it (a leaf module for what they share), or \
+             see tests/module_graph.rs; the edges: {:?}",
+            c.iter()
+                .map(|m| (m, edges[m].intersection(c).collect::<Vec<_>>()))
+                .collect::<Vec<_>>()
+        );
+    }
+    for k in &known {
+        let now: BTreeSet<String> = found
+            .iter()
+            .filter(|c| c.is_subset(k))
+            .flatten()
+            .cloned()
+            .collect();
+        assert_eq!(
+            &now, k,
+            "a known import cycle got smaller: shrink its entry in KNOWN (tests/module_graph.rs) \
+             to the modules still in a cycle, so that it cannot grow back"
+        );
+    }
+}
+
+#[test]
+fn the_graph_reader_sees_paths_groups_and_skips_comments() {
+    let mut out = BTreeSet::new();
+    named(
+        "use crate::{config::Settings, sink::{self, Sink}, Lsn};",
+        &mut out,
+    );
+    named("let x = crate::metrics::Metrics::default();", &mut out);
+    assert_eq!(
+        out.into_iter().collect::<Vec<_>>(),
+        ["Lsn", "config", "metrics", "sink"]
+    );
+    let mut edges = BTreeMap::new();
+    let m = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<BTreeSet<_>>();
+    edges.insert("a".to_owned(), m(&["b"]));
+    edges.insert("b".to_owned(), m(&["c"]));
+    edges.insert("c".to_owned(), m(&["a"]));
+    edges.insert("d".to_owned(), m(&["a"]));
+    assert_eq!(
+        cycles(&edges, &m(&["a", "b", "c", "d"])),
+        vec![m(&["a", "b", "c"])]
+    );
+}
