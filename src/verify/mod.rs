@@ -223,7 +223,13 @@ pub async fn verify(
                 Some(Example {
                     event_id: b.0.clone(),
                     sequence: Some(later),
-                    detail: Some(format!("first stored at sequence {first}")),
+                    detail: Some(match crate::position::replay_over(&b.2) {
+                        Some(n) => format!(
+                            "first stored at sequence {first}; published again by a replay that trusted no \
+                             tail (the stream's last sequence was {n} when it began)"
+                        ),
+                        None => format!("first stored at sequence {first}"),
+                    }),
                 })
             });
         }

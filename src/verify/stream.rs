@@ -53,9 +53,10 @@ pub(crate) fn event_id(headers: Option<&async_nats::HeaderMap>) -> Option<&str> 
         .map(|v| v.as_str())
 }
 
-/// `Outbox-Position` split into its history (possibly empty) and position.
+/// `Outbox-Position` split into its history (possibly empty) and position; fields after the
+/// position (`;replay-over=N`) are neither.
 fn split_position(value: &str) -> Option<(&str, Position)> {
-    let value = value.trim();
+    let value = value.split_once(';').map_or(value, |(main, _)| main).trim();
     let mut cut = value.rmatch_indices('/').map(|(i, _)| i);
     let (_, lsn_slash) = (cut.next(), cut.next());
     match lsn_slash {
@@ -200,6 +201,30 @@ mod tests {
             split_position("0/16B3748:3").map(|x| x.0),
             Some(""),
             "a position without a history"
+        );
+    }
+
+    #[test]
+    fn a_replay_over_field_after_the_position_is_still_the_relays_message() {
+        let mut s = StreamScan::new(false, "dl");
+        let h = "7311/1/outbox_relay";
+        s.take(
+            1,
+            "outbox.Claim",
+            Some(&headers("e-1", &format!("{h}/0/100:0"))),
+            b"",
+        );
+        s.take(
+            2,
+            "outbox.Claim",
+            Some(&headers("e-2", &format!("{h}/0/200:0;replay-over=1"))),
+            b"",
+        );
+        assert!(s.foreign.is_empty(), "{:?}", s.foreign);
+        assert!(s.out_of_order.is_empty());
+        assert_eq!(
+            split_position(&format!("{h}/0/200:0;replay-over=1")),
+            Some((h, "0/200:0".parse().unwrap()))
         );
     }
 }
