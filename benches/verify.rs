@@ -9,8 +9,11 @@
 //! reports any difference fails the bench: the numbers are for a clean, complete check.
 //!
 //! `cargo bench --bench verify` prints one line per run and the medians. Knobs: `BENCH_EVENTS`
-//! (200000), `BENCH_ROUNDS` (3). Under `cargo test --benches` (no `--bench` argument) it does
-//! nothing: starting servers is the tests' job.
+//! (200000), `BENCH_ROUNDS` (3), `BENCH_PAYLOADS` (1; 0 leaves the `--payloads` runs out, which at
+//! millions of events take most of the time), and `BENCH_BASELINE`: the path of another build's
+//! binary (e.g. main's), run on the same table and stream right after each run of this one, so the
+//! two are compared under the same load. Under `cargo test --benches` (no `--bench` argument) it
+//! does nothing: starting servers is the tests' job.
 
 use std::process::Command;
 use std::time::Instant;
@@ -48,25 +51,38 @@ fn main() -> anyhow::Result<()> {
     let (db, config) = rt.block_on(fill(&pg, &nats))?;
     let events: u64 = env_or("BENCH_EVENTS", 200_000);
     let rounds: usize = env_or("BENCH_ROUNDS", 3).max(1);
-    for payloads in [false, true] {
-        let (mut rates, mut rss) = (Vec::new(), Vec::new());
+    let modes: &[bool] = if env_or("BENCH_PAYLOADS", 1) == 0 {
+        &[false]
+    } else {
+        &[false, true]
+    };
+    let mut binaries = vec![("", env!("CARGO_BIN_EXE_outbox-relay").to_owned())];
+    if let Ok(baseline) = std::env::var("BENCH_BASELINE") {
+        binaries.push((" (baseline)", baseline));
+    }
+    for &payloads in modes {
+        let mut results = vec![(Vec::new(), Vec::new()); binaries.len()];
         for _ in 0..rounds {
-            let (secs, kb) = verify_once(&config, payloads, events)?;
-            println!(
-                "verify{}: {events} events in {secs:.2} s ({:.0} events/s), peak RSS {:.1} MB",
-                if payloads { " --payloads" } else { "" },
-                events as f64 / secs,
-                kb / 1024.0
-            );
-            rates.push(events as f64 / secs);
-            rss.push(kb / 1024.0);
+            for ((label, bin), (rates, rss)) in binaries.iter().zip(&mut results) {
+                let (secs, kb) = verify_once(bin, &config, payloads, events)?;
+                println!(
+                    "verify{}{label}: {events} events in {secs:.2} s ({:.0} events/s), peak RSS {:.1} MB",
+                    if payloads { " --payloads" } else { "" },
+                    events as f64 / secs,
+                    kb / 1024.0
+                );
+                rates.push(events as f64 / secs);
+                rss.push(kb / 1024.0);
+            }
         }
-        println!(
-            "median{}: {:.0} events/s, peak RSS {:.1} MB",
-            if payloads { " --payloads" } else { "" },
-            median(rates),
-            median(rss)
-        );
+        for ((label, _), (rates, rss)) in binaries.iter().zip(results) {
+            println!(
+                "median{}{label}: {:.0} events/s, peak RSS {:.1} MB",
+                if payloads { " --payloads" } else { "" },
+                median(rates),
+                median(rss)
+            );
+        }
     }
     drop(db);
     Ok(())
@@ -102,15 +118,15 @@ async fn fill(pg: &PgServer, nats: &NatsServer) -> anyhow::Result<(TestDb, Confi
     Ok((db, c))
 }
 
-/// One `verify --json` run of the built binary: seconds and peak RSS in KiB.
-fn verify_once(c: &Config, payloads: bool, events: u64) -> anyhow::Result<(f64, f64)> {
+/// One `verify --json` run of the binary `bin`: seconds and peak RSS in KiB.
+fn verify_once(bin: &str, c: &Config, payloads: bool, events: u64) -> anyhow::Result<(f64, f64)> {
     let out_file = tempfile::NamedTempFile::new()?;
     let mut cmd = Command::new("/usr/bin/time");
     cmd.arg("-f")
         .arg("%M")
         .arg("-o")
         .arg(out_file.path())
-        .arg(env!("CARGO_BIN_EXE_outbox-relay"))
+        .arg(bin)
         .args(["verify", "--json"]);
     if payloads {
         cmd.arg("--payloads");

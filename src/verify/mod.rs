@@ -5,9 +5,11 @@
 //! another subject than the template gives, and (with `--payloads`) bodies that differ from the
 //! row. It writes nothing: no slot, no publish, no durable consumer; it runs while the relay runs.
 //!
-//! The order of work: the rows are read in one snapshot ([`rows`]), then the stream up to the last
-//! sequence it had after the snapshot was taken ([`stream`]); both become compact records that are
-//! sorted and merged ([`compare`]). When rows are absent, the stream is read once more after
+//! The order of work: the rows' snapshot is taken first ([`rows`]), then the stream is read up to
+//! the last sequence it had after that ([`stream`]) into compact records indexed by event-id hash
+//! ([`messages`]); then the snapshot's rows go by one at a time, each looked up among the messages
+//! ([`compare`]), and only the rows with a candidate difference are kept. Memory is therefore the
+//! messages' records, not the rows'. When rows are absent, the stream is read once more after
 //! [`RECHECK`], past where the first read ended: an event committed just before the snapshot may
 //! still have been on its way. Every candidate difference then gets an exact second look (the
 //! message by its sequence, the row by its id) before it is counted; see docs/operations.md,
@@ -23,11 +25,13 @@ use crate::setup::{self, SetupError};
 use crate::sink::{ConnectError, connect_nats};
 
 mod compare;
+mod messages;
 mod report;
 mod rows;
 mod stream;
 
 use compare::{DEAD_LETTER, RowFinding, RowRec, content_hash, hash64};
+use messages::{MAX_SPAN, Messages};
 pub use report::{Example, VerifyReport};
 use rows::Table;
 use stream::{StreamScan, event_id};
@@ -78,6 +82,23 @@ pub enum VerifyError {
     /// `--from-sequence 0`.
     #[error("--from-sequence must be 1 or more (stream sequences start at 1)")]
     FromSequence,
+    /// More sequences than one run keeps apart (4-byte offsets, [`MAX_SPAN`]).
+    #[error(
+        "stream {stream}: sequences {first} to {last} are more than one verify reads ({max} at most): \
+         give --from-sequence {suggest} or later (rows older than that message count as older_than_stream)"
+    )]
+    Span {
+        /// The stream.
+        stream: String,
+        /// The first sequence to read.
+        first: u64,
+        /// The last sequence.
+        last: u64,
+        /// [`MAX_SPAN`] + 1.
+        max: u64,
+        /// A `--from-sequence` that fits.
+        suggest: u64,
+    },
     /// Reading the stream failed.
     #[error(
         "stream {stream} (nats.stream): {what}: {detail} (verify needs the relay's NATS user plus \
@@ -110,56 +131,22 @@ pub async fn verify(
         ..VerifyReport::default()
     };
 
-    // The rows first: everything the stream holds later can only add to what the snapshot saw.
+    // The rows' snapshot first: everything the stream holds later can only add to what it shows.
     let pg = if o.messages_only() {
         None
     } else {
         Some(setup::connect_postgres(settings).await?)
     };
-    let mut rows: Vec<RowRec> = Vec::new();
-    let mut unusable_ids = 0u64;
+    const ROWS_CURSOR: &str = "outbox_relay_verify_rows";
     let table = match &pg {
         None => None,
         Some(pg) => {
             let t = Table::open(pg, o, opts.where_sql.as_deref(), opts.since.as_deref()).await?;
-            let template = &settings.subject;
-            t.scan(
-                pg,
-                o,
-                opts.payloads,
-                "outbox_relay_verify_rows",
-                async |r| {
-                    // The relay gives a row without a usable id a WAL-derived one, which the row
-                    // cannot be matched with (docs/guarantees.md, Messages).
-                    let Some(id) = r.id.filter(|id| usable_id(id)) else {
-                        unusable_ids += 1;
-                        return Ok(true);
-                    };
-                    let content = match expected_subject(template, &r) {
-                        Some(subject) => content_hash(&subject, opts.payloads.then_some(r.payload)),
-                        None => DEAD_LETTER,
-                    };
-                    rows.push(RowRec {
-                        id: hash64(id.as_bytes()),
-                        content,
-                    });
-                    if rows.len().is_multiple_of(100_000) {
-                        progress(format!("verify: {} rows read", rows.len()));
-                    }
-                    Ok(true)
-                },
-            )
-            .await?;
+            // Declared now, so a --where Postgres cannot plan fails before the stream is read.
+            t.declare(pg, o, opts.payloads, ROWS_CURSOR).await?;
             Some(t)
         }
     };
-    report.rows = rows.len() as u64;
-    if unusable_ids > 0 {
-        report.skipped.push(format!(
-            "{unusable_ids} rows without a usable event id (null, empty, over {MAX_ID_BYTES} bytes or with a line break): \
-             the relay publishes them under a WAL-derived id, which no row can be matched with"
-        ));
-    }
 
     let nats = connect_nats(settings).await?;
     let js = jetstream::new(nats.clone());
@@ -179,18 +166,71 @@ pub async fn verify(
         .state
         .clone();
     let start = state.first_sequence.max(opts.from_sequence.unwrap_or(1));
+    let span = |first: u64, last: u64| {
+        if last > first && last - first > MAX_SPAN {
+            return Err(VerifyError::Span {
+                stream: n.stream.clone(),
+                first,
+                last,
+                max: MAX_SPAN + 1,
+                suggest: last - MAX_SPAN,
+            });
+        }
+        Ok(())
+    };
+    span(start, state.last_sequence)?;
     let mut scan = StreamScan::new(opts.payloads, &n.dead_letter_subject);
-    let mut tick = |read: u64| progress(format!("verify: {read} messages read"));
-    // Exactly the records needed, not a doubling Vec's slack (24 bytes a message).
-    scan.msgs
-        .reserve_exact(usize::try_from(state.messages).unwrap_or(0));
+    // Exactly the records needed: a vector that doubles would hold up to twice that.
+    scan.msgs = Messages::new(start, state.messages);
     if state.messages > 0 {
-        scan.read(&nats, &n.stream, start, state.last_sequence, &mut tick)
-            .await?;
+        scan.read(&nats, &n.stream, start, state.last_sequence, &mut |read| {
+            progress(format!("verify: {read} messages read"))
+        })
+        .await?;
     }
-    let mut candidates = compare::merge(&mut rows, &mut scan.msgs);
-    let absent = |c: &compare::Candidates| c.rows.iter().any(|(_, f)| *f == RowFinding::Absent);
-    if absent(&candidates) {
+    scan.msgs.index();
+
+    // The rows, one at a time: only those with a candidate difference are kept.
+    let mut candidates: Vec<(RowRec, RowFinding)> = Vec::new();
+    let mut unusable_ids = 0u64;
+    if let (Some(pg), Some(t)) = (&pg, &table) {
+        let template = &settings.subject;
+        let msgs = &scan.msgs;
+        t.fetch_all(pg, o, ROWS_CURSOR, async |r| {
+            // The relay gives a row without a usable id a WAL-derived one, which the row cannot
+            // be matched with (docs/guarantees.md, Messages).
+            let Some(id) = r.id.filter(|id| usable_id(id)) else {
+                unusable_ids += 1;
+                return Ok(true);
+            };
+            let content = match expected_subject(template, &r) {
+                Some(subject) => content_hash(&subject, opts.payloads.then_some(r.payload)),
+                None => DEAD_LETTER,
+            };
+            let row = RowRec {
+                id: hash64(id.as_bytes()),
+                content,
+            };
+            if let Some(finding) = compare::check(row, &[msgs]) {
+                candidates.push((row, finding));
+            }
+            report.rows += 1;
+            if report.rows.is_multiple_of(100_000) {
+                progress(format!("verify: {} rows read", report.rows));
+            }
+            Ok(true)
+        })
+        .await?;
+    }
+    if unusable_ids > 0 {
+        report.skipped.push(format!(
+            "{unusable_ids} rows without a usable event id (null, empty, over {MAX_ID_BYTES} bytes or with a line break): \
+             the relay publishes them under a WAL-derived id, which no row can be matched with"
+        ));
+    }
+
+    let absent = |c: &[(RowRec, RowFinding)]| c.iter().any(|(_, f)| *f == RowFinding::Absent);
+    let second = if absent(&candidates) {
         // A row committed just before the snapshot may still be on its way to the stream.
         tokio::time::sleep(RECHECK).await;
         let now = js_stream
@@ -200,16 +240,38 @@ pub async fn verify(
             .state
             .last_sequence;
         let from = start.max(scan.last_read + 1);
-        scan.read(&nats, &n.stream, from, now, &mut tick).await?;
-        candidates = compare::merge(&mut rows, &mut scan.msgs);
-    }
+        span(from, now)?;
+        // The later messages in a part of their own: growing the first would copy it.
+        let first = std::mem::replace(
+            &mut scan.msgs,
+            Messages::new(from, (now + 1).saturating_sub(from)),
+        );
+        scan.read(&nats, &n.stream, from, now, &mut |read| {
+            progress(format!("verify: {read} messages read"))
+        })
+        .await?;
+        scan.msgs.index();
+        let parts = [&first, &scan.msgs];
+        candidates.retain_mut(|(row, finding)| match compare::check(*row, &parts) {
+            Some(f) => {
+                *finding = f;
+                true
+            }
+            None => false,
+        });
+        compare::second_copies(&parts)
+    } else {
+        compare::second_copies(&[&scan.msgs])
+    };
+    // The records are done with; the second look needs only the candidates.
+    scan.msgs = Messages::default();
     report.messages = scan.messages;
     report.first_sequence = scan.first_read;
     report.last_sequence = scan.last_read;
 
     // Once: each second copy, confirmed by reading both copies' ids.
     let mut second_copies: Vec<u64> = Vec::new();
-    for &(first, later) in &candidates.second_copies {
+    for &(first, later) in &second {
         let a = message(&js_stream, first)
             .await
             .map_err(|e| stream_error("reading a message", &e))?;
@@ -296,7 +358,7 @@ pub async fn verify(
                 },
                 stream: &js_stream,
             };
-            second_look(pg, table, settings, &rows, candidates, &ctx, &mut report).await?;
+            second_look(pg, table, settings, candidates, &ctx, &mut report).await?;
             if !table.has_created {
                 report.skipped.push(format!(
                     "in flight by creation time ({} has no created_at column: a row not stored after the recheck is missing)",
@@ -336,19 +398,15 @@ async fn second_look(
     pg: &tokio_postgres::Client,
     table: &Table,
     settings: &Settings,
-    rows: &[RowRec],
-    candidates: compare::Candidates,
+    candidates: Vec<(RowRec, RowFinding)>,
     ctx: &RowsCtx<'_>,
     report: &mut VerifyReport,
 ) -> Result<(), VerifyError> {
-    if candidates.rows.is_empty() {
+    if candidates.is_empty() {
         return Ok(());
     }
-    let mut by_hash: Vec<(u64, RowFinding, usize)> = candidates
-        .rows
-        .iter()
-        .map(|&(i, f)| (rows[i].id, f, i))
-        .collect();
+    let mut by_hash: Vec<(u64, RowFinding)> =
+        candidates.iter().map(|&(row, f)| (row.id, f)).collect();
     by_hash.sort_unstable_by_key(|x| x.0);
     let o = &settings.config().outbox;
     let payloads = ctx.payloads;
@@ -359,7 +417,7 @@ async fn second_look(
             let Ok(k) = by_hash.binary_search_by_key(&h, |x| x.0) else {
                 return Ok(true);
             };
-            let (_, finding, _) = by_hash[k];
+            let (_, finding) = by_hash[k];
             let class = match finding {
                 RowFinding::Absent
                     if ctx

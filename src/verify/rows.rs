@@ -1,7 +1,8 @@
 //! Reading the outbox table for `verify`: the rows still there (retention deletes old ones) that
 //! match `--where` and `--since`, in one READ ONLY, REPEATABLE READ transaction held open for the
 //! whole run, so the exact second look at the candidates reads the same snapshot as the first pass.
-//! Rows come through a server-side cursor, [`FETCH_ROWS`] at a time: memory stays bounded.
+//! Rows come through a server-side cursor, [`FETCH_ROWS`] at a time, the next batch asked for
+//! while the last is looked at: memory stays bounded at two batches.
 //!
 //! Columns are the configured ones (`outbox.*_column`), a partitioned table is read through its
 //! parent. The creation time is the column `created_at` when the table has one (as
@@ -201,11 +202,25 @@ impl Table {
         o: &OutboxConfig,
         payloads: bool,
         cursor: &str,
-        mut each: F,
+        each: F,
     ) -> Result<(), VerifyError>
     where
         F: AsyncFnMut(RowView<'_>) -> Result<bool, VerifyError>,
     {
+        self.declare(pg, o, payloads, cursor).await?;
+        self.fetch_all(pg, o, cursor, each).await
+    }
+
+    /// Declares the cursor `cursor` over the matching rows: a `--where` Postgres cannot plan fails
+    /// here, before anything is read. The rows are read later, by [`Table::fetch_all`], from the
+    /// transaction's snapshot.
+    pub(crate) async fn declare(
+        &self,
+        pg: &Client,
+        o: &OutboxConfig,
+        payloads: bool,
+        cursor: &str,
+    ) -> Result<(), VerifyError> {
         pg.execute(
             &format!(
                 "DECLARE {cursor} NO SCROLL CURSOR FOR {}",
@@ -215,35 +230,61 @@ impl Table {
         )
         .await
         .map_err(query_error(&o.table, "--where / --since"))?;
+        Ok(())
+    }
+
+    /// Reads the rows of the cursor [`Table::declare`] declared, calling `each` on each one, and
+    /// closes it.
+    pub(crate) async fn fetch_all<F>(
+        &self,
+        pg: &Client,
+        o: &OutboxConfig,
+        cursor: &str,
+        mut each: F,
+    ) -> Result<(), VerifyError>
+    where
+        F: AsyncFnMut(RowView<'_>) -> Result<bool, VerifyError>,
+    {
         let fetch = pg
             .prepare(&format!("FETCH {FETCH_ROWS} FROM {cursor}"))
             .await
             .map_err(query_error(&o.table, "FETCH"))?;
-        'fetch: loop {
-            let rows: Vec<Row> = pg
-                .query_raw(&fetch, std::iter::empty::<i32>())
+        let batch = async || -> Result<Vec<Row>, VerifyError> {
+            pg.query_raw(&fetch, std::iter::empty::<i32>())
                 .await
                 .map_err(query_error(&o.table, "FETCH"))?
                 .try_collect()
                 .await
-                .map_err(query_error(&o.table, "FETCH"))?;
-            let n = rows.len();
-            for row in &rows {
-                let view = RowView {
-                    id: row.get(0),
-                    aggregate_type: row.get(1),
-                    event_type: row.get(2),
-                    aggregate_id: row.get(3),
-                    created_us: row.get(4),
-                    young: row.get(5),
-                    payload: row.get::<_, Option<&[u8]>>(6).unwrap_or_default(),
-                };
-                if !each(view).await? {
-                    break 'fetch;
+                .map_err(query_error(&o.table, "FETCH"))
+        };
+        let mut rows = batch().await?;
+        loop {
+            let more = rows.len() == FETCH_ROWS as usize;
+            // The next batch is asked for before this one is looked at: Postgres reads it while
+            // the rows here are hashed and compared (on one thread, the two would take turns).
+            let (next, go_on) = tokio::join!(
+                async { if more { Some(batch().await) } else { None } },
+                async {
+                    for row in &rows {
+                        let view = RowView {
+                            id: row.get(0),
+                            aggregate_type: row.get(1),
+                            event_type: row.get(2),
+                            aggregate_id: row.get(3),
+                            created_us: row.get(4),
+                            young: row.get(5),
+                            payload: row.get::<_, Option<&[u8]>>(6).unwrap_or_default(),
+                        };
+                        if !each(view).await? {
+                            return Ok(false);
+                        }
+                    }
+                    Ok::<bool, VerifyError>(true)
                 }
-            }
-            if n < FETCH_ROWS as usize {
-                break;
+            );
+            match (go_on?, next) {
+                (true, Some(next)) => rows = next?,
+                _ => break,
             }
         }
         pg.execute(&format!("CLOSE {cursor}"), &[])

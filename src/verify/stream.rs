@@ -2,7 +2,7 @@
 //! ephemeral push consumer ([`ClientReader`], the one a resumed session reads its replay back
 //! with: in memory, one replica, no acks, removed by the server 5 s after the read, so nothing
 //! durable is left behind), headers only unless `--payloads` needs the bodies. Each message
-//! becomes a compact [`MsgRec`]; on the way the order of `Outbox-Position` is checked and messages
+//! becomes a compact record in [`Messages`]; on the way the order of `Outbox-Position` is checked and messages
 //! without the relay's headers are set aside as foreign.
 //!
 //! Order is judged per history (`Outbox-Position`'s `SYSTEM/TIMELINE/SLOT` part): a message of a
@@ -13,7 +13,8 @@
 use std::time::Duration;
 
 use super::VerifyError;
-use super::compare::{DEAD_LETTER, MsgRec, content_hash, hash64};
+use super::compare::{DEAD_LETTER, content_hash, hash64};
+use super::messages::Messages;
 use crate::position::Position;
 use crate::sink::ClientReader;
 
@@ -25,8 +26,8 @@ const PROGRESS_EVERY: Duration = Duration::from_secs(2);
 /// What the read of the stream collected.
 #[derive(Debug, Default)]
 pub(crate) struct StreamScan {
-    /// The relay's messages.
-    pub(crate) msgs: Vec<MsgRec>,
+    /// The relay's messages (of the current read: the caller sets the part up for each).
+    pub(crate) msgs: Messages,
     /// Messages read, the relay's and others.
     pub(crate) messages: u64,
     /// Sequences of the messages without the relay's headers.
@@ -112,7 +113,8 @@ impl StreamScan {
             .await
             .map_err(|e| nats("reading", e))?
         {
-            self.take(seq, m.subject.as_str(), m.headers.as_ref(), &m.payload);
+            self.take(seq, m.subject.as_str(), m.headers.as_ref(), &m.payload)
+                .map_err(|e| nats("reading", e))?;
             if last_progress.elapsed() >= PROGRESS_EVERY {
                 last_progress = std::time::Instant::now();
                 progress(self.messages);
@@ -122,14 +124,15 @@ impl StreamScan {
         Ok(())
     }
 
-    /// One stored message.
+    /// One stored message; an error when its sequence is outside the range the part was set up
+    /// for (the caller checks the range first, so only a server's mistake gets here).
     fn take(
         &mut self,
         seq: u64,
         subject: &str,
         headers: Option<&async_nats::HeaderMap>,
         payload: &[u8],
-    ) {
+    ) -> Result<(), String> {
         self.messages += 1;
         if self.first_read == 0 {
             self.first_read = seq;
@@ -140,7 +143,7 @@ impl StreamScan {
             .and_then(|v| split_position(v.as_str()));
         let (Some((history, position)), Some(id)) = (position, event_id(headers)) else {
             self.foreign.push(seq);
-            return;
+            return Ok(());
         };
         match &mut self.prev {
             Some((h, p)) if h == history => {
@@ -153,15 +156,18 @@ impl StreamScan {
         }
         let dead_letter = subject == self.dead_letter_subject
             || headers.is_some_and(|h| h.get("Outbox-Error").is_some());
-        self.msgs.push(MsgRec {
-            id: hash64(id.as_bytes()),
-            seq,
-            content: if dead_letter {
-                DEAD_LETTER
-            } else {
-                content_hash(subject, self.payloads.then_some(payload))
-            },
-        });
+        let content = if dead_letter {
+            DEAD_LETTER
+        } else {
+            content_hash(subject, self.payloads.then_some(payload))
+        };
+        if self.msgs.push(hash64(id.as_bytes()), seq, content) {
+            Ok(())
+        } else {
+            Err(format!(
+                "sequence {seq} delivered outside the range asked for"
+            ))
+        }
     }
 }
 
@@ -179,6 +185,7 @@ mod tests {
     #[test]
     fn one_message_out_of_place_is_one_break_and_a_new_history_starts_afresh() {
         let mut s = StreamScan::new(false, "dl");
+        s.msgs = Messages::new(1, 8);
         let h = "7311/1/outbox_relay";
         for (seq, id, pos) in [
             (1, "e-1", format!("{h}/0/100:0")),
@@ -190,9 +197,10 @@ mod tests {
             (6, "e-6", "9999/1/outbox_relay/0/10:0".to_owned()),
             (7, "e-7", "0/20:0".to_owned()),
         ] {
-            s.take(seq, "outbox.Claim", Some(&headers(id, &pos)), b"");
+            s.take(seq, "outbox.Claim", Some(&headers(id, &pos)), b"")
+                .expect("in range");
         }
-        s.take(8, "outbox.Claim", None, b"");
+        s.take(8, "outbox.Claim", None, b"").expect("in range");
         assert_eq!(s.out_of_order, vec![4]);
         assert_eq!(s.foreign, vec![8]);
         assert_eq!(s.msgs.len(), 7);
@@ -201,6 +209,11 @@ mod tests {
             split_position("0/16B3748:3").map(|x| x.0),
             Some(""),
             "a position without a history"
+        );
+        assert!(
+            s.take(0, "outbox.Claim", Some(&headers("e-0", "0/1:0")), b"")
+                .is_err(),
+            "a sequence before the part's start is an error, not a wrapped offset"
         );
     }
 
