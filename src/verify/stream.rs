@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use super::VerifyError;
 use super::compare::{DEAD_LETTER, MsgRec, content_hash, hash64};
+use crate::nats::ClientReader;
 use crate::position::Position;
-use crate::sink::ClientReader;
 
 /// How long to wait for the next message before giving up on the read.
 const READ_TIMEOUT: Duration = Duration::from_secs(30);
@@ -94,7 +94,7 @@ impl StreamScan {
         };
         let mut last_progress = std::time::Instant::now();
         // The reader moves to a new consumer every so many deliveries itself, so a long read
-        // cannot outgrow the client's subscription buffer (src/sink/readback.rs).
+        // cannot outgrow the client's subscription buffer (src/nats/readback.rs).
         let mut reader = ClientReader::start_with(
             client,
             name,
