@@ -21,6 +21,7 @@
 //!    ▼                                  │                    error      RelayError (stop) · Restart (retry)
 //!  sink/      one publisher: window (messages + bytes), acks, verify     rows against the stream, read only
 //!    │        fence (skip stored, expected sequence), dead letters
+//!    │        through nats/ (JetStreamPort: the async-nats client, or a simulator)
 //!    ▼                                  │
 //!  progress   in-order tracker → confirmed LSN = Commit.end_lsn
 //!    └──────────────────────────────────┘
@@ -49,6 +50,7 @@ mod http;
 mod lsn;
 pub mod message;
 pub mod metrics;
+pub mod nats;
 pub mod outbox;
 pub mod pgoutput;
 pub mod position;

@@ -479,8 +479,9 @@ async fn consumed_problem(
     }
     let client = setup::connect_postgres(settings).await.ok()?;
     let nats = connect_nats(settings).await.ok()?;
-    let stored = match crate::sink::read_tail(&async_nats::jetstream::new(nats), &stream.name).await
-    {
+    // As long as any other request of status's client may take (async-nats' default).
+    let timeout = std::time::Duration::from_secs(10);
+    let stored = match crate::sink::read_tail(&nats.into(), &stream.name, timeout).await {
         // status knows no timeline: the slot named in the tail is compared, not the history.
         Ok(tail) => slot_mark::Stored::from_tail(&tail, slot, None),
         Err(e) => slot_mark::Stored::Unknown(crate::relay::error_chain(&e)),

@@ -7,6 +7,9 @@
 //! logged (`simulation/check.rs`). A third layer beside the unit tests and the tests against real
 //! servers: it reaches interleavings of faults no real-server test can order on purpose, and a seed
 //! replays its run forever.
+//! The simulators plug into the relay's own seams: its `Connector`, the
+//! NATS port `JetStreamPort` (`simulation/port.rs`, implemented by the async-nats client in
+//! production) and `ReplicationStream::over`.
 //!
 //! ```text
 //! cargo test --test simulation                               # SIM_SEEDS seeds from SIM_SEED_START
@@ -28,6 +31,8 @@
 mod check;
 #[path = "simulation/jetstream.rs"]
 mod jetstream;
+#[path = "simulation/port.rs"]
+mod port;
 #[path = "simulation/postgres.rs"]
 mod postgres;
 #[path = "simulation/rng.rs"]

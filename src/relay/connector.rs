@@ -12,8 +12,9 @@ use crate::catalog;
 use crate::config::Settings;
 use crate::error::{RelayError, Restart, SessionEnd, from_source};
 use crate::metrics::Metrics;
+use crate::nats::NatsPort;
 use crate::position::History;
-use crate::sink::{NatsPort, connect_nats, read_tail};
+use crate::sink::{connect_nats, read_tail};
 use crate::slot_mark::{self, Check, Consumed, Stored};
 use crate::source::{
     PgOutputOptions, ReplConnection, ReplicationStream, Shared, SourceError, StreamConfig,
@@ -198,11 +199,11 @@ impl Connector for Servers {
     fn nats(&mut self) -> BoxFuture<'_, Result<NatsPort, Restart>> {
         Box::pin(async move {
             if let Some((c, _)) = &self.nats {
-                return Ok(NatsPort::Client(c.clone()));
+                return Ok(NatsPort::from(c.clone()));
             }
             let c = connect_nats(&self.settings).await.map_err(Restart::from)?;
             self.keep(c.clone());
-            Ok(NatsPort::Client(c))
+            Ok(NatsPort::from(c))
         })
     }
 
@@ -397,10 +398,9 @@ async fn check_slot(
     let (Some(slot_at), Some(nats)) = (out.confirmed, nats) else {
         return out;
     };
-    let js = async_nats::jetstream::ContextBuilder::new()
-        .timeout(settings.ack_timeout)
-        .build(nats);
-    let stored = match read_tail(&js, &settings.config().nats.stream).await {
+    let nats = NatsPort::from(nats);
+    let stored = match read_tail(&nats, &settings.config().nats.stream, settings.ack_timeout).await
+    {
         Ok(tail) => Stored::from_tail(&tail, slot, Some(history)),
         Err(e) => Stored::Unknown(format!(
             "the stream's tail cannot be read: {}",

@@ -29,7 +29,6 @@ use crate::error::{CauseKind, NatsTrouble, Restart, SessionEnd};
 use crate::metrics::Metrics;
 use crate::sink::Outcome;
 use crate::stored::Positions;
-#[cfg(feature = "test-support")]
 pub use crate::stored::probe::{PositionProbe, Served, Waited};
 use connector::Servers;
 pub use connector::{Connector, SlotCheck, Start};
@@ -118,7 +117,6 @@ pub async fn run(
 /// [`run`] does after setup. `jitter_seed` seeds the backoff's jitter. The sessions serve their
 /// stored position through `positions` (made by the caller, who reads it). The deterministic
 /// simulation runs this against simulated servers.
-#[cfg(feature = "test-support")]
 pub async fn run_with(
     settings: Settings,
     metrics: Arc<Metrics>,

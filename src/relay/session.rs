@@ -22,7 +22,7 @@ use crate::outbox::{OutboxStage, Step};
 use crate::pgoutput::{Decoder, Message};
 use crate::position::History;
 use crate::progress::Progress;
-use crate::sink::{Acked, NatsPort, Origin, Sink, SinkConfig};
+use crate::sink::{Acked, Origin, Sink, SinkConfig};
 use crate::source::{ReplicationEvent, ReplicationStream, SourceError};
 use crate::stored::Serve;
 
@@ -95,11 +95,7 @@ impl Session {
             timelines: system.history,
         };
         relay.streaming();
-        let client = match &nats {
-            NatsPort::Client(c) => Some(c.clone()),
-            #[cfg(feature = "test-support")]
-            NatsPort::Sim(_) => None,
-        };
+        let client = nats.client().cloned();
         let sink = Sink::start(
             nats,
             SinkConfig {

@@ -29,8 +29,6 @@
 //! republishes the few already sent with the old expectation: one skipped message and a log line,
 //! never a session restart.
 
-use async_nats::jetstream;
-
 use crate::Lsn;
 use crate::message;
 use crate::position::{History, Position};
@@ -89,40 +87,6 @@ pub struct TailError {
     /// Why its tail cannot be read (no stream, no JetStream, no answer).
     #[source]
     pub(crate) source: Box<dyn std::error::Error + Send + Sync>,
-}
-
-/// Reads the tail of `stream`. The message is read from the stream leader (`STREAM.MSG.GET`), so a
-/// message just stored is seen.
-pub(crate) async fn read_tail(js: &jetstream::Context, stream: &str) -> Result<Tail, TailError> {
-    let err = |e: Box<dyn std::error::Error + Send + Sync>| TailError {
-        stream: stream.to_owned(),
-        source: e,
-    };
-    let mut s = js.get_stream(stream).await.map_err(|e| err(e.into()))?;
-    let info = s.info().await.map_err(|e| err(e.into()))?;
-    let last_sequence = info.state.last_sequence;
-    // -1 (or 0, never set) means no limit of the stream's own.
-    let max_msg_size = usize::try_from(info.config.max_message_size)
-        .ok()
-        .filter(|&n| n > 0);
-    if last_sequence == 0 {
-        return Ok(Tail {
-            last_sequence,
-            last: None,
-            max_msg_size,
-        });
-    }
-    // The last message may be gone (a limit or a purge); then nothing can be matched, and the
-    // replay publishes everything after the confirmed position.
-    let last = match s.get_raw_message(last_sequence).await {
-        Ok(m) => Some(Stamp::from_headers(&m.headers)),
-        Err(_) => None,
-    };
-    Ok(Tail {
-        last_sequence,
-        last,
-        max_msg_size,
-    })
 }
 
 /// What a session knows, before it reads anything, about the history it streams.

@@ -28,8 +28,6 @@ mod fence;
 mod port;
 mod prove;
 mod publish;
-mod readback;
-pub(crate) use readback::ClientReader;
 mod settle;
 
 use std::collections::VecDeque;
@@ -44,15 +42,14 @@ use tracing::{debug, warn};
 
 use crate::config::Settings;
 use crate::message::{self, Outgoing, Shrink};
+use crate::nats::NatsPort;
 use crate::outbox::OutboxEvent;
 use crate::position::Position;
 use crate::route::SubjectTemplate;
 
 pub(crate) use connect::{ConnectError, connect_nats};
-pub(crate) use fence::{Fence, Origin, Replay, Replayed, Stamp, Tail, TailError, read_tail};
-pub use port::NatsPort;
-#[cfg(feature = "test-support")]
-pub use port::{SimJetStream, SimSendError};
+pub(crate) use fence::{Fence, Origin, Replay, Replayed, Stamp, Tail, TailError};
+pub(crate) use port::read_tail;
 use publish::Publisher;
 
 /// Why publishing cannot go on. Transient ones restart the session; [`SinkError::is_transient`].
@@ -448,7 +445,7 @@ impl Sink {
         let port = nats.into();
         config.history = origin.map(|o| o.history.to_string());
         let tail = if config.fence {
-            let tail = port.tail(&config.stream, config.ack_timeout).await?;
+            let tail = read_tail(&port, &config.stream, config.ack_timeout).await?;
             tracing::debug!(last_sequence = tail.last_sequence, last = ?tail.last, "stream tail");
             Some(tail)
         } else {
@@ -497,7 +494,7 @@ impl Sink {
         config.max_msg_size = match &tail {
             Some(t) => t.max_msg_size,
             // Without the fence the tail is read for the stream's limit only.
-            None => match port.tail(&config.stream, config.ack_timeout).await {
+            None => match read_tail(&port, &config.stream, config.ack_timeout).await {
                 Ok(t) => t.max_msg_size,
                 Err(e) => {
                     warn!(error = %crate::relay::error_chain(&e), "cannot read the stream's max_msg_size: a message over it is dead-lettered only after the stream refused it, behind the messages sent after it");
@@ -923,7 +920,7 @@ impl Sink {
     /// [`Replay::new`]) are exactly the events skipped (with the tail's own), in order, by their positions and ids
     /// (`hash`). The tail alone cannot tell: a late publish of an earlier session can have been
     /// stored behind another writer's message, past a gap. The messages are read back in bulk,
-    /// headers only (`readback.rs`), one at a time into the hash: no limit on `count`, and memory
+    /// headers only (`src/nats/readback.rs`), one at a time into the hash: no limit on `count`, and memory
     /// that does not grow with it. Where the bulk read cannot start (a user without the consumer
     /// permission), they are read one request each, as slow as that is.
     async fn prove_skipped(&mut self, count: u64, hash: u64) -> Result<(), SinkError> {

@@ -36,9 +36,9 @@ use async_nats::{HeaderMap, StatusCode};
 use bytes::Bytes;
 use serde::Deserialize;
 
-use super::port::{Answers, NatsPort};
+use super::port::Answers;
 use super::prove::Shown;
-use super::readback::Reader;
+use crate::nats::{HeaderRead, NatsPort};
 
 /// A read of what the stream shows at one sequence ([`Publisher::show`]), in flight. In a mutex
 /// only so the sink stays `Sync` (the future is `Send`, not `Sync`); it is polled through
@@ -88,7 +88,7 @@ impl Publisher {
         send_timeout: Duration,
     ) -> Result<Publisher, String> {
         let inbox = port.new_inbox();
-        let sub = port.subscribe(format!("{inbox}.*")).await?;
+        let sub = Answers::subscribe(&port, format!("{inbox}.*")).await?;
         Ok(Publisher {
             port,
             reply_prefix: format!("{inbox}."),
@@ -117,7 +117,7 @@ impl Publisher {
         reply.push_str(&self.reply_prefix);
         reply.push_str(itoa::Buffer::new().format(token));
         self.port
-            .publish_with_reply(subject, reply, headers, payload, self.send_timeout)
+            .publish(subject, Some(reply), headers, payload, self.send_timeout)
             .await?;
         Ok(token)
     }
@@ -130,7 +130,7 @@ impl Publisher {
         payload: Bytes,
     ) -> Result<(), PublishError> {
         self.port
-            .publish(subject, headers, payload, self.send_timeout)
+            .publish(subject, None, headers, payload, self.send_timeout)
             .await
     }
 
@@ -204,7 +204,7 @@ impl Publisher {
     }
 
     /// The stream's messages `from..=to` still stored, read back in bulk, headers only.
-    pub(super) async fn read(&self, from: u64, to: u64) -> Result<Reader, String> {
+    pub(super) async fn read(&self, from: u64, to: u64) -> Result<Box<dyn HeaderRead>, String> {
         self.port
             .read_headers(&self.stream, from, to, self.send_timeout)
             .await
@@ -527,7 +527,9 @@ mod checked {
 
     use super::*;
     use crate::message::NATS_MSG_ID;
-    use crate::sink::{SimJetStream, SimSendError};
+    use futures_util::future::{self, BoxFuture};
+
+    use crate::nats::{Answers as AnswerStream, JetStreamPort, StreamTail};
 
     /// A stream whose last sequence is `last` and which holds `stored` (sequence → id).
     #[derive(Default)]
@@ -537,14 +539,18 @@ mod checked {
         inbox: Mutex<Option<mpsc::UnboundedSender<async_nats::Message>>>,
     }
 
-    impl SimJetStream for Stream {
+    /// The port over a shared [`Stream`], so the test can plant answers after the publisher took it.
+    struct Port(Arc<Stream>);
+
+    impl JetStreamPort for Port {
         fn new_inbox(&self) -> String {
             "_INBOX.t".into()
         }
-        fn subscribe(&self, _: String) -> mpsc::UnboundedReceiver<async_nats::Message> {
-            let (tx, rx) = mpsc::unbounded_channel();
-            *self.inbox.lock().unwrap() = Some(tx);
-            rx
+        fn subscribe(&self, _: String) -> BoxFuture<'_, Result<AnswerStream, String>> {
+            let (tx, mut rx) = mpsc::unbounded_channel();
+            *self.0.inbox.lock().unwrap() = Some(tx);
+            let answers = futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx));
+            Box::pin(future::ready(Ok(Box::pin(answers) as AnswerStream)))
         }
         fn publish(
             &self,
@@ -552,36 +558,56 @@ mod checked {
             _: Option<String>,
             _: HeaderMap,
             _: Bytes,
-        ) -> Result<(), SimSendError> {
-            Ok(())
+            _: Duration,
+        ) -> BoxFuture<'_, Result<(), PublishError>> {
+            Box::pin(future::ready(Ok(())))
         }
         fn max_payload(&self) -> usize {
             1 << 20
         }
-        fn stream_state(&self, _: &str) -> Result<(u64, Option<usize>), String> {
-            Ok((self.last, None))
+        fn last_sequence<'a>(
+            &'a self,
+            _: &'a str,
+            _: Duration,
+        ) -> BoxFuture<'a, Result<u64, String>> {
+            Box::pin(future::ready(Ok(self.0.last)))
         }
-        fn message_headers(&self, _: &str, seq: u64) -> Result<Option<HeaderMap>, String> {
-            Ok(self.stored.get(&seq).map(|id| {
+        fn tail<'a>(
+            &'a self,
+            _: &'a str,
+            _: Duration,
+        ) -> BoxFuture<'a, Result<StreamTail, Box<dyn std::error::Error + Send + Sync>>> {
+            Box::pin(future::ready(Ok(StreamTail {
+                last_sequence: self.0.last,
+                ..StreamTail::default()
+            })))
+        }
+        fn message_headers<'a>(
+            &'a self,
+            _: &'a str,
+            seq: u64,
+            _: Duration,
+        ) -> BoxFuture<'a, Result<Option<HeaderMap>, String>> {
+            Box::pin(future::ready(Ok(self.0.stored.get(&seq).map(|id| {
                 let mut h = HeaderMap::new();
                 h.insert(NATS_MSG_ID, id.as_str());
                 h
-            }))
+            }))))
         }
-        fn headers_from(
-            &self,
-            _: &str,
+        fn read_headers<'a>(
+            &'a self,
+            _: &'a str,
             _: u64,
             _: u64,
-            _: usize,
-        ) -> Result<Vec<(u64, HeaderMap)>, String> {
-            Ok(Vec::new())
+            _: Duration,
+        ) -> BoxFuture<'a, Result<Box<dyn HeaderRead>, String>> {
+            Box::pin(future::ready(Err("no bulk read in these tests".to_owned())))
         }
     }
 
     async fn publisher(stream: Stream) -> (Publisher, Arc<Stream>) {
         let stream = Arc::new(stream);
-        let port = NatsPort::Sim(Arc::clone(&stream) as Arc<dyn SimJetStream>);
+        let port = NatsPort::new(Port(Arc::clone(&stream)));
         let p = Publisher::start(port, "OUTBOX", Duration::from_secs(1))
             .await
             .expect("publisher");

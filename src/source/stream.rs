@@ -167,7 +167,6 @@ impl ReplicationStream {
 
     /// A stream over `io`, already in CopyBoth at `start`, for the deterministic simulation: the
     /// simulated walsender holds the pipe's other end.
-    #[cfg(feature = "test-support")]
     pub fn over(io: tokio::io::DuplexStream, start: Lsn, config: StreamConfig) -> Self {
         Self::spawn(
             Box::new(io),

@@ -21,7 +21,6 @@
 //! "not yet".
 
 mod discovery;
-#[cfg(feature = "test-support")]
 pub(crate) mod probe;
 mod replies;
 pub(crate) mod service;

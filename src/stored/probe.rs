@@ -1,7 +1,7 @@
-//! A read-only view of a relay process's position service for the deterministic simulation
-//! (feature `test-support`): the stored LSN `/wait` answers by and the confirmed LSN `/position`
-//! reports, read straight from the [`Positions`] the restart loop serves, so the simulation can
-//! check every claim against what its simulated stream holds. It only reads: the caller makes it
+//! A read-only view of a relay process's position service for the deterministic simulation: the
+//! stored LSN `/wait` answers by and the confirmed LSN `/position` reports, read straight from the
+//! [`Positions`] the restart loop serves, so the simulation can check every claim against what its
+//! simulated stream holds. It only reads: the caller makes it
 //! before the relay starts ([`PositionProbe::new`]) and hands a clone to `relay::run_with`, which
 //! serves through it as `run` serves through its own.
 

@@ -15,8 +15,8 @@ use std::time::Duration;
 use super::VerifyError;
 use super::compare::{DEAD_LETTER, content_hash, hash64};
 use super::messages::Messages;
+use crate::nats::ClientReader;
 use crate::position::Position;
-use crate::sink::ClientReader;
 
 /// How long to wait for the next message before giving up on the read.
 const READ_TIMEOUT: Duration = Duration::from_secs(30);
@@ -96,7 +96,7 @@ impl StreamScan {
         };
         let mut last_progress = std::time::Instant::now();
         // The reader moves to a new consumer every so many deliveries itself, so a long read
-        // cannot outgrow the client's subscription buffer (src/sink/readback.rs).
+        // cannot outgrow the client's subscription buffer (src/nats/readback.rs).
         let mut reader = ClientReader::start_with(
             client,
             name,
@@ -226,13 +226,15 @@ mod tests {
             "outbox.Claim",
             Some(&headers("e-1", &format!("{h}/0/100:0"))),
             b"",
-        );
+        )
+        .unwrap();
         s.take(
             2,
             "outbox.Claim",
             Some(&headers("e-2", &format!("{h}/0/200:0;replay-over=1"))),
             b"",
-        );
+        )
+        .unwrap();
         assert!(s.foreign.is_empty(), "{:?}", s.foreign);
         assert!(s.out_of_order.is_empty());
         assert_eq!(

@@ -1,4 +1,4 @@
-//! The simulated JetStream behind the relay's `SimJetStream` port: one stream (`OUTBOX`, subjects
+//! The simulated JetStream behind the relay's NATS port (`port.rs`): one stream (`OUTBOX`, subjects
 //! `outbox.>` and the dead-letter subject) with sequences, the duplicate window by `Nats-Msg-Id` on
 //! the paused clock, `Nats-Expected-Last-Sequence`, `Nats-Expected-Last-Msg-Id`, `max_msg_size` and
 //! the client's `max_payload`, retention limits (`max_msgs` and `max_bytes` with `discard: new`,
@@ -24,7 +24,6 @@ use async_nats::header::{NATS_BATCH_COMMIT, NATS_BATCH_ID, NATS_BATCH_SEQUENCE};
 use async_nats::{HeaderMap, StatusCode};
 use bytes::Bytes;
 use outbox_relay::message::{EXPECTED_LAST_MSG_ID, EXPECTED_LAST_SEQUENCE, NATS_MSG_ID};
-use outbox_relay::sink::{SimJetStream, SimSendError};
 use tokio::sync::{Notify, mpsc};
 use tokio::time::Instant;
 
@@ -1022,16 +1021,22 @@ fn wire_size(h: &HeaderMap, payload: usize) -> usize {
     n
 }
 
-/// One relay process's connection to the simulated JetStream: the same server, with the inboxes
-/// of its sessions marked as the process's, so that a publish of a process that lost the slot
-/// can be told from the holder's.
-pub(crate) struct ProcessPort {
-    pub js: Arc<JetStream>,
-    pub process: u64,
+/// Why the simulated client could not send a publish.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum SendError {
+    /// Over the server's `max_payload` (the real client refuses it before sending).
+    #[error("payload exceeds the server's max_payload")]
+    MaxPayloadExceeded,
+    /// The connection is down.
+    #[error("not connected")]
+    Disconnected,
 }
 
+/// The client's side of the server: what a relay process's port (`port.rs`) asks of it, answered
+/// at once.
 impl JetStream {
-    fn inbox(&self, process: u64) -> String {
+    /// A new inbox, marked as `process`'s.
+    pub(crate) fn inbox(&self, process: u64) -> String {
         let mut s = self.state.lock().unwrap();
         s.inboxes += 1;
         let inbox = format!("_INBOX.sim{}", s.inboxes);
@@ -1042,75 +1047,34 @@ impl JetStream {
         s.facts.sessions.insert(n, (process, Instant::now()));
         inbox
     }
-}
 
-impl SimJetStream for ProcessPort {
-    fn new_inbox(&self) -> String {
-        self.js.inbox(self.process)
-    }
-
-    fn subscribe(&self, subject: String) -> mpsc::UnboundedReceiver<async_nats::Message> {
-        self.js.subscribe(subject)
-    }
-
-    fn publish(
+    /// Messages published to `subject` (a wildcard like `<inbox>.*`): JetStream's answers.
+    pub(crate) fn subscribe(
         &self,
         subject: String,
-        reply: Option<String>,
-        headers: HeaderMap,
-        payload: Bytes,
-    ) -> Result<(), SimSendError> {
-        self.js.publish(subject, reply, headers, payload)
-    }
-
-    fn max_payload(&self) -> usize {
-        self.js.max_payload()
-    }
-
-    fn stream_state(&self, stream: &str) -> Result<(u64, Option<usize>), String> {
-        self.js.stream_state(stream)
-    }
-
-    fn message_headers(&self, stream: &str, seq: u64) -> Result<Option<HeaderMap>, String> {
-        self.js.message_headers(stream, seq)
-    }
-
-    fn headers_from(
-        &self,
-        stream: &str,
-        from: u64,
-        to: u64,
-        max: usize,
-    ) -> Result<Vec<(u64, HeaderMap)>, String> {
-        self.js.headers_from(stream, from, to, max)
-    }
-}
-
-impl SimJetStream for JetStream {
-    fn new_inbox(&self) -> String {
-        self.inbox(0)
-    }
-
-    fn subscribe(&self, subject: String) -> mpsc::UnboundedReceiver<async_nats::Message> {
+    ) -> mpsc::UnboundedReceiver<async_nats::Message> {
         let (tx, rx) = mpsc::unbounded_channel();
         let prefix = subject.strip_suffix('*').unwrap_or(&subject).to_owned();
         self.state.lock().unwrap().subs.push((prefix, tx));
         rx
     }
 
-    fn publish(
+    /// A publish as the client sends it: `reply` is set for publishes that await JetStream's
+    /// answer, `None` for core publishes (atomic batch members). It reaches the server after its
+    /// transit delay, behind every publish sent before it.
+    pub(crate) fn publish(
         &self,
         subject: String,
         reply: Option<String>,
         headers: HeaderMap,
         payload: Bytes,
-    ) -> Result<(), SimSendError> {
+    ) -> Result<(), SendError> {
         let mut s = self.state.lock().unwrap();
         if s.down {
-            return Err(SimSendError::Disconnected);
+            return Err(SendError::Disconnected);
         }
         if wire_size(&headers, payload.len()) > s.limits.max_payload {
-            return Err(SimSendError::MaxPayloadExceeded);
+            return Err(SendError::MaxPayloadExceeded);
         }
         let transit = if self.dice.chance(s.chaos.transit) {
             self.dice.millis(20, 400)
@@ -1131,11 +1095,13 @@ impl SimJetStream for JetStream {
         Ok(())
     }
 
-    fn max_payload(&self) -> usize {
+    /// The server's `max_payload`.
+    pub(crate) fn max_payload(&self) -> usize {
         self.state.lock().unwrap().limits.max_payload
     }
 
-    fn stream_state(&self, stream: &str) -> Result<(u64, Option<usize>), String> {
+    /// The stream's last sequence and `max_msg_size`, or why they cannot be read.
+    pub(crate) fn stream_state(&self, stream: &str) -> Result<(u64, Option<usize>), String> {
         let mut s = self.state.lock().unwrap();
         self.expire(&mut s);
         if s.down {
@@ -1147,7 +1113,12 @@ impl SimJetStream for JetStream {
         Ok((s.messages.len() as u64, s.limits.max_msg_size))
     }
 
-    fn message_headers(&self, stream: &str, seq: u64) -> Result<Option<HeaderMap>, String> {
+    /// The headers of the stream's message `seq` (`None` if it is gone).
+    pub(crate) fn message_headers(
+        &self,
+        stream: &str,
+        seq: u64,
+    ) -> Result<Option<HeaderMap>, String> {
         let mut s = self.state.lock().unwrap();
         self.expire(&mut s);
         if s.down {
@@ -1163,7 +1134,9 @@ impl SimJetStream for JetStream {
             .map(|m| m.headers.clone()))
     }
 
-    fn headers_from(
+    /// The stream's messages with sequences `from..=to` that are still there, in order, at most
+    /// `max` of them (a gone message is left out, as a consumer skips it).
+    pub(crate) fn headers_from(
         &self,
         stream: &str,
         from: u64,

@@ -62,17 +62,18 @@ use outbox_relay::Lsn;
 use outbox_relay::config::{Config, Settings};
 use outbox_relay::error::{NatsTrouble, Restart, SessionEnd};
 use outbox_relay::metrics::Metrics;
+use outbox_relay::nats::NatsPort;
 use outbox_relay::relay::{
     Connector, PositionProbe, RelayError, SlotCheck, Start, Waited, error_chain, run_with,
 };
-use outbox_relay::sink::{NatsPort, SimJetStream};
 use outbox_relay::source::{ReplicationStream, StreamConfig, SystemInfo};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::check::{self, Violations};
-use super::jetstream::{Chaos, JetStream, Limits, ProcessPort, Retention};
+use super::jetstream::{Chaos, JetStream, Limits, Retention};
+use super::port::ProcessPort;
 use super::postgres::{PgParams, Postgres, UnitCursor};
 use super::rng::Dice;
 use super::trace::{RelayLog, Trace, trace};
@@ -307,11 +308,10 @@ impl Connector for SimConnector {
                     "connection refused (simulated outage)".into(),
                 )));
             }
-            let port: Arc<dyn SimJetStream> = Arc::new(ProcessPort {
+            Ok(NatsPort::new(ProcessPort {
                 js: Arc::clone(&self.js),
                 process: self.process,
-            });
-            Ok(NatsPort::Sim(port))
+            }))
         })
     }
 

@@ -1,5 +1,5 @@
 //! Reading a range of the stream's messages back, headers only, in bulk: what the replay's proof
-//! ([`super::Sink::prove_skipped`]) compares with the events it skipped. A replay can be as long as
+//! (`Sink::prove_skipped`, src/sink) compares with the events it skipped. A replay can be as long as
 //! the largest transaction, so the read holds one message at a time, never the range. `verify`
 //! ([`crate::verify`]) reads the whole stream the same way, with the payloads when it compares them
 //! ([`ClientReader::start_with`], [`ClientReader::next_message`]): a push consumer needs no
@@ -25,6 +25,9 @@ use std::time::Duration;
 use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, push};
 use async_nats::{HeaderMap, StatusCode, Subscriber};
 use futures_util::StreamExt;
+use futures_util::future::BoxFuture;
+
+use super::port::HeaderRead;
 
 /// How long the server keeps the consumer once nobody reads it.
 const INACTIVE: Duration = Duration::from_secs(5);
@@ -40,30 +43,8 @@ const HEARTBEAT: Duration = Duration::from_secs(1);
 /// the buffer holds from each consumer cannot lose one that way, whatever the message sizes.
 const CHUNK: u64 = 16_384;
 
-/// The simulation's messages per bulk read.
-#[cfg(feature = "test-support")]
-const SIM_CHUNK: usize = 512;
-
-/// A read of the stream's messages `from..=to`: [`Reader::next`] gives each one still stored, in
-/// sequence order.
-pub(super) enum Reader {
-    Client(Box<ClientReader>),
-    #[cfg(feature = "test-support")]
-    Sim(SimReader),
-}
-
-impl Reader {
-    /// The next stored message of the range with its sequence, `None` once the range is read.
-    pub(super) async fn next(&mut self) -> Result<Option<(u64, HeaderMap)>, String> {
-        match self {
-            Reader::Client(r) => r.next().await,
-            #[cfg(feature = "test-support")]
-            Reader::Sim(r) => r.next(),
-        }
-    }
-}
-
-/// The read through an ephemeral push consumer; see the module docs.
+/// The read through an ephemeral push consumer; see the module docs. As the port's bulk read
+/// ([`HeaderRead`]) it gives the headers only.
 pub(crate) struct ClientReader {
     client: async_nats::Client,
     context: async_nats::jetstream::Context,
@@ -196,13 +177,6 @@ impl ClientReader {
         Ok(())
     }
 
-    async fn next(&mut self) -> Result<Option<(u64, HeaderMap)>, String> {
-        Ok(self
-            .next_message()
-            .await?
-            .map(|(seq, m)| (seq, m.headers.unwrap_or_default())))
-    }
-
     /// The next stored message of the range, whole, with its stream sequence; `None` once the
     /// range is read.
     pub(crate) async fn next_message(
@@ -306,31 +280,14 @@ impl ClientReader {
     }
 }
 
-/// The simulation's read: [`super::SimJetStream::headers_from`] in chunks.
-#[cfg(feature = "test-support")]
-pub(super) struct SimReader {
-    pub(super) js: std::sync::Arc<dyn super::SimJetStream>,
-    pub(super) stream: String,
-    /// The first sequence not asked for yet.
-    pub(super) next: u64,
-    pub(super) to: u64,
-    pub(super) chunk: std::collections::VecDeque<(u64, HeaderMap)>,
-}
-
-#[cfg(feature = "test-support")]
-impl SimReader {
-    fn next(&mut self) -> Result<Option<(u64, HeaderMap)>, String> {
-        while self.chunk.is_empty() && self.next <= self.to {
-            let got = self
-                .js
-                .headers_from(&self.stream, self.next, self.to, SIM_CHUNK)?;
-            self.next = match got.last() {
-                Some((seq, _)) if got.len() == SIM_CHUNK => seq + 1,
-                _ => self.to + 1,
-            };
-            self.chunk = got.into();
-        }
-        Ok(self.chunk.pop_front())
+impl HeaderRead for ClientReader {
+    fn next(&mut self) -> BoxFuture<'_, Result<Option<(u64, HeaderMap)>, String>> {
+        Box::pin(async move {
+            Ok(self
+                .next_message()
+                .await?
+                .map(|(seq, m)| (seq, m.headers.unwrap_or_default())))
+        })
     }
 }
 

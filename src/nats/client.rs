@@ -1,0 +1,165 @@
+//! The production [`JetStreamPort`]: the async-nats client itself. Publishes go into the client's
+//! one queue to its connection (so wire order is call order), bounded by the caller's timeout;
+//! reads of the stream are JetStream API requests through a context with that timeout, and the
+//! bulk read is an ephemeral push consumer ([`ClientReader`]).
+
+use std::time::Duration;
+
+use async_nats::HeaderMap;
+use async_nats::jetstream::context::{PublishError, PublishErrorKind};
+use bytes::Bytes;
+use futures_util::future::BoxFuture;
+
+use super::port::{Answers, HeaderRead, JetStreamPort, StreamTail};
+use super::readback::ClientReader;
+
+/// A JetStream context on `client` whose requests wait at most `timeout`.
+fn context(client: &async_nats::Client, timeout: Duration) -> async_nats::jetstream::Context {
+    async_nats::jetstream::ContextBuilder::new()
+        .timeout(timeout)
+        .build(client.clone())
+}
+
+impl JetStreamPort for async_nats::Client {
+    fn new_inbox(&self) -> String {
+        async_nats::Client::new_inbox(self)
+    }
+
+    fn subscribe(&self, subject: String) -> BoxFuture<'_, Result<Answers, String>> {
+        Box::pin(async move {
+            async_nats::Client::subscribe(self, subject)
+                .await
+                .map(|s| Box::pin(s) as Answers)
+                .map_err(|e| e.to_string())
+        })
+    }
+
+    fn publish(
+        &self,
+        subject: String,
+        reply: Option<String>,
+        headers: HeaderMap,
+        payload: Bytes,
+        timeout: Duration,
+    ) -> BoxFuture<'_, Result<(), PublishError>> {
+        Box::pin(async move {
+            let sent = match reply {
+                Some(reply) => {
+                    let send =
+                        self.publish_with_reply_and_headers(subject, reply, headers, payload);
+                    tokio::time::timeout(timeout, send).await
+                }
+                None => {
+                    let send = self.publish_with_headers(subject, headers, payload);
+                    tokio::time::timeout(timeout, send).await
+                }
+            };
+            match sent {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(e))
+                    if e.kind() == async_nats::client::PublishErrorKind::MaxPayloadExceeded =>
+                {
+                    Err(PublishError::with_source(
+                        PublishErrorKind::MaxPayloadExceeded,
+                        e,
+                    ))
+                }
+                Ok(Err(e)) => Err(PublishError::with_source(PublishErrorKind::Other, e)),
+                Err(_) => Err(PublishError::new(PublishErrorKind::TimedOut)),
+            }
+        })
+    }
+
+    fn max_payload(&self) -> usize {
+        async_nats::Client::max_payload(self)
+    }
+
+    fn last_sequence<'a>(
+        &'a self,
+        stream: &'a str,
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<u64, String>> {
+        Box::pin(async move {
+            // `STREAM.INFO`.
+            let s = context(self, timeout)
+                .get_stream(stream)
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok(s.cached_info().state.last_sequence)
+        })
+    }
+
+    fn tail<'a>(
+        &'a self,
+        stream: &'a str,
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<StreamTail, Box<dyn std::error::Error + Send + Sync>>> {
+        Box::pin(async move {
+            let mut s = context(self, timeout).get_stream(stream).await?;
+            let info = s.info().await?;
+            let last_sequence = info.state.last_sequence;
+            // -1 (or 0, never set) means no limit of the stream's own.
+            let max_msg_size = usize::try_from(info.config.max_message_size)
+                .ok()
+                .filter(|&n| n > 0);
+            if last_sequence == 0 {
+                return Ok(StreamTail {
+                    last_sequence,
+                    max_msg_size,
+                    last: None,
+                });
+            }
+            // The last message may be gone (a limit or a purge); then nothing can be matched, and
+            // the replay publishes everything after the confirmed position.
+            let last = s
+                .get_raw_message(last_sequence)
+                .await
+                .ok()
+                .map(|m| m.headers);
+            Ok(StreamTail {
+                last_sequence,
+                max_msg_size,
+                last,
+            })
+        })
+    }
+
+    fn message_headers<'a>(
+        &'a self,
+        stream: &'a str,
+        seq: u64,
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<Option<HeaderMap>, String>> {
+        Box::pin(async move {
+            use async_nats::jetstream::stream::LastRawMessageErrorKind;
+            // No STREAM.INFO first: one request per message.
+            let s = context(self, timeout)
+                .get_stream_no_info(stream)
+                .await
+                .map_err(|e| e.to_string())?;
+            match s.get_raw_message(seq).await {
+                Ok(m) => Ok(Some(m.headers)),
+                Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
+                Err(e) => Err(e.to_string()),
+            }
+        })
+    }
+
+    fn read_headers<'a>(
+        &'a self,
+        stream: &'a str,
+        from: u64,
+        to: u64,
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<Box<dyn HeaderRead>, String>> {
+        Box::pin(async move {
+            ClientReader::start(self, stream, from, to, timeout)
+                .await
+                .map(|r| Box::new(r) as Box<dyn HeaderRead>)
+        })
+    }
+
+    fn client(&self) -> Option<&async_nats::Client> {
+        Some(self)
+    }
+}

@@ -1,0 +1,12 @@
+//! The relay's NATS side as the sink sees it, beside `source/` (the Postgres side): the port the
+//! sink publishes and reads through ([`JetStreamPort`], shared as [`NatsPort`]), its implementation
+//! by the real async-nats client (`client.rs`), and the bulk read-back of a range of the stream
+//! (`readback.rs`). The deterministic simulation (tests/simulation) implements the same port over
+//! its in-memory JetStream, so nothing here knows a simulator exists.
+
+mod client;
+mod port;
+mod readback;
+
+pub use port::{Answers, HeaderRead, JetStreamPort, NatsPort, StreamTail};
+pub(crate) use readback::ClientReader;

@@ -1,0 +1,135 @@
+//! The sink's one door to NATS: the [`JetStreamPort`] trait, shared as a [`NatsPort`]. In production
+//! the async-nats client implements it (`client.rs`); in the deterministic simulation
+//! (tests/simulation) an in-memory JetStream does, so the real sink, fence and ack handling run
+//! against faults no real server produces on demand (an ack lost, late, duplicated, reordered or
+//! forged; a foreign message at the tail). The port is what the sink needs of a connection and no
+//! more: an inbox and its answers, publishes, the server's `max_payload`, and reads of the stream
+//! (its tail, one message's headers, a range's headers in bulk).
+//!
+//! A trait object with boxed futures, not generics: a `Connector` (itself a trait object) hands
+//! each session its port, and a type parameter would run through the sink, the session and the
+//! restart loop for one allocation and one indirect call per publish, small beside the relay's work
+//! per event (measured in docs/performance.md, "Port as a trait"). Answers arrive as a boxed
+//! stream, taken once per session, so polling for them costs one indirect call.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::HeaderMap;
+use async_nats::jetstream::context::PublishError;
+use bytes::Bytes;
+use futures_util::Stream;
+use futures_util::future::BoxFuture;
+
+/// The answers published to a session's inbox (JetStream's acks), in arrival order; the stream
+/// ends when the subscription does. `Sync` as well, so the sink that holds it is.
+pub type Answers = Pin<Box<dyn Stream<Item = async_nats::Message> + Send + Sync>>;
+
+/// What the sink needs of a NATS connection with JetStream. Every request that waits on the server
+/// takes the longest it may wait; a port that answers at once (the simulation's) ignores it.
+pub trait JetStreamPort: Send + Sync + 'static {
+    /// A new unique inbox prefix for a session's answers.
+    fn new_inbox(&self) -> String;
+
+    /// Subscribes to `subject` (a wildcard like `<inbox>.*`) for the answers to publishes.
+    fn subscribe(&self, subject: String) -> BoxFuture<'_, Result<Answers, String>>;
+
+    /// Queues a publish, waiting at most `timeout` for room in the queue to the connection.
+    /// `reply` is set for a publish that awaits JetStream's answer, `None` for a core publish (an
+    /// atomic batch member). A message over the server's `max_payload` is refused before it is
+    /// sent, with [`PublishErrorKind::MaxPayloadExceeded`](async_nats::jetstream::context::PublishErrorKind)
+    /// (the sink dead-letters on it).
+    fn publish(
+        &self,
+        subject: String,
+        reply: Option<String>,
+        headers: HeaderMap,
+        payload: Bytes,
+        timeout: Duration,
+    ) -> BoxFuture<'_, Result<(), PublishError>>;
+
+    /// The server's `max_payload`.
+    fn max_payload(&self) -> usize;
+
+    /// The stream's last sequence now.
+    fn last_sequence<'a>(
+        &'a self,
+        stream: &'a str,
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<u64, String>>;
+
+    /// The stream's tail: its last sequence, `max_msg_size` and the last message's headers. The
+    /// message is read from the stream leader, so a message just stored is seen.
+    fn tail<'a>(
+        &'a self,
+        stream: &'a str,
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<StreamTail, Box<dyn std::error::Error + Send + Sync>>>;
+
+    /// The headers of the stream's message `seq`: `None` when it is gone (a limit or a purge).
+    fn message_headers<'a>(
+        &'a self,
+        stream: &'a str,
+        seq: u64,
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<Option<HeaderMap>, String>>;
+
+    /// A read of the stream's messages `from..=to`, headers only, in bulk: every message still
+    /// stored, in order, one at a time (a gone message is left out, as a consumer skips it).
+    fn read_headers<'a>(
+        &'a self,
+        stream: &'a str,
+        from: u64,
+        to: u64,
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<Box<dyn HeaderRead>, String>>;
+
+    /// The real connection behind the port, for what a session serves besides publishing (the
+    /// stored position's NATS service). `None` where there is none (the simulation).
+    fn client(&self) -> Option<&async_nats::Client> {
+        None
+    }
+}
+
+/// A bulk read started by [`JetStreamPort::read_headers`].
+pub trait HeaderRead: Send {
+    /// The next stored message of the range with its sequence, `None` once the range is read.
+    fn next(&mut self) -> BoxFuture<'_, Result<Option<(u64, HeaderMap)>, String>>;
+}
+
+/// The stream's tail as [`JetStreamPort::tail`] reads it.
+#[derive(Debug, Clone, Default)]
+pub struct StreamTail {
+    /// The stream's last sequence (0 for a new stream).
+    pub last_sequence: u64,
+    /// The stream's `max_msg_size` (headers and payload), when it has one.
+    pub max_msg_size: Option<usize>,
+    /// The headers of the message at `last_sequence`, when it is still there.
+    pub last: Option<HeaderMap>,
+}
+
+/// A shared [`JetStreamPort`]: where the sink publishes. Cheap to clone; derefs to the port.
+#[derive(Clone)]
+pub struct NatsPort(Arc<dyn JetStreamPort>);
+
+impl NatsPort {
+    /// Shares `port`.
+    pub fn new(port: impl JetStreamPort) -> Self {
+        NatsPort(Arc::new(port))
+    }
+}
+
+impl From<async_nats::Client> for NatsPort {
+    fn from(c: async_nats::Client) -> Self {
+        NatsPort::new(c)
+    }
+}
+
+impl std::ops::Deref for NatsPort {
+    type Target = dyn JetStreamPort;
+
+    fn deref(&self) -> &Self::Target {
+        &*self.0
+    }
+}
