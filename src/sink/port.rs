@@ -277,7 +277,7 @@ impl NatsPort {
     }
 
     /// The stream's tail (see [`read_tail`]).
-    pub(super) async fn tail(&self, stream: &str, timeout: Duration) -> Result<Tail, TailError> {
+    pub(crate) async fn tail(&self, stream: &str, timeout: Duration) -> Result<Tail, TailError> {
         match self {
             NatsPort::Client(c) => {
                 let js = async_nats::jetstream::ContextBuilder::new()
