@@ -1460,6 +1460,17 @@ impl Postgres {
         })
     }
 
+    /// Whether a walsender holds the slot, with the server up.
+    pub(crate) fn slot_streamed(&self) -> bool {
+        let s = self.state.lock().unwrap();
+        !s.is_down() && s.slot.active.is_some()
+    }
+
+    /// Whether a stop mark exists.
+    pub(crate) fn has_mark(&self) -> bool {
+        self.state.lock().unwrap().mark.is_some()
+    }
+
     /// `pg_drop_replication_slot` of the mark, by `who` (a relay's start, the operator).
     pub(crate) fn drop_mark(&self, who: &str) {
         let mut s = self.state.lock().unwrap();

@@ -930,7 +930,17 @@ impl World {
         let d = self.dice.clone();
         match d.range(0, 10) {
             0..4 => {
+                // A clean stop of a session that streams leaves the mark (docs/guarantees.md P9):
+                // without it every consumption would go unseen.
+                let streamed = self.pg.slot_streamed();
                 self.stop_all().await;
+                if streamed && self.pg.slot_position().is_some() && !self.pg.has_mark() {
+                    self.violations.report(
+                        &self.trace,
+                        "P9: the relay was stopped cleanly while its session streamed the slot, and left no stop mark"
+                            .into(),
+                    );
+                }
                 tokio::time::sleep(d.millis(0, 1_000)).await;
                 self.pg.consume();
                 tokio::time::sleep(d.millis(0, 2_000)).await;
