@@ -26,7 +26,7 @@
 //! the stream does not hold, nor the end of the WAL. After each one the world's hook runs too (the
 //! position service's oracle in `world.rs`, which walks the units with [`Postgres::units_below`]).
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -222,6 +222,7 @@ struct Skipped {
 /// the relay must report it ([`Postgres::judge_consumptions`]).
 #[derive(Clone, Debug)]
 struct Consumption {
+    at: Instant,
     from: u64,
     to: u64,
     skipped: Vec<Skipped>,
@@ -1534,6 +1535,7 @@ impl Postgres {
         let era = (facts.distrust.len(), s.rewinds.len(), s.timeline);
         let mark = s.mark;
         s.consumptions.push(Consumption {
+            at: Instant::now(),
             from,
             to,
             skipped,
@@ -1619,14 +1621,17 @@ impl Postgres {
         }
     }
 
-    /// The ids of every event another client consumed from the slot: the stream may lack them.
-    pub(crate) fn consumed(&self) -> HashSet<String> {
+    /// The ids of every event another client consumed from the slot, with when it did (the
+    /// first time): the stream may lack them, or get them back after a rewind of the slot.
+    pub(crate) fn consumed(&self) -> HashMap<String, Instant> {
         let s = self.state.lock().unwrap();
-        s.consumptions
-            .iter()
-            .flat_map(|c| &c.skipped)
-            .flat_map(|u| u.ids.iter().cloned())
-            .collect()
+        let mut ids = HashMap::new();
+        for c in &s.consumptions {
+            for id in c.skipped.iter().flat_map(|u| &u.ids) {
+                ids.entry(id.clone()).or_insert(c.at);
+            }
+        }
+        ids
     }
 }
 

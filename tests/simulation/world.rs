@@ -495,7 +495,9 @@ impl PositionOracle {
             // simulated Postgres's record alone).
             if !missing.is_empty() {
                 let consumed = pg.consumed();
-                if let Some((_, what)) = missing.into_iter().find(|(id, _)| !consumed.contains(id))
+                if let Some((_, what)) = missing
+                    .into_iter()
+                    .find(|(id, _)| !consumed.contains_key(id))
                 {
                     self.violations.report(&self.trace, what);
                 }
