@@ -522,6 +522,9 @@ struct World {
     /// start at zero).
     metrics: Arc<Metrics>,
     positions: Arc<PositionOracle>,
+    /// The huge transaction ([`Scenario::huge`]) is written and not yet cut off nor confirmed: the
+    /// faults that would take it away before a replay of it can be tried are held back.
+    huge_pending: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Runs the world of `seed` on its own runtime with a paused clock.
@@ -570,6 +573,7 @@ async fn world(seed: u64, faults: &FaultSet, trace: Arc<Trace>) -> Outcome {
             violations: Arc::clone(&violations),
             watched: std::sync::Mutex::new(Vec::new()),
         }),
+        huge_pending: Arc::default(),
     };
     // The position services are asked after every status update and every 100 to 500 ms,
     // at times from a generator of their own: asking draws nothing from the world's.
@@ -627,6 +631,7 @@ async fn world(seed: u64, faults: &FaultSet, trace: Arc<Trace>) -> Outcome {
             Arc::clone(&js),
             dice.clone(),
             n,
+            Arc::clone(&w.huge_pending),
         ));
     }
     // Checkpoints write the slot to disk; disk snapshots are taken now and then.
@@ -741,9 +746,15 @@ async fn world(seed: u64, faults: &FaultSet, trace: Arc<Trace>) -> Outcome {
 
 /// The huge transaction of [`Scenario::huge`]: written once, a few seconds into the faults; once
 /// the stream holds 20,300 messages more than when it committed while the slot has not passed it,
-/// the replication connections are cut. Watched for five minutes at most (a restore may take it
-/// away).
-async fn huge_transaction(pg: Arc<Postgres>, js: Arc<JetStream>, dice: Dice, n: u64) {
+/// the replication connections are cut. Watched for five minutes at most; meanwhile (`pending`)
+/// no fault rewinds the server or consumes the slot.
+async fn huge_transaction(
+    pg: Arc<Postgres>,
+    js: Arc<JetStream>,
+    dice: Dice,
+    n: u64,
+    pending: Arc<std::sync::atomic::AtomicBool>,
+) {
     tokio::time::sleep(dice.millis(1_000, 10_000)).await;
     let commit = loop {
         if let Some(c) = pg.huge_transaction(n) {
@@ -751,16 +762,22 @@ async fn huge_transaction(pg: Arc<Postgres>, js: Arc<JetStream>, dice: Dice, n: 
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
+    pending.store(true, Ordering::Relaxed);
+    watch_huge(&pg, &js, commit).await;
+    pending.store(false, Ordering::Relaxed);
+}
+
+async fn watch_huge(pg: &Postgres, js: &JetStream, commit: u64) {
     let last = |js: &JetStream| js.stream_state(STREAM).map(|(seq, _)| seq).ok();
     let base = loop {
-        if let Some(seq) = last(&js) {
+        if let Some(seq) = last(js) {
             break seq;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     let until = Instant::now() + Duration::from_secs(300);
     while Instant::now() < until && pg.slot_confirmed() <= commit {
-        if last(&js).is_some_and(|seq| seq >= base + 20_300) {
+        if last(js).is_some_and(|seq| seq >= base + 20_300) {
             pg.cut();
             return;
         }
@@ -1005,6 +1022,18 @@ impl World {
             })
             .map(|(n, _)| *n)
             .unwrap();
+        if self.huge_pending.load(Ordering::Relaxed)
+            && matches!(
+                name,
+                "restore" | "pitr" | "live_restore" | "live_pitr" | "promote" | "consume"
+            )
+        {
+            trace!(
+                self.trace,
+                "FAULT {name} held back: the huge transaction is pending"
+            );
+            return;
+        }
         trace!(self.trace, "FAULT {name}");
         let d = self.dice.clone();
         match name {
