@@ -74,3 +74,6 @@ pub mod testkit;
 pub mod verify;
 
 pub use lsn::Lsn;
+/// The stop mark's judgement over the deterministic simulation's servers.
+#[cfg(feature = "test-support")]
+pub use slot_mark::{SimMark, sim_check as sim_slot_check};

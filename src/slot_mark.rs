@@ -160,7 +160,36 @@ pub(crate) async fn judge(
 ) -> Result<Check, tokio_postgres::Error> {
     let slot = &settings.config().postgres.slot;
     let mark = name(slot);
-    let Some(mark_at) = mark_position(pg, &mark).await? else {
+    let mark_at = mark_position(pg, &mark).await?;
+    judge_from(slot, mark_at, slot_at, stored, |after| {
+        slot_scan::scan(
+            settings,
+            pg,
+            &mark,
+            Some(slot_at),
+            after,
+            false,
+            Bound::DEFAULT,
+        )
+    })
+    .await
+}
+
+/// [`judge`] once the mark's position (`mark_at`, `None`: no mark) is known; `scan` counts the
+/// events the mark holds up to `slot_at` past the position it is given (a real server's peek, or a
+/// simulated one's).
+async fn judge_from<E, F, Fut>(
+    slot: &str,
+    mark_at: Option<Lsn>,
+    slot_at: Lsn,
+    stored: &Stored,
+    scan: F,
+) -> Result<Check, E>
+where
+    F: FnOnce(Option<Position>) -> Fut,
+    Fut: std::future::Future<Output = Result<slot_scan::Scan, E>>,
+{
+    let Some(mark_at) = mark_at else {
         return Ok(Check::NoMark);
     };
     if mark_at >= slot_at {
@@ -170,19 +199,10 @@ pub(crate) async fn judge(
         Stored::Through(p) => *p,
         Stored::Unknown(why) => return Ok(Check::Unknown(why.clone())),
     };
-    let scan = slot_scan::scan(
-        settings,
-        pg,
-        &mark,
-        Some(slot_at),
-        after,
-        false,
-        Bound::DEFAULT,
-    )
-    .await?;
+    let scan = scan(after).await?;
     Ok(match (scan.first, scan.last) {
         (Some(first), Some(last)) => Check::Consumed(Consumed {
-            slot: slot.clone(),
+            slot: slot.to_owned(),
             mark_at,
             slot_at,
             events: scan.events,
@@ -199,6 +219,13 @@ pub(crate) async fn judge(
     })
 }
 
+/// Whether a session start keeps the mark after `found`: evidence stays; anything else goes, also
+/// when it could not be judged: a mark left behind a streaming session would keep WAL for as long
+/// as that session lasts.
+fn keeps(found: &Result<Check, impl std::error::Error>) -> bool {
+    matches!(found, Ok(Check::Consumed(_) | Check::NoMark))
+}
+
 /// The start of a session that holds the slot at `slot_at`: [`judge`], then drops the mark unless
 /// it holds evidence.
 pub(crate) async fn check(
@@ -208,9 +235,7 @@ pub(crate) async fn check(
     stored: &Stored,
 ) -> Result<Check, tokio_postgres::Error> {
     let found = judge(settings, pg, slot_at, stored).await;
-    // Evidence stays; anything else goes, also when it could not be judged: a mark left behind a
-    // streaming session would keep WAL for as long as that session lasts.
-    if !matches!(found, Ok(Check::Consumed(_) | Check::NoMark)) {
+    if !keeps(&found) {
         drop_mark(settings, pg).await?;
     }
     found
@@ -281,6 +306,73 @@ pub(crate) async fn leave(
         )
         .await?;
     Ok(made > 0)
+}
+
+/// The stop mark as the deterministic simulation's Postgres keeps it (tests/simulation): where it
+/// stands, and its changes up to the slot's position as `pg_logical_slot_peek_binary_changes` hands
+/// them (each change's LSN and pgoutput message), one list per transaction, so that the look's
+/// bound ends at a transaction's end as the server's does.
+#[cfg(feature = "test-support")]
+pub struct SimMark {
+    /// The mark's `confirmed_flush_lsn`.
+    pub at: Lsn,
+    /// Its changes up to the slot's position.
+    pub changes: Vec<Vec<(Lsn, bytes::Bytes)>>,
+}
+
+/// `Connector::slot_check` over the simulation's servers: the stream's tail read through `nats`,
+/// the mark judged by the relay's own rule ([`judge_from`]) and its own decoder and outbox stage
+/// ([`slot_scan::Scanner`], within the same bound). Returns what the session's start finds (the
+/// slot at `slot_at`) and whether the mark is to be dropped ([`check`]'s rule).
+#[cfg(feature = "test-support")]
+pub async fn sim_check(
+    settings: &Settings,
+    nats: &crate::nats::NatsPort,
+    system: &crate::source::SystemInfo,
+    slot_at: Lsn,
+    mark: Option<SimMark>,
+) -> (crate::relay::SlotCheck, bool) {
+    let slot = &settings.config().postgres.slot;
+    let history = History {
+        system_id: system.system_id.clone(),
+        timeline: system.timeline,
+        slot: slot.clone(),
+    };
+    let stored =
+        match crate::sink::read_tail(nats, &settings.config().nats.stream, settings.ack_timeout)
+            .await
+        {
+            Ok(tail) => Stored::from_tail(&tail, slot, Some(&history)),
+            Err(e) => Stored::Unknown(format!(
+                "the stream's tail cannot be read: {}",
+                crate::relay::error_chain(&e)
+            )),
+        };
+    let (mark_at, changes) = match mark {
+        Some(m) => (Some(m.at), m.changes),
+        None => (None, Vec::new()),
+    };
+    let found = judge_from(slot, mark_at, slot_at, &stored, |after| async move {
+        let bound = Bound::DEFAULT.changes;
+        let mut scanner = slot_scan::Scanner::new(settings, Vec::new(), after, Some(slot_at));
+        for transaction in changes {
+            if scanner.rows() >= u64::from(bound) {
+                break;
+            }
+            for (lsn, data) in transaction {
+                if let Err(e) = scanner.row(lsn, data) {
+                    return Ok(scanner.finish(Some(e)));
+                }
+            }
+        }
+        let unfinished = slot_scan::beyond(scanner.rows(), bound);
+        Ok::<_, std::convert::Infallible>(scanner.finish(unfinished))
+    })
+    .await;
+    let drop = !keeps(&found);
+    let mut out = crate::relay::SlotCheck::at(slot_at);
+    out.judged(found);
+    (out, drop)
 }
 
 #[cfg(test)]

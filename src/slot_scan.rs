@@ -258,12 +258,15 @@ async fn peek_into(
             return Ok(None);
         }
     }
-    Ok((scanner.rows() >= u64::from(bound.changes)).then(|| {
-        format!(
-            "more than {} changes are pending; only the first were looked at",
-            bound.changes
-        )
-    }))
+    Ok(beyond(scanner.rows(), bound.changes))
+}
+
+/// Why a look that judged `rows` rows under a bound of `changes` is unfinished, if it is: the server
+/// stops at the first transaction's end past the bound, so a look that reached it may have left
+/// changes pending.
+pub(crate) fn beyond(rows: u64, changes: u32) -> Option<String> {
+    (rows >= u64::from(changes))
+        .then(|| format!("more than {changes} changes are pending; only the first were looked at"))
 }
 
 /// The server's reason, in words a problem line can carry.

@@ -74,6 +74,16 @@ impl SlotCheck {
             ..SlotCheck::default()
         }
     }
+
+    /// What the stop mark's judgement (`slot_mark::check`) adds.
+    pub(crate) fn judged<E: std::fmt::Display>(&mut self, found: Result<Check, E>) {
+        match found {
+            Ok(Check::Consumed(c)) => self.consumed = Some(c),
+            Ok(Check::Unknown(why)) => self.unknown = Some(why),
+            Ok(Check::NoMark | Check::Clean) => {}
+            Err(e) => self.unknown = Some(format!("the stop mark cannot be read: {e}")),
+        }
+    }
 }
 
 /// Where a session starts streaming, and what the relay remembers of where it left the slot.
@@ -407,12 +417,7 @@ async fn check_slot(
             super::error_chain(&e)
         )),
     };
-    match slot_mark::check(settings, &pg, slot_at, &stored).await {
-        Ok(Check::Consumed(c)) => out.consumed = Some(c),
-        Ok(Check::Unknown(why)) => out.unknown = Some(why),
-        Ok(Check::NoMark | Check::Clean) => {}
-        Err(e) => out.unknown = Some(format!("the stop mark cannot be read: {e}")),
-    }
+    out.judged(slot_mark::check(settings, &pg, slot_at, &stored).await);
     out
 }
 

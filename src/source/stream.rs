@@ -178,6 +178,14 @@ impl ReplicationStream {
         )
     }
 
+    /// The same stream, naming `pid` as its walsender's (the simulation's walsenders have pids of
+    /// their own, which the stop mark is made under: `Connector::session_ended`).
+    #[cfg(feature = "test-support")]
+    pub fn with_backend_pid(mut self, pid: i32) -> Self {
+        self.backend_pid = pid;
+        self
+    }
+
     /// The next event, or an error (after which the stream is dead: reconnect from the confirmed LSN).
     /// `None` once the stream ended.
     /// Cancel safe: a batch taken from the channel is kept before anything else can happen.

@@ -29,11 +29,27 @@
 //!
 //! - P7 counted: the relay's dead-letter counter never counts more dead letters than it stored
 //!   (a republished one that JetStream drops by its id is a duplicate, not a new dead letter).
+//! - P9, a client other than a relay that consumed the slot (the `consume` fault): the events it
+//!   skipped are lost, which no relay can prevent; what the relay promises is to say so. An event
+//!   the relay had not stored when the simulated Postgres recorded that another client consumed
+//!   its unit is excused from P1 (it may be missing) and P4 (a rewind of the slot may bring it back
+//!   after later events were stored), and only then ([`consumed_away`]). The report is checked as it happens (`postgres.rs`): when
+//!   the next relay session takes the slot, the simulator decides from what it saw alone whether the
+//!   stop mark can show the consumption (a mark stood at or before where the consumer began and
+//!   still stands; the stream's last message was then, and still is, the relay's own from the
+//!   server's current history; skipped events below the slot are missing from the stream); if so,
+//!   the slot may not be confirmed again before the relay reported it
+//!   (`outbox_relay_slot_consumed_events` above 0, which an operator watches before dropping the
+//!   mark). Not demanded, as docs/guarantees.md P9 "What it cannot see" says: no mark (a relay
+//!   killed, connections cut so that the walsender went first, a promotion: the mark lives on the
+//!   primary only), a restore since (the mark and the slot come back from the snapshot), a stream
+//!   whose last message is gone, another writer's or of an earlier history, or any other reason
+//!   the world gave to distrust the stream's tail in between.
 //!
 //! A copy stored before its event committed belongs to another event with the same id (an id made
 //! of an LSN that a restore reused), so it never counts for this one.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Mutex;
 
 use tokio::time::Instant;
@@ -161,6 +177,50 @@ pub(crate) fn settled(
     let trusted = trusted_again(units, &copies, excuses);
     p3_second_copies(stream, &copies, excuses, &trusted, trace, v);
     p4_commit_order(order, excuses, trace, v);
+}
+
+/// The excuse for a client other than a relay that consumed the slot: `units` without the events
+/// the simulated Postgres recorded it skipped (`consumed`: id, when), unless the relay had stored
+/// them before (those are checked as any). A skipped event is never sent to the relay again (P1
+/// cannot hold for it), unless a rewind of the slot (a crash before the consumer's move was
+/// checkpointed, a restore) brings it back: then it is stored after events committed later that
+/// the relay stored meanwhile (P4 cannot hold for it either). Whether the relay had to report the
+/// consumption is checked as it happens (P9, `postgres.rs`).
+pub(crate) fn consumed_away(
+    mut units: Vec<Unit>,
+    consumed: &HashMap<String, Instant>,
+    stream: &[Stored],
+    trace: &Trace,
+) -> Vec<Unit> {
+    if consumed.is_empty() {
+        return units;
+    }
+    let mut first_stored: HashMap<&str, Vec<Instant>> = HashMap::new();
+    for m in stream.iter().filter(|m| !m.foreign) {
+        if let Some(id) = m.msg_id() {
+            first_stored.entry(id).or_default().push(m.at);
+        }
+    }
+    let mut excused = 0;
+    for unit in &mut units {
+        let before = unit.events.len();
+        let committed = unit.at;
+        unit.events.retain(|e| {
+            consumed.get(&e.msg_id).is_none_or(|&taken| {
+                first_stored
+                    .get(e.msg_id.as_str())
+                    .and_then(|at| at.iter().find(|t| **t >= committed))
+                    .is_some_and(|first| *first <= taken)
+            })
+        });
+        excused += before - unit.events.len();
+    }
+    units.retain(|u| !u.events.is_empty());
+    trace!(
+        trace,
+        "P1, P4: {excused} events another client consumed from the slot before the relay stored them are not demanded of the stream"
+    );
+    units
 }
 
 /// P3: a second copy of an event id needs a reason the world gave.

@@ -26,7 +26,7 @@
 //! the stream does not hold, nor the end of the WAL. After each one the world's hook runs too (the
 //! position service's oracle in `world.rs`, which walks the units with [`Postgres::units_below`]).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -43,7 +43,7 @@ use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
 use super::check::Violations;
-use super::jetstream::JetStream;
+use super::jetstream::{JetStream, STREAM};
 use super::rng::Dice;
 use super::trace::{Trace, trace};
 
@@ -117,6 +117,10 @@ pub(crate) struct PgParams {
     /// How often a write is a whole large transaction (50 to 600 events), longer than a small
     /// window and than a replay reads back at once.
     pub big_transactions: f64,
+    /// In worlds with atomic batches: the size a batch member must fit (the smaller of the stream's
+    /// `max_msg_size` and the server's `max_payload`). Now and then a row's payload is drawn just
+    /// below it, where the headers the relay stamps on a member decide whether it fits.
+    pub edge: Option<usize>,
 }
 
 enum Change {
@@ -195,6 +199,48 @@ struct Conn {
     kill: watch::Sender<bool>,
 }
 
+/// The stop mark (`<slot>_mark`): the copy of the slot a relay's session leaves when it ends while
+/// its walsender still holds the slot (`src/slot_mark.rs`). `serial` tells one copy from the next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Mark {
+    at: u64,
+    serial: u64,
+}
+
+/// A unit of work a client other than a relay consumed: where its deciding record starts, when it
+/// committed, its events' ids.
+#[derive(Clone, Debug)]
+struct Skipped {
+    start: u64,
+    at: Instant,
+    ids: Vec<String>,
+}
+
+/// A client other than a relay consumed the slot (`pg_logical_slot_get_changes`) or advanced it
+/// (`pg_replication_slot_advance`) while no walsender held it: what the simulator saw, and whether
+/// the relay must report it ([`Postgres::judge_consumptions`]).
+#[derive(Clone, Debug)]
+struct Consumption {
+    at: Instant,
+    from: u64,
+    to: u64,
+    skipped: Vec<Skipped>,
+    /// The stop mark when it happened.
+    mark: Option<Mark>,
+    /// Whether the stream's last message then was one the relay can compare with (its own, still
+    /// there, written in the server's current history), and why not.
+    tail: Result<(), String>,
+    /// (the stream's distrust events, the server's rewinds, its timeline) then: what would make
+    /// the mark's judgement unknowable if it changed before the relay's next session.
+    era: (usize, usize, u32),
+    /// Decided when the next session takes the slot: `Ok(n)`, the relay must report `n` events the
+    /// stream lacks below the slot before it confirms anything; `Err(why)`, it need not (what
+    /// docs/guarantees.md P9 says the stop mark cannot see).
+    demanded: Option<Result<usize, String>>,
+    /// The operator saw the relay's report (`outbox_relay_slot_consumed_events` above 0).
+    reported: bool,
+}
+
 struct Snapshot {
     records: usize,
     end: u64,
@@ -202,6 +248,8 @@ struct Snapshot {
     slot: u64,
     timeline: u32,
     history_file: String,
+    /// Slots live on disk: a restore brings the mark back as it was.
+    mark: Option<Mark>,
 }
 
 struct State {
@@ -237,6 +285,15 @@ struct State {
     /// that lacked the last records) kept: an LSN learned before names a history the server may no
     /// longer have.
     rewinds: Vec<usize>,
+    /// The stop mark, if a relay left one.
+    mark: Option<Mark>,
+    /// Stop marks made so far.
+    marks: u64,
+    /// When the server's history last changed (a restore, a new timeline): a message stored by a
+    /// session that began before speaks of another history.
+    history_changed: Instant,
+    /// Every time another client consumed the slot.
+    consumptions: Vec<Consumption>,
 }
 
 /// How far a walk over the units ([`Postgres::units_below`]) has come: the units before `next`, in
@@ -458,6 +515,10 @@ impl Postgres {
                 snapshots: Vec::new(),
                 written: 0,
                 rewinds: Vec::new(),
+                mark: None,
+                marks: 0,
+                history_changed: Instant::now(),
+                consumptions: Vec::new(),
             }),
             dice,
             trace,
@@ -534,7 +595,8 @@ impl Postgres {
             s.append(size, Body::Other);
         }
         if d.chance(s.params.big_transactions) {
-            self.big_transaction(&mut s);
+            let n = d.range(50, 600);
+            self.big_transaction(&mut s, n);
             return;
         }
         let app = d.range(0, s.apps.len() as u64) as usize;
@@ -578,13 +640,12 @@ impl Postgres {
         }
     }
 
-    /// One transaction of many events (rows and transactional messages), committed at once, from a
+    /// One transaction of `n` events (rows and transactional messages), committed at once, from a
     /// connection of its own (a batch job beside the applications).
-    fn big_transaction(&self, s: &mut State) {
+    fn big_transaction(&self, s: &mut State, n: u64) {
         let xid = s.next_xid;
         s.next_xid += 1;
         s.open.insert(xid, Open::default());
-        let n = self.dice.range(50, 600);
         for _ in 0..n {
             if self.dice.chance(0.9) {
                 self.insert_row(s, xid);
@@ -593,6 +654,17 @@ impl Postgres {
             }
         }
         self.commit(s, xid);
+    }
+
+    /// One transaction of `n` events at once, more than a replay proof once read (20,000); returns
+    /// where its commit record starts (`None` while the server is down).
+    pub(crate) fn huge_transaction(&self, n: u64) -> Option<u64> {
+        let mut s = self.state.lock().unwrap();
+        if s.is_down() {
+            return None;
+        }
+        self.big_transaction(&mut s, n);
+        Some(s.units.last().map_or(0, |u| u.start))
     }
 
     /// Commits or aborts every open transaction: the applications stop writing.
@@ -631,12 +703,19 @@ impl Postgres {
             (d.pick(&["order", "claim", "invoice"]), false)
         };
         let big = d.chance(0.01);
-        let payload = if big {
+        let edge = s.params.edge.filter(|_| d.chance(0.01));
+        let payload = if let Some(limit) = edge {
+            // Up to 1,200 bytes below the limit: the member's headers take some hundreds.
+            let wrapper = format!(r#"{{"n": {n}, "pad": ""}}"#).len();
+            let pad = "x".repeat((limit - d.range(0, 1_200) as usize).saturating_sub(wrapper));
+            format!(r#"{{"n": {n}, "pad": "{pad}"}}"#)
+        } else if big {
             let pad = "x".repeat(d.range(20_000, 100_000) as usize);
             format!(r#"{{"n": {n}, "pad": "{pad}"}}"#)
         } else {
             format!(r#"{{"n": {n}}}"#)
         };
+        let big = big || edge.is_some();
         let row = vec![
             text(&id),
             text(ty),
@@ -784,6 +863,7 @@ impl Postgres {
             slot: s.slot.checkpointed,
             timeline: s.timeline,
             history_file: s.history_file.clone(),
+            mark: s.mark,
         };
         trace!(
             self.trace,
@@ -809,6 +889,8 @@ impl Postgres {
         let (records, end, units, slot) = (snap.records, snap.end, snap.units, snap.slot);
         // The restored server is on the snapshot's timeline, with its history.
         let (timeline, history_file) = (snap.timeline, snap.history_file.clone());
+        s.mark = snap.mark;
+        s.history_changed = Instant::now();
         s.end_all();
         s.wal.truncate(records);
         s.end = end;
@@ -876,6 +958,9 @@ impl Postgres {
             s.snapshots.retain(|snap| snap.records <= kept);
         }
         let lost = s.wal.len() < had;
+        // The mark is a slot of the old primary's own (no failover slot): the standby lacks it.
+        s.mark = None;
+        s.history_changed = Instant::now();
         let switch = s.end;
         s.switch_timeline(switch, "no recovery target specified");
         s.down_until = Some(Instant::now() + down_for);
@@ -972,7 +1057,7 @@ impl Postgres {
                         code: "55006".into(),
                         message: format!(
                             "replication slot \"outbox_relay\" is active for PID {}",
-                            40_000 + active
+                            pid(active)
                         ),
                         detail: None,
                         hint: None,
@@ -1030,7 +1115,8 @@ impl Postgres {
         tokio::spawn(Arc::clone(self).send_loop(id, wr, wake, kill.subscribe()));
         tokio::spawn(Arc::clone(self).receive_loop(id, rd, kill.subscribe()));
         let start = rule.at(&info);
-        Ok((ReplicationStream::over(relay_end, start, config), info))
+        let stream = ReplicationStream::over(relay_end, start, config).with_backend_pid(pid(id));
+        Ok((stream, info))
     }
 
     /// The walsender's sending side.
@@ -1106,7 +1192,14 @@ impl Postgres {
             let rec = &s.wal[conn.cursor];
             conn.cursor += 1;
             n += 1;
-            decode(rec, &s.wal, conn, &s.params, &mut out, time);
+            decode(
+                rec,
+                &s.wal,
+                conn.start,
+                &mut conn.relations,
+                &s.params,
+                &mut |lsn, msg| xlog(&mut out, lsn, msg, time),
+            );
             conn.sent = conn.sent.max(rec.end);
             if self.dice.chance(0.02) {
                 keepalive(&mut out, conn.sent, time, self.dice.chance(0.3));
@@ -1271,23 +1364,289 @@ impl Postgres {
                 }
             }
         }
+        for c in &s.consumptions {
+            if let (Some(Ok(n)), false) = (&c.demanded, c.reported) {
+                self.violations.report(
+                    &self.trace,
+                    format!(
+                        "P9: the slot was confirmed to {} after a client consumed it from {} to {} past {n} events \
+                         the stream lacks, and the relay never reported it (outbox_relay_slot_consumed_events)",
+                        Lsn(flush),
+                        Lsn(c.from),
+                        Lsn(c.to)
+                    ),
+                );
+            }
+        }
         s.slot.confirmed = flush;
         s.confirmations.push((Instant::now(), flush));
         trace!(self.trace, "pg slot confirmed {}", Lsn(flush));
     }
 }
 
-/// What pgoutput sends for one WAL record, if anything.
+/// The walsender pid of replication connection `conn` (what 55006 names, and the stop mark is made
+/// under).
+fn pid(conn: u64) -> i32 {
+    40_000 + conn as i32
+}
+
+/// The stop mark and the clients other than a relay that consume the slot (docs/guarantees.md P9).
+impl Postgres {
+    /// The slot's position as a control connection reads it (`None`: the server is unreachable).
+    pub(crate) fn slot_position(&self) -> Option<u64> {
+        let s = self.state.lock().unwrap();
+        (!s.is_down()).then_some(s.slot.confirmed)
+    }
+
+    /// What `slot_mark::leave` reads: the slot's position while walsender `pid` holds it (`Ok(None)`:
+    /// it does not), `Err` when the server cannot be reached.
+    pub(crate) fn slot_held_by(&self, walsender: i32) -> Result<Option<u64>, ()> {
+        let s = self.state.lock().unwrap();
+        if s.is_down() {
+            return Err(());
+        }
+        Ok(s.slot
+            .active
+            .filter(|&c| pid(c) == walsender)
+            .map(|_| s.slot.confirmed))
+    }
+
+    /// `pg_copy_logical_replication_slot` as `slot_mark::leave` asks for it: only while walsender
+    /// `pid` holds the slot and no mark exists. Returns whether a mark was made.
+    pub(crate) fn copy_mark(&self, walsender: i32) -> bool {
+        let mut s = self.state.lock().unwrap();
+        if s.is_down() || s.mark.is_some() || s.slot.active.is_none_or(|c| pid(c) != walsender) {
+            return false;
+        }
+        s.marks += 1;
+        let mark = Mark {
+            at: s.slot.confirmed,
+            serial: s.marks,
+        };
+        s.mark = Some(mark);
+        trace!(
+            self.trace,
+            "pg stop mark {} made at {}",
+            mark.serial,
+            Lsn(mark.at)
+        );
+        true
+    }
+
+    /// The mark and what a peek of it up to `slot_at` hands over, as pgoutput (`None`: no mark).
+    pub(crate) fn mark_view(&self, slot_at: u64) -> Option<outbox_relay::SimMark> {
+        let s = self.state.lock().unwrap();
+        let mark = s.mark?;
+        let mut relations = BTreeSet::new();
+        let mut changes = Vec::new();
+        let from = s.wal.partition_point(|r| r.start < mark.at);
+        for rec in s.wal[from..].iter().take_while(|r| r.start < slot_at) {
+            let mut rows = Vec::new();
+            decode(
+                rec,
+                &s.wal,
+                mark.at,
+                &mut relations,
+                &s.params,
+                &mut |lsn, msg| rows.push((Lsn(lsn), encode::message(msg))),
+            );
+            if !rows.is_empty() {
+                changes.push(rows);
+            }
+        }
+        Some(outbox_relay::SimMark {
+            at: Lsn(mark.at),
+            changes,
+        })
+    }
+
+    /// Whether a walsender holds the slot, with the server up.
+    pub(crate) fn slot_streamed(&self) -> bool {
+        let s = self.state.lock().unwrap();
+        !s.is_down() && s.slot.active.is_some()
+    }
+
+    /// Whether a stop mark exists.
+    pub(crate) fn has_mark(&self) -> bool {
+        self.state.lock().unwrap().mark.is_some()
+    }
+
+    /// `pg_drop_replication_slot` of the mark, by `who` (a relay's start, the operator).
+    pub(crate) fn drop_mark(&self, who: &str) {
+        let mut s = self.state.lock().unwrap();
+        if let Some(m) = s.mark.take() {
+            trace!(self.trace, "pg stop mark {} dropped by {who}", m.serial);
+        }
+    }
+
+    /// Another client consumes the slot up to the end of the WAL (`pg_logical_slot_get_changes`) or
+    /// advances it to a record boundary on the way (`upto_lsn`, `pg_replication_slot_advance`),
+    /// when no walsender holds it and the server is up. Returns whether the slot moved.
+    pub(crate) fn consume(&self) -> bool {
+        let facts = self.js.facts();
+        let messages = self.js.messages();
+        let mut s = self.state.lock().unwrap();
+        if s.is_down() || s.slot.active.is_some() {
+            return false;
+        }
+        let from = s.slot.confirmed;
+        let first = s.wal.partition_point(|r| r.start < from);
+        if first >= s.wal.len() {
+            return false;
+        }
+        let to = if self.dice.chance(0.5) {
+            s.end
+        } else {
+            s.wal[self.dice.range(first as u64, s.wal.len() as u64) as usize].next
+        };
+        let skipped: Vec<Skipped> = s
+            .units
+            .iter()
+            .filter(|u| from <= u.start && u.start < to)
+            .map(|u| Skipped {
+                start: u.start,
+                at: u.at,
+                ids: u.events.iter().map(|e| e.msg_id.clone()).collect(),
+            })
+            .collect();
+        // What the relay's next start compares with (slot_mark::Stored::from_tail).
+        let tail = match messages.last() {
+            None => Ok(()),
+            Some(m) if m.gone => Err("the stream's last message is gone".to_owned()),
+            Some(m) if m.foreign => Err("the stream's last message is another writer's".to_owned()),
+            Some(m) => match facts.sessions.get(&m.session) {
+                Some((_, began)) if *began > s.history_changed => Ok(()),
+                _ => Err(
+                    "the stream's last message was stored by a session of an earlier history"
+                        .to_owned(),
+                ),
+            },
+        };
+        let n: usize = skipped.iter().map(|u| u.ids.len()).sum();
+        trace!(
+            self.trace,
+            "pg slot CONSUMED by another client from {} to {} ({} units, {n} events), stop mark {:?}",
+            Lsn(from),
+            Lsn(to),
+            skipped.len(),
+            s.mark
+        );
+        let era = (facts.distrust.len(), s.rewinds.len(), s.timeline);
+        let mark = s.mark;
+        s.consumptions.push(Consumption {
+            at: Instant::now(),
+            from,
+            to,
+            skipped,
+            mark,
+            tail,
+            era,
+            demanded: None,
+            reported: false,
+        });
+        s.slot.confirmed = to;
+        true
+    }
+
+    /// A session that holds the slot is about to look at the stop mark (its `slot_check`): each
+    /// consumption since the last look decides whether the relay must report it, by what the
+    /// simulators saw alone (the stream's messages past `max_age` removed first, as the relay's read
+    /// of the tail would). Demanded when a stop mark stood at or before
+    /// where the consumer began and still stands, the stream's last message then was the relay's
+    /// own from this history and still is (no distrust event, rewind or new timeline since), and
+    /// events the consumer skipped below the slot's position are not in the stream. Anything else is
+    /// what docs/guarantees.md P9 says the mark cannot see ("What it cannot see": a relay that died
+    /// without ending its session, Postgres gone first, a failover; a stream whose last message is
+    /// gone or not the relay's).
+    pub(crate) fn judge_consumptions(&self) {
+        if self
+            .state
+            .lock()
+            .unwrap()
+            .consumptions
+            .iter()
+            .all(|c| c.demanded.is_some())
+        {
+            return;
+        }
+        let _ = self.js.stream_state(STREAM);
+        let distrust = self.js.facts().distrust.len();
+        let mut guard = self.state.lock().unwrap();
+        let s = &mut *guard;
+        let era = (distrust, s.rewinds.len(), s.timeline);
+        let (mark, slot) = (s.mark, s.slot.confirmed);
+        for c in s.consumptions.iter_mut().filter(|c| c.demanded.is_none()) {
+            let verdict = if c.mark.is_none_or(|m| m.at > c.from) {
+                Err("no stop mark stood before it".to_owned())
+            } else if mark != c.mark {
+                Err("the stop mark is gone since (a promotion, a restore)".to_owned())
+            } else if let Err(why) = &c.tail {
+                Err(why.clone())
+            } else if c.era != era {
+                Err("the stream or the server's history changed since".to_owned())
+            } else {
+                let lacking = c
+                    .skipped
+                    .iter()
+                    .filter(|u| u.start < slot)
+                    .flat_map(|u| u.ids.iter().map(move |id| (id, u.at)))
+                    .filter(|(id, at)| !self.js.holds(id, *at))
+                    .count();
+                if lacking > 0 {
+                    Ok(lacking)
+                } else {
+                    Err("the stream lacks no event it skipped below the slot".to_owned())
+                }
+            };
+            trace!(
+                self.trace,
+                "consumption from {} to {}: the relay {}",
+                Lsn(c.from),
+                Lsn(c.to),
+                match &verdict {
+                    Ok(n) => format!("must report {n} events before it confirms anything"),
+                    Err(why) => format!("need not report it: {why}"),
+                }
+            );
+            c.demanded = Some(verdict);
+        }
+    }
+
+    /// The operator saw the relay report a consumption: every one judged so far counts as reported.
+    pub(crate) fn consumption_reported(&self) {
+        let mut s = self.state.lock().unwrap();
+        for c in s.consumptions.iter_mut().filter(|c| c.demanded.is_some()) {
+            c.reported = true;
+        }
+    }
+
+    /// The ids of every event another client consumed from the slot, with when it did (the
+    /// first time): the stream may lack them, or get them back after a rewind of the slot.
+    pub(crate) fn consumed(&self) -> HashMap<String, Instant> {
+        let s = self.state.lock().unwrap();
+        let mut ids = HashMap::new();
+        for c in &s.consumptions {
+            for id in c.skipped.iter().flat_map(|u| &u.ids) {
+                ids.entry(id.clone()).or_insert(c.at);
+            }
+        }
+        ids
+    }
+}
+
+/// What pgoutput sends for one WAL record, if anything, handed to `emit` as (LSN, message): to a
+/// walsender's connection (`start` its start, `relations` those it described) or to a peek of the
+/// stop mark.
 fn decode(
     rec: &Record,
     wal: &[Record],
-    conn: &mut Conn,
+    start: u64,
+    relations: &mut BTreeSet<u32>,
     params: &PgParams,
-    out: &mut BytesMut,
-    time: i64,
+    emit: &mut dyn FnMut(u64, &Message),
 ) {
     match &rec.body {
-        Body::Commit { xid, ts, changes } if rec.start >= conn.start => {
+        Body::Commit { xid, ts, changes } if rec.start >= start => {
             let sent = |c: &usize| match &wal[*c].body {
                 Body::Change(Change::Orders(_)) => params.publish_orders,
                 _ => true,
@@ -1297,15 +1656,13 @@ fn decode(
                 return;
             }
             let first = changes.first().map_or(rec.start, |&c| wal[c].start);
-            xlog(
-                out,
+            emit(
                 first,
                 &Message::Begin {
                     final_lsn: Lsn(rec.start),
                     commit_ts: *ts,
                     xid: *xid,
                 },
-                time,
             );
             for &c in changes.iter().filter(|c| sent(c)) {
                 let change = &wal[c];
@@ -1352,14 +1709,13 @@ fn decode(
                 };
                 // pgoutput describes a relation before its first change on each connection.
                 if let Some(rel) = relation
-                    && conn.relations.insert(rel.id)
+                    && relations.insert(rel.id)
                 {
-                    xlog(out, 0, &Message::Relation(rel), time);
+                    emit(0, &Message::Relation(rel));
                 }
-                xlog(out, change.start, &msg, time);
+                emit(change.start, &msg);
             }
-            xlog(
-                out,
+            emit(
                 rec.start,
                 &Message::Commit {
                     flags: 0,
@@ -1367,11 +1723,9 @@ fn decode(
                     end_lsn: Lsn(rec.next),
                     commit_ts: *ts,
                 },
-                time,
             );
         }
-        Body::Message(content) if rec.start >= conn.start => xlog(
-            out,
+        Body::Message(content) if rec.start >= start => emit(
             rec.start,
             &Message::Message {
                 xid: None,
@@ -1380,7 +1734,6 @@ fn decode(
                 prefix: PREFIX.into(),
                 content: content.clone(),
             },
-            time,
         ),
         _ => {}
     }

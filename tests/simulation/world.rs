@@ -34,6 +34,15 @@
 //!   and then the standby lacks the last records (a crash without `synchronized_standby_slots`);
 //!   what the relay published of them is a history that did not survive, like a restore's.
 //! - `purge`: the operator purges the stream (every message gone, the sequences stay).
+//! - `consume`: a client other than a relay consumes the slot (`pg_logical_slot_get_changes`) or
+//!   advances it (`pg_replication_slot_advance`) past committed units while no walsender holds it:
+//!   after the relays were stopped cleanly (each session leaves its stop mark), killed (none), while
+//!   NATS is down (the relay's sessions end with their walsender holding the slot, and leave a
+//!   mark, then back off), or right after the connections were cut (the walsender went first: no
+//!   mark). Those events are never sent again; the relay must say so at its next start when the
+//!   mark could see it (`check.rs`, P9). An operator watches `outbox_relay_slot_consumed_events`
+//!   and, once it is above 0, drops the mark to accept the gap (a backfill is not modelled), so
+//!   the relay streams on.
 //!
 //! Besides the faults, each world draws the modes users turn on or off ([`Modes`]): the fence, the
 //! descriptive headers, atomic transactions (in a quarter of fenced worlds), and the stream's
@@ -72,7 +81,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::check::{self, Violations};
-use super::jetstream::{Chaos, JetStream, Limits, Retention};
+use super::jetstream::{Chaos, JetStream, Limits, Retention, STREAM};
 use super::port::ProcessPort;
 use super::postgres::{PgParams, Postgres, UnitCursor};
 use super::rng::Dice;
@@ -101,6 +110,7 @@ pub(crate) const FAULTS: &[(&str, u64)] = &[
     ("live_pitr", 1),
     ("promote", 2),
     ("purge", 1),
+    ("consume", 2),
 ];
 
 /// The faults a run may use.
@@ -158,6 +168,12 @@ struct Scenario {
     fault_gap_ms: (u64, u64),
     faults_for: Duration,
     modes: Modes,
+    /// One world in a hundred: one transaction of this many events, more than 20,000 (what a replay
+    /// proof read at most before it read in bulk), and a cut once the stream holds more than 20,000
+    /// of them before its commit is confirmed, so that the next session must prove a replay that
+    /// long. With a short duplicate window: a replay published again instead of proven would store
+    /// copies.
+    huge: Option<u64>,
 }
 
 /// The settings users turn on or off, drawn per world.
@@ -216,7 +232,7 @@ impl Scenario {
     fn draw(d: &Dice, faults: &FaultSet) -> Self {
         let on = |name: &str, p: f64| if faults.has(name) { p } else { 0.0 };
         let calm = d.chance(0.3);
-        Scenario {
+        let mut sc = Scenario {
             max_in_flight: d.pick(&[1, 2, 3, 8, 64, 4096]),
             status_interval_ms: d.pick(&[50, 200, 1000]),
             cloudevents: d.chance(0.2),
@@ -238,6 +254,7 @@ impl Scenario {
                 keepalive_ms: d.pick(&[(10, 200), (100, 2_000)]),
                 big_transactions: d.pick(&[0.0, 0.0, 0.002, 0.01]),
                 context: d.chance(0.3),
+                edge: None,
             },
             chaos: if calm {
                 Chaos::default()
@@ -255,7 +272,23 @@ impl Scenario {
             fault_gap_ms: d.pick(&[(500, 4_000), (2_000, 10_000)]),
             faults_for: d.millis(20_000, 60_000),
             modes: Modes::draw(d, faults),
+            huge: None,
+        };
+        if sc.modes.atomic {
+            let l = &sc.limits;
+            sc.pg.edge = Some(
+                l.max_msg_size
+                    .map_or(l.max_payload, |m| m.min(l.max_payload)),
+            );
         }
+        if d.chance(0.01) {
+            sc.huge = Some(d.range(21_000, 26_000));
+            sc.limits.duplicate_window = d.millis(200, 3_000);
+            // Calm, so that nothing else excuses a second copy of what the replay skipped.
+            sc.chaos = Chaos::default();
+            sc.modes.retention = Retention::default();
+        }
+        sc
     }
 
     fn settings(&self) -> Settings {
@@ -297,6 +330,7 @@ struct SimConnector {
     connected: Arc<AtomicU64>,
     /// The process's number.
     process: u64,
+    settings: Settings,
 }
 
 impl Connector for SimConnector {
@@ -338,9 +372,50 @@ impl Connector for SimConnector {
         })
     }
 
-    fn slot_check<'a>(&'a mut self, _system: &'a SystemInfo) -> BoxFuture<'a, SlotCheck> {
-        // The session holds the slot: its position is what the position service starts from.
-        Box::pin(async move { SlotCheck::at(Lsn(self.pg.slot_confirmed())) })
+    /// The session holds the slot: its position (what the position service starts from), and the
+    /// stop mark judged by the relay's own rule against the stream's tail; the mark is dropped
+    /// unless it holds evidence, as `slot_mark::check` drops it.
+    fn slot_check<'a>(&'a mut self, system: &'a SystemInfo) -> BoxFuture<'a, SlotCheck> {
+        Box::pin(async move {
+            tokio::time::sleep(self.dice.millis(0, 15)).await;
+            let Some(slot_at) = self.pg.slot_position() else {
+                return SlotCheck::default();
+            };
+            self.pg.judge_consumptions();
+            let port = NatsPort::new(ProcessPort {
+                js: Arc::clone(&self.js),
+                process: self.process,
+            });
+            let mark = self.pg.mark_view(slot_at);
+            let (check, drop) =
+                outbox_relay::sim_slot_check(&self.settings, &port, system, Lsn(slot_at), mark)
+                    .await;
+            if drop {
+                self.pg.drop_mark("the relay's start");
+            }
+            check
+        })
+    }
+
+    /// What `slot_mark::leave` does, against the simulated server: wait (at most 2 s) until the
+    /// slot shows `confirmed` while walsender `pid` holds it, then copy it as the mark, unless one
+    /// is there; all within the 5 s the relay allows.
+    fn session_ended(&mut self, pid: i32, confirmed: Lsn) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            let leave = async {
+                tokio::time::sleep(self.dice.millis(0, 15)).await;
+                let until = Instant::now() + Duration::from_secs(2);
+                loop {
+                    match self.pg.slot_held_by(pid) {
+                        Ok(Some(at)) if at >= confirmed.0 || Instant::now() >= until => break,
+                        Ok(Some(_)) => tokio::time::sleep(Duration::from_millis(20)).await,
+                        Ok(None) | Err(()) => return,
+                    }
+                }
+                self.pg.copy_mark(pid);
+            };
+            let _ = tokio::time::timeout(Duration::from_secs(5), leave).await;
+        })
     }
 }
 
@@ -419,12 +494,17 @@ impl PositionOracle {
                     );
                     return;
                 }
+                // Events another client consumed from the slot never reach the stream (excused by
+                // the simulated Postgres's record alone, as in `sample`).
+                let consumed = pg.consumed();
                 let mut missing = None;
                 pg.units_below(&mut UnitCursor::default(), lsn, |u| {
                     if missing.is_some() {
                         return;
                     }
-                    if let Some(e) = u.events.iter().find(|e| !oracle.js.holds(&e.msg_id, u.at)) {
+                    if let Some(e) = u.events.iter().find(|e| {
+                        !oracle.js.holds(&e.msg_id, u.at) && !consumed.contains_key(&e.msg_id)
+                    }) {
                         missing = Some(format!(
                             "position service of relay process {number} answered a wait for {} as stored before \
                              event {} of the {} (commit LSN {}) was in the stream",
@@ -458,24 +538,32 @@ impl PositionOracle {
                 continue;
             }
             let stored = served.stored_lsn;
-            let mut missing: Option<String> = None;
+            let mut missing: Vec<(String, String)> = Vec::new();
             pg.units_below(&mut w.checked, stored.0, |u| {
-                if missing.is_some() {
-                    return;
-                }
-                if let Some(e) = u.events.iter().find(|e| !self.js.holds(&e.msg_id, u.at)) {
-                    missing = Some(format!(
-                        "position service of relay process {} said stored at {stored} before event {} of the {} \
-                         (commit LSN {} <= {stored}) was in the stream",
-                        w.number,
-                        e.msg_id,
-                        u.what,
-                        Lsn(u.start)
+                for e in u.events.iter().filter(|e| !self.js.holds(&e.msg_id, u.at)) {
+                    missing.push((
+                        e.msg_id.clone(),
+                        format!(
+                            "position service of relay process {} said stored at {stored} before event {} of the {} \
+                             (commit LSN {} <= {stored}) was in the stream",
+                            w.number,
+                            e.msg_id,
+                            u.what,
+                            Lsn(u.start)
+                        ),
                     ));
                 }
             });
-            if let Some(what) = missing {
-                self.violations.report(&self.trace, what);
+            // Events another client consumed from the slot never reach the stream (excused by the
+            // simulated Postgres's record alone).
+            if !missing.is_empty() {
+                let consumed = pg.consumed();
+                if let Some((_, what)) = missing
+                    .into_iter()
+                    .find(|(id, _)| !consumed.contains_key(id))
+                {
+                    self.violations.report(&self.trace, what);
+                }
             }
         }
     }
@@ -497,6 +585,9 @@ struct World {
     /// start at zero).
     metrics: Arc<Metrics>,
     positions: Arc<PositionOracle>,
+    /// The huge transaction ([`Scenario::huge`]) is written and not yet cut off nor confirmed: the
+    /// faults that would take it away before a replay of it can be tried are held back.
+    huge_pending: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Runs the world of `seed` on its own runtime with a paused clock.
@@ -545,6 +636,7 @@ async fn world(seed: u64, faults: &FaultSet, trace: Arc<Trace>) -> Outcome {
             violations: Arc::clone(&violations),
             watched: std::sync::Mutex::new(Vec::new()),
         }),
+        huge_pending: Arc::default(),
     };
     // The position services are asked after every status update and every 100 to 500 ms,
     // at times from a generator of their own: asking draws nothing from the world's.
@@ -559,6 +651,27 @@ async fn world(seed: u64, faults: &FaultSet, trace: Arc<Trace>) -> Outcome {
             loop {
                 tokio::time::sleep(dice.millis(100, 500)).await;
                 oracle.sample(&pg);
+            }
+        }
+    });
+    // The operator: once the relay reports a client that consumed the slot, accepts the gap by
+    // dropping the stop mark (what the relay's error line tells them to do, without a backfill).
+    // Its own generator, like the position sampler's.
+    let operator = tokio::spawn({
+        let (pg, metrics) = (Arc::clone(&pg), Arc::clone(&w.metrics));
+        let dice = Dice::new(seed ^ 0x6f70_6572_6174_6f72);
+        async move {
+            loop {
+                tokio::time::sleep(dice.millis(200, 1_000)).await;
+                if Metrics::get(&metrics.slot_consumed_events) > 0 {
+                    pg.consumption_reported();
+                    tokio::time::sleep(dice.millis(1_000, 10_000)).await;
+                    // What the relay reports by now is what the mark drops with.
+                    if Metrics::get(&metrics.slot_consumed_events) > 0 {
+                        pg.consumption_reported();
+                    }
+                    pg.drop_mark("the operator, accepting the gap");
+                }
             }
         }
     });
@@ -581,6 +694,15 @@ async fn world(seed: u64, faults: &FaultSet, trace: Arc<Trace>) -> Outcome {
             }
         }
     });
+    if let Some(n) = sc.huge {
+        tokio::spawn(huge_transaction(
+            Arc::clone(&pg),
+            Arc::clone(&js),
+            dice.clone(),
+            n,
+            Arc::clone(&w.huge_pending),
+        ));
+    }
     // Checkpoints write the slot to disk; disk snapshots are taken now and then.
     let checkpointer = tokio::spawn({
         let (pg, dice) = (Arc::clone(&pg), dice.clone());
@@ -647,8 +769,11 @@ async fn world(seed: u64, faults: &FaultSet, trace: Arc<Trace>) -> Outcome {
     w.stop_all().await;
     checkpointer.abort();
     sampler.abort();
-    let units = pg.units();
+    operator.abort();
+    // Events another client consumed from the slot are never sent again: only the simulated
+    // Postgres's record of the consumption excuses their absence.
     let stream = js.messages();
+    let units = check::consumed_away(pg.units(), &pg.consumed(), &stream, &trace);
     if !violations.any() {
         // Only what the world did excuses a copy or an order, never what the relay logged.
         let facts = js.facts();
@@ -685,6 +810,48 @@ async fn world(seed: u64, faults: &FaultSet, trace: Arc<Trace>) -> Outcome {
         trace,
         units: units.len(),
         stored: stream.len(),
+    }
+}
+
+/// The huge transaction of [`Scenario::huge`]: written once, a few seconds into the faults; once
+/// the stream holds 20,300 messages more than when it committed while the slot has not passed it,
+/// the replication connections are cut. Watched until the slot passes it, five minutes at most;
+/// meanwhile (`pending`) no fault rewinds the server, consumes the slot or writes to the stream.
+async fn huge_transaction(
+    pg: Arc<Postgres>,
+    js: Arc<JetStream>,
+    dice: Dice,
+    n: u64,
+    pending: Arc<std::sync::atomic::AtomicBool>,
+) {
+    tokio::time::sleep(dice.millis(1_000, 10_000)).await;
+    let commit = loop {
+        if let Some(c) = pg.huge_transaction(n) {
+            break c;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    pending.store(true, Ordering::Relaxed);
+    watch_huge(&pg, &js, commit).await;
+    pending.store(false, Ordering::Relaxed);
+}
+
+async fn watch_huge(pg: &Postgres, js: &JetStream, commit: u64) {
+    let last = |js: &JetStream| js.stream_state(STREAM).map(|(seq, _)| seq).ok();
+    let base = loop {
+        if let Some(seq) = last(js) {
+            break seq;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let until = Instant::now() + Duration::from_secs(300);
+    let mut cut = false;
+    while Instant::now() < until && pg.slot_confirmed() <= commit {
+        if !cut && last(js).is_some_and(|seq| seq >= base + 20_300) {
+            pg.cut();
+            cut = true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
@@ -734,6 +901,7 @@ impl World {
             dice: self.dice.clone(),
             connected,
             process: self.processes,
+            settings: settings.clone(),
         };
         let (tx, rx) = oneshot::channel::<()>();
         let handle = tokio::spawn(tracing::Instrument::instrument(
@@ -845,6 +1013,55 @@ impl World {
         self.positions.forget(p.number);
     }
 
+    /// The `consume` fault: the slot is let go one of four ways, then another client takes some of
+    /// what it holds (see the module docs).
+    async fn consume(&mut self) {
+        let d = self.dice.clone();
+        match d.range(0, 10) {
+            0..4 => {
+                // A clean stop of a session that streams leaves the mark (docs/guarantees.md P9):
+                // without it every consumption would go unseen.
+                let streamed = self.pg.slot_streamed();
+                self.stop_all().await;
+                if streamed && self.pg.slot_position().is_some() && !self.pg.has_mark() {
+                    self.violations.report(
+                        &self.trace,
+                        "P9: the relay was stopped cleanly while its session streamed the slot, and left no stop mark"
+                            .into(),
+                    );
+                }
+                tokio::time::sleep(d.millis(0, 1_000)).await;
+                self.pg.consume();
+                tokio::time::sleep(d.millis(0, 2_000)).await;
+                self.start_relay();
+            }
+            4..6 => {
+                self.kill_all().await;
+                tokio::time::sleep(d.millis(0, 1_000)).await;
+                self.pg.consume();
+                tokio::time::sleep(d.millis(0, 2_000)).await;
+                self.start_relay();
+            }
+            6..9 => {
+                // Between sessions: NATS goes away, the sessions end holding the slot and back off.
+                self.js.go_down();
+                let (js, t) = (Arc::clone(&self.js), d.millis(1_000, 30_000));
+                tokio::spawn(async move {
+                    tokio::time::sleep(t).await;
+                    js.come_up();
+                });
+                let until = Instant::now() + Duration::from_secs(10);
+                while Instant::now() < until && !self.pg.consume() {
+                    tokio::time::sleep(d.millis(20, 200)).await;
+                }
+            }
+            _ => {
+                self.pg.cut();
+                self.pg.consume();
+            }
+        }
+    }
+
     async fn restart_relay(&mut self) {
         self.kill_relay().await;
         tokio::time::sleep(self.dice.millis(0, 3_000)).await;
@@ -875,6 +1092,26 @@ impl World {
             })
             .map(|(n, _)| *n)
             .unwrap();
+        if self.huge_pending.load(Ordering::Relaxed)
+            && matches!(
+                name,
+                "restore"
+                    | "pitr"
+                    | "live_restore"
+                    | "live_pitr"
+                    | "promote"
+                    | "consume"
+                    | "foreign"
+                    | "live_foreign"
+                    | "purge"
+            )
+        {
+            trace!(
+                self.trace,
+                "FAULT {name} held back: the huge transaction is pending"
+            );
+            return;
+        }
         trace!(self.trace, "FAULT {name}");
         let d = self.dice.clone();
         match name {
@@ -915,6 +1152,7 @@ impl World {
                 self.js.publish_foreign(self.processes);
             }
             "purge" => self.js.purge(),
+            "consume" => self.consume().await,
             "restore" | "pitr" | "live_restore" | "live_pitr" => {
                 let live = name.starts_with("live_");
                 if !live {
