@@ -30,12 +30,10 @@ pub trait Connector: Send + Sync {
     /// A NATS failure ended the session: the next session must not reuse a connection that may
     /// still send what it had buffered (after the point the new session republishes from).
     fn nats_failed(&mut self);
-    /// A replication stream of the slot from `start.at(…)` of what `IDENTIFY_SYSTEM` says (asked
-    /// first, on the same connection), and that answer.
-    fn replication<'a>(
-        &'a mut self,
-        start: &'a Start,
-    ) -> BoxFuture<'a, Result<(ReplicationStream, SystemInfo), SessionEnd>>;
+    /// A replication stream of the slot from its own position ([`Start::FROM_SLOT`]), and what
+    /// `IDENTIFY_SYSTEM` answered first on the same connection.
+    fn replication(&mut self)
+    -> BoxFuture<'_, Result<(ReplicationStream, SystemInfo), SessionEnd>>;
     /// The OIDs of the outbox table's partitions (asked when a relation the stage does not know
     /// arrives).
     fn partitions(&mut self) -> BoxFuture<'_, Result<Vec<u32>, SessionEnd>>;
@@ -92,38 +90,36 @@ pub struct Start {
     /// The last position this process confirmed to the slot.
     pub(crate) confirmed: Lsn,
     /// The system and timeline the last session streamed, if any.
-    pub(crate) history: Option<(String, u32)>,
+    pub(crate) history: Option<History>,
 }
 
 impl Start {
-    /// The position to start from: always `0/0`, which asks the server for the slot's own
+    /// The position every session starts from: `0/0`, which asks the server for the slot's own
     /// confirmed position, never one this process remembers. After a restore from a disk snapshot
     /// (same system, same timeline) the server's slot is back where the snapshot left it and the
     /// WAL after it is written anew, possibly past the remembered position before the relay
     /// reconnects: a start there would skip every new transaction below it and confirm past them.
     /// Nothing on the connection tells a restore apart; the slot's own position is right in every
     /// case, and what it sends again that is stored already the fence skips or JetStream drops.
-    pub fn at(&self, _system: &SystemInfo) -> Lsn {
-        Lsn::ZERO
-    }
+    pub const FROM_SLOT: Lsn = Lsn::ZERO;
 
     /// Whether the server is visibly not where the relay left it: its WAL ends before the
     /// remembered position, its system changed, or its timeline changed to one that does not
     /// hold what this relay confirmed (a restore, a point-in-time recovery to a point before it).
     /// A promoted standby is on a new timeline that branched off the remembered one at or past the
     /// confirmed position: everything confirmed is still its history, so it has not moved. Only
-    /// for the log and the position service: [`Start::at`] is the slot's position anyway.
+    /// for the log and the position service: [`Start::FROM_SLOT`] is the slot's position anyway.
     pub(crate) fn moved(&self, system: &SystemInfo) -> bool {
         if system.xlogpos < self.confirmed {
             return true;
         }
-        let Some((id, tl)) = &self.history else {
+        let Some(before) = &self.history else {
             return false;
         };
-        if *id != system.system_id {
+        if before.system_id != system.system_id {
             return true;
         }
-        match system.history.shared(*tl) {
+        match system.history.shared(before.timeline) {
             Shared::All => false,
             // The remembered timeline ended at `end`: what was confirmed up to it survived.
             Shared::Below(end) => self.confirmed > end,
@@ -221,10 +217,9 @@ impl Connector for Servers {
         self.nats = None;
     }
 
-    fn replication<'a>(
-        &'a mut self,
-        start: &'a Start,
-    ) -> BoxFuture<'a, Result<(ReplicationStream, SystemInfo), SessionEnd>> {
+    fn replication(
+        &mut self,
+    ) -> BoxFuture<'_, Result<(ReplicationStream, SystemInfo), SessionEnd>> {
         Box::pin(async move {
             self.refuse_unfinished_backfill().await?;
             let settings = &self.settings;
@@ -279,7 +274,7 @@ impl Connector for Servers {
                 max_frame_bytes: settings.config().postgres.max_frame_bytes,
                 ..StreamConfig::default()
             };
-            let start = start.at(&system);
+            let start = Start::FROM_SLOT;
             match conn
                 .start_replication(
                     &settings.config().postgres.slot,
@@ -470,7 +465,11 @@ mod tests {
     fn left_at(confirmed: u64, timeline: u32) -> Start {
         Start {
             confirmed: Lsn(confirmed),
-            history: Some(("7311234567890123456".into(), timeline)),
+            history: Some(History {
+                system_id: "7311234567890123456".into(),
+                timeline,
+                slot: "outbox_relay".into(),
+            }),
         }
     }
 

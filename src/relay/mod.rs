@@ -193,7 +193,7 @@ pub(crate) struct Relay {
     /// The last LSN confirmed to the slot by this process; sessions restart here.
     confirmed: Lsn,
     /// The system and timeline the last session streamed.
-    history: Option<(String, u32)>,
+    history: Option<crate::position::History>,
     /// Why a session found the stream's tail unreliable ([`crate::sink::SinkError::distrust`]):
     /// the next sessions skip nothing until one has stored a new event (its own tail is then one
     /// to trust), and their warn line says why.

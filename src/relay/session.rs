@@ -50,7 +50,7 @@ impl Session {
             confirmed: relay.confirmed,
             history: relay.history.clone(),
         };
-        let (stream, system) = relay.connector.replication(&start).await?;
+        let (stream, system) = relay.connector.replication().await?;
         let moved = start.moved(&system);
         if moved {
             warn!(
@@ -64,15 +64,16 @@ impl Session {
         // What this process confirmed is kept for the logs, unless it belongs to another history.
         if moved {
             relay.confirmed = Lsn::ZERO;
-        } else if let Some((_, before)) = &start.history
-            && *before != system.timeline
+        } else if let Some(before) = &start.history
+            && before.timeline != system.timeline
         {
             // A promotion: the new timeline holds everything confirmed on the old one.
             tracing::info!(
                 confirmed = %relay.confirmed,
                 timeline = system.timeline,
                 history = %system.history.to_string().trim_end().replace('\n', "; "),
-                "following a promoted server: timeline {before} is this server's history up to its switch point"
+                "following a promoted server: timeline {} is this server's history up to its switch point",
+                before.timeline
             );
         }
         // The slot is held: nobody else moves it now. Its position is where the position service
@@ -80,17 +81,18 @@ impl Session {
         // anything says this session streams.
         let check = relay.connector.slot_check(&system).await;
         relay.slot_checked(&check)?;
-        let from = start.at(&system);
-        relay.history = Some((system.system_id.clone(), system.timeline));
+        let from = Start::FROM_SLOT;
+        let history = History {
+            system_id: system.system_id.clone(),
+            timeline: system.timeline,
+            slot: settings.config().postgres.slot.clone(),
+        };
+        relay.history = Some(history.clone());
         // The history this session streams, and how far the server's WAL reaches: the sink trusts
         // the stream's tail only when it is this history's (or an ancestor timeline's, below its
         // switch point) and not beyond it.
         let origin = Origin {
-            history: History {
-                system_id: system.system_id.clone(),
-                timeline: system.timeline,
-                slot: settings.config().postgres.slot.clone(),
-            },
+            history,
             wal_end: system.xlogpos,
             timelines: system.history,
         };

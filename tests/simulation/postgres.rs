@@ -1031,11 +1031,10 @@ impl Postgres {
         Ok(Vec::new())
     }
 
-    /// IDENTIFY_SYSTEM and START_REPLICATION from `start`: the relay's end of the pipe, as a real
-    /// `ReplicationStream`.
+    /// IDENTIFY_SYSTEM and START_REPLICATION from the slot's own position: the relay's end of the
+    /// pipe, as a real `ReplicationStream`.
     pub(crate) async fn connect(
         self: &Arc<Self>,
-        rule: &Start,
         config: StreamConfig,
     ) -> Result<(ReplicationStream, SystemInfo), SessionEnd> {
         // Connecting and authenticating take a moment.
@@ -1073,8 +1072,8 @@ impl Postgres {
                 history: TimelineHistory::parse(s.timeline, &s.history_file)
                     .expect("the simulated history file parses"),
             };
-            // The relay picks its start from IDENTIFY_SYSTEM's answer, as on a real connection.
-            let start = rule.at(&info);
+            // The relay starts from the slot's own position (0/0), as on a real connection.
+            let start = Start::FROM_SLOT;
             // logical.c CreateDecodingContext: a start before confirmed_flush "has been already
             // streamed, forwarding to" confirmed_flush.
             let from = start.0.max(s.slot.confirmed);
@@ -1114,7 +1113,7 @@ impl Postgres {
         let (rd, wr) = tokio::io::split(our_end);
         tokio::spawn(Arc::clone(self).send_loop(id, wr, wake, kill.subscribe()));
         tokio::spawn(Arc::clone(self).receive_loop(id, rd, kill.subscribe()));
-        let start = rule.at(&info);
+        let start = Start::FROM_SLOT;
         let stream = ReplicationStream::over(relay_end, start, config).with_backend_pid(pid(id));
         Ok((stream, info))
     }

@@ -73,7 +73,7 @@ use outbox_relay::error::{NatsTrouble, Restart, SessionEnd};
 use outbox_relay::metrics::Metrics;
 use outbox_relay::nats::NatsPort;
 use outbox_relay::relay::{
-    Connector, PositionProbe, RelayError, SlotCheck, Start, Waited, error_chain, run_with,
+    Connector, PositionProbe, RelayError, SlotCheck, Waited, error_chain, run_with,
 };
 use outbox_relay::source::{ReplicationStream, StreamConfig, SystemInfo};
 use tokio::sync::oneshot;
@@ -351,12 +351,11 @@ impl Connector for SimConnector {
 
     fn nats_failed(&mut self) {}
 
-    fn replication<'a>(
-        &'a mut self,
-        start: &'a Start,
-    ) -> BoxFuture<'a, Result<(ReplicationStream, SystemInfo), SessionEnd>> {
+    fn replication(
+        &mut self,
+    ) -> BoxFuture<'_, Result<(ReplicationStream, SystemInfo), SessionEnd>> {
         Box::pin(async move {
-            let connected = self.pg.connect(start, self.config.clone()).await?;
+            let connected = self.pg.connect(self.config.clone()).await?;
             // No await since the server took the connection: no rewind came in between.
             self.connected
                 .store(self.pg.rewinds() as u64, Ordering::Relaxed);
