@@ -46,6 +46,7 @@ mod catalog;
 pub mod check_schemas;
 pub mod config;
 pub mod error;
+mod fnv;
 mod http;
 mod lsn;
 pub mod message;

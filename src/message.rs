@@ -21,7 +21,8 @@ use async_nats::header::{HeaderName, HeaderValue, IntoHeaderName};
 use bytes::Bytes;
 use percent_encoding::{AsciiSet, CONTROLS, utf8_percent_encode};
 
-use crate::outbox::{MAX_ID_BYTES, OutboxEvent};
+use crate::fnv::fnv1a_64;
+use crate::outbox::OutboxEvent;
 use crate::route::SubjectTemplate;
 
 /// The event id, by which JetStream drops a republished event inside the duplicate window.
@@ -358,27 +359,16 @@ pub(crate) fn cut(s: &str, max: usize) -> &str {
 /// stage, and carried in [`OutboxEvent::msg_id`].
 pub fn message_id(id: Option<&str>, commit_lsn: crate::Lsn, index: u32, payload: &[u8]) -> String {
     match id {
-        // A line break cannot go into a header, and an id longer than MAX_ID_BYTES would not fit a
-        // dead letter either (the outbox stage reports both as problems).
-        Some(id) if !id.is_empty() && id.len() <= MAX_ID_BYTES && !id.contains(['\r', '\n']) => {
-            id.to_owned()
-        }
-        _ => format!("lsn:{commit_lsn}:{index}:{:016x}", fnv1a(payload)),
+        // The outbox stage reports an unusable id as a dead letter's problem.
+        Some(id) if crate::outbox::usable_id(id) => id.to_owned(),
+        _ => format!("lsn:{commit_lsn}:{index}:{:016x}", fnv1a_64(payload)),
     }
 }
 
 /// The `Nats-Msg-Id` of a non-transactional logical message's dead letter:
 /// `lsn:<its LSN>:non-transactional:<content hash>` (see [`message_id`] for the hash).
 pub fn standalone_id(lsn: crate::Lsn, content: &[u8]) -> String {
-    format!("lsn:{lsn}:non-transactional:{:016x}", fnv1a(content))
-}
-
-/// FNV-1a, 64 bits: a hash whose value never changes with the compiler or the platform, so ids
-/// made with it stay the same across relay versions and restarts.
-fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
+    format!("lsn:{lsn}:non-transactional:{:016x}", fnv1a_64(content))
 }
 
 /// Adds `Outbox-Position` for `event` in `history` (its text, `SYSTEM/TIMELINE/SLOT`), through the
@@ -798,7 +788,7 @@ mod tests {
         e.id = None;
         e.index = 3;
         let id = message_id(e.id.as_deref(), e.commit_lsn, e.index, &e.payload);
-        assert_eq!(id, format!("lsn:1/A0:3:{:016x}", fnv1a(&e.payload)));
+        assert_eq!(id, format!("lsn:1/A0:3:{:016x}", fnv1a_64(&e.payload)));
         assert_eq!(
             id,
             message_id(e.id.as_deref(), e.commit_lsn, e.index, &e.payload),
@@ -808,22 +798,17 @@ mod tests {
 
     #[test]
     fn an_oversized_id_gets_a_wal_derived_message_id() {
-        let long = "x".repeat(MAX_ID_BYTES + 1);
+        let long = "x".repeat(crate::outbox::MAX_ID_BYTES + 1);
         assert_eq!(
             message_id(Some(&long), Lsn(0x10), 4, b"{}"),
-            format!("lsn:0/10:4:{:016x}", fnv1a(b"{}"))
+            format!("lsn:0/10:4:{:016x}", fnv1a_64(b"{}"))
         );
         assert_ne!(
             message_id(None, Lsn(0x10), 4, b"{}"),
             message_id(None, Lsn(0x10), 4, b"{\"a\":1}"),
             "another event at the same position (another history) gets another id"
         );
-        assert_eq!(
-            fnv1a(b"a"),
-            0xaf63_dc4c_8601_ec8c,
-            "FNV-1a's published value for \"a\""
-        );
-        let fits = "x".repeat(MAX_ID_BYTES);
+        let fits = "x".repeat(crate::outbox::MAX_ID_BYTES);
         assert_eq!(message_id(Some(&fits), Lsn(0x10), 4, b"{}"), fits);
     }
 }

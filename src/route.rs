@@ -239,10 +239,7 @@ pub(crate) fn partition(key: &str, partitions: u32) -> u32 {
     if partitions == 0 {
         return 0;
     }
-    let hash = key.bytes().fold(0x811c_9dc5_u32, |h, b| {
-        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
-    });
-    hash % partitions
+    crate::fnv::fnv1a_32(key.as_bytes()) % partitions
 }
 
 /// The longest subject token the relay publishes to. NATS' own limit is the 4 KiB control line of a

@@ -39,6 +39,32 @@ use crate::schema::{PendingCheck, SchemaMetrics, SchemaReader, Schemas, Verdict}
 /// letter gets a WAL-derived id), so one huge id cannot keep even a minimal dead letter out.
 pub(crate) const MAX_ID_BYTES: usize = 1024;
 
+/// Whether `id` can be an event's `Nats-Msg-Id` as it is: not empty, no line break (a header
+/// cannot hold one), at most [`MAX_ID_BYTES`]. The one rule: [`id_problems`] words it for a dead
+/// letter, and `message::message_id` makes up an id for an event whose id breaks it.
+pub(crate) fn usable_id(id: &str) -> bool {
+    !id.is_empty() && id.len() <= MAX_ID_BYTES && !id.contains(['\r', '\n'])
+}
+
+/// The problems of an unusable `id` ([`usable_id`]), each naming where it came from (`what`: the
+/// id column, or the message's `"id"` field).
+fn id_problems(id: &str, what: &str, problems: &mut Vec<String>) {
+    if id.is_empty() {
+        problems.push(format!("{what} is empty"));
+    }
+    if id.contains(['\r', '\n']) {
+        problems.push(format!(
+            "{what} contains a line break, which cannot go into the Nats-Msg-Id header"
+        ));
+    }
+    if id.len() > MAX_ID_BYTES {
+        let len = id.len();
+        problems.push(format!(
+            "{what} is {len} bytes long, more than the {MAX_ID_BYTES} an id may have"
+        ));
+    }
+}
+
 /// Type OIDs the mapping cares about (`pg_type.dat`).
 mod oid {
     pub(super) const BYTEA: u32 = 17;
@@ -601,20 +627,8 @@ impl OutboxStage {
                 Some((header.clone(), text(Some(pos), column, false)?))
             })
             .collect();
-        if id.as_deref() == Some("") {
-            problems.push(format!("column {} is empty", c.id_column));
-        }
-        if id.as_deref().is_some_and(|i| i.contains(['\r', '\n'])) {
-            problems.push(format!(
-                "column {} contains a line break, which cannot go into the Nats-Msg-Id header",
-                c.id_column
-            ));
-        }
-        if let Some(len) = id.as_deref().map(str::len).filter(|l| *l > MAX_ID_BYTES) {
-            problems.push(format!(
-                "column {} is {len} bytes long, more than the {MAX_ID_BYTES} an id may have",
-                c.id_column
-            ));
+        if let Some(id) = id.as_deref() {
+            id_problems(id, &format!("column {}", c.id_column), &mut problems);
         }
         let payload = match cols.payload.and_then(|p| row.get(p)) {
             Some(TupleValue::Text(b)) if cols.payload_is_bytea => match decode_bytea_hex(b) {
@@ -736,28 +750,8 @@ impl OutboxStage {
                         Err(e) => problems.push(format!("\"headers\": {e}")),
                     },
                 }
-                if event.id.as_deref() == Some("") {
-                    problems.push("\"id\" is empty".into());
-                }
-                if event
-                    .id
-                    .as_deref()
-                    .is_some_and(|i| i.contains(['\r', '\n']))
-                {
-                    problems.push(
-                        "\"id\" contains a line break, which cannot go into the Nats-Msg-Id header"
-                            .into(),
-                    );
-                }
-                if let Some(len) = event
-                    .id
-                    .as_deref()
-                    .map(str::len)
-                    .filter(|l| *l > MAX_ID_BYTES)
-                {
-                    problems.push(format!(
-                        "\"id\" is {len} bytes long, more than the {MAX_ID_BYTES} an id may have"
-                    ));
+                if let Some(id) = event.id.as_deref() {
+                    id_problems(id, "\"id\"", &mut problems);
                 }
                 match m.payload {
                     None => problems.push("content lacks \"payload\"".into()),
