@@ -46,6 +46,7 @@ mod catalog;
 pub mod check_schemas;
 pub mod config;
 pub mod error;
+pub mod error_chain;
 mod fnv;
 mod http;
 mod lsn;

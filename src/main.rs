@@ -10,8 +10,8 @@ use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
 use outbox_relay::config::{Config, LogFormat, Settings};
+use outbox_relay::error_chain::error_chain;
 use outbox_relay::metrics::Metrics;
-use outbox_relay::relay::error_chain;
 use outbox_relay::reload::{Hook, Reloader};
 use tracing_subscriber::prelude::*;
 use tracing_subscriber::{EnvFilter, Registry, fmt, reload};

@@ -345,7 +345,7 @@ pub async fn sim_check(
             Ok(tail) => Stored::from_tail(&tail, slot, Some(&history)),
             Err(e) => Stored::Unknown(format!(
                 "the stream's tail cannot be read: {}",
-                crate::relay::error_chain(&e)
+                crate::error_chain::error_chain(&e)
             )),
         };
     let (mark_at, changes) = match mark {

@@ -273,7 +273,7 @@ pub async fn status(settings: &Settings, max_lag_bytes: i64) -> Status {
         && stream.state == State::Exists
         && let Err(e) = setup::check_only(settings).await
     {
-        problems.push(crate::relay::error_chain(&e));
+        problems.push(crate::error_chain::error_chain(&e));
     }
     slot_problems(slot_name, &pg, &stream, &mut problems);
     let consumed = consumed_problem(settings, &pg, &stream, &mut problems, &mut warnings).await;
@@ -367,7 +367,7 @@ async fn postgres_side(
         events_unknown: None,
     };
     match setup::connect_postgres(settings).await {
-        Err(e) => problems.push(crate::relay::error_chain(&e)),
+        Err(e) => problems.push(crate::error_chain::error_chain(&e)),
         Ok(pg) => {
             side.server.state = State::Exists;
             if let Err(e) = read_postgres(
@@ -484,7 +484,7 @@ async fn consumed_problem(
     let stored = match crate::sink::read_tail(&nats.into(), &stream.name, timeout).await {
         // status knows no timeline: the slot named in the tail is compared, not the history.
         Ok(tail) => slot_mark::Stored::from_tail(&tail, slot, None),
-        Err(e) => slot_mark::Stored::Unknown(crate::relay::error_chain(&e)),
+        Err(e) => slot_mark::Stored::Unknown(crate::error_chain::error_chain(&e)),
     };
     match slot_mark::judge(settings, &client, slot_at, &stored).await {
         Ok(slot_mark::Check::Consumed(c)) => {
@@ -824,7 +824,7 @@ async fn read_stream(settings: &Settings, problems: &mut Vec<String>) -> StreamS
     let client = match connect_nats(settings).await {
         Ok(c) => c,
         Err(e) => {
-            let error = crate::relay::error_chain(&e);
+            let error = crate::error_chain::error_chain(&e);
             st.unknown_because = Some(format!("NATS unreachable ({error})"));
             problems.push(error);
             return st;

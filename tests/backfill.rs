@@ -69,9 +69,12 @@ async fn stored_ids(js: &jetstream::Context, stream: &str) -> BTreeMap<String, u
 
 async fn run_backfill(config: &Config, opts: BackfillOptions) -> BackfillReport {
     let settings = config.validate().expect("valid config");
-    backfill(&settings, opts, |_| {})
-        .await
-        .unwrap_or_else(|e| panic!("backfill failed: {}", outbox_relay::relay::error_chain(&e)))
+    backfill(&settings, opts, |_| {}).await.unwrap_or_else(|e| {
+        panic!(
+            "backfill failed: {}",
+            outbox_relay::error_chain::error_chain(&e)
+        )
+    })
 }
 
 /// Inserts one row per transaction into `outbox_event` until stopped; returns the ids it committed.
@@ -612,7 +615,7 @@ async fn a_waiting_relay_does_not_take_the_slot_of_a_killed_backfill() {
     )
     .await;
     let err = relay.stop().await.expect_err("the relay stops");
-    let text = outbox_relay::relay::error_chain(&err);
+    let text = outbox_relay::error_chain::error_chain(&err);
     assert!(text.contains("outbox-relay.backfill"), "{text}");
     assert!(!active().await, "the slot is streamed");
 }
@@ -924,7 +927,7 @@ async fn a_typo_in_where_or_order_by_leaves_the_slot_as_it_was() {
         ),
     ] {
         let e = backfill(&settings, opts, |_| {}).await.unwrap_err();
-        let text = outbox_relay::relay::error_chain(&e);
+        let text = outbox_relay::error_chain::error_chain(&e);
         assert!(text.contains(names), "names {names}: {text}");
         // Issue 36: it said "reading … in the slot's snapshot failed", but no slot was made for it.
         assert!(

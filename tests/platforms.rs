@@ -139,7 +139,7 @@ async fn an_rds_replication_member_passes_the_role_check() {
     );
 
     let e = setup(&with_user(&rds_user)).await.unwrap_err();
-    let e = outbox_relay::relay::error_chain(&e);
+    let e = outbox_relay::error_chain::error_chain(&e);
     assert!(
         !e.contains("lacks the REPLICATION attribute"),
         "the member was refused by the relay's own check: {e}"

@@ -475,7 +475,7 @@ async fn backfill_checks_the_rows_it_publishes() {
     let settings = config.validate().expect("valid");
     let report = backfill(&settings, BackfillOptions::default(), |_| {})
         .await
-        .unwrap_or_else(|e| panic!("{}", outbox_relay::relay::error_chain(&e)));
+        .unwrap_or_else(|e| panic!("{}", outbox_relay::error_chain::error_chain(&e)));
     assert_eq!((report.stored, report.dead_letters), (1, 1));
     let all = read_all(&nats.jetstream().await, &config.nats.stream).await;
     assert_eq!(by_id(&all, "old-ok").subject, "outbox.Claim");

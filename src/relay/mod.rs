@@ -26,6 +26,7 @@ use crate::Lsn;
 use crate::config::Settings;
 pub use crate::error::RelayError;
 use crate::error::{CauseKind, NatsTrouble, Restart, SessionEnd};
+use crate::error_chain::error_chain;
 use crate::metrics::Metrics;
 use crate::sink::Outcome;
 use crate::stored::Positions;
@@ -389,24 +390,6 @@ impl Relay {
     }
 }
 
-/// An error and its sources on one line: `a: b: c`.
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        let text = s.to_string();
-        // The relay's errors either show their cause or return it as the source, never both; but
-        // async-nats' errors do both ("{kind}: {source}"), so a text the line already ends with is
-        // not written again.
-        if !out.ends_with(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
-        }
-        source = s.source();
-    }
-    out
-}
-
 /// Advances a xorshift64 state (never 0) and returns it: the backoff's jitter.
 fn xorshift(state: &mut u64) -> u64 {
     let mut x = *state;
@@ -458,24 +441,5 @@ mod tests {
         }
         assert!(backoff(1, 0) < Duration::from_millis(200));
         assert!(backoff(20, u64::MAX) >= Duration::from_millis(22_500));
-    }
-
-    #[test]
-    fn error_chain_names_every_cause_once() {
-        #[derive(Debug, thiserror::Error)]
-        #[error("outer")]
-        struct Outer(#[source] std::io::Error);
-        let e = Outer(std::io::Error::other("connection refused"));
-        assert_eq!(error_chain(&e), "outer: connection refused");
-    }
-
-    #[test]
-    fn error_chain_does_not_repeat_what_async_nats_already_printed() {
-        let e = async_nats::RequestError::with_source(
-            async_nats::RequestErrorKind::Other,
-            std::io::Error::other("broken pipe"),
-        );
-        assert!(e.to_string().ends_with("broken pipe"), "{e}");
-        assert_eq!(error_chain(&e).matches("broken pipe").count(), 1);
     }
 }

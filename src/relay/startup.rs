@@ -24,7 +24,8 @@ use crate::setup::{self, SetupError, SetupReport};
 use crate::sink::{ConnectError, connect_nats};
 use crate::source::{ServerError, SourceError};
 
-use super::{RelayError, backoff, error_chain, xorshift};
+use super::{RelayError, backoff, xorshift};
+use crate::error_chain::error_chain;
 
 /// Setup, then the NATS client sessions start with, retried while [`transient`] says a server is
 /// only unreachable. `None` when `shutdown` resolved first.

@@ -497,7 +497,7 @@ impl Sink {
             None => match read_tail(&port, &config.stream, config.ack_timeout).await {
                 Ok(t) => t.max_msg_size,
                 Err(e) => {
-                    warn!(error = %crate::relay::error_chain(&e), "cannot read the stream's max_msg_size: a message over it is dead-lettered only after the stream refused it, behind the messages sent after it");
+                    warn!(error = %crate::error_chain::error_chain(&e), "cannot read the stream's max_msg_size: a message over it is dead-lettered only after the stream refused it, behind the messages sent after it");
                     None
                 }
             },

@@ -123,7 +123,7 @@ where
 pub(crate) fn query_error_text(e: &tokio_postgres::Error) -> String {
     match e.as_db_error() {
         Some(db) => format!("{} ({})", db.message(), db.code().code()),
-        None => crate::relay::error_chain(e),
+        None => crate::error_chain::error_chain(e),
     }
 }
 
@@ -147,7 +147,7 @@ fn map_error(addr: &str, e: tokio_postgres::Error, seen: Option<&Seen>) -> Sourc
     if let Some(guard) = super::auth_guard::refusal(&e) {
         return SourceError::Auth(guard);
     }
-    let text = crate::relay::error_chain(&e);
+    let text = crate::error_chain::error_chain(&e);
     // TLS refused or failed (`sslmode=require` against a server without TLS, a certificate that does
     // not verify): a setting to fix, not a server to wait for. tokio-postgres has no public error
     // kind, but its TLS errors, and only those, say this of themselves; their cause may be an I/O

@@ -143,7 +143,7 @@ pub enum SourceError {
 fn describe_hosts(tried: &[(String, SourceError)]) -> String {
     tried
         .iter()
-        .map(|(target, e)| format!("{target}: {}", crate::relay::error_chain(e)))
+        .map(|(target, e)| format!("{target}: {}", crate::error_chain::error_chain(e)))
         .collect::<Vec<_>>()
         .join("; ")
 }

@@ -70,11 +70,10 @@ use futures_util::future::BoxFuture;
 use outbox_relay::Lsn;
 use outbox_relay::config::{Config, Settings};
 use outbox_relay::error::{NatsTrouble, Restart, SessionEnd};
+use outbox_relay::error_chain::error_chain;
 use outbox_relay::metrics::Metrics;
 use outbox_relay::nats::NatsPort;
-use outbox_relay::relay::{
-    Connector, PositionProbe, RelayError, SlotCheck, Waited, error_chain, run_with,
-};
+use outbox_relay::relay::{Connector, PositionProbe, RelayError, SlotCheck, Waited, run_with};
 use outbox_relay::source::{ReplicationStream, StreamConfig, SystemInfo};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
