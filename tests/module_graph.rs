@@ -20,7 +20,6 @@ const KNOWN: &[&[&str]] = &[&[
     "catalog",
     "config",
     "error",
-    "http",
     "message",
     "metrics",
     "outbox",
@@ -30,9 +29,6 @@ const KNOWN: &[&[&str]] = &[&[
     "setup",
     "sink",
     "slot_mark",
-    "slot_scan",
-    "source",
-    "stored",
     "telemetry",
 ]];
 
