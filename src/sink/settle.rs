@@ -5,7 +5,7 @@
 //! here, before anything behind it is settled.
 
 use async_nats::jetstream::{
-    self,
+    self, ErrorCode,
     context::{PublishError, PublishErrorKind},
 };
 use tracing::{debug, warn};
@@ -18,14 +18,17 @@ use super::{
 use crate::message::{self, Shrink};
 
 /// JetStream error codes that mean "this message will never be stored as it is"
-/// (nats-server `errors.json`): 10054 message size exceeds `max_msg_size`, 10097 headers too large.
+/// (nats-server `errors.json`): the message exceeds `max_msg_size` (10054), its headers are too
+/// large (10097).
 fn refused_for_good(e: &PublishError) -> Option<String> {
     if e.kind() != PublishErrorKind::Other {
         return None;
     }
     let je = std::error::Error::source(e)?.downcast_ref::<jetstream::Error>()?;
-    match je.error_code().0 {
-        10054 | 10097 => Some(je.to_string()),
+    match je.error_code() {
+        ErrorCode::STREAM_MESSAGE_EXCEEDS_MAXIMUM | ErrorCode::STREAM_HEADER_EXCEEDS_MAXIMUM => {
+            Some(je.to_string())
+        }
         _ => None,
     }
 }

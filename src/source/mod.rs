@@ -17,23 +17,30 @@
 //! Each module imports only those to its right (a `use super::…`), so the graph has no cycle:
 //!
 //! ```text
-//! conn       ──► options, stream, hosts, socket, tls, wire, conninfo, error
-//! control    ──► auth_guard, hosts, socket, tls, conninfo, error
-//! options    ──► wire, error
-//! stream     ──► wire, error
-//! hosts      ──► conninfo, error
-//! auth_guard ──► conninfo
-//! tls        ──► conninfo
-//! wire       ──► error
-//! conninfo   ──► passfile, socket
-//! error, passfile, socket: leaves (error uses only crate::Lsn)
+//! conn        ──► options, stream, hosts, socket, tls, wire, timeline, auth_policy, conninfo, error
+//! control     ──► auth_guard, hosts, socket, tls, conninfo, error
+//! options     ──► wire, error
+//! stream      ──► wire, error
+//! hosts       ──► conninfo, error
+//! auth_guard  ──► auth_policy, conninfo
+//! auth_policy ──► conninfo
+//! tls         ──► conninfo
+//! wire        ──► error
+//! conninfo    ──► passfile, socket
+//! error, passfile, socket, timeline: leaves within source
 //! ```
+//!
+//! Outside itself, the module reaches only leaves: `crate::lsn` (LSNs, the protocol clock),
+//! `crate::error_chain` (to print a
+//! cause), `crate::secret_file` (the password file's permission check).
 //!
 //! - `conninfo`: the connection URL and its TLS settings (the password file through `passfile`).
 //! - `passfile`: the libpq password file (`~/.pgpass`, `PGPASSFILE`).
 //! - `hosts`: the hosts of the URL tried in order, as `target_session_attrs` asks.
+//! - `auth_policy`: which authentication methods `require_auth` and `channel_binding` allow, one
+//!   policy for both connections.
 //! - `auth_guard`: `require_auth` for the control connection, on the wire under tokio-postgres.
-//! - `error`: [`SourceError`] and [`ServerError`], transient or definite; a leaf.
+//! - `error`: [`SourceError`] and [`ServerError`], transient or definite.
 //! - `wire`: framing of backend messages (with the [`MAX_FRAME_BYTES`] cap), ErrorResponse fields,
 //!   identifier and literal quoting; shared by `conn`, `options` and `stream`.
 //! - `tls`: rustls configuration for `sslmode`, and the channel-binding hash.
