@@ -31,8 +31,8 @@
 //! ```
 //!
 //! Outside itself, the module reaches only leaves: `crate::lsn` (LSNs, the protocol clock),
-//! `crate::error_chain` (to print a
-//! cause), `crate::secret_file` (the password file's permission check).
+//! `crate::error_chain` (to print a cause), `crate::secret_file` (the password file's permission
+//! check).
 //!
 //! - `conninfo`: the connection URL and its TLS settings (the password file through `passfile`).
 //! - `passfile`: the libpq password file (`~/.pgpass`, `PGPASSFILE`).
