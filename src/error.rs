@@ -106,37 +106,7 @@ pub enum NatsTrouble {
     Unavailable(String),
 }
 
-/// The kind of a [`Restart`], for one log line per change of state and for metric labels.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum CauseKind {
-    /// [`Restart::Postgres`].
-    Postgres,
-    /// [`Restart::Nats`].
-    Nats,
-    /// [`Restart::SlotHeld`].
-    SlotHeld,
-}
-
-impl CauseKind {
-    /// Every kind, in the order of their discriminants (metric arrays are indexed by them).
-    pub(crate) const ALL: [CauseKind; 3] =
-        [CauseKind::Postgres, CauseKind::Nats, CauseKind::SlotHeld];
-
-    /// The label value (`cause="…"` in logs and metrics).
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            CauseKind::Postgres => "postgres",
-            CauseKind::Nats => "nats",
-            CauseKind::SlotHeld => "slot_held",
-        }
-    }
-}
-
-impl std::fmt::Display for CauseKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+pub(crate) use crate::metrics::CauseKind;
 
 impl Restart {
     /// The kind of this restart.

@@ -9,10 +9,45 @@
 //! deployment kit's alerts and dashboard against a live relay, and promtool). Metric names are the
 //! constants below, prefix `outbox_relay_`.
 
-use crate::error::CauseKind;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+mod schema;
+pub use schema::SchemaMetrics;
+
+/// The kind of a restart (`crate::error::Restart::kind`): the `cause` label of the metrics, and
+/// one log line per change of state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CauseKind {
+    /// [`Restart::Postgres`].
+    Postgres,
+    /// [`Restart::Nats`].
+    Nats,
+    /// [`Restart::SlotHeld`].
+    SlotHeld,
+}
+
+impl CauseKind {
+    /// Every kind, in the order of their discriminants (metric arrays are indexed by them).
+    pub(crate) const ALL: [CauseKind; 3] =
+        [CauseKind::Postgres, CauseKind::Nats, CauseKind::SlotHeld];
+
+    /// The label value (`cause="…"` in logs and metrics).
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            CauseKind::Postgres => "postgres",
+            CauseKind::Nats => "nats",
+            CauseKind::SlotHeld => "slot_held",
+        }
+    }
+}
+
+impl std::fmt::Display for CauseKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
 
 /// Counter: events acknowledged by JetStream, by outcome (`ok`, `duplicate`, `dead_letter`).
 pub(crate) const EVENTS_PUBLISHED: &str = "outbox_relay_events_published_total";
@@ -124,7 +159,7 @@ pub struct Metrics {
     pub(crate) commit_to_ack: Histogram,
     /// `outbox.schemas`: failed checks by event type, reloads, schemas in force. An `Arc`: the
     /// outbox stage counts into it.
-    pub schemas: std::sync::Arc<crate::schema::SchemaMetrics>,
+    pub schemas: std::sync::Arc<SchemaMetrics>,
     /// Trace spans the collector took.
     pub spans_exported: AtomicU64,
     /// Trace spans dropped (queue full, collector down, slow or refusing).
