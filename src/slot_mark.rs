@@ -219,6 +219,38 @@ where
     })
 }
 
+/// What a session's start finds of its slot (`crate::relay::Connector::slot_check`): its position,
+/// and the stop mark's judgement.
+#[derive(Debug, Clone, Default)]
+pub struct SlotCheck {
+    /// The slot's `confirmed_flush_lsn` (`None`: it could not be read).
+    pub(crate) confirmed: Option<Lsn>,
+    /// Another client consumed the slot past events the stream lacks.
+    pub(crate) consumed: Option<Consumed>,
+    /// Why that could not be told, when it could not (for the log).
+    pub(crate) unknown: Option<String>,
+}
+
+impl SlotCheck {
+    /// The slot stands at `confirmed`; nothing else is known.
+    pub fn at(confirmed: Lsn) -> Self {
+        SlotCheck {
+            confirmed: Some(confirmed),
+            ..SlotCheck::default()
+        }
+    }
+
+    /// What the stop mark's judgement (`slot_mark::check`) adds.
+    pub(crate) fn judged<E: std::fmt::Display>(&mut self, found: Result<Check, E>) {
+        match found {
+            Ok(Check::Consumed(c)) => self.consumed = Some(c),
+            Ok(Check::Unknown(why)) => self.unknown = Some(why),
+            Ok(Check::NoMark | Check::Clean) => {}
+            Err(e) => self.unknown = Some(format!("the stop mark cannot be read: {e}")),
+        }
+    }
+}
+
 /// Whether a session start keeps the mark after `found`: evidence stays; anything else goes, also
 /// when it could not be judged: a mark left behind a streaming session would keep WAL for as long
 /// as that session lasts.
@@ -331,7 +363,7 @@ pub async fn sim_check(
     system: &crate::source::SystemInfo,
     slot_at: Lsn,
     mark: Option<SimMark>,
-) -> (crate::relay::SlotCheck, bool) {
+) -> (SlotCheck, bool) {
     let slot = &settings.config().postgres.slot;
     let history = History {
         system_id: system.system_id.clone(),
@@ -370,7 +402,7 @@ pub async fn sim_check(
     })
     .await;
     let drop = !keeps(&found);
-    let mut out = crate::relay::SlotCheck::at(slot_at);
+    let mut out = SlotCheck::at(slot_at);
     out.judged(found);
     (out, drop)
 }

@@ -15,7 +15,7 @@ use crate::metrics::Metrics;
 use crate::nats::NatsPort;
 use crate::position::History;
 use crate::sink::{connect_nats, read_tail};
-use crate::slot_mark::{self, Check, Consumed, Stored};
+use crate::slot_mark::{self, SlotCheck, Stored};
 use crate::source::{
     PgOutputOptions, ReplConnection, ReplicationStream, Shared, SourceError, StreamConfig,
     SystemInfo, TimelineHistory,
@@ -50,37 +50,6 @@ pub trait Connector: Send + Sync {
     fn session_ended(&mut self, walsender_pid: i32, confirmed: Lsn) -> BoxFuture<'_, ()> {
         let _ = (walsender_pid, confirmed);
         Box::pin(async {})
-    }
-}
-
-/// What [`Connector::slot_check`] found.
-#[derive(Debug, Clone, Default)]
-pub struct SlotCheck {
-    /// The slot's `confirmed_flush_lsn` (`None`: it could not be read).
-    pub(crate) confirmed: Option<Lsn>,
-    /// Another client consumed the slot past events the stream lacks.
-    pub(crate) consumed: Option<Consumed>,
-    /// Why that could not be told, when it could not (for the log).
-    pub(crate) unknown: Option<String>,
-}
-
-impl SlotCheck {
-    /// The slot stands at `confirmed`; nothing else is known.
-    pub fn at(confirmed: Lsn) -> Self {
-        SlotCheck {
-            confirmed: Some(confirmed),
-            ..SlotCheck::default()
-        }
-    }
-
-    /// What the stop mark's judgement (`slot_mark::check`) adds.
-    pub(crate) fn judged<E: std::fmt::Display>(&mut self, found: Result<Check, E>) {
-        match found {
-            Ok(Check::Consumed(c)) => self.consumed = Some(c),
-            Ok(Check::Unknown(why)) => self.unknown = Some(why),
-            Ok(Check::NoMark | Check::Clean) => {}
-            Err(e) => self.unknown = Some(format!("the stop mark cannot be read: {e}")),
-        }
     }
 }
 

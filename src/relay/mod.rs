@@ -29,10 +29,11 @@ use crate::error::{CauseKind, NatsTrouble, Restart, SessionEnd};
 use crate::error_chain::error_chain;
 use crate::metrics::Metrics;
 use crate::sink::Outcome;
+pub use crate::slot_mark::SlotCheck;
 use crate::stored::Positions;
 pub use crate::stored::probe::{PositionProbe, Served, Waited};
 use connector::Servers;
-pub use connector::{Connector, SlotCheck, Start};
+pub use connector::{Connector, Start};
 use monitor::{AbortOnDrop, sample_slot};
 use session::Session;
 
