@@ -34,9 +34,12 @@
 //! each header costs nats-server, `drain/headers.rs`; `BENCH_HEADERS_ONLY=1` runs only that),
 //! `BENCH_IDLE_COST=1` (the relay's CPU at idle and a trickle of events, `drain/trickle.rs`;
 //! `BENCH_IDLE_COST_ONLY=1` runs only that), `BENCH_FAST=1` (fast batch publishing against
-//! per-message acks, `drain/fast.rs`; `BENCH_FAST_ONLY=1` runs only that). Under `cargo test --benches`
+//! per-message acks, `drain/fast.rs`; `BENCH_FAST_ONLY=1` runs only that),
+//! `BENCH_ATOMIC_COST_ONLY=1` (atomic batches' fixed cost in nats-server, `drain/atomic.rs`). Under `cargo test --benches`
 //! (no `--bench` argument) it does nothing: starting servers is the tests' job.
 
+#[path = "drain/atomic.rs"]
+mod atomic;
 #[path = "common/cpu.rs"]
 mod cpu;
 #[path = "drain/fast.rs"]
@@ -114,6 +117,9 @@ fn main() -> anyhow::Result<()> {
     }
     if flag("BENCH_FAST_ONLY") {
         return rt.block_on(fast::run(env_or("BENCH_ROUNDS", 3usize).max(1)));
+    }
+    if flag("BENCH_ATOMIC_COST_ONLY") {
+        return rt.block_on(atomic::run(env_or("BENCH_ROUNDS", 3usize).max(1)));
     }
     let pg = PgServer::start_private();
     rt.block_on(run(&pg))
