@@ -33,11 +33,17 @@
 //! `perf record -g -o relay.data --`; its RSS/CPU are then the wrapper's), `BENCH_HEADERS=1` (what
 //! each header costs nats-server, `drain/headers.rs`; `BENCH_HEADERS_ONLY=1` runs only that),
 //! `BENCH_IDLE_COST=1` (the relay's CPU at idle and a trickle of events, `drain/trickle.rs`;
-//! `BENCH_IDLE_COST_ONLY=1` runs only that). Under `cargo test --benches`
+//! `BENCH_IDLE_COST_ONLY=1` runs only that), `BENCH_FAST=1` (fast batch publishing against
+//! per-message acks, `drain/fast.rs`; `BENCH_FAST_ONLY=1` runs only that),
+//! `BENCH_ATOMIC_COST_ONLY=1` (atomic batches' fixed cost in nats-server, `drain/atomic.rs`). Under `cargo test --benches`
 //! (no `--bench` argument) it does nothing: starting servers is the tests' job.
 
+#[path = "drain/atomic.rs"]
+mod atomic;
 #[path = "common/cpu.rs"]
 mod cpu;
+#[path = "drain/fast.rs"]
+mod fast;
 #[path = "drain/headers.rs"]
 mod headers;
 #[path = "drain/latency.rs"]
@@ -105,9 +111,15 @@ fn main() -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    // The header costs need no Postgres: run alone, they start none.
+    // The header costs and fast batches need no Postgres: run alone, they start none.
     if flag("BENCH_HEADERS_ONLY") && !flag("BENCH_IDLE_COST_ONLY") {
         return rt.block_on(headers::run(env_or("BENCH_ROUNDS", 3usize).max(1)));
+    }
+    if flag("BENCH_FAST_ONLY") {
+        return rt.block_on(fast::run(env_or("BENCH_ROUNDS", 3usize).max(1)));
+    }
+    if flag("BENCH_ATOMIC_COST_ONLY") {
+        return rt.block_on(atomic::run(env_or("BENCH_ROUNDS", 3usize).max(1)));
     }
     let pg = PgServer::start_private();
     rt.block_on(run(&pg))
@@ -309,6 +321,9 @@ async fn run(pg: &PgServer) -> anyhow::Result<()> {
     let (headers_only, idle_only) = (flag("BENCH_HEADERS_ONLY"), flag("BENCH_IDLE_COST_ONLY"));
     if headers_only || flag("BENCH_HEADERS") {
         headers::run(rounds).await?;
+    }
+    if flag("BENCH_FAST") {
+        fast::run(rounds).await?;
     }
     if idle_only || flag("BENCH_IDLE_COST") {
         trickle::run(pg).await?;

@@ -188,6 +188,13 @@ impl Headers {
     }
 }
 
+/// The relay's default headers for message `i` (the `+ Outbox-* (relay)` variant, the fence
+/// included), for the sections that publish the relay's exact messages.
+pub(crate) fn relay_default(payload: Bytes) -> anyhow::Result<impl FnMut(u64) -> HeaderMap + Send> {
+    let mut h = Headers::new(Set::Outbox, payload)?;
+    Ok(move |i| h.of(i))
+}
+
 /// Bytes of the header block as the client writes it (`NATS/1.0\r\n`, `name: value\r\n` each,
 /// `\r\n`); 0 for a map without headers, which goes out as a plain `PUB`.
 fn block_len(h: &HeaderMap) -> usize {

@@ -12,7 +12,16 @@
 //! ratio. Knobs: `BENCH_SHAPES` (`1,10,100`),
 //! `BENCH_PAYLOADS` (`120,2048,16384`, bytes of jsonb text), `BENCH_SHAPE_EVENTS` (100000; capped at
 //! 100 MB of payload per backlog), `BENCH_SHAPE_ROUNDS` (`BENCH_ROUNDS`), `BENCH_SHAPE_ATOMIC` (1;
-//! 0 skips the atomic variant), `BENCH_FAST_FLOW` (100: the flow-ack interval of `sink fast`).
+//! 0 skips the atomic variant), `BENCH_SHAPE_LEAN` (0; 1 adds `relay lean`, the relay with
+//! `nats.descriptive_headers = false`), `BENCH_FAST_FLOW` (100: the flow window of `sink fast`).
+//!
+//! After the shapes table, the pipeline's ceiling: a drain needs the walsender, the relay and
+//! nats-server at once, so the machine can carry at most cores × 10⁶ / (w + r + n) events/s, with
+//! w, r and n the three processes' CPU µs per event measured in the relay's rounds; each relay
+//! variant's rate is set against the ceiling its own CPU implies. One more line per shape projects
+//! a relay publishing fast batches: the relay's w, r and n, with r and n lowered by what `sink
+//! fast` saved the publisher and nats-server against `sink core` in the same rounds (a projection:
+//! the relay has no fast batch mode).
 
 use outbox_relay::testkit::{NatsServer, PgServer, TestDb};
 
@@ -34,6 +43,9 @@ pub(crate) struct Measure {
     /// the relay's and nats-server's, what the whole pipeline asks of the machine per event.
     pub wal_us: f64,
 }
+
+/// A relay variant: label, binary, and the environment it runs with on top of the bench's.
+type Variant = (String, String, Vec<(&'static str, String)>);
 
 pub(crate) struct ShapeRow {
     pub payload: usize,
@@ -69,26 +81,26 @@ pub(crate) async fn run(pg: &PgServer, default_rounds: usize) -> anyhow::Result<
     let max_events: u64 = env_or("BENCH_SHAPE_EVENTS", 100_000);
     let rounds: usize = env_or("BENCH_SHAPE_ROUNDS", default_rounds).max(1);
     let atomic = env_or("BENCH_SHAPE_ATOMIC", 1u8) == 1;
+    let lean = env_or("BENCH_SHAPE_LEAN", 0u8) == 1;
     let alt = std::env::var("BENCH_RELAY_ALT")
         .ok()
         .filter(|s| !s.is_empty());
-    let mut variants: Vec<(String, String, bool)> = vec![(
-        "relay".into(),
-        env!("CARGO_BIN_EXE_outbox-relay").into(),
-        false,
-    )];
+    let this: String = env!("CARGO_BIN_EXE_outbox-relay").into();
+    let mut variants: Vec<Variant> = vec![("relay".into(), this.clone(), Vec::new())];
     if let Some(alt) = &alt {
-        variants.push(("alt".into(), alt.clone(), false));
+        variants.push(("alt".into(), alt.clone(), Vec::new()));
+    }
+    if lean {
+        // The relay's other message shape: without the four descriptive headers.
+        let env = vec![("OUTBOX_RELAY_NATS_DESCRIPTIVE_HEADERS", "false".to_string())];
+        variants.push(("relay lean".into(), this.clone(), env));
     }
     if atomic {
-        variants.push((
-            "relay atomic".into(),
-            env!("CARGO_BIN_EXE_outbox-relay").into(),
-            true,
-        ));
+        let env = vec![("OUTBOX_RELAY_NATS_ATOMIC_TRANSACTIONS", "true".to_string())];
+        variants.push(("relay atomic".into(), this.clone(), env.clone()));
         // A change to the atomic path is judged against the other commit's atomic path too.
         if let Some(alt) = &alt {
-            variants.push(("alt atomic".into(), alt.clone(), true));
+            variants.push(("alt atomic".into(), alt.clone(), env));
         }
     }
     let mut rows = Vec::new();
@@ -114,7 +126,7 @@ async fn shape(
     txns: u64,
     events: u64,
     rounds: usize,
-    variants: &[(String, String, bool)],
+    variants: &[Variant],
 ) -> anyhow::Result<ShapeRow> {
     let db = TestDb::create(pg).await;
     let recv_slots: Vec<String> = (0..rounds).map(|r| format!("recv_{r}")).collect();
@@ -146,7 +158,7 @@ async fn shape(
             let nats = NatsServer::start();
             let c0 = nats_cpu(&nats);
             let p = payload.clone();
-            let flow = env_or("BENCH_FAST_FLOW", 100u64);
+            let flow = env_or("BENCH_FAST_FLOW", 100u16);
             let run = sink::on_own_thread(nats.url(), move |c| async move {
                 match variant {
                     " core" => sink::limit_core(c, STREAM, &p, events).await,
@@ -207,17 +219,12 @@ async fn shape(
                 wal_us: f64::NAN,
             });
         }
-        for (v, (label, bin, atomic)) in variants.iter().enumerate() {
+        for (v, (label, bin, extra)) in variants.iter().enumerate() {
             let nats = NatsServer::start();
             let c0 = nats_cpu(&nats);
-            let extra = if *atomic {
-                vec![("OUTBOX_RELAY_NATS_ATOMIC_TRANSACTIONS", "true".to_string())]
-            } else {
-                Vec::new()
-            };
             let slot = &relay_slots[r * variants.len() + v];
             let (mut child, eps, rss, cpu) =
-                relay_with(&db, &nats, slot, events, bin, &extra).await?;
+                relay_with(&db, &nats, slot, events, bin, extra).await?;
             let nats_us = (nats_cpu(&nats) - c0) * 1000.0 / events as f64;
             let wal_us = walsender_cpu_ms(&db, slot).await * 1000.0 / events as f64;
             child.stop();
@@ -317,6 +324,7 @@ pub(crate) fn print(rows: &[ShapeRow]) {
         }
         println!("{line}");
     }
+    print_ceiling(rows);
     let json: Vec<String> = rows
         .iter()
         .map(|r| {
@@ -352,4 +360,40 @@ pub(crate) fn print(rows: &[ShapeRow]) {
         })
         .collect();
     println!("{{\"bench\":\"shapes\",\"rows\":[{}]}}", json.join(","));
+}
+
+/// The pipeline's ceiling per shape (see the module docs): the machine's cores against the
+/// walsender's, the relay's and nats-server's CPU per event.
+fn print_ceiling(rows: &[ShapeRow]) {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    println!();
+    println!(
+        "== the pipeline's ceiling: {cores} cores × 10⁶ / (w + r + n) events/s; CPU µs per event: w = walsender, r = relay (or publisher), n = nats-server; medians of the rounds =="
+    );
+    println!(
+        "| {:>6} | {:>6} | {:<22} | {:>5} | {:>5} | {:>5} | {:>6} | {:>9} | {:>9} | {:>11} |",
+        "B", "ev/txn", "variant", "w", "r", "n", "sum", "ceiling/s", "events/s", "÷ ceiling"
+    );
+    for row in rows {
+        let line = |label: &str, w: f64, r: f64, n: f64, eps: f64| {
+            let sum = w + r + n;
+            let ceiling = cores * 1e6 / sum;
+            println!(
+                "| {:>6} | {:>6} | {label:<22} | {w:>5.2} | {r:>5.2} | {n:>5.2} | {sum:>6.2} | {ceiling:>9.0} | {eps:>9.0} | {:>11.2} |",
+                row.payload,
+                row.per_txn,
+                eps / ceiling
+            );
+        };
+        for (label, m, _) in &row.relays {
+            line(label, m.wal_us, m.relay_us, m.nats_us, m.eps);
+        }
+        // The relay's costs with what fast batches saved the bare publisher and nats-server.
+        if let Some((_, m, _)) = row.relays.iter().find(|(l, _, _)| l == "relay") {
+            let (core, fast) = (&row.sink_core, &row.sink_fast);
+            let r = m.relay_us - (core.relay_us - fast.relay_us);
+            let n = m.nats_us - (core.nats_us - fast.nats_us);
+            line("relay + fast (projected)", m.wal_us, r, n, f64::NAN);
+        }
+    }
 }

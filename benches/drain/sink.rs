@@ -302,85 +302,30 @@ pub(crate) async fn limit_batched(
     Ok(events as f64 / secs)
 }
 
-/// The same messages as [`limit`] in one fast-ingest batch (ADR-50, nats-server 2.14+, stream
-/// `allow_batched`): each message is stored as it arrives, and the server acks every `flow` messages
-/// instead of each one. No batch headers: the reply subject carries the protocol,
-/// `<inbox>.<flow>.<gap>.<batch sequence>.<operation>.$FI` (operation 0 starts the batch, 1 adds,
-/// 2 adds and commits), the inbox's last token being the batch id. Flow acks arrive as
-/// `{"type":"ack","seq":N,"msgs":M}` (nats-server 2.15.1), the commit's as a pub ack naming the
-/// `batch` and its `count`. The publisher keeps at most `WINDOW` messages beyond the last flow ack,
-/// like the relay's window; the messages keep the relay's headers, `Nats-Msg-Id` and the fence's
-/// expectation included.
+/// The same messages as [`limit`] in one fast batch (ADR-50, nats-server 2.14+, stream
+/// `allow_batched`) with flow window `flow` ([`super::fast::publish_fast`]: at most two windows
+/// beyond the last flow ack, the commit's count and the stream's checked).
 pub(crate) async fn limit_fast(
     client: async_nats::Client,
     stream_name: &str,
     payload: &str,
     events: u64,
-    flow: u64,
+    flow: u16,
 ) -> anyhow::Result<f64> {
-    let js = jetstream::new(client.clone());
-    let mut cfg = stream_config(stream_name);
-    cfg.allow_batch_publish = true;
-    js.create_stream(cfg).await?;
-    let payload = Bytes::from(payload.to_owned());
-    let inbox = client.new_inbox();
-    let mut sub = client.subscribe(format!("{inbox}.>")).await?;
-    // The highest batch sequence the server has acknowledged, shared with the ack reader.
-    let acked = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let progress = Arc::new(tokio::sync::Notify::new());
-    let t = Instant::now();
-    let (a, p) = (Arc::clone(&acked), Arc::clone(&progress));
-    let reader = tokio::spawn(async move {
-        while let Some(m) = sub.next().await {
-            let v: serde_json::Value = serde_json::from_slice(&m.payload)?;
-            anyhow::ensure!(v.get("error").is_none(), "fast batch refused: {v}");
-            if v.get("batch").is_some() {
-                // The commit's pub ack.
-                return Ok(v.get("count").and_then(|c| c.as_u64()).unwrap_or(0));
-            }
-            let gap = v.get("last_seq").is_some()
-                || v.get("type").and_then(|t| t.as_str()) == Some("gap");
-            anyhow::ensure!(!gap, "fast batch gap: {v}");
-            // The start's ack says `"seq":0`; it still means the batch is open.
-            let seq = v.get("seq").and_then(|s| s.as_u64()).unwrap_or(0).max(1);
-            a.fetch_max(seq, std::sync::atomic::Ordering::AcqRel);
-            p.notify_one();
-        }
-        anyhow::bail!("ack subscription ended")
-    });
-    for i in 0..events {
-        let k = i + 1;
-        while k > acked.load(std::sync::atomic::Ordering::Acquire) + WINDOW as u64
-            || (k == 2 && acked.load(std::sync::atomic::Ordering::Acquire) == 0)
-        {
-            anyhow::ensure!(!reader.is_finished(), "ack reader ended early");
-            if tokio::time::timeout(Duration::from_secs(10), progress.notified())
-                .await
-                .is_err()
-            {
-                anyhow::bail!("no flow ack for 10 s at batch sequence {k}");
-            }
-        }
-        let op = if k == events {
-            2
-        } else if k == 1 {
-            0
-        } else {
-            1
-        };
-        let mut h = headers(i);
-        h.insert("Nats-Expected-Last-Sequence", i.to_string());
-        client
-            .publish_with_reply_and_headers(
-                "outbox.Order",
-                format!("{inbox}.{flow}.fail.{k}.{op}.$FI"),
-                h,
-                payload.clone(),
-            )
-            .await?;
-    }
-    let count = reader.await??;
-    let secs = t.elapsed().as_secs_f64();
-    anyhow::ensure!(count == events, "batch stored {count} of {events}");
-    Ok(events as f64 / secs)
+    let run = super::fast::publish_fast(
+        client,
+        stream_config(stream_name),
+        Bytes::from(payload.to_owned()),
+        events,
+        None,
+        flow,
+        2,
+        |i| {
+            let mut h = headers(i);
+            h.insert("Nats-Expected-Last-Sequence", i.to_string());
+            h
+        },
+    )
+    .await?;
+    Ok(run.eps)
 }
