@@ -9,6 +9,7 @@
 
 use crate::Lsn;
 use crate::config::ConfigError;
+pub use crate::http::BindError;
 use crate::outbox::StageError;
 use crate::pgoutput::DecodeError;
 use crate::progress::OutOfOrderAck;
@@ -167,23 +168,4 @@ pub(crate) fn from_sink(e: SinkError) -> SessionEnd {
     } else {
         SessionEnd::Fatal(RelayError::Sink(e))
     }
-}
-
-/// `http.listen` cannot be used.
-#[derive(Debug, thiserror::Error)]
-pub enum BindError {
-    /// `http.listen` is not an `ip:port` address.
-    #[error("http.listen {0:?} is not an address like 127.0.0.1:9187")]
-    Address(String),
-    /// Binding the address failed (in use, or not allowed).
-    #[error(
-        "http.listen {listen}: cannot listen: pick a free address, or \"\" to disable the listener"
-    )]
-    Listen {
-        /// `http.listen`.
-        listen: String,
-        /// The bind error.
-        #[source]
-        source: std::io::Error,
-    },
 }

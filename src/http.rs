@@ -25,9 +25,27 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tracing::{debug, warn};
 
-use crate::error::BindError;
 use crate::metrics::Metrics;
 use crate::stored::{MAX_REQUEST_BYTES, MAX_WAIT_MS, Positions, WaitOutcome, WaitRequest};
+
+/// `http.listen` cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum BindError {
+    /// `http.listen` is not an `ip:port` address.
+    #[error("http.listen {0:?} is not an address like 127.0.0.1:9187")]
+    Address(String),
+    /// Binding the address failed (in use, or not allowed).
+    #[error(
+        "http.listen {listen}: cannot listen: pick a free address, or \"\" to disable the listener"
+    )]
+    Listen {
+        /// `http.listen`.
+        listen: String,
+        /// The bind error.
+        #[source]
+        source: std::io::Error,
+    },
+}
 
 /// Binds `listen`. Fails with a line naming `http.listen` when the address cannot be used.
 pub(crate) async fn bind(listen: &str) -> Result<TcpListener, BindError> {
