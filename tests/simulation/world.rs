@@ -61,6 +61,12 @@
 //! after every status update the slot takes and every 100 to 500 ms what it says is stored
 //! ([`PositionOracle`]): every event below that must already be in the stream. Its wait queue and
 //! its HTTP and NATS front ends are not run.
+//!
+//! `status` is asked too, every 100 to 1,000 ms ([`status_oracle`]): its verdict on the slot, by its
+//! own rules over what the simulated servers hold, may never be "nothing waits" or healthy while no
+//! walsender holds the slot and a committed unit of work lies past its position. In 30% of worlds the
+//! publication publishes deletes and a retention job deletes old outbox rows ([`PgParams`]'s
+//! `publish_deletes`), so that changes that are not events come before events in the slot.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
