@@ -178,7 +178,7 @@ pub(crate) async fn judge(
 /// [`judge`] once the mark's position (`mark_at`, `None`: no mark) is known; `scan` counts the
 /// events the mark holds up to `slot_at` past the position it is given (a real server's peek, or a
 /// simulated one's).
-async fn judge_from<E, F, Fut>(
+pub(crate) async fn judge_from<E, F, Fut>(
     slot: &str,
     mark_at: Option<Lsn>,
     slot_at: Lsn,
@@ -385,20 +385,14 @@ pub async fn sim_check(
         None => (None, Vec::new()),
     };
     let found = judge_from(slot, mark_at, slot_at, &stored, |after| async move {
-        let bound = Bound::DEFAULT.changes;
-        let mut scanner = slot_scan::Scanner::new(settings, Vec::new(), after, Some(slot_at));
-        for transaction in changes {
-            if scanner.rows() >= u64::from(bound) {
-                break;
-            }
-            for (lsn, data) in transaction {
-                if let Err(e) = scanner.row(lsn, data) {
-                    return Ok(scanner.finish(Some(e)));
-                }
-            }
-        }
-        let unfinished = slot_scan::beyond(scanner.rows(), bound);
-        Ok::<_, std::convert::Infallible>(scanner.finish(unfinished))
+        Ok::<_, std::convert::Infallible>(slot_scan::scan_changes(
+            settings,
+            &changes,
+            Some(slot_at),
+            after,
+            false,
+            Bound::DEFAULT,
+        ))
     })
     .await;
     let drop = !keeps(&found);

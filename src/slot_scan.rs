@@ -181,16 +181,8 @@ pub(crate) async fn scan(
     // look at together is busy for one of them for as long as the other's look takes (at most the
     // bound). Wait for it rather than report "unknown".
     let deadline = tokio::time::Instant::now() + bound.timeout + Duration::from_secs(2);
-    // The server decodes every change up to `upto_nchanges` before it returns the first row. A
-    // look for the first event usually finds it in the first transaction: a small look first, the
-    // whole bound only when that one saw no event and more is pending.
-    let stages = if first_only && bound.changes > FIRST_LOOK {
-        vec![FIRST_LOOK, bound.changes]
-    } else {
-        vec![bound.changes]
-    };
     let mut scan = Scan::default();
-    for changes in stages {
+    for changes in stages(first_only, bound) {
         let stage = Bound { changes, ..bound };
         scan = loop {
             let mut scanner = Scanner::new(settings, partitions.clone(), after, upto);
@@ -209,6 +201,68 @@ pub(crate) async fn scan(
     }
     let _ = pg.batch_execute("RESET statement_timeout").await;
     Ok(scan)
+}
+
+/// The looks a search makes, each bounded by this many changes. The server decodes every change
+/// up to `upto_nchanges` before it returns the first row. A look for the first event usually finds
+/// it in the first transaction: a small look first, the whole bound only when that one saw no
+/// event and more is pending.
+fn stages(first_only: bool, bound: Bound) -> Vec<u32> {
+    if first_only && bound.changes > FIRST_LOOK {
+        vec![FIRST_LOOK, bound.changes]
+    } else {
+        vec![bound.changes]
+    }
+}
+
+/// [`scan`] over changes already read: `transactions` are the rows a peek hands over, one list
+/// per transaction (the server's bound ends at a transaction's end), in order. The same looks, the
+/// same judgement and the same bound; the deterministic simulation's Postgres hands its WAL this
+/// way, so that what `status` and the relay's start conclude is checked against its own records.
+#[cfg(any(test, feature = "test-support"))]
+pub(crate) fn scan_changes(
+    settings: &Settings,
+    transactions: &[Vec<(Lsn, Bytes)>],
+    upto: Option<Lsn>,
+    after: Option<Position>,
+    first_only: bool,
+    bound: Bound,
+) -> Scan {
+    let mut scan = Scan::default();
+    for changes in stages(first_only, bound) {
+        let mut scanner = Scanner::new(settings, Vec::new(), after, upto);
+        let unfinished = feed(&mut scanner, transactions, changes, first_only);
+        scan = scanner.finish(unfinished);
+        if scan.any().is_some() {
+            break;
+        }
+    }
+    scan
+}
+
+/// Feeds whole transactions to `scanner` until `changes` rows are judged, as a peek with
+/// `upto_nchanges` does; returns why the look ended early, if it did.
+#[cfg(any(test, feature = "test-support"))]
+fn feed(
+    scanner: &mut Scanner,
+    transactions: &[Vec<(Lsn, Bytes)>],
+    changes: u32,
+    first_only: bool,
+) -> Option<String> {
+    for transaction in transactions {
+        if scanner.rows() >= u64::from(changes) {
+            break;
+        }
+        for (lsn, data) in transaction {
+            if let Err(e) = scanner.row(*lsn, data.clone()) {
+                return Some(e);
+            }
+            if first_only && scanner.scan.events > 0 {
+                return None;
+            }
+        }
+    }
+    beyond(scanner.rows(), changes)
 }
 
 /// The slot is held by another backend (SQLSTATE 55006, "replication slot … is active for PID …").
@@ -439,6 +493,50 @@ mod tests {
         assert_eq!(past.events, 1);
         assert_eq!(past.first.as_ref().unwrap().id, "m-3");
         assert_eq!(past.last.unwrap().id, "m-3");
+    }
+
+    #[test]
+    fn a_look_over_changes_in_hand_reads_past_a_first_look_of_deletes_to_its_bound() {
+        let delete = Message::Delete {
+            xid: None,
+            relation_id: 16384,
+            old: OldTuple::Key(vec![text("old")]),
+        };
+        let rows = |msgs: Vec<Message>| -> Vec<(Lsn, Bytes)> {
+            msgs.iter()
+                .map(|m| (Lsn(0x100), encode::message(m)))
+                .collect()
+        };
+        // A retention job's transactions: more rows than the first, small look reads.
+        let mut transactions = vec![rows(txn(
+            0x1000,
+            vec![relation(16384, "outbox"), delete.clone()],
+        ))];
+        for i in 1..30 {
+            transactions.push(rows(txn(0x1000 + i * 0x100, vec![delete.clone()])));
+        }
+        let quiet = scan_changes(&settings(), &transactions, None, None, true, Bound::DEFAULT);
+        assert_eq!(quiet.any(), Some(false), "{quiet:?}");
+        transactions.push(rows(txn(
+            0x4000,
+            vec![Message::Insert {
+                xid: None,
+                relation_id: 16384,
+                new: row("e-5531"),
+            }],
+        )));
+        let found = scan_changes(&settings(), &transactions, None, None, true, Bound::DEFAULT);
+        assert_eq!(found.first.map(|f| f.id).as_deref(), Some("e-5531"));
+        let short = Bound {
+            changes: FIRST_LOOK,
+            ..Bound::DEFAULT
+        };
+        let bounded = scan_changes(&settings(), &transactions, None, None, true, short);
+        assert_eq!(
+            bounded.any(),
+            None,
+            "a look its bound ended is unknown: {bounded:?}"
+        );
     }
 
     #[test]

@@ -479,14 +479,38 @@ async fn consumed_problem(
     }
     let client = setup::connect_postgres(settings).await.ok()?;
     let nats = connect_nats(settings).await.ok()?;
+    let stored = stored_by_tail(&nats.into(), slot, &stream.name).await;
+    let found = slot_mark::judge(settings, &client, slot_at, &stored)
+        .await
+        .map_err(|e| crate::source::query_error_text(&e));
+    consumed_found(slot, found, problems, warnings)
+}
+
+/// How far the stream's tail, read through `nats`, says the stream holds the slot's events.
+async fn stored_by_tail(
+    nats: &crate::nats::NatsPort,
+    slot: &str,
+    stream: &str,
+) -> slot_mark::Stored {
     // As long as any other request of status's client may take (async-nats' default).
     let timeout = std::time::Duration::from_secs(10);
-    let stored = match crate::sink::read_tail(&nats.into(), &stream.name, timeout).await {
+    match crate::sink::read_tail(nats, stream, timeout).await {
         // status knows no timeline: the slot named in the tail is compared, not the history.
         Ok(tail) => slot_mark::Stored::from_tail(&tail, slot, None),
         Err(e) => slot_mark::Stored::Unknown(crate::error_chain::error_chain(&e)),
-    };
-    match slot_mark::judge(settings, &client, slot_at, &stored).await {
+    }
+}
+
+/// What the stop mark's judgement found (`Err`: why the mark could not be read): a problem when
+/// events were consumed, a warning when it cannot be told. Returns how many events, when a mark
+/// was judged.
+fn consumed_found(
+    slot: &str,
+    found: Result<slot_mark::Check, String>,
+    problems: &mut Vec<String>,
+    warnings: &mut Vec<String>,
+) -> Option<u64> {
+    match found {
         Ok(slot_mark::Check::Consumed(c)) => {
             problems.push(c.to_string());
             Some(c.events)
@@ -501,9 +525,8 @@ async fn consumed_problem(
         Ok(slot_mark::Check::NoMark) => None,
         Err(e) => {
             warnings.push(format!(
-                "slot {slot}: the stop mark {} cannot be read: {}",
+                "slot {slot}: the stop mark {} cannot be read: {e}",
                 slot_mark::name(slot),
-                crate::source::query_error_text(&e)
             ));
             None
         }
@@ -599,35 +622,13 @@ async fn read_postgres(
         row.as_ref(),
     );
     relay.pids = relay_pids(pg, &settings.config().postgres.slot).await?;
-    relay.state = if row.as_ref().is_some_and(|r| r.active) {
-        RelayState::Streaming
-    } else if relay.pids.is_empty() {
-        RelayState::NotRunning
-    } else {
-        RelayState::Retrying
-    };
-    if let Some(r) = &row
-        && !r.active
-        && r.invalidated().is_none()
-    {
-        match events_waiting(settings, pg).await {
-            Ok(scan) => {
-                slot.events_waiting = scan.any();
-                slot.waiting_event = scan
-                    .first
-                    .as_ref()
-                    .map(|f| format!("{} (position {})", f.id, f.position));
-                if scan.any().is_none() {
-                    *events_unknown = scan.unfinished;
-                }
-            }
-            Err(e) => {
-                *events_unknown = Some(
-                    e.as_db_error()
-                        .map_or_else(|| e.to_string(), |d| d.message().to_owned()),
-                )
-            }
-        }
+    relay.state = relay_state(row.as_ref(), &relay.pids);
+    if row.as_ref().is_some_and(needs_look) {
+        let found = events_waiting(settings, pg).await.map_err(|e| {
+            e.as_db_error()
+                .map_or_else(|| e.to_string(), |d| d.message().to_owned())
+        });
+        waiting_found(found, slot, events_unknown);
     }
     publication.exists = pg
         .query_opt(
@@ -646,6 +647,46 @@ async fn read_postgres(
         .map(|r| r.get::<_, String>(0))
         .collect();
     Ok(())
+}
+
+/// What a relay for the slot is doing, from the slot's row and the pids of the relay processes
+/// connected to Postgres.
+fn relay_state(row: Option<&SlotRow>, pids: &[u32]) -> RelayState {
+    if row.is_some_and(|r| r.active) {
+        RelayState::Streaming
+    } else if pids.is_empty() {
+        RelayState::NotRunning
+    } else {
+        RelayState::Retrying
+    }
+}
+
+/// Whether the slot is looked into for waiting events: no one streams it (a relay that does
+/// publishes them) and its changes can still be decoded.
+fn needs_look(row: &SlotRow) -> bool {
+    !row.active && row.invalidated().is_none()
+}
+
+/// What the look for waiting events found (`Err`: the server's reason it could not look), into
+/// the slot's fields: whether events wait and the first of them, or why that is unknown.
+fn waiting_found(
+    found: Result<slot_scan::Scan, String>,
+    slot: &mut SlotStatus,
+    events_unknown: &mut Option<String>,
+) {
+    match found {
+        Ok(scan) => {
+            slot.events_waiting = scan.any();
+            slot.waiting_event = scan
+                .first
+                .as_ref()
+                .map(|f| format!("{} (position {})", f.id, f.position));
+            if scan.any().is_none() {
+                *events_unknown = scan.unfinished;
+            }
+        }
+        Err(e) => *events_unknown = Some(e),
+    }
 }
 
 /// The pids of the relay processes for `slot` connected to this database: every connection a relay
@@ -801,10 +842,10 @@ fn slot_status(name: &str, state: State, row: Option<&SlotRow>) -> SlotStatus {
     }
 }
 
-async fn read_stream(settings: &Settings, problems: &mut Vec<String>) -> StreamStatus {
-    let name = &settings.config().nats.stream;
-    let mut st = StreamStatus {
-        name: name.clone(),
+/// The stream `name` before NATS answered: every field unknown.
+fn unknown_stream(name: &str) -> StreamStatus {
+    StreamStatus {
+        name: name.to_owned(),
         state: State::Unreachable,
         exists: None,
         messages: None,
@@ -820,7 +861,12 @@ async fn read_stream(settings: &Settings, problems: &mut Vec<String>) -> StreamS
         discard: None,
         unknown_because: None,
         metadata: Default::default(),
-    };
+    }
+}
+
+async fn read_stream(settings: &Settings, problems: &mut Vec<String>) -> StreamStatus {
+    let name = &settings.config().nats.stream;
+    let mut st = unknown_stream(name);
     let client = match connect_nats(settings).await {
         Ok(c) => c,
         Err(e) => {
@@ -969,6 +1015,127 @@ fn stream_warnings(settings: &Settings, stream: &StreamStatus, warnings: &mut Ve
             "stream duplicate window is {window}s, shorter than the relay's retry horizon of {retry_horizon}s: \
              republished events may be stored twice; raise the stream's duplicate_window"
         ));
+    }
+}
+
+/// The slot as the deterministic simulation's Postgres holds it (tests/simulation): what
+/// `pg_replication_slots` and `pg_stat_activity` would show, and what a peek of a copy of it hands
+/// over, one list of (LSN, pgoutput message) per transaction.
+#[cfg(feature = "test-support")]
+pub struct SimSlot {
+    /// The walsender that holds the slot, if one does.
+    pub active_pid: Option<i32>,
+    /// `confirmed_flush_lsn`.
+    pub confirmed: crate::Lsn,
+    /// Its changes from `confirmed` on (at least as far as the look's bound reaches).
+    pub changes: Vec<Vec<(crate::Lsn, bytes::Bytes)>>,
+    /// The stop mark, with its changes up to `confirmed`.
+    pub mark: Option<crate::slot_mark::SimMark>,
+    /// The relay processes connected to Postgres (their connections' `outbox-relay/SLOT/PID`).
+    pub relay_pids: Vec<u32>,
+}
+
+/// `status`'s verdict on the slot over the simulation's servers.
+#[cfg(feature = "test-support")]
+#[derive(Debug)]
+pub struct SimSlotVerdict {
+    /// The slot's problems, worded and ordered as `status` prints them.
+    pub problems: Vec<String>,
+    /// Its warnings (a stop mark that cannot be judged or read).
+    pub warnings: Vec<String>,
+    /// `slot.events_waiting`.
+    pub events_waiting: Option<bool>,
+    /// The id of the first waiting event (`slot.waiting_event` names it with its position).
+    pub waiting_id: Option<String>,
+}
+
+/// The part of [`status`] that judges the slot, over the simulation's servers: the same rules
+/// ([`needs_look`], [`waiting_found`], [`slot_problems`], [`consumed_found`]) and the same
+/// judgement of the changes ([`slot_scan::scan_changes`], the relay's decoder and outbox stage,
+/// within [`slot_scan::Bound::DEFAULT`]); only the servers' answers come from the simulators.
+/// `nats` is `None` while NATS cannot be reached.
+#[cfg(feature = "test-support")]
+pub async fn sim_slot_status(
+    settings: &Settings,
+    nats: Option<&crate::nats::NatsPort>,
+    sim: SimSlot,
+) -> SimSlotVerdict {
+    let name = &settings.config().postgres.slot;
+    let row = SlotRow {
+        active: sim.active_pid.is_some(),
+        active_pid: sim.active_pid,
+        confirmed_flush_lsn: Some(sim.confirmed.to_string()),
+        ..SlotRow::default()
+    };
+    let mut slot = slot_status(name, State::Exists, Some(&row));
+    let mut events_unknown = None;
+    let mut waiting_id = None;
+    if needs_look(&row) {
+        let scan = slot_scan::scan_changes(
+            settings,
+            &sim.changes,
+            None,
+            None,
+            true,
+            slot_scan::Bound::DEFAULT,
+        );
+        waiting_id = scan.first.as_ref().map(|f| f.id.clone());
+        waiting_found(Ok(scan), &mut slot, &mut events_unknown);
+    }
+    let pg = PostgresSide {
+        server: ServerStatus {
+            state: State::Exists,
+            host: None,
+            server_version: None,
+            in_recovery: None,
+            synchronized_standby_slots: None,
+            idle_replication_slot_timeout: None,
+        },
+        relay: RelayStatus {
+            state: relay_state(Some(&row), &sim.relay_pids),
+            pids: sim.relay_pids,
+            own_word: None,
+        },
+        slot,
+        publication: PublicationStatus {
+            name: settings.config().postgres.publication.clone(),
+            exists: true,
+            tables: Vec::new(),
+        },
+        events_unknown,
+    };
+    let mut stream = unknown_stream(&settings.config().nats.stream);
+    if nats.is_some() {
+        stream.state = State::Exists;
+        stream.exists = Some(true);
+    }
+    let (mut problems, mut warnings) = (Vec::new(), Vec::new());
+    slot_problems(name, &pg, &stream, &mut problems);
+    if let Some(nats) = nats {
+        let stored = stored_by_tail(nats, name, &stream.name).await;
+        let (mark_at, changes) = match sim.mark {
+            Some(m) => (Some(m.at), m.changes),
+            None => (None, Vec::new()),
+        };
+        let found =
+            slot_mark::judge_from(name, mark_at, sim.confirmed, &stored, |after| async move {
+                Ok::<_, String>(slot_scan::scan_changes(
+                    settings,
+                    &changes,
+                    Some(sim.confirmed),
+                    after,
+                    false,
+                    slot_scan::Bound::DEFAULT,
+                ))
+            })
+            .await;
+        consumed_found(name, found, &mut problems, &mut warnings);
+    }
+    SimSlotVerdict {
+        problems,
+        warnings,
+        events_waiting: pg.slot.events_waiting,
+        waiting_id,
     }
 }
 

@@ -3,8 +3,9 @@
 //! an in-memory Postgres (WAL, slot, walsender) and an in-memory JetStream, on a current-thread
 //! runtime with a paused clock, every choice drawn from one seeded generator, faults injected at
 //! random times and the modes users choose drawn per world (`simulation/world.rs`), and the
-//! promises (P1–P4, P7, P9) checked against what the simulators saw, never against what the relay
-//! logged (`simulation/check.rs`). A third layer beside the unit tests and the tests against real
+//! promises (P1–P4, P7, P9), the position service's claims and `status`'s verdict on the slot
+//! checked against what the simulators saw, never against what the relay logged
+//! (`simulation/check.rs`, `simulation/world.rs`). A third layer beside the unit tests and the tests against real
 //! servers: it reaches interleavings of faults no real-server test can order on purpose, and a seed
 //! replays its run forever.
 //! The simulators plug into the relay's own seams: its `Connector`, the

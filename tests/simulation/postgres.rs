@@ -33,7 +33,7 @@ use std::time::Duration;
 use bytes::{BufMut, Bytes, BytesMut};
 use outbox_relay::Lsn;
 use outbox_relay::error::{SessionEnd, from_source};
-use outbox_relay::pgoutput::{Column, Message, Relation, TupleValue, encode};
+use outbox_relay::pgoutput::{Column, Message, OldTuple, Relation, TupleValue, encode};
 use outbox_relay::relay::Start;
 use outbox_relay::source::{
     ReplicationStream, ServerError, SourceError, StreamConfig, SystemInfo, TimelineHistory,
@@ -106,6 +106,10 @@ pub(crate) struct PgParams {
     pub apps: usize,
     /// The publication also has `public.orders` (changes of another table reach the relay).
     pub publish_orders: bool,
+    /// The publication publishes deletes too (`publish = 'insert, delete'`): a retention job's
+    /// deletes of old outbox rows reach the relay as changes that are not events
+    /// ([`Postgres::retention_delete`]).
+    pub publish_deletes: bool,
     /// Transactions without published changes are sent as an empty Begin/Commit (before PG 15).
     pub send_empty: bool,
     /// Bytes the pipe between walsender and relay buffers.
@@ -130,6 +134,9 @@ enum Change {
     /// A transactional trace context message (`CONTEXT_PREFIX`).
     Context(Bytes),
     Orders(Vec<TupleValue>),
+    /// A delete of an outbox row: its key (the other columns are placeholders, as pgoutput sends a
+    /// default replica identity's old key).
+    OutboxDelete(Vec<TupleValue>),
 }
 
 enum Body {
@@ -294,6 +301,8 @@ struct State {
     history_changed: Instant,
     /// Every time another client consumed the slot.
     consumptions: Vec<Consumption>,
+    /// The units whose rows the retention job has deleted from (it goes on from here).
+    deleted: usize,
 }
 
 /// How far a walk over the units ([`Postgres::units_below`]) has come: the units before `next`, in
@@ -519,6 +528,7 @@ impl Postgres {
                 marks: 0,
                 history_changed: Instant::now(),
                 consumptions: Vec::new(),
+                deleted: 0,
             }),
             dice,
             trace,
@@ -675,6 +685,46 @@ impl Postgres {
             self.commit(&mut s, xid);
         }
         s.apps.iter_mut().for_each(|a| *a = None);
+    }
+
+    /// A retention job's transaction: deletes the `n` oldest outbox rows it has not deleted yet
+    /// (of the units in the current history), committed at once. Its changes are no events; with a
+    /// publication that publishes deletes they reach the relay, and a look for waiting events must
+    /// see past them (`status`, `slot_scan.rs`). Draws nothing from the world's generator.
+    pub(crate) fn retention_delete(&self, n: usize) {
+        let mut s = self.state.lock().unwrap();
+        if s.is_down() {
+            return;
+        }
+        let mut next = s.deleted.min(s.units.len());
+        let mut ids: Vec<String> = Vec::new();
+        while ids.len() < n && next < s.units.len() {
+            // A non-transactional message is no row.
+            if s.units[next].what.starts_with("transaction") {
+                ids.extend(s.units[next].events.iter().map(|e| e.msg_id.clone()));
+            }
+            next += 1;
+        }
+        s.deleted = next;
+        if ids.is_empty() {
+            return;
+        }
+        let xid = s.next_xid;
+        s.next_xid += 1;
+        let mut open = Open::default();
+        for id in &ids {
+            let mut key = vec![text(id)];
+            key.resize(outbox_relation().columns.len(), TupleValue::Null);
+            open.changes
+                .push(s.append(60, Body::Change(Change::OutboxDelete(key))));
+        }
+        s.open.insert(xid, open);
+        trace!(
+            self.trace,
+            "pg retention job deletes {} outbox rows",
+            ids.len()
+        );
+        self.commit(&mut s, xid);
     }
 
     fn new_event(&self, s: &mut State) -> (u64, String) {
@@ -1435,28 +1485,36 @@ impl Postgres {
     /// The mark and what a peek of it up to `slot_at` hands over, as pgoutput (`None`: no mark).
     pub(crate) fn mark_view(&self, slot_at: u64) -> Option<outbox_relay::SimMark> {
         let s = self.state.lock().unwrap();
-        let mark = s.mark?;
-        let mut relations = BTreeSet::new();
-        let mut changes = Vec::new();
-        let from = s.wal.partition_point(|r| r.start < mark.at);
-        for rec in s.wal[from..].iter().take_while(|r| r.start < slot_at) {
-            let mut rows = Vec::new();
-            decode(
-                rec,
-                &s.wal,
-                mark.at,
-                &mut relations,
-                &s.params,
-                &mut |lsn, msg| rows.push((Lsn(lsn), encode::message(msg))),
-            );
-            if !rows.is_empty() {
-                changes.push(rows);
-            }
+        mark_of(&s, slot_at)
+    }
+
+    /// What `status` reads of the slot, and what the simulator knows of it, at one moment (`None`:
+    /// the server is unreachable): the slot (who holds it, where it stands), what a peek of a copy
+    /// of it hands over while no walsender holds it (from its position on, `rows` pgoutput rows at
+    /// least: the rest of a transaction the bound ends in is handed over whole), the stop mark, and the units of work
+    /// the slot has not confirmed (their deciding record at or past its position: a walsender
+    /// started from it sends them).
+    pub(crate) fn status_view(&self, rows: usize) -> Option<(outbox_relay::SimSlot, Vec<Unit>)> {
+        let s = self.state.lock().unwrap();
+        if s.is_down() {
+            return None;
         }
-        Some(outbox_relay::SimMark {
-            at: Lsn(mark.at),
+        let at = s.slot.confirmed;
+        // `status` peeks only at a slot no one streams.
+        let changes = if s.slot.active.is_none() {
+            peek(&s, at, u64::MAX, rows)
+        } else {
+            Vec::new()
+        };
+        let pending = s.units.iter().filter(|u| u.start >= at).cloned().collect();
+        let slot = outbox_relay::SimSlot {
+            active_pid: s.slot.active.map(pid),
+            confirmed: Lsn(at),
             changes,
-        })
+            mark: mark_of(&s, at),
+            relay_pids: Vec::new(),
+        };
+        Some((slot, pending))
     }
 
     /// Whether a walsender holds the slot, with the server up.
@@ -1633,6 +1691,44 @@ impl Postgres {
     }
 }
 
+/// The stop mark and what a peek of it up to `slot_at` hands over (`None`: no mark).
+fn mark_of(s: &State, slot_at: u64) -> Option<outbox_relay::SimMark> {
+    let mark = s.mark?;
+    Some(outbox_relay::SimMark {
+        at: Lsn(mark.at),
+        changes: peek(s, mark.at, slot_at, usize::MAX),
+    })
+}
+
+/// What `pg_logical_slot_peek_binary_changes` hands over of a slot (or a copy of it) at `from`, up
+/// to records starting before `upto`: pgoutput's rows, one list per record that sends any (a
+/// transaction at its commit, a non-transactional message), until at least `rows` rows.
+fn peek(s: &State, from: u64, upto: u64, rows: usize) -> Vec<Vec<(Lsn, Bytes)>> {
+    let mut relations = BTreeSet::new();
+    let mut changes = Vec::new();
+    let mut n = 0;
+    let first = s.wal.partition_point(|r| r.start < from);
+    for rec in s.wal[first..].iter().take_while(|r| r.start < upto) {
+        if n >= rows {
+            break;
+        }
+        let mut out = Vec::new();
+        decode(
+            rec,
+            &s.wal,
+            from,
+            &mut relations,
+            &s.params,
+            &mut |lsn, msg| out.push((Lsn(lsn), encode::message(msg))),
+        );
+        if !out.is_empty() {
+            n += out.len();
+            changes.push(out);
+        }
+    }
+    changes
+}
+
 /// What pgoutput sends for one WAL record, if anything, handed to `emit` as (LSN, message): to a
 /// walsender's connection (`start` its start, `relations` those it described) or to a peek of the
 /// stop mark.
@@ -1648,6 +1744,7 @@ fn decode(
         Body::Commit { xid, ts, changes } if rec.start >= start => {
             let sent = |c: &usize| match &wal[*c].body {
                 Body::Change(Change::Orders(_)) => params.publish_orders,
+                Body::Change(Change::OutboxDelete(_)) => params.publish_deletes,
                 _ => true,
             };
             if !changes.iter().any(sent) && !params.send_empty {
@@ -1683,6 +1780,14 @@ fn decode(
                             xid: None,
                             relation_id: ORDERS_OID,
                             new: row.clone(),
+                        },
+                    ),
+                    Change::OutboxDelete(key) => (
+                        Some(outbox_relation()),
+                        Message::Delete {
+                            xid: None,
+                            relation_id: OUTBOX_OID,
+                            old: OldTuple::Key(key.clone()),
                         },
                     ),
                     Change::Event(content) => (

@@ -61,6 +61,12 @@
 //! after every status update the slot takes and every 100 to 500 ms what it says is stored
 //! ([`PositionOracle`]): every event below that must already be in the stream. Its wait queue and
 //! its HTTP and NATS front ends are not run.
+//!
+//! `status` is asked too, every 100 to 1,000 ms ([`status_oracle`]): its verdict on the slot, by its
+//! own rules over what the simulated servers hold, may never be "nothing waits" or healthy while no
+//! walsender holds the slot and a committed unit of work lies past its position. In 30% of worlds the
+//! publication publishes deletes and a retention job deletes old outbox rows ([`PgParams`]'s
+//! `publish_deletes`), so that changes that are not events come before events in the slot.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -248,6 +254,8 @@ impl Scenario {
             pg: PgParams {
                 apps: d.range(1, 5) as usize,
                 publish_orders: d.chance(0.3),
+                // Drawn in `world` from a generator of its own, so that no other draw shifts.
+                publish_deletes: false,
                 send_empty: d.chance(0.5),
                 pipe: d.pick(&[512, 8 << 10, 64 << 10]),
                 keepalive_ms: d.pick(&[(10, 200), (100, 2_000)]),
@@ -520,6 +528,12 @@ impl PositionOracle {
         }
     }
 
+    /// The processes running now (what `pg_stat_activity` shows of them, by their numbers).
+    fn numbers(&self) -> Vec<u32> {
+        let watched = self.watched.lock().unwrap();
+        watched.iter().map(|w| w.number as u32).collect()
+    }
+
     /// A process is gone: nothing answers for it any more.
     fn forget(&self, number: u64) {
         self.watched.lock().unwrap().retain(|w| w.number != number);
@@ -567,6 +581,99 @@ impl PositionOracle {
     }
 }
 
+/// How many pgoutput rows `status`'s look reads at most (`slot_scan::Bound::DEFAULT`): the
+/// simulated peek hands over that many (and the rest of the transaction the bound ends in).
+const STATUS_ROWS: usize = 20_000;
+
+/// The `status` oracle: every 100 to 1,000 ms (drawn from its own generator) `status`'s verdict
+/// on the slot (`outbox_relay::sim_slot_status`: its own rules, decoder and outbox stage over what
+/// the simulated servers hold now) is checked against what the simulated Postgres knows at the
+/// same moment. While no walsender holds the slot, a unit of work past its confirmed position
+/// (one a walsender started from it would send) is an event waiting in it: `status` must not say
+/// that no event waits, nor find no problem with the slot. Whether the stream holds that event
+/// does not matter (the slot has not passed it). And the event it names as waiting must be one of
+/// those units: nothing excuses either, the view and the truth are read under one lock.
+async fn status_oracle(
+    settings: Settings,
+    pg: Arc<Postgres>,
+    js: Arc<JetStream>,
+    positions: Arc<PositionOracle>,
+    trace: Arc<Trace>,
+    violations: Arc<Violations>,
+    dice: Dice,
+) {
+    loop {
+        tokio::time::sleep(dice.millis(100, 1_000)).await;
+        // An unreachable server is a problem `status` names by itself.
+        let Some((mut slot, pending)) = pg.status_view(STATUS_ROWS) else {
+            continue;
+        };
+        if slot.active_pid.is_some() {
+            continue;
+        }
+        let at = slot.confirmed;
+        slot.relay_pids = positions.numbers();
+        let port = (!js.is_down()).then(|| {
+            NatsPort::new(ProcessPort {
+                js: Arc::clone(&js),
+                process: 0,
+            })
+        });
+        let verdict = outbox_relay::sim_slot_status(&settings, port.as_ref(), slot).await;
+        trace!(
+            trace,
+            "status of the idle slot at {at} ({} units past it): {}",
+            pending.len(),
+            if verdict.problems.is_empty() {
+                "healthy".to_owned()
+            } else {
+                verdict.problems.join(" | ")
+            }
+        );
+        let waiting = pending
+            .iter()
+            .find_map(|u| u.events.first().map(|e| (u, e)));
+        if let Some((u, e)) = waiting
+            && (verdict.events_waiting == Some(false) || verdict.problems.is_empty())
+        {
+            violations.report(
+                &trace,
+                format!(
+                    "status: no relay streams the slot at {at} while event {} of the {} waits in it (the stream {} it), \
+                     but status says {}",
+                    e.msg_id,
+                    u.what,
+                    if js.holds(&e.msg_id, u.at) {
+                        "holds"
+                    } else {
+                        "lacks"
+                    },
+                    if verdict.problems.is_empty() {
+                        "the slot is healthy".to_owned()
+                    } else {
+                        format!(
+                            "no event waits (problems: {})",
+                            verdict.problems.join(" | ")
+                        )
+                    }
+                ),
+            );
+        }
+        if let Some(id) = &verdict.waiting_id
+            && !pending
+                .iter()
+                .any(|u| u.events.iter().any(|e| &e.msg_id == id))
+        {
+            violations.report(
+                &trace,
+                format!(
+                    "status: says event {id} waits in the slot at {at}, but no committed unit past it has that event"
+                ),
+            );
+        }
+    }
+}
+
 struct World {
     dice: Dice,
     trace: Arc<Trace>,
@@ -605,7 +712,10 @@ pub(crate) fn run(seed: u64, faults: &FaultSet, keep_trace: bool) -> Outcome {
 
 async fn world(seed: u64, faults: &FaultSet, trace: Arc<Trace>) -> Outcome {
     let dice = Dice::new(seed);
-    let sc = Scenario::draw(&dice, faults);
+    let mut sc = Scenario::draw(&dice, faults);
+    // The retention job (its own generator: worlds without it run as they did before it).
+    let retention_job = Dice::new(seed ^ 0x7265_7465_6e74_696f);
+    sc.pg.publish_deletes = sc.huge.is_none() && retention_job.chance(0.3);
     trace!(trace, "seed {seed}: {sc:?}");
     let violations = Arc::new(Violations::default());
     let js = JetStream::start(sc.limits, dice.clone(), Arc::clone(&trace));
@@ -692,6 +802,28 @@ async fn world(seed: u64, faults: &FaultSet, trace: Arc<Trace>) -> Outcome {
             }
         }
     });
+    // With a publication that publishes deletes, a retention job deletes old outbox rows now and
+    // then: changes that are not events, which a look for waiting events must see past.
+    let retention = tokio::spawn({
+        let (pg, writing, dice) = (Arc::clone(&pg), Arc::clone(&writing), retention_job);
+        let on = sc.pg.publish_deletes;
+        async move {
+            while on && writing.load(std::sync::atomic::Ordering::Relaxed) {
+                tokio::time::sleep(dice.millis(500, 6_000)).await;
+                pg.retention_delete(dice.range(1, 150) as usize);
+            }
+        }
+    });
+    // `status` asked at random times, by a generator of its own.
+    let status = tokio::spawn(status_oracle(
+        w.settings.clone(),
+        Arc::clone(&pg),
+        Arc::clone(&js),
+        Arc::clone(&w.positions),
+        Arc::clone(&trace),
+        Arc::clone(&violations),
+        Dice::new(seed ^ 0x7374_6174_7573),
+    ));
     if let Some(n) = sc.huge {
         tokio::spawn(huge_transaction(
             Arc::clone(&pg),
@@ -725,6 +857,7 @@ async fn world(seed: u64, faults: &FaultSet, trace: Arc<Trace>) -> Outcome {
     // Settle: no more faults, the applications finish, the servers are back.
     writing.store(false, std::sync::atomic::Ordering::Relaxed);
     let _ = writer.await;
+    let _ = retention.await;
     pg.finish_writes();
     js.set_chaos(Chaos::default());
     // A full stream stalls the relay until the operator makes room: raised here.
@@ -767,6 +900,7 @@ async fn world(seed: u64, faults: &FaultSet, trace: Arc<Trace>) -> Outcome {
     w.stop_all().await;
     checkpointer.abort();
     sampler.abort();
+    status.abort();
     operator.abort();
     // Events another client consumed from the slot are never sent again: only the simulated
     // Postgres's record of the consumption excuses their absence.
