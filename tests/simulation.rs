@@ -27,6 +27,8 @@
 //! (`Nats-Expected-Last-Msg-Id`, which the simulated JetStream checks as nats-server does), so
 //! nothing is stored past a refused message.
 
+#[path = "simulation/backfill.rs"]
+mod backfill;
 #[path = "simulation/check.rs"]
 mod check;
 #[path = "simulation/jetstream.rs"]

@@ -789,7 +789,7 @@ async fn preflight(
             what: "--where / --order-by".to_owned(),
             message,
         })?;
-    Ok(servers.nats().await?)
+    servers.nats().await
 }
 
 /// `SELECT <columns> FROM <outbox table> WHERE (<--where>) ORDER BY <--order-by or the id column>`.

@@ -21,7 +21,6 @@ use crate::catalog::SlotRow;
 use crate::nats::NatsPort;
 use crate::pgoutput::Column;
 use crate::setup::SetupError;
-use crate::sink::ConnectError;
 use crate::source::{SourceError, SystemInfo};
 
 /// An error with its own chain (dropping a slot: the server's error as it came).
@@ -75,7 +74,7 @@ pub trait BackfillServers: Send {
     /// The control connection.
     fn control(&mut self) -> BoxFuture<'_, Result<Box<dyn Control>, SourceError>>;
     /// The NATS connection to read the marker and publish through.
-    fn nats(&mut self) -> BoxFuture<'_, Result<NatsPort, ConnectError>>;
+    fn nats(&mut self) -> BoxFuture<'_, Result<NatsPort, super::BackfillError>>;
     /// A replication connection to create the slot on.
     fn replication(&mut self) -> BoxFuture<'_, Result<Box<dyn SlotMaker>, SourceError>>;
 }

@@ -9,6 +9,7 @@ use futures_util::TryStreamExt;
 use futures_util::future::BoxFuture;
 use tokio_postgres::{Client, Statement};
 
+use super::BackfillError;
 use super::port::{
     BackfillServers, BoxError, Control, CursorError, DropFailure, Prepared, SlotMaker,
 };
@@ -18,7 +19,6 @@ use crate::config::Settings;
 use crate::nats::NatsPort;
 use crate::pgoutput::Column;
 use crate::setup::{self, SetupError};
-use crate::sink::ConnectError;
 use crate::source::{ReplConnection, SourceError, SystemInfo, query_error_text};
 
 /// The servers `settings` name.
@@ -70,7 +70,7 @@ impl BackfillServers for Servers<'_> {
         })
     }
 
-    fn nats(&mut self) -> BoxFuture<'_, Result<NatsPort, ConnectError>> {
+    fn nats(&mut self) -> BoxFuture<'_, Result<NatsPort, BackfillError>> {
         Box::pin(async move {
             Ok(NatsPort::from(
                 crate::sink::connect_nats(self.settings).await?,
