@@ -20,7 +20,8 @@ use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use outbox_relay::Lsn;
 use outbox_relay::backfill::{
-    BackfillError, BackfillServers, BoxError, Control, CursorError, DropFailure, Prepared, SlotMaker,
+    BackfillError, BackfillServers, BoxError, Control, CursorError, DropFailure, Prepared,
+    SlotMaker,
 };
 use outbox_relay::nats::NatsPort;
 use outbox_relay::pgoutput::Column;
@@ -33,6 +34,9 @@ use super::port::ProcessPort;
 use super::postgres::Postgres;
 use super::rng::Dice;
 
+/// A snapshot's rows: each column's text, `None` for NULL.
+pub(crate) type Rows = Vec<Vec<Option<Bytes>>>;
+
 /// The simulated Postgres's record of backfills.
 #[derive(Default)]
 pub(crate) struct PgBackfill {
@@ -41,7 +45,7 @@ pub(crate) struct PgBackfill {
     /// Walsenders whose command `pg_cancel_backend` cancelled.
     pub cancelled: BTreeSet<i32>,
     /// Exported snapshots whose connection is open: their rows.
-    pub snapshots: HashMap<String, Vec<Vec<Option<Bytes>>>>,
+    pub snapshots: HashMap<String, Rows>,
     /// Slots created so far.
     pub slots: u32,
     /// Logical messages of the history before a backfill's new slot that the stream lacked when
@@ -110,7 +114,7 @@ struct SimControl {
     pg: Arc<Postgres>,
     dice: Dice,
     /// The imported snapshot's rows, and how many the cursor has fetched.
-    cursor: Mutex<Option<(Vec<Vec<Option<Bytes>>>, usize)>>,
+    cursor: Mutex<Option<(Rows, usize)>>,
 }
 
 /// A server error as the real client's `Display` shows one.
@@ -192,7 +196,9 @@ impl Control for SimControl {
             // A round trip: the publish loop's acks come in meanwhile.
             tokio::time::sleep(self.dice.millis(0, 5)).await;
             let mut c = self.cursor.lock().unwrap();
-            let (rows, at) = c.as_mut().ok_or("cursor \"outbox_relay_backfill\" does not exist")?;
+            let (rows, at) = c
+                .as_mut()
+                .ok_or("cursor \"outbox_relay_backfill\" does not exist")?;
             let end = (*at + 1000).min(rows.len());
             let batch = rows[*at..end].to_vec();
             *at = end;
@@ -242,19 +248,19 @@ impl SlotMaker for SimSlotMaker {
             // Postgres waits for the transactions that were running; dropped meanwhile (the
             // process killed), it creates nothing.
             tokio::time::sleep(self.dice.millis(0, 1_500)).await;
-            let (lsn, name) = self
-                .pg
-                .create_backfill_slot(self.pid)
-                .map_err(|message| SourceError::Server {
-                    context: "CREATE_REPLICATION_SLOT",
-                    error: Box::new(ServerError {
-                        severity: "ERROR".into(),
-                        code: "XX000".into(),
-                        message,
-                        detail: None,
-                        hint: None,
-                    }),
-                })?;
+            let (lsn, name) =
+                self.pg
+                    .create_backfill_slot(self.pid)
+                    .map_err(|message| SourceError::Server {
+                        context: "CREATE_REPLICATION_SLOT",
+                        error: Box::new(ServerError {
+                            severity: "ERROR".into(),
+                            code: "XX000".into(),
+                            message,
+                            detail: None,
+                            hint: None,
+                        }),
+                    })?;
             self.snapshot = Some(name.clone());
             Ok((lsn, name))
         })

@@ -1112,9 +1112,7 @@ impl JetStream {
         if s.down {
             return Err("no responders (simulated outage)".into());
         }
-        let config = |m: &serde_json::Map<String, serde_json::Value>| {
-            serde_json::json!({"config": {"name": STREAM, "metadata": m}})
-        };
+        let config = |m: &serde_json::Map<String, serde_json::Value>| serde_json::json!({"config": {"name": STREAM, "metadata": m}});
         if subject == format!("STREAM.INFO.{STREAM}") {
             return Ok(config(&s.metadata));
         }
@@ -1136,7 +1134,9 @@ impl JetStream {
             }
             return Ok(config(&s.metadata));
         }
-        Ok(serde_json::json!({"error": {"code": 404, "err_code": 10059, "description": "stream not found"}}))
+        Ok(
+            serde_json::json!({"error": {"code": 404, "err_code": 10059, "description": "stream not found"}}),
+        )
     }
 
     /// Whether a backfill marker stands on the stream (what `run` must refuse to stream under).

@@ -358,6 +358,12 @@ impl Connector for SimConnector {
         start: &'a Start,
     ) -> BoxFuture<'a, Result<(ReplicationStream, SystemInfo), SessionEnd>> {
         Box::pin(async move {
+            // What the production connector does first: no session under a backfill's marker.
+            let port = ProcessPort {
+                js: Arc::clone(&self.js),
+                process: self.process,
+            };
+            outbox_relay::backfill_marker::refuse_run(&self.settings, &port).await?;
             let connected = self.pg.connect(start, self.config.clone()).await?;
             // No await since the server took the connection: no rewind came in between.
             self.connected
@@ -622,10 +628,9 @@ async fn world(seed: u64, faults: &FaultSet, trace: Arc<Trace>) -> Outcome {
     // stream would refuse the backfill's rows until the operator makes room, which is no backfill
     // matter), and none has a huge transaction.
     let backfill_dice = Dice::new(seed ^ 0x6261_636b_6669_6c6c);
-    let mut backfill_at = (faults.has("backfill")
-        && sc.huge.is_none()
-        && backfill_dice.chance(0.2))
-    .then(|| Instant::now() + backfill_dice.millis(0, sc.faults_for.as_millis() as u64));
+    let mut backfill_at =
+        (faults.has("backfill") && sc.huge.is_none() && backfill_dice.chance(0.2))
+            .then(|| Instant::now() + backfill_dice.millis(0, sc.faults_for.as_millis() as u64));
     if backfill_at.is_some() {
         sc.modes.retention = Retention::default();
     }
@@ -806,10 +811,17 @@ async fn world(seed: u64, faults: &FaultSet, trace: Arc<Trace>) -> Outcome {
     if !violations.any() {
         // Only what the world did excuses a copy or an order, never what the relay logged.
         let facts = js.facts();
+        let backfills: std::collections::HashSet<u64> = facts
+            .sessions
+            .iter()
+            .filter(|(_, (p, _))| *p >= super::backfill::BACKFILL_PROCESS)
+            .map(|(n, _)| *n)
+            .collect();
         check::settled(
             &units,
             &stream,
             &check::Excuses {
+                backfills: &backfills,
                 distrust: &facts.distrust,
                 lost: &facts.lost,
                 sessions: &facts.sessions,
@@ -1078,7 +1090,10 @@ impl World {
             if finished {
                 break;
             }
-            if d.chance(0.5) && (self.js.backfill_marked() || self.pg.slot_exists()) && self.try_run().await {
+            if d.chance(0.5)
+                && (self.js.backfill_marked() || self.pg.slot_exists())
+                && self.try_run().await
+            {
                 break;
             }
             // Stopped before it changed anything: the old slot serves `run` as before.
