@@ -9,7 +9,8 @@
 //! replays its run forever.
 //! The simulators plug into the relay's own seams: its `Connector`, the
 //! NATS port `JetStreamPort` (`simulation/port.rs`, implemented by the async-nats client in
-//! production) and `ReplicationStream::over`.
+//! production), the backfill's `BackfillServers` (`simulation/backfill.rs`) and
+//! `ReplicationStream::over`.
 //!
 //! ```text
 //! cargo test --test simulation                               # SIM_SEEDS seeds from SIM_SEED_START

@@ -41,8 +41,13 @@
 //!   mark, then back off), or right after the connections were cut (the walsender went first: no
 //!   mark). Those events are never sent again; the relay must say so at its next start when the
 //!   mark could see it (`check.rs`, P9). An operator watches `outbox_relay_slot_consumed_events`
-//!   and, once it is above 0, drops the mark to accept the gap (a backfill is not modelled), so
-//!   the relay streams on.
+//!   and, once it is above 0, drops the mark to accept the gap (without a backfill), so the relay
+//!   streams on.
+//! - `backfill`: not a fault that strikes but an episode of a fifth of the worlds, once
+//!   ([`World::backfill`]): the operator runs the real backfill over the simulated servers
+//!   (`backfill.rs`), stopped by SIGTERM or killed at a random point, recovers as
+//!   docs/operations.md says, and `run` resumes from the new slot. The faults that rewind the server
+//!   or consume the slot are held back from then on.
 //!
 //! Besides the faults, each world draws the modes users turn on or off ([`Modes`]): the fence, the
 //! descriptive headers, atomic transactions (in a quarter of fenced worlds), and the stream's
