@@ -46,13 +46,18 @@ pub struct Marker {
 }
 
 impl Marker {
-    /// The marker a backfill of `slot` in this process sets now.
-    pub(crate) fn new(slot: &str, where_sql: Option<&str>, order_by: Option<&str>) -> Marker {
+    /// The marker a backfill of `slot` in this process sets at `now` (µs since 2000-01-01).
+    pub(crate) fn new(
+        slot: &str,
+        where_sql: Option<&str>,
+        order_by: Option<&str>,
+        now: i64,
+    ) -> Marker {
         Marker {
             slot: slot.to_owned(),
             pid: std::process::id(),
             host: host_name(),
-            started: crate::message::rfc3339_micros(crate::lsn::pg_now_micros()),
+            started: crate::message::rfc3339_micros(now),
             where_sql: where_sql.map(str::to_owned),
             order_by: order_by.map(str::to_owned),
         }

@@ -376,7 +376,12 @@ pub async fn backfill_over(
     // marker says so to `run`, `setup` and `status`, also if this process is killed.
     let js: &dyn JetStreamPort = &*nats;
     let stream = settings.config().nats.stream.clone();
-    let marker = Marker::new(&slot, opts.where_sql.as_deref(), opts.order_by.as_deref());
+    let marker = Marker::new(
+        &slot,
+        opts.where_sql.as_deref(),
+        opts.order_by.as_deref(),
+        servers.now_micros(),
+    );
     undo_on_error(
         servers,
         backfill_marker::set(js, &stream, &marker)
@@ -462,6 +467,7 @@ pub async fn backfill_over(
         &mut report,
         &mut progress,
         &handed,
+        servers.now_micros(),
     );
     let result = tokio::select! {
         biased;
@@ -805,7 +811,8 @@ fn snapshot_query(settings: &Settings, opts: &BackfillOptions, columns: &str) ->
 }
 
 /// Reads the rows in `snapshot` and publishes them; returns once every one is acknowledged.
-/// `handed` counts the rows handed to the sink, for a stop that drops this future.
+/// `handed` counts the rows handed to the sink, for a stop that drops this future; `now` is the
+/// rows' commit time.
 #[allow(clippy::too_many_arguments)]
 async fn publish_snapshot(
     settings: &Settings,
@@ -816,6 +823,7 @@ async fn publish_snapshot(
     report: &mut BackfillReport,
     progress: &mut impl FnMut(BackfillProgress),
     handed: &AtomicU64,
+    now: i64,
 ) -> Result<(), BackfillError> {
     let started = Instant::now();
     let table = settings.config().outbox.table.as_str();
@@ -825,7 +833,7 @@ async fn publish_snapshot(
     report.total = total;
     declare_cursor(settings, opts, pg, &columns).await?;
     let sink = start_sink(settings, nats, report).await?;
-    let mut publisher = Publisher::begin(settings, report, columns, sink, total, started)?;
+    let mut publisher = Publisher::begin(settings, report, columns, sink, total, (started, now))?;
     publisher.publish_rows(pg, table, progress, handed).await?;
     publisher.commit(report)?;
     publisher.await_acks().await?;
@@ -980,14 +988,14 @@ impl Publisher {
         columns: Vec<Column>,
         sink: Sink,
         total: u64,
-        started: Instant,
+        (started, now): (Instant, i64),
     ) -> Result<Self, BackfillError> {
         let (schema, name) = settings.config().outbox.table_parts();
         // Checked like live events (outbox.schemas); the failures are counted nowhere: a backfill
         // reports its dead letters itself.
         let mut stage = OutboxStage::new(&settings.config().outbox)
             .with_schemas(&settings.schemas, Default::default());
-        let commit_ts = crate::lsn::pg_now_micros();
+        let commit_ts = now;
         let begin = Message::Begin {
             final_lsn: report.commit_lsn,
             commit_ts,
@@ -1157,7 +1165,7 @@ mod tests {
     }
 
     fn marker() -> Marker {
-        Marker::new("outbox_relay", None, None)
+        Marker::new("outbox_relay", None, None, 0)
     }
 
     fn decide(

@@ -77,6 +77,11 @@ pub trait BackfillServers: Send {
     fn nats(&mut self) -> BoxFuture<'_, Result<NatsPort, super::BackfillError>>;
     /// A replication connection to create the slot on.
     fn replication(&mut self) -> BoxFuture<'_, Result<Box<dyn SlotMaker>, SourceError>>;
+    /// Now, in µs since 2000-01-01: when the marker says the backfill began, and its rows' commit
+    /// time. The machine's clock; the simulation's virtual one, so that a seed replays the same.
+    fn now_micros(&self) -> i64 {
+        crate::lsn::pg_now_micros()
+    }
 }
 
 /// The control connection, as the backfill uses it.

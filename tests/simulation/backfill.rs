@@ -97,6 +97,10 @@ impl BackfillServers for SimBackfill {
         })
     }
 
+    fn now_micros(&self) -> i64 {
+        self.pg.pg_now()
+    }
+
     fn replication(&mut self) -> BoxFuture<'_, Result<Box<dyn SlotMaker>, SourceError>> {
         Box::pin(async move {
             Ok(Box::new(SimSlotMaker {

@@ -537,7 +537,8 @@ impl Postgres {
         })
     }
 
-    fn pg_now(&self) -> i64 {
+    /// Now on the server's clock (µs since 2000-01-01), following the virtual clock.
+    pub(crate) fn pg_now(&self) -> i64 {
         PG_EPOCH_START + self.start.elapsed().as_micros() as i64
     }
 
