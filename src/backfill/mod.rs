@@ -29,6 +29,12 @@
 //! SIGINT/SIGTERM ([`backfill_until`]) it drops the slot it created and keeps the mark; the next
 //! backfill replaces a slot the mark guards without `--replace-slot`.
 //!
+//! The backfill reaches its servers only through the traits of `port.rs` ([`BackfillServers`]:
+//! setup, the control connection, the replication connection that creates the slot, NATS through
+//! the sink's own port); `servers.rs` implements them over the real connections, and the
+//! deterministic simulation over its simulated servers, where [`backfill_over`] is stopped and
+//! killed at random points.
+//!
 //! `--where` and `--order-by` are SQL written by the operator, who already has access to the
 //! database; they go into the query as written, inside a READ ONLY transaction, through the extended
 //! query protocol (which refuses more than one statement). `--order-by` must not contain `;`.
