@@ -16,11 +16,11 @@
 
 use std::collections::HashMap;
 
-use async_nats::jetstream;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::config::Settings;
+use crate::nats::JetStreamPort;
 
 /// The stream metadata key.
 pub(crate) const META_BACKFILL: &str = "outbox-relay.backfill";
@@ -45,13 +45,18 @@ pub struct Marker {
 }
 
 impl Marker {
-    /// The marker a backfill of `slot` in this process sets now.
-    pub(crate) fn new(slot: &str, where_sql: Option<&str>, order_by: Option<&str>) -> Marker {
+    /// The marker a backfill of `slot` in this process sets at `now` (µs since 2000-01-01).
+    pub(crate) fn new(
+        slot: &str,
+        where_sql: Option<&str>,
+        order_by: Option<&str>,
+        now: i64,
+    ) -> Marker {
         Marker {
             slot: slot.to_owned(),
             pid: std::process::id(),
             host: host_name(),
-            started: crate::message::rfc3339_micros(crate::lsn::pg_now_micros()),
+            started: crate::message::rfc3339_micros(now),
             where_sql: where_sql.map(str::to_owned),
             order_by: order_by.map(str::to_owned),
         }
@@ -144,7 +149,7 @@ pub enum MarkerError {
 
 /// The marker standing on the stream, if any.
 pub(crate) async fn read(
-    js: &jetstream::Context,
+    js: &dyn JetStreamPort,
     stream: &str,
 ) -> Result<Option<Marker>, MarkerError> {
     Ok(Marker::in_metadata(&metadata_of(
@@ -154,7 +159,7 @@ pub(crate) async fn read(
 
 /// Sets `marker` on the stream (replacing one that stands: the backfill setting it takes over).
 pub(crate) async fn set(
-    js: &jetstream::Context,
+    js: &dyn JetStreamPort,
     stream: &str,
     marker: &Marker,
 ) -> Result<(), MarkerError> {
@@ -182,7 +187,7 @@ pub(crate) async fn set(
 /// Removes the marker if it is still `marker` (another backfill may have taken over since).
 /// Returns whether it was removed.
 pub(crate) async fn clear(
-    js: &jetstream::Context,
+    js: &dyn JetStreamPort,
     stream: &str,
     marker: &Marker,
 ) -> Result<bool, MarkerError> {
@@ -205,18 +210,46 @@ pub(crate) fn refusal(settings: &Settings, metadata: &HashMap<String, String>) -
         .map(|m| m.refusal(&settings.config().nats.stream))
 }
 
+/// Every session of `run`, before it takes the slot: a backfill that began after this relay's setup
+/// (and was killed, or still runs) leaves its marker on the stream, and its slot may stand past
+/// rows it never published. A relay that waited meanwhile (as a standby, or for its servers) must
+/// not stream that slot: this is the marker's refusal when one guards the slot (the relay stops
+/// with it, as `run` would at its start). A marker that cannot be read (within the ack timeout, as
+/// the sink's read of the tail) is no refusal: the session's own look at the stream follows, and
+/// fails the same way. Shared by the production connector and the deterministic simulation's
+/// (through `crate::relay::refuse_under_backfill`).
+pub async fn refusal_for_run(settings: &Settings, js: &dyn JetStreamPort) -> Option<String> {
+    let stream = &settings.config().nats.stream;
+    let read = tokio::time::timeout(settings.ack_timeout, read(js, stream))
+        .await
+        .unwrap_or_else(|_| {
+            Err(MarkerError::Read {
+                stream: stream.clone(),
+                reason: "no answer within nats.ack_timeout_ms".to_owned(),
+            })
+        });
+    match read {
+        Ok(Some(m)) if m.guards(&settings.config().postgres.slot) => Some(m.refusal(stream)),
+        Ok(_) => None,
+        Err(e) => {
+            tracing::debug!(error = %e, "the backfill marker could not be read");
+            None
+        }
+    }
+}
+
 /// The stream's configuration as the server sends it. Kept as JSON, not as the client's typed
 /// configuration: an update sends the whole configuration back, and a field this client does not
 /// know (a newer server's) must go back as it was, not be reset to its default.
-async fn config(js: &jetstream::Context, stream: &str) -> Result<Value, MarkerError> {
+async fn config(js: &dyn JetStreamPort, stream: &str) -> Result<Value, MarkerError> {
     let read = |reason: String| MarkerError::Read {
         stream: stream.to_owned(),
         reason,
     };
-    let answer: Value = js
-        .request(format!("STREAM.INFO.{stream}"), &Value::Object(Map::new()))
+    let answer = js
+        .api_request(format!("STREAM.INFO.{stream}"), Value::Object(Map::new()))
         .await
-        .map_err(|e| read(e.to_string()))?;
+        .map_err(read)?;
     if let Some(e) = api_error(&answer) {
         return Err(read(e));
     }
@@ -241,7 +274,7 @@ fn metadata_of(cfg: &Value) -> HashMap<String, String> {
 
 /// `STREAM.UPDATE` with `cfg`.
 async fn update(
-    js: &jetstream::Context,
+    js: &dyn JetStreamPort,
     stream: &str,
     cfg: &Value,
     what: &'static str,
@@ -251,10 +284,10 @@ async fn update(
         what,
         reason,
     };
-    let answer: Value = js
-        .request(format!("STREAM.UPDATE.{stream}"), cfg)
+    let answer = js
+        .api_request(format!("STREAM.UPDATE.{stream}"), cfg.clone())
         .await
-        .map_err(|e| refused(e.to_string()))?;
+        .map_err(refused)?;
     match api_error(&answer) {
         Some(e) => Err(refused(e)),
         None => Ok(()),

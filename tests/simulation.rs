@@ -10,7 +10,8 @@
 //! replays its run forever.
 //! The simulators plug into the relay's own seams: its `Connector`, the
 //! NATS port `JetStreamPort` (`simulation/port.rs`, implemented by the async-nats client in
-//! production) and `ReplicationStream::over`.
+//! production), the backfill's `BackfillServers` (`simulation/backfill.rs`) and
+//! `ReplicationStream::over`.
 //!
 //! ```text
 //! cargo test --test simulation                               # SIM_SEEDS seeds from SIM_SEED_START
@@ -28,6 +29,8 @@
 //! (`Nats-Expected-Last-Msg-Id`, which the simulated JetStream checks as nats-server does), so
 //! nothing is stored past a refused message.
 
+#[path = "simulation/backfill.rs"]
+mod backfill;
 #[path = "simulation/check.rs"]
 mod check;
 #[path = "simulation/jetstream.rs"]

@@ -74,6 +74,20 @@ impl JetStreamPort for async_nats::Client {
         async_nats::Client::max_payload(self)
     }
 
+    fn api_request(
+        &self,
+        subject: String,
+        body: serde_json::Value,
+    ) -> BoxFuture<'_, Result<serde_json::Value, String>> {
+        Box::pin(async move {
+            // The default context (its request timeout), as the marker was always read and written.
+            async_nats::jetstream::new(self.clone())
+                .request(subject, &body)
+                .await
+                .map_err(|e| e.to_string())
+        })
+    }
+
     fn last_sequence<'a>(
         &'a self,
         stream: &'a str,

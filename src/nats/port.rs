@@ -85,6 +85,21 @@ pub trait JetStreamPort: Send + Sync + 'static {
         timeout: Duration,
     ) -> BoxFuture<'a, Result<Box<dyn HeaderRead>, String>>;
 
+    /// A JetStream API request (`$JS.API.<subject>`, e.g. `STREAM.INFO.OUTBOX`) with a JSON body,
+    /// and the server's JSON answer (a refusal is an answer with an `error` object); `Err` when no
+    /// answer came. For the stream's metadata, where the backfill marker lives
+    /// (`backfill_marker.rs`): the marker is read and written as the whole configuration, so a
+    /// field this client does not know goes back as the server sent it. The default answers
+    /// nothing.
+    fn api_request(
+        &self,
+        subject: String,
+        body: serde_json::Value,
+    ) -> BoxFuture<'_, Result<serde_json::Value, String>> {
+        let _ = (subject, body);
+        Box::pin(async { Err("this port sends no JetStream API requests".to_owned()) })
+    }
+
     /// The real connection behind the port, for what a session serves besides publishing (the
     /// stored position's NATS service). `None` where there is none (the simulation).
     fn client(&self) -> Option<&async_nats::Client> {

@@ -131,42 +131,30 @@ impl Servers {
 }
 
 impl Servers {
-    /// Every session, before it takes the slot: a backfill that began after this relay's setup
-    /// (and was killed, or still runs) leaves its marker on the stream, and its slot may stand past
-    /// rows it never published. A relay that waited meanwhile (as a standby, or for its servers)
-    /// must not stream that slot; it stops with the marker's refusal, as `run` would at its start.
-    /// A marker that cannot be read (within the ack timeout, as the sink's read of the tail) is no
-    /// refusal: the session's own look at the stream follows, and fails the same way.
+    /// Every session, before it takes the slot: [`refuse_under_backfill`], over the connection
+    /// `run` keeps (none after a NATS failure: the session's own look at the stream follows).
     async fn refuse_unfinished_backfill(&self) -> Result<(), SessionEnd> {
         let Some((client, _)) = &self.nats else {
             return Ok(());
         };
-        let js = async_nats::jetstream::new(client.clone());
-        let stream = &self.settings.config().nats.stream;
-        let read = tokio::time::timeout(
-            self.settings.ack_timeout,
-            crate::backfill_marker::read(&js, stream),
-        )
-        .await
-        .unwrap_or_else(|_| {
-            Err(crate::backfill_marker::MarkerError::Read {
-                stream: stream.clone(),
-                reason: "no answer within nats.ack_timeout_ms".to_owned(),
-            })
-        });
-        match read {
-            Ok(Some(m)) if m.guards(&self.settings.config().postgres.slot) => Err(
-                SessionEnd::Fatal(RelayError::Setup(crate::setup::SetupError::Stream {
-                    name: stream.clone(),
-                    problem: m.refusal(stream),
-                })),
-            ),
-            Ok(_) => Ok(()),
-            Err(e) => {
-                tracing::debug!(error = %e, "the backfill marker could not be read");
-                Ok(())
-            }
-        }
+        refuse_under_backfill(&self.settings, client).await
+    }
+}
+
+/// A session must not take a slot an unfinished backfill's marker guards
+/// ([`crate::backfill_marker::refusal_for_run`]): the relay stops with the marker's refusal.
+pub async fn refuse_under_backfill(
+    settings: &Settings,
+    js: &dyn crate::nats::JetStreamPort,
+) -> Result<(), SessionEnd> {
+    match crate::backfill_marker::refusal_for_run(settings, js).await {
+        Some(problem) => Err(SessionEnd::Fatal(RelayError::Setup(
+            crate::setup::SetupError::Stream {
+                name: settings.config().nats.stream.clone(),
+                problem,
+            },
+        ))),
+        None => Ok(()),
     }
 }
 

@@ -33,7 +33,7 @@ pub use crate::slot_mark::SlotCheck;
 use crate::stored::Positions;
 pub use crate::stored::probe::{PositionProbe, Served, Waited};
 use connector::Servers;
-pub use connector::{Connector, Start};
+pub use connector::{Connector, Start, refuse_under_backfill};
 use monitor::{AbortOnDrop, sample_slot};
 use session::Session;
 

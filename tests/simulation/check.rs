@@ -90,6 +90,11 @@ pub(crate) struct Excuses<'a> {
     pub fence: bool,
     /// Each session: its relay process, and when it got the slot.
     pub sessions: &'a BTreeMap<u64, (u64, Instant)>,
+    /// The sessions of backfills: a backfill publishes its snapshot's rows in `--order-by` order
+    /// (P4 holds for events the relay stored first, not for rows a backfill stored first), without
+    /// trace context (a row carries none), and all of them again on each run (JetStream drops those
+    /// it holds inside its duplicate window: a later copy by a backfill is the documented one).
+    pub backfills: &'a HashSet<u64>,
 }
 
 /// P1, P3, P4 and P7 over the settled world.
@@ -124,8 +129,11 @@ pub(crate) fn settled(
                 );
                 continue;
             };
-            order.push((unit.start, e.index, first.seq, &e.msg_id));
-            if let (Some(tp), Must::Routed(subject)) = (&e.context, &e.must) {
+            let backfilled = excuses.backfills.contains(&first.session);
+            if !backfilled {
+                order.push((unit.start, e.index, first.seq, &e.msg_id));
+            }
+            if let (Some(tp), Must::Routed(subject), false) = (&e.context, &e.must, backfilled) {
                 let carried = mine.iter().any(|m| {
                     &m.subject == subject
                         && m.headers.get("traceparent").map(|v| v.as_str()) == Some(tp.as_str())
@@ -240,6 +248,8 @@ fn p3_second_copies(
             // stores a second copy only once it expired); with it, the tail must have been
             // distrusted in between.
             let excused = !excuses.fence
+                || excuses.backfills.contains(&b.session)
+                || (excuses.backfills.contains(&a.session) && b.late)
                 || b.era > a.era
                 || excuses
                     .distrust

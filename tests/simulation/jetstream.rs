@@ -32,6 +32,8 @@ use super::trace::{Trace, trace};
 
 pub(crate) const STREAM: &str = "OUTBOX";
 pub(crate) const DEAD_LETTER_SUBJECT: &str = "outbox_dead_letter";
+/// The stream metadata key of the backfill marker (`src/backfill_marker.rs`).
+const BACKFILL_MARKER: &str = "outbox-relay.backfill";
 
 /// How often each fault of publishes and answers strikes (all zero while the world settles).
 #[derive(Clone, Copy, Debug, Default)]
@@ -158,6 +160,8 @@ struct State {
     /// What the world did to the stream that the promises' checks may excuse a copy or an order
     /// by: never what the relay says about itself.
     facts: Facts,
+    /// The stream configuration's `metadata` (where a backfill leaves its marker).
+    metadata: serde_json::Map<String, serde_json::Value>,
 }
 
 /// Events of the simulated JetStream's world that `check.rs` excuses copies and orders by.
@@ -206,6 +210,7 @@ impl JetStream {
                 queue: VecDeque::new(),
                 last_arrival: Instant::now(),
                 facts: Facts::default(),
+                metadata: serde_json::Map::new(),
             }),
             arrived: Notify::new(),
             dice,
@@ -1093,6 +1098,54 @@ impl JetStream {
         drop(s);
         self.arrived.notify_one();
         Ok(())
+    }
+
+    /// A JetStream API request: `STREAM.INFO.<stream>` answers the configuration (its name and
+    /// `metadata`), `STREAM.UPDATE.<stream>` takes the `metadata` of the configuration sent; the
+    /// rest of a configuration is not modelled. No answer while NATS is down.
+    pub(crate) fn api(
+        &self,
+        subject: &str,
+        body: serde_json::Value,
+    ) -> Result<serde_json::Value, String> {
+        let mut s = self.state.lock().unwrap();
+        if s.down {
+            return Err("no responders (simulated outage)".into());
+        }
+        let config = |m: &serde_json::Map<String, serde_json::Value>| serde_json::json!({"config": {"name": STREAM, "metadata": m}});
+        if subject == format!("STREAM.INFO.{STREAM}") {
+            return Ok(config(&s.metadata));
+        }
+        if subject == format!("STREAM.UPDATE.{STREAM}") {
+            let metadata = body
+                .get("metadata")
+                .and_then(|m| m.as_object())
+                .cloned()
+                .unwrap_or_default();
+            let before = s.metadata.contains_key(BACKFILL_MARKER);
+            let after = metadata.contains_key(BACKFILL_MARKER);
+            s.metadata = metadata;
+            if before != after {
+                trace!(
+                    self.trace,
+                    "js backfill marker {}",
+                    if after { "set" } else { "cleared" }
+                );
+            }
+            return Ok(config(&s.metadata));
+        }
+        Ok(
+            serde_json::json!({"error": {"code": 404, "err_code": 10059, "description": "stream not found"}}),
+        )
+    }
+
+    /// Whether a backfill marker stands on the stream (what `run` must refuse to stream under).
+    pub(crate) fn backfill_marked(&self) -> bool {
+        self.state
+            .lock()
+            .unwrap()
+            .metadata
+            .contains_key(BACKFILL_MARKER)
     }
 
     /// The server's `max_payload`.

@@ -68,6 +68,14 @@ impl JetStreamPort for ProcessPort {
         self.js.max_payload()
     }
 
+    fn api_request(
+        &self,
+        subject: String,
+        body: serde_json::Value,
+    ) -> BoxFuture<'_, Result<serde_json::Value, String>> {
+        Box::pin(async move { self.js.api(&subject, body) })
+    }
+
     fn last_sequence<'a>(
         &'a self,
         stream: &'a str,

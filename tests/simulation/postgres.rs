@@ -84,6 +84,8 @@ pub(crate) struct Expected {
     pub must: Must,
     /// The `traceparent` of its transaction's context message before it, which it must carry.
     pub context: Option<String>,
+    /// A row of the outbox table (a backfill reads it again), not a logical message.
+    pub row: bool,
 }
 
 /// A unit of work the walsender sends whole: a committed transaction with outbox events, or a
@@ -176,6 +178,8 @@ struct Slot {
     checkpointed: u64,
     /// The connection streaming it.
     active: Option<u64>,
+    /// `false` once a backfill dropped it and made no new one (yet).
+    exists: bool,
 }
 
 #[derive(PartialEq, Eq)]
@@ -303,6 +307,8 @@ struct State {
     consumptions: Vec<Consumption>,
     /// The units whose rows the retention job has deleted from (it goes on from here).
     deleted: usize,
+    /// Backfills (`backfill.rs` in this directory).
+    pub(super) backfill: super::backfill::PgBackfill,
 }
 
 /// How far a walk over the units ([`Postgres::units_below`]) has come: the units before `next`, in
@@ -517,6 +523,7 @@ impl Postgres {
                     confirmed: WAL_START,
                     checkpointed: WAL_START,
                     active: None,
+                    exists: true,
                 },
                 conns: BTreeMap::new(),
                 next_conn: 1,
@@ -529,6 +536,7 @@ impl Postgres {
                 history_changed: Instant::now(),
                 consumptions: Vec::new(),
                 deleted: 0,
+                backfill: Default::default(),
             }),
             dice,
             trace,
@@ -539,7 +547,8 @@ impl Postgres {
         })
     }
 
-    fn pg_now(&self) -> i64 {
+    /// Now on the server's clock (µs since 2000-01-01), following the virtual clock.
+    pub(crate) fn pg_now(&self) -> i64 {
         PG_EPOCH_START + self.start.elapsed().as_micros() as i64
     }
 
@@ -791,6 +800,7 @@ impl Postgres {
             index,
             must,
             context,
+            row: true,
         });
     }
 
@@ -814,6 +824,7 @@ impl Postgres {
             index,
             must: Must::Routed(format!("outbox.{ty}")),
             context,
+            row: false,
         });
     }
 
@@ -857,6 +868,7 @@ impl Postgres {
                 index: 0,
                 must: Must::DeadLetter(Some(Bytes::from(payload))),
                 context: None,
+                row: false,
             }],
             what: format!("non-transactional message at {}", Lsn(end)),
         });
@@ -1093,6 +1105,27 @@ impl Postgres {
             let mut s = self.state.lock().unwrap();
             if s.is_down() {
                 return Err(unreachable_error());
+            }
+            if !s.slot.exists {
+                trace!(self.trace, "pg START refused: the slot does not exist");
+                return Err(from_source(SourceError::Server {
+                    context: "START_REPLICATION",
+                    error: Box::new(ServerError {
+                        severity: "ERROR".into(),
+                        code: "42704".into(),
+                        message: "replication slot \"outbox_relay\" does not exist".into(),
+                        detail: None,
+                        hint: None,
+                    }),
+                }));
+            }
+            if self.js.backfill_marked() {
+                self.violations.report(
+                    &self.trace,
+                    "a relay session takes the slot while a backfill marker guards it (the backfill has not \
+                     finished: the slot may stand past rows it never published)"
+                        .into(),
+                );
             }
             if let Some(active) = s.slot.active {
                 trace!(
@@ -1687,6 +1720,11 @@ impl Postgres {
                 ids.entry(id.clone()).or_insert(c.at);
             }
         }
+        // A backfill's new slot leaves behind the logical messages of the old one's history that
+        // the stream lacked: no backfill reads them (they are no rows).
+        for (id, at) in &s.backfill.left_behind {
+            ids.entry(id.clone()).or_insert(*at);
+        }
         ids
     }
 }
@@ -1727,6 +1765,166 @@ fn peek(s: &State, from: u64, upto: u64, rows: usize) -> Vec<Vec<(Lsn, Bytes)>> 
         }
     }
     changes
+}
+
+/// What a backfill asks of the server (`backfill.rs` in this directory): the slot dropped and
+/// created with an exported snapshot, the snapshot's rows.
+impl Postgres {
+    /// The slot as setup finds it: the walsender pid streaming it, its confirmed position.
+    pub(crate) fn slot_found(&self) -> Option<(Option<i32>, Lsn)> {
+        let s = self.state.lock().unwrap();
+        s.slot
+            .exists
+            .then(|| (s.slot.active.map(pid), Lsn(s.slot.confirmed)))
+    }
+
+    pub(crate) fn slot_exists(&self) -> bool {
+        self.state.lock().unwrap().slot.exists
+    }
+
+    /// `pg_drop_replication_slot`: refused while a walsender holds it, or when there is none.
+    pub(crate) fn drop_slot(&self, who: &str, if_exists: bool) -> Result<(), (bool, String)> {
+        let mut s = self.state.lock().unwrap();
+        if s.is_down() {
+            return Err((false, "connection refused (simulated outage)".into()));
+        }
+        if !s.slot.exists {
+            return if if_exists {
+                Ok(())
+            } else {
+                Err((
+                    false,
+                    "replication slot \"outbox_relay\" does not exist (42704)".into(),
+                ))
+            };
+        }
+        if let Some(active) = s.slot.active {
+            return Err((
+                true,
+                format!(
+                    "replication slot \"outbox_relay\" is active for PID {} (55006)",
+                    pid(active)
+                ),
+            ));
+        }
+        s.slot.exists = false;
+        trace!(self.trace, "pg slot dropped by {who}");
+        Ok(())
+    }
+
+    /// What IDENTIFY_SYSTEM answers now.
+    pub(crate) fn system_info(&self) -> SystemInfo {
+        let s = self.state.lock().unwrap();
+        SystemInfo {
+            system_id: s.system_id.clone(),
+            timeline: s.timeline,
+            xlogpos: Lsn(s.flushed()),
+            dbname: Some("postgres".into()),
+            history: TimelineHistory::parse(s.timeline, &s.history_file)
+                .expect("the simulated history file parses"),
+        }
+    }
+
+    /// A new walsender's pid for a backfill's replication connection.
+    pub(crate) fn backfill_walsender(&self) -> i32 {
+        let mut s = self.state.lock().unwrap();
+        s.backfill.walsenders += 1;
+        90_000 + s.backfill.walsenders
+    }
+
+    /// `pg_cancel_backend(pid)`.
+    pub(crate) fn cancel_backend(&self, pid: i32) {
+        self.state.lock().unwrap().backfill.cancelled.insert(pid);
+    }
+
+    /// `CREATE_REPLICATION_SLOT … (SNAPSHOT 'export')` on walsender `walsender`, done: the consistent
+    /// point is where the next WAL record starts, so that every transaction committed before is in
+    /// the snapshot and every one after flows through the slot (an open transaction's changes may lie
+    /// before it: it is sent whole at its commit). The snapshot holds the outbox rows committed
+    /// before it, in `event_id` order (the default `--order-by`); the logical messages of that
+    /// history the stream lacks are left behind (a backfill publishes rows only).
+    pub(crate) fn create_backfill_slot(&self, walsender: i32) -> Result<(Lsn, String), String> {
+        let mut guard = self.state.lock().unwrap();
+        let s = &mut *guard;
+        if s.backfill.cancelled.contains(&walsender) {
+            return Err("canceling statement due to user request (57014)".into());
+        }
+        if s.is_down() {
+            return Err("server closed the connection unexpectedly".into());
+        }
+        if s.slot.exists {
+            return Err("replication slot \"outbox_relay\" already exists (42710)".into());
+        }
+        let cp = s.end;
+        let mut rows: Vec<Vec<Option<Bytes>>> = Vec::new();
+        for r in s.wal.iter().take_while(|r| r.start < cp) {
+            let Body::Commit { changes, .. } = &r.body else {
+                continue;
+            };
+            for &i in changes {
+                if let Body::Change(Change::Outbox(row)) = &s.wal[i].body {
+                    rows.push(
+                        row.iter()
+                            .map(|v| match v {
+                                TupleValue::Text(b) => Some(b.clone()),
+                                _ => None,
+                            })
+                            .collect(),
+                    );
+                }
+            }
+        }
+        rows.sort_by(|a, b| a[0].cmp(&b[0]));
+        let now = Instant::now();
+        for u in s.units.iter().take_while(|u| u.start < cp) {
+            for e in u.events.iter().filter(|e| !e.row) {
+                if !self.js.holds(&e.msg_id, u.at) {
+                    s.backfill.left_behind.push((e.msg_id.clone(), now));
+                }
+            }
+        }
+        s.slot = Slot {
+            confirmed: cp,
+            checkpointed: cp,
+            active: None,
+            exists: true,
+        };
+        s.backfill.slots += 1;
+        let name = format!("00000003-{:08X}-1", s.backfill.slots);
+        trace!(
+            self.trace,
+            "pg slot created by a backfill at {} with snapshot {name} of {} rows",
+            Lsn(cp),
+            rows.len()
+        );
+        s.backfill.snapshots.insert(name.clone(), rows);
+        Ok((Lsn(cp), name))
+    }
+
+    /// The rows of an exported snapshot, while its replication connection is open.
+    pub(crate) fn snapshot_rows(&self, name: &str) -> Option<Vec<Vec<Option<Bytes>>>> {
+        self.state
+            .lock()
+            .unwrap()
+            .backfill
+            .snapshots
+            .get(name)
+            .cloned()
+    }
+
+    /// The replication connection that exported `name` closed.
+    pub(crate) fn release_snapshot(&self, name: &str) {
+        self.state.lock().unwrap().backfill.snapshots.remove(name);
+    }
+
+    /// The columns of the outbox table, as `pg_attribute` lists them.
+    pub(crate) fn outbox_columns() -> Vec<Column> {
+        outbox_relation()
+            .columns
+            .into_iter()
+            .map(|c| Column { flags: 0, ..c })
+            .collect()
+    }
 }
 
 /// What pgoutput sends for one WAL record, if anything, handed to `emit` as (LSN, message): to a

@@ -41,8 +41,13 @@
 //!   mark, then back off), or right after the connections were cut (the walsender went first: no
 //!   mark). Those events are never sent again; the relay must say so at its next start when the
 //!   mark could see it (`check.rs`, P9). An operator watches `outbox_relay_slot_consumed_events`
-//!   and, once it is above 0, drops the mark to accept the gap (a backfill is not modelled), so
-//!   the relay streams on.
+//!   and, once it is above 0, drops the mark to accept the gap (without a backfill), so the relay
+//!   streams on.
+//! - `backfill`: not a fault that strikes but an episode of a fifth of the worlds, once
+//!   ([`World::backfill`]): the operator runs the real backfill over the simulated servers
+//!   (`backfill.rs`), stopped by SIGTERM or killed at a random point, recovers as
+//!   docs/operations.md says, and `run` resumes from the new slot. The faults that rewind the server
+//!   or consume the slot are held back from then on.
 //!
 //! Besides the faults, each world draws the modes users turn on or off ([`Modes`]): the fence, the
 //! descriptive headers, atomic transactions (in a quarter of fenced worlds), and the stream's
@@ -116,6 +121,8 @@ pub(crate) const FAULTS: &[(&str, u64)] = &[
     ("promote", 2),
     ("purge", 1),
     ("consume", 2),
+    // An episode of a fifth of the worlds rather than a fault that strikes ([`World::backfill`]).
+    ("backfill", 0),
 ];
 
 /// The faults a run may use.
@@ -362,6 +369,12 @@ impl Connector for SimConnector {
         &mut self,
     ) -> BoxFuture<'_, Result<(ReplicationStream, SystemInfo), SessionEnd>> {
         Box::pin(async move {
+            // What the production connector does first: no session under a backfill's marker.
+            let port = ProcessPort {
+                js: Arc::clone(&self.js),
+                process: self.process,
+            };
+            outbox_relay::relay::refuse_under_backfill(&self.settings, &port).await?;
             let connected = self.pg.connect(self.config.clone()).await?;
             // No await since the server took the connection: no rewind came in between.
             self.connected
@@ -693,6 +706,13 @@ struct World {
     /// The huge transaction ([`Scenario::huge`]) is written and not yet cut off nor confirmed: the
     /// faults that would take it away before a replay of it can be tried are held back.
     huge_pending: Arc<std::sync::atomic::AtomicBool>,
+    /// A backfill episode began: the faults that rewind the server or consume the slot are held
+    /// back from then on (a restore would bring back a slot from before the backfill).
+    backfilled: bool,
+    /// The answers' chaos of the world, restored after a backfill's last attempt ran without it.
+    chaos: Chaos,
+    /// Backfill runs so far.
+    backfills: u64,
 }
 
 /// Runs the world of `seed` on its own runtime with a paused clock.
@@ -713,9 +733,21 @@ pub(crate) fn run(seed: u64, faults: &FaultSet, keep_trace: bool) -> Outcome {
 async fn world(seed: u64, faults: &FaultSet, trace: Arc<Trace>) -> Outcome {
     let dice = Dice::new(seed);
     let mut sc = Scenario::draw(&dice, faults);
+    // A fifth of the worlds see a backfill, at a time of their own generator's: the other worlds
+    // draw from the world's generator exactly as before. Their streams keep everything (a full
+    // stream would refuse the backfill's rows until the operator makes room, which is no backfill
+    // matter), and none has a huge transaction.
+    let backfill_dice = Dice::new(seed ^ 0x6261_636b_6669_6c6c);
+    let mut backfill_at =
+        (faults.has("backfill") && sc.huge.is_none() && backfill_dice.chance(0.2))
+            .then(|| Instant::now() + backfill_dice.millis(0, sc.faults_for.as_millis() as u64));
+    if backfill_at.is_some() {
+        sc.modes.retention = Retention::default();
+    }
     // The retention job (its own generator: worlds without it run as they did before it).
     let retention_job = Dice::new(seed ^ 0x7265_7465_6e74_696f);
-    sc.pg.publish_deletes = sc.huge.is_none() && retention_job.chance(0.3);
+    // Not beside a backfill: the simulated table's snapshot does not know deleted rows.
+    sc.pg.publish_deletes = sc.huge.is_none() && backfill_at.is_none() && retention_job.chance(0.3);
     trace!(trace, "seed {seed}: {sc:?}");
     let violations = Arc::new(Violations::default());
     let js = JetStream::start(sc.limits, dice.clone(), Arc::clone(&trace));
@@ -745,6 +777,9 @@ async fn world(seed: u64, faults: &FaultSet, trace: Arc<Trace>) -> Outcome {
             watched: std::sync::Mutex::new(Vec::new()),
         }),
         huge_pending: Arc::default(),
+        backfilled: false,
+        chaos: sc.chaos,
+        backfills: 0,
     };
     // The position services are asked after every status update and every 100 to 500 ms,
     // at times from a generator of their own: asking draws nothing from the world's.
@@ -852,6 +887,11 @@ async fn world(seed: u64, faults: &FaultSet, trace: Arc<Trace>) -> Outcome {
     while Instant::now() < end_of_faults && !violations.any() {
         tokio::time::sleep(dice.millis(lo, hi)).await;
         w.reap();
+        if backfill_at.is_some_and(|t| Instant::now() >= t) {
+            backfill_at = None;
+            w.backfill().await;
+            continue;
+        }
         w.fault(faults).await;
     }
     // Settle: no more faults, the applications finish, the servers are back.
@@ -909,10 +949,17 @@ async fn world(seed: u64, faults: &FaultSet, trace: Arc<Trace>) -> Outcome {
     if !violations.any() {
         // Only what the world did excuses a copy or an order, never what the relay logged.
         let facts = js.facts();
+        let backfills: std::collections::HashSet<u64> = facts
+            .sessions
+            .iter()
+            .filter(|(_, (p, _))| *p >= super::backfill::BACKFILL_PROCESS)
+            .map(|(n, _)| *n)
+            .collect();
         check::settled(
             &units,
             &stream,
             &check::Excuses {
+                backfills: &backfills,
                 distrust: &facts.distrust,
                 lost: &facts.lost,
                 sessions: &facts.sessions,
@@ -1145,6 +1192,193 @@ impl World {
         self.positions.forget(p.number);
     }
 
+    /// The backfill episode (the "backfill, stopped by SIGTERM and by kill -9"): the relays
+    /// are stopped or killed; the operator waits for the servers, drops the slot by hand or passes
+    /// `--replace-slot`, and runs the real `backfill_over` over the simulated servers while the
+    /// applications go on writing. A run may end by itself, or be stopped by SIGTERM (its `stop`
+    /// future) or killed (its task aborted, no cleanup) at a random point. After an unfinished
+    /// one the operator follows docs/operations.md: now and then tries `run` first, which must refuse
+    /// while the marker stands (it ends with the marker's refusal, and the simulated Postgres
+    /// reports any session that takes the slot under a marker), then runs backfill again, until one
+    /// finishes (the fourth and later without the answers' chaos). Then `run` resumes from the new
+    /// slot. The checks hold the world to P1 for every row the snapshot held and every event
+    /// committed after it.
+    async fn backfill(&mut self) {
+        let d = self.dice.clone();
+        trace!(self.trace, "BACKFILL: the operator stops the relays");
+        self.backfilled = true;
+        if d.chance(0.5) {
+            self.stop_all().await;
+        } else {
+            self.kill_all().await;
+        }
+        while self.js.is_down() || self.pg.slot_position().is_none() {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        let mut replace = d.chance(0.5);
+        if !replace && self.pg.drop_slot("the operator", true).is_err() {
+            replace = true;
+        }
+        for attempt in 1.. {
+            let calm = attempt >= 4;
+            if calm {
+                self.js.set_chaos(Chaos::default());
+            }
+            let finished = self.backfill_run(replace, !calm && d.chance(0.6)).await;
+            if finished {
+                break;
+            }
+            if d.chance(0.5)
+                && (self.js.backfill_marked() || self.pg.slot_exists())
+                && self.try_run().await
+            {
+                break;
+            }
+            // Stopped before it changed anything: the old slot serves `run` as before.
+            if !self.js.backfill_marked() && self.pg.slot_exists() {
+                break;
+            }
+            // The marker makes the next backfill replace the slot it guards; without a slot there
+            // is nothing to replace.
+            replace = false;
+            if attempt >= 10 {
+                self.violations.report(
+                    &self.trace,
+                    "liveness: backfill did not finish in 10 attempts".into(),
+                );
+                break;
+            }
+        }
+        self.js.set_chaos(self.chaos);
+        self.start_relay();
+    }
+
+    /// One run of `outbox-relay backfill` (`--replace-slot` if `replace`), interrupted by SIGTERM
+    /// or kill -9 at a random point if `interrupt`. Returns whether it finished.
+    async fn backfill_run(&mut self, replace: bool, interrupt: bool) -> bool {
+        let d = self.dice.clone();
+        self.backfills += 1;
+        let process = super::backfill::BACKFILL_PROCESS + self.backfills;
+        let mut servers = super::backfill::SimBackfill {
+            pg: Arc::clone(&self.pg),
+            js: Arc::clone(&self.js),
+            dice: d.clone(),
+            process,
+        };
+        let settings = self.settings.clone();
+        let (tx, rx) = oneshot::channel::<()>();
+        let stop = async move {
+            match rx.await {
+                Ok(()) => "SIGTERM",
+                Err(_) => std::future::pending().await,
+            }
+        };
+        let opts = outbox_relay::backfill::BackfillOptions {
+            replace_slot: replace,
+            ..Default::default()
+        };
+        trace!(
+            self.trace,
+            "backfill {process} starts{}",
+            if replace { " with --replace-slot" } else { "" }
+        );
+        let mut handle = tokio::spawn(tracing::Instrument::instrument(
+            async move {
+                outbox_relay::backfill::backfill_over(&settings, opts, |_| {}, stop, &mut servers)
+                    .await
+                    .map_err(|e| error_chain(&e))
+            },
+            tracing::info_span!("backfill", n = process),
+        ));
+        let ended = if interrupt {
+            let kill = d.chance(0.5);
+            let at = d.millis(0, super::backfill::INTERRUPT_WITHIN.as_millis() as u64);
+            match tokio::time::timeout(at, &mut handle).await {
+                Ok(r) => r,
+                Err(_) if kill => {
+                    trace!(self.trace, "backfill {process} killed");
+                    handle.abort();
+                    let _ = (&mut handle).await;
+                    return false;
+                }
+                Err(_) => {
+                    trace!(self.trace, "backfill {process} gets SIGTERM");
+                    let _ = tx.send(());
+                    (&mut handle).await
+                }
+            }
+        } else {
+            (&mut handle).await
+        };
+        match ended {
+            Ok(Ok(report)) => {
+                trace!(
+                    self.trace,
+                    "backfill {process} finished: {} rows, {} stored, {} duplicates, slot at {}",
+                    report.rows,
+                    report.stored,
+                    report.duplicates,
+                    report.consistent_point
+                );
+                true
+            }
+            Ok(Err(e)) => {
+                trace!(self.trace, "backfill {process} failed: {e}");
+                false
+            }
+            Err(e) => {
+                self.violations
+                    .report(&self.trace, format!("backfill {process} panicked: {e}"));
+                false
+            }
+        }
+    }
+
+    /// The operator starts `run` after an unfinished backfill. While the marker stands it must
+    /// refuse (end with the marker's refusal); without one it runs on. Returns whether it runs.
+    async fn try_run(&mut self) -> bool {
+        let marked = self.js.backfill_marked();
+        let p = self.spawn("relay");
+        let until = Instant::now() + Duration::from_secs(5);
+        while !p.handle.is_finished() && Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        if !p.handle.is_finished() {
+            if marked {
+                self.violations.report(
+                    &self.trace,
+                    format!(
+                        "relay process {} runs while a backfill marker stands: `run` must refuse",
+                        p.number
+                    ),
+                );
+            }
+            self.relay = Some(p);
+            return true;
+        }
+        self.positions.forget(p.number);
+        match futures_util::FutureExt::now_or_never(p.handle) {
+            Some(Ok(Err(e))) if marked && error_chain(&e).contains("outbox-relay.backfill") => {
+                trace!(
+                    self.trace,
+                    "relay process {} refused: the backfill marker stands", p.number
+                );
+            }
+            other => self.violations.report(
+                &self.trace,
+                format!(
+                    "relay process {} started after an unfinished backfill ended: {}",
+                    p.number,
+                    match other {
+                        Some(Ok(Err(e))) => error_chain(&e),
+                        _ => "without an error".into(),
+                    }
+                ),
+            ),
+        }
+        false
+    }
+
     /// The `consume` fault: the slot is let go one of four ways, then another client takes some of
     /// what it holds (see the module docs).
     async fn consume(&mut self) {
@@ -1224,7 +1458,7 @@ impl World {
             })
             .map(|(n, _)| *n)
             .unwrap();
-        if self.huge_pending.load(Ordering::Relaxed)
+        if (self.huge_pending.load(Ordering::Relaxed) || self.backfilled)
             && matches!(
                 name,
                 "restore"
@@ -1240,7 +1474,7 @@ impl World {
         {
             trace!(
                 self.trace,
-                "FAULT {name} held back: the huge transaction is pending"
+                "FAULT {name} held back: the huge transaction is pending, or a backfill replaced the slot"
             );
             return;
         }

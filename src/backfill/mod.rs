@@ -29,6 +29,12 @@
 //! SIGINT/SIGTERM ([`backfill_until`]) it drops the slot it created and keeps the mark; the next
 //! backfill replaces a slot the mark guards without `--replace-slot`.
 //!
+//! The backfill reaches its servers only through the traits of `port.rs` ([`BackfillServers`]:
+//! setup, the control connection, the replication connection that creates the slot, NATS through
+//! the sink's own port); `servers.rs` implements them over the real connections, and the
+//! deterministic simulation over its simulated servers, where [`backfill_over`] is stopped and
+//! killed at random points.
+//!
 //! `--where` and `--order-by` are SQL written by the operator, who already has access to the
 //! database; they go into the query as written, inside a READ ONLY transaction, through the extended
 //! query protocol (which refuses more than one statement). `--order-by` must not contain `;`.
@@ -39,20 +45,24 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use futures_util::TryStreamExt;
-use tokio_postgres::{Client, Row, Statement};
 use tracing::{debug, info, warn};
 
 use crate::Lsn;
 use crate::backfill_marker::{self, Marker, MarkerError};
 use crate::catalog;
 use crate::config::Settings;
+use crate::nats::{JetStreamPort, NatsPort};
 use crate::outbox::{OutboxStage, StageError, Step};
 use crate::pgoutput::{Column, Message, Relation, TupleValue};
 use crate::position::History;
-use crate::setup::{self, Prepared, SetupError};
+use crate::setup::SetupError;
 use crate::sink::{ConnectError, Origin, Outcome, Sink, SinkConfig, SinkError, TailError};
-use crate::source::{ReplConnection, SourceError, SystemInfo, query_error_text, quote_ident};
+use crate::source::{SourceError, SystemInfo, quote_ident};
+
+mod port;
+mod servers;
+
+pub use port::{BackfillServers, BoxError, Control, CursorError, DropFailure, Prepared, SlotMaker};
 
 /// Rows per `FETCH`: large enough to amortise the round trip, small enough that the rows in one
 /// fetch are a small part of the publish window.
@@ -194,7 +204,7 @@ pub enum BackfillError {
         slot: String,
         /// The server's error.
         #[source]
-        source: tokio_postgres::Error,
+        source: BoxError,
     },
     /// A connection to Postgres could not be opened.
     #[error("cannot connect to Postgres at {target} (check postgres.url)")]
@@ -327,8 +337,26 @@ pub async fn backfill(
 pub async fn backfill_until(
     settings: &Settings,
     opts: BackfillOptions,
+    progress: impl FnMut(BackfillProgress),
+    stop: impl Future<Output = &'static str>,
+) -> Result<BackfillReport, BackfillError> {
+    backfill_over(
+        settings,
+        opts,
+        progress,
+        stop,
+        &mut servers::Servers::new(settings),
+    )
+    .await
+}
+
+/// [`backfill_until`] over `servers`: the real ones, or the deterministic simulation's.
+pub async fn backfill_over(
+    settings: &Settings,
+    opts: BackfillOptions,
     mut progress: impl FnMut(BackfillProgress),
     stop: impl Future<Output = &'static str>,
+    servers: &mut dyn BackfillServers,
 ) -> Result<BackfillReport, BackfillError> {
     tokio::pin!(stop);
     check_options(settings, &opts)?;
@@ -337,28 +365,32 @@ pub async fn backfill_until(
     let prepared = tokio::select! {
         biased;
         signal = &mut stop => return Err(stopped_early(signal)),
-        p = setup::prepare_without_slot(settings) => p?,
+        p = servers.prepare() => p?,
     };
     let started = Instant::now();
     let ready = tokio::select! {
         biased;
         signal = &mut stop => Err(stopped_early(signal)),
-        r = get_ready(settings, &prepared, &opts) => r,
+        r = get_ready(settings, &prepared, &opts, servers) => r,
     };
     let Ready {
         control,
         nats,
         replace: replaced_slot,
-    } = undo_on_error(settings, &prepared, ready).await?;
+    } = undo_on_error(servers, ready).await?;
     // From here until the last ack the slot may stand past rows the stream does not hold: the
     // marker says so to `run`, `setup` and `status`, also if this process is killed.
-    let js = async_nats::jetstream::new(nats.clone());
+    let js: &dyn JetStreamPort = &*nats;
     let stream = settings.config().nats.stream.clone();
-    let marker = Marker::new(&slot, opts.where_sql.as_deref(), opts.order_by.as_deref());
+    let marker = Marker::new(
+        &slot,
+        opts.where_sql.as_deref(),
+        opts.order_by.as_deref(),
+        servers.now_micros(),
+    );
     undo_on_error(
-        settings,
-        &prepared,
-        backfill_marker::set(&js, &stream, &marker)
+        servers,
+        backfill_marker::set(js, &stream, &marker)
             .await
             .map_err(BackfillError::from),
     )
@@ -367,9 +399,9 @@ pub async fn backfill_until(
     // (Postgres may wait there a long time, for every transaction that was running).
     let created = async {
         if replaced_slot {
-            drop_existing_slot(&control, &slot).await?;
+            drop_existing_slot(&*control, &slot).await?;
         }
-        create_slot(settings, &control, stop.as_mut()).await
+        create_slot(settings, &*control, servers, stop.as_mut()).await
     };
     let creation = match created.await {
         Ok(c) => c,
@@ -378,8 +410,8 @@ pub async fn backfill_until(
             // created, the stream perhaps, is removed). With the old slot dropped, the marker stays:
             // only another backfill makes a slot with no gap.
             if !replaced_slot || matches!(e, BackfillError::DropSlot { .. }) {
-                clear_marker(&js, &stream, &marker).await;
-                prepared.undo(settings).await;
+                clear_marker(js, &stream, &marker).await;
+                servers.undo().await;
             }
             return Err(e);
         }
@@ -391,9 +423,9 @@ pub async fn backfill_until(
                 repl.close().await;
             }
             // A slot the cancelled walsender may have finished after all goes too.
-            let gone = abandon_slot(&control, &slot).await;
+            let gone = abandon_slot(&*control, &slot).await;
             if gone && !replaced_slot {
-                clear_marker(&js, &stream, &marker).await;
+                clear_marker(js, &stream, &marker).await;
                 return Err(BackfillError::StoppedEarly { signal });
             }
             return Err(BackfillError::Stopped {
@@ -417,8 +449,8 @@ pub async fn backfill_until(
     // end; the rate is measured from here.
     let slot_wait = started.elapsed();
     let mut report = BackfillReport {
-        setup_lines: prepared.report.lines.clone(),
-        warnings: prepared.report.warnings.clone(),
+        setup_lines: prepared.lines.clone(),
+        warnings: prepared.warnings.clone(),
         slot: slot.clone(),
         consistent_point,
         commit_lsn: Lsn(consistent_point.0.saturating_sub(1)),
@@ -435,12 +467,13 @@ pub async fn backfill_until(
     let published = publish_snapshot(
         settings,
         &opts,
-        &control,
-        nats,
+        &*control,
+        nats.clone(),
         &snapshot,
         &mut report,
         &mut progress,
         &handed,
+        servers.now_micros(),
     );
     let result = tokio::select! {
         biased;
@@ -452,11 +485,11 @@ pub async fn backfill_until(
     match result {
         Ok(Ok(())) => {}
         Ok(Err(e)) => {
-            abandon_slot(&control, &slot).await;
+            abandon_slot(&*control, &slot).await;
             return Err(e);
         }
         Err(signal) => {
-            let gone = abandon_slot(&control, &slot).await;
+            let gone = abandon_slot(&*control, &slot).await;
             return Err(BackfillError::Stopped {
                 signal,
                 progress: format!(
@@ -478,7 +511,7 @@ pub async fn backfill_until(
         }
     }
     // Every row is stored: the slot has no gap behind it now.
-    match backfill_marker::clear(&js, &stream, &marker).await {
+    match backfill_marker::clear(js, &stream, &marker).await {
         Ok(true) => {}
         Ok(false) => warn!(
             %stream,
@@ -488,9 +521,9 @@ pub async fn backfill_until(
     }
     // The rows are stored from the new slot's snapshot on: a stop mark left by the slot it replaced
     // (a client that consumed that slot, `slot_mark.rs`) shows a gap this backfill has filled.
-    if let Err(e) = crate::slot_mark::drop_mark(settings, &control).await {
+    if let Err(e) = control.drop_stop_mark().await {
         warn!(
-            error = %crate::source::query_error_text(&e),
+            error = %e,
             mark = %crate::slot_mark::name(&slot),
             "the replaced slot's stop mark could not be dropped: drop it with pg_drop_replication_slot"
         );
@@ -501,9 +534,9 @@ pub async fn backfill_until(
 /// What a backfill needs once it has decided about the slot.
 struct Ready {
     /// The control connection: the snapshot's transaction, and dropping slots.
-    control: Client,
+    control: Box<dyn Control>,
     /// The NATS connection to publish through.
-    nats: async_nats::Client,
+    nats: NatsPort,
     /// The existing slot is to be dropped first.
     replace: bool,
 }
@@ -515,11 +548,17 @@ async fn get_ready(
     settings: &Settings,
     prepared: &Prepared,
     opts: &BackfillOptions,
+    servers: &mut dyn BackfillServers,
 ) -> Result<Ready, BackfillError> {
-    let control = connect(settings).await?;
-    let nats = preflight(settings, opts, &control).await?;
-    let js = async_nats::jetstream::new(nats.clone());
-    let standing = backfill_marker::read(&js, &settings.config().nats.stream)
+    let control = servers
+        .control()
+        .await
+        .map_err(|source| BackfillError::Postgres {
+            target: settings.conn.to_string(),
+            source,
+        })?;
+    let nats = preflight(settings, opts, &*control, servers).await?;
+    let standing = backfill_marker::read(&*nats, &settings.config().nats.stream)
         .await?
         .filter(|m| m.guards(&settings.config().postgres.slot));
     let replace = decide_slot(settings, prepared.slot.as_ref(), opts, standing.as_ref())?;
@@ -532,7 +571,7 @@ async fn get_ready(
 
 /// Removes this backfill's marker when it stops before changing a slot; a failure is logged (the
 /// marker then makes `run` refuse, and the next backfill removes it).
-async fn clear_marker(js: &async_nats::jetstream::Context, stream: &str, marker: &Marker) {
+async fn clear_marker(js: &dyn JetStreamPort, stream: &str, marker: &Marker) {
     if let Err(e) = backfill_marker::clear(js, stream, marker).await {
         warn!(error = %e, "the backfill marker could not be removed: `run` refuses until a backfill finishes");
     }
@@ -585,20 +624,19 @@ fn check_options(settings: &Settings, opts: &BackfillOptions) -> Result<(), Back
 
 /// Passes `result` through; on an error, first undoes what setup created.
 async fn undo_on_error<T>(
-    settings: &Settings,
-    prepared: &Prepared,
+    servers: &mut dyn BackfillServers,
     result: Result<T, BackfillError>,
 ) -> Result<T, BackfillError> {
     if result.is_err() {
-        prepared.undo(settings).await;
+        servers.undo().await;
     }
     result
 }
 
 /// Drops the existing slot (`--replace-slot`).
-async fn drop_existing_slot(control: &Client, slot: &str) -> Result<(), BackfillError> {
+async fn drop_existing_slot(control: &dyn Control, slot: &str) -> Result<(), BackfillError> {
     control
-        .execute("SELECT pg_drop_replication_slot($1)", &[&slot])
+        .drop_slot(slot.to_owned())
         .await
         .map_err(|source| BackfillError::DropSlot {
             slot: slot.to_owned(),
@@ -610,7 +648,7 @@ async fn drop_existing_slot(control: &Client, slot: &str) -> Result<(), Backfill
 
 /// The new slot: the replication connection (the snapshot lives as long as it does), the server's
 /// history when it told it, the consistent point and the snapshot's name.
-type NewSlot = (ReplConnection, Option<SystemInfo>, Lsn, String);
+type NewSlot = (Box<dyn SlotMaker>, Option<SystemInfo>, Lsn, String);
 
 /// How creating the slot ended.
 enum Creation {
@@ -630,11 +668,13 @@ enum Creation {
 /// same role): Postgres drops a slot it had not finished.
 async fn create_slot(
     settings: &Settings,
-    control: &Client,
+    control: &dyn Control,
+    servers: &mut dyn BackfillServers,
     stop: Pin<&mut impl Future<Output = &'static str>>,
 ) -> Result<Creation, BackfillError> {
     let slot = settings.config().postgres.slot.clone();
-    let mut repl = ReplConnection::connect(&settings.conn, "outbox-relay backfill")
+    let mut repl = servers
+        .replication()
         .await
         .map_err(|source| BackfillError::Postgres {
             target: settings.conn.to_string(),
@@ -643,16 +683,17 @@ async fn create_slot(
     // The history the backfilled messages name, so the next run's replay recognises them as its
     // own. Without it (an old server's answer it cannot read) they carry none, and the run after the
     // backfill trusts nothing and republishes (JetStream drops the duplicates).
-    let system = repl.identify_system().await.ok();
+    let system = repl.identify_system().await;
     let walsender = repl.backend_pid();
     let (result, signal) = {
-        let creating = repl.create_slot_with_snapshot(&slot, settings.config().postgres.failover);
+        let creating =
+            repl.create_slot_with_snapshot(slot.clone(), settings.config().postgres.failover);
         tokio::pin!(creating);
         tokio::select! {
             biased;
             signal = stop => {
-                if let Err(e) = control.execute("SELECT pg_cancel_backend($1)", &[&walsender]).await {
-                    warn!(error = %query_error_text(&e), "could not cancel the slot's creation; waiting for it");
+                if let Err(e) = control.cancel_backend(walsender).await {
+                    warn!(error = %e, "could not cancel the slot's creation; waiting for it");
                 }
                 (creating.await, Some(signal))
             }
@@ -681,30 +722,21 @@ async fn create_slot(
 
 /// After a failed or stopped publish: ends the snapshot's transaction and drops the new slot.
 /// Returns whether the slot is gone.
-async fn abandon_slot(control: &Client, slot: &str) -> bool {
-    let _ = control.batch_execute("ROLLBACK").await;
+async fn abandon_slot(control: &dyn Control, slot: &str) -> bool {
+    control.rollback().await;
     // Without the slot, `run` refuses (P9) instead of starting after rows that were never
     // published; the next backfill creates it again. The walsender that created it releases it a
     // moment after its connection closed: "is active for PID" (55006) is waited out, briefly.
     let deadline = Instant::now() + SLOT_RELEASE;
     loop {
         // Only if it exists: after a cancelled creation there may be none.
-        match control
-            .execute(
-                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1",
-                &[&slot],
-            )
-            .await
-        {
-            Ok(_) => return true,
-            Err(e)
-                if e.code() == Some(&tokio_postgres::error::SqlState::OBJECT_IN_USE)
-                    && Instant::now() < deadline =>
-            {
+        match control.drop_slot_if_exists(slot.to_owned()).await {
+            Ok(()) => return true,
+            Err(e) if e.in_use && Instant::now() < deadline => {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
             Err(drop) => {
-                warn!(%slot, error = %query_error_text(&drop), "backfill stopped and the slot it created could not be dropped: run backfill again (it replaces the slot)");
+                warn!(%slot, error = %drop.message, "backfill stopped and the slot it created could not be dropped: run backfill again (it replaces the slot)");
                 return false;
             }
         }
@@ -751,38 +783,25 @@ fn decide_slot(
     })
 }
 
-async fn connect(settings: &Settings) -> Result<Client, BackfillError> {
-    catalog::connect(settings, "backfill")
-        .await
-        .map_err(|source| BackfillError::Postgres {
-            target: settings.conn.to_string(),
-            source,
-        })
-}
-
 /// What must work before the slot is touched: `--where` and `--order-by` planned against the table
 /// (a zero-row query in a read-only transaction: a wrong column, a syntax error or a second statement
 /// fails here), and a NATS connection. Returns the connection for the publishing.
 async fn preflight(
     settings: &Settings,
     opts: &BackfillOptions,
-    pg: &Client,
-) -> Result<async_nats::Client, BackfillError> {
+    pg: &dyn Control,
+    servers: &mut dyn BackfillServers,
+) -> Result<NatsPort, BackfillError> {
     let table = settings.config().outbox.table.clone();
     let query = snapshot_query(settings, opts, "1");
-    let checked = async {
-        pg.batch_execute("BEGIN READ ONLY").await?;
-        // execute, not batch_execute: the extended protocol refuses a second statement.
-        let r = pg.execute(&format!("{query} LIMIT 0"), &[]).await;
-        pg.batch_execute("ROLLBACK").await?;
-        r
-    };
-    checked.await.map_err(|e| BackfillError::Preflight {
-        table,
-        what: "--where / --order-by".to_owned(),
-        message: query_error_text(&e),
-    })?;
-    Ok(crate::sink::connect_nats(settings).await?)
+    pg.preflight(format!("{query} LIMIT 0"))
+        .await
+        .map_err(|message| BackfillError::Preflight {
+            table,
+            what: "--where / --order-by".to_owned(),
+            message,
+        })?;
+    servers.nats().await
 }
 
 /// `SELECT <columns> FROM <outbox table> WHERE (<--where>) ORDER BY <--order-by or the id column>`.
@@ -798,17 +817,19 @@ fn snapshot_query(settings: &Settings, opts: &BackfillOptions, columns: &str) ->
 }
 
 /// Reads the rows in `snapshot` and publishes them; returns once every one is acknowledged.
-/// `handed` counts the rows handed to the sink, for a stop that drops this future.
+/// `handed` counts the rows handed to the sink, for a stop that drops this future; `now` is the
+/// rows' commit time.
 #[allow(clippy::too_many_arguments)]
 async fn publish_snapshot(
     settings: &Settings,
     opts: &BackfillOptions,
-    pg: &Client,
-    nats: async_nats::Client,
+    pg: &dyn Control,
+    nats: NatsPort,
     snapshot: &str,
     report: &mut BackfillReport,
     progress: &mut impl FnMut(BackfillProgress),
     handed: &AtomicU64,
+    now: i64,
 ) -> Result<(), BackfillError> {
     let started = Instant::now();
     let table = settings.config().outbox.table.as_str();
@@ -816,17 +837,13 @@ async fn publish_snapshot(
     let columns = outbox_columns(settings, pg).await?;
     let total = count_rows(settings, opts, pg).await?;
     report.total = total;
-    let fetch = declare_cursor(settings, opts, pg, &columns).await?;
+    declare_cursor(settings, opts, pg, &columns).await?;
     let sink = start_sink(settings, nats, report).await?;
-    let mut publisher = Publisher::begin(settings, report, columns, sink, total, started)?;
-    publisher
-        .publish_rows(pg, &fetch, table, progress, handed)
-        .await?;
+    let mut publisher = Publisher::begin(settings, report, columns, sink, total, (started, now))?;
+    publisher.publish_rows(pg, table, progress, handed).await?;
     publisher.commit(report)?;
     publisher.await_acks().await?;
-    pg.batch_execute("COMMIT")
-        .await
-        .map_err(query_error(table, "COMMIT"))?;
+    pg.commit().await.map_err(query_error(table, "COMMIT"))?;
     publisher.report_progress(progress);
     let published = publisher.published;
     debug!(published, "backfill acknowledged");
@@ -839,16 +856,13 @@ async fn publish_snapshot(
 }
 
 /// A failed query on the outbox table as [`BackfillError::Query`], saying what it was for.
-fn query_error(
-    table: &str,
-    what: &str,
-) -> impl FnOnce(tokio_postgres::Error) -> BackfillError + use<> {
+fn query_error(table: &str, what: &str) -> impl FnOnce(String) -> BackfillError + use<> {
     let table = table.to_owned();
     let what = what.to_owned();
-    move |e: tokio_postgres::Error| BackfillError::Query {
+    move |message: String| BackfillError::Query {
         table,
         what,
-        message: query_error_text(&e),
+        message,
     }
 }
 
@@ -859,56 +873,44 @@ fn qualified_table(settings: &Settings) -> String {
 }
 
 /// Opens the read-only REPEATABLE READ transaction that sees the slot's exported snapshot.
-async fn import_snapshot(pg: &Client, snapshot: &str, table: &str) -> Result<(), BackfillError> {
-    // The snapshot name comes from the server; quoted all the same.
-    pg.batch_execute(&format!(
-        "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET TRANSACTION SNAPSHOT '{}'; \
-         SET LOCAL bytea_output = 'hex'",
-        snapshot.replace('\'', "''")
-    ))
-    .await
-    .map_err(query_error(table, "importing the slot's snapshot"))
+async fn import_snapshot(
+    pg: &dyn Control,
+    snapshot: &str,
+    table: &str,
+) -> Result<(), BackfillError> {
+    pg.import_snapshot(snapshot.to_owned())
+        .await
+        .map_err(query_error(table, "importing the slot's snapshot"))
 }
 
 /// Every column of the outbox table, in table order, as pgoutput sends them (generated columns are
 /// not sent).
-async fn outbox_columns(settings: &Settings, pg: &Client) -> Result<Vec<Column>, BackfillError> {
-    let qualified = qualified_table(settings);
-    Ok(pg
-        .query(
-            "SELECT a.attname::text, a.atttypid, a.atttypmod FROM pg_attribute a \
-             WHERE a.attrelid = $1::text::regclass AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = '' \
-             ORDER BY a.attnum",
-            &[&qualified],
-        )
+async fn outbox_columns(
+    settings: &Settings,
+    pg: &dyn Control,
+) -> Result<Vec<Column>, BackfillError> {
+    pg.columns(qualified_table(settings))
         .await
-        .map_err(query_error(&settings.config().outbox.table, "reading its columns"))?
-        .iter()
-        .map(|r| Column {
-            flags: 0,
-            name: r.get(0),
-            type_oid: r.get(1),
-            type_modifier: r.get(2),
-        })
-        .collect())
+        .map_err(query_error(
+            &settings.config().outbox.table,
+            "reading its columns",
+        ))
 }
 
 /// How many rows match `--where` in the snapshot; refuses more than `u32::MAX`.
 async fn count_rows(
     settings: &Settings,
     opts: &BackfillOptions,
-    pg: &Client,
+    pg: &dyn Control,
 ) -> Result<u64, BackfillError> {
     let qualified = qualified_table(settings);
     let predicate = opts.where_sql.as_deref().unwrap_or("true");
     let total: i64 = pg
-        .query_one(
-            &format!("SELECT count(*) FROM {qualified} WHERE ({predicate})"),
-            &[],
-        )
+        .count(format!(
+            "SELECT count(*) FROM {qualified} WHERE ({predicate})"
+        ))
         .await
-        .map_err(query_error(&settings.config().outbox.table, "--where"))?
-        .get(0);
+        .map_err(query_error(&settings.config().outbox.table, "--where"))?;
     let total = total.max(0) as u64;
     if total > u64::from(u32::MAX) {
         return Err(BackfillError::TooManyRows);
@@ -920,33 +922,32 @@ async fn count_rows(
 async fn declare_cursor(
     settings: &Settings,
     opts: &BackfillOptions,
-    pg: &Client,
+    pg: &dyn Control,
     columns: &[Column],
-) -> Result<Statement, BackfillError> {
+) -> Result<(), BackfillError> {
     let table = settings.config().outbox.table.as_str();
     let select: Vec<String> = columns
         .iter()
         .map(|c| format!("{}::text", quote_ident(&c.name)))
         .collect();
-    // execute, not batch_execute: the extended protocol refuses a second statement.
-    pg.execute(
-        &format!(
+    pg.declare_cursor(
+        format!(
             "DECLARE {CURSOR} NO SCROLL CURSOR FOR {}",
             snapshot_query(settings, opts, &select.join(", "))
         ),
-        &[],
+        format!("FETCH {FETCH_ROWS} FROM {CURSOR}"),
     )
     .await
-    .map_err(query_error(table, "--where / --order-by"))?;
-    pg.prepare(&format!("FETCH {FETCH_ROWS} FROM {CURSOR}"))
-        .await
-        .map_err(query_error(table, "FETCH"))
+    .map_err(|e| match e {
+        CursorError::Declare(m) => query_error(table, "--where / --order-by")(m),
+        CursorError::Fetch(m) => query_error(table, "FETCH")(m),
+    })
 }
 
 /// Starts the sink the rows are published through: unfenced, never atomic.
 async fn start_sink(
     settings: &Settings,
-    nats: async_nats::Client,
+    nats: NatsPort,
     report: &BackfillReport,
 ) -> Result<Sink, BackfillError> {
     // Not fenced: the fence's expected sequences are for an ordered replay from the slot. Here,
@@ -993,14 +994,14 @@ impl Publisher {
         columns: Vec<Column>,
         sink: Sink,
         total: u64,
-        started: Instant,
+        (started, now): (Instant, i64),
     ) -> Result<Self, BackfillError> {
         let (schema, name) = settings.config().outbox.table_parts();
         // Checked like live events (outbox.schemas); the failures are counted nowhere: a backfill
         // reports its dead letters itself.
         let mut stage = OutboxStage::new(&settings.config().outbox)
             .with_schemas(&settings.schemas, Default::default());
-        let commit_ts = crate::lsn::pg_now_micros();
+        let commit_ts = now;
         let begin = Message::Begin {
             final_lsn: report.commit_lsn,
             commit_ts,
@@ -1030,25 +1031,19 @@ impl Publisher {
     /// Fetches the cursor's rows until it is exhausted and publishes each.
     async fn publish_rows(
         &mut self,
-        pg: &Client,
-        fetch: &Statement,
+        pg: &dyn Control,
         table: &str,
         progress: &mut impl FnMut(BackfillProgress),
         handed: &AtomicU64,
     ) -> Result<(), BackfillError> {
         loop {
-            let rows = pg
-                .query_raw(fetch, std::iter::empty::<i32>())
-                .await
-                .map_err(query_error(table, "FETCH"))?;
-            tokio::pin!(rows);
-            let mut fetched = 0u32;
-            while let Some(row) = rows.try_next().await.map_err(query_error(table, "FETCH"))? {
-                fetched += 1;
-                self.publish_row(&row, progress).await?;
+            let rows = pg.fetch().await.map_err(query_error(table, "FETCH"))?;
+            let fetched = rows.len();
+            for row in rows {
+                self.publish_row(row, progress).await?;
                 handed.store(self.published, Ordering::Relaxed);
             }
-            if fetched < FETCH_ROWS {
+            if fetched < FETCH_ROWS as usize {
                 return Ok(());
             }
         }
@@ -1058,12 +1053,13 @@ impl Publisher {
     /// takes the acks that have come and reports progress when it is due.
     async fn publish_row(
         &mut self,
-        row: &Row,
+        row: Vec<Option<Bytes>>,
         progress: &mut impl FnMut(BackfillProgress),
     ) -> Result<(), BackfillError> {
-        let new = (0..row.len())
-            .map(|i| match row.get::<_, Option<&str>>(i) {
-                Some(v) => TupleValue::Text(Bytes::copy_from_slice(v.as_bytes())),
+        let new = row
+            .into_iter()
+            .map(|v| match v {
+                Some(v) => TupleValue::Text(v),
                 None => TupleValue::Null,
             })
             .collect();
@@ -1175,7 +1171,7 @@ mod tests {
     }
 
     fn marker() -> Marker {
-        Marker::new("outbox_relay", None, None)
+        Marker::new("outbox_relay", None, None, 0)
     }
 
     fn decide(
