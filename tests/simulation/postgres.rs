@@ -1146,15 +1146,7 @@ impl Postgres {
                     }),
                 }));
             }
-            let info = SystemInfo {
-                system_id: s.system_id.clone(),
-                timeline: s.timeline,
-                xlogpos: Lsn(s.flushed()),
-                dbname: Some("postgres".into()),
-                // TIMELINE_HISTORY on the same connection, parsed as the relay parses the real one.
-                history: TimelineHistory::parse(s.timeline, &s.history_file)
-                    .expect("the simulated history file parses"),
-            };
+            let info = identify(&s);
             // The relay starts from the slot's own position (0/0), as on a real connection.
             let start = Start::FROM_SLOT;
             // logical.c CreateDecodingContext: a start before confirmed_flush "has been already
@@ -1729,6 +1721,19 @@ impl Postgres {
     }
 }
 
+/// What IDENTIFY_SYSTEM answers of `s`, with TIMELINE_HISTORY on the same connection parsed as the
+/// relay parses the real one.
+fn identify(s: &State) -> SystemInfo {
+    SystemInfo {
+        system_id: s.system_id.clone(),
+        timeline: s.timeline,
+        xlogpos: Lsn(s.flushed()),
+        dbname: Some("postgres".into()),
+        history: TimelineHistory::parse(s.timeline, &s.history_file)
+            .expect("the simulated history file parses"),
+    }
+}
+
 /// The stop mark and what a peek of it up to `slot_at` hands over (`None`: no mark).
 fn mark_of(s: &State, slot_at: u64) -> Option<outbox_relay::SimMark> {
     let mark = s.mark?;
@@ -1814,15 +1819,7 @@ impl Postgres {
 
     /// What IDENTIFY_SYSTEM answers now.
     pub(crate) fn system_info(&self) -> SystemInfo {
-        let s = self.state.lock().unwrap();
-        SystemInfo {
-            system_id: s.system_id.clone(),
-            timeline: s.timeline,
-            xlogpos: Lsn(s.flushed()),
-            dbname: Some("postgres".into()),
-            history: TimelineHistory::parse(s.timeline, &s.history_file)
-                .expect("the simulated history file parses"),
-        }
+        identify(&self.state.lock().unwrap())
     }
 
     /// A new walsender's pid for a backfill's replication connection.
