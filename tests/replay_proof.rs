@@ -13,8 +13,10 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use outbox_relay::metrics::Metrics;
+
 use crate::support::{
-    InProcessRelay, NatsServer, PgServer, TEXT_ID_OUTBOX_SQL, TestDb, confirmed_flush,
+    InProcessRelay, NatsServer, PgServer, Proxy, TEXT_ID_OUTBOX_SQL, TestDb, confirmed_flush,
     current_wal_lsn, read_all, relay_config, stream_count, wait_for,
 };
 
@@ -279,4 +281,259 @@ async fn a_cut_off_replays_last_copy_is_not_taken_for_the_streams_end() {
         "e-3..e-5 once; only what the replay that trusted no tail sent twice"
     );
     relay.stop().await.expect("relay stops cleanly");
+}
+
+/// The look past a cut-off replay's tail can itself fail: message N, the stream's last before
+/// that replay, may be from a history the database no longer has (restored from a disk snapshot:
+/// the same system and timeline, so only the replay can tell). The replay that trusted no tail was
+/// started for exactly that reason. A session that finds message N missing from the replay must
+/// distrust only the look past: the tail itself, the cut-off replay's own copy, is this history's
+/// and is proven as usual. Distrusting everything would publish every event from the confirmed
+/// position again, and with atomic batches store them twice (found by the simulation, seeds 1367,
+/// 1910 and 3077: a restore, a replay that trusted no tail cut off by a refusal, and copies of a
+/// partly stored transaction stored again by the session after the failed look).
+///
+/// Here: message 1 is what a restore from a snapshot leaves in the stream, the relay's message for
+/// an event the restored database never committed, at a position the database's WAL has since
+/// passed with other events. The relay's first session finds the replay passing that position
+/// without it and trusts no tail; its replay stores e-1 and e-2 again and is cut off by the
+/// stream's `max_msgs`. Then the slot is set back before e-1 and a new relay process starts: its
+/// first session reads message 1 past the tail (e-2's copy), finds it missing from the replay
+/// again, and the session after it must prove e-1 and e-2 against their copies and store only
+/// e-3 and e-4.
+#[tokio::test]
+async fn a_failed_look_past_a_cut_off_replay_falls_back_to_its_tail() {
+    let db = TestDb::create(PgServer::shared()).await;
+    db.psql(TEXT_ID_OUTBOX_SQL);
+    let nats = NatsServer::start();
+    let mut config = relay_config(&db, &nats);
+    config.postgres.status_interval_ms = 100;
+    config.nats.atomic_transactions = true;
+    config.nats.fence = true;
+    let stream = config.nats.stream.clone();
+    let slot = config.postgres.slot.clone();
+    let saved = format!("{slot}_saved");
+    let client = db.client().await;
+    let js = nats.jetstream().await;
+
+    let relay = InProcessRelay::start_streaming(&config, &client).await;
+    relay.stop().await.expect("relay stops cleanly");
+    client
+        .execute(
+            "SELECT pg_copy_logical_replication_slot($1, $2)",
+            &[&slot, &saved],
+        )
+        .await
+        .expect("copy the slot");
+
+    write_each(&db, &["e-1", "e-2"]);
+    let lost_at = current_wal_lsn(&client).await;
+    write_each(&db, &["e-3", "e-4"]);
+    let end = current_wal_lsn(&client).await;
+
+    // The relay's message for an event of a lost history, at a position between e-2 and e-3.
+    publish_lost_history_message(&client, &js, &slot, lost_at).await;
+    stream_max_messages(&js, &stream, 3).await;
+
+    let relay = InProcessRelay::start_streaming(&config, &client).await;
+    wait_for(
+        "the replay that trusts no tail to store e-1 and e-2 again and be cut off",
+        Duration::from_secs(60),
+        || async { stream_count(&js, &stream).await >= 3 },
+    )
+    .await;
+    relay.stop().await.expect("relay stops cleanly");
+    let ids = |all: &[crate::support::Stored]| {
+        all.iter()
+            .map(|m| {
+                let replay = m
+                    .header("Outbox-Position")
+                    .split_once(";replay-over=")
+                    .map(|(_, n)| n.to_owned());
+                (m.seq, m.id().to_owned(), replay)
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        ids(&read_all(&js, &stream).await),
+        [
+            (1, "e-lost".into(), None),
+            (2, "e-1".into(), Some("1".into())),
+            (3, "e-2".into(), Some("1".into())),
+        ],
+        "the replay that trusted no tail stamps the stream's last sequence before it"
+    );
+
+    // Set the slot back before e-1 (the confirmation of e-1 and e-2 may have reached the server)
+    // and lift the limit: a new process, with no memory of the first one's distrust, starts.
+    drop_slot(&client, &slot).await;
+    client
+        .execute(
+            "SELECT pg_copy_logical_replication_slot($1, $2)",
+            &[&saved, &slot],
+        )
+        .await
+        .expect("copy the saved slot back");
+    drop_slot(&client, &saved).await;
+    stream_max_messages(&js, &stream, -1).await;
+    let relay = InProcessRelay::start_streaming(&config, &client).await;
+    wait_for("e-4 confirmed", Duration::from_secs(60), || async {
+        confirmed_flush(&client, &slot)
+            .await
+            .is_some_and(|c| c >= end)
+    })
+    .await;
+    relay.stop().await.expect("relay stops cleanly");
+    let stored: Vec<String> = read_all(&js, &stream)
+        .await
+        .iter()
+        .map(|m| m.id().to_owned())
+        .collect();
+    assert_eq!(
+        stored,
+        ["e-lost", "e-1", "e-2", "e-3", "e-4"],
+        "e-1 and e-2 proven by their copies, not stored a third time"
+    );
+}
+
+/// A relay process that found the stream's tail unreliable skips nothing only while the stream
+/// still ends at that tail. With a standby, the other process may take the slot and store past it
+/// meanwhile; when the first takes the slot back, its distrust is stale, and keeping it would
+/// publish every event from the confirmed position again (with atomic batches, stored twice: found
+/// by the simulation, seed 2659, a process whose publish was refused after the other overtook it).
+///
+/// Here: message 1 is a lost history's (as in the test above). Relay A, behind a proxy to NATS,
+/// finds the replay passing it and trusts no tail, but cannot store (the stream's `max_msgs`); then
+/// A loses NATS. Relay B takes the slot, trusts no tail either, and stores e-1..e-3 again. The slot
+/// is set back before e-1 and A gets NATS back: it must judge the stream's new tail (B's copy of
+/// e-3, and the failed look past it) and store nothing again.
+#[tokio::test]
+async fn a_distrust_of_a_tail_the_stream_has_since_passed_is_dropped() {
+    let db = TestDb::create(PgServer::shared()).await;
+    db.psql(TEXT_ID_OUTBOX_SQL);
+    let nats = NatsServer::start();
+    let mut config = relay_config(&db, &nats);
+    config.postgres.status_interval_ms = 100;
+    config.nats.atomic_transactions = true;
+    config.nats.fence = true;
+    let stream = config.nats.stream.clone();
+    let slot = config.postgres.slot.clone();
+    let saved = format!("{slot}_saved");
+    let client = db.client().await;
+    let js = nats.jetstream().await;
+    let proxy = Proxy::start(nats.port());
+    let mut config_a = config.clone();
+    config_a.nats.url = proxy.nats_url();
+
+    let relay = InProcessRelay::start_streaming(&config, &client).await;
+    relay.stop().await.expect("relay stops cleanly");
+    client
+        .execute(
+            "SELECT pg_copy_logical_replication_slot($1, $2)",
+            &[&slot, &saved],
+        )
+        .await
+        .expect("copy the slot");
+    write_each(&db, &["e-1", "e-2"]);
+    let lost_at = current_wal_lsn(&client).await;
+    write_each(&db, &["e-3"]);
+    let end = current_wal_lsn(&client).await;
+    publish_lost_history_message(&client, &js, &slot, lost_at).await;
+    stream_max_messages(&js, &stream, 1).await;
+
+    // A: the replay passes message 1's position without it; the next sessions trust no tail and
+    // are refused by the full stream.
+    let a = InProcessRelay::start(config_a);
+    wait_for(
+        "relay A to restart after the failed replay and the refusals",
+        Duration::from_secs(60),
+        || async { Metrics::get(&a.metrics.reconnects) >= 3 },
+    )
+    .await;
+    proxy.refuse(true);
+    proxy.cut();
+    stream_max_messages(&js, &stream, -1).await;
+
+    // B stores e-1..e-3 again (trusting no tail, for the same reason) and confirms them.
+    let b = InProcessRelay::start(config.clone());
+    wait_for(
+        "relay B to confirm e-3",
+        Duration::from_secs(60),
+        || async {
+            confirmed_flush(&client, &slot)
+                .await
+                .is_some_and(|c| c >= end)
+        },
+    )
+    .await;
+    b.stop().await.expect("relay B stops cleanly");
+    let ids = |all: Vec<crate::support::Stored>| {
+        all.iter().map(|m| m.id().to_owned()).collect::<Vec<_>>()
+    };
+    assert_eq!(
+        ids(read_all(&js, &stream).await),
+        ["e-lost", "e-1", "e-2", "e-3"]
+    );
+
+    drop_slot(&client, &slot).await;
+    client
+        .execute(
+            "SELECT pg_copy_logical_replication_slot($1, $2)",
+            &[&saved, &slot],
+        )
+        .await
+        .expect("copy the saved slot back");
+    drop_slot(&client, &saved).await;
+    proxy.refuse(false);
+    wait_for(
+        "relay A to confirm e-3",
+        Duration::from_secs(120),
+        || async {
+            confirmed_flush(&client, &slot)
+                .await
+                .is_some_and(|c| c >= end)
+        },
+    )
+    .await;
+    a.stop().await.expect("relay A stops cleanly");
+    assert_eq!(
+        ids(read_all(&js, &stream).await),
+        ["e-lost", "e-1", "e-2", "e-3"],
+        "relay A proved B's copies instead of storing e-1..e-3 once more"
+    );
+}
+
+/// What a restore from a disk snapshot leaves in the stream: the relay's message for an event
+/// (`e-lost`) the restored database never committed, stamped with this database's history at
+/// `at`, a position its WAL has since passed with other events.
+async fn publish_lost_history_message(
+    client: &tokio_postgres::Client,
+    js: &async_nats::jetstream::Context,
+    slot: &str,
+    at: outbox_relay::Lsn,
+) {
+    let system: String = client
+        .query_one(
+            "SELECT system_identifier::text FROM pg_control_system()",
+            &[],
+        )
+        .await
+        .expect("system identifier")
+        .get(0);
+    let timeline: i32 = client
+        .query_one("SELECT timeline_id FROM pg_control_checkpoint()", &[])
+        .await
+        .expect("timeline")
+        .get(0);
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert("Nats-Msg-Id", "e-lost");
+    headers.insert(
+        "Outbox-Position",
+        format!("{system}/{timeline}/{slot}/{at}:0").as_str(),
+    );
+    js.publish_with_headers("outbox.Claim", headers, "{}".into())
+        .await
+        .expect("publish")
+        .await
+        .expect("stored");
 }

@@ -196,10 +196,11 @@ pub(crate) struct Relay {
     confirmed: Lsn,
     /// The system and timeline the last session streamed.
     history: Option<crate::position::History>,
-    /// Why a session found the stream's tail unreliable ([`crate::sink::SinkError::distrust`]):
-    /// the next sessions skip nothing until one has stored a new event (its own tail is then one
-    /// to trust), and their warn line says why.
-    distrust: Option<String>,
+    /// Why and which tail a session found unreliable ([`crate::sink::SinkError::distrust`]): the
+    /// next sessions skip nothing while the stream still ends there, until one has stored a new
+    /// event (its own tail is then one to trust), and their warn line says why
+    /// ([`crate::sink::Distrust`]).
+    distrust: Option<crate::sink::Distrust>,
     /// The backoff jitter's xorshift state.
     jitter: u64,
     /// The report of a client that consumed the slot, as last logged (logged again only when it
@@ -263,9 +264,9 @@ impl Relay {
                 }
                 SessionEnd::Restart(restart) => {
                     if let Restart::Nats(NatsTrouble::Sink(e)) = &restart
-                        && let Some(why) = e.distrust()
+                        && let Some(distrust) = e.distrust()
                     {
-                        self.distrust = Some(why);
+                        self.distrust = Some(distrust);
                     }
                     if ran_for.is_some_and(|d| d >= HEALTHY_SESSION) {
                         self.failures = 0;

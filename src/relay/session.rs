@@ -105,7 +105,7 @@ impl Session {
                 ..SinkConfig::from_settings(&settings)
             },
             Some(&origin),
-            relay.distrust.as_deref(),
+            relay.distrust.as_ref(),
         )
         .await
         .map_err(Restart::from)?;

@@ -474,15 +474,17 @@ impl Fence {
         self.last_stored_id = id.map(str::to_owned);
     }
 
-    /// The stream's last sequence when the session started.
-    pub(crate) fn base(&self) -> u64 {
-        self.base
-    }
-
     /// The sequence of the last message the skipped events are proven against: the stream's last
     /// when the session started, or the message before a cut-off replay ([`Replay::new`]).
     pub(crate) fn proof_end(&self) -> u64 {
         self.replay.ends_at().unwrap_or(self.base)
+    }
+
+    /// When the replay verifies the message before a cut-off replay in the tail's place: the
+    /// stream's last sequence when the session started (what a failure distrusts only the look
+    /// past for, [`crate::sink::Distrust`]).
+    pub(crate) fn over(&self) -> Option<u64> {
+        self.replay.ends_at().map(|_| self.base)
     }
 }
 

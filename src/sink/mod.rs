@@ -24,6 +24,7 @@
 
 mod batch;
 mod connect;
+mod distrust;
 mod fence;
 mod port;
 mod prove;
@@ -48,6 +49,7 @@ use crate::position::Position;
 use crate::route::SubjectTemplate;
 
 pub(crate) use connect::{ConnectError, connect_nats};
+pub(crate) use distrust::Distrust;
 pub(crate) use fence::{Fence, Origin, Replay, Replayed, Stamp, Tail, TailError};
 pub(crate) use port::read_tail;
 use publish::Publisher;
@@ -138,12 +140,15 @@ pub enum SinkError {
          ({reason}); publishing every event from the confirmed position again"
     )]
     Unproven {
-        /// The stream's last sequence when the session started.
+        /// The last message compared: the stream's last when the session started, or the message
+        /// before a cut-off replay verified in its place.
         sequence: u64,
         /// How many messages were compared.
         count: u64,
         /// What did not match.
         reason: String,
+        /// When `sequence` is the message before a cut-off replay: the stream's last sequence.
+        over: Option<u64>,
     },
     /// The replayed events passed the position of the stream's last message without that message's
     /// own event: the stream's tail is from another history of the database (restored from a
@@ -154,12 +159,15 @@ pub enum SinkError {
          from the confirmed position again"
     )]
     Diverged {
-        /// The stream's last sequence when the session started.
+        /// The message judged: the stream's last when the session started, or the message before
+        /// a cut-off replay verified in its place.
         sequence: u64,
-        /// The tail's position.
+        /// Its position.
         tail: Position,
         /// The first replayed event past it.
         at: Position,
+        /// When `sequence` is the message before a cut-off replay: the stream's last sequence.
+        over: Option<u64>,
     },
     /// `outbox.on_invalid = "stop"` and an event cannot be published as it is.
     #[error(
@@ -192,27 +200,47 @@ pub enum SinkError {
 }
 
 impl SinkError {
-    /// Why the stream's tail is not to be trusted by the next sessions, for the error that found
-    /// it so; `None` for every other error. The next session's warn line names it.
-    pub(crate) fn distrust(&self) -> Option<String> {
-        match self {
-            SinkError::Diverged { sequence, tail, .. } => Some(format!(
-                "its last message (sequence {sequence}, position {tail}) is not in this database's history"
-            )),
-            SinkError::StoredPastRefused { id, expected, last } => Some(format!(
-                "message {id} was refused expecting last sequence {expected}, and the stream's last is {last}: \
-                 a message may be stored past the refused one"
-            )),
+    /// Why the stream's tail is not to be trusted by the next sessions, and which tail, for the
+    /// error that found it so; `None` for every other error. The next session's warn line names
+    /// the reason ([`Distrust`]).
+    pub(crate) fn distrust(&self) -> Option<Distrust> {
+        let (why, at, look_past) = match self {
+            SinkError::Diverged {
+                sequence,
+                tail,
+                over,
+                ..
+            } => (
+                format!(
+                    "its last message (sequence {sequence}, position {tail}) is not in this database's history"
+                ),
+                Some(over.unwrap_or(*sequence)),
+                over.is_some(),
+            ),
+            SinkError::StoredPastRefused { id, expected, last } => (
+                format!(
+                    "message {id} was refused expecting last sequence {expected}, and the stream's last is {last}: \
+                     a message may be stored past the refused one"
+                ),
+                (*last != u64::MAX).then_some(*last),
+                false,
+            ),
             SinkError::Unproven {
                 sequence,
                 count,
                 reason,
-            } => Some(format!(
-                "the proof that its last {count} messages (up to sequence {sequence}) are the events the replay \
-                 skipped could not be completed: {reason}"
-            )),
-            _ => None,
-        }
+                over,
+            } => (
+                format!(
+                    "the proof that its last {count} messages (up to sequence {sequence}) are the events the replay \
+                     skipped could not be completed: {reason}"
+                ),
+                Some(over.unwrap_or(*sequence)),
+                over.is_some(),
+            ),
+            _ => return None,
+        };
+        Some(Distrust { why, at, look_past })
     }
 
     /// Whether restarting the pipeline can help.
@@ -434,13 +462,13 @@ pub(crate) struct Sink {
 impl Sink {
     /// Reads the stream's tail when fencing and subscribes to the session's inbox. `origin` is the
     /// history the session streams (`None` where there is none, e.g. a backfill: then nothing is
-    /// skipped and positions name no history); `distrust`: why an earlier session found the
-    /// stream's tail unreliable ([`SinkError::distrust`]), if one did.
+    /// skipped and positions name no history); `distrust`: why and which tail an earlier session
+    /// of this process found unreliable ([`SinkError::distrust`]), if one did.
     pub(crate) async fn start(
         nats: impl Into<NatsPort>,
         mut config: SinkConfig,
         origin: Option<&Origin>,
-        distrust: Option<&str>,
+        distrust: Option<&Distrust>,
     ) -> Result<Sink, TailError> {
         let port = nats.into();
         config.history = origin.map(|o| o.history.to_string());
@@ -451,9 +479,32 @@ impl Sink {
         } else {
             None
         };
+        let verdict = match (distrust, &tail) {
+            (Some(d), Some(t)) => d.verdict(t.last_sequence),
+            _ => distrust::Verdict::Stale,
+        };
+        match verdict {
+            distrust::Verdict::Stale if distrust.is_some() && tail.is_some() => {
+                debug!(
+                    last_sequence = tail.as_ref().map_or(0, |t| t.last_sequence),
+                    "the stream ends past the tail an earlier session found unreliable: judging its new tail"
+                );
+            }
+            distrust::Verdict::TailAlone => {
+                debug!(
+                    "an earlier session found the message before the replay that wrote the stream's tail unreliable: judging the tail alone"
+                );
+            }
+            _ => {}
+        }
+        let distrust = match verdict {
+            distrust::Verdict::Skip(why) => Some(why),
+            _ => None,
+        };
         // The tail of a replay that trusted no tail names the stream's last message before that
-        // replay (`Replay::new`): read it too.
-        let before_replay = match tail.as_ref().and_then(|t| {
+        // replay (`Replay::new`): read it too, unless looking there is what failed before.
+        let look_past = verdict != distrust::Verdict::TailAlone;
+        let before_replay = match tail.as_ref().filter(|_| look_past).and_then(|t| {
             let n = t.last.as_ref()?.replay_over?;
             (n > 0 && n < t.last_sequence).then_some(n)
         }) {
@@ -911,6 +962,7 @@ impl Sink {
                 sequence: fence.proof_end(),
                 tail,
                 at,
+                over: fence.over(),
             }),
         }
     }
@@ -925,10 +977,12 @@ impl Sink {
     /// permission), they are read one request each, as slow as that is.
     async fn prove_skipped(&mut self, count: u64, hash: u64) -> Result<(), SinkError> {
         let sequence = self.fence.as_ref().map_or(0, Fence::proof_end);
+        let over = self.fence.as_ref().and_then(Fence::over);
         let unproven = |reason: String| SinkError::Unproven {
             sequence,
             count,
             reason,
+            over,
         };
         if count > sequence {
             return Err(unproven("the stream holds fewer messages".into()));
@@ -976,7 +1030,8 @@ impl Sink {
         };
         match fence.passed(wal_end) {
             Some(tail) => Err(SinkError::Diverged {
-                sequence: fence.base(),
+                sequence: fence.proof_end(),
+                over: fence.over(),
                 tail,
                 at: Position {
                     lsn: wal_end,
@@ -1354,7 +1409,7 @@ mod tests {
 }
 
 #[cfg(test)]
-mod distrust {
+mod distrust_and_progress {
     use super::*;
 
     #[test]
@@ -1363,8 +1418,11 @@ mod distrust {
             sequence: 30_000,
             count: 25_000,
             reason: "reading back message 7 failed: timed out".into(),
+            over: None,
         };
-        let why = e.distrust().expect("the tail is distrusted");
+        let d = e.distrust().expect("the tail is distrusted");
+        assert_eq!((d.at, d.look_past), (Some(30_000), false));
+        let why = d.why;
         assert!(why.contains("could not be completed"), "{why}");
         assert!(
             why.contains("its last 25000 messages (up to sequence 30000)"),
