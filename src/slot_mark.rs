@@ -13,8 +13,9 @@
 //! - none: whatever moved the slot skipped no event the stream lacks (a normal restart, an idle
 //!   period, another relay of this slot that streamed in between): the mark is dropped;
 //! - some: they were consumed by someone else. The mark is kept, as the evidence `status` reads
-//!   and so the relay refuses to stream on past them (each retry finds them again) until the
-//!   operator recovers with `backfill` and drops the mark, or drops it to accept the gap.
+//!   and so the relay refuses to stream on past them (each retry finds them again, or keeps what
+//!   it found when it can no longer compare) until the operator recovers with `backfill` and drops
+//!   the mark, or drops it to accept the gap.
 //!
 //! The rule compares events, not positions, so no position the relay itself confirmed can raise
 //! it: an event before the mark's position was streamed before the mark was made, and one between
@@ -33,8 +34,8 @@ use tokio_postgres::Client;
 
 use crate::Lsn;
 use crate::config::Settings;
-use crate::position::{History, Position};
-use crate::sink::Tail;
+use crate::position::Position;
+use crate::sink::{Origin, Replay, Tail};
 use crate::slot_scan::{self, Bound, Found};
 
 /// The mark's name: the slot's with `_mark`, cut to Postgres' 63 bytes.
@@ -55,9 +56,11 @@ pub(crate) enum Stored {
 }
 
 impl Stored {
-    /// From the stream's tail: its last message's position, when a relay wrote it for `history`
-    /// (with `history` `None`, only the slot is compared: `status` knows no timeline).
-    pub(crate) fn from_tail(tail: &Tail, slot: &str, history: Option<&History>) -> Stored {
+    /// From the stream's tail: its last message's position, when a relay wrote it in the history
+    /// `origin` streams, by the rule the replay trusts a tail by ([`Replay::judge`]: this system
+    /// and slot, this timeline or an ancestor below its switch point, not past the server's WAL).
+    /// With `origin` `None`, only the slot is compared: `status` knows no timeline.
+    pub(crate) fn from_tail(tail: &Tail, slot: &str, origin: Option<&Origin>) -> Stored {
         if tail.last_sequence == 0 {
             return Stored::Through(None);
         }
@@ -67,10 +70,14 @@ impl Stored {
                 tail.last_sequence
             ));
         };
+        if let Some(origin) = origin {
+            return match Replay::judge(last, origin) {
+                Ok((p, _)) => Stored::Through(Some(p)),
+                Err(why) => Stored::Unknown(why.to_string()),
+            };
+        }
         match (&last.position, &last.history) {
-            (Some(p), Some(h)) if h.slot == slot && history.is_none_or(|here| here == h) => {
-                Stored::Through(Some(*p))
-            }
+            (Some(p), Some(h)) if h.slot == slot => Stored::Through(Some(*p)),
             (Some(_), Some(h)) => Stored::Unknown(format!(
                 "the stream's last message is from another history ({h})"
             )),
@@ -84,7 +91,7 @@ impl Stored {
 
 /// Outbox events between the mark and the slot's position that the stream lacks.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Consumed {
+pub struct Consumed {
     /// `postgres.slot`.
     pub(crate) slot: String,
     /// Where the last session left the slot (the mark's position).
@@ -258,15 +265,39 @@ fn keeps(found: &Result<Check, impl std::error::Error>) -> bool {
     matches!(found, Ok(Check::Consumed(_) | Check::NoMark))
 }
 
+/// What a look that cannot compare (`found` is [`Check::Unknown`]) keeps of an earlier one: the
+/// consumption this process `reported` of the same mark (the mark still at `mark_at`) stands, and
+/// so does the mark. The stream's last message can go between two looks (aged out by `max_age`, a
+/// purge): the events the mark showed are missing all the same, and a retry that let go of the
+/// evidence then would stream on past them before anyone saw the report. A mark made since (the
+/// operator dropped the old one) stands elsewhere and is judged on its own.
+fn still_reported<E>(
+    found: Result<Check, E>,
+    mark_at: Option<Lsn>,
+    reported: Option<&Consumed>,
+) -> Result<Check, E> {
+    match (&found, reported) {
+        (Ok(Check::Unknown(_)), Some(r)) if mark_at == Some(r.mark_at) => {
+            Ok(Check::Consumed(r.clone()))
+        }
+        _ => found,
+    }
+}
+
 /// The start of a session that holds the slot at `slot_at`: [`judge`], then drops the mark unless
-/// it holds evidence.
+/// it holds evidence (also what this process `reported` of it before, [`still_reported`]).
 pub(crate) async fn check(
     settings: &Settings,
     pg: &Client,
     slot_at: Lsn,
     stored: &Stored,
+    reported: Option<&Consumed>,
 ) -> Result<Check, tokio_postgres::Error> {
-    let found = judge(settings, pg, slot_at, stored).await;
+    let mut found = judge(settings, pg, slot_at, stored).await;
+    if let (Ok(Check::Unknown(_)), Some(_)) = (&found, reported) {
+        let mark_at = mark_position(pg, &name(&settings.config().postgres.slot)).await?;
+        found = still_reported(found, mark_at, reported);
+    }
     if !keeps(&found) {
         drop_mark(settings, pg).await?;
     }
@@ -355,7 +386,8 @@ pub struct SimMark {
 /// `Connector::slot_check` over the simulation's servers: the stream's tail read through `nats`,
 /// the mark judged by the relay's own rule ([`judge_from`]) and its own decoder and outbox stage
 /// ([`slot_scan::Scanner`], within the same bound). Returns what the session's start finds (the
-/// slot at `slot_at`) and whether the mark is to be dropped ([`check`]'s rule).
+/// slot at `slot_at`) and whether the mark is to be dropped ([`check`]'s rule, with what this
+/// process `reported` before).
 #[cfg(feature = "test-support")]
 pub async fn sim_check(
     settings: &Settings,
@@ -363,18 +395,15 @@ pub async fn sim_check(
     system: &crate::source::SystemInfo,
     slot_at: Lsn,
     mark: Option<SimMark>,
+    reported: Option<&Consumed>,
 ) -> (SlotCheck, bool) {
     let slot = &settings.config().postgres.slot;
-    let history = History {
-        system_id: system.system_id.clone(),
-        timeline: system.timeline,
-        slot: slot.clone(),
-    };
+    let origin = Origin::of(system, slot);
     let stored =
         match crate::sink::read_tail(nats, &settings.config().nats.stream, settings.ack_timeout)
             .await
         {
-            Ok(tail) => Stored::from_tail(&tail, slot, Some(&history)),
+            Ok(tail) => Stored::from_tail(&tail, slot, Some(&origin)),
             Err(e) => Stored::Unknown(format!(
                 "the stream's tail cannot be read: {}",
                 crate::error_chain::error_chain(&e)
@@ -395,6 +424,7 @@ pub async fn sim_check(
         ))
     })
     .await;
+    let found = still_reported(found, mark_at, reported);
     let drop = !keeps(&found);
     let mut out = SlotCheck::at(slot_at);
     out.judged(found);
@@ -404,6 +434,7 @@ pub async fn sim_check(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::position::History;
     use crate::sink::Stamp;
 
     fn history(slot: &str) -> History {
@@ -411,6 +442,23 @@ mod tests {
             system_id: "7311234567890123456".into(),
             timeline: 1,
             slot: slot.into(),
+        }
+    }
+
+    /// A session on `timeline` of the system `history` names, whose server's WAL reaches 0/1000;
+    /// `file`: the timeline's history file (empty for timeline 1 or one that names no ancestor).
+    fn origin(timeline: u32, file: &str) -> Origin {
+        Origin {
+            history: History {
+                timeline,
+                ..history("s")
+            },
+            wal_end: Lsn(0x1000),
+            timelines: if file.is_empty() {
+                crate::source::TimelineHistory::root(timeline)
+            } else {
+                crate::source::TimelineHistory::parse(timeline, file).unwrap()
+            },
         }
     }
 
@@ -440,7 +488,7 @@ mod tests {
             replay_over: None,
         };
         assert_eq!(
-            Stored::from_tail(&tail(Some(ours.clone())), "s", Some(&history("s"))),
+            Stored::from_tail(&tail(Some(ours.clone())), "s", Some(&origin(1, ""))),
             Stored::Through(Some(p))
         );
         assert_eq!(
@@ -468,12 +516,28 @@ mod tests {
                 other => panic!("{other:?}"),
             }
         }
-        let mut timeline_2 = history("s");
-        timeline_2.timeline = 2;
-        assert!(matches!(
-            Stored::from_tail(&tail(Some(ours)), "s", Some(&timeline_2)),
-            Stored::Unknown(_)
-        ));
+        // A promoted server (timeline 2, branched off timeline 1 at 0/20): the old timeline's tail
+        // below the switch point is this history's, at or past it is not; a timeline 2 that names
+        // no ancestor, or a tail past the server's WAL (a restore behind it), is not either.
+        let promoted = origin(2, "1\t0/20\tno recovery target specified\n");
+        assert_eq!(
+            Stored::from_tail(&tail(Some(ours.clone())), "s", Some(&promoted)),
+            Stored::Through(Some(p))
+        );
+        let mut past = ours.clone();
+        past.position = Some(Position::in_transaction(Lsn(0x20), 0));
+        let mut ahead = origin(1, "");
+        ahead.wal_end = Lsn(0x10);
+        for (t, origin, why) in [
+            (tail(Some(past)), promoted, "at or past"),
+            (tail(Some(ours.clone())), origin(2, ""), "another history"),
+            (tail(Some(ours)), ahead, "beyond the server's WAL"),
+        ] {
+            match Stored::from_tail(&t, "s", Some(&origin)) {
+                Stored::Unknown(w) => assert!(w.contains(why), "{why}: {w}"),
+                other => panic!("{why}: {other:?}"),
+            }
+        }
     }
 
     #[test]

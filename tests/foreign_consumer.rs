@@ -251,3 +251,102 @@ async fn consumed_by_another_client(
     .await;
     stop(relay);
 }
+
+/// The report stands while its mark does: a retry after the stream's last message went (a purge
+/// here; `max_age` does the same) can no longer compare, and must not drop the evidence and
+/// stream on past the gap before anyone saw the report.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumed_slot_stays_reported_after_the_streams_last_message_is_gone() {
+    let db = text_id_db().await;
+    let nats = NatsServer::start();
+    let mut config = relay_config(&db, &nats);
+    config.http.listen = free_addr();
+    let addr = config.http.listen.clone();
+    let mut env = relay_env(&config);
+    set(&mut env, "OUTBOX_RELAY_HTTP_LISTEN", &addr);
+    let slot = config.postgres.slot.clone();
+    let mark = format!("{slot}_mark");
+    let stream = config.nats.stream.clone();
+    let client = db.client().await;
+    let js = jetstream::new(nats.client().await);
+
+    // A relay stores e-1 and stops cleanly (the mark); another client advances the slot past e-2.
+    let relay = RelayProcess::spawn(&["run"], &env);
+    wait_metric(&addr, STREAMING, 1.0).await;
+    good(&client, "e-1").await;
+    wait_for("e-1 stored", LIMIT, || async {
+        ids_in(&js, &stream).await == ["e-1"]
+    })
+    .await;
+    stop(relay);
+    good(&client, "e-2").await;
+    let past = current_wal_lsn(&client).await;
+    wait_for("the slot released by the stopped relay", LIMIT, || async {
+        client
+            .query_one(
+                "SELECT NOT active FROM pg_replication_slots WHERE slot_name = $1",
+                &[&slot],
+            )
+            .await
+            .map(|r| r.get::<_, bool>(0))
+            .unwrap_or(false)
+    })
+    .await;
+    db.psql(&format!(
+        "SELECT pg_replication_slot_advance('{slot}', '{past}')"
+    ));
+    let relay = RelayProcess::spawn(&["run"], &env);
+    wait_metric(&addr, CONSUMED, 1.0).await;
+
+    // The stream's last message goes. Two more restarts: the second ends a session that began
+    // after the purge, whose look could not compare.
+    js.get_stream(&stream)
+        .await
+        .expect("the stream")
+        .purge()
+        .await
+        .expect("purge the stream");
+    const RESTARTS: &str = "outbox_relay_reconnects_total{cause=\"postgres\"}";
+    let restarts = || async {
+        let body = http_get(&addr, "/metrics").await.expect("metrics").1;
+        (
+            metric(&body, RESTARTS).unwrap_or(0.0),
+            metric(&body, STREAMING).unwrap_or(0.0),
+        )
+    };
+    let before = restarts().await.0;
+    wait_for(
+        "two more restarts, or streaming",
+        Duration::from_secs(120),
+        || async {
+            let (n, streaming) = restarts().await;
+            n >= before + 2.0 || streaming == 1.0
+        },
+    )
+    .await;
+    let body = http_get(&addr, "/metrics").await.expect("metrics").1;
+    assert_eq!(
+        metric(&body, STREAMING),
+        Some(0.0),
+        "it streamed on past the gap once the stream's last message was gone: {}",
+        relay.stderr()
+    );
+    assert_eq!(metric(&body, CONSUMED), Some(1.0), "the report stands");
+    assert!(slot_exists(&client, &mark).await, "the evidence stays");
+
+    // Dropping the mark accepts the gap, as before.
+    wait_for("the stop mark dropped by the operator", LIMIT, || async {
+        client
+            .execute("SELECT pg_drop_replication_slot($1)", &[&mark])
+            .await
+            .is_ok()
+    })
+    .await;
+    wait_metric(&addr, STREAMING, 1.0).await;
+    good(&client, "e-3").await;
+    wait_for("e-3 stored, after the gap", LIMIT, || async {
+        ids_in(&js, &stream).await == ["e-3"]
+    })
+    .await;
+    stop(relay);
+}

@@ -14,8 +14,8 @@ use crate::error::{RelayError, Restart, SessionEnd, from_source};
 use crate::metrics::Metrics;
 use crate::nats::NatsPort;
 use crate::position::History;
-use crate::sink::{connect_nats, read_tail};
-use crate::slot_mark::{self, SlotCheck, Stored};
+use crate::sink::{Origin, connect_nats, read_tail};
+use crate::slot_mark::{self, Consumed, SlotCheck, Stored};
 use crate::source::{
     PgOutputOptions, ReplConnection, ReplicationStream, Shared, SourceError, StreamConfig,
     SystemInfo, TimelineHistory,
@@ -39,9 +39,14 @@ pub trait Connector: Send + Sync {
     fn partitions(&mut self) -> BoxFuture<'_, Result<Vec<u32>, SessionEnd>>;
     /// The slot as a session that holds it finds it (`system`: what the session's `IDENTIFY_SYSTEM`
     /// said): its position, and whether another client consumed it past events the stream lacks
-    /// (`slot_mark.rs`). The default knows neither.
-    fn slot_check<'a>(&'a mut self, system: &'a SystemInfo) -> BoxFuture<'a, SlotCheck> {
-        let _ = system;
+    /// (`slot_mark.rs`); `reported`: what this process's last look reported, which a look that
+    /// cannot compare keeps while its mark stands. The default knows neither.
+    fn slot_check<'a>(
+        &'a mut self,
+        system: &'a SystemInfo,
+        reported: Option<&'a Consumed>,
+    ) -> BoxFuture<'a, SlotCheck> {
+        let _ = (system, reported);
         Box::pin(async { SlotCheck::default() })
     }
     /// A session that confirmed `confirmed` ends while its walsender (`walsender_pid`) may still
@@ -252,18 +257,17 @@ impl Connector for Servers {
         })
     }
 
-    fn slot_check<'a>(&'a mut self, system: &'a SystemInfo) -> BoxFuture<'a, SlotCheck> {
+    fn slot_check<'a>(
+        &'a mut self,
+        system: &'a SystemInfo,
+        reported: Option<&'a Consumed>,
+    ) -> BoxFuture<'a, SlotCheck> {
         Box::pin(async move {
             let nats = self.nats.as_ref().map(|(c, _)| c.clone());
-            let history = History {
-                system_id: system.system_id.clone(),
-                timeline: system.timeline,
-                slot: self.settings.config().postgres.slot.clone(),
-            };
-            let history = &history;
+            let origin = Origin::of(system, &self.settings.config().postgres.slot);
             tokio::time::timeout(
                 SLOT_CHECK_TIMEOUT,
-                check_slot(&self.settings, nats, history),
+                check_slot(&self.settings, nats, &origin, reported),
             )
             .await
             .unwrap_or_else(|_| SlotCheck {
@@ -335,7 +339,8 @@ const MARK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 async fn check_slot(
     settings: &Settings,
     nats: Option<async_nats::Client>,
-    history: &History,
+    origin: &Origin,
+    reported: Option<&Consumed>,
 ) -> SlotCheck {
     let mut out = SlotCheck::default();
     let slot = &settings.config().postgres.slot;
@@ -363,13 +368,13 @@ async fn check_slot(
     let nats = NatsPort::from(nats);
     let stored = match read_tail(&nats, &settings.config().nats.stream, settings.ack_timeout).await
     {
-        Ok(tail) => Stored::from_tail(&tail, slot, Some(history)),
+        Ok(tail) => Stored::from_tail(&tail, slot, Some(origin)),
         Err(e) => Stored::Unknown(format!(
             "the stream's tail cannot be read: {}",
             super::error_chain(&e)
         )),
     };
-    out.judged(slot_mark::check(settings, &pg, slot_at, &stored).await);
+    out.judged(slot_mark::check(settings, &pg, slot_at, &stored, reported).await);
     out
 }
 

@@ -29,7 +29,7 @@ use crate::error::{CauseKind, NatsTrouble, Restart, SessionEnd};
 use crate::error_chain::error_chain;
 use crate::metrics::Metrics;
 use crate::sink::Outcome;
-pub use crate::slot_mark::SlotCheck;
+pub use crate::slot_mark::{Consumed, SlotCheck};
 use crate::stored::Positions;
 pub use crate::stored::probe::{PositionProbe, Served, Waited};
 use connector::Servers;
@@ -204,8 +204,8 @@ pub(crate) struct Relay {
     /// The backoff jitter's xorshift state.
     jitter: u64,
     /// The report of a client that consumed the slot, as last logged (logged again only when it
-    /// changes).
-    consumed: Option<String>,
+    /// changes), and handed to the next look, which keeps it when it cannot compare.
+    consumed: Option<Consumed>,
     stop: watch::Receiver<bool>,
     /// `[telemetry]`: the span exporter, one per process, handed to every session's sink.
     telemetry: Option<crate::telemetry::Telemetry>,
@@ -318,7 +318,7 @@ impl Relay {
             return Ok(());
         };
         let text = consumed.to_string();
-        if self.consumed.as_ref() != Some(&text) {
+        if self.consumed.as_ref() != Some(consumed) {
             error!(
                 slot = %consumed.slot,
                 from = %consumed.mark_at,
@@ -327,7 +327,7 @@ impl Relay {
                 first = %consumed.first.id,
                 "{text}"
             );
-            self.consumed = Some(text.clone());
+            self.consumed = Some(consumed.clone());
         }
         Err(SessionEnd::Restart(Restart::SlotConsumed(text)))
     }

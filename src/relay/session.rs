@@ -20,7 +20,6 @@ use crate::error::{RelayError, Restart, SessionEnd, from_sink, from_source};
 use crate::metrics::Metrics;
 use crate::outbox::{OutboxStage, Step};
 use crate::pgoutput::{Decoder, Message};
-use crate::position::History;
 use crate::progress::Progress;
 use crate::sink::{Acked, Origin, Sink, SinkConfig};
 use crate::source::{ReplicationEvent, ReplicationStream, SourceError};
@@ -79,23 +78,15 @@ impl Session {
         // The slot is held: nobody else moves it now. Its position is where the position service
         // starts, and a client that consumed it since the last session is reported here, before
         // anything says this session streams.
-        let check = relay.connector.slot_check(&system).await;
+        let reported = relay.consumed.clone();
+        let check = relay.connector.slot_check(&system, reported.as_ref()).await;
         relay.slot_checked(&check)?;
         let from = Start::FROM_SLOT;
-        let history = History {
-            system_id: system.system_id.clone(),
-            timeline: system.timeline,
-            slot: settings.config().postgres.slot.clone(),
-        };
-        relay.history = Some(history.clone());
         // The history this session streams, and how far the server's WAL reaches: the sink trusts
         // the stream's tail only when it is this history's (or an ancestor timeline's, below its
         // switch point) and not beyond it.
-        let origin = Origin {
-            history,
-            wal_end: system.xlogpos,
-            timelines: system.history,
-        };
+        let origin = Origin::of(&system, &settings.config().postgres.slot);
+        relay.history = Some(origin.history.clone());
         relay.streaming();
         let client = nats.client().cloned();
         let sink = Sink::start(

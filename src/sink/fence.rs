@@ -101,6 +101,22 @@ pub(crate) struct Origin {
     pub(crate) timelines: TimelineHistory,
 }
 
+impl Origin {
+    /// What `IDENTIFY_SYSTEM` and `TIMELINE_HISTORY` (`system`) say about the history a session
+    /// of `slot` streams.
+    pub(crate) fn of(system: &crate::source::SystemInfo, slot: &str) -> Origin {
+        Origin {
+            history: History {
+                system_id: system.system_id.clone(),
+                timeline: system.timeline,
+                slot: slot.to_owned(),
+            },
+            wal_end: system.xlogpos,
+            timelines: system.history.clone(),
+        }
+    }
+}
+
 /// What to do with one replayed event.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Replayed {
@@ -278,8 +294,9 @@ impl Replay {
     }
 
     /// Whether a message the relay wrote (`last`) names an event of the history `origin` streams,
-    /// at a position the server has: its position and id, or why not.
-    fn judge(last: &Stamp, origin: &Origin) -> Result<(Position, String), Untrusted> {
+    /// at a position the server has: its position and id, or why not. The stop mark's look
+    /// (`slot_mark.rs`) trusts a tail by the same rule.
+    pub(crate) fn judge(last: &Stamp, origin: &Origin) -> Result<(Position, String), Untrusted> {
         let (Some(position), Some(history), Some(id)) = (last.position, &last.history, &last.id)
         else {
             return Err(Untrusted::Foreign);

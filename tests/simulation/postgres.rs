@@ -191,6 +191,9 @@ enum Copy {
 }
 
 struct Conn {
+    /// The relay process that opened it: a walsender outlives a killed process while its
+    /// connection is black-holed, and holds the slot for no session then.
+    owner: u64,
     epoch: u64,
     /// Where decoding sends from: max(requested start, confirmed_flush).
     start: u64,
@@ -491,6 +494,22 @@ impl State {
         let ids: Vec<u64> = self.conns.keys().copied().collect();
         for id in ids {
             self.end_conn(id);
+        }
+    }
+
+    /// The slot was taken back (a crash to its checkpoint, a restore, a promotion): a consumption
+    /// the slot now stands at or before the start of is undone, its WAL sent again or gone from
+    /// the history with the rest. A report demanded of it and not yet seen is demanded no more
+    /// (the relay's next look finds the slot behind the mark, nothing to report).
+    fn slot_taken_back(&mut self) {
+        let at = self.slot.confirmed;
+        for c in &mut self.consumptions {
+            if matches!(c.demanded, Some(Ok(_))) && !c.reported && at <= c.from {
+                c.demanded = Some(Err(format!(
+                    "the slot was taken back to {}, before it",
+                    Lsn(at)
+                )));
+            }
         }
     }
 }
@@ -961,6 +980,7 @@ impl Postgres {
         s.apps.iter_mut().for_each(|a| *a = None);
         s.slot.confirmed = slot;
         s.slot.checkpointed = slot;
+        s.slot_taken_back();
         s.epoch += 1;
         s.rewinds.push(units);
         s.timeline = timeline;
@@ -992,6 +1012,7 @@ impl Postgres {
         s.open.clear();
         s.apps.iter_mut().for_each(|a| *a = None);
         s.slot.confirmed = s.slot.checkpointed;
+        s.slot_taken_back();
         s.epoch += 1;
         let had = s.wal.len();
         if lossy {
@@ -1045,6 +1066,7 @@ impl Postgres {
         s.open.clear();
         s.apps.iter_mut().for_each(|a| *a = None);
         s.slot.confirmed = s.slot.checkpointed;
+        s.slot_taken_back();
         s.epoch += 1;
         s.down_until = Some(Instant::now() + down_for);
         trace!(
@@ -1093,11 +1115,12 @@ impl Postgres {
         Ok(Vec::new())
     }
 
-    /// IDENTIFY_SYSTEM and START_REPLICATION from the slot's own position: the relay's end of the
-    /// pipe, as a real `ReplicationStream`.
+    /// IDENTIFY_SYSTEM and START_REPLICATION from the slot's own position, for relay process
+    /// `owner`: the relay's end of the pipe, as a real `ReplicationStream`.
     pub(crate) async fn connect(
         self: &Arc<Self>,
         config: StreamConfig,
+        owner: u64,
     ) -> Result<(ReplicationStream, SystemInfo), SessionEnd> {
         // Connecting and authenticating take a moment.
         tokio::time::sleep(self.dice.millis(0, 15)).await;
@@ -1161,6 +1184,7 @@ impl Postgres {
             s.conns.insert(
                 id,
                 Conn {
+                    owner,
                     epoch,
                     start: from,
                     cursor,
@@ -1542,10 +1566,14 @@ impl Postgres {
         Some((slot, pending))
     }
 
-    /// Whether a walsender holds the slot, with the server up.
-    pub(crate) fn slot_streamed(&self) -> bool {
+    /// The relay process whose walsender holds the slot, with the server up (`None`: none holds
+    /// it). A killed process's black-holed walsender holds it too, for no session.
+    pub(crate) fn slot_holder(&self) -> Option<u64> {
         let s = self.state.lock().unwrap();
-        !s.is_down() && s.slot.active.is_some()
+        if s.is_down() {
+            return None;
+        }
+        s.slot.active.and_then(|c| s.conns.get(&c)).map(|c| c.owner)
     }
 
     /// Whether a stop mark exists.

@@ -84,7 +84,9 @@ use outbox_relay::error::{NatsTrouble, Restart, SessionEnd};
 use outbox_relay::error_chain::error_chain;
 use outbox_relay::metrics::Metrics;
 use outbox_relay::nats::NatsPort;
-use outbox_relay::relay::{Connector, PositionProbe, RelayError, SlotCheck, Waited, run_with};
+use outbox_relay::relay::{
+    Connector, Consumed, PositionProbe, RelayError, SlotCheck, Waited, run_with,
+};
 use outbox_relay::source::{ReplicationStream, StreamConfig, SystemInfo};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -375,7 +377,7 @@ impl Connector for SimConnector {
                 process: self.process,
             };
             outbox_relay::relay::refuse_under_backfill(&self.settings, &port).await?;
-            let connected = self.pg.connect(self.config.clone()).await?;
+            let connected = self.pg.connect(self.config.clone(), self.process).await?;
             // No await since the server took the connection: no rewind came in between.
             self.connected
                 .store(self.pg.rewinds() as u64, Ordering::Relaxed);
@@ -394,7 +396,11 @@ impl Connector for SimConnector {
     /// The session holds the slot: its position (what the position service starts from), and the
     /// stop mark judged by the relay's own rule against the stream's tail; the mark is dropped
     /// unless it holds evidence, as `slot_mark::check` drops it.
-    fn slot_check<'a>(&'a mut self, system: &'a SystemInfo) -> BoxFuture<'a, SlotCheck> {
+    fn slot_check<'a>(
+        &'a mut self,
+        system: &'a SystemInfo,
+        reported: Option<&'a Consumed>,
+    ) -> BoxFuture<'a, SlotCheck> {
         Box::pin(async move {
             tokio::time::sleep(self.dice.millis(0, 15)).await;
             let Some(slot_at) = self.pg.slot_position() else {
@@ -406,9 +412,15 @@ impl Connector for SimConnector {
                 process: self.process,
             });
             let mark = self.pg.mark_view(slot_at);
-            let (check, drop) =
-                outbox_relay::sim_slot_check(&self.settings, &port, system, Lsn(slot_at), mark)
-                    .await;
+            let (check, drop) = outbox_relay::sim_slot_check(
+                &self.settings,
+                &port,
+                system,
+                Lsn(slot_at),
+                mark,
+                reported,
+            )
+            .await;
             if drop {
                 self.pg.drop_mark("the relay's start");
             }
@@ -1386,8 +1398,14 @@ impl World {
         match d.range(0, 10) {
             0..4 => {
                 // A clean stop of a session that streams leaves the mark (docs/guarantees.md P9):
-                // without it every consumption would go unseen.
-                let streamed = self.pg.slot_streamed();
+                // without it every consumption would go unseen. Only a running relay's session: a
+                // killed one's black-holed walsender holds the slot until its timeout while a
+                // standby waits, and stopping that standby ends no session that held it.
+                let running = [&self.relay, &self.standby].map(|p| p.as_ref().map(|p| p.number));
+                let streamed = self
+                    .pg
+                    .slot_holder()
+                    .is_some_and(|owner| running.contains(&Some(owner)));
                 self.stop_all().await;
                 if streamed && self.pg.slot_position().is_some() && !self.pg.has_mark() {
                     self.violations.report(
