@@ -17,25 +17,27 @@
 //! session left (`slot_mark.rs`) is judged the same way the relay judges it: events that a client
 //! other than a relay consumed from the slot, and the stream lacks, are a problem.
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
-use tokio_postgres::Client;
-
-use crate::catalog::{self, SlotRow};
+use crate::catalog::SlotRow;
 use crate::config::Settings;
 use crate::setup;
 use crate::sink::connect_nats;
 use crate::slot_mark;
 use crate::slot_scan;
 
+mod postgres;
 mod report;
+mod stream;
 mod text;
 
+use postgres::{postgres_side, read_standbys};
 pub use report::Status;
 use report::{
     BackfillStatus, PublicationStatus, RelayState, RelayStatus, SchemasStatus, ServerStatus,
-    SlotStatus, StandbyStatus, State, StreamStatus,
+    SlotStatus, State, StreamStatus,
 };
+#[cfg(feature = "test-support")]
+use stream::unknown_stream;
+use stream::{read_stream, stored_by_tail};
 use text::last_ack;
 
 /// Gathers the status. `max_lag_bytes`: a slot further behind than this is a problem even while a
@@ -115,61 +117,6 @@ struct PostgresSide {
     publication: PublicationStatus,
     /// Why whether events wait in the slot could not be checked.
     events_unknown: Option<String>,
-}
-
-/// Connects to Postgres and reads the server, slot, relay and publication, and the
-/// `pg_logical_emit_message` grant warning; a failure is a problem, never an early return.
-async fn postgres_side(
-    settings: &Settings,
-    problems: &mut Vec<String>,
-    warnings: &mut Vec<String>,
-) -> PostgresSide {
-    let mut side = PostgresSide {
-        server: ServerStatus {
-            state: State::Unreachable,
-            host: None,
-            server_version: None,
-            in_recovery: None,
-            synchronized_standby_slots: None,
-            idle_replication_slot_timeout: None,
-        },
-        slot: slot_status(&settings.config().postgres.slot, State::Unreachable, None),
-        relay: RelayStatus {
-            state: RelayState::Unknown,
-            pids: Vec::new(),
-            own_word: None,
-        },
-        publication: PublicationStatus {
-            name: settings.config().postgres.publication.clone(),
-            exists: false,
-            tables: Vec::new(),
-        },
-        events_unknown: None,
-    };
-    match setup::connect_postgres(settings).await {
-        Err(e) => problems.push(crate::error_chain::error_chain(&e)),
-        Ok(pg) => {
-            side.server.state = State::Exists;
-            if let Err(e) = read_postgres(
-                settings,
-                &pg,
-                &mut side.server,
-                &mut side.slot,
-                &mut side.relay,
-                &mut side.publication,
-                &mut side.events_unknown,
-            )
-            .await
-            {
-                problems.push(format!("postgres: {e}"));
-            }
-            match setup::message_warnings(settings, &pg).await {
-                Ok(w) => warnings.extend(w),
-                Err(e) => problems.push(format!("postgres: {e}")),
-            }
-        }
-    }
-    side
 }
 
 /// The slot's problems: missing, lost, or events waiting (or unknown) with no relay streaming it.
@@ -266,21 +213,6 @@ async fn consumed_problem(
     consumed_found(slot, found, problems, warnings)
 }
 
-/// How far the stream's tail, read through `nats`, says the stream holds the slot's events.
-async fn stored_by_tail(
-    nats: &crate::nats::NatsPort,
-    slot: &str,
-    stream: &str,
-) -> slot_mark::Stored {
-    // As long as any other request of status's client may take (async-nats' default).
-    let timeout = std::time::Duration::from_secs(10);
-    match crate::sink::read_tail(nats, stream, timeout).await {
-        // status knows no timeline: the slot named in the tail is compared, not the history.
-        Ok(tail) => slot_mark::Stored::from_tail(&tail, slot, None),
-        Err(e) => slot_mark::Stored::Unknown(crate::error_chain::error_chain(&e)),
-    }
-}
-
 /// What the stop mark's judgement found (`Err`: why the mark could not be read): a problem when
 /// events were consumed, a warning when it cannot be told. Returns how many events, when a mark
 /// was judged.
@@ -367,68 +299,6 @@ fn schemas_status(settings: &Settings, problems: &mut Vec<String>) -> Option<Sch
     })
 }
 
-async fn read_postgres(
-    settings: &Settings,
-    pg: &Client,
-    server: &mut ServerStatus,
-    slot: &mut SlotStatus,
-    relay: &mut RelayStatus,
-    publication: &mut PublicationStatus,
-    events_unknown: &mut Option<String>,
-) -> Result<(), tokio_postgres::Error> {
-    let r = pg
-        .query_one(
-            "SELECT current_setting('server_version'), pg_is_in_recovery(), \
-             current_setting('synchronized_standby_slots', true), \
-             current_setting('idle_replication_slot_timeout', true), \
-             coalesce(host(inet_server_addr()) || ':' || inet_server_port()::text, 'local socket')",
-            &[],
-        )
-        .await?;
-    server.server_version = r.get(0);
-    server.in_recovery = r.get(1);
-    server.synchronized_standby_slots = r.get(2);
-    server.idle_replication_slot_timeout = r.get(3);
-    server.host = r.get(4);
-
-    let row = catalog::slot(pg, &settings.config().postgres.slot).await?;
-    *slot = slot_status(
-        &settings.config().postgres.slot,
-        if row.is_some() {
-            State::Exists
-        } else {
-            State::Missing
-        },
-        row.as_ref(),
-    );
-    relay.pids = relay_pids(pg, &settings.config().postgres.slot).await?;
-    relay.state = relay_state(row.as_ref(), &relay.pids);
-    if row.as_ref().is_some_and(needs_look) {
-        let found = events_waiting(settings, pg).await.map_err(|e| {
-            e.as_db_error()
-                .map_or_else(|| e.to_string(), |d| d.message().to_owned())
-        });
-        waiting_found(found, slot, events_unknown);
-    }
-    publication.exists = pg
-        .query_opt(
-            "SELECT 1 FROM pg_publication WHERE pubname = $1",
-            &[&settings.config().postgres.publication],
-        )
-        .await?
-        .is_some();
-    publication.tables = pg
-        .query(
-            "SELECT schemaname || '.' || tablename FROM pg_publication_tables WHERE pubname = $1 ORDER BY 1",
-            &[&settings.config().postgres.publication],
-        )
-        .await?
-        .iter()
-        .map(|r| r.get::<_, String>(0))
-        .collect();
-    Ok(())
-}
-
 /// What a relay for the slot is doing, from the slot's row and the pids of the relay processes
 /// connected to Postgres.
 fn relay_state(row: Option<&SlotRow>, pids: &[u32]) -> RelayState {
@@ -469,135 +339,6 @@ fn waiting_found(
     }
 }
 
-/// The pids of the relay processes for `slot` connected to this database: every connection a relay
-/// opens is named [`catalog::relay_application_name`] (`outbox-relay/SLOT/PID…`). Any session may
-/// give itself that name, so only sessions of the relay's own role (the role `status` connects as)
-/// and the walsender that holds the slot are believed.
-async fn relay_pids(pg: &Client, slot: &str) -> Result<Vec<u32>, tokio_postgres::Error> {
-    let prefix = format!("{}{slot}/", catalog::RELAY_APPLICATION_PREFIX);
-    // application_name is cut at 63 bytes (NAMEDATALEN - 1); a long slot name leaves no pid.
-    let cut = prefix.len().min(63);
-    let rows = pg
-        .query(
-            "SELECT DISTINCT application_name FROM pg_stat_activity \
-             WHERE datname = current_database() AND left(application_name, $2) = left($1, $2) \
-               AND (usename = current_user \
-                    OR pid = (SELECT active_pid FROM pg_replication_slots WHERE slot_name = $3))",
-            &[&prefix, &(cut as i32), &slot],
-        )
-        .await?;
-    let mut pids: Vec<u32> = rows
-        .iter()
-        .filter_map(|r| {
-            let name: String = r.get(0);
-            name.get(prefix.len()..)?.split('/').next()?.parse().ok()
-        })
-        .collect();
-    pids.sort_unstable();
-    pids.dedup();
-    Ok(pids)
-}
-
-/// Whether the inactive slot holds at least one outbox event nobody has published, and the first
-/// one: its pending changes are peeked, behind any number of changes that are not events (a
-/// retention DELETE, other published tables, messages under other prefixes), within
-/// [`slot_scan::Bound::DEFAULT`]; nothing is consumed.
-///
-/// Peeking acquires the slot it reads for as long as decoding takes, and a relay starting then
-/// would find its slot held (and wait as a standby, naming this connection). So the peek reads a
-/// temporary copy (`pg_copy_logical_replication_slot`, which reads the slot's positions without
-/// acquiring it): the same WAL from the same position, and the copy goes with this connection.
-async fn events_waiting(
-    settings: &Settings,
-    pg: &Client,
-) -> Result<slot_scan::Scan, tokio_postgres::Error> {
-    let copy = format!(
-        "outbox_relay_status_{}_{}",
-        std::process::id(),
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.subsec_nanos())
-    );
-    pg.query(
-        "SELECT pg_copy_logical_replication_slot($1, $2, true)",
-        &[&settings.config().postgres.slot, &copy],
-    )
-    .await?;
-    let peeked = slot_scan::scan(
-        settings,
-        pg,
-        &copy,
-        None,
-        None,
-        true,
-        slot_scan::Bound::DEFAULT,
-    )
-    .await;
-    let _ = pg
-        .query("SELECT pg_drop_replication_slot($1)", &[&copy])
-        .await;
-    peeked
-}
-
-/// Each other host of the URL: reachable, a standby, and holding a synced copy of the slot.
-async fn read_standbys(
-    settings: &Settings,
-    reached: Option<&str>,
-    slot: &SlotStatus,
-    warnings: &mut Vec<String>,
-) -> Vec<StandbyStatus> {
-    let mut out = Vec::new();
-    if settings.conn.hosts.len() < 2 {
-        return out;
-    }
-    for (host, port) in &settings.conn.hosts {
-        let target = format!("{host}:{port}");
-        // The host the control connection reached is the primary itself.
-        if reached
-            .is_some_and(|r| r == target || r.ends_with(&format!(":{port}")) && host_is_local(host))
-        {
-            continue;
-        }
-        let mut info = settings.conn.clone();
-        info.hosts = vec![(host.clone(), *port)];
-        info.target_session_attrs = crate::source::TargetSessionAttrs::Any;
-        let mut st = StandbyStatus {
-            host: target.clone(),
-            state: State::Unreachable,
-            in_recovery: None,
-            slot_exists: false,
-            synced: None,
-            confirmed_flush_lsn: None,
-        };
-        if let Ok(client) = crate::source::connect_control(&info, "outbox-relay status").await {
-            st.state = State::Exists;
-            st.in_recovery = client
-                .query_one("SELECT pg_is_in_recovery()", &[])
-                .await
-                .ok()
-                .map(|r| r.get(0));
-            if let Ok(Some(copy)) = catalog::slot(&client, &settings.config().postgres.slot).await {
-                st.slot_exists = true;
-                st.synced = copy.synced;
-                st.confirmed_flush_lsn = copy.confirmed_flush_lsn;
-            }
-        }
-        if st.in_recovery == Some(true) && slot.failover == Some(true) && st.synced != Some(true) {
-            warnings.push(format!(
-                "standby {target} has no synced copy of slot {}: a failover to it would lose the slot \
-                 (set sync_replication_slots = on, hot_standby_feedback = on and a primary_conninfo with dbname there)",
-                slot.name
-            ));
-        }
-        out.push(st);
-    }
-    out
-}
-
-fn host_is_local(host: &str) -> bool {
-    matches!(host, "localhost" | "127.0.0.1" | "::1")
-}
-
 fn slot_status(name: &str, state: State, row: Option<&SlotRow>) -> SlotStatus {
     let r = row.cloned().unwrap_or_default();
     let known = state != State::Unreachable;
@@ -620,89 +361,6 @@ fn slot_status(name: &str, state: State, row: Option<&SlotRow>) -> SlotStatus {
         failover: r.failover,
         synced: r.synced,
     }
-}
-
-/// The stream `name` before NATS answered: every field unknown.
-fn unknown_stream(name: &str) -> StreamStatus {
-    StreamStatus {
-        name: name.to_owned(),
-        state: State::Unreachable,
-        exists: None,
-        messages: None,
-        bytes: None,
-        last_sequence: None,
-        subjects: None,
-        storage: None,
-        replicas: None,
-        duplicate_window_secs: None,
-        max_msgs: None,
-        max_bytes: None,
-        max_age_secs: None,
-        discard: None,
-        unknown_because: None,
-        metadata: Default::default(),
-    }
-}
-
-async fn read_stream(settings: &Settings, problems: &mut Vec<String>) -> StreamStatus {
-    let name = &settings.config().nats.stream;
-    let mut st = unknown_stream(name);
-    let client = match connect_nats(settings).await {
-        Ok(c) => c,
-        Err(e) => {
-            let error = crate::error_chain::error_chain(&e);
-            st.unknown_because = Some(format!("NATS unreachable ({error})"));
-            problems.push(error);
-            return st;
-        }
-    };
-    let js = async_nats::jetstream::new(client);
-    match js.get_stream(name).await {
-        Ok(mut s) => match s.info().await {
-            Ok(info) => {
-                st.state = State::Exists;
-                st.exists = Some(true);
-                st.messages = Some(info.state.messages);
-                st.bytes = Some(info.state.bytes);
-                st.last_sequence = Some(info.state.last_sequence);
-                st.subjects = Some(info.config.subjects.clone());
-                st.storage = Some(format!("{:?}", info.config.storage).to_lowercase());
-                st.replicas = Some(info.config.num_replicas);
-                st.duplicate_window_secs = Some(info.config.duplicate_window.as_secs());
-                // JetStream's "unlimited" is -1 (0 for max_age).
-                st.max_msgs = u64::try_from(info.config.max_messages).ok();
-                st.max_bytes = u64::try_from(info.config.max_bytes).ok();
-                st.max_age_secs = Some(info.config.max_age.as_secs()).filter(|s| *s > 0);
-                st.discard = Some(format!("{:?}", info.config.discard).to_lowercase());
-                st.metadata = info.config.metadata.clone();
-            }
-            Err(e) => {
-                st.unknown_because = Some(format!("JetStream did not answer ({e})"));
-                problems.push(format!("JetStream stream {name}: {e}"));
-            }
-        },
-        Err(e) => match e.kind() {
-            async_nats::jetstream::context::GetStreamErrorKind::JetStream(je)
-                if je.error_code() == async_nats::jetstream::ErrorCode::STREAM_NOT_FOUND =>
-            {
-                st.state = State::Missing;
-                st.exists = Some(false);
-            }
-            async_nats::jetstream::context::GetStreamErrorKind::JetStream(_) => {
-                st.unknown_because = Some(format!("JetStream refused the lookup ({e})"));
-                problems.push(format!("JetStream stream {name}: {e}"));
-            }
-            _ => {
-                st.state = State::JetstreamDisabled;
-                st.unknown_because = Some("JetStream not available".into());
-                problems.push(
-                    "NATS answers, but JetStream is not available: start nats-server with -js"
-                        .into(),
-                );
-            }
-        },
-    }
-    st
 }
 
 /// What the relay's own word adds to what Postgres shows: a relay that says it is not ready is a
