@@ -13,7 +13,7 @@ use super::PostgresSide;
 use super::report::{
     PublicationStatus, RelayState, RelayStatus, ServerStatus, SlotStatus, StandbyStatus, State,
 };
-use super::{needs_look, relay_state, slot_status, waiting_found};
+use super::slot::{needs_look, relay_state, slot_status, waiting_found};
 use crate::catalog;
 use crate::config::Settings;
 use crate::setup;
