@@ -177,3 +177,227 @@ pub(super) fn slot_status(name: &str, state: State, row: Option<&SlotRow>) -> Sl
         synced: r.synced,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The slot's verdict on facts built by hand: each rule's outcome and its exact words, which
+    //! operators read (the simulation checks the outcomes over its worlds, not the words).
+
+    use super::super::report::{PublicationStatus, ServerStatus};
+    use super::super::stream::unknown_stream;
+    use super::*;
+    use crate::Lsn;
+    use crate::position::Position;
+    use crate::slot_scan::{Found, Scan};
+
+    /// The slot `s` as Postgres shows it from `row`, with no relay connected, a reachable
+    /// Postgres and publication, and what the look found folded in.
+    fn side(
+        row: Option<SlotRow>,
+        pids: Vec<u32>,
+        found: Option<Result<Scan, String>>,
+    ) -> PostgresSide {
+        let state = if row.is_some() {
+            State::Exists
+        } else {
+            State::Missing
+        };
+        let mut slot = slot_status("s", state, row.as_ref());
+        let mut events_unknown = None;
+        if let Some(found) = found {
+            waiting_found(found, &mut slot, &mut events_unknown);
+        }
+        PostgresSide {
+            server: ServerStatus {
+                state: State::Exists,
+                host: None,
+                server_version: None,
+                in_recovery: None,
+                synchronized_standby_slots: None,
+                idle_replication_slot_timeout: None,
+            },
+            relay: RelayStatus {
+                state: relay_state(row.as_ref(), &pids),
+                pids,
+                own_word: None,
+            },
+            slot,
+            publication: PublicationStatus {
+                name: "p".into(),
+                exists: true,
+                tables: Vec::new(),
+            },
+            events_unknown,
+        }
+    }
+
+    fn stream(state: State) -> StreamStatus {
+        let mut st = unknown_stream("st");
+        st.state = state;
+        st
+    }
+
+    fn problems(pg: &PostgresSide, stream: &StreamStatus) -> Vec<String> {
+        let mut out = Vec::new();
+        slot_problems("s", pg, stream, &mut out);
+        out
+    }
+
+    fn one_event() -> Scan {
+        Scan {
+            events: 1,
+            first: Some(Found {
+                position: Position::in_transaction(Lsn(0x10), 0),
+                id: "e1".into(),
+            }),
+            ..Scan::default()
+        }
+    }
+
+    #[test]
+    fn a_missing_slot_names_setup_and_backfill() {
+        assert_eq!(
+            problems(&side(None, Vec::new(), None), &stream(State::Exists)),
+            [
+                "slot s does not exist: run outbox-relay setup (or `outbox-relay backfill` if the \
+              stream already holds this outbox's events)"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_lost_slot_is_reported_and_not_looked_into() {
+        let row = SlotRow {
+            wal_status: Some("lost".into()),
+            ..SlotRow::default()
+        };
+        assert!(!needs_look(&row));
+        assert_eq!(
+            problems(&side(Some(row), Vec::new(), None), &stream(State::Exists)),
+            [setup::lost_slot_message("s", "wal_status = lost")]
+        );
+    }
+
+    #[test]
+    fn a_streamed_slot_is_not_looked_into_and_has_no_problem() {
+        let row = SlotRow {
+            active: true,
+            ..SlotRow::default()
+        };
+        assert!(!needs_look(&row));
+        assert_eq!(relay_state(Some(&row), &[]), RelayState::Streaming);
+        assert!(problems(&side(Some(row), Vec::new(), None), &stream(State::Exists)).is_empty());
+    }
+
+    #[test]
+    fn an_idle_slot_with_nothing_waiting_has_no_problem() {
+        let row = SlotRow::default();
+        assert!(needs_look(&row));
+        let pg = side(Some(row), Vec::new(), Some(Ok(Scan::default())));
+        assert_eq!(pg.relay.state, RelayState::NotRunning);
+        assert_eq!(pg.slot.events_waiting, Some(false));
+        assert!(problems(&pg, &stream(State::Exists)).is_empty());
+    }
+
+    #[test]
+    fn events_waiting_with_no_relay_name_the_first_and_say_start_one() {
+        let pg = side(Some(SlotRow::default()), Vec::new(), Some(Ok(one_event())));
+        assert_eq!(pg.slot.events_waiting, Some(true));
+        assert_eq!(
+            pg.slot.waiting_event.as_deref(),
+            Some("e1 (position 0/10:0)")
+        );
+        assert_eq!(
+            problems(&pg, &stream(State::Exists)),
+            [
+                "no relay streams slot s while events wait in it, the first e1 (position 0/10:0): \
+              start outbox-relay run"
+            ]
+        );
+    }
+
+    #[test]
+    fn events_waiting_while_a_relay_retries_name_the_relay_not_a_start() {
+        let pg = side(Some(SlotRow::default()), vec![7, 9], Some(Ok(one_event())));
+        assert_eq!(pg.relay.state, RelayState::Retrying);
+        assert_eq!(
+            problems(&pg, &stream(State::Unreachable)),
+            [
+                "slot s: events wait in it, the first e1 (position 0/10:0) and the relay (pid 7, 9) \
+              runs but does not stream it: it is retrying; NATS cannot be reached (see the stream \
+              line); they are published once it reconnects"
+            ]
+        );
+        assert_eq!(
+            problems(&pg, &stream(State::Exists)),
+            [
+                "slot s: events wait in it, the first e1 (position 0/10:0) and the relay (pid 7, 9) \
+              runs but does not stream it: it is retrying; see its log for why; they are published \
+              once it reconnects"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_look_ended_by_its_bound_is_unknown_not_nothing_waits() {
+        let bounded = Scan {
+            unfinished: Some("the bound".into()),
+            ..Scan::default()
+        };
+        let pg = side(Some(SlotRow::default()), Vec::new(), Some(Ok(bounded)));
+        assert_eq!(pg.slot.events_waiting, None);
+        assert_eq!(
+            problems(&pg, &stream(State::Exists)),
+            [
+                "slot s: no relay streams it, and it cannot be checked for waiting events (the bound): \
+              start outbox-relay run"
+            ]
+        );
+        let refused = side(
+            Some(SlotRow::default()),
+            vec![3],
+            Some(Err("denied".into())),
+        );
+        assert_eq!(
+            problems(&refused, &stream(State::Exists)),
+            [
+                "slot s: the relay (pid 3) runs but does not stream it: it is retrying; see its log \
+              for why; whether events wait in the slot cannot be checked (denied)"
+            ]
+        );
+    }
+
+    #[test]
+    fn the_stop_marks_judgement_counts_events_or_warns() {
+        let judge = |found| {
+            let (mut problems, mut warnings) = (Vec::new(), Vec::new());
+            let n = consumed_found("s", found, &mut problems, &mut warnings);
+            (n, problems, warnings)
+        };
+        assert_eq!(
+            judge(Ok(slot_mark::Check::Clean)),
+            (Some(0), vec![], vec![])
+        );
+        assert_eq!(judge(Ok(slot_mark::Check::NoMark)), (None, vec![], vec![]));
+        assert_eq!(
+            judge(Ok(slot_mark::Check::Unknown("why".into()))),
+            (
+                None,
+                vec![],
+                vec![
+                    "slot s: whether a client other than a relay consumed it since the last relay \
+                     session cannot be told: why"
+                        .to_owned()
+                ]
+            )
+        );
+        assert_eq!(
+            judge(Err("gone".into())),
+            (
+                None,
+                vec![],
+                vec!["slot s: the stop mark s_mark cannot be read: gone".to_owned()]
+            )
+        );
+    }
+}
