@@ -1,0 +1,237 @@
+//! What `status` reports, as plain data: Postgres, the URL's other hosts, the slot, the relay
+//! processes, the publication, the stream, the schema directory and an unfinished backfill, with
+//! the problems (which make the status unhealthy) and the warnings found. `--json` prints these
+//! types serialized; `text.rs` is the text form. What a server that could not be reached would have
+//! told is `None` (`null`), never `false` or 0. Nothing here reads a server or judges what was
+//! found.
+
+use serde::Serialize;
+
+/// Whether a server or object could be looked at, and what was found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum State {
+    /// The server answered and the object is there.
+    Exists,
+    /// The server answered and the object is not there.
+    Missing,
+    /// The server did not answer.
+    Unreachable,
+    /// NATS answered, but without JetStream (`-js`).
+    JetstreamDisabled,
+}
+
+impl State {
+    pub(super) fn word(self) -> &'static str {
+        match self {
+            State::Exists => "exists",
+            State::Missing => "MISSING",
+            State::Unreachable => "UNREACHABLE",
+            State::JetstreamDisabled => "JETSTREAM NOT ENABLED",
+        }
+    }
+}
+
+/// The slot as `pg_replication_slots` shows it.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct SlotStatus {
+    /// `postgres.slot`.
+    pub(crate) name: String,
+    /// Whether Postgres answered and the slot exists.
+    pub(crate) state: State,
+    /// The slot exists (`None`: Postgres could not be asked).
+    pub(crate) exists: Option<bool>,
+    /// A walsender (a relay) streams the slot now (`None`: Postgres could not be asked).
+    pub(crate) active: Option<bool>,
+    /// The process id of that walsender.
+    pub(crate) active_pid: Option<i32>,
+    /// The position the slot's consumer last confirmed.
+    pub(crate) confirmed_flush_lsn: Option<String>,
+    /// WAL position − `confirmed_flush_lsn`.
+    pub(crate) lag_bytes: Option<i64>,
+    /// WAL position − `restart_lsn`: WAL the slot keeps on disk.
+    pub(crate) retained_bytes: Option<i64>,
+    /// `reserved`, `extended`, `unreserved` or `lost`: whether the WAL the slot needs is still there.
+    pub(crate) wal_status: Option<String>,
+    /// Bytes of WAL that can still be written before the slot is in danger of being lost.
+    pub(crate) safe_wal_size: Option<i64>,
+    /// Events are decoded in the slot and no relay streams it (`None`: not looked at, or the
+    /// look ended at its bound with WAL still pending and no event found).
+    pub(crate) events_waiting: Option<bool>,
+    /// The first event that waits: its id and position.
+    pub(crate) waiting_event: Option<String>,
+    /// Outbox events a client other than a relay consumed from the slot (or advanced it past)
+    /// that the stream lacks, found through the stop mark (`None`: no mark, or not judged).
+    pub(crate) consumed_events: Option<u64>,
+    /// PG 17+.
+    pub(crate) inactive_since: Option<String>,
+    /// Why the slot was invalidated (PG 17+); `None` while it is usable.
+    pub(crate) invalidation_reason: Option<String>,
+    /// PG 17+: the slot is a failover slot, which standbys keep a copy of.
+    pub(crate) failover: Option<bool>,
+    /// PG 17+: the slot is a copy synced from a primary's failover slot.
+    pub(crate) synced: Option<bool>,
+}
+
+/// The stream as JetStream reports it.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct StreamStatus {
+    /// `nats.stream`.
+    pub(crate) name: String,
+    /// Whether NATS answered with JetStream and the stream exists.
+    pub(crate) state: State,
+    /// The stream exists (`None`: NATS or JetStream could not be asked). The fields below are
+    /// `None` unless it exists.
+    pub(crate) exists: Option<bool>,
+    /// Messages the stream holds.
+    pub(crate) messages: Option<u64>,
+    /// Bytes the stream holds.
+    pub(crate) bytes: Option<u64>,
+    /// Sequence number of the stream's last message.
+    pub(crate) last_sequence: Option<u64>,
+    /// The subjects the stream stores.
+    pub(crate) subjects: Option<Vec<String>>,
+    /// `file` or `memory`.
+    pub(crate) storage: Option<String>,
+    /// Number of replicas.
+    pub(crate) replicas: Option<usize>,
+    /// The stream's duplicate window, in seconds.
+    pub(crate) duplicate_window_secs: Option<u64>,
+    /// `max_msgs` (`None`: unlimited or unknown).
+    pub(crate) max_msgs: Option<u64>,
+    /// `max_bytes` (`None`: unlimited or unknown).
+    pub(crate) max_bytes: Option<u64>,
+    /// `max_age` in seconds (`None`: unlimited or unknown).
+    pub(crate) max_age_secs: Option<u64>,
+    /// `new` (a full stream refuses events: the relay stalls) or `old` (it drops the oldest).
+    pub(crate) discard: Option<String>,
+    /// Why the stream's state is unknown (NATS unreachable, JetStream not answering).
+    pub(crate) unknown_because: Option<String>,
+    /// The stream's metadata (read for the backfill marker; not printed).
+    #[serde(skip)]
+    pub(crate) metadata: std::collections::HashMap<String, String>,
+}
+
+/// A backfill of the slot that has begun and not finished: its marker on the stream.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct BackfillStatus {
+    /// The stream metadata key (`outbox-relay.backfill`).
+    pub(crate) marker: &'static str,
+    /// What the marker names: the slot, and the backfill's pid, host, start, `--where`, `--order-by`.
+    #[serde(flatten)]
+    pub(crate) backfill: crate::backfill_marker::Marker,
+    /// The command that recovers (repeats the backfill), once it no longer runs.
+    pub(crate) recover: String,
+}
+
+/// What a relay for the slot is doing, as far as Postgres shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum RelayState {
+    /// Something streams the slot (it is active).
+    Streaming,
+    /// A relay process for the slot is connected to Postgres but does not stream the slot: it
+    /// waits for NATS or Postgres at start, or retries after an outage.
+    Retrying,
+    /// No relay for the slot is connected and the slot is not streamed.
+    NotRunning,
+    /// Postgres could not be asked.
+    Unknown,
+}
+
+/// The relay processes of the slot that Postgres sees.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct RelayStatus {
+    /// What they are doing.
+    pub(crate) state: RelayState,
+    /// Their process ids (on the relay's host), from the connections' `application_name`.
+    pub(crate) pids: Vec<u32>,
+    /// What the relay serving `http.listen` says of itself (`None`: `http.listen` is empty).
+    pub(crate) own_word: Option<crate::relay_word::RelayWord>,
+}
+
+/// The publication as `pg_publication_tables` shows it.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct PublicationStatus {
+    /// `postgres.publication`.
+    pub(crate) name: String,
+    /// The publication exists.
+    pub(crate) exists: bool,
+    /// The tables it publishes, schema-qualified.
+    pub(crate) tables: Vec<String>,
+}
+
+/// Postgres as a whole.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct ServerStatus {
+    /// Whether the server answered.
+    pub(crate) state: State,
+    /// The host the control connection reached.
+    pub(crate) host: Option<String>,
+    /// The `server_version` setting, e.g. `17.2`.
+    pub(crate) server_version: Option<String>,
+    /// Connected to a standby (in recovery).
+    pub(crate) in_recovery: Option<bool>,
+    /// PG 17+: the physical slots a logical failover slot waits for.
+    pub(crate) synchronized_standby_slots: Option<String>,
+    /// PG 18+.
+    pub(crate) idle_replication_slot_timeout: Option<String>,
+}
+
+/// Another host of `postgres.url` (a standby, usually) and its copy of the slot.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct StandbyStatus {
+    /// `host:port` as listed in the URL.
+    pub(crate) host: String,
+    /// Whether the host answered.
+    pub(crate) state: State,
+    /// The host is in recovery (a standby).
+    pub(crate) in_recovery: Option<bool>,
+    /// The slot exists there.
+    pub(crate) slot_exists: bool,
+    /// PG 17+: it is a synced copy of the primary's failover slot.
+    pub(crate) synced: Option<bool>,
+    /// The position of the slot's copy there.
+    pub(crate) confirmed_flush_lsn: Option<String>,
+}
+
+/// `outbox.schemas` as this process loads it now: what a relay started now would check with (a
+/// running relay's own last reload is in its log and its `outbox_relay_schema_reloads_total`).
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct SchemasStatus {
+    /// The directory.
+    pub(crate) dir: String,
+    /// Schemas that load from it now (`None` when it does not load).
+    pub(crate) loaded: Option<usize>,
+    /// Why it does not load: the file and the problem.
+    pub(crate) error: Option<String>,
+    /// `outbox.schemas_required`.
+    pub(crate) required: bool,
+}
+
+/// Everything `status` prints.
+#[derive(Debug, Clone, Serialize)]
+pub struct Status {
+    /// No problems were found.
+    pub healthy: bool,
+    /// The Postgres server `postgres.url` reached.
+    pub(crate) postgres: ServerStatus,
+    /// The URL's other hosts, when it lists several: failover readiness.
+    pub(crate) standbys: Vec<StandbyStatus>,
+    /// The replication slot.
+    pub(crate) slot: SlotStatus,
+    /// The relay processes for the slot, as Postgres sees them.
+    pub(crate) relay: RelayStatus,
+    /// The publication.
+    pub(crate) publication: PublicationStatus,
+    /// The JetStream stream.
+    pub(crate) stream: StreamStatus,
+    /// The schema directory (`None`: `outbox.schemas` is not set).
+    pub(crate) schemas: Option<SchemasStatus>,
+    /// A backfill of the slot that has not finished (`None`: none, or the stream could not be read).
+    pub(crate) backfill: Option<BackfillStatus>,
+    /// What makes the status unhealthy, one line each, with the fix.
+    pub(crate) problems: Vec<String>,
+    /// Findings that do not make the status unhealthy, one line each.
+    pub(crate) warnings: Vec<String>,
+}

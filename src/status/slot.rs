@@ -1,0 +1,403 @@
+//! `status`'s verdict on the slot, free of I/O: the slot's fields from its `pg_replication_slots`
+//! row, what a relay for it is doing, whether it is looked into for waiting events and what that
+//! look found, and what is said about it (missing, lost, events waiting or not checkable with
+//! no relay streaming it, events a client other than a relay consumed past the stop mark). The
+//! command (`mod.rs`) and the deterministic simulation (`sim.rs`) call these same rules, so the
+//! simulation judges the very texts an operator reads.
+
+use super::PostgresSide;
+use super::report::{RelayState, RelayStatus, SlotStatus, State, StreamStatus};
+use crate::catalog::SlotRow;
+use crate::setup;
+use crate::slot_mark;
+use crate::slot_scan;
+
+/// The slot's problems: missing, lost, or events waiting (or unknown) with no relay streaming it.
+pub(super) fn slot_problems(
+    slot_name: &str,
+    pg: &PostgresSide,
+    stream: &StreamStatus,
+    problems: &mut Vec<String>,
+) {
+    let slot = &pg.slot;
+    if slot.state == State::Missing {
+        problems.push(format!(
+            "slot {slot_name} does not exist: run outbox-relay setup (or `outbox-relay backfill` if the stream \
+             already holds this outbox's events)"
+        ));
+    }
+    if let Some(reason) = slot.invalidation_reason.clone().or_else(|| {
+        (slot.wal_status.as_deref() == Some("lost")).then(|| "wal_status = lost".to_owned())
+    }) {
+        problems.push(setup::lost_slot_message(slot_name, &reason));
+    }
+    let since = slot
+        .inactive_since
+        .as_deref()
+        .map(|t| format!(" (inactive since {t})"))
+        .unwrap_or_default();
+    let retrying = retrying_note(&pg.relay, stream);
+    if slot.events_waiting == Some(true) {
+        let first = slot
+            .waiting_event
+            .as_deref()
+            .map(|e| format!(", the first {e}"))
+            .unwrap_or_default();
+        problems.push(match &retrying {
+            Some(r) => format!(
+                "slot {slot_name}{since}: events wait in it{first} and {r}; they are published once it reconnects"
+            ),
+            None => format!(
+                "no relay streams slot {slot_name}{since} while events wait in it{first}: start outbox-relay run"
+            ),
+        });
+    }
+    if let Some(e) = &pg.events_unknown {
+        problems.push(match &retrying {
+            Some(r) => format!(
+                "slot {slot_name}: {r}; whether events wait in the slot cannot be checked ({e})"
+            ),
+            None => format!(
+                "slot {slot_name}: no relay streams it, and it cannot be checked for waiting events ({e}): start outbox-relay run"
+            ),
+        });
+    }
+}
+
+/// A relay that runs and retries needs its servers, not a start: what to say instead.
+pub(super) fn retrying_note(relay: &RelayStatus, stream: &StreamStatus) -> Option<String> {
+    (relay.state == RelayState::Retrying).then(|| {
+        let pids = relay
+            .pids
+            .iter()
+            .map(u32::to_string)
+            .collect::<Vec<_>>()
+            .join(", ");
+        let why = if stream.state == State::Unreachable {
+            "NATS cannot be reached (see the stream line)"
+        } else {
+            "see its log for why"
+        };
+        format!("the relay (pid {pids}) runs but does not stream it: it is retrying; {why}")
+    })
+}
+
+/// What the stop mark's judgement found (`Err`: why the mark could not be read): a problem when
+/// events were consumed, a warning when it cannot be told. Returns how many events, when a mark
+/// was judged.
+pub(super) fn consumed_found(
+    slot: &str,
+    found: Result<slot_mark::Check, String>,
+    problems: &mut Vec<String>,
+    warnings: &mut Vec<String>,
+) -> Option<u64> {
+    match found {
+        Ok(slot_mark::Check::Consumed(c)) => {
+            problems.push(c.to_string());
+            Some(c.events)
+        }
+        Ok(slot_mark::Check::Unknown(why)) => {
+            warnings.push(format!(
+                "slot {slot}: whether a client other than a relay consumed it since the last relay session cannot be told: {why}"
+            ));
+            None
+        }
+        Ok(slot_mark::Check::Clean) => Some(0),
+        Ok(slot_mark::Check::NoMark) => None,
+        Err(e) => {
+            warnings.push(format!(
+                "slot {slot}: the stop mark {} cannot be read: {e}",
+                slot_mark::name(slot),
+            ));
+            None
+        }
+    }
+}
+
+/// What a relay for the slot is doing, from the slot's row and the pids of the relay processes
+/// connected to Postgres.
+pub(super) fn relay_state(row: Option<&SlotRow>, pids: &[u32]) -> RelayState {
+    if row.is_some_and(|r| r.active) {
+        RelayState::Streaming
+    } else if pids.is_empty() {
+        RelayState::NotRunning
+    } else {
+        RelayState::Retrying
+    }
+}
+
+/// Whether the slot is looked into for waiting events: no one streams it (a relay that does
+/// publishes them) and its changes can still be decoded.
+pub(super) fn needs_look(row: &SlotRow) -> bool {
+    !row.active && row.invalidated().is_none()
+}
+
+/// What the look for waiting events found (`Err`: the server's reason it could not look), into
+/// the slot's fields: whether events wait and the first of them, or why that is unknown.
+pub(super) fn waiting_found(
+    found: Result<slot_scan::Scan, String>,
+    slot: &mut SlotStatus,
+    events_unknown: &mut Option<String>,
+) {
+    match found {
+        Ok(scan) => {
+            slot.events_waiting = scan.any();
+            slot.waiting_event = scan
+                .first
+                .as_ref()
+                .map(|f| format!("{} (position {})", f.id, f.position));
+            if scan.any().is_none() {
+                *events_unknown = scan.unfinished;
+            }
+        }
+        Err(e) => *events_unknown = Some(e),
+    }
+}
+
+pub(super) fn slot_status(name: &str, state: State, row: Option<&SlotRow>) -> SlotStatus {
+    let r = row.cloned().unwrap_or_default();
+    let known = state != State::Unreachable;
+    SlotStatus {
+        name: name.to_owned(),
+        state,
+        exists: known.then_some(row.is_some()),
+        active: known.then_some(r.active),
+        active_pid: r.active_pid,
+        confirmed_flush_lsn: r.confirmed_flush_lsn,
+        lag_bytes: r.lag_bytes,
+        retained_bytes: r.retained_bytes,
+        wal_status: r.wal_status,
+        safe_wal_size: r.safe_wal_size,
+        events_waiting: None,
+        waiting_event: None,
+        consumed_events: None,
+        inactive_since: r.inactive_since,
+        invalidation_reason: r.invalidation_reason,
+        failover: r.failover,
+        synced: r.synced,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The slot's verdict on facts built by hand: each rule's outcome and its exact words, which
+    //! operators read (the simulation checks the outcomes over its worlds, not the words).
+
+    use super::super::report::{PublicationStatus, ServerStatus};
+    use super::super::stream::unknown_stream;
+    use super::*;
+    use crate::Lsn;
+    use crate::position::Position;
+    use crate::slot_scan::{Found, Scan};
+
+    /// The slot `s` as Postgres shows it from `row`, with no relay connected, a reachable
+    /// Postgres and publication, and what the look found folded in.
+    fn side(
+        row: Option<SlotRow>,
+        pids: Vec<u32>,
+        found: Option<Result<Scan, String>>,
+    ) -> PostgresSide {
+        let state = if row.is_some() {
+            State::Exists
+        } else {
+            State::Missing
+        };
+        let mut slot = slot_status("s", state, row.as_ref());
+        let mut events_unknown = None;
+        if let Some(found) = found {
+            waiting_found(found, &mut slot, &mut events_unknown);
+        }
+        PostgresSide {
+            server: ServerStatus {
+                state: State::Exists,
+                host: None,
+                server_version: None,
+                in_recovery: None,
+                synchronized_standby_slots: None,
+                idle_replication_slot_timeout: None,
+            },
+            relay: RelayStatus {
+                state: relay_state(row.as_ref(), &pids),
+                pids,
+                own_word: None,
+            },
+            slot,
+            publication: PublicationStatus {
+                name: "p".into(),
+                exists: true,
+                tables: Vec::new(),
+            },
+            events_unknown,
+        }
+    }
+
+    fn stream(state: State) -> StreamStatus {
+        let mut st = unknown_stream("st");
+        st.state = state;
+        st
+    }
+
+    fn problems(pg: &PostgresSide, stream: &StreamStatus) -> Vec<String> {
+        let mut out = Vec::new();
+        slot_problems("s", pg, stream, &mut out);
+        out
+    }
+
+    fn one_event() -> Scan {
+        Scan {
+            events: 1,
+            first: Some(Found {
+                position: Position::in_transaction(Lsn(0x10), 0),
+                id: "e1".into(),
+            }),
+            ..Scan::default()
+        }
+    }
+
+    #[test]
+    fn a_missing_slot_names_setup_and_backfill() {
+        assert_eq!(
+            problems(&side(None, Vec::new(), None), &stream(State::Exists)),
+            [
+                "slot s does not exist: run outbox-relay setup (or `outbox-relay backfill` if the \
+              stream already holds this outbox's events)"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_lost_slot_is_reported_and_not_looked_into() {
+        let row = SlotRow {
+            wal_status: Some("lost".into()),
+            ..SlotRow::default()
+        };
+        assert!(!needs_look(&row));
+        assert_eq!(
+            problems(&side(Some(row), Vec::new(), None), &stream(State::Exists)),
+            [setup::lost_slot_message("s", "wal_status = lost")]
+        );
+    }
+
+    #[test]
+    fn a_streamed_slot_is_not_looked_into_and_has_no_problem() {
+        let row = SlotRow {
+            active: true,
+            ..SlotRow::default()
+        };
+        assert!(!needs_look(&row));
+        assert_eq!(relay_state(Some(&row), &[]), RelayState::Streaming);
+        assert!(problems(&side(Some(row), Vec::new(), None), &stream(State::Exists)).is_empty());
+    }
+
+    #[test]
+    fn an_idle_slot_with_nothing_waiting_has_no_problem() {
+        let row = SlotRow::default();
+        assert!(needs_look(&row));
+        let pg = side(Some(row), Vec::new(), Some(Ok(Scan::default())));
+        assert_eq!(pg.relay.state, RelayState::NotRunning);
+        assert_eq!(pg.slot.events_waiting, Some(false));
+        assert!(problems(&pg, &stream(State::Exists)).is_empty());
+    }
+
+    #[test]
+    fn events_waiting_with_no_relay_name_the_first_and_say_start_one() {
+        let pg = side(Some(SlotRow::default()), Vec::new(), Some(Ok(one_event())));
+        assert_eq!(pg.slot.events_waiting, Some(true));
+        assert_eq!(
+            pg.slot.waiting_event.as_deref(),
+            Some("e1 (position 0/10:0)")
+        );
+        assert_eq!(
+            problems(&pg, &stream(State::Exists)),
+            [
+                "no relay streams slot s while events wait in it, the first e1 (position 0/10:0): \
+              start outbox-relay run"
+            ]
+        );
+    }
+
+    #[test]
+    fn events_waiting_while_a_relay_retries_name_the_relay_not_a_start() {
+        let pg = side(Some(SlotRow::default()), vec![7, 9], Some(Ok(one_event())));
+        assert_eq!(pg.relay.state, RelayState::Retrying);
+        assert_eq!(
+            problems(&pg, &stream(State::Unreachable)),
+            [
+                "slot s: events wait in it, the first e1 (position 0/10:0) and the relay (pid 7, 9) \
+              runs but does not stream it: it is retrying; NATS cannot be reached (see the stream \
+              line); they are published once it reconnects"
+            ]
+        );
+        assert_eq!(
+            problems(&pg, &stream(State::Exists)),
+            [
+                "slot s: events wait in it, the first e1 (position 0/10:0) and the relay (pid 7, 9) \
+              runs but does not stream it: it is retrying; see its log for why; they are published \
+              once it reconnects"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_look_ended_by_its_bound_is_unknown_not_nothing_waits() {
+        let bounded = Scan {
+            unfinished: Some("the bound".into()),
+            ..Scan::default()
+        };
+        let pg = side(Some(SlotRow::default()), Vec::new(), Some(Ok(bounded)));
+        assert_eq!(pg.slot.events_waiting, None);
+        assert_eq!(
+            problems(&pg, &stream(State::Exists)),
+            [
+                "slot s: no relay streams it, and it cannot be checked for waiting events (the bound): \
+              start outbox-relay run"
+            ]
+        );
+        let refused = side(
+            Some(SlotRow::default()),
+            vec![3],
+            Some(Err("denied".into())),
+        );
+        assert_eq!(
+            problems(&refused, &stream(State::Exists)),
+            [
+                "slot s: the relay (pid 3) runs but does not stream it: it is retrying; see its log \
+              for why; whether events wait in the slot cannot be checked (denied)"
+            ]
+        );
+    }
+
+    #[test]
+    fn the_stop_marks_judgement_counts_events_or_warns() {
+        let judge = |found| {
+            let (mut problems, mut warnings) = (Vec::new(), Vec::new());
+            let n = consumed_found("s", found, &mut problems, &mut warnings);
+            (n, problems, warnings)
+        };
+        assert_eq!(
+            judge(Ok(slot_mark::Check::Clean)),
+            (Some(0), vec![], vec![])
+        );
+        assert_eq!(judge(Ok(slot_mark::Check::NoMark)), (None, vec![], vec![]));
+        assert_eq!(
+            judge(Ok(slot_mark::Check::Unknown("why".into()))),
+            (
+                None,
+                vec![],
+                vec![
+                    "slot s: whether a client other than a relay consumed it since the last relay \
+                     session cannot be told: why"
+                        .to_owned()
+                ]
+            )
+        );
+        assert_eq!(
+            judge(Err("gone".into())),
+            (
+                None,
+                vec![],
+                vec!["slot s: the stop mark s_mark cannot be read: gone".to_owned()]
+            )
+        );
+    }
+}
