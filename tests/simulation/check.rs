@@ -9,10 +9,9 @@
 //! - P3: no event id is stored twice by the relay, unless the world gave the stream a reason to be
 //!   distrusted in between (a restore, a new timeline, a foreign message, a publish of an ended
 //!   session landing late, a publish refused because the relay process that sent it lost the slot
-//!   to another one whose session stored in its place (`jetstream.rs` `refused_overtaken`), or a
-//!   standby that found the tail unreliable and takes over before any of its own sessions stored
-//!   anew ([`still_distrusting`]): then the relay republishes from the confirmed position and only the
-//!   duplicate window stands between it and a second copy): between the event's first copy and
+//!   to another one whose session stored in its place (`jetstream.rs` `refused_overtaken`): then
+//!   the relay republishes from the confirmed position and only the duplicate window stands between
+//!   it and a second copy): between the event's first copy and
 //!   the later one (what was stored before a restore, or before another writer's message, can no
 //!   longer be proven stored by a replay that has to read past it), or between the starts of the
 //!   sessions that published them (a session running at a restore still stores what it read
@@ -260,8 +259,7 @@ fn p3_second_copies(
                     .is_some_and(|&(from, to)| from < a.seq && a.seq <= to)
                 || trusted
                     .iter()
-                    .any(|&(t, until)| t <= b.at && until.is_none_or(|u| b.at <= u))
-                || still_distrusting(b, stream, excuses);
+                    .any(|&(t, until)| t <= b.at && until.is_none_or(|u| b.at <= u));
             if !excused {
                 v.report(
                     trace,
@@ -273,37 +271,6 @@ fn p3_second_copies(
             }
         }
     }
-}
-
-/// Whether the process whose session stored `b` may still have distrusted the stream's tail when
-/// that session began, though the world trusts it again ([`trusted_again`] reads the slot, which
-/// another process moved): a relay process trusts no tail from a session that found it unreliable
-/// until one of its own sessions stores anew, and with a standby the process that stored the new
-/// messages may be the other one (seed 993: both processes found the tail of a point-in-time
-/// recovery unreliable, one streamed on and stored 30 events, the other waited as the standby and,
-/// taking over, republished them all). Excused when a distrust event lies before the session's
-/// start, an earlier session of the same process began after it (it may have found the tail
-/// unreliable), and no session of that process stored anything in between.
-fn still_distrusting(b: &Stored, stream: &[Stored], excuses: &Excuses<'_>) -> bool {
-    let Some(&(process, started)) = excuses.sessions.get(&b.session) else {
-        return false;
-    };
-    let of_process = |session: u64| {
-        excuses
-            .sessions
-            .get(&session)
-            .is_some_and(|(p, _)| *p == process)
-    };
-    excuses.distrust.iter().any(|&t| {
-        t <= started
-            && excuses
-                .sessions
-                .iter()
-                .any(|(n, (p, at))| *n != b.session && *p == process && t <= *at && *at < started)
-            && !stream
-                .iter()
-                .any(|m| !m.foreign && t < m.at && m.at < started && of_process(m.session))
-    })
 }
 
 /// For each distrust event, until when the relay may still distrust the stream: until the slot
