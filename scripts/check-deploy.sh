@@ -3,7 +3,7 @@
 # tests (promtool test rules), the Kubernetes manifests, the alerts' and the dashboard's structure
 # (scripts/check_deploy.py), and the systemd unit (systemd-analyze verify). A tool that is missing
 # is skipped with a line saying so; scripts/install-deps.sh installs them. Whether the metric names
-# used in deploy/ exist is checked against a live relay by `cargo test` (tests/deploy.rs).
+# used in deploy/ exist is checked against a live relay by `cargo test` (tests/integration/deploy.rs).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 

@@ -17,7 +17,8 @@ Run by scripts/check-deploy.sh; prints one line per check and exits 1 on any fai
   with Grafana's variables replaced), and docs/operations.md describes every panel.
 
 Whether the metric names in the alerts and the dashboard exist is checked against a live relay by
-tests/deploy.rs, and whether the settings the manifests use exist by the relay's own config loader.
+tests/integration/deploy.rs, and whether the settings the manifests use exist by the relay's own config
+loader.
 
 PyYAML: Debian's python3-yaml, or PyPI's PyYAML (kubernetes-validate depends on it).
 """

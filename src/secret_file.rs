@@ -165,9 +165,9 @@ mod tests {
         assert!(matches!(e, SecretFileError::NotRegular(_)), "{e:?}");
     }
 
-    /// Issue 34: a regular file that is replaced by a FIFO just before it is opened (after any look
-    /// at the path) is refused at once, not waited on: the open does not block. Run on a thread, so
-    /// a blocking open fails the test after 10 s instead of hanging it.
+    /// docs/security.md, finding 9: a regular file that is replaced by a FIFO just before it is
+    /// opened (after any look at the path) is refused at once, not waited on: the open does not
+    /// block. Run on a thread, so a blocking open fails the test after 10 s instead of hanging it.
     #[test]
     fn a_fifo_swapped_in_before_the_open_is_refused_without_blocking() {
         let dir = tempfile::tempdir().unwrap();

@@ -687,7 +687,8 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("overlaps nats.subject"), "{e}");
-        // Under the position service's subjects, where its callers may publish (issue 34).
+        // Under the position service's subjects, where its callers may publish (docs/security.md,
+        // finding 11).
         for bad in ["outbox-relay", "outbox-relay.inbox", "outbox-relay.s.wait"] {
             let e = load("", &[("OUTBOX_RELAY_NATS_INBOX_PREFIX", bad)])
                 .unwrap_err()

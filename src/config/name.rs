@@ -1,5 +1,5 @@
 //! The top-level `name` key: one relay's names derived from one word, so that a second relay on the
-//! same Postgres and NATS differs from the first by this key alone (issue 36, trap 3).
+//! same Postgres and NATS differs from the first by this key alone.
 //!
 //! `name = "orders"` derives `postgres.slot` and `postgres.publication` (`outbox_relay_orders`),
 //! `nats.stream` (`OUTBOX_ORDERS`), `nats.subject` (`orders.{aggregate_type}`) and

@@ -20,11 +20,11 @@ pub use schema::SchemaMetrics;
 /// one log line per change of state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum CauseKind {
-    /// [`Restart::Postgres`].
+    /// [`Restart::Postgres`](crate::error::Restart::Postgres).
     Postgres,
-    /// [`Restart::Nats`].
+    /// [`Restart::Nats`](crate::error::Restart::Nats).
     Nats,
-    /// [`Restart::SlotHeld`].
+    /// [`Restart::SlotHeld`](crate::error::Restart::SlotHeld).
     SlotHeld,
 }
 

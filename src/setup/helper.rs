@@ -1,6 +1,6 @@
-//! The warning `setup` and `status` give when sql/06_outbox_message.sql's helper is installed but the
-//! prefix it emits is not relayed: every event written through it reaches the WAL, commits with its
-//! transaction, and is published by nobody, without an error anywhere (issue 36, trap 1).
+//! The warning `setup` and `status` give when sql/06_outbox_message.sql's helper is installed but
+//! the prefix it emits is not relayed: every event written through it reaches the WAL, commits with
+//! its transaction, and is published by nobody, without an error anywhere.
 //!
 //! The helper is recognised by what sql/06 makes, whatever `-v function_name` and `-v message_schema`
 //! named it: a function outside `pg_catalog` with the helper's argument types

@@ -1,6 +1,6 @@
-//! Setup's refusal of a configuration that overlaps another relay's (issue 36, trap 3): a second relay
-//! on the same Postgres and NATS that kept one of the first relay's names would steal its slot's events,
-//! break the fence of its stream, or have JetStream refuse its stream. Checked before anything changes
+//! Setup's refusal of a configuration that overlaps another relay's: a second relay on the same
+//! Postgres and NATS that kept one of the first relay's names would steal its slot's events, break
+//! the fence of its stream, or have JetStream refuse its stream. Checked before anything changes
 //! (P8), each refusal one line naming the key and suggesting `name`.
 //!
 //! - **The stream is another relay's.** It exists and its metadata `outbox-relay.slot` names another

@@ -226,8 +226,9 @@ mod tests {
         );
     }
 
-    /// Issue 34: a multi-host attempt where one host is down and another refused the password (or
-    /// TLS) is definite, whatever the order; all hosts down, or one down and one a standby, retry.
+    /// docs/security.md, finding 4: a multi-host attempt where one host is down and another refused
+    /// the password (or TLS) is definite, whatever the order; all hosts down, or one down and one a
+    /// standby, retry.
     #[test]
     fn a_refusal_by_any_host_is_definite() {
         let down = || SourceError::Io {

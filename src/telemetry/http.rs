@@ -269,10 +269,10 @@ mod tests {
         assert!(sent.contains("Content-Length: 4\r\n\r\nbody"), "{sent}");
     }
 
-    /// Issue 34: a collector that reads the request slowly (64 KiB every 100 ms) cannot hold the
-    /// export thread past the request's timeout: each write makes a little progress, and a write
-    /// timeout set once per request would let the whole write take minutes. Run on a thread, so
-    /// the test ends after 10 s either way.
+    /// docs/security.md, finding 12: a collector that reads the request slowly (64 KiB every
+    /// 100 ms) cannot hold the export thread past the request's timeout: each write makes a little
+    /// progress, and a write timeout set once per request would let the whole write take minutes.
+    /// Run on a thread, so the test ends after 10 s either way.
     #[test]
     fn a_slowly_reading_collector_is_cut_off_at_the_timeout() {
         use std::net::TcpListener;

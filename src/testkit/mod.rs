@@ -1,7 +1,7 @@
 //! Test fixtures: real Postgres and NATS servers and a database per test (CONTRIBUTING.md,
 //! Testing), for the
-//! integration tests (`tests/support` re-exports this and adds its own harnesses) and the benches.
-//! Compiled only with the `test-support` feature; the relay never starts servers.
+//! integration tests (`tests/integration/support` re-exports this and adds its own harnesses) and
+//! the benches. Compiled only with the `test-support` feature; the relay never starts servers.
 //!
 //! - `PgServer::shared()` is one Postgres per test binary; `PgServer::start_private()` is for tests
 //!   that stop, restart or crash it.
@@ -15,7 +15,8 @@ mod db;
 mod nats;
 mod pg_pair;
 mod postgres;
-// Public for the tests' own harnesses (tests/support), which stop and signal relay processes too.
+// Public for the tests' own harnesses (tests/integration/support), which stop and signal relay
+// processes too.
 pub mod process;
 
 use std::future::Future;

@@ -1,7 +1,7 @@
 //! What `verify` found, as the summary a person reads and as the `--json` object of the contract
-//! (DESIGN §4.3): one count per class, and per class a bounded list of examples, each with the
-//! event id and, where there is one, the stream sequence. The rest of a class is counted, not
-//! listed.
+//! (docs/operations.md, "Proving delivery"): one count per class, and per class a bounded list of
+//! examples, each with the event id and, where there is one, the stream sequence. The rest of a
+//! class is counted, not listed.
 
 use std::collections::BTreeMap;
 use std::fmt;

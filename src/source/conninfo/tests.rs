@@ -185,9 +185,10 @@ fn settings_are_read_as_keys_not_found_as_text() {
     assert!(e.to_string().contains("load_balance_hosts"), "{e}");
 }
 
-/// Issue 34: the password file's `localhost` lines match a socket connection only through a
-/// default socket directory, as in libpq; another directory is matched by its own path, so a
-/// password meant for the local server is not sent to whatever listens in another directory.
+/// docs/security.md, finding 10: the password file's `localhost` lines match a socket connection
+/// only through a default socket directory, as in libpq; another directory is matched by its own
+/// path, so a password meant for the local server is not sent to whatever listens in another
+/// directory.
 #[test]
 fn the_password_file_matches_localhost_only_for_the_default_socket_directory() {
     use std::os::unix::fs::PermissionsExt;

@@ -929,7 +929,7 @@ async fn a_typo_in_where_or_order_by_leaves_the_slot_as_it_was() {
         let e = backfill(&settings, opts, |_| {}).await.unwrap_err();
         let text = outbox_relay::error_chain::error_chain(&e);
         assert!(text.contains(names), "names {names}: {text}");
-        // Issue 36: it said "reading … in the slot's snapshot failed", but no slot was made for it.
+        // It used to say "reading … in the slot's snapshot failed", but no slot was made for it.
         assert!(
             text.contains("before any slot was created or changed") && !text.contains("snapshot"),
             "{text}"

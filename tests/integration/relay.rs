@@ -695,7 +695,7 @@ async fn configuration_errors_are_one_clear_line_and_change_nothing() {
         "OUTBOX_RELAY_NATS_URL".into(),
         format!("nats://127.0.0.1:{port}"),
     ));
-    // `setup` fails at once; `run` waits for the server instead (tests/lifecycle.rs).
+    // `setup` fails at once; `run` waits for the server instead (tests/integration/lifecycle.rs).
     let f = run_command(&["setup"], &no_nats, limit);
     assert_clear_failure(&f, "nats.url");
     assert_nothing_created(&client, &js, &stream, &slot).await;

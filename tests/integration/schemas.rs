@@ -395,7 +395,7 @@ async fn a_missing_directory_at_start_is_a_config_error() {
         "{}",
         f.stdout
     );
-    // Issue 36: the problem line read "refuses to              start" (a line continuation's spaces).
+    // The problem line used to read "refuses to              start" (a line continuation's spaces).
     let problem = f
         .stdout
         .lines()
@@ -408,10 +408,10 @@ async fn a_missing_directory_at_start_is_a_config_error() {
     );
 }
 
-/// Issue 34, finding 2: a `pattern` that needs backtracking (`^(\w+\s?)*(?<!\s)$` kept the relay's
-/// only runtime thread busy for seconds on one 35 KB payload, and the slot stuck) is refused when the
-/// schemas load: `run` and `check-schemas` exit 1 at once with one line naming the file, where the
-/// pattern is and the pattern; `status` says the directory does not load.
+/// docs/security.md, finding 2: a `pattern` that needs backtracking (`^(\w+\s?)*(?<!\s)$` kept the
+/// relay's only runtime thread busy for seconds on one 35 KB payload, and the slot stuck) is
+/// refused when the schemas load: `run` and `check-schemas` exit 1 at once with one line naming the
+/// file, where the pattern is and the pattern; `status` says the directory does not load.
 #[tokio::test]
 async fn a_backtracking_pattern_is_refused_when_the_schemas_load() {
     let db = text_id_db().await;

@@ -1,5 +1,5 @@
 //! A message stored in the place one of the relay's publishes expected, while later ones are still
-//! on their way (issue 33, defect 10). A fenced message names the sequence it must follow; a
+//! on their way. A fenced message names the sequence it must follow; a
 //! message of another writer, or a publish of an ended session arriving late, that takes that
 //! sequence gets it refused, and the next message, which expected exactly the sequence the
 //! intruder now holds, used to be stored past the refused one: the stream then held events out
@@ -10,7 +10,7 @@
 //!
 //! Atomic batches (`nats.atomic_transactions`) carry no message id, so they are chained by
 //! sequence only; there one batch in flight at a time keeps a later batch from being stored past
-//! a refused one (issue 33, simulation seed 177).
+//! a refused one (found by the simulation).
 //!
 //! The intruder is placed by hand: the relay publishes through a proxy that holds what it sends,
 //! a message is published directly meanwhile, and the proxy then delivers the relay's.
@@ -108,7 +108,7 @@ async fn a_message_stored_in_the_place_of_a_refused_one_lets_nothing_past_it() {
 /// id expectation, so batches are chained by sequence only (`Nats-Expected-Last-Sequence` on each
 /// batch's first message). With two batches in flight, A expecting sequence 3 and B expecting 4, a
 /// message of another writer stored at 4 gets A refused and B stored right after it: the stream
-/// held B before A, out of commit order (P4; issue 33, found by the simulation, seed 177). Guards
+/// held B before A, out of commit order (P4; found by the simulation). Guards
 /// one batch in flight (`MAX_BATCHES_IN_FLIGHT` in src/sink/batch.rs): B is sent only once A is
 /// stored, so a refused A holds B back and both are published again, in order.
 ///

@@ -1,9 +1,9 @@
-//! Issue 36, trap 3: the top-level `name` key. Two relays on one Postgres server and one NATS differ by
-//! `name` alone ("orders" and "claims", every other key at its default but the servers' URLs and the
-//! HTTP listener, which is off because the machine is shared): both set up, each streams its own
-//! database's events to its own stream and subjects, nothing collides. And `setup` refuses, one line
-//! naming the key, a configuration that keeps one of another relay's names: its slot, its stream or
-//! its subjects; having refused, it created nothing.
+//! The top-level `name` key. Two relays on one Postgres server and one NATS differ by `name` alone
+//! ("orders" and "claims", every other key at its default but the servers' URLs and the HTTP
+//! listener, which is off because the machine is shared): both set up, each streams its own
+//! database's events to its own stream and subjects, nothing collides. And `setup` refuses, one
+//! line naming the key, a configuration that keeps one of another relay's names: its slot, its
+//! stream or its subjects; having refused, it created nothing.
 
 use std::time::Duration;
 

@@ -188,7 +188,7 @@ fn no_new_import_cycle_between_top_level_modules() {
         assert!(
             known.iter().any(|k| c.is_subset(k)),
             "a new import cycle between {c:?}: break it (a leaf module for what they share), or \
-             see tests/module_graph.rs; the edges: {:?}",
+             see tests/integration/module_graph.rs; the edges: {:?}",
             c.iter()
                 .map(|m| (m, edges[m].intersection(c).collect::<Vec<_>>()))
                 .collect::<Vec<_>>()
@@ -203,8 +203,9 @@ fn no_new_import_cycle_between_top_level_modules() {
             .collect();
         assert_eq!(
             &now, k,
-            "a known import cycle got smaller: shrink its entry in KNOWN (tests/module_graph.rs) \
-             to the modules still in a cycle, so that it cannot grow back"
+            "a known import cycle got smaller: shrink its entry in KNOWN \
+             (tests/integration/module_graph.rs) to the modules still in a cycle, so that it cannot \
+             grow back"
         );
     }
 }

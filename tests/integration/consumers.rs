@@ -515,7 +515,7 @@ fn refused(relay: &InProcessRelay, reason: &str) -> Option<f64> {
     )
 }
 
-/// Issue 34, finding 1: the position service is nobody's deputy. Under the NATS permissions
+/// docs/security.md, finding 1: the position service is nobody's deputy. Under the NATS permissions
 /// docs/operations.md gives, the service's user may not publish into the stream, onto the relay's
 /// inbox or to JetStream's API; it sends `.position`, `.wait`, `$SRV.PING`, `$SRV.INFO` and
 /// `$SRV.STATS` requests whose reply subject is the stream's subject, the dead-letter subject, the
@@ -640,12 +640,12 @@ async fn the_position_service_refuses_reply_subjects_it_must_never_publish_to() 
     relay.stop().await.expect("relay stops cleanly");
 }
 
-/// Issue 33, defect 8: right after a restart the relay knows where the slot stands, and says so.
-/// Its first `/position` answer shows the slot's `confirmed_flush_lsn` as `confirmed_lsn` and as
+/// Right after a restart the relay knows where the slot stands, and says so. Its first
+/// `/position` answer shows the slot's `confirmed_flush_lsn` as `confirmed_lsn` and as
 /// `stored_lsn` (not `0/0` until the session's first status update), with the stream's last
 /// sequence; a wait for an LSN beyond it is not answered stored. (The restore case, a slot behind
 /// what an earlier session of the same process stored, is in `resume.rs` and the unit test in
-/// `stored/mod.rs`.)
+/// `src/stored/mod.rs`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn position_right_after_a_restart_is_the_slots_own() {
     let db = text_id_db().await;
@@ -707,10 +707,10 @@ async fn position_right_after_a_restart_is_the_slots_own() {
     relay.stop().await.expect("relay stops cleanly");
 }
 
-/// Issue 34, finding 3: a wait's request is bounded. A `.wait` body over 512 bytes (a valid wait
-/// padded with whitespace) gets a 413 service error naming the limit, and a `/wait` whose query is
-/// over 512 bytes (valid, padded with empty parameters) a 414, one with a body a 413; each is
-/// counted. A normal wait on both still answers once its event is stored.
+/// docs/security.md, finding 3: a wait's request is bounded. A `.wait` body over 512 bytes (a valid
+/// wait padded with whitespace) gets a 413 service error naming the limit, and a `/wait` whose
+/// query is over 512 bytes (valid, padded with empty parameters) a 414, one with a body a 413; each
+/// is counted. A normal wait on both still answers once its event is stored.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oversized_wait_requests_are_refused_on_nats_and_http() {
     let db = text_id_db().await;

@@ -1,8 +1,8 @@
-//! Issue 36, trap 1: sql/06's `outbox_message()` publishes with the default configuration
-//! (`outbox.message_prefix` defaults to the helper's prefix, "outbox"), and `setup` and `status` warn,
-//! one line naming `outbox.message_prefix` and the fix, whenever the helper is installed but its prefix
-//! is not relayed (`""`, the explicit opt-out, or another prefix). Against real Postgres and NATS,
-//! through the binary with no `OUTBOX_RELAY_OUTBOX_MESSAGE_PREFIX` at all where the default is meant.
+//! sql/06's `outbox_message()` publishes with the default configuration (`outbox.message_prefix`
+//! defaults to the helper's prefix, "outbox"), and `setup` and `status` warn, one line naming
+//! `outbox.message_prefix` and the fix, whenever the helper is installed but its prefix is not
+//! relayed (`""`, the explicit opt-out, or another prefix). Against real Postgres and NATS, through
+//! the binary with no `OUTBOX_RELAY_OUTBOX_MESSAGE_PREFIX` at all where the default is meant.
 
 use std::time::Duration;
 

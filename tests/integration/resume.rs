@@ -209,11 +209,12 @@ async fn probe_commit_lsn(client: &tokio_postgres::Client, probe: &str, publicat
         .unwrap_or_else(|| panic!("the probe slot {probe} saw no transaction"))
 }
 
-/// Defect 1. A non-transactional logical message with the prefix becomes a dead letter whose
+/// A non-transactional logical message with the prefix becomes a dead letter whose
 /// `Outbox-Commit-Lsn` is the message's LSN, the END of its WAL record. A transaction whose commit
 /// record follows it directly has that same commit LSN. With the dead letter as the stream's tail,
-/// the replay after a restart takes that transaction's events for the tail's own transaction, and
-/// skips them all (the id it looks for is the dead letter's, which they never match).
+/// the replay after a restart used to take that transaction's events for the tail's own
+/// transaction, and skip them all (the id it looks for is the dead letter's, which they never
+/// match).
 ///
 /// Reproduction: transaction A inserts two outbox rows and stays open; another session emits the
 /// message; the relay dead-letters it and confirms its end; the relay stops; A commits (nothing
@@ -347,10 +348,10 @@ async fn wait_stored_count(
     read_all(js, stream).await
 }
 
-/// Defect 2b. The replay trusts the headers of whatever message is at the stream's tail. A message
+/// The replay used to trust the headers of whatever message is at the stream's tail. A message
 /// someone else publishes there (here: an operator moving a dead letter back by hand, headers and
-/// all, as `nats pub` or a script would) with `Outbox-Commit-Lsn: FFFF/0` makes every replayed
-/// event look stored: the 3 events committed while the relay was stopped are skipped and confirmed.
+/// all, as `nats pub` or a script would) with `Outbox-Commit-Lsn: FFFF/0` made every replayed event
+/// look stored: the 3 events committed while the relay was stopped were skipped and confirmed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_foreign_message_at_the_tail_does_not_make_the_replay_skip_events() {
     let db = text_id_db(PgServer::shared()).await;
@@ -449,30 +450,30 @@ fn restore(pg: &PgServer, copy: &Path) {
     pg.start();
 }
 
-/// Defect 2a. Postgres restored from a disk snapshot: the slot (confirmed position) and the WAL go
-/// back to the snapshot, the stream keeps the events committed after it (set A), so its tail's
-/// commit LSN is ahead of the restored server's WAL. Events committed after the restore (set B) get
-/// commit LSNs below that tail's, and the replay skips them as stored, though no event of set B
-/// was ever published. Set B is kept far smaller than set A so its commits stay below the tail.
+/// Postgres restored from a disk snapshot: the slot (confirmed position) and the WAL go back to the
+/// snapshot, the stream keeps the events committed after it (set A), so its tail's commit LSN is
+/// ahead of the restored server's WAL. Events committed after the restore (set B) get commit LSNs
+/// below that tail's, and the replay used to skip them as stored, though no event of set B was ever
+/// published. Set B is kept far smaller than set A so its commits stay below the tail.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn events_committed_after_a_restore_from_a_disk_snapshot_are_published() {
     restore_from_a_snapshot(3, false, false).await;
 }
 
-/// Defect 2a, the harder case: after the restore the new history writes past the old tail's
-/// position before the relay starts, so nothing tells the relay at its start that the tail is from
-/// another history (same system, same timeline, position below the server's WAL end). Its replay
-/// must find out on its own (the tail's event never comes) and publish every event of the new
-/// history.
+/// A restore from a disk snapshot, the harder case: after the restore the new history writes past
+/// the old tail's position before the relay starts, so nothing tells the relay at its start that
+/// the tail is from another history (same system, same timeline, position below the server's WAL
+/// end). Its replay must find out on its own (the tail's event never comes) and publish every event
+/// of the new history.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn events_after_a_restore_are_published_when_the_new_wal_passed_the_old_tail() {
     restore_from_a_snapshot(400, true, false).await;
 }
 
-/// Defect 2a on a quiet outbox: after the restore a few events are committed below the old tail's
-/// position, then only other tables write, past it. The replay skips the few (they are below the
-/// tail) and no later event ever comes to show that the tail's own event is missing: the
-/// walsender's keepalives, past the tail's position, must.
+/// A restore from a disk snapshot on a quiet outbox: after the restore a few events are committed
+/// below the old tail's position, then only other tables write, past it. The replay skips the few
+/// (they are below the tail) and no later event ever comes to show that the tail's own event is
+/// missing: the walsender's keepalives, past the tail's position, must.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn events_after_a_restore_are_published_when_only_other_tables_passed_the_old_tail() {
     restore_from_a_snapshot(3, true, true).await;
@@ -575,10 +576,10 @@ async fn run_backfill(
     (p.stdout(), p.stderr())
 }
 
-/// Defect 3. `backfill` with `nats.atomic_transactions`: the backfill goes through the sink's
-/// batcher, which only sends a batch at a transaction's commit, and the backfill never commits the
-/// last one, so it waits for acks forever. Its messages must also carry `Nats-Msg-Id` (the event id):
-/// a backfill is rerun after a failure and relies on JetStream dropping what it already holds, which
+/// `backfill` with `nats.atomic_transactions`: the backfill goes through the sink's batcher, which
+/// only sends a batch at a transaction's commit, and the backfill never commits the last one, so it
+/// used to wait for acks forever. Its messages must also carry `Nats-Msg-Id` (the event id): a
+/// backfill is rerun after a failure and relies on JetStream dropping what it already holds, which
 /// an atomic batch's messages (id in `Outbox-Event-Id` only) do not allow.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn backfill_with_atomic_transactions_finishes_and_dedups() {
@@ -629,9 +630,9 @@ async fn backfill_with_atomic_transactions_finishes_and_dedups() {
     );
 }
 
-/// Defect 4. A step of the session that waits (here the partition lookup, blocked by a lock on one
-/// of the outbox table's partitions) must not keep a stop waiting: the relay used to await it without
-/// a deadline and without listening for the stop, so SIGTERM waited as long as the lock was held.
+/// A step of the session that waits (here the partition lookup, blocked by a lock on one of the
+/// outbox table's partitions) must not keep a stop waiting: the relay used to await it without a
+/// deadline and without listening for the stop, so SIGTERM waited as long as the lock was held.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stop_is_not_held_up_by_a_blocked_partition_lookup() {
     let db = TestDb::create(PgServer::shared()).await;
@@ -688,13 +689,13 @@ async fn stop_is_not_held_up_by_a_blocked_partition_lookup() {
     }
 }
 
-/// Issue 33, defect 8, on real servers: one relay process lives through a restore from a disk
-/// snapshot on the same system and timeline. Before the restore it had stored far past the
-/// snapshot (set A, then other tables' WAL it confirmed while idle); after it, set B (one
-/// transaction of 3,000 events) is committed at LSNs below that old stored position, and other
-/// tables' WAL takes the server past it, so nothing on the connection shows the restore. A
-/// `/wait` for set B's token may only answer "stored" once all of set B is in the stream: the
-/// process must not keep its old stored position.
+/// The position service across a restore, on real servers: one relay process lives through a
+/// restore from a disk snapshot on the same system and timeline. Before the restore it had stored
+/// far past the snapshot (set A, then other tables' WAL it confirmed while idle); after it, set B
+/// (one transaction of 3,000 events) is committed at LSNs below that old stored position, and other
+/// tables' WAL takes the server past it, so nothing on the connection shows the restore. A `/wait`
+/// for set B's token may only answer "stored" once all of set B is in the stream: the process must
+/// not keep its old stored position.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_restore_the_position_service_waits_for_the_replayed_commits() {
     let pg = PgServer::start_private();

@@ -621,7 +621,7 @@ async fn standby_shows_in_metrics_and_readyz_until_it_takes_over() {
     standby.stop().await.expect("the standby stops cleanly");
 }
 
-/// Issue 33, defect 5: a publication that also publishes deletes, a retention DELETE committed
+/// A publication that also publishes deletes, a retention DELETE committed
 /// first and an outbox insert after it, no relay running. The insert waits behind a transaction
 /// that holds no event: `status` must still find it (exit 1, naming the event), and `setup` warns
 /// about the publication.
@@ -670,7 +670,7 @@ async fn status_finds_an_event_that_waits_behind_a_retention_delete() {
     );
 }
 
-/// Issue 33, defect 5, the bound: a retention DELETE of more rows than `status` looks at (20,000
+/// The bound of the test above: a retention DELETE of more rows than `status` looks at (20,000
 /// changes) before the waiting insert. `status` cannot see the event, and must not say healthy: it
 /// exits 1 saying the slot cannot be checked for waiting events, and `events_waiting` is `null`.
 #[tokio::test]

@@ -1,5 +1,5 @@
 //! A client other than a relay consumes or advances the slot while no relay streams it
-//! (issue 33, defect 9): the events it skipped are never sent to a relay again. The relay must say
+//! (P9): the events it skipped are never sent to a relay again. The relay must say
 //! so like a lost slot (a log line naming `backfill`, `status` exit 1, a metric) and refuse to
 //! stream on past them; and a normal stop and start, also after an idle period in which other
 //! tables were written and the slot was confirmed past the last event, must never say it.

@@ -1,7 +1,7 @@
-//! docs/quickstart.md, step 4, without the `nats` CLI (issue 36, trap 5): the quickstart's SQL
-//! (01, 04, 06 and `sql/example_claims.sql`; setup makes the publication), a relay with an HTTP listener, and the
-//! `curl -s …/position` the page shows instead of `nats sub`: `last_sequence` is 0 before the claims
-//! transaction and 1 after it, and the stream holds the event on `outbox.Claim`.
+//! docs/quickstart.md, step 4, without the `nats` CLI: the quickstart's SQL (01, 04, 06 and
+//! `sql/example_claims.sql`; setup makes the publication), a relay with an HTTP listener, and the
+//! `curl -s …/position` the page shows instead of `nats sub`: `last_sequence` is 0 before the
+//! claims transaction and 1 after it, and the stream holds the event on `outbox.Claim`.
 
 use std::time::Duration;
 

@@ -151,9 +151,9 @@ async fn sql_06_stops_direct_emit_messages_and_setup_and_status_warn_until_it_ra
     server.psql("postgres", &format!("DROP ROLE IF EXISTS {writer}"));
 }
 
-/// Issue 34, finding 7: any session may call itself `outbox-relay/<slot>/<pid>`. A role with no
-/// rights that does so while no relay runs does not make `status` print "relay: running (pid
-/// 4242)": only sessions of the relay's own role, and the slot's walsender, are believed.
+/// docs/security.md, finding 7: any session may call itself `outbox-relay/<slot>/<pid>`. A role
+/// with no rights that does so while no relay runs does not make `status` print "relay: running
+/// (pid 4242)": only sessions of the relay's own role, and the slot's walsender, are believed.
 #[tokio::test]
 async fn status_believes_no_application_name_of_another_role() {
     let server = PgServer::shared();
@@ -206,10 +206,11 @@ fn helper_warning(stdout: &str) -> Option<&str> {
         .find(|l| l.starts_with("warning:") && l.contains("SECURITY DEFINER"))
 }
 
-/// Issue 34, finding 5: sql/06's `outbox_message` and sql/08's `outbox_context` are SECURITY DEFINER;
-/// run without `-v writer_role` they used to keep PostgreSQL's default EXECUTE for PUBLIC, so a role
-/// with no grants could publish events (and emit first under another writer's id). Now both scripts
-/// always revoke it: such a role gets `permission denied` from either helper. And while PUBLIC may execute such a helper (granted back by hand), `setup` and `status` warn,
+/// docs/security.md, finding 5: sql/06's `outbox_message` and sql/08's `outbox_context` are
+/// SECURITY DEFINER; run without `-v writer_role` they used to keep PostgreSQL's default EXECUTE
+/// for PUBLIC, so a role with no grants could publish events (and emit first under another writer's
+/// id). Now both scripts always revoke it: such a role gets `permission denied` from either helper.
+/// And while PUBLIC may execute such a helper (granted back by hand), `setup` and `status` warn,
 /// naming it; once revoked, neither does.
 #[tokio::test]
 async fn the_helpers_are_never_executable_by_public_and_setup_warns_while_they_are() {
@@ -270,10 +271,10 @@ async fn the_helpers_are_never_executable_by_public_and_setup_warns_while_they_a
     server.psql("postgres", &format!("DROP ROLE IF EXISTS {nobody}"));
 }
 
-/// Issue 34, finding 6: with only `outbox.context_prefix` set (no `message_prefix`), every role may
-/// still call `pg_logical_emit_message` and write context messages the relay applies unchecked (an
-/// invalid one is a dead letter). `setup` and `status` warn about it, naming `outbox.context_prefix`
-/// and the REVOKE, until sql/06 revoked it; then neither warns.
+/// docs/security.md, finding 6: with only `outbox.context_prefix` set (no `message_prefix`), every
+/// role may still call `pg_logical_emit_message` and write context messages the relay applies
+/// unchecked (an invalid one is a dead letter). `setup` and `status` warn about it, naming
+/// `outbox.context_prefix` and the REVOKE, until sql/06 revoked it; then neither warns.
 #[tokio::test]
 async fn setup_and_status_warn_while_every_role_may_emit_context_messages() {
     let server = PgServer::shared();

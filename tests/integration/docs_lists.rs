@@ -1,7 +1,9 @@
-//! The docs' lists of what the repository has, compared with the repository (issue 36, trap 5): every
-//! command `outbox-relay --help` prints is in docs/configuration.md's "All N commands (…)" line and in
-//! docs/compatibility.md's stable commands, and every file in sql/ is in docs/README.md's SQL index, so
-//! a new command or SQL file that the docs leave out fails here.
+//! The docs' lists of what the repository has, compared with the repository: every command
+//! `outbox-relay --help` prints is in docs/configuration.md's "All N commands (…)" line and in
+//! docs/compatibility.md's stable commands, every file in sql/ is in docs/README.md's SQL index,
+//! and every file of tests/integration/ and tests/simulation/ is in CONTRIBUTING.md's table of
+//! where a change's test goes, so a new command, SQL file or test module that the docs leave out
+//! fails here.
 
 use std::time::Duration;
 
@@ -88,5 +90,42 @@ fn the_sql_index_names_every_sql_file() {
     assert!(
         missing.is_empty(),
         "docs/README.md's SQL index leaves out {missing:?}"
+    );
+}
+
+/// The `.rs` files under `dir`, as paths relative to `root` with `/` separators.
+fn rust_files(root: &std::path::Path, dir: &std::path::Path, out: &mut Vec<String>) {
+    for entry in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("read {}: {e}", dir.display())) {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            rust_files(root, &path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            let rel = path.strip_prefix(root).unwrap();
+            out.push(rel.to_string_lossy().replace('\\', "/"));
+        }
+    }
+}
+
+#[test]
+fn contributings_table_names_every_test_module() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(root.join("CONTRIBUTING.md")).unwrap();
+    let (_, table) = text
+        .split_once("### Where a change's test goes")
+        .expect("CONTRIBUTING.md has the table of where a change's test goes");
+    let table = table.split("\n## ").next().unwrap();
+    let tests = root.join("tests");
+    let mut files = Vec::new();
+    rust_files(&tests, &tests.join("integration"), &mut files);
+    rust_files(&tests, &tests.join("simulation"), &mut files);
+    files.sort();
+    assert!(files.len() >= 50, "{files:?}");
+    let missing: Vec<&String> = files
+        .iter()
+        .filter(|f| !table.contains(&format!("`{f}`")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "CONTRIBUTING.md's table of where a change's test goes leaves out {missing:?}"
     );
 }

@@ -521,7 +521,7 @@ async fn a_member_with_headers_over_jetstreams_limit_is_dead_lettered_not_a_wedg
 /// transaction, so no Commit follows it; the batcher held it (as it holds every event until the
 /// next one or its transaction's Commit) and waited for the next transaction's first event to send
 /// it: on a quiet database the dead letter was never published and the slot never confirmed past
-/// it (issue 33; found by the simulation, seed 35). Guards the commit after the standalone event's
+/// it (found by the simulation). Guards the commit after the standalone event's
 /// submit (`Step::Standalone` in src/relay/session.rs).
 #[tokio::test]
 async fn a_standalone_dead_letter_is_published_and_confirmed_on_a_quiet_database() {

@@ -181,10 +181,10 @@ async fn a_relay_started_while_postgres_is_down_waits_and_then_publishes() {
     );
 }
 
-/// Issue 34, finding 4: a multi-host `postgres.url` whose first host is down and whose second
-/// refuses the password ends `run` at once with the refusal, instead of logging in with the wrong
-/// password again and again (enough to lock an LDAP- or PAM-backed account); a single host did so
-/// already.
+/// docs/security.md, finding 4: a multi-host `postgres.url` whose first host is down and whose
+/// second refuses the password ends `run` at once with the refusal, instead of logging in with the
+/// wrong password again and again (enough to lock an LDAP- or PAM-backed account); a single host
+/// did so already.
 #[tokio::test]
 async fn a_wrong_password_ends_run_even_when_another_host_is_down() {
     let server = PgServer::shared();
@@ -219,10 +219,10 @@ async fn a_wrong_password_ends_run_even_when_another_host_is_down() {
     );
 }
 
-/// Issue 34, finding 8: `sslmode=require` against a server without TLS (here a listener that
-/// answers every SSLRequest with `N`, as such a Postgres does) ends `run` at once with a line that
-/// says TLS, as the docs promise for TLS failures, instead of "waiting for the server; retrying"
-/// forever.
+/// docs/security.md, finding 8: `sslmode=require` against a server without TLS (here a listener
+/// that answers every SSLRequest with `N`, as such a Postgres does) ends `run` at once with a line
+/// that says TLS, as the docs promise for TLS failures, instead of "waiting for the server;
+/// retrying" forever.
 #[tokio::test]
 async fn a_tls_refusal_on_the_control_connection_ends_run() {
     use std::io::{Read, Write};
@@ -372,7 +372,7 @@ async fn slot_active(client: &Client, slot: &str) -> bool {
         .is_some()
 }
 
-/// Issue 36, trap 4: `status` asks the relay itself. With nats-server stopped and no event written,
+/// `status` asks the relay itself. With nats-server stopped and no event written,
 /// the relay's walsender stays active (its session ends only when a publish fails or times out), so
 /// Postgres alone shows "streaming"; the relay's own `/readyz` says "nats disconnected" at once.
 /// `status` reports the relay's word: not streaming, a problem naming the reason and the listener,
@@ -445,7 +445,7 @@ async fn status_asks_the_relay_and_says_nats_is_down_while_postgres_still_shows_
     drop(p);
 }
 
-/// Issue 36, trap 4: `status` shows the stream's limits and warns from 80 % of one: a stream with
+/// `status` shows the stream's limits and warns from 80 % of one: a stream with
 /// `max_msgs` 5 and `discard: new` holding 4 events is "80 % full", and what a full one does.
 #[tokio::test]
 async fn status_shows_the_streams_limits_and_warns_when_it_is_80_percent_full() {

@@ -29,21 +29,13 @@
 //! (`Nats-Expected-Last-Msg-Id`, which the simulated JetStream checks as nats-server does), so
 //! nothing is stored past a refused message.
 
-#[path = "simulation/backfill.rs"]
 mod backfill;
-#[path = "simulation/check.rs"]
 mod check;
-#[path = "simulation/jetstream.rs"]
 mod jetstream;
-#[path = "simulation/port.rs"]
 mod port;
-#[path = "simulation/postgres.rs"]
 mod postgres;
-#[path = "simulation/rng.rs"]
 mod rng;
-#[path = "simulation/trace.rs"]
 mod trace;
-#[path = "simulation/world.rs"]
 mod world;
 
 use std::sync::Mutex;
