@@ -23,8 +23,10 @@
 //! reported as a failure: the relay then restarts from the last confirmed LSN.
 
 mod batch;
+mod config;
 mod connect;
 mod distrust;
+mod error;
 mod fence;
 mod port;
 mod prove;
@@ -41,216 +43,18 @@ use async_nats::jetstream::{
 };
 use tracing::{debug, warn};
 
-use crate::config::Settings;
 use crate::message::{self, Outgoing, Shrink};
 use crate::nats::NatsPort;
 use crate::outbox::OutboxEvent;
 use crate::position::Position;
-use crate::route::SubjectTemplate;
 
+pub(crate) use config::SinkConfig;
 pub(crate) use connect::{ConnectError, connect_nats};
 pub(crate) use distrust::Distrust;
+pub use error::SinkError;
 pub(crate) use fence::{Fence, Origin, Replay, Replayed, Stamp, Tail, TailError};
 pub(crate) use port::read_tail;
 use publish::Publisher;
-
-/// Why publishing cannot go on. Transient ones restart the session; [`SinkError::is_transient`].
-#[derive(Debug, thiserror::Error)]
-pub enum SinkError {
-    /// No ack arrived within `nats.ack_timeout_ms`; holds the timeout and the message id.
-    #[error("no ack from JetStream within {0:?} (message {1})")]
-    AckTimeout(Duration, String),
-    /// Sending a publish failed, or JetStream refused the message.
-    #[error("JetStream publish of message {id} failed")]
-    Publish {
-        /// The message's `Nats-Msg-Id`.
-        id: String,
-        /// The client's error.
-        #[source]
-        source: jetstream::context::PublishError,
-    },
-    #[error(
-        "the stream's tail is not where the relay left it (message {id} expected last sequence {expected}): a message before it was lost or the stream changed; resynchronising"
-    )]
-    /// The stream refused a fenced publish: its last sequence is not the one the message expected.
-    FenceBroken {
-        /// The message's `Nats-Msg-Id`.
-        id: String,
-        /// The `Nats-Expected-Last-Sequence` the message carried.
-        expected: u64,
-        /// The client's error.
-        #[source]
-        source: jetstream::context::PublishError,
-    },
-    /// Sending a member of an atomic batch on the connection failed.
-    #[error("publish of message {id} (part of an atomic batch) failed")]
-    CorePublish {
-        /// The message's event id.
-        id: String,
-        /// The client's error.
-        #[source]
-        source: jetstream::context::PublishError,
-    },
-    /// JetStream refused an atomic batch for the size of a message in it (its `max_msg_size`,
-    /// or headers too large), although the relay measured each against the limit the session
-    /// read: the next session reads the limit again and dead-letters what is over it.
-    #[error(
-        "the stream refused the atomic batch committed by message {id} ({refusal}): its max_msg_size changed \
-         since the session started? restarting to read it again (a message over it becomes a dead letter)"
-    )]
-    BatchRefused {
-        /// The id of the batch's commit message.
-        id: String,
-        /// JetStream's refusal.
-        refusal: String,
-    },
-    /// The window is full of messages that cannot be settled (a defect in the relay: the members
-    /// of an open atomic batch filled it).
-    #[error("the publish window is full of messages that wait for a batch commit not yet sent")]
-    Stopped,
-    /// The atomic-batch path was asked for on a sink built without it (a defect in the relay).
-    #[error("atomic batch requested from a sink without nats.atomic_transactions")]
-    NotAtomic,
-    /// A message was refused because the stream's last sequence had moved past the one it expected:
-    /// something else stored a message in its place (another writer, or a publish of an earlier
-    /// session arriving late), and a message behind it, whose expectation that matched, may be
-    /// stored past the gap. Nothing past it is confirmed; the next session trusts no tail and
-    /// publishes every event from the confirmed position again (a late copy can then follow what
-    /// was stored past the gap, but none is lost).
-    #[error(
-        "the stream refused message {id}: its last sequence is {last}, past the {expected} the message expected \
-         (another writer on the stream, or a late publish of an earlier session); publishing every event from the \
-         confirmed position again"
-    )]
-    StoredPastRefused {
-        /// The refused message's id.
-        id: String,
-        /// The `Nats-Expected-Last-Sequence` it carried.
-        expected: u64,
-        /// The stream's last sequence, as the refusal named it.
-        last: u64,
-    },
-    /// The replay reached the stream's last message, but the messages before it are not the events
-    /// it skipped (a message in the stream that the relay did not write, or one missing: a gap a
-    /// late publish of an earlier session left behind another writer's message). Nothing skipped is
-    /// confirmed; the next session trusts no tail and publishes every event from the confirmed
-    /// position again.
-    #[error(
-        "the stream's last {count} messages (up to sequence {sequence}) are not the events the replay skipped \
-         ({reason}); publishing every event from the confirmed position again"
-    )]
-    Unproven {
-        /// The last message compared: the stream's last when the session started, or the message
-        /// before a cut-off replay verified in its place.
-        sequence: u64,
-        /// How many messages were compared.
-        count: u64,
-        /// What did not match.
-        reason: String,
-        /// When `sequence` is the message before a cut-off replay: the stream's last sequence.
-        over: Option<u64>,
-    },
-    /// The replayed events passed the position of the stream's last message without that message's
-    /// own event: the stream's tail is from another history of the database (restored from a
-    /// snapshot or backup). Nothing skipped is confirmed; the next session publishes every event.
-    #[error(
-        "the stream's last message (sequence {sequence}, position {tail}) is not in this database's history: the \
-         replay reached {at} without it (database restored from a snapshot or backup?); publishing every event \
-         from the confirmed position again"
-    )]
-    Diverged {
-        /// The message judged: the stream's last when the session started, or the message before
-        /// a cut-off replay verified in its place.
-        sequence: u64,
-        /// Its position.
-        tail: Position,
-        /// The first replayed event past it.
-        at: Position,
-        /// When `sequence` is the message before a cut-off replay: the stream's last sequence.
-        over: Option<u64>,
-    },
-    /// `outbox.on_invalid = "stop"` and an event cannot be published as it is.
-    #[error(
-        "event {id} at {lsn} cannot be published ({reason}); outbox.on_invalid = \"stop\": fix or delete the row's \
-         cause and restart, or set outbox.on_invalid = \"dead_letter\" to route it to the dead-letter subject"
-    )]
-    Invalid {
-        /// The event's message id.
-        id: String,
-        /// The commit LSN of the event's transaction.
-        lsn: crate::Lsn,
-        /// Why the event cannot be published.
-        reason: String,
-    },
-    /// Not even the minimal dead letter (id and reason) could be stored.
-    #[error(
-        "event {id} at {lsn} cannot be published ({reason}), and the stream refused even its minimal dead letter \
-         ({refusal}): check the stream's max_msg_size and the server's max_payload, and nats.dead_letter_subject"
-    )]
-    DeadLetterRefused {
-        /// The event's message id.
-        id: String,
-        /// The commit LSN of the event's transaction.
-        lsn: crate::Lsn,
-        /// Why the event itself cannot be published.
-        reason: String,
-        /// Why the stream refused the dead letter.
-        refusal: String,
-    },
-}
-
-impl SinkError {
-    /// Why the stream's tail is not to be trusted by the next sessions, and which tail, for the
-    /// error that found it so; `None` for every other error. The next session's warn line names
-    /// the reason ([`Distrust`]).
-    pub(crate) fn distrust(&self) -> Option<Distrust> {
-        let (why, at, look_past) = match self {
-            SinkError::Diverged {
-                sequence,
-                tail,
-                over,
-                ..
-            } => (
-                format!(
-                    "its last message (sequence {sequence}, position {tail}) is not in this database's history"
-                ),
-                Some(over.unwrap_or(*sequence)),
-                over.is_some(),
-            ),
-            SinkError::StoredPastRefused { id, expected, last } => (
-                format!(
-                    "message {id} was refused expecting last sequence {expected}, and the stream's last is {last}: \
-                     a message may be stored past the refused one"
-                ),
-                (*last != u64::MAX).then_some(*last),
-                false,
-            ),
-            SinkError::Unproven {
-                sequence,
-                count,
-                reason,
-                over,
-            } => (
-                format!(
-                    "the proof that its last {count} messages (up to sequence {sequence}) are the events the replay \
-                     skipped could not be completed: {reason}"
-                ),
-                Some(over.unwrap_or(*sequence)),
-                over.is_some(),
-            ),
-            _ => return None,
-        };
-        Some(Distrust { why, at, look_past })
-    }
-
-    /// Whether restarting the pipeline can help.
-    pub(crate) fn is_transient(&self) -> bool {
-        !matches!(
-            self,
-            SinkError::Invalid { .. } | SinkError::DeadLetterRefused { .. }
-        )
-    }
-}
 
 /// How a message ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -292,91 +96,6 @@ pub(crate) struct Acked {
     pub(crate) outcome: Outcome,
     /// The event's commit time (µs since 2000-01-01; 0 when unknown), for commit → ack latency.
     pub(crate) commit_ts: i64,
-}
-
-/// Settings the sink needs.
-#[derive(Clone, Debug)]
-pub(crate) struct SinkConfig {
-    /// `nats.max_in_flight`: publishes awaiting their ack.
-    pub(crate) max_in_flight: usize,
-    /// `nats.max_in_flight_bytes`: bytes of the publishes awaiting their ack.
-    pub(crate) max_in_flight_bytes: usize,
-    /// `nats.ack_timeout_ms`: how long to wait for one ack.
-    pub(crate) ack_timeout: Duration,
-    /// `nats.dead_letter_subject`.
-    pub(crate) dead_letter_subject: String,
-    /// `outbox.on_invalid = "stop"`: fail instead of dead-lettering.
-    pub(crate) stop_on_invalid: bool,
-    /// `nats.subject`, parsed.
-    pub(crate) template: SubjectTemplate,
-    /// Fence the stream (`nats.fence`).
-    pub(crate) fence: bool,
-    /// `nats.stream`.
-    pub(crate) stream: String,
-    /// `nats.descriptive_headers`: whether routed events carry the four descriptive headers.
-    pub(crate) descriptive: message::Descriptive,
-    /// `nats.cloudevents`: the CloudEvents headers to add to routed events.
-    pub(crate) cloudevents: Option<message::CloudEvents>,
-    /// `nats.atomic_transactions`: each transaction is published as one atomic batch.
-    pub(crate) atomic: bool,
-    /// The most messages in one atomic batch (the server's limit, 1,000 by default); a longer
-    /// transaction is split into several batches.
-    pub(crate) max_batch: usize,
-    /// The history every message's `Outbox-Position` names (`SYSTEM/TIMELINE/SLOT`). Set by
-    /// [`Sink::start`] from the session's [`Origin`].
-    pub(crate) history: Option<String>,
-    /// The stream's `max_msg_size`, when it has one (and it could be read); set by [`Sink::start`].
-    /// A message over it is dead-lettered before it is sent, in its place: a refusal by the stream
-    /// would come back only after the messages sent behind it, which without the fence nothing
-    /// refuses.
-    pub(crate) max_msg_size: Option<usize>,
-    /// `[telemetry]`: spans for events with a sampled `traceparent`; `None` without an endpoint.
-    /// Set by the relay, which owns the exporter across sessions.
-    pub(crate) telemetry: Option<crate::telemetry::Telemetry>,
-}
-
-impl SinkConfig {
-    /// The sink's part of the validated settings.
-    pub(crate) fn from_settings(s: &Settings) -> Self {
-        let n = &s.config().nats;
-        SinkConfig {
-            max_in_flight: n.max_in_flight,
-            max_in_flight_bytes: n.max_in_flight_bytes,
-            ack_timeout: s.ack_timeout,
-            dead_letter_subject: n.dead_letter_subject.clone(),
-            stop_on_invalid: s.stop_on_invalid,
-            template: s.subject.clone(),
-            fence: n.fence,
-            stream: n.stream.clone(),
-            descriptive: if n.descriptive_headers {
-                message::Descriptive::On
-            } else {
-                message::Descriptive::Off
-            },
-            cloudevents: n
-                .cloudevents
-                .then(|| message::CloudEvents::new(&n.cloudevents_source)),
-            atomic: n.atomic_transactions,
-            max_batch: batch::MAX_BATCH,
-            history: None,
-            max_msg_size: None,
-            telemetry: None,
-        }
-    }
-
-    /// `outbox.on_invalid`, the one place it is applied: `Ok` means dead-letter the event (and it is
-    /// logged), `Err` means stop.
-    pub(crate) fn on_invalid(&self, event: &OutboxEvent, reason: &str) -> Result<(), SinkError> {
-        if self.stop_on_invalid {
-            return Err(SinkError::Invalid {
-                id: event.msg_id.clone(),
-                lsn: event.commit_lsn,
-                reason: reason.to_owned(),
-            });
-        }
-        warn!(id = %event.msg_id, lsn = %event.commit_lsn, %reason, "dead-lettering event");
-        Ok(())
-    }
 }
 
 /// What was sent for an event, so it can be sent again with another expectation.
@@ -1409,35 +1128,8 @@ mod tests {
 }
 
 #[cfg(test)]
-mod distrust_and_progress {
+mod progress {
     use super::*;
-
-    #[test]
-    fn a_proof_not_completed_says_so_and_why() {
-        let e = SinkError::Unproven {
-            sequence: 30_000,
-            count: 25_000,
-            reason: "reading back message 7 failed: timed out".into(),
-            over: None,
-        };
-        let d = e.distrust().expect("the tail is distrusted");
-        assert_eq!((d.at, d.look_past), (Some(30_000), false));
-        let why = d.why;
-        assert!(why.contains("could not be completed"), "{why}");
-        assert!(
-            why.contains("its last 25000 messages (up to sequence 30000)"),
-            "{why}"
-        );
-        assert!(
-            why.ends_with("reading back message 7 failed: timed out"),
-            "{why}"
-        );
-        assert_eq!(
-            SinkError::Stopped.distrust(),
-            None,
-            "other errors trust the tail"
-        );
-    }
 
     #[test]
     fn only_a_new_message_is_progress() {
