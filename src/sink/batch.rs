@@ -40,7 +40,8 @@ use async_nats::header::{
 use async_nats::jetstream::context::PublishErrorKind;
 use tracing::warn;
 
-use super::{InFlight, Outcome, Pending, Sent, Sink, SinkConfig, SinkError, approx_size};
+use super::envelope::Sent;
+use super::{InFlight, Outcome, Pending, Sink, SinkConfig, SinkError, approx_size};
 use crate::message::{self, IdHeader, Outgoing, Shrink};
 use crate::outbox::OutboxEvent;
 
@@ -416,7 +417,7 @@ impl Sink {
                 // with a smaller limit than the one the session started with): a dead-letter
                 // decision like any other size refusal, one step down the ladder each time.
                 Err(e) if e.kind() == PublishErrorKind::MaxPayloadExceeded => {
-                    let routed = super::routed_subject(
+                    let routed = super::envelope::routed_subject(
                         &self.config,
                         &item.event,
                         &item.sent,
@@ -485,7 +486,7 @@ fn fit(
     let Some(reason) = stamped.too_large(limit) else {
         return Ok(stamped);
     };
-    let routed = super::routed_subject(
+    let routed = super::envelope::routed_subject(
         config,
         &item.event,
         &item.sent,

@@ -26,6 +26,7 @@ mod batch;
 mod config;
 mod connect;
 mod distrust;
+mod envelope;
 mod error;
 mod fence;
 mod port;
@@ -44,7 +45,6 @@ use async_nats::jetstream::{
 };
 use tracing::{debug, warn};
 
-use crate::message::{self, Outgoing, Shrink};
 use crate::nats::NatsPort;
 use crate::outbox::OutboxEvent;
 use crate::position::Position;
@@ -52,6 +52,7 @@ use crate::position::Position;
 pub(crate) use config::SinkConfig;
 pub(crate) use connect::{ConnectError, connect_nats};
 pub(crate) use distrust::Distrust;
+use envelope::Sent;
 pub use error::SinkError;
 pub(crate) use fence::{Fence, Origin, Replay, Replayed, Stamp, Tail, TailError};
 pub(crate) use port::read_tail;
@@ -98,15 +99,6 @@ pub(crate) struct Acked {
     pub(crate) outcome: Outcome,
     /// The event's commit time (µs since 2000-01-01; 0 when unknown), for commit → ack latency.
     pub(crate) commit_ts: i64,
-}
-
-/// What was sent for an event, so it can be sent again with another expectation.
-#[derive(Debug, Clone)]
-enum Sent {
-    /// The routed message.
-    Event,
-    /// A dead letter with this reason, shrunk this far.
-    DeadLetter { reason: String, shrink: Shrink },
 }
 
 /// The window, in submit order.
@@ -326,115 +318,8 @@ impl Sink {
             return self.submit_batched(seq, event).await;
         }
         let size = self.reserve(approx_size(&event)).await?;
-        let mut out = message::build_as(
-            &event,
-            &self.config.template,
-            &self.config.dead_letter_subject,
-            self.config.cloudevents.as_ref(),
-            message::IdHeader::MsgId,
-            self.config.descriptive,
-        );
-        let span = match &self.config.telemetry {
-            None => None,
-            Some(t) => t.begin(&mut event, &mut out),
-        };
-        let sent = match &out.dead_letter {
-            Some(reason) => {
-                self.config.on_invalid(&event, reason)?;
-                Sent::DeadLetter {
-                    reason: reason.clone(),
-                    shrink: Shrink::Keep,
-                }
-            }
-            None => Sent::Event,
-        };
-        // The subject it was routed to, which a dead letter names in `Outbox-Subject`: kept for
-        // dead letters only; a routed event's is rendered again if it is ever refused (rare), so
-        // the hot path moves its subject into the publish instead of copying it.
-        let subject = match &sent {
-            Sent::Event => String::new(),
-            Sent::DeadLetter { .. } => out
-                .headers
-                .get(message::SUBJECT)
-                .map(|v| v.as_str().to_owned())
-                .unwrap_or_default(),
-        };
-        let (expected, expected_id) = match self.fence.as_mut() {
-            Some(f) => {
-                let e = f.next_expected(&event.msg_id);
-                (Some(e.seq), e.id)
-            }
-            None => (None, None),
-        };
-        let (target, headers, payload) = stamped(
-            out,
-            &event,
-            expected,
-            expected_id.as_deref(),
-            self.config.history.as_deref(),
-        );
-        // Too large for the stream (checked here, so its dead letter keeps its place) or, as
-        // async-nats checks before sending, for the server's max_payload (an oversize publish
-        // would make the server close the connection).
-        let too_large = self.config.max_msg_size.and_then(|max| {
-            let size = batch::wire_size(&headers, payload.len());
-            (size > max).then(|| {
-                format!(
-                    "refused by the stream's max_msg_size of {max} bytes: the message is {size} bytes"
-                )
-            })
-        });
-        let sent_as = match too_large {
-            Some(reason) => Err(reason),
-            None => match self.publisher.send(target, headers, payload).await {
-                Ok(ack) => Ok(ack),
-                Err(e) if e.kind() == PublishErrorKind::MaxPayloadExceeded => {
-                    Err("message too large for the server's max_payload".to_owned())
-                }
-                Err(source) => {
-                    return Err(SinkError::Publish {
-                        id: event.msg_id.clone(),
-                        source,
-                    });
-                }
-            },
-        };
-        let (ack, sent) = match sent_as {
-            Ok(ack) => (ack, sent),
-            Err(too_large) => {
-                let routed = routed_subject(&self.config, &event, &sent, subject.clone());
-                let reason = match sent {
-                    Sent::DeadLetter { reason, .. } => reason,
-                    Sent::Event => {
-                        self.config.on_invalid(&event, &too_large)?;
-                        too_large
-                    }
-                };
-                let (ack, shrink) = send_dead_letter(
-                    &mut self.publisher,
-                    &self.config,
-                    &event,
-                    Some(&routed).filter(|s| !s.is_empty()).map(String::as_str),
-                    &reason,
-                    (expected, expected_id.as_deref()),
-                    Shrink::Keep,
-                )
-                .await?;
-                (ack, Sent::DeadLetter { reason, shrink })
-            }
-        };
-        self.window.push_back(Pending::Sent(InFlight {
-            seq,
-            ack,
-            event,
-            subject,
-            sent,
-            expected,
-            expected_id,
-            size,
-            members: None,
-            span,
-        }));
+        let item = self.send_event(seq, event, size).await?;
+        self.window.push_back(Pending::Sent(item));
         Ok(())
     }
 
@@ -826,91 +711,6 @@ fn approx_size(e: &OutboxEvent) -> usize {
         + 256
 }
 
-/// The subject an event was routed to: `known` for a dead letter, rendered again for an event
-/// (the hot path does not keep a copy).
-fn routed_subject(config: &SinkConfig, event: &OutboxEvent, sent: &Sent, known: String) -> String {
-    match sent {
-        Sent::Event => {
-            message::build(event, &config.template, &config.dead_letter_subject, None).subject
-        }
-        Sent::DeadLetter { .. } => known,
-    }
-}
-
-/// A publish (subject, headers, payload) of `event`, with its `Outbox-Position` (in `history`, when
-/// the session knows it) and, when the stream is fenced, `Nats-Expected-Last-Sequence` and (after
-/// a session's first message) `Nats-Expected-Last-Msg-Id`.
-fn stamped(
-    out: Outgoing,
-    event: &OutboxEvent,
-    expected: Option<u64>,
-    expected_id: Option<&str>,
-    history: Option<&str>,
-) -> (String, async_nats::HeaderMap, bytes::Bytes) {
-    let mut headers = out.headers;
-    message::stamp_position(&mut headers, event, history);
-    if let Some(e) = expected {
-        headers.insert(
-            message::EXPECTED_LAST_SEQUENCE,
-            async_nats::HeaderValue::from(itoa::Buffer::new().format(e)),
-        );
-        if let Some(id) = expected_id {
-            headers.insert(
-                message::EXPECTED_LAST_MSG_ID,
-                async_nats::HeaderValue::from(id),
-            );
-        }
-    }
-    (out.subject, headers, out.payload)
-}
-
-/// Queues the dead letter of `event` (it takes the refused message's place in the sequence and in
-/// the chain of ids: it carries the event's `Nats-Msg-Id` and the refused message's `expected`
-/// sequence and id), at the first step of the shrink ladder below `from` that fits the stream's
-/// `max_msg_size` (when known) and that the client accepts: the payload goes first, its size is
-/// what usually cannot be published.
-async fn send_dead_letter(
-    publisher: &mut Publisher,
-    config: &SinkConfig,
-    event: &OutboxEvent,
-    subject: Option<&str>,
-    reason: &str,
-    (expected, expected_id): (Option<u64>, Option<&str>),
-    from: Shrink,
-) -> Result<(u64, Shrink), SinkError> {
-    let mut last = None;
-    for shrink in from.below() {
-        let dl = message::dead_letter(event, &config.dead_letter_subject, reason, subject, shrink);
-        let (target, headers, payload) =
-            stamped(dl, event, expected, expected_id, config.history.as_deref());
-        if let Some(max) = config.max_msg_size
-            && batch::wire_size(&headers, payload.len()) > max
-        {
-            last = Some(format!(
-                "larger than the stream's max_msg_size of {max} bytes"
-            ));
-            continue;
-        }
-        match publisher.send(target, headers, payload).await {
-            Ok(ack) => return Ok((ack, shrink)),
-            Err(e) if e.kind() == PublishErrorKind::MaxPayloadExceeded => {
-                last = Some(e.to_string())
-            }
-            Err(source) => {
-                return Err(SinkError::Publish {
-                    id: event.msg_id.clone(),
-                    source,
-                });
-            }
-        }
-    }
-    Err(SinkError::DeadLetterRefused {
-        id: event.msg_id.clone(),
-        lsn: event.commit_lsn,
-        reason: reason.to_owned(),
-        refusal: last.unwrap_or_default(),
-    })
-}
 #[cfg(test)]
 mod tests {
     use super::*;
