@@ -41,7 +41,8 @@ use async_nats::jetstream::context::PublishErrorKind;
 use tracing::warn;
 
 use super::envelope::Sent;
-use super::{InFlight, Outcome, Pending, Sink, SinkConfig, SinkError, approx_size};
+use super::window::{InFlight, Pending, approx_size};
+use super::{Outcome, Sink, SinkConfig, SinkError};
 use crate::message::{self, IdHeader, Outgoing, Shrink};
 use crate::outbox::OutboxEvent;
 

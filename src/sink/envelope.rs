@@ -9,8 +9,8 @@
 
 use async_nats::jetstream::context::PublishErrorKind;
 
-use super::InFlight;
 use super::publish::Publisher;
+use super::window::InFlight;
 use super::{Sink, SinkConfig, SinkError, batch};
 use crate::message::{self, Outgoing, Shrink};
 use crate::outbox::OutboxEvent;

@@ -34,15 +34,13 @@ mod prove;
 mod publish;
 mod replay_proof;
 mod settle;
+mod window;
 
 use std::collections::VecDeque;
 use std::pin::Pin;
 use std::time::Duration;
 
-use async_nats::jetstream::{
-    self,
-    context::{PublishError, PublishErrorKind},
-};
+use async_nats::jetstream::context::{PublishError, PublishErrorKind};
 use tracing::{debug, warn};
 
 use crate::nats::NatsPort;
@@ -52,12 +50,12 @@ use crate::position::Position;
 pub(crate) use config::SinkConfig;
 pub(crate) use connect::{ConnectError, connect_nats};
 pub(crate) use distrust::Distrust;
-use envelope::Sent;
 pub use error::SinkError;
 pub(crate) use fence::{Fence, Origin, Replay, Replayed, Stamp, Tail, TailError};
 pub(crate) use port::read_tail;
 use publish::Publisher;
 use replay_proof::SKIPPED_HASH_START;
+use window::{Pending, Room, approx_size};
 
 /// How a message ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -101,37 +99,6 @@ pub(crate) struct Acked {
     pub(crate) commit_ts: i64,
 }
 
-/// The window, in submit order.
-enum Pending {
-    /// Submitted events `first..first + count`, which a fenced replay proved to be stored already:
-    /// reported without publishing.
-    Stored { first: u64, count: u64 },
-    /// A published message, whose ack is awaited.
-    Sent(InFlight),
-}
-
-struct InFlight {
-    seq: u64,
-    /// The token its ack comes under (unused for a member of an atomic batch, settled by its
-    /// commit).
-    ack: u64,
-    event: Box<OutboxEvent>,
-    /// The subject it was routed to ("" if none), for a dead letter's `Outbox-Subject`.
-    subject: String,
-    sent: Sent,
-    /// The `Nats-Expected-Last-Sequence` it was sent with (fenced streams).
-    expected: Option<u64>,
-    /// The `Nats-Expected-Last-Msg-Id` it was sent with (fenced streams, after a session's first
-    /// message).
-    expected_id: Option<String>,
-    /// Its bytes in the window.
-    size: usize,
-    /// An atomic batch's commit: the batch's other messages, settled with it.
-    members: Option<Vec<InFlight>>,
-    /// Its trace span (`[telemetry]`), ended when it is settled.
-    span: Option<Box<crate::telemetry::Started>>,
-}
-
 /// The publisher of one session; see the module docs.
 pub(crate) struct Sink {
     publisher: Publisher,
@@ -146,10 +113,8 @@ pub(crate) struct Sink {
     batch: Option<batch::Batcher>,
     /// Published (or proven stored) and not yet settled, oldest first.
     window: VecDeque<Pending>,
-    /// Messages in the window, members of the open batch included.
-    messages: usize,
-    /// Their bytes.
-    bytes: usize,
+    /// The room its messages take (members of the open batch included), and its bounds.
+    room: Room,
     /// When the oldest message's ack is due; set at the first wait for it.
     deadline: Option<tokio::time::Instant>,
     /// The timer [`Sink::ready`] waits on, kept across calls and reset only when `deadline`
@@ -276,6 +241,7 @@ impl Sink {
         let batch = config
             .atomic
             .then(|| batch::Batcher::new(publisher.max_payload(), config.max_msg_size));
+        let room = Room::new(config.max_in_flight, config.max_in_flight_bytes);
         Ok(Sink {
             publisher,
             config,
@@ -284,8 +250,7 @@ impl Sink {
             skipped_hash: SKIPPED_HASH_START,
             batch,
             window: VecDeque::new(),
-            messages: 0,
-            bytes: 0,
+            room,
             deadline: None,
             timer: Box::pin(tokio::time::sleep(Duration::ZERO)),
             timer_at: None,
@@ -566,7 +531,7 @@ impl Sink {
 
     /// Messages in the window (published, ack not yet reported).
     pub(crate) fn in_flight(&self) -> usize {
-        self.messages
+        self.room.messages()
     }
 
     /// The highest stream sequence the stream showed so far: the last proven new store, or a
@@ -575,115 +540,6 @@ impl Sink {
     /// raises it.
     pub(crate) fn last_sequence(&self) -> u64 {
         self.last_sequence
-    }
-
-    /// Takes a place for a message of `size` bytes in the window, settling the oldest messages
-    /// while it is full. Returns the bytes taken.
-    async fn reserve(&mut self, size: usize) -> Result<usize, SinkError> {
-        // One event bigger than the whole byte window still goes, alone.
-        let size = size.min(self.config.max_in_flight_bytes);
-        while self.messages >= self.config.max_in_flight
-            || (self.messages > 0 && self.bytes + size > self.config.max_in_flight_bytes)
-        {
-            self.settle_oldest().await?;
-        }
-        self.messages += 1;
-        self.bytes += size;
-        Ok(size)
-    }
-
-    /// Waits (bounded by the ack timeout) for the oldest message's answer and settles it.
-    async fn settle_oldest(&mut self) -> Result<(), SinkError> {
-        let token = match self.window.front() {
-            // Only members of the open batch are in flight: they wait for their commit, which
-            // the batch limits send before the window fills.
-            None => return Err(SinkError::Stopped),
-            Some(Pending::Stored { .. }) => {
-                self.pop_stored();
-                return Ok(());
-            }
-            Some(Pending::Sent(item)) => item.ack,
-        };
-        let timeout = self.config.ack_timeout;
-        match self.publisher.wait(token, timeout).await {
-            Some(answer) => self.settle_front(answer).await,
-            None => Err(self.timed_out()),
-        }
-    }
-
-    fn pop_stored(&mut self) {
-        if let Some(Pending::Stored { first, count }) = self.window.pop_front() {
-            self.settled.extend((first..first + count).map(|seq| Acked {
-                seq,
-                outcome: Outcome::AlreadyStored,
-                commit_ts: 0,
-            }));
-            // Proven by the replay's read-back already.
-            self.gate.settled(count, None);
-        }
-    }
-
-    /// The oldest message's ack did not come in time.
-    fn timed_out(&self) -> SinkError {
-        let id = match self.window.front() {
-            Some(Pending::Sent(item)) => item.event.msg_id.clone(),
-            _ => String::new(),
-        };
-        SinkError::AckTimeout(self.config.ack_timeout, id)
-    }
-
-    /// The inbox failed while the oldest message was awaited.
-    fn front_error(&self, source: jetstream::context::PublishError) -> SinkError {
-        let id = match self.window.front() {
-            Some(Pending::Sent(item)) => item.event.msg_id.clone(),
-            _ => String::new(),
-        };
-        SinkError::Publish { id, source }
-    }
-
-    /// Reports a settled message (and the members of its batch) and gives its place back.
-    fn report(&mut self, mut item: InFlight, outcome: Outcome) {
-        let mut count = 1;
-        if let Some(members) = item.members.take() {
-            count += members.len() as u64;
-            if let Some(b) = self.batch.as_mut() {
-                b.in_flight = b.in_flight.saturating_sub(1);
-            }
-            for mut m in members {
-                self.messages -= 1;
-                self.bytes -= m.size;
-                let outcome = batch::outcome(&m.sent);
-                self.end_span(&mut m, &outcome);
-                self.settled.push_back(Acked {
-                    seq: m.seq,
-                    outcome,
-                    commit_ts: m.event.commit_ts,
-                });
-            }
-        }
-        self.end_span(&mut item, &outcome);
-        self.messages -= 1;
-        self.bytes -= item.size;
-        self.settled.push_back(Acked {
-            seq: item.seq,
-            outcome,
-            commit_ts: item.event.commit_ts,
-        });
-        let new = self.stored_new.take();
-        self.gate.settled(count, new);
-    }
-}
-
-impl Sink {
-    /// Ends `item`'s span, if it has one, with its outcome: JetStream's ack is its end.
-    fn end_span(&self, item: &mut InFlight, outcome: &Outcome) {
-        if let (Some(span), Some(t)) = (item.span.take(), &self.config.telemetry) {
-            let dead_letter = match outcome {
-                Outcome::DeadLetter { reason } => Some(reason.as_str()),
-                _ => None,
-            };
-            t.end(span, &item.event, dead_letter);
-        }
     }
 }
 
@@ -695,20 +551,6 @@ fn showing(
     f.get_mut()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .as_mut()
-}
-
-/// What an event holds in memory while in flight: payload, the values that become headers, and the
-/// client's copy of the message.
-fn approx_size(e: &OutboxEvent) -> usize {
-    let opt = |s: &Option<String>| s.as_ref().map_or(0, String::len);
-    let headers: usize = e.headers.iter().map(|(k, v)| k.len() + v.len()).sum();
-    2 * (e.payload.len()
-        + e.msg_id.len()
-        + opt(&e.aggregate_type)
-        + opt(&e.aggregate_id)
-        + opt(&e.event_type)
-        + headers)
-        + 256
 }
 
 #[cfg(test)]
