@@ -21,6 +21,12 @@
 //! skipped" both hold. Anything uncertain (ack
 //! timeout, lost connection, no stream, a broken fence, an answer that is not JetStream's) is
 //! reported as a failure: the relay then restarts from the last confirmed LSN.
+//!
+//! One role a file (docs/architecture.md maps them): this one is the session's interface and the
+//! start of a session; the settings are in `config.rs`, the failures in `error.rs`, the window and
+//! its bounds in `window.rs`, an event's message and the dead-letter ladder in `envelope.rs`, the
+//! replay's proof in `replay_proof.rs`, settling an answer in `settle.rs`, and the proof that the
+//! stream shows what an ack named in `prove.rs`.
 
 mod batch;
 mod config;
