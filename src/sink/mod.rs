@@ -25,8 +25,9 @@
 //! One role a file (docs/architecture.md maps them): this one is the session's interface and the
 //! start of a session; the settings are in `config.rs`, the failures in `error.rs`, the window and
 //! its bounds in `window.rs`, an event's message and the dead-letter ladder in `envelope.rs`, the
-//! replay's proof in `replay_proof.rs`, settling an answer in `settle.rs`, and the proof that the
-//! stream shows what an ack named in `prove.rs`.
+//! replay's decisions in `replay.rs` and its proof in `replay_proof.rs`, the fence's expectations
+//! in `fence.rs`, settling an answer in `settle.rs`, and the proof that the stream shows what an
+//! ack named in `prove.rs`.
 
 mod batch;
 mod config;
@@ -38,6 +39,7 @@ mod fence;
 mod port;
 mod prove;
 mod publish;
+mod replay;
 mod replay_proof;
 mod settle;
 mod window;
@@ -57,9 +59,10 @@ pub(crate) use config::SinkConfig;
 pub(crate) use connect::{ConnectError, connect_nats};
 pub(crate) use distrust::Distrust;
 pub use error::SinkError;
-pub(crate) use fence::{Fence, Origin, Replay, Replayed, Stamp, Tail, TailError};
+pub(crate) use fence::{Fence, Origin, Stamp, Tail, TailError};
 pub(crate) use port::read_tail;
 use publish::Publisher;
+pub(crate) use replay::{Replay, Replayed};
 use replay_proof::SKIPPED_HASH_START;
 use window::{Pending, Room, approx_size};
 
