@@ -3,15 +3,17 @@
 //! (or, when the event cannot be published as it is, its dead letter; `outbox.on_invalid` decides,
 //! in [`SinkConfig::on_invalid`](super::SinkConfig::on_invalid)), stamps it with its position and
 //! the fence's expectations ([`stamped`]), and sends it; a message too large for the stream or the
-//! server goes as its dead letter, in its place, shrunk until it fits ([`send_dead_letter`]). The
-//! ladder is the same one a message the stream refused later goes down (`settle.rs`); atomic
-//! batches measure their members against it in `batch.rs`.
+//! server (measured as the server counts it, [`wire_size`]) goes as its dead letter, in its place,
+//! shrunk until it fits ([`send_dead_letter`]). The ladder is the same one a message the stream
+//! refused later goes down (`settle.rs`); atomic batches measure their members with the same
+//! [`wire_size`] in `batch/fit.rs`.
 
+use async_nats::HeaderMap;
 use async_nats::jetstream::context::PublishErrorKind;
 
 use super::publish::Publisher;
 use super::window::InFlight;
-use super::{Sink, SinkConfig, SinkError, batch};
+use super::{Sink, SinkConfig, SinkError};
 use crate::message::{self, Outgoing, Shrink};
 use crate::outbox::OutboxEvent;
 use crate::telemetry::Started;
@@ -146,7 +148,7 @@ impl Sink {
         // async-nats checks before sending, for the server's max_payload (an oversize publish
         // would make the server close the connection).
         let too_large = self.config.max_msg_size.and_then(|max| {
-            let size = batch::wire_size(&headers, payload.len());
+            let size = wire_size(&headers, payload.len());
             (size > max).then(|| {
                 format!(
                     "refused by the stream's max_msg_size of {max} bytes: the message is {size} bytes"
@@ -265,7 +267,7 @@ pub(super) async fn send_dead_letter(
         let (target, headers, payload) =
             stamped(dl, event, expected, expected_id, config.history.as_deref());
         if let Some(max) = config.max_msg_size
-            && batch::wire_size(&headers, payload.len()) > max
+            && wire_size(&headers, payload.len()) > max
         {
             last = Some(format!(
                 "larger than the stream's max_msg_size of {max} bytes"
@@ -291,4 +293,17 @@ pub(super) async fn send_dead_letter(
         reason: reason.to_owned(),
         refusal: last.unwrap_or_default(),
     })
+}
+
+/// The serialized size of a message as nats-server counts it against `max_payload` and the
+/// stream's `max_msg_size`, and as async-nats checks it before sending: the header block
+/// (`NATS/1.0\r\n`, each `name: value\r\n`, `\r\n`) and the payload.
+pub(super) fn wire_size(h: &HeaderMap, payload: usize) -> usize {
+    let mut n = "NATS/1.0\r\n\r\n".len() + payload;
+    for (k, vs) in h.iter() {
+        for v in vs {
+            n += AsRef::<[u8]>::as_ref(k).len() + 2 + v.as_str().len() + 2;
+        }
+    }
+    n
 }
