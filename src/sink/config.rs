@@ -42,12 +42,12 @@ pub(crate) struct SinkConfig {
     /// transaction is split into several batches.
     pub(crate) max_batch: usize,
     /// The history every message's `Outbox-Position` names (`SYSTEM/TIMELINE/SLOT`). Set by
-    /// [`Sink::start`] from the session's [`Origin`].
+    /// [`Sink::start`](super::Sink::start) from the session's [`Origin`](super::Origin).
     pub(crate) history: Option<String>,
-    /// The stream's `max_msg_size`, when it has one (and it could be read); set by [`Sink::start`].
-    /// A message over it is dead-lettered before it is sent, in its place: a refusal by the stream
-    /// would come back only after the messages sent behind it, which without the fence nothing
-    /// refuses.
+    /// The stream's `max_msg_size`, when it has one (and it could be read); set by
+    /// [`Sink::start`](super::Sink::start). A message over it is dead-lettered before it is sent,
+    /// in its place: a refusal by the stream would come back only after the messages sent behind
+    /// it, which without the fence nothing refuses.
     pub(crate) max_msg_size: Option<usize>,
     /// `[telemetry]`: spans for events with a sampled `traceparent`; `None` without an endpoint.
     /// Set by the relay, which owns the exporter across sessions.

@@ -54,11 +54,11 @@ impl Sink {
 
     /// The replay reached the stream's tail: proves that the stream's last `count` messages (those
     /// that end at the message before a cut-off replay, when the replay verifies that one:
-    /// [`Replay::new`]) are exactly the events skipped (with the tail's own), in order, by their positions and ids
-    /// (`hash`). The tail alone cannot tell: a late publish of an earlier session can have been
-    /// stored behind another writer's message, past a gap. The messages are read back in bulk,
-    /// headers only (`src/nats/readback.rs`), one at a time into the hash: no limit on `count`, and memory
-    /// that does not grow with it. Where the bulk read cannot start (a user without the consumer
+    /// [`Replay::new`](super::Replay::new)) are exactly the events skipped (with the tail's own),
+    /// in order, by their positions and ids (`hash`). The tail alone cannot tell: a late publish
+    /// of an earlier session can have been stored behind another writer's message, past a gap. The
+    /// messages are read back in bulk, headers only (`src/nats/readback.rs`), one at a time into
+    /// the hash: no limit on `count`, and memory that does not grow with it. Where the bulk read cannot start (a user without the consumer
     /// permission), they are read one request each, as slow as that is.
     async fn prove_skipped(&mut self, count: u64, hash: u64) -> Result<(), SinkError> {
         let sequence = self.fence.as_ref().map_or(0, Fence::proof_end);
