@@ -21,236 +21,50 @@
 //! skipped" both hold. Anything uncertain (ack
 //! timeout, lost connection, no stream, a broken fence, an answer that is not JetStream's) is
 //! reported as a failure: the relay then restarts from the last confirmed LSN.
+//!
+//! One role a file (docs/architecture.md maps them): this one is the session's interface and the
+//! start of a session; the settings are in `config.rs`, the failures in `error.rs`, the window and
+//! its bounds in `window.rs`, an event's message and the dead-letter ladder in `envelope.rs`, the
+//! replay's decisions in `replay.rs` and its proof in `replay_proof.rs`, the fence's expectations
+//! in `fence.rs`, settling an answer in `settle.rs`, and the proof that the stream shows what an
+//! ack named in `prove.rs`.
 
 mod batch;
+mod config;
 mod connect;
 mod distrust;
+mod envelope;
+mod error;
 mod fence;
 mod port;
 mod prove;
 mod publish;
+mod replay;
+mod replay_proof;
 mod settle;
+mod window;
 
 use std::collections::VecDeque;
 use std::pin::Pin;
 use std::time::Duration;
 
-use async_nats::jetstream::{
-    self,
-    context::{PublishError, PublishErrorKind},
-};
+use async_nats::jetstream::context::{PublishError, PublishErrorKind};
 use tracing::{debug, warn};
 
-use crate::config::Settings;
-use crate::message::{self, Outgoing, Shrink};
 use crate::nats::NatsPort;
 use crate::outbox::OutboxEvent;
 use crate::position::Position;
-use crate::route::SubjectTemplate;
 
+pub(crate) use config::SinkConfig;
 pub(crate) use connect::{ConnectError, connect_nats};
 pub(crate) use distrust::Distrust;
-pub(crate) use fence::{Fence, Origin, Replay, Replayed, Stamp, Tail, TailError};
+pub use error::SinkError;
+pub(crate) use fence::{Fence, Origin, Stamp, Tail, TailError};
 pub(crate) use port::read_tail;
 use publish::Publisher;
-
-/// Why publishing cannot go on. Transient ones restart the session; [`SinkError::is_transient`].
-#[derive(Debug, thiserror::Error)]
-pub enum SinkError {
-    /// No ack arrived within `nats.ack_timeout_ms`; holds the timeout and the message id.
-    #[error("no ack from JetStream within {0:?} (message {1})")]
-    AckTimeout(Duration, String),
-    /// Sending a publish failed, or JetStream refused the message.
-    #[error("JetStream publish of message {id} failed")]
-    Publish {
-        /// The message's `Nats-Msg-Id`.
-        id: String,
-        /// The client's error.
-        #[source]
-        source: jetstream::context::PublishError,
-    },
-    #[error(
-        "the stream's tail is not where the relay left it (message {id} expected last sequence {expected}): a message before it was lost or the stream changed; resynchronising"
-    )]
-    /// The stream refused a fenced publish: its last sequence is not the one the message expected.
-    FenceBroken {
-        /// The message's `Nats-Msg-Id`.
-        id: String,
-        /// The `Nats-Expected-Last-Sequence` the message carried.
-        expected: u64,
-        /// The client's error.
-        #[source]
-        source: jetstream::context::PublishError,
-    },
-    /// Sending a member of an atomic batch on the connection failed.
-    #[error("publish of message {id} (part of an atomic batch) failed")]
-    CorePublish {
-        /// The message's event id.
-        id: String,
-        /// The client's error.
-        #[source]
-        source: jetstream::context::PublishError,
-    },
-    /// JetStream refused an atomic batch for the size of a message in it (its `max_msg_size`,
-    /// or headers too large), although the relay measured each against the limit the session
-    /// read: the next session reads the limit again and dead-letters what is over it.
-    #[error(
-        "the stream refused the atomic batch committed by message {id} ({refusal}): its max_msg_size changed \
-         since the session started? restarting to read it again (a message over it becomes a dead letter)"
-    )]
-    BatchRefused {
-        /// The id of the batch's commit message.
-        id: String,
-        /// JetStream's refusal.
-        refusal: String,
-    },
-    /// The window is full of messages that cannot be settled (a defect in the relay: the members
-    /// of an open atomic batch filled it).
-    #[error("the publish window is full of messages that wait for a batch commit not yet sent")]
-    Stopped,
-    /// The atomic-batch path was asked for on a sink built without it (a defect in the relay).
-    #[error("atomic batch requested from a sink without nats.atomic_transactions")]
-    NotAtomic,
-    /// A message was refused because the stream's last sequence had moved past the one it expected:
-    /// something else stored a message in its place (another writer, or a publish of an earlier
-    /// session arriving late), and a message behind it, whose expectation that matched, may be
-    /// stored past the gap. Nothing past it is confirmed; the next session trusts no tail and
-    /// publishes every event from the confirmed position again (a late copy can then follow what
-    /// was stored past the gap, but none is lost).
-    #[error(
-        "the stream refused message {id}: its last sequence is {last}, past the {expected} the message expected \
-         (another writer on the stream, or a late publish of an earlier session); publishing every event from the \
-         confirmed position again"
-    )]
-    StoredPastRefused {
-        /// The refused message's id.
-        id: String,
-        /// The `Nats-Expected-Last-Sequence` it carried.
-        expected: u64,
-        /// The stream's last sequence, as the refusal named it.
-        last: u64,
-    },
-    /// The replay reached the stream's last message, but the messages before it are not the events
-    /// it skipped (a message in the stream that the relay did not write, or one missing: a gap a
-    /// late publish of an earlier session left behind another writer's message). Nothing skipped is
-    /// confirmed; the next session trusts no tail and publishes every event from the confirmed
-    /// position again.
-    #[error(
-        "the stream's last {count} messages (up to sequence {sequence}) are not the events the replay skipped \
-         ({reason}); publishing every event from the confirmed position again"
-    )]
-    Unproven {
-        /// The last message compared: the stream's last when the session started, or the message
-        /// before a cut-off replay verified in its place.
-        sequence: u64,
-        /// How many messages were compared.
-        count: u64,
-        /// What did not match.
-        reason: String,
-        /// When `sequence` is the message before a cut-off replay: the stream's last sequence.
-        over: Option<u64>,
-    },
-    /// The replayed events passed the position of the stream's last message without that message's
-    /// own event: the stream's tail is from another history of the database (restored from a
-    /// snapshot or backup). Nothing skipped is confirmed; the next session publishes every event.
-    #[error(
-        "the stream's last message (sequence {sequence}, position {tail}) is not in this database's history: the \
-         replay reached {at} without it (database restored from a snapshot or backup?); publishing every event \
-         from the confirmed position again"
-    )]
-    Diverged {
-        /// The message judged: the stream's last when the session started, or the message before
-        /// a cut-off replay verified in its place.
-        sequence: u64,
-        /// Its position.
-        tail: Position,
-        /// The first replayed event past it.
-        at: Position,
-        /// When `sequence` is the message before a cut-off replay: the stream's last sequence.
-        over: Option<u64>,
-    },
-    /// `outbox.on_invalid = "stop"` and an event cannot be published as it is.
-    #[error(
-        "event {id} at {lsn} cannot be published ({reason}); outbox.on_invalid = \"stop\": fix or delete the row's \
-         cause and restart, or set outbox.on_invalid = \"dead_letter\" to route it to the dead-letter subject"
-    )]
-    Invalid {
-        /// The event's message id.
-        id: String,
-        /// The commit LSN of the event's transaction.
-        lsn: crate::Lsn,
-        /// Why the event cannot be published.
-        reason: String,
-    },
-    /// Not even the minimal dead letter (id and reason) could be stored.
-    #[error(
-        "event {id} at {lsn} cannot be published ({reason}), and the stream refused even its minimal dead letter \
-         ({refusal}): check the stream's max_msg_size and the server's max_payload, and nats.dead_letter_subject"
-    )]
-    DeadLetterRefused {
-        /// The event's message id.
-        id: String,
-        /// The commit LSN of the event's transaction.
-        lsn: crate::Lsn,
-        /// Why the event itself cannot be published.
-        reason: String,
-        /// Why the stream refused the dead letter.
-        refusal: String,
-    },
-}
-
-impl SinkError {
-    /// Why the stream's tail is not to be trusted by the next sessions, and which tail, for the
-    /// error that found it so; `None` for every other error. The next session's warn line names
-    /// the reason ([`Distrust`]).
-    pub(crate) fn distrust(&self) -> Option<Distrust> {
-        let (why, at, look_past) = match self {
-            SinkError::Diverged {
-                sequence,
-                tail,
-                over,
-                ..
-            } => (
-                format!(
-                    "its last message (sequence {sequence}, position {tail}) is not in this database's history"
-                ),
-                Some(over.unwrap_or(*sequence)),
-                over.is_some(),
-            ),
-            SinkError::StoredPastRefused { id, expected, last } => (
-                format!(
-                    "message {id} was refused expecting last sequence {expected}, and the stream's last is {last}: \
-                     a message may be stored past the refused one"
-                ),
-                (*last != u64::MAX).then_some(*last),
-                false,
-            ),
-            SinkError::Unproven {
-                sequence,
-                count,
-                reason,
-                over,
-            } => (
-                format!(
-                    "the proof that its last {count} messages (up to sequence {sequence}) are the events the replay \
-                     skipped could not be completed: {reason}"
-                ),
-                Some(over.unwrap_or(*sequence)),
-                over.is_some(),
-            ),
-            _ => return None,
-        };
-        Some(Distrust { why, at, look_past })
-    }
-
-    /// Whether restarting the pipeline can help.
-    pub(crate) fn is_transient(&self) -> bool {
-        !matches!(
-            self,
-            SinkError::Invalid { .. } | SinkError::DeadLetterRefused { .. }
-        )
-    }
-}
+pub(crate) use replay::{Replay, Replayed};
+use replay_proof::SKIPPED_HASH_START;
+use window::{Pending, Room, approx_size};
 
 /// How a message ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -294,131 +108,6 @@ pub(crate) struct Acked {
     pub(crate) commit_ts: i64,
 }
 
-/// Settings the sink needs.
-#[derive(Clone, Debug)]
-pub(crate) struct SinkConfig {
-    /// `nats.max_in_flight`: publishes awaiting their ack.
-    pub(crate) max_in_flight: usize,
-    /// `nats.max_in_flight_bytes`: bytes of the publishes awaiting their ack.
-    pub(crate) max_in_flight_bytes: usize,
-    /// `nats.ack_timeout_ms`: how long to wait for one ack.
-    pub(crate) ack_timeout: Duration,
-    /// `nats.dead_letter_subject`.
-    pub(crate) dead_letter_subject: String,
-    /// `outbox.on_invalid = "stop"`: fail instead of dead-lettering.
-    pub(crate) stop_on_invalid: bool,
-    /// `nats.subject`, parsed.
-    pub(crate) template: SubjectTemplate,
-    /// Fence the stream (`nats.fence`).
-    pub(crate) fence: bool,
-    /// `nats.stream`.
-    pub(crate) stream: String,
-    /// `nats.descriptive_headers`: whether routed events carry the four descriptive headers.
-    pub(crate) descriptive: message::Descriptive,
-    /// `nats.cloudevents`: the CloudEvents headers to add to routed events.
-    pub(crate) cloudevents: Option<message::CloudEvents>,
-    /// `nats.atomic_transactions`: each transaction is published as one atomic batch.
-    pub(crate) atomic: bool,
-    /// The most messages in one atomic batch (the server's limit, 1,000 by default); a longer
-    /// transaction is split into several batches.
-    pub(crate) max_batch: usize,
-    /// The history every message's `Outbox-Position` names (`SYSTEM/TIMELINE/SLOT`). Set by
-    /// [`Sink::start`] from the session's [`Origin`].
-    pub(crate) history: Option<String>,
-    /// The stream's `max_msg_size`, when it has one (and it could be read); set by [`Sink::start`].
-    /// A message over it is dead-lettered before it is sent, in its place: a refusal by the stream
-    /// would come back only after the messages sent behind it, which without the fence nothing
-    /// refuses.
-    pub(crate) max_msg_size: Option<usize>,
-    /// `[telemetry]`: spans for events with a sampled `traceparent`; `None` without an endpoint.
-    /// Set by the relay, which owns the exporter across sessions.
-    pub(crate) telemetry: Option<crate::telemetry::Telemetry>,
-}
-
-impl SinkConfig {
-    /// The sink's part of the validated settings.
-    pub(crate) fn from_settings(s: &Settings) -> Self {
-        let n = &s.config().nats;
-        SinkConfig {
-            max_in_flight: n.max_in_flight,
-            max_in_flight_bytes: n.max_in_flight_bytes,
-            ack_timeout: s.ack_timeout,
-            dead_letter_subject: n.dead_letter_subject.clone(),
-            stop_on_invalid: s.stop_on_invalid,
-            template: s.subject.clone(),
-            fence: n.fence,
-            stream: n.stream.clone(),
-            descriptive: if n.descriptive_headers {
-                message::Descriptive::On
-            } else {
-                message::Descriptive::Off
-            },
-            cloudevents: n
-                .cloudevents
-                .then(|| message::CloudEvents::new(&n.cloudevents_source)),
-            atomic: n.atomic_transactions,
-            max_batch: batch::MAX_BATCH,
-            history: None,
-            max_msg_size: None,
-            telemetry: None,
-        }
-    }
-
-    /// `outbox.on_invalid`, the one place it is applied: `Ok` means dead-letter the event (and it is
-    /// logged), `Err` means stop.
-    pub(crate) fn on_invalid(&self, event: &OutboxEvent, reason: &str) -> Result<(), SinkError> {
-        if self.stop_on_invalid {
-            return Err(SinkError::Invalid {
-                id: event.msg_id.clone(),
-                lsn: event.commit_lsn,
-                reason: reason.to_owned(),
-            });
-        }
-        warn!(id = %event.msg_id, lsn = %event.commit_lsn, %reason, "dead-lettering event");
-        Ok(())
-    }
-}
-
-/// What was sent for an event, so it can be sent again with another expectation.
-#[derive(Debug, Clone)]
-enum Sent {
-    /// The routed message.
-    Event,
-    /// A dead letter with this reason, shrunk this far.
-    DeadLetter { reason: String, shrink: Shrink },
-}
-
-/// The window, in submit order.
-enum Pending {
-    /// Submitted events `first..first + count`, which a fenced replay proved to be stored already:
-    /// reported without publishing.
-    Stored { first: u64, count: u64 },
-    /// A published message, whose ack is awaited.
-    Sent(InFlight),
-}
-
-struct InFlight {
-    seq: u64,
-    /// The token its ack comes under (unused for a member of an atomic batch, settled by its
-    /// commit).
-    ack: u64,
-    event: Box<OutboxEvent>,
-    /// The subject it was routed to ("" if none), for a dead letter's `Outbox-Subject`.
-    subject: String,
-    sent: Sent,
-    /// The `Nats-Expected-Last-Sequence` it was sent with (fenced streams).
-    expected: Option<u64>,
-    /// The `Nats-Expected-Last-Msg-Id` it was sent with (fenced streams, after a session's first
-    /// message).
-    expected_id: Option<String>,
-    /// Its bytes in the window.
-    size: usize,
-    /// An atomic batch's commit: the batch's other messages, settled with it.
-    members: Option<Vec<InFlight>>,
-    /// Its trace span (`[telemetry]`), ended when it is settled.
-    span: Option<Box<crate::telemetry::Started>>,
-}
-
 /// The publisher of one session; see the module docs.
 pub(crate) struct Sink {
     publisher: Publisher,
@@ -433,10 +122,8 @@ pub(crate) struct Sink {
     batch: Option<batch::Batcher>,
     /// Published (or proven stored) and not yet settled, oldest first.
     window: VecDeque<Pending>,
-    /// Messages in the window, members of the open batch included.
-    messages: usize,
-    /// Their bytes.
-    bytes: usize,
+    /// The room its messages take (members of the open batch included), and its bounds.
+    room: Room,
     /// When the oldest message's ack is due; set at the first wait for it.
     deadline: Option<tokio::time::Instant>,
     /// The timer [`Sink::ready`] waits on, kept across calls and reset only when `deadline`
@@ -563,6 +250,7 @@ impl Sink {
         let batch = config
             .atomic
             .then(|| batch::Batcher::new(publisher.max_payload(), config.max_msg_size));
+        let room = Room::new(config.max_in_flight, config.max_in_flight_bytes);
         Ok(Sink {
             publisher,
             config,
@@ -571,8 +259,7 @@ impl Sink {
             skipped_hash: SKIPPED_HASH_START,
             batch,
             window: VecDeque::new(),
-            messages: 0,
-            bytes: 0,
+            room,
             deadline: None,
             timer: Box::pin(tokio::time::sleep(Duration::ZERO)),
             timer_at: None,
@@ -605,115 +292,8 @@ impl Sink {
             return self.submit_batched(seq, event).await;
         }
         let size = self.reserve(approx_size(&event)).await?;
-        let mut out = message::build_as(
-            &event,
-            &self.config.template,
-            &self.config.dead_letter_subject,
-            self.config.cloudevents.as_ref(),
-            message::IdHeader::MsgId,
-            self.config.descriptive,
-        );
-        let span = match &self.config.telemetry {
-            None => None,
-            Some(t) => t.begin(&mut event, &mut out),
-        };
-        let sent = match &out.dead_letter {
-            Some(reason) => {
-                self.config.on_invalid(&event, reason)?;
-                Sent::DeadLetter {
-                    reason: reason.clone(),
-                    shrink: Shrink::Keep,
-                }
-            }
-            None => Sent::Event,
-        };
-        // The subject it was routed to, which a dead letter names in `Outbox-Subject`: kept for
-        // dead letters only; a routed event's is rendered again if it is ever refused (rare), so
-        // the hot path moves its subject into the publish instead of copying it.
-        let subject = match &sent {
-            Sent::Event => String::new(),
-            Sent::DeadLetter { .. } => out
-                .headers
-                .get(message::SUBJECT)
-                .map(|v| v.as_str().to_owned())
-                .unwrap_or_default(),
-        };
-        let (expected, expected_id) = match self.fence.as_mut() {
-            Some(f) => {
-                let e = f.next_expected(&event.msg_id);
-                (Some(e.seq), e.id)
-            }
-            None => (None, None),
-        };
-        let (target, headers, payload) = stamped(
-            out,
-            &event,
-            expected,
-            expected_id.as_deref(),
-            self.config.history.as_deref(),
-        );
-        // Too large for the stream (checked here, so its dead letter keeps its place) or, as
-        // async-nats checks before sending, for the server's max_payload (an oversize publish
-        // would make the server close the connection).
-        let too_large = self.config.max_msg_size.and_then(|max| {
-            let size = batch::wire_size(&headers, payload.len());
-            (size > max).then(|| {
-                format!(
-                    "refused by the stream's max_msg_size of {max} bytes: the message is {size} bytes"
-                )
-            })
-        });
-        let sent_as = match too_large {
-            Some(reason) => Err(reason),
-            None => match self.publisher.send(target, headers, payload).await {
-                Ok(ack) => Ok(ack),
-                Err(e) if e.kind() == PublishErrorKind::MaxPayloadExceeded => {
-                    Err("message too large for the server's max_payload".to_owned())
-                }
-                Err(source) => {
-                    return Err(SinkError::Publish {
-                        id: event.msg_id.clone(),
-                        source,
-                    });
-                }
-            },
-        };
-        let (ack, sent) = match sent_as {
-            Ok(ack) => (ack, sent),
-            Err(too_large) => {
-                let routed = routed_subject(&self.config, &event, &sent, subject.clone());
-                let reason = match sent {
-                    Sent::DeadLetter { reason, .. } => reason,
-                    Sent::Event => {
-                        self.config.on_invalid(&event, &too_large)?;
-                        too_large
-                    }
-                };
-                let (ack, shrink) = send_dead_letter(
-                    &mut self.publisher,
-                    &self.config,
-                    &event,
-                    Some(&routed).filter(|s| !s.is_empty()).map(String::as_str),
-                    &reason,
-                    (expected, expected_id.as_deref()),
-                    Shrink::Keep,
-                )
-                .await?;
-                (ack, Sent::DeadLetter { reason, shrink })
-            }
-        };
-        self.window.push_back(Pending::Sent(InFlight {
-            seq,
-            ack,
-            event,
-            subject,
-            sent,
-            expected,
-            expected_id,
-            size,
-            members: None,
-            span,
-        }));
+        let item = self.send_event(seq, event, size).await?;
+        self.window.push_back(Pending::Sent(item));
         Ok(())
     }
 
@@ -932,96 +512,6 @@ impl Sink {
         self.gate.held()
     }
 
-    /// Asks the fence's replay about `event` (submitted as `seq`): true when it is stored already,
-    /// so it is not published. Skipped events are reported as stored only once the replay reaches
-    /// the tail's own event; they hold no place in the window meanwhile (a replay can be longer than
-    /// the window), only their count.
-    async fn skip_replayed(&mut self, seq: u64, event: &OutboxEvent) -> Result<bool, SinkError> {
-        let Some(fence) = self.fence.as_mut() else {
-            return Ok(false);
-        };
-        match fence.replayed(event.position, &event.msg_id) {
-            Replayed::Publish => Ok(false),
-            Replayed::Skip => {
-                self.skipped_from.get_or_insert(seq);
-                self.skipped_hash = skipped_hash(self.skipped_hash, event.position, &event.msg_id);
-                Ok(true)
-            }
-            Replayed::Verified => {
-                let first = self.skipped_from.take().unwrap_or(seq);
-                let count = seq + 1 - first;
-                let hash = skipped_hash(self.skipped_hash, event.position, &event.msg_id);
-                let started = tokio::time::Instant::now();
-                self.prove_skipped(count, hash).await?;
-                tracing::debug!(events = count, position = %event.position, took_ms = started.elapsed().as_millis() as u64,
-                    "replay reached the stream's tail: skipped events are stored");
-                self.window.push_back(Pending::Stored { first, count });
-                Ok(true)
-            }
-            Replayed::Diverged { tail, at } => Err(SinkError::Diverged {
-                sequence: fence.proof_end(),
-                tail,
-                at,
-                over: fence.over(),
-            }),
-        }
-    }
-
-    /// The replay reached the stream's tail: proves that the stream's last `count` messages (those
-    /// that end at the message before a cut-off replay, when the replay verifies that one:
-    /// [`Replay::new`]) are exactly the events skipped (with the tail's own), in order, by their positions and ids
-    /// (`hash`). The tail alone cannot tell: a late publish of an earlier session can have been
-    /// stored behind another writer's message, past a gap. The messages are read back in bulk,
-    /// headers only (`src/nats/readback.rs`), one at a time into the hash: no limit on `count`, and memory
-    /// that does not grow with it. Where the bulk read cannot start (a user without the consumer
-    /// permission), they are read one request each, as slow as that is.
-    async fn prove_skipped(&mut self, count: u64, hash: u64) -> Result<(), SinkError> {
-        let sequence = self.fence.as_ref().map_or(0, Fence::proof_end);
-        let over = self.fence.as_ref().and_then(Fence::over);
-        let unproven = |reason: String| SinkError::Unproven {
-            sequence,
-            count,
-            reason,
-            over,
-        };
-        if count > sequence {
-            return Err(unproven("the stream holds fewer messages".into()));
-        }
-        let first = sequence + 1 - count;
-        let mut proof = Proof::new(first);
-        match self.publisher.read(first, sequence).await {
-            Ok(mut reader) => loop {
-                match reader.next().await {
-                    Ok(Some((seq, headers))) => proof.message(seq, &headers).map_err(unproven)?,
-                    Ok(None) => break,
-                    Err(e) => {
-                        return Err(unproven(format!(
-                            "reading back message {} failed: {e}",
-                            proof.next
-                        )));
-                    }
-                }
-            },
-            Err(e) => {
-                warn!(error = %e, stream = %self.config.stream, first, last = sequence,
-                    "cannot read the replay's messages back in bulk: reading them one request each \
-                     (allow the relay's user $JS.API.CONSUMER.CREATE.<stream>; see docs/operations.md, NATS permissions)");
-                for seq in first..=sequence {
-                    match self.publisher.stored(seq).await {
-                        Ok(Some(h)) => proof.message(seq, &h).map_err(unproven)?,
-                        Ok(None) => {}
-                        Err(e) => {
-                            return Err(unproven(format!(
-                                "reading back message {seq} failed: {e}"
-                            )));
-                        }
-                    }
-                }
-            }
-        }
-        proof.end(sequence, hash).map_err(unproven)
-    }
-
     /// A keepalive at `wal_end` arrived: a replay still waiting for the stream's tail is past it
     /// ([`Replay::passed`]); with events skipped, that is [`SinkError::Diverged`].
     pub(crate) fn keepalive(&mut self, wal_end: crate::Lsn) -> Result<(), SinkError> {
@@ -1050,7 +540,7 @@ impl Sink {
 
     /// Messages in the window (published, ack not yet reported).
     pub(crate) fn in_flight(&self) -> usize {
-        self.messages
+        self.room.messages()
     }
 
     /// The highest stream sequence the stream showed so far: the last proven new store, or a
@@ -1059,115 +549,6 @@ impl Sink {
     /// raises it.
     pub(crate) fn last_sequence(&self) -> u64 {
         self.last_sequence
-    }
-
-    /// Takes a place for a message of `size` bytes in the window, settling the oldest messages
-    /// while it is full. Returns the bytes taken.
-    async fn reserve(&mut self, size: usize) -> Result<usize, SinkError> {
-        // One event bigger than the whole byte window still goes, alone.
-        let size = size.min(self.config.max_in_flight_bytes);
-        while self.messages >= self.config.max_in_flight
-            || (self.messages > 0 && self.bytes + size > self.config.max_in_flight_bytes)
-        {
-            self.settle_oldest().await?;
-        }
-        self.messages += 1;
-        self.bytes += size;
-        Ok(size)
-    }
-
-    /// Waits (bounded by the ack timeout) for the oldest message's answer and settles it.
-    async fn settle_oldest(&mut self) -> Result<(), SinkError> {
-        let token = match self.window.front() {
-            // Only members of the open batch are in flight: they wait for their commit, which
-            // the batch limits send before the window fills.
-            None => return Err(SinkError::Stopped),
-            Some(Pending::Stored { .. }) => {
-                self.pop_stored();
-                return Ok(());
-            }
-            Some(Pending::Sent(item)) => item.ack,
-        };
-        let timeout = self.config.ack_timeout;
-        match self.publisher.wait(token, timeout).await {
-            Some(answer) => self.settle_front(answer).await,
-            None => Err(self.timed_out()),
-        }
-    }
-
-    fn pop_stored(&mut self) {
-        if let Some(Pending::Stored { first, count }) = self.window.pop_front() {
-            self.settled.extend((first..first + count).map(|seq| Acked {
-                seq,
-                outcome: Outcome::AlreadyStored,
-                commit_ts: 0,
-            }));
-            // Proven by the replay's read-back already.
-            self.gate.settled(count, None);
-        }
-    }
-
-    /// The oldest message's ack did not come in time.
-    fn timed_out(&self) -> SinkError {
-        let id = match self.window.front() {
-            Some(Pending::Sent(item)) => item.event.msg_id.clone(),
-            _ => String::new(),
-        };
-        SinkError::AckTimeout(self.config.ack_timeout, id)
-    }
-
-    /// The inbox failed while the oldest message was awaited.
-    fn front_error(&self, source: jetstream::context::PublishError) -> SinkError {
-        let id = match self.window.front() {
-            Some(Pending::Sent(item)) => item.event.msg_id.clone(),
-            _ => String::new(),
-        };
-        SinkError::Publish { id, source }
-    }
-
-    /// Reports a settled message (and the members of its batch) and gives its place back.
-    fn report(&mut self, mut item: InFlight, outcome: Outcome) {
-        let mut count = 1;
-        if let Some(members) = item.members.take() {
-            count += members.len() as u64;
-            if let Some(b) = self.batch.as_mut() {
-                b.in_flight = b.in_flight.saturating_sub(1);
-            }
-            for mut m in members {
-                self.messages -= 1;
-                self.bytes -= m.size;
-                let outcome = batch::outcome(&m.sent);
-                self.end_span(&mut m, &outcome);
-                self.settled.push_back(Acked {
-                    seq: m.seq,
-                    outcome,
-                    commit_ts: m.event.commit_ts,
-                });
-            }
-        }
-        self.end_span(&mut item, &outcome);
-        self.messages -= 1;
-        self.bytes -= item.size;
-        self.settled.push_back(Acked {
-            seq: item.seq,
-            outcome,
-            commit_ts: item.event.commit_ts,
-        });
-        let new = self.stored_new.take();
-        self.gate.settled(count, new);
-    }
-}
-
-impl Sink {
-    /// Ends `item`'s span, if it has one, with its outcome: JetStream's ack is its end.
-    fn end_span(&self, item: &mut InFlight, outcome: &Outcome) {
-        if let (Some(span), Some(t)) = (item.span.take(), &self.config.telemetry) {
-            let dead_letter = match outcome {
-                Outcome::DeadLetter { reason } => Some(reason.as_str()),
-                _ => None,
-            };
-            t.end(span, &item.event, dead_letter);
-        }
     }
 }
 
@@ -1181,263 +562,9 @@ fn showing(
         .as_mut()
 }
 
-const SKIPPED_HASH_START: u64 = 0xcbf2_9ce4_8422_2325;
-
-/// The stream's side of a replay's proof ([`Sink::prove_skipped`]): the messages read back, in
-/// sequence order, folded into the hash the skipped events were folded into.
-struct Proof {
-    /// The sequence the next message must have: one skipped means it is gone.
-    next: u64,
-    hash: u64,
-}
-
-impl Proof {
-    fn new(first: u64) -> Self {
-        Proof {
-            next: first,
-            hash: SKIPPED_HASH_START,
-        }
-    }
-
-    /// The stored message `seq`, with `headers`.
-    fn message(&mut self, seq: u64, headers: &async_nats::HeaderMap) -> Result<(), String> {
-        if seq != self.next {
-            return Err(format!("message {} is gone", self.next));
-        }
-        let stamp = Stamp::from_headers(headers);
-        let (Some(position), Some(id)) = (stamp.position, stamp.id) else {
-            return Err(format!("message {seq} was not written by the relay"));
-        };
-        self.hash = skipped_hash(self.hash, position, &id);
-        self.next += 1;
-        Ok(())
-    }
-
-    /// Every message up to `last` was read: they are the events whose fold is `skipped`.
-    fn end(&self, last: u64, skipped: u64) -> Result<(), String> {
-        if self.next <= last {
-            return Err(format!("message {} is gone", self.next));
-        }
-        if self.hash != skipped {
-            return Err("another message, or one missing, among them".into());
-        }
-        Ok(())
-    }
-}
-
-/// Folds an event's position and id into `h` (FNV-1a), in order.
-fn skipped_hash(h: u64, position: Position, id: &str) -> u64 {
-    let step = |h: u64, b: u8| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
-    let h = position.lsn.0.to_le_bytes().into_iter().fold(h, step);
-    let h = position.index.to_le_bytes().into_iter().fold(h, step);
-    // A separator, so that ("ab", "c") and ("a", "bc") differ.
-    id.bytes().fold(h, step) ^ 0xff
-}
-
-/// What an event holds in memory while in flight: payload, the values that become headers, and the
-/// client's copy of the message.
-fn approx_size(e: &OutboxEvent) -> usize {
-    let opt = |s: &Option<String>| s.as_ref().map_or(0, String::len);
-    let headers: usize = e.headers.iter().map(|(k, v)| k.len() + v.len()).sum();
-    2 * (e.payload.len()
-        + e.msg_id.len()
-        + opt(&e.aggregate_type)
-        + opt(&e.aggregate_id)
-        + opt(&e.event_type)
-        + headers)
-        + 256
-}
-
-/// The subject an event was routed to: `known` for a dead letter, rendered again for an event
-/// (the hot path does not keep a copy).
-fn routed_subject(config: &SinkConfig, event: &OutboxEvent, sent: &Sent, known: String) -> String {
-    match sent {
-        Sent::Event => {
-            message::build(event, &config.template, &config.dead_letter_subject, None).subject
-        }
-        Sent::DeadLetter { .. } => known,
-    }
-}
-
-/// A publish (subject, headers, payload) of `event`, with its `Outbox-Position` (in `history`, when
-/// the session knows it) and, when the stream is fenced, `Nats-Expected-Last-Sequence` and (after
-/// a session's first message) `Nats-Expected-Last-Msg-Id`.
-fn stamped(
-    out: Outgoing,
-    event: &OutboxEvent,
-    expected: Option<u64>,
-    expected_id: Option<&str>,
-    history: Option<&str>,
-) -> (String, async_nats::HeaderMap, bytes::Bytes) {
-    let mut headers = out.headers;
-    message::stamp_position(&mut headers, event, history);
-    if let Some(e) = expected {
-        headers.insert(
-            message::EXPECTED_LAST_SEQUENCE,
-            async_nats::HeaderValue::from(itoa::Buffer::new().format(e)),
-        );
-        if let Some(id) = expected_id {
-            headers.insert(
-                message::EXPECTED_LAST_MSG_ID,
-                async_nats::HeaderValue::from(id),
-            );
-        }
-    }
-    (out.subject, headers, out.payload)
-}
-
-/// Queues the dead letter of `event` (it takes the refused message's place in the sequence and in
-/// the chain of ids: it carries the event's `Nats-Msg-Id` and the refused message's `expected`
-/// sequence and id), at the first step of the shrink ladder below `from` that fits the stream's
-/// `max_msg_size` (when known) and that the client accepts: the payload goes first, its size is
-/// what usually cannot be published.
-async fn send_dead_letter(
-    publisher: &mut Publisher,
-    config: &SinkConfig,
-    event: &OutboxEvent,
-    subject: Option<&str>,
-    reason: &str,
-    (expected, expected_id): (Option<u64>, Option<&str>),
-    from: Shrink,
-) -> Result<(u64, Shrink), SinkError> {
-    let mut last = None;
-    for shrink in from.below() {
-        let dl = message::dead_letter(event, &config.dead_letter_subject, reason, subject, shrink);
-        let (target, headers, payload) =
-            stamped(dl, event, expected, expected_id, config.history.as_deref());
-        if let Some(max) = config.max_msg_size
-            && batch::wire_size(&headers, payload.len()) > max
-        {
-            last = Some(format!(
-                "larger than the stream's max_msg_size of {max} bytes"
-            ));
-            continue;
-        }
-        match publisher.send(target, headers, payload).await {
-            Ok(ack) => return Ok((ack, shrink)),
-            Err(e) if e.kind() == PublishErrorKind::MaxPayloadExceeded => {
-                last = Some(e.to_string())
-            }
-            Err(source) => {
-                return Err(SinkError::Publish {
-                    id: event.msg_id.clone(),
-                    source,
-                });
-            }
-        }
-    }
-    Err(SinkError::DeadLetterRefused {
-        id: event.msg_id.clone(),
-        lsn: event.commit_lsn,
-        reason: reason.to_owned(),
-        refusal: last.unwrap_or_default(),
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Lsn;
-
-    fn headers(lsn: u64, index: u32, id: &str) -> async_nats::HeaderMap {
-        let mut h = async_nats::HeaderMap::new();
-        h.insert(
-            message::POSITION,
-            crate::position::stamp(
-                Position::in_transaction(Lsn(lsn), index),
-                Some("7311234567890123456/1/slot"),
-            )
-            .as_str(),
-        );
-        h.insert(message::NATS_MSG_ID, id);
-        h
-    }
-
-    /// The skipped events' fold of `(lsn, index, id)`.
-    fn skipped(events: &[(u64, u32, &str)]) -> u64 {
-        events.iter().fold(SKIPPED_HASH_START, |h, (lsn, i, id)| {
-            skipped_hash(h, Position::in_transaction(Lsn(*lsn), *i), id)
-        })
-    }
-
-    const EVENTS: [(u64, u32, &str); 3] = [(100, 0, "a"), (100, 1, "b"), (200, 0, "c")];
-
-    #[test]
-    fn the_stream_proves_the_skipped_events_in_order() {
-        let mut p = Proof::new(5);
-        for (i, (lsn, index, id)) in EVENTS.iter().enumerate() {
-            p.message(5 + i as u64, &headers(*lsn, *index, id)).unwrap();
-        }
-        assert_eq!(p.end(7, skipped(&EVENTS)), Ok(()));
-        // The same messages, other events skipped (or in another order): no proof.
-        let swapped = [EVENTS[1], EVENTS[0], EVENTS[2]];
-        assert!(p.end(7, skipped(&swapped)).is_err());
-    }
-
-    #[test]
-    fn a_message_gone_first_between_or_last_is_no_proof() {
-        let mut p = Proof::new(5);
-        assert_eq!(
-            p.message(6, &headers(100, 0, "a")),
-            Err("message 5 is gone".into())
-        );
-        let mut p = Proof::new(5);
-        p.message(5, &headers(100, 0, "a")).unwrap();
-        assert_eq!(
-            p.message(7, &headers(100, 1, "b")),
-            Err("message 6 is gone".into())
-        );
-        let mut p = Proof::new(5);
-        p.message(5, &headers(100, 0, "a")).unwrap();
-        p.message(6, &headers(100, 1, "b")).unwrap();
-        assert_eq!(
-            p.end(7, skipped(&EVENTS[..2])),
-            Err("message 7 is gone".into())
-        );
-    }
-
-    #[test]
-    fn a_message_the_relay_did_not_write_is_no_proof() {
-        let mut p = Proof::new(1);
-        let mut h = async_nats::HeaderMap::new();
-        h.insert(message::NATS_MSG_ID, "manual-1");
-        assert_eq!(
-            p.message(1, &h),
-            Err("message 1 was not written by the relay".into())
-        );
-    }
-}
-
-#[cfg(test)]
-mod distrust_and_progress {
-    use super::*;
-
-    #[test]
-    fn a_proof_not_completed_says_so_and_why() {
-        let e = SinkError::Unproven {
-            sequence: 30_000,
-            count: 25_000,
-            reason: "reading back message 7 failed: timed out".into(),
-            over: None,
-        };
-        let d = e.distrust().expect("the tail is distrusted");
-        assert_eq!((d.at, d.look_past), (Some(30_000), false));
-        let why = d.why;
-        assert!(why.contains("could not be completed"), "{why}");
-        assert!(
-            why.contains("its last 25000 messages (up to sequence 30000)"),
-            "{why}"
-        );
-        assert!(
-            why.ends_with("reading back message 7 failed: timed out"),
-            "{why}"
-        );
-        assert_eq!(
-            SinkError::Stopped.distrust(),
-            None,
-            "other errors trust the tail"
-        );
-    }
 
     #[test]
     fn only_a_new_message_is_progress() {

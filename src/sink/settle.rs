@@ -10,11 +10,10 @@ use async_nats::jetstream::{
 };
 use tracing::{debug, warn};
 
+use super::envelope::{Sent, routed_subject, send_dead_letter, stamped};
 use super::publish::{Ack, Forged};
-use super::{
-    InFlight, Outcome, Pending, Sent, Sink, SinkError, batch, routed_subject, send_dead_letter,
-    stamped,
-};
+use super::window::{InFlight, Pending};
+use super::{Outcome, Sink, SinkError, batch};
 use crate::message::{self, Shrink};
 
 /// JetStream error codes that mean "this message will never be stored as it is"

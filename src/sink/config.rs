@@ -1,0 +1,99 @@
+//! The sink's settings ([`SinkConfig`]): its part of the validated configuration, and the two
+//! values it learns when a session starts (the history messages name, the stream's
+//! `max_msg_size`). `outbox.on_invalid` is applied here and nowhere else
+//! ([`SinkConfig::on_invalid`]), so dead letter or stop is one decision for every path.
+
+use std::time::Duration;
+
+use tracing::warn;
+
+use super::{SinkError, batch};
+use crate::config::Settings;
+use crate::message;
+use crate::outbox::OutboxEvent;
+use crate::route::SubjectTemplate;
+
+/// Settings the sink needs.
+#[derive(Clone, Debug)]
+pub(crate) struct SinkConfig {
+    /// `nats.max_in_flight`: publishes awaiting their ack.
+    pub(crate) max_in_flight: usize,
+    /// `nats.max_in_flight_bytes`: bytes of the publishes awaiting their ack.
+    pub(crate) max_in_flight_bytes: usize,
+    /// `nats.ack_timeout_ms`: how long to wait for one ack.
+    pub(crate) ack_timeout: Duration,
+    /// `nats.dead_letter_subject`.
+    pub(crate) dead_letter_subject: String,
+    /// `outbox.on_invalid = "stop"`: fail instead of dead-lettering.
+    pub(crate) stop_on_invalid: bool,
+    /// `nats.subject`, parsed.
+    pub(crate) template: SubjectTemplate,
+    /// Fence the stream (`nats.fence`).
+    pub(crate) fence: bool,
+    /// `nats.stream`.
+    pub(crate) stream: String,
+    /// `nats.descriptive_headers`: whether routed events carry the four descriptive headers.
+    pub(crate) descriptive: message::Descriptive,
+    /// `nats.cloudevents`: the CloudEvents headers to add to routed events.
+    pub(crate) cloudevents: Option<message::CloudEvents>,
+    /// `nats.atomic_transactions`: each transaction is published as one atomic batch.
+    pub(crate) atomic: bool,
+    /// The most messages in one atomic batch (the server's limit, 1,000 by default); a longer
+    /// transaction is split into several batches.
+    pub(crate) max_batch: usize,
+    /// The history every message's `Outbox-Position` names (`SYSTEM/TIMELINE/SLOT`). Set by
+    /// [`Sink::start`](super::Sink::start) from the session's [`Origin`](super::Origin).
+    pub(crate) history: Option<String>,
+    /// The stream's `max_msg_size`, when it has one (and it could be read); set by
+    /// [`Sink::start`](super::Sink::start). A message over it is dead-lettered before it is sent,
+    /// in its place: a refusal by the stream would come back only after the messages sent behind
+    /// it, which without the fence nothing refuses.
+    pub(crate) max_msg_size: Option<usize>,
+    /// `[telemetry]`: spans for events with a sampled `traceparent`; `None` without an endpoint.
+    /// Set by the relay, which owns the exporter across sessions.
+    pub(crate) telemetry: Option<crate::telemetry::Telemetry>,
+}
+
+impl SinkConfig {
+    /// The sink's part of the validated settings.
+    pub(crate) fn from_settings(s: &Settings) -> Self {
+        let n = &s.config().nats;
+        SinkConfig {
+            max_in_flight: n.max_in_flight,
+            max_in_flight_bytes: n.max_in_flight_bytes,
+            ack_timeout: s.ack_timeout,
+            dead_letter_subject: n.dead_letter_subject.clone(),
+            stop_on_invalid: s.stop_on_invalid,
+            template: s.subject.clone(),
+            fence: n.fence,
+            stream: n.stream.clone(),
+            descriptive: if n.descriptive_headers {
+                message::Descriptive::On
+            } else {
+                message::Descriptive::Off
+            },
+            cloudevents: n
+                .cloudevents
+                .then(|| message::CloudEvents::new(&n.cloudevents_source)),
+            atomic: n.atomic_transactions,
+            max_batch: batch::MAX_BATCH,
+            history: None,
+            max_msg_size: None,
+            telemetry: None,
+        }
+    }
+
+    /// `outbox.on_invalid`, the one place it is applied: `Ok` means dead-letter the event (and it is
+    /// logged), `Err` means stop.
+    pub(crate) fn on_invalid(&self, event: &OutboxEvent, reason: &str) -> Result<(), SinkError> {
+        if self.stop_on_invalid {
+            return Err(SinkError::Invalid {
+                id: event.msg_id.clone(),
+                lsn: event.commit_lsn,
+                reason: reason.to_owned(),
+            });
+        }
+        warn!(id = %event.msg_id, lsn = %event.commit_lsn, %reason, "dead-lettering event");
+        Ok(())
+    }
+}

@@ -1,0 +1,309 @@
+//! The envelope: what goes on the wire for one event, and the dead-letter ladder. On the
+//! single-message path [`Sink::send_event`] is the one entry point: it builds the routed message
+//! (or, when the event cannot be published as it is, its dead letter; `outbox.on_invalid` decides,
+//! in [`SinkConfig::on_invalid`](super::SinkConfig::on_invalid)), stamps it with its position and
+//! the fence's expectations ([`stamped`]), and sends it; a message too large for the stream or the
+//! server (measured as the server counts it, [`wire_size`]) goes as its dead letter, in its place,
+//! shrunk until it fits ([`send_dead_letter`]). The ladder is the same one a message the stream
+//! refused later goes down (`settle.rs`); atomic batches measure their members with the same
+//! [`wire_size`] in `batch/fit.rs`.
+
+use async_nats::HeaderMap;
+use async_nats::jetstream::context::PublishErrorKind;
+
+use super::publish::Publisher;
+use super::window::InFlight;
+use super::{Sink, SinkConfig, SinkError};
+use crate::message::{self, Outgoing, Shrink};
+use crate::outbox::OutboxEvent;
+use crate::telemetry::Started;
+
+/// What was sent for an event, so it can be sent again with another expectation.
+#[derive(Debug, Clone)]
+pub(super) enum Sent {
+    /// The routed message.
+    Event,
+    /// A dead letter with this reason, shrunk this far.
+    DeadLetter { reason: String, shrink: Shrink },
+}
+
+/// An event's message before it is stamped, and what the window keeps of it.
+struct Envelope {
+    /// The routed message, or the event's dead letter.
+    out: Outgoing,
+    /// Which of the two.
+    sent: Sent,
+    /// The subject a dead letter names in `Outbox-Subject` ("" for a routed event).
+    subject: String,
+    /// Its trace span, when the event's `traceparent` is sampled.
+    span: Option<Box<Started>>,
+}
+
+impl Sink {
+    /// Sends `event`, submitted as `seq` and taking `size` bytes of the window: its message, stamped
+    /// with the fence's next expectations, or its dead letter in its place. Returns it as the
+    /// window holds it until its ack.
+    pub(super) async fn send_event(
+        &mut self,
+        seq: u64,
+        mut event: Box<OutboxEvent>,
+        size: usize,
+    ) -> Result<InFlight, SinkError> {
+        let Envelope {
+            out,
+            sent,
+            subject,
+            span,
+        } = self.envelope(&mut event)?;
+        let (expected, expected_id) = match self.fence.as_mut() {
+            Some(f) => {
+                let e = f.next_expected(&event.msg_id);
+                (Some(e.seq), e.id)
+            }
+            None => (None, None),
+        };
+        let (target, headers, payload) = stamped(
+            out,
+            &event,
+            expected,
+            expected_id.as_deref(),
+            self.config.history.as_deref(),
+        );
+        let (ack, sent) = match self.send_fitting(&event, target, headers, payload).await? {
+            Ok(ack) => (ack, sent),
+            Err(too_large) => {
+                let expecting = (expected, expected_id.as_deref());
+                self.send_in_place(&event, sent, &subject, too_large, expecting)
+                    .await?
+            }
+        };
+        Ok(InFlight {
+            seq,
+            ack,
+            event,
+            subject,
+            sent,
+            expected,
+            expected_id,
+            size,
+            members: None,
+            span,
+        })
+    }
+
+    /// The routed message for `event` (or its dead letter, `outbox.on_invalid` permitting), its
+    /// trace span when it is sampled, what was sent, and the subject a dead letter names.
+    fn envelope(&self, event: &mut OutboxEvent) -> Result<Envelope, SinkError> {
+        let mut out = message::build_as(
+            event,
+            &self.config.template,
+            &self.config.dead_letter_subject,
+            self.config.cloudevents.as_ref(),
+            message::IdHeader::MsgId,
+            self.config.descriptive,
+        );
+        let span = match &self.config.telemetry {
+            None => None,
+            Some(t) => t.begin(event, &mut out),
+        };
+        let sent = match &out.dead_letter {
+            Some(reason) => {
+                self.config.on_invalid(event, reason)?;
+                Sent::DeadLetter {
+                    reason: reason.clone(),
+                    shrink: Shrink::Keep,
+                }
+            }
+            None => Sent::Event,
+        };
+        // The subject it was routed to, which a dead letter names in `Outbox-Subject`: kept for
+        // dead letters only; a routed event's is rendered again if it is ever refused (rare), so
+        // the hot path moves its subject into the publish instead of copying it.
+        let subject = match &sent {
+            Sent::Event => String::new(),
+            Sent::DeadLetter { .. } => out
+                .headers
+                .get(message::SUBJECT)
+                .map(|v| v.as_str().to_owned())
+                .unwrap_or_default(),
+        };
+        Ok(Envelope {
+            out,
+            sent,
+            subject,
+            span,
+        })
+    }
+
+    /// Sends the stamped message for `event`, unless it is too large: then `Ok(Err(reason))`, and
+    /// nothing was sent.
+    async fn send_fitting(
+        &mut self,
+        event: &OutboxEvent,
+        target: String,
+        headers: async_nats::HeaderMap,
+        payload: bytes::Bytes,
+    ) -> Result<Result<u64, String>, SinkError> {
+        // Too large for the stream (checked here, so its dead letter keeps its place) or, as
+        // async-nats checks before sending, for the server's max_payload (an oversize publish
+        // would make the server close the connection).
+        let too_large = self.config.max_msg_size.and_then(|max| {
+            let size = wire_size(&headers, payload.len());
+            (size > max).then(|| {
+                format!(
+                    "refused by the stream's max_msg_size of {max} bytes: the message is {size} bytes"
+                )
+            })
+        });
+        Ok(match too_large {
+            Some(reason) => Err(reason),
+            None => match self.publisher.send(target, headers, payload).await {
+                Ok(ack) => Ok(ack),
+                Err(e) if e.kind() == PublishErrorKind::MaxPayloadExceeded => {
+                    Err("message too large for the server's max_payload".to_owned())
+                }
+                Err(source) => {
+                    return Err(SinkError::Publish {
+                        id: event.msg_id.clone(),
+                        source,
+                    });
+                }
+            },
+        })
+    }
+
+    /// `event`'s message, `sent`, was too large (`too_large` says why): its dead letter goes in its
+    /// place, with the same expectations, down the shrink ladder.
+    async fn send_in_place(
+        &mut self,
+        event: &OutboxEvent,
+        sent: Sent,
+        subject: &str,
+        too_large: String,
+        expecting: (Option<u64>, Option<&str>),
+    ) -> Result<(u64, Sent), SinkError> {
+        let routed = routed_subject(&self.config, event, &sent, subject.to_owned());
+        let reason = match sent {
+            Sent::DeadLetter { reason, .. } => reason,
+            Sent::Event => {
+                self.config.on_invalid(event, &too_large)?;
+                too_large
+            }
+        };
+        let (ack, shrink) = send_dead_letter(
+            &mut self.publisher,
+            &self.config,
+            event,
+            Some(&routed).filter(|s| !s.is_empty()).map(String::as_str),
+            &reason,
+            expecting,
+            Shrink::Keep,
+        )
+        .await?;
+        Ok((ack, Sent::DeadLetter { reason, shrink }))
+    }
+}
+
+/// The subject an event was routed to: `known` for a dead letter, rendered again for an event
+/// (the hot path does not keep a copy).
+pub(super) fn routed_subject(
+    config: &SinkConfig,
+    event: &OutboxEvent,
+    sent: &Sent,
+    known: String,
+) -> String {
+    match sent {
+        Sent::Event => {
+            message::build(event, &config.template, &config.dead_letter_subject, None).subject
+        }
+        Sent::DeadLetter { .. } => known,
+    }
+}
+
+/// A publish (subject, headers, payload) of `event`, with its `Outbox-Position` (in `history`, when
+/// the session knows it) and, when the stream is fenced, `Nats-Expected-Last-Sequence` and (after
+/// a session's first message) `Nats-Expected-Last-Msg-Id`.
+pub(super) fn stamped(
+    out: Outgoing,
+    event: &OutboxEvent,
+    expected: Option<u64>,
+    expected_id: Option<&str>,
+    history: Option<&str>,
+) -> (String, async_nats::HeaderMap, bytes::Bytes) {
+    let mut headers = out.headers;
+    message::stamp_position(&mut headers, event, history);
+    if let Some(e) = expected {
+        headers.insert(
+            message::EXPECTED_LAST_SEQUENCE,
+            async_nats::HeaderValue::from(itoa::Buffer::new().format(e)),
+        );
+        if let Some(id) = expected_id {
+            headers.insert(
+                message::EXPECTED_LAST_MSG_ID,
+                async_nats::HeaderValue::from(id),
+            );
+        }
+    }
+    (out.subject, headers, out.payload)
+}
+
+/// Queues the dead letter of `event` (it takes the refused message's place in the sequence and in
+/// the chain of ids: it carries the event's `Nats-Msg-Id` and the refused message's `expected`
+/// sequence and id), at the first step of the shrink ladder below `from` that fits the stream's
+/// `max_msg_size` (when known) and that the client accepts: the payload goes first, its size is
+/// what usually cannot be published.
+pub(super) async fn send_dead_letter(
+    publisher: &mut Publisher,
+    config: &SinkConfig,
+    event: &OutboxEvent,
+    subject: Option<&str>,
+    reason: &str,
+    (expected, expected_id): (Option<u64>, Option<&str>),
+    from: Shrink,
+) -> Result<(u64, Shrink), SinkError> {
+    let mut last = None;
+    for shrink in from.below() {
+        let dl = message::dead_letter(event, &config.dead_letter_subject, reason, subject, shrink);
+        let (target, headers, payload) =
+            stamped(dl, event, expected, expected_id, config.history.as_deref());
+        if let Some(max) = config.max_msg_size
+            && wire_size(&headers, payload.len()) > max
+        {
+            last = Some(format!(
+                "larger than the stream's max_msg_size of {max} bytes"
+            ));
+            continue;
+        }
+        match publisher.send(target, headers, payload).await {
+            Ok(ack) => return Ok((ack, shrink)),
+            Err(e) if e.kind() == PublishErrorKind::MaxPayloadExceeded => {
+                last = Some(e.to_string())
+            }
+            Err(source) => {
+                return Err(SinkError::Publish {
+                    id: event.msg_id.clone(),
+                    source,
+                });
+            }
+        }
+    }
+    Err(SinkError::DeadLetterRefused {
+        id: event.msg_id.clone(),
+        lsn: event.commit_lsn,
+        reason: reason.to_owned(),
+        refusal: last.unwrap_or_default(),
+    })
+}
+
+/// The serialized size of a message as nats-server counts it against `max_payload` and the
+/// stream's `max_msg_size`, and as async-nats checks it before sending: the header block
+/// (`NATS/1.0\r\n`, each `name: value\r\n`, `\r\n`) and the payload.
+pub(super) fn wire_size(h: &HeaderMap, payload: usize) -> usize {
+    let mut n = "NATS/1.0\r\n\r\n".len() + payload;
+    for (k, vs) in h.iter() {
+        for v in vs {
+            n += AsRef::<[u8]>::as_ref(k).len() + 2 + v.as_str().len() + 2;
+        }
+    }
+    n
+}

@@ -1,0 +1,241 @@
+//! Why publishing cannot go on ([`SinkError`]), and what each failure means for the sessions after
+//! it: whether restarting can help ([`SinkError::is_transient`]) and whether the stream's tail is to
+//! be trusted again ([`SinkError::distrust`]). Kept apart from the sink's logic so that the relay,
+//! the backfill and `error.rs` can read the failures without the publisher's machinery.
+
+use std::time::Duration;
+
+use async_nats::jetstream;
+
+use super::Distrust;
+use crate::position::Position;
+
+/// Why publishing cannot go on. Transient ones restart the session; [`SinkError::is_transient`].
+#[derive(Debug, thiserror::Error)]
+pub enum SinkError {
+    /// No ack arrived within `nats.ack_timeout_ms`; holds the timeout and the message id.
+    #[error("no ack from JetStream within {0:?} (message {1})")]
+    AckTimeout(Duration, String),
+    /// Sending a publish failed, or JetStream refused the message.
+    #[error("JetStream publish of message {id} failed")]
+    Publish {
+        /// The message's `Nats-Msg-Id`.
+        id: String,
+        /// The client's error.
+        #[source]
+        source: jetstream::context::PublishError,
+    },
+    #[error(
+        "the stream's tail is not where the relay left it (message {id} expected last sequence {expected}): a message before it was lost or the stream changed; resynchronising"
+    )]
+    /// The stream refused a fenced publish: its last sequence is not the one the message expected.
+    FenceBroken {
+        /// The message's `Nats-Msg-Id`.
+        id: String,
+        /// The `Nats-Expected-Last-Sequence` the message carried.
+        expected: u64,
+        /// The client's error.
+        #[source]
+        source: jetstream::context::PublishError,
+    },
+    /// Sending a member of an atomic batch on the connection failed.
+    #[error("publish of message {id} (part of an atomic batch) failed")]
+    CorePublish {
+        /// The message's event id.
+        id: String,
+        /// The client's error.
+        #[source]
+        source: jetstream::context::PublishError,
+    },
+    /// JetStream refused an atomic batch for the size of a message in it (its `max_msg_size`,
+    /// or headers too large), although the relay measured each against the limit the session
+    /// read: the next session reads the limit again and dead-letters what is over it.
+    #[error(
+        "the stream refused the atomic batch committed by message {id} ({refusal}): its max_msg_size changed \
+         since the session started? restarting to read it again (a message over it becomes a dead letter)"
+    )]
+    BatchRefused {
+        /// The id of the batch's commit message.
+        id: String,
+        /// JetStream's refusal.
+        refusal: String,
+    },
+    /// The window is full of messages that cannot be settled (a defect in the relay: the members
+    /// of an open atomic batch filled it).
+    #[error("the publish window is full of messages that wait for a batch commit not yet sent")]
+    Stopped,
+    /// The atomic-batch path was asked for on a sink built without it (a defect in the relay).
+    #[error("atomic batch requested from a sink without nats.atomic_transactions")]
+    NotAtomic,
+    /// A message was refused because the stream's last sequence had moved past the one it expected:
+    /// something else stored a message in its place (another writer, or a publish of an earlier
+    /// session arriving late), and a message behind it, whose expectation that matched, may be
+    /// stored past the gap. Nothing past it is confirmed; the next session trusts no tail and
+    /// publishes every event from the confirmed position again (a late copy can then follow what
+    /// was stored past the gap, but none is lost).
+    #[error(
+        "the stream refused message {id}: its last sequence is {last}, past the {expected} the message expected \
+         (another writer on the stream, or a late publish of an earlier session); publishing every event from the \
+         confirmed position again"
+    )]
+    StoredPastRefused {
+        /// The refused message's id.
+        id: String,
+        /// The `Nats-Expected-Last-Sequence` it carried.
+        expected: u64,
+        /// The stream's last sequence, as the refusal named it.
+        last: u64,
+    },
+    /// The replay reached the stream's last message, but the messages before it are not the events
+    /// it skipped (a message in the stream that the relay did not write, or one missing: a gap a
+    /// late publish of an earlier session left behind another writer's message). Nothing skipped is
+    /// confirmed; the next session trusts no tail and publishes every event from the confirmed
+    /// position again.
+    #[error(
+        "the stream's last {count} messages (up to sequence {sequence}) are not the events the replay skipped \
+         ({reason}); publishing every event from the confirmed position again"
+    )]
+    Unproven {
+        /// The last message compared: the stream's last when the session started, or the message
+        /// before a cut-off replay verified in its place.
+        sequence: u64,
+        /// How many messages were compared.
+        count: u64,
+        /// What did not match.
+        reason: String,
+        /// When `sequence` is the message before a cut-off replay: the stream's last sequence.
+        over: Option<u64>,
+    },
+    /// The replayed events passed the position of the stream's last message without that message's
+    /// own event: the stream's tail is from another history of the database (restored from a
+    /// snapshot or backup). Nothing skipped is confirmed; the next session publishes every event.
+    #[error(
+        "the stream's last message (sequence {sequence}, position {tail}) is not in this database's history: the \
+         replay reached {at} without it (database restored from a snapshot or backup?); publishing every event \
+         from the confirmed position again"
+    )]
+    Diverged {
+        /// The message judged: the stream's last when the session started, or the message before
+        /// a cut-off replay verified in its place.
+        sequence: u64,
+        /// Its position.
+        tail: Position,
+        /// The first replayed event past it.
+        at: Position,
+        /// When `sequence` is the message before a cut-off replay: the stream's last sequence.
+        over: Option<u64>,
+    },
+    /// `outbox.on_invalid = "stop"` and an event cannot be published as it is.
+    #[error(
+        "event {id} at {lsn} cannot be published ({reason}); outbox.on_invalid = \"stop\": fix or delete the row's \
+         cause and restart, or set outbox.on_invalid = \"dead_letter\" to route it to the dead-letter subject"
+    )]
+    Invalid {
+        /// The event's message id.
+        id: String,
+        /// The commit LSN of the event's transaction.
+        lsn: crate::Lsn,
+        /// Why the event cannot be published.
+        reason: String,
+    },
+    /// Not even the minimal dead letter (id and reason) could be stored.
+    #[error(
+        "event {id} at {lsn} cannot be published ({reason}), and the stream refused even its minimal dead letter \
+         ({refusal}): check the stream's max_msg_size and the server's max_payload, and nats.dead_letter_subject"
+    )]
+    DeadLetterRefused {
+        /// The event's message id.
+        id: String,
+        /// The commit LSN of the event's transaction.
+        lsn: crate::Lsn,
+        /// Why the event itself cannot be published.
+        reason: String,
+        /// Why the stream refused the dead letter.
+        refusal: String,
+    },
+}
+
+impl SinkError {
+    /// Why the stream's tail is not to be trusted by the next sessions, and which tail, for the
+    /// error that found it so; `None` for every other error. The next session's warn line names
+    /// the reason ([`Distrust`]).
+    pub(crate) fn distrust(&self) -> Option<Distrust> {
+        let (why, at, look_past) = match self {
+            SinkError::Diverged {
+                sequence,
+                tail,
+                over,
+                ..
+            } => (
+                format!(
+                    "its last message (sequence {sequence}, position {tail}) is not in this database's history"
+                ),
+                Some(over.unwrap_or(*sequence)),
+                over.is_some(),
+            ),
+            SinkError::StoredPastRefused { id, expected, last } => (
+                format!(
+                    "message {id} was refused expecting last sequence {expected}, and the stream's last is {last}: \
+                     a message may be stored past the refused one"
+                ),
+                (*last != u64::MAX).then_some(*last),
+                false,
+            ),
+            SinkError::Unproven {
+                sequence,
+                count,
+                reason,
+                over,
+            } => (
+                format!(
+                    "the proof that its last {count} messages (up to sequence {sequence}) are the events the replay \
+                     skipped could not be completed: {reason}"
+                ),
+                Some(over.unwrap_or(*sequence)),
+                over.is_some(),
+            ),
+            _ => return None,
+        };
+        Some(Distrust { why, at, look_past })
+    }
+
+    /// Whether restarting the pipeline can help.
+    pub(crate) fn is_transient(&self) -> bool {
+        !matches!(
+            self,
+            SinkError::Invalid { .. } | SinkError::DeadLetterRefused { .. }
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_proof_not_completed_says_so_and_why() {
+        let e = SinkError::Unproven {
+            sequence: 30_000,
+            count: 25_000,
+            reason: "reading back message 7 failed: timed out".into(),
+            over: None,
+        };
+        let d = e.distrust().expect("the tail is distrusted");
+        assert_eq!((d.at, d.look_past), (Some(30_000), false));
+        let why = d.why;
+        assert!(why.contains("could not be completed"), "{why}");
+        assert!(
+            why.contains("its last 25000 messages (up to sequence 30000)"),
+            "{why}"
+        );
+        assert!(
+            why.ends_with("reading back message 7 failed: timed out"),
+            "{why}"
+        );
+        assert_eq!(
+            SinkError::Stopped.distrust(),
+            None,
+            "other errors trust the tail"
+        );
+    }
+}
