@@ -87,8 +87,6 @@ pub(crate) struct Excuses<'a> {
     pub confirmations: &'a [(Instant, u64)],
     /// `nats.fence`.
     pub fence: bool,
-    /// Each session: its relay process, and when it got the slot.
-    pub sessions: &'a BTreeMap<u64, (u64, Instant)>,
     /// The sessions of backfills: a backfill publishes its snapshot's rows in `--order-by` order
     /// (P4 holds for events the relay stored first, not for rows a backfill stored first), without
     /// trace context (a row carries none), and all of them again on each run (JetStream drops those

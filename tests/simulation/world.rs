@@ -974,7 +974,6 @@ async fn world(seed: u64, faults: &FaultSet, trace: Arc<Trace>) -> Outcome {
                 backfills: &backfills,
                 distrust: &facts.distrust,
                 lost: &facts.lost,
-                sessions: &facts.sessions,
                 confirmations: &pg.confirmations(),
                 fence: sc.modes.fence,
             },
