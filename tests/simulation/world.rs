@@ -752,7 +752,7 @@ async fn world(seed: u64, faults: &FaultSet, trace: Arc<Trace>) -> Outcome {
     let dice = Dice::new(seed);
     let mut sc = Scenario::draw(&dice, faults);
     if sc.modes.atomic {
-        let group = Dice::new(seed ^ 0x6772_6f75_70);
+        let group = Dice::new(seed ^ 0x0067_726f_7570);
         sc.modes.atomic_group_ms = match group.range(0, 4) {
             0 => 0,
             1 | 2 => 1,
@@ -990,7 +990,7 @@ async fn world(seed: u64, faults: &FaultSet, trace: Arc<Trace>) -> Outcome {
                 lost: &facts.lost,
                 confirmations: &pg.confirmations(),
                 fence: sc.modes.fence,
-                atomic_room: sc.modes.atomic.then(|| sc.max_in_flight.min(1000).max(1)),
+                atomic_room: sc.modes.atomic.then(|| sc.max_in_flight.clamp(1, 1000)),
             },
             &trace,
             &violations,
