@@ -964,6 +964,7 @@ async fn start_sink(
     let config = SinkConfig {
         fence: false,
         atomic: false,
+        atomic_group: None,
         ..SinkConfig::from_settings(settings)
     };
     let origin = report.history.clone().map(|history| Origin {

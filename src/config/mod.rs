@@ -240,6 +240,11 @@ pub struct NatsConfig {
     /// One Postgres transaction becomes one JetStream atomic batch (the stream needs
     /// `allow_atomic`): consumers never see part of a transaction. Needs `fence`.
     pub atomic_transactions: bool,
+    /// With `atomic_transactions`: how long (milliseconds) a transaction's batch stays open for the
+    /// transactions after it, which then share it (group commit: the server's fixed cost per batch
+    /// is paid once for all of them). A batch also stays open while the one before it waits for
+    /// its ack. Each transaction stays all-or-nothing and in order. 0: one batch per transaction.
+    pub atomic_group_ms: u64,
     /// The first token(s) of the relay's inbox subjects, where JetStream answers its requests and
     /// publishes: a prefix of its own lets NATS permissions keep every other client off its inbox.
     pub inbox_prefix: String,
@@ -276,6 +281,7 @@ impl Default for NatsConfig {
             cloudevents: false,
             cloudevents_source: "outbox-relay".into(),
             atomic_transactions: false,
+            atomic_group_ms: 1,
             inbox_prefix: "_INBOX".into(),
             partitions: 0,
         }
@@ -466,6 +472,7 @@ impl fmt::Debug for NatsConfig {
             .field("cloudevents", &self.cloudevents)
             .field("cloudevents_source", &self.cloudevents_source)
             .field("atomic_transactions", &self.atomic_transactions)
+            .field("atomic_group_ms", &self.atomic_group_ms)
             .field("inbox_prefix", &self.inbox_prefix)
             .field("partitions", &self.partitions)
             .finish_non_exhaustive()

@@ -340,6 +340,15 @@ fn check_nats_limits(n: &super::NatsConfig) -> Result<(), ConfigError> {
              every event stored once",
         ));
     }
+    if n.atomic_group_ms > MAX_ATOMIC_GROUP_MS {
+        // nats-server abandons a batch idle for 10 s; a group held open that long would be lost
+        // and sent again on every session.
+        return Err(invalid(
+            "nats.atomic_group_ms",
+            "must be at most 1000 (milliseconds a transaction's atomic batch waits for the next \
+             transactions; 0 = one batch per transaction)",
+        ));
+    }
     Ok(())
 }
 
@@ -371,6 +380,10 @@ fn check_header_columns(entries: &[String], cloudevents: bool) -> Result<(), Con
 
 /// The most partitions: a consumer per partition, and setup checks the stream for each.
 const MAX_PARTITIONS: u32 = 10_000;
+
+/// `nats.atomic_group_ms` at most: far below nats-server's 10 s after which an idle batch is
+/// abandoned.
+const MAX_ATOMIC_GROUP_MS: u64 = 1000;
 
 /// `nats.partitions` and `{partition}`: one needs the other's count.
 fn check_partitions(n: &super::NatsConfig, template: &SubjectTemplate) -> Result<(), ConfigError> {

@@ -188,7 +188,10 @@ impl Session {
     async fn on_acks(&mut self, relay: &mut Relay) -> Result<(), SessionEnd> {
         let settled = self.sink.settle().await;
         self.take_acks(relay)?;
-        settled.map_err(from_sink)
+        settled.map_err(from_sink)?;
+        // A batch waiting for the next transactions is committed once the one before it is
+        // stored and its bound passed.
+        self.sink.commit_due().await.map_err(from_sink)
     }
 
     /// Hands every settled ack the sink lets go (those of new stores once the stream showed the
@@ -322,7 +325,7 @@ impl Session {
         let uncommitted = sink.uncommitted() as u64 + sink.unverified();
         let drain = async {
             loop {
-                if sink.settle().await.is_err() {
+                if sink.settle().await.is_err() || sink.commit_due().await.is_err() {
                     break;
                 }
                 while let Some(ack) = sink.acked() {

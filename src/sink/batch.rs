@@ -72,10 +72,10 @@ struct Open {
 }
 
 /// The last event, not sent yet: it becomes the commit if the transaction ends here.
-struct Held {
+pub(super) struct Held {
     item: InFlight,
     out: Outgoing,
-    size: usize,
+    pub(super) size: usize,
 }
 
 /// State of the atomic-batch path; see the module docs.
@@ -85,13 +85,16 @@ pub(super) struct Batcher {
     /// The stream's `max_msg_size`, if it has one: a batch holding a larger message would be refused
     /// whole, every time it is sent, so such a message is dead-lettered before it joins a batch.
     max_msg_size: Option<usize>,
-    /// Batches opened and not yet settled (at most [`MAX_BATCHES_IN_FLIGHT`]).
+    /// Batches committed and not yet settled (at most [`MAX_BATCHES_IN_FLIGHT`]).
     pub(crate) in_flight: usize,
     /// Unique per session, so a batch id never repeats (the server keys open batches by it).
     prefix: String,
     next: u64,
     open: Option<Open>,
-    held: Option<Held>,
+    pub(super) held: Option<Held>,
+    /// With `nats.atomic_group_ms`: the open batch ends at a transaction's end and waits for the
+    /// transactions after it (`group.rs`).
+    pub(super) waiting: Option<super::group::Waiting>,
     /// Transactions split into several batches so far. Nothing reads it (no metric): the warn line
     /// each split logs is what reports it.
     pub(crate) splits: u64,
@@ -113,6 +116,7 @@ impl Batcher {
             next: 0,
             open: None,
             held: None,
+            waiting: None,
             splits: 0,
         }
     }
@@ -126,27 +130,16 @@ impl Sink {
         event: Box<OutboxEvent>,
     ) -> Result<(), SinkError> {
         let size = approx_size(&event).min(self.config.max_in_flight_bytes);
-        if let Some(held) = self.batcher()?.held.take() {
-            let (sent, bytes) = self
-                .batcher()?
-                .open
-                .as_ref()
-                .map_or((0, 0), |o| (o.sent, o.bytes));
-            // Members wait for the commit's ack: the open batch (its members, the held one and the
-            // new one) must fit the window, or waiting for room would wait for itself.
-            let limit = self.config.max_batch.min(self.config.max_in_flight).max(1);
-            let split =
-                sent + 2 > limit || bytes + held.size + size > self.config.max_in_flight_bytes;
-            if split {
-                let b = self.batcher()?;
-                b.splits += 1;
-                warn!(
-                    lsn = %held.item.event.commit_lsn,
-                    messages = sent + 1,
-                    "transaction larger than one atomic batch: committing it in parts (each part atomic)"
-                );
-            }
-            self.send_held(held, split).await?;
+        // A group waiting for the next transactions takes this one's events only while the
+        // batch, with them, fits the batch limit and the window (`group.rs`); else it commits
+        // first, and this transaction goes on in a batch of its own.
+        if self.batcher()?.waiting.is_some() && !self.group_fits(1, size) {
+            self.close_group().await?;
+        }
+        if self.batcher()?.waiting.is_none()
+            && let Some(held) = self.batcher()?.held.take()
+        {
+            self.send_before(held, size).await?;
         }
         let size = self.reserve(size).await?;
         let (mut out, sent) = self.batch_message(&event)?;
@@ -158,7 +151,7 @@ impl Sink {
         // Batch messages carry no `Nats-Msg-Id`, and the server refuses an id expectation inside
         // a batch: the chain is by sequence only, one expectation per batch (its first message).
         let expected = self.fence.as_mut().map(super::Fence::next_sequence);
-        self.batcher()?.held = Some(Held {
+        let held = Held {
             item: InFlight {
                 seq,
                 ack: 0,
@@ -173,31 +166,56 @@ impl Sink {
             },
             out,
             size,
-        });
+        };
+        let b = self.batcher()?;
+        match b.waiting.as_mut() {
+            Some(waiting) => waiting.pending.push(held),
+            None => b.held = Some(held),
+        }
         Ok(())
     }
 
-    /// The transaction ended: the held event commits the batch.
-    pub(crate) async fn commit(&mut self) -> Result<(), SinkError> {
-        let Some(b) = self.batch.as_mut() else {
-            return Ok(());
-        };
-        match b.held.take() {
-            Some(held) => self.send_held(held, true).await,
-            None => Ok(()),
+    /// Sends `held`, the event before one of `size` bytes in the same transaction, as the next
+    /// member of the open batch, or as its commit when a limit is reached (the transaction is then
+    /// split).
+    pub(super) async fn send_before(&mut self, held: Held, size: usize) -> Result<(), SinkError> {
+        let (sent, bytes) = self
+            .batcher()?
+            .open
+            .as_ref()
+            .map_or((0, 0), |o| (o.sent, o.bytes));
+        // Members wait for the commit's ack: the open batch (its members, the held one and the
+        // new one) must fit the window, or waiting for room would wait for itself.
+        let limit = self.batch_room();
+        let split = sent + 2 > limit || bytes + held.size + size > self.config.max_in_flight_bytes;
+        if split {
+            let b = self.batcher()?;
+            b.splits += 1;
+            warn!(
+                lsn = %held.item.event.commit_lsn,
+                messages = sent + 1,
+                "transaction larger than one atomic batch: committing it in parts (each part atomic)"
+            );
         }
+        self.send_held(held, split).await
     }
 
-    /// Messages handed to the sink whose batch is not committed yet: they will not be acknowledged
-    /// unless their transaction's Commit arrives.
-    pub(crate) fn uncommitted(&self) -> usize {
-        self.batch.as_ref().map_or(0, |b| {
-            b.open.as_ref().map_or(0, |o| o.sent) + usize::from(b.held.is_some())
-        })
+    /// The most messages the open batch may hold: the server's limit, and never more than the
+    /// in-flight window.
+    pub(super) fn batch_room(&self) -> usize {
+        self.config.max_batch.min(self.config.max_in_flight).max(1)
+    }
+
+    /// Messages and window bytes of the open batch sent so far.
+    pub(super) fn open_size(&self) -> (usize, usize) {
+        self.batch
+            .as_ref()
+            .and_then(|b| b.open.as_ref())
+            .map_or((0, 0), |o| (o.sent, o.bytes))
     }
 
     /// The batcher; only called on the atomic path, which exists only with one.
-    fn batcher(&mut self) -> Result<&mut Batcher, SinkError> {
+    pub(super) fn batcher(&mut self) -> Result<&mut Batcher, SinkError> {
         self.batch.as_mut().ok_or(SinkError::NotAtomic)
     }
 
@@ -248,19 +266,23 @@ impl Sink {
 
     /// Sends the held event as the next message of the open batch (opening one if needed), as its
     /// commit when `commit`.
-    async fn send_held(&mut self, held: Held, commit: bool) -> Result<(), SinkError> {
+    pub(super) async fn send_held(&mut self, held: Held, commit: bool) -> Result<(), SinkError> {
         let Held {
             mut item,
             out,
             size,
         } = held;
-        if self.batcher()?.open.is_none() {
-            // Wait for the batch before it to be stored ([`MAX_BATCHES_IN_FLIGHT`]).
+        // Wait for the batch before it to be stored ([`MAX_BATCHES_IN_FLIGHT`]): before opening
+        // the next one, or, when transactions are grouped, before committing it (its members wait
+        // staged on the server meanwhile, which is where the group forms).
+        let grouped = self.config.atomic_group.is_some();
+        if (commit && grouped) || (!grouped && self.batcher()?.open.is_none()) {
             while self.batcher()?.in_flight >= MAX_BATCHES_IN_FLIGHT {
                 self.settle_oldest().await?;
             }
+        }
+        if self.batcher()?.open.is_none() {
             let b = self.batcher()?;
-            b.in_flight += 1;
             b.next += 1;
             b.open = Some(Open {
                 id: format!("{}-{}", b.prefix, b.next),
@@ -308,7 +330,10 @@ impl Sink {
                         let members = self
                             .batch
                             .as_mut()
-                            .and_then(|b| b.open.take())
+                            .and_then(|b| {
+                                b.in_flight += 1;
+                                b.open.take()
+                            })
                             .map(|o| o.members)
                             .unwrap_or_default();
                         item.ack = ack.unwrap_or(0);

@@ -38,6 +38,9 @@ pub(crate) struct SinkConfig {
     pub(crate) cloudevents: Option<message::CloudEvents>,
     /// `nats.atomic_transactions`: each transaction is published as one atomic batch.
     pub(crate) atomic: bool,
+    /// `nats.atomic_group_ms`: how long a transaction's atomic batch stays open for the next
+    /// transactions (group commit, `group.rs`); `None`: one batch per transaction.
+    pub(crate) atomic_group: Option<Duration>,
     /// The most messages in one atomic batch (the server's limit, 1,000 by default); a longer
     /// transaction is split into several batches.
     pub(crate) max_batch: usize,
@@ -76,6 +79,8 @@ impl SinkConfig {
                 .cloudevents
                 .then(|| message::CloudEvents::new(&n.cloudevents_source)),
             atomic: n.atomic_transactions,
+            atomic_group: (n.atomic_transactions && n.atomic_group_ms > 0)
+                .then(|| Duration::from_millis(n.atomic_group_ms)),
             max_batch: batch::MAX_BATCH,
             history: None,
             max_msg_size: None,

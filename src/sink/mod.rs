@@ -36,6 +36,7 @@ mod distrust;
 mod envelope;
 mod error;
 mod fence;
+mod group;
 mod port;
 mod prove;
 mod publish;
@@ -305,18 +306,35 @@ impl Sink {
             if self.gate.may_take() || self.shown.is_some() {
                 return;
             }
+            // A batch waiting for the next transactions (`group.rs`) is due: nothing is in flight
+            // then, so this is the only wait.
+            let due = self.group_due();
+            if due.is_some_and(|d| tokio::time::Instant::now() >= d) {
+                return;
+            }
             let token = match self.window.front() {
-                // Only the proof in flight can bring something now (its request is bounded by
-                // the ack timeout).
-                None => match self.proof.as_mut() {
-                    None => return std::future::pending().await,
-                    Some(f) => {
-                        let shown = showing(f).await;
-                        self.proof = None;
-                        self.shown = Some(shown);
-                        return;
+                // Only the proof in flight, or a waiting batch's bound, can bring something now
+                // (the proof's request is bounded by the ack timeout).
+                None => {
+                    let group = async {
+                        match due {
+                            Some(d) => tokio::time::sleep_until(d).await,
+                            None => std::future::pending().await,
+                        }
+                    };
+                    match self.proof.as_mut() {
+                        None => return group.await,
+                        Some(f) => tokio::select! {
+                            biased;
+                            shown = showing(f) => {
+                                self.proof = None;
+                                self.shown = Some(shown);
+                                return;
+                            }
+                            () = group => return,
+                        },
                     }
-                },
+                }
                 Some(Pending::Stored { .. }) => return,
                 Some(Pending::Sent(item)) => item.ack,
             };

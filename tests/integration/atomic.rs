@@ -94,6 +94,98 @@ async fn transactions_arrive_whole_in_order_and_a_huge_one_is_split_not_lost() {
     relay.stop().await.expect("relay stops cleanly");
 }
 
+/// The batch id of every message of a transaction written by [`write_transactions`], by
+/// transaction, and the number of batches.
+fn batches_by_transaction(
+    all: &[crate::support::Stored],
+) -> (BTreeMap<String, Vec<String>>, usize) {
+    let mut by_txn: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut batches = std::collections::BTreeSet::new();
+    for m in all {
+        let batch = m.header("Nats-Batch-Id").to_owned();
+        assert!(!batch.is_empty(), "{} carries no Nats-Batch-Id", m.id());
+        by_txn
+            .entry(txn_of(m.id()).to_owned())
+            .or_default()
+            .push(batch.clone());
+        batches.insert(batch);
+    }
+    (by_txn, batches.len())
+}
+
+/// Group commit (`nats.atomic_group_ms`): 300 transactions written while the relay streams share
+/// batches, many to one, and yet each lies in exactly one batch, whole. With a window of 20
+/// messages (the batch limit then), transactions of 7 events group by two: a third would not fit,
+/// so the batch is committed before it, and the third starts the next one rather than being
+/// split. With `atomic_group_ms = 0`, every transaction is a batch of its own.
+#[tokio::test]
+async fn transactions_share_batches_yet_each_lies_whole_in_one() {
+    for group_ms in [1, 0] {
+        let db = text_id_db().await;
+        let nats = NatsServer::start();
+        let mut config = relay_config(&db, &nats);
+        config.nats.atomic_transactions = true;
+        config.nats.atomic_group_ms = group_ms;
+        config.nats.max_in_flight = 20;
+        let stream = config.nats.stream.clone();
+        let client = db.client().await;
+        let relay = InProcessRelay::start_streaming(&config, &client).await;
+        let js = nats.jetstream().await;
+        let mut sizes: Vec<u64> = vec![1; 200];
+        sizes.extend([7; 100]);
+        let ids = write_transactions(&db, "g", &sizes);
+        let tally = assert_all_stored_once_in_order(&js, &stream, &ids).await;
+        tally.report(
+            &format!("grouped atomic transactions (atomic_group_ms {group_ms})"),
+            1,
+        );
+        let all = read_all(&js, &stream).await;
+        let (by_txn, batches) = batches_by_transaction(&all);
+        for (txn, of) in &by_txn {
+            assert!(
+                of.iter().all(|b| *b == of[0]),
+                "transaction {txn} is split over batches {of:?} (atomic_group_ms {group_ms})"
+            );
+        }
+        // Every batch holds whole transactions only: no two transactions' batches interleave.
+        let per_batch = all.windows(2).filter(|w| {
+            w[0].header("Nats-Batch-Id") == w[1].header("Nats-Batch-Id")
+                && txn_of(w[0].id()) != txn_of(w[1].id())
+        });
+        let shared = per_batch.count();
+        eprintln!(
+            "atomic_group_ms {group_ms}: {} transactions in {batches} batches",
+            by_txn.len()
+        );
+        if group_ms == 0 {
+            assert_eq!(batches, by_txn.len(), "one batch per transaction");
+            assert_eq!(shared, 0);
+        } else {
+            // Written in one burst, transactions wait while each batch is stored: they group.
+            assert!(
+                batches * 2 < by_txn.len(),
+                "{batches} batches for {} transactions: not grouped",
+                by_txn.len()
+            );
+            // No batch holds more than the window: 7-event transactions at most two to one.
+            let mut count: BTreeMap<&str, usize> = BTreeMap::new();
+            for m in &all {
+                *count.entry(m.header("Nats-Batch-Id")).or_default() += 1;
+            }
+            assert!(
+                count.values().all(|&n| n <= 20),
+                "a batch over the window: {count:?}"
+            );
+        }
+        assert_eq!(
+            outbox_relay::metrics::Metrics::get(&relay.metrics.reconnects),
+            0,
+            "no restart (atomic_group_ms {group_ms})"
+        );
+        relay.stop().await.expect("relay stops cleanly");
+    }
+}
+
 /// kill -9 of the relay while it drains 400 transactions of 50 events: right after the kill the
 /// stream holds only whole transactions; after a restart, every event once, in commit order.
 #[tokio::test]
@@ -219,6 +311,10 @@ async fn members_around_the_size_limit(
     let db = text_id_db().await;
     let mut config = relay_config(&db, &nats);
     config.nats.atomic_transactions = true;
+    // One batch per transaction, so `e-1` is a batch's first message (with the fence's
+    // expectation) as the sizes assume. Grouping changes where a message stands in its batch,
+    // not how it is measured: every header is stamped before the check, whatever its place.
+    config.nats.atomic_group_ms = 0;
     // A slot name of a production length (the tests' own are short): it is in every message's
     // Outbox-Position, one of the headers the old check left out.
     config.postgres.slot = format!("{}_orders_outbox_relay", config.postgres.slot);

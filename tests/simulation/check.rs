@@ -48,7 +48,7 @@
 //! A copy stored before its event committed belongs to another event with the same id (an id made
 //! of an LSN that a restore reused), so it never counts for this one.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Mutex;
 
 use tokio::time::Instant;
@@ -92,6 +92,9 @@ pub(crate) struct Excuses<'a> {
     /// trace context (a row carries none), and all of them again on each run (JetStream drops those
     /// it holds inside its duplicate window: a later copy by a backfill is the documented one).
     pub backfills: &'a HashSet<u64>,
+    /// With atomic transactions: the most messages one batch holds (the server's 1,000, and never
+    /// more than the window); `None` without them.
+    pub atomic_room: Option<usize>,
 }
 
 /// P1, P3, P4 and P7 over the settled world.
@@ -179,6 +182,7 @@ pub(crate) fn settled(
             }
         }
     }
+    atomic_whole(units, &copies, excuses, trace, v);
     let trusted = trusted_again(units, &copies, excuses);
     p3_second_copies(stream, &copies, excuses, &trusted, trace, v);
     p4_commit_order(order, excuses, trace, v);
@@ -226,6 +230,52 @@ pub(crate) fn consumed_away(
         "P1, P4: {excused} events another client consumed from the slot before the relay stored them are not demanded of the stream"
     );
     units
+}
+
+/// Atomic transactions: a transaction that fits one batch lies in one, whole, also when
+/// transactions share batches (`nats.atomic_group_ms`): the first copies of its events carry one
+/// `Nats-Batch-Id`. A larger one is split, each part atomic; a row a backfill stored first is no
+/// batch's member.
+fn atomic_whole(
+    units: &[Unit],
+    copies: &BTreeMap<&str, Vec<&Stored>>,
+    excuses: &Excuses<'_>,
+    trace: &Trace,
+    v: &Violations,
+) {
+    let Some(room) = excuses.atomic_room else {
+        return;
+    };
+    for unit in units.iter().filter(|u| u.events.len() <= room) {
+        let firsts: Vec<&Stored> = unit
+            .events
+            .iter()
+            .filter_map(|e| copies.get(e.msg_id.as_str()))
+            .filter_map(|c| c.iter().copied().find(|m| m.at >= unit.at))
+            .collect();
+        if firsts
+            .iter()
+            .any(|m| excuses.backfills.contains(&m.session))
+        {
+            continue;
+        }
+        let batches: BTreeSet<&str> = firsts
+            .iter()
+            .map(|m| m.headers.get("Nats-Batch-Id").map_or("", |b| b.as_str()))
+            .collect();
+        if batches.len() > 1 {
+            v.report(
+                trace,
+                format!(
+                    "atomic: the {} ({} events, a batch holds {room}) is stored in {} batches: {:?}",
+                    unit.what,
+                    unit.events.len(),
+                    batches.len(),
+                    firsts.iter().map(|m| m.seq).collect::<Vec<_>>()
+                ),
+            );
+        }
+    }
 }
 
 /// P3: a second copy of an event id needs a reason the world gave.

@@ -203,6 +203,10 @@ pub(crate) struct Modes {
     /// `nats.atomic_transactions` (which needs the fence): each transaction one atomic batch, or
     /// several past the window or 1,000 messages.
     pub atomic: bool,
+    /// `nats.atomic_group_ms` in atomic worlds: 0 (a batch per transaction), the default 1, or up
+    /// to 50 (transactions share batches: group commit). Drawn from a generator of its own, so the
+    /// rest of a world is drawn as before it.
+    pub atomic_group_ms: u64,
     /// A second relay process on the same slot, started with the first: the simulated Postgres
     /// refuses it the slot while the other's walsender holds it (55006, as Postgres does), so it
     /// waits as a standby and takes over when the other is killed or stopped; then a new standby
@@ -218,6 +222,7 @@ impl Modes {
             descriptive: !d.chance(0.3),
             retention: Self::retention(d),
             atomic: fence && d.chance(0.25),
+            atomic_group_ms: 0,
             standby: faults.has("standby") && d.chance(0.25),
         }
     }
@@ -320,6 +325,7 @@ impl Scenario {
         c.nats.fence = self.modes.fence;
         c.nats.descriptive_headers = self.modes.descriptive;
         c.nats.atomic_transactions = self.modes.atomic;
+        c.nats.atomic_group_ms = self.modes.atomic_group_ms;
         c.postgres.status_interval_ms = self.status_interval_ms;
         c.validate().expect("simulation settings are valid")
     }
@@ -745,6 +751,14 @@ pub(crate) fn run(seed: u64, faults: &FaultSet, keep_trace: bool) -> Outcome {
 async fn world(seed: u64, faults: &FaultSet, trace: Arc<Trace>) -> Outcome {
     let dice = Dice::new(seed);
     let mut sc = Scenario::draw(&dice, faults);
+    if sc.modes.atomic {
+        let group = Dice::new(seed ^ 0x0067_726f_7570);
+        sc.modes.atomic_group_ms = match group.range(0, 4) {
+            0 => 0,
+            1 | 2 => 1,
+            _ => group.range(2, 51),
+        };
+    }
     // A fifth of the worlds see a backfill, at a time of their own generator's: the other worlds
     // draw from the world's generator exactly as before. Their streams keep everything (a full
     // stream would refuse the backfill's rows until the operator makes room, which is no backfill
@@ -976,6 +990,7 @@ async fn world(seed: u64, faults: &FaultSet, trace: Arc<Trace>) -> Outcome {
                 lost: &facts.lost,
                 confirmations: &pg.confirmations(),
                 fence: sc.modes.fence,
+                atomic_room: sc.modes.atomic.then(|| sc.max_in_flight.clamp(1, 1000)),
             },
             &trace,
             &violations,

@@ -167,6 +167,10 @@ pub(crate) fn relay_env(config: &Config) -> Vec<(String, String)> {
             "OUTBOX_RELAY_NATS_ATOMIC_TRANSACTIONS".into(),
             "true".into(),
         ));
+        env.push((
+            "OUTBOX_RELAY_NATS_ATOMIC_GROUP_MS".into(),
+            config.nats.atomic_group_ms.to_string(),
+        ));
     }
     env
 }
