@@ -6,13 +6,15 @@
 //! publisher and of nats-server read from /proc (utime+stime): on a 2-core box shared by Postgres,
 //! nats-server and the relay, CPU per event is the number that says who bounds whom.
 //!
-//! Relay variants per round: `relay` (single publishes), `relay atomic` (`nats.atomic_transactions`),
-//! and with `BENCH_RELAY_ALT=/path/to/outbox-relay` the same binary built from another commit
-//! (`alt`, and `alt atomic` when the atomic variant runs), so a change is judged by a same-run
-//! ratio. Knobs: `BENCH_SHAPES` (`1,10,100`),
-//! `BENCH_PAYLOADS` (`120,2048,16384`, bytes of jsonb text), `BENCH_SHAPE_EVENTS` (100000; capped at
-//! 100 MB of payload per backlog), `BENCH_SHAPE_ROUNDS` (`BENCH_ROUNDS`), `BENCH_SHAPE_ATOMIC` (1;
-//! 0 skips the atomic variant), `BENCH_SHAPE_LEAN` (0; 1 adds `relay lean`, the relay with
+//! Relay variants per round: `relay` (single publishes), `relay atomic` (`nats.atomic_transactions`,
+//! group commit at its default), `relay atomic 1/batch` (the same with `nats.atomic_group_ms = 0`,
+//! one batch per transaction: group commit's baseline), and with
+//! `BENCH_RELAY_ALT=/path/to/outbox-relay` the same binary built from another commit (`alt`, and
+//! `alt atomic` when the atomic variant runs), so a change is judged by a same-run ratio. Knobs:
+//! `BENCH_SHAPES` (`1,10,100`), `BENCH_PAYLOADS` (`120,2048,16384`, bytes of jsonb text),
+//! `BENCH_SHAPE_EVENTS` (100000; capped at 100 MB of payload per backlog), `BENCH_SHAPE_ROUNDS`
+//! (`BENCH_ROUNDS`), `BENCH_SHAPE_ATOMIC` (1; 0 skips the atomic variants), `BENCH_SHAPE_UNGROUPED`
+//! (1; 0 skips `relay atomic 1/batch`), `BENCH_SHAPE_LEAN` (0; 1 adds `relay lean`, the relay with
 //! `nats.descriptive_headers = false`), `BENCH_FAST_FLOW` (100: the flow window of `sink fast`).
 //!
 //! After the shapes table, the pipeline's ceiling: a drain needs the walsender, the relay and
@@ -81,6 +83,7 @@ pub(crate) async fn run(pg: &PgServer, default_rounds: usize) -> anyhow::Result<
     let max_events: u64 = env_or("BENCH_SHAPE_EVENTS", 100_000);
     let rounds: usize = env_or("BENCH_SHAPE_ROUNDS", default_rounds).max(1);
     let atomic = env_or("BENCH_SHAPE_ATOMIC", 1u8) == 1;
+    let ungrouped = env_or("BENCH_SHAPE_UNGROUPED", 1u8) == 1;
     let lean = env_or("BENCH_SHAPE_LEAN", 0u8) == 1;
     let alt = std::env::var("BENCH_RELAY_ALT")
         .ok()
@@ -98,6 +101,12 @@ pub(crate) async fn run(pg: &PgServer, default_rounds: usize) -> anyhow::Result<
     if atomic {
         let env = vec![("OUTBOX_RELAY_NATS_ATOMIC_TRANSACTIONS", "true".to_string())];
         variants.push(("relay atomic".into(), this.clone(), env.clone()));
+        if ungrouped {
+            // Group commit's baseline: one atomic batch per transaction.
+            let mut one = env.clone();
+            one.push(("OUTBOX_RELAY_NATS_ATOMIC_GROUP_MS", "0".to_string()));
+            variants.push(("relay atomic 1/batch".into(), this.clone(), one));
+        }
         // A change to the atomic path is judged against the other commit's atomic path too.
         if let Some(alt) = &alt {
             variants.push(("alt atomic".into(), alt.clone(), env));

@@ -176,6 +176,10 @@ async fn a_cut_off_replays_last_copy_is_not_taken_for_the_streams_end() {
     let mut config = relay_config(&db, &nats);
     config.postgres.status_interval_ms = 100;
     config.nats.atomic_transactions = true;
+    // One batch per transaction: the scenario needs a replay cut off part way, its first copies
+    // stored one transaction at a time until the stream is full. Grouped, the replay's transactions
+    // would share one batch that the full stream refuses whole, leaving no copy behind to test.
+    config.nats.atomic_group_ms = 0;
     config.nats.fence = true;
     let stream = config.nats.stream.clone();
     let slot = config.postgres.slot.clone();
@@ -309,6 +313,10 @@ async fn a_failed_look_past_a_cut_off_replay_falls_back_to_its_tail() {
     let mut config = relay_config(&db, &nats);
     config.postgres.status_interval_ms = 100;
     config.nats.atomic_transactions = true;
+    // One batch per transaction: the scenario needs a replay cut off part way, its first copies
+    // stored one transaction at a time until the stream is full. Grouped, the replay's transactions
+    // would share one batch that the full stream refuses whole, leaving no copy behind to test.
+    config.nats.atomic_group_ms = 0;
     config.nats.fence = true;
     let stream = config.nats.stream.clone();
     let slot = config.postgres.slot.clone();
