@@ -35,11 +35,15 @@
 //! `BENCH_IDLE_COST=1` (the relay's CPU at idle and a trickle of events, `drain/trickle.rs`;
 //! `BENCH_IDLE_COST_ONLY=1` runs only that), `BENCH_FAST=1` (fast batch publishing against
 //! per-message acks, `drain/fast.rs`; `BENCH_FAST_ONLY=1` runs only that),
-//! `BENCH_ATOMIC_COST_ONLY=1` (atomic batches' fixed cost in nats-server, `drain/atomic.rs`). Under `cargo test --benches`
-//! (no `--bench` argument) it does nothing: starting servers is the tests' job.
+//! `BENCH_ATOMIC_COST_ONLY=1` (atomic batches' fixed cost in nats-server, `drain/atomic.rs`),
+//! `BENCH_ATOMIC_LATENCY_ONLY=1` (commit → consumer latency of atomic transactions with group commit
+//! on and off, `drain/atomic_latency.rs`). Under `cargo test --benches` (no `--bench` argument) it
+//! does nothing: starting servers is the tests' job.
 
 #[path = "drain/atomic.rs"]
 mod atomic;
+#[path = "drain/atomic_latency.rs"]
+mod atomic_latency;
 #[path = "common/cpu.rs"]
 mod cpu;
 #[path = "drain/fast.rs"]
@@ -122,6 +126,9 @@ fn main() -> anyhow::Result<()> {
         return rt.block_on(atomic::run(env_or("BENCH_ROUNDS", 3usize).max(1)));
     }
     let pg = PgServer::start_private();
+    if flag("BENCH_ATOMIC_LATENCY_ONLY") {
+        return rt.block_on(atomic_latency::run(&pg));
+    }
     rt.block_on(run(&pg))
 }
 
@@ -418,7 +425,7 @@ async fn run(pg: &PgServer) -> anyhow::Result<()> {
             for (phase, &rate) in rates.iter().enumerate() {
                 let before = PgLoad::read(&stats).await?;
                 let t = Instant::now();
-                let l = latency(&db, &nats, rate, latency_secs, phase as u32 + 1).await?;
+                let l = latency(&db, &nats, rate, latency_secs, phase as u32 + 1, 1).await?;
                 loads.push(Load {
                     who: "relay".into(),
                     period: format!("{rate}/s"),
@@ -606,7 +613,7 @@ async fn polling_baseline(
         let before = PgLoad::read(&stats).await?;
         let q0 = poller.counters.queries();
         let t = Instant::now();
-        let l = latency(&db, &nats, 1000, latency_secs, 1).await?;
+        let l = latency(&db, &nats, 1000, latency_secs, 1, 1).await?;
         poller.check()?;
         loads.push(Load {
             who: who.clone(),

@@ -78,16 +78,20 @@ fn wall_ns() -> i128 {
         .map_or(0, |d| d.as_nanos() as i128)
 }
 
-/// Writers commit single-event transactions at `rate`/s for `secs`; an ordered consumer records when
-/// each id arrives. Event ids are `<phase>-…-<index>` uuids so phases never mix.
+/// Writers commit transactions of `per_txn` events at `rate` transactions/s for `secs`; an ordered
+/// consumer records when each id arrives (`Nats-Msg-Id`, or `Outbox-Event-Id` on atomic batches).
+/// Event ids are `<phase>-…-<index>` uuids so phases never mix.
 pub(crate) async fn latency(
     db: &TestDb,
     nats: &NatsServer,
     rate: u64,
     secs: u64,
     phase: u32,
+    per_txn: u64,
 ) -> anyhow::Result<Latency> {
-    let total = (rate * secs) as usize;
+    let per_txn = per_txn.max(1) as usize;
+    let txns = (rate * secs) as usize;
+    let total = txns * per_txn;
     let js = jetstream::new(nats.client().await);
     let stream = js.get_stream(STREAM).await?;
     let consumer = stream
@@ -108,7 +112,7 @@ pub(crate) async fn latency(
                 let id = m
                     .headers
                     .as_ref()
-                    .and_then(|h| h.get("Nats-Msg-Id"))
+                    .and_then(|h| h.get("Nats-Msg-Id").or_else(|| h.get("Outbox-Event-Id")))
                     .map(|v| v.as_str().to_owned())
                     .unwrap_or_default();
                 if let Some(rest) = id.strip_prefix(&prefix)
@@ -143,21 +147,40 @@ pub(crate) async fn latency(
                      VALUES ($1::text::uuid, 'Order', $2, 'OrderPlaced', $3::text::jsonb)",
                 )
                 .await?;
-            let mut i = w;
-            while i < total {
-                let due = start + Duration::from_nanos(i as u64 * 1_000_000_000 / rate);
+            // A transaction of several events: one statement, its rows from an array of ids.
+            let insert_many = client
+                .prepare(
+                    "INSERT INTO public.outbox (event_id, aggregate_type, aggregate_id, event_type, payload) \
+                     SELECT unnest($1::text[])::uuid, 'Order', $2, 'OrderPlaced', $3::text::jsonb",
+                )
+                .await?;
+            let mut t = w;
+            while t < txns {
+                let due = start + Duration::from_nanos(t as u64 * 1_000_000_000 / rate);
                 tokio::time::sleep_until(due).await;
-                let id = format!("{phase:08x}-0000-4000-8000-{i:012x}");
-                let agg = format!("order-{i}");
+                let first = t * per_txn;
+                let agg = format!("order-{t}");
                 let sent = Instant::now();
-                client.execute(&insert, &[&id, &agg, &PAYLOAD]).await?;
+                if per_txn == 1 {
+                    let id = format!("{phase:08x}-0000-4000-8000-{first:012x}");
+                    client.execute(&insert, &[&id, &agg, &PAYLOAD]).await?;
+                } else {
+                    let ids: Vec<String> = (first..first + per_txn)
+                        .map(|i| format!("{phase:08x}-0000-4000-8000-{i:012x}"))
+                        .collect();
+                    client.execute(&insert_many, &[&ids, &agg, &PAYLOAD]).await?;
+                }
                 let at = Instant::now();
-                committed.lock().unwrap()[i] = Some(Written {
+                let written = Written {
                     at,
                     wall_ns: wall_ns(),
                     write_ms: at.duration_since(sent).as_secs_f64() * 1000.0,
-                });
-                i += writers;
+                };
+                let mut committed = committed.lock().unwrap();
+                for slot in &mut committed[first..first + per_txn] {
+                    *slot = Some(written);
+                }
+                t += writers;
             }
             anyhow::Ok(())
         }));
