@@ -2,7 +2,7 @@
 //! the text a stopped backfill gives of what it leaves behind ([`left_after_stop`]): the slot it
 //! created or replaced, and the marker that keeps `run` and `setup` from starting with a gap.
 
-use super::port::BoxError;
+use super::port::{BoxError, QueryError};
 use crate::backfill_marker::{self, MarkerError};
 use crate::outbox::StageError;
 use crate::setup::SetupError;
@@ -87,7 +87,7 @@ pub enum BackfillError {
         /// What was checked.
         what: String,
         /// The server's error.
-        message: String,
+        message: QueryError,
     },
     /// A query reading the outbox table in the snapshot failed.
     #[error("reading {table} in the slot's snapshot failed ({what}): {message}")]
@@ -97,7 +97,7 @@ pub enum BackfillError {
         /// What the query was for.
         what: String,
         /// The server's error.
-        message: String,
+        message: QueryError,
     },
     /// NATS cannot be reached or refuses the relay.
     #[error(transparent)]

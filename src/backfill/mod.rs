@@ -68,7 +68,9 @@ mod slot;
 mod snapshot;
 
 pub use error::BackfillError;
-pub use port::{BackfillServers, BoxError, Control, CursorError, DropFailure, Prepared, SlotMaker};
+pub use port::{
+    BackfillServers, BoxError, Control, CursorError, DropFailure, Prepared, QueryError, SlotMaker,
+};
 pub use report::{BackfillProgress, BackfillReport};
 
 use error::{SlotLeft, left_after_stop};

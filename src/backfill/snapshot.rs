@@ -3,7 +3,7 @@
 //! pgoutput sends them, the count of matching rows, and the server-side cursor that reads them,
 //! [`FETCH_ROWS`] at a time. A failed query is a [`BackfillError::Query`] saying what it was for.
 
-use super::port::{Control, CursorError};
+use super::port::{Control, CursorError, QueryError};
 use super::{BackfillError, BackfillOptions};
 use crate::config::Settings;
 use crate::pgoutput::Column;
@@ -27,10 +27,13 @@ pub(super) fn snapshot_query(settings: &Settings, opts: &BackfillOptions, column
 }
 
 /// A failed query on the outbox table as [`BackfillError::Query`], saying what it was for.
-pub(super) fn query_error(table: &str, what: &str) -> impl FnOnce(String) -> BackfillError + use<> {
+pub(super) fn query_error(
+    table: &str,
+    what: &str,
+) -> impl FnOnce(QueryError) -> BackfillError + use<> {
     let table = table.to_owned();
     let what = what.to_owned();
-    move |message: String| BackfillError::Query {
+    move |message: QueryError| BackfillError::Query {
         table,
         what,
         message,
