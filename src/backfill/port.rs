@@ -9,7 +9,7 @@
 //!
 //! The methods are what the backfill does, not SQL: the SQL the operator wrote (`--where`,
 //! `--order-by`) goes in as text the real connection sends as it is. Failed queries come back as the
-//! server's one-line text (`query_error_text`), which the backfill puts in its error as before.
+//! server's one-line text ([`QueryError`]), which the backfill puts in its error as before.
 //! Trait objects with boxed futures, as the NATS port: one allocation per call, per 1,000 rows for
 //! the cursor.
 
@@ -56,13 +56,21 @@ impl Prepared {
     }
 }
 
+/// A statement on the control connection failed: the server's message and SQLSTATE on one line
+/// (`query_error_text`), or the simulated server's stand-in. The backfill quotes it as it is, in its
+/// error ([`BackfillError::Query`](super::BackfillError::Query),
+/// [`BackfillError::Preflight`](super::BackfillError::Preflight)) and in its warnings.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct QueryError(pub String);
+
 /// Why a slot could not be dropped after a stop or a failure.
 #[derive(Debug, Clone)]
 pub struct DropFailure {
     /// A walsender still holds it (55006): it lets go a moment after its connection closed.
     pub in_use: bool,
     /// The server's error, one line.
-    pub message: String,
+    pub message: QueryError,
 }
 
 /// What the backfill needs of its servers, in the order it asks.
@@ -88,21 +96,21 @@ pub trait BackfillServers: Send {
 pub trait Control: Send + Sync {
     /// Plans `query` (the snapshot query, `LIMIT 0`) in a read-only transaction that is rolled
     /// back.
-    fn preflight(&self, query: String) -> BoxFuture<'_, Result<(), String>>;
+    fn preflight(&self, query: String) -> BoxFuture<'_, Result<(), QueryError>>;
     /// `pg_drop_replication_slot(slot)` (`--replace-slot`, or the slot an unfinished backfill left).
     fn drop_slot(&self, slot: String) -> BoxFuture<'_, Result<(), BoxError>>;
     /// `pg_cancel_backend(pid)`: cancels the walsender's slot creation.
-    fn cancel_backend(&self, pid: i32) -> BoxFuture<'_, Result<(), String>>;
+    fn cancel_backend(&self, pid: i32) -> BoxFuture<'_, Result<(), QueryError>>;
     /// Ends the snapshot's transaction, if one is open; a failure is of no consequence.
     fn rollback(&self) -> BoxFuture<'_, ()>;
     /// Drops `slot` if it exists.
     fn drop_slot_if_exists(&self, slot: String) -> BoxFuture<'_, Result<(), DropFailure>>;
     /// Opens the read-only REPEATABLE READ transaction that sees `snapshot`.
-    fn import_snapshot(&self, snapshot: String) -> BoxFuture<'_, Result<(), String>>;
+    fn import_snapshot(&self, snapshot: String) -> BoxFuture<'_, Result<(), QueryError>>;
     /// Every column of the table `qualified`, as pgoutput sends them.
-    fn columns(&self, qualified: String) -> BoxFuture<'_, Result<Vec<Column>, String>>;
+    fn columns(&self, qualified: String) -> BoxFuture<'_, Result<Vec<Column>, QueryError>>;
     /// `query`'s one count.
-    fn count(&self, query: String) -> BoxFuture<'_, Result<i64, String>>;
+    fn count(&self, query: String) -> BoxFuture<'_, Result<i64, QueryError>>;
     /// Declares the cursor (`declare`, one statement) and prepares its `fetch`.
     fn declare_cursor(
         &self,
@@ -110,20 +118,20 @@ pub trait Control: Send + Sync {
         fetch: String,
     ) -> BoxFuture<'_, Result<(), CursorError>>;
     /// The cursor's next rows (at most the `FETCH` count): each column's text, `None` for NULL.
-    fn fetch(&self) -> BoxFuture<'_, Result<Vec<Vec<Option<Bytes>>>, String>>;
+    fn fetch(&self) -> BoxFuture<'_, Result<Vec<Vec<Option<Bytes>>>, QueryError>>;
     /// Commits the snapshot's transaction.
-    fn commit(&self) -> BoxFuture<'_, Result<(), String>>;
+    fn commit(&self) -> BoxFuture<'_, Result<(), QueryError>>;
     /// Drops the stop mark of the slot (`slot_mark.rs`) if there is one.
-    fn drop_stop_mark(&self) -> BoxFuture<'_, Result<(), String>>;
+    fn drop_stop_mark(&self) -> BoxFuture<'_, Result<(), QueryError>>;
 }
 
 /// Which step of [`Control::declare_cursor`] failed, with the server's text.
 #[derive(Debug, Clone)]
 pub enum CursorError {
     /// `DECLARE` (the `--where` and `--order-by` in it).
-    Declare(String),
+    Declare(QueryError),
     /// Preparing the `FETCH`.
-    Fetch(String),
+    Fetch(QueryError),
 }
 
 /// The replication connection the slot is created on; its exported snapshot lives as long as it.

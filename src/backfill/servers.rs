@@ -11,7 +11,7 @@ use tokio_postgres::{Client, Statement};
 
 use super::BackfillError;
 use super::port::{
-    BackfillServers, BoxError, Control, CursorError, DropFailure, Prepared, SlotMaker,
+    BackfillServers, BoxError, Control, CursorError, DropFailure, Prepared, QueryError, SlotMaker,
 };
 use crate::Lsn;
 use crate::catalog;
@@ -96,7 +96,7 @@ struct PgControl {
 }
 
 impl Control for PgControl {
-    fn preflight(&self, query: String) -> BoxFuture<'_, Result<(), String>> {
+    fn preflight(&self, query: String) -> BoxFuture<'_, Result<(), QueryError>> {
         Box::pin(async move {
             let pg = &self.client;
             let checked = async {
@@ -106,7 +106,7 @@ impl Control for PgControl {
                 pg.batch_execute("ROLLBACK").await?;
                 r
             };
-            checked.await.map(|_| ()).map_err(|e| query_error_text(&e))
+            checked.await.map(|_| ()).map_err(|e| query_failed(&e))
         })
     }
 
@@ -120,13 +120,13 @@ impl Control for PgControl {
         })
     }
 
-    fn cancel_backend(&self, pid: i32) -> BoxFuture<'_, Result<(), String>> {
+    fn cancel_backend(&self, pid: i32) -> BoxFuture<'_, Result<(), QueryError>> {
         Box::pin(async move {
             self.client
                 .execute("SELECT pg_cancel_backend($1)", &[&pid])
                 .await
                 .map(|_| ())
-                .map_err(|e| query_error_text(&e))
+                .map_err(|e| query_failed(&e))
         })
     }
 
@@ -147,12 +147,12 @@ impl Control for PgControl {
                 .map(|_| ())
                 .map_err(|e| DropFailure {
                     in_use: e.code() == Some(&tokio_postgres::error::SqlState::OBJECT_IN_USE),
-                    message: query_error_text(&e),
+                    message: query_failed(&e),
                 })
         })
     }
 
-    fn import_snapshot(&self, snapshot: String) -> BoxFuture<'_, Result<(), String>> {
+    fn import_snapshot(&self, snapshot: String) -> BoxFuture<'_, Result<(), QueryError>> {
         Box::pin(async move {
             // The snapshot name comes from the server; quoted all the same.
             self.client
@@ -162,11 +162,11 @@ impl Control for PgControl {
                     snapshot.replace('\'', "''")
                 ))
                 .await
-                .map_err(|e| query_error_text(&e))
+                .map_err(|e| query_failed(&e))
         })
     }
 
-    fn columns(&self, qualified: String) -> BoxFuture<'_, Result<Vec<Column>, String>> {
+    fn columns(&self, qualified: String) -> BoxFuture<'_, Result<Vec<Column>, QueryError>> {
         Box::pin(async move {
             Ok(self
                 .client
@@ -177,7 +177,7 @@ impl Control for PgControl {
                     &[&qualified],
                 )
                 .await
-                .map_err(|e| query_error_text(&e))?
+                .map_err(|e| query_failed(&e))?
                 .iter()
                 .map(|r| Column {
                     flags: 0,
@@ -189,13 +189,13 @@ impl Control for PgControl {
         })
     }
 
-    fn count(&self, query: String) -> BoxFuture<'_, Result<i64, String>> {
+    fn count(&self, query: String) -> BoxFuture<'_, Result<i64, QueryError>> {
         Box::pin(async move {
             self.client
                 .query_one(&query, &[])
                 .await
                 .map(|r| r.get(0))
-                .map_err(|e| query_error_text(&e))
+                .map_err(|e| query_failed(&e))
         })
     }
 
@@ -209,33 +209,33 @@ impl Control for PgControl {
             self.client
                 .execute(&declare, &[])
                 .await
-                .map_err(|e| CursorError::Declare(query_error_text(&e)))?;
+                .map_err(|e| CursorError::Declare(query_failed(&e)))?;
             let statement = self
                 .client
                 .prepare(&fetch)
                 .await
-                .map_err(|e| CursorError::Fetch(query_error_text(&e)))?;
+                .map_err(|e| CursorError::Fetch(query_failed(&e)))?;
             *self.fetch.lock().unwrap_or_else(|p| p.into_inner()) = Some(statement);
             Ok(())
         })
     }
 
-    fn fetch(&self) -> BoxFuture<'_, Result<Vec<Vec<Option<Bytes>>>, String>> {
+    fn fetch(&self) -> BoxFuture<'_, Result<Vec<Vec<Option<Bytes>>>, QueryError>> {
         Box::pin(async move {
             let statement = self
                 .fetch
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .clone()
-                .ok_or_else(|| "no cursor declared".to_owned())?;
+                .ok_or_else(|| QueryError("no cursor declared".to_owned()))?;
             let rows = self
                 .client
                 .query_raw(&statement, std::iter::empty::<i32>())
                 .await
-                .map_err(|e| query_error_text(&e))?;
+                .map_err(|e| query_failed(&e))?;
             tokio::pin!(rows);
             let mut out = Vec::new();
-            while let Some(row) = rows.try_next().await.map_err(|e| query_error_text(&e))? {
+            while let Some(row) = rows.try_next().await.map_err(|e| query_failed(&e))? {
                 out.push(
                     (0..row.len())
                         .map(|i| {
@@ -249,20 +249,20 @@ impl Control for PgControl {
         })
     }
 
-    fn commit(&self) -> BoxFuture<'_, Result<(), String>> {
+    fn commit(&self) -> BoxFuture<'_, Result<(), QueryError>> {
         Box::pin(async move {
             self.client
                 .batch_execute("COMMIT")
                 .await
-                .map_err(|e| query_error_text(&e))
+                .map_err(|e| query_failed(&e))
         })
     }
 
-    fn drop_stop_mark(&self) -> BoxFuture<'_, Result<(), String>> {
+    fn drop_stop_mark(&self) -> BoxFuture<'_, Result<(), QueryError>> {
         Box::pin(async move {
             crate::slot_mark::drop_mark(&self.settings, &self.client)
                 .await
-                .map_err(|e| query_error_text(&e))
+                .map_err(|e| query_failed(&e))
         })
     }
 }
@@ -289,4 +289,9 @@ impl SlotMaker for ReplConnection {
     fn close(self: Box<Self>) -> BoxFuture<'static, ()> {
         Box::pin(async move { ReplConnection::close(*self).await })
     }
+}
+
+/// A failed statement on the control connection as the backfill's [`QueryError`].
+fn query_failed(e: &tokio_postgres::Error) -> QueryError {
+    QueryError(query_error_text(e))
 }

@@ -21,7 +21,7 @@ use futures_util::future::BoxFuture;
 use outbox_relay::Lsn;
 use outbox_relay::backfill::{
     BackfillError, BackfillServers, BoxError, Control, CursorError, DropFailure, Prepared,
-    SlotMaker,
+    QueryError, SlotMaker,
 };
 use outbox_relay::nats::NatsPort;
 use outbox_relay::pgoutput::Column;
@@ -127,7 +127,7 @@ struct SimControl {
 struct DbError(String);
 
 impl Control for SimControl {
-    fn preflight(&self, _: String) -> BoxFuture<'_, Result<(), String>> {
+    fn preflight(&self, _: String) -> BoxFuture<'_, Result<(), QueryError>> {
         Box::pin(async { Ok(()) })
     }
 
@@ -139,7 +139,7 @@ impl Control for SimControl {
         })
     }
 
-    fn cancel_backend(&self, pid: i32) -> BoxFuture<'_, Result<(), String>> {
+    fn cancel_backend(&self, pid: i32) -> BoxFuture<'_, Result<(), QueryError>> {
         Box::pin(async move {
             self.pg.cancel_backend(pid);
             Ok(())
@@ -156,29 +156,35 @@ impl Control for SimControl {
         Box::pin(async move {
             self.pg
                 .drop_slot("the stopped backfill", true)
-                .map_err(|(in_use, message)| DropFailure { in_use, message })
+                .map_err(|(in_use, message)| DropFailure {
+                    in_use,
+                    message: QueryError(message),
+                })
         })
     }
 
-    fn import_snapshot(&self, snapshot: String) -> BoxFuture<'_, Result<(), String>> {
+    fn import_snapshot(&self, snapshot: String) -> BoxFuture<'_, Result<(), QueryError>> {
         Box::pin(async move {
-            let rows = self
-                .pg
-                .snapshot_rows(&snapshot)
-                .ok_or_else(|| format!("invalid snapshot identifier: \"{snapshot}\" (22023)"))?;
+            let rows = self.pg.snapshot_rows(&snapshot).ok_or_else(|| {
+                QueryError(format!(
+                    "invalid snapshot identifier: \"{snapshot}\" (22023)"
+                ))
+            })?;
             *self.cursor.lock().unwrap() = Some((rows, 0));
             Ok(())
         })
     }
 
-    fn columns(&self, _: String) -> BoxFuture<'_, Result<Vec<Column>, String>> {
+    fn columns(&self, _: String) -> BoxFuture<'_, Result<Vec<Column>, QueryError>> {
         Box::pin(async { Ok(Postgres::outbox_columns()) })
     }
 
-    fn count(&self, _: String) -> BoxFuture<'_, Result<i64, String>> {
+    fn count(&self, _: String) -> BoxFuture<'_, Result<i64, QueryError>> {
         Box::pin(async move {
             let c = self.cursor.lock().unwrap();
-            let (rows, _) = c.as_ref().ok_or("no transaction")?;
+            let (rows, _) = c
+                .as_ref()
+                .ok_or_else(|| QueryError("no transaction".to_owned()))?;
             Ok(rows.len() as i64)
         })
     }
@@ -190,19 +196,19 @@ impl Control for SimControl {
                     *at = 0;
                     Ok(())
                 }
-                None => Err(CursorError::Declare("no transaction".into())),
+                None => Err(CursorError::Declare(QueryError("no transaction".into()))),
             }
         })
     }
 
-    fn fetch(&self) -> BoxFuture<'_, Result<Vec<Vec<Option<Bytes>>>, String>> {
+    fn fetch(&self) -> BoxFuture<'_, Result<Vec<Vec<Option<Bytes>>>, QueryError>> {
         Box::pin(async move {
             // A round trip: the publish loop's acks come in meanwhile.
             tokio::time::sleep(self.dice.millis(0, 5)).await;
             let mut c = self.cursor.lock().unwrap();
-            let (rows, at) = c
-                .as_mut()
-                .ok_or("cursor \"outbox_relay_backfill\" does not exist")?;
+            let (rows, at) = c.as_mut().ok_or_else(|| {
+                QueryError("cursor \"outbox_relay_backfill\" does not exist".to_owned())
+            })?;
             let end = (*at + 1000).min(rows.len());
             let batch = rows[*at..end].to_vec();
             *at = end;
@@ -210,14 +216,14 @@ impl Control for SimControl {
         })
     }
 
-    fn commit(&self) -> BoxFuture<'_, Result<(), String>> {
+    fn commit(&self) -> BoxFuture<'_, Result<(), QueryError>> {
         Box::pin(async move {
             *self.cursor.lock().unwrap() = None;
             Ok(())
         })
     }
 
-    fn drop_stop_mark(&self) -> BoxFuture<'_, Result<(), String>> {
+    fn drop_stop_mark(&self) -> BoxFuture<'_, Result<(), QueryError>> {
         Box::pin(async move {
             self.pg.drop_mark("the backfill");
             Ok(())
