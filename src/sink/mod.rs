@@ -349,15 +349,30 @@ impl Sink {
                 self.timer.as_mut().reset(deadline);
                 self.timer_at = Some(deadline);
             }
-            let received = match self.proof.as_mut() {
-                None => Ok(self.publisher.receive(self.timer.as_mut()).await),
-                // Both cancel safe: an answer taken off the inbox is kept, and the proof stays
-                // in flight.
-                Some(f) => tokio::select! {
-                    biased;
-                    shown = showing(f) => Err(shown),
-                    received = self.publisher.receive(self.timer.as_mut()) => Ok(received),
-                },
+            let answer = async {
+                match self.proof.as_mut() {
+                    None => Ok(self.publisher.receive(self.timer.as_mut()).await),
+                    // Both cancel safe: an answer taken off the inbox is kept, and the proof stays
+                    // in flight.
+                    Some(f) => tokio::select! {
+                        biased;
+                        shown = showing(f) => Err(shown),
+                        received = self.publisher.receive(self.timer.as_mut()) => Ok(received),
+                    },
+                }
+            };
+            // With a batch waiting (nothing committed in flight), the oldest message is one of
+            // its own members, answered only by its commit: the bound is what comes first.
+            let group = async {
+                match due {
+                    Some(d) => tokio::time::sleep_until(d).await,
+                    None => std::future::pending().await,
+                }
+            };
+            let received = tokio::select! {
+                biased;
+                received = answer => received,
+                () = group => return,
             };
             match received {
                 Ok(true) => {}

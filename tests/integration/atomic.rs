@@ -186,6 +186,48 @@ async fn transactions_share_batches_yet_each_lies_whole_in_one() {
     }
 }
 
+/// A transaction that ends while the batch before it is held in flight (by a black hole between
+/// the relay and NATS) waits behind it, and is stored whole after it once the black hole lifts,
+/// before its own bound (1 s) has passed: A's ack arrives first, and B's members, already sent,
+/// are then the oldest messages in the window, answered only by B's commit. Nothing else happens
+/// (no later transaction), so B's commit comes from its bound, without an ack timeout or a restart.
+/// When it comes is not asserted (a timed assertion): a missed wake at the bound used to leave B to
+/// the next wake of the session (a transaction, or a keepalive after the next status update), which
+/// the latency bench of atomic transactions measures (docs/performance.md).
+#[tokio::test]
+async fn a_batch_waiting_behind_one_in_flight_is_stored_whole_after_it_without_a_restart() {
+    let db = text_id_db().await;
+    let nats = NatsServer::start();
+    let proxy = crate::support::Proxy::start(nats.port());
+    let mut config = relay_config(&db, &nats);
+    config.nats.url = proxy.nats_url();
+    config.nats.atomic_transactions = true;
+    config.nats.atomic_group_ms = 1000;
+    let stream = config.nats.stream.clone();
+    let client = db.client().await;
+    let relay = InProcessRelay::start_streaming(&config, &client).await;
+    let js = nats.jetstream().await;
+
+    proxy.blackhole(true);
+    let a = write_transactions(&db, "a", &[3]);
+    // A waits its bound (1 s: nothing is in flight) and is then committed, into the black hole.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let b = write_transactions(&db, "b", &[2]);
+    // Long enough for the relay to see B end (B waits behind A, in flight); well inside B's bound.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    proxy.blackhole(false);
+
+    let ids: Vec<String> = a.into_iter().chain(b).collect();
+    let tally = assert_all_stored_once_in_order(&js, &stream, &ids).await;
+    tally.report("a batch waiting behind an acked one", 1);
+    assert_eq!(
+        outbox_relay::metrics::Metrics::get(&relay.metrics.reconnects),
+        0,
+        "B committed by its bound, not after an ack timeout and a restart"
+    );
+    relay.stop().await.expect("relay stops cleanly");
+}
+
 /// kill -9 of the relay while it drains 400 transactions of 50 events: right after the kill the
 /// stream holds only whole transactions; after a restart, every event once, in commit order.
 #[tokio::test]
