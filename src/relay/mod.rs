@@ -13,13 +13,14 @@
 mod connector;
 mod monitor;
 mod session;
+mod shutdown;
 mod startup;
+mod state;
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use tokio::sync::watch;
 use tracing::{debug, error, info, warn};
 
 use crate::Lsn;
@@ -28,7 +29,6 @@ pub use crate::error::RelayError;
 use crate::error::{CauseKind, NatsTrouble, Restart, SessionEnd};
 use crate::error_chain::error_chain;
 use crate::metrics::Metrics;
-use crate::sink::Outcome;
 pub use crate::slot_mark::{Consumed, SlotCheck};
 use crate::stored::Positions;
 pub use crate::stored::probe::{PositionProbe, Served, Waited};
@@ -36,6 +36,8 @@ use connector::Servers;
 pub use connector::{Connector, Start, refuse_under_backfill};
 use monitor::{AbortOnDrop, sample_slot};
 use session::Session;
+use shutdown::Shutdown;
+use state::State;
 
 /// A session that streamed this long before failing counts as recovered from earlier trouble: the
 /// next failure is logged again and backs off from the start.
@@ -150,23 +152,20 @@ async fn sessions(
     jitter_seed: u64,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), RelayError> {
-    let (stop_tx, stop_rx) = watch::channel(false);
+    let (stop_tx, stop) = Shutdown::new();
     tokio::pin!(shutdown);
     let telemetry = telemetry(&settings, &metrics);
     let mut relay = Relay {
-        settings,
-        metrics,
-        positions,
+        shared: Shared {
+            settings,
+            metrics,
+            positions,
+            telemetry,
+        },
         connector,
-        failures: 0,
-        last_cause: None,
-        confirmed: start,
-        history: None,
-        distrust: None,
+        state: State::new(start),
         jitter: jitter_seed | 1,
-        consumed: None,
-        stop: stop_rx,
-        telemetry,
+        stop,
     };
     let main = relay.main_loop();
     tokio::pin!(main);
@@ -180,33 +179,25 @@ async fn sessions(
     }
 }
 
-/// What outlives a session.
+/// The restart loop: what it hands each session, and its own backoff.
 pub(crate) struct Relay {
+    /// What every session reads and never changes.
+    shared: Shared,
+    /// How sessions reach Postgres and NATS.
+    connector: Box<dyn Connector>,
+    /// What outlives a session, which each session borrows.
+    state: State,
+    /// The backoff jitter's xorshift state.
+    jitter: u64,
+    stop: Shutdown,
+}
+
+/// What the relay hands every session to read: the same for all sessions of the process.
+pub(super) struct Shared {
     settings: Arc<Settings>,
     metrics: Arc<Metrics>,
     /// The stored position, which the streaming session serves (read-your-writes).
     positions: Arc<Positions>,
-    /// How sessions reach Postgres and NATS.
-    connector: Box<dyn Connector>,
-    /// Failed sessions in a row (drives the backoff); 0 once new events are stored.
-    failures: u32,
-    /// The kind of the last failure, so each change of state is logged once, not every retry.
-    last_cause: Option<CauseKind>,
-    /// The last LSN confirmed to the slot by this process; sessions restart here.
-    confirmed: Lsn,
-    /// The system and timeline the last session streamed.
-    history: Option<crate::position::History>,
-    /// Why and which tail a session found unreliable ([`crate::sink::SinkError::distrust`]): the
-    /// next sessions skip nothing while the stream still ends there, until one has stored a new
-    /// event (its own tail is then one to trust), and their warn line says why
-    /// ([`crate::sink::Distrust`]).
-    distrust: Option<crate::sink::Distrust>,
-    /// The backoff jitter's xorshift state.
-    jitter: u64,
-    /// The report of a client that consumed the slot, as last logged (logged again only when it
-    /// changes), and handed to the next look, which keeps it when it cannot compare.
-    consumed: Option<Consumed>,
-    stop: watch::Receiver<bool>,
     /// `[telemetry]`: the span exporter, one per process, handed to every session's sink.
     telemetry: Option<crate::telemetry::Telemetry>,
 }
@@ -236,26 +227,28 @@ impl Relay {
     async fn main_loop(&mut self) -> Result<(), RelayError> {
         loop {
             // Connecting can wait (a server that accepts and does not answer): stop goes first.
-            let mut stop = self.stop.clone();
             let start = tokio::select! {
                 biased;
-                _ = async { stop.wait_for(|s| *s).await.is_ok() } => {
-                    info!(confirmed = %self.confirmed, "stopped");
+                _ = self.stop.requested() => {
+                    info!(confirmed = %self.state.confirmed, "stopped");
                     return Ok(());
                 }
-                s = Session::start(self) => s,
+                s = Session::start(&self.shared, &mut self.state, self.connector.as_mut()) => s,
             };
             let (end, ran_for) = match start {
                 Ok(session) => {
                     let started = session.started;
-                    (session.run(self).await, Some(started.elapsed()))
+                    let end = session
+                        .run(&mut self.state, self.connector.as_mut(), &mut self.stop)
+                        .await;
+                    (end, Some(started.elapsed()))
                 }
                 Err(end) => (end, None),
             };
-            Metrics::set(&self.metrics.streaming, 0);
+            Metrics::set(&self.shared.metrics.streaming, 0);
             match end {
                 SessionEnd::Shutdown => {
-                    info!(confirmed = %self.confirmed, "stopped");
+                    info!(confirmed = %self.state.confirmed, "stopped");
                     return Ok(());
                 }
                 SessionEnd::Fatal(e) => {
@@ -266,80 +259,20 @@ impl Relay {
                     if let Restart::Nats(NatsTrouble::Sink(e)) = &restart
                         && let Some(distrust) = e.distrust()
                     {
-                        self.distrust = Some(distrust);
+                        self.state.distrust = Some(distrust);
                     }
                     if ran_for.is_some_and(|d| d >= HEALTHY_SESSION) {
-                        self.failures = 0;
-                        self.last_cause = None;
+                        self.state.failures = 0;
+                        self.state.last_cause = None;
                     }
                     let delay = self.restarting(&restart);
-                    let mut stop = self.stop.clone();
                     tokio::select! {
                         _ = tokio::time::sleep(delay) => {}
-                        _ = async { stop.wait_for(|s| *s).await.is_ok() } => return Ok(()),
+                        _ = self.stop.requested() => return Ok(()),
                     }
                 }
             }
         }
-    }
-
-    /// A session started streaming (facts the session reports; the policy is decided here).
-    /// Postgres trouble (or waiting as a standby) ends here; NATS trouble ends at the next new
-    /// ack ([`Relay::stored_new`]). The backoff is kept until a new event is stored or the session
-    /// has run a while: a server that accepts the start and drops the connection at once must not
-    /// get a restart every 100 ms.
-    fn streaming(&mut self) {
-        Metrics::set(&self.metrics.standby, 0);
-        let slot = &self.settings.config().postgres.slot;
-        match self.last_cause {
-            // From the slot's own position; `confirmed` is the last this process confirmed.
-            None => info!(%slot, confirmed = %self.confirmed, "streaming"),
-            Some(CauseKind::Postgres | CauseKind::SlotHeld) => {
-                info!(%slot, confirmed = %self.confirmed, "recovered: streaming again");
-                self.last_cause = None;
-            }
-            Some(CauseKind::Nats) => {
-                debug!(%slot, confirmed = %self.confirmed, "streaming (retry)")
-            }
-        }
-    }
-
-    /// What the session's [`Connector::slot_check`] found: a client that consumed the slot past
-    /// events the stream lacks ends the session (logged and counted, like a lost slot); a check
-    /// that could not tell is logged once.
-    fn slot_checked(&mut self, check: &SlotCheck) -> Result<(), SessionEnd> {
-        let events = check.consumed.as_ref().map_or(0, |c| c.events);
-        Metrics::set(&self.metrics.slot_consumed_events, events);
-        let Some(consumed) = &check.consumed else {
-            if let Some(why) = &check.unknown {
-                info!(%why, "whether another client consumed the slot since the last session cannot be told");
-            }
-            self.consumed = None;
-            return Ok(());
-        };
-        let text = consumed.to_string();
-        if self.consumed.as_ref() != Some(consumed) {
-            error!(
-                slot = %consumed.slot,
-                from = %consumed.mark_at,
-                to = %consumed.slot_at,
-                events = consumed.events,
-                first = %consumed.first.id,
-                "{text}"
-            );
-            self.consumed = Some(consumed.clone());
-        }
-        Err(SessionEnd::Restart(Restart::SlotConsumed(text)))
-    }
-
-    /// A session stored a new event (or dead letter): the way to the stream works again.
-    fn stored_new(&mut self) {
-        if self.last_cause == Some(CauseKind::Nats) {
-            info!(confirmed = %self.confirmed, "recovered: JetStream acknowledges again");
-        }
-        self.failures = 0;
-        self.last_cause = None;
-        self.distrust = None;
     }
 
     /// Records a restart (metrics, one log line per change of state) and returns the delay before
@@ -349,46 +282,36 @@ impl Relay {
         if kind == CauseKind::Nats {
             self.connector.nats_failed();
         }
-        Metrics::set(
-            &self.metrics.standby,
-            u64::from(kind == CauseKind::SlotHeld),
-        );
-        self.metrics.restarted(kind);
+        let metrics = &self.shared.metrics;
+        Metrics::set(&metrics.standby, u64::from(kind == CauseKind::SlotHeld));
+        metrics.restarted(kind);
         let error = error_chain(restart);
-        if self.last_cause != Some(kind) {
+        let state = &mut self.state;
+        if state.last_cause != Some(kind) {
             if kind == CauseKind::SlotHeld {
                 info!(%error, "standby: another relay holds the slot; waiting to take over");
             } else {
-                warn!(cause = %kind, %error, confirmed = %self.confirmed, "pipeline stopped; retrying from the confirmed position");
+                warn!(cause = %kind, %error, confirmed = %state.confirmed, "pipeline stopped; retrying from the confirmed position");
             }
-            self.last_cause = Some(kind);
+            state.last_cause = Some(kind);
         } else {
             debug!(cause = %kind, %error, "retry failed");
         }
-        self.failures = self.failures.saturating_add(1);
+        state.failures = state.failures.saturating_add(1);
+        let failures = state.failures;
         // A standby waiting for the slot retries at a steady pace, so it takes over within seconds
         // of the active relay's end, however long it has waited.
         let random = self.next_random();
         if kind == CauseKind::SlotHeld {
             backoff(3, random)
         } else {
-            backoff(self.failures, random)
+            backoff(failures, random)
         }
     }
 
     /// The next number of the jitter's xorshift64.
     fn next_random(&mut self) -> u64 {
         xorshift(&mut self.jitter)
-    }
-
-    fn count(&self, outcome: &Outcome) {
-        match outcome {
-            Outcome::Stored { duplicate: false } => Metrics::inc(&self.metrics.published_ok),
-            Outcome::Stored { duplicate: true } => Metrics::inc(&self.metrics.published_duplicate),
-            // Counted with the duplicates: a republish that never had to leave the relay.
-            Outcome::AlreadyStored => Metrics::inc(&self.metrics.published_duplicate),
-            Outcome::DeadLetter { .. } => Metrics::inc(&self.metrics.dead_letters),
-        }
     }
 }
 

@@ -6,6 +6,12 @@
 //!
 //! A session is crash-only: it never repairs itself. Any uncertainty ends it with a
 //! [`SessionEnd`], and the relay starts the next one from the confirmed LSN.
+//!
+//! What a session may touch of the relay is in its signatures: it reads [`Shared`] (the settings,
+//! the metrics, the position it serves, the span exporter) when it starts, borrows the relay's
+//! [`State`] (where it stands, what earlier sessions found) and its [`Connector`] (the way to the
+//! servers), and selects on the [`Shutdown`] signal. The backoff and the restart policy stay with
+//! the relay.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,16 +20,18 @@ use tokio::time::Instant;
 
 use tracing::warn;
 
-use super::{Relay, Start};
+use super::shutdown::Shutdown;
+use super::state::State;
+use super::{Connector, Shared, Start};
 use crate::Lsn;
 use crate::error::{RelayError, Restart, SessionEnd, from_sink, from_source};
 use crate::metrics::Metrics;
 use crate::outbox::{OutboxStage, Step};
 use crate::pgoutput::{Decoder, Message};
 use crate::progress::Progress;
-use crate::sink::{Acked, Origin, Sink, SinkConfig};
+use crate::sink::{Acked, Origin, Outcome, Sink, SinkConfig};
 use crate::source::{ReplicationEvent, ReplicationStream, SourceError};
-use crate::stored::Serve;
+use crate::stored::{Positions, Serve};
 
 /// A running session: the replication stream, the sink and the pure stages between them.
 pub(super) struct Session {
@@ -33,6 +41,12 @@ pub(super) struct Session {
     stage: OutboxStage,
     progress: Progress,
     streaming_reported: bool,
+    /// The relay's metrics, which the session counts into.
+    metrics: Arc<Metrics>,
+    /// The stored position, which this session advances as it confirms.
+    positions: Arc<Positions>,
+    /// `nats.ack_timeout_ms`: how long a clean stop waits for what is in flight.
+    ack_timeout: Duration,
     /// This relay serves its position (read-your-writes) while the session lives.
     _serve: Serve,
     /// When streaming started: a session that ran a while counts as a recovery.
@@ -40,20 +54,25 @@ pub(super) struct Session {
 }
 
 impl Session {
-    /// Connects and starts streaming from `relay.confirmed`.
-    pub(super) async fn start(relay: &mut Relay) -> Result<Session, SessionEnd> {
-        let settings = Arc::clone(&relay.settings);
+    /// Connects and starts streaming from `state.confirmed`.
+    pub(super) async fn start(
+        shared: &Shared,
+        state: &mut State,
+        connector: &mut dyn Connector,
+    ) -> Result<Session, SessionEnd> {
+        let settings = &shared.settings;
+        let metrics = &shared.metrics;
         // NATS first: while it is down there is no point in holding the slot.
-        let nats = relay.connector.nats().await?;
+        let nats = connector.nats().await?;
         let start = Start {
-            confirmed: relay.confirmed,
-            history: relay.history.clone(),
+            confirmed: state.confirmed,
+            history: state.history.clone(),
         };
-        let (stream, system) = relay.connector.replication().await?;
+        let (stream, system) = connector.replication().await?;
         let moved = start.moved(&system);
         if moved {
             warn!(
-                confirmed = %relay.confirmed,
+                confirmed = %state.confirmed,
                 server_wal_end = %system.xlogpos,
                 system = %system.system_id,
                 timeline = system.timeline,
@@ -62,13 +81,13 @@ impl Session {
         }
         // What this process confirmed is kept for the logs, unless it belongs to another history.
         if moved {
-            relay.confirmed = Lsn::ZERO;
+            state.confirmed = Lsn::ZERO;
         } else if let Some(before) = &start.history
             && before.timeline != system.timeline
         {
             // A promotion: the new timeline holds everything confirmed on the old one.
             tracing::info!(
-                confirmed = %relay.confirmed,
+                confirmed = %state.confirmed,
                 timeline = system.timeline,
                 history = %system.history.to_string().trim_end().replace('\n', "; "),
                 "following a promoted server: timeline {} is this server's history up to its switch point",
@@ -78,35 +97,35 @@ impl Session {
         // The slot is held: nobody else moves it now. Its position is where the position service
         // starts, and a client that consumed it since the last session is reported here, before
         // anything says this session streams.
-        let reported = relay.consumed.clone();
-        let check = relay.connector.slot_check(&system, reported.as_ref()).await;
-        relay.slot_checked(&check)?;
+        let reported = state.consumed.clone();
+        let check = connector.slot_check(&system, reported.as_ref()).await;
+        state.slot_checked(metrics, &check)?;
         let from = Start::FROM_SLOT;
         // The history this session streams, and how far the server's WAL reaches: the sink trusts
         // the stream's tail only when it is this history's (or an ancestor timeline's, below its
         // switch point) and not beyond it.
         let origin = Origin::of(&system, &settings.config().postgres.slot);
-        relay.history = Some(origin.history.clone());
-        relay.streaming();
+        state.history = Some(origin.history.clone());
+        state.streaming(metrics, &settings.config().postgres.slot);
         let client = nats.client().cloned();
         let sink = Sink::start(
             nats,
             SinkConfig {
-                telemetry: relay.telemetry.clone(),
-                ..SinkConfig::from_settings(&settings)
+                telemetry: shared.telemetry.clone(),
+                ..SinkConfig::from_settings(settings)
             },
             Some(&origin),
-            relay.distrust.as_ref(),
+            state.distrust.as_ref(),
         )
         .await
         .map_err(Restart::from)?;
         let guard = crate::stored::service::Guard {
             dead_letter_subject: settings.config().nats.dead_letter_subject.clone(),
             inbox_prefix: settings.config().nats.inbox_prefix.clone(),
-            metrics: Arc::clone(&relay.metrics),
+            metrics: Arc::clone(metrics),
         };
         let serve = Serve::start(
-            &relay.positions,
+            &shared.positions,
             client.as_ref().map(|c| (c, guard)),
             stream.reported(),
             check.confirmed,
@@ -119,22 +138,29 @@ impl Session {
             decoder: Decoder::new(),
             stage: OutboxStage::new(&settings.config().outbox)
                 .with_cloudevents(settings.config().nats.cloudevents)
-                .with_schemas(&settings.schemas, Arc::clone(&relay.metrics.schemas)),
+                .with_schemas(&settings.schemas, Arc::clone(&metrics.schemas)),
             progress: Progress::new(from),
             streaming_reported: false,
+            metrics: Arc::clone(metrics),
+            positions: Arc::clone(&shared.positions),
+            ack_timeout: settings.ack_timeout,
             _serve: serve,
             started: Instant::now(),
         })
     }
 
     /// Runs until shutdown (after draining) or until the session must end.
-    pub(super) async fn run(mut self, relay: &mut Relay) -> SessionEnd {
-        let mut stop = relay.stop.clone();
+    pub(super) async fn run(
+        mut self,
+        state: &mut State,
+        connector: &mut dyn Connector,
+        stop: &mut Shutdown,
+    ) -> SessionEnd {
         let end = loop {
             let step = tokio::select! {
                 biased;
-                _ = async { stop.wait_for(|s| *s).await.is_ok() } => break SessionEnd::Shutdown,
-                _ = self.sink.ready() => self.on_acks(relay).await,
+                _ = stop.requested() => break SessionEnd::Shutdown,
+                _ = self.sink.ready() => self.on_acks(state).await,
                 ev = self.stream.recv() => match ev {
                     None => Err(from_source(SourceError::Closed("replication stream ended"))),
                     Some(Err(e)) => Err(from_source(e)),
@@ -142,11 +168,10 @@ impl Session {
                     // yields to stop. Abandoning it mid-way is safe: what it published but did not
                     // hand to progress is not confirmed, and the next start publishes it again.
                     Some(Ok(ev)) => {
-                        let mut stop = relay.stop.clone();
                         tokio::select! {
                             biased;
-                            _ = async { stop.wait_for(|s| *s).await.is_ok() } => break SessionEnd::Shutdown,
-                            r = self.on_replication(relay, ev) => r,
+                            _ = stop.requested() => break SessionEnd::Shutdown,
+                            r = self.on_replication(state, connector, ev) => r,
                         }
                     }
                 },
@@ -156,10 +181,10 @@ impl Session {
             }
         };
         if matches!(end, SessionEnd::Shutdown) {
-            self.drain(relay).await;
+            self.drain(state, connector).await;
         } else {
             self.sink.prove_held().await;
-            if let Err(e) = self.take_acks(relay) {
+            if let Err(e) = self.take_acks(state) {
                 // What the sink settled before the failure (a publish waiting for room settles the
                 // oldest) was stored: counted and confirmed like any ack. An ack progress refuses is
                 // a defect, which outweighs the failure.
@@ -173,8 +198,7 @@ impl Session {
             // The walsender may still hold the slot: mark where it stands for the next session.
             // Only what progress confirmed: acks the stream has not shown never reached it.
             self.stream.send_status_now();
-            relay
-                .connector
+            connector
                 .session_ended(self.stream.backend_pid(), self.stream.confirmed())
                 .await;
         }
@@ -185,9 +209,9 @@ impl Session {
     /// the clock is read and the confirmed LSN handed on once per burst, not per ack. The acks
     /// settled before a failure are taken first: they were stored (a dead letter among them is
     /// counted in the session that stored it, not as a duplicate in the next).
-    async fn on_acks(&mut self, relay: &mut Relay) -> Result<(), SessionEnd> {
+    async fn on_acks(&mut self, state: &mut State) -> Result<(), SessionEnd> {
         let settled = self.sink.settle().await;
-        self.take_acks(relay)?;
+        self.take_acks(state)?;
         settled.map_err(from_sink)?;
         // A batch waiting for the next transactions is committed once the one before it is
         // stored and its bound passed.
@@ -196,29 +220,28 @@ impl Session {
 
     /// Hands every settled ack the sink lets go (those of new stores once the stream showed the
     /// last of them), in publish order, to progress and the metrics, and confirms.
-    fn take_acks(&mut self, relay: &mut Relay) -> Result<(), RelayError> {
+    fn take_acks(&mut self, state: &mut State) -> Result<(), RelayError> {
         let now = crate::lsn::pg_now_micros();
         let mut any = false;
         while let Some(ack) = self.sink.acked() {
-            self.on_ack(relay, ack, now)?;
+            self.on_ack(state, ack, now)?;
             any = true;
         }
         // Only an ack taken is one: a session ending on a failure (NATS down) takes none.
         if any {
-            relay.metrics.acked_now();
+            self.metrics.acked_now();
         }
-        self.confirm(relay);
+        self.confirm(state);
         Ok(())
     }
 
     /// One ack, in publish order: progress and metrics.
-    fn on_ack(&mut self, relay: &mut Relay, ack: Acked, now: i64) -> Result<(), RelayError> {
+    fn on_ack(&mut self, state: &mut State, ack: Acked, now: i64) -> Result<(), RelayError> {
         self.progress.ack(ack.seq)?;
-        relay.count(&ack.outcome);
+        count(&self.metrics, &ack.outcome);
         if ack.commit_ts != 0 {
             let micros = now - ack.commit_ts;
-            relay
-                .metrics
+            self.metrics
                 .commit_to_ack
                 .observe(Duration::from_micros(micros.max(0) as u64));
         }
@@ -226,7 +249,7 @@ impl Session {
         // stored before (a full stream refuses only new ones, and a republished dead letter is a
         // duplicate too) must not reset the backoff, the last cause or the distrust.
         if ack.outcome.is_new() {
-            relay.stored_new();
+            state.stored_new();
         }
         Ok(())
     }
@@ -234,11 +257,12 @@ impl Session {
     /// One message from the walsender.
     async fn on_replication(
         &mut self,
-        relay: &mut Relay,
+        state: &mut State,
+        connector: &mut dyn Connector,
         ev: ReplicationEvent,
     ) -> Result<(), SessionEnd> {
         if !self.streaming_reported {
-            Metrics::set(&relay.metrics.streaming, 1);
+            Metrics::set(&self.metrics.streaming, 1);
             self.streaming_reported = true;
         }
         let (wal_start, data) = match ev {
@@ -251,7 +275,7 @@ impl Session {
                     return Err(from_sink(e));
                 }
                 self.progress.keepalive(wal_end);
-                self.confirm(relay);
+                self.confirm(state);
                 return Ok(());
             }
             ReplicationEvent::XLogData {
@@ -270,8 +294,7 @@ impl Session {
         {
             // Once per relation and session, and only when a publication sends partitions under
             // their own names: is it a partition of the outbox table (attached since we looked)?
-            self.stage
-                .set_partitions(relay.connector.partitions().await?);
+            self.stage.set_partitions(connector.partitions().await?);
         }
         let step = self.stage.step(msg).map_err(|source| RelayError::Stage {
             lsn: wal_start,
@@ -285,14 +308,14 @@ impl Session {
                     return Err(from_sink(e));
                 }
                 self.progress.commit(end_lsn);
-                self.confirm(relay);
+                self.confirm(state);
             }
             Step::Event(event) => {
                 let seq = self.progress.publish();
                 if let Err(e) = self.sink.submit(seq, event).await {
                     return Err(from_sink(e));
                 }
-                Metrics::set(&relay.metrics.in_flight, self.sink.in_flight() as u64);
+                Metrics::set(&self.metrics.in_flight, self.sink.in_flight() as u64);
             }
             Step::Standalone { event, end_lsn } => {
                 let seq = self.progress.publish();
@@ -305,9 +328,9 @@ impl Session {
                     return Err(from_sink(e));
                 }
                 self.progress.standalone(end_lsn);
-                self.confirm(relay);
+                self.confirm(state);
             }
-            Step::IgnoredChange(_) => Metrics::inc(&relay.metrics.ignored_changes),
+            Step::IgnoredChange(_) => Metrics::inc(&self.metrics.ignored_changes),
             Step::Nothing => {}
         }
         Ok(())
@@ -315,10 +338,11 @@ impl Session {
 
     /// Shutdown: wait, bounded by the ack timeout, for what is in flight, confirm it, and end the
     /// replication connection cleanly.
-    async fn drain(mut self, relay: &mut Relay) {
-        let deadline = relay.settings.ack_timeout;
+    async fn drain(mut self, state: &mut State, connector: &mut dyn Connector) {
+        let deadline = self.ack_timeout;
         let progress = &mut self.progress;
         let sink = &mut self.sink;
+        let metrics = &self.metrics;
         // Events of a transaction whose Commit has not arrived sit in an uncommitted atomic batch:
         // they are never acknowledged, and the next start publishes them again. Events the replay
         // skipped are acknowledged only once it reaches the stream's tail.
@@ -332,7 +356,7 @@ impl Session {
                     if progress.ack(ack.seq).is_err() {
                         return;
                     }
-                    relay.count(&ack.outcome);
+                    count(metrics, &ack.outcome);
                 }
                 if progress.in_flight() <= uncommitted {
                     break;
@@ -353,29 +377,39 @@ impl Session {
             proofs = self.sink.proofs(),
             "session drained: proofs that the stream shows the last new store"
         );
-        self.confirm(relay);
+        self.confirm(state);
         // Before the slot is let go, so no other relay can have taken it when the mark is made.
         self.stream.send_status_now();
-        relay
-            .connector
+        connector
             .session_ended(self.stream.backend_pid(), self.stream.confirmed())
             .await;
         let _ = self.stream.stop(Duration::from_secs(5)).await;
     }
 
     /// Tells the slot what is safe to confirm now.
-    fn confirm(&self, relay: &mut Relay) {
+    fn confirm(&self, state: &mut State) {
         let c = self.progress.confirmed();
         // The stream ignores what is not past what it confirmed already.
         self.stream.confirm(c);
-        if c > relay.confirmed {
-            relay.confirmed = c;
-            Metrics::set(&relay.metrics.confirmed_lsn, c.0);
+        if c > state.confirmed {
+            state.confirmed = c;
+            Metrics::set(&self.metrics.confirmed_lsn, c.0);
         }
-        Metrics::set(&relay.metrics.received_lsn, self.stream.received().0);
-        Metrics::set(&relay.metrics.in_flight, self.sink.in_flight() as u64);
+        Metrics::set(&self.metrics.received_lsn, self.stream.received().0);
+        Metrics::set(&self.metrics.in_flight, self.sink.in_flight() as u64);
         // Stored is what the tracker says, not what the slot was told: waiters need not wait for
         // the next status update.
-        relay.positions.advance(c, self.sink.last_sequence());
+        self.positions.advance(c, self.sink.last_sequence());
+    }
+}
+
+/// Counts a stored (or refused and dead-lettered) event by its outcome.
+fn count(metrics: &Metrics, outcome: &Outcome) {
+    match outcome {
+        Outcome::Stored { duplicate: false } => Metrics::inc(&metrics.published_ok),
+        Outcome::Stored { duplicate: true } => Metrics::inc(&metrics.published_duplicate),
+        // Counted with the duplicates: a republish that never had to leave the relay.
+        Outcome::AlreadyStored => Metrics::inc(&metrics.published_duplicate),
+        Outcome::DeadLetter { .. } => Metrics::inc(&metrics.dead_letters),
     }
 }
