@@ -21,9 +21,9 @@ use async_nats::header::{HeaderName, HeaderValue, IntoHeaderName};
 use bytes::Bytes;
 use percent_encoding::{AsciiSet, CONTROLS, utf8_percent_encode};
 
-use crate::fnv::fnv1a_64;
-use crate::outbox::OutboxEvent;
+use crate::event::OutboxEvent;
 use crate::route::SubjectTemplate;
+use crate::text::{cut, one_line};
 
 /// The event id, by which JetStream drops a republished event inside the duplicate window.
 pub const NATS_MSG_ID: &str = "Nats-Msg-Id";
@@ -83,32 +83,6 @@ pub(crate) const CE_TIME: &str = "ce-time";
 pub(crate) const CE_DATACONTENTTYPE: &str = "ce-datacontenttype";
 /// The CloudEvents `dataschema`: the `$id` of the JSON Schema the payload passed (`outbox.schemas`).
 pub(crate) const CE_DATASCHEMA: &str = "ce-dataschema";
-
-/// Whether `name` may be an event's own header (headers column, `header_columns`, a message's
-/// `headers`): a valid header name that is not one the relay sets. `Nats-*` and `Outbox-*` are always
-/// the relay's; with CloudEvents on, so are `ce-*` and `Content-Type` (which would turn the message
-/// into a structured-mode CloudEvent for a consumer).
-pub(crate) fn check_header_name(name: &str, cloudevents: bool) -> Result<(), String> {
-    if name.is_empty()
-        || name
-            .chars()
-            .any(|c| c == ':' || c.is_whitespace() || c.is_control() || !c.is_ascii())
-    {
-        return Err(format!("{name:?} is not a valid header name"));
-    }
-    let lower = name.to_ascii_lowercase();
-    if lower.starts_with("nats-") || lower.starts_with("outbox-") {
-        return Err(format!(
-            "{name:?} is reserved (Nats-*/Outbox-* headers are set by the relay)"
-        ));
-    }
-    if cloudevents && (lower.starts_with("ce-") || lower == "content-type") {
-        return Err(format!(
-            "{name:?} is reserved while nats.cloudevents is on (ce-* and Content-Type belong to the CloudEvents binding)"
-        ));
-    }
-    Ok(())
-}
 
 /// `nats.cloudevents`: what every CloudEvent shares, encoded once.
 #[derive(Debug, Clone)]
@@ -339,38 +313,6 @@ fn cap(s: &str) -> String {
     cut(s, MAX_DEAD_LETTER_HEADER).to_owned()
 }
 
-/// `s` cut to at most `max` bytes, on a character boundary.
-pub(crate) fn cut(s: &str, max: usize) -> &str {
-    if s.len() <= max {
-        return s;
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
-}
-
-/// The `Nats-Msg-Id` of an event: its id, or for an event without a usable id a WAL-derived one,
-/// `lsn:<commit LSN>:<index>:<content hash>`, so that a republished dead letter is deduplicated too.
-/// The hash of the payload (FNV-1a, 64 bits, stable across versions) keeps it apart from another
-/// event at the same position in another history of the database (after a restore the same LSNs
-/// are written again): JetStream would drop that one as a duplicate. Computed once by the outbox
-/// stage, and carried in [`OutboxEvent::msg_id`].
-pub fn message_id(id: Option<&str>, commit_lsn: crate::Lsn, index: u32, payload: &[u8]) -> String {
-    match id {
-        // The outbox stage reports an unusable id as a dead letter's problem.
-        Some(id) if crate::outbox::usable_id(id) => id.to_owned(),
-        _ => format!("lsn:{commit_lsn}:{index}:{:016x}", fnv1a_64(payload)),
-    }
-}
-
-/// The `Nats-Msg-Id` of a non-transactional logical message's dead letter:
-/// `lsn:<its LSN>:non-transactional:<content hash>` (see [`message_id`] for the hash).
-pub fn standalone_id(lsn: crate::Lsn, content: &[u8]) -> String {
-    format!("lsn:{lsn}:non-transactional:{:016x}", fnv1a_64(content))
-}
-
 /// Adds `Outbox-Position` for `event` in `history` (its text, `SYSTEM/TIMELINE/SLOT`), through the
 /// header name built once.
 pub fn stamp_position(h: &mut HeaderMap, event: &OutboxEvent, history: Option<&str>) {
@@ -538,15 +480,6 @@ fn ascii(s: &str) -> String {
         .collect()
 }
 
-/// `s` with its line breaks (and the blanks around them) turned into single spaces.
-pub(crate) fn one_line(s: &str) -> String {
-    s.split(['\r', '\n'])
-        .map(str::trim)
-        .filter(|p| !p.is_empty())
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -691,7 +624,7 @@ mod tests {
         e.id = Some("e-1\r\nX-Evil: 1".into());
         e.index = 2;
         e.problem = Some("id has a line break".into());
-        e.msg_id = message_id(e.id.as_deref(), e.commit_lsn, e.index, &e.payload);
+        e.msg_id = crate::event::message_id(e.id.as_deref(), e.commit_lsn, e.index, &e.payload);
         let m = build(&e, &template(), "dlq", None);
         let id = m.headers.get(NATS_MSG_ID).unwrap().as_str();
         assert!(id.starts_with("lsn:1/A0:2:"), "{id}");
@@ -769,46 +702,5 @@ mod tests {
             rfc3339_micros(3_155_760_000_000_000 - 1),
             "2099-12-31T23:59:59.999999Z"
         );
-    }
-
-    #[test]
-    fn reserved_header_names() {
-        assert!(check_header_name("tenant", false).is_ok());
-        assert!(check_header_name("nats-msg-id", false).is_err());
-        assert!(check_header_name("OUTBOX-X", false).is_err());
-        assert!(check_header_name("ce-id", false).is_ok());
-        assert!(check_header_name("CE-Id", true).is_err());
-        assert!(check_header_name("Content-Type", true).is_err());
-        assert!(check_header_name("a b", false).is_err());
-    }
-
-    #[test]
-    fn missing_id_gets_a_stable_wal_derived_id() {
-        let mut e = event();
-        e.id = None;
-        e.index = 3;
-        let id = message_id(e.id.as_deref(), e.commit_lsn, e.index, &e.payload);
-        assert_eq!(id, format!("lsn:1/A0:3:{:016x}", fnv1a_64(&e.payload)));
-        assert_eq!(
-            id,
-            message_id(e.id.as_deref(), e.commit_lsn, e.index, &e.payload),
-            "stable"
-        );
-    }
-
-    #[test]
-    fn an_oversized_id_gets_a_wal_derived_message_id() {
-        let long = "x".repeat(crate::outbox::MAX_ID_BYTES + 1);
-        assert_eq!(
-            message_id(Some(&long), Lsn(0x10), 4, b"{}"),
-            format!("lsn:0/10:4:{:016x}", fnv1a_64(b"{}"))
-        );
-        assert_ne!(
-            message_id(None, Lsn(0x10), 4, b"{}"),
-            message_id(None, Lsn(0x10), 4, b"{\"a\":1}"),
-            "another event at the same position (another history) gets another id"
-        );
-        let fits = "x".repeat(crate::outbox::MAX_ID_BYTES);
-        assert_eq!(message_id(Some(&fits), Lsn(0x10), 4, b"{}"), fits);
     }
 }
