@@ -1,5 +1,5 @@
 //! FNV-1a, the one hash whose values leave the process: 64 bits for the ids the relay makes up for
-//! messages without one (`message.rs`), 32 bits for the partition of an aggregate id, which must
+//! messages without one (`event.rs`), 32 bits for the partition of an aggregate id, which must
 //! agree with nats-server's subject mapping (`route.rs`). Both are fixed by their published
 //! definitions, never by the compiler or the platform, so an id or a partition stays the same across
 //! relay versions and restarts. Written once here, with the published test vectors, because a

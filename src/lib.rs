@@ -47,7 +47,9 @@ pub mod check_schemas;
 pub mod config;
 pub mod error;
 pub mod error_chain;
+pub mod event;
 mod fnv;
+mod header_name;
 mod http;
 mod lsn;
 pub mod message;
@@ -73,6 +75,7 @@ pub(crate) mod stored;
 pub(crate) mod telemetry;
 #[cfg(feature = "test-support")]
 pub mod testkit;
+mod text;
 pub mod verify;
 
 pub use lsn::Lsn;

@@ -445,7 +445,7 @@ fn reload_on_sighup(
     };
     let mut reloader = Reloader::new(path, running);
     reloader.add(Box::new(LogLevel(log_filter)));
-    reloader.add(Box::new(outbox_relay::schema::ReloadHook::new(
+    reloader.add(Box::new(outbox_relay::reload::SchemasHook::new(
         &running.schemas,
         Arc::clone(&metrics.schemas),
     )));
@@ -477,7 +477,7 @@ mod tests {
     fn the_registered_hooks_apply_exactly_the_reloaded_keys() {
         let mut hooks: Vec<&str> = super::LogLevel::KEYS
             .iter()
-            .chain(outbox_relay::schema::ReloadHook::KEYS)
+            .chain(outbox_relay::reload::SchemasHook::KEYS)
             .copied()
             .collect();
         let mut listed = outbox_relay::reload::RELOADED_KEYS.to_vec();

@@ -11,8 +11,11 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use crate::config::{Config, Settings};
+use crate::schema::{SchemaMetrics, Schemas};
 
 /// Every key a running relay applies on SIGHUP: the keys of the hooks `run` registers (a test in
 /// main.rs holds them to this list) and the "applied" rows of docs/configuration.md's table "What
@@ -123,6 +126,52 @@ impl Reloader {
         }
         out.needs_restart = changed.into_iter().filter(|k| !taken.contains(k)).collect();
         out
+    }
+}
+
+/// SIGHUP's reload hook for `outbox.schemas` and `outbox.schemas_required`. The new settings
+/// carry the directory loaded anew ([`crate::config::Config::validate`]); this puts that set in
+/// force as a whole, or, when it did not load, keeps the running set and says why (the file and
+/// the problem). It applies when a key changed or when the directory's files did.
+pub struct SchemasHook {
+    running: Schemas,
+    metrics: Arc<SchemaMetrics>,
+}
+
+impl SchemasHook {
+    /// The keys it applies.
+    pub const KEYS: &'static [&'static str] = &["outbox.schemas", "outbox.schemas_required"];
+
+    /// A hook replacing the set of `running`, counting into `metrics`.
+    pub fn new(running: &Schemas, metrics: Arc<SchemaMetrics>) -> SchemasHook {
+        SchemasHook {
+            running: running.clone(),
+            metrics,
+        }
+    }
+}
+
+impl Hook for SchemasHook {
+    fn keys(&self) -> &'static [&'static str] {
+        Self::KEYS
+    }
+
+    fn outside_changed(&self, new: &Settings) -> bool {
+        new.schemas_error.is_some() || !new.schemas.current().same_as(&self.running.current())
+    }
+
+    fn apply(&mut self, new: &Settings) -> Result<(), String> {
+        if let Some(e) = &new.schemas_error {
+            self.metrics.reload_failures.fetch_add(1, Ordering::Relaxed);
+            return Err(e.to_string());
+        }
+        let set = new.schemas.current();
+        self.metrics
+            .loaded
+            .store(set.len() as u64, Ordering::Relaxed);
+        self.metrics.reloads.fetch_add(1, Ordering::Relaxed);
+        self.running.replace(set);
+        Ok(())
     }
 }
 

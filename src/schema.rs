@@ -28,8 +28,8 @@ use std::sync::{Arc, RwLock};
 use serde_json::Value;
 
 mod budget;
-pub(crate) use budget::INLINE_BYTES;
 pub use budget::PendingCheck;
+pub(crate) use budget::{BUDGET, INLINE_BYTES};
 
 /// How much of a validator's message a reason keeps: a message may quote the whole failing value.
 const MAX_MESSAGE: usize = 200;
@@ -232,7 +232,7 @@ impl SchemaSet {
                 };
                 Verdict::Fail(format!(
                     "{event_type}: {pointer}: {} ({})",
-                    shorten(&crate::message::one_line(&e.to_string())),
+                    shorten(&crate::text::one_line(&e.to_string())),
                     e.kind().keyword()
                 ))
             }
@@ -271,7 +271,7 @@ fn build_problem(e: &jsonschema::ValidationError<'_>) -> String {
             shorten(&format!("{pattern:?}"))
         );
     }
-    crate::message::one_line(&e.to_string())
+    crate::text::one_line(&e.to_string())
 }
 
 /// Resolves a `$ref` outside the schema itself to a file of the directory, by the URI's last path
@@ -383,52 +383,6 @@ impl SchemaReader {
 
 pub use crate::metrics::SchemaMetrics;
 
-/// SIGHUP's reload hook for `outbox.schemas` and `outbox.schemas_required`. The new settings
-/// carry the directory loaded anew ([`crate::config::Config::validate`]); this puts that set in
-/// force as a whole, or, when it did not load, keeps the running set and says why (the file and
-/// the problem). It applies when a key changed or when the directory's files did.
-pub struct ReloadHook {
-    running: Schemas,
-    metrics: Arc<SchemaMetrics>,
-}
-
-impl ReloadHook {
-    /// The keys it applies.
-    pub const KEYS: &'static [&'static str] = &["outbox.schemas", "outbox.schemas_required"];
-
-    /// A hook replacing the set of `running`, counting into `metrics`.
-    pub fn new(running: &Schemas, metrics: Arc<SchemaMetrics>) -> ReloadHook {
-        ReloadHook {
-            running: running.clone(),
-            metrics,
-        }
-    }
-}
-
-impl crate::reload::Hook for ReloadHook {
-    fn keys(&self) -> &'static [&'static str] {
-        Self::KEYS
-    }
-
-    fn outside_changed(&self, new: &crate::config::Settings) -> bool {
-        new.schemas_error.is_some() || !new.schemas.current().same_as(&self.running.current())
-    }
-
-    fn apply(&mut self, new: &crate::config::Settings) -> Result<(), String> {
-        if let Some(e) = &new.schemas_error {
-            self.metrics.reload_failures.fetch_add(1, Ordering::Relaxed);
-            return Err(e.to_string());
-        }
-        let set = new.schemas.current();
-        self.metrics
-            .loaded
-            .store(set.len() as u64, Ordering::Relaxed);
-        self.metrics.reloads.fetch_add(1, Ordering::Relaxed);
-        self.running.replace(set);
-        Ok(())
-    }
-}
-
 fn fingerprint(dir: &str, required: bool, texts: &BTreeMap<String, Vec<u8>>) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut h = std::hash::DefaultHasher::new();
@@ -437,7 +391,7 @@ fn fingerprint(dir: &str, required: bool, texts: &BTreeMap<String, Vec<u8>>) -> 
 }
 
 fn shorten(s: &str) -> String {
-    let cut = crate::message::cut(s, MAX_MESSAGE);
+    let cut = crate::text::cut(s, MAX_MESSAGE);
     if cut.len() == s.len() {
         return s.to_owned();
     }

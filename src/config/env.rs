@@ -6,6 +6,7 @@
 //! key (`OUTBOX_RELAY_NATS_STREEM`) is most likely a typo, so it comes back as a warning to log.
 
 use super::{Config, ConfigError, ENV_PREFIX};
+use crate::text::single_spaced;
 
 /// Sets `section.key` from every `OUTBOX_RELAY_SECTION_KEY`. Returns warnings for variables that
 /// look like a misspelt setting.
@@ -72,7 +73,7 @@ pub(super) fn apply_env(
         sect.insert(key.to_owned(), typed.clone());
         alone.insert(section.to_owned(), toml::Value::Table(sect));
         if let Err(e) = Config::deserialize_table(alone) {
-            return Err(env_error(one_line(e.message())));
+            return Err(env_error(single_spaced(e.message())));
         }
         let section_table = table
             .entry(section.to_owned())
@@ -112,7 +113,7 @@ impl Config {
 /// A TOML syntax error as one line with its position, without the offending source line: the line
 /// may hold a password.
 pub(super) fn toml_error(e: &toml::de::Error, text: &str) -> String {
-    let message = one_line(e.message());
+    let message = single_spaced(e.message());
     match e.span() {
         Some(span) => {
             let before = &text[..span.start.min(text.len())];
@@ -122,10 +123,6 @@ pub(super) fn toml_error(e: &toml::de::Error, text: &str) -> String {
         }
         None => message,
     }
-}
-
-pub(super) fn one_line(s: &str) -> String {
-    s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 /// `scheme://***@host…`: a URL with its user name, password or token hidden, for logs and `status`.

@@ -74,7 +74,7 @@ impl Config {
         let config: Config = Config::deserialize(toml::Value::Table(table)).map_err(|e| {
             // Deserialising a parsed value: the text names the key and section, and holds no line
             // of the file.
-            let reason = env::one_line(&e.to_string());
+            let reason = crate::text::single_spaced(&e.to_string());
             match &file_path {
                 Some(path) => ConfigError::File {
                     path: path.clone(),

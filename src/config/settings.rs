@@ -363,7 +363,7 @@ fn check_header_columns(entries: &[String], cloudevents: bool) -> Result<(), Con
             None => (entry.trim(), entry.trim()),
         };
         check_ident(KEY, column)?;
-        if let Err(why) = crate::message::check_header_name(header, cloudevents) {
+        if let Err(why) = crate::header_name::check(header, cloudevents) {
             return Err(invalid(KEY, format!("{entry:?}: {why}")));
         }
         let lower = header.to_ascii_lowercase();

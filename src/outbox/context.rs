@@ -9,6 +9,58 @@
 //! can be seen: the message becomes a dead letter with the reason (its events keep flowing, without
 //! that context).
 
+use bytes::Bytes;
+
+use super::{OutboxStage, StageError, Step};
+use crate::Lsn;
+use crate::event::OutboxEvent;
+
+impl OutboxStage {
+    /// A trace context message: the transaction's context from here on, or, when its content is
+    /// not an object of strings or it belongs to no transaction, a dead letter saying why (the
+    /// transaction's events then carry no context).
+    pub(super) fn context_message(
+        &mut self,
+        transactional: bool,
+        lsn: Lsn,
+        prefix: &str,
+        content: Bytes,
+    ) -> Result<Step, StageError> {
+        let why = |problem: String| format!("trace context message (prefix {prefix:?}): {problem}");
+        if !transactional {
+            let problem = why(format!(
+                "non-transactional at {lsn}: it belongs to no transaction, so it applies to no event; emit it \
+                 with pg_logical_emit_message(true, ...) (or sql/08_outbox_context.sql's outbox_context)"
+            ));
+            let event = OutboxEvent::dead_letter(&content, problem, lsn, 0, 0);
+            return Ok(Step::Standalone {
+                event: Box::new(event.standalone(lsn, &content)),
+                end_lsn: lsn,
+            });
+        }
+        if !self.in_txn {
+            return Err(StageError::MessageWithoutBegin(lsn));
+        }
+        match parse(&content, self.cloudevents) {
+            Ok(headers) => {
+                self.context = headers;
+                Ok(Step::Nothing)
+            }
+            Err(problem) => {
+                self.context.clear();
+                let event = OutboxEvent::dead_letter(
+                    &content,
+                    why(problem),
+                    self.commit_lsn,
+                    self.index,
+                    self.commit_ts,
+                );
+                Ok(self.next_event(event))
+            }
+        }
+    }
+}
+
 /// The headers of a context message's content, or why it is not one.
 pub(super) fn parse(content: &[u8], cloudevents: bool) -> Result<Vec<(String, String)>, String> {
     let value: serde_json::Value =
@@ -18,7 +70,7 @@ pub(super) fn parse(content: &[u8], cloudevents: bool) -> Result<Vec<(String, St
     };
     let mut out = Vec::with_capacity(map.len());
     for (k, v) in map {
-        crate::message::check_header_name(&k, cloudevents)?;
+        crate::header_name::check(&k, cloudevents)?;
         let serde_json::Value::String(v) = v else {
             return Err(format!("the value of {k:?} is not a string"));
         };

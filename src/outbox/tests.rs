@@ -1,7 +1,11 @@
 //! Unit tests of `outbox`.
 
 use super::*;
-use crate::pgoutput::Column;
+use bytes::Bytes;
+
+use crate::event::{JSON_CONTENT_TYPE, TEXT_CONTENT_TYPE};
+use crate::pgoutput::{Column, TupleValue};
+use row::oid;
 
 fn col(name: &str, type_oid: u32) -> Column {
     Column {
@@ -57,7 +61,7 @@ fn event(step: Step) -> OutboxEvent {
 
 #[test]
 fn partitions_sent_under_their_own_names_map_to_the_outbox() {
-    let mut s = stage();
+    let mut s = stage().with_partition_lookup();
     let partition = |id: u32, name: &str| {
         let Message::Relation(mut rel) = outbox_relation(id, DEFAULT_COLS) else {
             unreachable!()
@@ -65,11 +69,13 @@ fn partitions_sent_under_their_own_names_map_to_the_outbox() {
         rel.name = name.into();
         rel
     };
+    // A Relation the stage cannot place asks for the partitions, and is placed with the answer.
     let unknown = partition(41, "outbox_p202501");
-    assert!(s.is_new_foreign_relation(&unknown));
-    s.set_partitions([41]);
-    assert!(!s.is_new_foreign_relation(&unknown));
-    s.step(Message::Relation(unknown)).unwrap();
+    assert_eq!(
+        s.step(Message::Relation(unknown.clone())).unwrap(),
+        Step::LookUpPartitions
+    );
+    s.partitions_found([41]);
     let row = vec![t("1"), t("Claim"), t("4711"), t("E"), t("{}"), t("x")];
     assert_eq!(
         event(s.step(insert(41, row.clone())).unwrap())
@@ -77,12 +83,31 @@ fn partitions_sent_under_their_own_names_map_to_the_outbox() {
             .as_deref(),
         Some("1")
     );
+    // Known now: sent again (after a schema change), it asks for nothing.
+    assert_eq!(s.step(Message::Relation(unknown)).unwrap(), Step::Nothing);
     // Another table is looked up once, then ignored.
     let other = partition(42, "orders");
-    assert!(s.is_new_foreign_relation(&other));
-    s.step(Message::Relation(other.clone())).unwrap();
-    assert!(!s.is_new_foreign_relation(&other));
-    assert_eq!(s.step(insert(42, row)).unwrap(), Step::Nothing);
+    assert_eq!(
+        s.step(Message::Relation(other.clone())).unwrap(),
+        Step::LookUpPartitions
+    );
+    s.partitions_found([41]);
+    assert_eq!(s.step(Message::Relation(other)).unwrap(), Step::Nothing);
+    assert_eq!(s.step(insert(42, row.clone())).unwrap(), Step::Nothing);
+    // Without the lookup (a scan told the partitions up front), nothing is asked.
+    let mut told = stage();
+    told.set_partitions([41]);
+    assert_eq!(
+        told.step(Message::Relation(partition(41, "outbox_p202501")))
+            .unwrap(),
+        Step::Nothing
+    );
+    assert_eq!(
+        told.step(Message::Relation(partition(43, "outbox_p202502")))
+            .unwrap(),
+        Step::Nothing
+    );
+    assert_eq!(told.step(insert(43, row)).unwrap(), Step::Nothing);
 }
 
 #[test]
@@ -404,7 +429,7 @@ fn malformed_messages_are_invalid_events_with_the_content_as_payload() {
     let e = event(s.step(message(true, "outbox", "{}")).unwrap());
     assert_eq!(
         e.msg_id,
-        crate::message::message_id(None, Lsn(0x2000), 0, &e.payload),
+        crate::event::message_id(None, Lsn(0x2000), 0, &e.payload),
         "no id: WAL-derived"
     );
     assert!(e.msg_id.starts_with("lsn:0/2000:0:"));
@@ -645,20 +670,17 @@ async fn large_payloads_checked_later() {
     // A reload before the sink runs the check does not change what the event is checked against.
     schemas.replace(Arc::new(crate::schema::SchemaSet::load("", false).unwrap()));
 
-    good.schema_check.take().unwrap().run(&mut good).await;
+    good.check_schema().await;
     assert_eq!(good.problem, None);
     assert_eq!(good.data_schema.as_deref(), Some("urn:e"));
-    bad.schema_check.take().unwrap().run(&mut bad).await;
+    bad.check_schema().await;
     assert_eq!(
         bad.problem.as_deref(),
         Some(r#"E: /n: "1" is not of type "integer" (type)"#)
     );
     let (release, busy) = std::sync::mpsc::channel::<()>();
     let blocker = tokio::task::spawn_blocking(move || busy.recv());
-    slow.schema_check
-        .take()
-        .unwrap()
-        .run_within(&mut slow, std::time::Duration::from_millis(50))
+    slow.check_schema_within(std::time::Duration::from_millis(50))
         .await;
     release.send(()).unwrap();
     blocker.await.unwrap().unwrap();

@@ -27,7 +27,7 @@ use crate::Lsn;
 use crate::error::{RelayError, Restart, SessionEnd, from_sink, from_source};
 use crate::metrics::Metrics;
 use crate::outbox::{OutboxStage, Step};
-use crate::pgoutput::{Decoder, Message};
+use crate::pgoutput::Decoder;
 use crate::progress::Progress;
 use crate::sink::{Acked, Origin, Outcome, Sink, SinkConfig};
 use crate::source::{ReplicationEvent, ReplicationStream, SourceError};
@@ -138,7 +138,8 @@ impl Session {
             decoder: Decoder::new(),
             stage: OutboxStage::new(&settings.config().outbox)
                 .with_cloudevents(settings.config().nats.cloudevents)
-                .with_schemas(&settings.schemas, Arc::clone(&metrics.schemas)),
+                .with_schemas(&settings.schemas, Arc::clone(&metrics.schemas))
+                .with_partition_lookup(),
             progress: Progress::new(from),
             streaming_reported: false,
             metrics: Arc::clone(metrics),
@@ -289,13 +290,6 @@ impl Session {
                 confirmed: self.progress.confirmed(),
                 source,
             })?;
-        if let Message::Relation(rel) = &msg
-            && self.stage.is_new_foreign_relation(rel)
-        {
-            // Once per relation and session, and only when a publication sends partitions under
-            // their own names: is it a partition of the outbox table (attached since we looked)?
-            self.stage.set_partitions(connector.partitions().await?);
-        }
         let step = self.stage.step(msg).map_err(|source| RelayError::Stage {
             lsn: wal_start,
             source,
@@ -330,6 +324,11 @@ impl Session {
                 self.progress.standalone(end_lsn);
                 self.confirm(state);
             }
+            // Once per relation and session, and only when a publication sends partitions under
+            // their own names: is it a partition of the outbox table (attached since we looked)?
+            Step::LookUpPartitions => self
+                .stage
+                .partitions_found(connector.partitions().await?),
             Step::IgnoredChange(_) => Metrics::inc(&self.metrics.ignored_changes),
             Step::Nothing => {}
         }

@@ -1,5 +1,5 @@
 //! The contract check of a large payload, off the runtime thread and within a time budget
-//! ([`PendingCheck`]).
+//! ([`PendingCheck`]); the event records its verdict (`OutboxEvent::check_schema`, src/event.rs).
 //!
 //! The relay runs on one runtime thread: a check that takes long there silences `/healthz`, the
 //! position service and the slot's keepalives alike. Patterns are linear (`PatternOptions::regex()`
@@ -14,8 +14,9 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
+
 use super::{SchemaMetrics, SchemaSet, Verdict};
-use crate::outbox::OutboxEvent;
 
 /// Payloads up to this many bytes are checked at once, on the runtime thread.
 pub(crate) const INLINE_BYTES: usize = 16 * 1024;
@@ -53,45 +54,31 @@ impl PartialEq for PendingCheck {
 impl Eq for PendingCheck {}
 
 impl PendingCheck {
-    /// Runs the check of `event` within [`BUDGET`] and records its verdict on the event.
-    pub(crate) async fn run(self, event: &mut OutboxEvent) {
-        self.run_within(event, BUDGET).await;
-    }
-
-    /// [`PendingCheck::run`] with another budget (the tests' zero).
-    pub(crate) async fn run_within(self, event: &mut OutboxEvent, budget: Duration) {
-        let Some(event_type) = event.event_type.clone() else {
-            return;
-        };
-        if event.problem.is_some() {
-            return;
-        }
-        let payload = event.payload.clone();
-        let (set, bytea) = (Arc::clone(&self.set), self.bytea);
+    /// The verdict on `payload` of an event of type `event_type`, checked on the blocking pool
+    /// within `budget`: a check that panics or runs out of it fails, saying so.
+    pub(crate) async fn verdict(
+        self,
+        event_type: &str,
+        payload: Bytes,
+        budget: Duration,
+    ) -> Verdict {
+        let len = payload.len();
+        let (set, bytea) = (self.set, self.bytea);
         let checking = {
-            let event_type = event_type.clone();
+            let event_type = event_type.to_owned();
             tokio::task::spawn_blocking(move || set.check(&event_type, &payload, bytea))
         };
-        let verdict = match tokio::time::timeout(budget, checking).await {
+        match tokio::time::timeout(budget, checking).await {
             Ok(Ok(verdict)) => verdict,
             // A panic inside the validator: the event cannot be shown to pass.
             Ok(Err(e)) => Verdict::Fail(format!(
                 "{event_type}: the schema check failed ({e}); the event is not published as it is"
             )),
             Err(_) => Verdict::Fail(format!(
-                "{event_type}: the schema check of its {} byte payload ran out of its {} s budget; \
+                "{event_type}: the schema check of its {len} byte payload ran out of its {} s budget; \
                  simplify the schema (its patterns) or keep such payloads smaller",
-                event.payload.len(),
                 budget.as_secs_f64()
             )),
-        };
-        match verdict {
-            Verdict::Pass(id) => event.data_schema = id,
-            Verdict::NoSchema => {}
-            Verdict::Fail(why) => {
-                self.metrics.failed(&event_type);
-                event.problem = Some(why);
-            }
         }
     }
 }

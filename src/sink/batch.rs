@@ -43,8 +43,8 @@ use fit::{Limit, Membership, Stamped, fit, smaller};
 use super::envelope::Sent;
 use super::window::{InFlight, Pending, approx_size};
 use super::{Outcome, Sink, SinkError};
+use crate::event::OutboxEvent;
 use crate::message::{self, IdHeader, Outgoing, Shrink};
-use crate::outbox::OutboxEvent;
 
 /// nats-server's default limit of messages in one atomic batch.
 pub(super) const MAX_BATCH: usize = 1000;
@@ -146,7 +146,12 @@ impl Sink {
         let mut event = event;
         let span = match &self.config.telemetry {
             None => None,
-            Some(t) => t.begin(&mut event, &mut out),
+            Some(t) => t.begin(
+                &mut event.headers,
+                event.commit_ts,
+                &mut out.headers,
+                &out.subject,
+            ),
         };
         // Batch messages carry no `Nats-Msg-Id`, and the server refuses an id expectation inside
         // a batch: the chain is by sequence only, one expectation per batch (its first message).

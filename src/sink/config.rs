@@ -9,8 +9,8 @@ use tracing::warn;
 
 use super::{SinkError, batch};
 use crate::config::Settings;
+use crate::event::OutboxEvent;
 use crate::message;
-use crate::outbox::OutboxEvent;
 use crate::route::SubjectTemplate;
 
 /// Settings the sink needs.

@@ -14,8 +14,8 @@ use async_nats::jetstream::context::PublishErrorKind;
 use super::publish::Publisher;
 use super::window::InFlight;
 use super::{Sink, SinkConfig, SinkError};
+use crate::event::OutboxEvent;
 use crate::message::{self, Outgoing, Shrink};
-use crate::outbox::OutboxEvent;
 use crate::telemetry::Started;
 
 /// What was sent for an event, so it can be sent again with another expectation.
@@ -104,7 +104,12 @@ impl Sink {
         );
         let span = match &self.config.telemetry {
             None => None,
-            Some(t) => t.begin(event, &mut out),
+            Some(t) => t.begin(
+                &mut event.headers,
+                event.commit_ts,
+                &mut out.headers,
+                &out.subject,
+            ),
         };
         let sent = match &out.dead_letter {
             Some(reason) => {

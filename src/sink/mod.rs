@@ -52,8 +52,8 @@ use std::time::Duration;
 use async_nats::jetstream::context::{PublishError, PublishErrorKind};
 use tracing::{debug, warn};
 
+use crate::event::OutboxEvent;
 use crate::nats::NatsPort;
-use crate::outbox::OutboxEvent;
 use crate::position::Position;
 
 pub(crate) use config::SinkConfig;
@@ -286,8 +286,8 @@ impl Sink {
         }
         // A large payload's contract check, left by the stage: off the runtime thread, within its
         // budget; a failure makes the event a dead letter like any other.
-        if let Some(check) = event.schema_check.take() {
-            check.run(&mut event).await;
+        if event.schema_check.is_some() {
+            event.check_schema().await;
         }
         if self.batch.is_some() {
             return self.submit_batched(seq, event).await;

@@ -9,7 +9,7 @@
 use tracing::warn;
 
 use super::{Fence, Pending, Replayed, Sink, SinkError, Stamp};
-use crate::outbox::OutboxEvent;
+use crate::event::OutboxEvent;
 use crate::position::Position;
 
 impl Sink {

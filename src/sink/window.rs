@@ -9,7 +9,7 @@ use async_nats::jetstream;
 
 use super::envelope::Sent;
 use super::{Acked, Outcome, Sink, SinkError, batch};
-use crate::outbox::OutboxEvent;
+use crate::event::OutboxEvent;
 
 /// The window, in submit order.
 pub(super) enum Pending {
@@ -193,7 +193,7 @@ impl Sink {
                 Outcome::DeadLetter { reason } => Some(reason.as_str()),
                 _ => None,
             };
-            t.end(span, &item.event, dead_letter);
+            t.end(span, &item.event.msg_id, item.event.commit_lsn, dead_letter);
         }
     }
 }

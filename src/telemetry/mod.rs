@@ -31,12 +31,11 @@ use std::sync::mpsc::{Receiver, sync_channel};
 use std::thread::Thread;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use async_nats::HeaderMap;
 use tracing::{info, warn};
 
 use crate::Lsn;
-use crate::message::Outgoing;
 use crate::metrics::Metrics;
-use crate::outbox::OutboxEvent;
 pub(crate) use traceparent::{TRACEPARENT, TRACESTATE, TraceParent};
 
 /// Finished spans waiting for the export thread; more are dropped and counted.
@@ -156,16 +155,19 @@ impl Telemetry {
         })
     }
 
-    /// Starts the span of `event`, published as `out`, when its `traceparent` is valid and
-    /// sampled: from now on the event's and the message's `traceparent` name the relay's span
-    /// (so a dead letter or a republish of it does too). Anything else passes through unchanged.
+    /// Starts the span of an event whose own headers are `own`, published as a message with the
+    /// headers `out` to `subject`, when its `traceparent` is valid and sampled: from now on the
+    /// event's and the message's `traceparent` name the relay's span (so a dead letter or a
+    /// republish of it does too). `commit_ts` (the transaction's commit time, 0 when unknown) is
+    /// the span's start. Anything else passes through unchanged.
     pub(crate) fn begin(
         &self,
-        event: &mut OutboxEvent,
-        out: &mut Outgoing,
+        own: &mut [(String, String)],
+        commit_ts: i64,
+        out: &mut HeaderMap,
+        subject: &str,
     ) -> Option<Box<Started>> {
-        let (i, trace) = event
-            .headers
+        let (i, trace) = own
             .iter()
             .enumerate()
             .find(|(_, (k, _))| k.eq_ignore_ascii_case(TRACEPARENT))
@@ -175,13 +177,12 @@ impl Telemetry {
         }
         let span_id = self.inner.ids.next();
         let child = trace.child(span_id);
-        let header = &mut event.headers[i];
-        if out.headers.get(header.0.as_str()).is_some() {
-            out.headers.insert(header.0.as_str(), child.as_str());
+        let header = &mut own[i];
+        if out.get(header.0.as_str()).is_some() {
+            out.insert(header.0.as_str(), child.as_str());
         }
         header.1 = child;
-        let tracestate = event
-            .headers
+        let tracestate = own
             .iter()
             .find(|(k, _)| k.eq_ignore_ascii_case(TRACESTATE))
             .map(|(_, v)| v.clone());
@@ -189,17 +190,19 @@ impl Telemetry {
             trace,
             span_id,
             tracestate,
-            start: commit_time(event.commit_ts).unwrap_or_else(SystemTime::now),
-            subject: out.subject.clone(),
+            start: commit_time(commit_ts).unwrap_or_else(SystemTime::now),
+            subject: subject.to_owned(),
         }))
     }
 
-    /// Ends `started` now (the ack of `event` arrived): `dead_letter` is the reason when the event
-    /// went to the dead-letter subject. Queued for export, or dropped and counted.
+    /// Ends `started` now (the ack of the event with the message id `message_id`, committed at
+    /// `commit_lsn`, arrived): `dead_letter` is the reason when the event went to the dead-letter
+    /// subject. Queued for export, or dropped and counted.
     pub(crate) fn end(
         &self,
         mut started: Box<Started>,
-        event: &OutboxEvent,
+        message_id: &str,
+        commit_lsn: Lsn,
         dead_letter: Option<&str>,
     ) {
         if dead_letter.is_some() {
@@ -209,8 +212,8 @@ impl Telemetry {
         let finished = Finished {
             started,
             end: SystemTime::now(),
-            message_id: event.msg_id.clone(),
-            commit_lsn: event.commit_lsn,
+            message_id: message_id.to_owned(),
+            commit_lsn,
             error: dead_letter.map(str::to_owned),
         };
         let waiting = match self.inner.shared.queue.lock() {

@@ -20,7 +20,7 @@ use std::time::Duration;
 use async_nats::jetstream;
 
 use crate::config::{ConfigError, Settings};
-use crate::outbox::MAX_ID_BYTES;
+use crate::event::{MAX_ID_BYTES, usable_id};
 use crate::setup::{self, SetupError};
 use crate::sink::{ConnectError, connect_nats};
 
@@ -481,11 +481,6 @@ async fn second_look(
         })
         .await?;
     Ok(())
-}
-
-/// Whether the relay publishes `id` as the event id (else it derives one from the WAL).
-fn usable_id(id: &str) -> bool {
-    !id.is_empty() && id.len() <= MAX_ID_BYTES && !id.contains(['\r', '\n'])
 }
 
 /// The subject the relay gives the row, `None` when it makes the row a dead letter (no aggregate

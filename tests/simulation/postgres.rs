@@ -883,7 +883,7 @@ impl Postgres {
             start,
             at: Instant::now(),
             events: vec![Expected {
-                msg_id: outbox_relay::message::standalone_id(Lsn(end), content.as_bytes()),
+                msg_id: outbox_relay::event::standalone_id(Lsn(end), content.as_bytes()),
                 index: 0,
                 must: Must::DeadLetter(Some(Bytes::from(payload))),
                 context: None,

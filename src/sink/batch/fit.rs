@@ -12,8 +12,8 @@ use async_nats::header::{
     HeaderValue, NATS_BATCH_COMMIT, NATS_BATCH_COMMIT_FINAL, NATS_BATCH_ID, NATS_BATCH_SEQUENCE,
 };
 
+use crate::event::OutboxEvent;
 use crate::message::{self, IdHeader, Outgoing, Shrink};
-use crate::outbox::OutboxEvent;
 use crate::sink::envelope::{Sent, routed_subject, wire_size};
 use crate::sink::window::InFlight;
 use crate::sink::{SinkConfig, SinkError};

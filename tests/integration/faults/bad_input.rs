@@ -191,7 +191,7 @@ async fn null_columns_and_a_missing_id_are_dead_lettered() {
     assert_delivered(&all[2], "before-null-id");
     let lsn = all[3].commit_lsn();
     assert_eq!(lsn, all[2].commit_lsn(), "one transaction");
-    let id = outbox_relay::message::message_id(None, lsn, 1, all[3].payload.as_ref());
+    let id = outbox_relay::event::message_id(None, lsn, 1, all[3].payload.as_ref());
     assert_dead_letter(&all[3], &id, "event_id");
     assert_delivered(&all[4], "good-1");
     assert_eq!(Metrics::get(&relay.metrics.dead_letters), 3);

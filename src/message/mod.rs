@@ -13,17 +13,29 @@
 //! `ce-subject`, `ce-time`, `ce-datacontenttype`), values percent-encoded as its §3.1.3.2 says
 //! (<https://github.com/cloudevents/spec/blob/main/cloudevents/bindings/nats-protocol-binding.md>).
 //! Dead letters never carry them: a dead letter is not the event it failed to be.
+//!
+//! Files by role: this one builds a message and its headers; `cloudevents.rs` adds the
+//! CloudEvents attributes, `dead_letter.rs` writes the dead-letter form and its shrinking ladder.
+
+mod cloudevents;
+mod dead_letter;
 
 use std::sync::LazyLock;
 
 use async_nats::HeaderMap;
 use async_nats::header::{HeaderName, HeaderValue, IntoHeaderName};
 use bytes::Bytes;
-use percent_encoding::{AsciiSet, CONTROLS, utf8_percent_encode};
 
-use crate::fnv::fnv1a_64;
-use crate::outbox::OutboxEvent;
+use crate::event::OutboxEvent;
 use crate::route::SubjectTemplate;
+use crate::text::one_line;
+pub use cloudevents::CloudEvents;
+pub(crate) use cloudevents::rfc3339_micros;
+use cloudevents::{
+    CE_DATACONTENTTYPE, CE_ID, CE_SOURCE, CE_SPECVERSION, CE_SUBJECT, CE_TIME, CE_TYPE,
+    cloudevents_headers,
+};
+pub(crate) use dead_letter::{Shrink, dead_letter, dead_letter_as};
 
 /// The event id, by which JetStream drops a republished event inside the duplicate window.
 pub const NATS_MSG_ID: &str = "Nats-Msg-Id";
@@ -64,73 +76,6 @@ pub(crate) enum IdHeader {
     MsgId,
     /// `Outbox-Event-Id`: atomic batches.
     EventId,
-}
-
-/// CloudEvents header names (lower case, as the binding's examples write them).
-pub(crate) const CE_SPECVERSION: &str = "ce-specversion";
-/// The CloudEvents `id`: the event's message id.
-pub(crate) const CE_ID: &str = "ce-id";
-/// The CloudEvents `type`: the event type.
-pub(crate) const CE_TYPE: &str = "ce-type";
-/// The CloudEvents `source`: `nats.cloudevents_source`.
-pub(crate) const CE_SOURCE: &str = "ce-source";
-/// The CloudEvents `subject`: the aggregate id.
-pub(crate) const CE_SUBJECT: &str = "ce-subject";
-/// The CloudEvents `time`: the transaction's commit time (RFC 3339).
-pub(crate) const CE_TIME: &str = "ce-time";
-/// The binding maps `datacontenttype` to `ce-datacontenttype` like every other attribute; a
-/// `Content-Type` header is what marks a *structured* mode message (§3), so the relay never sets one.
-pub(crate) const CE_DATACONTENTTYPE: &str = "ce-datacontenttype";
-/// The CloudEvents `dataschema`: the `$id` of the JSON Schema the payload passed (`outbox.schemas`).
-pub(crate) const CE_DATASCHEMA: &str = "ce-dataschema";
-
-/// Whether `name` may be an event's own header (headers column, `header_columns`, a message's
-/// `headers`): a valid header name that is not one the relay sets. `Nats-*` and `Outbox-*` are always
-/// the relay's; with CloudEvents on, so are `ce-*` and `Content-Type` (which would turn the message
-/// into a structured-mode CloudEvent for a consumer).
-pub(crate) fn check_header_name(name: &str, cloudevents: bool) -> Result<(), String> {
-    if name.is_empty()
-        || name
-            .chars()
-            .any(|c| c == ':' || c.is_whitespace() || c.is_control() || !c.is_ascii())
-    {
-        return Err(format!("{name:?} is not a valid header name"));
-    }
-    let lower = name.to_ascii_lowercase();
-    if lower.starts_with("nats-") || lower.starts_with("outbox-") {
-        return Err(format!(
-            "{name:?} is reserved (Nats-*/Outbox-* headers are set by the relay)"
-        ));
-    }
-    if cloudevents && (lower.starts_with("ce-") || lower == "content-type") {
-        return Err(format!(
-            "{name:?} is reserved while nats.cloudevents is on (ce-* and Content-Type belong to the CloudEvents binding)"
-        ));
-    }
-    Ok(())
-}
-
-/// `nats.cloudevents`: what every CloudEvent shares, encoded once.
-#[derive(Debug, Clone)]
-pub struct CloudEvents {
-    source: HeaderValue,
-}
-
-impl CloudEvents {
-    /// `source` is `nats.cloudevents_source`.
-    pub fn new(source: &str) -> Self {
-        CloudEvents {
-            source: HeaderValue::from(ce_encode(source)),
-        }
-    }
-}
-
-/// The binding's §3.1.3.2: space, `"`, `%` and everything outside printable ASCII are percent-encoded
-/// (upper-case hex), byte by byte of the UTF-8 encoding.
-const CE_ESCAPED: &AsciiSet = &CONTROLS.add(b' ').add(b'"').add(b'%');
-
-fn ce_encode(v: &str) -> String {
-    utf8_percent_encode(v, CE_ESCAPED).to_string()
 }
 
 /// A message ready for JetStream.
@@ -223,154 +168,6 @@ pub(crate) fn build_as(
     }
 }
 
-/// How much of an event a dead letter keeps. A dead letter that does not fit the server's limits is
-/// shrunk step by step, so one oversized row can never stop the relay (P7, P11).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Shrink {
-    /// Payload and every header as they are.
-    Keep,
-    /// No payload (`Outbox-Payload-Size` says how big it was); header values over
-    /// [`MAX_DEAD_LETTER_HEADER`] bytes truncated and named in `Outbox-Truncated-Headers`.
-    DropPayload,
-    /// Only the id, the reason, the commit LSN and the payload size (and the sink's position).
-    Minimal,
-}
-
-impl Shrink {
-    /// The next step down the ladder (`Keep` → `DropPayload` → `Minimal`), `None` past the last:
-    /// the one place the order of the steps is written.
-    pub(crate) fn smaller(self) -> Option<Shrink> {
-        match self {
-            Shrink::Keep => Some(Shrink::DropPayload),
-            Shrink::DropPayload => Some(Shrink::Minimal),
-            Shrink::Minimal => None,
-        }
-    }
-
-    /// Every step below this one, in order.
-    pub(crate) fn below(self) -> impl Iterator<Item = Shrink> {
-        std::iter::successors(self.smaller(), |s| s.smaller())
-    }
-}
-
-/// The longest header value a shrunk dead letter keeps.
-pub(crate) const MAX_DEAD_LETTER_HEADER: usize = 1024;
-
-/// The dead-letter form of `event`, shrunk as `shrink` says.
-pub(crate) fn dead_letter(
-    event: &OutboxEvent,
-    dead_letter_subject: &str,
-    reason: &str,
-    subject: Option<&str>,
-    shrink: Shrink,
-) -> Outgoing {
-    dead_letter_as(
-        event,
-        dead_letter_subject,
-        reason,
-        subject,
-        shrink,
-        IdHeader::MsgId,
-    )
-}
-
-/// [`dead_letter`], with the event id in the header `id` says.
-pub(crate) fn dead_letter_as(
-    event: &OutboxEvent,
-    dead_letter_subject: &str,
-    reason: &str,
-    subject: Option<&str>,
-    shrink: Shrink,
-    id: IdHeader,
-) -> Outgoing {
-    let mut h = match shrink {
-        Shrink::Keep => headers(event, id, Descriptive::On),
-        Shrink::DropPayload => truncated(headers(event, id, Descriptive::On)),
-        Shrink::Minimal => {
-            let n = names();
-            let mut h = HeaderMap::new();
-            h.insert(n.id(id).clone(), HeaderValue::from(event.msg_id.clone()));
-            h.insert(
-                n.commit_lsn.clone(),
-                HeaderValue::from(event.commit_lsn.text()),
-            );
-            h
-        }
-    };
-    h.insert(ERROR, cap(&ascii(&one_line(reason))).as_str());
-    if let Some(s) = subject.filter(|_| shrink != Shrink::Minimal) {
-        h.insert(SUBJECT, cap(s).as_str());
-    }
-    let payload = if shrink == Shrink::Keep {
-        event.payload.clone()
-    } else {
-        h.insert(PAYLOAD_SIZE, event.payload.len().to_string().as_str());
-        Bytes::new()
-    };
-    Outgoing {
-        subject: dead_letter_subject.to_owned(),
-        headers: h,
-        payload,
-        dead_letter: Some(reason.to_owned()),
-    }
-}
-
-/// Truncates header values over [`MAX_DEAD_LETTER_HEADER`] bytes and names them in a header.
-fn truncated(h: HeaderMap) -> HeaderMap {
-    let mut out = HeaderMap::new();
-    let mut cut = Vec::new();
-    for (name, values) in h.iter() {
-        for v in values {
-            let s = v.as_str();
-            if s.len() > MAX_DEAD_LETTER_HEADER {
-                cut.push(name.to_string());
-            }
-            out.append(name.clone(), cap(s).as_str());
-        }
-    }
-    if !cut.is_empty() {
-        out.insert(TRUNCATED_HEADERS, cap(&cut.join(",")).as_str());
-    }
-    out
-}
-
-/// `s` cut to at most [`MAX_DEAD_LETTER_HEADER`] bytes, on a character boundary.
-fn cap(s: &str) -> String {
-    cut(s, MAX_DEAD_LETTER_HEADER).to_owned()
-}
-
-/// `s` cut to at most `max` bytes, on a character boundary.
-pub(crate) fn cut(s: &str, max: usize) -> &str {
-    if s.len() <= max {
-        return s;
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
-}
-
-/// The `Nats-Msg-Id` of an event: its id, or for an event without a usable id a WAL-derived one,
-/// `lsn:<commit LSN>:<index>:<content hash>`, so that a republished dead letter is deduplicated too.
-/// The hash of the payload (FNV-1a, 64 bits, stable across versions) keeps it apart from another
-/// event at the same position in another history of the database (after a restore the same LSNs
-/// are written again): JetStream would drop that one as a duplicate. Computed once by the outbox
-/// stage, and carried in [`OutboxEvent::msg_id`].
-pub fn message_id(id: Option<&str>, commit_lsn: crate::Lsn, index: u32, payload: &[u8]) -> String {
-    match id {
-        // The outbox stage reports an unusable id as a dead letter's problem.
-        Some(id) if crate::outbox::usable_id(id) => id.to_owned(),
-        _ => format!("lsn:{commit_lsn}:{index}:{:016x}", fnv1a_64(payload)),
-    }
-}
-
-/// The `Nats-Msg-Id` of a non-transactional logical message's dead letter:
-/// `lsn:<its LSN>:non-transactional:<content hash>` (see [`message_id`] for the hash).
-pub fn standalone_id(lsn: crate::Lsn, content: &[u8]) -> String {
-    format!("lsn:{lsn}:non-transactional:{:016x}", fnv1a_64(content))
-}
-
 /// Adds `Outbox-Position` for `event` in `history` (its text, `SYSTEM/TIMELINE/SLOT`), through the
 /// header name built once.
 pub fn stamp_position(h: &mut HeaderMap, event: &OutboxEvent, history: Option<&str>) {
@@ -454,66 +251,6 @@ fn headers(event: &OutboxEvent, id: IdHeader, descriptive: Descriptive) -> Heade
     h
 }
 
-/// The CloudEvents attributes of a routable event (it has an id and an event type).
-fn cloudevents_headers(h: &mut HeaderMap, event: &OutboxEvent, ce: &CloudEvents) {
-    let n = names();
-    h.insert(n.ce_specversion.clone(), HeaderValue::from("1.0"));
-    h.insert(n.ce_id.clone(), HeaderValue::from(ce_encode(&event.msg_id)));
-    if let Some(t) = &event.event_type {
-        h.insert(n.ce_type.clone(), HeaderValue::from(ce_encode(t)));
-    }
-    h.insert(n.ce_source.clone(), ce.source.clone());
-    if let Some(s) = &event.aggregate_id {
-        h.insert(n.ce_subject.clone(), HeaderValue::from(ce_encode(s)));
-    }
-    if event.commit_ts != 0 {
-        h.insert(
-            n.ce_time.clone(),
-            HeaderValue::from(rfc3339_micros(event.commit_ts)),
-        );
-    }
-    if let Some(ct) = event.content_type {
-        h.insert(n.ce_datacontenttype.clone(), HeaderValue::from(ct));
-    }
-    if let Some(id) = &event.data_schema {
-        h.insert(CE_DATASCHEMA, HeaderValue::from(ce_encode(id)));
-    }
-}
-
-/// A Postgres timestamp (µs since 2000-01-01 00:00 UTC) as RFC 3339 in UTC with microseconds:
-/// `2024-05-17T09:30:00.123456Z`.
-pub(crate) fn rfc3339_micros(pg_micros: i64) -> String {
-    // 2000-01-01 is day 10957 of the Unix epoch.
-    const PG_EPOCH_DAYS: i64 = 10_957;
-    const DAY: i64 = 86_400_000_000;
-    let days = pg_micros.div_euclid(DAY) + PG_EPOCH_DAYS;
-    let in_day = pg_micros.rem_euclid(DAY);
-    let (y, m, d) = civil_from_days(days);
-    let secs = in_day / 1_000_000;
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:06}Z",
-        secs / 3600,
-        secs / 60 % 60,
-        secs % 60,
-        in_day % 1_000_000
-    )
-}
-
-/// Days since 1970-01-01 → (year, month, day) in the proleptic Gregorian calendar (Howard Hinnant's
-/// `civil_from_days`, <https://howardhinnant.github.io/date_algorithms.html#civil_from_days>).
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    (y, m, d)
-}
-
 /// Header values cannot hold line breaks (they would end the header block).
 fn header_value(v: &str) -> String {
     if v.contains(['\r', '\n']) {
@@ -523,32 +260,9 @@ fn header_value(v: &str) -> String {
     }
 }
 
-/// The relay's own header text in ASCII: characters beyond it (from a row's values, which a
-/// reason quotes) as `\u{…}` escapes. Some clients decode a non-ASCII header value as something
-/// other than a string (nats-py: an `email.header.Header`).
-fn ascii(s: &str) -> String {
-    if s.is_ascii() {
-        return s.to_owned();
-    }
-    s.chars()
-        .map(|c| match c {
-            c if c.is_ascii() => c.to_string(),
-            c => c.escape_unicode().to_string(),
-        })
-        .collect()
-}
-
-/// `s` with its line breaks (and the blanks around them) turned into single spaces.
-pub(crate) fn one_line(s: &str) -> String {
-    s.split(['\r', '\n'])
-        .map(str::trim)
-        .filter(|p| !p.is_empty())
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
 #[cfg(test)]
 mod tests {
+    use super::cloudevents::{CE_DATASCHEMA, ce_encode};
     use super::*;
     use crate::Lsn;
 
@@ -691,7 +405,7 @@ mod tests {
         e.id = Some("e-1\r\nX-Evil: 1".into());
         e.index = 2;
         e.problem = Some("id has a line break".into());
-        e.msg_id = message_id(e.id.as_deref(), e.commit_lsn, e.index, &e.payload);
+        e.msg_id = crate::event::message_id(e.id.as_deref(), e.commit_lsn, e.index, &e.payload);
         let m = build(&e, &template(), "dlq", None);
         let id = m.headers.get(NATS_MSG_ID).unwrap().as_str();
         assert!(id.starts_with("lsn:1/A0:2:"), "{id}");
@@ -769,46 +483,5 @@ mod tests {
             rfc3339_micros(3_155_760_000_000_000 - 1),
             "2099-12-31T23:59:59.999999Z"
         );
-    }
-
-    #[test]
-    fn reserved_header_names() {
-        assert!(check_header_name("tenant", false).is_ok());
-        assert!(check_header_name("nats-msg-id", false).is_err());
-        assert!(check_header_name("OUTBOX-X", false).is_err());
-        assert!(check_header_name("ce-id", false).is_ok());
-        assert!(check_header_name("CE-Id", true).is_err());
-        assert!(check_header_name("Content-Type", true).is_err());
-        assert!(check_header_name("a b", false).is_err());
-    }
-
-    #[test]
-    fn missing_id_gets_a_stable_wal_derived_id() {
-        let mut e = event();
-        e.id = None;
-        e.index = 3;
-        let id = message_id(e.id.as_deref(), e.commit_lsn, e.index, &e.payload);
-        assert_eq!(id, format!("lsn:1/A0:3:{:016x}", fnv1a_64(&e.payload)));
-        assert_eq!(
-            id,
-            message_id(e.id.as_deref(), e.commit_lsn, e.index, &e.payload),
-            "stable"
-        );
-    }
-
-    #[test]
-    fn an_oversized_id_gets_a_wal_derived_message_id() {
-        let long = "x".repeat(crate::outbox::MAX_ID_BYTES + 1);
-        assert_eq!(
-            message_id(Some(&long), Lsn(0x10), 4, b"{}"),
-            format!("lsn:0/10:4:{:016x}", fnv1a_64(b"{}"))
-        );
-        assert_ne!(
-            message_id(None, Lsn(0x10), 4, b"{}"),
-            message_id(None, Lsn(0x10), 4, b"{\"a\":1}"),
-            "another event at the same position (another history) gets another id"
-        );
-        let fits = "x".repeat(crate::outbox::MAX_ID_BYTES);
-        assert_eq!(message_id(Some(&fits), Lsn(0x10), 4, b"{}"), fits);
     }
 }
