@@ -140,7 +140,7 @@ impl Config {
     fn validate_telemetry(&self) -> Result<(), ConfigError> {
         if !self.telemetry.otlp_endpoint.is_empty() {
             crate::telemetry::traces_url(&self.telemetry.otlp_endpoint)
-                .map_err(|e| invalid("telemetry.otlp_endpoint", e))?;
+                .map_err(|e| invalid("telemetry.otlp_endpoint", e.to_string()))?;
         }
         Ok(())
     }
