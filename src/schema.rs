@@ -414,10 +414,10 @@ impl crate::reload::Hook for ReloadHook {
         new.schemas_error.is_some() || !new.schemas.current().same_as(&self.running.current())
     }
 
-    fn apply(&mut self, new: &crate::config::Settings) -> Result<(), String> {
+    fn apply(&mut self, new: &crate::config::Settings) -> Result<(), crate::reload::HookError> {
         if let Some(e) = &new.schemas_error {
             self.metrics.reload_failures.fetch_add(1, Ordering::Relaxed);
-            return Err(e.to_string());
+            return Err(e.to_string().into());
         }
         let set = new.schemas.current();
         self.metrics
