@@ -276,7 +276,7 @@ fn check_subjects(n: &super::NatsConfig) -> Result<SubjectTemplate, ConfigError>
         .with_partitions(n.partitions);
     check_partitions(n, &template)?;
     crate::route::check_subject(&n.dead_letter_subject)
-        .map_err(|e| invalid("nats.dead_letter_subject", e))?;
+        .map_err(|e| invalid("nats.dead_letter_subject", e.to_string()))?;
     if template.matches_literal(&n.dead_letter_subject) {
         return Err(invalid(
             "nats.dead_letter_subject",
