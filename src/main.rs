@@ -12,7 +12,7 @@ use clap::{Parser, Subcommand};
 use outbox_relay::config::{Config, LogFormat, Settings};
 use outbox_relay::error_chain::error_chain;
 use outbox_relay::metrics::Metrics;
-use outbox_relay::reload::{Hook, Reloader};
+use outbox_relay::reload::{Hook, HookError, Reloader};
 use tracing_subscriber::prelude::*;
 use tracing_subscriber::{EnvFilter, Registry, fmt, reload};
 
@@ -418,10 +418,10 @@ impl Hook for LogLevel {
         Self::KEYS
     }
 
-    fn apply(&mut self, new: &Settings) -> Result<(), String> {
-        let filter =
-            EnvFilter::try_new(filter_for(&new.config().log.level)).map_err(|e| e.to_string())?;
-        self.0.reload(filter).map_err(|e| e.to_string())
+    fn apply(&mut self, new: &Settings) -> Result<(), HookError> {
+        let filter = EnvFilter::try_new(filter_for(&new.config().log.level))?;
+        self.0.reload(filter)?;
+        Ok(())
     }
 }
 

@@ -22,13 +22,18 @@ use crate::schema::{SchemaMetrics, Schemas};
 /// SIGHUP reloads" (a test here holds that table to this list and to every key there is).
 pub const RELOADED_KEYS: &[&str] = &["log.level", "outbox.schemas", "outbox.schemas_required"];
 
+/// Why a hook could not apply new settings: the hook's own error (a log filter that does not parse,
+/// a schema file that does not load), printed as one line in the reload's log line. Boxed because
+/// each hook has its own; nothing branches on it.
+pub type HookError = Box<dyn std::error::Error + Send + Sync>;
+
 /// Something a running relay can change on SIGHUP.
 pub trait Hook: Send {
     /// The configuration keys (`section.key`) this hook applies.
     fn keys(&self) -> &'static [&'static str];
-    /// Applies the new settings; called only when one of [`Hook::keys`] changed. An `Err` is one
-    /// line saying why it could not be applied (the old value stays in force).
-    fn apply(&mut self, new: &Settings) -> Result<(), String>;
+    /// Applies the new settings; called only when one of [`Hook::keys`] changed. An `Err` says in
+    /// one line why they could not be applied (the old value stays in force).
+    fn apply(&mut self, new: &Settings) -> Result<(), HookError>;
     /// Whether what the keys name outside the configuration (the files of a directory) changed
     /// since the hook last applied: then it applies although none of its keys changed, and is
     /// reported under its first key.
@@ -119,9 +124,11 @@ impl Reloader {
                         out.applied.push(k);
                     }
                 }
-                Err(why) => out
-                    .failed
-                    .extend(mine.into_iter().map(|k| (k, why.clone()))),
+                Err(why) => {
+                    let why = why.to_string();
+                    out.failed
+                        .extend(mine.into_iter().map(|k| (k, why.clone())));
+                }
             }
         }
         out.needs_restart = changed.into_iter().filter(|k| !taken.contains(k)).collect();
@@ -160,10 +167,10 @@ impl Hook for SchemasHook {
         new.schemas_error.is_some() || !new.schemas.current().same_as(&self.running.current())
     }
 
-    fn apply(&mut self, new: &Settings) -> Result<(), String> {
+    fn apply(&mut self, new: &Settings) -> Result<(), HookError> {
         if let Some(e) = &new.schemas_error {
             self.metrics.reload_failures.fetch_add(1, Ordering::Relaxed);
-            return Err(e.to_string());
+            return Err(e.to_string().into());
         }
         let set = new.schemas.current();
         self.metrics
@@ -276,7 +283,7 @@ mod tests {
         fn keys(&self) -> &'static [&'static str] {
             &["log.level"]
         }
-        fn apply(&mut self, new: &Settings) -> Result<(), String> {
+        fn apply(&mut self, new: &Settings) -> Result<(), HookError> {
             self.0.push(new.config().log.level.clone());
             Ok(())
         }
@@ -318,7 +325,7 @@ mod tests {
         fn outside_changed(&self, _: &Settings) -> bool {
             self.0
         }
-        fn apply(&mut self, _: &Settings) -> Result<(), String> {
+        fn apply(&mut self, _: &Settings) -> Result<(), HookError> {
             self.1 += 1;
             Err("x.json: is not JSON".into())
         }

@@ -59,6 +59,37 @@ pub struct TemplateError {
     reason: String,
 }
 
+/// Why a literal subject (the dead-letter subject, the inbox prefix, a template's literal parts)
+/// is not a valid NATS subject.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum SubjectError {
+    /// The subject is empty.
+    #[error("the subject is empty")]
+    Empty,
+    /// The subject is over [`MAX_SUBJECT_BYTES`].
+    #[error("the subject is {len} bytes long, more than {MAX_SUBJECT_BYTES}")]
+    TooLong {
+        /// Its length in bytes.
+        len: usize,
+    },
+    /// The subject starts with `$`, which NATS keeps for itself.
+    #[error("{subject:?} starts with '$', which NATS reserves for its own subjects")]
+    Reserved {
+        /// The subject.
+        subject: String,
+    },
+    /// One of its tokens is not a valid token ([`check_token`]).
+    #[error("token {token:?} of {subject:?} is invalid: {why}")]
+    Token {
+        /// The token.
+        token: String,
+        /// The subject.
+        subject: String,
+        /// Why the token is invalid.
+        why: &'static str,
+    },
+}
+
 /// Why an event's values cannot form a subject (goes into `Outbox-Error`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{field} {value:?} is not a valid subject token: {reason}")]
@@ -124,7 +155,7 @@ impl SubjectTemplate {
                 Part::Field(_) => "x",
             })
             .collect();
-        check_subject(&standin).map_err(err)?;
+        check_subject(&standin).map_err(|e| err(e.to_string()))?;
         if t.wildcard()
             .split('.')
             .any(|tok| tok.contains('*') && tok != "*")
@@ -283,23 +314,24 @@ pub(crate) fn check_token(t: &str) -> Result<(), &'static str> {
 }
 
 /// A whole literal subject (e.g. the dead-letter subject): valid tokens separated by `.`.
-pub(crate) fn check_subject(s: &str) -> Result<(), String> {
+pub(crate) fn check_subject(s: &str) -> Result<(), SubjectError> {
     if s.is_empty() {
-        return Err("the subject is empty".into());
+        return Err(SubjectError::Empty);
     }
     if s.len() > MAX_SUBJECT_BYTES {
-        return Err(format!(
-            "the subject is {} bytes long, more than {MAX_SUBJECT_BYTES}",
-            s.len()
-        ));
+        return Err(SubjectError::TooLong { len: s.len() });
     }
     if s.starts_with('$') {
-        return Err(format!(
-            "{s:?} starts with '$', which NATS reserves for its own subjects"
-        ));
+        return Err(SubjectError::Reserved {
+            subject: s.to_owned(),
+        });
     }
     for tok in s.split('.') {
-        check_token(tok).map_err(|why| format!("token {tok:?} of {s:?} is invalid: {why}"))?;
+        check_token(tok).map_err(|why| SubjectError::Token {
+            token: tok.to_owned(),
+            subject: s.to_owned(),
+            why,
+        })?;
     }
     Ok(())
 }
@@ -438,8 +470,35 @@ mod tests {
         let e = t.render(&long, "x", "y").unwrap_err();
         assert!(e.to_string().len() < 300, "{e}");
         assert!(e.reason.contains("256"), "{e}");
-        assert!(check_subject(&"d".repeat(5000)).is_err());
+        assert_eq!(
+            check_subject(&"d".repeat(5000)),
+            Err(SubjectError::TooLong { len: 5000 })
+        );
         assert!(t.render(&"C".repeat(256), "x", "y").is_ok());
+    }
+
+    #[test]
+    fn subject_errors_print_as_they_always_have() {
+        // The configuration shows these for nats.dead_letter_subject and nats.inbox_prefix.
+        let cases = [
+            ("", "the subject is empty"),
+            (
+                "$JS.x",
+                "\"$JS.x\" starts with '$', which NATS reserves for its own subjects",
+            ),
+            ("a..b", "token \"\" of \"a..b\" is invalid: it is empty"),
+            (
+                "a.b c",
+                "token \"b c\" of \"a.b c\" is invalid: it contains whitespace",
+            ),
+        ];
+        for (subject, text) in cases {
+            assert_eq!(check_subject(subject).unwrap_err().to_string(), text);
+        }
+        assert_eq!(
+            check_subject(&"d".repeat(5000)).unwrap_err().to_string(),
+            "the subject is 5000 bytes long, more than 1024"
+        );
     }
 
     #[test]

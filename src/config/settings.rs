@@ -140,7 +140,7 @@ impl Config {
     fn validate_telemetry(&self) -> Result<(), ConfigError> {
         if !self.telemetry.otlp_endpoint.is_empty() {
             crate::telemetry::traces_url(&self.telemetry.otlp_endpoint)
-                .map_err(|e| invalid("telemetry.otlp_endpoint", e))?;
+                .map_err(|e| invalid("telemetry.otlp_endpoint", e.to_string()))?;
         }
         Ok(())
     }
@@ -276,7 +276,7 @@ fn check_subjects(n: &super::NatsConfig) -> Result<SubjectTemplate, ConfigError>
         .with_partitions(n.partitions);
     check_partitions(n, &template)?;
     crate::route::check_subject(&n.dead_letter_subject)
-        .map_err(|e| invalid("nats.dead_letter_subject", e))?;
+        .map_err(|e| invalid("nats.dead_letter_subject", e.to_string()))?;
     if template.matches_literal(&n.dead_letter_subject) {
         return Err(invalid(
             "nats.dead_letter_subject",

@@ -1,10 +1,10 @@
 //! The decoder proper: [`Decoder::decode`] and the bounds-checked [`Reader`] under it. One function
-//! per message layout, each returning `Err(reason)` on any mismatch; `decode` adds the tag and the WAL
+//! per message layout, each returning a [`Malformed`] on any mismatch; `decode` adds the tag and the WAL
 //! position. No I/O and no allocation beyond the decoded names and vectors.
 
 use bytes::Bytes;
 
-use super::{Column, DecodeError, Message, OldTuple, Relation, TagName, TupleValue};
+use super::{Column, DecodeError, Malformed, Message, OldTuple, Relation, TagName, TupleValue};
 use crate::Lsn;
 
 /// Stateful only for what the wire format requires: whether we are inside a Stream Start…Stop block
@@ -69,7 +69,7 @@ impl Decoder {
 
     /// The `[X]` prefix: pgoutput writes it iff the change is sent from a stream callback
     /// (proto.c: `if (TransactionIdIsValid(xid)) pq_sendint32(out, xid)`, valid only while streaming).
-    fn stream_xid(&self, r: &mut Reader) -> Result<Option<u32>, String> {
+    fn stream_xid(&self, r: &mut Reader) -> Result<Option<u32>, Malformed> {
         if self.in_stream {
             r.u32("xid").map(Some)
         } else {
@@ -77,7 +77,7 @@ impl Decoder {
         }
     }
 
-    fn message(&self, r: &mut Reader) -> Result<Message, String> {
+    fn message(&self, r: &mut Reader) -> Result<Message, Malformed> {
         let tag = r.u8("message tag")?;
         // Struct-literal fields are evaluated in source order, so each arm reads in wire order.
         let msg = match tag {
@@ -132,13 +132,13 @@ impl Decoder {
             },
             b'S' | b'E' | b'c' | b'A' => self.stream_control(tag, r)?,
             b'b' | b'P' | b'p' | b'K' | b'r' => two_phase(tag, r)?,
-            _ => return Err("unknown message type".into()),
+            _ => return Err(Malformed::UnknownMessageType),
         };
         Ok(msg)
     }
 
     /// Update: an optional old tuple (key or full), then the new one.
-    fn update(&self, r: &mut Reader) -> Result<Message, String> {
+    fn update(&self, r: &mut Reader) -> Result<Message, Malformed> {
         let xid = self.stream_xid(r)?;
         let relation_id = r.u32("relation id")?;
         // 'K'/'O' old tuple is optional (only when the key changed, or REPLICA IDENTITY FULL);
@@ -164,7 +164,7 @@ impl Decoder {
     }
 
     /// Delete: the old tuple (key or full).
-    fn delete(&self, r: &mut Reader) -> Result<Message, String> {
+    fn delete(&self, r: &mut Reader) -> Result<Message, Malformed> {
         let xid = self.stream_xid(r)?;
         let relation_id = r.u32("relation id")?;
         // Deletes without an old tuple are never sent (pgoutput.c skips them), so 'K'/'O' is
@@ -182,7 +182,7 @@ impl Decoder {
     }
 
     /// Truncate: the relations and the options.
-    fn truncate(&self, r: &mut Reader) -> Result<Message, String> {
+    fn truncate(&self, r: &mut Reader) -> Result<Message, Malformed> {
         let xid = self.stream_xid(r)?;
         let nrels = r.count32("number of relations")?;
         let options = r.u8("truncate options")?;
@@ -200,26 +200,26 @@ impl Decoder {
 
     /// The streaming protocol's block and transaction markers (never requested by the relay, decoded
     /// for completeness and for the tests).
-    fn stream_control(&self, tag: u8, r: &mut Reader) -> Result<Message, String> {
+    fn stream_control(&self, tag: u8, r: &mut Reader) -> Result<Message, Malformed> {
         Ok(match tag {
             b'S' => {
                 if self.in_stream {
                     // pgoutput never nests blocks (reorderbuffer.c pairs stream_start/stream_stop);
                     // a second 'S' means we lost an 'E' and would misread the xid prefixes.
-                    return Err("Stream Start inside a stream block (missing Stream Stop)".into());
+                    return Err(Malformed::StreamStartInsideBlock);
                 }
                 Message::StreamStart {
                     xid: r.u32("xid")?,
                     first_segment: match r.u8("first_segment")? {
                         0 => false,
                         1 => true,
-                        other => return Err(format!("first_segment must be 0 or 1, got {other}")),
+                        other => return Err(Malformed::FirstSegment(other)),
                     },
                 }
             }
             b'E' => {
                 if !self.in_stream {
-                    return Err("Stream Stop outside a stream block".into());
+                    return Err(Malformed::StreamStopOutsideBlock);
                 }
                 Message::StreamStop
             }
@@ -245,11 +245,11 @@ impl Decoder {
                     abort_ts,
                 }
             }
-            _ => return Err("unknown message type".into()),
+            _ => return Err(Malformed::UnknownMessageType),
         })
     }
 
-    fn relation(&self, r: &mut Reader) -> Result<Relation, String> {
+    fn relation(&self, r: &mut Reader) -> Result<Relation, Malformed> {
         let xid = self.stream_xid(r)?;
         let id = r.u32("relation id")?;
         let namespace = r.cstr("namespace")?;
@@ -259,7 +259,10 @@ impl Decoder {
         // Each column needs at least 10 bytes (flags, empty name, oid, typmod).
         let mut columns = Vec::with_capacity(ncols.min(r.remaining() / 10));
         for i in 0..ncols {
-            columns.push(column(r).map_err(|e| format!("column {i}: {e}"))?);
+            columns.push(column(r).map_err(|e| Malformed::Column {
+                index: i,
+                reason: Box::new(e),
+            })?);
         }
         Ok(Relation {
             xid,
@@ -274,7 +277,7 @@ impl Decoder {
 
 /// Two-phase commit messages (never requested by the relay, decoded for completeness and for the
 /// tests).
-fn two_phase(tag: u8, r: &mut Reader) -> Result<Message, String> {
+fn two_phase(tag: u8, r: &mut Reader) -> Result<Message, Malformed> {
     Ok(match tag {
         b'b' => Message::BeginPrepare {
             prepare_lsn: r.lsn("prepare_lsn")?,
@@ -316,23 +319,26 @@ fn two_phase(tag: u8, r: &mut Reader) -> Result<Message, String> {
             xid: r.u32("xid")?,
             gid: r.cstr("gid")?,
         },
-        _ => return Err("unknown message type".into()),
+        _ => return Err(Malformed::UnknownMessageType),
     })
 }
 
 /// TupleData: `i16 ncols | ncols × (u8 kind [i32 len | bytes])` (proto.c `logicalrep_write_tuple`).
 /// ncols is not checked against the relation here: there is no relation cache in this module.
-fn tuple(r: &mut Reader) -> Result<Vec<TupleValue>, String> {
+fn tuple(r: &mut Reader) -> Result<Vec<TupleValue>, Malformed> {
     let ncols = r.count16("number of tuple columns")?;
     // One byte per column at least: bound the capacity by what is really there.
     let mut values = Vec::with_capacity(ncols.min(r.remaining()));
     for i in 0..ncols {
-        values.push(tuple_value(r).map_err(|e| format!("tuple column {i}: {e}"))?);
+        values.push(tuple_value(r).map_err(|e| Malformed::TupleColumn {
+            index: i,
+            reason: Box::new(e),
+        })?);
     }
     Ok(values)
 }
 
-fn column(r: &mut Reader) -> Result<Column, String> {
+fn column(r: &mut Reader) -> Result<Column, Malformed> {
     Ok(Column {
         flags: r.u8("flags")?,
         name: r.cstr("name")?,
@@ -341,7 +347,7 @@ fn column(r: &mut Reader) -> Result<Column, String> {
     })
 }
 
-fn tuple_value(r: &mut Reader) -> Result<TupleValue, String> {
+fn tuple_value(r: &mut Reader) -> Result<TupleValue, Malformed> {
     Ok(match r.u8("column kind")? {
         b'n' => TupleValue::Null,
         b'u' => TupleValue::UnchangedToast,
@@ -354,19 +360,13 @@ fn tuple_value(r: &mut Reader) -> Result<TupleValue, String> {
             TupleValue::Binary(r.bytes(len, "binary value")?)
         }
         other => {
-            return Err(format!(
-                "unknown column kind {} (expected 'n', 'u', 't' or 'b')",
-                TagName(Some(other))
-            ));
+            return Err(Malformed::UnknownColumnKind(other));
         }
     })
 }
 
-fn unexpected_marker(got: u8, expected: &str) -> String {
-    format!(
-        "expected tuple marker {expected}, got {}",
-        TagName(Some(got))
-    )
+fn unexpected_marker(got: u8, expected: &'static str) -> Malformed {
+    Malformed::UnexpectedMarker { got, expected }
 }
 
 /// A bounds-checked big-endian cursor over the message. Every read returns `Err` instead of panicking.
@@ -380,15 +380,16 @@ impl Reader {
         self.data.len().saturating_sub(self.pos)
     }
 
-    fn truncated(&self, need: usize, what: &str) -> String {
-        format!(
-            "truncated: {what} needs {need} bytes at offset {}, {} left",
-            self.pos,
-            self.remaining()
-        )
+    fn truncated(&self, need: usize, what: &'static str) -> Malformed {
+        Malformed::Truncated {
+            what,
+            need,
+            offset: self.pos,
+            left: self.remaining(),
+        }
     }
 
-    fn array<const N: usize>(&mut self, what: &str) -> Result<[u8; N], String> {
+    fn array<const N: usize>(&mut self, what: &'static str) -> Result<[u8; N], Malformed> {
         let end = self.pos.saturating_add(N);
         match self
             .data
@@ -403,40 +404,40 @@ impl Reader {
         }
     }
 
-    fn u8(&mut self, what: &str) -> Result<u8, String> {
+    fn u8(&mut self, what: &'static str) -> Result<u8, Malformed> {
         self.array::<1>(what).map(|[b]| b)
     }
 
-    fn u32(&mut self, what: &str) -> Result<u32, String> {
+    fn u32(&mut self, what: &'static str) -> Result<u32, Malformed> {
         self.array(what).map(u32::from_be_bytes)
     }
 
-    fn i32(&mut self, what: &str) -> Result<i32, String> {
+    fn i32(&mut self, what: &'static str) -> Result<i32, Malformed> {
         self.array(what).map(i32::from_be_bytes)
     }
 
-    fn i64(&mut self, what: &str) -> Result<i64, String> {
+    fn i64(&mut self, what: &'static str) -> Result<i64, Malformed> {
         self.array(what).map(i64::from_be_bytes)
     }
 
-    fn lsn(&mut self, what: &str) -> Result<Lsn, String> {
+    fn lsn(&mut self, what: &'static str) -> Result<Lsn, Malformed> {
         self.array(what).map(|b| Lsn(u64::from_be_bytes(b)))
     }
 
     /// An i16 count (columns); Postgres sends it signed, so a negative one is an error, not a huge loop.
-    fn count16(&mut self, what: &str) -> Result<usize, String> {
+    fn count16(&mut self, what: &'static str) -> Result<usize, Malformed> {
         let n = i16::from_be_bytes(self.array(what)?);
-        usize::try_from(n).map_err(|_| format!("negative {what}: {n}"))
+        usize::try_from(n).map_err(|_| Malformed::Negative { what, n: n.into() })
     }
 
     /// An i32 count or length; negative is an error.
-    fn count32(&mut self, what: &str) -> Result<usize, String> {
+    fn count32(&mut self, what: &'static str) -> Result<usize, Malformed> {
         let n = i32::from_be_bytes(self.array(what)?);
-        usize::try_from(n).map_err(|_| format!("negative {what}: {n}"))
+        usize::try_from(n).map_err(|_| Malformed::Negative { what, n })
     }
 
     /// `len` bytes as a slice of the input (no copy).
-    fn bytes(&mut self, len: usize, what: &str) -> Result<Bytes, String> {
+    fn bytes(&mut self, len: usize, what: &'static str) -> Result<Bytes, Malformed> {
         let end = self.pos.saturating_add(len);
         if end > self.data.len() {
             return Err(self.truncated(len, what));
@@ -448,30 +449,34 @@ impl Reader {
 
     /// A NUL-terminated string (`pq_sendstring`). The connection runs with `client_encoding=UTF8`, so
     /// anything else is corruption.
-    fn cstr(&mut self, what: &str) -> Result<String, String> {
+    fn cstr(&mut self, what: &'static str) -> Result<String, Malformed> {
         let rest = self.data.get(self.pos..).unwrap_or_default();
         let Some(nul) = rest.iter().position(|&b| b == 0) else {
-            return Err(format!(
-                "truncated: {what} at offset {} has no NUL terminator",
-                self.pos
-            ));
+            return Err(Malformed::Unterminated {
+                what,
+                offset: self.pos,
+            });
         };
         let s = rest.get(..nul).unwrap_or_default();
         let s = std::str::from_utf8(s)
-            .map_err(|e| format!("{what} at offset {} is not UTF-8: {e}", self.pos))?
+            .map_err(|utf8| Malformed::NotUtf8 {
+                what,
+                offset: self.pos,
+                utf8,
+            })?
             .to_owned();
         self.pos = self.pos.saturating_add(nul + 1);
         Ok(s)
     }
 
     /// A complete message must use every byte: leftovers mean we and the server disagree on the layout.
-    fn finish(&self) -> Result<(), String> {
+    fn finish(&self) -> Result<(), Malformed> {
         match self.remaining() {
             0 => Ok(()),
-            n => Err(format!(
-                "{n} trailing bytes after a complete message (offset {})",
-                self.pos
-            )),
+            left => Err(Malformed::TrailingBytes {
+                left,
+                offset: self.pos,
+            }),
         }
     }
 }

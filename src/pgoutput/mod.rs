@@ -20,11 +20,10 @@
 //! # Layout
 //!
 //! This file holds the message types, the public vocabulary of the decoder. `decode` is the
-//! [`Decoder`] and its bounds-checked reader; `encode` is the inverse, for tests, benchmarks and the
+//! [`Decoder`] and its bounds-checked reader; `error` is [`DecodeError`] and the typed reason under
+//! it, [`Malformed`]; `encode` is the inverse, for tests, benchmarks and the
 //! fuzz seed corpus only (compiled under `cfg(test)` or the `test-support` feature); `tests` holds
 //! frames captured from a real server and the property tests.
-
-use std::fmt;
 
 use bytes::Bytes;
 
@@ -299,35 +298,8 @@ pub enum Message {
     },
 }
 
-/// The tag byte of a message that failed to decode: shown as `'I'` when printable ASCII, as `0x7f`
-/// otherwise, and as `<empty>` when the payload had no byte at all.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct TagName(pub(crate) Option<u8>);
-
-impl fmt::Display for TagName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.0 {
-            Some(b) if b.is_ascii_graphic() => write!(f, "'{}'", char::from(b)),
-            Some(b) => write!(f, "{b:#04x}"),
-            None => f.write_str("<empty>"),
-        }
-    }
-}
-
-/// Why a message could not be decoded. Always names the tag and the WAL position of the XLogData that
-/// carried it, so an operator can find the record with `pg_waldump`.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("cannot decode pgoutput message {tag} at {lsn}: {reason}")]
-pub struct DecodeError {
-    /// The tag byte of the message that failed.
-    pub(crate) tag: TagName,
-    /// The WAL position of the XLogData that carried the message.
-    pub(crate) lsn: Lsn,
-    /// What was wrong with the bytes.
-    pub(crate) reason: String,
-}
-
 mod decode;
+mod error;
 // Not on the production path: the relay only reads pgoutput.
 #[cfg(any(test, feature = "test-support"))]
 pub mod encode;
@@ -335,3 +307,5 @@ pub mod encode;
 mod tests;
 
 pub use decode::Decoder;
+pub(crate) use error::TagName;
+pub use error::{DecodeError, Malformed};

@@ -22,21 +22,17 @@ use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio_postgres::tls::{ChannelBinding, TlsConnect, TlsStream};
 
+use super::auth_error::AuthRefusal;
 use super::auth_policy::AuthPolicy;
 use super::conninfo::{AuthMethod, ConnInfo};
 
 /// `SSLRequest`: length 8, code 80877103.
 const SSL_REQUEST: [u8; 8] = [0, 0, 0, 8, 4, 210, 22, 47];
 
-/// The guard's refusal, inside the `io::Error` tokio-postgres reports.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-struct Refused(String);
-
-/// The refusal text, if `e` is one.
-pub(super) fn refusal(e: &tokio_postgres::Error) -> Option<String> {
+/// The guard's refusal, if `e` is one: it travels inside the `io::Error` tokio-postgres reports.
+pub(super) fn refusal(e: &tokio_postgres::Error) -> Option<AuthRefusal> {
     let io = std::error::Error::source(e)?.downcast_ref::<io::Error>()?;
-    io.get_ref()?.downcast_ref::<Refused>().map(|r| r.0.clone())
+    io.get_ref()?.downcast_ref::<AuthRefusal>().cloned()
 }
 
 /// What the server asked for during one connection attempt, shared by the guards of its streams and
@@ -161,7 +157,7 @@ impl Parser {
 
     /// Reads the bytes the server sent; refuses the first authentication request the policy does
     /// not allow.
-    fn read(&mut self, mut bytes: &[u8]) -> Result<(), String> {
+    fn read(&mut self, mut bytes: &[u8]) -> Result<(), AuthRefusal> {
         while let Some((&b, rest)) = bytes.split_first() {
             match self.state {
                 State::Start | State::Done => return Ok(()),
@@ -224,7 +220,7 @@ impl Parser {
         mut buf: [u8; 4],
         remaining: usize,
         b: u8,
-    ) -> Result<(), String> {
+    ) -> Result<(), AuthRefusal> {
         buf[got] = b;
         got += 1;
         self.state = State::Code {
@@ -240,7 +236,7 @@ impl Parser {
 
     /// Asks the policy about the method the request with `code` asks for, then skips the rest of
     /// the request; AuthenticationOk (0) ends authentication.
-    fn auth_request(&mut self, code: u32, remaining: usize) -> Result<(), String> {
+    fn auth_request(&mut self, code: u32, remaining: usize) -> Result<(), AuthRefusal> {
         let method = match code {
             0 if !self.asked => Some(AuthMethod::None),
             3 => Some(AuthMethod::Password),
@@ -312,10 +308,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for Guarded<S> {
         match Pin::new(&mut this.inner).poll_read(cx, buf) {
             Poll::Ready(Ok(())) => {
                 if let Err(why) = this.parser.read(&buf.filled()[before..]) {
-                    return Poll::Ready(Err(io::Error::new(
-                        io::ErrorKind::PermissionDenied,
-                        Refused(why),
-                    )));
+                    return Poll::Ready(Err(io::Error::new(io::ErrorKind::PermissionDenied, why)));
                 }
                 Poll::Ready(Ok(()))
             }

@@ -10,6 +10,7 @@
 
 use postgres_protocol::authentication::sasl::{self, ChannelBinding};
 
+use super::auth_error::AuthRefusal;
 use super::conninfo::{AuthMethod, ChannelBindingMode, ConnInfo, RequireAuth};
 
 /// How far a SCRAM exchange got.
@@ -50,15 +51,13 @@ impl AuthPolicy {
 
     /// The server asks for `method`: may it? Refused before a password or its hash leaves.
     /// `channel_binding=require` refuses every method that cannot bind (all but SCRAM).
-    pub(crate) fn allow(&self, method: AuthMethod) -> Result<(), String> {
+    pub(crate) fn allow(&self, method: AuthMethod) -> Result<(), AuthRefusal> {
         self.require.check(method)?;
         if method != AuthMethod::ScramSha256 && self.channel_binding == ChannelBindingMode::Require
         {
-            return Err(format!(
-                "channel_binding=require, but the server asked for {} authentication, which has no \
-                 channel binding (a server without TLS or SCRAM, or someone in between)",
-                method.as_str()
-            ));
+            return Err(AuthRefusal::CannotBind {
+                method: method.as_str(),
+            });
         }
         Ok(())
     }
@@ -73,15 +72,11 @@ impl AuthPolicy {
         plain: bool,
         plus: bool,
         tls_hash: Option<&Vec<u8>>,
-    ) -> Result<(&'static str, ChannelBinding, Scram), String> {
+    ) -> Result<(&'static str, ChannelBinding, Scram), AuthRefusal> {
         self.require.check(AuthMethod::ScramSha256)?;
         let hash = tls_hash.filter(|_| self.channel_binding != ChannelBindingMode::Disable);
         if self.channel_binding == ChannelBindingMode::Require && !(plus && hash.is_some()) {
-            return Err(
-                "channel_binding=require, but the server offers no SCRAM-SHA-256-PLUS over TLS \
-                 (use sslmode=verify-full and a server with TLS)"
-                    .into(),
-            );
+            return Err(AuthRefusal::NoPlusOverTls);
         }
         let bound = plus && hash.is_some();
         let (mech, binding) = match (hash, plus, plain) {
@@ -92,9 +87,7 @@ impl AuthPolicy {
             (Some(_), false, true) => (sasl::SCRAM_SHA_256, ChannelBinding::unrequested()),
             (None, _, true) => (sasl::SCRAM_SHA_256, ChannelBinding::unsupported()),
             _ => {
-                return Err(
-                    "server offers no supported SASL mechanism (need SCRAM-SHA-256)".into(),
-                );
+                return Err(AuthRefusal::NoSaslMechanism);
             }
         };
         Ok((mech, binding, Scram::Started { bound }))
@@ -104,21 +97,14 @@ impl AuthPolicy {
     /// is trust (or peer), which `require_auth` must allow; after SCRAM started, only once the
     /// server's signature verified (libpq: "server did not complete authentication"), because an
     /// impostor cannot compute it; and with `channel_binding=require`, only bound.
-    pub(crate) fn ok(&self, scram: Scram) -> Result<(), String> {
+    pub(crate) fn ok(&self, scram: Scram) -> Result<(), AuthRefusal> {
         match scram {
             Scram::NotStarted => self.allow(AuthMethod::None),
-            Scram::Started { .. } => Err(
-                "server did not complete SCRAM authentication: it said OK before proving it knows \
-                 the password (someone in between, or a broken server)"
-                    .into(),
-            ),
+            Scram::Started { .. } => Err(AuthRefusal::OkBeforeProof),
             Scram::Verified { bound: false }
                 if self.channel_binding == ChannelBindingMode::Require =>
             {
-                Err(
-                    "channel_binding=require, but the server authenticated without channel binding"
-                        .into(),
-                )
+                Err(AuthRefusal::OkUnbound)
             }
             Scram::Verified { .. } => Ok(()),
         }
@@ -137,12 +123,18 @@ mod tests {
     #[test]
     fn an_ok_is_believed_only_after_a_verified_signature() {
         let p = policy("sslmode=disable");
-        assert!(p.ok(Scram::Started { bound: true }).is_err());
+        assert_eq!(
+            p.ok(Scram::Started { bound: true }),
+            Err(AuthRefusal::OkBeforeProof)
+        );
         assert!(p.ok(Scram::Verified { bound: false }).is_ok());
         assert!(p.ok(Scram::NotStarted).is_ok(), "trust, nothing required");
         let strict = policy("channel_binding=require&require_auth=scram-sha-256");
         assert!(strict.ok(Scram::NotStarted).is_err());
-        assert!(strict.ok(Scram::Verified { bound: false }).is_err());
+        assert_eq!(
+            strict.ok(Scram::Verified { bound: false }),
+            Err(AuthRefusal::OkUnbound)
+        );
         assert!(strict.ok(Scram::Verified { bound: true }).is_ok());
     }
 
@@ -150,15 +142,22 @@ mod tests {
     fn channel_binding_require_refuses_methods_that_cannot_bind() {
         let p = policy("channel_binding=require");
         for m in [AuthMethod::Password, AuthMethod::Md5, AuthMethod::None] {
-            let e = p.allow(m).unwrap_err();
-            assert!(e.contains("channel_binding=require"), "{e}");
+            assert_eq!(
+                p.allow(m),
+                Err(AuthRefusal::CannotBind { method: m.as_str() })
+            );
         }
         assert!(p.allow(AuthMethod::ScramSha256).is_ok());
-        assert!(
-            p.choose_sasl(true, false, Some(&vec![1])).is_err(),
+        assert_eq!(
+            p.choose_sasl(true, false, Some(&vec![1])).err(),
+            Some(AuthRefusal::NoPlusOverTls),
             "no -PLUS"
         );
-        assert!(p.choose_sasl(true, true, None).is_err(), "no TLS");
+        assert_eq!(
+            p.choose_sasl(true, true, None).err(),
+            Some(AuthRefusal::NoPlusOverTls),
+            "no TLS"
+        );
         let (mech, _, scram) = p.choose_sasl(true, true, Some(&vec![1])).unwrap();
         assert_eq!(mech, sasl::SCRAM_SHA_256_PLUS);
         assert_eq!(scram, Scram::Started { bound: true });
@@ -175,6 +174,9 @@ mod tests {
         let off = policy("sslmode=require&channel_binding=disable");
         let (mech, _, _) = off.choose_sasl(true, true, Some(&vec![1])).unwrap();
         assert_eq!(mech, sasl::SCRAM_SHA_256);
-        assert!(policy("").choose_sasl(false, false, None).is_err());
+        assert_eq!(
+            policy("").choose_sasl(false, false, None).err(),
+            Some(AuthRefusal::NoSaslMechanism)
+        );
     }
 }

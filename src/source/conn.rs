@@ -18,6 +18,7 @@ use secrecy::ExposeSecret;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tracing::debug;
 
+use super::auth_error::{AuthError, AuthRefusal};
 use super::auth_policy::{AuthPolicy, Scram};
 use super::conninfo::{AuthMethod, ConnInfo, SslMode};
 use super::error::SourceError;
@@ -210,7 +211,7 @@ impl ReplConnection {
     ) -> Result<(), SourceError> {
         let password = || password(info);
         let policy = AuthPolicy::new(info);
-        let auth = |r: Result<(), String>| r.map_err(SourceError::Auth);
+        let auth = |r: Result<(), AuthRefusal>| r.map_err(|r| SourceError::Auth(r.into()));
         let mut scram: Option<ScramSha256> = None;
         let mut progress = Scram::NotStarted;
         loop {
@@ -244,7 +245,7 @@ impl ReplConnection {
                     }
                     let (mech, binding, started) = policy
                         .choose_sasl(plain, plus, end_point_hash.as_ref())
-                        .map_err(SourceError::Auth)?;
+                        .map_err(|r| SourceError::Auth(r.into()))?;
                     let s = ScramSha256::new(password()?.as_bytes(), binding);
                     frontend::sasl_initial_response(mech, s.message(), &mut self.wbuf)
                         .map_err(proto)?;
@@ -258,9 +259,8 @@ impl ReplConnection {
                 }
                 Backend::Message(Message::AuthenticationSaslFinal(body)) => {
                     let s = scram.as_mut().ok_or_else(|| unexpected("SASL final"))?;
-                    s.finish(body.data()).map_err(|e| {
-                        SourceError::Auth(format!("SCRAM: server signature invalid: {e}"))
-                    })?;
+                    s.finish(body.data())
+                        .map_err(|e| SourceError::Auth(AuthError::BadSignature(e)))?;
                     if let Scram::Started { bound } = progress {
                         progress = Scram::Verified { bound };
                     }
@@ -278,7 +278,7 @@ impl ReplConnection {
     /// The client's answer to the server's SCRAM challenge.
     async fn sasl_continue(&mut self, s: &mut ScramSha256, data: &[u8]) -> Result<(), SourceError> {
         s.update(data)
-            .map_err(|e| SourceError::Auth(format!("SCRAM: {e}")))?;
+            .map_err(|e| SourceError::Auth(AuthError::Scram(e)))?;
         frontend::sasl_response(s.message(), &mut self.wbuf).map_err(proto)?;
         self.flush().await
     }
@@ -591,12 +591,9 @@ fn password(info: &ConnInfo) -> Result<&str, SourceError> {
         .as_ref()
         .map(|p| p.expose_secret())
         .ok_or_else(|| {
-            SourceError::Auth(format!(
-                "password required: the server asks user {:?} for one and none is given; put it in \
-                 postgres.url (postgres://user:password@host/db), PGPASSWORD or the password file \
-                 (~/.pgpass or PGPASSFILE)",
-                info.user
-            ))
+            SourceError::Auth(AuthError::NoPassword {
+                user: info.user.clone(),
+            })
         })
 }
 
@@ -612,11 +609,7 @@ fn refusal(msg: Message) -> Result<SourceError, SourceError> {
         | Message::AuthenticationKerberosV5
         | Message::AuthenticationSspi
         | Message::AuthenticationScmCredential
-        | Message::AuthenticationGssContinue(_) => SourceError::Auth(
-            "server asks for GSS/SSPI/Kerberos authentication, which is not supported: \
-             use scram-sha-256 or md5 in pg_hba.conf"
-                .into(),
-        ),
+        | Message::AuthenticationGssContinue(_) => SourceError::Auth(AuthError::Unsupported),
         _ => unexpected("message during authentication"),
     })
 }

@@ -5,6 +5,7 @@
 use tokio_postgres::Client;
 use tracing::debug;
 
+use super::auth_error::AuthError;
 use super::auth_guard::{GaveUp, GuardedConnect, Seen};
 use super::conninfo::{ConnInfo, SslMode};
 use super::error::{ServerError, SourceError};
@@ -145,7 +146,7 @@ fn map_error(addr: &str, e: tokio_postgres::Error, seen: Option<&Seen>) -> Sourc
     }
     // The guard's refusal (require_auth, or channel_binding=require refusing a method).
     if let Some(guard) = super::auth_guard::refusal(&e) {
-        return SourceError::Auth(guard);
+        return SourceError::Auth(guard.into());
     }
     let text = crate::error_chain::error_chain(&e);
     // TLS refused or failed (`sslmode=require` against a server without TLS, a certificate that does
@@ -159,16 +160,10 @@ fn map_error(addr: &str, e: tokio_postgres::Error, seen: Option<&Seen>) -> Sourc
     // Not the socket: tokio-postgres declined to answer what the server asked.
     match seen.and_then(Seen::gave_up).filter(|_| io.is_none()) {
         Some(GaveUp::NoPassword) => {
-            return SourceError::Auth(
-                "password required: the server asks for one and none is given; put it in postgres.url, \
-                 PGPASSWORD or the password file (~/.pgpass or PGPASSFILE)"
-                    .into(),
-            );
+            return SourceError::Auth(AuthError::NoPasswordControl);
         }
         Some(GaveUp::NoChannelBinding) => {
-            return SourceError::Auth(format!(
-                "channel_binding=require, but the server did not use channel binding ({text})"
-            ));
+            return SourceError::Auth(AuthError::ServerDidNotBind(text));
         }
         None => {}
     }

@@ -5,6 +5,7 @@
 //! missing slot or publication, `wal_level` not logical, an invalidated slot, a frame we cannot decode)
 //! will not go away by retrying: the relay stops with the message, which names what to fix.
 
+use super::auth_error::AuthError;
 use crate::Lsn;
 
 /// An ErrorResponse from the server: SQLSTATE and message (plus hint/detail when sent).
@@ -81,7 +82,7 @@ pub enum SourceError {
     },
     /// Authentication failed or was refused by the relay (e.g. a method `require_auth` forbids).
     #[error("postgres authentication: {0}")]
-    Auth(String),
+    Auth(AuthError),
     /// TLS could not be set up, negotiated or verified.
     #[error("postgres TLS: {0}")]
     Tls(String),
@@ -246,7 +247,7 @@ mod tests {
         for refused in [
             server("28P01"),
             server("28000"),
-            SourceError::Auth("SCRAM: server signature invalid".into()),
+            SourceError::Auth(AuthError::BadSignature(std::io::Error::other("bad proof"))),
             SourceError::Tls("the server does not support TLS".into()),
         ] {
             let e = hosts(vec![down(), refused]);

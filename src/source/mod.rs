@@ -17,17 +17,19 @@
 //! Each module imports only those to its right (a `use super::…`), so the graph has no cycle:
 //!
 //! ```text
-//! conn        ──► options, stream, hosts, socket, tls, wire, timeline, auth_policy, conninfo, error
-//! control     ──► auth_guard, hosts, socket, tls, conninfo, error
+//! conn        ──► options, stream, hosts, socket, tls, wire, timeline, auth_policy, conninfo, error,
+//!                 auth_error
+//! control     ──► auth_guard, hosts, socket, tls, conninfo, error, auth_error
 //! options     ──► wire, error
 //! stream      ──► wire, error
 //! hosts       ──► conninfo, error
-//! auth_guard  ──► auth_policy, conninfo
-//! auth_policy ──► conninfo
+//! auth_guard  ──► auth_policy, conninfo, auth_error
+//! auth_policy ──► conninfo, auth_error
 //! tls         ──► conninfo
 //! wire        ──► error
-//! conninfo    ──► passfile, socket
-//! error, passfile, socket, timeline: leaves within source
+//! conninfo    ──► passfile, socket, auth_error
+//! error       ──► auth_error
+//! auth_error, passfile, socket, timeline: leaves within source
 //! ```
 //!
 //! Outside itself, the module reaches only leaves: `crate::lsn` (LSNs, the protocol clock),
@@ -40,6 +42,8 @@
 //! - `auth_policy`: which authentication methods `require_auth` and `channel_binding` allow, one
 //!   policy for both connections.
 //! - `auth_guard`: `require_auth` for the control connection, on the wire under tokio-postgres.
+//! - `auth_error`: [`AuthError`], why authentication failed, and [`AuthRefusal`], what the policy
+//!   refuses; each variant prints the text an operator reads.
 //! - `error`: [`SourceError`] and [`ServerError`], transient or definite.
 //! - `wire`: framing of backend messages (with the [`MAX_FRAME_BYTES`] cap), ErrorResponse fields,
 //!   identifier and literal quoting; shared by `conn`, `options` and `stream`.
@@ -51,6 +55,7 @@
 //! - `timeline`: the history file `TIMELINE_HISTORY` returns: a timeline's ancestors and switch points.
 //! - `control`: the tokio-postgres connection for ordinary SQL.
 
+mod auth_error;
 mod auth_guard;
 mod auth_policy;
 mod conn;
@@ -66,6 +71,7 @@ mod timeline;
 mod tls;
 mod wire;
 
+pub use auth_error::{AuthError, AuthRefusal};
 pub use conn::{ReplConnection, SystemInfo};
 pub use conninfo::ConnInfo;
 pub(crate) use conninfo::TargetSessionAttrs;

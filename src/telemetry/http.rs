@@ -34,14 +34,15 @@ pub(super) struct BlockingClient {
 
 impl BlockingClient {
     /// A client that POSTs protobuf to `url` (`http://`, checked by the configuration), with
-    /// `headers` (already checked to be valid HTTP names and values) on every request.
+    /// `headers` (already checked to be valid HTTP names and values) on every request; `None` when
+    /// the URL has no host.
     pub(super) fn new(
         url: &url::Url,
         headers: &[(String, String)],
         connect_timeout: Duration,
         timeout: Duration,
-    ) -> Result<Self, String> {
-        let host = url.host_str().ok_or("the endpoint has no host")?;
+    ) -> Option<Self> {
+        let host = url.host_str()?;
         let port = url.port_or_known_default().unwrap_or(80);
         let path = &url[url::Position::BeforePath..url::Position::AfterQuery];
         let authority = &url[url::Position::BeforeHost..url::Position::AfterPort];
@@ -56,7 +57,7 @@ impl BlockingClient {
             head.push_str("\r\n");
         }
         head.push_str("Content-Length: ");
-        Ok(BlockingClient {
+        Some(BlockingClient {
             host: host.trim_matches(['[', ']']).to_owned(),
             port,
             head,

@@ -18,7 +18,10 @@
 //! cost on two cores (docs/performance.md) (`outbox_relay_spans_dropped_total`). A hanging collector holds the export thread for at
 //! most the request timeout, never the relay. Without `telemetry.otlp_endpoint` there is no
 //! [`Telemetry`] at all: the sink's `Option` is `None` and the hot path pays one branch.
+//! An endpoint the configuration refuses, or an exporter that cannot start, is an [`EndpointError`]
+//! or a [`StartError`] (`error.rs`).
 
+mod error;
 mod http;
 mod otlp;
 pub(crate) mod traceparent;
@@ -36,6 +39,7 @@ use tracing::{info, warn};
 
 use crate::Lsn;
 use crate::metrics::Metrics;
+pub(crate) use error::{EndpointError, StartError};
 pub(crate) use traceparent::{TRACEPARENT, TRACESTATE, TraceParent};
 
 /// Finished spans waiting for the export thread; more are dropped and counted.
@@ -115,13 +119,17 @@ impl Telemetry {
         service_name: &str,
         dead_letter_subject: &str,
         metrics: Arc<Metrics>,
-    ) -> Result<Telemetry, String> {
+    ) -> Result<Telemetry, StartError> {
         let url = traces_url(endpoint)?;
-        let parsed = url::Url::parse(&url)
-            .map_err(|e| format!("telemetry.otlp_endpoint {endpoint:?}: {e}"))?;
+        let parsed = url::Url::parse(&url).map_err(|error| StartError::Url {
+            endpoint: endpoint.to_owned(),
+            error,
+        })?;
         let headers = env_headers();
         let client = http::BlockingClient::new(&parsed, &headers, CONNECT_TIMEOUT, REQUEST_TIMEOUT)
-            .map_err(|e| format!("telemetry.otlp_endpoint {endpoint:?}: {e}"))?;
+            .ok_or_else(|| StartError::NoHost {
+                endpoint: endpoint.to_owned(),
+            })?;
         let encoder = otlp::Encoder::new(
             service_name,
             env!("CARGO_PKG_VERSION"),
@@ -141,7 +149,7 @@ impl Telemetry {
                 export_loop(&thread_shared, encoder, &client, &thread_metrics);
                 let _ = done_tx.send(());
             })
-            .map_err(|e| format!("cannot start the span export thread: {e}"))?;
+            .map_err(StartError::Thread)?;
         info!(endpoint = %url, "exporting trace spans over OTLP/HTTP");
         Ok(Telemetry {
             inner: Arc::new(Inner {
@@ -246,20 +254,16 @@ impl Drop for Inner {
 
 /// `http://host:port` → `http://host:port/v1/traces` (OTLP/HTTP's path for traces); a URL with a
 /// path of its own is used as it is.
-pub(crate) fn traces_url(endpoint: &str) -> Result<String, String> {
-    let url = url::Url::parse(endpoint).map_err(|e| format!("not a URL ({e})"))?;
+pub(crate) fn traces_url(endpoint: &str) -> Result<String, EndpointError> {
+    let url = url::Url::parse(endpoint).map_err(EndpointError::NotUrl)?;
     if url.scheme() != "http" {
-        return Err(format!(
-            "scheme {:?} is not supported: use http:// (a collector or agent next to the relay; TLS to a \
-             remote backend is the collector's job)",
-            url.scheme()
-        ));
+        return Err(EndpointError::Scheme(url.scheme().to_owned()));
     }
     if url.host_str().is_none_or(str::is_empty) {
-        return Err("has no host".into());
+        return Err(EndpointError::NoHost);
     }
     if !url.username().is_empty() || url.password().is_some() {
-        return Err("must not hold credentials (use OTEL_EXPORTER_OTLP_HEADERS)".into());
+        return Err(EndpointError::Credentials);
     }
     Ok(if url.path() == "/" || url.path().is_empty() {
         format!("{}/v1/traces", endpoint.trim_end_matches('/'))

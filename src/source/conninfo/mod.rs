@@ -16,6 +16,8 @@ use std::time::Duration;
 
 use secrecy::SecretString;
 
+use super::auth_error::AuthRefusal;
+
 /// libpq's `sslmode` meanings (<https://www.postgresql.org/docs/current/libpq-ssl.html>).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SslMode {
@@ -179,18 +181,17 @@ impl RequireAuth {
     }
 
     /// Whether the server may authenticate this way; the error says what was refused.
-    pub(crate) fn check(&self, method: AuthMethod) -> Result<(), String> {
+    pub(crate) fn check(&self, method: AuthMethod) -> Result<(), AuthRefusal> {
         let Some(list) = &self.allowed else {
             return Ok(());
         };
         if list.contains(&method) != self.negated {
             Ok(())
         } else {
-            Err(format!(
-                "the server asked for {} authentication, which require_auth={} does not allow",
-                method.as_str(),
-                self.text
-            ))
+            Err(AuthRefusal::NotAllowed {
+                method: method.as_str(),
+                require_auth: self.text.clone(),
+            })
         }
     }
 
