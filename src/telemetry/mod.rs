@@ -19,6 +19,8 @@
 //! most the request timeout, never the relay. Without `telemetry.otlp_endpoint` there is no
 //! [`Telemetry`] at all: the sink's `Option` is `None` and the hot path pays one branch.
 
+#[cfg(feature = "test-support")]
+pub mod bench;
 mod http;
 mod otlp;
 pub(crate) mod traceparent;
