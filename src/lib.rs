@@ -73,6 +73,9 @@ pub mod source;
 pub mod status;
 pub(crate) mod stored;
 pub(crate) mod telemetry;
+/// The OTLP exporter's encoder and HTTP client, for benches/otlp.rs.
+#[cfg(feature = "test-support")]
+pub use telemetry::bench as telemetry_bench;
 #[cfg(feature = "test-support")]
 pub mod testkit;
 mod text;

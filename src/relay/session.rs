@@ -326,9 +326,7 @@ impl Session {
             }
             // Once per relation and session, and only when a publication sends partitions under
             // their own names: is it a partition of the outbox table (attached since we looked)?
-            Step::LookUpPartitions => self
-                .stage
-                .partitions_found(connector.partitions().await?),
+            Step::LookUpPartitions => self.stage.partitions_found(connector.partitions().await?),
             Step::IgnoredChange(_) => Metrics::inc(&self.metrics.ignored_changes),
             Step::Nothing => {}
         }

@@ -8,6 +8,13 @@
 //! at most) needs neither connection pooling nor HTTP/2, and the collector is expected next to the
 //! relay (`http://`), so this is all of it: connect with a timeout, write, read the answer with a
 //! deadline and a size cap, `Connection: close`.
+//!
+//! Weighed against ureq 3 (no default features, its connection kept alive) by
+//! `cargo bench --bench otlp`, one 420-span request at a time to a loopback listener: this client
+//! took 47 / 54 / 81 ns of CPU a span in three runs of 2026-12-06 (2 shared cores, load average
+//! 11.3 → 10.6, 7.1 → 6.6, 1.0 → 1.1), ureq 64 / 70 / 101 ns (1.25–1.34×) and four more crates. A
+//! small margin (7–8 µs a request, under 1 % of a span's cost) but over the 10 % that would have
+//! made the crate the choice (docs/performance.md, Tracing).
 
 use std::io::{Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};

@@ -21,6 +21,8 @@
 //! An endpoint the configuration refuses, or an exporter that cannot start, is an [`EndpointError`]
 //! or a [`StartError`] (`error.rs`).
 
+#[cfg(feature = "test-support")]
+pub mod bench;
 mod error;
 mod http;
 mod otlp;
