@@ -9,12 +9,13 @@
 
 use crate::Lsn;
 use crate::config::ConfigError;
-pub use crate::http::BindError;
+use crate::http::BindError;
+use crate::nats::ConnectError;
 use crate::outbox::StageError;
 use crate::pgoutput::DecodeError;
 use crate::progress::OutOfOrderAck;
 use crate::setup::SetupError;
-use crate::sink::{ConnectError, SinkError, TailError};
+use crate::sink::{SinkError, TailError};
 use crate::source::SourceError;
 
 /// A definite error: `run` ends with it; nothing past the confirmed LSN is confirmed.
