@@ -257,9 +257,7 @@ impl Relay {
                     return Err(e);
                 }
                 SessionEnd::Restart(restart) => {
-                    if let Restart::Nats(NatsTrouble::Sink(e)) = &restart
-                        && let Some(distrust) = e.distrust()
-                    {
+                    if let Some(distrust) = restart.distrust() {
                         self.state.distrust = Some(distrust);
                     }
                     if ran_for.is_some_and(|d| d >= HEALTHY_SESSION) {
