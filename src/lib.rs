@@ -18,7 +18,7 @@
 //!  outbox     relation cache; INSERT → OutboxEvent (id once)  relay/     run: restart loop, backoff, standby
 //!    ▼                                  │                      session  start / run / drain of one session
 //!  route      subject from a template; token checks            monitor  NATS state, slot lag sampler
-//!    ▼                                  │                    error      RelayError (stop) · Restart (retry)
+//!    ▼                                  │                      error    RelayError (stop) · Restart (retry)
 //!  sink/      one publisher: window (messages + bytes), acks, verify     rows against the stream, read only
 //!    │        fence (skip stored, expected sequence), dead letters
 //!    │        through nats/ (JetStreamPort: the async-nats client, or a simulator)
@@ -45,7 +45,6 @@ pub mod backfill_marker;
 mod catalog;
 pub mod check_schemas;
 pub mod config;
-pub mod error;
 pub mod error_chain;
 pub mod event;
 mod fnv;

@@ -4,9 +4,10 @@
 
 use super::port::{BoxError, QueryError};
 use crate::backfill_marker::{self, MarkerError};
+use crate::nats::ConnectError;
 use crate::outbox::StageError;
 use crate::setup::SetupError;
-use crate::sink::{ConnectError, SinkError, TailError};
+use crate::sink::{SinkError, TailError};
 use crate::source::SourceError;
 
 /// Why a backfill did not finish. One line naming the object and the fix.

@@ -73,7 +73,7 @@ impl BackfillServers for Servers<'_> {
     fn nats(&mut self) -> BoxFuture<'_, Result<NatsPort, BackfillError>> {
         Box::pin(async move {
             Ok(NatsPort::from(
-                crate::sink::connect_nats(self.settings).await?,
+                crate::nats::connect_nats(self.settings).await?,
             ))
         })
     }

@@ -23,15 +23,15 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 mod schema;
 pub use schema::SchemaMetrics;
 
-/// The kind of a restart (`crate::error::Restart::kind`): the `cause` label of the metrics, and
+/// The kind of a restart (`crate::relay::Restart::kind`): the `cause` label of the metrics, and
 /// one log line per change of state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum CauseKind {
-    /// [`Restart::Postgres`](crate::error::Restart::Postgres).
+    /// [`Restart::Postgres`](crate::relay::Restart::Postgres).
     Postgres,
-    /// [`Restart::Nats`](crate::error::Restart::Nats).
+    /// [`Restart::Nats`](crate::relay::Restart::Nats).
     Nats,
-    /// [`Restart::SlotHeld`](crate::error::Restart::SlotHeld).
+    /// [`Restart::SlotHeld`](crate::relay::Restart::SlotHeld).
     SlotHeld,
 }
 

@@ -1,12 +1,16 @@
-//! The relay's NATS side as the sink sees it, beside `source/` (the Postgres side): the port the
-//! sink publishes and reads through ([`JetStreamPort`], shared as [`NatsPort`]), its implementation
-//! by the real async-nats client (`client.rs`), and the bulk read-back of a range of the stream
-//! (`readback.rs`). The deterministic simulation (tests/simulation) implements the same port over
-//! its in-memory JetStream, so nothing here knows a simulator exists.
+//! The relay's NATS side, beside `source/` (the Postgres side): the connection built from the
+//! settings (`connect_nats`, `connect.rs`) that the sink, `setup`, `status`, `verify` and the
+//! backfill open, the port the sink publishes and reads through ([`JetStreamPort`], shared as
+//! [`NatsPort`]), its implementation by the real async-nats client (`client.rs`), and the bulk
+//! read-back of a range of the stream (`readback.rs`). The deterministic simulation
+//! (tests/simulation) implements the same port over its in-memory JetStream, so nothing here knows a
+//! simulator exists.
 
 mod client;
+mod connect;
 mod port;
 mod readback;
 
+pub(crate) use connect::{ConnectError, connect_nats};
 pub use port::{Answers, HeaderRead, JetStreamPort, NatsPort, StreamTail};
 pub(crate) use readback::ClientReader;

@@ -10,17 +10,18 @@ use futures_util::future::BoxFuture;
 use crate::Lsn;
 use crate::catalog;
 use crate::config::Settings;
-use crate::error::{RelayError, Restart, SessionEnd, from_source};
 use crate::metrics::Metrics;
 use crate::nats::NatsPort;
+use crate::nats::connect_nats;
 use crate::position::History;
-use crate::sink::{Origin, connect_nats, read_tail};
+use crate::sink::{Origin, read_tail};
 use crate::slot_mark::{self, Consumed, SlotCheck, Stored};
 use crate::source::{
     PgOutputOptions, ReplConnection, ReplicationStream, Shared, SourceError, StreamConfig,
     SystemInfo, TimelineHistory,
 };
 
+use super::error::{RelayError, Restart, SessionEnd, from_source};
 use super::monitor::{AbortOnDrop, watch_nats};
 
 /// What a session needs to reach its servers.

@@ -11,6 +11,7 @@
 //! final status update, end the replication connection cleanly.
 
 mod connector;
+mod error;
 mod monitor;
 mod session;
 mod shutdown;
@@ -25,8 +26,6 @@ use tracing::{debug, error, info, warn};
 
 use crate::Lsn;
 use crate::config::Settings;
-pub use crate::error::RelayError;
-use crate::error::{CauseKind, NatsTrouble, Restart, SessionEnd};
 use crate::error_chain::error_chain;
 use crate::metrics::Metrics;
 pub use crate::slot_mark::{Consumed, SlotCheck};
@@ -34,6 +33,8 @@ use crate::stored::Positions;
 pub use crate::stored::probe::{PositionProbe, Served, Waited};
 use connector::Servers;
 pub use connector::{Connector, Start, refuse_under_backfill};
+use error::CauseKind;
+pub use error::{NatsTrouble, RelayError, Restart, SessionEnd, from_source};
 use monitor::{AbortOnDrop, sample_slot};
 use session::Session;
 use shutdown::Shutdown;
@@ -256,9 +257,7 @@ impl Relay {
                     return Err(e);
                 }
                 SessionEnd::Restart(restart) => {
-                    if let Restart::Nats(NatsTrouble::Sink(e)) = &restart
-                        && let Some(distrust) = e.distrust()
-                    {
+                    if let Some(distrust) = restart.distrust() {
                         self.state.distrust = Some(distrust);
                     }
                     if ran_for.is_some_and(|d| d >= HEALTHY_SESSION) {

@@ -20,11 +20,11 @@ use tokio::time::Instant;
 
 use tracing::warn;
 
+use super::error::{RelayError, Restart, SessionEnd, from_sink, from_source};
 use super::shutdown::Shutdown;
 use super::state::State;
 use super::{Connector, Shared, Start};
 use crate::Lsn;
-use crate::error::{RelayError, Restart, SessionEnd, from_sink, from_source};
 use crate::metrics::Metrics;
 use crate::outbox::{OutboxStage, Step};
 use crate::pgoutput::Decoder;

@@ -19,11 +19,11 @@ use std::time::Duration;
 use tracing::{debug, info, warn};
 
 use crate::config::Settings;
-use crate::error::CauseKind;
+use crate::nats::{ConnectError, connect_nats};
 use crate::setup::{self, SetupError, SetupReport};
-use crate::sink::{ConnectError, connect_nats};
 use crate::source::{ServerError, SourceError};
 
+use super::error::CauseKind;
 use super::{RelayError, backoff, xorshift};
 use crate::error_chain::error_chain;
 

@@ -7,9 +7,10 @@
 use tracing::{debug, error, info};
 
 use crate::Lsn;
-use crate::error::{CauseKind, Restart, SessionEnd};
 use crate::metrics::Metrics;
 use crate::slot_mark::{Consumed, SlotCheck};
+
+use super::error::{CauseKind, Restart, SessionEnd};
 
 /// What outlives a session.
 pub(super) struct State {

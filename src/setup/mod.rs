@@ -18,7 +18,7 @@ use tracing::warn;
 
 use crate::catalog;
 use crate::config::Settings;
-use crate::sink::{ConnectError, connect_nats};
+use crate::nats::{ConnectError, connect_nats};
 use crate::source::{SourceError, query_error_text};
 
 /// For `status`: the logical-message warnings `setup` gives. While PUBLIC may execute

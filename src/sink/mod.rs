@@ -31,7 +31,6 @@
 
 mod batch;
 mod config;
-mod connect;
 mod distrust;
 mod envelope;
 mod error;
@@ -57,7 +56,6 @@ use crate::nats::NatsPort;
 use crate::position::Position;
 
 pub(crate) use config::SinkConfig;
-pub(crate) use connect::{ConnectError, connect_nats};
 pub(crate) use distrust::Distrust;
 pub use error::SinkError;
 pub(crate) use fence::{Fence, Origin, Stamp, Tail, TailError};

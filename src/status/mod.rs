@@ -23,8 +23,8 @@
 //! runs the slot's verdict over the deterministic simulation's servers.
 
 use crate::config::Settings;
+use crate::nats::connect_nats;
 use crate::setup;
-use crate::sink::connect_nats;
 use crate::slot_mark;
 
 mod checks;

@@ -5,7 +5,7 @@
 
 use super::report::{State, StreamStatus};
 use crate::config::Settings;
-use crate::sink::connect_nats;
+use crate::nats::connect_nats;
 use crate::slot_mark;
 
 /// The stream `name` before NATS answered: every field unknown.

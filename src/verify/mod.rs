@@ -21,8 +21,8 @@ use async_nats::jetstream;
 
 use crate::config::{ConfigError, Settings};
 use crate::event::{MAX_ID_BYTES, usable_id};
+use crate::nats::{ConnectError, connect_nats};
 use crate::setup::{self, SetupError};
-use crate::sink::{ConnectError, connect_nats};
 
 mod compare;
 mod messages;

@@ -44,11 +44,11 @@ const LAYERS: &[(&str, &[&str])] = &[
     ),
     (
         "the servers' protocols and the contracts: how the relay talks and what it checks against",
-        &["nats", "route", "schema", "source", "telemetry"],
+        &["route", "schema", "source", "telemetry"],
     ),
     (
-        "settings and the event",
-        &["catalog", "config", "event", "reload"],
+        "settings, the event and the NATS connection: `nats` connects with the settings",
+        &["catalog", "config", "event", "nats", "reload"],
     ),
     (
         "the path: stage, message, sink, and what serves beside it",
@@ -63,11 +63,10 @@ const LAYERS: &[(&str, &[&str])] = &[
         ],
     ),
     (
-        "operator tools and the errors that decide restarts",
+        "operator tools",
         &[
             "backfill",
             "check_schemas",
-            "error",
             "setup",
             "slot_mark",
             "status",

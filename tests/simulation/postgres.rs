@@ -32,9 +32,8 @@ use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use outbox_relay::Lsn;
-use outbox_relay::error::{SessionEnd, from_source};
 use outbox_relay::pgoutput::{Column, Message, OldTuple, Relation, TupleValue, encode};
-use outbox_relay::relay::Start;
+use outbox_relay::relay::{SessionEnd, Start, from_source};
 use outbox_relay::source::{
     ReplicationStream, ServerError, SourceError, StreamConfig, SystemInfo, TimelineHistory,
 };

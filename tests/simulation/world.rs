@@ -80,12 +80,12 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 use outbox_relay::Lsn;
 use outbox_relay::config::{Config, Settings};
-use outbox_relay::error::{NatsTrouble, Restart, SessionEnd};
 use outbox_relay::error_chain::error_chain;
 use outbox_relay::metrics::Metrics;
 use outbox_relay::nats::NatsPort;
 use outbox_relay::relay::{
-    Connector, Consumed, PositionProbe, RelayError, SlotCheck, Waited, run_with,
+    Connector, Consumed, NatsTrouble, PositionProbe, RelayError, Restart, SessionEnd, SlotCheck,
+    Waited, run_with,
 };
 use outbox_relay::source::{ReplicationStream, StreamConfig, SystemInfo};
 use tokio::sync::oneshot;

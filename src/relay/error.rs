@@ -4,17 +4,20 @@
 //! another relay holds).
 //!
 //! Each variant carries its source error (`#[source]`), so `main` prints the whole chain, and
-//! [`CauseKind`] gives metric labels and log fields without comparing strings. Which errors restart
-//! and which stop, and where each is decided: docs/architecture.md, "Errors: restart or stop".
+//! [`CauseKind`] gives metric labels and log fields without comparing strings. A restart says itself
+//! which tail it leaves untrusted ([`Restart::distrust`]), so the restart loop does not look into its
+//! variants. Which errors restart and which stop, and where each is decided: docs/architecture.md,
+//! "Errors: restart or stop".
 
 use crate::Lsn;
 use crate::config::ConfigError;
-pub use crate::http::BindError;
+use crate::http::BindError;
+use crate::nats::ConnectError;
 use crate::outbox::StageError;
 use crate::pgoutput::DecodeError;
 use crate::progress::OutOfOrderAck;
 use crate::setup::SetupError;
-use crate::sink::{ConnectError, SinkError, TailError};
+use crate::sink::{Distrust, SinkError, TailError};
 use crate::source::SourceError;
 
 /// A definite error: `run` ends with it; nothing past the confirmed LSN is confirmed.
@@ -116,6 +119,15 @@ impl Restart {
             Restart::Postgres(_) | Restart::SlotConsumed(_) => CauseKind::Postgres,
             Restart::Nats(_) => CauseKind::Nats,
             Restart::SlotHeld(_) => CauseKind::SlotHeld,
+        }
+    }
+
+    /// Why and which tail the next sessions must not trust, when the sink error that ended the
+    /// session found it so ([`SinkError::distrust`]); `None` for every other restart.
+    pub(crate) fn distrust(&self) -> Option<Distrust> {
+        match self {
+            Restart::Nats(NatsTrouble::Sink(e)) => e.distrust(),
+            _ => None,
         }
     }
 }

@@ -1,6 +1,6 @@
-//! The NATS connection the sink publishes through (and `setup`/`status` read the stream with):
-//! servers, credentials and TLS from the settings, one-line typed errors that tell an unreachable
-//! server from refused credentials.
+//! The NATS connection the sink publishes through (and `setup`, `status`, `verify` and the backfill
+//! read the stream with): servers, credentials and TLS from the settings, one-line typed errors that
+//! tell an unreachable server from refused credentials.
 //!
 //! The client gets the server addresses without credentials and the credentials through its own
 //! options, so neither its logs nor its errors can print a password or token.
