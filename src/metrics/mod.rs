@@ -21,6 +21,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 mod schema;
+
+#[cfg(test)]
+mod golden;
 pub use schema::SchemaMetrics;
 
 /// The kind of a restart (`crate::error::Restart::kind`): the `cause` label of the metrics, and
