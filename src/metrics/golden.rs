@@ -3,14 +3,15 @@
 //! what the deployment kit's alerts, promtool tests and dashboard read fails here first.
 
 use super::*;
+use std::time::Duration;
 
 /// Every counter, gauge, histogram bucket and schema series, each with its own value.
 fn populated() -> Metrics {
     let m = Metrics::default();
-    Metrics::add(&m.published_ok, 11);
-    Metrics::add(&m.published_duplicate, 12);
-    Metrics::add(&m.dead_letters, 13);
-    Metrics::add(&m.ignored_changes, 14);
+    m.published_ok.add(11);
+    m.published_duplicate.add(12);
+    m.dead_letters.add(13);
+    m.ignored_changes.add(14);
     m.restarted(CauseKind::Postgres);
     for _ in 0..2 {
         m.restarted(CauseKind::Nats);
@@ -18,20 +19,20 @@ fn populated() -> Metrics {
     for _ in 0..3 {
         m.restarted(CauseKind::SlotHeld);
     }
-    Metrics::set(&m.confirmed_lsn, 0x1_6B37_4D48);
-    Metrics::set(&m.received_lsn, 0x1_6B37_5000);
-    Metrics::set(&m.in_flight, 17);
-    Metrics::set(&m.streaming, 1);
-    Metrics::set(&m.nats_connected, 1);
-    Metrics::set(&m.standby, 1);
-    Metrics::set(&m.slot_lag_bytes, 18_432);
-    Metrics::set(&m.retained_wal_bytes, 16_777_216);
+    m.confirmed_lsn.set(0x1_6B37_4D48);
+    m.received_lsn.set(0x1_6B37_5000);
+    m.in_flight.set(17);
+    m.streaming.set(1);
+    m.nats_connected.set(1);
+    m.standby.set(1);
+    m.slot_lag_bytes.set(18_432);
+    m.retained_wal_bytes.set(16_777_216);
     m.set_wal_status("unreserved");
-    Metrics::set(&m.slot_consumed_events, 19);
-    Metrics::add(&m.spans_exported, 21);
-    Metrics::add(&m.spans_dropped, 22);
-    Metrics::add(&m.position_refused_reply, 23);
-    Metrics::add(&m.position_refused_too_large, 24);
+    m.slot_consumed_events.set(19);
+    m.spans_exported.add(21);
+    m.spans_dropped.add(22);
+    m.position_refused_reply.add(23);
+    m.position_refused_too_large.add(24);
     for (i, ms) in [1, 2, 3, 7, 15, 40, 90, 200, 400, 900, 4_000, 20_000, 60_000]
         .into_iter()
         .enumerate()
@@ -45,9 +46,9 @@ fn populated() -> Metrics {
     m.schemas.failed("ClaimApproved");
     m.schemas.failed("we\"ird\\type\nsplit");
     m.schemas.failed("Another");
-    Metrics::add(&m.schemas.reloads, 5);
-    Metrics::add(&m.schemas.reload_failures, 6);
-    Metrics::set(&m.schemas.loaded, 7);
+    m.schemas.reloads.add(5);
+    m.schemas.reload_failures.add(6);
+    m.schemas.loaded.set(7);
     m
 }
 
