@@ -259,7 +259,7 @@ async fn wait(
 ) -> Response<Full<Bytes>> {
     let query = req.uri().query().unwrap_or("");
     if query.len() > MAX_REQUEST_BYTES {
-        Metrics::inc(&metrics.position_refused_too_large);
+        metrics.position_refused_too_large.inc();
         return json_error(
             StatusCode::URI_TOO_LONG,
             &format!(
@@ -269,7 +269,7 @@ async fn wait(
         );
     }
     if has_body(&req) {
-        Metrics::inc(&metrics.position_refused_too_large);
+        metrics.position_refused_too_large.inc();
         return json_error(
             StatusCode::PAYLOAD_TOO_LARGE,
             "request: /wait takes no body: send lsn and timeout_ms in the query",
@@ -331,10 +331,7 @@ fn respond(
         "/healthz" => text(StatusCode::OK, "ok\n".into(), "text/plain"),
         "/readyz" if metrics.ready() => text(StatusCode::OK, "ready\n".into(), "text/plain"),
         "/readyz" => {
-            let why = match (
-                Metrics::get(&metrics.streaming),
-                Metrics::get(&metrics.nats_connected),
-            ) {
+            let why = match (metrics.streaming.get(), metrics.nats_connected.get()) {
                 (0, 0) => "not streaming from postgres; nats disconnected",
                 (0, _) => "not streaming from postgres",
                 _ => "nats disconnected",

@@ -12,7 +12,6 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use crate::config::{Config, Settings};
 use crate::schema::{SchemaMetrics, Schemas};
@@ -169,14 +168,12 @@ impl Hook for SchemasHook {
 
     fn apply(&mut self, new: &Settings) -> Result<(), HookError> {
         if let Some(e) = &new.schemas_error {
-            self.metrics.reload_failures.fetch_add(1, Ordering::Relaxed);
+            self.metrics.reload_failures.inc();
             return Err(e.to_string().into());
         }
         let set = new.schemas.current();
-        self.metrics
-            .loaded
-            .store(set.len() as u64, Ordering::Relaxed);
-        self.metrics.reloads.fetch_add(1, Ordering::Relaxed);
+        self.metrics.loaded.set(set.len() as u64);
+        self.metrics.reloads.inc();
         self.running.replace(set);
         Ok(())
     }

@@ -1,27 +1,35 @@
 //! Counters, gauges and one histogram of a running relay, and their Prometheus text form.
 //!
-//! Plain atomics (`AtomicU64`, `Relaxed`), so updating them costs one atomic add on the hot path;
-//! the pipeline writes, the HTTP listener (`/metrics`) and tests read. The exposition is the
-//! Prometheus text format 0.0.4 (<https://prometheus.io/docs/instrumenting/exposition_formats/>),
-//! rendered here directly. The official `prometheus-client` crate was weighed against this, and
-//! an update would cost the same there: its `Counter` and `Gauge` are the same relaxed atomics
-//! (`fetch_add(v, Ordering::Relaxed)` on an `AtomicU64` behind an `Arc`), and its histogram's lock
-//! per observation (`parking_lot`) is uncontended on the relay's one thread. What it would change
-//! is the rest: it writes OpenMetrics text (a `# TYPE` line without the `_total` suffix, a closing
-//! `# EOF`), not this format, so `/metrics` would not stay byte for byte what the deployment kit's
-//! alerts, their promtool tests and the dashboard are checked against end to end
-//! (tests/integration/deploy.rs, against a live relay); it brings a registry and a derive macro
-//! for label sets where the series are fixed struct fields and arrays indexed by enums (the one
-//! open label, schema failures by event type, is a capped map in `schema.rs`); and it would
-//! replace only the rendering (its functions here and in `schema.rs`, about 270 lines).
-//! Metric names are the constants below, prefix `outbox_relay_`.
+//! Each series is a [`Counter`], a [`Gauge`] or a histogram (`value.rs`): relaxed atomics, so
+//! updating one costs one atomic add on the hot path; the pipeline writes, the HTTP listener
+//! (`/metrics`) and tests read. The exposition is the Prometheus text format 0.0.4
+//! (<https://prometheus.io/docs/instrumenting/exposition_formats/>), written by one encoder
+//! (`encode.rs`) for every series, the schema series of `schema.rs` included. The official
+//! `prometheus-client` crate was weighed against this, and an update would cost the same there: its
+//! `Counter` and `Gauge` are the same relaxed atomics (`fetch_add(v, Ordering::Relaxed)` on an
+//! `AtomicU64` behind an `Arc`), and its histogram's lock per observation (`parking_lot`) is
+//! uncontended on the relay's one thread. What it would change is the rest: it writes OpenMetrics
+//! text (a `# TYPE` line without the `_total` suffix, a closing `# EOF`), not this format, so
+//! `/metrics` would not stay byte for byte what the deployment kit's alerts, their promtool tests
+//! and the dashboard are checked against end to end (tests/integration/deploy.rs, against a live
+//! relay); it brings a registry and a derive macro for label sets where the series are fixed struct
+//! fields and arrays indexed by enums (the one open label, schema failures by event type, is a
+//! capped map in `schema.rs`); and it would replace only the rendering (the encoder and the
+//! functions here and in `schema.rs` that call it). Metric names are the constants below, prefix
+//! `outbox_relay_`.
 
-use std::fmt::Write as _;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
+mod encode;
+#[cfg(test)]
+mod golden;
 mod schema;
+mod value;
+
+use encode::{Kind, family};
 pub use schema::SchemaMetrics;
+use value::Histogram;
+pub use value::{Counter, Gauge};
 
 /// The kind of a restart (`crate::relay::Restart::kind`): the `cause` label of the metrics, and
 /// one log line per change of state.
@@ -99,83 +107,57 @@ pub(crate) const POSITION_REFUSED: &str = "outbox_relay_position_requests_refuse
 /// `wal_status` values of `pg_replication_slots`, in the order of the gauge's codes (0 = unknown).
 pub(crate) const WAL_STATUSES: [&str; 4] = ["reserved", "extended", "unreserved", "lost"];
 
-/// Upper bounds (seconds) of the commit → ack latency buckets.
-const BUCKETS: [f64; 12] = [
-    0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0, 30.0,
-];
-
-/// A fixed-bucket histogram of durations.
-#[derive(Debug, Default)]
-pub(crate) struct Histogram {
-    buckets: [AtomicU64; BUCKETS.len()],
-    count: AtomicU64,
-    sum_micros: AtomicU64,
-}
-
-impl Histogram {
-    /// Records one duration.
-    pub(crate) fn observe(&self, d: Duration) {
-        let secs = d.as_secs_f64();
-        if let Some(i) = BUCKETS.iter().position(|&b| secs <= b) {
-            self.buckets[i].fetch_add(1, Ordering::Relaxed);
-        }
-        self.count.fetch_add(1, Ordering::Relaxed);
-        self.sum_micros
-            .fetch_add(d.as_micros() as u64, Ordering::Relaxed);
-    }
-}
-
 /// Live numbers of one relay process.
 #[derive(Debug, Default)]
 pub struct Metrics {
     /// Stored by JetStream as new messages.
-    pub published_ok: AtomicU64,
+    pub published_ok: Counter,
     /// Acknowledged as duplicates (already stored: a republish after a restart).
-    pub published_duplicate: AtomicU64,
+    pub published_duplicate: Counter,
     /// Published to the dead-letter subject.
-    pub dead_letters: AtomicU64,
+    pub dead_letters: Counter,
     /// Updates, deletes and truncates of the outbox table (never published).
-    pub ignored_changes: AtomicU64,
+    pub ignored_changes: Counter,
     /// Pipeline restarts after a transient failure, in all.
-    pub reconnects: AtomicU64,
+    pub reconnects: Counter,
     /// The same by cause, indexed by [`CauseKind`] (see [`Metrics::restarted`]).
-    pub(crate) reconnects_by_cause: [AtomicU64; CauseKind::ALL.len()],
+    pub(crate) reconnects_by_cause: [Counter; CauseKind::ALL.len()],
     /// The LSN last confirmed to the slot, as a number.
-    pub(crate) confirmed_lsn: AtomicU64,
+    pub(crate) confirmed_lsn: Gauge,
     /// The highest WAL position received from Postgres, as a number.
-    pub(crate) received_lsn: AtomicU64,
+    pub(crate) received_lsn: Gauge,
     /// Messages published and not yet acknowledged.
-    pub in_flight: AtomicU64,
+    pub in_flight: Gauge,
     /// Unix milliseconds of the last ack (0 = none yet).
-    pub(crate) last_ack_unix_ms: AtomicU64,
+    pub(crate) last_ack_unix_ms: Gauge,
     /// 1 while a replication session streams.
-    pub streaming: AtomicU64,
+    pub streaming: Gauge,
     /// 1 while the NATS client is connected.
-    pub(crate) nats_connected: AtomicU64,
+    pub(crate) nats_connected: Gauge,
     /// 1 while waiting as a standby: another relay holds the slot.
-    pub standby: AtomicU64,
+    pub standby: Gauge,
     /// Sampled on the control connection: `pg_current_wal_lsn() - confirmed_flush_lsn`.
-    pub(crate) slot_lag_bytes: AtomicU64,
+    pub(crate) slot_lag_bytes: Gauge,
     /// Sampled: `pg_current_wal_lsn() - restart_lsn`, the WAL the slot keeps.
-    pub(crate) retained_wal_bytes: AtomicU64,
+    pub(crate) retained_wal_bytes: Gauge,
     /// 1 + index into [`WAL_STATUSES`]; 0 = unknown.
-    pub(crate) wal_status: AtomicU64,
+    pub(crate) wal_status: Gauge,
     /// Events another client took from the slot that the stream lacks (see [`SLOT_CONSUMED`]).
-    pub slot_consumed_events: AtomicU64,
+    pub slot_consumed_events: Gauge,
     /// Commit (the transaction's commit timestamp) → JetStream ack.
     pub(crate) commit_to_ack: Histogram,
     /// `outbox.schemas`: failed checks by event type, reloads, schemas in force. An `Arc`: the
     /// outbox stage counts into it.
     pub schemas: std::sync::Arc<SchemaMetrics>,
     /// Trace spans the collector took.
-    pub spans_exported: AtomicU64,
+    pub spans_exported: Counter,
     /// Trace spans dropped (queue full, collector down, slow or refusing).
-    pub spans_dropped: AtomicU64,
+    pub spans_dropped: Counter,
     /// Position service requests left unanswered: their reply subject is one the relay never
     /// publishes to.
-    pub position_refused_reply: AtomicU64,
+    pub position_refused_reply: Counter,
     /// Position service and `/wait` requests refused for their size.
-    pub position_refused_too_large: AtomicU64,
+    pub position_refused_too_large: Counter,
 }
 
 fn now_ms() -> u64 {
@@ -186,40 +168,20 @@ fn now_ms() -> u64 {
 }
 
 impl Metrics {
-    /// Adds one to a counter.
-    pub(crate) fn inc(counter: &AtomicU64) {
-        counter.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// Adds `n` to a counter.
-    pub(crate) fn add(counter: &AtomicU64, n: u64) {
-        counter.fetch_add(n, Ordering::Relaxed);
-    }
-
-    /// Sets a gauge.
-    pub(crate) fn set(gauge: &AtomicU64, v: u64) {
-        gauge.store(v, Ordering::Relaxed);
-    }
-
-    /// Reads a counter or gauge.
-    pub fn get(v: &AtomicU64) -> u64 {
-        v.load(Ordering::Relaxed)
-    }
-
     /// Counts a session restart of kind `cause`.
     pub(crate) fn restarted(&self, cause: CauseKind) {
-        Self::inc(&self.reconnects);
-        Self::inc(&self.reconnects_by_cause[cause as usize]);
+        self.reconnects.inc();
+        self.reconnects_by_cause[cause as usize].inc();
     }
 
     /// Records that an ack arrived now.
     pub(crate) fn acked_now(&self) {
-        self.last_ack_unix_ms.store(now_ms(), Ordering::Relaxed);
+        self.last_ack_unix_ms.set(now_ms());
     }
 
     /// Seconds since the last ack; `None` before the first.
     pub(crate) fn seconds_since_last_ack(&self) -> Option<f64> {
-        match self.last_ack_unix_ms.load(Ordering::Relaxed) {
+        match self.last_ack_unix_ms.get() {
             0 => None,
             t => Some(now_ms().saturating_sub(t) as f64 / 1000.0),
         }
@@ -227,7 +189,7 @@ impl Metrics {
 
     /// Streaming with both connections up: what `/readyz` reports.
     pub(crate) fn ready(&self) -> bool {
-        Self::get(&self.streaming) == 1 && Self::get(&self.nats_connected) == 1
+        self.streaming.get() == 1 && self.nats_connected.get() == 1
     }
 
     /// Sets the `wal_status` gauge from its text.
@@ -236,7 +198,7 @@ impl Metrics {
             .iter()
             .position(|s| *s == status)
             .map_or(0, |i| i as u64 + 1);
-        self.wal_status.store(code, Ordering::Relaxed);
+        self.wal_status.set(code);
     }
 
     /// The Prometheus text exposition of every series.
@@ -255,42 +217,41 @@ impl Metrics {
 
     /// Events published, changes ignored, restarts by cause.
     fn render_events(&self, out: &mut String) {
-        let g = Self::get;
         family(
             out,
             EVENTS_PUBLISHED,
-            "counter",
+            Kind::Counter,
             "Outbox events acknowledged by JetStream, by outcome.",
             &[
-                ("{outcome=\"ok\"}", g(&self.published_ok) as f64),
+                (&[("outcome", "ok")], self.published_ok.get() as f64),
                 (
-                    "{outcome=\"duplicate\"}",
-                    g(&self.published_duplicate) as f64,
+                    &[("outcome", "duplicate")],
+                    self.published_duplicate.get() as f64,
                 ),
-                ("{outcome=\"dead_letter\"}", g(&self.dead_letters) as f64),
+                (
+                    &[("outcome", "dead_letter")],
+                    self.dead_letters.get() as f64,
+                ),
             ],
         );
         family(
             out,
             IGNORED_CHANGES,
-            "counter",
+            Kind::Counter,
             "Updates, deletes and truncates of the outbox table (not published).",
-            &[("", g(&self.ignored_changes) as f64)],
+            &[(&[], self.ignored_changes.get() as f64)],
         );
-        let causes: Vec<(String, f64)> = CauseKind::ALL
-            .iter()
-            .map(|c| {
-                (
-                    format!("{{cause=\"{c}\"}}"),
-                    g(&self.reconnects_by_cause[*c as usize]) as f64,
-                )
-            })
-            .collect();
-        let causes: Vec<(&str, f64)> = causes.iter().map(|(l, v)| (l.as_str(), *v)).collect();
+        let labels = CauseKind::ALL.map(|c| [("cause", c.as_str())]);
+        let causes = CauseKind::ALL.map(|c| {
+            (
+                &labels[c as usize][..],
+                self.reconnects_by_cause[c as usize].get() as f64,
+            )
+        });
         family(
             out,
             RECONNECTS,
-            "counter",
+            Kind::Counter,
             "Pipeline restarts from the confirmed position, by cause.",
             &causes,
         );
@@ -298,143 +259,133 @@ impl Metrics {
 
     /// Messages in flight and the confirmed and received positions.
     fn render_positions(&self, out: &mut String) {
-        let g = Self::get;
         family(
             out,
             IN_FLIGHT,
-            "gauge",
+            Kind::Gauge,
             "Messages published and not yet acknowledged.",
-            &[("", g(&self.in_flight) as f64)],
+            &[(&[], self.in_flight.get() as f64)],
         );
         family(
             out,
             CONFIRMED_LSN,
-            "gauge",
+            Kind::Gauge,
             "The LSN confirmed to the replication slot (as a number).",
-            &[("", g(&self.confirmed_lsn) as f64)],
+            &[(&[], self.confirmed_lsn.get() as f64)],
         );
         family(
             out,
             RECEIVED_LSN,
-            "gauge",
+            Kind::Gauge,
             "The highest WAL position received from Postgres (as a number).",
-            &[("", g(&self.received_lsn) as f64)],
+            &[(&[], self.received_lsn.get() as f64)],
         );
     }
 
     /// The slot as last sampled: lag, retained WAL, `wal_status`.
     fn render_slot(&self, out: &mut String) {
-        let g = Self::get;
         family(
             out,
             SLOT_LAG,
-            "gauge",
+            Kind::Gauge,
             "pg_current_wal_lsn() minus the slot's confirmed_flush_lsn, sampled.",
-            &[("", g(&self.slot_lag_bytes) as f64)],
+            &[(&[], self.slot_lag_bytes.get() as f64)],
         );
         family(
             out,
             RETAINED_WAL,
-            "gauge",
+            Kind::Gauge,
             "pg_current_wal_lsn() minus the slot's restart_lsn: WAL kept for the slot, sampled.",
-            &[("", g(&self.retained_wal_bytes) as f64)],
+            &[(&[], self.retained_wal_bytes.get() as f64)],
         );
-        let code = g(&self.wal_status);
-        let statuses: Vec<(String, f64)> = WAL_STATUSES
-            .iter()
-            .enumerate()
-            .map(|(i, s)| {
-                (
-                    format!("{{status=\"{s}\"}}"),
-                    if code == i as u64 + 1 { 1.0 } else { 0.0 },
-                )
-            })
-            .collect();
-        let statuses: Vec<(&str, f64)> = statuses.iter().map(|(l, v)| (l.as_str(), *v)).collect();
+        let code = self.wal_status.get();
+        let labels = WAL_STATUSES.map(|s| [("status", s)]);
+        let mut statuses = [(&[][..], 0.0); WAL_STATUSES.len()];
+        for (i, sample) in statuses.iter_mut().enumerate() {
+            let current = code == i as u64 + 1;
+            *sample = (&labels[i][..], if current { 1.0 } else { 0.0 });
+        }
         family(
             out,
             WAL_STATUS,
-            "gauge",
+            Kind::Gauge,
             "The slot's wal_status (1 for the current one); lost means events may be gone.",
             &statuses,
         );
         family(
             out,
             SLOT_CONSUMED,
-            "gauge",
+            Kind::Gauge,
             "Outbox events another client consumed from the slot (or advanced it past) that the stream lacks; 0 when none.",
-            &[("", g(&self.slot_consumed_events) as f64)],
+            &[(&[], self.slot_consumed_events.get() as f64)],
         );
     }
 
     /// The stall detector and the connection and standby states.
     fn render_liveness(&self, out: &mut String) {
-        let g = Self::get;
         family(
             out,
             SINCE_LAST_ACK,
-            "gauge",
+            Kind::Gauge,
             "Seconds since JetStream last acknowledged an event (-1 before the first): the stall detector.",
-            &[("", self.seconds_since_last_ack().unwrap_or(-1.0))],
+            &[(&[], self.seconds_since_last_ack().unwrap_or(-1.0))],
         );
         family(
             out,
             STREAMING,
-            "gauge",
+            Kind::Gauge,
             "1 while a replication session streams from Postgres.",
-            &[("", g(&self.streaming) as f64)],
+            &[(&[], self.streaming.get() as f64)],
         );
         family(
             out,
             STANDBY,
-            "gauge",
+            Kind::Gauge,
             "1 while this relay waits as a standby because another relay holds the slot.",
-            &[("", g(&self.standby) as f64)],
+            &[(&[], self.standby.get() as f64)],
         );
         family(
             out,
             NATS_CONNECTED,
-            "gauge",
+            Kind::Gauge,
             "1 while the NATS connection is up.",
-            &[("", g(&self.nats_connected) as f64)],
+            &[(&[], self.nats_connected.get() as f64)],
         );
     }
 
     /// Trace spans exported and dropped.
     fn render_spans(&self, out: &mut String) {
-        let g = Self::get;
         family(
             out,
             SPANS_EXPORTED,
-            "counter",
+            Kind::Counter,
             "Trace spans sent to the OTLP collector ([telemetry]).",
-            &[("", g(&self.spans_exported) as f64)],
+            &[(&[], self.spans_exported.get() as f64)],
         );
         family(
             out,
             SPANS_DROPPED,
-            "counter",
+            Kind::Counter,
             "Trace spans dropped: export queue full, or the collector refused, failed or did not answer in time.",
-            &[("", g(&self.spans_dropped) as f64)],
+            &[(&[], self.spans_dropped.get() as f64)],
         );
     }
 
     /// Requests the position service (and `/wait`) refused.
     fn render_refused(&self, out: &mut String) {
-        let g = Self::get;
         family(
             out,
             POSITION_REFUSED,
-            "counter",
+            Kind::Counter,
             "Position service and /wait requests refused, by reason (reply_subject: never answered; too_large: over 512 bytes).",
             &[
                 (
-                    "{reason=\"reply_subject\"}",
-                    g(&self.position_refused_reply) as f64,
+                    &[("reason", "reply_subject")],
+                    self.position_refused_reply.get() as f64,
                 ),
                 (
-                    "{reason=\"too_large\"}",
-                    g(&self.position_refused_too_large) as f64,
+                    &[("reason", "too_large")],
+                    self.position_refused_too_large.get() as f64,
                 ),
             ],
         );
@@ -442,44 +393,26 @@ impl Metrics {
 
     /// The commit → ack latency histogram.
     fn render_commit_to_ack(&self, out: &mut String) {
-        let h = &self.commit_to_ack;
-        let _ = writeln!(
+        encode::histogram(
             out,
-            "# HELP {COMMIT_TO_ACK} Time from the transaction's commit to JetStream's ack."
+            COMMIT_TO_ACK,
+            "Time from the transaction's commit to JetStream's ack.",
+            &self.commit_to_ack,
         );
-        let _ = writeln!(out, "# TYPE {COMMIT_TO_ACK} histogram");
-        let mut cumulative = 0;
-        for (i, b) in BUCKETS.iter().enumerate() {
-            cumulative += h.buckets[i].load(Ordering::Relaxed);
-            let _ = writeln!(out, "{COMMIT_TO_ACK}_bucket{{le=\"{b}\"}} {cumulative}");
-        }
-        let count = h.count.load(Ordering::Relaxed);
-        let _ = writeln!(out, "{COMMIT_TO_ACK}_bucket{{le=\"+Inf\"}} {count}");
-        let sum = h.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
-        let _ = writeln!(out, "{COMMIT_TO_ACK}_sum {sum}");
-        let _ = writeln!(out, "{COMMIT_TO_ACK}_count {count}");
-    }
-}
-
-/// Appends one metric family: its HELP and TYPE lines, then one line per sample (labels, value).
-fn family(out: &mut String, name: &str, kind: &str, help: &str, samples: &[(&str, f64)]) {
-    let _ = writeln!(out, "# HELP {name} {help}");
-    let _ = writeln!(out, "# TYPE {name} {kind}");
-    for (labels, v) in samples {
-        let _ = writeln!(out, "{name}{labels} {v}");
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn renders_prometheus_text() {
         let m = Metrics::default();
-        Metrics::inc(&m.published_ok);
-        Metrics::inc(&m.published_ok);
-        Metrics::inc(&m.dead_letters);
+        m.published_ok.inc();
+        m.published_ok.inc();
+        m.dead_letters.inc();
         m.set_wal_status("extended");
         m.commit_to_ack.observe(Duration::from_millis(3));
         m.commit_to_ack.observe(Duration::from_secs(60));
@@ -514,9 +447,9 @@ mod tests {
     fn ready_needs_both_connections() {
         let m = Metrics::default();
         assert!(!m.ready());
-        Metrics::set(&m.streaming, 1);
+        m.streaming.set(1);
         assert!(!m.ready());
-        Metrics::set(&m.nats_connected, 1);
+        m.nats_connected.set(1);
         assert!(m.ready());
     }
 }

@@ -3,9 +3,10 @@
 //! module above it; the schema checks (`crate::schema`) count into it.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::encode::{Kind, header, sample};
+use super::value::{Counter, Gauge};
 
 /// The most event types the failure counter keeps apart; the rest are counted as `(other)`, so a
 /// writer that invents event types cannot grow `/metrics` without bound.
@@ -17,11 +18,11 @@ pub struct SchemaMetrics {
     /// Failed checks by event type.
     failures: Mutex<BTreeMap<String, u64>>,
     /// Reloads that put a new set in force.
-    pub(crate) reloads: AtomicU64,
+    pub(crate) reloads: Counter,
     /// Reloads that failed (the previous set stayed).
-    pub(crate) reload_failures: AtomicU64,
+    pub(crate) reload_failures: Counter,
     /// Schemas in force.
-    pub(crate) loaded: AtomicU64,
+    pub(crate) loaded: Gauge,
 }
 
 /// Counter: events whose payload failed their schema, by event type.
@@ -52,44 +53,31 @@ impl SchemaMetrics {
 
     /// Appends the Prometheus text of these series to `out`.
     pub(crate) fn render(&self, out: &mut String) {
-        let _ = writeln!(
+        header(
             out,
-            "# HELP {SCHEMA_FAILURES} Events whose payload failed its JSON Schema (dead letters), by event type."
+            SCHEMA_FAILURES,
+            Kind::Counter,
+            "Events whose payload failed its JSON Schema (dead letters), by event type.",
         );
-        let _ = writeln!(out, "# TYPE {SCHEMA_FAILURES} counter");
         for (t, n) in self
             .failures
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .iter()
         {
-            let _ = writeln!(out, "{SCHEMA_FAILURES}{{event_type=\"{}\"}} {n}", label(t));
+            sample(&mut *out, SCHEMA_FAILURES, &[("event_type", t)], n);
         }
-        let _ = writeln!(
+        header(
             out,
-            "# HELP {SCHEMA_RELOADS} Reloads of the schema directory (SIGHUP), by result."
+            SCHEMA_RELOADS,
+            Kind::Counter,
+            "Reloads of the schema directory (SIGHUP), by result.",
         );
-        let _ = writeln!(out, "# TYPE {SCHEMA_RELOADS} counter");
-        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let _ = writeln!(
-            out,
-            "{SCHEMA_RELOADS}{{result=\"ok\"}} {}",
-            get(&self.reloads)
-        );
-        let _ = writeln!(
-            out,
-            "{SCHEMA_RELOADS}{{result=\"failed\"}} {}",
-            get(&self.reload_failures)
-        );
-        let _ = writeln!(out, "# HELP {SCHEMAS_LOADED} JSON Schemas in force.");
-        let _ = writeln!(out, "# TYPE {SCHEMAS_LOADED} gauge");
-        let _ = writeln!(out, "{SCHEMAS_LOADED} {}", get(&self.loaded));
+        let reloads = [("ok", &self.reloads), ("failed", &self.reload_failures)];
+        for (result, n) in reloads {
+            sample(&mut *out, SCHEMA_RELOADS, &[("result", result)], n.get());
+        }
+        header(out, SCHEMAS_LOADED, Kind::Gauge, "JSON Schemas in force.");
+        sample(out, SCHEMAS_LOADED, &[], self.loaded.get());
     }
-}
-
-/// A Prometheus label value: backslash, quote and line breaks escaped.
-fn label(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
 }

@@ -57,7 +57,7 @@ pub async fn run(
     settings.schemas_loaded()?;
     let schemas = settings.schemas.current();
     if schemas.active() {
-        Metrics::set(&metrics.schemas.loaded, schemas.len() as u64);
+        metrics.schemas.loaded.set(schemas.len() as u64);
         info!(dir = schemas.dir(), "{} JSON Schemas loaded", schemas.len());
     }
     // Read-your-writes: one task answers every wait; sessions publish the stored position.
@@ -246,7 +246,7 @@ impl Relay {
                 }
                 Err(end) => (end, None),
             };
-            Metrics::set(&self.shared.metrics.streaming, 0);
+            self.shared.metrics.streaming.set(0);
             match end {
                 SessionEnd::Shutdown => {
                     info!(confirmed = %self.state.confirmed, "stopped");
@@ -282,7 +282,7 @@ impl Relay {
             self.connector.nats_failed();
         }
         let metrics = &self.shared.metrics;
-        Metrics::set(&metrics.standby, u64::from(kind == CauseKind::SlotHeld));
+        metrics.standby.set(u64::from(kind == CauseKind::SlotHeld));
         metrics.restarted(kind);
         let error = error_chain(restart);
         let state = &mut self.state;

@@ -22,7 +22,7 @@ impl<T> Drop for AbortOnDrop<T> {
 pub(super) async fn watch_nats(client: async_nats::Client, metrics: Arc<Metrics>) {
     loop {
         let up = client.connection_state() == async_nats::connection::State::Connected;
-        Metrics::set(&metrics.nats_connected, u64::from(up));
+        metrics.nats_connected.set(u64::from(up));
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
@@ -46,15 +46,15 @@ pub(super) async fn sample_slot(settings: Settings, metrics: Arc<Metrics>) {
             match catalog::slot(c, &settings.config().postgres.slot).await {
                 Ok(Some(slot)) => {
                     let bytes = |v: Option<i64>| v.unwrap_or(0).max(0) as u64;
-                    Metrics::set(&metrics.slot_lag_bytes, bytes(slot.lag_bytes));
-                    Metrics::set(&metrics.retained_wal_bytes, bytes(slot.retained_bytes));
+                    metrics.slot_lag_bytes.set(bytes(slot.lag_bytes));
+                    metrics.retained_wal_bytes.set(bytes(slot.retained_bytes));
                     metrics.set_wal_status(slot.wal_status.as_deref().unwrap_or(""));
                 }
                 Ok(None) => {
                     // The slot is gone: no lag to report, and no WAL kept for it.
                     metrics.set_wal_status("");
-                    Metrics::set(&metrics.slot_lag_bytes, 0);
-                    Metrics::set(&metrics.retained_wal_bytes, 0);
+                    metrics.slot_lag_bytes.set(0);
+                    metrics.retained_wal_bytes.set(0);
                 }
                 Err(_) => client = None,
             }

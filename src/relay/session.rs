@@ -263,7 +263,7 @@ impl Session {
         ev: ReplicationEvent,
     ) -> Result<(), SessionEnd> {
         if !self.streaming_reported {
-            Metrics::set(&self.metrics.streaming, 1);
+            self.metrics.streaming.set(1);
             self.streaming_reported = true;
         }
         let (wal_start, data) = match ev {
@@ -309,7 +309,7 @@ impl Session {
                 if let Err(e) = self.sink.submit(seq, event).await {
                     return Err(from_sink(e));
                 }
-                Metrics::set(&self.metrics.in_flight, self.sink.in_flight() as u64);
+                self.metrics.in_flight.set(self.sink.in_flight() as u64);
             }
             Step::Standalone { event, end_lsn } => {
                 let seq = self.progress.publish();
@@ -327,7 +327,7 @@ impl Session {
             // Once per relation and session, and only when a publication sends partitions under
             // their own names: is it a partition of the outbox table (attached since we looked)?
             Step::LookUpPartitions => self.stage.partitions_found(connector.partitions().await?),
-            Step::IgnoredChange(_) => Metrics::inc(&self.metrics.ignored_changes),
+            Step::IgnoredChange(_) => self.metrics.ignored_changes.inc(),
             Step::Nothing => {}
         }
         Ok(())
@@ -390,10 +390,10 @@ impl Session {
         self.stream.confirm(c);
         if c > state.confirmed {
             state.confirmed = c;
-            Metrics::set(&self.metrics.confirmed_lsn, c.0);
+            self.metrics.confirmed_lsn.set(c.0);
         }
-        Metrics::set(&self.metrics.received_lsn, self.stream.received().0);
-        Metrics::set(&self.metrics.in_flight, self.sink.in_flight() as u64);
+        self.metrics.received_lsn.set(self.stream.received().0);
+        self.metrics.in_flight.set(self.sink.in_flight() as u64);
         // Stored is what the tracker says, not what the slot was told: waiters need not wait for
         // the next status update.
         self.positions.advance(c, self.sink.last_sequence());
@@ -403,10 +403,10 @@ impl Session {
 /// Counts a stored (or refused and dead-lettered) event by its outcome.
 fn count(metrics: &Metrics, outcome: &Outcome) {
     match outcome {
-        Outcome::Stored { duplicate: false } => Metrics::inc(&metrics.published_ok),
-        Outcome::Stored { duplicate: true } => Metrics::inc(&metrics.published_duplicate),
+        Outcome::Stored { duplicate: false } => metrics.published_ok.inc(),
+        Outcome::Stored { duplicate: true } => metrics.published_duplicate.inc(),
         // Counted with the duplicates: a republish that never had to leave the relay.
-        Outcome::AlreadyStored => Metrics::inc(&metrics.published_duplicate),
-        Outcome::DeadLetter { .. } => Metrics::inc(&metrics.dead_letters),
+        Outcome::AlreadyStored => metrics.published_duplicate.inc(),
+        Outcome::DeadLetter { .. } => metrics.dead_letters.inc(),
     }
 }

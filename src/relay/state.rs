@@ -51,7 +51,7 @@ impl State {
     /// has run a while: a server that accepts the start and drops the connection at once must not
     /// get a restart every 100 ms.
     pub(super) fn streaming(&mut self, metrics: &Metrics, slot: &str) {
-        Metrics::set(&metrics.standby, 0);
+        metrics.standby.set(0);
         match self.last_cause {
             // From the slot's own position; `confirmed` is the last this process confirmed.
             None => info!(%slot, confirmed = %self.confirmed, "streaming"),
@@ -74,7 +74,7 @@ impl State {
         check: &SlotCheck,
     ) -> Result<(), SessionEnd> {
         let events = check.consumed.as_ref().map_or(0, |c| c.events);
-        Metrics::set(&metrics.slot_consumed_events, events);
+        metrics.slot_consumed_events.set(events);
         let Some(consumed) = &check.consumed else {
             if let Some(why) = &check.unknown {
                 info!(%why, "whether another client consumed the slot since the last session cannot be told");

@@ -169,7 +169,7 @@ impl Answering {
                     let Some(asked) = self.admit(&message) else { continue };
                     let body = message.payload;
                     if body.len() > MAX_REQUEST_BYTES {
-                        Metrics::inc(&self.metrics.position_refused_too_large);
+                        self.metrics.position_refused_too_large.inc();
                         self.respond(kind, asked, Err(too_large(body.len()))).await;
                         continue;
                     }
@@ -229,7 +229,7 @@ impl Answering {
     fn admit(&self, message: &Message) -> Option<Asked> {
         let reply = message.reply.as_ref()?;
         if let Some(why) = self.rules.refuses(reply) {
-            Metrics::inc(&self.metrics.position_refused_reply);
+            self.metrics.position_refused_reply.inc();
             debug!(
                 subject = %message.subject,
                 reply = %super::shorten(reply),

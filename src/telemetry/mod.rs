@@ -233,7 +233,7 @@ impl Telemetry {
             }
             // Full (the collector is slow or gone), or poisoned (the thread panicked).
             _ => {
-                Metrics::inc(&self.inner.metrics.spans_dropped);
+                self.inner.metrics.spans_dropped.inc();
                 return;
             }
         };
@@ -397,14 +397,14 @@ fn export_loop(
             }
             match client.post(encoder.finish()) {
                 Ok(()) => {
-                    Metrics::add(&metrics.spans_exported, n as u64);
+                    metrics.spans_exported.add(n as u64);
                     if failing {
                         info!("trace spans are exported again");
                         failing = false;
                     }
                 }
                 Err(e) => {
-                    Metrics::add(&metrics.spans_dropped, n as u64);
+                    metrics.spans_dropped.add(n as u64);
                     // Once per outage, not per batch.
                     if !failing {
                         warn!(error = %e, "the OTLP collector did not take a batch of spans; dropping spans until it does (counted in outbox_relay_spans_dropped_total)");

@@ -178,7 +178,7 @@ async fn transactions_share_batches_yet_each_lies_whole_in_one() {
             );
         }
         assert_eq!(
-            outbox_relay::metrics::Metrics::get(&relay.metrics.reconnects),
+            relay.metrics.reconnects.get(),
             0,
             "no restart (atomic_group_ms {group_ms})"
         );
@@ -221,7 +221,7 @@ async fn a_batch_waiting_behind_one_in_flight_is_stored_whole_after_it_without_a
     let tally = assert_all_stored_once_in_order(&js, &stream, &ids).await;
     tally.report("a batch waiting behind an acked one", 1);
     assert_eq!(
-        outbox_relay::metrics::Metrics::get(&relay.metrics.reconnects),
+        relay.metrics.reconnects.get(),
         0,
         "B committed by its bound, not after an ack timeout and a restart"
     );
@@ -440,7 +440,7 @@ async fn members_around_the_size_limit(
             Instant::now() < deadline,
             "only {} of 13 messages stored after 30 s ({} restarts): the batch around the limit wedges the relay",
             stream_count(&js, &stream).await,
-            outbox_relay::metrics::Metrics::get(&relay.metrics.reconnects)
+            relay.metrics.reconnects.get()
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -493,15 +493,14 @@ async fn members_around_the_size_limit(
             _ => assert_eq!(m.subject, "outbox.Claim", "{m:?}"),
         }
     }
-    use outbox_relay::metrics::Metrics;
     let m = &relay.metrics;
     let dead = got
         .iter()
         .filter(|m| m.subject == "outbox_dead_letter")
         .count();
-    assert_eq!(Metrics::get(&m.dead_letters), dead as u64);
+    assert_eq!(m.dead_letters.get(), dead as u64);
     assert!(dead >= 2);
-    assert_eq!(Metrics::get(&m.reconnects), 0, "no restart");
+    assert_eq!(m.reconnects.get(), 0, "no restart");
     assert!(exactly >= 1, "no message was exactly at the limit");
     eprintln!(
         "atomic size limit ({what} {limit}): first message's batch headers {batch} bytes; t-1 {} \
@@ -576,7 +575,7 @@ async fn a_max_msg_size_lowered_while_streaming_costs_one_restart_not_a_loop() {
             Instant::now() < deadline,
             "only {} of 4 messages after 30 s ({} restarts)",
             stream_count(&js, &stream).await,
-            outbox_relay::metrics::Metrics::get(&relay.metrics.reconnects)
+            relay.metrics.reconnects.get()
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -587,7 +586,7 @@ async fn a_max_msg_size_lowered_while_streaming_costs_one_restart_not_a_loop() {
     assert_eq!(got[2].subject, "outbox_dead_letter", "{:?}", got[2]);
     let error = got[2].header("Outbox-Error");
     assert!(error.contains("max_msg_size of 4096"), "{error}");
-    let restarts = outbox_relay::metrics::Metrics::get(&relay.metrics.reconnects);
+    let restarts = relay.metrics.reconnects.get();
     assert_eq!(restarts, 1, "one restart reads the new limit");
     relay.stop().await.expect("relay stops cleanly");
 }
@@ -628,7 +627,7 @@ async fn a_member_with_headers_over_jetstreams_limit_is_dead_lettered_not_a_wedg
             Instant::now() < deadline,
             "only {} of 4 messages after 30 s ({} restarts): the batch wedges the relay",
             stream_count(&js, &stream).await,
-            outbox_relay::metrics::Metrics::get(&relay.metrics.reconnects)
+            relay.metrics.reconnects.get()
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -646,11 +645,7 @@ async fn a_member_with_headers_over_jetstreams_limit_is_dead_lettered_not_a_wedg
     for m in [&got[0], &got[2], &got[3]] {
         assert_eq!(m.subject, "outbox.Claim", "{m:?}");
     }
-    assert_eq!(
-        outbox_relay::metrics::Metrics::get(&relay.metrics.reconnects),
-        0,
-        "no restart"
-    );
+    assert_eq!(relay.metrics.reconnects.get(), 0, "no restart");
     relay.stop().await.expect("relay stops cleanly");
 }
 
@@ -732,11 +727,7 @@ async fn a_standalone_dead_letter_is_published_and_confirmed_on_a_quiet_database
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(
-        outbox_relay::metrics::Metrics::get(&relay.metrics.reconnects),
-        0,
-        "no restart"
-    );
+    assert_eq!(relay.metrics.reconnects.get(), 0, "no restart");
     relay.stop().await.expect("relay stops cleanly");
 }
 

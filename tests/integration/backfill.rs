@@ -18,7 +18,6 @@ use std::time::{Duration, Instant};
 use async_nats::jetstream;
 use outbox_relay::backfill::{BackfillOptions, BackfillReport, backfill};
 use outbox_relay::config::Config;
-use outbox_relay::metrics::Metrics;
 use tokio::task::JoinHandle;
 
 use crate::support::{
@@ -206,7 +205,7 @@ async fn adoption_of_a_polled_table_has_no_gap_and_no_overlap() {
         "a published row was sent again"
     );
     assert_eq!(
-        Metrics::get(&relay.metrics.published_duplicate),
+        relay.metrics.published_duplicate.get(),
         0,
         "run republished a backfilled row (overlap)"
     );

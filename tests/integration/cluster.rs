@@ -7,7 +7,6 @@
 use std::time::{Duration, Instant};
 
 use outbox_relay::config::Config;
-use outbox_relay::metrics::Metrics;
 use outbox_relay::testkit::NatsCluster;
 
 use crate::faults::{
@@ -196,8 +195,8 @@ async fn rolling_restart_under_load_loses_nothing_and_stores_nothing_twice() {
     eprintln!(
         "CLUSTER | rolling restart | longest stall {:.1} s | {} republished events absorbed as duplicates | {} reconnects",
         longest.as_secs_f64(),
-        Metrics::get(&relay.metrics.published_duplicate),
-        Metrics::get(&relay.metrics.reconnects)
+        relay.metrics.published_duplicate.get(),
+        relay.metrics.reconnects.get()
     );
     relay.stop().await.expect("relay stops cleanly");
 }

@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 use async_nats::jetstream::{self, stream};
 use outbox_relay::Lsn;
 use outbox_relay::config::Config;
-use outbox_relay::metrics::Metrics;
 use serde_json::Value;
 use tokio_postgres::Client;
 
@@ -349,7 +348,7 @@ async fn http_codes_and_a_standby_that_serves_once_it_takes_over() {
     let standby = InProcessRelay::start(standby_config);
     wait_for_status(&standby_addr, "/healthz", 200, 30).await;
     wait_for("the standby to wait for the slot", LIMIT, || async {
-        outbox_relay::metrics::Metrics::get(&standby.metrics.standby) == 1
+        standby.metrics.standby.get() == 1
     })
     .await;
     for path in ["/position", &format!("/wait?lsn={token}&timeout_ms=0")] {
@@ -612,7 +611,7 @@ async fn the_position_service_refuses_reply_subjects_it_must_never_publish_to() 
         "the stream holds only the relay's events: no answer stored, nothing purged"
     );
     assert_eq!(
-        Metrics::get(&relay.metrics.reconnects),
+        relay.metrics.reconnects.get(),
         0,
         "the relay never restarted"
     );

@@ -284,7 +284,7 @@ async fn relay_follows_the_promotion(loss: Loss) {
     let metrics = std::sync::Arc::clone(&relay.metrics);
     crate::support::wait_for("the relay to stream", Duration::from_secs(60), || {
         let m = std::sync::Arc::clone(&metrics);
-        async move { outbox_relay::metrics::Metrics::get(&m.streaming) == 1 }
+        async move { m.streaming.get() == 1 }
     })
     .await;
 
@@ -349,7 +349,7 @@ async fn relay_follows_the_promotion(loss: Loss) {
         !relay.is_finished(),
         "the relay must keep running through the promotion"
     );
-    let duplicates = outbox_relay::metrics::Metrics::get(&relay.metrics.published_duplicate);
+    let duplicates = relay.metrics.published_duplicate.get();
     eprintln!(
         "{test}: 100 events, all 50 after the promotion stored {stall:?} after it; {duplicates} \
          replays absorbed as duplicates"

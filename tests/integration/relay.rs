@@ -12,7 +12,6 @@ use std::collections::{BTreeMap, HashSet};
 use std::time::{Duration, Instant};
 
 use outbox_relay::Lsn;
-use outbox_relay::metrics::Metrics;
 use tokio_postgres::Client;
 
 use crate::support::{
@@ -170,7 +169,7 @@ async fn claim_4711_story_survives_a_nats_outage_in_order_and_once() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(
-        Metrics::get(&relay.metrics.reconnects) > 0,
+        relay.metrics.reconnects.get() > 0,
         "the relay never noticed NATS was down"
     );
 
@@ -270,11 +269,11 @@ async fn rollbacks_never_publish_and_updates_deletes_are_ignored() {
         "the insert, not the update"
     );
     assert_eq!(
-        Metrics::get(&relay.metrics.ignored_changes),
+        relay.metrics.ignored_changes.get(),
         3,
         "one update and two deletes ignored"
     );
-    assert_eq!(Metrics::get(&relay.metrics.published_ok), 3);
+    assert_eq!(relay.metrics.published_ok.get(), 3);
     relay.stop().await.expect("relay stops cleanly");
 }
 
@@ -387,7 +386,7 @@ async fn slot_is_not_confirmed_past_an_unacknowledged_event() {
     let relay = InProcessRelay::start(config);
     wait_for_slot(&client, &slot).await;
     wait_for("the relay to stream", Duration::from_secs(30), || async {
-        Metrics::get(&relay.metrics.streaming) == 1
+        relay.metrics.streaming.get() == 1
     })
     .await;
 
@@ -832,6 +831,6 @@ async fn bad_aggregate_type_is_dead_lettered_and_the_next_event_delivered() {
     assert_eq!(dead.header("Outbox-Aggregate-Type"), "Bad Type");
     assert_eq!(dead.payload_str(), r#"{"n": 1}"#, "payload kept");
     assert_eq!(all[1].subject, "outbox.Claim");
-    assert_eq!(Metrics::get(&relay.metrics.dead_letters), 1);
+    assert_eq!(relay.metrics.dead_letters.get(), 1);
     relay.stop().await.expect("relay stops cleanly");
 }

@@ -13,8 +13,6 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use outbox_relay::metrics::Metrics;
-
 use crate::support::{
     InProcessRelay, NatsServer, PgServer, Proxy, TEXT_ID_OUTBOX_SQL, TestDb, confirmed_flush,
     current_wal_lsn, read_all, relay_config, stream_count, wait_for,
@@ -455,7 +453,7 @@ async fn a_distrust_of_a_tail_the_stream_has_since_passed_is_dropped() {
     wait_for(
         "relay A to restart after the failed replay and the refusals",
         Duration::from_secs(60),
-        || async { Metrics::get(&a.metrics.reconnects) >= 3 },
+        || async { a.metrics.reconnects.get() >= 3 },
     )
     .await;
     proxy.refuse(true);

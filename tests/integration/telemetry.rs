@@ -7,7 +7,6 @@
 //! letter; and a collector that is gone or hangs costs spans, counted, never events.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use outbox_relay::config::Config;
@@ -262,8 +261,8 @@ async fn spans_continue_the_writers_trace_and_the_messages_name_them() {
     assert_eq!(bad.payload_str(), r#"{"traceparent": 1}"#);
     assert!(!m("after-bad-ctx").headers.contains_key("traceparent"));
 
-    assert_eq!(relay.metrics.spans_exported.load(Ordering::Relaxed), 4);
-    assert_eq!(relay.metrics.spans_dropped.load(Ordering::Relaxed), 0);
+    assert_eq!(relay.metrics.spans_exported.get(), 4);
+    assert_eq!(relay.metrics.spans_dropped.get(), 0);
     relay.stop().await.unwrap();
 }
 
@@ -317,11 +316,11 @@ async fn a_dead_or_hanging_collector_costs_spans_never_events() {
         wait_for(
             &format!("300 spans dropped (hanging: {hanging})"),
             Duration::from_secs(30),
-            || async { relay.metrics.spans_dropped.load(Ordering::Relaxed) >= 300 },
+            || async { relay.metrics.spans_dropped.get() >= 300 },
         )
         .await;
-        assert_eq!(relay.metrics.spans_dropped.load(Ordering::Relaxed), 300);
-        assert_eq!(relay.metrics.spans_exported.load(Ordering::Relaxed), 0);
+        assert_eq!(relay.metrics.spans_dropped.get(), 300);
+        assert_eq!(relay.metrics.spans_exported.get(), 0);
         let stored = read_all(&js, &config.nats.stream).await;
         assert_eq!(stored.len(), 300);
         assert!(

@@ -11,7 +11,6 @@
 use std::time::Duration;
 
 use async_nats::jetstream::stream;
-use outbox_relay::metrics::Metrics;
 use serde_json::Value;
 use tokio_postgres::Client;
 
@@ -436,7 +435,7 @@ async fn in_flight_gauge_never_exceeds_max_in_flight() {
         let deadline = std::time::Instant::now() + LIMIT;
         while stream_count(&js, &config.nats.stream).await < total {
             for _ in 0..50 {
-                peak = peak.max(Metrics::get(&relay.metrics.in_flight));
+                peak = peak.max(relay.metrics.in_flight.get());
                 tokio::time::sleep(Duration::from_millis(1)).await;
             }
             assert!(!relay.is_finished(), "the relay stopped");

@@ -832,11 +832,11 @@ async fn world(seed: u64, faults: &FaultSet, trace: Arc<Trace>) -> Outcome {
         async move {
             loop {
                 tokio::time::sleep(dice.millis(200, 1_000)).await;
-                if Metrics::get(&metrics.slot_consumed_events) > 0 {
+                if metrics.slot_consumed_events.get() > 0 {
                     pg.consumption_reported();
                     tokio::time::sleep(dice.millis(1_000, 10_000)).await;
                     // What the relay reports by now is what the mark drops with.
-                    if Metrics::get(&metrics.slot_consumed_events) > 0 {
+                    if metrics.slot_consumed_events.get() > 0 {
                         pg.consumption_reported();
                     }
                     pg.drop_mark("the operator, accepting the gap");
@@ -995,12 +995,7 @@ async fn world(seed: u64, faults: &FaultSet, trace: Arc<Trace>) -> Outcome {
             &trace,
             &violations,
         );
-        check::counted(
-            Metrics::get(&w.metrics.dead_letters),
-            &stream,
-            &trace,
-            &violations,
-        );
+        check::counted(w.metrics.dead_letters.get(), &stream, &trace, &violations);
     }
     trace!(
         trace,

@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use async_nats::jetstream::{self, stream};
 use outbox_relay::config::{Config, OnInvalid};
-use outbox_relay::metrics::Metrics;
 use tokio_postgres::Client;
 
 use super::wait_for_slot;
@@ -58,7 +57,7 @@ impl Rig {
         let relay = InProcessRelay::start(self.config.clone());
         wait_for_slot(&self.client, &self.config.postgres.slot).await;
         wait_for("the relay to stream", Duration::from_secs(30), || async {
-            Metrics::get(&relay.metrics.streaming) == 1 || relay.is_finished()
+            relay.metrics.streaming.get() == 1 || relay.is_finished()
         })
         .await;
         relay
@@ -153,7 +152,7 @@ async fn invalid_subject_tokens_are_dead_lettered() {
         assert_eq!(m.payload_str(), r#"{"n": 1}"#, "payload kept");
     }
     assert_delivered(&all[3], "good-1");
-    assert_eq!(Metrics::get(&relay.metrics.dead_letters), 3);
+    assert_eq!(relay.metrics.dead_letters.get(), 3);
     report("aggregate_type with space / '.' / empty", 4, 3);
     relay.stop().await.expect("relay stops cleanly");
 }
@@ -194,7 +193,7 @@ async fn null_columns_and_a_missing_id_are_dead_lettered() {
     let id = outbox_relay::event::message_id(None, lsn, 1, all[3].payload.as_ref());
     assert_dead_letter(&all[3], &id, "event_id");
     assert_delivered(&all[4], "good-1");
-    assert_eq!(Metrics::get(&relay.metrics.dead_letters), 3);
+    assert_eq!(relay.metrics.dead_letters.get(), 3);
     report("NULL event_type / aggregate_type / id", 5, 3);
     relay.stop().await.expect("relay stops cleanly");
 }
@@ -473,15 +472,15 @@ async fn a_republished_dead_letter_is_a_duplicate_and_does_not_reset_the_backoff
         .await
         .expect("one transaction: a dead letter, then an event the full stream refuses");
     wait_for("the first restart", Duration::from_secs(30), || async {
-        Metrics::get(&relay.metrics.reconnects) >= 1
+        relay.metrics.reconnects.get() >= 1
     })
     .await;
     let watched = std::time::Instant::now();
-    let first = Metrics::get(&relay.metrics.reconnects);
+    let first = relay.metrics.reconnects.get();
     tokio::time::sleep(Duration::from_secs(6)).await;
-    let restarts = Metrics::get(&relay.metrics.reconnects) - first;
-    let dead = Metrics::get(&relay.metrics.dead_letters);
-    let duplicates = Metrics::get(&relay.metrics.published_duplicate);
+    let restarts = relay.metrics.reconnects.get() - first;
+    let dead = relay.metrics.dead_letters.get();
+    let duplicates = relay.metrics.published_duplicate.get();
     eprintln!(
         "republished dead letter: {dead} dead letters, {duplicates} duplicates, {restarts} restarts in {:?}",
         watched.elapsed()

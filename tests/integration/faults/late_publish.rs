@@ -17,7 +17,6 @@
 
 use std::time::Duration;
 
-use outbox_relay::metrics::Metrics;
 use tokio::task::block_in_place;
 
 use super::{assert_all_stored_once_in_order, text_id_db, wait_for_slot, write_backlog};
@@ -41,7 +40,7 @@ async fn a_message_stored_in_the_place_of_a_refused_one_lets_nothing_past_it() {
     let client = db.client().await;
     wait_for_slot(&client, &config.postgres.slot).await;
     wait_for("the relay to stream", Duration::from_secs(30), || async {
-        Metrics::get(&relay.metrics.streaming) == 1
+        relay.metrics.streaming.get() == 1
     })
     .await;
     // Directly to the server, past the proxy.
@@ -134,7 +133,7 @@ async fn an_intruder_in_the_place_of_a_refused_batch_lets_no_later_batch_past_it
     let client = db.client().await;
     wait_for_slot(&client, &slot).await;
     wait_for("the relay to stream", Duration::from_secs(30), || async {
-        Metrics::get(&relay.metrics.streaming) == 1
+        relay.metrics.streaming.get() == 1
     })
     .await;
     // Directly to the server, past the proxy.
@@ -233,7 +232,7 @@ async fn an_intruder_in_the_place_of_a_refused_batch_lets_no_later_batch_past_it
     );
     eprintln!(
         "atomic intruder: {} restarts; stream {:?}",
-        Metrics::get(&relay.metrics.reconnects),
+        relay.metrics.reconnects.get(),
         all.iter()
             .map(|m| (m.seq, m.id().to_owned()))
             .collect::<Vec<_>>()

@@ -4,8 +4,6 @@
 
 use std::time::Duration;
 
-use outbox_relay::metrics::Metrics;
-
 use super::{Writer, assert_all_stored_once_in_order_within, text_id_db, wait_for_slot};
 use crate::support::{InProcessRelay, NatsServer, PgServer, Proxy, relay_config, wait_for};
 
@@ -47,12 +45,12 @@ async fn through_proxy(link: Link, fault: Fault) {
     let client = db.client().await;
     wait_for_slot(&client, &config.postgres.slot).await;
     wait_for("the relay to stream", Duration::from_secs(30), || async {
-        Metrics::get(&relay.metrics.streaming) == 1
+        relay.metrics.streaming.get() == 1
     })
     .await;
     let writer = Writer::start(db.url(), "e", 50);
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let reconnects_before = Metrics::get(&relay.metrics.reconnects);
+    let reconnects_before = relay.metrics.reconnects.get();
     let mut noticed = None;
     match fault {
         Fault::Cut => {
@@ -65,8 +63,7 @@ async fn through_proxy(link: Link, fault: Fault) {
             proxy.blackhole(true);
             let start = std::time::Instant::now();
             while start.elapsed() < Duration::from_secs(15) {
-                if noticed.is_none() && Metrics::get(&relay.metrics.reconnects) > reconnects_before
-                {
+                if noticed.is_none() && relay.metrics.reconnects.get() > reconnects_before {
                     noticed = Some(start.elapsed());
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;
@@ -80,7 +77,7 @@ async fn through_proxy(link: Link, fault: Fault) {
     let t =
         assert_all_stored_once_in_order_within(&js, &stream, &expected, Duration::from_secs(60))
             .await;
-    let reconnects = Metrics::get(&relay.metrics.reconnects) - reconnects_before;
+    let reconnects = relay.metrics.reconnects.get() - reconnects_before;
     eprintln!(
         "{link:?} {fault:?}: {reconnects} reconnects, black hole noticed during it after {noticed:?}, \
          {} proxy connections",

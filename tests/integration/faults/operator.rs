@@ -3,8 +3,6 @@
 
 use std::time::Duration;
 
-use outbox_relay::metrics::Metrics;
-
 use super::{Writer, assert_all_stored_once_in_order_within, text_id_db, wait_for_slot};
 use crate::support::{InProcessRelay, NatsServer, PgServer, relay_config, stream_count, wait_for};
 
@@ -25,7 +23,7 @@ async fn stream_deleted_and_recreated_while_the_relay_runs() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     let before = stream_count(&js, &stream).await;
     wait_for("the relay to catch up", Duration::from_secs(30), || async {
-        Metrics::get(&relay.metrics.in_flight) == 0 && stream_count(&js, &stream).await >= before
+        relay.metrics.in_flight.get() == 0 && stream_count(&js, &stream).await >= before
     })
     .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -66,7 +64,7 @@ async fn stream_deleted_and_recreated_while_the_relay_runs() {
     eprintln!(
         "stream delete: {before} events before the delete (gone with the stream), {} after, {} reconnects",
         expected.len(),
-        Metrics::get(&relay.metrics.reconnects)
+        relay.metrics.reconnects.get()
     );
     t.report("stream deleted, recreated 3 s later", 1);
     relay.stop().await.expect("relay stops cleanly");

@@ -17,7 +17,6 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream;
 use outbox_relay::config::Config;
-use outbox_relay::metrics::Metrics;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_postgres::Client;
@@ -72,7 +71,7 @@ pub(crate) async fn messages(js: &jetstream::Context, stream: &str, n: usize) ->
 pub(crate) async fn start_streaming(config: &Config) -> InProcessRelay {
     let relay = InProcessRelay::start(config.clone());
     wait_for("the relay to stream", LIMIT, || async {
-        Metrics::get(&relay.metrics.streaming) == 1 || relay.is_finished()
+        relay.metrics.streaming.get() == 1 || relay.is_finished()
     })
     .await;
     if relay.is_finished() {

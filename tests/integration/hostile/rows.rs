@@ -7,8 +7,6 @@
 
 use std::time::Duration;
 
-use outbox_relay::metrics::Metrics;
-
 use super::{LIMIT, good, insert, messages, start_streaming, text_id_db, wait_slot_past};
 use crate::support::{
     NatsServer, Stored, current_wal_lsn, read_all, relay_config, stream_count, wait_for,
@@ -119,11 +117,11 @@ async fn oversized_columns_and_headers_are_dead_lettered_and_the_relay_goes_on()
     assert_delivered(&all[5], "g-3");
 
     wait_slot_past(&client, &config.postgres.slot, after).await;
-    assert_eq!(Metrics::get(&relay.metrics.dead_letters), 3);
+    assert_eq!(relay.metrics.dead_letters.get(), 3);
     // BUG (see `a_row_the_stream_refuses_costs_no_restart`): each row the stream refuses while the
     // next event is in flight costs one session restart today. Bounded, not a loop: at most one
     // per refused row.
-    let restarts = Metrics::get(&relay.metrics.reconnects);
+    let restarts = relay.metrics.reconnects.get();
     assert!(restarts <= 2, "{restarts} restarts for 2 refused rows");
     assert!(!relay.is_finished());
     relay.stop().await.expect("the relay stops cleanly");
@@ -164,7 +162,7 @@ async fn a_row_the_stream_refuses_costs_no_restart() {
     let all = messages(&js, &config.nats.stream, 2).await;
     assert_dead_letter(&all[0], "h-1");
     assert_delivered(&all[1], "g-1");
-    assert_eq!(Metrics::get(&relay.metrics.reconnects), 0, "no restart");
+    assert_eq!(relay.metrics.reconnects.get(), 0, "no restart");
     relay.stop().await.expect("the relay stops cleanly");
 }
 
@@ -247,14 +245,14 @@ async fn reused_ids(max_restarts: u64) {
     for w in all.windows(2) {
         assert_eq!(w[1].seq, w[0].seq + 1, "no gap in the stream");
     }
-    let restarts = Metrics::get(&relay.metrics.reconnects);
+    let restarts = relay.metrics.reconnects.get();
     assert!(
         restarts <= max_restarts,
         "{restarts} restarts for 200 reused ids (at most {max_restarts})"
     );
     let (ok, dup) = (
-        Metrics::get(&relay.metrics.published_ok),
-        Metrics::get(&relay.metrics.published_duplicate),
+        relay.metrics.published_ok.get(),
+        relay.metrics.published_duplicate.get(),
     );
     if restarts == 0 {
         assert_eq!((ok, dup), (400, 200), "ok and duplicate counts");
