@@ -3,7 +3,8 @@
 //! docs/compatibility.md's stable commands, every file in sql/ is in docs/README.md's SQL index,
 //! and every file of tests/integration/ and tests/simulation/ is in CONTRIBUTING.md's table of
 //! where a change's test goes, so a new command, SQL file or test module that the docs leave out
-//! fails here.
+//! fails here. The other way round, every `src/`, `tests/`, `benches/` or `examples/` path that a
+//! doc, a comment, a script or CI names exists, so a file moved without its citations fails here.
 
 use std::time::Duration;
 
@@ -127,5 +128,102 @@ fn contributings_table_names_every_test_module() {
     assert!(
         missing.is_empty(),
         "CONTRIBUTING.md's table of where a change's test goes leaves out {missing:?}"
+    );
+}
+
+/// The repository paths `text` names: every `src/…`, `tests/…`, `benches/…` or `examples/…` that
+/// starts a word (so Postgres' own `postgres/src/…` is not one) and ends in `.rs`, or, when `dirs`,
+/// in `/`.
+fn cited_paths(text: &str, dirs: bool) -> Vec<String> {
+    let in_path = |c: char| c.is_ascii_alphanumeric() || "_./-".contains(c);
+    let mut paths = Vec::new();
+    for prefix in ["src/", "tests/", "benches/", "examples/"] {
+        for (at, _) in text.match_indices(prefix) {
+            if text[..at].chars().next_back().is_some_and(in_path) {
+                continue;
+            }
+            let end = text[at..]
+                .find(|c| !in_path(c))
+                .map_or(text.len(), |n| at + n);
+            let path = text[at..end].trim_end_matches('.');
+            if path.ends_with(".rs") || (dirs && path.ends_with('/')) {
+                paths.push(path.to_owned());
+            }
+        }
+    }
+    paths
+}
+
+/// The text files of the repository whose citations are checked, relative to `root`: the docs, the
+/// code and its comments, the scripts, CI and the deploy files. Not CHANGELOG.md, whose entries name
+/// files as they were then.
+fn files_that_cite(root: &std::path::Path, dir: &std::path::Path, out: &mut Vec<String>) {
+    const SKIP: [&str; 5] = ["target", ".git", "corpus", "artifacts", "CHANGELOG.md"];
+    const TEXT: [&str; 8] = ["md", "rs", "toml", "sh", "py", "yml", "yaml", "run"];
+    for entry in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("read {}: {e}", dir.display())) {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy();
+        if SKIP.contains(&&*name) || (name.starts_with('.') && name != ".ci") {
+            continue;
+        }
+        if path.is_dir() {
+            files_that_cite(root, &path, out);
+        } else if TEXT
+            .iter()
+            .any(|e| name.ends_with(&format!(".{e}")) || name == *e)
+        {
+            let rel = path.strip_prefix(root).unwrap();
+            out.push(rel.to_string_lossy().replace('\\', "/"));
+        }
+    }
+}
+
+#[test]
+fn every_path_the_docs_and_comments_cite_exists() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    files_that_cite(root, root, &mut files);
+    files.sort();
+    assert!(
+        files.contains(&"docs/architecture.md".to_owned())
+            && files.contains(&"CONTRIBUTING.md".to_owned())
+            && files.contains(&"src/main.rs".to_owned()),
+        "{files:?}"
+    );
+    let mut stale = Vec::new();
+    let mut cited = 0;
+    for file in &files {
+        let Ok(text) = std::fs::read_to_string(root.join(file)) else {
+            continue;
+        };
+        // A directory is checked in the docs only: the code's comments cite Postgres' source tree
+        // (`src/backend/…`) as well as this one's.
+        let markdown = file.ends_with(".md");
+        let mut paths = cited_paths(&text, markdown);
+        if file == "CONTRIBUTING.md" {
+            // Its table of where a change's test goes names test files relative to `tests/`.
+            for prefix in ["`integration/", "`simulation/"] {
+                for (at, _) in text.match_indices(prefix) {
+                    let rest = &text[at + 1..];
+                    let path = &rest[..rest.find('`').unwrap_or(rest.len())];
+                    paths.push(format!("tests/{path}"));
+                }
+            }
+        }
+        for path in paths {
+            cited += 1;
+            if !root.join(&path).exists() {
+                stale.push(format!("{file} cites {path}"));
+            }
+        }
+    }
+    assert!(
+        cited >= 100,
+        "only {cited} citations found: the scan is broken"
+    );
+    assert!(
+        stale.is_empty(),
+        "paths that no longer exist (find where the code went and cite that):\n{}",
+        stale.join("\n")
     );
 }
