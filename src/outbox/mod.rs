@@ -242,7 +242,20 @@ impl OutboxStage {
             }
             Message::StreamStart { .. } => Err(StageError::Unrequested("Stream Start")),
             Message::BeginPrepare { .. } => Err(StageError::Unrequested("Begin Prepare")),
-            _ => Ok(Step::Nothing),
+            // Named one by one, not `_`: a message kind the decoder learns must be decided here.
+            // A logical message under another prefix is someone else's; an origin or a type says
+            // nothing the stage uses; the rest of the streaming and two-phase messages only follow
+            // a Stream Start or a Begin Prepare, refused above.
+            Message::Message { .. }
+            | Message::Origin { .. }
+            | Message::Type { .. }
+            | Message::StreamStop
+            | Message::StreamCommit { .. }
+            | Message::StreamAbort { .. }
+            | Message::Prepare { .. }
+            | Message::StreamPrepare { .. }
+            | Message::CommitPrepared { .. }
+            | Message::RollbackPrepared { .. } => Ok(Step::Nothing),
         }
     }
 
