@@ -144,15 +144,7 @@ impl Sink {
         let size = self.reserve(size).await?;
         let (mut out, sent) = self.batch_message(&event)?;
         let mut event = event;
-        let span = match &self.config.telemetry {
-            None => None,
-            Some(t) => t.begin(
-                &mut event.headers,
-                event.commit_ts,
-                &mut out.headers,
-                &out.subject,
-            ),
-        };
+        let span = super::envelope::begin_span(&self.config, &mut event, &mut out);
         // Batch messages carry no `Nats-Msg-Id`, and the server refuses an id expectation inside
         // a batch: the chain is by sequence only, one expectation per batch (its first message).
         let expected = self.fence.as_mut().map(super::Fence::next_sequence);

@@ -102,15 +102,7 @@ impl Sink {
             message::IdHeader::MsgId,
             self.config.descriptive,
         );
-        let span = match &self.config.telemetry {
-            None => None,
-            Some(t) => t.begin(
-                &mut event.headers,
-                event.commit_ts,
-                &mut out.headers,
-                &out.subject,
-            ),
-        };
+        let span = begin_span(&self.config, event, &mut out);
         let sent = match &out.dead_letter {
             Some(reason) => {
                 self.config.on_invalid(event, reason)?;
@@ -311,4 +303,20 @@ pub(super) fn wire_size(h: &HeaderMap, payload: usize) -> usize {
         }
     }
     n
+}
+
+/// The trace span of `event`'s message `out`, when tracing is on and the event carries a sampled
+/// `traceparent` (the span's context then replaces it in `out`'s headers): one call for single
+/// messages and batch members alike.
+pub(super) fn begin_span(
+    config: &SinkConfig,
+    event: &mut OutboxEvent,
+    out: &mut Outgoing,
+) -> Option<Box<Started>> {
+    config.telemetry.as_ref()?.begin(
+        &mut event.headers,
+        event.commit_ts,
+        &mut out.headers,
+        &out.subject,
+    )
 }

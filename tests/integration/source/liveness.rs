@@ -81,16 +81,9 @@ async fn stalled_consumer_outlives_wal_sender_timeout() {
     assert_eq!(ids, expected);
     stream.confirm(txns.last().unwrap().end_lsn);
     stream.send_status_now();
-    let walsenders: i64 = client
-        .query_one(
-            "SELECT count(*) FROM pg_stat_replication WHERE pid = $1",
-            &[&pid],
-        )
-        .await
-        .unwrap()
-        .get(0);
     assert_eq!(
-        walsenders, 1,
+        super::walsenders(&client, pid).await,
+        1,
         "walsender {pid} is not the stream's any more"
     );
     stream.stop(Duration::from_secs(5)).await.unwrap();

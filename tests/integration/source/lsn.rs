@@ -297,17 +297,7 @@ async fn clean_stop_releases_the_slot_at_the_last_confirmed_lsn() {
     wait_for(
         &format!("walsender {pid} gone after stop"),
         Duration::from_secs(10),
-        move || async move {
-            let walsenders: i64 = c
-                .query_one(
-                    "SELECT count(*) FROM pg_stat_replication WHERE pid = $1",
-                    &[&pid],
-                )
-                .await
-                .unwrap()
-                .get(0);
-            walsenders == 0
-        },
+        move || async move { super::walsenders(c, pid).await == 0 },
     )
     .await;
 }

@@ -297,3 +297,15 @@ pub(crate) async fn wait_confirmed(client: &tokio_postgres::Client, slot: &str, 
     )
     .await;
 }
+
+/// How many rows of `pg_stat_replication` the walsender `pid` has (0 or 1).
+pub(crate) async fn walsenders(client: &tokio_postgres::Client, pid: i32) -> i64 {
+    client
+        .query_one(
+            "SELECT count(*) FROM pg_stat_replication WHERE pid = $1",
+            &[&pid],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
