@@ -426,3 +426,25 @@ fn a_schema_directory_that_does_not_load_is_a_config_error_for_the_commands_that
     assert!(!e.contains('\n'), "{e}");
     assert!(load("", &[]).unwrap().schemas_loaded().is_ok());
 }
+
+#[test]
+fn atomic_group_ms_is_bounded_in_one_line() {
+    assert_eq!(
+        load("", &[]).unwrap().config().nats.atomic_group_ms,
+        1,
+        "group commit is on by default"
+    );
+    for ok in ["0", "1000"] {
+        let c = load("", &[("OUTBOX_RELAY_NATS_ATOMIC_GROUP_MS", ok)]).unwrap();
+        assert_eq!(c.config().nats.atomic_group_ms.to_string(), ok);
+    }
+    let e = load("[nats]\natomic_group_ms = 1001\n", &[])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with("config nats.atomic_group_ms (env OUTBOX_RELAY_NATS_ATOMIC_GROUP_MS): ")
+            && e.contains("must be at most 1000"),
+        "{e}"
+    );
+    assert!(!e.contains('\n'), "{e}");
+}
