@@ -21,8 +21,9 @@ use crate::source::{
     SystemInfo, TimelineHistory,
 };
 
-use super::error::{RelayError, Restart, SessionEnd, from_source};
+use super::error::{Restart, SessionEnd};
 use super::monitor::{AbortOnDrop, watch_nats};
+use super::policy::{self, from_source};
 
 /// What a session needs to reach its servers.
 pub trait Connector: Send + Sync {
@@ -154,12 +155,10 @@ pub async fn refuse_under_backfill(
     js: &dyn crate::nats::JetStreamPort,
 ) -> Result<(), SessionEnd> {
     match crate::backfill_marker::refusal_for_run(settings, js).await {
-        Some(problem) => Err(SessionEnd::Fatal(RelayError::Setup(
-            crate::setup::SetupError::Stream {
-                name: settings.config().nats.stream.clone(),
-                problem,
-            },
-        ))),
+        Some(problem) => Err(policy::backfill_unfinished(
+            &settings.config().nats.stream,
+            problem,
+        )),
         None => Ok(()),
     }
 }
@@ -170,7 +169,9 @@ impl Connector for Servers {
             if let Some((c, _)) = &self.nats {
                 return Ok(NatsPort::from(c.clone()));
             }
-            let c = connect_nats(&self.settings).await.map_err(Restart::from)?;
+            let c = connect_nats(&self.settings)
+                .await
+                .map_err(policy::from_connect)?;
             self.keep(c.clone());
             Ok(NatsPort::from(c))
         })
@@ -384,11 +385,12 @@ const PARTITION_LOOKUP_TIMEOUT: std::time::Duration = std::time::Duration::from_
 
 /// START_REPLICATION failed. SQLSTATE 55000 (object_not_in_prerequisite_state) covers an invalidated
 /// slot and other prerequisites (e.g. `wal_level`); the slot's own row tells them apart, whatever
-/// language the server's messages are in.
+/// language the server's messages are in. What each means is [`policy::start_refused`]'s.
 async fn classify_start_error(settings: &Settings, e: SourceError) -> SessionEnd {
+    let slot = &settings.config().postgres.slot;
+    let mut invalidated = None;
     if e.sqlstate() == Some("55000") {
-        let slot = &settings.config().postgres.slot;
-        let invalidated = match catalog::connect(settings, "check").await {
+        invalidated = match catalog::connect(settings, "check").await {
             Ok(c) => catalog::slot(&c, slot)
                 .await
                 .ok()
@@ -396,15 +398,8 @@ async fn classify_start_error(settings: &Settings, e: SourceError) -> SessionEnd
                 .and_then(|s| s.invalidated()),
             Err(_) => None,
         };
-        if let Some(reason) = invalidated {
-            return SessionEnd::Fatal(RelayError::SlotInvalidated {
-                slot: slot.clone(),
-                reason,
-                source: e,
-            });
-        }
     }
-    from_source(e)
+    policy::start_refused(slot, e, invalidated)
 }
 
 #[cfg(test)]

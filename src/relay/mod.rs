@@ -13,6 +13,7 @@
 mod connector;
 mod error;
 mod monitor;
+mod policy;
 mod session;
 mod shutdown;
 mod startup;
@@ -34,8 +35,9 @@ pub use crate::stored::probe::{PositionProbe, Served, Waited};
 use connector::Servers;
 pub use connector::{Connector, Start, refuse_under_backfill};
 use error::CauseKind;
-pub use error::{NatsTrouble, RelayError, Restart, SessionEnd, from_source};
+pub use error::{NatsTrouble, RelayError, Restart, SessionEnd};
 use monitor::{AbortOnDrop, sample_slot};
+pub use policy::from_source;
 use session::Session;
 use shutdown::Shutdown;
 use state::State;

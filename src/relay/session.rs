@@ -20,7 +20,8 @@ use tokio::time::Instant;
 
 use tracing::warn;
 
-use super::error::{RelayError, Restart, SessionEnd, from_sink, from_source};
+use super::error::{RelayError, SessionEnd};
+use super::policy::{self, from_sink, from_source};
 use super::shutdown::Shutdown;
 use super::state::State;
 use super::{Connector, Shared, Start};
@@ -118,7 +119,7 @@ impl Session {
             state.distrust.as_ref(),
         )
         .await
-        .map_err(Restart::from)?;
+        .map_err(policy::from_tail)?;
         let guard = crate::stored::service::Guard {
             dead_letter_subject: settings.config().nats.dead_letter_subject.clone(),
             inbox_prefix: settings.config().nats.inbox_prefix.clone(),
@@ -238,7 +239,7 @@ impl Session {
 
     /// One ack, in publish order: progress and metrics.
     fn on_ack(&mut self, state: &mut State, ack: Acked, now: i64) -> Result<(), RelayError> {
-        self.progress.ack(ack.seq)?;
+        self.progress.ack(ack.seq).map_err(policy::from_order)?;
         count(&self.metrics, &ack.outcome);
         if ack.commit_ts != 0 {
             let micros = now - ack.commit_ts;
@@ -286,14 +287,11 @@ impl Session {
         let msg = self
             .decoder
             .decode(data, wal_start)
-            .map_err(|source| RelayError::Decode {
-                confirmed: self.progress.confirmed(),
-                source,
-            })?;
-        let step = self.stage.step(msg).map_err(|source| RelayError::Stage {
-            lsn: wal_start,
-            source,
-        })?;
+            .map_err(|source| policy::from_decode(self.progress.confirmed(), source))?;
+        let step = self
+            .stage
+            .step(msg)
+            .map_err(|source| policy::from_stage(wal_start, source))?;
         match step {
             Step::Begin { .. } => self.progress.begin(),
             Step::Commit { end_lsn, .. } => {

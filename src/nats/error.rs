@@ -1,0 +1,124 @@
+//! The one error language of the NATS seam: [`NatsError`], a kind ([`NatsErrorKind`]) and the cause,
+//! in the style of async-nats' own `Error<Kind>`. Every request through the port
+//! ([`JetStreamPort`](super::JetStreamPort)) fails with it: the real client maps async-nats' many
+//! error types to a kind once (`client.rs`, `readback.rs`), JetStream's answers to a publish are
+//! read into the same kinds (`answer.rs`), and the simulator returns kinds. So what the sink decides
+//! on (a refusal's code, the stream's last sequence a refusal names, a message too large, a
+//! connection gone) is a field, never a text to read.
+//!
+//! The message shows the kind; the cause is the `source()` (async-nats' error, JetStream's error
+//! answer, or a sentence of the reader's), so `error_chain` prints each once.
+
+use async_nats::jetstream::ErrorCode;
+
+/// What kind of failure a [`NatsError`] is: what a caller may decide on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NatsErrorKind {
+    /// No answer within the time the caller allowed.
+    TimedOut,
+    /// Nobody listens on the subject: no stream takes it, or the server runs without JetStream.
+    NoResponders,
+    /// The stream (or the consumer) does not exist. A message that is gone is not an error: the
+    /// port answers `None` for it.
+    NotFound,
+    /// The connection or the subscription is gone for good.
+    Closed,
+    /// The client refused a message over the server's `max_payload` before sending it.
+    TooLarge,
+    /// JetStream refused the request: its error code, and the stream's last sequence when the
+    /// refusal names it (10071, "wrong last sequence: N").
+    Refused {
+        /// JetStream's error code (`err_code`, nats-server `errors.json`).
+        code: ErrorCode,
+        /// The stream's last sequence, as the refusal named it.
+        last_sequence: Option<u64>,
+    },
+    /// Anything else: a failure of the client or of the connection, or an answer that does not
+    /// parse.
+    Other,
+}
+
+impl std::fmt::Display for NatsErrorKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NatsErrorKind::TimedOut => f.write_str("timed out"),
+            NatsErrorKind::NoResponders => f.write_str("no responders"),
+            NatsErrorKind::NotFound => f.write_str("not found"),
+            NatsErrorKind::Closed => f.write_str("connection closed"),
+            NatsErrorKind::TooLarge => f.write_str("larger than the server's max_payload"),
+            NatsErrorKind::Refused { .. } => f.write_str("refused by JetStream"),
+            NatsErrorKind::Other => f.write_str("failed"),
+        }
+    }
+}
+
+/// A request to NATS or JetStream failed; see the module docs.
+#[derive(Debug, thiserror::Error)]
+#[error("{kind}")]
+pub struct NatsError {
+    kind: NatsErrorKind,
+    #[source]
+    source: Option<Box<dyn std::error::Error + Send + Sync>>,
+}
+
+impl NatsError {
+    /// A failure of `kind` caused by `source` (an error, or a sentence saying what happened).
+    pub fn new(
+        kind: NatsErrorKind,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        NatsError {
+            kind,
+            source: Some(source.into()),
+        }
+    }
+
+    /// A failure of `kind` with nothing more to say.
+    pub fn of(kind: NatsErrorKind) -> Self {
+        NatsError { kind, source: None }
+    }
+
+    /// Its kind.
+    pub fn kind(&self) -> NatsErrorKind {
+        self.kind
+    }
+
+    /// JetStream's error code, when JetStream refused.
+    pub fn code(&self) -> Option<ErrorCode> {
+        match self.kind {
+            NatsErrorKind::Refused { code, .. } => Some(code),
+            _ => None,
+        }
+    }
+
+    /// What the cause says, as the server or the client put it ("" without one): JetStream's
+    /// refusal as `description (code N, error code M)`, the text a dead letter's reason quotes.
+    pub fn cause_text(&self) -> String {
+        self.source
+            .as_ref()
+            .map(ToString::to_string)
+            .unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_message_is_the_kind_and_the_cause_comes_once() {
+        let e = NatsError::new(NatsErrorKind::TimedOut, "no message within 5s");
+        assert_eq!(e.to_string(), "timed out");
+        assert_eq!(
+            crate::error_chain::error_chain(&e),
+            "timed out: no message within 5s"
+        );
+        assert_eq!(e.cause_text(), "no message within 5s");
+        let refused = NatsError::of(NatsErrorKind::Refused {
+            code: ErrorCode::STREAM_WRONG_LAST_SEQUENCE,
+            last_sequence: Some(5),
+        });
+        assert_eq!(refused.code(), Some(ErrorCode(10071)));
+        assert_eq!(NatsError::of(NatsErrorKind::Closed).code(), None);
+    }
+}
