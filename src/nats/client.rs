@@ -3,18 +3,17 @@
 //! reads of the stream are JetStream API requests through a context with that timeout, and the
 //! bulk read is an ephemeral push consumer ([`ClientReader`]).
 //!
-//! async-nats has an error type per call, each with kinds of its own; they become a [`NatsError`]
-//! here, once, by [`kind_of`]: a JetStream refusal by its code (10059, no such stream: not found),
-//! a request by whether it timed out or found no responders.
+//! async-nats has an error type per call, each with kinds of its own; each becomes a [`NatsError`]
+//! as it leaves the client (`mapped`, in `error.rs`): a JetStream refusal by its code (10059, no
+//! such stream: not found), a request by whether it timed out or found no responders.
 
 use std::time::Duration;
 
 use async_nats::HeaderMap;
-use async_nats::jetstream::{self, ErrorCode};
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 
-use super::error::{NatsError, NatsErrorKind};
+use super::error::{NatsError, NatsErrorKind, mapped};
 use super::port::{Answers, HeaderRead, JetStreamPort, StreamTail};
 use super::readback::ClientReader;
 
@@ -23,94 +22,6 @@ fn context(client: &async_nats::Client, timeout: Duration) -> async_nats::jetstr
     async_nats::jetstream::ContextBuilder::new()
         .timeout(timeout)
         .build(client.clone())
-}
-
-/// An async-nats error as a [`NatsError`].
-pub(super) fn mapped<E>(e: E) -> NatsError
-where
-    E: std::error::Error + Send + Sync + 'static,
-{
-    NatsError::new(kind_of(&e), e)
-}
-
-/// An async-nats error met while doing `what`, as a [`NatsError`] whose cause says both.
-pub(super) fn mapped_while<E>(what: String, e: E) -> NatsError
-where
-    E: std::error::Error + Send + Sync + 'static,
-{
-    NatsError::new(kind_of(&e), format!("{what}: {e}"))
-}
-
-/// The kind of an async-nats error: the JetStream refusal or the request failure it carries
-/// (found in its kind or down its chain of causes), else [`NatsErrorKind::Other`].
-fn kind_of(e: &(dyn std::error::Error + 'static)) -> NatsErrorKind {
-    use async_nats::jetstream::context::{GetStreamErrorKind, RequestErrorKind as JsRequest};
-    use async_nats::jetstream::stream::{ConsumerErrorKind, LastRawMessageErrorKind};
-    let mut cur = Some(e);
-    while let Some(err) = cur {
-        let refused = if let Some(e) = err.downcast_ref::<jetstream::context::GetStreamError>() {
-            match e.kind() {
-                GetStreamErrorKind::JetStream(je) => Some(je),
-                _ => None,
-            }
-        } else if let Some(e) = err.downcast_ref::<jetstream::stream::LastRawMessageError>() {
-            match e.kind() {
-                LastRawMessageErrorKind::JetStream(je) => Some(je),
-                LastRawMessageErrorKind::NoMessageFound => return NatsErrorKind::NotFound,
-                _ => None,
-            }
-        } else if let Some(e) = err.downcast_ref::<jetstream::stream::ConsumerError>() {
-            match e.kind() {
-                ConsumerErrorKind::JetStream(je) => Some(je),
-                ConsumerErrorKind::TimedOut => return NatsErrorKind::TimedOut,
-                _ => None,
-            }
-        } else {
-            None
-        };
-        if let Some(je) = refused {
-            return refused_kind(&je);
-        }
-        if let Some(e) = err.downcast_ref::<jetstream::context::RequestError>() {
-            match e.kind() {
-                JsRequest::TimedOut => return NatsErrorKind::TimedOut,
-                JsRequest::NoResponders => return NatsErrorKind::NoResponders,
-                _ => {}
-            }
-        }
-        if let Some(e) = err.downcast_ref::<async_nats::RequestError>() {
-            match e.kind() {
-                async_nats::RequestErrorKind::TimedOut => return NatsErrorKind::TimedOut,
-                async_nats::RequestErrorKind::NoResponders => return NatsErrorKind::NoResponders,
-                async_nats::RequestErrorKind::MaxPayloadExceeded => {
-                    return NatsErrorKind::TooLarge;
-                }
-                _ => {}
-            }
-        }
-        if let Some(e) = err.downcast_ref::<async_nats::client::PublishError>() {
-            match e.kind() {
-                async_nats::client::PublishErrorKind::MaxPayloadExceeded => {
-                    return NatsErrorKind::TooLarge;
-                }
-                async_nats::client::PublishErrorKind::Send => return NatsErrorKind::Closed,
-                _ => {}
-            }
-        }
-        cur = err.source();
-    }
-    NatsErrorKind::Other
-}
-
-/// A JetStream refusal's kind: "no such stream" is [`NatsErrorKind::NotFound`].
-fn refused_kind(je: &jetstream::Error) -> NatsErrorKind {
-    match je.error_code() {
-        ErrorCode::STREAM_NOT_FOUND => NatsErrorKind::NotFound,
-        code => NatsErrorKind::Refused {
-            code,
-            last_sequence: None,
-        },
-    }
 }
 
 impl JetStreamPort for async_nats::Client {

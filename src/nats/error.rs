@@ -7,9 +7,10 @@
 //! connection gone) is a field, never a text to read.
 //!
 //! The message shows the kind; the cause is the `source()` (async-nats' error, JetStream's error
-//! answer, or a sentence of the reader's), so `error_chain` prints each once.
+//! answer, or a sentence of the reader's), so `error_chain` prints each once. How an async-nats
+//! error becomes one ([`mapped`]) is at the end of this file, the one place its kinds are read.
 
-use async_nats::jetstream::ErrorCode;
+use async_nats::jetstream::{self, ErrorCode};
 
 /// What kind of failure a [`NatsError`] is: what a caller may decide on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,6 +99,94 @@ impl NatsError {
             .as_ref()
             .map(ToString::to_string)
             .unwrap_or_default()
+    }
+}
+
+/// An async-nats error as a [`NatsError`].
+pub(crate) fn mapped<E>(e: E) -> NatsError
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
+    NatsError::new(kind_of(&e), e)
+}
+
+/// An async-nats error met while doing `what`, as a [`NatsError`] whose cause says both.
+pub(crate) fn mapped_while<E>(what: String, e: E) -> NatsError
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
+    NatsError::new(kind_of(&e), format!("{what}: {e}"))
+}
+
+/// The kind of an async-nats error: the JetStream refusal or the request failure it carries
+/// (found in its kind or down its chain of causes), else [`NatsErrorKind::Other`].
+fn kind_of(e: &(dyn std::error::Error + 'static)) -> NatsErrorKind {
+    use async_nats::jetstream::context::{GetStreamErrorKind, RequestErrorKind as JsRequest};
+    use async_nats::jetstream::stream::{ConsumerErrorKind, LastRawMessageErrorKind};
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        let refused = if let Some(e) = err.downcast_ref::<jetstream::context::GetStreamError>() {
+            match e.kind() {
+                GetStreamErrorKind::JetStream(je) => Some(je),
+                _ => None,
+            }
+        } else if let Some(e) = err.downcast_ref::<jetstream::stream::LastRawMessageError>() {
+            match e.kind() {
+                LastRawMessageErrorKind::JetStream(je) => Some(je),
+                LastRawMessageErrorKind::NoMessageFound => return NatsErrorKind::NotFound,
+                _ => None,
+            }
+        } else if let Some(e) = err.downcast_ref::<jetstream::stream::ConsumerError>() {
+            match e.kind() {
+                ConsumerErrorKind::JetStream(je) => Some(je),
+                ConsumerErrorKind::TimedOut => return NatsErrorKind::TimedOut,
+                _ => None,
+            }
+        } else {
+            None
+        };
+        if let Some(je) = refused {
+            return refused_kind(&je);
+        }
+        if let Some(e) = err.downcast_ref::<jetstream::context::RequestError>() {
+            match e.kind() {
+                JsRequest::TimedOut => return NatsErrorKind::TimedOut,
+                JsRequest::NoResponders => return NatsErrorKind::NoResponders,
+                _ => {}
+            }
+        }
+        if let Some(e) = err.downcast_ref::<async_nats::RequestError>() {
+            match e.kind() {
+                async_nats::RequestErrorKind::TimedOut => return NatsErrorKind::TimedOut,
+                async_nats::RequestErrorKind::NoResponders => return NatsErrorKind::NoResponders,
+                async_nats::RequestErrorKind::MaxPayloadExceeded => {
+                    return NatsErrorKind::TooLarge;
+                }
+                _ => {}
+            }
+        }
+        if let Some(e) = err.downcast_ref::<async_nats::client::PublishError>() {
+            match e.kind() {
+                async_nats::client::PublishErrorKind::MaxPayloadExceeded => {
+                    return NatsErrorKind::TooLarge;
+                }
+                async_nats::client::PublishErrorKind::Send => return NatsErrorKind::Closed,
+                _ => {}
+            }
+        }
+        cur = err.source();
+    }
+    NatsErrorKind::Other
+}
+
+/// A JetStream refusal's kind: "no such stream" is [`NatsErrorKind::NotFound`].
+fn refused_kind(je: &jetstream::Error) -> NatsErrorKind {
+    match je.error_code() {
+        ErrorCode::STREAM_NOT_FOUND => NatsErrorKind::NotFound,
+        code => NatsErrorKind::Refused {
+            code,
+            last_sequence: None,
+        },
     }
 }
 

@@ -21,7 +21,7 @@ use bytes::Bytes;
 use futures_util::Stream;
 use futures_util::future::BoxFuture;
 
-use super::error::NatsError;
+use super::error::{NatsError, NatsErrorKind};
 
 /// The answers published to a session's inbox (JetStream's acks), in arrival order; the stream
 /// ends when the subscription does. `Sync` as well, so the sink that holds it is.
@@ -40,8 +40,7 @@ pub trait JetStreamPort: Send + Sync + 'static {
     /// Queues a publish, waiting at most `timeout` for room in the queue to the connection.
     /// `reply` is set for a publish that awaits JetStream's answer, `None` for a core publish (an
     /// atomic batch member). A message over the server's `max_payload` is refused before it is
-    /// sent, with [`NatsErrorKind::TooLarge`](super::NatsErrorKind::TooLarge) (the sink
-    /// dead-letters on it).
+    /// sent, with [`NatsErrorKind::TooLarge`] (the sink dead-letters on it).
     fn publish(
         &self,
         subject: String,
@@ -101,7 +100,7 @@ pub trait JetStreamPort: Send + Sync + 'static {
         let _ = (subject, body);
         Box::pin(async {
             Err(NatsError::new(
-                super::NatsErrorKind::Other,
+                NatsErrorKind::Other,
                 "this port sends no JetStream API requests",
             ))
         })

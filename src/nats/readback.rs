@@ -27,8 +27,7 @@ use async_nats::{HeaderMap, StatusCode, Subscriber};
 use futures_util::StreamExt;
 use futures_util::future::BoxFuture;
 
-use super::client::mapped_while;
-use super::error::{NatsError, NatsErrorKind};
+use super::error::{NatsError, NatsErrorKind, mapped_while};
 use super::port::HeaderRead;
 
 /// How long the server keeps the consumer once nobody reads it.

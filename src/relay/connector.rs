@@ -22,7 +22,7 @@ use crate::source::{
 };
 
 use super::error::{Restart, SessionEnd};
-use super::monitor::{AbortOnDrop, watch_nats};
+use super::monitor::{Background, watch_nats};
 use super::policy::{self, from_source};
 
 /// What a session needs to reach its servers.
@@ -56,6 +56,11 @@ pub trait Connector: Send + Sync {
     /// with. The default leaves none.
     fn session_ended(&mut self, walsender_pid: i32, confirmed: Lsn) -> BoxFuture<'_, ()> {
         let _ = (walsender_pid, confirmed);
+        Box::pin(async {})
+    }
+    /// The relay ends: stop and await what the connector runs in the background. The default runs
+    /// nothing.
+    fn close(&mut self) -> BoxFuture<'_, ()> {
         Box::pin(async {})
     }
 }
@@ -109,7 +114,8 @@ impl Start {
 pub(crate) struct Servers {
     settings: Arc<Settings>,
     metrics: Arc<Metrics>,
-    nats: Option<(async_nats::Client, AbortOnDrop<()>)>,
+    /// The NATS client sessions publish through, and the task that watches its connection.
+    nats: Option<(async_nats::Client, Background)>,
 }
 
 impl Servers {
@@ -129,10 +135,11 @@ impl Servers {
     }
 
     fn keep(&mut self, client: async_nats::Client) {
-        let watch = AbortOnDrop(tokio::spawn(watch_nats(
-            client.clone(),
-            Arc::clone(&self.metrics),
-        )));
+        let mut watch = Background::default();
+        watch.spawn(
+            "NATS watcher",
+            watch_nats(client.clone(), Arc::clone(&self.metrics)),
+        );
         self.nats = Some((client, watch));
     }
 }
@@ -178,7 +185,16 @@ impl Connector for Servers {
     }
 
     fn nats_failed(&mut self) {
+        // Aborted, not awaited: the next session connects anew meanwhile.
         self.nats = None;
+    }
+
+    fn close(&mut self) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            if let Some((_, watch)) = self.nats.take() {
+                watch.stop().await;
+            }
+        })
     }
 
     fn replication(
@@ -210,7 +226,7 @@ impl Connector for Servers {
                 // session can go on, trusting less.
                 Err(e @ (SourceError::Server { .. } | SourceError::Protocol(_))) => {
                     tracing::warn!(
-                        error = %super::error_chain(&e),
+                        error = %crate::error_chain::error_chain(&e),
                         timeline = system.timeline,
                         "TIMELINE_HISTORY failed: the stream's last message is trusted only if it is from \
                          this timeline, so after a promotion or recovery the replay publishes again what \
@@ -373,7 +389,7 @@ async fn check_slot(
         Ok(tail) => Stored::from_tail(&tail, slot, Some(origin)),
         Err(e) => Stored::Unknown(format!(
             "the stream's tail cannot be read: {}",
-            super::error_chain(&e)
+            crate::error_chain::error_chain(&e)
         )),
     };
     out.judged(slot_mark::check(settings, &pg, slot_at, &stored, reported).await);

@@ -23,9 +23,9 @@ use crate::config::Settings;
 use crate::nats::connect_nats;
 use crate::setup::{self, SetupError, SetupReport};
 
-use super::error::CauseKind;
+use super::backoff::{backoff, xorshift};
+use super::error::{CauseKind, RelayError};
 use super::policy::{self, Verdict};
-use super::{RelayError, backoff, xorshift};
 use crate::error_chain::error_chain;
 
 /// Setup, then the NATS client sessions start with, retried while [`transient`] says a server is
