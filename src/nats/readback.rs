@@ -1,5 +1,5 @@
 //! Reading a range of the stream's messages back, headers only, in bulk: what the replay's proof
-//! (`Sink::prove_skipped`, src/sink) compares with the events it skipped. A replay can be as long as
+//! (`prove_skipped`, src/sink/replay_proof.rs) compares with the events it skipped. A replay can be as long as
 //! the largest transaction, so the read holds one message at a time, never the range. `verify`
 //! ([`crate::verify`]) reads the whole stream the same way, with the payloads when it compares them
 //! ([`ClientReader::start_with`], [`ClientReader::next_message`]): a push consumer needs no

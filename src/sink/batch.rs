@@ -493,3 +493,174 @@ async fn send(
         msg = smaller(config, limit, item, subject, m, reason)?;
     }
 }
+
+/// The batcher's decisions, without a publisher: which batch and place each message takes, when a
+/// transaction splits, what a transaction's end sends, when a waiting group is due.
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Lsn;
+    use crate::config::Config;
+    use crate::position::Position;
+
+    fn config(max_in_flight: usize, max_bytes: usize) -> SinkConfig {
+        let mut c = Config::default();
+        c.nats.atomic_transactions = true;
+        let mut config = SinkConfig::from_settings(&c.validate().unwrap());
+        config.max_in_flight = max_in_flight;
+        config.max_in_flight_bytes = max_bytes;
+        config
+    }
+
+    /// Event `i` of a transaction, held back with `size` window bytes and the fence's `expected`.
+    fn held(i: u32, size: usize, expected: Option<u64>) -> Held {
+        let event = Box::new(OutboxEvent {
+            id: Some(format!("e-{i}")),
+            aggregate_type: Some("Claim".into()),
+            aggregate_id: Some("4711".into()),
+            event_type: Some("ClaimApproved".into()),
+            payload: bytes::Bytes::from_static(b"{}"),
+            headers: vec![],
+            commit_lsn: Lsn(0x100),
+            index: i,
+            position: Position::in_transaction(Lsn(0x100), i),
+            commit_ts: 0,
+            problem: None,
+            msg_id: format!("e-{i}"),
+            content_type: None,
+            data_schema: None,
+            schema_check: None,
+        });
+        let (out, sent) = message(&config(100, 1 << 20), &event).unwrap();
+        Held {
+            item: InFlight {
+                seq: u64::from(i),
+                ack: 0,
+                event,
+                subject: String::new(),
+                sent,
+                expected,
+                expected_id: None,
+                size,
+                members: None,
+                span: None,
+            },
+            out,
+            size,
+        }
+    }
+
+    /// Sends `h` as the batcher would (after any wait): its membership, and the member kept.
+    fn send(b: &mut Batcher, h: Held, commit: bool) -> Membership {
+        let m = b.member(h.size, h.item.expected, commit);
+        if commit {
+            b.committed();
+        } else {
+            b.sent_member(h.item);
+        }
+        m
+    }
+
+    #[test]
+    fn each_batch_numbers_its_messages_and_only_its_first_expects_a_sequence() {
+        let mut b = Batcher::new(1 << 20, None);
+        assert!(b.must_wait(false, false), "the first message opens a batch");
+        let first = send(&mut b, held(0, 10, Some(41)), false);
+        assert!(
+            !b.must_wait(false, false),
+            "the open batch takes members at once"
+        );
+        let second = send(&mut b, held(1, 10, Some(42)), false);
+        let commit = send(&mut b, held(2, 10, Some(43)), true);
+        assert_eq!((first.sequence, first.expected), (1, Some(41)));
+        assert_eq!((second.sequence, second.expected), (2, None));
+        assert_eq!((commit.sequence, commit.commit), (3, true));
+        assert_eq!(first.batch, commit.batch);
+        let next = send(&mut b, held(3, 10, Some(44)), false);
+        assert_ne!(next.batch, first.batch, "a commit closes its batch");
+        assert_eq!((next.sequence, next.expected), (1, Some(44)));
+    }
+
+    #[test]
+    fn a_commit_carries_the_members_sent_before_it() {
+        let mut b = Batcher::new(1 << 20, None);
+        send(&mut b, held(0, 10, Some(1)), false);
+        send(&mut b, held(1, 10, Some(2)), false);
+        b.member(10, Some(3), true);
+        let members = b.committed();
+        assert_eq!(members.iter().map(|m| m.seq).collect::<Vec<_>>(), [0, 1]);
+        assert_eq!(b.open_size(), (0, 0));
+    }
+
+    #[test]
+    fn a_transaction_splits_where_the_batch_or_the_window_would_overflow() {
+        // At most 3 messages a batch (the window of 3 bounds it).
+        let c = config(3, 1_000);
+        let mut b = Batcher::new(1 << 20, None);
+        let h = held(0, 10, None);
+        assert!(!b.split_before(&h, 10, &c), "the held one and the next fit");
+        send(&mut b, h, false);
+        let h = held(1, 10, None);
+        assert!(!b.split_before(&h, 10, &c), "three in all");
+        send(&mut b, h, false);
+        assert!(
+            b.split_before(&held(2, 10, None), 10, &c),
+            "a fourth would not fit"
+        );
+        assert_eq!(b.splits, 1);
+        // Bytes: the members, the held one and the next must fit the window's bytes.
+        let mut b = Batcher::new(1 << 20, None);
+        let c = config(100, 1_000);
+        send(&mut b, held(0, 600, None), false);
+        assert!(b.split_before(&held(1, 300, None), 101, &c));
+        assert!(!b.split_before(&held(1, 300, None), 100, &c));
+    }
+
+    #[test]
+    fn the_limit_is_the_smaller_of_the_servers_and_the_streams() {
+        assert_eq!(Batcher::new(1_000, Some(500)).limit().bytes, 500);
+        assert_eq!(Batcher::new(1_000, Some(5_000)).limit().bytes, 1_000);
+        assert_eq!(Batcher::new(1_000, None).limit().bytes, 1_000);
+    }
+
+    #[test]
+    fn a_transactions_end_starts_a_group_then_joins_the_next_whole() {
+        let now = Instant::now();
+        let bound = Some(Duration::from_millis(5));
+        let mut b = Batcher::new(1 << 20, None);
+        assert!(
+            b.transaction_ended(now).is_none(),
+            "nothing since the last commit"
+        );
+        b.hold(held(0, 10, None));
+        // The first transaction's end: the batch waits, nothing is sent yet.
+        assert_eq!(b.transaction_ended(now).map(|s| s.len()), Some(0));
+        assert_eq!(b.due(0, bound), Some(now + Duration::from_millis(5)));
+        assert_eq!(b.due(1, bound), None, "the batch before it is in flight");
+        // The next transaction's events are kept back while it is open...
+        b.hold(held(1, 10, None));
+        b.hold(held(2, 10, None));
+        assert_eq!(b.uncommitted(), 2, "kept back: not committed on shutdown");
+        // ...and join the group whole at its end: the one held before and all but its last go
+        // out as members, its last is held.
+        let sends = b.transaction_ended(now).expect("sends");
+        assert_eq!(sends.iter().map(|h| h.item.seq).collect::<Vec<_>>(), [0, 1]);
+        assert_eq!(b.held.as_ref().map(|h| h.item.seq), Some(2));
+        assert_eq!(
+            b.transaction_ended(now).map(|s| s.len()),
+            Some(0),
+            "a transaction without events"
+        );
+    }
+
+    #[test]
+    fn grouped_commits_wait_for_the_batch_before() {
+        let b = Batcher::new(1 << 20, None);
+        assert!(b.must_wait(true, true), "a grouped commit waits");
+        assert!(!b.must_wait(false, true), "a grouped member does not");
+        assert!(
+            b.must_wait(true, false),
+            "nothing open: the next batch waits"
+        );
+    }
+}

@@ -92,3 +92,31 @@ impl Waiting {
         fill.messages + self.kept.len() + n <= room && fill.bytes + kept_bytes + size <= max_bytes
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_group_is_due_its_bound_after_it_began() {
+        let since = Instant::now();
+        let w = Waiting::new(since);
+        assert_eq!(
+            w.due(Duration::from_millis(3)),
+            since + Duration::from_millis(3)
+        );
+        assert_eq!(w.due(Duration::ZERO), since);
+    }
+
+    #[test]
+    fn a_group_takes_events_only_within_the_batch_limit_and_the_window() {
+        let w = Waiting::new(Instant::now());
+        let fill = Fill {
+            messages: 8,
+            bytes: 800,
+        };
+        assert!(w.fits(fill, 2, 200, 10, 1_000), "exactly both limits");
+        assert!(!w.fits(fill, 3, 10, 10, 1_000), "one message too many");
+        assert!(!w.fits(fill, 1, 201, 10, 1_000), "one byte too many");
+    }
+}
