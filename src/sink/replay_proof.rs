@@ -158,7 +158,7 @@ pub(super) async fn prove_skipped(
 
 pub(super) const SKIPPED_HASH_START: u64 = 0xcbf2_9ce4_8422_2325;
 
-/// The stream's side of a replay's proof ([`Sink::prove_skipped`]): the messages read back, in
+/// The stream's side of a replay's proof ([`prove_skipped`]): the messages read back, in
 /// sequence order, folded into the hash the skipped events were folded into.
 struct Proof {
     /// The sequence the next message must have: one skipped means it is gone.

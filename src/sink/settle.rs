@@ -2,7 +2,7 @@
 //! stored (and how), a duplicate to check against the stream, a refusal for good (its dead letter
 //! goes in its place, down the shrink ladder), a refusal behind a duplicate (sent once more with
 //! the expectation the stream now has), an answer that cannot be JetStream's, or the end of the
-//! session. No I/O and no clock: the sink carries the decision out (`Sink::settle_front`), and
+//! session. No I/O and no clock: the sink carries the decision out (`Flight::settle_front`), and
 //! every rule is unit-tested below without a publisher, for single messages and batch commits
 //! alike. The window's order is kept by the sink: what it sends again is awaited before anything
 //! behind it is settled.

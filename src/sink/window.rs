@@ -2,7 +2,7 @@
 //! settled, oldest first, the acks settled and not yet taken, and the room they take. Its bounds
 //! ([`Room`], `nats.max_in_flight` messages and `nats.max_in_flight_bytes` bytes) are plain
 //! arithmetic, unit-tested below without NATS; when either is used up, taking a place settles the
-//! oldest message first (`Sink::reserve`), which is how the relay stops reading from Postgres while
+//! oldest message first (`Flight::reserve`), which is how the relay stops reading from Postgres while
 //! JetStream is behind (P6). Settling reports in window order, so acks come out in publish order
 //! whatever order JetStream answers in. What goes in it: [`InFlight`] (a message sent), [`Held`]
 //! (an event of an atomic batch that took its place and waits to be sent).
