@@ -210,4 +210,45 @@ mod tests {
         assert_eq!(refused.code(), Some(ErrorCode(10071)));
         assert_eq!(NatsError::of(NatsErrorKind::Closed).code(), None);
     }
+
+    fn refusal(code: u64) -> jetstream::Error {
+        serde_json::from_value(serde_json::json!({
+            "code": 404, "err_code": code, "description": "stream not found"
+        }))
+        .expect("a JetStream error")
+    }
+
+    #[test]
+    fn async_nats_errors_become_their_kind_once() {
+        use async_nats::jetstream::context::{
+            GetStreamError, GetStreamErrorKind, RequestError, RequestErrorKind,
+        };
+        use async_nats::jetstream::stream::{LastRawMessageError, LastRawMessageErrorKind};
+        let not_found = GetStreamError::new(GetStreamErrorKind::JetStream(refusal(10059)));
+        assert_eq!(mapped(not_found).kind(), NatsErrorKind::NotFound);
+        let refused = GetStreamError::new(GetStreamErrorKind::JetStream(refusal(10039)));
+        assert_eq!(
+            mapped(refused).kind(),
+            NatsErrorKind::Refused {
+                code: ErrorCode(10039),
+                last_sequence: None
+            }
+        );
+        // A request's own kind is found down the chain of causes.
+        let timed_out = GetStreamError::with_source(
+            GetStreamErrorKind::Request,
+            RequestError::new(RequestErrorKind::TimedOut),
+        );
+        assert_eq!(mapped(timed_out).kind(), NatsErrorKind::TimedOut);
+        let nobody = RequestError::new(RequestErrorKind::NoResponders);
+        assert_eq!(mapped(nobody).kind(), NatsErrorKind::NoResponders);
+        let gone = LastRawMessageError::new(LastRawMessageErrorKind::NoMessageFound);
+        assert_eq!(mapped(gone).kind(), NatsErrorKind::NotFound);
+        let large = async_nats::client::PublishError::new(
+            async_nats::client::PublishErrorKind::MaxPayloadExceeded,
+        );
+        assert_eq!(mapped(large).kind(), NatsErrorKind::TooLarge);
+        let other = std::io::Error::other("?");
+        assert_eq!(mapped(other).kind(), NatsErrorKind::Other);
+    }
 }

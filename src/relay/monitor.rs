@@ -104,3 +104,31 @@ pub(super) async fn sample_slot(settings: Settings, metrics: Arc<Metrics>) {
         tokio::time::sleep(Duration::from_secs(5)).await;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Once `stop` returned, every task has ended and dropped what it held (an abort alone leaves
+    /// that to the runtime's next poll of the task).
+    #[tokio::test]
+    async fn stopped_tasks_have_ended_when_stop_returns() {
+        let held = Arc::new(());
+        let mut background = Background::default();
+        for name in ["a", "b"] {
+            let mine = Arc::clone(&held);
+            background.spawn(name, async move {
+                let _mine = mine;
+                std::future::pending::<()>().await;
+            });
+        }
+        tokio::task::yield_now().await;
+        assert_eq!(Arc::strong_count(&held), 3);
+        background.stop().await;
+        assert_eq!(
+            Arc::strong_count(&held),
+            1,
+            "both tasks dropped what they held"
+        );
+    }
+}
