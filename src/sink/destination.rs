@@ -34,6 +34,7 @@ pub(crate) enum Sent {
 /// The destination of `event`, whose message was built with `problem` (`Some`: why it cannot be
 /// published as it is, and its message is the dead letter): its own subject, or its dead letter
 /// (`outbox.on_invalid = "dead_letter"`, logged); `Err` to stop (`"stop"`).
+#[inline]
 pub(crate) fn choose(
     config: &SinkConfig,
     event: &OutboxEvent,

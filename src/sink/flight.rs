@@ -68,11 +68,13 @@ impl Flight {
     }
 
     /// The sink's settings.
+    #[inline]
     pub(super) fn config(&self) -> &SinkConfig {
         &self.config
     }
 
     /// The publisher and the settings, to send a batch's messages with (`batch.rs`).
+    #[inline]
     pub(super) fn wire(&mut self) -> (&mut Publisher, &SinkConfig) {
         (&mut self.publisher, &self.config)
     }
@@ -142,17 +144,20 @@ impl Flight {
     }
 
     /// Atomic batches committed and not yet settled.
+    #[inline]
     pub(super) fn batches(&self) -> usize {
         self.window.batches()
     }
 
     /// The `Nats-Expected-Last-Sequence` of the next message, which carries no `Nats-Msg-Id` (a
     /// batch's first), on a fenced stream.
+    #[inline]
     pub(super) fn next_sequence(&mut self) -> Option<u64> {
         self.fence.as_mut().map(Fence::next_sequence)
     }
 
     /// A sent message enters the window.
+    #[inline]
     pub(super) fn push(&mut self, item: InFlight) {
         self.window.push(Pending::Sent(item));
     }

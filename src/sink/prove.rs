@@ -54,6 +54,7 @@ pub(super) struct Gate {
 impl Gate {
     /// `count` more acks were settled; `new`: the sequence and position of the last newly stored
     /// message among them, if one was.
+    #[inline]
     pub(super) fn settled(&mut self, count: u64, new: Option<(u64, Position)>) {
         let first = self.pushed;
         self.pushed += count;
@@ -85,11 +86,13 @@ impl Gate {
     }
 
     /// Whether an ack may be handed on now.
+    #[inline]
     pub(super) fn may_take(&self) -> bool {
         self.taken < self.release
     }
 
     /// One ack was handed on.
+    #[inline]
     pub(super) fn took(&mut self) {
         debug_assert!(self.may_take());
         self.taken += 1;
@@ -154,31 +157,37 @@ impl ProofGate {
 
     /// `count` more acks were settled; `new`: the sequence and position of the last newly stored
     /// message among them ([`Gate::settled`]).
+    #[inline]
     pub(super) fn settled(&mut self, count: u64, new: Option<(u64, Position)>) {
         self.gate.settled(count, new);
     }
 
     /// Whether an ack may be handed on now.
+    #[inline]
     pub(super) fn may_take(&self) -> bool {
         self.gate.may_take()
     }
 
     /// One ack was handed on.
+    #[inline]
     pub(super) fn took(&mut self) {
         self.gate.took();
     }
 
     /// Whether a proof's result waits to be judged.
+    #[inline]
     pub(super) fn has_result(&self) -> bool {
         self.shown.is_some()
     }
 
     /// The proof in flight, to wait on.
+    #[inline]
     pub(super) fn in_flight(&mut self) -> Option<&mut Showing> {
         self.proof.as_mut()
     }
 
     /// The proof in flight came back with `shown`.
+    #[inline]
     pub(super) fn came(&mut self, shown: Result<Shown, NatsError>) {
         self.proof = None;
         self.shown = Some(shown);
@@ -248,11 +257,13 @@ impl ProofGate {
     }
 
     /// The stream showed a message at `sequence` (a duplicate checked against it, or a proof).
+    #[inline]
     pub(super) fn saw(&mut self, sequence: u64) {
         self.last_sequence = self.last_sequence.max(sequence);
     }
 
     /// The highest stream sequence the stream showed so far.
+    #[inline]
     pub(super) fn last_sequence(&self) -> u64 {
         self.last_sequence
     }

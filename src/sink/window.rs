@@ -85,29 +85,34 @@ impl Room {
 
     /// The bytes a message of `size` takes: one event bigger than the whole byte window still goes,
     /// alone.
+    #[inline]
     pub(super) fn bytes_for(&self, size: usize) -> usize {
         size.min(self.max_bytes)
     }
 
     /// Whether a message taking `size` bytes must wait for the oldest to be settled.
+    #[inline]
     pub(super) fn is_full_for(&self, size: usize) -> bool {
         self.messages >= self.max_messages
             || (self.messages > 0 && self.bytes + size > self.max_bytes)
     }
 
     /// A message taking `size` bytes enters the window.
+    #[inline]
     pub(super) fn take(&mut self, size: usize) {
         self.messages += 1;
         self.bytes += size;
     }
 
     /// A message that took `size` bytes leaves it.
+    #[inline]
     pub(super) fn give_back(&mut self, size: usize) {
         self.messages -= 1;
         self.bytes -= size;
     }
 
     /// Messages in the window.
+    #[inline]
     pub(super) fn messages(&self) -> usize {
         self.messages
     }
@@ -160,31 +165,37 @@ impl Window {
     }
 
     /// The bytes a message of `size` takes ([`Room::bytes_for`]).
+    #[inline]
     pub(super) fn bytes_for(&self, size: usize) -> usize {
         self.room.bytes_for(size)
     }
 
     /// Whether a message taking `size` bytes must wait for the oldest to be settled.
+    #[inline]
     pub(super) fn is_full_for(&self, size: usize) -> bool {
         self.room.is_full_for(size)
     }
 
     /// A message taking `size` bytes takes its place (it enters `pending` when it is sent).
+    #[inline]
     pub(super) fn take(&mut self, size: usize) {
         self.room.take(size);
     }
 
     /// Messages in the window (published, ack not yet reported, and the held ones).
+    #[inline]
     pub(super) fn messages(&self) -> usize {
         self.room.messages()
     }
 
     /// Atomic batches committed and not yet settled.
+    #[inline]
     pub(super) fn batches(&self) -> usize {
         self.batches
     }
 
     /// Appends a published message, or events a replay proved stored.
+    #[inline]
     pub(super) fn push(&mut self, p: Pending) {
         if matches!(&p, Pending::Sent(item) if item.members.is_some()) {
             self.batches += 1;
@@ -193,6 +204,7 @@ impl Window {
     }
 
     /// What is oldest.
+    #[inline]
     pub(super) fn front(&self) -> Front {
         match self.pending.front() {
             None => Front::Empty,
@@ -211,6 +223,7 @@ impl Window {
 
     /// Takes the oldest message to settle it; `None` if the oldest is not a published message.
     /// Its deadline ends with it.
+    #[inline]
     pub(super) fn pop_sent(&mut self) -> Option<InFlight> {
         let Some(Pending::Sent(item)) = self.pending.pop_front() else {
             return None;
@@ -271,11 +284,13 @@ impl Window {
     }
 
     /// The oldest settled ack not yet taken.
+    #[inline]
     pub(super) fn take_settled(&mut self) -> Option<Acked> {
         self.settled.pop_front()
     }
 
     /// Whether the oldest message's answer is overdue.
+    #[inline]
     pub(super) fn overdue(&self) -> bool {
         self.deadline.is_some_and(|d| Instant::now() >= d)
     }
@@ -295,6 +310,7 @@ impl Window {
 }
 
 /// How a message of a batch its commit's ack stored ended: an event, or its dead letter.
+#[inline]
 pub(super) fn stored_outcome(sent: &Sent) -> Outcome {
     match sent {
         Sent::DeadLetter { reason, .. } => Outcome::DeadLetter {
