@@ -12,7 +12,7 @@ use super::compare::{Unmatched, hash64, unmatched};
 use super::look::dead_letter_detail;
 use super::messages::Messages;
 use super::report::{EXAMPLES, Example, VerifyReport};
-use super::side::{StreamSide, stream_error};
+use super::side::{Head, StreamSide, stream_error};
 use super::stream::{StreamScan, event_id};
 
 /// Out-of-order messages read again for their ids, at most; past it the proof proves nothing.
@@ -146,28 +146,36 @@ pub(crate) async fn foreign(
 }
 
 /// Counts the gone sequences nothing explains as holes: before the stream's first message (unless
-/// `head_explained`), and inside the ranges read (unless a limit removes messages anywhere).
+/// `head` explains them), and inside the ranges read (unless a limit removes messages anywhere).
 /// What a limit explains is said in `skipped`.
 pub(crate) fn holes(
     side: &StreamSide,
-    head_explained: Option<&str>,
+    head: Option<&Head>,
     scan: &StreamScan,
     report: &mut VerifyReport,
 ) {
-    let head = side.head_gone();
+    let gone = side.head_gone();
     let first = side.state.first_sequence;
-    if head > 0 {
-        let range = (side.range_start, first - 1);
-        match head_explained {
-            Some(why) => report.skipped.push(format!(
-                "{head} sequences before the stream's first message ({}..{}) are gone by {why}",
-                range.0, range.1
+    if gone > 0 {
+        let (from, to) = (side.range_start, first - 1);
+        match head {
+            Some(Head {
+                why,
+                before: Some(t),
+            }) => report.skipped.push(format!(
+                "{gone} sequences before the stream's first message ({from}..{to}) are gone: {why} explains those \
+                 stored before {}; rows created after it whose message is gone count as missing",
+                super::report::rfc3339_unix_us(*t)
+            )),
+            Some(h) => report.skipped.push(format!(
+                "{gone} sequences before the stream's first message ({from}..{to}) are gone by {}",
+                h.why
             )),
             None => hole(
                 report,
-                head,
-                range,
-                "before the stream's first message; its limits remove nothing (discard new, no max_age)",
+                gone,
+                (from, to),
+                "before the stream's first message; its limits cannot have removed them",
             ),
         }
     }

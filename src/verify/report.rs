@@ -45,9 +45,13 @@ pub struct Proven {
 impl Proven {
     /// `created_unix_us` as RFC 3339 (UTC, µs).
     pub fn created_at(&self) -> Option<String> {
-        self.created_unix_us
-            .map(|us| crate::message::rfc3339_micros(us - PG_EPOCH_UNIX_US))
+        self.created_unix_us.map(rfc3339_unix_us)
     }
+}
+
+/// µs since the Unix epoch as RFC 3339 (UTC, µs).
+pub(crate) fn rfc3339_unix_us(us: i64) -> String {
+    crate::message::rfc3339_micros(us - PG_EPOCH_UNIX_US)
 }
 
 /// The report. Every class of [`Class::ALL`] has a count.

@@ -2,7 +2,7 @@
 //! [`super::verify`]; what a step finds goes into the run's state for the next ones and into the
 //! report. See the module docs of `verify` for why the steps come in this order.
 
-use std::time::Instant;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use super::class::Class;
 use super::compare::{self, DEAD_LETTER, RowFinding, RowRec, content_hash, hash64};
@@ -11,7 +11,7 @@ use super::look::{self, AbsentRules, Candidate, LookCtx};
 use super::messages::Messages;
 use super::proof::{self, ProofTracker};
 use super::report::{Proven, VerifyReport};
-use super::side::StreamSide;
+use super::side::{Head, StreamSide};
 use super::slot::{self, Waiting};
 use super::stream::{PROGRESS_EVERY, StreamScan, split_position};
 use super::{ROWS_CURSOR, Rows, VerifyError, VerifyOptions, expected_subject, first_time_us, span};
@@ -54,6 +54,8 @@ pub(super) struct Run<'a, P> {
     /// Id hashes of events stored twice or out of order, sorted, for the proof.
     unproven_ids: Vec<(u64, Class)>,
     unusable_ids: u64,
+    /// What explains the messages gone before the stream's first one.
+    head: Option<Head>,
     report: VerifyReport,
 }
 
@@ -81,6 +83,7 @@ impl<'a, P: FnMut(String)> Run<'a, P> {
             proof: ProofTracker::default(),
             unproven_ids: Vec::new(),
             unusable_ids: 0,
+            head: None,
             report: VerifyReport {
                 stream: n.stream.clone(),
                 fence: n.fence,
@@ -113,6 +116,10 @@ impl<'a, P: FnMut(String)> Run<'a, P> {
         }
         self.first = std::mem::take(&mut self.scan.msgs);
         self.first.index();
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros() as i64);
+        self.head = self.side.head_explained(self.opts.from_sequence, now);
         Ok(())
     }
 
@@ -129,7 +136,6 @@ impl<'a, P: FnMut(String)> Run<'a, P> {
         let mut ticker = Ticker::new();
         rows.table
             .fetch_all(&rows.pg, o, ROWS_CURSOR, async |r| {
-                report.rows += 1;
                 proof.row(r.created_us);
                 if ticker.due() {
                     progress(format!("verify: {} rows read", report.rows));
@@ -149,6 +155,8 @@ impl<'a, P: FnMut(String)> Run<'a, P> {
                     id: hash64(id.as_bytes()),
                     content,
                 };
+                // Rows compared: those without a usable id are said apart.
+                report.rows += 1;
                 if let Some(finding) = compare::check(row, &[first]) {
                     candidates.push(Candidate { row, finding });
                 }
@@ -219,8 +227,7 @@ impl<'a, P: FnMut(String)> Run<'a, P> {
         let order = &self.scan.out_of_order;
         let order_ids = findings::out_of_order(stream, order, &copies, report).await?;
         findings::foreign(stream, &self.scan.foreign, report).await?;
-        let head = self.side.head_explained(self.opts.from_sequence);
-        findings::holes(&self.side, head.as_deref(), &self.scan, report);
+        findings::holes(&self.side, self.head.as_ref(), &self.scan, report);
         if self.opts.where_sql.is_some() || self.opts.since.is_some() {
             report.skipped.push(
                 "stream_only and dead letters without a row (--where or --since leave rows out, whose \
@@ -252,8 +259,12 @@ impl<'a, P: FnMut(String)> Run<'a, P> {
             return Ok(());
         }
         self.candidates.sort_unstable_by_key(|c| c.row.id);
-        let older_than = match self.side.head_explained(self.opts.from_sequence) {
-            Some(_) => Some(first_time_us(&self.side.stream, self.scan.first_read).await),
+        // Rows created before the first message read, and (max_age) before its horizon.
+        let older_than = match &self.head {
+            Some(h) => {
+                let first = first_time_us(&self.side.stream, self.scan.first_read).await;
+                Some(h.before.map_or(first, |b| first.min(b)))
+            }
             None => None,
         };
         let before_backfill = match (&self.side.start, rows.table.has_created) {

@@ -3,10 +3,12 @@
 //! recorded, and from these the range of sequences that is the relay's: from the backfill's start
 //! (or sequence 1) or `--from-sequence`, to the stream's last sequence.
 //!
-//! What lies before the stream's first message inside that range is gone. A head limit
-//! (`limits.rs`) or `--from-sequence` explains it: rows created before the first message read are
-//! then older than the stream. Nothing explains it under setup's default limits (`discard: new`,
-//! no `max_age`): the gone sequences are holes and those rows are missing.
+//! What lies before the stream's first message inside that range is gone. A limit that removes
+//! the oldest messages whatever their age (`limits.rs`) or `--from-sequence` explains it: rows
+//! created before the first message read are then older than the stream. `max_age` explains only
+//! messages stored before `now - max_age`, and none in a stream created after that: rows created
+//! after it are missing. Nothing else explains it (setup's default: `discard: new`, 7 days of
+//! `max_age`, so a message deleted from a week-old stream's head is a hole, its row missing).
 
 use async_nats::jetstream::{self, stream};
 
@@ -32,6 +34,18 @@ pub(crate) struct StreamSide {
     pub(crate) range_start: u64,
     /// The first sequence read: the range's start, or the stream's first message when later.
     pub(crate) read_start: u64,
+    /// When the stream was created, µs since the Unix epoch.
+    pub(crate) created_unix_us: i64,
+}
+
+/// What explains the messages gone before the stream's first one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Head {
+    /// In words, for the report.
+    pub(crate) why: String,
+    /// Only messages stored before this time (µs since the Unix epoch) can have gone that way
+    /// (`max_age`); `None`: any message.
+    pub(crate) before: Option<i64>,
 }
 
 impl StreamSide {
@@ -61,6 +75,7 @@ impl StreamSide {
             nats,
             stream,
             read_start: range_start.max(info.state.first_sequence),
+            created_unix_us: (info.created.unix_timestamp_nanos() / 1000) as i64,
             limits: Limits::of(&info.config),
             state: info.state,
             start,
@@ -74,17 +89,37 @@ impl StreamSide {
         self.state.first_sequence.saturating_sub(self.range_start)
     }
 
-    /// Why the first message read is not the range's first, when something explains it: a head
-    /// limit, or `--from-sequence` beyond the stream's first message. `None` when nothing is gone
-    /// before it, or nothing explains it.
-    pub(crate) fn head_explained(&self, from_sequence: Option<u64>) -> Option<String> {
+    /// Why the first message read is not the range's first, when something explains it: a limit
+    /// that removes the oldest messages, `max_age` (for messages stored before `now - max_age`, in
+    /// a stream older than that), or `--from-sequence` beyond the stream's first message. `None`
+    /// when nothing is gone before it, or nothing explains it.
+    pub(crate) fn head_explained(
+        &self,
+        from_sequence: Option<u64>,
+        now_unix_us: i64,
+    ) -> Option<Head> {
+        let any = |why: &str| {
+            Some(Head {
+                why: why.to_owned(),
+                before: None,
+            })
+        };
         if from_sequence.is_some_and(|f| f > self.state.first_sequence.max(1)) {
-            return Some("--from-sequence".to_owned());
+            return any("--from-sequence");
         }
         if self.head_gone() == 0 {
             return None;
         }
-        self.limits.explains_head().map(str::to_owned)
+        if let Some(why) = self.limits.explains_any_head() {
+            return any(why);
+        }
+        let max_age = self.limits.max_age?;
+        let horizon =
+            now_unix_us.saturating_sub(i64::try_from(max_age.as_micros()).unwrap_or(i64::MAX));
+        (self.created_unix_us < horizon).then(|| Head {
+            why: format!("max_age {}s", max_age.as_secs()),
+            before: Some(horizon),
+        })
     }
 
     /// The stream's last sequence now.
