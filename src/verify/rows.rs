@@ -179,11 +179,13 @@ impl Table {
 
     /// The creation time (µs since the Unix epoch) up to which the last `--record` proved the rows,
     /// as this snapshot shows it: `None` without a proof table the role may read, or without a
-    /// proof in it. Looked up first, so that a missing table does not abort the transaction.
+    /// proof in it.
     pub(crate) async fn previous_proof(&self, pg: &Client) -> Option<i64> {
         let readable: bool = pg
             .query_one(
-                "SELECT to_regclass($1) IS NOT NULL AND has_table_privilege($1, 'SELECT')",
+                // Through the OID: for a table that does not exist it is NULL, not an error (an
+                // error would end the snapshot's transaction).
+                "SELECT coalesce(has_table_privilege(to_regclass($1), 'SELECT'), false)",
                 &[&self.proof_table],
             )
             .await
