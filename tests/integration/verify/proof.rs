@@ -75,3 +75,23 @@ async fn record_then_a_proof_gated_prune_keeps_the_dead_letter_the_waiting_row_a
     );
     assert_eq!(remaining(&s).await.len(), 12);
 }
+
+#[tokio::test]
+async fn a_row_whose_transaction_was_open_while_verify_read_is_never_pruned_by_its_proof() {
+    let s = Story::with_sql_file("05_retention.sql").await;
+    s.relay_publishes(1..11).await;
+    // A transaction that began before verify read the rows and commits after it, with a creation
+    // time long before the proof: verify never saw its row.
+    let late = s._db.client().await;
+    late.batch_execute(
+        "BEGIN; INSERT INTO outbox (event_id, aggregate_type, aggregate_id, event_type, payload, created_at) \
+         VALUES ('late-1', 'Claim', '1', 'ClaimApproved', '{}', now() - interval '3 days')",
+    )
+    .await
+    .unwrap();
+    let (code, json) = s.verify(&["--record"]).await;
+    assert_eq!(code, 0, "{json}");
+    late.batch_execute("COMMIT").await.unwrap();
+    s.psql("CALL outbox_prune(interval '0 seconds', proven_only => true);");
+    assert_eq!(remaining(&s).await, vec!["late-1".to_owned()]);
+}
