@@ -10,15 +10,16 @@
 //! write it makes. Otherwise it writes nothing: no slot but a temporary copy, no publish, no
 //! durable consumer; it runs while the relay runs.
 //!
-//! The steps, in order, each a method of [`Run`]: the rows' snapshot (`rows.rs`) and the stream's
+//! The steps, in order, each a method of [`Run`] (`run.rs`): the rows' snapshot (`rows.rs`) and the stream's
 //! state (`side.rs`); the stream read into compact records indexed by event-id hash (`stream.rs`,
 //! `messages.rs`); the snapshot's rows, one at a time, each looked up among the messages
 //! (`compare.rs`), only those with a candidate finding kept; for rows absent, a look into a copy
 //! of the slot (`slot.rs`), then the stream read again past where the first read ended: whatever
 //! the slot had confirmed by then is stored by then; the findings of the stream alone
 //! (`findings.rs`, with `limits.rs`); the exact second look at the candidates (`look.rs`); the
-//! proof (`proof.rs`); the report (`report.rs`). With NATS unreachable, the rows and the slot are
-//! still read: the report says which rows wait, and exits 2 for the rest.
+//! proof (`proof.rs`); the report (`report.rs`, its classes in `class.rs`). With NATS unreachable,
+//! the rows and the slot are still read (`unreachable.rs`): the report says which rows wait, and
+//! exits 2 for the rest.
 
 use async_nats::jetstream;
 use tokio_postgres::Client;

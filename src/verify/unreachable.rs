@@ -40,6 +40,11 @@ pub(super) async fn report(
         "every check of the stream, and of rows the slot does not hold (NATS could not be reached)"
             .into(),
     );
+    if opts.record {
+        report
+            .skipped
+            .push("--record (nothing is proven without the stream)".into());
+    }
     rows.close().await;
     Ok(report)
 }
