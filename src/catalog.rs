@@ -113,3 +113,81 @@ pub(crate) async fn partitions(
         .await?;
     Ok(rows.iter().map(|r| r.get(0)).collect())
 }
+
+/// Postgres' own limits on what a slot may keep, for `setup`'s advice and `status`'s numbers.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct RetentionLimits {
+    /// `max_slot_wal_keep_size` as the server shows it (`-1`, `10GB`).
+    pub(crate) keep_size: Option<String>,
+    /// The same in bytes; `-1` unlimited.
+    pub(crate) keep_bytes: Option<i64>,
+    /// PG 18+: `idle_replication_slot_timeout` as shown (`None` on older servers).
+    pub(crate) idle_timeout: Option<String>,
+    /// The same in seconds; 0 off.
+    pub(crate) idle_secs: Option<i64>,
+}
+
+/// [`RetentionLimits`] of the server `client` is connected to.
+pub(crate) async fn retention_limits(
+    client: &Client,
+) -> Result<RetentionLimits, tokio_postgres::Error> {
+    let r = client
+        .query_one(
+            "SELECT current_setting('max_slot_wal_keep_size'), \
+             (SELECT setting || ' ' || coalesce(unit, '') FROM pg_settings WHERE name = 'max_slot_wal_keep_size'), \
+             current_setting('idle_replication_slot_timeout', true), \
+             (SELECT setting || ' ' || coalesce(unit, '') FROM pg_settings \
+              WHERE name = 'idle_replication_slot_timeout')",
+            &[],
+        )
+        .await?;
+    Ok(RetentionLimits {
+        keep_size: r.get(0),
+        keep_bytes: r
+            .get::<_, Option<String>>(1)
+            .as_deref()
+            .and_then(base_units),
+        idle_timeout: r.get(2),
+        idle_secs: r
+            .get::<_, Option<String>>(3)
+            .as_deref()
+            .and_then(base_units),
+    })
+}
+
+/// `setting unit` from `pg_settings` in the unit's base (bytes, seconds); `-1` and `0` as they are.
+fn base_units(text: &str) -> Option<i64> {
+    let (value, unit) = text.split_once(' ').unwrap_or((text, ""));
+    let value: i64 = value.trim().parse().ok()?;
+    if value <= 0 {
+        return Some(value);
+    }
+    let factor = match unit.trim() {
+        "" | "B" | "s" => 1,
+        "kB" => 1 << 10,
+        "8kB" => 8 << 10,
+        "MB" => 1 << 20,
+        "GB" => 1 << 30,
+        "ms" => return Some(value / 1000),
+        "min" => 60,
+        "h" => 3600,
+        "d" => 86400,
+        _ => return None,
+    };
+    value.checked_mul(factor)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::base_units;
+
+    #[test]
+    fn settings_are_read_in_their_base_unit() {
+        assert_eq!(base_units("-1 MB"), Some(-1));
+        assert_eq!(base_units("1024 MB"), Some(1 << 30));
+        assert_eq!(base_units("0 s"), Some(0));
+        assert_eq!(base_units("90 min"), Some(5400));
+        assert_eq!(base_units("x MB"), None);
+        assert_eq!(base_units("5 parsecs"), None);
+    }
+}

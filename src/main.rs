@@ -44,7 +44,12 @@ enum Command {
     /// Stream outbox inserts to JetStream until SIGINT/SIGTERM.
     Run,
     /// Check the servers and create what is missing: publication, slot, stream.
-    Setup,
+    Setup {
+        /// Make every check and say what would be created or changed, changing nothing: exit 0
+        /// when setup would go ahead (or has nothing to do), 1 with its refusal.
+        #[arg(long)]
+        check: bool,
+    },
     /// Publish the outbox rows that exist now (matching --where) like live events, and create the
     /// slot at the snapshot they were read in, so that `run` continues with no gap and no overlap.
     Backfill {
@@ -114,7 +119,8 @@ fn main() -> ExitCode {
     runtime.block_on(async move {
         match cli.command {
             Command::Run => run(cli.config, settings, log_filter, json_logs).await,
-            Command::Setup => setup(&settings, json_logs).await,
+            Command::Setup { check: false } => setup(&settings, json_logs).await,
+            Command::Setup { check: true } => setup_check(&settings, json_logs).await,
             Command::Backfill {
                 where_sql,
                 order_by,
@@ -213,12 +219,53 @@ async fn setup(config: &Settings, json_logs: bool) -> ExitCode {
             for line in &report.lines {
                 println!("{line}");
             }
-            for w in &report.warnings {
-                println!("warning: {w}");
-            }
+            print_warnings(config, report.warnings);
             ExitCode::SUCCESS
         }
         Err(e) => fail(json_logs, &e),
+    }
+}
+
+/// `setup --check`: what setup found and would create or change, its warnings, and a last line
+/// saying whether it would go ahead; its refusal (exit 1) otherwise. Changes nothing.
+async fn setup_check(config: &Settings, json_logs: bool) -> ExitCode {
+    match outbox_relay::setup::check(config).await {
+        Ok(report) => {
+            for line in &report.lines {
+                println!("{line}");
+            }
+            print_warnings(config, report.warnings);
+            if report.would_change == 0 {
+                println!("setup --check: nothing to create or change");
+            } else {
+                println!(
+                    "setup --check: setup would make the {} change(s) above and refuses nothing; nothing was changed",
+                    report.would_change
+                );
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            let code = fail(json_logs, &e);
+            println!("setup --check: setup would refuse (the line above); nothing was changed");
+            code
+        }
+    }
+}
+
+/// Warnings as `warning[NAME]: …` lines, without those `warnings.acknowledged` names (a last line
+/// says which were left out).
+fn print_warnings(config: &Settings, warnings: Vec<outbox_relay::warning::Warning>) {
+    let acknowledged = &config.config().warnings.acknowledged;
+    let (shown, left_out) = outbox_relay::warning::split_acknowledged(warnings, acknowledged);
+    for w in &shown {
+        println!("{w}");
+    }
+    if !left_out.is_empty() {
+        println!(
+            "acknowledged warnings (warnings.acknowledged): {}",
+            left_out.join(", ")
+        );
     }
 }
 
@@ -235,9 +282,7 @@ async fn backfill(
             for line in &report.setup_lines {
                 println!("{line}");
             }
-            for w in &report.warnings {
-                println!("warning: {w}");
-            }
+            print_warnings(config, report.warnings.clone());
             println!(
                 "slot {}: {} (pgoutput, starts at {})",
                 report.slot,
@@ -250,7 +295,7 @@ async fn backfill(
             );
             println!(
                 "backfill: {} rows in {:.1} s ({:.0}/s, after {:.1} s of setup and slot creation): {} stored, \
-                 {} already in the stream, {} dead letters; Outbox-Commit-Lsn {}; now start `outbox-relay run`",
+                 {} already in the stream, {} dead letters; Outbox-Commit-Lsn {}; now start {}",
                 report.rows,
                 report.elapsed.as_secs_f64(),
                 report.rate(),
@@ -258,7 +303,8 @@ async fn backfill(
                 report.stored,
                 report.duplicates,
                 report.dead_letters,
-                report.commit_lsn
+                report.commit_lsn,
+                config.command("run")
             );
             ExitCode::SUCCESS
         }

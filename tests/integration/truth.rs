@@ -583,7 +583,7 @@ async fn setup_on_a_table_with_rows_names_backfill() {
         let warned = report
             .warnings
             .iter()
-            .any(|w| w.contains("already holds rows") && w.contains("backfill"));
+            .any(|w| w.text.contains("already holds rows") && w.text.contains("backfill"));
         assert_eq!(warned, rows, "rows {rows}: {:?}", report.warnings);
     }
 }
