@@ -41,6 +41,9 @@ pub(crate) struct SlotRow {
     /// Not a column: WAL position − `restart_lsn`, the WAL the slot keeps.
     #[serde(skip)]
     pub(crate) retained_bytes: Option<i64>,
+    /// Not a column: the server's WAL position the lag is measured against.
+    #[serde(skip)]
+    pub(crate) wal_lsn: Option<String>,
 }
 
 impl SlotRow {
@@ -63,7 +66,7 @@ pub(crate) async fn slot(
             "WITH pos AS (SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() \
                                       ELSE pg_current_wal_lsn() END AS lsn) \
              SELECT to_jsonb(s)::text, (pos.lsn - s.confirmed_flush_lsn)::int8, \
-                    (pos.lsn - s.restart_lsn)::int8, current_database()::text \
+                    (pos.lsn - s.restart_lsn)::int8, current_database()::text, pos.lsn::text \
              FROM pg_replication_slots s, pos WHERE s.slot_name = $1",
             &[&name],
         )
@@ -76,6 +79,7 @@ pub(crate) async fn slot(
         slot.lag_bytes = r.get(1);
         slot.retained_bytes = r.get(2);
         slot.current_database = r.get(3);
+        slot.wal_lsn = r.get(4);
         slot
     }))
 }

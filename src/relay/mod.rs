@@ -83,6 +83,7 @@ pub async fn run(
     let _slot_sampler = AbortOnDrop(tokio::spawn(sample_slot(
         settings.clone(),
         Arc::clone(&metrics),
+        Arc::clone(&positions),
     )));
     // Jitter from the clock's nanoseconds: enough to spread restarts of relays that failed together.
     let mut jitter = SystemTime::now()
