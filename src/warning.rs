@@ -90,7 +90,7 @@ pub const NAMES: &[(&str, &str)] = &[
     ),
     (
         "wal-keep-near-limit",
-        "the slot retains more than half of max_slot_wal_keep_size",
+        "the slot retains half of max_slot_wal_keep_size or more",
     ),
     (
         "idle-slot-timeout",
@@ -181,6 +181,22 @@ mod tests {
             );
             assert!(!what.is_empty());
             assert!(!NAMES[..i].iter().any(|(n, _)| n == name), "{name} twice");
+        }
+    }
+
+    /// docs/operations.md's table "Warnings and their names" lists every name, as [`NAMES`] says it.
+    #[test]
+    fn the_operations_guide_lists_every_name() {
+        let doc = include_str!("../docs/operations.md");
+        let (_, table) = doc
+            .split_once("### Warnings and their names\n")
+            .expect("docs/operations.md has the section");
+        let table = table.split("\n## ").next().unwrap_or(table);
+        for (name, what) in NAMES {
+            assert!(
+                table.contains(&format!("| `{name}` | {what} |")),
+                "docs/operations.md lacks the row of {name}"
+            );
         }
     }
 

@@ -35,7 +35,7 @@ impl Settings {
         if !self.origin.env.is_empty() {
             let vars: Vec<&str> = self.origin.env.iter().map(|(_, v)| v.as_str()).collect();
             out.push_str(&format!(
-                " with {} set as for this command",
+                " (with {} set as for this command)",
                 vars.join(", ")
             ));
         }
@@ -85,8 +85,8 @@ mod tests {
         ];
         assert_eq!(
             s.command("backfill --replace-slot"),
-            "`outbox-relay --config '/etc/outbox relay/relay.toml' backfill --replace-slot` with \
-             OUTBOX_RELAY_POSTGRES_URL, OUTBOX_RELAY_NAME set as for this command"
+            "`outbox-relay --config '/etc/outbox relay/relay.toml' backfill --replace-slot` (with \
+             OUTBOX_RELAY_POSTGRES_URL, OUTBOX_RELAY_NAME set as for this command)"
         );
         assert_eq!(
             s.key_source("postgres.url"),

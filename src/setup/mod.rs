@@ -90,11 +90,11 @@ pub enum SetupError {
         problem: String,
     },
     /// Another relay already relays the outbox table or the message prefix.
-    #[error("{key}: {problem}")]
+    #[error("{problem}")]
     Taken {
         /// `outbox.table` or `outbox.message_prefix`.
         key: &'static str,
-        /// Whose it is and what to do.
+        /// The key, whose it is and what to do (the whole line).
         problem: String,
     },
     /// NATS answered without JetStream.

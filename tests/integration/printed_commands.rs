@@ -81,9 +81,9 @@ async fn printed_commands_carry_the_config_and_name_the_variables() {
         .find(|l| l.starts_with(&format!("problem: slot {}", config.postgres.slot)))
         .unwrap_or_else(|| panic!("{}", f.stdout));
     let (_, after) = line
-        .split_once("run `outbox-relay setup` with ")
+        .split_once("run `outbox-relay setup` (with ")
         .unwrap_or_else(|| panic!("{line}"));
-    let (vars, _) = after.split_once(" set as for this command").unwrap();
+    let (vars, _) = after.split_once(" set as for this command)").unwrap();
     for var in [
         "OUTBOX_RELAY_POSTGRES_URL",
         "OUTBOX_RELAY_POSTGRES_SLOT",

@@ -528,3 +528,48 @@ async fn refused_credentials_are_named_as_such_with_the_variable_to_check() {
         setup.stderr
     );
 }
+
+/// 48#6: every place the docs drop a slot (a `pg_drop_replication_slot(` call, or "drop the slot")
+/// also deals with its stop mark within a few lines: a slot dropped alone after a clean stop leaves
+/// `<slot>_mark` keeping WAL for ever.
+#[test]
+fn every_doc_that_drops_a_slot_drops_its_stop_mark_too() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files: Vec<std::path::PathBuf> = std::fs::read_dir(root.join("docs"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "md"))
+        .collect();
+    files.extend(["README.md", "CONTRIBUTING.md"].map(|f| root.join(f)));
+    let mut missing = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        for (i, line) in lines.iter().enumerate() {
+            let low = line.to_lowercase();
+            let drops = line.contains("pg_drop_replication_slot(")
+                || [
+                    "drop the slot",
+                    "drop its slot",
+                    "drop a slot",
+                    "drop that slot",
+                ]
+                .iter()
+                .any(|p| low.contains(p));
+            if !drops {
+                continue;
+            }
+            let window = lines[i.saturating_sub(3)..(i + 9).min(lines.len())]
+                .join("\n")
+                .to_lowercase();
+            if !window.contains("_mark") && !window.contains("stop mark") {
+                missing.push(format!("{}:{}: {line}", file.display(), i + 1));
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "drops a slot without its stop mark:\n{}",
+        missing.join("\n")
+    );
+}

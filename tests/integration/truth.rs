@@ -242,14 +242,17 @@ async fn status_tells_each_failure_by_its_name() {
     let setup = run_command(&["setup"], &env, LIMIT);
     assert_eq!(setup.status.code(), Some(0), "{}", setup.stderr);
 
+    // Idle slot, nothing waiting, but no relay has held it for longer than the grace period
+    // (`relay_env`: 1 s): not healthy, and not for waiting events.
     let f = run_command(&["status", "--json"], &env, LIMIT);
+    assert_eq!(f.status.code(), Some(1), "{}", f.stdout);
+    assert_eq!(json(&f)["healthy"], Value::Bool(false));
     assert_eq!(
-        f.status.code(),
-        Some(0),
-        "idle slot, nothing waiting: {}",
+        json(&f)["slot"]["events_waiting"],
+        Value::Bool(false),
+        "{}",
         f.stdout
     );
-    assert_eq!(json(&f)["healthy"], Value::Bool(true));
 
     good(&client, "waiting-1").await;
     let f = run_command(&["status"], &env, LIMIT);
@@ -260,7 +263,8 @@ async fn status_tells_each_failure_by_its_name() {
         f.stdout
     );
     assert!(
-        f.stdout.contains("no relay streams slot") && f.stdout.contains("while events wait"),
+        f.stdout.contains("no relay streams slot")
+            && f.stdout.contains("while 1 event waits in it"),
         "{}",
         f.stdout
     );
