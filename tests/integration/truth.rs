@@ -483,7 +483,8 @@ async fn libpq_environment_and_password_file_supply_the_password() {
             .to_owned()
     };
     let f = run_command(&["status", "--json"], &env, LIMIT);
-    assert_eq!(state(&f), "unreachable", "{}", f.stdout);
+    // No password to give: authentication, not reachability, is what failed.
+    assert_eq!(state(&f), "auth_failed", "{}", f.stdout);
     assert!(f.stdout.contains("password required"), "{}", f.stdout);
 
     let mut with_env = env.clone();
@@ -506,7 +507,7 @@ async fn libpq_environment_and_password_file_supply_the_password() {
     let f = run_command(&["status", "--json"], &with_file, LIMIT);
     assert_eq!(
         state(&f),
-        "unreachable",
+        "auth_failed",
         "a world-readable password file is ignored: {}",
         f.stdout
     );
@@ -532,7 +533,7 @@ async fn libpq_environment_and_password_file_supply_the_password() {
     let mut with_fifo = env.clone();
     with_fifo.push(("PGPASSFILE".into(), fifo.display().to_string()));
     let f = run_command(&["status", "--json"], &with_fifo, LIMIT);
-    assert_eq!(state(&f), "unreachable", "{}", f.stdout);
+    assert_eq!(state(&f), "auth_failed", "{}", f.stdout);
     assert!(
         f.stderr.contains("not a regular file"),
         "the FIFO is named: {}",
