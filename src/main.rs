@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
 use outbox_relay::config::{Config, LogFormat, Settings};
-use outbox_relay::error_chain::error_chain;
+use outbox_relay::error_chain::{error_chain, error_line};
 use outbox_relay::metrics::Metrics;
 use outbox_relay::reload::{Hook, HookError, Reloader};
 use tracing_subscriber::prelude::*;
@@ -259,7 +259,7 @@ fn print_warnings(config: &Settings, warnings: Vec<outbox_relay::warning::Warnin
     let acknowledged = &config.config().warnings.acknowledged;
     let (shown, left_out) = outbox_relay::warning::split_acknowledged(warnings, acknowledged);
     for w in &shown {
-        println!("{w}");
+        println!("warning[{}]: {}", w.name, w.text_line());
     }
     if !left_out.is_empty() {
         println!(
@@ -375,11 +375,11 @@ async fn verify(
 /// log collector sees it), then always as the plain `outbox-relay: …` line an operator reads.
 /// Exit code 1.
 fn fail(json_logs: bool, e: &dyn std::error::Error) -> ExitCode {
-    let line = error_chain(e);
     if json_logs {
-        tracing::error!(error = %line, "outbox-relay failed");
+        tracing::error!(error = %error_chain(e), "outbox-relay failed");
     }
-    eprintln!("outbox-relay: {line}");
+    // The chain may quote what a server or stream metadata said: one escaped, bounded line.
+    eprintln!("outbox-relay: {}", error_line(e));
     ExitCode::FAILURE
 }
 

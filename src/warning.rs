@@ -34,10 +34,21 @@ impl Warning {
     }
 }
 
+impl Warning {
+    /// The text as one escaped line of at most [`MAX_TEXT`] bytes: a warning may quote a table, a
+    /// function or a subject a server named, which may hold control characters.
+    pub fn text_line(&self) -> String {
+        crate::text::shown(&self.text, MAX_TEXT)
+    }
+}
+
+/// The longest warning text printed.
+pub const MAX_TEXT: usize = 4096;
+
 impl fmt::Display for Warning {
     /// `warning[NAME]: TEXT`, the line `setup`, `status` and `backfill` print.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "warning[{}]: {}", self.name, self.text)
+        write!(f, "warning[{}]: {}", self.name, self.text_line())
     }
 }
 

@@ -63,7 +63,7 @@ pub(super) async fn check(
     report.lines.push(format!(
         "stream {name}: exists ({} messages, subjects {})",
         info.state.messages,
-        info.config.subjects.join(", ")
+        crate::text::shown(&info.config.subjects.join(", "), 4096)
     ));
     let relay_events = relay_events(settings, &mut s, &info).await;
     let backfill_refusal = crate::backfill_marker::refusal(settings, &info.config.metadata);

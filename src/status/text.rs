@@ -38,7 +38,11 @@ impl Status {
             ));
         }
         for p in &self.problems {
-            out.push_str(&format!("problem: {p}\n"));
+            // A problem may quote what a server said: one escaped, bounded line.
+            out.push_str(&format!(
+                "problem: {}\n",
+                crate::text::shown(p, crate::error_chain::MAX_LINE)
+            ));
         }
         out.push_str(if self.healthy {
             "healthy\n"
@@ -110,7 +114,7 @@ impl Status {
             } else {
                 "UNKNOWN,"
             },
-            self.publication.tables.join(", ")
+            crate::text::shown(&self.publication.tables.join(", "), 4096)
         )
     }
 
@@ -474,6 +478,34 @@ mod tests {
         );
         s.relay.state = RelayState::NotRunning;
         assert_eq!(s.relay_line(), "relay: not running\n");
+    }
+
+    #[test]
+    fn what_a_server_said_stays_on_the_line_it_is_quoted_in() {
+        let mut s = nothing_answers();
+        s.problems = vec!["postgres: relation \"x\nhealthy\" does not exist".into()];
+        s.publication.tables = vec!["public.\"a\u{1b}[2K\"".into()];
+        s.warnings = vec![crate::warning::Warning::new("one-replica", "w\nhealthy")];
+        let text = s.render_text();
+        assert_eq!(
+            text.lines().filter(|l| *l == "healthy").count(),
+            0,
+            "no line of its own: {text}"
+        );
+        assert!(!text.contains('\u{1b}'), "{text:?}");
+        assert!(
+            text.contains(r#"problem: postgres: relation "x\u{a}healthy" does not exist"#),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_word_not_believed_is_not_quoted_and_a_not_streaming_relay_says_so() {
+        let mut s = all_there();
+        let mut w = word(true);
+        w.believed = false;
+        s.relay.own_word = Some(w);
+        assert_eq!(s.relay_line(), "relay: streaming (pid 42)\n");
     }
 
     #[test]
