@@ -27,14 +27,14 @@ async fn text_id_db() -> TestDb {
     db
 }
 
-/// `config` as a TOML file in `dir`: the names, the servers, no listener, a short grace.
+/// `config` as a TOML file in `dir`: the names, the servers, no listener.
 fn config_file(dir: &tempfile::TempDir, config: &Config) -> String {
     let path = dir.path().join("relay.toml");
     std::fs::write(
         &path,
         format!(
             "[postgres]\nurl = {:?}\nslot = {:?}\npublication = {:?}\n\
-             [nats]\nurl = {:?}\nstream = {:?}\n[http]\nlisten = \"\"\n[status]\ngrace_secs = 1\n",
+             [nats]\nurl = {:?}\nstream = {:?}\n[http]\nlisten = \"\"\n",
             config.postgres.url,
             config.postgres.slot,
             config.postgres.publication,
