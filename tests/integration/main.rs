@@ -7,6 +7,7 @@ mod support;
 mod atomic;
 mod backfill;
 mod cluster;
+mod consumer_recipes;
 mod consumers;
 mod deploy;
 mod docs_lists;
