@@ -18,6 +18,7 @@ mod ha;
 mod hostile;
 mod lifecycle;
 mod message_default;
+mod migrating;
 mod module_graph;
 mod named_relays;
 mod ops;
