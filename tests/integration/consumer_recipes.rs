@@ -298,11 +298,32 @@ fn blocks<'a>(doc: &'a str, lang: &str) -> Vec<&'a str> {
 }
 
 /// The code docs/consumer-dedup.md shows for Python and Node.js is the programs' own, line for line
-/// (indentation aside), so the page cannot drift from what the tests above run.
+/// (indentation aside), and each table of their `schema.sql` is one the page shows, so the page
+/// cannot drift from what the tests above run.
 #[test]
 fn the_page_shows_the_recipes_as_they_run() {
     let doc =
         std::fs::read_to_string(root().join("docs/consumer-dedup.md")).expect("read the page");
+    let schema = std::fs::read_to_string(root().join("examples/consumers/schema.sql"))
+        .expect("read the recipes' schema");
+    let sql = blocks(&doc, "sql").concat();
+    let tables: Vec<String> = schema
+        .split_inclusive(";\n")
+        .map(|t| {
+            t.lines()
+                .filter(|l| !l.starts_with("--"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        })
+        .filter(|t| !t.trim().is_empty())
+        .collect();
+    assert_eq!(tables.len(), 2, "{tables:?}");
+    for table in tables {
+        assert!(
+            sql.contains(table.trim()),
+            "docs/consumer-dedup.md does not show the recipes' table:\n{table}"
+        );
+    }
     for (lang, recipe) in [("python", &PYTHON), ("js", &NODE)] {
         let program = std::fs::read_to_string(root().join(recipe.script)).expect("read the recipe");
         let lines: Vec<&str> = program.lines().map(str::trim).collect();

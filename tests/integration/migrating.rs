@@ -23,16 +23,29 @@ fn blocks(page: &str, lang: &str) -> Vec<String> {
         .collect()
 }
 
-/// The page's `psql … -f sql/<file>` command for `file`: its `-v name=value` pairs.
-fn psql_variables(page: &str, file: &str) -> Vec<(String, String)> {
-    let command = blocks(page, "sh")
+/// The first command of the page's shell blocks that starts with `start` and contains `with`
+/// (lines continued with `\` joined), split into words as a shell would (double quotes only).
+fn command(page: &str, start: &str, with: &str) -> Vec<String> {
+    let line = blocks(page, "sh")
         .iter()
         .map(|b| b.replace("\\\n", " "))
         .flat_map(|b| b.lines().map(str::to_owned).collect::<Vec<_>>())
-        .find(|l| l.starts_with("psql ") && l.contains(&format!("-f sql/{file}")))
-        .unwrap_or_else(|| panic!("docs/migrating.md runs sql/{file} with psql"));
-    let words: Vec<&str> = command.split_whitespace().collect();
+        .find(|l| l.starts_with(start) && l.contains(with))
+        .unwrap_or_else(|| panic!("docs/migrating.md has no `{start} … {with}`"));
+    let mut words = Vec::new();
+    for (i, part) in line.split('"').enumerate() {
+        if i % 2 == 1 {
+            words.push(part.to_owned());
+        } else {
+            words.extend(part.split_whitespace().map(str::to_owned));
+        }
+    }
     words
+}
+
+/// The page's `psql … -f sql/<file>` command for `file`: its `-v name=value` pairs.
+fn psql_variables(page: &str, file: &str) -> Vec<(String, String)> {
+    command(page, "psql ", &format!("-f sql/{file}"))
         .windows(2)
         .filter(|w| w[0] == "-v")
         .filter_map(|w| w[1].split_once('='))
@@ -104,20 +117,14 @@ async fn the_pages_steps_let_the_relays_role_backfill_the_polled_table() {
         ("OUTBOX_RELAY_NATS_URL".to_owned(), nats.url()),
         ("OUTBOX_RELAY_HTTP_LISTEN".to_owned(), String::new()),
     ];
-    let config = config.display().to_string();
-    let backfill = run_command(
-        &[
-            "--config",
-            &config,
-            "backfill",
-            "--where",
-            "published_at IS NULL",
-            "--order-by",
-            "created_at, event_id",
-        ],
-        &env,
-        Duration::from_secs(120),
-    );
+    // The page's command, its relay.toml being the file written above.
+    let mut args = command(&page, "outbox-relay backfill", "--where");
+    assert_eq!(args.remove(0), "outbox-relay");
+    for arg in args.iter_mut().filter(|a| *a == "relay.toml") {
+        *arg = config.display().to_string();
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let backfill = run_command(&args, &env, Duration::from_secs(120));
     assert!(
         backfill.status.success(),
         "the page's backfill as the role it makes:\n{}\n{}",

@@ -13,24 +13,15 @@
 // `--until-caught-up` exits 0 once the consumer has nothing left to deliver or to acknowledge
 // (scripts and tests); without it the service runs until interrupted.
 
+import { readFileSync } from "node:fs";
 import { parseArgs } from "node:util";
 
 import { AckPolicy, JetStreamApiCodes, JetStreamApiError, jetstream, jetstreamManager } from "@nats-io/jetstream";
 import { connect } from "@nats-io/transport-node";
 import pg from "pg";
 
-// The inbox table and the service's own table, as docs/consumer-dedup.md shows them.
-const SCHEMA = `
-CREATE TABLE IF NOT EXISTS processed_events (
-    event_id     text        PRIMARY KEY,
-    processed_at timestamptz NOT NULL DEFAULT now()
-);
-CREATE TABLE IF NOT EXISTS payments (
-    payment_id bigint  GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    claim_id   bigint  NOT NULL,
-    amount     numeric NOT NULL,
-    event_id   text    NOT NULL UNIQUE REFERENCES processed_events
-);`;
+// The inbox table and the payments (docs/consumer-dedup.md), shared with the Python recipe.
+const SCHEMA = readFileSync(new URL("../schema.sql", import.meta.url), "utf8");
 
 // The amount goes from the payload to `numeric` inside Postgres: JSON.parse would turn 1250.00 into
 // a float; jsonb keeps its exact digits.

@@ -19,25 +19,15 @@ import asyncio
 import json
 import sys
 from decimal import Decimal
+from pathlib import Path
 
 import nats
 import psycopg
 from nats.errors import TimeoutError as NothingToFetch
 from nats.js.api import AckPolicy, ConsumerConfig
 
-# The inbox table and the service's own table, as docs/consumer-dedup.md shows them.
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS processed_events (
-    event_id     text        PRIMARY KEY,
-    processed_at timestamptz NOT NULL DEFAULT now()
-);
-CREATE TABLE IF NOT EXISTS payments (
-    payment_id bigint  GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    claim_id   bigint  NOT NULL,
-    amount     numeric NOT NULL,
-    event_id   text    NOT NULL UNIQUE REFERENCES processed_events
-);
-"""
+# The inbox table and the payments (docs/consumer-dedup.md), shared with the Node.js recipe.
+SCHEMA = (Path(__file__).resolve().parent.parent / "schema.sql").read_text()
 
 
 class Unreadable(Exception):
