@@ -66,8 +66,8 @@ enum Command {
         #[arg(long = "where", value_name = "SQL")]
         where_sql: Option<String>,
     },
-    /// Report what Postgres, NATS and a relay serving this slot say about the slot, the publication
-    /// and the stream, changing nothing, with a verdict: exit 0 when healthy, 1 when not.
+    /// Report what Postgres, NATS and the running relay say about the slot, the publication and the
+    /// stream, changing nothing, with a verdict: exit 0 when healthy, 1 when not.
     Status {
         /// Print JSON instead of text.
         #[arg(long)]
