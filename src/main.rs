@@ -41,7 +41,8 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Stream outbox inserts to JetStream until SIGINT/SIGTERM.
+    /// Check and create what is missing as setup does, then publish each outbox event the slot
+    /// delivers to JetStream until SIGINT or SIGTERM (SIGHUP reads the configuration again).
     Run,
     /// Check the servers and create what is missing: publication, slot, stream.
     Setup {
@@ -70,7 +71,8 @@ enum Command {
         #[arg(long = "where", value_name = "SQL")]
         where_sql: Option<String>,
     },
-    /// Show slot and stream; exit 0 when healthy, 1 when not.
+    /// Report what Postgres, NATS and the running relay say about the slot, the publication and the
+    /// stream, changing nothing, with a verdict: exit 0 when healthy, 1 when not.
     Status {
         /// Print JSON instead of text.
         #[arg(long)]
@@ -79,9 +81,9 @@ enum Command {
         #[arg(long, default_value_t = 1 << 30, value_name = "BYTES")]
         max_lag_bytes: i64,
     },
-    /// Prove delivery, writing nothing: compare the outbox table's rows with the stream. Exit 0
+    /// Prove delivery by comparing the outbox table's rows with the stream, writing nothing: exit 0
     /// when every row's event is stored once, in commit order, routed as the template says (with
-    /// --payloads, byte for byte); 1 with the differences; 2 when it could not check.
+    /// --payloads, byte for byte), 1 with the differences, 2 when it could not check.
     Verify {
         /// SQL predicate selecting the rows, e.g. "aggregate_type = 'Claim'" (default: every row).
         #[arg(long = "where", value_name = "SQL")]
