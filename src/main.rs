@@ -218,14 +218,19 @@ async fn run(
 async fn setup(config: &Settings, json_logs: bool) -> ExitCode {
     match outbox_relay::setup::setup(config).await {
         Ok(report) => {
-            for line in &report.lines {
-                println!("{line}");
-            }
-            print_warnings(config, report.warnings);
+            print_report(config, report);
             ExitCode::SUCCESS
         }
         Err(e) => fail(json_logs, &e),
     }
+}
+
+/// What `setup` (or `setup --check`) found and did, a line each, then its warnings.
+fn print_report(config: &Settings, report: outbox_relay::setup::SetupReport) {
+    for line in &report.lines {
+        println!("{line}");
+    }
+    print_warnings(config, report.warnings);
 }
 
 /// `setup --check`: what setup found and would create or change, its warnings, and a last line
@@ -233,16 +238,13 @@ async fn setup(config: &Settings, json_logs: bool) -> ExitCode {
 async fn setup_check(config: &Settings, json_logs: bool) -> ExitCode {
     match outbox_relay::setup::check(config).await {
         Ok(report) => {
-            for line in &report.lines {
-                println!("{line}");
-            }
-            print_warnings(config, report.warnings);
-            if report.would_change == 0 {
+            let would_change = report.would_change;
+            print_report(config, report);
+            if would_change == 0 {
                 println!("setup --check: nothing to create or change");
             } else {
                 println!(
-                    "setup --check: setup would make the {} change(s) above and refuses nothing; nothing was changed",
-                    report.would_change
+                    "setup --check: setup would make the {would_change} change(s) above and refuses nothing; nothing was changed"
                 );
             }
             ExitCode::SUCCESS

@@ -48,7 +48,7 @@ async fn slot_active(client: &Client, slot: &str) -> bool {
         .get(0)
 }
 
-async fn write(client: &Client, id: &str, aggregate_type: &str) {
+pub(crate) async fn write(client: &Client, id: &str, aggregate_type: &str) {
     client
         .execute(
             "INSERT INTO public.outbox (event_id, aggregate_type, aggregate_id, event_type, payload) \

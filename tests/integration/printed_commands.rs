@@ -13,19 +13,14 @@ use tokio_postgres::Client;
 use crate::hostile::wait_for_active_slot;
 use crate::message_default::{helper_warning, sql_06};
 use crate::ops::{free_addr, try_get, wait_for_status};
+use crate::status_truth::servers;
 use crate::support::{
-    Finished, NatsServer, PgServer, RelayProcess, TEXT_ID_OUTBOX_SQL, TestDb, default_outbox_sql,
-    relay_config, relay_env, run_command, unique,
+    Finished, NatsServer, PgServer, RelayProcess, TestDb, default_outbox_sql, relay_config,
+    relay_env, run_command, unique,
 };
 use outbox_relay::config::Config;
 
 const LIMIT: Duration = Duration::from_secs(90);
-
-async fn text_id_db() -> TestDb {
-    let db = TestDb::create(PgServer::shared()).await;
-    db.psql(TEXT_ID_OUTBOX_SQL);
-    db
-}
 
 /// `config` as a TOML file in `dir`: the names, the servers, no listener.
 fn config_file(dir: &tempfile::TempDir, config: &Config) -> String {
@@ -58,9 +53,7 @@ fn with_file(args: &[&str], file: &str) -> Finished {
 /// variables, it names them.
 #[tokio::test]
 async fn printed_commands_carry_the_config_and_name_the_variables() {
-    let db = text_id_db().await;
-    let nats = NatsServer::start();
-    let config = relay_config(&db, &nats);
+    let (_db, _nats, config) = servers().await;
     let dir = tempfile::tempdir().unwrap();
     let file = config_file(&dir, &config);
     let f = with_file(&["status"], &file);
@@ -103,9 +96,7 @@ async fn printed_commands_carry_the_config_and_name_the_variables() {
 /// backfill with this `--config`.
 #[tokio::test]
 async fn a_planted_backfill_marker_is_printed_escaped_and_its_sql_is_never_offered() {
-    let db = text_id_db().await;
-    let nats = NatsServer::start();
-    let config = relay_config(&db, &nats);
+    let (db, nats, config) = servers().await;
     let dir = tempfile::tempdir().unwrap();
     let file = config_file(&dir, &config);
     let setup = with_file(&["setup"], &file);
@@ -173,9 +164,7 @@ async fn a_planted_backfill_marker_is_printed_escaped_and_its_sql_is_never_offer
 /// Now it names the grant (and sql/03, which makes it).
 #[tokio::test]
 async fn backfill_without_select_on_the_table_names_the_grant() {
-    let db = text_id_db().await;
-    let nats = NatsServer::start();
-    let config = relay_config(&db, &nats);
+    let (db, _nats, config) = servers().await;
     let server = PgServer::shared();
     let role = unique("nosel");
     let password = "No-Select-1";
@@ -211,9 +200,7 @@ async fn backfill_without_select_on_the_table_names_the_grant() {
 /// past it, with the WAL end.
 #[tokio::test]
 async fn a_wait_past_the_servers_wal_end_says_so() {
-    let db = text_id_db().await;
-    let nats = NatsServer::start();
-    let mut config = relay_config(&db, &nats);
+    let (db, _nats, mut config) = servers().await;
     let addr = free_addr();
     config.http.listen = addr.clone();
     let client: Client = db.client().await;

@@ -13,28 +13,30 @@ use std::io::{Read, Write};
 use tokio_postgres::Client;
 
 use crate::hostile::wait_for_active_slot;
+use crate::named_relays::write;
 use crate::ops::{free_addr, try_get, wait_for_status};
 use crate::support::{
     Finished, NatsServer, PgServer, RelayProcess, TEXT_ID_OUTBOX_SQL, TestDb, relay_config,
     relay_env, run_command, slot_exists, stream_count, wait_for,
 };
-use crate::truth::{good, set};
+use crate::truth::{good, json, set, text_id_db};
 
 const LIMIT: Duration = Duration::from_secs(90);
 
-async fn text_id_db() -> TestDb {
-    let db = TestDb::create(PgServer::shared()).await;
-    db.psql(TEXT_ID_OUTBOX_SQL);
-    db
+/// A database with the text-id outbox, a NATS of the test's own, and a relay configuration for
+/// them (the test's own slot, publication and stream).
+pub(crate) async fn servers() -> (TestDb, NatsServer, outbox_relay::config::Config) {
+    let db = text_id_db().await;
+    let nats = NatsServer::start();
+    let config = relay_config(&db, &nats);
+    (db, nats, config)
 }
 
-fn json(f: &Finished) -> Value {
-    serde_json::from_str(&f.stdout).unwrap_or_else(|e| {
-        panic!(
-            "status --json printed no JSON ({e}): {}\n{}",
-            f.stdout, f.stderr
-        )
-    })
+/// `setup` with `env`, which must succeed; what it printed.
+pub(crate) fn set_up(env: &[(String, String)]) -> Finished {
+    let setup = run_command(&["setup"], env, LIMIT);
+    assert_eq!(setup.status.code(), Some(0), "{}", setup.stderr);
+    setup
 }
 
 fn problems(v: &Value) -> Vec<String> {
@@ -79,13 +81,10 @@ async fn run_and_stop(env: &[(String, String)], client: &Client, slot: &str) {
 /// slot within the grace period (a restart) leaves the status healthy.
 #[tokio::test]
 async fn no_relay_holding_the_slot_past_the_grace_period_is_a_problem_even_with_nothing_waiting() {
-    let db = text_id_db().await;
-    let nats = NatsServer::start();
-    let config = relay_config(&db, &nats);
+    let (db, _nats, config) = servers().await;
     let client = db.client().await;
     let mut env = relay_env(&config);
-    let setup = run_command(&["setup"], &env, LIMIT);
-    assert_eq!(setup.status.code(), Some(0), "{}", setup.stderr);
+    set_up(&env);
     run_and_stop(&env, &client, &config.postgres.slot).await;
 
     set(&mut env, "OUTBOX_RELAY_STATUS_GRACE_SECS", "1");
@@ -140,17 +139,14 @@ async fn no_relay_holding_the_slot_past_the_grace_period_is_a_problem_even_with_
 /// events that wait in the held slot counted.
 #[tokio::test]
 async fn waiting_events_are_counted_and_text_and_json_agree_while_nats_is_down() {
-    let db = text_id_db().await;
-    let nats = NatsServer::start();
-    let mut config = relay_config(&db, &nats);
+    let (db, nats, mut config) = servers().await;
     let addr = free_addr();
     config.http.listen = addr.clone();
     // The session outlives NATS until a publish times out: long enough for status to look.
     config.nats.ack_timeout_ms = 120_000;
     let env = relay_env(&config);
     let client = db.client().await;
-    let setup = run_command(&["setup"], &env, LIMIT);
-    assert_eq!(setup.status.code(), Some(0), "{}", setup.stderr);
+    set_up(&env);
     for id in ["w-1", "w-2", "w-3"] {
         good(&client, id).await;
     }
@@ -208,22 +204,13 @@ async fn waiting_events_are_counted_and_text_and_json_agree_while_nats_is_down()
 /// newest one's event and reason, and `stream.dead_letters` has them.
 #[tokio::test]
 async fn dead_letters_in_the_stream_are_counted_with_the_newest_reason() {
-    let db = text_id_db().await;
-    let nats = NatsServer::start();
-    let config = relay_config(&db, &nats);
+    let (db, nats, config) = servers().await;
     let env = relay_env(&config);
     let client = db.client().await;
     let mut p = RelayProcess::run(&config);
     wait_for_active_slot(&client, &config.postgres.slot).await;
     for (id, aggregate_type) in [("dl-1", "Bad Type"), ("ok-1", "Claim"), ("dl-2", "a.b")] {
-        client
-            .execute(
-                "INSERT INTO public.outbox (event_id, aggregate_type, aggregate_id, event_type, payload) \
-                 VALUES ($1, $2, '1', 'Happened', '{}')",
-                &[&id, &aggregate_type],
-            )
-            .await
-            .unwrap();
+        write(&client, id, aggregate_type).await;
     }
     wait_for("three messages", LIMIT, || async {
         stream_count(&nats.jetstream().await, &config.nats.stream).await == 3
@@ -259,12 +246,9 @@ async fn dead_letters_in_the_stream_are_counted_with_the_newest_reason() {
 /// and then `lost`: problems naming `backfill`.
 #[tokio::test]
 async fn wal_retention_limits_are_warned_about_and_an_endangered_slot_names_backfill() {
-    let db = text_id_db().await;
-    let nats = NatsServer::start();
-    let config = relay_config(&db, &nats);
+    let (_db, _nats, config) = servers().await;
     let env = relay_env(&config);
-    let setup = run_command(&["setup"], &env, LIMIT);
-    assert_eq!(setup.status.code(), Some(0), "{}", setup.stderr);
+    let setup = set_up(&env);
     assert!(
         setup
             .stdout
@@ -307,8 +291,7 @@ async fn wal_retention_limits_are_warned_about_and_an_endangered_slot_names_back
             "ALTER SYSTEM SET idle_replication_slot_timeout = '1h';\nSELECT pg_reload_conf();",
         );
     }
-    let setup = run_command(&["setup"], &env, LIMIT);
-    assert_eq!(setup.status.code(), Some(0), "{}", setup.stderr);
+    let setup = set_up(&env);
     if server.version_num() >= 180000 {
         assert!(
             setup.stdout.contains(
@@ -360,9 +343,7 @@ async fn wal_retention_limits_are_warned_about_and_an_endangered_slot_names_back
 /// keeps and the SQL that drops it; run as given, that SQL removes it.
 #[tokio::test]
 async fn a_stop_mark_whose_slot_is_gone_is_a_problem_with_the_sql_that_drops_it() {
-    let db = text_id_db().await;
-    let nats = NatsServer::start();
-    let config = relay_config(&db, &nats);
+    let (db, nats, config) = servers().await;
     let env = relay_env(&config);
     let client = db.client().await;
     let slot = config.postgres.slot.clone();
@@ -448,15 +429,12 @@ fn fake_listener(addr: &str, slot: &str, stream: &str, stored_lsn: &str) {
 /// plain values: neither lie reaches the report, which says why the listener is not believed.
 #[tokio::test]
 async fn the_relays_own_word_is_taken_only_from_a_listener_of_this_slot_that_postgres_shows() {
-    let db = text_id_db().await;
-    let nats = NatsServer::start();
-    let mut config = relay_config(&db, &nats);
+    let (db, _nats, mut config) = servers().await;
     let addr = free_addr();
     config.http.listen = addr.clone();
     let env = relay_env(&config);
     let client = db.client().await;
-    let setup = run_command(&["setup"], &env, LIMIT);
-    assert_eq!(setup.status.code(), Some(0), "{}", setup.stderr);
+    set_up(&env);
     fake_listener(
         &addr,
         &config.postgres.slot,
@@ -514,9 +492,7 @@ async fn the_relays_own_word_is_taken_only_from_a_listener_of_this_slot_that_pos
 /// from, not `postgres.url`.
 #[tokio::test]
 async fn refused_credentials_are_named_as_such_with_the_variable_to_check() {
-    let db = text_id_db().await;
-    let nats = NatsServer::start();
-    let config = relay_config(&db, &nats);
+    let (db, _nats, config) = servers().await;
     let server = PgServer::shared();
     let mut env = relay_env(&config);
     set(

@@ -23,7 +23,7 @@ use crate::support::{
 
 const LIMIT: Duration = Duration::from_secs(60);
 
-async fn text_id_db() -> TestDb {
+pub(crate) async fn text_id_db() -> TestDb {
     let db = TestDb::create(PgServer::shared()).await;
     db.psql(TEXT_ID_OUTBOX_SQL);
     db
@@ -53,7 +53,7 @@ async fn publication_exists(client: &Client, name: &str) -> bool {
         .is_some()
 }
 
-fn json(f: &Finished) -> Value {
+pub(crate) fn json(f: &Finished) -> Value {
     serde_json::from_str(&f.stdout).unwrap_or_else(|e| {
         panic!(
             "status --json printed no JSON ({e}): {}\n{}",
