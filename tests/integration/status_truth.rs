@@ -61,11 +61,22 @@ fn warning_names(v: &Value) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// Runs `run` until its slot is active, stops it with SIGTERM (a clean stop, which leaves the stop
-/// mark) and checks it exited 0.
-async fn run_and_stop(env: &[(String, String)], client: &Client, slot: &str) {
+/// Runs `run` until it has published one event (`before-stop`) into the empty stream, stops it
+/// with SIGTERM (a clean stop of a session that confirmed, which leaves the stop mark) and checks it
+/// exited 0.
+async fn run_and_stop(
+    env: &[(String, String)],
+    client: &Client,
+    nats: &NatsServer,
+    config: &outbox_relay::config::Config,
+) {
     let mut p = RelayProcess::spawn(&["run"], env);
-    wait_for_active_slot(client, slot).await;
+    wait_for_active_slot(client, &config.postgres.slot).await;
+    good(client, "before-stop").await;
+    wait_for("the event", LIMIT, || async {
+        stream_count(&nats.jetstream().await, &config.nats.stream).await == 1
+    })
+    .await;
     p.signal("TERM");
     assert_eq!(
         p.wait(LIMIT).and_then(|s| s.code()),
@@ -81,11 +92,11 @@ async fn run_and_stop(env: &[(String, String)], client: &Client, slot: &str) {
 /// slot within the grace period (a restart) leaves the status healthy.
 #[tokio::test]
 async fn no_relay_holding_the_slot_past_the_grace_period_is_a_problem_even_with_nothing_waiting() {
-    let (db, _nats, config) = servers().await;
+    let (db, nats, config) = servers().await;
     let client = db.client().await;
     let mut env = relay_env(&config);
     set_up(&env);
-    run_and_stop(&env, &client, &config.postgres.slot).await;
+    run_and_stop(&env, &client, &nats, &config).await;
 
     set(&mut env, "OUTBOX_RELAY_STATUS_GRACE_SECS", "1");
     // Before 17 status watches the slot for the grace period; from 17 on it reads since when the
@@ -359,22 +370,7 @@ async fn a_stop_mark_whose_slot_is_gone_is_a_problem_with_the_sql_that_drops_it(
     let client = db.client().await;
     let slot = config.postgres.slot.clone();
     let mark = format!("{slot}_mark");
-    // A session that published and was confirmed, then a clean stop: the mark is made as the
-    // session ends.
-    let mut p = RelayProcess::spawn(&["run"], &env);
-    wait_for_active_slot(&client, &slot).await;
-    good(&client, "before-stop").await;
-    wait_for("the event", LIMIT, || async {
-        stream_count(&nats.jetstream().await, &config.nats.stream).await == 1
-    })
-    .await;
-    p.signal("TERM");
-    assert_eq!(
-        p.wait(LIMIT).and_then(|s| s.code()),
-        Some(0),
-        "{}",
-        p.stderr()
-    );
+    run_and_stop(&env, &client, &nats, &config).await;
     assert!(
         slot_exists(&client, &mark).await,
         "a clean stop leaves the mark"
