@@ -163,6 +163,7 @@ async fn gather(settings: &Settings, max_lag_bytes: i64, watched: Option<Duratio
             orphan_marks: pg.orphan_marks,
             grace_secs: config.status.grace_secs,
             problems,
+            warning_names: warnings.iter().map(|w| w.name).collect(),
             warnings,
             acknowledged_warnings,
         },

@@ -320,8 +320,20 @@ pub struct Status {
     pub(crate) grace_secs: u64,
     /// What makes the status unhealthy, one line each, with the fix.
     pub(crate) problems: Vec<String>,
-    /// Findings that do not make the status unhealthy, one line each, under their stable names.
+    /// Findings that do not make the status unhealthy, one line each. In JSON, as before, their
+    /// texts (strings), with their stable names in `warning_names`, in the same order.
+    #[serde(serialize_with = "warning_texts")]
     pub(crate) warnings: Vec<crate::warning::Warning>,
+    /// The stable name of each warning, in the order of `warnings`.
+    pub(crate) warning_names: Vec<&'static str>,
     /// The names of warnings found and left out, as `warnings.acknowledged` asks.
     pub(crate) acknowledged_warnings: Vec<&'static str>,
+}
+
+/// `warnings` as the array of strings `status --json` has always had (docs/compatibility.md).
+fn warning_texts<S: serde::Serializer>(
+    warnings: &[crate::warning::Warning],
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    s.collect_seq(warnings.iter().map(|w| &w.text))
 }

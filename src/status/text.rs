@@ -332,6 +332,7 @@ mod tests {
             orphan_marks: Vec::new(),
             grace_secs: 30,
             problems: vec!["postgres down".into(), "nats down".into()],
+            warning_names: Vec::new(),
             warnings: Vec::new(),
             acknowledged_warnings: Vec::new(),
         }
@@ -420,6 +421,7 @@ mod tests {
             orphan_marks: Vec::new(),
             grace_secs: 30,
             problems: Vec::new(),
+            warning_names: vec!["one-replica"],
             warnings: vec![crate::warning::Warning::new("one-replica", "a warning")],
             acknowledged_warnings: vec!["dead-letters"],
         }
