@@ -5,8 +5,10 @@
 //! forbids (a 5,000-character aggregate type, 70 KB headers, ids reused in live traffic); `limits`
 //! what the relay must survive without growing (a frozen NATS under a backlog of 1 MB events, a full
 //! stream, an HTTP client that never finishes its request); `secrets` that no output ever holds a
-//! password or token; `answers` the answers another client plants on the relay's inbox. Each hostile input is followed by a normal event that must arrive.
+//! password or token; `answers` the answers another client plants on the relay's inbox; `account` the
+//! position service asked to answer into other streams of its NATS account. Each hostile input is followed by a normal event that must arrive.
 
+mod account;
 mod answers;
 mod limits;
 mod nats;
