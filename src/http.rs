@@ -252,7 +252,8 @@ impl WaitSlot {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .admit_wait(peer);
-        admitted.then_some(WaitSlot {
+        // Built only when admitted: a WaitSlot gives its slot back when dropped.
+        admitted.then(|| WaitSlot {
             slots: held.slots,
             peer,
         })
@@ -541,6 +542,25 @@ mod tests {
         assert_eq!(wait_peer_key(ip("::1")), wait_peer_key(ip("127.3.2.1")));
         assert_eq!(wait_peer_key(ip("::ffff:127.0.0.9")), ip("127.0.0.1"));
         assert_eq!(wait_peer_key(ip("10.1.1.1")), ip("10.1.1.1"));
+    }
+
+    #[test]
+    fn a_refused_wait_slot_gives_nothing_back() {
+        let slots = Arc::new(Mutex::new(Slots::default()));
+        let take = || {
+            WaitSlot::take(WaitHeld {
+                slots: Arc::clone(&slots),
+                peer: ip("127.0.0.5"),
+            })
+        };
+        let held: Vec<_> = (0..MAX_WAITS_PER_PEER).map(|_| take().unwrap()).collect();
+        for _ in 0..10 {
+            assert!(take().is_none());
+        }
+        assert_eq!(slots.lock().unwrap().waits, MAX_WAITS_PER_PEER);
+        drop(held);
+        assert_eq!(slots.lock().unwrap().waits, 0);
+        assert!(slots.lock().unwrap().waits_by_peer.is_empty());
     }
 
     #[test]

@@ -58,7 +58,8 @@ const MAX_WAITERS: usize = 65_536;
 /// Round 5 measured 1.9 KB of resident memory a wait with 1 KB reply subjects and no such bound.
 pub(crate) const MAX_WAIT_BYTES: usize = 16 << 20;
 /// What one open wait costs in the wait task: its entries in the two ordered sets and the map
-/// ([`WaitSet`]), its answer channel, as measured (docs/security.md).
+/// ([`WaitSet`]) and its answer channel, with the allocator's rounding. The callers' share is
+/// theirs to say (`held`); `service.rs` says how the sum was measured.
 const WAIT_ENTRY_BYTES: usize = 256;
 
 /// What the session last published.
