@@ -8,10 +8,11 @@
 //! password or token; `answers` the answers another client plants on the relay's inbox; `account` the
 //! position service asked to answer into other streams of its NATS account; `waits` floods of
 //! read-your-writes waits (bytes, and the listener's room for probes); `labels` metric labels made of
-//! event types. Each hostile input is followed by a normal event that must arrive.
+//! event types; `exposure` the ports docker-compose.yml publishes. Each hostile input is followed by a normal event that must arrive.
 
 mod account;
 mod answers;
+mod exposure;
 mod labels;
 mod limits;
 mod nats;
