@@ -119,7 +119,8 @@ async fn the_flood_of_waits_with_1_kb_reply_subjects_keeps_nothing() {
     let s = serving().await;
     let pid = s.relay.pid();
     let before = proc_kb(pid, "VmRSS");
-    let long = "x".repeat(1000);
+    // Ten tokens of 99 bytes: a literal subject (a token may have at most 256).
+    let long = vec!["x".repeat(99); 10].join(".");
     flood(&s.client, &s.prefix, FLOOD, |i| {
         format!("_INBOX.{long}.{i}")
     })
