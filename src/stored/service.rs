@@ -45,9 +45,9 @@ const STREAM_INFO_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What an open NATS wait holds in this task besides its reply subject: its entry in the set of
 /// open waits (the future, its stop signal, [`Asked`]). With the wait task's share
-/// (`WAIT_ENTRY_BYTES`, 256) and a 128-byte reply subject that charges 1,024 bytes; measured: 18,724
-/// open waits with 128-byte reply subjects took 995 bytes each of resident memory, the flood's own
-/// buffers included (tests/integration/hostile/waits.rs).
+/// (`WAIT_ENTRY_BYTES`, 256) and a 128-byte reply subject that charges 1,024 bytes; measured: the
+/// 16,384 such waits the budget admits grew the relay by 1,048 bytes each, the flood's own buffers
+/// included (tests/integration/hostile/waits.rs).
 const NATS_WAIT_BYTES: usize = 640;
 
 /// What the service needs besides the positions: the names it must never answer on, and where to
