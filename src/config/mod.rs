@@ -9,8 +9,10 @@
 //!
 //! Layout: this file loads ([`Config::load`]: the file, then `env.rs`, then `name.rs`, then
 //! validation); `sections.rs` holds the tables, their keys and defaults; `settings.rs` validates them
-//! into [`Settings`], with `nats.rs` parsing the `[nats]` connection; `origin.rs` remembers where
-//! the settings came from, for the commands the relay prints; `error.rs` is [`ConfigError`]. The unit tests of the whole path are in `tests.rs`.
+//! into [`Settings`], with `nats.rs` parsing the `[nats]` connection and `reply_prefixes.rs` checking
+//! where the position service may answer; `origin.rs` remembers where the settings came from, for
+//! the commands the relay prints; `error.rs` is [`ConfigError`]. The unit tests of the whole path
+//! are in `tests.rs`.
 
 use std::path::Path;
 
@@ -21,6 +23,7 @@ mod error;
 mod name;
 mod nats;
 mod origin;
+mod reply_prefixes;
 mod sections;
 mod settings;
 #[cfg(test)]
@@ -31,6 +34,7 @@ pub use error::ConfigError;
 // `super::invalid` for the files beside this one.
 use error::invalid;
 pub(crate) use nats::NatsAuth;
+pub(crate) use reply_prefixes::{MAX_PREFIX_BYTES, SHARED_INBOX_PREFIX};
 pub use sections::{
     Config, HttpConfig, LogConfig, LogFormat, NatsConfig, OnInvalid, OutboxConfig, PostgresConfig,
     StatusConfig, TelemetryConfig, WarningsConfig,

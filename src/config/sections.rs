@@ -257,6 +257,9 @@ pub struct NatsConfig {
     /// The first token(s) of the relay's inbox subjects, where JetStream answers its requests and
     /// publishes: a prefix of its own lets NATS permissions keep every other client off its inbox.
     pub inbox_prefix: String,
+    /// Where the position service may answer: a request's reply subject must start with one of
+    /// these prefixes (requesters' inboxes, each ending in `.`), or it gets no answer.
+    pub service_reply_prefixes: Vec<String>,
     /// Partitions of `{partition}` in the subject template (0: none): the aggregate id's partition,
     /// as nats-server's `partition(partitions, …)` mapping computes it.
     pub partitions: u32,
@@ -292,6 +295,7 @@ impl Default for NatsConfig {
             atomic_transactions: false,
             atomic_group_ms: 1,
             inbox_prefix: "_INBOX".into(),
+            service_reply_prefixes: vec!["_INBOX.".into()],
             partitions: 0,
         }
     }
@@ -395,6 +399,7 @@ impl fmt::Debug for NatsConfig {
             .field("atomic_transactions", &self.atomic_transactions)
             .field("atomic_group_ms", &self.atomic_group_ms)
             .field("inbox_prefix", &self.inbox_prefix)
+            .field("service_reply_prefixes", &self.service_reply_prefixes)
             .field("partitions", &self.partitions)
             .finish_non_exhaustive()
     }

@@ -320,6 +320,7 @@ fn check_subjects(n: &super::NatsConfig) -> Result<SubjectTemplate, ConfigError>
         ));
     }
     check_inbox_prefix(n, &template)?;
+    super::reply_prefixes::check(n, &template)?;
     Ok(template)
 }
 

@@ -216,6 +216,57 @@ fn partition_placeholder_needs_partitions() {
     assert!(e.contains("nats.partitions"), "{e}");
 }
 
+/// Where the position service may answer (docs/security.md, round 5, findings 1 and 2): requesters'
+/// inboxes only, by default `_INBOX.`; a prefix that could name the stream's subjects, the service's
+/// own, `$…` subjects or the relay's own inbox is refused in one line naming the key.
+#[test]
+fn service_reply_prefixes_are_inbox_prefixes_outside_everything_the_relay_keeps() {
+    let key = "OUTBOX_RELAY_NATS_SERVICE_REPLY_PREFIXES";
+    assert_eq!(
+        load("", &[]).unwrap().config().nats.service_reply_prefixes,
+        ["_INBOX."]
+    );
+    let c = load("", &[(key, "_INBOX., _R_.")]).unwrap();
+    assert_eq!(c.config().nats.service_reply_prefixes, ["_INBOX.", "_R_."]);
+    let c = load(
+        "[nats]\nservice_reply_prefixes = [\"_INBOX_claims.\"]\n",
+        &[],
+    )
+    .unwrap();
+    assert_eq!(c.config().nats.service_reply_prefixes, ["_INBOX_claims."]);
+    // A relay inbox inside an allowed prefix is refused per request, not here.
+    assert!(load("", &[("OUTBOX_RELAY_NATS_INBOX_PREFIX", "_INBOX.relay")]).is_ok());
+    let long = format!("{}.", "i".repeat(64));
+    for (bad, why) in [
+        ("", "is empty"),
+        ("_INBOX", "does not end with '.'"),
+        ("_INBOX.*.", "invalid"),
+        ("$JS.", "reserves"),
+        ("a..", "invalid"),
+        (long.as_str(), "more than 64"),
+        ("outbox.", "nats.subject"),
+        ("outbox-relay.", "position service"),
+    ] {
+        let e = load("", &[(key, bad)]).unwrap_err().to_string();
+        assert!(
+            e.contains("nats.service_reply_prefixes") && e.contains(key) && e.contains(why),
+            "{bad:?}: {e}"
+        );
+        assert!(!e.contains('\n'), "{e}");
+    }
+    // The relay's own inbox, unless it is the shared `_INBOX` every client publishes under anyway.
+    let e = load(
+        "",
+        &[
+            ("OUTBOX_RELAY_NATS_INBOX_PREFIX", "_INBOX_outbox_relay"),
+            (key, "_INBOX_outbox_relay.,_INBOX."),
+        ],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("inside the relay's own inbox"), "{e}");
+}
+
 #[test]
 fn inbox_prefix_is_literal_and_outside_the_stream() {
     assert_eq!(load("", &[]).unwrap().config().nats.inbox_prefix, "_INBOX");
