@@ -29,6 +29,35 @@ pub struct Config {
     pub log: LogConfig,
     /// `[telemetry]`: trace spans over OTLP/HTTP.
     pub telemetry: TelemetryConfig,
+    /// `[status]`: what `status` allows before it calls the slot unhealthy.
+    pub status: StatusConfig,
+    /// `[warnings]`: the warnings an operator acknowledged by name.
+    pub warnings: WarningsConfig,
+}
+
+/// The `[status]` section.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StatusConfig {
+    /// How long (seconds) the slot may be without a relay holding it before `status` calls that a
+    /// problem, whether or not events wait: a restart or a standby's takeover fits in it. Events
+    /// that wait in a slot no relay holds are a problem at once.
+    pub grace_secs: u64,
+}
+
+impl Default for StatusConfig {
+    fn default() -> Self {
+        StatusConfig { grace_secs: 30 }
+    }
+}
+
+/// The `[warnings]` section.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WarningsConfig {
+    /// Names of warnings (`crate::warning::NAMES`) the operator accepts: `setup`, `run`, `status`
+    /// and `backfill` leave them out.
+    pub acknowledged: Vec<String>,
 }
 
 /// The `[postgres]` section.
@@ -386,6 +415,8 @@ impl fmt::Debug for Config {
             .field("http", &self.http)
             .field("log", &self.log)
             .field("telemetry", &self.telemetry)
+            .field("status", &self.status)
+            .field("warnings", &self.warnings)
             .finish()
     }
 }

@@ -108,6 +108,40 @@ fn env_wins_over_file_and_is_typed() {
 }
 
 #[test]
+fn acknowledged_warnings_must_be_warnings_and_the_grace_is_bounded() {
+    let c = load(
+        "[warnings]\nacknowledged = [\"unrelayed-message-helper\"]\n[status]\ngrace_secs = 5\n",
+        &[],
+    )
+    .unwrap();
+    assert_eq!(
+        c.config().warnings.acknowledged,
+        ["unrelayed-message-helper"]
+    );
+    assert_eq!(c.config().status.grace_secs, 5);
+    let e = load(
+        "",
+        &[(
+            "OUTBOX_RELAY_WARNINGS_ACKNOWLEDGED",
+            "dead-letters,unrelayed-helper",
+        )],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("warnings.acknowledged") && e.contains("names no warning: unrelayed-helper"),
+        "{e}"
+    );
+    let e = load("[status]\ngrace_secs = 7200\n", &[])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("status.grace_secs") && e.contains("at most 3600"),
+        "{e}"
+    );
+}
+
+#[test]
 fn unknown_keys_are_errors_naming_them() {
     let e = load("[postgres]\nslto = \"x\"\n", &[])
         .unwrap_err()
@@ -132,11 +166,12 @@ fn variables_that_name_no_setting_do_not_stop_the_relay() {
     // A near miss of a real key is a warning naming both.
     let c = load("", &[("OUTBOX_RELAY_NATS_STREEM", "x")]).unwrap();
     assert_eq!(c.warnings.len(), 1, "{:?}", c.warnings);
-    let w = &c.warnings[0];
+    let w = &c.warnings[0].text;
     assert!(
         w.contains("OUTBOX_RELAY_NATS_STREEM") && w.contains("OUTBOX_RELAY_NATS_STREAM"),
         "{w}"
     );
+    assert_eq!(c.warnings[0].name, "unknown-variable");
 }
 
 #[test]

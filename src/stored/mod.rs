@@ -75,6 +75,9 @@ struct State {
     /// The slot's `confirmed_flush_lsn` when the session started: confirmed already, before the
     /// session's first status update reports anything.
     slot_start: Lsn,
+    /// The server's WAL position as the relay's slot sampler last read it, and when: a wait for
+    /// an LSN past it, begun before that reading, waits for WAL that did not exist.
+    wal_end: Option<(Instant, Lsn)>,
 }
 
 /// The shared handle: the session writes, the NATS service and the HTTP listener read and wait.
@@ -96,6 +99,8 @@ pub(crate) struct WaitTask {
 #[derive(Debug)]
 struct Waiter {
     lsn: Lsn,
+    /// When it was asked for: a WAL position read after it says whether `lsn` existed then.
+    since: Instant,
     deadline: Instant,
     answer: oneshot::Sender<WaitOutcome>,
     /// What its caller keeps while it waits, in bytes ([`Positions::wait`]).
@@ -145,6 +150,9 @@ pub(crate) enum WaitOutcome {
     TimedOut {
         /// How far the relay had stored.
         stored_lsn: Lsn,
+        /// The server's WAL position, read after the wait began, when the LSN waited for is past
+        /// it: no transaction can have committed there, so the wait could never be answered.
+        past_wal_end: Option<Lsn>,
     },
     /// Too many waits are open, or they hold too much ([`MAX_WAITERS`], [`MAX_WAIT_BYTES`]); ask
     /// again later.
@@ -165,10 +173,27 @@ impl WaitOutcome {
                 "stored_lsn": stored_lsn.to_string(),
                 "last_sequence": last_sequence,
             }),
-            WaitOutcome::TimedOut { stored_lsn } => serde_json::json!({
+            WaitOutcome::TimedOut {
+                stored_lsn,
+                past_wal_end: None,
+            } => serde_json::json!({
                 "stored": false,
                 "error": "timeout",
                 "stored_lsn": stored_lsn.to_string(),
+            }),
+            WaitOutcome::TimedOut {
+                stored_lsn,
+                past_wal_end: Some(wal_end),
+            } => serde_json::json!({
+                "stored": false,
+                "error": "timeout",
+                "stored_lsn": stored_lsn.to_string(),
+                "wal_end": wal_end.to_string(),
+                "reason": format!(
+                    "the lsn is past the end of the server's WAL ({wal_end}, read after this wait began): no \
+                     transaction has committed there; take it with SELECT pg_current_wal_lsn() after COMMIT, on the \
+                     database this relay streams"
+                ),
             }),
             WaitOutcome::Overloaded => serde_json::json!({
                 "stored": false,
@@ -361,6 +386,15 @@ impl Positions {
         });
     }
 
+    /// The server's WAL position now (the slot sampler's reading): what tells a wait for an LSN
+    /// that no transaction can reach. Wakes no waiter.
+    pub(crate) fn wal_read(&self, wal_end: Lsn) {
+        self.state.send_if_modified(|s| {
+            s.wal_end = Some((Instant::now(), wal_end));
+            false
+        });
+    }
+
     /// The session ended: no position until the next one streams.
     pub(crate) fn not_serving(&self) {
         self.state.send_if_modified(|s| s.serving.take().is_some());
@@ -414,11 +448,16 @@ impl Positions {
                 last_sequence,
             })
         } else if req.timeout.is_zero() {
-            Some(WaitOutcome::TimedOut { stored_lsn: stored })
+            Some(WaitOutcome::TimedOut {
+                stored_lsn: stored,
+                past_wal_end: None,
+            })
         } else {
+            let now = Instant::now();
             let waiter = Waiter {
                 lsn: req.lsn,
-                deadline: Instant::now() + req.timeout,
+                since: now,
+                deadline: now + req.timeout,
                 answer,
                 held,
             };
@@ -532,14 +571,21 @@ impl WaitTask {
                         let _ = w.answer.send(WaitOutcome::Overloaded);
                     } else {
                         budget.used += cost;
-                        set.insert(w.lsn, w.deadline, Open { answer: w.answer, cost });
+                        set.insert(w.lsn, w.deadline, Open { answer: w.answer, cost, lsn: w.lsn, since: w.since });
                     }
                 }
                 () = &mut timer, if timer_at.is_some() => {
-                    let stored = self.state.borrow().stored;
+                    let (stored, wal_end) = {
+                        let s = self.state.borrow();
+                        (s.stored, s.wal_end)
+                    };
                     for open in set.expired(Instant::now()) {
                         budget.release(open.cost);
-                        let _ = open.answer.send(WaitOutcome::TimedOut { stored_lsn: stored });
+                        // Past a WAL end read after the wait began: that LSN did not exist then.
+                        let past_wal_end = wal_end
+                            .filter(|(read, end)| *read >= open.since && *end < open.lsn)
+                            .map(|(_, end)| end);
+                        let _ = open.answer.send(WaitOutcome::TimedOut { stored_lsn: stored, past_wal_end });
                     }
                     timer_at = None;
                 }
@@ -548,11 +594,14 @@ impl WaitTask {
     }
 }
 
-/// An open wait in the wait task: where to answer, and what it is charged.
+/// An open wait in the wait task: where to answer, what it is charged, and the LSN it waits for
+/// and since when (a timeout says whether that LSN was past the WAL's end).
 #[derive(Debug)]
 struct Open {
     answer: oneshot::Sender<WaitOutcome>,
     cost: usize,
+    lsn: Lsn,
+    since: Instant,
 }
 
 /// The bytes the open waits are charged ([`MAX_WAIT_BYTES`]).
@@ -664,7 +713,8 @@ mod tests {
         assert_eq!(
             late.await.unwrap(),
             WaitOutcome::TimedOut {
-                stored_lsn: Lsn(0x35)
+                stored_lsn: Lsn(0x35),
+                past_wal_end: None
             }
         );
         p.not_serving();
@@ -683,13 +733,63 @@ mod tests {
         assert_eq!(
             restored,
             WaitOutcome::TimedOut {
-                stored_lsn: Lsn(0x8)
+                stored_lsn: Lsn(0x8),
+                past_wal_end: None
             },
             "a commit the restored WAL has not replayed is not stored"
         );
         // A slot position that could not be read stores nothing yet.
         p.serving(Arc::new(AtomicU64::new(0)), None, 3);
         assert_eq!(p.position().unwrap().stored_lsn, Lsn::ZERO);
+    }
+
+    /// A wait for an LSN past the server's WAL end, read after the wait began, times out saying
+    /// so; a reading from before it began proves nothing (the writer may have committed since).
+    #[tokio::test(start_paused = true)]
+    async fn a_wait_past_the_wal_end_says_so_when_it_times_out() {
+        let (p, task) = Positions::new("s", "S");
+        tokio::spawn(task.run());
+        p.serving(Arc::new(AtomicU64::new(0)), Some(Lsn(0x20)), 0);
+        let req = |lsn| WaitRequest {
+            lsn: Lsn(lsn),
+            timeout: Duration::from_millis(1_000),
+        };
+        p.wal_read(Lsn(0x30));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let only_read_before = p.wait(req(0x5000), 0).unwrap().await;
+        assert_eq!(
+            only_read_before,
+            WaitOutcome::TimedOut {
+                stored_lsn: Lsn(0x20),
+                past_wal_end: None
+            }
+        );
+        let past = tokio::spawn(p.wait(req(0x5000), 0).unwrap());
+        let within = tokio::spawn(p.wait(req(0x38), 0).unwrap());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        p.wal_read(Lsn(0x40));
+        let (past, within) = (past.await.unwrap(), within.await.unwrap());
+        assert_eq!(
+            past,
+            WaitOutcome::TimedOut {
+                stored_lsn: Lsn(0x20),
+                past_wal_end: Some(Lsn(0x40))
+            }
+        );
+        assert!(
+            past.to_json()
+                .contains("past the end of the server's WAL (0/40"),
+            "{}",
+            past.to_json()
+        );
+        assert_eq!(
+            within,
+            WaitOutcome::TimedOut {
+                stored_lsn: Lsn(0x20),
+                past_wal_end: None
+            },
+            "an LSN the WAL has reached is only not stored yet"
+        );
     }
 
     /// Open waits are bounded in bytes: waits that keep a lot each are refused once what they keep
