@@ -10,8 +10,19 @@
 #
 # Starts its own Postgres (wal_level=logical) and nats-server (JetStream) on free loopback ports in a
 # temporary directory, installing them first if missing, and removes everything when it ends.
+#
+# It builds the relay and the demo's payment service first (cargo build, debug). With
+# OUTBOX_RELAY_BIN=/path/to/outbox-relay it runs that binary instead and builds only the payment service.
 set -euo pipefail
 
+# A prebuilt relay, resolved before the cd below. Not left in the environment: the relay reads
+# OUTBOX_RELAY_* variables as settings.
+PREBUILT=""
+if [ -n "${OUTBOX_RELAY_BIN:-}" ]; then
+  PREBUILT=$(realpath -m "$OUTBOX_RELAY_BIN")
+  [ -x "$PREBUILT" ] || { echo "demo: OUTBOX_RELAY_BIN=$OUTBOX_RELAY_BIN is not an executable file" >&2; exit 1; }
+fi
+unset OUTBOX_RELAY_BIN
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROOT=$(pwd)
 
@@ -20,9 +31,15 @@ note() { printf '   %s\n' "$*"; }
 
 bash scripts/install-deps.sh >/dev/null
 
-say "Building outbox-relay and the demo's payment service"
-cargo build --quiet --bin outbox-relay --example payment_service
-RELAY="$ROOT/target/debug/outbox-relay"
+if [ -n "$PREBUILT" ]; then
+  say "Building the demo's payment service (the relay: $PREBUILT)"
+  cargo build --quiet --example payment_service
+  RELAY=$PREBUILT
+else
+  say "Building outbox-relay and the demo's payment service"
+  cargo build --quiet --bin outbox-relay --example payment_service
+  RELAY="$ROOT/target/debug/outbox-relay"
+fi
 PAYMENT="$ROOT/target/debug/examples/payment_service"
 
 WORK=$(mktemp -d /tmp/outbox-relay-demo.XXXXXX)

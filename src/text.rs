@@ -30,6 +30,31 @@ pub(crate) fn cut(s: &str, max: usize) -> &str {
     &s[..end]
 }
 
+/// `s` as one line a terminal shows as text, at most `max` bytes of it: what a server, a listener
+/// or stream metadata said, which the relay prints but did not write. Control characters (line
+/// breaks, `ESC` and the C1 controls a terminal acts on) and the bidirectional overrides that
+/// reorder what is shown become `\u{..}` escapes, so nothing in it can start a line of its own,
+/// move the cursor or hide text; past `max` bytes it is cut and ends in `…`.
+pub(crate) fn shown(s: &str, max: usize) -> String {
+    let mut out = String::with_capacity(s.len().min(max) + 3);
+    for c in s.chars() {
+        let escaped =
+            c.is_control() || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
+        let len = out.len();
+        if escaped {
+            out.push_str(&format!("\\u{{{:x}}}", c as u32));
+        } else {
+            out.push(c);
+        }
+        if out.len() > max {
+            out.truncate(len);
+            out.push('…');
+            break;
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -45,5 +70,17 @@ mod tests {
         assert_eq!(cut("abc", 5), "abc");
         assert_eq!(cut("abc", 2), "ab");
         assert_eq!(cut("aü", 2), "a");
+    }
+
+    #[test]
+    fn shown_escapes_what_a_terminal_would_act_on_and_cuts() {
+        assert_eq!(shown("plain text", 100), "plain text");
+        assert_eq!(
+            shown("0/1\nrelay: streaming\x1b[2K\u{9b}x", 100),
+            "0/1\\u{a}relay: streaming\\u{1b}[2K\\u{9b}x"
+        );
+        assert_eq!(shown("a\u{202e}b", 100), "a\\u{202e}b");
+        assert_eq!(shown("abcdef", 3), "abc…");
+        assert_eq!(shown("ab\ncd", 3), "ab…", "an escape is never cut in half");
     }
 }

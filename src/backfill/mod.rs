@@ -76,7 +76,7 @@ pub use port::{
 pub use report::{BackfillProgress, BackfillReport};
 pub use start::Start;
 
-use error::{SlotLeft, left_after_stop};
+use error::{SlotLeft, again, left_after_stop};
 use preflight::{Ready, check_options, get_ready};
 use publish::publish_snapshot;
 use slot::{Creation, abandon_slot, create_slot, drop_existing_slot};
@@ -217,7 +217,7 @@ pub async fn backfill_over(
                         SlotLeft::Kept
                     },
                 ),
-                command: marker.recovery_command(),
+                command: again(settings, &opts, false),
             });
         }
     };
@@ -263,7 +263,20 @@ pub async fn backfill_over(
         Ok(Ok(())) => {}
         Ok(Err(e)) => {
             abandon_slot(&*control, &slot).await;
-            return Err(e);
+            return Err(match e {
+                BackfillError::Publish {
+                    done,
+                    total,
+                    source,
+                    ..
+                } => BackfillError::Publish {
+                    done,
+                    total,
+                    again: again(settings, &opts, false),
+                    source,
+                },
+                e => e,
+            });
         }
         Err(signal) => {
             let gone = abandon_slot(&*control, &slot).await;
@@ -283,7 +296,7 @@ pub async fn backfill_over(
                         SlotLeft::Kept
                     },
                 ),
-                command: marker.recovery_command(),
+                command: again(settings, &opts, false),
             });
         }
     }
@@ -294,7 +307,13 @@ pub async fn backfill_over(
             %stream,
             "the backfill marker is no longer this backfill's (another backfill took over): left as it is"
         ),
-        Err(source) => return Err(BackfillError::MarkerLeft { slot, source }),
+        Err(source) => {
+            return Err(BackfillError::MarkerLeft {
+                slot,
+                again: again(settings, &opts, false),
+                source,
+            });
+        }
     }
     // The rows are stored from the new slot's snapshot on: a stop mark left by the slot it replaced
     // (a client that consumed that slot, `slot_mark.rs`) shows a gap this backfill has filled.

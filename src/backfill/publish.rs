@@ -240,6 +240,7 @@ impl Publisher {
         BackfillError::Publish {
             done: self.published,
             total: self.total,
+            again: String::new(),
             source,
         }
     }

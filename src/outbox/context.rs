@@ -61,8 +61,20 @@ impl OutboxStage {
     }
 }
 
+/// The largest context kept: it stays for the rest of its transaction and goes onto every event
+/// after it, and JetStream refuses a message whose headers pass 64 KiB anyway (P6: what is kept from
+/// input is bounded in bytes).
+const MAX_CONTEXT_BYTES: usize = 64 << 10;
+
 /// The headers of a context message's content, or why it is not one.
 pub(super) fn parse(content: &[u8], cloudevents: bool) -> Result<Vec<(String, String)>, String> {
+    if content.len() > MAX_CONTEXT_BYTES {
+        return Err(format!(
+            "content is {} bytes, more than {MAX_CONTEXT_BYTES}: a context carries a few headers \
+             (traceparent, tracestate, baggage)",
+            content.len()
+        ));
+    }
     let value: serde_json::Value =
         serde_json::from_slice(content).map_err(|e| format!("content is not JSON ({e})"))?;
     let serde_json::Value::Object(map) = value else {
@@ -125,6 +137,15 @@ mod tests {
             let e = parse(bad, false).unwrap_err();
             assert!(e.contains(why), "{bad:?}: {e}");
         }
+    }
+
+    #[test]
+    fn a_context_over_64_kib_is_refused_before_it_is_parsed() {
+        let big = format!(r#"{{"baggage": "{}"}}"#, "k".repeat(MAX_CONTEXT_BYTES));
+        let e = parse(big.as_bytes(), false).unwrap_err();
+        assert!(e.contains("more than 65536"), "{e}");
+        let fits = format!(r#"{{"baggage": "{}"}}"#, "k".repeat(MAX_CONTEXT_BYTES - 20));
+        assert!(parse(fits.as_bytes(), false).is_ok());
     }
 
     #[test]

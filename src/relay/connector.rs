@@ -399,7 +399,7 @@ async fn classify_start_error(settings: &Settings, e: SourceError) -> SessionEnd
         if let Some(reason) = invalidated {
             return SessionEnd::Fatal(RelayError::SlotInvalidated {
                 slot: slot.clone(),
-                reason,
+                message: crate::setup::lost_slot_message(settings, &reason),
                 source: e,
             });
         }

@@ -50,8 +50,9 @@ pub async fn run(
     metrics: Arc<Metrics>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), RelayError> {
-    for w in &settings.warnings {
-        warn!("{w}");
+    let acknowledged = &settings.config().warnings.acknowledged;
+    for w in crate::warning::split_acknowledged(settings.warnings.clone(), acknowledged).0 {
+        warn!(warning = w.name, "{}", w.text);
     }
     // Events must never go out unchecked because the contracts did not load (P8).
     settings.schemas_loaded()?;
@@ -82,6 +83,7 @@ pub async fn run(
     let _slot_sampler = AbortOnDrop(tokio::spawn(sample_slot(
         settings.clone(),
         Arc::clone(&metrics),
+        Arc::clone(&positions),
     )));
     // Jitter from the clock's nanoseconds: enough to spread restarts of relays that failed together.
     let mut jitter = SystemTime::now()
@@ -98,8 +100,8 @@ pub async fn run(
     for line in &report.lines {
         info!(target: "outbox_relay::setup", "{line}");
     }
-    for w in &report.warnings {
-        warn!("{w}");
+    for w in crate::warning::split_acknowledged(report.warnings.clone(), acknowledged).0 {
+        warn!(warning = w.name, "{}", w.text);
     }
     let settings = Arc::new(settings);
     let connector = Servers::new(Arc::clone(&settings), Arc::clone(&metrics), nats);

@@ -98,7 +98,8 @@ pub(super) fn transient(e: &SetupError) -> Option<CauseKind> {
         SetupError::Prerequisite(_)
         | SetupError::Publication { .. }
         | SetupError::Slot { .. }
-        | SetupError::Stream { .. } => None,
+        | SetupError::Stream { .. }
+        | SetupError::Taken { .. } => None,
     }
 }
 
@@ -153,6 +154,7 @@ mod tests {
     fn pg(source: SourceError) -> SetupError {
         SetupError::Postgres {
             target: "127.0.0.1:5432".into(),
+            check: "postgres.url".into(),
             source,
         }
     }

@@ -11,9 +11,14 @@ use serde_json::{Value, json};
 
 use super::class::Class;
 use crate::Lsn;
+use crate::error_chain::MAX_LINE;
+use crate::text::shown;
 
 /// How many examples a class lists.
 pub(crate) const EXAMPLES: usize = 10;
+
+/// The most of an example's id or detail the report shows, in bytes.
+const MAX_SHOWN: usize = 1024;
 
 /// The section of docs/recovery.md on what to do about each difference.
 pub(crate) const RECOVERY: &str = "docs/recovery.md#differences-found-by-outbox-relay-verify";
@@ -92,7 +97,9 @@ impl VerifyReport {
         self.counts.get(&class).copied().unwrap_or(0)
     }
 
-    /// Counts `n` findings of a class, keeping `example` while the class has room.
+    /// Counts `n` findings of a class, keeping `example` while the class has room. What an example
+    /// quotes (an id, a reason, a subject) comes from rows and messages others wrote: it is kept
+    /// as one escaped, bounded line ([`shown`]).
     pub(crate) fn add_n(
         &mut self,
         class: Class,
@@ -104,8 +111,17 @@ impl VerifyReport {
         if list.len() < EXAMPLES
             && let Some(e) = example()
         {
-            list.push(e);
+            list.push(Example {
+                event_id: shown(&e.event_id, MAX_SHOWN),
+                sequence: e.sequence,
+                detail: e.detail.map(|d| shown(&d, MAX_SHOWN)),
+            });
         }
+    }
+
+    /// Adds a warning line, escaped and bounded (it may quote what a server said).
+    pub(crate) fn warn(&mut self, line: &str) {
+        self.warnings.push(shown(line, MAX_LINE));
     }
 
     /// Counts one finding, keeping it as an example while the class has room.
@@ -385,6 +401,30 @@ mod tests {
             ..VerifyReport::default()
         };
         assert_eq!(unreachable.exit_code(), 2);
+    }
+
+    #[test]
+    fn what_others_wrote_is_shown_as_one_escaped_bounded_line() {
+        let mut r = VerifyReport::default();
+        r.add(Class::Foreign, || {
+            Some(Example {
+                event_id: "f-1\u{1b}[2J\nforged line".into(),
+                sequence: Some(7),
+                detail: Some("x".repeat(5000)),
+            })
+        });
+        r.warn("server said:\u{202e}olleh");
+        let e = &r.examples[&Class::Foreign][0];
+        assert_eq!(e.event_id, "f-1\\u{1b}[2J\\u{a}forged line");
+        assert!(e.detail.as_ref().unwrap().len() <= MAX_SHOWN + 3);
+        assert_eq!(r.warnings[0], "server said:\\u{202e}olleh");
+        assert_eq!(
+            r.to_string()
+                .lines()
+                .filter(|l| l.contains("forged"))
+                .count(),
+            1
+        );
     }
 
     #[test]

@@ -185,7 +185,7 @@ impl<'a, P: FnMut(String)> Run<'a, P> {
         self.waiting =
             slot::look(self.settings, rows.table.snapshot_lsn, self.opts.slot_look).await;
         if let Some(w) = self.waiting.warning() {
-            self.report.warnings.push(w.to_owned());
+            self.report.warn(w);
         }
         let name = &self.settings.config().nats.stream;
         let from = self.side.read_start.max(self.scan.read_to + 1);
@@ -290,13 +290,16 @@ impl<'a, P: FnMut(String)> Run<'a, P> {
             .as_ref()
             .filter(|_| report.count(Class::BeforeBackfill) > 0)
         {
+            // Stream metadata anyone allowed to update the stream may write: shown escaped and
+            // bounded, never run.
+            let shown = |v: &str| crate::text::shown(v, 1024);
             report.skipped.push(format!(
-                "{} rows created before the backfill that began this stream (slot {}, {}, --where {:?}) are \
+                "{} rows created before the backfill that began this stream (slot {}, {}, --where \"{}\") are \
                  in no message: that backfill did not select them, so they are not the relay's (before_backfill)",
                 report.count(Class::BeforeBackfill),
-                s.slot,
-                s.started,
-                s.where_sql.as_deref().unwrap_or_default()
+                shown(&s.slot),
+                shown(&s.started),
+                shown(s.where_sql.as_deref().unwrap_or_default())
             ));
         }
         Ok(())

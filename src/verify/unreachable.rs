@@ -24,16 +24,20 @@ pub(super) async fn report(
     let mut report = VerifyReport {
         stream: n.stream.clone(),
         fence: n.fence,
-        not_checked: Some(format!(
-            "the stream could not be read ({e}): rows whose event the slot holds are counted as waiting, the others \
-             were not checked"
+        // The connection's error may quote what a server said: one escaped, bounded line.
+        not_checked: Some(crate::text::shown(
+            &format!(
+                "the stream could not be read ({e}): rows whose event the slot holds are counted as waiting, the \
+                 others were not checked"
+            ),
+            crate::error_chain::MAX_LINE,
         )),
         checks: vec!["waiting"],
         ..VerifyReport::default()
     };
     let waiting = slot::look(settings, rows.table.snapshot_lsn, opts.slot_look).await;
     if let Some(w) = waiting.warning() {
-        report.warnings.push(w.to_owned());
+        report.warn(w);
     }
     count_waiting(settings, &rows, &waiting, &mut report, &mut progress).await?;
     report.skipped.push(

@@ -40,6 +40,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "secret_file",
             "testkit",
             "text",
+            "warning",
         ],
     ),
     (
