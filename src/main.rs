@@ -81,11 +81,11 @@ enum Command {
         #[arg(long, default_value_t = 1 << 30, value_name = "BYTES")]
         max_lag_bytes: i64,
     },
-    /// Prove delivery: compare the outbox table's rows with the stream, telling waiting events
-    /// (the slot holds them) from missing ones. Exit 0 when every row's event is stored once, in
-    /// commit order, routed as the template says (with --payloads, byte for byte) or waits in the
-    /// slot; 1 with differences (missing, dead-lettered, holes, ...); 2 when it could not check
-    /// (also rows whose waiting could not be told). Writes nothing but with --record.
+    /// Prove delivery from the outbox table, the slot and the stream, telling waiting events from
+    /// missing ones: exit 0 when every row's event is stored once, in commit order, as the template
+    /// routes it (with --payloads, byte for byte) or still waits in the slot, 1 with differences
+    /// (missing, dead-lettered, holes, ...), 2 when it could not check everything; it writes
+    /// nothing but with --record
     Verify {
         /// SQL predicate selecting the rows, e.g. "aggregate_type = 'Claim'" (default: every row).
         #[arg(long = "where", value_name = "SQL")]
