@@ -334,7 +334,7 @@ async fn update(
 }
 
 /// A JetStream API error answer as `description (code N)`.
-fn api_error(answer: &Value) -> Option<String> {
+pub(crate) fn api_error(answer: &Value) -> Option<String> {
     let e = answer.get("error")?;
     Some(format!(
         "{} (error code {})",
