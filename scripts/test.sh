@@ -2,9 +2,18 @@
 # The test command (README, CI): installs missing dependencies, checks formatting and lints, validates
 # docker-compose.yml and deploy/ (scripts/check-deploy.sh), runs every test (unit and integration,
 # against real Postgres and NATS), and then fails if any server the tests started is still running.
-# Non-zero on any failure.
+# Non-zero on any failure. cargo test compiles the crate and its tests first; with
+# OUTBOX_RELAY_BIN=/path/to/outbox-relay, the tests that run the binary run that one (RELAY_TEST_BIN).
 set -euo pipefail
 
+# Resolved before the cd below, and not left in the environment, where OUTBOX_RELAY_* are settings.
+if [ -n "${OUTBOX_RELAY_BIN:-}" ]; then
+  RELAY_TEST_BIN=$(realpath -m "$OUTBOX_RELAY_BIN")
+  [ -x "$RELAY_TEST_BIN" ] || { echo "test.sh: OUTBOX_RELAY_BIN=$OUTBOX_RELAY_BIN is not an executable file" >&2; exit 1; }
+  export RELAY_TEST_BIN
+  echo "the tests that run the binary run $RELAY_TEST_BIN"
+fi
+unset OUTBOX_RELAY_BIN
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 start=$SECONDS
 

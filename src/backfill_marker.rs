@@ -11,8 +11,14 @@
 //! replaces the slot and publishes the rows again (JetStream drops those it holds).
 //!
 //! The value is JSON naming the slot and the backfill that set it (pid, host, start time, its
-//! `--where` and `--order-by`), so the refusal can say which backfill it was and print the command
-//! that repeats it, and a backfill removes only a marker it set itself.
+//! `--where` and `--order-by`), so the refusal can say which backfill it was, and a backfill removes
+//! only a marker it set itself.
+//!
+//! Whoever may update the stream can write the marker, so what it says is data, never an
+//! instruction: its fields are printed escaped, each as one bounded line (`text::shown`), and its
+//! `--where` is never offered as part of a command to run. The refusal prints the command without
+//! it (with the `--config` this process runs with) and shows the recorded predicate beside it, for
+//! the operator to check against their own before reusing it.
 
 use std::collections::HashMap;
 
@@ -21,6 +27,7 @@ use serde_json::{Map, Value};
 
 use crate::config::Settings;
 use crate::nats::JetStreamPort;
+use crate::text::shown;
 
 /// The stream metadata key.
 pub(crate) const META_BACKFILL: &str = "outbox-relay.backfill";
@@ -69,7 +76,7 @@ impl Marker {
         Some(serde_json::from_str(value).unwrap_or_else(|_| Marker {
             slot: String::new(),
             pid: 0,
-            host: format!("unknown (unreadable value {value:?})"),
+            host: format!("unknown (unreadable value \"{}\")", shown(value, 200)),
             started: "unknown".to_owned(),
             where_sql: None,
             order_by: None,
@@ -81,38 +88,70 @@ impl Marker {
         self.slot.is_empty() || self.slot == slot
     }
 
-    /// The command that repeats the interrupted backfill (same options), for a shell.
-    pub(crate) fn recovery_command(&self) -> String {
-        let mut cmd = "outbox-relay backfill".to_owned();
-        if let Some(w) = &self.where_sql {
-            cmd.push_str(&format!(" --where {}", shell_quote(w)));
-        }
-        if let Some(o) = &self.order_by {
-            cmd.push_str(&format!(" --order-by {}", shell_quote(o)));
-        }
-        cmd
+    /// Who set it: `pid 4711 on host-1 at 2026-…Z`, each field escaped and bounded (the stream's
+    /// metadata says so, not this process).
+    pub(crate) fn origin(&self) -> String {
+        format!(
+            "pid {} on {} at {}",
+            self.pid,
+            shown(&self.host, 255),
+            shown(&self.started, 64)
+        )
     }
 
-    /// Who set it: `pid 4711 on host-1 at 2026-…Z`.
-    pub(crate) fn origin(&self) -> String {
-        format!("pid {} on {} at {}", self.pid, self.host, self.started)
+    /// The slot it names, escaped, or `(unknown)`.
+    pub(crate) fn slot_shown(&self) -> String {
+        if self.slot.is_empty() {
+            "(unknown)".to_owned()
+        } else {
+            shown(&self.slot, 63)
+        }
+    }
+
+    /// The options the marker records, as data to compare with the operator's own: `; its marker
+    /// records --where "…" and --order-by "…"` (escaped, bounded), or nothing.
+    pub(crate) fn recorded_options(&self) -> String {
+        let mut parts = Vec::new();
+        if let Some(w) = &self.where_sql {
+            parts.push(format!("--where \"{}\"", shown(w, 200)));
+        }
+        if let Some(o) = &self.order_by {
+            parts.push(format!("--order-by \"{}\"", shown(o, 200)));
+        }
+        if parts.is_empty() {
+            String::new()
+        } else {
+            format!(
+                " with the --where and --order-by you gave that backfill (its marker records {}: read from the \
+                 stream, so check it against yours before reusing it)",
+                parts.join(" and ")
+            )
+        }
+    }
+
+    /// How to recover once the backfill no longer runs: the backfill command with this process's
+    /// `--config`, never with the marker's `--where` (see the module docs).
+    pub(crate) fn recovery(&self, settings: &Settings) -> String {
+        format!(
+            "run {}{} again",
+            settings.command("backfill"),
+            self.recorded_options()
+        )
     }
 
     /// Why `run` and `setup` refuse while it stands, with the recovery; one line.
-    pub(crate) fn refusal(&self, stream: &str) -> String {
+    pub(crate) fn refusal(&self, settings: &Settings) -> String {
         format!(
             "has the backfill marker {META_BACKFILL} (set by the backfill of slot {} started by {}): that backfill \
              has not finished, so the slot may stand past rows it never published, and nothing may stream it. If \
-             the backfill still runs, let it finish; if it no longer runs (stopped, killed, crashed), run `{}` again (it \
-             replaces the slot and publishes the rows again; JetStream drops those stream {stream} holds), \
-             or to give those rows up, `outbox-relay backfill --where false`; see docs/recovery.md",
-            if self.slot.is_empty() {
-                "(unknown)"
-            } else {
-                &self.slot
-            },
+             the backfill still runs, let it finish; if it no longer runs (stopped, killed, crashed), {} (it \
+             replaces the slot and publishes the rows again; JetStream drops those stream {} holds), \
+             or to give those rows up, {}; see docs/recovery.md",
+            self.slot_shown(),
             self.origin(),
-            self.recovery_command()
+            self.recovery(settings),
+            settings.config().nats.stream,
+            settings.command("backfill --where false"),
         )
     }
 }
@@ -207,7 +246,7 @@ pub(crate) async fn clear(
 pub(crate) fn refusal(settings: &Settings, metadata: &HashMap<String, String>) -> Option<String> {
     Marker::in_metadata(metadata)
         .filter(|m| m.guards(&settings.config().postgres.slot))
-        .map(|m| m.refusal(&settings.config().nats.stream))
+        .map(|m| m.refusal(settings))
 }
 
 /// Every session of `run`, before it takes the slot: a backfill that began after this relay's setup
@@ -229,7 +268,7 @@ pub async fn refusal_for_run(settings: &Settings, js: &dyn JetStreamPort) -> Opt
             })
         });
     match read {
-        Ok(Some(m)) if m.guards(&settings.config().postgres.slot) => Some(m.refusal(stream)),
+        Ok(Some(m)) if m.guards(&settings.config().postgres.slot) => Some(m.refusal(settings)),
         Ok(_) => None,
         Err(e) => {
             tracing::debug!(error = %e, "the backfill marker could not be read");
@@ -295,7 +334,7 @@ async fn update(
 }
 
 /// A JetStream API error answer as `description (code N)`.
-fn api_error(answer: &Value) -> Option<String> {
+pub(crate) fn api_error(answer: &Value) -> Option<String> {
     let e = answer.get("error")?;
     Some(format!(
         "{} (error code {})",
@@ -314,11 +353,6 @@ fn host_name() -> String {
         .filter(|h| !h.is_empty())
         .or_else(|| std::env::var("HOSTNAME").ok().filter(|h| !h.is_empty()))
         .unwrap_or_else(|| "unknown".to_owned())
-}
-
-/// `s` in single quotes for a POSIX shell.
-fn shell_quote(s: &str) -> String {
-    format!("'{}'", s.replace('\'', r"'\''"))
 }
 
 #[cfg(test)]
@@ -345,17 +379,48 @@ mod tests {
     }
 
     #[test]
-    fn the_recovery_command_repeats_the_options_quoted_for_a_shell() {
-        assert_eq!(
-            marker().recovery_command(),
-            r#"outbox-relay backfill --where 'published_at IS NULL AND kind <> '\''x'\''' --order-by 'created_at, event_id'"#
+    fn the_recovery_offers_no_sql_from_the_marker_and_carries_the_config() {
+        let mut settings = crate::config::Config::default().validate().unwrap();
+        settings.origin.file = Some("/etc/relay.toml".into());
+        let text = marker().recovery(&settings);
+        assert!(
+            text.starts_with(
+                "run `outbox-relay --config /etc/relay.toml backfill` with the --where"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                r#"records --where "published_at IS NULL AND kind <> 'x'" and --order-by"#
+            ),
+            "{text}"
         );
         let plain = Marker {
             where_sql: None,
             order_by: None,
             ..marker()
         };
-        assert_eq!(plain.recovery_command(), "outbox-relay backfill");
+        assert_eq!(
+            plain.recovery(&settings),
+            "run `outbox-relay --config /etc/relay.toml backfill` again"
+        );
+    }
+
+    #[test]
+    fn a_planted_marker_is_shown_escaped_on_one_line() {
+        let settings = crate::config::Config::default().validate().unwrap();
+        let planted = Marker {
+            host: "h\u{1b}[2K\nrelay: streaming".into(),
+            where_sql: Some("true) OR (1=1".into()),
+            ..marker()
+        };
+        let text = planted.refusal(&settings);
+        assert!(!text.contains('\n') && !text.contains('\u{1b}'), "{text}");
+        assert!(text.contains(r"h\u{1b}[2K\u{a}relay: streaming"), "{text}");
+        assert!(
+            !text.contains("backfill --where 'true) OR (1=1"),
+            "no SQL from the marker in a command: {text}"
+        );
     }
 
     #[test]
@@ -366,10 +431,11 @@ mod tests {
         let meta = HashMap::from([(META_BACKFILL.to_owned(), "set by hand".to_owned())]);
         let odd = Marker::in_metadata(&meta).expect("an unreadable marker still stands");
         assert!(odd.guards("billing"), "{odd:?}");
+        let settings = crate::config::Config::default().validate().unwrap();
         assert!(
-            odd.refusal("OUTBOX").contains("unknown"),
+            odd.refusal(&settings).contains("unknown"),
             "{}",
-            odd.refusal("OUTBOX")
+            odd.refusal(&settings)
         );
     }
 
@@ -397,10 +463,14 @@ mod tests {
 
     #[test]
     fn the_refusal_names_the_marker_the_backfill_and_the_recovery() {
-        let text = marker().refusal("OUTBOX");
+        let settings = crate::config::Config::default().validate().unwrap();
+        let text = marker().refusal(&settings);
         assert!(text.contains(META_BACKFILL), "{text}");
         assert!(text.contains("pid 4711 on relay-1"), "{text}");
-        assert!(text.contains("`outbox-relay backfill --where"), "{text}");
+        assert!(
+            text.contains("run `outbox-relay backfill` with the --where"),
+            "{text}"
+        );
         assert!(!text.contains('\n'), "one line: {text}");
     }
 }

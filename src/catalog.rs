@@ -41,6 +41,9 @@ pub(crate) struct SlotRow {
     /// Not a column: WAL position − `restart_lsn`, the WAL the slot keeps.
     #[serde(skip)]
     pub(crate) retained_bytes: Option<i64>,
+    /// Not a column: the server's WAL position the lag is measured against.
+    #[serde(skip)]
+    pub(crate) wal_lsn: Option<String>,
 }
 
 impl SlotRow {
@@ -63,7 +66,7 @@ pub(crate) async fn slot(
             "WITH pos AS (SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() \
                                       ELSE pg_current_wal_lsn() END AS lsn) \
              SELECT to_jsonb(s)::text, (pos.lsn - s.confirmed_flush_lsn)::int8, \
-                    (pos.lsn - s.restart_lsn)::int8, current_database()::text \
+                    (pos.lsn - s.restart_lsn)::int8, current_database()::text, pos.lsn::text \
              FROM pg_replication_slots s, pos WHERE s.slot_name = $1",
             &[&name],
         )
@@ -76,6 +79,7 @@ pub(crate) async fn slot(
         slot.lag_bytes = r.get(1);
         slot.retained_bytes = r.get(2);
         slot.current_database = r.get(3);
+        slot.wal_lsn = r.get(4);
         slot
     }))
 }
@@ -112,4 +116,82 @@ pub(crate) async fn partitions(
         )
         .await?;
     Ok(rows.iter().map(|r| r.get(0)).collect())
+}
+
+/// Postgres' own limits on what a slot may keep, for `setup`'s advice and `status`'s numbers.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct RetentionLimits {
+    /// `max_slot_wal_keep_size` as the server shows it (`-1`, `10GB`).
+    pub(crate) keep_size: Option<String>,
+    /// The same in bytes; `-1` unlimited.
+    pub(crate) keep_bytes: Option<i64>,
+    /// PG 18+: `idle_replication_slot_timeout` as shown (`None` on older servers).
+    pub(crate) idle_timeout: Option<String>,
+    /// The same in seconds; 0 off.
+    pub(crate) idle_secs: Option<i64>,
+}
+
+/// [`RetentionLimits`] of the server `client` is connected to.
+pub(crate) async fn retention_limits(
+    client: &Client,
+) -> Result<RetentionLimits, tokio_postgres::Error> {
+    let r = client
+        .query_one(
+            "SELECT current_setting('max_slot_wal_keep_size'), \
+             (SELECT setting || ' ' || coalesce(unit, '') FROM pg_settings WHERE name = 'max_slot_wal_keep_size'), \
+             current_setting('idle_replication_slot_timeout', true), \
+             (SELECT setting || ' ' || coalesce(unit, '') FROM pg_settings \
+              WHERE name = 'idle_replication_slot_timeout')",
+            &[],
+        )
+        .await?;
+    Ok(RetentionLimits {
+        keep_size: r.get(0),
+        keep_bytes: r
+            .get::<_, Option<String>>(1)
+            .as_deref()
+            .and_then(base_units),
+        idle_timeout: r.get(2),
+        idle_secs: r
+            .get::<_, Option<String>>(3)
+            .as_deref()
+            .and_then(base_units),
+    })
+}
+
+/// `setting unit` from `pg_settings` in the unit's base (bytes, seconds); `-1` and `0` as they are.
+fn base_units(text: &str) -> Option<i64> {
+    let (value, unit) = text.split_once(' ').unwrap_or((text, ""));
+    let value: i64 = value.trim().parse().ok()?;
+    if value <= 0 {
+        return Some(value);
+    }
+    let factor = match unit.trim() {
+        "" | "B" | "s" => 1,
+        "kB" => 1 << 10,
+        "8kB" => 8 << 10,
+        "MB" => 1 << 20,
+        "GB" => 1 << 30,
+        "ms" => return Some(value / 1000),
+        "min" => 60,
+        "h" => 3600,
+        "d" => 86400,
+        _ => return None,
+    };
+    value.checked_mul(factor)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::base_units;
+
+    #[test]
+    fn settings_are_read_in_their_base_unit() {
+        assert_eq!(base_units("-1 MB"), Some(-1));
+        assert_eq!(base_units("1024 MB"), Some(1 << 30));
+        assert_eq!(base_units("0 s"), Some(0));
+        assert_eq!(base_units("90 min"), Some(5400));
+        assert_eq!(base_units("x MB"), None);
+        assert_eq!(base_units("5 parsecs"), None);
+    }
 }

@@ -2,6 +2,15 @@
 //! problem and command error of the relay prints. A leaf: any layer may print an error this way
 //! without importing the layer that happens to use it most.
 
+/// [`error_chain`] as the one line a command prints last: control characters escaped and at most
+/// [`MAX_LINE`] bytes (`text::shown`), since the chain may quote what a server said.
+pub fn error_line(e: &dyn std::error::Error) -> String {
+    crate::text::shown(&error_chain(e), MAX_LINE)
+}
+
+/// The longest error line a command prints.
+pub const MAX_LINE: usize = 8192;
+
 /// An error and its sources on one line: `a: b: c`.
 pub fn error_chain(e: &dyn std::error::Error) -> String {
     let mut out = e.to_string();

@@ -6,11 +6,16 @@
 //! reads the shared [`Metrics`] and [`Positions`] and never touches the pipeline.
 //!
 //! Probes must stay answerable while something else holds connections open (a scanner, a client
-//! that sends half a request and stalls, reconnecting as it is cut): a kubelet whose probes are
-//! refused restarts a healthy pod. So one peer address holds at most [`MAX_PER_PEER`] of the
-//! [`MAX_CONNECTIONS`] slots, the last [`RESERVED_FOR_NEW_PEERS`] slots go only to a peer with next to
-//! nothing open, and a request's headers must arrive within [`HEADER_READ_TIMEOUT`], so a stalled
-//! connection gives its slot back within a second.
+//! that sends half a request and stalls, reconnecting as it is cut, waits held for their 30 s): a
+//! kubelet whose probes are refused restarts a healthy pod. So one peer address holds at most
+//! [`MAX_PER_PEER`] of the [`MAX_CONNECTIONS`] slots, the last [`RESERVED_FOR_NEW_PEERS`] slots go
+//! only to a peer with next to nothing open, and a request's headers must arrive within
+//! [`HEADER_READ_TIMEOUT`], so a stalled connection gives its slot back within a second. A `/wait`,
+//! the one request that holds its connection for long, also needs one of [`MAX_WAITS`] wait slots
+//! (half the connections, so the other half is always left to short requests such as probes), at
+//! most [`MAX_WAITS_PER_PEER`] per peer, and for these every loopback address is one peer: any local
+//! process may bind any of 127.0.0.0/8 (round 5, finding 8: two waits from each of 16 loopback
+//! addresses took all 32 slots). Beyond it a wait is answered 503 at once.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -92,6 +97,7 @@ pub(crate) async fn serve(listener: TcpListener, metrics: Arc<Metrics>, position
         };
         let metrics = Arc::clone(&metrics);
         let positions = Arc::clone(&positions);
+        let slots = Arc::clone(&slots);
         tokio::spawn(async move {
             let _slot = slot;
             // A wait may hold its connection past CONNECTION_TIMEOUT, by its own bounded timeout.
@@ -99,10 +105,17 @@ pub(crate) async fn serve(listener: TcpListener, metrics: Arc<Metrics>, position
             let service = service_fn(move |req| {
                 let metrics = Arc::clone(&metrics);
                 let positions = Arc::clone(&positions);
+                let slots = Arc::clone(&slots);
                 let extend = extend.clone();
                 async move {
                     Ok::<_, Infallible>(match req.uri().path() {
-                        "/wait" if is_get(&req) => wait(req, &metrics, &positions, &extend).await,
+                        "/wait" if is_get(&req) => {
+                            let held = WaitHeld {
+                                slots,
+                                peer: peer.ip(),
+                            };
+                            wait(req, &metrics, &positions, &extend, held).await
+                        }
                         _ => respond(&req, &metrics, &positions),
                     })
                 }
@@ -154,12 +167,23 @@ const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(1);
 const CONNECTION_TIMEOUT: Duration = Duration::from_secs(10);
 /// hyper's read buffer (the smallest it allows); GET requests of probes are tiny.
 const MAX_BUF: usize = 8192;
+/// Open `/wait`s at most, all peers together: half the connections, so the other half always
+/// serves short requests (probes, scrapes, `/position`).
+const MAX_WAITS: usize = MAX_CONNECTIONS / 2;
+/// Open `/wait`s at most from one peer (every loopback address counting as one): half of what a
+/// peer may hold, so its other connections stay free for its probes.
+const MAX_WAITS_PER_PEER: usize = MAX_PER_PEER / 2;
+/// What an open `/wait` holds while it waits, charged to the open waits' byte budget
+/// (`stored::MAX_WAIT_BYTES`): the connection's buffers and task.
+const HTTP_WAIT_BYTES: usize = 4 * MAX_BUF;
 
-/// The open connections, in total and per peer.
+/// The open connections, in total and per peer, and the open waits among them.
 #[derive(Default)]
 struct Slots {
     open: usize,
     by_peer: HashMap<IpAddr, usize>,
+    waits: usize,
+    waits_by_peer: HashMap<IpAddr, usize>,
 }
 
 impl Slots {
@@ -178,12 +202,70 @@ impl Slots {
 
     fn release(&mut self, peer: IpAddr) {
         self.open -= 1;
-        if let Some(n) = self.by_peer.get_mut(&peer) {
-            *n -= 1;
-            if *n == 0 {
-                self.by_peer.remove(&peer);
-            }
+        decrement(&mut self.by_peer, peer);
+    }
+
+    /// Takes a wait slot for an admitted connection from `peer` when the caps allow it.
+    fn admit_wait(&mut self, peer: IpAddr) -> bool {
+        let mine = self.waits_by_peer.get(&peer).copied().unwrap_or(0);
+        let allowed = self.waits < MAX_WAITS && mine < MAX_WAITS_PER_PEER;
+        if allowed {
+            self.waits += 1;
+            *self.waits_by_peer.entry(peer).or_default() += 1;
         }
+        allowed
+    }
+
+    fn release_wait(&mut self, peer: IpAddr) {
+        self.waits -= 1;
+        decrement(&mut self.waits_by_peer, peer);
+    }
+}
+
+/// One less for `peer`; a peer with none left leaves the map, which so holds only open ones.
+fn decrement(map: &mut HashMap<IpAddr, usize>, peer: IpAddr) {
+    if let Some(n) = map.get_mut(&peer) {
+        *n -= 1;
+        if *n == 0 {
+            map.remove(&peer);
+        }
+    }
+}
+
+/// What a `/wait` needs to take a wait slot: the listener's slots and the connection's peer.
+struct WaitHeld {
+    slots: Arc<Mutex<Slots>>,
+    peer: IpAddr,
+}
+
+/// One open `/wait`'s wait slot, given back on drop.
+struct WaitSlot {
+    slots: Arc<Mutex<Slots>>,
+    peer: IpAddr,
+}
+
+impl WaitSlot {
+    fn take(held: WaitHeld) -> Option<WaitSlot> {
+        let peer = wait_peer_key(held.peer);
+        let admitted = held
+            .slots
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .admit_wait(peer);
+        // Built only when admitted: a WaitSlot gives its slot back when dropped.
+        admitted.then(|| WaitSlot {
+            slots: held.slots,
+            peer,
+        })
+    }
+}
+
+impl Drop for WaitSlot {
+    fn drop(&mut self) {
+        self.slots
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .release_wait(self.peer);
     }
 }
 
@@ -225,6 +307,16 @@ fn peer_key(ip: IpAddr) -> IpAddr {
     }
 }
 
+/// Who counts as one peer for wait slots: as [`peer_key`], except that every loopback address
+/// (127.0.0.0/8, `::1`) is one, since every local process may use any of them.
+fn wait_peer_key(ip: IpAddr) -> IpAddr {
+    if ip.to_canonical().is_loopback() {
+        IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)
+    } else {
+        peer_key(ip)
+    }
+}
+
 fn text(status: StatusCode, body: String, content_type: &'static str) -> Response<Full<Bytes>> {
     let mut r = Response::new(Full::new(Bytes::from(body)));
     *r.status_mut() = status;
@@ -249,13 +341,15 @@ fn is_get(req: &Request<Incoming>) -> bool {
 }
 
 /// `GET /wait?lsn=X/Y&timeout_ms=N`: 200 stored, 504 timed out, 400 bad input, 413/414 a body or
-/// a query over [`MAX_REQUEST_BYTES`], 503 while this relay does not stream (or too many waits are
-/// open). The request is dropped before the wait: an open wait holds only its parsed LSN and timeout.
+/// a query over [`MAX_REQUEST_BYTES`], 503 while this relay does not stream, or when its wait slots
+/// ([`MAX_WAITS`], [`MAX_WAITS_PER_PEER`]) or the open waits' byte budget are taken. The request is
+/// dropped before the wait: an open wait holds only its parsed LSN and timeout.
 async fn wait(
     req: Request<Incoming>,
     metrics: &Metrics,
     positions: &Positions,
     extend: &tokio::sync::watch::Sender<Duration>,
+    held: WaitHeld,
 ) -> Response<Full<Bytes>> {
     let query = req.uri().query().unwrap_or("");
     if query.len() > MAX_REQUEST_BYTES {
@@ -280,7 +374,14 @@ async fn wait(
         Err(e) => return json_error(StatusCode::BAD_REQUEST, &e.to_string()),
     };
     drop(req);
-    let outcome = match positions.wait(wait) {
+    let Some(_wait_slot) = WaitSlot::take(held) else {
+        metrics.position_refused_overloaded.inc();
+        return json_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "too many open waits on this listener (from your address, or in all): ask again later, or wait over NATS",
+        );
+    };
+    let outcome = match positions.wait(wait, HTTP_WAIT_BYTES) {
         Ok(outcome) => outcome,
         Err(e) => return json_error(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
     };
@@ -289,10 +390,13 @@ async fn wait(
     match outcome.await {
         o @ WaitOutcome::Stored { .. } => json(StatusCode::OK, o.to_json()),
         o @ WaitOutcome::TimedOut { .. } => json(StatusCode::GATEWAY_TIMEOUT, o.to_json()),
-        WaitOutcome::Overloaded => json_error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "too many open waits: ask again later",
-        ),
+        WaitOutcome::Overloaded => {
+            metrics.position_refused_overloaded.inc();
+            json_error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "too many open waits: ask again later",
+            )
+        }
         WaitOutcome::Stopping => json_error(
             StatusCode::SERVICE_UNAVAILABLE,
             "the relay is stopping: ask again",
@@ -396,6 +500,67 @@ mod tests {
             .filter(|i| slots.admit(IpAddr::V4((0x0a00_0000 + i / 2).into())))
             .count();
         assert_eq!(admitted, MAX_CONNECTIONS);
+    }
+
+    #[test]
+    fn waits_take_at_most_half_the_slots_and_loopback_is_one_peer_for_them() {
+        let mut slots = Slots::default();
+        // Two waits from each of 16 loopback addresses (round 5, finding 8).
+        let mut waiting = 0;
+        for i in 2..18u32 {
+            let addr = IpAddr::V4((0x7f00_0000 + i).into());
+            for _ in 0..2 {
+                if slots.admit(addr) {
+                    if slots.admit_wait(wait_peer_key(addr)) {
+                        waiting += 1;
+                    } else {
+                        // Refused at once: its connection closes.
+                        slots.release(addr);
+                    }
+                }
+            }
+        }
+        assert_eq!(
+            waiting, MAX_WAITS_PER_PEER,
+            "all of loopback is one peer for waits"
+        );
+        assert!(
+            slots.admit(ip("127.0.0.200")),
+            "a probe from a new address gets in"
+        );
+        // Remote peers together take at most half of the slots with waits.
+        let mut slots = Slots::default();
+        let remote = (0..100u32)
+            .filter(|i| {
+                let addr = IpAddr::V4((0x0a00_0000 + i).into());
+                slots.admit(addr) && slots.admit_wait(wait_peer_key(addr))
+            })
+            .count();
+        assert_eq!(remote, MAX_WAITS);
+        slots.release_wait(wait_peer_key(ip("10.0.0.0")));
+        assert!(slots.admit_wait(ip("10.0.0.77")));
+        assert_eq!(wait_peer_key(ip("::1")), wait_peer_key(ip("127.3.2.1")));
+        assert_eq!(wait_peer_key(ip("::ffff:127.0.0.9")), ip("127.0.0.1"));
+        assert_eq!(wait_peer_key(ip("10.1.1.1")), ip("10.1.1.1"));
+    }
+
+    #[test]
+    fn a_refused_wait_slot_gives_nothing_back() {
+        let slots = Arc::new(Mutex::new(Slots::default()));
+        let take = || {
+            WaitSlot::take(WaitHeld {
+                slots: Arc::clone(&slots),
+                peer: ip("127.0.0.5"),
+            })
+        };
+        let held: Vec<_> = (0..MAX_WAITS_PER_PEER).map(|_| take().unwrap()).collect();
+        for _ in 0..10 {
+            assert!(take().is_none());
+        }
+        assert_eq!(slots.lock().unwrap().waits, MAX_WAITS_PER_PEER);
+        drop(held);
+        assert_eq!(slots.lock().unwrap().waits, 0);
+        assert!(slots.lock().unwrap().waits_by_peer.is_empty());
     }
 
     #[test]

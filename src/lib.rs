@@ -79,6 +79,7 @@ pub use telemetry::bench as telemetry_bench;
 pub mod testkit;
 mod text;
 pub mod verify;
+pub mod warning;
 
 pub use lsn::Lsn;
 /// The stop mark's judgement over the deterministic simulation's servers.

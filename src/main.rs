@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
 use outbox_relay::config::{Config, LogFormat, Settings};
-use outbox_relay::error_chain::error_chain;
+use outbox_relay::error_chain::{error_chain, error_line};
 use outbox_relay::metrics::Metrics;
 use outbox_relay::reload::{Hook, HookError, Reloader};
 use tracing_subscriber::prelude::*;
@@ -41,10 +41,16 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Stream outbox inserts to JetStream until SIGINT/SIGTERM.
+    /// Check and create what is missing as setup does, then publish each outbox event the slot
+    /// delivers to JetStream until SIGINT or SIGTERM (SIGHUP reads the configuration again).
     Run,
     /// Check the servers and create what is missing: publication, slot, stream.
-    Setup,
+    Setup {
+        /// Make every check and say what would be created or changed, changing nothing: exit 0
+        /// when setup would go ahead (or has nothing to do), 1 with its refusal.
+        #[arg(long)]
+        check: bool,
+    },
     /// Publish the outbox rows that exist now (matching --where) like live events, and create the
     /// slot at the snapshot they were read in, so that `run` continues with no gap and no overlap.
     Backfill {
@@ -65,7 +71,8 @@ enum Command {
         #[arg(long = "where", value_name = "SQL")]
         where_sql: Option<String>,
     },
-    /// Show slot and stream; exit 0 when healthy, 1 when not.
+    /// Report what Postgres, NATS and the running relay say about the slot, the publication and the
+    /// stream, changing nothing, with a verdict: exit 0 when healthy, 1 when not.
     Status {
         /// Print JSON instead of text.
         #[arg(long)]
@@ -74,9 +81,11 @@ enum Command {
         #[arg(long, default_value_t = 1 << 30, value_name = "BYTES")]
         max_lag_bytes: i64,
     },
-    /// Prove delivery, writing nothing: compare the outbox table's rows with the stream. Exit 0
-    /// when every row's event is stored once, in commit order, routed as the template says (with
-    /// --payloads, byte for byte); 1 with the differences; 2 when it could not check.
+    /// Prove delivery from the outbox table, the slot and the stream, telling waiting events from
+    /// missing ones: exit 0 when every row's event is stored once, in commit order, as the template
+    /// routes it (with --payloads, byte for byte) or still waits in the slot, 1 with differences
+    /// (missing, dead-lettered, holes, ...), 2 when it could not check everything; it writes
+    /// nothing but with --record
     Verify {
         /// SQL predicate selecting the rows, e.g. "aggregate_type = 'Claim'" (default: every row).
         #[arg(long = "where", value_name = "SQL")]
@@ -93,6 +102,15 @@ enum Command {
         /// Print one JSON object instead of text.
         #[arg(long)]
         json: bool,
+        /// Store proven_up_to in the outbox table's proof table (sql/05_retention.sql), for
+        /// outbox_prune(..., proven_only => true): the one write verify makes.
+        #[arg(long)]
+        record: bool,
+        /// Decode at most this many changes of the replication slot to tell waiting rows from
+        /// missing ones; rows past it are unknown.
+        #[arg(long, value_name = "CHANGES", default_value_t = outbox_relay::verify::DEFAULT_SLOT_LOOK,
+              value_parser = clap::value_parser!(u32).range(1..))]
+        slot_look: u32,
     },
 }
 
@@ -114,7 +132,8 @@ fn main() -> ExitCode {
     runtime.block_on(async move {
         match cli.command {
             Command::Run => run(cli.config, settings, log_filter, json_logs).await,
-            Command::Setup => setup(&settings, json_logs).await,
+            Command::Setup { check: false } => setup(&settings, json_logs).await,
+            Command::Setup { check: true } => setup_check(&settings, json_logs).await,
             Command::Backfill {
                 where_sql,
                 order_by,
@@ -140,12 +159,16 @@ fn main() -> ExitCode {
                 from_sequence,
                 payloads,
                 json,
+                record,
+                slot_look,
             } => {
                 let opts = outbox_relay::verify::VerifyOptions {
                     where_sql,
                     since,
                     from_sequence,
                     payloads,
+                    record,
+                    slot_look,
                 };
                 verify(&settings, &opts, json, json_logs).await
             }
@@ -210,15 +233,58 @@ async fn run(
 async fn setup(config: &Settings, json_logs: bool) -> ExitCode {
     match outbox_relay::setup::setup(config).await {
         Ok(report) => {
-            for line in &report.lines {
-                println!("{line}");
-            }
-            for w in &report.warnings {
-                println!("warning: {w}");
-            }
+            print_report(config, report);
             ExitCode::SUCCESS
         }
         Err(e) => fail(json_logs, &e),
+    }
+}
+
+/// What `setup` (or `setup --check`) found and did, a line each, then its warnings.
+fn print_report(config: &Settings, report: outbox_relay::setup::SetupReport) {
+    for line in &report.lines {
+        println!("{line}");
+    }
+    print_warnings(config, report.warnings);
+}
+
+/// `setup --check`: what setup found and would create or change, its warnings, and a last line
+/// saying whether it would go ahead; its refusal (exit 1) otherwise. Changes nothing.
+async fn setup_check(config: &Settings, json_logs: bool) -> ExitCode {
+    match outbox_relay::setup::check(config).await {
+        Ok(report) => {
+            let would_change = report.would_change;
+            print_report(config, report);
+            if would_change == 0 {
+                println!("setup --check: nothing to create or change");
+            } else {
+                println!(
+                    "setup --check: setup would make the {would_change} change(s) above and refuses nothing; nothing was changed"
+                );
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            let code = fail(json_logs, &e);
+            println!("setup --check: setup would refuse (the line above); nothing was changed");
+            code
+        }
+    }
+}
+
+/// Warnings as `warning[NAME]: …` lines, without those `warnings.acknowledged` names (a last line
+/// says which were left out).
+fn print_warnings(config: &Settings, warnings: Vec<outbox_relay::warning::Warning>) {
+    let acknowledged = &config.config().warnings.acknowledged;
+    let (shown, left_out) = outbox_relay::warning::split_acknowledged(warnings, acknowledged);
+    for w in &shown {
+        println!("warning[{}]: {}", w.name, w.text_line());
+    }
+    if !left_out.is_empty() {
+        println!(
+            "acknowledged warnings (warnings.acknowledged): {}",
+            left_out.join(", ")
+        );
     }
 }
 
@@ -235,9 +301,7 @@ async fn backfill(
             for line in &report.setup_lines {
                 println!("{line}");
             }
-            for w in &report.warnings {
-                println!("warning: {w}");
-            }
+            print_warnings(config, report.warnings.clone());
             println!(
                 "slot {}: {} (pgoutput, starts at {})",
                 report.slot,
@@ -250,7 +314,7 @@ async fn backfill(
             );
             println!(
                 "backfill: {} rows in {:.1} s ({:.0}/s, after {:.1} s of setup and slot creation): {} stored, \
-                 {} already in the stream, {} dead letters; Outbox-Commit-Lsn {}; now start `outbox-relay run`",
+                 {} already in the stream, {} dead letters; Outbox-Commit-Lsn {}; now start {}",
                 report.rows,
                 report.elapsed.as_secs_f64(),
                 report.rate(),
@@ -258,7 +322,8 @@ async fn backfill(
                 report.stored,
                 report.duplicates,
                 report.dead_letters,
-                report.commit_lsn
+                report.commit_lsn,
+                config.command("run")
             );
             ExitCode::SUCCESS
         }
@@ -297,8 +362,8 @@ async fn status(config: &Settings, json: bool, max_lag_bytes: i64) -> ExitCode {
     }
 }
 
-/// `verify`: the report on stdout (text or JSON), progress on stderr; 0 no differences, 1
-/// differences, 2 could not check.
+/// `verify`: the report on stdout (text or JSON), progress and warnings on stderr; 0 no
+/// differences, 1 differences, 2 could not check (all of it, or some rows).
 async fn verify(
     config: &Settings,
     opts: &outbox_relay::verify::VerifyOptions,
@@ -312,11 +377,13 @@ async fn verify(
             } else {
                 print!("{report}");
             }
-            if report.differences() == 0 {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::FAILURE
+            for w in &report.warnings {
+                eprintln!("outbox-relay: warning: {w}");
             }
+            if let Some(why) = &report.not_checked {
+                eprintln!("outbox-relay: {why}");
+            }
+            ExitCode::from(report.exit_code())
         }
         Err(e) => {
             fail(json_logs, &e);
@@ -329,11 +396,11 @@ async fn verify(
 /// log collector sees it), then always as the plain `outbox-relay: …` line an operator reads.
 /// Exit code 1.
 fn fail(json_logs: bool, e: &dyn std::error::Error) -> ExitCode {
-    let line = error_chain(e);
     if json_logs {
-        tracing::error!(error = %line, "outbox-relay failed");
+        tracing::error!(error = %error_chain(e), "outbox-relay failed");
     }
-    eprintln!("outbox-relay: {line}");
+    // The chain may quote what a server or stream metadata said: one escaped, bounded line.
+    eprintln!("outbox-relay: {}", error_line(e));
     ExitCode::FAILURE
 }
 

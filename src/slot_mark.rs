@@ -94,6 +94,8 @@ impl Stored {
 pub struct Consumed {
     /// `postgres.slot`.
     pub(crate) slot: String,
+    /// The backfill command that recovers, with the settings' `--config`.
+    pub(crate) recover: String,
     /// Where the last session left the slot (the mark's position).
     pub(crate) mark_at: Lsn,
     /// Where the slot stands now.
@@ -115,7 +117,7 @@ impl fmt::Display for Consumed {
             "replication slot {slot} was moved from {from} to {to} by a client other than a relay \
              (pg_logical_slot_get_changes or pg_replication_slot_advance) past {least}{n} outbox events the stream lacks \
              (the first {first_id} at {first_pos}, the last {last_id} at {last_pos}): they will never be sent again. \
-             Stop every relay for the slot, recover with `outbox-relay backfill` (see docs/recovery.md), then drop the mark \
+             Stop every relay for the slot, recover with {recover} (see docs/recovery.md), then drop the mark \
              with SELECT pg_drop_replication_slot('{mark}') (dropping it without a backfill accepts the gap)",
             slot = self.slot,
             from = self.mark_at,
@@ -127,6 +129,7 @@ impl fmt::Display for Consumed {
             last_id = self.last.id,
             last_pos = self.last.position,
             mark = name(&self.slot),
+            recover = self.recover,
         )
     }
 }
@@ -165,10 +168,9 @@ pub(crate) async fn judge(
     slot_at: Lsn,
     stored: &Stored,
 ) -> Result<Check, tokio_postgres::Error> {
-    let slot = &settings.config().postgres.slot;
-    let mark = name(slot);
+    let mark = name(&settings.config().postgres.slot);
     let mark_at = mark_position(pg, &mark).await?;
-    judge_from(slot, mark_at, slot_at, stored, |after| {
+    judge_from(settings, mark_at, slot_at, stored, |after| {
         slot_scan::scan(
             settings,
             pg,
@@ -186,7 +188,7 @@ pub(crate) async fn judge(
 /// events the mark holds up to `slot_at` past the position it is given (a real server's peek, or a
 /// simulated one's).
 pub(crate) async fn judge_from<E, F, Fut>(
-    slot: &str,
+    settings: &Settings,
     mark_at: Option<Lsn>,
     slot_at: Lsn,
     stored: &Stored,
@@ -209,7 +211,8 @@ where
     let scan = scan(after).await?;
     Ok(match (scan.first, scan.last) {
         (Some(first), Some(last)) => Check::Consumed(Consumed {
-            slot: slot.to_owned(),
+            slot: settings.config().postgres.slot.clone(),
+            recover: settings.command("backfill"),
             mark_at,
             slot_at,
             events: scan.events,
@@ -413,7 +416,7 @@ pub async fn sim_check(
         Some(m) => (Some(m.at), m.changes),
         None => (None, Vec::new()),
     };
-    let found = judge_from(slot, mark_at, slot_at, &stored, |after| async move {
+    let found = judge_from(settings, mark_at, slot_at, &stored, |after| async move {
         Ok::<_, std::convert::Infallible>(slot_scan::scan_changes(
             settings,
             &changes,
@@ -548,6 +551,7 @@ mod tests {
         };
         let c = Consumed {
             slot: "outbox_relay".into(),
+            recover: "`outbox-relay --config /etc/relay.toml backfill`".into(),
             mark_at: Lsn(0x100),
             slot_at: Lsn(0x900),
             events: 3,
@@ -560,7 +564,7 @@ mod tests {
             "replication slot outbox_relay was moved from 0/100 to 0/900",
             "past 3 outbox events the stream lacks",
             "the first e-1 at 0/200:0",
-            "outbox-relay backfill",
+            "recover with `outbox-relay --config /etc/relay.toml backfill`",
             "pg_drop_replication_slot('outbox_relay_mark')",
         ] {
             assert!(text.contains(part), "{part}: {text}");

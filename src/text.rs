@@ -1,7 +1,8 @@
 //! Text helpers for what the relay writes into one-line places (a header value, a log field, an
-//! error line): line breaks out, and a length cut on a character boundary ([`cut`], or
-//! [`shortened`] where the reader must see that something was cut). A leaf: it imports nothing of
-//! the crate, so any module may use it.
+//! error line): line breaks out, and a length cut on a character boundary ([`cut`]; [`shortened`]
+//! where the reader must see that something the relay wrote was cut; [`shown`] for text the relay
+//! did not write, escaped as well). A leaf: it imports nothing of the crate, so any module may use
+//! it.
 
 use std::borrow::Cow;
 
@@ -43,6 +44,31 @@ pub(crate) fn shortened(s: &str, max: usize) -> Cow<'_, str> {
     }
 }
 
+/// `s` as one line a terminal shows as text, at most `max` bytes of it: what a server, a listener
+/// or stream metadata said, which the relay prints but did not write. Control characters (line
+/// breaks, `ESC` and the C1 controls a terminal acts on) and the bidirectional overrides that
+/// reorder what is shown become `\u{..}` escapes, so nothing in it can start a line of its own,
+/// move the cursor or hide text; past `max` bytes it is cut and ends in `…`.
+pub(crate) fn shown(s: &str, max: usize) -> String {
+    let mut out = String::with_capacity(s.len().min(max) + 3);
+    for c in s.chars() {
+        let escaped =
+            c.is_control() || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
+        let len = out.len();
+        if escaped {
+            out.push_str(&format!("\\u{{{:x}}}", c as u32));
+        } else {
+            out.push(c);
+        }
+        if out.len() > max {
+            out.truncate(len);
+            out.push('…');
+            break;
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -66,5 +92,17 @@ mod tests {
         assert!(matches!(shortened("abc", 3), Cow::Borrowed(_)));
         assert_eq!(shortened("abcd", 3), "abc...");
         assert_eq!(shortened("aüb", 2), "a...");
+    }
+
+    #[test]
+    fn shown_escapes_what_a_terminal_would_act_on_and_cuts() {
+        assert_eq!(shown("plain text", 100), "plain text");
+        assert_eq!(
+            shown("0/1\nrelay: streaming\x1b[2K\u{9b}x", 100),
+            "0/1\\u{a}relay: streaming\\u{1b}[2K\\u{9b}x"
+        );
+        assert_eq!(shown("a\u{202e}b", 100), "a\\u{202e}b");
+        assert_eq!(shown("abcdef", 3), "abc…");
+        assert_eq!(shown("ab\ncd", 3), "ab…", "an escape is never cut in half");
     }
 }

@@ -40,14 +40,18 @@ pub enum BackfillError {
     #[error(
         "replication slot {slot} already exists ({found}). backfill creates the slot at the snapshot it reads the \
          rows in, so it has to replace this one, and whatever the old slot still holds is then published only if \
-         --where selects it. If that is what you want, stop every relay for this slot and run backfill again with \
-         --replace-slot; if the slot is healthy, `outbox-relay run` needs no backfill. Nothing was changed"
+         --where selects it. If that is what you want, stop every relay for this slot and run {replace}; if the \
+         slot is healthy, {run} needs no backfill. Nothing was changed"
     )]
     SlotExists {
         /// The slot's name.
         slot: String,
         /// What the slot is like: invalidated, or where it is confirmed up to.
         found: String,
+        /// This backfill again, with `--replace-slot` (`again`).
+        replace: String,
+        /// `outbox-relay run` with these settings.
+        run: String,
     },
     /// Dropping the existing slot (`--replace-slot`) failed.
     #[error("cannot drop replication slot {slot} (to replace it)")]
@@ -59,10 +63,12 @@ pub enum BackfillError {
         source: BoxError,
     },
     /// A connection to Postgres could not be opened.
-    #[error("cannot connect to Postgres at {target} (check postgres.url)")]
+    #[error("cannot connect to Postgres at {target} (check {check})")]
     Postgres {
         /// `postgres.url`, with the password masked.
         target: String,
+        /// Where `postgres.url` was set: its variable, or the file (`Settings::key_source`).
+        check: String,
         /// Why the connection failed.
         #[source]
         source: SourceError,
@@ -90,6 +96,21 @@ pub enum BackfillError {
         /// The server's error.
         message: QueryError,
     },
+    /// The role may not read the outbox table (SQLSTATE 42501): the grant is what is missing, not
+    /// anything in `--where` or `--order-by`.
+    #[error(
+        "role {role} may not read {table} ({message}), which backfill reads its rows from: as the table's owner, \
+         GRANT SELECT ON {table} TO {role} (sql/03_relay_role.sql does it: psql -v outbox_table={table} -v \
+         relay_role={role} -f sql/03_relay_role.sql). Nothing was changed"
+    )]
+    NoSelect {
+        /// The outbox table.
+        table: String,
+        /// The role the relay connects as.
+        role: String,
+        /// The server's error.
+        message: QueryError,
+    },
     /// A query reading the outbox table in the snapshot failed.
     #[error("reading {table} in the slot's snapshot failed ({what}): {message}")]
     Query {
@@ -109,7 +130,7 @@ pub enum BackfillError {
     /// Publishing failed part way; the new slot was dropped, the marker stays.
     #[error(
         "backfill stopped after {done} of {total} rows, and the slot it created was dropped; its marker on the \
-         stream keeps `run` and `setup` from starting with a gap: fix the cause and run backfill again (JetStream \
+         stream keeps `run` and `setup` from starting with a gap: fix the cause and run {again} again (JetStream \
          drops the rows it already holds)"
     )]
     Publish {
@@ -117,9 +138,11 @@ pub enum BackfillError {
         done: u64,
         /// Rows to backfill.
         total: u64,
-        /// Why publishing failed.
+        /// This backfill again (`again`; filled in by the caller that knows the options).
+        again: String,
+        /// Why publishing failed (boxed: the sink's errors are large, and this path is rare).
         #[source]
-        source: SinkError,
+        source: Box<SinkError>,
     },
     /// The outbox stage could not interpret the rows fed to it.
     #[error("backfill")]
@@ -133,7 +156,7 @@ pub enum BackfillError {
     /// SIGINT or SIGTERM once a slot was dropped or created: the new slot was dropped, the marker
     /// stays.
     #[error(
-        "backfill stopped by {signal} {progress}: {left}. To finish, run `{command}` again (JetStream drops the \
+        "backfill stopped by {signal} {progress}: {left}. To finish, run {command} again (JetStream drops the \
          rows it already holds)"
     )]
     Stopped {
@@ -143,7 +166,7 @@ pub enum BackfillError {
         progress: String,
         /// What is left: the marker, and the slot if it could not be dropped.
         left: String,
-        /// The command that repeats this backfill.
+        /// The command that repeats this backfill (`again`), in backticks.
         command: String,
     },
     /// The backfill marker could not be set (nothing was changed) or read.
@@ -152,11 +175,13 @@ pub enum BackfillError {
     /// Every row is stored and the slot is ready, but the marker could not be removed.
     #[error(
         "backfill stored every row and slot {slot} is ready, but its marker could not be removed, so `run` and \
-         `setup` still refuse: fix the cause and run backfill again"
+         `setup` still refuse: fix the cause and run {again} again"
     )]
     MarkerLeft {
         /// The slot.
         slot: String,
+        /// This backfill again (`again`).
+        again: String,
         /// Why the marker stays.
         #[source]
         source: MarkerError,
@@ -167,6 +192,32 @@ pub enum BackfillError {
         u32::MAX
     )]
     TooManyRows,
+}
+
+/// This backfill's command again, to copy: its own `--where` and `--order-by` (the operator's, given
+/// to this process: never read from stream metadata) and, with `replace_slot`, `--replace-slot`,
+/// with the `--config` and variables it ran with (`Settings::command`).
+pub(super) fn again(
+    settings: &crate::config::Settings,
+    opts: &super::BackfillOptions,
+    replace_slot: bool,
+) -> String {
+    let mut args = "backfill".to_owned();
+    if let Some(w) = &opts.where_sql {
+        args.push_str(&format!(" --where {}", shell_quote(w)));
+    }
+    if let Some(o) = &opts.order_by {
+        args.push_str(&format!(" --order-by {}", shell_quote(o)));
+    }
+    if replace_slot {
+        args.push_str(" --replace-slot");
+    }
+    settings.command(&args)
+}
+
+/// `s` in single quotes for a POSIX shell.
+fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
 }
 
 /// What became of the slot when a backfill stopped.
@@ -212,7 +263,7 @@ mod tests {
             signal: "SIGTERM",
             progress: "after 3000 of 30000 rows".into(),
             left: left_after_stop("outbox_relay", "OUTBOX", SlotLeft::NewDropped),
-            command: "outbox-relay backfill --where 'x'".into(),
+            command: "`outbox-relay backfill --where 'x'`".into(),
         };
         let text = e.to_string();
         assert!(!text.contains('\n'), "{text}");
@@ -236,5 +287,24 @@ mod tests {
         assert!(kept.contains("could not be dropped"), "{kept}");
         let old = left_after_stop("outbox_relay", "OUTBOX", SlotLeft::OldDropped);
         assert!(old.contains("no new one was made"), "{old}");
+    }
+
+    #[test]
+    fn again_repeats_the_operators_own_options_with_the_config() {
+        let mut settings = crate::config::Config::default().validate().unwrap();
+        let opts = super::super::BackfillOptions {
+            where_sql: Some("kind <> 'x'".into()),
+            order_by: None,
+            replace_slot: false,
+        };
+        assert_eq!(
+            again(&settings, &opts, true),
+            r"`outbox-relay backfill --where 'kind <> '\''x'\''' --replace-slot`"
+        );
+        settings.origin.file = Some("/etc/relay.toml".into());
+        assert_eq!(
+            again(&settings, &super::super::BackfillOptions::default(), false),
+            "`outbox-relay --config /etc/relay.toml backfill`"
+        );
     }
 }

@@ -32,7 +32,7 @@ pub struct Prepared {
     /// What setup found and created (publication, stream), one line each.
     pub(crate) lines: Vec<String>,
     /// Findings that did not stop it, one line each.
-    pub(crate) warnings: Vec<String>,
+    pub(crate) warnings: Vec<crate::warning::Warning>,
     /// The slot as it exists now, if it does.
     pub(crate) slot: Option<SlotRow>,
 }

@@ -35,6 +35,7 @@ pub(super) async fn get_ready(
         .await
         .map_err(|source| BackfillError::Postgres {
             target: settings.conn.to_string(),
+            check: settings.key_source("postgres.url"),
             source,
         })?;
     let nats = preflight(settings, opts, &*control, servers).await?;
@@ -77,10 +78,21 @@ async fn preflight(
     let query = snapshot_query(settings, opts, "1");
     pg.preflight(format!("{query} LIMIT 0"))
         .await
-        .map_err(|message| BackfillError::Preflight {
-            table,
-            what: "--where / --order-by".to_owned(),
-            message,
+        .map_err(|message| {
+            // Permission denied names the grant: the predicate was never the problem.
+            if message.0.contains("(42501)") {
+                BackfillError::NoSelect {
+                    table,
+                    role: settings.conn.user.clone(),
+                    message,
+                }
+            } else {
+                BackfillError::Preflight {
+                    table,
+                    what: "--where / --order-by".to_owned(),
+                    message,
+                }
+            }
         })?;
     servers.nats().await
 }

@@ -240,7 +240,8 @@ impl Publisher {
         BackfillError::Publish {
             done: self.published,
             total: self.total,
-            source,
+            again: String::new(),
+            source: Box::new(source),
         }
     }
 

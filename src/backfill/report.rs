@@ -43,7 +43,7 @@ pub struct BackfillReport {
     /// What setup found and created (publication, stream), one line each.
     pub setup_lines: Vec<String>,
     /// Findings that did not stop the backfill, one line each.
-    pub warnings: Vec<String>,
+    pub warnings: Vec<crate::warning::Warning>,
     /// The slot the backfill created (`postgres.slot`).
     pub slot: String,
     /// The slot's consistent point: `run` publishes every transaction committed from here on.

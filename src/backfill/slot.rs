@@ -68,6 +68,7 @@ pub(super) async fn create_slot(
         .await
         .map_err(|source| BackfillError::Postgres {
             target: settings.conn.to_string(),
+            check: settings.key_source("postgres.url"),
             source,
         })?;
     // The history the backfilled messages name, so the next run's replay recognises them as its
@@ -170,6 +171,8 @@ pub(super) fn decide_slot(
     Err(BackfillError::SlotExists {
         slot: slot.clone(),
         found,
+        replace: super::error::again(settings, opts, true),
+        run: settings.command("run"),
     })
 }
 

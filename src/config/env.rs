@@ -7,15 +7,23 @@
 
 use super::{Config, ConfigError, ENV_PREFIX};
 use crate::text::single_spaced;
+use crate::warning::Warning;
 
-/// Sets `section.key` from every `OUTBOX_RELAY_SECTION_KEY`. Returns warnings for variables that
-/// look like a misspelt setting.
+/// What the environment did: warnings for variables that look like a misspelt setting, and the
+/// keys it set (`section.key`, the variable), in the order met.
+#[derive(Default)]
+pub(super) struct Applied {
+    pub(super) warnings: Vec<Warning>,
+    pub(super) keys: Vec<(String, String)>,
+}
+
+/// Sets `section.key` from every `OUTBOX_RELAY_SECTION_KEY`.
 pub(super) fn apply_env(
     table: &mut toml::Table,
     env: impl IntoIterator<Item = (String, String)>,
-) -> Result<Vec<String>, ConfigError> {
+) -> Result<Applied, ConfigError> {
     let defaults = toml::Table::try_from(Config::default()).unwrap_or_default();
-    let mut warnings = Vec::new();
+    let mut applied = Applied::default();
     for (var, value) in env {
         let Some(rest) = var.strip_prefix(ENV_PREFIX) else {
             continue;
@@ -23,6 +31,7 @@ pub(super) fn apply_env(
         let rest = rest.to_lowercase();
         // A top-level key (`OUTBOX_RELAY_NAME`): a string, set as it is.
         if defaults.get(&rest).is_some_and(|d| d.is_str()) {
+            applied.keys.push((rest.clone(), var.clone()));
             table.insert(rest, toml::Value::String(value));
             continue;
         }
@@ -32,8 +41,9 @@ pub(super) fn apply_env(
         });
         let Some((section, key, default)) = default else {
             if let Some(near) = near_miss(&defaults, &rest) {
-                warnings.push(format!(
-                    "environment variable {var} names no setting; did you mean {near}?"
+                applied.warnings.push(Warning::new(
+                    "unknown-variable",
+                    format!("environment variable {var} names no setting; did you mean {near}?"),
                 ));
             }
             continue;
@@ -81,6 +91,7 @@ pub(super) fn apply_env(
         match section_table {
             toml::Value::Table(t) => {
                 t.insert(key.to_owned(), typed);
+                applied.keys.push((format!("{section}.{key}"), var.clone()));
             }
             _ => {
                 return Err(env_error(format!(
@@ -89,7 +100,7 @@ pub(super) fn apply_env(
             }
         }
     }
-    Ok(warnings)
+    Ok(applied)
 }
 
 /// The variable of the real setting closest to `rest` (`section_key`, lower case), when it is close.

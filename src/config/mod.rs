@@ -9,8 +9,10 @@
 //!
 //! Layout: this file loads ([`Config::load`]: the file, then `env.rs`, then `name.rs`, then
 //! validation); `sections.rs` holds the tables, their keys and defaults; `settings.rs` validates them
-//! into [`Settings`], with `nats.rs` parsing the `[nats]` connection; `error.rs` is
-//! [`ConfigError`]. The unit tests of the whole path are in `tests.rs`.
+//! into [`Settings`], with `nats.rs` parsing the `[nats]` connection and `reply_prefixes.rs` checking
+//! where the position service may answer; `origin.rs` remembers where the settings came from, for
+//! the commands the relay prints; `error.rs` is [`ConfigError`]. The unit tests of the whole path
+//! are in `tests.rs`.
 
 use std::path::Path;
 
@@ -20,6 +22,8 @@ mod env;
 mod error;
 mod name;
 mod nats;
+mod origin;
+mod reply_prefixes;
 mod sections;
 mod settings;
 #[cfg(test)]
@@ -30,9 +34,10 @@ pub use error::ConfigError;
 // `super::invalid` for the files beside this one.
 use error::invalid;
 pub(crate) use nats::NatsAuth;
+pub(crate) use reply_prefixes::{MAX_PREFIX_BYTES, SHARED_INBOX_PREFIX};
 pub use sections::{
     Config, HttpConfig, LogConfig, LogFormat, NatsConfig, OnInvalid, OutboxConfig, PostgresConfig,
-    TelemetryConfig,
+    StatusConfig, TelemetryConfig, WarningsConfig,
 };
 pub use settings::Settings;
 
@@ -69,7 +74,7 @@ impl Config {
             }
         };
         let file_path = path.map(|p| p.display().to_string());
-        let warnings = env::apply_env(&mut table, env)?;
+        let applied = env::apply_env(&mut table, env)?;
         name::derive(&mut table);
         let config: Config = Config::deserialize(toml::Value::Table(table)).map_err(|e| {
             // Deserialising a parsed value: the text names the key and section, and holds no line
@@ -87,7 +92,11 @@ impl Config {
             }
         })?;
         let mut settings = config.validate()?;
-        settings.warnings = warnings;
+        settings.warnings = applied.warnings;
+        settings.origin = origin::Origin {
+            file: path.map(|p| std::path::absolute(p).unwrap_or_else(|_| p.to_owned())),
+            env: applied.keys,
+        };
         Ok(settings)
     }
 }

@@ -29,6 +29,35 @@ pub struct Config {
     pub log: LogConfig,
     /// `[telemetry]`: trace spans over OTLP/HTTP.
     pub telemetry: TelemetryConfig,
+    /// `[status]`: what `status` allows before it calls the slot unhealthy.
+    pub status: StatusConfig,
+    /// `[warnings]`: the warnings an operator acknowledged by name.
+    pub warnings: WarningsConfig,
+}
+
+/// The `[status]` section.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StatusConfig {
+    /// How long (seconds) the slot may be without a relay holding it before `status` calls that a
+    /// problem, whether or not events wait: a restart or a standby's takeover fits in it. Events
+    /// that wait in a slot no relay holds are a problem at once.
+    pub grace_secs: u64,
+}
+
+impl Default for StatusConfig {
+    fn default() -> Self {
+        StatusConfig { grace_secs: 30 }
+    }
+}
+
+/// The `[warnings]` section.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WarningsConfig {
+    /// Names of warnings (`crate::warning::NAMES`) the operator accepts: `setup`, `run`, `status`
+    /// and `backfill` leave them out.
+    pub acknowledged: Vec<String>,
 }
 
 /// The `[postgres]` section.
@@ -228,6 +257,9 @@ pub struct NatsConfig {
     /// The first token(s) of the relay's inbox subjects, where JetStream answers its requests and
     /// publishes: a prefix of its own lets NATS permissions keep every other client off its inbox.
     pub inbox_prefix: String,
+    /// Where the position service may answer: a request's reply subject must start with one of
+    /// these prefixes (requesters' inboxes, each ending in `.`), or it gets no answer.
+    pub service_reply_prefixes: Vec<String>,
     /// Partitions of `{partition}` in the subject template (0: none): the aggregate id's partition,
     /// as nats-server's `partition(partitions, …)` mapping computes it.
     pub partitions: u32,
@@ -263,6 +295,7 @@ impl Default for NatsConfig {
             atomic_transactions: false,
             atomic_group_ms: 1,
             inbox_prefix: "_INBOX".into(),
+            service_reply_prefixes: vec!["_INBOX.".into()],
             partitions: 0,
         }
     }
@@ -366,6 +399,7 @@ impl fmt::Debug for NatsConfig {
             .field("atomic_transactions", &self.atomic_transactions)
             .field("atomic_group_ms", &self.atomic_group_ms)
             .field("inbox_prefix", &self.inbox_prefix)
+            .field("service_reply_prefixes", &self.service_reply_prefixes)
             .field("partitions", &self.partitions)
             .finish_non_exhaustive()
     }
@@ -381,6 +415,8 @@ impl fmt::Debug for Config {
             .field("http", &self.http)
             .field("log", &self.log)
             .field("telemetry", &self.telemetry)
+            .field("status", &self.status)
+            .field("warnings", &self.warnings)
             .finish()
     }
 }

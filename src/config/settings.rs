@@ -30,7 +30,9 @@ pub struct Settings {
     /// `outbox.on_invalid = "stop"`.
     pub(crate) stop_on_invalid: bool,
     /// Findings that do not stop the relay (e.g. a misspelt environment variable), for the log.
-    pub(crate) warnings: Vec<String>,
+    pub(crate) warnings: Vec<crate::warning::Warning>,
+    /// Where these settings came from: the `--config` file and the variables that set keys.
+    pub(crate) origin: super::origin::Origin,
     /// `outbox.schemas`, loaded: the set in force, shared with every stage (empty when the
     /// directory did not load; see [`Settings::schemas_loaded`]).
     pub schemas: Schemas,
@@ -69,6 +71,7 @@ impl Config {
         self.validate_telemetry()?;
         let (nats, template) = self.validate_nats()?;
         self.validate_http()?;
+        self.validate_operator()?;
         check_log_level(&self.log.level)?;
         let (schemas, schemas_error) = self.load_schemas()?;
         let (o, n) = (&self.outbox, &self.nats);
@@ -81,6 +84,7 @@ impl Config {
             ack_timeout: Duration::from_millis(n.ack_timeout_ms),
             stop_on_invalid: o.on_invalid == OnInvalid::Stop,
             warnings: Vec::new(),
+            origin: Default::default(),
             schemas,
             schemas_error,
         })
@@ -170,6 +174,35 @@ impl Config {
                 format!(
                     "{:?} is not an address like 127.0.0.1:9187 (\"\" disables the listener)",
                     self.http.listen
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// `[status]` and `[warnings]`: a grace period an operator can wait out, and acknowledged names
+    /// that name warnings (a typo would silence nothing, quietly).
+    fn validate_operator(&self) -> Result<(), ConfigError> {
+        if self.status.grace_secs > 3600 {
+            return Err(invalid(
+                "status.grace_secs",
+                "must be at most 3600: a slot no relay holds for longer than an hour is a problem to report, \
+                 not to wait out (the default 30 s covers a restart or a standby's takeover)",
+            ));
+        }
+        let unknown = crate::warning::unknown_names(&self.warnings.acknowledged);
+        if !unknown.is_empty() {
+            return Err(invalid(
+                "warnings.acknowledged",
+                format!(
+                    "names no warning: {}; the names are those in brackets after `warning`, e.g. {}",
+                    unknown.join(", "),
+                    crate::warning::NAMES
+                        .iter()
+                        .take(3)
+                        .map(|(n, _)| *n)
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 ),
             ));
         }
@@ -287,6 +320,7 @@ fn check_subjects(n: &super::NatsConfig) -> Result<SubjectTemplate, ConfigError>
         ));
     }
     check_inbox_prefix(n, &template)?;
+    super::reply_prefixes::check(n, &template)?;
     Ok(template)
 }
 

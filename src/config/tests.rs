@@ -108,6 +108,40 @@ fn env_wins_over_file_and_is_typed() {
 }
 
 #[test]
+fn acknowledged_warnings_must_be_warnings_and_the_grace_is_bounded() {
+    let c = load(
+        "[warnings]\nacknowledged = [\"unrelayed-message-helper\"]\n[status]\ngrace_secs = 5\n",
+        &[],
+    )
+    .unwrap();
+    assert_eq!(
+        c.config().warnings.acknowledged,
+        ["unrelayed-message-helper"]
+    );
+    assert_eq!(c.config().status.grace_secs, 5);
+    let e = load(
+        "",
+        &[(
+            "OUTBOX_RELAY_WARNINGS_ACKNOWLEDGED",
+            "dead-letters,unrelayed-helper",
+        )],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("warnings.acknowledged") && e.contains("names no warning: unrelayed-helper"),
+        "{e}"
+    );
+    let e = load("[status]\ngrace_secs = 7200\n", &[])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("status.grace_secs") && e.contains("at most 3600"),
+        "{e}"
+    );
+}
+
+#[test]
 fn unknown_keys_are_errors_naming_them() {
     let e = load("[postgres]\nslto = \"x\"\n", &[])
         .unwrap_err()
@@ -132,11 +166,12 @@ fn variables_that_name_no_setting_do_not_stop_the_relay() {
     // A near miss of a real key is a warning naming both.
     let c = load("", &[("OUTBOX_RELAY_NATS_STREEM", "x")]).unwrap();
     assert_eq!(c.warnings.len(), 1, "{:?}", c.warnings);
-    let w = &c.warnings[0];
+    let w = &c.warnings[0].text;
     assert!(
         w.contains("OUTBOX_RELAY_NATS_STREEM") && w.contains("OUTBOX_RELAY_NATS_STREAM"),
         "{w}"
     );
+    assert_eq!(c.warnings[0].name, "unknown-variable");
 }
 
 #[test]
@@ -179,6 +214,57 @@ fn partition_placeholder_needs_partitions() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("nats.partitions"), "{e}");
+}
+
+/// Where the position service may answer (docs/security.md, round 5, findings 1 and 2): requesters'
+/// inboxes only, by default `_INBOX.`; a prefix that could name the stream's subjects, the service's
+/// own, `$…` subjects or the relay's own inbox is refused in one line naming the key.
+#[test]
+fn service_reply_prefixes_are_inbox_prefixes_outside_everything_the_relay_keeps() {
+    let key = "OUTBOX_RELAY_NATS_SERVICE_REPLY_PREFIXES";
+    assert_eq!(
+        load("", &[]).unwrap().config().nats.service_reply_prefixes,
+        ["_INBOX."]
+    );
+    let c = load("", &[(key, "_INBOX., _R_.")]).unwrap();
+    assert_eq!(c.config().nats.service_reply_prefixes, ["_INBOX.", "_R_."]);
+    let c = load(
+        "[nats]\nservice_reply_prefixes = [\"_INBOX_claims.\"]\n",
+        &[],
+    )
+    .unwrap();
+    assert_eq!(c.config().nats.service_reply_prefixes, ["_INBOX_claims."]);
+    // A relay inbox inside an allowed prefix is refused per request, not here.
+    assert!(load("", &[("OUTBOX_RELAY_NATS_INBOX_PREFIX", "_INBOX.relay")]).is_ok());
+    let long = format!("{}.", "i".repeat(64));
+    for (bad, why) in [
+        ("", "is empty"),
+        ("_INBOX", "does not end with '.'"),
+        ("_INBOX.*.", "invalid"),
+        ("$JS.", "reserves"),
+        ("a..", "invalid"),
+        (long.as_str(), "more than 64"),
+        ("outbox.", "nats.subject"),
+        ("outbox-relay.", "position service"),
+    ] {
+        let e = load("", &[(key, bad)]).unwrap_err().to_string();
+        assert!(
+            e.contains("nats.service_reply_prefixes") && e.contains(key) && e.contains(why),
+            "{bad:?}: {e}"
+        );
+        assert!(!e.contains('\n'), "{e}");
+    }
+    // The relay's own inbox, unless it is the shared `_INBOX` every client publishes under anyway.
+    let e = load(
+        "",
+        &[
+            ("OUTBOX_RELAY_NATS_INBOX_PREFIX", "_INBOX_outbox_relay"),
+            (key, "_INBOX_outbox_relay.,_INBOX."),
+        ],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("inside the relay's own inbox"), "{e}");
 }
 
 #[test]

@@ -33,6 +33,7 @@ fn populated() -> Metrics {
     m.spans_dropped.add(22);
     m.position_refused_reply.add(23);
     m.position_refused_too_large.add(24);
+    m.position_refused_overloaded.add(25);
     for (i, ms) in [1, 2, 3, 7, 15, 40, 90, 200, 400, 900, 4_000, 20_000, 60_000]
         .into_iter()
         .enumerate()
@@ -118,6 +119,7 @@ outbox_relay_spans_dropped_total 22
 # TYPE outbox_relay_position_requests_refused_total counter
 outbox_relay_position_requests_refused_total{reason="reply_subject"} 23
 outbox_relay_position_requests_refused_total{reason="too_large"} 24
+outbox_relay_position_requests_refused_total{reason="overloaded"} 25
 # HELP outbox_relay_commit_to_ack_seconds Time from the transaction's commit to JetStream's ack.
 # TYPE outbox_relay_commit_to_ack_seconds histogram
 outbox_relay_commit_to_ack_seconds_bucket{le="0.001"} 0

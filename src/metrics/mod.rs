@@ -101,7 +101,8 @@ pub(crate) const SPANS_EXPORTED: &str = "outbox_relay_spans_exported_total";
 /// not answer in time.
 pub(crate) const SPANS_DROPPED: &str = "outbox_relay_spans_dropped_total";
 /// Counter: position service and `/wait` requests refused, by reason (`reply_subject`: a reply
-/// subject the relay never publishes to, left unanswered; `too_large`: a body or query over 512 bytes).
+/// subject that is not a requester's inbox, left unanswered; `too_large`: a body or query over 512
+/// bytes; `overloaded`: a wait beyond the open waits' byte budget or the listener's share for waits).
 pub(crate) const POSITION_REFUSED: &str = "outbox_relay_position_requests_refused_total";
 
 /// `wal_status` values of `pg_replication_slots`, in the order of the gauge's codes (0 = unknown).
@@ -158,6 +159,9 @@ pub struct Metrics {
     pub position_refused_reply: Counter,
     /// Position service and `/wait` requests refused for their size.
     pub position_refused_too_large: Counter,
+    /// Waits refused at once: the open waits hold their byte budget, or (HTTP) the listener's
+    /// connections for waits are taken.
+    pub position_refused_overloaded: Counter,
 }
 
 fn now_ms() -> u64 {
@@ -386,6 +390,10 @@ impl Metrics {
                 (
                     &[("reason", "too_large")],
                     self.position_refused_too_large.get() as f64,
+                ),
+                (
+                    &[("reason", "overloaded")],
+                    self.position_refused_overloaded.get() as f64,
                 ),
             ],
         );

@@ -62,11 +62,22 @@ impl OutboxStage {
     }
 }
 
+/// The largest context kept: it stays for the rest of its transaction and goes onto every event
+/// after it, and JetStream refuses a message whose headers pass 64 KiB anyway (P6: what is kept from
+/// input is bounded in bytes).
+const MAX_CONTEXT_BYTES: usize = 64 << 10;
+
 /// The headers of a context message's content, or why it is not one.
 pub(super) fn parse(
     content: &[u8],
     cloudevents: bool,
 ) -> Result<Vec<(String, String)>, HeaderProblem> {
+    if content.len() > MAX_CONTEXT_BYTES {
+        return Err(HeaderProblem::ContentTooLarge {
+            bytes: content.len(),
+            max: MAX_CONTEXT_BYTES,
+        });
+    }
     let value: serde_json::Value =
         serde_json::from_slice(content).map_err(HeaderProblem::ContentNotJson)?;
     let serde_json::Value::Object(map) = value else {
@@ -129,6 +140,15 @@ mod tests {
             let e = parse(bad, false).unwrap_err().to_string();
             assert!(e.contains(why), "{bad:?}: {e}");
         }
+    }
+
+    #[test]
+    fn a_context_over_64_kib_is_refused_before_it_is_parsed() {
+        let big = format!(r#"{{"baggage": "{}"}}"#, "k".repeat(MAX_CONTEXT_BYTES));
+        let e = parse(big.as_bytes(), false).unwrap_err().to_string();
+        assert!(e.contains("more than 65536"), "{e}");
+        let fits = format!(r#"{{"baggage": "{}"}}"#, "k".repeat(MAX_CONTEXT_BYTES - 20));
+        assert!(parse(fits.as_bytes(), false).is_ok());
     }
 
     #[test]

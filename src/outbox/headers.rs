@@ -18,6 +18,17 @@ pub(super) enum HeaderProblem {
     /// A context message's content is something else than an object.
     #[error("content is not a JSON object")]
     ContentNotObject,
+    /// A context message's content is larger than a context is kept.
+    #[error(
+        "content is {bytes} bytes, more than {max}: a context carries a few headers (traceparent, tracestate, \
+         baggage)"
+    )]
+    ContentTooLarge {
+        /// The content's size.
+        bytes: usize,
+        /// The most kept.
+        max: usize,
+    },
     /// A name no event header may have ([`crate::header_name::check`] says why).
     #[error("{0}")]
     Name(crate::header_name::NameProblem),

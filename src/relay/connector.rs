@@ -411,7 +411,8 @@ async fn classify_start_error(settings: &Settings, e: SourceError) -> SessionEnd
                 .await
                 .ok()
                 .flatten()
-                .and_then(|s| s.invalidated()),
+                .and_then(|s| s.invalidated())
+                .map(|reason| crate::setup::lost_slot_message(settings, &reason)),
             Err(_) => None,
         };
     }

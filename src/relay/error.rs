@@ -32,12 +32,13 @@ pub enum RelayError {
     #[error(transparent)]
     Http(#[from] BindError),
     /// Postgres can no longer give the slot's changes; events since its position may be lost.
-    #[error("{}", crate::setup::lost_slot_message(.slot, .reason))]
+    #[error("{message}")]
     SlotInvalidated {
         /// The slot's name.
         slot: String,
-        /// `invalidation_reason` (PG 17+) or `wal_status`, as the server reports it.
-        reason: String,
+        /// `setup::lost_slot_message`: the reason (`invalidation_reason` on PG 17+, or `wal_status`),
+        /// what is lost and the command that recovers.
+        message: String,
         /// The error the server sent when the relay tried to stream the slot.
         #[source]
         source: SourceError,

@@ -69,8 +69,9 @@ async fn run_beside(
     shutdown: impl Future<Output = ()> + Send,
     background: &mut Background,
 ) -> Result<(), RelayError> {
-    for w in &settings.warnings {
-        warn!("{w}");
+    let acknowledged = &settings.config().warnings.acknowledged;
+    for w in crate::warning::split_acknowledged(settings.warnings.clone(), acknowledged).0 {
+        warn!(warning = w.name, "{}", w.text);
     }
     // Events must never go out unchecked because the contracts did not load (P8).
     settings.schemas_loaded()?;
@@ -95,7 +96,11 @@ async fn run_beside(
     // The slot sampler first too: its connection tells `status` a relay runs while it waits.
     background.spawn(
         "slot sampler",
-        sample_slot(settings.clone(), Arc::clone(&metrics)),
+        sample_slot(
+            settings.clone(),
+            Arc::clone(&metrics),
+            Arc::clone(&positions),
+        ),
     );
     // Jitter from the clock's nanoseconds: enough to spread restarts of relays that failed together.
     let mut jitter = SystemTime::now()
@@ -112,8 +117,8 @@ async fn run_beside(
     for line in &report.lines {
         info!(target: "outbox_relay::setup", "{line}");
     }
-    for w in &report.warnings {
-        warn!("{w}");
+    for w in crate::warning::split_acknowledged(report.warnings.clone(), acknowledged).0 {
+        warn!(warning = w.name, "{}", w.text);
     }
     let settings = Arc::new(settings);
     let connector = Servers::new(Arc::clone(&settings), Arc::clone(&metrics), nats);

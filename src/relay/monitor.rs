@@ -72,8 +72,13 @@ pub(super) async fn watch_nats(client: async_nats::Client, metrics: Arc<Metrics>
 /// Samples the slot every few seconds on a control connection of its own, so an operator sees a
 /// stalled or endangered slot from the metrics. The connection is named for the slot and the
 /// process ([`catalog::relay_application_name`]): while it is open, `status` can tell a relay runs
-/// even when no session streams the slot.
-pub(super) async fn sample_slot(settings: Settings, metrics: Arc<Metrics>) {
+/// even when no session streams the slot. The server's WAL position it reads goes to `positions`,
+/// which tells a wait for an LSN past the end of the WAL.
+pub(super) async fn sample_slot(
+    settings: Settings,
+    metrics: Arc<Metrics>,
+    positions: Arc<crate::stored::Positions>,
+) {
     let app = catalog::relay_application_name(
         &settings.config().postgres.slot,
         std::process::id(),
@@ -91,6 +96,9 @@ pub(super) async fn sample_slot(settings: Settings, metrics: Arc<Metrics>) {
                     metrics.slot_lag_bytes.set(bytes(slot.lag_bytes));
                     metrics.retained_wal_bytes.set(bytes(slot.retained_bytes));
                     metrics.set_wal_status(slot.wal_status.as_deref().unwrap_or(""));
+                    if let Some(lsn) = slot.wal_lsn.as_deref().and_then(|l| l.parse().ok()) {
+                        positions.wal_read(lsn);
+                    }
                 }
                 Ok(None) => {
                     // The slot is gone: no lag to report, and no WAL kept for it.

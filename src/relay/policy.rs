@@ -67,7 +67,8 @@ fn source_transient(e: &SourceError) -> bool {
         // with the refused credentials again (an LDAP or PAM account locks, an address gets
         // banned). Any host that refused them, or TLS, makes the attempt definite.
         SourceError::NoHost(tried) => {
-            !tried.iter().any(|(_, e)| refused(e)) && tried.iter().any(|(_, e)| source_transient(e))
+            !tried.iter().any(|(_, e)| e.is_refusal())
+                && tried.iter().any(|(_, e)| source_transient(e))
         }
         SourceError::Server { error, .. } => server_transient(error),
         SourceError::Auth(_)
@@ -76,17 +77,6 @@ fn source_transient(e: &SourceError) -> bool {
         | SourceError::Version { .. }
         | SourceError::BadFrame { .. }
         | SourceError::FrameTooLarge { .. } => false,
-    }
-}
-
-/// The server refused the relay's credentials (SQLSTATE class 28, or the client's own
-/// authentication checks) or TLS failed: settings to fix, which no retry can.
-fn refused(e: &SourceError) -> bool {
-    match e {
-        SourceError::Auth(_) | SourceError::Tls(_) => true,
-        SourceError::Server { error, .. } => error.code.starts_with("28"),
-        SourceError::NoHost(tried) => tried.iter().any(|(_, e)| refused(e)),
-        _ => false,
     }
 }
 
@@ -173,7 +163,8 @@ pub(crate) fn startup(e: &SetupError) -> Verdict {
         SetupError::Prerequisite(_)
         | SetupError::Publication { .. }
         | SetupError::Slot { .. }
-        | SetupError::Stream { .. } => Verdict::Stop,
+        | SetupError::Stream { .. }
+        | SetupError::Taken { .. } => Verdict::Stop,
     }
 }
 
@@ -264,14 +255,15 @@ pub(crate) fn slot_consumed(text: String) -> SessionEnd {
     SessionEnd::Restart(Restart::SlotConsumed(text))
 }
 
-/// `START_REPLICATION` was refused with `e`; `invalidated`: the slot's row says why it is
-/// invalidated, if it does (read only for SQLSTATE 55000). An invalidated slot stops the relay;
-/// anything else is any source error.
+/// `START_REPLICATION` was refused with `e`; `invalidated`: when the slot's row says it is
+/// invalidated (read only for SQLSTATE 55000), what is lost and how to recover
+/// (`setup::lost_slot_message`). An invalidated slot stops the relay; anything else is any source
+/// error.
 pub(crate) fn start_refused(slot: &str, e: SourceError, invalidated: Option<String>) -> SessionEnd {
     match invalidated {
-        Some(reason) => SessionEnd::Fatal(RelayError::SlotInvalidated {
+        Some(message) => SessionEnd::Fatal(RelayError::SlotInvalidated {
             slot: slot.to_owned(),
-            reason,
+            message,
             source: e,
         }),
         None => from_source(e),
@@ -383,7 +375,8 @@ pub(crate) const TABLE: &[Row] = &[
                    or whose SQLSTATE restarts, `Create` whose cause is either, `NoJetStream` when the request timed \
                    out, `Nats` when no server could be reached (`ConnectError::Connect`)",
         stops: "`Nats` refusing the credentials or TLS, or an unreadable creds file; `NoJetStream`; \
-                `Prerequisite`, `Publication`, `Slot`, `Stream`; every other `Postgres`, `Query` or `Create`",
+                `Prerequisite`, `Publication`, `Slot`, `Stream`, `Taken` (another relay relays the table or \
+                the prefix); every other `Postgres`, `Query` or `Create`",
         defects: "",
     },
 ];

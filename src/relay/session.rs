@@ -111,6 +111,7 @@ impl Session {
         let guard = crate::stored::service::Guard {
             dead_letter_subject: settings.config().nats.dead_letter_subject.clone(),
             inbox_prefix: settings.config().nats.inbox_prefix.clone(),
+            reply_prefixes: settings.config().nats.service_reply_prefixes.clone(),
             metrics: Arc::clone(metrics),
         };
         let serve = Serve::start(

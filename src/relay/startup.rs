@@ -106,6 +106,7 @@ mod tests {
     fn pg(source: SourceError) -> SetupError {
         SetupError::Postgres {
             target: "127.0.0.1:5432".into(),
+            check: "postgres.url".into(),
             source,
         }
     }

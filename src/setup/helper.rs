@@ -12,12 +12,13 @@
 use tokio_postgres::Client;
 
 use crate::config::Settings;
+use crate::warning::Warning;
 
 /// One line per installed helper whose prefix this relay's `outbox.message_prefix` does not relay.
 pub(crate) async fn unrelayed_helpers(
     settings: &Settings,
     pg: &Client,
-) -> Result<Vec<String>, tokio_postgres::Error> {
+) -> Result<Vec<Warning>, tokio_postgres::Error> {
     // `format('%L')` doubles a quote inside the literal: undo that to get the prefix as emitted.
     let rows = pg
         .query(
@@ -45,16 +46,20 @@ pub(crate) async fn unrelayed_helpers(
 }
 
 /// The warning for `function`, which emits `prefix`, while the relay relays `relayed`.
-fn warning(function: &str, prefix: &str, relayed: &str) -> String {
+fn warning(function: &str, prefix: &str, relayed: &str) -> Warning {
     let now = if relayed.is_empty() {
         "\"\" (off)".to_owned()
     } else {
         format!("{relayed:?}")
     };
-    format!(
-        "{function} (sql/06_outbox_message.sql) writes events as logical messages with prefix {prefix:?}, but \
-         outbox.message_prefix is {now}, so this relay never publishes them: set outbox.message_prefix = {prefix:?} \
-         (env OUTBOX_RELAY_OUTBOX_MESSAGE_PREFIX), or, if another relay publishes them, ignore this"
+    Warning::new(
+        "unrelayed-message-helper",
+        format!(
+            "{function} (sql/06_outbox_message.sql) writes events as logical messages with prefix {prefix:?}, \
+             but outbox.message_prefix is {now}, so this relay never publishes them: set outbox.message_prefix = \
+             {prefix:?} (env OUTBOX_RELAY_OUTBOX_MESSAGE_PREFIX), or, if another relay publishes them, \
+             acknowledge this warning: warnings.acknowledged = [\"unrelayed-message-helper\"]"
+        ),
     )
 }
 
@@ -68,14 +73,15 @@ mod tests {
             "outbox_message(text,text,text,jsonb,jsonb,text)",
             "outbox",
             "",
-        );
+        )
+        .text;
         assert!(!w.contains('\n'), "{w}");
         assert!(
             w.contains("outbox.message_prefix is \"\" (off)")
                 && w.contains("set outbox.message_prefix = \"outbox\""),
             "{w}"
         );
-        let w = warning("billing_message(…)", "billing", "outbox");
+        let w = warning("billing_message(…)", "billing", "outbox").text;
         assert!(
             w.contains("outbox.message_prefix is \"outbox\"") && w.contains("= \"billing\""),
             "{w}"

@@ -5,11 +5,14 @@
 //! contains the table), the slot (logical, pgoutput, this database, not invalidated), the JetStream
 //! stream (covers the subject template and the dead-letter subject). Then, idempotently: the
 //! publication (`publish = 'insert'`), the slot, the stream. Each step prints one line saying what it
-//! found or did. Every failure is one line naming the object and how to fix it.
+//! found or did. Every failure is one line naming the object and how to fix it. `setup --check`
+//! (`check.rs`) makes the same checks and says what would be created instead of creating it.
 
+mod check;
 mod helper;
 mod overlap;
 mod postgres;
+mod retention;
 mod stream;
 
 use async_nats::jetstream;
@@ -20,6 +23,8 @@ use crate::catalog;
 use crate::config::Settings;
 use crate::nats::{ConnectError, connect_nats};
 use crate::source::{SourceError, query_error_text};
+use crate::warning::Warning;
+pub use check::check;
 
 /// For `status`: the logical-message warnings `setup` gives. While PUBLIC may execute
 /// `pg_logical_emit_message`, or a `SECURITY DEFINER` helper that emits logical messages, and
@@ -29,7 +34,7 @@ use crate::source::{SourceError, query_error_text};
 pub(crate) async fn message_warnings(
     settings: &Settings,
     pg: &Client,
-) -> Result<Vec<String>, tokio_postgres::Error> {
+) -> Result<Vec<Warning>, tokio_postgres::Error> {
     let mut warnings = postgres::public_emit_message(settings, pg).await?;
     warnings.extend(helper::unrelayed_helpers(settings, pg).await?);
     Ok(warnings)
@@ -39,10 +44,12 @@ pub(crate) async fn message_warnings(
 #[derive(Debug, thiserror::Error)]
 pub enum SetupError {
     /// The control connection to Postgres could not be opened.
-    #[error("cannot connect to Postgres at {target} (check postgres.url)")]
+    #[error("cannot connect to Postgres at {target} (check {check})")]
     Postgres {
         /// `postgres.url`, with the password masked.
         target: String,
+        /// Where `postgres.url` was set: its variable, or the file (`Settings::key_source`).
+        check: String,
         /// Why the connection failed.
         #[source]
         source: SourceError,
@@ -82,6 +89,14 @@ pub enum SetupError {
         /// What is wrong with it and how to fix it.
         problem: String,
     },
+    /// Another relay already relays the outbox table or the message prefix.
+    #[error("{problem}")]
+    Taken {
+        /// `outbox.table` or `outbox.message_prefix`.
+        key: &'static str,
+        /// The key, whose it is and what to do (the whole line).
+        problem: String,
+    },
     /// NATS answered without JetStream.
     #[error(
         "JetStream is not available: start nats-server with -js (JetStream enabled) and check nats.url"
@@ -110,10 +125,12 @@ impl From<tokio_postgres::Error> for SetupError {
 pub struct SetupReport {
     /// What was found or created, one line per object.
     pub lines: Vec<String>,
-    /// Warnings worth a log line (e.g. a memory stream).
-    pub warnings: Vec<String>,
+    /// Warnings worth a log line (e.g. a memory stream), each under its stable name.
+    pub warnings: Vec<Warning>,
     /// The slot's confirmed position: where streaming starts.
     pub(crate) slot_confirmed: Option<crate::Lsn>,
+    /// `setup --check`: how many of the lines say what `setup` would create or change.
+    pub would_change: usize,
 }
 
 /// Connects the control connection. Fails with a line naming `postgres.url`.
@@ -122,6 +139,7 @@ pub(crate) async fn connect_postgres(settings: &Settings) -> Result<Client, Setu
         .await
         .map_err(|source| SetupError::Postgres {
             target: settings.conn.to_string(),
+            check: settings.key_source("postgres.url"),
             source,
         })
 }
@@ -234,8 +252,10 @@ async fn checks(
     if mode == Mode::Setup {
         refuse_unfinished_backfill(settings, found_stream.as_ref())?;
     }
-    // Another relay's slot or subjects (its stream: `stream::check`): refused before anything changes.
+    // Another relay's slot or subjects (its stream: `stream::check`), or its table or message
+    // prefix: refused before anything changes.
     let database = overlap::database_stamp(pg).await;
+    overlap::check_other_relays(settings, pg, js, database.as_deref(), report).await?;
     if found_stream.is_none() {
         overlap::check_new_stream(
             settings,
@@ -285,21 +305,27 @@ async fn checks(
                     name: slot.clone(),
                     problem: format!(
                         "does not exist, but stream {} already holds this outbox's events (last: sequence {seq}, \
-                         commit LSN {lsn}): the slot was dropped or lost, and events committed since may be missing. \
-                         Recover with `outbox-relay backfill` (publishes the outbox rows in the new slot's snapshot; \
-                         JetStream drops those it holds); see docs/recovery.md",
-                        settings.config().nats.stream
+                         commit LSN {}): the slot was dropped or lost, and events committed since may be missing. \
+                         Recover with {} (publishes the outbox rows in the new slot's snapshot; JetStream drops \
+                         those it holds); see docs/recovery.md",
+                        settings.config().nats.stream,
+                        crate::text::shown(&lsn, 80),
+                        settings.command("backfill")
                     ),
                 });
             }
             if !settings.config().outbox.messages_only()
                 && postgres::table_has_rows(settings, pg).await?
             {
-                report.warnings.push(format!(
-                    "table {} already holds rows: they were committed before the slot exists, so `run` \
-                     will not publish them. To publish them too, run `outbox-relay backfill \
-                     --replace-slot` before the first `run` (docs/recovery.md)",
-                    settings.config().outbox.table
+                report.warnings.push(Warning::new(
+                    "rows-before-slot",
+                    format!(
+                        "table {} already holds rows: they were committed before the slot exists, so `run` \
+                         will not publish them. To publish them too, run {} before the first `run` \
+                         (docs/recovery.md)",
+                        settings.config().outbox.table,
+                        settings.command("backfill --replace-slot")
+                    ),
                 ));
             }
             true
@@ -396,9 +422,13 @@ async fn make_failover(
 ) -> Result<(), SetupError> {
     let slot = &settings.config().postgres.slot;
     if active {
-        report.warnings.push(format!(
-            "slot {slot} is not a failover slot and a relay streams it: stop the relay and run outbox-relay setup \
-             to make it one (or set postgres.failover = false)"
+        report.warnings.push(Warning::new(
+            "not-failover-slot",
+            format!(
+                "slot {slot} is not a failover slot and a relay streams it: stop the relay and run {} to make it \
+                 one (or set postgres.failover = false)",
+                settings.command("setup")
+            ),
         ));
         return Ok(());
     }
@@ -406,6 +436,7 @@ async fn make_failover(
         .await
         .map_err(|source| SetupError::Postgres {
             target: settings.conn.to_string(),
+            check: settings.key_source("postgres.url"),
             source,
         })?;
     let result = conn.alter_slot_failover(slot).await;
@@ -480,11 +511,15 @@ impl Created {
     }
 }
 
-/// The message for a slot Postgres invalidated: events may be lost; how to recover.
-pub(crate) fn lost_slot_message(slot: &str, reason: &str) -> String {
+/// The message for a slot Postgres invalidated: events may be lost; how to recover (the command
+/// with the `--config` these settings came from).
+pub(crate) fn lost_slot_message(settings: &Settings, reason: &str) -> String {
     format!(
-        "replication slot {slot} was invalidated ({reason}), so events written since its last confirmed position \
-         may be lost: stop every relay for it and recover with `outbox-relay backfill --replace-slot`, which replaces \
-         the slot with a new one and publishes the outbox rows in its snapshot; see docs/recovery.md"
+        "replication slot {} was invalidated ({}), so events written since its last confirmed position \
+         may be lost: stop every relay for it and recover with {}, which replaces the slot with a new one and \
+         publishes the outbox rows in its snapshot; see docs/recovery.md",
+        settings.config().postgres.slot,
+        crate::text::shown(reason, 200),
+        settings.command("backfill --replace-slot")
     )
 }

@@ -15,6 +15,7 @@ use super::{SetupError, SetupReport};
 use crate::catalog::{self, SlotRow};
 use crate::config::Settings;
 use crate::source::quote_ident;
+use crate::warning::Warning;
 
 const PAYLOAD_TYPES: &[&str] = &["jsonb", "json", "text", "bytea", "varchar"];
 const ID_TYPES: &[&str] = &["uuid", "text", "varchar", "int8", "int4", "bpchar"];
@@ -43,6 +44,9 @@ pub(super) async fn check(
     check_slot_too: bool,
 ) -> Result<Found, SetupError> {
     let version = check_server(settings, pg, report).await?;
+    report
+        .warnings
+        .extend(super::retention::warnings(settings, pg).await?);
     let partitioned = check_table_or_messages(settings, pg, report).await?;
     check_role(settings, pg, report).await?;
     report
@@ -101,10 +105,14 @@ async fn check_server(
         && physical_standbys > 0
         && sync_slots.is_empty()
     {
-        report.warnings.push(format!(
-            "{physical_standbys} physical standby(s) stream from this primary, but synchronized_standby_slots is empty: \
-             the relay may publish a transaction a standby does not have yet, and after a failover that event exists in \
-             NATS but not in the database; set synchronized_standby_slots to the standbys' physical slots"
+        report.warnings.push(Warning::new(
+            "no-synchronized-standby-slots",
+            format!(
+                "{physical_standbys} physical standby(s) stream from this primary, but synchronized_standby_slots is \
+                 empty: the relay may publish a transaction a standby does not have yet, and after a failover that \
+                 event exists in NATS but not in the database; set synchronized_standby_slots to the standbys' \
+                 physical slots"
+            ),
         ));
     }
     if wal_level != "logical" {
@@ -187,7 +195,7 @@ pub(super) async fn table_has_rows(settings: &Settings, pg: &Client) -> Result<b
 pub(crate) async fn public_emit_message(
     settings: &Settings,
     pg: &Client,
-) -> Result<Vec<String>, tokio_postgres::Error> {
+) -> Result<Vec<Warning>, tokio_postgres::Error> {
     let outbox = &settings.config().outbox;
     let (key, what) = match (
         outbox.message_prefix.is_empty(),
@@ -216,13 +224,16 @@ pub(crate) async fn public_emit_message(
             &[],
         )
         .await?;
-    let mut warnings: Vec<String> = row
+    let mut warnings: Vec<Warning> = row
         .get::<_, Option<String>>(0)
         .map(|functions| {
-            format!(
-                "{key} is set, but every role of this database may call {functions} and so {what}: as a superuser, \
-                 REVOKE EXECUTE ON FUNCTION {functions} FROM PUBLIC (sql/06_outbox_message.sql does it; its helper \
-                 and sql/08's keep working)"
+            Warning::new(
+                "public-emit-message",
+                format!(
+                    "{key} is set, but every role of this database may call {functions} and so {what}: as a \
+                     superuser, REVOKE EXECUTE ON FUNCTION {functions} FROM PUBLIC (sql/06_outbox_message.sql does \
+                     it; its helper and sql/08's keep working)"
+                ),
             )
         })
         .into_iter()
@@ -239,10 +250,14 @@ pub(crate) async fn public_emit_message(
         )
         .await?;
     if let Some(functions) = helpers.get::<_, Option<String>>(0) {
-        warnings.push(format!(
-            "{key} is set, but every role of this database may call {functions}, SECURITY DEFINER and emitting \
-             logical messages with its owner's rights, and so {what}: REVOKE EXECUTE ON FUNCTION {functions} FROM \
-             PUBLIC and GRANT it to your writer role (sql/06 and sql/08 do both with -v writer_role=…)"
+        warnings.push(Warning::new(
+            "public-emit-helper",
+            format!(
+                "{key} is set, but every role of this database may call {functions}, SECURITY DEFINER and \
+                 emitting logical messages with its owner's rights, and so {what}: REVOKE EXECUTE ON FUNCTION \
+                 {functions} FROM PUBLIC and GRANT it to your writer role (sql/06 and sql/08 do both with -v \
+                 writer_role=…)"
+            ),
         ));
     }
     Ok(warnings)
@@ -397,7 +412,7 @@ async fn check_publication(
 /// The warning for a publication that publishes updates, deletes or truncates besides inserts:
 /// the relay ignores them, but each is decoded, sent and counted, and a retention `DELETE` of many
 /// rows is as much work for the walsender as the inserts were.
-fn more_than_inserts(name: &str, update: bool, delete: bool, truncate: bool) -> Option<String> {
+fn more_than_inserts(name: &str, update: bool, delete: bool, truncate: bool) -> Option<Warning> {
     let more: Vec<&str> = [
         (update, "update"),
         (delete, "delete"),
@@ -407,11 +422,14 @@ fn more_than_inserts(name: &str, update: bool, delete: bool, truncate: bool) -> 
     .filter_map(|(on, what)| on.then_some(what))
     .collect();
     (!more.is_empty()).then(|| {
-        format!(
-            "publication {name} publishes {} besides inserts: the relay ignores them, but the walsender \
-             decodes and sends every one (a retention DELETE costs as much as the inserts did): \
-             ALTER PUBLICATION {name} SET (publish = 'insert')",
-            more.join(", ")
+        Warning::new(
+            "publication-more-than-inserts",
+            format!(
+                "publication {name} publishes {} besides inserts: the relay ignores them, but the walsender \
+                 decodes and sends every one (a retention DELETE costs as much as the inserts did): \
+                 ALTER PUBLICATION {name} SET (publish = 'insert')",
+                more.join(", ")
+            ),
         )
     })
 }
@@ -441,7 +459,7 @@ fn check_slot(settings: &Settings, s: &SlotRow) -> Result<(), SetupError> {
     }
     if let Some(reason) = s.invalidated() {
         return Err(SetupError::Prerequisite(super::lost_slot_message(
-            name, &reason,
+            settings, &reason,
         )));
     }
     Ok(())
@@ -522,7 +540,7 @@ mod tests {
     #[test]
     fn a_publication_of_inserts_only_gets_no_warning_any_other_names_what_it_adds() {
         assert_eq!(more_than_inserts("p", false, false, false), None);
-        let w = more_than_inserts("p", false, true, true).unwrap();
+        let w = more_than_inserts("p", false, true, true).unwrap().text;
         assert!(
             w.contains("publishes delete, truncate besides inserts"),
             "{w}"
@@ -535,6 +553,7 @@ mod tests {
         assert!(
             more_than_inserts("p", true, false, false)
                 .unwrap()
+                .text
                 .contains("publishes update besides")
         );
     }

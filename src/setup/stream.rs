@@ -15,6 +15,7 @@ use super::{SetupError, SetupReport};
 use crate::config::Settings;
 use crate::message;
 use crate::route::subject_covers;
+use crate::warning::Warning;
 
 /// Metadata keys setup writes on a stream it creates.
 pub(crate) const META_SLOT: &str = "outbox-relay.slot";
@@ -23,6 +24,10 @@ pub(crate) const META_TABLE: &str = "outbox-relay.table";
 /// The stream metadata key that names the database the slot is in, `<system identifier>/<database>`:
 /// slot names are unique per server only, and two servers may share one NATS.
 pub(crate) const META_DATABASE: &str = "outbox-relay.database";
+/// The stream metadata key that names the logical message prefix the stream's relay publishes
+/// (absent: none, or a stream made before the key): every slot receives every logical message, so
+/// this is how `setup` tells that another relay already publishes a prefix.
+pub(crate) const META_MESSAGE_PREFIX: &str = "outbox-relay.message_prefix";
 
 /// The stream as setup found it.
 pub(super) struct FoundStream {
@@ -58,7 +63,7 @@ pub(super) async fn check(
     report.lines.push(format!(
         "stream {name}: exists ({} messages, subjects {})",
         info.state.messages,
-        info.config.subjects.join(", ")
+        crate::text::shown(&info.config.subjects.join(", "), 4096)
     ));
     let relay_events = relay_events(settings, &mut s, &info).await;
     let backfill_refusal = crate::backfill_marker::refusal(settings, &info.config.metadata);
@@ -113,14 +118,17 @@ fn check_subjects(
     let partitions = settings.subject.partition_wildcards();
     let missing: Vec<&String> = partitions.iter().filter(|p| !covered(p)).collect();
     let template = if !missing.is_empty() && missing.len() < partitions.len() {
-        report.warnings.push(format!(
-            "stream {name}'s subjects ({}) do not cover {} of the {} partitions, e.g. {}: events of those \
-             partitions cannot be stored, and the relay stops at the first one; add the subjects or set \
-             nats.partitions to what the stream covers",
-            subjects.join(", "),
-            missing.len(),
-            partitions.len(),
-            missing.iter().take(3).map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
+        report.warnings.push(Warning::new(
+            "partitions-not-covered",
+            format!(
+                "stream {name}'s subjects ({}) do not cover {} of the {} partitions, e.g. {}: events of those \
+                 partitions cannot be stored, and the relay stops at the first one; add the subjects or set \
+                 nats.partitions to what the stream covers",
+                subjects.join(", "),
+                missing.len(),
+                partitions.len(),
+                missing.iter().take(3).map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
+            ),
         ));
         None
     } else if !partitions.is_empty() && missing.is_empty() {
@@ -164,8 +172,11 @@ fn check_config(
         ));
     }
     if info.config.storage == stream::StorageType::Memory {
-        report.warnings.push(format!(
-            "stream {name} uses memory storage: acknowledged events are lost when nats-server restarts"
+        report.warnings.push(Warning::new(
+            "memory-storage",
+            format!(
+                "stream {name} uses memory storage: acknowledged events are lost when nats-server restarts"
+            ),
         ));
     }
     Ok(())
@@ -267,6 +278,11 @@ pub(super) async fn create(
             ),
         ])
         .into_iter()
+        .chain(
+            Some(&settings.config().outbox.message_prefix)
+                .filter(|p| !p.is_empty())
+                .map(|p| (META_MESSAGE_PREFIX.to_owned(), p.clone())),
+        )
         .chain(database.map(|d| (META_DATABASE.to_owned(), d.to_owned())))
         .collect(),
         ..Default::default()
@@ -295,8 +311,18 @@ pub(super) async fn create(
         });
     }
     Ok(format!(
-        "stream {}: created (file storage, subjects {wildcard}, {}, duplicate window {}s, {}, {}, replicas {}{})",
+        "stream {}: created ({})",
         n.stream,
+        described(settings)
+    ))
+}
+
+/// What a stream that setup creates is like: `file storage, subjects …, duplicate window …`.
+pub(super) fn described(settings: &Settings) -> String {
+    let n = &settings.config().nats;
+    format!(
+        "file storage, subjects {}, {}, duplicate window {}s, {}, {}, replicas {}{}",
+        settings.subject.wildcard(),
         n.dead_letter_subject,
         n.duplicate_window_secs,
         match n.max_age_secs {
@@ -313,7 +339,7 @@ pub(super) async fn create(
         } else {
             ""
         }
-    ))
+    )
 }
 
 #[cfg(test)]

@@ -134,6 +134,18 @@ fn describe_hosts(tried: &[(String, SourceError)]) -> String {
 }
 
 impl SourceError {
+    /// The server refused the relay's credentials (SQLSTATE class 28, or the client's own
+    /// authentication checks) or TLS failed: settings to fix. A fact about the error, which the
+    /// relay's policy (no retry) and `status` (`AUTHENTICATION FAILED`, not unreachable) both read.
+    pub(crate) fn is_refusal(&self) -> bool {
+        match self {
+            SourceError::Auth(_) | SourceError::Tls(_) => true,
+            SourceError::Server { error, .. } => error.code.starts_with("28"),
+            SourceError::NoHost(tried) => tried.iter().any(|(_, e)| e.is_refusal()),
+            _ => false,
+        }
+    }
+
     /// The SQLSTATE when the server sent an error.
     pub fn sqlstate(&self) -> Option<&str> {
         match self {

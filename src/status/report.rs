@@ -17,6 +17,11 @@ pub(crate) enum State {
     Missing,
     /// The server did not answer.
     Unreachable,
+    /// The server refused the credentials (a wrong password, a refused method): the setting is
+    /// wrong, the server is up.
+    AuthFailed,
+    /// TLS to the server failed (a certificate, `sslmode`, `tls_required`).
+    TlsFailed,
     /// NATS answered, but without JetStream (`-js`).
     JetstreamDisabled,
 }
@@ -27,6 +32,8 @@ impl State {
             State::Exists => "exists",
             State::Missing => "MISSING",
             State::Unreachable => "UNREACHABLE",
+            State::AuthFailed => "AUTHENTICATION FAILED",
+            State::TlsFailed => "TLS FAILED",
             State::JetstreamDisabled => "JETSTREAM NOT ENABLED",
         }
     }
@@ -60,6 +67,16 @@ pub(crate) struct SlotStatus {
     pub(crate) events_waiting: Option<bool>,
     /// The first event that waits: its id and position.
     pub(crate) waiting_event: Option<String>,
+    /// How many events wait, counted within the look's bound (`None`: not looked at).
+    pub(crate) waiting_events: Option<u64>,
+    /// Whether that count is all of them (`false`: the look stopped at its bound with WAL still
+    /// pending, so at least that many wait).
+    pub(crate) waiting_events_complete: Option<bool>,
+    /// How long no relay has held the slot, in seconds (`None`: one holds it, or it is not known).
+    pub(crate) unheld_secs: Option<u64>,
+    /// How `unheld_secs` is known: `inactive_since` (PG 17+) or `watched` (status watched the slot
+    /// that long, on a server that does not record since when).
+    pub(crate) unheld_measured: Option<&'static str>,
     /// Outbox events a client other than a relay consumed from the slot (or advanced it past)
     /// that the stream lacks, found through the stop mark (`None`: no mark, or not judged).
     pub(crate) consumed_events: Option<u64>,
@@ -107,9 +124,46 @@ pub(crate) struct StreamStatus {
     pub(crate) discard: Option<String>,
     /// Why the stream's state is unknown (NATS unreachable, JetStream not answering).
     pub(crate) unknown_because: Option<String>,
+    /// Dead letters on `nats.dead_letter_subject` (`None`: not known).
+    pub(crate) dead_letters: Option<DeadLetters>,
     /// The stream's metadata (read for the backfill marker; not printed).
     #[serde(skip)]
     pub(crate) metadata: std::collections::HashMap<String, String>,
+}
+
+/// The dead letters the stream holds: events that could not be published as they are (P7).
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct DeadLetters {
+    /// `nats.dead_letter_subject`.
+    pub(crate) subject: String,
+    /// How many the stream holds now.
+    pub(crate) count: u64,
+    /// The newest of them.
+    pub(crate) newest: Option<DeadLetter>,
+}
+
+/// One dead letter, as its headers say (escaped, each one bounded line: the event's own values).
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct DeadLetter {
+    /// Its stream sequence.
+    pub(crate) sequence: u64,
+    /// When the stream stored it (RFC 3339).
+    pub(crate) time: String,
+    /// The event's id (`Outbox-Event-Id`, else `Nats-Msg-Id`).
+    pub(crate) event_id: Option<String>,
+    /// `Outbox-Error`: why it could not be published.
+    pub(crate) reason: Option<String>,
+}
+
+/// A stop mark (`<slot>_mark`) whose slot is gone: it keeps WAL like a slot, forever.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct OrphanMark {
+    /// The mark's slot name.
+    pub(crate) name: String,
+    /// The slot it was made for (its name without `_mark`; cut to 58 bytes when the slot's was longer).
+    pub(crate) slot: String,
+    /// WAL it keeps: WAL position − its `restart_lsn`.
+    pub(crate) retained_bytes: Option<i64>,
 }
 
 /// A backfill of the slot that has begun and not finished: its marker on the stream.
@@ -120,7 +174,8 @@ pub(crate) struct BackfillStatus {
     /// What the marker names: the slot, and the backfill's pid, host, start, `--where`, `--order-by`.
     #[serde(flatten)]
     pub(crate) backfill: crate::backfill_marker::Marker,
-    /// The command that recovers (repeats the backfill), once it no longer runs.
+    /// How to recover (repeat the backfill) once it no longer runs: the command with this
+    /// `--config`, never with SQL read from the marker.
     pub(crate) recover: String,
 }
 
@@ -130,6 +185,9 @@ pub(crate) struct BackfillStatus {
 pub(crate) enum RelayState {
     /// Something streams the slot (it is active).
     Streaming,
+    /// A walsender still holds the slot, but the relay says (its own word, believed) that it does
+    /// not stream: its NATS connection is down, and the session ends at the ack timeout.
+    NotStreaming,
     /// A relay process for the slot is connected to Postgres but does not stream the slot: it
     /// waits for NATS or Postgres at start, or retries after an outage.
     Retrying,
@@ -174,8 +232,34 @@ pub(crate) struct ServerStatus {
     pub(crate) in_recovery: Option<bool>,
     /// PG 17+: the physical slots a logical failover slot waits for.
     pub(crate) synchronized_standby_slots: Option<String>,
-    /// PG 18+.
+    /// PG 18+: a slot no one holds for longer is invalidated (`0`: never).
     pub(crate) idle_replication_slot_timeout: Option<String>,
+    /// `idle_replication_slot_timeout` in seconds (0: off).
+    pub(crate) idle_timeout_secs: Option<i64>,
+    /// `max_slot_wal_keep_size` as the server shows it (`-1`: unlimited).
+    pub(crate) max_slot_wal_keep_size: Option<String>,
+    /// `max_slot_wal_keep_size` in bytes (`-1`: unlimited).
+    pub(crate) max_slot_wal_keep_bytes: Option<i64>,
+    /// `server_version_num`.
+    pub(crate) version_num: Option<i32>,
+}
+
+impl ServerStatus {
+    /// The server in `state`, with nothing read from it.
+    pub(crate) fn unread(state: State) -> ServerStatus {
+        ServerStatus {
+            state,
+            host: None,
+            server_version: None,
+            in_recovery: None,
+            synchronized_standby_slots: None,
+            idle_replication_slot_timeout: None,
+            idle_timeout_secs: None,
+            max_slot_wal_keep_size: None,
+            max_slot_wal_keep_bytes: None,
+            version_num: None,
+        }
+    }
 }
 
 /// Another host of `postgres.url` (a standby, usually) and its copy of the slot.
@@ -230,8 +314,26 @@ pub struct Status {
     pub(crate) schemas: Option<SchemasStatus>,
     /// A backfill of the slot that has not finished (`None`: none, or the stream could not be read).
     pub(crate) backfill: Option<BackfillStatus>,
+    /// Stop marks in this database whose slot is gone.
+    pub(crate) orphan_marks: Vec<OrphanMark>,
+    /// `status.grace_secs`: how long the slot may be without a relay before that is a problem.
+    pub(crate) grace_secs: u64,
     /// What makes the status unhealthy, one line each, with the fix.
     pub(crate) problems: Vec<String>,
-    /// Findings that do not make the status unhealthy, one line each.
-    pub(crate) warnings: Vec<String>,
+    /// Findings that do not make the status unhealthy, one line each. In JSON, as before, their
+    /// texts (strings), with their stable names in `warning_names`, in the same order.
+    #[serde(serialize_with = "warning_texts")]
+    pub(crate) warnings: Vec<crate::warning::Warning>,
+    /// The stable name of each warning, in the order of `warnings`.
+    pub(crate) warning_names: Vec<&'static str>,
+    /// The names of warnings found and left out, as `warnings.acknowledged` asks.
+    pub(crate) acknowledged_warnings: Vec<&'static str>,
+}
+
+/// `warnings` as the array of strings `status --json` has always had (docs/compatibility.md).
+fn warning_texts<S: serde::Serializer>(
+    warnings: &[crate::warning::Warning],
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    s.collect_seq(warnings.iter().map(|w| &w.text))
 }

@@ -37,7 +37,7 @@ pub struct SimSlotVerdict {
     /// The slot's problems, worded and ordered as `status` prints them.
     pub problems: Vec<String>,
     /// Its warnings (a stop mark that cannot be judged or read).
-    pub warnings: Vec<String>,
+    pub warnings: Vec<crate::warning::Warning>,
     /// `slot.events_waiting`.
     pub events_waiting: Option<bool>,
     /// The id of the first waiting event (`slot.waiting_event` names it with its position).
@@ -65,26 +65,20 @@ pub async fn sim_slot_status(
     let mut events_unknown = None;
     let mut waiting_id = None;
     if needs_look(&row) {
+        // Counted, as `status` counts them (`postgres::events_waiting`).
         let scan = slot_scan::scan_changes(
             settings,
             &sim.changes,
             None,
             None,
-            true,
+            false,
             slot_scan::Bound::DEFAULT,
         );
         waiting_id = scan.first.as_ref().map(|f| f.id.clone());
         waiting_found(Ok(scan), &mut slot, &mut events_unknown);
     }
     let pg = PostgresSide {
-        server: ServerStatus {
-            state: State::Exists,
-            host: None,
-            server_version: None,
-            in_recovery: None,
-            synchronized_standby_slots: None,
-            idle_replication_slot_timeout: None,
-        },
+        server: ServerStatus::unread(State::Exists),
         relay: RelayStatus {
             state: relay_state(Some(&row), &sim.relay_pids),
             pids: sim.relay_pids,
@@ -97,6 +91,7 @@ pub async fn sim_slot_status(
             tables: Vec::new(),
         },
         events_unknown,
+        orphan_marks: Vec::new(),
     };
     let mut stream = unknown_stream(&settings.config().nats.stream);
     if nats.is_some() {
@@ -104,15 +99,22 @@ pub async fn sim_slot_status(
         stream.exists = Some(true);
     }
     let (mut problems, mut warnings) = (Vec::new(), Vec::new());
-    slot_problems(name, &pg, &stream, &mut problems);
+    // The simulated Postgres keeps no clock of since when the slot is unheld (`unheld_secs` stays
+    // unknown), so the grace period's rule says nothing here: the oracle checks the one that never
+    // waits, events waiting in a slot no relay holds.
+    slot_problems(settings, &pg, &stream, false, &mut problems, &mut warnings);
     if let Some(nats) = nats {
         let stored = stored_by_tail(nats, name, &stream.name).await;
         let (mark_at, changes) = match sim.mark {
             Some(m) => (Some(m.at), m.changes),
             None => (None, Vec::new()),
         };
-        let found =
-            slot_mark::judge_from(name, mark_at, sim.confirmed, &stored, |after| async move {
+        let found = slot_mark::judge_from(
+            settings,
+            mark_at,
+            sim.confirmed,
+            &stored,
+            |after| async move {
                 Ok::<_, String>(slot_scan::scan_changes(
                     settings,
                     &changes,
@@ -121,8 +123,9 @@ pub async fn sim_slot_status(
                     false,
                     slot_scan::Bound::DEFAULT,
                 ))
-            })
-            .await;
+            },
+        )
+        .await;
         consumed_found(name, found, &mut problems, &mut warnings);
     }
     SimSlotVerdict {

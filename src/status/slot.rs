@@ -1,35 +1,63 @@
 //! `status`'s verdict on the slot, free of I/O: the slot's fields from its `pg_replication_slots`
 //! row, what a relay for it is doing, whether it is looked into for waiting events and what that
-//! look found, and what is said about it (missing, lost, events waiting or not checkable with
-//! no relay streaming it, events a client other than a relay consumed past the stop mark). The
-//! command (`mod.rs`) and the deterministic simulation (`sim.rs`) call these same rules, so the
-//! simulation judges the very texts an operator reads.
+//! look found, and what is said about it (missing, lost or about to be, events waiting or not
+//! checkable with no relay streaming it, no relay holding it for longer than the grace period,
+//! events a client other than a relay consumed past the stop mark). The command (`mod.rs`) and the
+//! deterministic simulation (`sim.rs`) call these same rules, so the simulation judges the very
+//! texts an operator reads.
+//!
+//! Events that wait in a slot no relay holds are a problem at once, whatever the grace period: the
+//! grace only spares a slot in which nothing waits yet (a restart, a standby's takeover).
 
 use super::PostgresSide;
 use super::report::{RelayState, RelayStatus, SlotStatus, State, StreamStatus};
 use crate::catalog::SlotRow;
+use crate::config::Settings;
 use crate::setup;
 use crate::slot_mark;
 use crate::slot_scan;
+use crate::warning::Warning;
 
-/// The slot's problems: missing, lost, or events waiting (or unknown) with no relay streaming it.
+/// The slot's problems: missing, lost or about to be, events waiting (or unknown) with no relay
+/// streaming it, no relay holding it for longer than the grace period. `under_backfill`: a backfill's
+/// marker stands, and its recovery (not `setup`, which refuses then) is what a missing slot needs.
 pub(super) fn slot_problems(
-    slot_name: &str,
+    settings: &Settings,
     pg: &PostgresSide,
     stream: &StreamStatus,
+    under_backfill: bool,
     problems: &mut Vec<String>,
+    warnings: &mut Vec<Warning>,
 ) {
+    let slot_name = &settings.config().postgres.slot;
     let slot = &pg.slot;
     if slot.state == State::Missing {
-        problems.push(format!(
-            "slot {slot_name} does not exist: run outbox-relay setup (or `outbox-relay backfill` if the stream \
-             already holds this outbox's events)"
-        ));
+        problems.push(if under_backfill {
+            format!(
+                "slot {slot_name} does not exist: a backfill of it has not finished (see the backfill line); \
+                 recover as that line says"
+            )
+        } else {
+            format!(
+                "slot {slot_name} does not exist: run {} (or {} if the stream already holds this outbox's events)",
+                settings.command("setup"),
+                settings.command("backfill")
+            )
+        });
     }
     if let Some(reason) = slot.invalidation_reason.clone().or_else(|| {
         (slot.wal_status.as_deref() == Some("lost")).then(|| "wal_status = lost".to_owned())
     }) {
-        problems.push(setup::lost_slot_message(slot_name, &reason));
+        problems.push(setup::lost_slot_message(settings, &reason));
+    } else if slot.wal_status.as_deref() == Some("unreserved") {
+        problems.push(format!(
+            "slot {slot_name} is wal_status unreserved: it retains {} bytes, past max_slot_wal_keep_size, and the next \
+             checkpoint removes WAL it still needs; a relay must confirm past {} before then, or the slot is lost \
+             and the events written since need {}",
+            slot.retained_bytes.unwrap_or(0),
+            slot.confirmed_flush_lsn.as_deref().unwrap_or("-"),
+            settings.command("backfill --replace-slot"),
+        ));
     }
     let since = slot
         .inactive_since
@@ -37,19 +65,23 @@ pub(super) fn slot_problems(
         .map(|t| format!(" (inactive since {t})"))
         .unwrap_or_default();
     let retrying = retrying_note(&pg.relay, stream);
+    let start = format!("start {}", settings.command("run"));
     if slot.events_waiting == Some(true) {
         let first = slot
             .waiting_event
             .as_deref()
             .map(|e| format!(", the first {e}"))
             .unwrap_or_default();
+        let count = waiting_count(slot);
         problems.push(match &retrying {
             Some(r) => format!(
-                "slot {slot_name}{since}: events wait in it{first} and {r}; they are published once it reconnects"
+                "slot {slot_name}{since}: {count}{first} and {r}; they are published once it reconnects"
             ),
-            None => format!(
-                "no relay streams slot {slot_name}{since} while events wait in it{first}: start outbox-relay run"
+            None if pg.relay.state == RelayState::NotStreaming => format!(
+                "slot {slot_name}: {count}{first}, held by a relay that does not stream (see the relay line); \
+                 they are published once it reconnects"
             ),
+            None => format!("no relay streams slot {slot_name}{since} while {count}{first}: {start}"),
         });
     }
     if let Some(e) = &pg.events_unknown {
@@ -58,9 +90,63 @@ pub(super) fn slot_problems(
                 "slot {slot_name}: {r}; whether events wait in the slot cannot be checked ({e})"
             ),
             None => format!(
-                "slot {slot_name}: no relay streams it, and it cannot be checked for waiting events ({e}): start outbox-relay run"
+                "slot {slot_name}: no relay streams it, and it cannot be checked for waiting events ({e}): {start}"
             ),
         });
+    }
+    if slot.events_waiting == Some(false) && pg.events_unknown.is_none() {
+        unheld_finding(settings, pg, retrying.as_deref(), problems, warnings);
+    }
+}
+
+/// `N events wait in it` (`1 event waits`), or `at least N events wait in it (…)` when the look
+/// stopped at its bound with WAL still pending.
+pub(super) fn waiting_count(slot: &SlotStatus) -> String {
+    let n = slot.waiting_events.unwrap_or(1);
+    let verb = if n == 1 { "event waits" } else { "events wait" };
+    match slot.waiting_events_complete {
+        Some(false) => format!(
+            "at least {n} {verb} in it (the count stops at the look's bound of {} changes)",
+            slot_scan::Bound::DEFAULT.changes
+        ),
+        _ => format!("{n} {verb} in it"),
+    }
+}
+
+/// No relay holds the slot and nothing waits in it: a problem once that has lasted longer than
+/// `status.grace_secs` (events written from now on would wait unseen), a warning within it.
+fn unheld_finding(
+    settings: &Settings,
+    pg: &PostgresSide,
+    retrying: Option<&str>,
+    problems: &mut Vec<String>,
+    warnings: &mut Vec<Warning>,
+) {
+    let slot_name = &settings.config().postgres.slot;
+    let grace = settings.config().status.grace_secs;
+    let Some(secs) = pg.slot.unheld_secs else {
+        return;
+    };
+    let what = match retrying {
+        Some(r) => r.to_owned(),
+        None => format!("start {}", settings.command("run")),
+    };
+    match pg.slot.unheld_measured {
+        Some("watched") => problems.push(format!(
+            "no relay took slot {slot_name} in the {secs} s status watched it (status.grace_secs {grace}; Postgres \
+             before 17 does not record since when a slot is unheld), and events written now would wait unseen: {what}"
+        )),
+        _ if secs > grace => problems.push(format!(
+            "no relay has held slot {slot_name} for {secs} s (more than status.grace_secs {grace}), and events written \
+             now would wait unseen: {what}"
+        )),
+        _ => warnings.push(Warning::new(
+            "unheld-within-grace",
+            format!(
+                "no relay has held slot {slot_name} for {secs} s, within status.grace_secs {grace} (a restart or a \
+                 standby's takeover); nothing waits in it"
+            ),
+        )),
     }
 }
 
@@ -89,7 +175,7 @@ pub(super) fn consumed_found(
     slot: &str,
     found: Result<slot_mark::Check, String>,
     problems: &mut Vec<String>,
-    warnings: &mut Vec<String>,
+    warnings: &mut Vec<Warning>,
 ) -> Option<u64> {
     match found {
         Ok(slot_mark::Check::Consumed(c)) => {
@@ -97,17 +183,24 @@ pub(super) fn consumed_found(
             Some(c.events)
         }
         Ok(slot_mark::Check::Unknown(why)) => {
-            warnings.push(format!(
-                "slot {slot}: whether a client other than a relay consumed it since the last relay session cannot be told: {why}"
+            warnings.push(Warning::new(
+                "stop-mark-unjudged",
+                format!(
+                    "slot {slot}: whether a client other than a relay consumed it since the last relay session \
+                     cannot be told: {why}"
+                ),
             ));
             None
         }
         Ok(slot_mark::Check::Clean) => Some(0),
         Ok(slot_mark::Check::NoMark) => None,
         Err(e) => {
-            warnings.push(format!(
-                "slot {slot}: the stop mark {} cannot be read: {e}",
-                slot_mark::name(slot),
+            warnings.push(Warning::new(
+                "stop-mark-unjudged",
+                format!(
+                    "slot {slot}: the stop mark {} cannot be read: {e}",
+                    slot_mark::name(slot),
+                ),
             ));
             None
         }
@@ -146,6 +239,8 @@ pub(super) fn waiting_found(
                 .first
                 .as_ref()
                 .map(|f| format!("{} (position {})", f.id, f.position));
+            slot.waiting_events = Some(scan.events);
+            slot.waiting_events_complete = Some(scan.unfinished.is_none());
             if scan.any().is_none() {
                 *events_unknown = scan.unfinished;
             }
@@ -170,6 +265,10 @@ pub(super) fn slot_status(name: &str, state: State, row: Option<&SlotRow>) -> Sl
         safe_wal_size: r.safe_wal_size,
         events_waiting: None,
         waiting_event: None,
+        waiting_events: None,
+        waiting_events_complete: None,
+        unheld_secs: None,
+        unheld_measured: None,
         consumed_events: None,
         inactive_since: r.inactive_since,
         invalidation_reason: r.invalidation_reason,
@@ -187,6 +286,7 @@ mod tests {
     use super::super::stream::unknown_stream;
     use super::*;
     use crate::Lsn;
+    use crate::config::Config;
     use crate::position::Position;
     use crate::slot_scan::{Found, Scan};
 
@@ -208,14 +308,7 @@ mod tests {
             waiting_found(found, &mut slot, &mut events_unknown);
         }
         PostgresSide {
-            server: ServerStatus {
-                state: State::Exists,
-                host: None,
-                server_version: None,
-                in_recovery: None,
-                synchronized_standby_slots: None,
-                idle_replication_slot_timeout: None,
-            },
+            server: ServerStatus::unread(State::Exists),
             relay: RelayStatus {
                 state: relay_state(row.as_ref(), &pids),
                 pids,
@@ -228,6 +321,7 @@ mod tests {
                 tables: Vec::new(),
             },
             events_unknown,
+            orphan_marks: Vec::new(),
         }
     }
 
@@ -237,10 +331,20 @@ mod tests {
         st
     }
 
+    fn settings() -> Settings {
+        let mut c = Config::default();
+        c.postgres.slot = "s".into();
+        c.validate().unwrap()
+    }
+
+    fn verdict(pg: &PostgresSide, stream: &StreamStatus) -> (Vec<String>, Vec<Warning>) {
+        let (mut problems, mut warnings) = (Vec::new(), Vec::new());
+        slot_problems(&settings(), pg, stream, false, &mut problems, &mut warnings);
+        (problems, warnings)
+    }
+
     fn problems(pg: &PostgresSide, stream: &StreamStatus) -> Vec<String> {
-        let mut out = Vec::new();
-        slot_problems("s", pg, stream, &mut out);
-        out
+        verdict(pg, stream).0
     }
 
     fn one_event() -> Scan {
@@ -250,18 +354,36 @@ mod tests {
                 position: Position::in_transaction(Lsn(0x10), 0),
                 id: "e1".into(),
             }),
+            last: Some(Found {
+                position: Position::in_transaction(Lsn(0x10), 0),
+                id: "e1".into(),
+            }),
             ..Scan::default()
         }
     }
 
     #[test]
-    fn a_missing_slot_names_setup_and_backfill() {
+    fn a_missing_slot_names_setup_and_backfill_unless_a_backfill_stands() {
         assert_eq!(
             problems(&side(None, Vec::new(), None), &stream(State::Exists)),
             [
-                "slot s does not exist: run outbox-relay setup (or `outbox-relay backfill` if the \
+                "slot s does not exist: run `outbox-relay setup` (or `outbox-relay backfill` if the \
               stream already holds this outbox's events)"
             ]
+        );
+        let (mut problems, mut warnings) = (Vec::new(), Vec::new());
+        let pg = side(None, Vec::new(), None);
+        slot_problems(
+            &settings(),
+            &pg,
+            &stream(State::Exists),
+            true,
+            &mut problems,
+            &mut warnings,
+        );
+        assert!(
+            !problems[0].contains("setup"),
+            "setup refuses under a backfill: {problems:?}"
         );
     }
 
@@ -274,7 +396,25 @@ mod tests {
         assert!(!needs_look(&row));
         assert_eq!(
             problems(&side(Some(row), Vec::new(), None), &stream(State::Exists)),
-            [setup::lost_slot_message("s", "wal_status = lost")]
+            [setup::lost_slot_message(&settings(), "wal_status = lost")]
+        );
+    }
+
+    #[test]
+    fn an_unreserved_slot_is_a_problem_naming_backfill() {
+        let row = SlotRow {
+            active: true,
+            wal_status: Some("unreserved".into()),
+            retained_bytes: Some(5 << 20),
+            confirmed_flush_lsn: Some("0/5000000".into()),
+            ..SlotRow::default()
+        };
+        let p = problems(&side(Some(row), Vec::new(), None), &stream(State::Exists));
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert!(
+            p[0].starts_with("slot s is wal_status unreserved: it retains 5242880 bytes")
+                && p[0].ends_with("need `outbox-relay backfill --replace-slot`"),
+            "{p:?}"
         );
     }
 
@@ -290,18 +430,38 @@ mod tests {
     }
 
     #[test]
-    fn an_idle_slot_with_nothing_waiting_has_no_problem() {
+    fn an_idle_slot_with_nothing_waiting_is_judged_by_how_long_it_has_been_unheld() {
         let row = SlotRow::default();
         assert!(needs_look(&row));
-        let pg = side(Some(row), Vec::new(), Some(Ok(Scan::default())));
+        let mut pg = side(Some(row), Vec::new(), Some(Ok(Scan::default())));
         assert_eq!(pg.relay.state, RelayState::NotRunning);
         assert_eq!(pg.slot.events_waiting, Some(false));
-        assert!(problems(&pg, &stream(State::Exists)).is_empty());
+        // Unknown for how long (an older server that status did not watch): nothing to say.
+        assert_eq!(verdict(&pg, &stream(State::Exists)), (vec![], vec![]));
+        pg.slot.unheld_secs = Some(12);
+        pg.slot.unheld_measured = Some("inactive_since");
+        let (p, w) = verdict(&pg, &stream(State::Exists));
+        assert!(p.is_empty(), "{p:?}");
+        assert_eq!(w[0].name, "unheld-within-grace");
+        pg.slot.unheld_secs = Some(31);
+        assert_eq!(
+            problems(&pg, &stream(State::Exists)),
+            [
+                "no relay has held slot s for 31 s (more than status.grace_secs 30), and events written now \
+                 would wait unseen: start `outbox-relay run`"
+            ]
+        );
+        pg.slot.unheld_secs = Some(30);
+        pg.slot.unheld_measured = Some("watched");
+        assert!(
+            problems(&pg, &stream(State::Exists))[0]
+                .starts_with("no relay took slot s in the 30 s status watched it"),
+        );
     }
 
     #[test]
-    fn events_waiting_with_no_relay_name_the_first_and_say_start_one() {
-        let pg = side(Some(SlotRow::default()), Vec::new(), Some(Ok(one_event())));
+    fn events_waiting_with_no_relay_are_counted_named_and_a_problem_at_once() {
+        let mut pg = side(Some(SlotRow::default()), Vec::new(), Some(Ok(one_event())));
         assert_eq!(pg.slot.events_waiting, Some(true));
         assert_eq!(
             pg.slot.waiting_event.as_deref(),
@@ -310,9 +470,27 @@ mod tests {
         assert_eq!(
             problems(&pg, &stream(State::Exists)),
             [
-                "no relay streams slot s while events wait in it, the first e1 (position 0/10:0): \
-              start outbox-relay run"
+                "no relay streams slot s while 1 event waits in it, the first e1 (position 0/10:0): \
+              start `outbox-relay run`"
             ]
+        );
+        // Within the grace period too: waiting work is never spared.
+        pg.slot.unheld_secs = Some(1);
+        pg.slot.unheld_measured = Some("inactive_since");
+        assert_eq!(problems(&pg, &stream(State::Exists)).len(), 1);
+        let bounded = Scan {
+            events: 6000,
+            unfinished: Some("bound".into()),
+            ..one_event()
+        };
+        let pg = side(Some(SlotRow::default()), Vec::new(), Some(Ok(bounded)));
+        assert!(
+            problems(&pg, &stream(State::Exists))[0].contains(
+                "while at least 6000 events wait in it (the count stops at the look's bound of 20000 \
+                 changes), the first e1"
+            ),
+            "{:?}",
+            problems(&pg, &stream(State::Exists))
         );
     }
 
@@ -323,7 +501,7 @@ mod tests {
         assert_eq!(
             problems(&pg, &stream(State::Unreachable)),
             [
-                "slot s: events wait in it, the first e1 (position 0/10:0) and the relay (pid 7, 9) \
+                "slot s: 1 event waits in it, the first e1 (position 0/10:0) and the relay (pid 7, 9) \
               runs but does not stream it: it is retrying; NATS cannot be reached (see the stream \
               line); they are published once it reconnects"
             ]
@@ -331,7 +509,7 @@ mod tests {
         assert_eq!(
             problems(&pg, &stream(State::Exists)),
             [
-                "slot s: events wait in it, the first e1 (position 0/10:0) and the relay (pid 7, 9) \
+                "slot s: 1 event waits in it, the first e1 (position 0/10:0) and the relay (pid 7, 9) \
               runs but does not stream it: it is retrying; see its log for why; they are published \
               once it reconnects"
             ]
@@ -350,7 +528,7 @@ mod tests {
             problems(&pg, &stream(State::Exists)),
             [
                 "slot s: no relay streams it, and it cannot be checked for waiting events (the bound): \
-              start outbox-relay run"
+              start `outbox-relay run`"
             ]
         );
         let refused = side(
@@ -384,11 +562,11 @@ mod tests {
             (
                 None,
                 vec![],
-                vec![
+                vec![Warning::new(
+                    "stop-mark-unjudged",
                     "slot s: whether a client other than a relay consumed it since the last relay \
                      session cannot be told: why"
-                        .to_owned()
-                ]
+                )]
             )
         );
         assert_eq!(
@@ -396,7 +574,10 @@ mod tests {
             (
                 None,
                 vec![],
-                vec!["slot s: the stop mark s_mark cannot be read: gone".to_owned()]
+                vec![Warning::new(
+                    "stop-mark-unjudged",
+                    "slot s: the stop mark s_mark cannot be read: gone"
+                )]
             )
         );
     }

@@ -1,12 +1,18 @@
 //! The JetStream stream as `status` reads it: its state, counts, limits and metadata, or why they
-//! are unknown (NATS unreachable, JetStream not enabled or not answering), and how far the stream's
-//! tail says it holds the slot's events (what the stop mark is judged against). It reads only; what
-//! the stream's state means is judged in `checks.rs` and `slot.rs`.
+//! are unknown (NATS unreachable or refusing the credentials, JetStream not enabled or not
+//! answering), the dead letters it holds (how many, and the newest one's headers, escaped), and how
+//! far the stream's tail says it holds the slot's events (what the stop mark is judged against). It
+//! reads only; what the stream's state means is judged in `checks.rs` and `slot.rs`.
 
-use super::report::{State, StreamStatus};
+use async_nats::jetstream;
+use futures_util::TryStreamExt;
+
+use super::report::{DeadLetter, DeadLetters, State, StreamStatus};
 use crate::config::Settings;
-use crate::nats::connect_nats;
+use crate::message;
+use crate::nats::{ConnectError, connect_nats};
 use crate::slot_mark;
+use crate::text::shown;
 
 /// The stream `name` before NATS answered: every field unknown.
 pub(super) fn unknown_stream(name: &str) -> StreamStatus {
@@ -26,6 +32,7 @@ pub(super) fn unknown_stream(name: &str) -> StreamStatus {
         max_age_secs: None,
         discard: None,
         unknown_because: None,
+        dead_letters: None,
         metadata: Default::default(),
     }
 }
@@ -37,7 +44,15 @@ pub(super) async fn read_stream(settings: &Settings, problems: &mut Vec<String>)
         Ok(c) => c,
         Err(e) => {
             let error = crate::error_chain::error_chain(&e);
-            st.unknown_because = Some(format!("NATS unreachable ({error})"));
+            let (state, why) = match &e {
+                ConnectError::Unauthorized { .. } => {
+                    (State::AuthFailed, "NATS refused the credentials")
+                }
+                ConnectError::Tls { .. } => (State::TlsFailed, "TLS to NATS failed"),
+                _ => (State::Unreachable, "NATS unreachable"),
+            };
+            st.state = state;
+            st.unknown_because = Some(format!("{why} ({error})"));
             problems.push(error);
             return st;
         }
@@ -61,6 +76,8 @@ pub(super) async fn read_stream(settings: &Settings, problems: &mut Vec<String>)
                 st.max_age_secs = Some(info.config.max_age.as_secs()).filter(|s| *s > 0);
                 st.discard = Some(format!("{:?}", info.config.discard).to_lowercase());
                 st.metadata = info.config.metadata.clone();
+                let subject = &settings.config().nats.dead_letter_subject;
+                st.dead_letters = dead_letters(&s, subject).await;
             }
             Err(e) => {
                 st.unknown_because = Some(format!("JetStream did not answer ({e})"));
@@ -89,6 +106,47 @@ pub(super) async fn read_stream(settings: &Settings, problems: &mut Vec<String>)
         },
     }
     st
+}
+
+/// The longest header value of a dead letter that `status` prints (a reason is one line well
+/// below it; the event's own values may be longer).
+const MAX_SHOWN: usize = 300;
+
+/// The dead letters on `subject`: the count from the stream's per-subject state (one subject, so
+/// one entry), the newest from its last message on that subject. `None` when the stream does not
+/// answer (a permission, a server too old); the rest of the report stands without it.
+async fn dead_letters(s: &jetstream::stream::Stream, subject: &str) -> Option<DeadLetters> {
+    let mut counts = s.info_with_subjects(subject).await.ok()?;
+    let mut count = 0u64;
+    while let Some((_, n)) = counts.try_next().await.ok()? {
+        count += n as u64;
+    }
+    let newest = if count == 0 {
+        None
+    } else {
+        s.get_last_raw_message_by_subject(subject)
+            .await
+            .ok()
+            .map(|m| {
+                let header = |name: &str| m.headers.get(name).map(|v| shown(v.as_str(), MAX_SHOWN));
+                DeadLetter {
+                    sequence: m.sequence,
+                    // µs since 2000-01-01, Postgres' epoch, which the formatter counts from.
+                    time: message::rfc3339_micros(
+                        i64::try_from(m.time.unix_timestamp_nanos() / 1000)
+                            .unwrap_or(0)
+                            .saturating_sub(946_684_800_000_000),
+                    ),
+                    event_id: header(message::EVENT_ID).or_else(|| header(message::NATS_MSG_ID)),
+                    reason: header(message::ERROR),
+                }
+            })
+    };
+    Some(DeadLetters {
+        subject: subject.to_owned(),
+        count,
+        newest,
+    })
 }
 
 /// How far the stream's tail, read through `nats`, says the stream holds the slot's events.

@@ -1,8 +1,10 @@
 //! The text form of the status report (`status` without `--json`): a line for Postgres, the slot,
 //! the publication, the relay and the stream, one per other host of the URL, the schema directory
-//! and an unfinished backfill when there are, then the warnings, the problems, and `healthy` or
-//! `NOT healthy` last (the exit code follows the same `Status::healthy`, in `main.rs`). Operators
-//! and scripts read these lines, so their words and order only change on purpose.
+//! and an unfinished backfill when there are, then the warnings (`warning[NAME]: …`, the name an
+//! operator may acknowledge), the names of those acknowledged, the problems, and `healthy` or
+//! `NOT healthy` last (the exit code follows the same `Status::healthy`, in `main.rs`). Every line
+//! is rendered from the same report `--json` prints: the two never disagree. Operators and scripts
+//! read these lines, so their words and order only change on purpose.
 
 use super::report::{
     BackfillStatus, RelayState, SchemasStatus, StandbyStatus, State, Status, StreamStatus,
@@ -27,10 +29,20 @@ impl Status {
             out.push_str(&backfill_line(b));
         }
         for w in &self.warnings {
-            out.push_str(&format!("warning: {w}\n"));
+            out.push_str(&format!("{w}\n"));
+        }
+        if !self.acknowledged_warnings.is_empty() {
+            out.push_str(&format!(
+                "acknowledged warnings (warnings.acknowledged): {}\n",
+                self.acknowledged_warnings.join(", ")
+            ));
         }
         for p in &self.problems {
-            out.push_str(&format!("problem: {p}\n"));
+            // A problem may quote what a server said: one escaped, bounded line.
+            out.push_str(&format!(
+                "problem: {}\n",
+                crate::text::shown(p, crate::error_chain::MAX_LINE)
+            ));
         }
         out.push_str(if self.healthy {
             "healthy\n"
@@ -48,7 +60,7 @@ impl Status {
             if pg.state == State::Exists {
                 "reachable"
             } else {
-                "UNREACHABLE"
+                pg.state.word()
             },
             pg.host
                 .as_deref()
@@ -63,7 +75,7 @@ impl Status {
         let s = &self.slot;
         let num = |v: Option<i64>| v.map_or_else(|| "-".into(), |n| n.to_string());
         format!(
-            "slot {}: {}{} confirmed {} lag {} bytes retained {} bytes wal_status {}{}{}\n",
+            "slot {}: {}{}{} confirmed {} lag {} bytes retained {} bytes wal_status {}{}{}\n",
             s.name,
             s.state.word(),
             match (s.state, s.active) {
@@ -71,6 +83,9 @@ impl Status {
                 (State::Exists, Some(false)) => ", inactive",
                 _ => "",
             },
+            s.unheld_secs
+                .map(|n| format!(" (no relay for {n} s)"))
+                .unwrap_or_default(),
             or_dash(&s.confirmed_flush_lsn),
             num(s.lag_bytes),
             num(s.retained_bytes),
@@ -99,7 +114,7 @@ impl Status {
             } else {
                 "UNKNOWN,"
             },
-            self.publication.tables.join(", ")
+            crate::text::shown(&self.publication.tables.join(", "), 4096)
         )
     }
 
@@ -112,25 +127,22 @@ impl Status {
             .map(u32::to_string)
             .collect::<Vec<_>>()
             .join(", ");
-        if let Some(w) = &r.own_word
-            && w.ready == Some(false)
-            && r.state == RelayState::Streaming
-        {
+        if r.state == RelayState::NotStreaming {
             // Postgres still shows the walsender; the relay itself knows better.
+            let w = r.own_word.as_ref();
             return format!(
                 "relay: running (pid {pids}), NOT streaming by its own word: {}{} (its slot stays active until the ack timeout ends the session)\n",
-                w.not_ready_because.as_deref().unwrap_or("not ready"),
-                last_ack(w)
+                w.and_then(|w| w.not_ready_because.as_deref())
+                    .unwrap_or("not ready"),
+                w.map(last_ack).unwrap_or_default()
             );
         }
         let own = match &r.own_word {
-            Some(w) if w.ready == Some(true) => {
+            Some(w) if w.believed && w.ready == Some(true) => {
                 let stored = w
                     .position
                     .as_ref()
-                    .and_then(|p| p.get("stored_lsn"))
-                    .and_then(|v| v.as_str())
-                    .map(|l| format!(", stored up to {l}"))
+                    .map(|p| format!(", stored up to {}", p.stored_lsn))
                     .unwrap_or_default();
                 format!(
                     " (its own word at http {}: ready{stored}{})",
@@ -147,7 +159,11 @@ impl Status {
                 "relay: running (pid {pids}), not streaming: retrying until its servers answer\n"
             ),
             RelayState::NotRunning => "relay: not running\n".to_owned(),
-            RelayState::Unknown => "relay: unknown: postgres unreachable\n".to_owned(),
+            RelayState::Unknown => format!(
+                "relay: unknown: postgres {}\n",
+                self.postgres.state.word().to_lowercase()
+            ),
+            RelayState::NotStreaming => unreachable!("returned above"),
         };
         match line.strip_suffix('\n') {
             Some(l) if !own.is_empty() => format!("{l}{own}\n"),
@@ -160,7 +176,7 @@ impl Status {
         let st = &self.stream;
         match (st.exists, &st.unknown_because) {
             (Some(true), _) => format!(
-                "stream {}: {}, {} messages {} bytes last sequence {} storage {} replicas {} duplicate window {}s{}\n",
+                "stream {}: {}, {} messages {} bytes last sequence {} storage {} replicas {} duplicate window {}s{}{}\n",
                 st.name,
                 st.state.word(),
                 st.messages.unwrap_or(0),
@@ -169,7 +185,12 @@ impl Status {
                 st.storage.as_deref().unwrap_or("-"),
                 st.replicas.unwrap_or(0),
                 st.duplicate_window_secs.unwrap_or(0),
-                limits(st)
+                limits(st),
+                st.dead_letters
+                    .as_ref()
+                    .filter(|d| d.count > 0)
+                    .map(|d| format!(" dead letters {}", d.count))
+                    .unwrap_or_default()
             ),
             (Some(false), _) => format!("stream {}: MISSING\n", st.name),
             (None, why) => format!(
@@ -238,12 +259,8 @@ fn standby_line(sb: &StandbyStatus) -> String {
 /// `backfill: NOT FINISHED: …`, with the command that recovers.
 fn backfill_line(b: &BackfillStatus) -> String {
     format!(
-        "backfill: NOT FINISHED: slot {}, started by {} (marker {}); once it no longer runs, recover with `{}`\n",
-        if b.backfill.slot.is_empty() {
-            "(unknown)"
-        } else {
-            &b.backfill.slot
-        },
+        "backfill: NOT FINISHED: slot {}, started by {} (marker {}); once it no longer runs, {}\n",
+        b.backfill.slot_shown(),
         b.backfill.origin(),
         b.marker,
         b.recover
@@ -288,7 +305,7 @@ mod tests {
     use super::*;
     use crate::backfill_marker::{META_BACKFILL, Marker};
     use crate::catalog::SlotRow;
-    use crate::relay_word::RelayWord;
+    use crate::relay_word::{RelayWord, WordPosition};
 
     /// What `status` reports when neither server answers.
     fn nothing_answers() -> Status {
@@ -296,14 +313,7 @@ mod tests {
         stream.unknown_because = Some("NATS unreachable (refused)".into());
         Status {
             healthy: false,
-            postgres: ServerStatus {
-                state: State::Unreachable,
-                host: None,
-                server_version: None,
-                in_recovery: None,
-                synchronized_standby_slots: None,
-                idle_replication_slot_timeout: None,
-            },
+            postgres: ServerStatus::unread(State::Unreachable),
             standbys: Vec::new(),
             slot: slot_status("s", State::Unreachable, None),
             relay: RelayStatus {
@@ -319,8 +329,12 @@ mod tests {
             stream,
             schemas: None,
             backfill: None,
+            orphan_marks: Vec::new(),
+            grace_secs: 30,
             problems: vec!["postgres down".into(), "nats down".into()],
+            warning_names: Vec::new(),
             warnings: Vec::new(),
+            acknowledged_warnings: Vec::new(),
         }
     }
 
@@ -329,9 +343,17 @@ mod tests {
         RelayWord {
             address: "127.0.0.1:9090".into(),
             reached: true,
+            believed: true,
+            not_believed_because: None,
             ready: Some(ready),
             not_ready_because: (!ready).then(|| "nats disconnected".into()),
-            position: Some(serde_json::json!({ "stored_lsn": "0/16B3740" })),
+            position: Some(WordPosition {
+                slot: "s".into(),
+                stream: "st".into(),
+                stored_lsn: crate::Lsn(0x16B_3740),
+                confirmed_lsn: crate::Lsn(0x16B_3740),
+                last_sequence: 10,
+            }),
             seconds_since_last_ack: Some(1.5),
             error: None,
         }
@@ -364,12 +386,10 @@ mod tests {
         Status {
             healthy: true,
             postgres: ServerStatus {
-                state: State::Exists,
                 host: Some("10.0.0.1:5432".into()),
                 server_version: Some("17.2".into()),
                 in_recovery: Some(false),
-                synchronized_standby_slots: None,
-                idle_replication_slot_timeout: None,
+                ..ServerStatus::unread(State::Exists)
             },
             standbys: vec![StandbyStatus {
                 host: "10.0.0.2:5432".into(),
@@ -398,8 +418,12 @@ mod tests {
                 required: true,
             }),
             backfill: None,
+            orphan_marks: Vec::new(),
+            grace_secs: 30,
             problems: Vec::new(),
-            warnings: vec!["a warning".into()],
+            warning_names: vec!["one-replica"],
+            warnings: vec![crate::warning::Warning::new("one-replica", "a warning")],
+            acknowledged_warnings: vec!["dead-letters"],
         }
     }
 
@@ -429,7 +453,8 @@ mod tests {
              stream st: exists, 10 messages 2048 bytes last sequence 10 storage file replicas 3 duplicate window 120s max_msgs 100 max_age 86400s discard new\n\
              host 10.0.0.2:5432: reachable, standby, slot copy exists (synced, confirmed 0/16B3740)\n\
              schemas /etc/schemas: 3 load, required for every event type\n\
-             warning: a warning\n\
+             warning[one-replica]: a warning\n\
+             acknowledged warnings (warnings.acknowledged): dead-letters\n\
              healthy\n"
         );
     }
@@ -438,6 +463,7 @@ mod tests {
     fn the_relay_line_believes_the_relays_own_word_over_postgres() {
         let mut s = all_there();
         s.relay.own_word = Some(word(false));
+        s.relay.state = RelayState::NotStreaming;
         assert_eq!(
             s.relay_line(),
             "relay: running (pid 42), NOT streaming by its own word: nats disconnected; its last \
@@ -454,6 +480,34 @@ mod tests {
         );
         s.relay.state = RelayState::NotRunning;
         assert_eq!(s.relay_line(), "relay: not running\n");
+    }
+
+    #[test]
+    fn what_a_server_said_stays_on_the_line_it_is_quoted_in() {
+        let mut s = nothing_answers();
+        s.problems = vec!["postgres: relation \"x\nhealthy\" does not exist".into()];
+        s.publication.tables = vec!["public.\"a\u{1b}[2K\"".into()];
+        s.warnings = vec![crate::warning::Warning::new("one-replica", "w\nhealthy")];
+        let text = s.render_text();
+        assert_eq!(
+            text.lines().filter(|l| *l == "healthy").count(),
+            0,
+            "no line of its own: {text}"
+        );
+        assert!(!text.contains('\u{1b}'), "{text:?}");
+        assert!(
+            text.contains(r#"problem: postgres: relation "x\u{a}healthy" does not exist"#),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_word_not_believed_is_not_quoted_and_a_not_streaming_relay_says_so() {
+        let mut s = all_there();
+        let mut w = word(true);
+        w.believed = false;
+        s.relay.own_word = Some(w);
+        assert_eq!(s.relay_line(), "relay: streaming (pid 42)\n");
     }
 
     #[test]
@@ -480,7 +534,7 @@ mod tests {
                 where_sql: None,
                 order_by: None,
             },
-            recover: "outbox-relay backfill".into(),
+            recover: "run `outbox-relay backfill` again".into(),
         });
         let text = s.render_text();
         for line in [
@@ -489,7 +543,7 @@ mod tests {
             "stream st: MISSING\n",
             "schemas /etc/schemas: DO NOT LOAD: a.json: not JSON\n",
             "backfill: NOT FINISHED: slot (unknown), started by pid 9 on h at 2026-01-01T00:00:00Z \
-             (marker outbox-relay.backfill); once it no longer runs, recover with `outbox-relay backfill`\n",
+             (marker outbox-relay.backfill); once it no longer runs, run `outbox-relay backfill` again\n",
         ] {
             assert!(text.contains(line), "{line:?} not in:\n{text}");
         }

@@ -24,6 +24,7 @@ mod discovery;
 pub(crate) mod probe;
 mod replies;
 pub(crate) mod service;
+mod streams;
 pub(crate) mod waitset;
 
 use std::sync::Arc;
@@ -46,9 +47,20 @@ pub(crate) const MAX_WAIT_MS: u64 = 30_000;
 pub(crate) const MAX_REQUEST_BYTES: usize = 512;
 /// A wait without `timeout_ms` waits this long.
 pub(crate) const DEFAULT_WAIT_MS: u64 = 5_000;
-/// Open waits at most. Each costs a few dozen bytes and nothing while it waits; the cap only keeps a
-/// flood of requests from growing memory without bound (they get a refusal, not a timeout).
-const MAX_WAITERS: usize = 200_000;
+/// Open waits at most, whatever they hold. Each costs [`WAIT_ENTRY_BYTES`] here plus what its caller
+/// keeps (a NATS wait: its reply subject and its place in the service's set; a few hundred bytes in
+/// all), so [`MAX_WAIT_BYTES`] is the bound that holds first; this one only keeps the ordered sets
+/// small when the callers keep next to nothing.
+const MAX_WAITERS: usize = 65_536;
+/// The bytes all open waits may hold together, NATS and HTTP: each is charged what it keeps
+/// ([`WAIT_ENTRY_BYTES`] and what its caller says it holds) until it is answered, and a wait that
+/// would go beyond is answered "too many open waits" at once (NATS: a 503 service error; HTTP: 503).
+/// Round 5 measured 1.9 KB of resident memory a wait with 1 KB reply subjects and no such bound.
+pub(crate) const MAX_WAIT_BYTES: usize = 16 << 20;
+/// What one open wait costs in the wait task: its entries in the two ordered sets and the map
+/// ([`WaitSet`]) and its answer channel, with the allocator's rounding. The callers' share is
+/// theirs to say (`held`); `service.rs` says how the sum was measured.
+const WAIT_ENTRY_BYTES: usize = 256;
 
 /// What the session last published.
 #[derive(Clone, Debug, Default)]
@@ -63,6 +75,9 @@ struct State {
     /// The slot's `confirmed_flush_lsn` when the session started: confirmed already, before the
     /// session's first status update reports anything.
     slot_start: Lsn,
+    /// The server's WAL position as the relay's slot sampler last read it, and when: a wait for
+    /// an LSN past it, begun before that reading, waits for WAL that did not exist.
+    wal_end: Option<(Instant, Lsn)>,
 }
 
 /// The shared handle: the session writes, the NATS service and the HTTP listener read and wait.
@@ -84,8 +99,12 @@ pub(crate) struct WaitTask {
 #[derive(Debug)]
 struct Waiter {
     lsn: Lsn,
+    /// When it was asked for: a WAL position read after it says whether `lsn` existed then.
+    since: Instant,
     deadline: Instant,
     answer: oneshot::Sender<WaitOutcome>,
+    /// What its caller keeps while it waits, in bytes ([`Positions::wait`]).
+    held: usize,
 }
 
 /// The answer to `/position` and `<prefix>.position`.
@@ -131,8 +150,12 @@ pub(crate) enum WaitOutcome {
     TimedOut {
         /// How far the relay had stored.
         stored_lsn: Lsn,
+        /// The server's WAL position, read after the wait began, when the LSN waited for is past
+        /// it: no transaction can have committed there, so the wait could never be answered.
+        past_wal_end: Option<Lsn>,
     },
-    /// Too many waits are open ([`MAX_WAITERS`]); ask again later.
+    /// Too many waits are open, or they hold too much ([`MAX_WAITERS`], [`MAX_WAIT_BYTES`]); ask
+    /// again later.
     Overloaded,
     /// The relay is stopping: no answer is coming; ask again (another relay may take over).
     Stopping,
@@ -150,10 +173,27 @@ impl WaitOutcome {
                 "stored_lsn": stored_lsn.to_string(),
                 "last_sequence": last_sequence,
             }),
-            WaitOutcome::TimedOut { stored_lsn } => serde_json::json!({
+            WaitOutcome::TimedOut {
+                stored_lsn,
+                past_wal_end: None,
+            } => serde_json::json!({
                 "stored": false,
                 "error": "timeout",
                 "stored_lsn": stored_lsn.to_string(),
+            }),
+            WaitOutcome::TimedOut {
+                stored_lsn,
+                past_wal_end: Some(wal_end),
+            } => serde_json::json!({
+                "stored": false,
+                "error": "timeout",
+                "stored_lsn": stored_lsn.to_string(),
+                "wal_end": wal_end.to_string(),
+                "reason": format!(
+                    "the lsn is past the end of the server's WAL ({wal_end}, read after this wait began): no \
+                     transaction has committed there; take it with SELECT pg_current_wal_lsn() after COMMIT, on the \
+                     database this relay streams"
+                ),
             }),
             WaitOutcome::Overloaded => serde_json::json!({
                 "stored": false,
@@ -346,6 +386,15 @@ impl Positions {
         });
     }
 
+    /// The server's WAL position now (the slot sampler's reading): what tells a wait for an LSN
+    /// that no transaction can reach. Wakes no waiter.
+    pub(crate) fn wal_read(&self, wal_end: Lsn) {
+        self.state.send_if_modified(|s| {
+            s.wal_end = Some((Instant::now(), wal_end));
+            false
+        });
+    }
+
     /// The session ended: no position until the next one streams.
     pub(crate) fn not_serving(&self) {
         self.state.send_if_modified(|s| s.serving.take().is_some());
@@ -377,9 +426,13 @@ impl Positions {
 
     /// Waits until everything through `req.lsn` is stored, or `req.timeout`. Refused at once while
     /// no session streams; a wait that began while one did is answered whatever happens to it.
+    /// `held` is what the caller keeps in memory while it waits (bytes), charged to
+    /// [`MAX_WAIT_BYTES`] with the wait's own cost: beyond it the answer is
+    /// [`WaitOutcome::Overloaded`].
     pub(crate) fn wait(
         &self,
         req: WaitRequest,
+        held: usize,
     ) -> Result<impl Future<Output = WaitOutcome> + Send + 'static, NotServing> {
         let (stored, last_sequence) = {
             let s = self.state.borrow();
@@ -395,12 +448,18 @@ impl Positions {
                 last_sequence,
             })
         } else if req.timeout.is_zero() {
-            Some(WaitOutcome::TimedOut { stored_lsn: stored })
+            Some(WaitOutcome::TimedOut {
+                stored_lsn: stored,
+                past_wal_end: None,
+            })
         } else {
+            let now = Instant::now();
             let waiter = Waiter {
                 lsn: req.lsn,
-                deadline: Instant::now() + req.timeout,
+                since: now,
+                deadline: now + req.timeout,
                 answer,
+                held,
             };
             match self.waits.try_send(waiter) {
                 Ok(()) => None,
@@ -462,9 +521,11 @@ impl Drop for Serve {
 
 impl WaitTask {
     /// Answers waits until the handle is gone: each new stored LSN answers the waits it satisfies;
-    /// one timer, reset to the earliest deadline, answers the expired ones.
+    /// one timer, reset to the earliest deadline, answers the expired ones. Every open wait is
+    /// charged its bytes until it is answered; see [`MAX_WAIT_BYTES`].
     pub(crate) async fn run(mut self) {
-        let mut set: WaitSet<Instant, oneshot::Sender<WaitOutcome>> = WaitSet::default();
+        let mut set: WaitSet<Instant, Open> = WaitSet::default();
+        let mut budget = Budget::default();
         let timer = tokio::time::sleep(Duration::ZERO);
         tokio::pin!(timer);
         let mut timer_at = None;
@@ -490,9 +551,10 @@ impl WaitTask {
                         let s = self.state.borrow_and_update();
                         (s.stored, s.last_sequence)
                     };
-                    for answer in set.stored(stored) {
+                    for open in set.stored(stored) {
+                        budget.release(open.cost);
                         // A waiter that gave up (its client went away) is simply dropped.
-                        let _ = answer.send(WaitOutcome::Stored { stored_lsn: stored, last_sequence });
+                        let _ = open.answer.send(WaitOutcome::Stored { stored_lsn: stored, last_sequence });
                     }
                 }
                 w = self.waits.recv() => {
@@ -501,24 +563,78 @@ impl WaitTask {
                         let s = self.state.borrow();
                         (s.stored, s.last_sequence)
                     };
+                    let cost = WAIT_ENTRY_BYTES.saturating_add(w.held);
                     // The position may have moved since the request looked.
                     if w.lsn <= stored {
                         let _ = w.answer.send(WaitOutcome::Stored { stored_lsn: stored, last_sequence });
-                    } else if set.len() >= MAX_WAITERS {
+                    } else if !budget.admits(cost, &mut set) || set.len() >= MAX_WAITERS {
                         let _ = w.answer.send(WaitOutcome::Overloaded);
                     } else {
-                        set.insert(w.lsn, w.deadline, w.answer);
+                        budget.used += cost;
+                        set.insert(w.lsn, w.deadline, Open { answer: w.answer, cost, lsn: w.lsn, since: w.since });
                     }
                 }
                 () = &mut timer, if timer_at.is_some() => {
-                    let stored = self.state.borrow().stored;
-                    for answer in set.expired(Instant::now()) {
-                        let _ = answer.send(WaitOutcome::TimedOut { stored_lsn: stored });
+                    let (stored, wal_end) = {
+                        let s = self.state.borrow();
+                        (s.stored, s.wal_end)
+                    };
+                    for open in set.expired(Instant::now()) {
+                        budget.release(open.cost);
+                        // Past a WAL end read after the wait began: that LSN did not exist then.
+                        let past_wal_end = wal_end
+                            .filter(|(read, end)| *read >= open.since && *end < open.lsn)
+                            .map(|(_, end)| end);
+                        let _ = open.answer.send(WaitOutcome::TimedOut { stored_lsn: stored, past_wal_end });
                     }
                     timer_at = None;
                 }
             }
         }
+    }
+}
+
+/// An open wait in the wait task: where to answer, what it is charged, and the LSN it waits for
+/// and since when (a timeout says whether that LSN was past the WAL's end).
+#[derive(Debug)]
+struct Open {
+    answer: oneshot::Sender<WaitOutcome>,
+    cost: usize,
+    lsn: Lsn,
+    since: Instant,
+}
+
+/// The bytes the open waits are charged ([`MAX_WAIT_BYTES`]).
+#[derive(Debug, Default)]
+struct Budget {
+    used: usize,
+    /// When waits whose callers went away were last dropped (at most once a second: it looks at
+    /// every open wait).
+    swept: Option<Instant>,
+}
+
+impl Budget {
+    fn release(&mut self, cost: usize) {
+        self.used = self.used.saturating_sub(cost);
+    }
+
+    /// Whether a wait of `cost` fits. When it does not, the waits nobody waits for any more (an
+    /// HTTP client that went away) are dropped first, so they cannot hold the budget until their
+    /// deadlines.
+    fn admits(&mut self, cost: usize, set: &mut WaitSet<Instant, Open>) -> bool {
+        if self.used + cost <= MAX_WAIT_BYTES {
+            return true;
+        }
+        if self
+            .swept
+            .is_none_or(|t| t.elapsed() >= Duration::from_secs(1))
+        {
+            self.swept = Some(Instant::now());
+            for gone in set.remove_where(|o| o.answer.is_closed()) {
+                self.release(gone.cost);
+            }
+        }
+        self.used + cost <= MAX_WAIT_BYTES
     }
 }
 
@@ -576,15 +692,15 @@ mod tests {
             timeout: Duration::from_millis(ms),
         };
         assert_eq!(p.position(), Err(NotServing));
-        assert!(p.wait(req(1, 10)).is_err());
+        assert!(p.wait(req(1, 10), 0).is_err());
         p.serving(Arc::new(AtomicU64::new(0x10)), Some(Lsn(0x20)), 0);
         assert_eq!(p.position().unwrap().stored_lsn, Lsn(0x20));
         // The slot stood at 0x20 when the session started: confirmed, whatever was reported since.
         assert_eq!(p.position().unwrap().confirmed_lsn, Lsn(0x20));
-        let done = p.wait(req(0x20, 10)).unwrap().await;
+        let done = p.wait(req(0x20, 10), 0).unwrap().await;
         assert!(matches!(done, WaitOutcome::Stored { .. }), "{done:?}");
-        let soon = tokio::spawn(p.wait(req(0x30, 60_000)).unwrap());
-        let late = tokio::spawn(p.wait(req(0x40, 1_000)).unwrap());
+        let soon = tokio::spawn(p.wait(req(0x30, 60_000), 0).unwrap());
+        let late = tokio::spawn(p.wait(req(0x40, 1_000), 0).unwrap());
         tokio::task::yield_now().await;
         p.advance(Lsn(0x35), 7);
         assert_eq!(
@@ -597,11 +713,12 @@ mod tests {
         assert_eq!(
             late.await.unwrap(),
             WaitOutcome::TimedOut {
-                stored_lsn: Lsn(0x35)
+                stored_lsn: Lsn(0x35),
+                past_wal_end: None
             }
         );
         p.not_serving();
-        assert!(p.wait(req(1, 10)).is_err());
+        assert!(p.wait(req(1, 10), 0).is_err());
         // Every session starts from the slot: after a restore on the same timeline the slot is
         // behind what the last session stored, and nothing past it is stored in this WAL.
         p.serving(Arc::new(AtomicU64::new(0)), Some(Lsn(0x8)), 3);
@@ -612,16 +729,112 @@ mod tests {
             Lsn(0x8),
             "the slot's position before any status update"
         );
-        let restored = p.wait(req(0x20, 0)).unwrap().await;
+        let restored = p.wait(req(0x20, 0), 0).unwrap().await;
         assert_eq!(
             restored,
             WaitOutcome::TimedOut {
-                stored_lsn: Lsn(0x8)
+                stored_lsn: Lsn(0x8),
+                past_wal_end: None
             },
             "a commit the restored WAL has not replayed is not stored"
         );
         // A slot position that could not be read stores nothing yet.
         p.serving(Arc::new(AtomicU64::new(0)), None, 3);
         assert_eq!(p.position().unwrap().stored_lsn, Lsn::ZERO);
+    }
+
+    /// A wait for an LSN past the server's WAL end, read after the wait began, times out saying
+    /// so; a reading from before it began proves nothing (the writer may have committed since).
+    #[tokio::test(start_paused = true)]
+    async fn a_wait_past_the_wal_end_says_so_when_it_times_out() {
+        let (p, task) = Positions::new("s", "S");
+        tokio::spawn(task.run());
+        p.serving(Arc::new(AtomicU64::new(0)), Some(Lsn(0x20)), 0);
+        let req = |lsn| WaitRequest {
+            lsn: Lsn(lsn),
+            timeout: Duration::from_millis(1_000),
+        };
+        p.wal_read(Lsn(0x30));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let only_read_before = p.wait(req(0x5000), 0).unwrap().await;
+        assert_eq!(
+            only_read_before,
+            WaitOutcome::TimedOut {
+                stored_lsn: Lsn(0x20),
+                past_wal_end: None
+            }
+        );
+        let past = tokio::spawn(p.wait(req(0x5000), 0).unwrap());
+        let within = tokio::spawn(p.wait(req(0x38), 0).unwrap());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        p.wal_read(Lsn(0x40));
+        let (past, within) = (past.await.unwrap(), within.await.unwrap());
+        assert_eq!(
+            past,
+            WaitOutcome::TimedOut {
+                stored_lsn: Lsn(0x20),
+                past_wal_end: Some(Lsn(0x40))
+            }
+        );
+        assert!(
+            past.to_json()
+                .contains("past the end of the server's WAL (0/40"),
+            "{}",
+            past.to_json()
+        );
+        assert_eq!(
+            within,
+            WaitOutcome::TimedOut {
+                stored_lsn: Lsn(0x20),
+                past_wal_end: None
+            },
+            "an LSN the WAL has reached is only not stored yet"
+        );
+    }
+
+    /// Open waits are bounded in bytes: waits that keep a lot each are refused once what they keep
+    /// together would pass [`MAX_WAIT_BYTES`], and an answered wait gives its bytes back.
+    #[tokio::test(start_paused = true)]
+    async fn open_waits_are_bounded_in_bytes() {
+        let (p, task) = Positions::new("s", "S");
+        tokio::spawn(task.run());
+        p.serving(Arc::new(AtomicU64::new(0)), Some(Lsn(1)), 0);
+        let far = WaitRequest {
+            lsn: Lsn(1 << 40),
+            timeout: Duration::from_secs(30),
+        };
+        let each = 1 << 20;
+        let fit = MAX_WAIT_BYTES / (each + WAIT_ENTRY_BYTES);
+        let open: Vec<_> = (0..fit)
+            .map(|_| tokio::spawn(p.wait(far, each).unwrap()))
+            .collect();
+        tokio::task::yield_now().await;
+        assert_eq!(
+            p.wait(far, each).unwrap().await,
+            WaitOutcome::Overloaded,
+            "{fit} waits of {each} bytes fill the budget"
+        );
+        // A small one still fits in what is left.
+        let small = tokio::spawn(p.wait(far, 100).unwrap());
+        p.advance(Lsn(1 << 40), 1);
+        for w in open {
+            assert!(matches!(w.await.unwrap(), WaitOutcome::Stored { .. }));
+        }
+        assert!(matches!(small.await.unwrap(), WaitOutcome::Stored { .. }));
+        let again = tokio::spawn(
+            p.wait(
+                WaitRequest {
+                    lsn: Lsn(1 << 41),
+                    ..far
+                },
+                each,
+            )
+            .unwrap(),
+        );
+        p.advance(Lsn(1 << 41), 2);
+        assert!(
+            matches!(again.await.unwrap(), WaitOutcome::Stored { .. }),
+            "answered waits gave their bytes back"
+        );
     }
 }

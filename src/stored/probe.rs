@@ -59,7 +59,7 @@ impl PositionProbe {
         lsn: Lsn,
         timeout: std::time::Duration,
     ) -> Option<impl std::future::Future<Output = Waited> + Send + 'static> {
-        let answer = self.0.wait(super::WaitRequest { lsn, timeout }).ok()?;
+        let answer = self.0.wait(super::WaitRequest { lsn, timeout }, 0).ok()?;
         Some(async move {
             match answer.await {
                 super::WaitOutcome::Stored { stored_lsn, .. } => Waited::Stored(stored_lsn),

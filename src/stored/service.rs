@@ -3,11 +3,15 @@
 //! `q`), and the discovery answers (`discovery.rs`), so `nats micro ls/info/stats` and `$SRV.PING`
 //! see it.
 //!
-//! Every answer goes out with the relay's own NATS rights, so the service is nobody's deputy: a
-//! request whose reply subject the relay must never publish to (the stream's subjects, its inbox,
-//! `$…`: see `replies.rs`) gets no answer and is counted (`outbox_relay_position_requests_refused_total`,
-//! reason `reply_subject`). A request body over [`MAX_REQUEST_BYTES`] gets a service error (413); an
-//! open wait keeps only its reply subject and when it began, never the request it came in.
+//! Every answer goes out with the relay's own NATS rights, so the service is nobody's deputy: it
+//! answers only on requesters' inboxes (`replies.rs`: under `nats.service_reply_prefixes`, outside
+//! the relay's inbox and stream, under no prefix a stream of the account stores subjects under, as
+//! `streams.rs` keeps asking JetStream). Any other request gets no answer and is counted
+//! (`outbox_relay_position_requests_refused_total`, reason `reply_subject`). A request body over
+//! [`MAX_REQUEST_BYTES`] gets a service error (413); an open wait keeps only its reply subject (at
+//! most 128 bytes) and when it began, never the request it came in, and is charged to the waits'
+//! byte budget ([`super::MAX_WAIT_BYTES`]): beyond it a wait gets a service error (503) at once and
+//! counts as `overloaded`.
 //!
 //! A session starts it once it streams the slot ([`start`]) and stops it when it ends (dropping the
 //! [`Serving`] guard): a standby never appears. Stopping unsubscribes, and every wait still open
@@ -29,7 +33,7 @@ use tokio::sync::watch;
 use tracing::debug;
 
 use super::discovery::{Counts, Described, QUEUE_GROUP, Verb};
-use super::replies::ReplyRules;
+use super::replies::{ReplyRules, Streams};
 use super::{MAX_REQUEST_BYTES, Positions, WaitOutcome, WaitRequest};
 use crate::metrics::Metrics;
 
@@ -39,6 +43,13 @@ pub(crate) const SERVICE_NAME: &str = "outbox-relay";
 /// How long the service waits for the stream's configuration before it gives up starting.
 const STREAM_INFO_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// What an open NATS wait holds in this task besides its reply subject: its entry in the set of
+/// open waits (the future, its stop signal, [`Asked`]). With the wait task's share
+/// (`WAIT_ENTRY_BYTES`, 256) and a 128-byte reply subject that charges 1,024 bytes; measured: the
+/// 16,384 such waits the budget admits grew the relay by 1,048 bytes each, the flood's own buffers
+/// included (tests/integration/hostile/waits.rs).
+const NATS_WAIT_BYTES: usize = 640;
+
 /// What the service needs besides the positions: the names it must never answer on, and where to
 /// count refusals.
 #[derive(Clone)]
@@ -47,6 +58,8 @@ pub(crate) struct Guard {
     pub(crate) dead_letter_subject: String,
     /// `nats.inbox_prefix`.
     pub(crate) inbox_prefix: String,
+    /// `nats.service_reply_prefixes`.
+    pub(crate) reply_prefixes: Vec<String>,
     /// Refused requests are counted here.
     pub(crate) metrics: Arc<Metrics>,
 }
@@ -72,6 +85,7 @@ pub(crate) async fn start(
         &stream.cached_info().config.subjects,
         &guard.dead_letter_subject,
         &guard.inbox_prefix,
+        &guard.reply_prefixes,
     );
     // The instance id: a NUID, as every inbox of the client ends with.
     let inbox = client.new_inbox();
@@ -112,10 +126,19 @@ pub(crate) async fn start(
         }
     }
     let (stop, stopped) = watch::channel(());
+    // Nothing is answered until the account's streams are known.
+    let (streams_tx, streams) = watch::channel(Streams::Unknown);
+    tokio::spawn(super::streams::watch_streams(
+        client.clone(),
+        rules.prefixes().to_vec(),
+        streams_tx,
+        stopped.clone(),
+    ));
     let answering = Answering {
         client: client.clone(),
         positions,
         rules,
+        streams,
         metrics: guard.metrics,
         described,
         counts: [Counts::default(), Counts::default()],
@@ -145,6 +168,8 @@ struct Answering {
     client: async_nats::Client,
     positions: Arc<Positions>,
     rules: ReplyRules,
+    /// What the account's streams store under the allowed prefixes (`streams.rs`).
+    streams: watch::Receiver<Streams>,
     metrics: Arc<Metrics>,
     described: Described,
     /// `position`, `wait`.
@@ -186,9 +211,10 @@ impl Answering {
                             self.respond(kind, asked, reply).await;
                         }
                         Kind::Wait => {
+                            let held = asked.reply.len() + NATS_WAIT_BYTES;
                             let waiting = WaitRequest::from_json(&body)
                                 .map_err(|e| error(400, e.to_string()))
-                                .and_then(|r| self.positions.wait(r).map_err(|e| error(503, e.to_string())));
+                                .and_then(|r| self.positions.wait(r, held).map_err(|e| error(503, e.to_string())));
                             // The body goes now; the wait keeps only `asked`.
                             drop(body);
                             match waiting {
@@ -209,7 +235,10 @@ impl Answering {
                 }
                 Some((asked, outcome)) = open.next(), if !open.is_empty() => {
                     let reply = match outcome {
-                        Some(WaitOutcome::Overloaded) => Err(error(503, "too many open waits: ask again later".into())),
+                        Some(WaitOutcome::Overloaded) => {
+                            self.metrics.position_refused_overloaded.inc();
+                            Err(error(503, "too many open waits: ask again later".into()))
+                        }
                         Some(o @ (WaitOutcome::Stored { .. } | WaitOutcome::TimedOut { .. })) => Ok(Bytes::from(o.to_json())),
                         Some(WaitOutcome::Stopping) | None => Err(error(503, "the relay stopped streaming the slot (reconnecting, or shutting down): ask again".into())),
                     };
@@ -228,13 +257,14 @@ impl Answering {
     /// the relay must never publish to (counted, and logged at debug: a flood must not flood logs).
     fn admit(&self, message: &Message) -> Option<Asked> {
         let reply = message.reply.as_ref()?;
-        if let Some(why) = self.rules.refuses(reply) {
+        let refused = self.rules.refuses(reply, &self.streams.borrow());
+        if let Some(why) = refused {
             self.metrics.position_refused_reply.inc();
             debug!(
                 subject = %message.subject,
                 reply = %super::shorten(reply),
                 %why,
-                "position service: request refused, its reply subject is one the relay never publishes to"
+                "position service: request refused, its reply subject is not a requester's inbox"
             );
             return None;
         }

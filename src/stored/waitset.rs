@@ -76,6 +76,25 @@ impl<D: Ord + Copy, W> WaitSet<D, W> {
         out
     }
 
+    /// Takes every waiter for which `gone` holds (however long it would still wait).
+    pub(crate) fn remove_where(&mut self, mut gone: impl FnMut(&W) -> bool) -> Vec<W> {
+        let ids: Vec<u64> = self
+            .waiters
+            .iter()
+            .filter(|(_, (_, _, w))| gone(w))
+            .map(|(&id, _)| id)
+            .collect();
+        let mut out = Vec::with_capacity(ids.len());
+        for id in ids {
+            if let Some((lsn, deadline, w)) = self.waiters.remove(&id) {
+                self.by_lsn.remove(&(lsn, id));
+                self.by_deadline.remove(&(deadline, id));
+                out.push(w);
+            }
+        }
+        out
+    }
+
     /// The earliest deadline of a waiter still waiting.
     pub(crate) fn next_deadline(&self) -> Option<D> {
         self.by_deadline.first().map(|&(d, _)| d)
@@ -124,6 +143,18 @@ mod tests {
         assert_eq!(set.next_deadline(), Some(9));
         assert!(set.stored(Lsn(9)).len() == 1, "only the late one is left");
         assert!(set.expired(100).is_empty());
+        assert!(set.is_empty());
+    }
+
+    #[test]
+    fn removed_waiters_leave_both_orders() {
+        let mut set = WaitSet::default();
+        set.insert(Lsn(10), 5, "gone");
+        set.insert(Lsn(20), 9, "kept");
+        assert_eq!(set.remove_where(|w| *w == "gone"), ["gone"]);
+        assert_eq!(set.next_deadline(), Some(9));
+        assert!(set.stored(Lsn(10)).is_empty(), "no LSN entry left behind");
+        assert_eq!(set.stored(Lsn(20)), ["kept"]);
         assert!(set.is_empty());
     }
 

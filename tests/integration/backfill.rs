@@ -347,7 +347,8 @@ async fn run_and_setup_refuse(config: &Config) {
         eprintln!("{args:?}: {line}");
         assert!(
             line.contains("outbox-relay.backfill")
-                && line.contains("run `outbox-relay backfill` again"),
+                && line.contains("run `outbox-relay backfill` (with ")
+                && line.contains("set as for this command) again"),
             "{args:?}: {line}"
         );
     }
@@ -422,7 +423,8 @@ async fn a_signal_mid_backfill(signal: &str, prefix: &str) {
         line.contains(&format!("stopped by SIG{signal}"))
             && line.contains("was dropped")
             && line.contains("outbox-relay.backfill")
-            && line.contains("run `outbox-relay backfill` again"),
+            && line.contains("run `outbox-relay backfill` (with ")
+            && line.contains("set as for this command) again"),
         "{line}"
     );
     let client = db.client().await;
@@ -521,14 +523,21 @@ async fn kill_9_mid_backfill_makes_run_setup_and_status_name_the_recovery() {
     assert_eq!(out.status.code(), Some(1), "{}", out.stdout);
     assert!(
         out.stdout.contains("backfill: NOT FINISHED")
-            && out.stdout.contains("recover with `outbox-relay backfill`"),
+            && out
+                .stdout
+                .contains("once it no longer runs, run `outbox-relay backfill`"),
         "{}",
         out.stdout
     );
     let out = command(&["status", "--json"], relay_env(&config)).await;
     assert_eq!(out.status.code(), Some(1), "{}", out.stdout);
     let v: serde_json::Value = serde_json::from_str(&out.stdout).expect("status --json");
-    assert_eq!(v["backfill"]["recover"], "outbox-relay backfill", "{v}");
+    assert!(
+        v["backfill"]["recover"]
+            .as_str()
+            .is_some_and(|r| r.starts_with("run `outbox-relay backfill`")),
+        "{v}"
+    );
     assert_eq!(v["backfill"]["slot"], config.postgres.slot.as_str(), "{v}");
     assert_eq!(v["backfill"]["marker"], "outbox-relay.backfill", "{v}");
     assert!(

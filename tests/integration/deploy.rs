@@ -51,12 +51,12 @@ fn is_ident(c: char) -> bool {
 
 /// What a scrape says exists: each family's type, and each sample name's labels with their values.
 #[derive(Debug, Default)]
-struct Exposition {
-    types: BTreeMap<String, String>,
-    samples: BTreeMap<String, BTreeMap<String, BTreeSet<String>>>,
+pub(crate) struct Exposition {
+    pub(crate) types: BTreeMap<String, String>,
+    pub(crate) samples: BTreeMap<String, BTreeMap<String, BTreeSet<String>>>,
 }
 
-fn parse_exposition(text: &str) -> Exposition {
+pub(crate) fn parse_exposition(text: &str) -> Exposition {
     let mut e = Exposition::default();
     for line in text.lines() {
         if let Some(rest) = line.strip_prefix("# TYPE ") {
@@ -189,7 +189,7 @@ fn references(text: &str, source: &str) -> Vec<Reference> {
 
 /// The family a series name belongs to: itself, or for `_bucket`, `_sum` and `_count` the
 /// histogram (or summary) it is part of. A gauge named `x` has no `x_count`.
-fn family_of<'a>(e: &Exposition, name: &'a str) -> Option<&'a str> {
+pub(crate) fn family_of<'a>(e: &Exposition, name: &'a str) -> Option<&'a str> {
     if e.types.contains_key(name) {
         return Some(name);
     }
@@ -284,22 +284,48 @@ fn deploy_references() -> Vec<(&'static str, Vec<Reference>)> {
     out
 }
 
-/// A relay started like the binary ships, scraped once it streams: every series that deploy/ uses
-/// is there.
-#[tokio::test]
-async fn metrics_named_in_the_alerts_and_the_dashboard_exist_in_a_live_relay() {
+/// `/metrics` of a relay started like the binary ships, with a JSON Schema that one event fails (so
+/// the series labelled by event type has a sample), scraped once it counted that failure.
+pub(crate) async fn live_metrics() -> String {
     let db = TestDb::create(PgServer::shared()).await;
     db.psql(&default_outbox_sql());
     let nats = NatsServer::start();
     let config = relay_config(&db, &nats);
     let addr = free_addr();
+    let schemas = tempfile::tempdir().expect("schema dir");
+    fs::write(
+        schemas.path().join("ClaimApproved.json"),
+        r#"{"type": "object", "required": ["claim_id"]}"#,
+    )
+    .expect("write the schema");
     let mut env = relay_env(&config);
     env.retain(|(k, _)| k != "OUTBOX_RELAY_HTTP_LISTEN");
     env.push(("OUTBOX_RELAY_HTTP_LISTEN".into(), addr.clone()));
-    let relay = RelayProcess::spawn(&["run"], &env);
+    let dir = schemas.path().display().to_string();
+    env.push(("OUTBOX_RELAY_OUTBOX_SCHEMAS".into(), dir));
+    let _relay = RelayProcess::spawn(&["run"], &env);
     wait_for_status(&addr, "/readyz", 200, 60).await;
-    let exposition = parse_exposition(&scrape(&addr).await);
-    drop(relay);
+    db.psql(
+        "INSERT INTO public.outbox (aggregate_type, aggregate_id, event_type, payload) \
+         VALUES ('Claim', '4711', 'ClaimApproved', '{}')",
+    );
+    let failed = "outbox_relay_schema_failures_total{event_type=\"ClaimApproved\"} 1";
+    let mut text = scrape(&addr).await;
+    for _ in 0..600 {
+        if text.contains(failed) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        text = scrape(&addr).await;
+    }
+    assert!(text.contains(failed), "no schema failure counted:\n{text}");
+    text
+}
+
+/// Every series that deploy/ uses is in a live relay's `/metrics`.
+#[tokio::test]
+async fn metrics_named_in_the_alerts_and_the_dashboard_exist_in_a_live_relay() {
+    let exposition = parse_exposition(&live_metrics().await);
 
     let mut errors = Vec::new();
     let mut used = BTreeSet::new();
@@ -455,5 +481,134 @@ fn settings_in_the_deploy_files_are_real_settings() {
         read("deploy/kubernetes/deployment.yaml")
             .contains(&format!("containerPort: {default_port}\n")),
         "the Deployment's containerPort is the default http.listen port {default_port}"
+    );
+}
+
+/// The `kubectl apply` commands of the docs and of deploy/ (lines continued with `\` joined).
+fn kubectl_applies(root: &Path) -> Vec<(String, String)> {
+    let mut files = vec![root.join("README.md")];
+    let mut dirs = vec![root.join("docs"), root.join("deploy")];
+    while let Some(dir) = dirs.pop() {
+        for entry in fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else {
+                files.push(path);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for file in files {
+        let Ok(text) = fs::read_to_string(&file) else {
+            continue;
+        };
+        let joined = text.replace("\\\n", " ");
+        for line in joined.lines() {
+            if let Some(at) = line.find("kubectl apply") {
+                let name = file.strip_prefix(root).unwrap().display().to_string();
+                out.push((name, line[at..].to_owned()));
+            }
+        }
+    }
+    out
+}
+
+/// Every `kubectl apply` the docs show names its manifests one by one, each of them a file of
+/// deploy/kubernetes: never the folder (it holds the placeholder Secret, which would replace the real
+/// one, and the PodMonitor, which needs the Prometheus operator's CRD), never secret.yaml, and the
+/// PodMonitor only in a command of its own.
+#[test]
+fn kubectl_apply_in_the_docs_names_its_files_and_never_the_placeholder_secret() {
+    let root = repo("");
+    let applies = kubectl_applies(&root);
+    assert!(applies.len() >= 3, "the scan is broken: {applies:?}");
+    let mut errors = Vec::new();
+    for (file, command) in &applies {
+        let words: Vec<&str> = command
+            .split(|c: char| c.is_whitespace() || c == '`')
+            .filter(|w| !w.is_empty())
+            .collect();
+        let manifests: Vec<&str> = words
+            .windows(2)
+            .filter(|w| w[0] == "-f")
+            .map(|w| w[1])
+            .collect();
+        if manifests.is_empty()
+            || words
+                .iter()
+                .any(|w| *w == "-k" || w.starts_with("--filename"))
+        {
+            errors.push(format!("{file}: `{command}` names no manifest with -f"));
+        }
+        for m in &manifests {
+            let name = m.strip_prefix("deploy/kubernetes/").unwrap_or(m);
+            let exists =
+                !name.ends_with('/') && root.join("deploy/kubernetes").join(name).is_file();
+            if !exists || !(name.ends_with(".yaml") || name.ends_with(".yml")) {
+                errors.push(format!(
+                    "{file}: `{command}` applies {m}, not a manifest of deploy/kubernetes"
+                ));
+            } else if name == "secret.yaml" {
+                errors.push(format!(
+                    "{file}: `{command}` applies the placeholder Secret"
+                ));
+            } else if name == "podmonitor.yaml" && manifests.len() > 1 {
+                errors.push(format!(
+                    "{file}: `{command}` fails as a whole without the Prometheus operator's CRD"
+                ));
+            }
+        }
+    }
+    assert!(errors.is_empty(), "{}", errors.join("\n"));
+}
+
+/// Series the dashboard and the alerts leave out on purpose, with the reason. A series the relay
+/// gains is on the dashboard, in an alert, or here.
+const OFF_THE_DASHBOARD: [(&str, &str); 4] = [
+    (
+        "outbox_relay_schemas_loaded",
+        "an echo of the schema directory, read when checking a reload; refused reloads are on the schema panel",
+    ),
+    (
+        "outbox_relay_spans_exported_total",
+        "tracing's own health, watched in the tracing backend; a span never holds back an event",
+    ),
+    (
+        "outbox_relay_spans_dropped_total",
+        "tracing's own health, watched in the tracing backend; a span never holds back an event",
+    ),
+    (
+        "outbox_relay_position_requests_refused_total",
+        "a client's misuse of the position service, looked for in NATS' connection list (security.md)",
+    ),
+];
+
+/// Every family the metrics module renders is used by the dashboard or an alert rule, or listed in
+/// [`OFF_THE_DASHBOARD`] with the reason; and nothing there is used after all.
+#[test]
+fn every_series_is_on_the_dashboard_or_in_an_alert_or_said_why_not() {
+    let rendered = parse_exposition(&outbox_relay::metrics::Metrics::default().render());
+    assert!(rendered.types.len() >= 20, "{:?}", rendered.types);
+    let used: BTreeSet<String> = deploy_references()
+        .into_iter()
+        .flat_map(|(_, refs)| refs)
+        .filter_map(|r| family_of(&rendered, &r.name).map(str::to_owned))
+        .collect();
+    let off: BTreeSet<&str> = OFF_THE_DASHBOARD.iter().map(|(n, _)| *n).collect();
+    let unseen: Vec<&String> = rendered
+        .types
+        .keys()
+        .filter(|f| !used.contains(*f) && !off.contains(f.as_str()))
+        .collect();
+    assert!(
+        unseen.is_empty(),
+        "neither the dashboard nor an alert shows {unseen:?}: add a panel (deploy/grafana/outbox-relay.json) \
+         or say why not in OFF_THE_DASHBOARD"
+    );
+    let listed_but_used: Vec<&&str> = off.iter().filter(|f| used.contains(**f)).collect();
+    assert!(
+        listed_but_used.is_empty(),
+        "OFF_THE_DASHBOARD lists series that deploy/ uses: {listed_but_used:?}"
     );
 }

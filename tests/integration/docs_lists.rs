@@ -227,3 +227,168 @@ fn every_path_the_docs_and_comments_cite_exists() {
         stale.join("\n")
     );
 }
+
+/// The rows of docs/operations.md's metrics table: each metric's name, type and labels cell.
+fn metrics_table() -> Vec<(String, String, String)> {
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/operations.md"))
+        .unwrap();
+    let (_, section) = text
+        .split_once("\n## Metrics\n")
+        .expect("docs/operations.md has a Metrics section");
+    let section = section.split("\n## ").next().unwrap();
+    section
+        .lines()
+        .filter_map(|l| {
+            let cells: Vec<&str> = l.split(" | ").collect();
+            let name = cells.first()?.strip_prefix("| `")?.strip_suffix('`')?;
+            Some((
+                name.to_owned(),
+                cells.get(1)?.to_string(),
+                cells.get(2)?.to_string(),
+            ))
+        })
+        .collect()
+}
+
+/// Labels whose values are the application's own (event types), so the table names the label only.
+const OPEN_LABELS: [&str; 2] = ["le", "event_type"];
+
+/// docs/operations.md's metrics table against a running relay's `/metrics`: every family it serves
+/// has a row with its type, every label it carries is in the row's labels cell with every value
+/// (except open ones), and no row names a family the relay does not serve.
+#[tokio::test]
+async fn the_metrics_table_names_every_series_a_running_relay_serves() {
+    let exposition = crate::deploy::parse_exposition(&crate::deploy::live_metrics().await);
+    let table = metrics_table();
+    assert!(table.len() >= 15, "the table scan is broken: {table:?}");
+    let mut errors = Vec::new();
+    for (family, kind) in &exposition.types {
+        let Some((_, doc_kind, labels)) = table.iter().find(|(n, ..)| n == family) else {
+            errors.push(format!("{family} ({kind}): no row"));
+            continue;
+        };
+        if doc_kind != kind {
+            errors.push(format!(
+                "{family}: the row says {doc_kind}, /metrics {kind}"
+            ));
+        }
+        let served = exposition
+            .samples
+            .iter()
+            .filter(|(name, _)| crate::deploy::family_of(&exposition, name) == Some(family))
+            .flat_map(|(_, labels)| labels);
+        for (label, values) in served {
+            if !labels.contains(&format!("`{label}`")) && !labels.contains(&format!("`{label}=")) {
+                errors.push(format!("{family}: label {label} is not in the row"));
+                continue;
+            }
+            if OPEN_LABELS.contains(&label.as_str()) {
+                continue;
+            }
+            for v in values {
+                if !labels.contains(&format!("\"{v}\"")) && !labels.contains(&format!("`{v}`")) {
+                    errors.push(format!("{family}: {label}={v:?} is not in the row"));
+                }
+            }
+        }
+    }
+    for (name, ..) in &table {
+        if !exposition.types.contains_key(name) {
+            errors.push(format!("{name}: a row, but /metrics does not serve it"));
+        }
+    }
+    assert!(
+        errors.is_empty(),
+        "docs/operations.md's metrics table and a running relay's /metrics disagree:\n{}",
+        errors.join("\n")
+    );
+}
+
+/// `text` with comment markers and line breaks gone: one line of single-spaced words.
+fn prose(text: &str) -> String {
+    text.lines()
+        .map(|l| l.trim().trim_start_matches('#').trim())
+        .collect::<Vec<_>>()
+        .join(" ")
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The Kubernetes ConfigMap, the systemd unit, docs/operations.md and every other file of the
+/// deployment kit that says what SIGHUP applies name the keys it applies (`reload::RELOADED_KEYS`, which the SIGHUP table in
+/// docs/configuration.md is held to), all of them and in one list: "a, b and c".
+#[test]
+fn every_file_that_explains_sighup_lists_the_keys_it_applies() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let keys = outbox_relay::reload::RELOADED_KEYS;
+    assert!(keys.len() >= 2, "{keys:?}");
+    let list = |quote: &str| {
+        let q: Vec<String> = keys.iter().map(|k| format!("{quote}{k}{quote}")).collect();
+        format!("{} and {}", q[..q.len() - 1].join(", "), q[q.len() - 1])
+    };
+    let (plain, quoted) = (list(""), list("`"));
+    // The places an operator changing the configuration reads, whatever they say today.
+    let mut files: Vec<_> = [
+        "docs/operations.md",
+        "deploy/kubernetes/configmap.yaml",
+        "deploy/systemd/outbox-relay.service",
+    ]
+    .iter()
+    .map(|f| root.join(f))
+    .collect();
+    let mut dirs = vec![root.join("deploy")];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if !files.contains(&path)
+                && std::fs::read_to_string(&path)
+                    .is_ok_and(|t| t.contains("SIGHUP") && t.contains("applied"))
+            {
+                files.push(path);
+            }
+        }
+    }
+    assert!(files.len() >= 3, "{files:?}");
+    let stale: Vec<String> = files
+        .iter()
+        .filter(|f| {
+            let text = prose(&std::fs::read_to_string(f).unwrap());
+            !text.contains(&plain) && !text.contains(&quoted)
+        })
+        .map(|f| f.strip_prefix(root).unwrap().display().to_string())
+        .collect();
+    assert!(
+        stale.is_empty(),
+        "these explain SIGHUP without the list of keys it applies ({plain}): {stale:?}"
+    );
+}
+
+/// Each command's `--help` says what it does in one sentence: one paragraph with no second sentence
+/// inside it (clap drops the summary's final full stop).
+#[test]
+fn each_commands_help_is_one_sentence() {
+    for command in commands_of_the_binary() {
+        let help = run_command(&[&command, "--help"], &[], Duration::from_secs(30));
+        assert!(help.status.success(), "{command} --help: {}", help.stderr);
+        let (about, _) = help
+            .stdout
+            .split_once("\n\nUsage:")
+            .unwrap_or_else(|| panic!("{command} --help:\n{}", help.stdout));
+        let about = about.trim();
+        let sentence = about.replace('\n', " ");
+        let second = sentence.char_indices().any(|(i, c)| {
+            c == '.' && sentence[i + 1..].starts_with(' ') && {
+                sentence[i + 1..]
+                    .trim_start()
+                    .starts_with(|c: char| c.is_uppercase())
+            }
+        });
+        assert!(
+            !about.is_empty() && !about.contains("\n\n") && !second,
+            "`outbox-relay {command} --help` is not one sentence:\n{about}"
+        );
+    }
+}

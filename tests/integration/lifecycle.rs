@@ -477,7 +477,7 @@ async fn status_shows_the_streams_limits_and_warns_when_it_is_80_percent_full() 
     assert!(out.contains(" max_msgs 5 discard new"), "{out}");
     assert!(
         out.contains(&format!(
-            "warning: stream {} is 80 % full: 4 of its max_msgs 5; with discard new a full stream refuses new events",
+            "warning[stream-filling]: stream {} is 80 % full: 4 of its max_msgs 5; with discard new a full stream refuses new events",
             config.nats.stream
         )),
         "{out}"

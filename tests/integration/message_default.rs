@@ -14,7 +14,7 @@ use crate::support::{
 const LIMIT: Duration = Duration::from_secs(60);
 
 /// sql/06 as shipped, with psql variables set first (`-v name=value` in the docs).
-fn sql_06(vars: &[(&str, &str)]) -> String {
+pub(crate) fn sql_06(vars: &[(&str, &str)]) -> String {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/sql/06_outbox_message.sql");
     let script = std::fs::read_to_string(path).expect("read sql/06");
     let mut out = String::new();
@@ -25,9 +25,10 @@ fn sql_06(vars: &[(&str, &str)]) -> String {
 }
 
 /// The warning line about an installed helper whose prefix this relay does not relay.
-fn helper_warning(stdout: &str) -> Option<&str> {
+pub(crate) fn helper_warning(stdout: &str) -> Option<&str> {
     stdout.lines().find(|l| {
-        l.starts_with("warning:") && l.contains("(sql/06_outbox_message.sql) writes events")
+        l.starts_with("warning[unrelayed-message-helper]:")
+            && l.contains("(sql/06_outbox_message.sql) writes events")
     })
 }
 

@@ -46,6 +46,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "secret_file",
             "testkit",
             "text",
+            "warning",
         ],
     ),
     (

@@ -48,7 +48,7 @@ async fn slot_active(client: &Client, slot: &str) -> bool {
         .get(0)
 }
 
-async fn write(client: &Client, id: &str, aggregate_type: &str) {
+pub(crate) async fn write(client: &Client, id: &str, aggregate_type: &str) {
     client
         .execute(
             "INSERT INTO public.outbox (event_id, aggregate_type, aggregate_id, event_type, payload) \
@@ -213,4 +213,153 @@ async fn setup_refuses_another_relays_slot_stream_or_subjects() {
         "the support relay with its own names: {}",
         s.stderr
     );
+}
+
+/// The streams NATS holds now, by name.
+async fn stream_names(nats: &NatsServer) -> Vec<String> {
+    use futures_util::StreamExt;
+    let js = nats.jetstream().await;
+    let mut names = Vec::new();
+    let mut list = js.stream_names();
+    while let Some(n) = list.next().await {
+        names.push(n.unwrap());
+    }
+    names.sort();
+    names
+}
+
+async fn publication_exists(client: &Client, name: &str) -> bool {
+    client
+        .query_opt("SELECT 1 FROM pg_publication WHERE pubname = $1", &[&name])
+        .await
+        .unwrap()
+        .is_some()
+}
+
+/// 47#9: README.md said a second relay differs from the first by `name` alone; with only the name
+/// changed, `setup` created a second publication of the same table and both relays published every
+/// row. Now `setup` and `run` refuse, one line naming the first relay's slot and the key to set
+/// (`outbox.table`), and create nothing.
+#[tokio::test]
+async fn a_second_relay_on_the_same_table_is_refused_naming_the_first_relays_slot() {
+    let db = db_with_outbox().await;
+    let nats = NatsServer::start();
+    let first = named_env(&db, &nats, "ledger");
+    let setup = run_command(&["setup"], &first, LIMIT);
+    assert!(setup.status.success(), "setup ledger: {}", setup.stderr);
+    let second = named_env(&db, &nats, "billing");
+    for args in [&["setup"][..], &["run"]] {
+        let f = run_command(args, &second, LIMIT);
+        assert_eq!(f.status.code(), Some(1), "{args:?}: {}", f.stdout);
+        let errors: Vec<&str> = f
+            .stderr
+            .lines()
+            .filter(|l| l.starts_with("outbox-relay: "))
+            .collect();
+        assert_eq!(errors.len(), 1, "{args:?}: one line\n{}", f.stderr);
+        for part in [
+            "outbox.table \"public.outbox\" is already relayed by the relay of slot outbox_relay_ledger",
+            "give this relay its own with outbox.table",
+        ] {
+            assert!(
+                errors[0].contains(part),
+                "{args:?}: {part:?} in\n{}",
+                errors[0]
+            );
+        }
+    }
+    let client = db.client().await;
+    assert!(!slot_exists(&client, "outbox_relay_billing").await);
+    assert!(!publication_exists(&client, "outbox_relay_billing").await);
+    assert_eq!(stream_names(&nats).await, ["OUTBOX_LEDGER"]);
+}
+
+/// 47#9, the message prefix: every slot receives every logical message, so a second relay with a
+/// table of its own but the default `outbox.message_prefix` would publish every `outbox_message()`
+/// event twice. Its `setup` is refused, naming the first relay's slot and `outbox.message_prefix`;
+/// with a prefix of its own it goes ahead.
+#[tokio::test]
+async fn a_second_relay_on_the_same_message_prefix_is_refused() {
+    let db = db_with_outbox().await;
+    db.psql(
+        &TEXT_ID_OUTBOX_SQL
+            .replace("public.outbox", "berry.outbox")
+            .replace(
+                "CREATE TABLE",
+                "CREATE SCHEMA IF NOT EXISTS berry; CREATE TABLE",
+            ),
+    );
+    let nats = NatsServer::start();
+    let apple = named_env(&db, &nats, "apple");
+    let setup = run_command(&["setup"], &apple, LIMIT);
+    assert!(setup.status.success(), "setup apple: {}", setup.stderr);
+    let berry = with(
+        named_env(&db, &nats, "berry"),
+        "OUTBOX_RELAY_OUTBOX_TABLE",
+        "berry.outbox",
+    );
+    let f = run_command(&["setup"], &berry, LIMIT);
+    assert_eq!(f.status.code(), Some(1), "{}", f.stdout);
+    assert!(
+        f.stderr.contains(
+            "outbox.message_prefix \"outbox\" is already relayed by the relay of slot outbox_relay_apple"
+        ),
+        "{}",
+        f.stderr
+    );
+    let own = with(berry, "OUTBOX_RELAY_OUTBOX_MESSAGE_PREFIX", "berry");
+    let f = run_command(&["setup"], &own, LIMIT);
+    assert!(f.status.success(), "a prefix of its own: {}", f.stderr);
+}
+
+/// 47#10: the quickstart says running `setup` first lets you see and approve what it does, but it
+/// created at once. `setup --check` makes every check and prints what it would create, exit 0, and
+/// creates nothing; after `setup`, it has nothing to do; a configuration `setup` refuses is refused
+/// (exit 1) with the same line.
+#[tokio::test]
+async fn setup_check_says_what_setup_would_do_and_changes_nothing() {
+    let db = db_with_outbox().await;
+    let nats = NatsServer::start();
+    let env = named_env(&db, &nats, "plum");
+    let client = db.client().await;
+    let f = run_command(&["setup", "--check"], &env, LIMIT);
+    assert_eq!(f.status.code(), Some(0), "{}\n{}", f.stdout, f.stderr);
+    for line in [
+        "stream OUTBOX_PLUM: would be created (file storage, subjects plum.*, plum_dead_letter",
+        "publication outbox_relay_plum: would be created (FOR TABLE public.outbox",
+        "slot outbox_relay_plum: would be created (pgoutput",
+        "setup --check: setup would make the 3 change(s) above and refuses nothing; nothing was changed",
+    ] {
+        assert!(f.stdout.contains(line), "{line}\n{}", f.stdout);
+    }
+    assert!(!slot_exists(&client, "outbox_relay_plum").await);
+    assert!(!publication_exists(&client, "outbox_relay_plum").await);
+    assert!(stream_names(&nats).await.is_empty());
+
+    let setup = run_command(&["setup"], &env, LIMIT);
+    assert!(setup.status.success(), "{}", setup.stderr);
+    let f = run_command(&["setup", "--check"], &env, LIMIT);
+    assert_eq!(f.status.code(), Some(0), "{}", f.stderr);
+    assert!(
+        f.stdout
+            .contains("setup --check: nothing to create or change"),
+        "{}",
+        f.stdout
+    );
+
+    let refused = named_env(&db, &nats, "damson");
+    let f = run_command(&["setup", "--check"], &refused, LIMIT);
+    assert_eq!(f.status.code(), Some(1), "{}", f.stdout);
+    assert!(
+        f.stderr
+            .contains("is already relayed by the relay of slot outbox_relay_plum"),
+        "{}",
+        f.stderr
+    );
+    assert!(
+        f.stdout.contains("setup --check: setup would refuse"),
+        "{}",
+        f.stdout
+    );
+    assert!(!slot_exists(&client, "outbox_relay_damson").await);
 }

@@ -280,9 +280,11 @@ async fn status_json_has_its_shape_and_exit_code_follows_health() {
     let setup = run_command(&["setup"], &env, LIMIT);
     assert!(setup.status.success(), "setup: {}", setup.stderr);
 
-    let healthy = run_command(&["status", "--json"], &env, LIMIT);
-    assert_eq!(healthy.status.code(), Some(0), "{}", healthy.stderr);
-    let json = status_json(&healthy);
+    // No relay has held the slot since setup, longer than the grace period (`relay_env`: 1 s): the
+    // one problem, with nothing waiting.
+    let idle = run_command(&["status", "--json"], &env, LIMIT);
+    assert_eq!(idle.status.code(), Some(1), "{}", idle.stderr);
+    let json = status_json(&idle);
     for key in [
         "healthy",
         "slot",
@@ -293,10 +295,18 @@ async fn status_json_has_its_shape_and_exit_code_follows_health() {
     ] {
         assert!(json.get(key).is_some(), "no top-level {key}: {json:#}");
     }
-    assert_eq!(json["healthy"], Value::Bool(true));
-    assert_eq!(json["problems"], Value::Array(vec![]), "{json:#}");
+    assert_eq!(json["healthy"], Value::Bool(false));
+    let problems = json["problems"].as_array().expect("problems");
+    assert_eq!(problems.len(), 1, "{json:#}");
+    assert!(
+        problems[0].as_str().unwrap_or("").contains("no relay"),
+        "{json:#}"
+    );
     assert!(json["warnings"].is_array());
     let s = &json["slot"];
+    assert_eq!(s["events_waiting"], Value::Bool(false), "{json:#}");
+    assert_eq!(s["waiting_events"], 0, "{json:#}");
+    assert!(s["unheld_secs"].is_u64(), "{json:#}");
     assert_key(s, "slot", "exists", Value::is_boolean);
     assert_key(s, "slot", "active", Value::is_boolean);
     assert_key(s, "slot", "confirmed_flush_lsn", Value::is_string);
@@ -530,8 +540,14 @@ async fn logs_never_show_passwords_and_json_logs_are_json() {
     }
     assert!(lines >= 2, "JSON run logged: {}", json_run.stderr);
 
+    // The relay stopped: exit 1 (no relay holds the slot), and no secret either way.
     let status = run_command(&["status"], &env, LIMIT);
-    assert_eq!(status.status.code(), Some(0), "status: {}", status.stderr);
+    assert!(
+        status.stdout.ends_with("healthy\n") && matches!(status.status.code(), Some(0 | 1)),
+        "status: {}{}",
+        status.stdout,
+        status.stderr
+    );
     assert_no_secret("status", &status);
 
     // Failing cases: the wrong Postgres password; NATS credentials for a server that is not there.
@@ -637,8 +653,15 @@ async fn status_finds_an_event_that_waits_behind_a_retention_delete() {
     let publication = &config.postgres.publication;
     let setup = run_command(&["setup"], &env, LIMIT);
     assert!(setup.status.success(), "setup: {}", setup.stderr);
-    let healthy = run_command(&["status"], &env, LIMIT);
-    assert_eq!(healthy.status.code(), Some(0), "{}", healthy.stdout);
+    // The rows from before the slot are not events that wait (the one problem is that no relay
+    // holds the slot).
+    let before = status_json(&run_command(&["status", "--json"], &env, LIMIT));
+    assert_eq!(
+        before["slot"]["events_waiting"],
+        Value::Bool(false),
+        "{before:#}"
+    );
+    assert_eq!(before["slot"]["waiting_events"], 0, "{before:#}");
 
     db.psql(&format!(
         "ALTER PUBLICATION \"{publication}\" SET (publish = 'insert, delete')"
@@ -658,7 +681,7 @@ async fn status_finds_an_event_that_waits_behind_a_retention_delete() {
     assert!(
         status
             .stdout
-            .contains("while events wait in it, the first e-waiting"),
+            .contains("while 1 event waits in it, the first e-waiting"),
         "status does not name the waiting event:\n{}",
         status.stdout
     );

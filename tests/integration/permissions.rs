@@ -35,9 +35,9 @@ fn messages_env(config: &Config) -> Vec<(String, String)> {
 
 /// The line `setup` and `status` print while PUBLIC may execute `pg_logical_emit_message`.
 fn emit_warning(stdout: &str) -> Option<&str> {
-    stdout
-        .lines()
-        .find(|l| l.starts_with("warning:") && l.contains("pg_logical_emit_message"))
+    stdout.lines().find(|l| {
+        l.starts_with("warning[public-emit-message]:") && l.contains("pg_logical_emit_message")
+    })
 }
 
 /// Every overload of `pg_logical_emit_message` on this server, as a call with arguments of its
@@ -203,7 +203,7 @@ async fn status_believes_no_application_name_of_another_role() {
 fn helper_warning(stdout: &str) -> Option<&str> {
     stdout
         .lines()
-        .find(|l| l.starts_with("warning:") && l.contains("SECURITY DEFINER"))
+        .find(|l| l.starts_with("warning[public-emit-helper]:") && l.contains("SECURITY DEFINER"))
 }
 
 /// docs/security.md, finding 5: sql/06's `outbox_message` and sql/08's `outbox_context` are

@@ -715,8 +715,9 @@ async fn configuration_errors_are_one_clear_line_and_change_nothing() {
     assert_nothing_created(&client, &js, &stream, &config.postgres.slot).await;
 }
 
-/// `setup` twice: the second run finds everything; `status --json` says healthy (exit 0) until the
-/// slot is dropped (exit 1). Uses the shipped `sql/01_outbox_table.sql`.
+/// `setup` twice: the second run finds everything; `status --json` says healthy (exit 0) while a
+/// relay holds the slot, and not (exit 1) once it stopped and the slot was dropped. Uses the shipped
+/// `sql/01_outbox_table.sql`.
 #[tokio::test]
 async fn setup_is_idempotent_and_status_reports_health() {
     let db = TestDb::create(PgServer::shared()).await;
@@ -759,7 +760,18 @@ async fn setup_is_idempotent_and_status_reports_health() {
     }
     assert!(!second.stdout.contains("created"), "{}", second.stdout);
 
+    // Healthy while a relay holds the slot (without one, past the grace period, it is not).
+    let mut relay = RelayProcess::spawn(&["run"], &env);
+    let client = db.client().await;
+    crate::hostile::wait_for_active_slot(&client, &slot).await;
     let status = run_command(&["status", "--json"], &env, limit);
+    relay.signal("TERM");
+    assert_eq!(
+        relay.wait(limit).and_then(|s| s.code()),
+        Some(0),
+        "{}",
+        relay.stderr()
+    );
     assert_eq!(
         status.status.code(),
         Some(0),
@@ -776,7 +788,10 @@ async fn setup_is_idempotent_and_status_reports_health() {
         "{json}"
     );
 
-    db.psql(&format!("SELECT pg_drop_replication_slot('{slot}')"));
+    db.psql(&format!(
+        "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
+         WHERE slot_name IN ('{slot}', '{slot}_mark')"
+    ));
     let status = run_command(&["status", "--json"], &env, limit);
     assert_eq!(
         status.status.code(),

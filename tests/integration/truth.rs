@@ -23,7 +23,7 @@ use crate::support::{
 
 const LIMIT: Duration = Duration::from_secs(60);
 
-async fn text_id_db() -> TestDb {
+pub(crate) async fn text_id_db() -> TestDb {
     let db = TestDb::create(PgServer::shared()).await;
     db.psql(TEXT_ID_OUTBOX_SQL);
     db
@@ -53,7 +53,7 @@ async fn publication_exists(client: &Client, name: &str) -> bool {
         .is_some()
 }
 
-fn json(f: &Finished) -> Value {
+pub(crate) fn json(f: &Finished) -> Value {
     serde_json::from_str(&f.stdout).unwrap_or_else(|e| {
         panic!(
             "status --json printed no JSON ({e}): {}\n{}",
@@ -242,14 +242,17 @@ async fn status_tells_each_failure_by_its_name() {
     let setup = run_command(&["setup"], &env, LIMIT);
     assert_eq!(setup.status.code(), Some(0), "{}", setup.stderr);
 
+    // Idle slot, nothing waiting, but no relay has held it for longer than the grace period
+    // (`relay_env`: 1 s): not healthy, and not for waiting events.
     let f = run_command(&["status", "--json"], &env, LIMIT);
+    assert_eq!(f.status.code(), Some(1), "{}", f.stdout);
+    assert_eq!(json(&f)["healthy"], Value::Bool(false));
     assert_eq!(
-        f.status.code(),
-        Some(0),
-        "idle slot, nothing waiting: {}",
+        json(&f)["slot"]["events_waiting"],
+        Value::Bool(false),
+        "{}",
         f.stdout
     );
-    assert_eq!(json(&f)["healthy"], Value::Bool(true));
 
     good(&client, "waiting-1").await;
     let f = run_command(&["status"], &env, LIMIT);
@@ -260,7 +263,8 @@ async fn status_tells_each_failure_by_its_name() {
         f.stdout
     );
     assert!(
-        f.stdout.contains("no relay streams slot") && f.stdout.contains("while events wait"),
+        f.stdout.contains("no relay streams slot")
+            && f.stdout.contains("while 1 event waits in it"),
         "{}",
         f.stdout
     );
@@ -479,7 +483,8 @@ async fn libpq_environment_and_password_file_supply_the_password() {
             .to_owned()
     };
     let f = run_command(&["status", "--json"], &env, LIMIT);
-    assert_eq!(state(&f), "unreachable", "{}", f.stdout);
+    // No password to give: authentication, not reachability, is what failed.
+    assert_eq!(state(&f), "auth_failed", "{}", f.stdout);
     assert!(f.stdout.contains("password required"), "{}", f.stdout);
 
     let mut with_env = env.clone();
@@ -502,7 +507,7 @@ async fn libpq_environment_and_password_file_supply_the_password() {
     let f = run_command(&["status", "--json"], &with_file, LIMIT);
     assert_eq!(
         state(&f),
-        "unreachable",
+        "auth_failed",
         "a world-readable password file is ignored: {}",
         f.stdout
     );
@@ -528,7 +533,7 @@ async fn libpq_environment_and_password_file_supply_the_password() {
     let mut with_fifo = env.clone();
     with_fifo.push(("PGPASSFILE".into(), fifo.display().to_string()));
     let f = run_command(&["status", "--json"], &with_fifo, LIMIT);
-    assert_eq!(state(&f), "unreachable", "{}", f.stdout);
+    assert_eq!(state(&f), "auth_failed", "{}", f.stdout);
     assert!(
         f.stderr.contains("not a regular file"),
         "the FIFO is named: {}",
@@ -583,7 +588,7 @@ async fn setup_on_a_table_with_rows_names_backfill() {
         let warned = report
             .warnings
             .iter()
-            .any(|w| w.contains("already holds rows") && w.contains("backfill"));
+            .any(|w| w.text.contains("already holds rows") && w.text.contains("backfill"));
         assert_eq!(warned, rows, "rows {rows}: {:?}", report.warnings);
     }
 }

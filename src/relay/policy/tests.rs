@@ -64,7 +64,7 @@ fn a_refusal_by_any_host_is_definite() {
     ] {
         let e = hosts(vec![down(), refusal]);
         assert!(!e.is_transient(), "{e}");
-        assert!(super::refused(&e), "{e}");
+        assert!(e.is_refusal(), "{e}");
     }
     assert!(!hosts(vec![server("28P01"), down()]).is_transient());
     assert!(hosts(vec![down(), down()]).is_transient());
@@ -121,6 +121,7 @@ fn setup_case(e: &SetupError) -> &'static str {
         SetupError::Stream { .. } => "`Stream`",
         SetupError::NoJetStream(_) => "`NoJetStream`",
         SetupError::Create { .. } => "`Create`",
+        SetupError::Taken { .. } => "`Taken`",
     }
 }
 
@@ -249,6 +250,7 @@ fn sink_examples() -> Vec<SinkError> {
 fn setup_examples() -> Vec<SetupError> {
     let pg = |source| SetupError::Postgres {
         target: "127.0.0.1:5432".into(),
+        check: "postgres.url".into(),
         source,
     };
     vec![
@@ -265,6 +267,10 @@ fn setup_examples() -> Vec<SetupError> {
         },
         SetupError::Stream {
             name: "S".into(),
+            problem: "x".into(),
+        },
+        SetupError::Taken {
+            key: "outbox.table",
             problem: "x".into(),
         },
         SetupError::Create {
@@ -341,7 +347,7 @@ fn every_variant_has_an_example() {
     let setups = names(setup_examples().iter().map(setup_case).collect());
     // `Nats`, `Query` and `NoJetStream` wrap async-nats and tokio-postgres errors that cannot be
     // made without a server: their verdicts are tested by `startup.rs`'s tests and real servers.
-    assert_eq!(setups.len(), 6, "{setups:?}");
+    assert_eq!(setups.len(), 7, "{setups:?}");
 }
 
 #[test]

@@ -24,14 +24,8 @@ const MIB: u64 = 1 << 20;
 /// P6 with NATS frozen: `nats.max_in_flight_bytes` = 4 MiB, nats-server SIGSTOPped, 100 events of
 /// 1 MB each committed. The relay reads what its window allows and waits; its peak RSS must stay far
 /// below the 100 MB backlog (under 4 MiB + 64 MiB of base). After SIGCONT every event arrives once,
-/// in commit order.
-///
-/// BUG (src/relay/session.rs, `Session::start`: `channel_capacity: 1024` in the `StreamConfig`;
-/// the channel is made in src/source/stream.rs, `mpsc::channel(config.channel_capacity)`): the
-/// replication reader task buffers up to 1024 decoded frames ahead of the sink, bounded in frames,
-/// not bytes. With 1 MB rows that is the whole backlog: peak RSS 120 MB (base 20 MB) with a 4 MiB
-/// window. Measured with the capacity set to 4 instead: 24 MB. The frame channel needs a byte bound
-/// (or the sink's byte window must cover it). Ignored until fixed; the test below checks the rest.
+/// in commit order. (The replication reader hands on at most 8 MiB of WAL ahead of the sink,
+/// `MAX_BUFFERED_BYTES` in src/source/stream.rs.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn frozen_nats_with_a_backlog_of_1_mb_events_keeps_memory_bounded() {
     frozen_nats(Some((4 + 64) * 1024)).await;

@@ -5,13 +5,20 @@
 //! forbids (a 5,000-character aggregate type, 70 KB headers, ids reused in live traffic); `limits`
 //! what the relay must survive without growing (a frozen NATS under a backlog of 1 MB events, a full
 //! stream, an HTTP client that never finishes its request); `secrets` that no output ever holds a
-//! password or token; `answers` the answers another client plants on the relay's inbox. Each hostile input is followed by a normal event that must arrive.
+//! password or token; `answers` the answers another client plants on the relay's inbox; `account` the
+//! position service asked to answer into other streams of its NATS account; `waits` floods of
+//! read-your-writes waits (bytes, and the listener's room for probes); `labels` metric labels made of
+//! event types; `exposure` the ports docker-compose.yml publishes. Each hostile input is followed by a normal event that must arrive.
 
+mod account;
 mod answers;
+mod exposure;
+mod labels;
 mod limits;
 mod nats;
 mod rows;
 mod secrets;
+mod waits;
 
 use std::time::{Duration, Instant};
 

@@ -170,6 +170,12 @@ pub(crate) fn relay_env(config: &Config) -> Vec<(String, String)> {
             "OUTBOX_RELAY_HTTP_LISTEN".into(),
             config.http.listen.clone(),
         ),
+        // `status` on a server before Postgres 17 watches a slot no relay holds for this long: a
+        // second, not the default half minute, so tests that call it on a stopped relay stay quick.
+        (
+            "OUTBOX_RELAY_STATUS_GRACE_SECS".into(),
+            config.status.grace_secs.min(1).to_string(),
+        ),
     ];
     if config.nats.atomic_transactions {
         env.push((

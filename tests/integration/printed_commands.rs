@@ -1,0 +1,287 @@
+//! The commands and errors the relay prints, copied as an operator would: every command carries the
+//! `--config` it was run with and names the `OUTBOX_RELAY_*` variables that set keys (47#11);
+//! nothing read from stream metadata reaches the terminal unescaped, and the backfill marker's
+//! `--where` is never offered as a command to run (48#7); errors say how to fix (47#12: a missing
+//! SELECT grant for `backfill`, a `/wait` for an LSN past the server's WAL end); and a warning an
+//! operator accepts can be acknowledged by its name (47#13).
+
+use std::time::Duration;
+
+use async_nats::jetstream;
+use tokio_postgres::Client;
+
+use crate::hostile::wait_for_active_slot;
+use crate::message_default::{helper_warning, sql_06};
+use crate::ops::{free_addr, try_get, wait_for_status};
+use crate::status_truth::servers;
+use crate::support::{
+    Finished, NatsServer, PgServer, RelayProcess, TestDb, default_outbox_sql, relay_config,
+    relay_env, run_command, unique,
+};
+use outbox_relay::config::Config;
+
+const LIMIT: Duration = Duration::from_secs(90);
+
+/// `config` as a TOML file in `dir`: the names, the servers, no listener.
+fn config_file(dir: &tempfile::TempDir, config: &Config) -> String {
+    let path = dir.path().join("relay.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[postgres]\nurl = {:?}\nslot = {:?}\npublication = {:?}\n\
+             [nats]\nurl = {:?}\nstream = {:?}\n[http]\nlisten = \"\"\n",
+            config.postgres.url,
+            config.postgres.slot,
+            config.postgres.publication,
+            config.nats.url,
+            config.nats.stream
+        ),
+    )
+    .unwrap();
+    path.display().to_string()
+}
+
+/// The binary with `--config file` and no `OUTBOX_RELAY_*` variable.
+fn with_file(args: &[&str], file: &str) -> Finished {
+    let mut all = vec!["--config", file];
+    all.extend_from_slice(args);
+    run_command(&all, &[], LIMIT)
+}
+
+/// 47#11: with the slot missing, `status` said `run outbox-relay setup`, which would set up the
+/// default slot and stream, not this configuration's. Now the command carries `--config`; run from
+/// variables, it names them.
+#[tokio::test]
+async fn printed_commands_carry_the_config_and_name_the_variables() {
+    let (_db, _nats, config) = servers().await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = config_file(&dir, &config);
+    let f = with_file(&["status"], &file);
+    assert_eq!(f.status.code(), Some(1), "{}", f.stdout);
+    let wanted = format!("run `outbox-relay --config {file} setup`");
+    assert!(
+        f.stdout.lines().any(
+            |l| l.starts_with(&format!("problem: slot {}", config.postgres.slot))
+                && l.contains(&wanted)
+        ),
+        "{wanted}\n{}",
+        f.stdout
+    );
+    let f = run_command(&["status"], &relay_env(&config), LIMIT);
+    let line = f
+        .stdout
+        .lines()
+        .find(|l| l.starts_with(&format!("problem: slot {}", config.postgres.slot)))
+        .unwrap_or_else(|| panic!("{}", f.stdout));
+    let (_, after) = line
+        .split_once("run `outbox-relay setup` (with ")
+        .unwrap_or_else(|| panic!("{line}"));
+    let (vars, _) = after.split_once(" set as for this command)").unwrap();
+    for var in [
+        "OUTBOX_RELAY_POSTGRES_URL",
+        "OUTBOX_RELAY_POSTGRES_SLOT",
+        "OUTBOX_RELAY_NATS_STREAM",
+    ] {
+        assert!(vars.contains(var), "{var}: {line}");
+    }
+    assert!(
+        !line.contains(&config.postgres.url),
+        "names, never values: {line}"
+    );
+}
+
+/// 48#7 and 47#11: a backfill marker planted in the stream's metadata, with a terminal escape and a
+/// line break in its host and a predicate that closes its parenthesis. `status`, `setup` and `run`
+/// print it escaped on their own lines, never offer its `--where` as a command, and offer the
+/// backfill with this `--config`.
+#[tokio::test]
+async fn a_planted_backfill_marker_is_printed_escaped_and_its_sql_is_never_offered() {
+    let (db, nats, config) = servers().await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = config_file(&dir, &config);
+    let setup = with_file(&["setup"], &file);
+    assert_eq!(setup.status.code(), Some(0), "{}", setup.stderr);
+    let js = nats.jetstream().await;
+    let mut stream = js.get_stream(&config.nats.stream).await.unwrap();
+    let mut cfg: jetstream::stream::Config = stream.info().await.unwrap().config.clone();
+    let planted = serde_json::json!({
+        "slot": config.postgres.slot,
+        "pid": 1,
+        "host": "h\u{1b}[2K\nrelay: streaming (pid 1)",
+        "started": "now",
+        "where": "true) OR (1=1",
+    });
+    cfg.metadata
+        .insert("outbox-relay.backfill".into(), planted.to_string());
+    js.update_stream(cfg).await.unwrap();
+    // A stopped backfill drops its slot and leaves its marker: setup refuses then, so status must
+    // not offer it for the missing slot.
+    db.client()
+        .await
+        .execute(
+            "SELECT pg_drop_replication_slot($1)",
+            &[&config.postgres.slot],
+        )
+        .await
+        .unwrap();
+
+    let command = format!("`outbox-relay --config {file} backfill`");
+    for (what, out) in [
+        ("status", with_file(&["status"], &file).stdout),
+        ("setup", with_file(&["setup"], &file).stderr),
+        ("run", with_file(&["run"], &file).stderr),
+    ] {
+        assert!(
+            !out.contains('\u{1b}'),
+            "{what}: an escape reached the terminal: {out:?}"
+        );
+        assert!(
+            !out.lines().any(|l| l.starts_with("relay: streaming")),
+            "{what}: a line of the marker's own: {out}"
+        );
+        assert!(
+            !out.contains("backfill --where 'true) OR (1=1"),
+            "{what}: the marker's SQL offered as a command: {out}"
+        );
+        assert!(out.contains(&command), "{what}: {command}\n{out}");
+        assert!(
+            out.contains(r"h\u{1b}[2K\u{a}relay: streaming (pid 1)"),
+            "{what}: the host, escaped: {out}"
+        );
+        assert!(
+            out.contains(r#"records --where "true) OR (1=1""#),
+            "{what}: the recorded predicate shown as data: {out}"
+        );
+    }
+    let status = with_file(&["status"], &file).stdout;
+    assert!(
+        !status.contains(&format!("run `outbox-relay --config {file} setup`")),
+        "setup refuses under the marker, so status does not offer it: {status}"
+    );
+}
+
+/// 47#12: `backfill` as a role without SELECT on the polled table blamed `--where / --order-by`.
+/// Now it names the grant (and sql/03, which makes it).
+#[tokio::test]
+async fn backfill_without_select_on_the_table_names_the_grant() {
+    let (db, _nats, config) = servers().await;
+    let server = PgServer::shared();
+    let role = unique("nosel");
+    let password = "No-Select-1";
+    db.psql(&format!(
+        "CREATE ROLE {role} LOGIN REPLICATION PASSWORD '{password}'; \
+         CREATE PUBLICATION {} FOR TABLE public.outbox WITH (publish = 'insert');",
+        config.postgres.publication
+    ));
+    let mut env = relay_env(&config);
+    env.retain(|(k, _)| k != "OUTBOX_RELAY_POSTGRES_URL");
+    env.push((
+        "OUTBOX_RELAY_POSTGRES_URL".into(),
+        format!(
+            "postgres://{role}:{password}@{}:{}/{}?sslmode=disable",
+            server.host(),
+            server.port(),
+            db.name()
+        ),
+    ));
+    let f = run_command(&["backfill"], &env, LIMIT);
+    assert_eq!(f.status.code(), Some(1), "{}", f.stderr);
+    let last = f.stderr.trim().lines().last().unwrap_or("");
+    assert!(
+        last.contains(&format!("GRANT SELECT ON public.outbox TO {role}"))
+            && last.contains("sql/03_relay_role.sql"),
+        "{last}"
+    );
+    assert!(!last.contains("--where / --order-by"), "{last}");
+}
+
+/// 47#12: `/wait` for an LSN past the server's WAL end answered only `timeout`. Now, once the
+/// relay's slot sampler has read the WAL position after the wait began, the answer says the LSN is
+/// past it, with the WAL end.
+#[tokio::test]
+async fn a_wait_past_the_servers_wal_end_says_so() {
+    let (db, _nats, mut config) = servers().await;
+    let addr = free_addr();
+    config.http.listen = addr.clone();
+    let client: Client = db.client().await;
+    let mut p = RelayProcess::run(&config);
+    wait_for_active_slot(&client, &config.postgres.slot).await;
+    wait_for_status(&addr, "/readyz", 200, 30).await;
+    // The sampler reads the WAL every 5 s; 9 s leaves room for one reading after the wait began
+    // (and stays below the 10 s this GET waits).
+    let (code, body) = try_get(&addr, "/wait?lsn=FFFF/0&timeout_ms=9000")
+        .await
+        .expect("an answer");
+    p.signal("TERM");
+    let _ = p.wait(LIMIT);
+    assert_eq!(code, 504, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["error"], "timeout", "{v}");
+    assert!(v["wal_end"].as_str().is_some(), "{v}");
+    assert!(
+        v["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("past the end of the server's WAL")),
+        "{v}"
+    );
+}
+
+/// 47#13: the sql/06 prefix warning came on every `setup`, `status` and `run` of a relay that
+/// deliberately does not relay that prefix. Now each warning has a stable name, and
+/// `warnings.acknowledged` leaves the named ones out (saying which); the others stay.
+#[tokio::test]
+async fn an_acknowledged_warning_is_left_out_by_name() {
+    let db = TestDb::create(PgServer::shared()).await;
+    db.psql(&default_outbox_sql());
+    db.psql(&sql_06(&[]));
+    let nats = NatsServer::start();
+    let config = relay_config(&db, &nats);
+    let mut off = relay_env(&config);
+    off.push(("OUTBOX_RELAY_OUTBOX_MESSAGE_PREFIX".into(), String::new()));
+    let setup = run_command(&["setup"], &off, LIMIT);
+    assert!(setup.status.success(), "{}", setup.stderr);
+    assert!(helper_warning(&setup.stdout).is_some(), "{}", setup.stdout);
+    let mut acked = off.clone();
+    acked.push((
+        "OUTBOX_RELAY_WARNINGS_ACKNOWLEDGED".into(),
+        "unrelayed-message-helper".into(),
+    ));
+    for args in [&["setup"][..], &["status"]] {
+        let f = run_command(args, &acked, LIMIT);
+        assert_eq!(helper_warning(&f.stdout), None, "{args:?}: {}", f.stdout);
+        assert!(
+            f.stdout.contains(
+                "acknowledged warnings (warnings.acknowledged): unrelayed-message-helper"
+            ),
+            "{args:?}: {}",
+            f.stdout
+        );
+        assert!(
+            f.stdout.contains("warning[wal-keep-unbounded]"),
+            "{args:?}: the others stay: {}",
+            f.stdout
+        );
+    }
+    let client = db.client().await;
+    let mut p = RelayProcess::spawn(&["run"], &acked);
+    wait_for_active_slot(&client, &config.postgres.slot).await;
+    p.signal("TERM");
+    let _ = p.wait(LIMIT);
+    assert!(
+        !p.stderr()
+            .contains("sql/06_outbox_message.sql) writes events"),
+        "{}",
+        p.stderr()
+    );
+    let typo = [(
+        "OUTBOX_RELAY_WARNINGS_ACKNOWLEDGED".to_owned(),
+        "unrelayed-helper".to_owned(),
+    )];
+    let f = run_command(&["status"], &typo, LIMIT);
+    assert_eq!(f.status.code(), Some(1));
+    assert!(
+        f.stderr.contains("warnings.acknowledged") && f.stderr.contains("unrelayed-helper"),
+        "{}",
+        f.stderr
+    );
+}
