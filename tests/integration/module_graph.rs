@@ -405,12 +405,30 @@ const KNOWN_IN_FOLDERS: &[(&str, &[&str])] = &[
     ("message", &["cloudevents", "dead_letter", "mod"]),
     ("outbox", &["context", "mod", "row"]),
     ("schema", &["budget", "mod"]),
-    ("setup", &["mod", "overlap", "postgres", "stream"]),
-    ("status", &["checks", "mod", "postgres", "sim", "slot"]),
+    ("setup", &["check", "mod", "overlap", "postgres", "stream"]),
+    (
+        "status",
+        &["checks", "mod", "postgres", "retention", "sim", "slot"],
+    ),
     ("stored", &["mod", "service"]),
     ("telemetry", &["mod", "otlp"]),
     ("testkit", &["db", "mod", "nats"]),
-    ("verify", &["mod", "rows", "stream"]),
+    (
+        "verify",
+        &[
+            "compare",
+            "findings",
+            "look",
+            "messages",
+            "mod",
+            "proof",
+            "rows",
+            "run",
+            "side",
+            "stream",
+            "unreachable",
+        ],
+    ),
 ];
 
 /// A graph's edges and its nodes.
