@@ -86,7 +86,8 @@ pub(crate) async fn record(
 ) -> Result<Option<Start>, String> {
     let info = js
         .api_request(format!("STREAM.INFO.{stream}"), Value::Object(Map::new()))
-        .await?;
+        .await
+        .map_err(|e| crate::error_chain::error_chain(&e))?;
     if let Some(e) = api_error(&info) {
         return Err(e);
     }
@@ -118,7 +119,8 @@ pub(crate) async fn record(
     metadata.insert(META_START.to_owned(), Value::String(value));
     let answer = js
         .api_request(format!("STREAM.UPDATE.{stream}"), cfg)
-        .await?;
+        .await
+        .map_err(|e| crate::error_chain::error_chain(&e))?;
     match api_error(&answer) {
         Some(e) => Err(e),
         None => Ok(Some(start)),

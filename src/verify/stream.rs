@@ -145,11 +145,11 @@ impl StreamScan {
             "outbox-relay verify: reading the stream",
         )
         .await
-        .map_err(|e| nats("reading", e))?;
+        .map_err(|e| nats("reading", crate::error_chain::error_chain(&e)))?;
         while let Some((seq, m)) = reader
             .next_message()
             .await
-            .map_err(|e| nats("reading", e))?
+            .map_err(|e| nats("reading", crate::error_chain::error_chain(&e)))?
         {
             self.take(seq, m.subject.as_str(), m.headers.as_ref(), &m.payload)
                 .map_err(|e| nats("reading", e))?;
