@@ -71,6 +71,7 @@ mod slot_scan;
 pub mod source;
 pub mod status;
 pub(crate) mod stored;
+pub(crate) mod tail;
 pub(crate) mod telemetry;
 /// The OTLP exporter's encoder and HTTP client, for benches/otlp.rs.
 #[cfg(feature = "test-support")]
@@ -78,6 +79,7 @@ pub use telemetry::bench as telemetry_bench;
 #[cfg(feature = "test-support")]
 pub mod testkit;
 mod text;
+pub mod timeline;
 pub mod verify;
 pub mod warning;
 

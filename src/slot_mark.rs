@@ -35,8 +35,8 @@ use tokio_postgres::Client;
 use crate::Lsn;
 use crate::config::Settings;
 use crate::position::Position;
-use crate::sink::{Origin, Replay, Tail};
 use crate::slot_scan::{self, Bound, Found};
+use crate::tail::{Origin, Tail};
 
 /// The mark's name: the slot's with `_mark`, cut to Postgres' 63 bytes.
 pub(crate) fn name(slot: &str) -> String {
@@ -57,7 +57,7 @@ pub(crate) enum Stored {
 
 impl Stored {
     /// From the stream's tail: its last message's position, when a relay wrote it in the history
-    /// `origin` streams, by the rule the replay trusts a tail by ([`Replay::judge`]: this system
+    /// `origin` streams, by the rule the replay trusts a tail by ([`crate::tail::judge`]: this system
     /// and slot, this timeline or an ancestor below its switch point, not past the server's WAL).
     /// With `origin` `None`, only the slot is compared: `status` knows no timeline.
     pub(crate) fn from_tail(tail: &Tail, slot: &str, origin: Option<&Origin>) -> Stored {
@@ -71,7 +71,7 @@ impl Stored {
             ));
         };
         if let Some(origin) = origin {
-            return match Replay::judge(last, origin) {
+            return match crate::tail::judge(last, origin) {
                 Ok((p, _)) => Stored::Through(Some(p)),
                 Err(why) => Stored::Unknown(why.to_string()),
             };
@@ -401,9 +401,15 @@ pub async fn sim_check(
     reported: Option<&Consumed>,
 ) -> (SlotCheck, bool) {
     let slot = &settings.config().postgres.slot;
-    let origin = Origin::of(system, slot);
+    let origin = Origin::of(
+        &system.system_id,
+        system.timeline,
+        system.xlogpos,
+        &system.history,
+        slot,
+    );
     let stored =
-        match crate::sink::read_tail(nats, &settings.config().nats.stream, settings.ack_timeout)
+        match crate::tail::read_tail(nats, &settings.config().nats.stream, settings.ack_timeout)
             .await
         {
             Ok(tail) => Stored::from_tail(&tail, slot, Some(&origin)),
@@ -438,7 +444,7 @@ pub async fn sim_check(
 mod tests {
     use super::*;
     use crate::position::History;
-    use crate::sink::Stamp;
+    use crate::tail::Stamp;
 
     fn history(slot: &str) -> History {
         History {
@@ -458,9 +464,9 @@ mod tests {
             },
             wal_end: Lsn(0x1000),
             timelines: if file.is_empty() {
-                crate::source::TimelineHistory::root(timeline)
+                crate::timeline::TimelineHistory::root(timeline)
             } else {
-                crate::source::TimelineHistory::parse(timeline, file).unwrap()
+                crate::timeline::TimelineHistory::parse(timeline, file).unwrap()
             },
         }
     }

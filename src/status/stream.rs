@@ -157,7 +157,7 @@ pub(super) async fn stored_by_tail(
 ) -> slot_mark::Stored {
     // As long as any other request of status's client may take (async-nats' default).
     let timeout = std::time::Duration::from_secs(10);
-    match crate::sink::read_tail(nats, stream, timeout).await {
+    match crate::tail::read_tail(nats, stream, timeout).await {
         // status knows no timeline: the slot named in the tail is compared, not the history.
         Ok(tail) => slot_mark::Stored::from_tail(&tail, slot, None),
         Err(e) => slot_mark::Stored::Unknown(crate::error_chain::error_chain(&e)),
