@@ -87,6 +87,6 @@ pub use lsn::Lsn;
 /// The stop mark's judgement over the deterministic simulation's servers.
 #[cfg(feature = "test-support")]
 pub use slot_mark::{SimMark, sim_check as sim_slot_check};
-/// `status`'s verdict on the slot over the deterministic simulation's servers.
+/// The look at a slot's changes over the deterministic simulation's servers.
 #[cfg(feature = "test-support")]
-pub use status::{SimSlot, SimSlotVerdict, sim_slot_status};
+pub use slot_scan::sim_scan;

@@ -161,26 +161,46 @@ async fn mark_position(pg: &Client, mark: &str) -> Result<Option<Lsn>, tokio_pos
 }
 
 /// Judges the mark against the slot at `slot_at` and what the stream holds, without dropping it:
-/// `status` reads, and the relay's start decides what to keep ([`check`]).
+/// the relay's start decides what to keep ([`check`]); `status` judges through [`judge_from`] over
+/// its own servers' answers ([`mark_at`], [`scan_mark`]).
 pub(crate) async fn judge(
     settings: &Settings,
     pg: &Client,
     slot_at: Lsn,
     stored: &Stored,
 ) -> Result<Check, tokio_postgres::Error> {
-    let mark = name(&settings.config().postgres.slot);
-    let mark_at = mark_position(pg, &mark).await?;
+    let mark_at = mark_at(settings, pg).await?;
     judge_from(settings, mark_at, slot_at, stored, |after| {
-        slot_scan::scan(
-            settings,
-            pg,
-            &mark,
-            Some(slot_at),
-            after,
-            false,
-            Bound::DEFAULT,
-        )
+        scan_mark(settings, pg, slot_at, after)
     })
+    .await
+}
+
+/// The mark's position, if there is a mark.
+pub(crate) async fn mark_at(
+    settings: &Settings,
+    pg: &Client,
+) -> Result<Option<Lsn>, tokio_postgres::Error> {
+    mark_position(pg, &name(&settings.config().postgres.slot)).await
+}
+
+/// The outbox events the mark holds up to `slot_at`, past `after`, within [`Bound::DEFAULT`].
+pub(crate) async fn scan_mark(
+    settings: &Settings,
+    pg: &Client,
+    slot_at: Lsn,
+    after: Option<Position>,
+) -> Result<slot_scan::Scan, tokio_postgres::Error> {
+    let mark = name(&settings.config().postgres.slot);
+    slot_scan::scan(
+        settings,
+        pg,
+        &mark,
+        Some(slot_at),
+        after,
+        false,
+        Bound::DEFAULT,
+    )
     .await
 }
 

@@ -408,10 +408,6 @@ const KNOWN_IN_FOLDERS: &[(&str, &[&str])] = &[
     ("outbox", &["context", "mod", "row"]),
     ("schema", &["budget", "mod"]),
     ("setup", &["check", "mod", "overlap", "postgres", "stream"]),
-    (
-        "status",
-        &["checks", "mod", "postgres", "retention", "sim", "slot"],
-    ),
     ("stored", &["mod", "service"]),
     ("telemetry", &["mod", "otlp"]),
     ("testkit", &["db", "mod", "nats"]),
