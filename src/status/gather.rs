@@ -38,8 +38,7 @@ pub(super) async fn gather(
     max_lag_bytes: i64,
     watched: Option<Duration>,
 ) -> Gathered {
-    let mut problems = Vec::new();
-    let mut warnings: Vec<Warning> = Vec::new();
+    let (mut problems, mut warnings) = (Vec::new(), Vec::<Warning>::new());
     let config = settings.config();
     let mut pg = postgres_side(facts, settings, &mut problems, &mut warnings).await;
     if let Some(w) = watched {
@@ -75,12 +74,7 @@ pub(super) async fn gather(
     let consumed =
         consumed_problem(facts, settings, &pg, &stream, &mut problems, &mut warnings).await;
     missing_problems(settings, &pg, &stream, &mut problems);
-    if let Some(lag) = pg.slot.lag_bytes.filter(|&l| l > max_lag_bytes) {
-        problems.push(format!(
-            "slot {} is {lag} bytes behind the WAL (more than {max_lag_bytes}): is the relay running and acknowledged?",
-            config.postgres.slot
-        ));
-    }
+    problems.extend(lag_problem(settings, &pg.slot, max_lag_bytes));
     retention_warnings(settings, &pg, &mut warnings);
     orphan_mark_problems(&pg.orphan_marks, &mut problems);
     stream_warnings(settings, &stream, &mut warnings);
@@ -91,13 +85,10 @@ pub(super) async fn gather(
     let schemas = schemas_status(settings, &mut problems);
     let (warnings, acknowledged_warnings) =
         crate::warning::split_acknowledged(warnings, &config.warnings.acknowledged);
-    // Before 17 only watching tells how long the slot has been unheld (see `status`).
-    let watch = (watched.is_none()
-        && pg.server.version_num.is_some_and(|v| v < 170000)
-        && pg.slot.state == State::Exists
-        && pg.slot.active == Some(false)
-        && pg.slot.events_waiting == Some(false))
-    .then(|| Duration::from_secs(config.status.grace_secs));
+    let watch = watched
+        .is_none()
+        .then(|| watch_for(settings, &pg))
+        .flatten();
     let mut slot = pg.slot;
     slot.consumed_events = consumed;
     Gathered {
@@ -120,6 +111,26 @@ pub(super) async fn gather(
         },
         watch,
     }
+}
+
+/// A slot further behind than `max_lag_bytes`, even while a relay streams it: the relay is stalled
+/// or too slow.
+fn lag_problem(settings: &Settings, slot: &SlotStatus, max_lag_bytes: i64) -> Option<String> {
+    let lag = slot.lag_bytes.filter(|&l| l > max_lag_bytes)?;
+    Some(format!(
+        "slot {} is {lag} bytes behind the WAL (more than {max_lag_bytes}): is the relay running and acknowledged?",
+        settings.config().postgres.slot
+    ))
+}
+
+/// How long to watch a slot no relay holds, with nothing waiting in it: before 17 only watching
+/// tells how long it has been unheld (see `status`).
+fn watch_for(settings: &Settings, pg: &PostgresSide) -> Option<Duration> {
+    (pg.server.version_num.is_some_and(|v| v < 170000)
+        && pg.slot.state == State::Exists
+        && pg.slot.active == Some(false)
+        && pg.slot.events_waiting == Some(false))
+    .then(|| Duration::from_secs(settings.config().status.grace_secs))
 }
 
 /// The server, slot, relay and publication, and the `pg_logical_emit_message` grant warning; a
