@@ -15,35 +15,43 @@ use crate::source::{SourceError, connect_control};
 /// A slot as `pg_replication_slots` shows it, plus its lag.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default)]
-pub(crate) struct SlotRow {
-    pub(crate) slot_type: String,
-    pub(crate) plugin: Option<String>,
-    pub(crate) database: Option<String>,
-    pub(crate) active: bool,
-    pub(crate) active_pid: Option<i32>,
-    pub(crate) confirmed_flush_lsn: Option<String>,
-    pub(crate) wal_status: Option<String>,
-    pub(crate) safe_wal_size: Option<i64>,
+pub struct SlotRow {
+    /// `physical` or `logical`.
+    pub slot_type: String,
+    /// The output plugin (`pgoutput`).
+    pub plugin: Option<String>,
+    /// The database a logical slot decodes.
+    pub database: Option<String>,
+    /// A walsender streams it now.
+    pub active: bool,
+    /// That walsender's pid.
+    pub active_pid: Option<i32>,
+    /// The position its consumer confirmed.
+    pub confirmed_flush_lsn: Option<String>,
+    /// `reserved`, `extended`, `unreserved` or `lost`.
+    pub wal_status: Option<String>,
+    /// Bytes that can still be written before the slot is in danger of `lost`.
+    pub safe_wal_size: Option<i64>,
     /// PG 17+: the slot is synchronised to standbys (`FAILOVER`).
-    pub(crate) failover: Option<bool>,
+    pub failover: Option<bool>,
     /// PG 17+: this is a standby's copy of a failover slot.
-    pub(crate) synced: Option<bool>,
+    pub synced: Option<bool>,
     /// PG 17+: since when no one streams the slot.
-    pub(crate) inactive_since: Option<String>,
+    pub inactive_since: Option<String>,
     /// PG 17+: why the slot was invalidated (`wal_removed`, `idle_timeout`, …).
-    pub(crate) invalidation_reason: Option<String>,
+    pub invalidation_reason: Option<String>,
     /// Not a column: the database the control connection is in.
     #[serde(skip)]
-    pub(crate) current_database: String,
+    pub current_database: String,
     /// Not a column: WAL position − `confirmed_flush_lsn`.
     #[serde(skip)]
-    pub(crate) lag_bytes: Option<i64>,
+    pub lag_bytes: Option<i64>,
     /// Not a column: WAL position − `restart_lsn`, the WAL the slot keeps.
     #[serde(skip)]
-    pub(crate) retained_bytes: Option<i64>,
+    pub retained_bytes: Option<i64>,
     /// Not a column: the server's WAL position the lag is measured against.
     #[serde(skip)]
-    pub(crate) wal_lsn: Option<String>,
+    pub wal_lsn: Option<String>,
 }
 
 impl SlotRow {

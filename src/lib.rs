@@ -71,6 +71,7 @@ mod slot_scan;
 pub mod source;
 pub mod status;
 pub(crate) mod stored;
+pub(crate) mod tail;
 pub(crate) mod telemetry;
 /// The OTLP exporter's encoder and HTTP client, for benches/otlp.rs.
 #[cfg(feature = "test-support")]
@@ -78,6 +79,7 @@ pub use telemetry::bench as telemetry_bench;
 #[cfg(feature = "test-support")]
 pub mod testkit;
 mod text;
+pub mod timeline;
 pub mod verify;
 pub mod warning;
 
@@ -85,6 +87,6 @@ pub use lsn::Lsn;
 /// The stop mark's judgement over the deterministic simulation's servers.
 #[cfg(feature = "test-support")]
 pub use slot_mark::{SimMark, sim_check as sim_slot_check};
-/// `status`'s verdict on the slot over the deterministic simulation's servers.
+/// The look at a slot's changes over the deterministic simulation's servers.
 #[cfg(feature = "test-support")]
-pub use status::{SimSlot, SimSlotVerdict, sim_slot_status};
+pub use slot_scan::sim_scan;

@@ -22,9 +22,9 @@
 //! snapshot (same system and timeline, the WAL after the snapshot written anew). The first two are
 //! told by `IDENTIFY_SYSTEM`; the slot name keeps two relays' positions apart. A new timeline keeps
 //! its ancestors' WAL below the point where each ended (`TIMELINE_HISTORY`,
-//! [`crate::source::TimelineHistory`]), so there an older timeline's position still names the same
+//! [`crate::timeline::TimelineHistory`]), so there an older timeline's position still names the same
 //! event. A restore is not
-//! visible in any identifier: [`crate::sink::Replay`] checks that the walsender's events reach the
+//! visible in any identifier: the replay (`src/sink/replay.rs`) checks that the walsender's events reach the
 //! tail's position with the tail's own event before it trusts anything it skipped.
 
 use std::fmt;
@@ -137,7 +137,7 @@ impl FromStr for History {
 /// `;replay-over=N`, N the stream's last sequence when the session began. Such a session publishes
 /// again from the slot's confirmed position, so its messages can sit after messages with higher
 /// positions; a later session whose tail is one of them reads message N, the stream's last before
-/// that replay, to find where the stream really ends ([`crate::sink::Replay`]).
+/// that replay, to find where the stream really ends (the replay (`src/sink/replay.rs`)).
 pub(crate) const REPLAY_OVER: &str = "replay-over";
 
 /// What a session stamps on every message besides the position, formatted once per session: the

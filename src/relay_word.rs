@@ -39,7 +39,7 @@ const MAX_REASON: usize = 120;
 
 /// What the relay serving `http.listen` says of itself.
 #[derive(Debug, Clone, Serialize)]
-pub(crate) struct RelayWord {
+pub struct RelayWord {
     /// The address asked.
     pub(crate) address: String,
     /// Whether it answered at all.
@@ -84,18 +84,15 @@ fn as_text<S: serde::Serializer>(lsn: &Lsn, s: S) -> Result<S::Ok, S::Error> {
 
 impl WordPosition {
     /// From `/position`'s body: the relay's JSON, or why it is not.
-    fn parse(body: &str) -> Result<WordPosition, String> {
-        let v: serde_json::Value =
-            serde_json::from_str(body).map_err(|_| "its /position is not JSON".to_owned())?;
-        let text = |key: &str| {
+    fn parse(body: &str) -> Result<WordPosition, NotPosition> {
+        let v: serde_json::Value = serde_json::from_str(body).map_err(|_| NotPosition::NotJson)?;
+        let text = |key: &'static str| {
             v.get(key)
                 .and_then(|x| x.as_str())
-                .ok_or_else(|| format!("its /position has no {key}"))
+                .ok_or(NotPosition::Lacks(key))
         };
-        let lsn = |key: &str| -> Result<Lsn, String> {
-            text(key)?
-                .parse()
-                .map_err(|_| format!("its /position's {key} is not an LSN"))
+        let lsn = |key: &'static str| -> Result<Lsn, NotPosition> {
+            text(key)?.parse().map_err(|_| NotPosition::NotLsn(key))
         };
         Ok(WordPosition {
             slot: shown(text("slot")?, 63),
@@ -105,9 +102,45 @@ impl WordPosition {
             last_sequence: v
                 .get("last_sequence")
                 .and_then(|x| x.as_u64())
-                .ok_or_else(|| "its /position has no last_sequence".to_owned())?,
+                .ok_or(NotPosition::Lacks("last_sequence"))?,
         })
     }
+}
+
+/// Why a `/position` body is not the relay's position.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum NotPosition {
+    #[error("its /position is not JSON")]
+    NotJson,
+    #[error("its /position has no {0}")]
+    Lacks(&'static str),
+    #[error("its /position's {0} is not an LSN")]
+    NotLsn(&'static str),
+}
+
+/// Why a GET to the relay's listener got no answer, one line.
+#[derive(Debug, thiserror::Error)]
+enum AskError {
+    #[error("connecting to {addr}: {cause}")]
+    Connect {
+        addr: SocketAddr,
+        cause: std::io::Error,
+    },
+    #[error("{addr}: {cause}")]
+    Handshake {
+        addr: SocketAddr,
+        cause: hyper::Error,
+    },
+    #[error("{0}")]
+    Request(hyper::http::Error),
+    #[error("GET {path} on {addr}: {cause}")]
+    Get {
+        path: String,
+        addr: SocketAddr,
+        cause: Box<dyn std::error::Error + Send + Sync>,
+    },
+    #[error("{addr} did not answer within {ASK_TIMEOUT:?}")]
+    Timeout { addr: SocketAddr },
 }
 
 impl RelayWord {
@@ -177,17 +210,17 @@ pub(crate) async fn ask(listen: &str) -> Option<RelayWord> {
             }
         }
         Err(e) => {
-            word.error = Some(e);
+            word.error = Some(e.to_string());
             return Some(word);
         }
     }
     match get(addr, "/position").await {
         Ok((200, body)) => match WordPosition::parse(&body) {
             Ok(p) => word.position = Some(p),
-            Err(e) => word.error = Some(e),
+            Err(e) => word.error = Some(e.to_string()),
         },
         Ok((status, _)) => word.error = Some(format!("/position answered {status}")),
-        Err(e) => word.error = Some(e),
+        Err(e) => word.error = Some(e.to_string()),
     }
     if let Ok((200, body)) = get(addr, "/metrics").await {
         word.seconds_since_last_ack = since_last_ack(&body);
@@ -218,36 +251,41 @@ fn since_last_ack(metrics: &str) -> Option<f64> {
 }
 
 /// One GET: the status code and the body, or why not (one line).
-async fn get(addr: SocketAddr, path: &str) -> Result<(u16, String), String> {
+async fn get(addr: SocketAddr, path: &str) -> Result<(u16, String), AskError> {
+    let failed = |cause: Box<dyn std::error::Error + Send + Sync>| AskError::Get {
+        path: path.to_owned(),
+        addr,
+        cause,
+    };
     let request = async {
         let tcp = tokio::net::TcpStream::connect(addr)
             .await
-            .map_err(|e| format!("connecting to {addr}: {e}"))?;
+            .map_err(|cause| AskError::Connect { addr, cause })?;
         let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
             .await
-            .map_err(|e| format!("{addr}: {e}"))?;
+            .map_err(|cause| AskError::Handshake { addr, cause })?;
         // The connection is driven beside the request, and dropped with it.
         let conn = tokio::spawn(conn);
         let req = hyper::Request::get(path)
             .header(hyper::header::HOST, addr.to_string())
             .body(Empty::<Bytes>::new())
-            .map_err(|e| e.to_string())?;
+            .map_err(AskError::Request)?;
         let res = sender
             .send_request(req)
             .await
-            .map_err(|e| format!("GET {path} on {addr}: {e}"))?;
+            .map_err(|e| failed(e.into()))?;
         let status = res.status().as_u16();
         let body = Limited::new(res.into_body(), MAX_BODY)
             .collect()
             .await
-            .map_err(|e| format!("GET {path} on {addr}: {e}"))?
+            .map_err(failed)?
             .to_bytes();
         conn.abort();
         Ok((status, String::from_utf8_lossy(&body).into_owned()))
     };
     tokio::time::timeout(ASK_TIMEOUT, request)
         .await
-        .unwrap_or_else(|_| Err(format!("{addr} did not answer within {ASK_TIMEOUT:?}")))
+        .unwrap_or(Err(AskError::Timeout { addr }))
 }
 
 #[cfg(test)]
@@ -283,7 +321,7 @@ mod tests {
         assert_eq!(p.last_sequence, 7);
         let injected = r#"{"slot":"s","stream":"S","stored_lsn":"0/1\nrelay: streaming (pid 1)\nhealthy","confirmed_lsn":"0/1","last_sequence":1}"#;
         assert_eq!(
-            WordPosition::parse(injected).unwrap_err(),
+            WordPosition::parse(injected).unwrap_err().to_string(),
             "its /position's stored_lsn is not an LSN"
         );
         let named = r#"{"slot":"s\u001b[2K","stream":"S","stored_lsn":"0/1","confirmed_lsn":"0/1","last_sequence":1}"#;

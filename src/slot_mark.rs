@@ -35,8 +35,8 @@ use tokio_postgres::Client;
 use crate::Lsn;
 use crate::config::Settings;
 use crate::position::Position;
-use crate::sink::{Origin, Replay, Tail};
 use crate::slot_scan::{self, Bound, Found};
+use crate::tail::{Origin, Tail};
 
 /// The mark's name: the slot's with `_mark`, cut to Postgres' 63 bytes.
 pub(crate) fn name(slot: &str) -> String {
@@ -57,7 +57,7 @@ pub(crate) enum Stored {
 
 impl Stored {
     /// From the stream's tail: its last message's position, when a relay wrote it in the history
-    /// `origin` streams, by the rule the replay trusts a tail by ([`Replay::judge`]: this system
+    /// `origin` streams, by the rule the replay trusts a tail by ([`crate::tail::judge`]: this system
     /// and slot, this timeline or an ancestor below its switch point, not past the server's WAL).
     /// With `origin` `None`, only the slot is compared: `status` knows no timeline.
     pub(crate) fn from_tail(tail: &Tail, slot: &str, origin: Option<&Origin>) -> Stored {
@@ -71,7 +71,7 @@ impl Stored {
             ));
         };
         if let Some(origin) = origin {
-            return match Replay::judge(last, origin) {
+            return match crate::tail::judge(last, origin) {
                 Ok((p, _)) => Stored::Through(Some(p)),
                 Err(why) => Stored::Unknown(why.to_string()),
             };
@@ -161,26 +161,46 @@ async fn mark_position(pg: &Client, mark: &str) -> Result<Option<Lsn>, tokio_pos
 }
 
 /// Judges the mark against the slot at `slot_at` and what the stream holds, without dropping it:
-/// `status` reads, and the relay's start decides what to keep ([`check`]).
+/// the relay's start decides what to keep ([`check`]); `status` judges through [`judge_from`] over
+/// its own servers' answers ([`mark_at`], [`scan_mark`]).
 pub(crate) async fn judge(
     settings: &Settings,
     pg: &Client,
     slot_at: Lsn,
     stored: &Stored,
 ) -> Result<Check, tokio_postgres::Error> {
-    let mark = name(&settings.config().postgres.slot);
-    let mark_at = mark_position(pg, &mark).await?;
+    let mark_at = mark_at(settings, pg).await?;
     judge_from(settings, mark_at, slot_at, stored, |after| {
-        slot_scan::scan(
-            settings,
-            pg,
-            &mark,
-            Some(slot_at),
-            after,
-            false,
-            Bound::DEFAULT,
-        )
+        scan_mark(settings, pg, slot_at, after)
     })
+    .await
+}
+
+/// The mark's position, if there is a mark.
+pub(crate) async fn mark_at(
+    settings: &Settings,
+    pg: &Client,
+) -> Result<Option<Lsn>, tokio_postgres::Error> {
+    mark_position(pg, &name(&settings.config().postgres.slot)).await
+}
+
+/// The outbox events the mark holds up to `slot_at`, past `after`, within [`Bound::DEFAULT`].
+pub(crate) async fn scan_mark(
+    settings: &Settings,
+    pg: &Client,
+    slot_at: Lsn,
+    after: Option<Position>,
+) -> Result<slot_scan::Scan, tokio_postgres::Error> {
+    let mark = name(&settings.config().postgres.slot);
+    slot_scan::scan(
+        settings,
+        pg,
+        &mark,
+        Some(slot_at),
+        after,
+        false,
+        Bound::DEFAULT,
+    )
     .await
 }
 
@@ -401,9 +421,15 @@ pub async fn sim_check(
     reported: Option<&Consumed>,
 ) -> (SlotCheck, bool) {
     let slot = &settings.config().postgres.slot;
-    let origin = Origin::of(system, slot);
+    let origin = Origin::of(
+        &system.system_id,
+        system.timeline,
+        system.xlogpos,
+        &system.history,
+        slot,
+    );
     let stored =
-        match crate::sink::read_tail(nats, &settings.config().nats.stream, settings.ack_timeout)
+        match crate::tail::read_tail(nats, &settings.config().nats.stream, settings.ack_timeout)
             .await
         {
             Ok(tail) => Stored::from_tail(&tail, slot, Some(&origin)),
@@ -438,7 +464,7 @@ pub async fn sim_check(
 mod tests {
     use super::*;
     use crate::position::History;
-    use crate::sink::Stamp;
+    use crate::tail::Stamp;
 
     fn history(slot: &str) -> History {
         History {
@@ -458,9 +484,9 @@ mod tests {
             },
             wal_end: Lsn(0x1000),
             timelines: if file.is_empty() {
-                crate::source::TimelineHistory::root(timeline)
+                crate::timeline::TimelineHistory::root(timeline)
             } else {
-                crate::source::TimelineHistory::parse(timeline, file).unwrap()
+                crate::timeline::TimelineHistory::parse(timeline, file).unwrap()
             },
         }
     }

@@ -61,7 +61,7 @@ pub(crate) struct Found {
 
 /// What a look saw.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct Scan {
+pub struct Scan {
     /// Outbox events counted (all of them when the look is complete).
     pub(crate) events: u64,
     /// The first of them.
@@ -122,16 +122,16 @@ impl Scanner {
 
     /// One row of the peek: its LSN and its pgoutput message. A row that cannot be decoded or makes
     /// no sense ends the look as unknown: a relay would stop there too.
-    pub(crate) fn row(&mut self, lsn: Lsn, data: Bytes) -> Result<(), String> {
+    pub(crate) fn row(&mut self, lsn: Lsn, data: Bytes) -> Result<(), Unreadable> {
         self.rows += 1;
         let msg = self
             .decoder
             .decode(data, lsn)
-            .map_err(|e| format!("the change at {lsn} cannot be decoded: {e}"))?;
+            .map_err(|cause| Unreadable::Undecodable { lsn, cause })?;
         let event = match self
             .stage
             .step(msg)
-            .map_err(|e| format!("the change at {lsn}: {e}"))?
+            .map_err(|cause| Unreadable::Refused { lsn, cause })?
         {
             Step::Event(e) | Step::Standalone { event: e, .. } => e,
             _ => return Ok(()),
@@ -161,6 +161,24 @@ impl Scanner {
         self.scan.unfinished = unfinished;
         self.scan
     }
+}
+
+/// A change the look cannot judge; it ends the look as unknown. The cause is part of the one line
+/// (it is not a `source()`: the line is what a problem or a warning carries).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum Unreadable {
+    /// The pgoutput message does not decode.
+    #[error("the change at {lsn} cannot be decoded: {cause}")]
+    Undecodable {
+        lsn: Lsn,
+        cause: crate::pgoutput::DecodeError,
+    },
+    /// The outbox stage refuses it (as a relay would stop there).
+    #[error("the change at {lsn}: {cause}")]
+    Refused {
+        lsn: Lsn,
+        cause: crate::outbox::StageError,
+    },
 }
 
 /// Peeks `slot` (which the caller must not need to stay unacquired: pass a copy or a mark) up to
@@ -308,6 +326,18 @@ pub(crate) fn scan_changes(
     scan
 }
 
+/// [`scan_changes`] as `status` and the stop mark's look ask it (every event, within
+/// [`Bound::DEFAULT`]), for the deterministic simulation's servers.
+#[cfg(feature = "test-support")]
+pub fn sim_scan(
+    settings: &Settings,
+    transactions: &[Vec<(Lsn, Bytes)>],
+    upto: Option<Lsn>,
+    after: Option<Position>,
+) -> Scan {
+    scan_changes(settings, transactions, upto, after, false, Bound::DEFAULT)
+}
+
 /// Feeds whole transactions to `scanner` until `changes` rows are judged, as a peek with
 /// `upto_nchanges` does; returns why the look ended early, if it did.
 #[cfg(any(test, feature = "test-support"))]
@@ -323,7 +353,7 @@ fn feed(
         }
         for (lsn, data) in transaction {
             if let Err(e) = scanner.row(*lsn, data.clone()) {
-                return Some(e);
+                return Some(e.to_string());
             }
             if first_only && scanner.scan.events > 0 {
                 return None;
@@ -374,7 +404,7 @@ async fn peek_into(
         let lsn = row.get::<_, String>(0).parse::<Lsn>().unwrap_or(Lsn::ZERO);
         let counted = scanner.scan.events;
         if let Err(e) = scanner.row(lsn, Bytes::from(row.get::<_, Vec<u8>>(1))) {
-            return Ok(Some(e));
+            return Ok(Some(e.to_string()));
         }
         if scanner.scan.events > counted
             && let (Some(each), Some(found)) = (each.as_deref_mut(), &scanner.scan.last)
@@ -623,6 +653,6 @@ mod tests {
     fn a_change_that_cannot_be_decoded_ends_the_look() {
         let mut s = Scanner::new(&settings(), Vec::new(), None, None);
         let e = s.row(Lsn(0x10), Bytes::from_static(b"\xff")).unwrap_err();
-        assert!(e.contains("0/10"), "{e}");
+        assert!(e.to_string().contains("0/10"), "{e}");
     }
 }

@@ -7,8 +7,9 @@ use crate::backfill_marker::{self, MarkerError};
 use crate::nats::ConnectError;
 use crate::outbox::StageError;
 use crate::setup::SetupError;
-use crate::sink::{SinkError, TailError};
+use crate::sink::SinkError;
 use crate::source::SourceError;
+use crate::tail::TailError;
 
 /// Why a backfill did not finish. One line naming the object and the fix.
 #[derive(Debug, thiserror::Error)]

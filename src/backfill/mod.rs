@@ -136,16 +136,15 @@ pub async fn backfill_over(
     tokio::pin!(stop);
     check_options(settings, &opts)?;
     let slot = settings.config().postgres.slot.clone();
-    let stopped_early = |signal| BackfillError::StoppedEarly { signal };
     let prepared = tokio::select! {
         biased;
-        signal = &mut stop => return Err(stopped_early(signal)),
+        signal = &mut stop => return Err(BackfillError::StoppedEarly { signal }),
         p = servers.prepare() => p?,
     };
     let started = Instant::now();
     let ready = tokio::select! {
         biased;
-        signal = &mut stop => Err(stopped_early(signal)),
+        signal = &mut stop => Err(BackfillError::StoppedEarly { signal }),
         r = get_ready(settings, &prepared, &opts, servers) => r,
     };
     let Ready {
@@ -153,32 +152,24 @@ pub async fn backfill_over(
         nats,
         replace: replaced_slot,
     } = undo_on_error(servers, ready).await?;
-    // From here until the last ack the slot may stand past rows the stream does not hold: the
-    // marker says so to `run`, `setup` and `status`, also if this process is killed.
-    let js: &dyn JetStreamPort = &*nats;
     let stream = settings.config().nats.stream.clone();
-    let now = servers.now_micros();
-    let marker = Marker::new(
-        &slot,
-        opts.where_sql.as_deref(),
-        opts.order_by.as_deref(),
-        now,
-    );
-    undo_on_error(
-        servers,
-        backfill_marker::set(js, &stream, &marker)
-            .await
-            .map_err(BackfillError::from),
-    )
-    .await?;
-    record_start(js, &stream, &marker, now).await;
+    let marker = set_marker(servers, &*nats, &stream, &slot, &opts).await?;
+    let run = Run {
+        settings,
+        opts: &opts,
+        slot: &slot,
+        stream: &stream,
+        js: &*nats,
+        marker: &marker,
+        control: &*control,
+    };
     // Dropping the old slot is not interrupted; creating the new one is cancelled by a stop
     // (Postgres may wait there a long time, for every transaction that was running).
     let created = async {
         if replaced_slot {
-            drop_existing_slot(&*control, &slot).await?;
+            drop_existing_slot(run.control, &slot).await?;
         }
-        create_slot(settings, &*control, servers, stop.as_mut()).await
+        create_slot(settings, run.control, servers, stop.as_mut()).await
     };
     let creation = match created.await {
         Ok(c) => c,
@@ -187,7 +178,7 @@ pub async fn backfill_over(
             // created, the stream perhaps, is removed). With the old slot dropped, the marker stays:
             // only another backfill makes a slot with no gap.
             if !replaced_slot || matches!(e, BackfillError::DropSlot { .. }) {
-                clear_marker(js, &stream, &marker).await;
+                clear_marker(run.js, &stream, &marker).await;
                 servers.undo().await;
             }
             return Err(e);
@@ -196,55 +187,19 @@ pub async fn backfill_over(
     let (repl, system, consistent_point, snapshot) = match creation {
         Creation::Done(new) => new,
         Creation::Stopped { signal, created } => {
-            if let Some((repl, ..)) = created {
-                repl.close().await;
-            }
-            // A slot the cancelled walsender may have finished after all goes too.
-            let gone = abandon_slot(&*control, &slot).await;
-            if gone && !replaced_slot {
-                clear_marker(js, &stream, &marker).await;
-                return Err(BackfillError::StoppedEarly { signal });
-            }
-            return Err(BackfillError::Stopped {
-                signal,
-                progress: "while it created its slot".to_owned(),
-                left: left_after_stop(
-                    &slot,
-                    &stream,
-                    if gone {
-                        SlotLeft::OldDropped
-                    } else {
-                        SlotLeft::Kept
-                    },
-                ),
-                command: again(settings, &opts, false),
-            });
+            return Err(run.stopped_creating(replaced_slot, signal, created).await);
         }
     };
     info!(%slot, %consistent_point, %snapshot, "slot created; reading the rows of its snapshot");
     // Creating the slot waits for every transaction that holds a transaction id on the server to
     // end; the rate is measured from here.
-    let slot_wait = started.elapsed();
-    let mut report = BackfillReport {
-        setup_lines: prepared.lines.clone(),
-        warnings: prepared.warnings.clone(),
-        slot: slot.clone(),
-        consistent_point,
-        commit_lsn: Lsn(consistent_point.0.saturating_sub(1)),
-        history: system.map(|s| History {
-            system_id: s.system_id,
-            timeline: s.timeline,
-            slot: slot.clone(),
-        }),
-        replaced_slot,
-        slot_wait,
-        ..BackfillReport::default()
-    };
+    let mut report = first_report(&prepared, &slot, consistent_point, system, replaced_slot);
+    report.slot_wait = started.elapsed();
     let handed = AtomicU64::new(0);
     let published = publish_snapshot(
         settings,
         &opts,
-        &*control,
+        run.control,
         nats.clone(),
         &snapshot,
         &mut report,
@@ -259,72 +214,189 @@ pub async fn backfill_over(
     };
     // The exported snapshot lived in the walsender's transaction; the cursor is done with it now.
     repl.close().await;
-    match result {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => {
-            abandon_slot(&*control, &slot).await;
-            return Err(match e {
-                BackfillError::Publish {
-                    done,
-                    total,
-                    source,
-                    ..
-                } => BackfillError::Publish {
-                    done,
-                    total,
-                    again: again(settings, &opts, false),
-                    source,
-                },
-                e => e,
-            });
-        }
-        Err(signal) => {
-            let gone = abandon_slot(&*control, &slot).await;
-            return Err(BackfillError::Stopped {
-                signal,
-                progress: format!(
-                    "after {} of {} rows",
-                    handed.load(Ordering::Relaxed),
-                    report.total
-                ),
-                left: left_after_stop(
-                    &slot,
-                    &stream,
-                    if gone {
-                        SlotLeft::NewDropped
-                    } else {
-                        SlotLeft::Kept
-                    },
-                ),
-                command: again(settings, &opts, false),
-            });
-        }
-    }
-    // Every row is stored: the slot has no gap behind it now.
-    match backfill_marker::clear(js, &stream, &marker).await {
-        Ok(true) => {}
-        Ok(false) => warn!(
-            %stream,
-            "the backfill marker is no longer this backfill's (another backfill took over): left as it is"
-        ),
-        Err(source) => {
-            return Err(BackfillError::MarkerLeft {
-                slot,
-                again: again(settings, &opts, false),
-                source,
-            });
-        }
-    }
-    // The rows are stored from the new slot's snapshot on: a stop mark left by the slot it replaced
-    // (a client that consumed that slot, `slot_mark.rs`) shows a gap this backfill has filled.
-    if let Err(e) = control.drop_stop_mark().await {
-        warn!(
-            error = %e,
-            mark = %crate::slot_mark::name(&slot),
-            "the replaced slot's stop mark could not be dropped: drop it with pg_drop_replication_slot"
-        );
-    }
+    let rows = format!(
+        "after {} of {} rows",
+        handed.load(Ordering::Relaxed),
+        report.total
+    );
+    run.published(result, rows).await?;
+    run.finish().await?;
     Ok(report)
+}
+
+/// What the steps after the slot decision share: the settings and options, the slot, the stream
+/// and the marker this backfill set, and the servers it reaches them through.
+struct Run<'a> {
+    settings: &'a Settings,
+    opts: &'a BackfillOptions,
+    slot: &'a str,
+    stream: &'a str,
+    js: &'a dyn JetStreamPort,
+    marker: &'a Marker,
+    control: &'a dyn Control,
+}
+
+impl Run<'_> {
+    /// A stop while the slot was being created: the slot the cancelled walsender may have
+    /// finished after all goes too; with no old slot dropped, so does the marker, and nothing
+    /// changed.
+    async fn stopped_creating(
+        &self,
+        replaced_slot: bool,
+        signal: &'static str,
+        created: Option<slot::NewSlot>,
+    ) -> BackfillError {
+        if let Some((repl, ..)) = created {
+            repl.close().await;
+        }
+        let gone = abandon_slot(self.control, self.slot).await;
+        if gone && !replaced_slot {
+            clear_marker(self.js, self.stream, self.marker).await;
+            return BackfillError::StoppedEarly { signal };
+        }
+        BackfillError::Stopped {
+            signal,
+            progress: "while it created its slot".to_owned(),
+            left: left_after_stop(
+                self.slot,
+                self.stream,
+                if gone {
+                    SlotLeft::OldDropped
+                } else {
+                    SlotLeft::Kept
+                },
+            ),
+            command: again(self.settings, self.opts, false),
+        }
+    }
+
+    /// How the rows' publishing ended (`Err`: a stop's signal, `rows` how far it got): a failure
+    /// or a stop drops the new slot and says how to go on.
+    async fn published(
+        &self,
+        result: Result<Result<(), BackfillError>, &'static str>,
+        rows: String,
+    ) -> Result<(), BackfillError> {
+        match result {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => {
+                abandon_slot(self.control, self.slot).await;
+                Err(match e {
+                    BackfillError::Publish {
+                        done,
+                        total,
+                        source,
+                        ..
+                    } => BackfillError::Publish {
+                        done,
+                        total,
+                        again: again(self.settings, self.opts, false),
+                        source,
+                    },
+                    e => e,
+                })
+            }
+            Err(signal) => {
+                let gone = abandon_slot(self.control, self.slot).await;
+                Err(BackfillError::Stopped {
+                    signal,
+                    progress: rows,
+                    left: left_after_stop(
+                        self.slot,
+                        self.stream,
+                        if gone {
+                            SlotLeft::NewDropped
+                        } else {
+                            SlotLeft::Kept
+                        },
+                    ),
+                    command: again(self.settings, self.opts, false),
+                })
+            }
+        }
+    }
+
+    /// Every row is stored, so the slot has no gap behind it now: the marker goes, and a stop
+    /// mark left by the slot this one replaced (a client that consumed that slot, `slot_mark.rs`)
+    /// shows a gap this backfill has filled, so it goes too.
+    async fn finish(&self) -> Result<(), BackfillError> {
+        match backfill_marker::clear(self.js, self.stream, self.marker).await {
+            Ok(true) => {}
+            Ok(false) => warn!(
+                stream = %self.stream,
+                "the backfill marker is no longer this backfill's (another backfill took over): left as it is"
+            ),
+            Err(source) => {
+                return Err(BackfillError::MarkerLeft {
+                    slot: self.slot.to_owned(),
+                    again: again(self.settings, self.opts, false),
+                    source,
+                });
+            }
+        }
+        if let Err(e) = self.control.drop_stop_mark().await {
+            warn!(
+                error = %e,
+                mark = %crate::slot_mark::name(self.slot),
+                "the replaced slot's stop mark could not be dropped: drop it with pg_drop_replication_slot"
+            );
+        }
+        Ok(())
+    }
+}
+
+/// From here until the last ack the slot may stand past rows the stream does not hold: the marker
+/// says so to `run`, `setup` and `status`, also if this process is killed. Set before any slot is
+/// touched (a failure undoes what setup created), with where this backfill begins the stream's
+/// history.
+async fn set_marker(
+    servers: &mut dyn BackfillServers,
+    js: &dyn JetStreamPort,
+    stream: &str,
+    slot: &str,
+    opts: &BackfillOptions,
+) -> Result<Marker, BackfillError> {
+    let now = servers.now_micros();
+    let marker = Marker::new(
+        slot,
+        opts.where_sql.as_deref(),
+        opts.order_by.as_deref(),
+        now,
+    );
+    undo_on_error(
+        servers,
+        backfill_marker::set(js, stream, &marker)
+            .await
+            .map_err(BackfillError::from),
+    )
+    .await?;
+    record_start(js, stream, &marker, now).await;
+    Ok(marker)
+}
+
+/// The report as the slot's creation leaves it: what setup said, the slot, its consistent point
+/// and history, whether it replaced one; the rows' counts come as they are published.
+fn first_report(
+    prepared: &Prepared,
+    slot: &str,
+    consistent_point: Lsn,
+    system: Option<crate::source::SystemInfo>,
+    replaced_slot: bool,
+) -> BackfillReport {
+    BackfillReport {
+        setup_lines: prepared.lines.clone(),
+        warnings: prepared.warnings.clone(),
+        slot: slot.to_owned(),
+        consistent_point,
+        commit_lsn: Lsn(consistent_point.0.saturating_sub(1)),
+        history: system.map(|s| History {
+            system_id: s.system_id,
+            timeline: s.timeline,
+            slot: slot.to_owned(),
+        }),
+        replaced_slot,
+        ..BackfillReport::default()
+    }
 }
 
 /// Records where this backfill begins the stream's history, when the stream holds no message

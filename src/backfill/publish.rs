@@ -17,7 +17,8 @@ use crate::config::Settings;
 use crate::nats::NatsPort;
 use crate::outbox::{OutboxStage, Step};
 use crate::pgoutput::{Column, Message, Relation, TupleValue};
-use crate::sink::{Origin, Outcome, Sink, SinkConfig, SinkError};
+use crate::sink::{Outcome, Sink, SinkConfig, SinkError};
+use crate::tail::Origin;
 
 /// How often the progress callback is called.
 const PROGRESS_EVERY: Duration = Duration::from_secs(2);
@@ -87,7 +88,7 @@ async fn start_sink(
         ..SinkConfig::from_settings(settings)
     };
     let origin = report.history.clone().map(|history| Origin {
-        timelines: crate::source::TimelineHistory::root(history.timeline),
+        timelines: crate::timeline::TimelineHistory::root(history.timeline),
         history,
         wal_end: report.consistent_point,
     });

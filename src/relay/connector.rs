@@ -14,12 +14,12 @@ use crate::metrics::Metrics;
 use crate::nats::NatsPort;
 use crate::nats::connect_nats;
 use crate::position::History;
-use crate::sink::{Origin, read_tail};
 use crate::slot_mark::{self, Consumed, SlotCheck, Stored};
 use crate::source::{
     PgOutputOptions, ReplConnection, ReplicationStream, Shared, SourceError, StreamConfig,
     SystemInfo, TimelineHistory,
 };
+use crate::tail::{Origin, read_tail};
 
 use super::error::{Restart, SessionEnd};
 use super::monitor::{Background, watch_nats};
@@ -282,7 +282,13 @@ impl Connector for Servers {
     ) -> BoxFuture<'a, SlotCheck> {
         Box::pin(async move {
             let nats = self.nats.as_ref().map(|(c, _)| c.clone());
-            let origin = Origin::of(system, &self.settings.config().postgres.slot);
+            let origin = Origin::of(
+                &system.system_id,
+                system.timeline,
+                system.xlogpos,
+                &system.history,
+                &self.settings.config().postgres.slot,
+            );
             tokio::time::timeout(
                 SLOT_CHECK_TIMEOUT,
                 check_slot(&self.settings, nats, &origin, reported),

@@ -16,8 +16,9 @@ use crate::nats::ConnectError;
 use crate::outbox::StageError;
 use crate::pgoutput::DecodeError;
 use crate::setup::SetupError;
-use crate::sink::{Distrust, SinkError, TailError};
+use crate::sink::{Distrust, SinkError};
 use crate::source::SourceError;
+use crate::tail::TailError;
 
 /// A definite error: `run` ends with it; nothing past the confirmed LSN is confirmed.
 #[derive(Debug, thiserror::Error)]

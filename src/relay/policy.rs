@@ -25,8 +25,9 @@ use crate::metrics::CauseKind;
 use crate::nats::ConnectError;
 use crate::progress::OutOfOrderAck;
 use crate::setup::SetupError;
-use crate::sink::{SinkError, TailError};
+use crate::sink::SinkError;
 use crate::source::{ServerError, SourceError};
+use crate::tail::TailError;
 
 use super::error::{NatsTrouble, RelayError, Restart, SessionEnd};
 

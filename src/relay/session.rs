@@ -32,9 +32,10 @@ use crate::metrics::Metrics;
 use crate::outbox::{OutboxStage, Step};
 use crate::pgoutput::Decoder;
 use crate::progress::Progress;
-use crate::sink::{Acked, Origin, Outcome, Sink, SinkConfig};
+use crate::sink::{Acked, Outcome, Sink, SinkConfig};
 use crate::source::{ReplicationEvent, ReplicationStream, SourceError, SystemInfo};
 use crate::stored::{Positions, Serve};
+use crate::tail::Origin;
 
 /// What the relay hands every session to read: the same for all sessions of the process.
 pub(super) struct Shared {
@@ -93,7 +94,13 @@ impl Session {
         // The history this session streams, and how far the server's WAL reaches: the sink trusts
         // the stream's tail only when it is this history's (or an ancestor timeline's, below its
         // switch point) and not beyond it.
-        let origin = Origin::of(&system, &settings.config().postgres.slot);
+        let origin = Origin::of(
+            &system.system_id,
+            system.timeline,
+            system.xlogpos,
+            &system.history,
+            &settings.config().postgres.slot,
+        );
         state.history = Some(origin.history.clone());
         state.streaming(metrics, &settings.config().postgres.slot);
         let client = nats.client().cloned();

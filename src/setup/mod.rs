@@ -206,18 +206,14 @@ pub(crate) async fn prepare_without_slot(settings: &Settings) -> Result<Prepared
     })
 }
 
-/// The checks of [`setup`] alone, changing nothing (for `status`).
-pub(crate) async fn check_only(settings: &Settings) -> Result<(), SetupError> {
-    let pg = connect_postgres(settings).await?;
-    let js = jetstream::new(connect_nats(settings).await?);
-    checks(
-        settings,
-        &pg,
-        &js,
-        &mut SetupReport::default(),
-        Mode::Status,
-    )
-    .await?;
+/// The checks of [`setup`] alone, changing nothing (for `status`, over the connections it opened
+/// once).
+pub(crate) async fn check_only(
+    settings: &Settings,
+    pg: &Client,
+    js: &jetstream::Context,
+) -> Result<(), SetupError> {
+    checks(settings, pg, js, &mut SetupReport::default(), Mode::Status).await?;
     Ok(())
 }
 

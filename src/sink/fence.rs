@@ -29,14 +29,14 @@
 //! republishes the few already sent with the old expectation: one skipped message and a log line,
 //! never a session restart.
 //!
-//! This file holds the expectations ([`Fence`]); the tail they start from is `tail.rs`, and which
+//! This file holds the expectations ([`Fence`]); the tail they start from is `src/tail/`, and which
 //! replayed events the tail says are stored is the replay's decision, in `replay.rs` ([`Replay`]).
 
 use crate::Lsn;
 use crate::position::Position;
 
 use super::replay::{Replay, Replayed};
-use super::tail::Tail;
+use crate::tail::Tail;
 
 /// The fence of one session, owned by the sink: which replayed events to skip, which sequence (and
 /// previous message id) each publish expects, and the stream's last sequence as the acks report it.
@@ -159,7 +159,7 @@ impl Fence {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sink::tail::tests::tail;
+    use crate::tail::tests::tail;
 
     #[test]
     fn expectations_count_from_the_tail_and_step_back_for_duplicates() {

@@ -26,7 +26,7 @@
 //! a [`Batcher`](batch::Batcher) of atomic batches) over the session's [`Flight`](flight::Flight),
 //! which owns what is in flight and settles it. Each part owns its state and lives in its own file
 //! (docs/architecture.md maps them), and the files import each other without a cycle, bottom up:
-//! values (`outcome.rs`, `tail.rs`, `distrust.rs`, `config.rs`, `error.rs`), pure decisions
+//! values (`outcome.rs`, `distrust.rs`, `config.rs`, `error.rs`), pure decisions
 //! (`replay.rs`, `fence.rs`, `destination.rs`, `settle.rs`, `group.rs`), the port and the publisher
 //! (`port.rs`, `publish.rs`), the parts (`window.rs`, `prove.rs`, `replay_proof.rs`,
 //! `envelope.rs`), then `flight.rs`, `batch.rs`, `open.rs` and this file.
@@ -48,11 +48,11 @@ mod publish;
 mod replay;
 mod replay_proof;
 mod settle;
-mod tail;
 mod window;
 
 use crate::event::OutboxEvent;
 use crate::nats::{NatsError, NatsPort};
+use crate::tail::{Origin, TailError};
 
 use batch::Batcher;
 use flight::Flight;
@@ -62,11 +62,6 @@ pub(crate) use config::SinkConfig;
 pub(crate) use distrust::Distrust;
 pub use error::{Forged, SinkError};
 pub(crate) use outcome::{Acked, Outcome};
-pub(crate) use port::read_tail;
-pub(crate) use replay::Replay;
-#[cfg(test)]
-pub(crate) use tail::Stamp;
-pub(crate) use tail::{Origin, Tail, TailError};
 
 /// How events become publishes: one message each, or one JetStream atomic batch per transaction
 /// (`nats.atomic_transactions`), whose state the [`Batcher`] owns (boxed: it is large, and one

@@ -9,10 +9,9 @@ use tracing::{debug, warn};
 use super::config::SinkConfig;
 use super::distrust::{Distrust, Verdict};
 use super::fence::Fence;
-use super::port::read_tail;
 use super::replay::Replay;
-use super::tail::{Origin, Stamp, Tail, TailError};
 use crate::nats::NatsPort;
+use crate::tail::{Origin, Stamp, Tail, TailError, read_tail};
 
 /// What a session starts from.
 pub(super) struct Opening {

@@ -36,9 +36,9 @@ use bytes::Bytes;
 
 use super::error::{Forged, SinkError};
 use super::port::Answers;
-use super::tail::Stamp;
 use crate::nats::{HeaderRead, NatsError, NatsErrorKind, NatsPort};
 use crate::position::Position;
+use crate::tail::Stamp;
 
 /// What the stream shows at a target's sequence ([`Publisher::show`]).
 #[derive(Debug)]

@@ -12,9 +12,9 @@ use super::error::SinkError;
 use super::fence::Fence;
 use super::publish::Publisher;
 use super::replay::Replayed;
-use super::tail::Stamp;
 use crate::event::OutboxEvent;
 use crate::position::Position;
+use crate::tail::Stamp;
 
 /// The events a fenced replay skipped and not yet proven stored: where they start and their fold.
 /// Pure: the sink asks it about every replayed event ([`Skips::replayed`]) and does the reading

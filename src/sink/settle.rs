@@ -232,7 +232,7 @@ mod tests {
     use crate::sink::error::Forged;
     use crate::sink::publish::Ack;
     use crate::sink::replay::Replay;
-    use crate::sink::tail::tests::tail;
+    use crate::tail::tests::tail;
 
     fn item(expected: Option<u64>, sent: Sent, batch: bool) -> InFlight {
         InFlight {

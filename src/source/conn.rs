@@ -26,13 +26,13 @@ use super::hosts::{self, ServerRole};
 use super::options::PgOutputOptions;
 use super::socket::PgStream;
 use super::stream::{ReplicationStream, StreamConfig};
-use super::timeline::TimelineHistory;
 use super::tls;
 use super::wire::{
     Backend, MAX_FRAME_BYTES, Transport, log_notice, proto, quote_ident, read_backend,
     server_error, unexpected,
 };
 use crate::Lsn;
+use crate::timeline::TimelineHistory;
 
 /// The largest message accepted before authentication is over: SASL exchanges, error and notice
 /// responses are a few hundred bytes.

@@ -67,10 +67,10 @@ mod options;
 mod passfile;
 mod socket;
 mod stream;
-mod timeline;
 mod tls;
 mod wire;
 
+pub use crate::timeline::{HistoryError, Shared, Switch, TimelineHistory};
 pub use auth_error::{AuthError, AuthRefusal};
 pub use conn::{ReplConnection, SystemInfo};
 pub use conninfo::ConnInfo;
@@ -80,6 +80,5 @@ pub(crate) use control::query_error_text;
 pub use error::{ServerError, SourceError};
 pub use options::PgOutputOptions;
 pub use stream::{ReplicationEvent, ReplicationStream, StreamConfig, parse_copy_data};
-pub use timeline::{HistoryError, Shared, Switch, TimelineHistory};
 pub(crate) use wire::quote_ident;
 pub use wire::{MAX_FRAME_BYTES, frame_len};

@@ -4,7 +4,7 @@
 //! directory as it loads now, and a backfill that has not finished. Each rule adds problems (which
 //! make the status unhealthy) or warnings (which do not) to the lists the command prints.
 
-use super::PostgresSide;
+use super::report::PostgresSide;
 use super::report::{BackfillStatus, RelayState, RelayStatus, SchemasStatus, State, StreamStatus};
 use super::text::last_ack;
 use crate::config::Settings;

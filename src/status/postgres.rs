@@ -1,103 +1,23 @@
-//! What `status` reads from Postgres: the server and its WAL-retention settings, the slot's row and
-//! since when no relay holds it, the relay processes connected for the slot, the publication, how
-//! many events wait in a slot no one streams (peeked on a temporary copy, so a relay starting
+//! What `status` reads from Postgres, query by query over the one control connection
+//! ([`Servers`](super::Servers) opens it): the server and its WAL-retention settings, the slot's row
+//! and since when no relay holds it, the relay processes connected for the slot, the publication,
+//! how many events wait in a slot no one streams (peeked on a temporary copy, so a relay starting
 //! meanwhile never finds its slot held by `status`), stop marks whose slot is gone, and each other
-//! host of the URL with its copy of the slot. A failure is a problem in the report, never an early
-//! return. It reads only and never changes anything; the verdict on what it finds is in `slot.rs`,
-//! `checks.rs` and `retention.rs`.
-//!
-//! Since when no relay holds the slot: Postgres 17 records it (`inactive_since`); before 17 nothing
-//! does, so [`watch_unheld`] looks at the slot until a relay takes it or the grace period is over.
+//! host of the URL with its copy of the slot. It reads only and never changes anything; what the
+//! answers mean is judged in `gather.rs` and the rules it calls.
 
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use tokio_postgres::Client;
 
-use super::PostgresSide;
-use super::report::{
-    OrphanMark, PublicationStatus, RelayState, RelayStatus, ServerStatus, SlotStatus,
-    StandbyStatus, State,
-};
-use super::slot::{needs_look, relay_state, slot_status, waiting_found};
+use super::facts::PublicationRead;
+use super::report::{OrphanMark, ServerStatus, StandbyStatus, State};
 use crate::catalog;
 use crate::config::Settings;
-use crate::setup;
 use crate::slot_scan;
-use crate::warning::Warning;
 
-/// Connects to Postgres and reads the server, slot, relay and publication, and the
-/// `pg_logical_emit_message` grant warning; a failure is a problem, never an early return.
-pub(super) async fn postgres_side(
-    settings: &Settings,
-    problems: &mut Vec<String>,
-    warnings: &mut Vec<Warning>,
-) -> PostgresSide {
-    let mut side = PostgresSide {
-        server: ServerStatus::unread(State::Unreachable),
-        slot: slot_status(&settings.config().postgres.slot, State::Unreachable, None),
-        relay: RelayStatus {
-            state: RelayState::Unknown,
-            pids: Vec::new(),
-            own_word: None,
-        },
-        publication: PublicationStatus {
-            name: settings.config().postgres.publication.clone(),
-            exists: false,
-            tables: Vec::new(),
-        },
-        events_unknown: None,
-        orphan_marks: Vec::new(),
-    };
-    match setup::connect_postgres(settings).await {
-        Err(e) => {
-            // Refused credentials or TLS are a setting to fix, not a server that is down.
-            if let setup::SetupError::Postgres { source, .. } = &e
-                && source.is_refusal()
-            {
-                side.server.state = match source {
-                    crate::source::SourceError::Tls(_) => State::TlsFailed,
-                    _ => State::AuthFailed,
-                };
-            }
-            problems.push(crate::error_chain::error_chain(&e));
-        }
-        Ok(pg) => {
-            side.server.state = State::Exists;
-            if let Err(e) = read_postgres(
-                settings,
-                &pg,
-                &mut side.server,
-                &mut side.slot,
-                &mut side.relay,
-                &mut side.publication,
-                &mut side.events_unknown,
-            )
-            .await
-            {
-                problems.push(format!("postgres: {e}"));
-            }
-            match setup::message_warnings(settings, &pg).await {
-                Ok(w) => warnings.extend(w),
-                Err(e) => problems.push(format!("postgres: {e}")),
-            }
-            match orphan_marks(&pg).await {
-                Ok(marks) => side.orphan_marks = marks,
-                Err(e) => problems.push(format!("postgres: {e}")),
-            }
-        }
-    }
-    side
-}
-
-pub(super) async fn read_postgres(
-    settings: &Settings,
-    pg: &Client,
-    server: &mut ServerStatus,
-    slot: &mut SlotStatus,
-    relay: &mut RelayStatus,
-    publication: &mut PublicationStatus,
-    events_unknown: &mut Option<String>,
-) -> Result<(), tokio_postgres::Error> {
+/// The server: its version, recovery, host and WAL-retention settings.
+pub(super) async fn server(pg: &Client) -> Result<ServerStatus, tokio_postgres::Error> {
     let r = pg
         .query_one(
             "SELECT current_setting('server_version'), pg_is_in_recovery(), \
@@ -108,57 +28,40 @@ pub(super) async fn read_postgres(
             &[],
         )
         .await?;
-    server.server_version = r.get(0);
-    server.in_recovery = r.get(1);
-    server.synchronized_standby_slots = r.get(2);
-    server.idle_replication_slot_timeout = r.get(3);
-    server.host = r.get(4);
-    server.version_num = r.get(5);
     let limits = catalog::retention_limits(pg).await?;
-    server.max_slot_wal_keep_size = limits.keep_size;
-    server.max_slot_wal_keep_bytes = limits.keep_bytes;
-    server.idle_timeout_secs = limits.idle_secs;
+    Ok(ServerStatus {
+        server_version: r.get(0),
+        in_recovery: r.get(1),
+        synchronized_standby_slots: r.get(2),
+        idle_replication_slot_timeout: r.get(3),
+        host: r.get(4),
+        version_num: r.get(5),
+        max_slot_wal_keep_size: limits.keep_size,
+        max_slot_wal_keep_bytes: limits.keep_bytes,
+        idle_timeout_secs: limits.idle_secs,
+        ..ServerStatus::unread(State::Exists)
+    })
+}
 
-    let row = catalog::slot(pg, &settings.config().postgres.slot).await?;
-    *slot = slot_status(
-        &settings.config().postgres.slot,
-        if row.is_some() {
-            State::Exists
-        } else {
-            State::Missing
-        },
-        row.as_ref(),
-    );
-    relay.pids = relay_pids(pg, &settings.config().postgres.slot).await?;
-    relay.state = relay_state(row.as_ref(), &relay.pids);
-    if row.as_ref().is_some_and(needs_look) {
-        let found = events_waiting(settings, pg).await.map_err(|e| {
-            e.as_db_error()
-                .map_or_else(|| e.to_string(), |d| d.message().to_owned())
-        });
-        waiting_found(found, slot, events_unknown);
-        if server.version_num.unwrap_or(0) >= 170000 {
-            slot.unheld_secs = unheld_since(pg, &settings.config().postgres.slot).await?;
-            slot.unheld_measured = slot.unheld_secs.map(|_| "inactive_since");
-        }
-    }
-    publication.exists = pg
-        .query_opt(
-            "SELECT 1 FROM pg_publication WHERE pubname = $1",
-            &[&settings.config().postgres.publication],
-        )
+/// The publication: whether it exists, and the tables it publishes.
+pub(super) async fn publication(
+    pg: &Client,
+    name: &str,
+) -> Result<PublicationRead, tokio_postgres::Error> {
+    let exists = pg
+        .query_opt("SELECT 1 FROM pg_publication WHERE pubname = $1", &[&name])
         .await?
         .is_some();
-    publication.tables = pg
+    let tables = pg
         .query(
             "SELECT schemaname || '.' || tablename FROM pg_publication_tables WHERE pubname = $1 ORDER BY 1",
-            &[&settings.config().postgres.publication],
+            &[&name],
         )
         .await?
         .iter()
         .map(|r| r.get::<_, String>(0))
         .collect();
-    Ok(())
+    Ok(PublicationRead { exists, tables })
 }
 
 /// The pids of the relay processes for `slot` connected to this database: every connection a relay
@@ -191,7 +94,10 @@ pub(super) async fn relay_pids(pg: &Client, slot: &str) -> Result<Vec<u32>, toki
 }
 
 /// PG 17+: seconds since no one holds the slot (`inactive_since`), when it is inactive.
-async fn unheld_since(pg: &Client, slot: &str) -> Result<Option<u64>, tokio_postgres::Error> {
+pub(super) async fn unheld_since(
+    pg: &Client,
+    slot: &str,
+) -> Result<Option<u64>, tokio_postgres::Error> {
     let row = pg
         .query_opt(
             "SELECT greatest(extract(epoch FROM now() - inactive_since), 0)::int8 \
@@ -202,43 +108,21 @@ async fn unheld_since(pg: &Client, slot: &str) -> Result<Option<u64>, tokio_post
     Ok(row.map(|r| r.get::<_, i64>(0).max(0) as u64))
 }
 
-/// Before PG 17, where Postgres does not record since when a slot is unheld: looks at the slot
-/// every half second until a relay takes it (returns `None`) or `grace` is over (returns the time
-/// watched). Progress on stderr, so an operator knows why `status` waits.
-pub(super) async fn watch_unheld(
-    settings: &Settings,
-    grace: Duration,
-) -> Result<Option<Duration>, setup::SetupError> {
-    let pg = setup::connect_postgres(settings).await?;
-    let slot = &settings.config().postgres.slot;
-    eprintln!(
-        "status: no relay holds slot {slot}, and Postgres before 17 does not record since when: watching it for up \
-         to {} s (status.grace_secs) for a relay to take it",
-        grace.as_secs()
-    );
-    let start = Instant::now();
-    loop {
-        let held = pg
-            .query_opt(
-                "SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND active",
-                &[slot],
-            )
-            .await?
-            .is_some();
-        if held {
-            return Ok(None);
-        }
-        if start.elapsed() >= grace {
-            return Ok(Some(start.elapsed()));
-        }
-        tokio::time::sleep(Duration::from_millis(500).min(grace)).await;
-    }
+/// Whether a walsender holds the slot now.
+pub(super) async fn held(pg: &Client, slot: &str) -> Result<bool, tokio_postgres::Error> {
+    Ok(pg
+        .query_opt(
+            "SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND active",
+            &[&slot],
+        )
+        .await?
+        .is_some())
 }
 
 /// The stop marks in this database whose slot is gone: slots named `<slot>_mark` (the slot's
 /// name cut to 58 bytes, as `slot_mark::name` makes them) with no slot of that name. A mark keeps
 /// WAL like a slot; without its slot nothing ever drops it.
-async fn orphan_marks(pg: &Client) -> Result<Vec<OrphanMark>, tokio_postgres::Error> {
+pub(super) async fn orphan_marks(pg: &Client) -> Result<Vec<OrphanMark>, tokio_postgres::Error> {
     let rows = pg
         .query(
             "WITH pos AS (SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() \
@@ -307,25 +191,10 @@ pub(super) async fn events_waiting(
     peeked
 }
 
-/// How many events wait in a slot a walsender holds while its relay says it does not stream (its
-/// NATS connection died and its session has not ended yet): the same look as for an idle slot, on a
-/// copy, which leaves the walsender's hold alone. `Err`: why it could not look.
-pub(super) async fn count_held(settings: &Settings) -> Result<slot_scan::Scan, String> {
-    let pg = setup::connect_postgres(settings)
-        .await
-        .map_err(|e| crate::error_chain::error_chain(&e))?;
-    events_waiting(settings, &pg).await.map_err(|e| {
-        e.as_db_error()
-            .map_or_else(|| e.to_string(), |d| d.message().to_owned())
-    })
-}
-
 /// Each other host of the URL: reachable, a standby, and holding a synced copy of the slot.
 pub(super) async fn read_standbys(
     settings: &Settings,
     reached: Option<&str>,
-    slot: &SlotStatus,
-    warnings: &mut Vec<Warning>,
 ) -> Vec<StandbyStatus> {
     let mut out = Vec::new();
     if settings.conn.hosts.len() < 2 {
@@ -362,17 +231,6 @@ pub(super) async fn read_standbys(
                 st.synced = copy.synced;
                 st.confirmed_flush_lsn = copy.confirmed_flush_lsn;
             }
-        }
-        if st.in_recovery == Some(true) && slot.failover == Some(true) && st.synced != Some(true) {
-            warnings.push(Warning::new(
-                "standby-without-slot",
-                format!(
-                    "standby {target} has no synced copy of slot {}: a failover to it would lose the slot \
-                     (set sync_replication_slots = on, hot_standby_feedback = on and a primary_conninfo with dbname \
-                     there)",
-                    slot.name
-                ),
-            ));
         }
         out.push(st);
     }

@@ -10,7 +10,7 @@ use serde::Serialize;
 /// Whether a server or object could be looked at, and what was found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub(crate) enum State {
+pub enum State {
     /// The server answered and the object is there.
     Exists,
     /// The server answered and the object is not there.
@@ -92,14 +92,14 @@ pub(crate) struct SlotStatus {
 
 /// The stream as JetStream reports it.
 #[derive(Debug, Clone, Serialize)]
-pub(crate) struct StreamStatus {
+pub struct StreamStatus {
     /// `nats.stream`.
     pub(crate) name: String,
     /// Whether NATS answered with JetStream and the stream exists.
-    pub(crate) state: State,
+    pub state: State,
     /// The stream exists (`None`: NATS or JetStream could not be asked). The fields below are
     /// `None` unless it exists.
-    pub(crate) exists: Option<bool>,
+    pub exists: Option<bool>,
     /// Messages the stream holds.
     pub(crate) messages: Option<u64>,
     /// Bytes the stream holds.
@@ -157,7 +157,7 @@ pub(crate) struct DeadLetter {
 
 /// A stop mark (`<slot>_mark`) whose slot is gone: it keeps WAL like a slot, forever.
 #[derive(Debug, Clone, Serialize)]
-pub(crate) struct OrphanMark {
+pub struct OrphanMark {
     /// The mark's slot name.
     pub(crate) name: String,
     /// The slot it was made for (its name without `_mark`; cut to 58 bytes when the slot's was longer).
@@ -221,7 +221,7 @@ pub(crate) struct PublicationStatus {
 
 /// Postgres as a whole.
 #[derive(Debug, Clone, Serialize)]
-pub(crate) struct ServerStatus {
+pub struct ServerStatus {
     /// Whether the server answered.
     pub(crate) state: State,
     /// The host the control connection reached.
@@ -246,7 +246,7 @@ pub(crate) struct ServerStatus {
 
 impl ServerStatus {
     /// The server in `state`, with nothing read from it.
-    pub(crate) fn unread(state: State) -> ServerStatus {
+    pub fn unread(state: State) -> ServerStatus {
         ServerStatus {
             state,
             host: None,
@@ -262,9 +262,32 @@ impl ServerStatus {
     }
 }
 
+/// The stream `name` before NATS answered: every field unknown.
+pub fn unknown_stream(name: &str) -> StreamStatus {
+    StreamStatus {
+        name: name.to_owned(),
+        state: State::Unreachable,
+        exists: None,
+        messages: None,
+        bytes: None,
+        last_sequence: None,
+        subjects: None,
+        storage: None,
+        replicas: None,
+        duplicate_window_secs: None,
+        max_msgs: None,
+        max_bytes: None,
+        max_age_secs: None,
+        discard: None,
+        unknown_because: None,
+        dead_letters: None,
+        metadata: Default::default(),
+    }
+}
+
 /// Another host of `postgres.url` (a standby, usually) and its copy of the slot.
 #[derive(Debug, Clone, Serialize)]
-pub(crate) struct StandbyStatus {
+pub struct StandbyStatus {
     /// `host:port` as listed in the URL.
     pub(crate) host: String,
     /// Whether the host answered.
@@ -330,10 +353,40 @@ pub struct Status {
     pub(crate) acknowledged_warnings: Vec<&'static str>,
 }
 
+impl Status {
+    /// What makes the status unhealthy, one line each.
+    pub fn problems(&self) -> &[String] {
+        &self.problems
+    }
+
+    /// Whether outbox events wait in the slot (`None`: not looked at, or not known).
+    pub fn events_waiting(&self) -> Option<bool> {
+        self.slot.events_waiting
+    }
+
+    /// The id of the first waiting event, as `slot.waiting_event` names it before its position.
+    pub fn waiting_event_id(&self) -> Option<&str> {
+        let named = self.slot.waiting_event.as_deref()?;
+        Some(named.rsplit_once(" (position ").map_or(named, |(id, _)| id))
+    }
+}
+
 /// `warnings` as the array of strings `status --json` has always had (docs/compatibility.md).
 fn warning_texts<S: serde::Serializer>(
     warnings: &[crate::warning::Warning],
     s: S,
 ) -> Result<S::Ok, S::Error> {
     s.collect_seq(warnings.iter().map(|w| &w.text))
+}
+
+/// What the control connection to Postgres found; all unknown when it could not connect.
+pub(crate) struct PostgresSide {
+    pub(crate) server: ServerStatus,
+    pub(crate) slot: SlotStatus,
+    pub(crate) relay: RelayStatus,
+    pub(crate) publication: PublicationStatus,
+    /// Why whether events wait in the slot could not be checked.
+    pub(crate) events_unknown: Option<String>,
+    /// Stop marks in this database whose slot is gone.
+    pub(crate) orphan_marks: Vec<OrphanMark>,
 }

@@ -7,7 +7,7 @@
 //! drops: a problem, with the SQL that drops each. (A slot that is `unreserved` or already lost is
 //! the slot's own verdict, in `slot.rs`.)
 
-use super::PostgresSide;
+use super::report::PostgresSide;
 use super::report::{OrphanMark, State};
 use crate::config::Settings;
 use crate::warning::Warning;

@@ -2,14 +2,15 @@
 //! row, what a relay for it is doing, whether it is looked into for waiting events and what that
 //! look found, and what is said about it (missing, lost or about to be, events waiting or not
 //! checkable with no relay streaming it, no relay holding it for longer than the grace period,
-//! events a client other than a relay consumed past the stop mark). The command (`mod.rs`) and the
-//! deterministic simulation (`sim.rs`) call these same rules, so the simulation judges the very
-//! texts an operator reads.
+//! events a client other than a relay consumed past the stop mark). One pass of the command
+//! (`gather.rs`) calls these rules, over the real servers or the deterministic simulation's, so the
+//! simulation judges the very texts an operator reads.
 //!
 //! Events that wait in a slot no relay holds are a problem at once, whatever the grace period: the
 //! grace only spares a slot in which nothing waits yet (a restart, a standby's takeover).
 
-use super::PostgresSide;
+use super::facts::FactError;
+use super::report::PostgresSide;
 use super::report::{RelayState, RelayStatus, SlotStatus, State, StreamStatus};
 use crate::catalog::SlotRow;
 use crate::config::Settings;
@@ -173,7 +174,7 @@ pub(super) fn retrying_note(relay: &RelayStatus, stream: &StreamStatus) -> Optio
 /// was judged.
 pub(super) fn consumed_found(
     slot: &str,
-    found: Result<slot_mark::Check, String>,
+    found: Result<slot_mark::Check, FactError>,
     problems: &mut Vec<String>,
     warnings: &mut Vec<Warning>,
 ) -> Option<u64> {
@@ -228,7 +229,7 @@ pub(super) fn needs_look(row: &SlotRow) -> bool {
 /// What the look for waiting events found (`Err`: the server's reason it could not look), into
 /// the slot's fields: whether events wait and the first of them, or why that is unknown.
 pub(super) fn waiting_found(
-    found: Result<slot_scan::Scan, String>,
+    found: Result<slot_scan::Scan, FactError>,
     slot: &mut SlotStatus,
     events_unknown: &mut Option<String>,
 ) {
@@ -245,7 +246,7 @@ pub(super) fn waiting_found(
                 *events_unknown = scan.unfinished;
             }
         }
-        Err(e) => *events_unknown = Some(e),
+        Err(e) => *events_unknown = Some(e.0),
     }
 }
 
@@ -282,8 +283,8 @@ mod tests {
     //! The slot's verdict on facts built by hand: each rule's outcome and its exact words, which
     //! operators read (the simulation checks the outcomes over its worlds, not the words).
 
+    use super::super::report::unknown_stream;
     use super::super::report::{PublicationStatus, ServerStatus};
-    use super::super::stream::unknown_stream;
     use super::*;
     use crate::Lsn;
     use crate::config::Config;
@@ -295,7 +296,7 @@ mod tests {
     fn side(
         row: Option<SlotRow>,
         pids: Vec<u32>,
-        found: Option<Result<Scan, String>>,
+        found: Option<Result<Scan, FactError>>,
     ) -> PostgresSide {
         let state = if row.is_some() {
             State::Exists
@@ -534,7 +535,7 @@ mod tests {
         let refused = side(
             Some(SlotRow::default()),
             vec![3],
-            Some(Err("denied".into())),
+            Some(Err(FactError("denied".into()))),
         );
         assert_eq!(
             problems(&refused, &stream(State::Exists)),
@@ -570,7 +571,7 @@ mod tests {
             )
         );
         assert_eq!(
-            judge(Err("gone".into())),
+            judge(Err(FactError("gone".into()))),
             (
                 None,
                 vec![],

@@ -7,44 +7,27 @@
 use async_nats::jetstream;
 use futures_util::TryStreamExt;
 
-use super::report::{DeadLetter, DeadLetters, State, StreamStatus};
+use super::facts::StreamRead;
+use super::report::{DeadLetter, DeadLetters, State, unknown_stream};
 use crate::config::Settings;
 use crate::message;
-use crate::nats::{ConnectError, connect_nats};
+use crate::nats::ConnectError;
 use crate::slot_mark;
 use crate::text::shown;
 
-/// The stream `name` before NATS answered: every field unknown.
-pub(super) fn unknown_stream(name: &str) -> StreamStatus {
-    StreamStatus {
-        name: name.to_owned(),
-        state: State::Unreachable,
-        exists: None,
-        messages: None,
-        bytes: None,
-        last_sequence: None,
-        subjects: None,
-        storage: None,
-        replicas: None,
-        duplicate_window_secs: None,
-        max_msgs: None,
-        max_bytes: None,
-        max_age_secs: None,
-        discard: None,
-        unknown_because: None,
-        dead_letters: None,
-        metadata: Default::default(),
-    }
-}
-
-pub(super) async fn read_stream(settings: &Settings, problems: &mut Vec<String>) -> StreamStatus {
+/// The stream `name` through NATS as [`Servers`](super::Servers) reached it (`nats`: its client,
+/// or why it could not connect), with the problem the reading found, if any.
+pub(super) async fn read_stream(
+    settings: &Settings,
+    nats: Result<&async_nats::Client, &ConnectError>,
+) -> StreamRead {
     let name = &settings.config().nats.stream;
     let mut st = unknown_stream(name);
-    let client = match connect_nats(settings).await {
-        Ok(c) => c,
+    let client = match nats {
+        Ok(c) => c.clone(),
         Err(e) => {
-            let error = crate::error_chain::error_chain(&e);
-            let (state, why) = match &e {
+            let error = crate::error_chain::error_chain(e);
+            let (state, why) = match e {
                 ConnectError::Unauthorized { .. } => {
                     (State::AuthFailed, "NATS refused the credentials")
                 }
@@ -53,10 +36,13 @@ pub(super) async fn read_stream(settings: &Settings, problems: &mut Vec<String>)
             };
             st.state = state;
             st.unknown_because = Some(format!("{why} ({error})"));
-            problems.push(error);
-            return st;
+            return StreamRead {
+                status: st,
+                problem: Some(error),
+            };
         }
     };
+    let mut problem = None;
     let js = async_nats::jetstream::new(client);
     match js.get_stream(name).await {
         Ok(mut s) => match s.info().await {
@@ -81,7 +67,7 @@ pub(super) async fn read_stream(settings: &Settings, problems: &mut Vec<String>)
             }
             Err(e) => {
                 st.unknown_because = Some(format!("JetStream did not answer ({e})"));
-                problems.push(format!("JetStream stream {name}: {e}"));
+                problem = Some(format!("JetStream stream {name}: {e}"));
             }
         },
         Err(e) => match e.kind() {
@@ -93,19 +79,22 @@ pub(super) async fn read_stream(settings: &Settings, problems: &mut Vec<String>)
             }
             async_nats::jetstream::context::GetStreamErrorKind::JetStream(_) => {
                 st.unknown_because = Some(format!("JetStream refused the lookup ({e})"));
-                problems.push(format!("JetStream stream {name}: {e}"));
+                problem = Some(format!("JetStream stream {name}: {e}"));
             }
             _ => {
                 st.state = State::JetstreamDisabled;
                 st.unknown_because = Some("JetStream not available".into());
-                problems.push(
+                problem = Some(
                     "NATS answers, but JetStream is not available: start nats-server with -js"
                         .into(),
                 );
             }
         },
     }
-    st
+    StreamRead {
+        status: st,
+        problem,
+    }
 }
 
 /// The longest header value of a dead letter that `status` prints (a reason is one line well
@@ -157,7 +146,7 @@ pub(super) async fn stored_by_tail(
 ) -> slot_mark::Stored {
     // As long as any other request of status's client may take (async-nats' default).
     let timeout = std::time::Duration::from_secs(10);
-    match crate::sink::read_tail(nats, stream, timeout).await {
+    match crate::tail::read_tail(nats, stream, timeout).await {
         // status knows no timeline: the slot named in the tail is compared, not the history.
         Ok(tail) => slot_mark::Stored::from_tail(&tail, slot, None),
         Err(e) => slot_mark::Stored::Unknown(crate::error_chain::error_chain(&e)),

@@ -299,9 +299,9 @@ mod tests {
     //! The text form of reports built by hand, line for line: operators and scripts read these
     //! words, so a change to any of them shows here first.
 
+    use super::super::report::unknown_stream;
     use super::super::report::{PublicationStatus, RelayStatus, ServerStatus};
     use super::super::slot::slot_status;
-    use super::super::stream::unknown_stream;
     use super::*;
     use crate::backfill_marker::{META_BACKFILL, Marker};
     use crate::catalog::SlotRow;

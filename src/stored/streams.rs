@@ -45,7 +45,7 @@ pub(crate) async fn watch_streams(
     let js = async_nats::jetstream::ContextBuilder::new()
         .timeout(TIMEOUT)
         .build(client);
-    let mut last: Option<Result<Streams, String>> = None;
+    let mut last: Option<Result<Streams, NamesError>> = None;
     loop {
         let now = check(&js, &prefixes).await;
         let pause = if now.is_ok() { RECHECK } else { RETRY };
@@ -61,22 +61,38 @@ pub(crate) async fn watch_streams(
     }
 }
 
+/// JetStream did not say which streams store a prefix's subjects: the filter asked, and what the
+/// server or the client said (kept as text, so that two checks that failed alike compare equal and
+/// log once).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("$JS.API.STREAM.NAMES for {filter}: {said}")]
+pub(crate) struct NamesError {
+    filter: String,
+    said: String,
+}
+
 /// One check of every prefix.
 async fn check(
     js: &async_nats::jetstream::Context,
     prefixes: &[String],
-) -> Result<Streams, String> {
+) -> Result<Streams, NamesError> {
     let mut by_prefix = Vec::with_capacity(prefixes.len());
     for p in prefixes {
         let filter = format!("{p}>");
         let answer: async_nats::jetstream::response::Response<Names> = js
             .request("STREAM.NAMES", &serde_json::json!({ "subject": filter }))
             .await
-            .map_err(|e| format!("$JS.API.STREAM.NAMES for {filter}: {e}"))?;
+            .map_err(|e| NamesError {
+                filter: filter.clone(),
+                said: e.to_string(),
+            })?;
         let names = match answer {
             async_nats::jetstream::response::Response::Ok(n) => n.streams.unwrap_or_default(),
             async_nats::jetstream::response::Response::Err { error } => {
-                return Err(format!("$JS.API.STREAM.NAMES for {filter}: {error}"));
+                return Err(NamesError {
+                    filter,
+                    said: error.to_string(),
+                });
             }
         };
         by_prefix.push(names.into_iter().min());
@@ -85,10 +101,10 @@ async fn check(
 }
 
 /// One log line per change: what the service answers now.
-fn report(prefixes: &[String], now: &Result<Streams, String>) {
+fn report(prefixes: &[String], now: &Result<Streams, NamesError>) {
     match now {
         Err(e) => warn!(
-            error = %crate::text::one_line(e),
+            error = %crate::text::one_line(&e.to_string()),
             "the position service answers no request: it cannot tell which streams store subjects under \
              nats.service_reply_prefixes; allow the relay's NATS user to publish to $JS.API.STREAM.NAMES"
         ),

@@ -152,7 +152,7 @@ impl StreamScan {
             .map_err(|e| nats("reading", crate::error_chain::error_chain(&e)))?
         {
             self.take(seq, m.subject.as_str(), m.headers.as_ref(), &m.payload)
-                .map_err(|e| nats("reading", e))?;
+                .map_err(|e| nats("reading", e.to_string()))?;
             if last_progress.elapsed() >= PROGRESS_EVERY {
                 last_progress = std::time::Instant::now();
                 progress(self.messages);
@@ -173,7 +173,7 @@ impl StreamScan {
         subject: &str,
         headers: Option<&async_nats::HeaderMap>,
         payload: &[u8],
-    ) -> Result<(), String> {
+    ) -> Result<(), OutOfRange> {
         self.messages += 1;
         self.gap(seq);
         if self.first_read == 0 {
@@ -209,12 +209,15 @@ impl StreamScan {
         if self.msgs.push(hash64(id.as_bytes()), seq, content) {
             Ok(())
         } else {
-            Err(format!(
-                "sequence {seq} delivered outside the range asked for"
-            ))
+            Err(OutOfRange(seq))
         }
     }
 }
+
+/// The server delivered a message whose sequence lies outside the range asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("sequence {0} delivered outside the range asked for")]
+pub(crate) struct OutOfRange(u64);
 
 #[cfg(test)]
 mod tests {

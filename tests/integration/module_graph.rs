@@ -46,6 +46,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "secret_file",
             "testkit",
             "text",
+            "timeline",
             "warning",
         ],
     ),
@@ -67,6 +68,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "sink",
             "slot_scan",
             "stored",
+            "tail",
         ],
     ),
     (
@@ -406,10 +408,6 @@ const KNOWN_IN_FOLDERS: &[(&str, &[&str])] = &[
     ("outbox", &["context", "mod", "row"]),
     ("schema", &["budget", "mod"]),
     ("setup", &["check", "mod", "overlap", "postgres", "stream"]),
-    (
-        "status",
-        &["checks", "mod", "postgres", "retention", "sim", "slot"],
-    ),
     ("stored", &["mod", "service"]),
     ("telemetry", &["mod", "otlp"]),
     ("testkit", &["db", "mod", "nats"]),
@@ -592,6 +590,49 @@ fn no_new_import_cycle_between_top_level_modules() {
              grow back"
         );
     }
+}
+
+/// The operator tools: they read the servers and say what they found, and publish nothing. None
+/// of them imports the sink, so none depends on how the relay publishes: what they read of the
+/// stream's tail comes from `tail`, which sits below both. `backfill` is not among them: it
+/// publishes existing rows through the sink by design, as live events are published.
+const OPERATOR_TOOLS: &[&str] = &[
+    "check_schemas",
+    "relay_word",
+    "setup",
+    "slot_mark",
+    "slot_scan",
+    "status",
+    "verify",
+];
+
+#[test]
+fn no_operator_tool_imports_the_sink_and_the_tail_imports_neither_sink_nor_source() {
+    let (edges, modules) = graph();
+    for m in OPERATOR_TOOLS {
+        assert!(
+            modules.contains(*m),
+            "OPERATOR_TOOLS names {m}, which is no module any more: drop it \
+             (tests/integration/module_graph.rs)"
+        );
+    }
+    let into_sink: Vec<&str> = OPERATOR_TOOLS
+        .iter()
+        .copied()
+        .filter(|m| edges.get(*m).is_some_and(|to| to.contains("sink")))
+        .collect();
+    assert!(
+        into_sink.is_empty(),
+        "operator tools that import the sink: {into_sink:?}; what they need of the stream's tail is \
+         in src/tail/, and anything else they share with the sink goes down into a module both \
+         import (tests/integration/module_graph.rs)"
+    );
+    let tail = edges.get("tail").cloned().unwrap_or_default();
+    assert!(
+        !tail.contains("sink") && !tail.contains("source"),
+        "src/tail/ imports {tail:?}: it sits below the sink and the operator tools, and takes what \
+         the replication connection says as plain values (tests/integration/module_graph.rs)"
+    );
 }
 
 #[test]

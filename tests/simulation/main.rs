@@ -35,6 +35,7 @@ mod jetstream;
 mod port;
 mod postgres;
 mod rng;
+mod status;
 mod trace;
 mod world;
 

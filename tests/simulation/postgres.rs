@@ -1542,7 +1542,7 @@ impl Postgres {
     /// least: the rest of a transaction the bound ends in is handed over whole), the stop mark, and the units of work
     /// the slot has not confirmed (their deciding record at or past its position: a walsender
     /// started from it sends them).
-    pub(crate) fn status_view(&self, rows: usize) -> Option<(outbox_relay::SimSlot, Vec<Unit>)> {
+    pub(crate) fn status_view(&self, rows: usize) -> Option<(super::status::SlotView, Vec<Unit>)> {
         let s = self.state.lock().unwrap();
         if s.is_down() {
             return None;
@@ -1555,7 +1555,7 @@ impl Postgres {
             Vec::new()
         };
         let pending = s.units.iter().filter(|u| u.start >= at).cloned().collect();
-        let slot = outbox_relay::SimSlot {
+        let slot = super::status::SlotView {
             active_pid: s.slot.active.map(pid),
             confirmed: Lsn(at),
             changes,

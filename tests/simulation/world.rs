@@ -97,6 +97,7 @@ use super::jetstream::{Chaos, JetStream, Limits, Retention, STREAM};
 use super::port::ProcessPort;
 use super::postgres::{PgParams, Postgres, UnitCursor};
 use super::rng::Dice;
+use super::status::SimServers;
 use super::trace::{RelayLog, Trace, trace};
 use tracing_subscriber::layer::SubscriberExt;
 
@@ -617,8 +618,8 @@ impl PositionOracle {
 const STATUS_ROWS: usize = 20_000;
 
 /// The `status` oracle: every 100 to 1,000 ms (drawn from its own generator) `status`'s verdict
-/// on the slot (`outbox_relay::sim_slot_status`: its own rules, decoder and outbox stage over what
-/// the simulated servers hold now) is checked against what the simulated Postgres knows at the
+/// (`outbox_relay::status::status_over`, the command's own verdict, over what the simulated
+/// servers hold now: `status.rs`) is checked against what the simulated Postgres knows at the
 /// same moment. While no walsender holds the slot, a unit of work past its confirmed position
 /// (one a walsender started from it would send) is an event waiting in it: `status` must not say
 /// that no event waits, nor find no problem with the slot. Whether the stream holds that event
@@ -650,22 +651,27 @@ async fn status_oracle(
                 process: 0,
             })
         });
-        let verdict = outbox_relay::sim_slot_status(&settings, port.as_ref(), slot).await;
+        let servers = SimServers {
+            settings: &settings,
+            view: slot,
+            port,
+        };
+        let verdict = outbox_relay::status::status_over(&servers, &settings, i64::MAX).await;
         trace!(
             trace,
             "status of the idle slot at {at} ({} units past it): {}",
             pending.len(),
-            if verdict.problems.is_empty() {
+            if verdict.problems().is_empty() {
                 "healthy".to_owned()
             } else {
-                verdict.problems.join(" | ")
+                verdict.problems().join(" | ")
             }
         );
         let waiting = pending
             .iter()
             .find_map(|u| u.events.first().map(|e| (u, e)));
         if let Some((u, e)) = waiting
-            && (verdict.events_waiting == Some(false) || verdict.problems.is_empty())
+            && (verdict.events_waiting() == Some(false) || verdict.problems().is_empty())
         {
             violations.report(
                 &trace,
@@ -679,21 +685,21 @@ async fn status_oracle(
                     } else {
                         "lacks"
                     },
-                    if verdict.problems.is_empty() {
+                    if verdict.problems().is_empty() {
                         "the slot is healthy".to_owned()
                     } else {
                         format!(
                             "no event waits (problems: {})",
-                            verdict.problems.join(" | ")
+                            verdict.problems().join(" | ")
                         )
                     }
                 ),
             );
         }
-        if let Some(id) = &verdict.waiting_id
+        if let Some(id) = verdict.waiting_event_id()
             && !pending
                 .iter()
-                .any(|u| u.events.iter().any(|e| &e.msg_id == id))
+                .any(|u| u.events.iter().any(|e| e.msg_id == id))
         {
             violations.report(
                 &trace,

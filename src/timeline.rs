@@ -3,7 +3,7 @@
 //! (its switch point). A promotion or a point-in-time recovery ends a timeline and starts a new one;
 //! WAL below the switch point is the same on both, WAL at or past it on the old timeline is a
 //! history that did not survive. The relay uses this to tell whether a message it published on an
-//! older timeline is still part of the server's history ([`crate::sink::Replay`]).
+//! older timeline is still part of the server's history (the tail's trust rule, `src/tail/trust.rs`).
 //!
 //! The file is text, one line per ancestor, `parentTLI<TAB>X/Y<TAB>reason`, oldest first; blank
 //! lines and lines starting with `#` are ignored. Timeline 1 has no history file. The parser is
