@@ -270,6 +270,8 @@ impl Acked {
             Outcome::Stored { duplicate: true } | Outcome::AlreadyStored => self.duplicates += 1,
             // A parked copy is, for the backfill's count, an event not on its subject.
             Outcome::DeadLetter { .. } | Outcome::Parked { .. } => self.dead_letters += 1,
+            // A backfill reads no control messages.
+            Outcome::Control => {}
         }
     }
 

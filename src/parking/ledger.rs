@@ -187,6 +187,8 @@ pub struct RunBounds {
     pub after: u64,
     /// The sequence of `request`'s own marker, when the stream holds it already (a replay).
     pub before: Option<u64>,
+    /// Parked copies between the two (for a key that is not parked and no marker: 0).
+    pub copies: u64,
 }
 
 /// Which run control request `request` releases on `key`'s subject, decided from the stream
@@ -204,21 +206,28 @@ pub async fn run_bounds(
     let mut read = port
         .read_subjects(stream, &subject, SubjectRead::Headers(1), timeout)
         .await?;
-    let mut last_marker = 0;
+    let (mut last_marker, mut copies) = (0, 0);
     while let Some(m) = read.next().await? {
-        if let Mark::Released { request: r } = mark(&m.headers) {
-            if r == request {
+        match mark(&m.headers) {
+            Mark::Released { request: r } if r == request => {
                 return Ok(RunBounds {
                     after: last_marker,
                     before: Some(m.seq),
+                    copies,
                 });
             }
-            last_marker = m.seq;
+            Mark::Released { .. } => {
+                last_marker = m.seq;
+                copies = 0;
+            }
+            Mark::Copy(_) => copies += 1,
+            Mark::Other => {}
         }
     }
     Ok(RunBounds {
         after: last_marker,
         before: None,
+        copies,
     })
 }
 

@@ -11,8 +11,10 @@
 //! (`control.rs`). The messages themselves (a parked copy, a release marker) are built in
 //! `message/parked.rs`; where an event goes is decided in the sink (`sink/destination.rs`).
 
+pub mod control;
 pub mod key;
 pub mod ledger;
+pub mod revive;
 pub mod set;
 
 pub use key::{KeyHash, key_of_subject, parked_filter, parked_subject};

@@ -89,6 +89,10 @@ pub struct Full {
 pub struct ParkedSet {
     keys: HashMap<KeyHash, ParkedKey>,
     max: usize,
+    /// The request whose run is being republished, while it is: a copy parked again then has an
+    /// id of its own (`parked:<id>:<request>`), or JetStream would drop it as the first copy's
+    /// duplicate.
+    requeue: Option<String>,
 }
 
 impl ParkedSet {
@@ -97,7 +101,18 @@ impl ParkedSet {
         ParkedSet {
             keys: HashMap::new(),
             max,
+            requeue: None,
         }
+    }
+
+    /// The request whose run is being republished now, if one is.
+    pub fn requeue(&self) -> Option<&str> {
+        self.requeue.as_deref()
+    }
+
+    /// Sets (or, with `None`, ends) the request whose run is being republished.
+    pub fn set_requeue(&mut self, request: Option<String>) {
+        self.requeue = request;
     }
 
     /// Nothing parked: the hot path's one check, before it hashes any key.

@@ -49,13 +49,17 @@ pub(super) struct Shared {
 /// A running session: the replication stream, the sink and the pure stages between them.
 pub(super) struct Session {
     stream: ReplicationStream,
-    sink: Sink,
+    pub(super) sink: Sink,
     decoder: Decoder,
-    stage: OutboxStage,
-    progress: Progress,
+    pub(super) stage: OutboxStage,
+    pub(super) progress: Progress,
+    /// The NATS port, for the parking subjects a control message reads.
+    pub(super) port: crate::nats::NatsPort,
+    /// The settings, for the same.
+    pub(super) settings: Arc<Settings>,
     streaming_reported: bool,
     /// The relay's metrics, which the session counts into.
-    metrics: Arc<Metrics>,
+    pub(super) metrics: Arc<Metrics>,
     /// The stored position, which this session advances as it confirms.
     positions: Arc<Positions>,
     /// `nats.ack_timeout_ms`: how long a clean stop waits for what is in flight.
@@ -135,10 +139,9 @@ impl Session {
             stream,
             sink,
             decoder: Decoder::new(),
-            stage: OutboxStage::new(&settings.config().outbox)
-                .with_cloudevents(settings.config().nats.cloudevents)
-                .with_schemas(&settings.schemas, Arc::clone(&metrics.schemas))
-                .with_partition_lookup(),
+            stage: stage(settings, metrics),
+            port: nats_port,
+            settings: Arc::clone(&shared.settings),
             progress: Progress::new(from),
             streaming_reported: false,
             metrics: Arc::clone(metrics),
@@ -211,7 +214,7 @@ impl Session {
     /// the clock is read and the confirmed LSN handed on once per burst, not per ack. The acks
     /// settled before a failure are taken first: they were stored (a dead letter among them is
     /// counted in the session that stored it, not as a duplicate in the next).
-    async fn on_acks(&mut self, state: &mut State) -> Result<(), SessionEnd> {
+    pub(super) async fn on_acks(&mut self, state: &mut State) -> Result<(), SessionEnd> {
         let settled = self.sink.settle().await;
         self.take_acks(state)?;
         settled.map_err(from_sink)?;
@@ -328,6 +331,18 @@ impl Session {
             // Once per relation and session, and only when a publication sends partitions under
             // their own names: is it a partition of the outbox table (attached since we looked)?
             Step::LookUpPartitions => self.stage.partitions_found(connector.partitions().await?),
+            Step::Control {
+                control,
+                at,
+                commit_ts,
+            } => self.on_control(state, control, at, commit_ts).await?,
+            Step::ControlIgnored { lsn, why } => {
+                warn!(%lsn, %why, "ignoring a message under the control prefix");
+                self.metrics.parking.control(
+                    crate::metrics::ControlOp::Invalid,
+                    crate::metrics::ControlResult::Ignored,
+                );
+            }
             Step::IgnoredChange(_) => self.metrics.ignored_changes.inc(),
             Step::Nothing => {}
         }
@@ -404,6 +419,20 @@ impl Session {
     }
 }
 
+/// The outbox stage of a session: the settings' table and prefixes, schemas, the partition lookup,
+/// and control messages with `outbox.on_invalid = "park"`.
+fn stage(settings: &Settings, metrics: &Arc<Metrics>) -> OutboxStage {
+    let c = settings.config();
+    let stage = OutboxStage::new(&c.outbox)
+        .with_cloudevents(c.nats.cloudevents)
+        .with_schemas(&settings.schemas, Arc::clone(&metrics.schemas))
+        .with_partition_lookup();
+    match settings.park_on_invalid {
+        true => stage.with_control(crate::parking::control::prefix(&c.name)),
+        false => stage,
+    }
+}
+
 /// Whether the server a session starts on is where this relay left it ([`Start::moved`]): one that
 /// moved (restored, or recovered to a point in time before what this relay confirmed) is logged,
 /// and what this process confirmed is forgotten, since it belongs to another history; a promoted
@@ -440,5 +469,7 @@ fn count(metrics: &Metrics, outcome: &Outcome) {
         Outcome::AlreadyStored => metrics.published_duplicate.inc(),
         Outcome::DeadLetter { .. } => metrics.dead_letters.inc(),
         Outcome::Parked { .. } => metrics.parking.parked_total.inc(),
+        // Counted by operation and result when it is read.
+        Outcome::Control => {}
     }
 }

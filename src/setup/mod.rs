@@ -228,6 +228,8 @@ struct Checked {
     database: Option<String>,
     create_stream: bool,
     create_slot: bool,
+    /// Add the parking subjects to the existing stream (`stream::add_parked`).
+    add_parked: bool,
 }
 
 /// Whose checks: `setup` (and `run`), `status` (the same, but it reports an unfinished backfill
@@ -273,6 +275,7 @@ async fn checks(
             database,
             create_stream: found_stream.is_none(),
             create_slot: false,
+            add_parked: false,
         });
     }
     let create_slot = match &found.slot {
@@ -336,6 +339,7 @@ async fn checks(
         database,
         create_stream: found_stream.is_none(),
         create_slot,
+        add_parked: found_stream.as_ref().is_some_and(|f| f.add_parked),
     })
 }
 
@@ -368,6 +372,7 @@ async fn apply(
         database,
         create_stream,
         create_slot,
+        add_parked,
     } = checked;
     let slot = &settings.config().postgres.slot;
     let mut created = Created::default();
@@ -377,6 +382,9 @@ async fn apply(
                 .lines
                 .push(stream::create(settings, js, database.as_deref()).await?);
             created.stream = true;
+        }
+        if add_parked {
+            report.lines.push(stream::add_parked(settings, js).await?);
         }
         if found.create_publication {
             report

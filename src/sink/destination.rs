@@ -36,6 +36,19 @@ pub(crate) enum Sent {
     },
     /// A parked copy on its key's parking subject (boxed: rare, and larger than the others).
     Parked(Box<ParkedAs>),
+    /// The release marker of a control message, on the key's parking subject.
+    Marker(Box<MarkerAs>),
+}
+
+/// A release marker: which key, how, by which request.
+#[derive(Debug, Clone)]
+pub(crate) struct MarkerAs {
+    /// The key's parking subject.
+    pub(crate) subject: String,
+    /// The control request's id.
+    pub(crate) request: String,
+    /// Requeued or discarded.
+    pub(crate) release: crate::message::parked::Release,
 }
 
 /// A parked copy's place in its key's run.
@@ -59,14 +72,19 @@ pub(crate) struct ParkedAs {
 
 impl ParkedAs {
     /// The copy of the next event held on `key`, parked as `parked`.
-    fn new(config: &SinkConfig, key: KeyHash, parked: &ParkedKey) -> ParkedAs {
+    fn new(
+        config: &SinkConfig,
+        key: KeyHash,
+        parked: &ParkedKey,
+        requeue: Option<String>,
+    ) -> ParkedAs {
         ParkedAs {
             subject: parked_subject(&config.dead_letter_subject, key),
             reason: parked.reason.clone(),
             behind: parked.poison.clone(),
             count: parked.count,
             since: parked.since.clone(),
-            requeue: None,
+            requeue,
             shrink: Shrink::Keep,
         }
     }
@@ -96,6 +114,7 @@ impl Sent {
                 msg_id,
                 p.requeue.as_deref(),
             )),
+            Sent::Marker(m) => Cow::Owned(crate::message::parked::released_id(&m.request)),
         }
     }
 
@@ -105,13 +124,14 @@ impl Sent {
             Sent::Event => None,
             Sent::DeadLetter { reason, .. } => Some(reason),
             Sent::Parked(p) => Some(&p.reason),
+            Sent::Marker(_) => Some("the release marker cannot be stored"),
         }
     }
 
     /// How far down the shrink ladder it went (`Keep` for the routed event).
     pub(crate) fn shrink(&self) -> Shrink {
         match self {
-            Sent::Event => Shrink::Keep,
+            Sent::Event | Sent::Marker(_) => Shrink::Keep,
             Sent::DeadLetter { shrink, .. } => *shrink,
             Sent::Parked(p) => p.shrink,
         }
@@ -120,7 +140,7 @@ impl Sent {
     /// The same message, shrunk to `shrink` (the routed event has no smaller form).
     pub(crate) fn shrunk(mut self, to: Shrink) -> Sent {
         match &mut self {
-            Sent::Event => {}
+            Sent::Event | Sent::Marker(_) => {}
             Sent::DeadLetter { shrink, .. } => *shrink = to,
             Sent::Parked(p) => p.shrink = to,
         }
@@ -142,8 +162,11 @@ pub(crate) fn choose(
     if config.park_on_invalid {
         if !parked.is_empty() {
             let key = KeyHash::of_event(event);
+            let requeue = parked.requeue().map(str::to_owned);
             if let Some(k) = parked.hold(&key) {
-                return Ok(Sent::Parked(Box::new(ParkedAs::new(config, key, k))));
+                return Ok(Sent::Parked(Box::new(ParkedAs::new(
+                    config, key, k, requeue,
+                ))));
             }
         }
         return match problem {
@@ -200,8 +223,11 @@ pub(crate) fn again(
         return None;
     }
     let key = KeyHash::of_event(event);
+    let requeue = parked.requeue().map(str::to_owned);
     let k = parked.hold(&key)?;
-    Some(Sent::Parked(Box::new(ParkedAs::new(config, key, k))))
+    Some(Sent::Parked(Box::new(ParkedAs::new(
+        config, key, k, requeue,
+    ))))
 }
 
 /// Parks `event`'s key at `event` for `reason` (logged): its parked copy is the run's first.
@@ -213,10 +239,13 @@ fn park(
 ) -> Result<Sent, SinkError> {
     let key = KeyHash::of_event(event);
     let since = crate::message::rfc3339_micros(event.commit_ts);
+    let requeue = parked.requeue().map(str::to_owned);
     match parked.park(key, ParkedKey::new(&event.msg_id, reason, since)) {
         Ok(k) => {
             warn!(id = %event.msg_id, lsn = %event.commit_lsn, key = %key_text(event), %reason, "parking the event's key");
-            Ok(Sent::Parked(Box::new(ParkedAs::new(config, key, k))))
+            Ok(Sent::Parked(Box::new(ParkedAs::new(
+                config, key, k, requeue,
+            ))))
         }
         Err(Full { max }) => Err(SinkError::ParkedFull {
             id: event.msg_id.clone(),

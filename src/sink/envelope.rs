@@ -50,17 +50,55 @@ pub(super) async fn send_event(
     publisher: &mut Publisher,
     config: &SinkConfig,
     parked: &mut ParkedSet,
-    mut fence: Option<&mut Fence>,
+    fence: Option<&mut Fence>,
     seq: u64,
     mut event: Box<OutboxEvent>,
     size: usize,
+) -> Result<InFlight, SinkError> {
+    let built = envelope(config, parked, &mut event)?;
+    send_envelope(publisher, config, parked, fence, seq, event, size, built).await
+}
+
+/// Sends the release marker `marker` as message `seq` (its synthetic `event` carries its position
+/// and id), stamped and fenced like any message.
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn send_marker(
+    publisher: &mut Publisher,
+    config: &SinkConfig,
+    parked: &mut ParkedSet,
+    fence: Option<&mut Fence>,
+    seq: u64,
+    event: Box<OutboxEvent>,
+    size: usize,
+    marker: Sent,
+) -> Result<InFlight, SinkError> {
+    let built = Envelope {
+        out: form(config, &event, &marker, None),
+        sent: marker,
+        subject: String::new(),
+        span: None,
+    };
+    send_envelope(publisher, config, parked, fence, seq, event, size, built).await
+}
+
+/// Sends what [`envelope`] (or [`send_marker`]) built for `event`.
+#[allow(clippy::too_many_arguments)]
+async fn send_envelope(
+    publisher: &mut Publisher,
+    config: &SinkConfig,
+    parked: &mut ParkedSet,
+    mut fence: Option<&mut Fence>,
+    seq: u64,
+    event: Box<OutboxEvent>,
+    size: usize,
+    built: Envelope,
 ) -> Result<InFlight, SinkError> {
     let Envelope {
         out,
         sent,
         subject,
         span,
-    } = envelope(config, parked, &mut event)?;
+    } = built;
     let (expected, expected_id) = match fence.as_deref_mut() {
         Some(f) => {
             let e = f.next_expected(&sent.wire_id(&event.msg_id));
@@ -297,7 +335,7 @@ pub(super) fn routed_subject(
                     .unwrap_or_default(),
             }
         }
-        Sent::DeadLetter { .. } | Sent::Parked(_) => known,
+        Sent::DeadLetter { .. } | Sent::Parked(_) | Sent::Marker(_) => known,
     }
 }
 
@@ -322,6 +360,13 @@ pub(super) fn form(
             message::dead_letter(event, &config.dead_letter_subject, reason, subject, *shrink)
         }
         Sent::Parked(p) => message::parked::parked_copy(event, &p.run(), subject, p.shrink),
+        Sent::Marker(m) => message::parked::release_marker(
+            &m.subject,
+            &m.request,
+            m.release,
+            event.aggregate_type.as_deref(),
+            event.aggregate_id.as_deref(),
+        ),
     }
 }
 

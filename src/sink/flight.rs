@@ -142,6 +142,43 @@ impl Flight {
         Ok(())
     }
 
+    /// Sends the release marker `marker` for the key of `event` (its synthetic event: position
+    /// and id) as message `seq`, unless the replay proves it stored: then it changes nothing (the
+    /// parked set read at the start already shows it). Published, the key is released. Returns
+    /// whether it was published.
+    pub(super) async fn submit_marker(
+        &mut self,
+        seq: u64,
+        event: Box<OutboxEvent>,
+        marker: super::destination::Sent,
+    ) -> Result<bool, SinkError> {
+        if self.skip_replayed(seq, &event).await? {
+            return Ok(false);
+        }
+        self.parked
+            .release(&crate::parking::KeyHash::of_event(&event));
+        let size = self.reserve(approx_size(&event)).await?;
+        let item = envelope::send_marker(
+            &mut self.publisher,
+            &self.config,
+            &mut self.parked,
+            self.fence.as_mut(),
+            seq,
+            event,
+            size,
+            marker,
+        )
+        .await?;
+        self.window.push(Pending::Sent(item));
+        Ok(true)
+    }
+
+    /// Sets (or ends) the request whose run is being republished (copies parked again get ids of
+    /// their own).
+    pub(super) fn set_requeue(&mut self, request: Option<String>) {
+        self.parked.set_requeue(request);
+    }
+
     /// Takes a place for a message of `size` bytes in the window, settling the oldest messages
     /// while it is full. Returns the bytes taken.
     pub(super) async fn reserve(&mut self, size: usize) -> Result<usize, SinkError> {

@@ -25,6 +25,8 @@ pub(crate) enum Outcome {
         /// The first failure's reason.
         reason: String,
     },
+    /// A control message's release marker, stored on its key's parking subject.
+    Control,
 }
 
 impl Outcome {
@@ -37,6 +39,7 @@ impl Outcome {
             Outcome::Stored { duplicate: false }
                 | Outcome::DeadLetter { .. }
                 | Outcome::Parked { .. }
+                | Outcome::Control
         )
     }
 }

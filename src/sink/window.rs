@@ -320,6 +320,7 @@ pub(super) fn stored_outcome(sent: &Sent) -> Outcome {
         Sent::Parked(p) => Outcome::Parked {
             reason: p.reason.clone(),
         },
+        Sent::Marker(_) => Outcome::Control,
     }
 }
 
