@@ -1,9 +1,11 @@
 //! The session's side of parking (`outbox.on_invalid = "park"`): the parked set a session starts
 //! from, read from the stream after its tail ([`rebuild`]: a read that fails restarts the
 //! session, more parked keys than `outbox.max_parked_keys` stop the relay with one line naming a
-//! key and the setting), the parking gauges set from the sink's parked set ([`gauges`]), and
-//! carrying out a control message (`Session::on_control`): the I/O the outbox stage asks for, as
-//! for a partition lookup.
+//! key and the setting), the parking gauges set from the sink's parked set ([`gauges`]), and the
+//! parts of carrying out a control message (`Session::on_control` in `session.rs` puts them in
+//! order): which run the stream says it releases ([`bounds_of`]), its marker ([`marker_event`]) and
+//! the run read back and republished ([`requeue_run`]). The I/O the outbox stage asks for, as for a
+//! partition lookup.
 
 use tracing::{info, warn};
 
@@ -12,17 +14,17 @@ use crate::event::OutboxEvent;
 use crate::message::parked::Release;
 use crate::metrics::{ControlResult, Metrics};
 use crate::nats::NatsPort;
-use crate::parking::control::Control;
+use crate::outbox::OutboxStage;
+use crate::parking::control::{Control, KeyRequest};
 use crate::parking::ledger::{self, RebuildError, rebuild as read_parked};
 use crate::parking::revive::revive;
 use crate::parking::{KeyHash, ParkedSet};
 use crate::position::Position;
-use crate::sink::{SinkError, TailError};
+use crate::progress::Progress;
+use crate::sink::{Sink, SinkError, TailError};
 
 use super::error::SessionEnd;
 use super::policy::{self, from_sink};
-use super::session::Session;
-use super::state::State;
 
 /// The parked keys the stream shows, for a session's sink.
 pub(super) async fn rebuild(port: &NatsPort, settings: &Settings) -> Result<ParkedSet, SessionEnd> {
@@ -53,110 +55,104 @@ pub(super) fn gauges(metrics: &Metrics, parked: &ParkedSet) {
     metrics.parking.set(parked.len(), parked.events(), oldest);
 }
 
-impl Session {
-    /// A control message at `at` (`commit_ts`: its transaction's): carried out as the design says,
-    /// decided from the stream and never from memory, so a replay expands it the same way. First
-    /// everything before it is stored (acked), so the stream shows the key as it is at the
-    /// message; then its release marker at `at`.0 and, for a requeue, the key's run at `at`.1,
-    /// `at`.2, … — each copy read back from the stream, validated again and published to its own
-    /// subject with its own id, or, from the first still invalid on, parked again.
-    pub(super) async fn on_control(
-        &mut self,
-        state: &mut State,
-        control: Control,
-        at: Position,
-        commit_ts: i64,
-    ) -> Result<(), SessionEnd> {
-        let op = control.op();
-        let (key, release) = match control {
-            Control::Requeue(k) => (k, Release::Requeued),
-            Control::Discard(k) => (k, Release::Discarded),
-            Control::RequeueEvent { event_id, request } => {
-                warn!(%event_id, %request, position = %at, "requeue_event is not carried out by this version: the dead letter stays");
-                self.metrics.parking.control(op, ControlResult::Nothing);
-                return Ok(());
-            }
-        };
-        self.store_all(state).await?;
-        let hash = KeyHash::of(key.aggregate_type.as_deref(), key.aggregate_id.as_deref());
-        let c = self.settings.config();
-        let (stream, dl) = (&c.nats.stream, &c.nats.dead_letter_subject);
-        let timeout = self.settings.ack_timeout;
-        let bounds = ledger::run_bounds(&self.port, stream, dl, hash, &key.request, timeout)
-            .await
-            .map_err(|source| read_failed(stream, source))?;
-        if bounds.before.is_none() && bounds.copies == 0 {
-            info!(request = %key.request, position = %at, key = %key_text(&key), "control message for a key that is not parked: nothing to release");
-            self.metrics.parking.control(op, ControlResult::Nothing);
-            return Ok(());
-        }
-        let mut marker = OutboxEvent::at(bytes::Bytes::new(), at.lsn, at.index, commit_ts, None);
-        marker.position = at;
-        marker.msg_id = crate::message::parked::released_id(&key.request);
-        marker.aggregate_type = key.aggregate_type.clone();
-        marker.aggregate_id = key.aggregate_id.clone();
-        let seq = self.progress.publish();
-        self.sink
-            .submit_marker(seq, Box::new(marker), &key.request, release)
-            .await
-            .map_err(from_sink)?;
-        if release == Release::Requeued {
-            self.requeue_run(hash, bounds, &key.request, at, commit_ts)
-                .await?;
-        }
-        info!(request = %key.request, position = %at, key = %key_text(&key), how = release.as_str(), "released a parked key");
-        self.metrics.parking.control(op, ControlResult::Applied);
-        Ok(())
-    }
+/// What [`requeue_run`] works with: the session's sink, stage and progress, and where to read.
+pub(super) struct Requeue<'a> {
+    pub(super) sink: &'a mut Sink,
+    pub(super) stage: &'a mut OutboxStage,
+    pub(super) progress: &'a mut Progress,
+    pub(super) port: &'a NatsPort,
+    pub(super) settings: &'a Settings,
+}
 
-    /// Republishes the run `bounds` names on `hash`'s subject, one copy at a time.
-    async fn requeue_run(
-        &mut self,
-        hash: KeyHash,
-        bounds: ledger::RunBounds,
-        request: &str,
-        at: Position,
-        commit_ts: i64,
-    ) -> Result<(), SessionEnd> {
-        let c = self.settings.config();
-        let (stream, dl) = (c.nats.stream.clone(), c.nats.dead_letter_subject.clone());
-        let timeout = self.settings.ack_timeout;
-        let mut run = ledger::read_run(&self.port, &stream, &dl, hash, bounds, timeout)
-            .await
-            .map_err(|source| read_failed(&stream, source))?;
-        self.sink.set_requeue(Some(request.to_owned()));
-        let mut sub = 1u32;
-        let result = loop {
-            let copy = match run.next().await {
-                Ok(Some(copy)) => copy,
-                Ok(None) => break Ok(()),
-                Err(source) => break Err(read_failed(&stream, source)),
-            };
-            let mut event = revive(&copy, at.with_sub(sub), commit_ts);
-            if event.problem.is_none() {
-                self.stage.check_again(&mut event);
-            }
-            let seq = self.progress.publish();
-            if let Err(e) = self.sink.submit(seq, Box::new(event)).await {
-                break Err(from_sink(e));
-            }
-            sub = sub.saturating_add(1);
-        };
-        self.sink.set_requeue(None);
-        result
-    }
-
-    /// Waits until everything handed to the sink so far is stored (or proven so by the replay
-    /// later), taking the acks as they come: the stream then shows what is parked.
-    async fn store_all(&mut self, state: &mut State) -> Result<(), SessionEnd> {
-        loop {
-            self.on_acks(state).await?;
-            if self.progress.in_flight() <= self.sink.unverified() {
-                return Ok(());
-            }
-            self.sink.ready().await;
+/// What a control message asks of the session: a key to release and how, or nothing to do
+/// (`requeue_event`, which this version reads but does not carry out: counted and warned).
+pub(super) fn release_of(
+    control: Control,
+    at: Position,
+    metrics: &Metrics,
+) -> Option<(KeyRequest, Release)> {
+    let op = control.op();
+    match control {
+        Control::Requeue(k) => Some((k, Release::Requeued)),
+        Control::Discard(k) => Some((k, Release::Discarded)),
+        Control::RequeueEvent { event_id, request } => {
+            warn!(%event_id, %request, position = %at, "requeue_event is not carried out by this version: the dead letter stays");
+            metrics.parking.control(op, ControlResult::Nothing);
+            None
         }
     }
+}
+
+/// Which run `key`'s release covers, read from the stream; `None` (counted, logged) when there is
+/// nothing to release: no marker of this request and no parked copy after the key's last.
+pub(super) async fn bounds_of(
+    port: &NatsPort,
+    settings: &Settings,
+    metrics: &Metrics,
+    key: &KeyRequest,
+    op: crate::metrics::ControlOp,
+    at: Position,
+) -> Result<Option<ledger::RunBounds>, SessionEnd> {
+    let c = settings.config();
+    let (stream, dl) = (&c.nats.stream, &c.nats.dead_letter_subject);
+    let hash = KeyHash::of(key.aggregate_type.as_deref(), key.aggregate_id.as_deref());
+    let bounds = ledger::run_bounds(port, stream, dl, hash, &key.request, settings.ack_timeout)
+        .await
+        .map_err(|source| read_failed(stream, source))?;
+    if bounds.before.is_none() && bounds.copies == 0 {
+        info!(request = %key.request, position = %at, key = %key_text(key), "control message for a key that is not parked: nothing to release");
+        metrics.parking.control(op, ControlResult::Nothing);
+        return Ok(None);
+    }
+    Ok(Some(bounds))
+}
+
+/// The release marker's synthetic event: at `at`, with the request's marker id and the key.
+pub(super) fn marker_event(key: &KeyRequest, at: Position, commit_ts: i64) -> Box<OutboxEvent> {
+    let mut marker = OutboxEvent::at(bytes::Bytes::new(), at.lsn, at.index, commit_ts, None);
+    marker.position = at;
+    marker.msg_id = crate::message::parked::released_id(&key.request);
+    marker.aggregate_type = key.aggregate_type.clone();
+    marker.aggregate_id = key.aggregate_id.clone();
+    Box::new(marker)
+}
+
+/// Republishes the run `bounds` names on `key`'s subject, one copy at a time: each read back,
+/// validated again by the stage and handed to the sink at `at`.1, `at`.2, …; the sink's
+/// destination parks a still-invalid one again (`parked:<id>:<request>`).
+pub(super) async fn requeue_run(
+    r: Requeue<'_>,
+    key: &KeyRequest,
+    bounds: ledger::RunBounds,
+    at: Position,
+    commit_ts: i64,
+) -> Result<(), SessionEnd> {
+    let c = r.settings.config();
+    let (stream, dl) = (&c.nats.stream, &c.nats.dead_letter_subject);
+    let hash = KeyHash::of(key.aggregate_type.as_deref(), key.aggregate_id.as_deref());
+    let mut run = ledger::read_run(r.port, stream, dl, hash, bounds, r.settings.ack_timeout)
+        .await
+        .map_err(|source| read_failed(stream, source))?;
+    r.sink.set_requeue(Some(key.request.clone()));
+    let mut sub = 1u32;
+    let result = loop {
+        let copy = match run.next().await {
+            Ok(Some(copy)) => copy,
+            Ok(None) => break Ok(()),
+            Err(source) => break Err(read_failed(stream, source)),
+        };
+        let mut event = revive(&copy, at.with_sub(sub), commit_ts);
+        if event.problem.is_none() {
+            r.stage.check_again(&mut event);
+        }
+        let seq = r.progress.publish();
+        if let Err(e) = r.sink.submit(seq, Box::new(event)).await {
+            break Err(from_sink(e));
+        }
+        sub = sub.saturating_add(1);
+    };
+    r.sink.set_requeue(None);
+    result
 }
 
 /// The parking subjects could not be read: the session restarts, as for the stream's tail.
@@ -168,7 +164,7 @@ fn read_failed(stream: &str, source: crate::nats::NatsError) -> SessionEnd {
 }
 
 /// A control message's key as one escaped line.
-fn key_text(k: &crate::parking::control::KeyRequest) -> String {
+pub(super) fn key_text(k: &KeyRequest) -> String {
     let part = |v: &Option<String>| {
         v.as_deref().map_or_else(
             || "(null)".to_owned(),

@@ -23,6 +23,7 @@ use tracing::warn;
 
 use super::connector::{Connector, Start};
 use super::error::{RelayError, SessionEnd};
+use super::parking;
 use super::policy::{self, from_sink, from_source};
 use super::shutdown::Shutdown;
 use super::state::State;
@@ -49,17 +50,17 @@ pub(super) struct Shared {
 /// A running session: the replication stream, the sink and the pure stages between them.
 pub(super) struct Session {
     stream: ReplicationStream,
-    pub(super) sink: Sink,
+    sink: Sink,
     decoder: Decoder,
-    pub(super) stage: OutboxStage,
-    pub(super) progress: Progress,
+    stage: OutboxStage,
+    progress: Progress,
     /// The NATS port, for the parking subjects a control message reads.
-    pub(super) port: crate::nats::NatsPort,
+    port: crate::nats::NatsPort,
     /// The settings, for the same.
-    pub(super) settings: Arc<Settings>,
+    settings: Arc<Settings>,
     streaming_reported: bool,
     /// The relay's metrics, which the session counts into.
-    pub(super) metrics: Arc<Metrics>,
+    metrics: Arc<Metrics>,
     /// The stored position, which this session advances as it confirms.
     positions: Arc<Positions>,
     /// `nats.ack_timeout_ms`: how long a clean stop waits for what is in flight.
@@ -117,10 +118,10 @@ impl Session {
         if settings.park_on_invalid {
             // After the tail: a message stored since would fail this session's first publish
             // (the fence), so the keys read here are the stream's as the session starts.
-            let parked = super::parking::rebuild(&nats_port, settings).await?;
+            let parked = parking::rebuild(&nats_port, settings).await?;
             sink.restore_parked(parked);
         }
-        super::parking::gauges(metrics, sink.parked());
+        parking::gauges(metrics, sink.parked());
         let guard = crate::stored::service::Guard {
             dead_letter_subject: settings.config().nats.dead_letter_subject.clone(),
             inbox_prefix: settings.config().nats.inbox_prefix.clone(),
@@ -214,7 +215,7 @@ impl Session {
     /// the clock is read and the confirmed LSN handed on once per burst, not per ack. The acks
     /// settled before a failure are taken first: they were stored (a dead letter among them is
     /// counted in the session that stored it, not as a duplicate in the next).
-    pub(super) async fn on_acks(&mut self, state: &mut State) -> Result<(), SessionEnd> {
+    async fn on_acks(&mut self, state: &mut State) -> Result<(), SessionEnd> {
         let settled = self.sink.settle().await;
         self.take_acks(state)?;
         settled.map_err(from_sink)?;
@@ -238,7 +239,7 @@ impl Session {
         }
         self.confirm(state);
         if any {
-            super::parking::gauges(&self.metrics, self.sink.parked());
+            parking::gauges(&self.metrics, self.sink.parked());
         }
         Ok(())
     }
@@ -347,6 +348,60 @@ impl Session {
             Step::Nothing => {}
         }
         Ok(())
+    }
+
+    /// A control message at `at` (`commit_ts`: its transaction's), carried out as decided from
+    /// the stream, never from memory, so a replay expands it the same way: once everything before
+    /// it is stored, its release marker at `at`.0 and, for a requeue, the key's run after it.
+    async fn on_control(
+        &mut self,
+        state: &mut State,
+        control: crate::parking::control::Control,
+        at: crate::position::Position,
+        commit_ts: i64,
+    ) -> Result<(), SessionEnd> {
+        let op = control.op();
+        let Some((key, release)) = parking::release_of(control, at, &self.metrics) else {
+            return Ok(());
+        };
+        self.store_all(state).await?;
+        let found = parking::bounds_of(&self.port, &self.settings, &self.metrics, &key, op, at);
+        let Some(bounds) = found.await? else {
+            return Ok(());
+        };
+        let seq = self.progress.publish();
+        let marker = parking::marker_event(&key, at, commit_ts);
+        self.sink
+            .submit_marker(seq, marker, &key.request, release)
+            .await
+            .map_err(from_sink)?;
+        if release == crate::message::parked::Release::Requeued {
+            let parts = parking::Requeue {
+                sink: &mut self.sink,
+                stage: &mut self.stage,
+                progress: &mut self.progress,
+                port: &self.port,
+                settings: &self.settings,
+            };
+            parking::requeue_run(parts, &key, bounds, at, commit_ts).await?;
+        }
+        tracing::info!(request = %key.request, position = %at, key = %parking::key_text(&key), how = release.as_str(), "released a parked key");
+        self.metrics
+            .parking
+            .control(op, crate::metrics::ControlResult::Applied);
+        Ok(())
+    }
+
+    /// Waits until everything handed to the sink so far is stored (or, replayed, proven so
+    /// later), taking the acks as they come: the stream then shows what is parked.
+    async fn store_all(&mut self, state: &mut State) -> Result<(), SessionEnd> {
+        loop {
+            self.on_acks(state).await?;
+            if self.progress.in_flight() <= self.sink.unverified() {
+                return Ok(());
+            }
+            self.sink.ready().await;
+        }
     }
 
     /// Shutdown: wait, bounded by the ack timeout, for what is in flight, confirm it, and end the
