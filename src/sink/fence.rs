@@ -179,6 +179,21 @@ mod tests {
     }
 
     #[test]
+    fn a_message_sent_in_place_of_another_chains_the_next_to_its_own_id() {
+        let mut f = Fence::new(&tail(200, 1, "b"), Replay::publishing());
+        f.next_expected("e-1");
+        // e-1 was too large: its dead letter went in its place, with an id of its own.
+        f.rechain("dead-letter:e-1");
+        assert_eq!(
+            f.next_expected("e-2"),
+            Expect {
+                seq: 10,
+                id: Some("dead-letter:e-1".into())
+            }
+        );
+    }
+
+    #[test]
     fn every_message_after_the_first_expects_its_predecessors_id() {
         let mut f = Fence::new(&tail(200, 1, "b"), Replay::publishing());
         // The tail's id is not expected: the server may have forgotten it (a restart).
