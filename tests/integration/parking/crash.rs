@@ -1,6 +1,6 @@
 //! kill -9 of the real binary while a key is parked, and again right after the release commits:
 //! nothing is lost, nothing is stored twice on a subject, the order holds, and the parked set is
-//! rebuilt from the stream by the next start.
+//! rebuilt from the stream by the next start; a standby that takes over keeps the parked keys.
 
 use std::time::Duration;
 
@@ -90,4 +90,53 @@ async fn kill_9_while_parked_and_right_after_the_release_loses_nothing_and_keeps
         1,
         "one marker: {all:#?}"
     );
+}
+
+#[tokio::test]
+async fn a_standby_taking_over_keeps_the_parked_keys() {
+    let (db, nats, _dir, config) = world(STRICT).await;
+    let client = db.client().await;
+    let mut a = run(&config);
+    let slot = config.postgres.slot.clone();
+    wait_for("the relay's slot", super::LIMIT, || async {
+        confirmed_flush(&client, &slot).await.is_some()
+    })
+    .await;
+    insert(
+        &client,
+        "a-4711",
+        "4711",
+        "ClaimApproved",
+        r#"{"claim": "4711"}"#,
+    )
+    .await;
+    insert(
+        &client,
+        "a-4712",
+        "4712",
+        "ClaimApproved",
+        r#"{"claim": 4712}"#,
+    )
+    .await;
+    stored(&nats, &config, 2).await;
+    // The standby waits while A holds the slot, then takes over when A is killed.
+    let mut b = run(&config);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(b.is_running(), "the standby exited: {}", b.stderr());
+    kill_9(&mut a);
+    insert(&client, "p-4711", "4711", "ClaimPaid", r#"{"claim": 4711}"#).await;
+    insert(&client, "p-4712", "4712", "ClaimPaid", r#"{"claim": 4712}"#).await;
+    let all = stored(&nats, &config, 4).await;
+    assert_eq!(
+        ids_on(&all, &parking_subject(&config, "4711")),
+        ["a-4711", "p-4711"],
+        "the standby parks 4711's payment behind its approval: {all:#?}"
+    );
+    assert_eq!(
+        ids_on(&all, "outbox.Claim"),
+        ["a-4712", "p-4712"],
+        "{all:#?}"
+    );
+    b.signal("TERM");
+    assert!(b.wait(Duration::from_secs(30)).is_some());
 }

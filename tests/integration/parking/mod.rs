@@ -2,8 +2,8 @@
 //! 4711 story (an approval that fails its schema parks the claim; its payment waits behind it on
 //! the parking subject, never on `outbox.Claim`, while claim 4712 flows), a requeue through the WAL
 //! after the schema is fixed, a discard, kill -9 while parked and right after the release commits,
-//! and `max_parked_keys` reached. Shared preamble here; the stories in `story.rs`, the crashes in
-//! `crash.rs`.
+//! a standby taking over while keys are parked, and `max_parked_keys` reached. Shared preamble
+//! here; the stories in `story.rs`, the crashes and the takeover in `crash.rs`.
 
 mod crash;
 mod story;
