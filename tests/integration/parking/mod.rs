@@ -3,9 +3,11 @@
 //! the parking subject, never on `outbox.Claim`, while claim 4712 flows), a requeue through the WAL
 //! after the schema is fixed, a discard, kill -9 while parked and right after the release commits,
 //! a standby taking over while keys are parked, and `max_parked_keys` reached. Shared preamble
-//! here; the stories in `story.rs`, the crashes and the takeover in `crash.rs`.
+//! here; the stories in `story.rs`, the crashes and the takeover in `crash.rs`, `setup` adding the
+//! parking subjects to an older stream in `setup.rs`.
 
 mod crash;
+mod setup;
 mod story;
 
 use std::path::Path;
