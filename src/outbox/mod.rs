@@ -28,6 +28,7 @@
 //! what an event is, and its id rules, are `crate::event`'s.
 
 mod context;
+mod control;
 mod event_message;
 mod headers;
 mod row;
@@ -71,6 +72,24 @@ pub enum Step {
     /// (only with [`OutboxStage::with_partition_lookup`]): look them up and hand them to
     /// [`OutboxStage::partitions_found`] before the next step.
     LookUpPartitions,
+    /// A control message (`outbox.on_invalid = "park"`): release a parked key, at `at` (one index
+    /// of its transaction; what it expands to takes that index's sub-positions).
+    Control {
+        /// What it asks.
+        control: crate::parking::control::Control,
+        /// Its position.
+        at: crate::position::Position,
+        /// Its transaction's commit time.
+        commit_ts: i64,
+    },
+    /// A message under the control prefix that is no control message (or not transactional):
+    /// warned about with its LSN, counted, ignored.
+    ControlIgnored {
+        /// Where its record is.
+        lsn: Lsn,
+        /// Why it is ignored, one line.
+        why: String,
+    },
     /// An outbox update/delete/truncate: counted, not published.
     IgnoredChange(&'static str),
     /// Anything else: relations, other tables, origins, types.
@@ -155,6 +174,8 @@ pub struct OutboxStage {
     /// The open transaction's trace context (`outbox.context_prefix`, `context.rs`): headers for
     /// its events that follow the context message.
     context: Vec<(String, String)>,
+    /// The control prefix, when control messages are read (`outbox.on_invalid = "park"`).
+    control_prefix: Option<String>,
 }
 
 impl OutboxStage {
@@ -177,7 +198,20 @@ impl OutboxStage {
             in_txn: false,
             schemas: None,
             context: Vec::new(),
+            control_prefix: None,
         }
+    }
+
+    /// Reads control messages under `prefix` ([`Step::Control`]).
+    pub(crate) fn with_control(mut self, prefix: String) -> Self {
+        self.control_prefix = Some(prefix);
+        self
+    }
+
+    /// Checks `event` again against the schemas in force now (a parked event requeued): its
+    /// problem set when it fails, a large payload's check left for the sink.
+    pub(crate) fn check_again(&mut self, event: &mut crate::event::OutboxEvent) {
+        self.check(event, false);
     }
 
     /// Checks every event's payload against `schemas` (the set in force when it arrives), counting
@@ -239,6 +273,15 @@ impl OutboxStage {
                 ..
             } if !self.config.context_prefix.is_empty() && prefix == self.config.context_prefix => {
                 self.context_message(transactional, lsn, &prefix, content)
+            }
+            Message::Message {
+                transactional,
+                lsn,
+                prefix,
+                content,
+                ..
+            } if self.control_prefix.as_deref() == Some(prefix.as_str()) => {
+                self.control_message(transactional, lsn, content)
             }
             Message::StreamStart { .. } => Err(StageError::Unrequested("Stream Start")),
             Message::BeginPrepare { .. } => Err(StageError::Unrequested("Begin Prepare")),

@@ -247,7 +247,9 @@ impl Connector for Servers {
             // Logical messages are events (or trace context) only with a prefix; without one they
             // would be decoded for nothing.
             options.messages = !settings.config().outbox.message_prefix.is_empty()
-                || !settings.config().outbox.context_prefix.is_empty();
+                || !settings.config().outbox.context_prefix.is_empty()
+                // Control messages release parked keys.
+                || settings.park_on_invalid;
             let stream_config = StreamConfig {
                 status_interval: settings.status_interval,
                 channel_capacity: 1024,

@@ -23,6 +23,7 @@ use tracing::warn;
 
 use super::connector::{Connector, Start};
 use super::error::{RelayError, SessionEnd};
+use super::parking;
 use super::policy::{self, from_sink, from_source};
 use super::shutdown::Shutdown;
 use super::state::State;
@@ -54,6 +55,10 @@ pub(super) struct Session {
     decoder: Decoder,
     stage: OutboxStage,
     progress: Progress,
+    /// The NATS port, for the parking subjects a control message reads.
+    port: crate::nats::NatsPort,
+    /// The settings, for the same.
+    settings: Arc<Settings>,
     streaming_reported: bool,
     /// The relay's metrics, which the session counts into.
     metrics: Arc<Metrics>,
@@ -104,6 +109,7 @@ impl Session {
         state.history = Some(origin.history.clone());
         state.streaming(metrics, &settings.config().postgres.slot);
         let client = nats.client().cloned();
+        let nats_port = nats.clone();
         let sink = Sink::start(
             nats,
             SinkConfig {
@@ -115,6 +121,14 @@ impl Session {
         )
         .await
         .map_err(policy::from_tail)?;
+        let mut sink = sink;
+        if settings.park_on_invalid {
+            // After the tail: a message stored since would fail this session's first publish
+            // (the fence), so the keys read here are the stream's as the session starts.
+            let parked = parking::rebuild(&nats_port, settings).await?;
+            sink.restore_parked(parked);
+        }
+        parking::gauges(metrics, sink.parked());
         let guard = crate::stored::service::Guard {
             dead_letter_subject: settings.config().nats.dead_letter_subject.clone(),
             inbox_prefix: settings.config().nats.inbox_prefix.clone(),
@@ -133,10 +147,9 @@ impl Session {
             stream,
             sink,
             decoder: Decoder::new(),
-            stage: OutboxStage::new(&settings.config().outbox)
-                .with_cloudevents(settings.config().nats.cloudevents)
-                .with_schemas(&settings.schemas, Arc::clone(&metrics.schemas))
-                .with_partition_lookup(),
+            stage: stage(settings, metrics),
+            port: nats_port,
+            settings: Arc::clone(&shared.settings),
             progress: Progress::new(from),
             streaming_reported: false,
             metrics: Arc::clone(metrics),
@@ -232,6 +245,9 @@ impl Session {
             self.metrics.acked_now();
         }
         self.confirm(state);
+        if any {
+            parking::gauges(&self.metrics, self.sink.parked());
+        }
         Ok(())
     }
 
@@ -323,10 +339,76 @@ impl Session {
             // Once per relation and session, and only when a publication sends partitions under
             // their own names: is it a partition of the outbox table (attached since we looked)?
             Step::LookUpPartitions => self.stage.partitions_found(connector.partitions().await?),
+            Step::Control {
+                control,
+                at,
+                commit_ts,
+            } => self.on_control(state, control, at, commit_ts).await?,
+            Step::ControlIgnored { lsn, why } => {
+                warn!(%lsn, %why, "ignoring a message under the control prefix");
+                self.metrics.parking.control(
+                    crate::metrics::ControlOp::Invalid,
+                    crate::metrics::ControlResult::Ignored,
+                );
+            }
             Step::IgnoredChange(_) => self.metrics.ignored_changes.inc(),
             Step::Nothing => {}
         }
         Ok(())
+    }
+
+    /// A control message at `at` (`commit_ts`: its transaction's), carried out as decided from
+    /// the stream, never from memory, so a replay expands it the same way: once everything before
+    /// it is stored, its release marker at `at`.0 and, for a requeue, the key's run after it.
+    async fn on_control(
+        &mut self,
+        state: &mut State,
+        control: crate::parking::control::Control,
+        at: crate::position::Position,
+        commit_ts: i64,
+    ) -> Result<(), SessionEnd> {
+        let op = control.op();
+        let Some((key, release)) = parking::release_of(control, at, &self.metrics) else {
+            return Ok(());
+        };
+        self.store_all(state).await?;
+        let found = parking::bounds_of(&self.port, &self.settings, &self.metrics, &key, op, at);
+        let Some(bounds) = found.await? else {
+            return Ok(());
+        };
+        let seq = self.progress.publish();
+        let marker = parking::marker_event(&key, at, commit_ts);
+        self.sink
+            .submit_marker(seq, marker, &key.request, release)
+            .await
+            .map_err(from_sink)?;
+        if release == crate::message::parked::Release::Requeued {
+            let parts = parking::Requeue {
+                sink: &mut self.sink,
+                stage: &mut self.stage,
+                progress: &mut self.progress,
+                port: &self.port,
+                settings: &self.settings,
+            };
+            parking::requeue_run(parts, &key, bounds, at, commit_ts).await?;
+        }
+        tracing::info!(request = %key.request, position = %at, key = %parking::key_text(&key), how = release.as_str(), "released a parked key");
+        self.metrics
+            .parking
+            .control(op, crate::metrics::ControlResult::Applied);
+        Ok(())
+    }
+
+    /// Waits until everything handed to the sink so far is stored (or, replayed, proven so
+    /// later), taking the acks as they come: the stream then shows what is parked.
+    async fn store_all(&mut self, state: &mut State) -> Result<(), SessionEnd> {
+        loop {
+            self.on_acks(state).await?;
+            if self.progress.in_flight() <= self.sink.unverified() {
+                return Ok(());
+            }
+            self.sink.ready().await;
+        }
     }
 
     /// Shutdown: wait, bounded by the ack timeout, for what is in flight, confirm it, and end the
@@ -399,6 +481,20 @@ impl Session {
     }
 }
 
+/// The outbox stage of a session: the settings' table and prefixes, schemas, the partition lookup,
+/// and control messages with `outbox.on_invalid = "park"`.
+fn stage(settings: &Settings, metrics: &Arc<Metrics>) -> OutboxStage {
+    let c = settings.config();
+    let stage = OutboxStage::new(&c.outbox)
+        .with_cloudevents(c.nats.cloudevents)
+        .with_schemas(&settings.schemas, Arc::clone(&metrics.schemas))
+        .with_partition_lookup();
+    match settings.park_on_invalid {
+        true => stage.with_control(crate::parking::control::prefix(&c.name)),
+        false => stage,
+    }
+}
+
 /// Whether the server a session starts on is where this relay left it ([`Start::moved`]): one that
 /// moved (restored, or recovered to a point in time before what this relay confirmed) is logged,
 /// and what this process confirmed is forgotten, since it belongs to another history; a promoted
@@ -434,5 +530,8 @@ fn count(metrics: &Metrics, outcome: &Outcome) {
         // Counted with the duplicates: a republish that never had to leave the relay.
         Outcome::AlreadyStored => metrics.published_duplicate.inc(),
         Outcome::DeadLetter { .. } => metrics.dead_letters.inc(),
+        Outcome::Parked { .. } => metrics.parking.parked_total.inc(),
+        // Counted by operation and result when it is read.
+        Outcome::Control => {}
     }
 }

@@ -224,6 +224,8 @@ struct Checked {
     database: Option<String>,
     create_stream: bool,
     create_slot: bool,
+    /// Add the parking subjects to the existing stream (`stream::add_parked`).
+    add_parked: bool,
 }
 
 /// Whose checks: `setup` (and `run`), `status` (the same, but it reports an unfinished backfill
@@ -269,6 +271,7 @@ async fn checks(
             database,
             create_stream: found_stream.is_none(),
             create_slot: false,
+            add_parked: false,
         });
     }
     let create_slot = match &found.slot {
@@ -332,6 +335,7 @@ async fn checks(
         database,
         create_stream: found_stream.is_none(),
         create_slot,
+        add_parked: found_stream.as_ref().is_some_and(|f| f.add_parked),
     })
 }
 
@@ -364,6 +368,7 @@ async fn apply(
         database,
         create_stream,
         create_slot,
+        add_parked,
     } = checked;
     let slot = &settings.config().postgres.slot;
     let mut created = Created::default();
@@ -373,6 +378,9 @@ async fn apply(
                 .lines
                 .push(stream::create(settings, js, database.as_deref()).await?);
             created.stream = true;
+        }
+        if add_parked {
+            report.lines.push(stream::add_parked(settings, js).await?);
         }
         if found.create_publication {
             report

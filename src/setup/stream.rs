@@ -36,6 +36,9 @@ pub(super) struct FoundStream {
     pub(crate) relay_events: Option<(u64, String)>,
     /// A backfill of this slot has begun and not finished: why `setup` and `run` refuse.
     pub(crate) backfill_refusal: Option<String>,
+    /// With `outbox.on_invalid = "park"`, the stream does not store the parking subjects
+    /// (`<dead_letter_subject>.parked.>`): `setup` (and `run`, which runs it first) adds them.
+    pub(crate) add_parked: bool,
 }
 
 /// Checks the stream; `None` when it must be created.
@@ -67,9 +70,17 @@ pub(super) async fn check(
     ));
     let relay_events = relay_events(settings, &mut s, &info).await;
     let backfill_refusal = crate::backfill_marker::refusal(settings, &info.config.metadata);
+    let probe = parked_probe(settings);
+    let add_parked = settings.park_on_invalid
+        && !info
+            .config
+            .subjects
+            .iter()
+            .any(|f| subject_covers(f, &probe));
     Ok(Some(FoundStream {
         relay_events,
         backfill_refusal,
+        add_parked,
     }))
 }
 
@@ -243,6 +254,64 @@ async fn overlapping_stream(
     None
 }
 
+/// A parking subject (of a made-up key) that the stream must store for `on_invalid = "park"`.
+fn parked_probe(settings: &Settings) -> String {
+    let n = &settings.config().nats;
+    crate::parking::parked_subject(
+        &n.dead_letter_subject,
+        crate::parking::KeyHash::of(Some("probe"), Some("probe")),
+    )
+}
+
+/// The change [`add_parked`] makes, as `setup --check` words it.
+pub(super) fn parked_change(settings: &Settings) -> String {
+    let n = &settings.config().nats;
+    format!(
+        "stream {}: would add subject {} (outbox.on_invalid = \"park\": the parking subjects)",
+        n.stream,
+        crate::parking::parked_filter(&n.dead_letter_subject)
+    )
+}
+
+/// Adds the parking subjects to the existing stream (`outbox.on_invalid = "park"`).
+pub(super) async fn add_parked(
+    settings: &Settings,
+    js: &jetstream::Context,
+) -> Result<String, SetupError> {
+    let n = &settings.config().nats;
+    let filter = crate::parking::parked_filter(&n.dead_letter_subject);
+    let refused = |why: String| {
+        problem(
+            &n.stream,
+            format!(
+                "does not store the parking subjects {filter} that outbox.on_invalid = \"park\" needs, and setup \
+                 could not add them ({}): run `outbox-relay setup` with the right to edit the stream, or add them \
+                 with `nats stream edit {} --subjects ...`",
+                crate::text::shown(&why, 512),
+                n.stream
+            ),
+        )
+    };
+    let mut s = js
+        .get_stream(&n.stream)
+        .await
+        .map_err(|e| refused(e.to_string()))?;
+    let mut config = s
+        .info()
+        .await
+        .map_err(|e| refused(e.to_string()))?
+        .config
+        .clone();
+    config.subjects.push(filter.clone());
+    js.update_stream(config)
+        .await
+        .map_err(|e| refused(e.to_string()))?;
+    Ok(format!(
+        "stream {}: subject {filter} added (outbox.on_invalid = \"park\": the parking subjects)",
+        n.stream
+    ))
+}
+
 /// Creates the stream.
 pub(super) async fn create(
     settings: &Settings,
@@ -253,7 +322,13 @@ pub(super) async fn create(
     let wildcard = settings.subject.wildcard();
     let cfg = stream::Config {
         name: n.stream.clone(),
-        subjects: vec![wildcard.clone(), n.dead_letter_subject.clone()],
+        // The parking subjects too, whatever on_invalid says now: choosing "park" later then
+        // needs no change to the stream.
+        subjects: vec![
+            wildcard.clone(),
+            n.dead_letter_subject.clone(),
+            crate::parking::parked_filter(&n.dead_letter_subject),
+        ],
         storage: stream::StorageType::File,
         retention: stream::RetentionPolicy::Limits,
         // At a limit, refuse new events (the relay stalls and retries) rather than delete old ones.
@@ -321,9 +396,10 @@ pub(super) async fn create(
 pub(super) fn described(settings: &Settings) -> String {
     let n = &settings.config().nats;
     format!(
-        "file storage, subjects {}, {}, duplicate window {}s, {}, {}, replicas {}{}",
+        "file storage, subjects {}, {}, {}, duplicate window {}s, {}, {}, replicas {}{}",
         settings.subject.wildcard(),
         n.dead_letter_subject,
+        crate::parking::parked_filter(&n.dead_letter_subject),
         n.duplicate_window_secs,
         match n.max_age_secs {
             0 => "messages kept forever".to_owned(),

@@ -105,6 +105,12 @@ impl Fence {
         }
     }
 
+    /// The message just counted went out with `id` instead of the id it was counted with (a dead
+    /// letter or parked copy in place of a message too large to send): the next one chains to it.
+    pub(crate) fn rechain(&mut self, id: &str) {
+        self.chain = Some(id.to_owned());
+    }
+
     /// The `Nats-Expected-Last-Sequence` of the next message, which carries no `Nats-Msg-Id` (a
     /// message of an atomic batch, where the server refuses an id expectation): counts it. The
     /// stream's last message id is then empty, so nothing after it can chain by id.
@@ -170,6 +176,21 @@ mod tests {
         f.duplicate();
         assert_eq!(f.next_expected("c").seq, 10);
         assert_eq!(f.next_expected("d").seq, 11);
+    }
+
+    #[test]
+    fn a_message_sent_in_place_of_another_chains_the_next_to_its_own_id() {
+        let mut f = Fence::new(&tail(200, 1, "b"), Replay::publishing());
+        f.next_expected("e-1");
+        // e-1 was too large: its dead letter went in its place, with an id of its own.
+        f.rechain("dead-letter:e-1");
+        assert_eq!(
+            f.next_expected("e-2"),
+            Expect {
+                seq: 10,
+                id: Some("dead-letter:e-1".into())
+            }
+        );
     }
 
     #[test]

@@ -112,7 +112,14 @@ impl Sink {
             ))),
             false => Strategy::Single,
         };
-        let flight = Flight::new(publisher, config, opening.fence, opening.last_sequence);
+        let parked = crate::parking::ParkedSet::new(config.max_parked_keys);
+        let flight = Flight::new(
+            publisher,
+            config,
+            opening.fence,
+            opening.last_sequence,
+            parked,
+        );
         Ok(Sink { strategy, flight })
     }
 
@@ -220,6 +227,42 @@ impl Sink {
     /// Messages in the window (published, ack not yet reported).
     pub(crate) fn in_flight(&self) -> usize {
         self.flight.in_flight()
+    }
+
+    /// Sends the release marker of control request `request` for the key of `event` (a synthetic
+    /// event with the marker's position, `released:<request>` as its id and the key's values), as
+    /// message `seq`, and releases the key, unless the replay proves the marker stored. Returns
+    /// whether it was published.
+    pub(crate) async fn submit_marker(
+        &mut self,
+        seq: u64,
+        event: Box<OutboxEvent>,
+        request: &str,
+        release: crate::message::parked::Release,
+    ) -> Result<bool, SinkError> {
+        let key = crate::parking::KeyHash::of_event(&event);
+        let marker = destination::Sent::Marker(Box::new(destination::MarkerAs {
+            subject: crate::parking::parked_subject(&self.flight.config().dead_letter_subject, key),
+            request: request.to_owned(),
+            release,
+        }));
+        self.flight.submit_marker(seq, event, marker).await
+    }
+
+    /// Sets (or ends, `None`) the control request whose run is being republished.
+    pub(crate) fn set_requeue(&mut self, request: Option<String>) {
+        self.flight.set_requeue(request);
+    }
+
+    /// The keys parked now (`outbox.on_invalid = "park"`).
+    pub(crate) fn parked(&self) -> &crate::parking::ParkedSet {
+        self.flight.parked()
+    }
+
+    /// The keys the stream shows parked, read when the session starts (before anything is
+    /// submitted).
+    pub(crate) fn restore_parked(&mut self, parked: crate::parking::ParkedSet) {
+        self.flight.restore_parked(parked);
     }
 
     /// The highest stream sequence the stream showed so far: the last proven new store, or a

@@ -314,11 +314,12 @@ impl Stored {
             .unwrap_or_else(|| panic!("message {} has no {name} header: {self:?}", self.seq))
     }
 
-    /// The event id: `Nats-Msg-Id`, or `Outbox-Event-Id` on messages of an atomic batch.
+    /// The event id: `Outbox-Event-Id` (a dead letter, a parked copy, a message of an atomic
+    /// batch), else `Nats-Msg-Id`.
     pub(crate) fn id(&self) -> &str {
         self.headers
-            .get("Nats-Msg-Id")
-            .map_or_else(|| self.header("Outbox-Event-Id"), String::as_str)
+            .get("Outbox-Event-Id")
+            .map_or_else(|| self.header("Nats-Msg-Id"), String::as_str)
     }
 
     pub(crate) fn commit_lsn(&self) -> Lsn {

@@ -1,0 +1,121 @@
+//! A parked copy read back from its key's subject as the event it was ([`revive`]), for a requeue:
+//! its id (`Outbox-Event-Id`), its key and type, its own headers (every header outside the relay's
+//! `Nats-` and `Outbox-` names) and its payload, placed at the position of the control message's
+//! expansion it is republished at. A copy the stream's limits shrank (no payload, or headers cut)
+//! cannot be republished as the event it was: it comes back with a problem, so the requeue parks
+//! its key again with that reason. Pure.
+
+use crate::Lsn;
+use crate::event::OutboxEvent;
+use crate::message::{AGGREGATE_ID, AGGREGATE_TYPE, COMMIT_LSN, EVENT_ID, EVENT_TYPE};
+use crate::message::{PAYLOAD_SIZE, TRUNCATED_HEADERS};
+use crate::nats::StoredMessage;
+use crate::position::Position;
+
+/// The reason a copy whose payload was dropped keeps its key parked.
+pub const PAYLOAD_DROPPED: &str = "payload dropped when parked: over the stream's limit";
+
+/// The event `copy` holds, republished at `at` by a control message committed at `commit_ts`.
+pub fn revive(copy: &StoredMessage, at: Position, commit_ts: i64) -> OutboxEvent {
+    let h = &copy.headers;
+    let text = |n: &str| h.get(n).map(|v| v.as_str().to_owned());
+    let commit_lsn = text(COMMIT_LSN)
+        .and_then(|l| l.parse::<Lsn>().ok())
+        .unwrap_or(at.lsn);
+    let mut event = OutboxEvent::at(copy.payload.clone(), commit_lsn, at.index, commit_ts, None);
+    event.position = at;
+    event.id = text(EVENT_ID);
+    event.msg_id = event.id.clone().unwrap_or_default();
+    event.aggregate_type = text(AGGREGATE_TYPE);
+    event.aggregate_id = text(AGGREGATE_ID);
+    event.event_type = text(EVENT_TYPE);
+    for (name, values) in h.iter() {
+        let name: &str = name.as_ref();
+        let reserved = ["nats-", "outbox-"]
+            .iter()
+            .any(|p| name.len() >= p.len() && name[..p.len()].eq_ignore_ascii_case(p));
+        if reserved {
+            continue;
+        }
+        for v in values {
+            event.headers.push((name.to_owned(), v.as_str().to_owned()));
+        }
+    }
+    if h.get(PAYLOAD_SIZE).is_some() {
+        event.problem = Some(PAYLOAD_DROPPED.to_owned());
+    } else if let Some(cut) = text(TRUNCATED_HEADERS) {
+        event.problem = Some(format!(
+            "headers cut when parked ({cut}): over the stream's limit"
+        ));
+    } else if event.id.is_none() {
+        event.problem = Some("a parked copy without Outbox-Event-Id".to_owned());
+        event.msg_id = crate::event::message_id(None, commit_lsn, at.index, &copy.payload);
+    }
+    event
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::message::Shrink;
+    use crate::message::parked::{Run, parked_copy};
+
+    fn copy_of(shrink: Shrink) -> StoredMessage {
+        let mut e = OutboxEvent::at(
+            bytes::Bytes::from_static(br#"{"claim":4711}"#),
+            Lsn(0x1_0000_0010),
+            3,
+            0,
+            None,
+        );
+        e.id = Some("e-9".into());
+        e.msg_id = "e-9".into();
+        e.aggregate_type = Some("Claim".into());
+        e.aggregate_id = Some("4711".into());
+        e.event_type = Some("ClaimPaid".into());
+        e.headers = vec![("tenant".into(), "t1".into())];
+        let run = Run {
+            subject: "dl.parked.x",
+            reason: "bad",
+            behind: "e-1",
+            count: 2,
+            since: "2026-01-01T00:00:00Z",
+            requeue: None,
+        };
+        let out = parked_copy(&e, &run, Some("outbox.Claim"), shrink);
+        StoredMessage {
+            seq: 7,
+            subject: out.subject,
+            headers: out.headers,
+            payload: out.payload,
+        }
+    }
+
+    #[test]
+    fn a_parked_copy_comes_back_as_its_event_at_the_expansions_position() {
+        let at = Position::in_transaction(Lsn(0x2_0000_0000), 4).with_sub(2);
+        let e = revive(&copy_of(Shrink::Keep), at, 77);
+        assert_eq!(e.msg_id, "e-9");
+        assert_eq!(e.id.as_deref(), Some("e-9"));
+        assert_eq!(e.position, at);
+        assert_eq!(e.commit_lsn, Lsn(0x1_0000_0010), "the original commit LSN");
+        assert_eq!(
+            (
+                e.aggregate_type.as_deref(),
+                e.aggregate_id.as_deref(),
+                e.event_type.as_deref()
+            ),
+            (Some("Claim"), Some("4711"), Some("ClaimPaid"))
+        );
+        assert_eq!(e.headers, vec![("tenant".to_owned(), "t1".to_owned())]);
+        assert_eq!(&e.payload[..], br#"{"claim":4711}"#);
+        assert!(e.problem.is_none());
+    }
+
+    #[test]
+    fn a_copy_without_its_payload_cannot_be_requeued() {
+        let at = Position::in_transaction(Lsn(0x2_0000_0000), 4).with_sub(1);
+        let e = revive(&copy_of(Shrink::DropPayload), at, 0);
+        assert_eq!(e.problem.as_deref(), Some(PAYLOAD_DROPPED));
+    }
+}

@@ -1,0 +1,108 @@
+//! Parking a key (`outbox.on_invalid = "park"`) against real Postgres and nats-server: the claim
+//! 4711 story (an approval that fails its schema parks the claim; its payment waits behind it on
+//! the parking subject, never on `outbox.Claim`, while claim 4712 flows), a requeue through the WAL
+//! after the schema is fixed, a discard, kill -9 while parked and right after the release commits,
+//! a standby taking over while keys are parked, and `max_parked_keys` reached. Shared preamble
+//! here; the stories in `story.rs`, the crashes and the takeover in `crash.rs`, `setup` adding the
+//! parking subjects to an older stream in `setup.rs`.
+
+mod crash;
+mod setup;
+mod story;
+
+use std::path::Path;
+use std::time::Duration;
+
+use outbox_relay::config::{Config, OnInvalid};
+use outbox_relay::parking::{KeyHash, parked_subject};
+use tokio_postgres::Client;
+
+use crate::support::{NatsServer, PgServer, Stored, TEXT_ID_OUTBOX_SQL, TestDb, read_all};
+use crate::support::{relay_config, stream_count, wait_for};
+
+pub(super) const LIMIT: Duration = Duration::from_secs(60);
+
+/// ClaimApproved's contract: `claim` an integer.
+pub(super) const STRICT: &str = r#"{"type": "object", "required": ["claim"],
+    "properties": {"claim": {"type": "integer"}}}"#;
+/// The fixed contract: `claim` an integer or a string of digits.
+pub(super) const FIXED: &str = r#"{"type": "object", "required": ["claim"],
+    "properties": {"claim": {"type": ["integer", "string"]}}}"#;
+
+/// A database with a text-id outbox, a NATS server, a schema directory with `schema` as
+/// ClaimApproved's, and a park-mode configuration for them.
+pub(super) async fn world(schema: &str) -> (TestDb, NatsServer, tempfile::TempDir, Config) {
+    let db = TestDb::create(PgServer::shared()).await;
+    db.psql(TEXT_ID_OUTBOX_SQL);
+    let nats = NatsServer::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_schema(dir.path(), schema);
+    let mut config = relay_config(&db, &nats);
+    config.outbox.schemas = dir.path().display().to_string();
+    config.outbox.on_invalid = OnInvalid::Park;
+    config.validate().expect("park config is valid");
+    (db, nats, dir, config)
+}
+
+pub(super) fn write_schema(dir: &Path, schema: &str) {
+    std::fs::write(dir.join("ClaimApproved.json"), schema).expect("write schema");
+}
+
+/// Inserts event `id` of claim `claim`.
+pub(super) async fn insert(
+    client: &Client,
+    id: &str,
+    claim: &str,
+    event_type: &str,
+    payload: &str,
+) {
+    client
+        .execute(
+            "INSERT INTO public.outbox (event_id, aggregate_type, aggregate_id, event_type, payload) \
+             VALUES ($1, 'Claim', $2, $3, $4::text::jsonb)",
+            &[&id, &claim, &event_type, &payload],
+        )
+        .await
+        .unwrap_or_else(|e| panic!("insert {id}: {e}"));
+}
+
+/// Emits a control message as sql/09's functions do.
+pub(super) async fn control(client: &Client, op: &str, claim: &str, request: &str) {
+    let body = format!(
+        r#"{{"op": "{op}", "aggregate_type": "Claim", "aggregate_id": "{claim}", "request": "{request}"}}"#
+    );
+    client
+        .execute(
+            "SELECT pg_logical_emit_message(true, 'outbox-relay.control', $1::text)",
+            &[&body],
+        )
+        .await
+        .unwrap_or_else(|e| panic!("control {op}: {e}"));
+}
+
+/// The parking subject of claim `claim`.
+pub(super) fn parking_subject(config: &Config, claim: &str) -> String {
+    parked_subject(
+        &config.nats.dead_letter_subject,
+        KeyHash::of(Some("Claim"), Some(claim)),
+    )
+}
+
+/// Waits for `n` messages in the stream, then reads them all.
+pub(super) async fn stored(nats: &NatsServer, config: &Config, n: u64) -> Vec<Stored> {
+    let js = nats.jetstream().await;
+    let stream = &config.nats.stream;
+    wait_for(&format!("{n} messages in {stream}"), LIMIT, || async {
+        stream_count(&js, stream).await >= n
+    })
+    .await;
+    read_all(&js, stream).await
+}
+
+/// The event ids on `subject`, in stream order.
+pub(super) fn ids_on<'a>(all: &'a [Stored], subject: &str) -> Vec<&'a str> {
+    all.iter()
+        .filter(|m| m.subject == subject)
+        .map(|m| m.id())
+        .collect()
+}

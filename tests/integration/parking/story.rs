@@ -1,0 +1,260 @@
+//! The claim 4711 story, a requeue after the fix, a discard, and `max_parked_keys` reached, with
+//! the relay in-process.
+
+use outbox_relay::config::Config;
+
+use super::{FIXED, STRICT, control, ids_on, insert, parking_subject, stored, world, write_schema};
+use crate::support::{
+    InProcessRelay, NatsServer, TestDb, confirmed_flush, current_wal_lsn, wait_for,
+};
+
+/// claim 4711: submitted (flows), approved with a claim that breaks the schema (parks the key),
+/// paid (parked behind it); claim 4712 approved properly (flows).
+async fn the_story(db: &TestDb, nats: &NatsServer, config: &Config) -> InProcessRelay {
+    let client = db.client().await;
+    let relay = InProcessRelay::start_streaming(config, &client).await;
+    insert(
+        &client,
+        "s-4711",
+        "4711",
+        "ClaimSubmitted",
+        r#"{"claim": 4711}"#,
+    )
+    .await;
+    insert(
+        &client,
+        "a-4711",
+        "4711",
+        "ClaimApproved",
+        r#"{"claim": "4711"}"#,
+    )
+    .await;
+    insert(&client, "p-4711", "4711", "ClaimPaid", r#"{"claim": 4711}"#).await;
+    insert(
+        &client,
+        "a-4712",
+        "4712",
+        "ClaimApproved",
+        r#"{"claim": 4712}"#,
+    )
+    .await;
+    stored(nats, config, 4).await;
+    relay
+}
+
+#[tokio::test]
+async fn an_invalid_approval_parks_its_claim_and_the_payment_waits_behind_it() {
+    let (db, nats, _dir, config) = world(STRICT).await;
+    let relay = the_story(&db, &nats, &config).await;
+    let all = stored(&nats, &config, 4).await;
+    let parking = parking_subject(&config, "4711");
+    assert_eq!(
+        ids_on(&all, "outbox.Claim"),
+        ["s-4711", "a-4712"],
+        "{all:#?}"
+    );
+    assert_eq!(ids_on(&all, &parking), ["a-4711", "p-4711"], "{all:#?}");
+    let poison = all.iter().find(|m| m.id() == "a-4711").unwrap();
+    let paid = all.iter().find(|m| m.id() == "p-4711").unwrap();
+    assert_eq!(poison.header("Nats-Msg-Id"), "parked:a-4711");
+    assert_eq!(paid.header("Nats-Msg-Id"), "parked:p-4711");
+    for (m, n) in [(poison, "1"), (paid, "2")] {
+        assert_eq!(m.header("Outbox-Parked-Behind"), "a-4711");
+        assert_eq!(m.header("Outbox-Parked-Count"), n);
+        assert_eq!(m.header("Outbox-Subject"), "outbox.Claim");
+        assert!(
+            m.header("Outbox-Error").starts_with("ClaimApproved:"),
+            "the poison's reason on every copy: {m:?}"
+        );
+        assert!(m.header("Outbox-Parked-Since").ends_with('Z'));
+    }
+    assert_eq!(
+        paid.payload_str(),
+        r#"{"claim": 4711}"#,
+        "the payload as stored"
+    );
+    // The slot advanced past everything: parked events are stored.
+    let client = db.client().await;
+    let wal = current_wal_lsn(&client).await;
+    let slot = config.postgres.slot.clone();
+    wait_for(
+        "the slot confirmed past the parked events",
+        super::LIMIT,
+        || async {
+            confirmed_flush(&client, &slot)
+                .await
+                .is_some_and(|c| c >= wal)
+        },
+    )
+    .await;
+    let m = &relay.metrics;
+    wait_for("the parking gauges", super::LIMIT, || async {
+        m.parking.keys.get() == 1 && m.parking.events.get() == 2
+    })
+    .await;
+    relay.stop().await.expect("clean stop");
+}
+
+#[tokio::test]
+async fn a_requeue_after_the_fix_publishes_the_run_in_order_with_the_original_ids() {
+    let (db, nats, dir, config) = world(STRICT).await;
+    let relay = the_story(&db, &nats, &config).await;
+    relay.stop().await.expect("clean stop");
+    // The contract is fixed; the relay starts again and reads the parked key from the stream.
+    write_schema(dir.path(), FIXED);
+    let client = db.client().await;
+    let relay = InProcessRelay::start_streaming(&config, &client).await;
+    insert(
+        &client,
+        "n-4711",
+        "4711",
+        "ClaimNoted",
+        r#"{"claim": 4711}"#,
+    )
+    .await;
+    let all = stored(&nats, &config, 5).await;
+    let parking = parking_subject(&config, "4711");
+    assert_eq!(
+        ids_on(&all, &parking),
+        ["a-4711", "p-4711", "n-4711"],
+        "still parked after the restart: the parked set is rebuilt from the stream"
+    );
+    assert_eq!(all.last().unwrap().header("Outbox-Parked-Count"), "3");
+    control(&client, "requeue", "4711", "r-1").await;
+    insert(
+        &client,
+        "c-4711",
+        "4711",
+        "ClaimClosed",
+        r#"{"claim": 4711}"#,
+    )
+    .await;
+    let all = stored(&nats, &config, 10).await;
+    assert_eq!(
+        ids_on(&all, "outbox.Claim"),
+        ["s-4711", "a-4712", "a-4711", "p-4711", "n-4711", "c-4711"],
+        "{all:#?}"
+    );
+    let requeued = all
+        .iter()
+        .find(|m| m.subject == "outbox.Claim" && m.id() == "a-4711")
+        .unwrap();
+    assert_eq!(requeued.header("Nats-Msg-Id"), "a-4711", "the original id");
+    assert!(!requeued.headers.contains_key("Outbox-Parked-Behind"));
+    let marker = all.iter().find(|m| m.id() == "released:r-1").unwrap();
+    assert_eq!(marker.subject, parking);
+    assert_eq!(marker.header("Outbox-Parking"), "requeued");
+    relay.stop().await.expect("clean stop");
+}
+
+#[tokio::test]
+async fn a_discard_releases_the_key_without_republishing_its_run() {
+    let (db, nats, _dir, config) = world(STRICT).await;
+    let relay = the_story(&db, &nats, &config).await;
+    let client = db.client().await;
+    control(&client, "discard", "4711", "r-2").await;
+    insert(
+        &client,
+        "c-4711",
+        "4711",
+        "ClaimClosed",
+        r#"{"claim": 4711}"#,
+    )
+    .await;
+    let all = stored(&nats, &config, 6).await;
+    assert_eq!(
+        ids_on(&all, "outbox.Claim"),
+        ["s-4711", "a-4712", "c-4711"],
+        "{all:#?}"
+    );
+    let marker = all.iter().find(|m| m.id() == "released:r-2").unwrap();
+    assert_eq!(marker.header("Outbox-Parking"), "discarded");
+    relay.stop().await.expect("clean stop");
+}
+
+#[tokio::test]
+async fn a_requeue_of_a_key_that_is_not_parked_does_nothing() {
+    let (db, nats, _dir, config) = world(STRICT).await;
+    let relay = the_story(&db, &nats, &config).await;
+    let client = db.client().await;
+    control(&client, "requeue", "4712", "r-3").await;
+    client
+        .execute(
+            "SELECT pg_logical_emit_message(true, 'outbox-relay.control', 'not json')",
+            &[],
+        )
+        .await
+        .unwrap();
+    insert(
+        &client,
+        "c-4712",
+        "4712",
+        "ClaimClosed",
+        r#"{"claim": 4712}"#,
+    )
+    .await;
+    let all = stored(&nats, &config, 5).await;
+    assert_eq!(
+        all.len(),
+        5,
+        "no marker for a key that is not parked: {all:#?}"
+    );
+    let m = &relay.metrics;
+    use outbox_relay::metrics::{ControlOp, ControlResult};
+    assert_eq!(
+        m.parking
+            .controls(ControlOp::Requeue, ControlResult::Nothing),
+        1
+    );
+    assert_eq!(
+        m.parking
+            .controls(ControlOp::Invalid, ControlResult::Ignored),
+        1
+    );
+    relay.stop().await.expect("clean stop");
+}
+
+#[tokio::test]
+async fn past_max_parked_keys_the_relay_stops_naming_the_key_and_nothing_is_lost() {
+    let (db, nats, _dir, mut config) = world(STRICT).await;
+    config.outbox.max_parked_keys = 1;
+    let client = db.client().await;
+    let relay = InProcessRelay::start_streaming(&config, &client).await;
+    insert(
+        &client,
+        "a-4711",
+        "4711",
+        "ClaimApproved",
+        r#"{"claim": "x"}"#,
+    )
+    .await;
+    stored(&nats, &config, 1).await;
+    let before = current_wal_lsn(&client).await;
+    insert(
+        &client,
+        "a-4712",
+        "4712",
+        "ClaimApproved",
+        r#"{"claim": "y"}"#,
+    )
+    .await;
+    wait_for("the relay to stop", super::LIMIT, || async {
+        relay.is_finished()
+    })
+    .await;
+    let e = relay.stop().await.expect_err("a stop");
+    let text = outbox_relay::error_chain::error_chain(&e);
+    assert!(
+        text.contains("Claim/4712")
+            && text.contains("outbox.max_parked_keys")
+            && !text.contains('\n'),
+        "{text}"
+    );
+    let confirmed = confirmed_flush(&client, &config.postgres.slot)
+        .await
+        .unwrap();
+    assert!(
+        confirmed <= before,
+        "the event past the bound is not confirmed: {confirmed} > {before}"
+    );
+}
