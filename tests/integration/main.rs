@@ -22,6 +22,7 @@ mod migrating;
 mod module_graph;
 mod named_relays;
 mod ops;
+mod parking_ops;
 mod permissions;
 mod platforms;
 mod printed_commands;
