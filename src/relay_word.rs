@@ -217,8 +217,17 @@ fn since_last_ack(metrics: &str) -> Option<f64> {
         .filter(|v| *v >= 0.0)
 }
 
-/// One GET: the status code and the body, or why not (one line).
+/// One GET within [`ASK_TIMEOUT`]: the status code and the body, or why not (one line).
 async fn get(addr: SocketAddr, path: &str) -> Result<(u16, String), String> {
+    get_within(addr, path, ASK_TIMEOUT).await
+}
+
+/// One GET within `within` (a `/wait` is answered only when it ends): as [`get`].
+pub(crate) async fn get_within(
+    addr: SocketAddr,
+    path: &str,
+    within: Duration,
+) -> Result<(u16, String), String> {
     let request = async {
         let tcp = tokio::net::TcpStream::connect(addr)
             .await
@@ -245,9 +254,9 @@ async fn get(addr: SocketAddr, path: &str) -> Result<(u16, String), String> {
         conn.abort();
         Ok((status, String::from_utf8_lossy(&body).into_owned()))
     };
-    tokio::time::timeout(ASK_TIMEOUT, request)
+    tokio::time::timeout(within, request)
         .await
-        .unwrap_or_else(|_| Err(format!("{addr} did not answer within {ASK_TIMEOUT:?}")))
+        .unwrap_or_else(|_| Err(format!("{addr} did not answer within {within:?}")))
 }
 
 #[cfg(test)]

@@ -74,6 +74,7 @@ const LAYERS: &[(&str, &[&str])] = &[
         &[
             "backfill",
             "check_schemas",
+            "parking_ops",
             "setup",
             "slot_mark",
             "status",
