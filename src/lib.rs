@@ -55,6 +55,7 @@ pub mod message;
 pub mod metrics;
 pub mod nats;
 pub mod outbox;
+pub mod parking;
 pub mod parking_ops;
 pub mod pgoutput;
 pub mod position;

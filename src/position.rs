@@ -5,6 +5,10 @@
 //! commit LSNs or ids. One header, not two: each header costs the relay a map entry and nats-server
 //! its bytes on every message.
 //!
+//! A position has a sub-index too, 0 for every event (printed `X/Y:I`, unchanged) and counting the
+//! messages a control message expands to (`X/Y:I.S`): a release of a parked key takes one index
+//! in its transaction and publishes a marker and the key's run at sub-indexes 0, 1, 2, …
+//!
 //! Why a position and not the commit LSN: two units of work can share a commit LSN. A
 //! non-transactional logical message's LSN is the *end* of its WAL record, and the next record can be
 //! the COMMIT of another transaction, whose commit LSN is then the same number. Positions are unique
@@ -32,7 +36,8 @@ use std::str::FromStr;
 
 use crate::Lsn;
 
-/// A message's place in one slot's history (see the module docs). Ordered by LSN, then index.
+/// A message's place in one slot's history (see the module docs). Ordered by LSN, then index,
+/// then sub-index.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Position {
     /// The commit LSN of the event's transaction, or the LSN a standalone message or backfilled
@@ -40,6 +45,10 @@ pub struct Position {
     pub(crate) lsn: Lsn,
     /// Its index within that LSN (insert order within a transaction, cursor order in a backfill).
     pub(crate) index: u32,
+    /// Its place among the messages one unit of work expands to: 0 for an event (its one
+    /// message); a control message that releases a parked key takes one index and its messages
+    /// (the release marker, then the run's events) are sub-indexes 0, 1, 2, … of it.
+    pub(crate) sub: u32,
 }
 
 impl Position {
@@ -48,7 +57,13 @@ impl Position {
         Position {
             lsn: commit_lsn,
             index,
+            sub: 0,
         }
+    }
+
+    /// The `sub`-th message of the unit of work at this position.
+    pub fn with_sub(self, sub: u32) -> Self {
+        Position { sub, ..self }
     }
 
     /// The position of a non-transactional message whose WAL record ends at `lsn`.
@@ -56,17 +71,22 @@ impl Position {
         Position {
             lsn: Lsn(lsn.0.saturating_sub(1)),
             index: 0,
+            sub: 0,
         }
     }
 }
 
 impl fmt::Display for Position {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}:{}", self.lsn, self.index)
+        write!(f, "{}:{}", self.lsn, self.index)?;
+        if self.sub != 0 {
+            write!(f, ".{}", self.sub)?;
+        }
+        Ok(())
     }
 }
 
-/// Text that is not a position (`X/Y:I`) or not a history (`SYSTEM/TIMELINE/SLOT`).
+/// Text that is not a position (`X/Y:I` or `X/Y:I.S`) or not a history (`SYSTEM/TIMELINE/SLOT`).
 #[derive(Debug, thiserror::Error)]
 #[error("invalid {what} {text:?}: expected {form}")]
 pub struct ParseError {
@@ -82,12 +102,17 @@ impl FromStr for Position {
         let err = || ParseError {
             what: "position",
             text: s.to_owned(),
-            form: "an LSN and an index, like 16/B374D848:3",
+            form: "an LSN and an index, like 16/B374D848:3 (or 16/B374D848:3.1)",
         };
         let (lsn, index) = s.trim().rsplit_once(':').ok_or_else(err)?;
+        let (index, sub) = match index.split_once('.') {
+            Some((i, sub)) => (i, sub.parse().map_err(|_| err())?),
+            None => (index, 0),
+        };
         Ok(Position {
             lsn: lsn.parse().map_err(|_| err())?,
             index: index.parse().map_err(|_| err())?,
+            sub,
         })
     }
 }
@@ -167,7 +192,7 @@ pub(crate) fn stamp(position: Position, context: Option<&str>) -> String {
         None => (None, None),
     };
     let mut out = String::with_capacity(
-        context.map_or(0, str::len) + 1 + 8 + 1 + 8 + 1 + 10 + usize::from(fields.is_some()),
+        context.map_or(0, str::len) + 1 + 8 + 1 + 8 + 1 + 10 + 11 + usize::from(fields.is_some()),
     );
     if let Some(h) = history {
         out.push_str(h);
@@ -176,6 +201,10 @@ pub(crate) fn stamp(position: Position, context: Option<&str>) -> String {
     position.lsn.push_to(&mut out);
     out.push(':');
     out.push_str(itoa::Buffer::new().format(position.index));
+    if position.sub != 0 {
+        out.push('.');
+        out.push_str(itoa::Buffer::new().format(position.sub));
+    }
     if let Some(f) = fields {
         out.push(';');
         out.push_str(f);
@@ -276,6 +305,26 @@ mod tests {
         assert_eq!(replay_over("1A/F08:12;replay-over=x"), None);
         assert_eq!(replay_over("1A/F08:12;other=7"), None);
         assert_eq!(parse_stamp("1A/F08:12;other=7").unwrap(), (None, p));
+    }
+
+    #[test]
+    fn a_sub_index_orders_inside_its_position_and_prints_only_when_set() {
+        let p = Position::in_transaction(Lsn(0x1A_0000_0F08), 12);
+        assert_eq!(p.with_sub(0), p, "sub 0 is the position itself");
+        assert_eq!(stamp(p, None), "1A/F08:12", "existing bytes unchanged");
+        let s1 = p.with_sub(1);
+        let s2 = p.with_sub(2);
+        assert!(p < s1 && s1 < s2);
+        assert!(s2 < Position::in_transaction(Lsn(0x1A_0000_0F08), 13));
+        assert_eq!(s1.to_string(), "1A/F08:12.1");
+        assert_eq!("1A/F08:12.1".parse::<Position>().unwrap(), s1);
+        let h = "7311234567890123456/2/outbox_relay";
+        let text = stamp(s2, Some(&format!("{h};replay-over=5")));
+        assert_eq!(text, format!("{h}/1A/F08:12.2;replay-over=5"));
+        assert_eq!(parse_stamp(&text).unwrap().1, s2);
+        assert_eq!(replay_over(&text), Some(5));
+        assert!("1A/F08:12.".parse::<Position>().is_err());
+        assert!("1A/F08:12.x".parse::<Position>().is_err());
     }
 
     #[test]

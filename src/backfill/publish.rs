@@ -268,7 +268,8 @@ impl Acked {
         match o {
             Outcome::Stored { duplicate: false } => self.stored += 1,
             Outcome::Stored { duplicate: true } | Outcome::AlreadyStored => self.duplicates += 1,
-            Outcome::DeadLetter { .. } => self.dead_letters += 1,
+            // A parked copy is, for the backfill's count, an event not on its subject.
+            Outcome::DeadLetter { .. } | Outcome::Parked { .. } => self.dead_letters += 1,
         }
     }
 

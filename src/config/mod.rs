@@ -36,8 +36,8 @@ use error::invalid;
 pub(crate) use nats::NatsAuth;
 pub(crate) use reply_prefixes::{MAX_PREFIX_BYTES, SHARED_INBOX_PREFIX};
 pub use sections::{
-    Config, HttpConfig, LogConfig, LogFormat, NatsConfig, OnInvalid, OutboxConfig, PostgresConfig,
-    StatusConfig, TelemetryConfig, WarningsConfig,
+    Config, HttpConfig, LogConfig, LogFormat, NatsConfig, OnInvalid, OutboxConfig, ParkKey,
+    PostgresConfig, StatusConfig, TelemetryConfig, WarningsConfig,
 };
 pub use settings::Settings;
 

@@ -105,7 +105,21 @@ pub enum OnInvalid {
     DeadLetter,
     /// Stop the relay with a clear error; the slot stays before the event.
     Stop,
+    /// Park the event's key: the event and every later event of its key go to the key's parking
+    /// subject until a control message releases it; every other key flows.
+    Park,
 }
+
+/// What a parked key is (`outbox.park_key`): only the aggregate for now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ParkKey {
+    /// `aggregate_type` and `aggregate_id` (message events: the same fields).
+    Aggregate,
+}
+
+/// The default of `outbox.max_parked_keys`.
+pub(crate) const DEFAULT_MAX_PARKED_KEYS: u64 = 10_000;
 
 /// The `[outbox]` section.
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -134,6 +148,11 @@ pub struct OutboxConfig {
     pub message_prefix: String,
     /// What to do with an event that cannot be published as it is.
     pub on_invalid: OnInvalid,
+    /// With `on_invalid = "park"`: what a parked key is.
+    pub park_key: ParkKey,
+    /// With `on_invalid = "park"`: how many keys may be parked at once; past it the relay stops
+    /// (the event that would park one more is not confirmed: nothing is lost).
+    pub max_parked_keys: u64,
     /// A directory of JSON Schema files named `<event_type>.json`; an event whose payload does not
     /// validate is a dead letter. "" for none (nothing is parsed).
     pub schemas: String,
@@ -157,6 +176,8 @@ impl Default for OutboxConfig {
             header_columns: Vec::new(),
             message_prefix: DEFAULT_MESSAGE_PREFIX.into(),
             on_invalid: OnInvalid::DeadLetter,
+            park_key: ParkKey::Aggregate,
+            max_parked_keys: DEFAULT_MAX_PARKED_KEYS,
             schemas: String::new(),
             schemas_required: false,
             context_prefix: String::new(),

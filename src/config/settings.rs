@@ -29,6 +29,8 @@ pub struct Settings {
     pub(crate) ack_timeout: Duration,
     /// `outbox.on_invalid = "stop"`.
     pub(crate) stop_on_invalid: bool,
+    /// `outbox.on_invalid = "park"`.
+    pub(crate) park_on_invalid: bool,
     /// Findings that do not stop the relay (e.g. a misspelt environment variable), for the log.
     pub(crate) warnings: Vec<crate::warning::Warning>,
     /// Where these settings came from: the `--config` file and the variables that set keys.
@@ -83,6 +85,7 @@ impl Config {
             status_interval: Duration::from_millis(self.postgres.status_interval_ms),
             ack_timeout: Duration::from_millis(n.ack_timeout_ms),
             stop_on_invalid: o.on_invalid == OnInvalid::Stop,
+            park_on_invalid: o.on_invalid == OnInvalid::Park,
             warnings: Vec::new(),
             origin: Default::default(),
             schemas,
@@ -137,7 +140,8 @@ impl Config {
                 "contains a NUL character, which a logical message prefix cannot hold",
             ));
         }
-        check_context_prefix(o)
+        check_context_prefix(o)?;
+        check_parking(o, &self.nats)
     }
 
     /// `[telemetry]`: an OTLP endpoint, if set, makes a traces URL.
@@ -323,6 +327,35 @@ fn check_subjects(n: &super::NatsConfig) -> Result<SubjectTemplate, ConfigError>
     super::reply_prefixes::check(n, &template)?;
     Ok(template)
 }
+
+/// The parking settings: `max_parked_keys` in range, and park only on a fenced stream (the parked
+/// set is rebuilt from the stream, which only the fence keeps a commit-ordered prefix of the outbox:
+/// without it a replay republishes, and would decide again events a later park changed).
+fn check_parking(o: &super::OutboxConfig, n: &super::NatsConfig) -> Result<(), ConfigError> {
+    if !(1..=MAX_PARKED_KEYS_LIMIT).contains(&o.max_parked_keys) {
+        return Err(invalid(
+            "outbox.max_parked_keys",
+            format!("must be between 1 and {MAX_PARKED_KEYS_LIMIT}"),
+        ));
+    }
+    if o.on_invalid == OnInvalid::Park && n.atomic_transactions {
+        // A batch member cannot go to a parking subject on its own: the batch is stored whole.
+        return Err(invalid(
+            "outbox.on_invalid",
+            "\"park\" does not work with nats.atomic_transactions = true yet: choose one of the two",
+        ));
+    }
+    if o.on_invalid == OnInvalid::Park && !n.fence {
+        return Err(invalid(
+            "outbox.on_invalid",
+            "\"park\" needs nats.fence = true: the parked keys are rebuilt from the fenced stream",
+        ));
+    }
+    Ok(())
+}
+
+/// The most keys `outbox.max_parked_keys` may allow: the parked set is held in memory.
+const MAX_PARKED_KEYS_LIMIT: u64 = 1_000_000;
 
 /// `[nats]` numbers: in-flight limits, timeouts, stream retention and replicas, and the fence
 /// that atomic batches need.

@@ -534,3 +534,54 @@ fn atomic_group_ms_is_bounded_in_one_line() {
     );
     assert!(!e.contains('\n'), "{e}");
 }
+
+#[test]
+fn park_mode_has_its_keys_and_variables_and_needs_the_fence() {
+    let d = Config::load_with_env(None, Vec::new()).unwrap();
+    assert_eq!(
+        d.config().outbox.on_invalid,
+        OnInvalid::DeadLetter,
+        "the default stays"
+    );
+    assert_eq!(d.config().outbox.park_key, ParkKey::Aggregate);
+    assert_eq!(d.config().outbox.max_parked_keys, 10_000);
+    assert!(!d.park_on_invalid);
+    let c = load(
+        "[outbox]\non_invalid = \"park\"\npark_key = \"aggregate\"\nmax_parked_keys = 3\n",
+        &[],
+    )
+    .unwrap();
+    assert!(c.park_on_invalid && !c.stop_on_invalid);
+    assert_eq!(c.config().outbox.max_parked_keys, 3);
+    let c = load(
+        "",
+        &[
+            ("OUTBOX_RELAY_OUTBOX_ON_INVALID", "park"),
+            ("OUTBOX_RELAY_OUTBOX_PARK_KEY", "aggregate"),
+            ("OUTBOX_RELAY_OUTBOX_MAX_PARKED_KEYS", "1000000"),
+        ],
+    )
+    .unwrap();
+    assert!(c.park_on_invalid);
+    assert_eq!(c.config().outbox.max_parked_keys, 1_000_000);
+    for bad in ["0", "1000001"] {
+        let e = load("", &[("OUTBOX_RELAY_OUTBOX_MAX_PARKED_KEYS", bad)])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("max_parked_keys") && !e.contains('\n'), "{e}");
+    }
+    let e = load("[outbox]\npark_key = \"event\"\n", &[])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("park_key"), "{e}");
+    let e = load(
+        "[outbox]\non_invalid = \"park\"\n[nats]\nfence = false\n",
+        &[],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("outbox.on_invalid") && e.contains("nats.fence") && !e.contains('\n'),
+        "{e}"
+    );
+}

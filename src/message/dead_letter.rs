@@ -1,6 +1,8 @@
 //! The dead-letter form of an event that cannot be published as it is: on the dead-letter
 //! subject, with `Outbox-Error` (one line, ASCII) and `Outbox-Subject`, shrunk step by step
-//! ([`Shrink`]) when it does not fit the server's limits.
+//! ([`Shrink`]) when it does not fit the server's limits. A dead letter has an id of its own,
+//! `Nats-Msg-Id: dead-letter:<id>`, and the event's id in `Outbox-Event-Id`
+//! ([`dead_letter_id`]), so the event requeued later is not dropped as its duplicate.
 
 use async_nats::HeaderMap;
 use async_nats::header::HeaderValue;
@@ -40,6 +42,17 @@ impl Shrink {
         std::iter::successors(self.smaller(), |s| s.smaller())
     }
 }
+
+/// The `Nats-Msg-Id` of the dead letter of the event whose id is `id`: `dead-letter:<id>`.
+pub(crate) fn dead_letter_id(id: &str) -> String {
+    let mut out = String::with_capacity(DEAD_LETTER_ID_PREFIX.len() + id.len());
+    out.push_str(DEAD_LETTER_ID_PREFIX);
+    out.push_str(id);
+    out
+}
+
+/// What a dead letter's `Nats-Msg-Id` starts with, before the event id.
+pub(crate) const DEAD_LETTER_ID_PREFIX: &str = "dead-letter:";
 
 /// The longest header value a shrunk dead letter keeps.
 pub(crate) const MAX_DEAD_LETTER_HEADER: usize = 1024;
@@ -85,6 +98,17 @@ pub(crate) fn dead_letter_as(
             h
         }
     };
+    if id == IdHeader::MsgId {
+        // A dead letter's own id: with the event's, JetStream would drop the event as a duplicate
+        // when it is requeued to its subject inside the duplicate window. The event's id travels
+        // in `Outbox-Event-Id`, where every reader of the relay's messages looks first.
+        let n = names();
+        h.insert(
+            n.msg_id.clone(),
+            HeaderValue::from(dead_letter_id(&event.msg_id)),
+        );
+        h.insert(n.event_id.clone(), HeaderValue::from(event.msg_id.clone()));
+    }
     h.insert(ERROR, cap(&ascii(&one_line(reason))).as_str());
     if let Some(s) = subject.filter(|_| shrink != Shrink::Minimal) {
         h.insert(SUBJECT, cap(s).as_str());

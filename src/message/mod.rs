@@ -19,6 +19,7 @@
 
 mod cloudevents;
 mod dead_letter;
+pub mod parked;
 
 use std::sync::LazyLock;
 
@@ -35,7 +36,7 @@ use cloudevents::{
     CE_DATACONTENTTYPE, CE_ID, CE_SOURCE, CE_SPECVERSION, CE_SUBJECT, CE_TIME, CE_TYPE,
     cloudevents_headers,
 };
-pub(crate) use dead_letter::{Shrink, dead_letter, dead_letter_as};
+pub(crate) use dead_letter::{Shrink, dead_letter, dead_letter_as, dead_letter_id};
 
 /// The event id, by which JetStream drops a republished event inside the duplicate window.
 pub const NATS_MSG_ID: &str = "Nats-Msg-Id";
@@ -352,7 +353,13 @@ mod tests {
             "{err}"
         );
         assert!(m.headers.get(SUBJECT).is_none());
-        assert_eq!(m.headers.get(NATS_MSG_ID).unwrap().as_str(), "e-5531");
+        // An id of its own, so the event requeued later is not its duplicate; the event's id
+        // in Outbox-Event-Id.
+        assert_eq!(
+            m.headers.get(NATS_MSG_ID).unwrap().as_str(),
+            "dead-letter:e-5531"
+        );
+        assert_eq!(m.headers.get(EVENT_ID).unwrap().as_str(), "e-5531");
         assert_eq!(&m.payload[..], &e.payload[..], "payload kept");
     }
 
@@ -408,6 +415,8 @@ mod tests {
         e.msg_id = crate::event::message_id(e.id.as_deref(), e.commit_lsn, e.index, &e.payload);
         let m = build(&e, &template(), "dlq", None);
         let id = m.headers.get(NATS_MSG_ID).unwrap().as_str();
+        assert!(id.starts_with("dead-letter:lsn:1/A0:2:"), "{id}");
+        let id = m.headers.get(EVENT_ID).unwrap().as_str();
         assert!(id.starts_with("lsn:1/A0:2:"), "{id}");
     }
 

@@ -50,6 +50,14 @@ fn populated() -> Metrics {
     m.schemas.reloads.add(5);
     m.schemas.reload_failures.add(6);
     m.schemas.loaded.set(7);
+    m.parking.parked_total.add(26);
+    m.parking.set(27, 28, 0);
+    m.parking
+        .control(ControlOp::Requeue, ControlResult::Applied);
+    m.parking
+        .control(ControlOp::Discard, ControlResult::Nothing);
+    m.parking
+        .control(ControlOp::Invalid, ControlResult::Ignored);
     m
 }
 
@@ -65,6 +73,7 @@ const GOLDEN: &str = r#"# HELP outbox_relay_events_published_total Outbox events
 outbox_relay_events_published_total{outcome="ok"} 11
 outbox_relay_events_published_total{outcome="duplicate"} 12
 outbox_relay_events_published_total{outcome="dead_letter"} 13
+outbox_relay_events_published_total{outcome="parked"} 26
 # HELP outbox_relay_ignored_changes_total Updates, deletes and truncates of the outbox table (not published).
 # TYPE outbox_relay_ignored_changes_total counter
 outbox_relay_ignored_changes_total 14
@@ -149,4 +158,27 @@ outbox_relay_schema_reloads_total{result="failed"} 6
 # HELP outbox_relay_schemas_loaded JSON Schemas in force.
 # TYPE outbox_relay_schemas_loaded gauge
 outbox_relay_schemas_loaded 7
+# HELP outbox_relay_parked_keys Keys parked behind an event that could not be published.
+# TYPE outbox_relay_parked_keys gauge
+outbox_relay_parked_keys 27
+# HELP outbox_relay_parked_events Events held on parked keys.
+# TYPE outbox_relay_parked_events gauge
+outbox_relay_parked_events 28
+# HELP outbox_relay_parked_oldest_age_seconds Seconds since the oldest parked key's poison event committed (0 when none is parked).
+# TYPE outbox_relay_parked_oldest_age_seconds gauge
+outbox_relay_parked_oldest_age_seconds 0
+# HELP outbox_relay_control_messages_total Control messages (outbox-relay.control) read, by operation and result.
+# TYPE outbox_relay_control_messages_total counter
+outbox_relay_control_messages_total{op="requeue",result="applied"} 1
+outbox_relay_control_messages_total{op="requeue",result="nothing"} 0
+outbox_relay_control_messages_total{op="requeue",result="ignored"} 0
+outbox_relay_control_messages_total{op="discard",result="applied"} 0
+outbox_relay_control_messages_total{op="discard",result="nothing"} 1
+outbox_relay_control_messages_total{op="discard",result="ignored"} 0
+outbox_relay_control_messages_total{op="requeue_event",result="applied"} 0
+outbox_relay_control_messages_total{op="requeue_event",result="nothing"} 0
+outbox_relay_control_messages_total{op="requeue_event",result="ignored"} 0
+outbox_relay_control_messages_total{op="invalid",result="applied"} 0
+outbox_relay_control_messages_total{op="invalid",result="nothing"} 0
+outbox_relay_control_messages_total{op="invalid",result="ignored"} 1
 "#;

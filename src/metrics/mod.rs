@@ -23,10 +23,12 @@ use std::time::{SystemTime, UNIX_EPOCH};
 mod encode;
 #[cfg(test)]
 mod golden;
+mod parking;
 mod schema;
 mod value;
 
 use encode::{Kind, family};
+pub use parking::{ControlOp, ControlResult, ParkingMetrics};
 pub use schema::SchemaMetrics;
 use value::Histogram;
 pub use value::{Counter, Gauge};
@@ -64,7 +66,8 @@ impl std::fmt::Display for CauseKind {
     }
 }
 
-/// Counter: events acknowledged by JetStream, by outcome (`ok`, `duplicate`, `dead_letter`).
+/// Counter: events acknowledged by JetStream, by outcome (`ok`, `duplicate`, `dead_letter`,
+/// `parked`).
 pub(crate) const EVENTS_PUBLISHED: &str = "outbox_relay_events_published_total";
 /// Counter: updates, deletes and truncates of the outbox table, which are not published.
 pub(crate) const IGNORED_CHANGES: &str = "outbox_relay_ignored_changes_total";
@@ -150,6 +153,8 @@ pub struct Metrics {
     /// `outbox.schemas`: failed checks by event type, reloads, schemas in force. An `Arc`: the
     /// outbox stage counts into it.
     pub schemas: std::sync::Arc<SchemaMetrics>,
+    /// `outbox.on_invalid = "park"`: parked keys and events, control messages.
+    pub parking: ParkingMetrics,
     /// Trace spans the collector took.
     pub spans_exported: Counter,
     /// Trace spans dropped (queue full, collector down, slow or refusing).
@@ -216,6 +221,7 @@ impl Metrics {
         self.render_refused(&mut out);
         self.render_commit_to_ack(&mut out);
         self.schemas.render(&mut out);
+        self.parking.render(&mut out);
         out
     }
 
@@ -235,6 +241,10 @@ impl Metrics {
                 (
                     &[("outcome", "dead_letter")],
                     self.dead_letters.get() as f64,
+                ),
+                (
+                    &[("outcome", "parked")],
+                    self.parking.parked_total.get() as f64,
                 ),
             ],
         );

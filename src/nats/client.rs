@@ -14,8 +14,8 @@ use bytes::Bytes;
 use futures_util::future::BoxFuture;
 
 use super::error::{NatsError, NatsErrorKind, mapped};
-use super::port::{Answers, HeaderRead, JetStreamPort, StreamTail};
-use super::readback::ClientReader;
+use super::port::{Answers, HeaderRead, JetStreamPort, MessageRead, StreamTail, SubjectRead};
+use super::readback::{ClientReader, Scope};
 
 /// A JetStream context on `client` whose requests wait at most `timeout`.
 fn context(client: &async_nats::Client, timeout: Duration) -> async_nats::jetstream::Context {
@@ -175,6 +175,49 @@ impl JetStreamPort for async_nats::Client {
             ClientReader::start(self, stream, from, to, timeout)
                 .await
                 .map(|r| Box::new(r) as Box<dyn HeaderRead>)
+        })
+    }
+
+    fn read_subjects<'a>(
+        &'a self,
+        stream: &'a str,
+        filter: &'a str,
+        read: SubjectRead,
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<Box<dyn MessageRead>, NatsError>> {
+        Box::pin(async move {
+            let (from, headers_only, scope, what) = match read {
+                SubjectRead::Last => (
+                    1,
+                    true,
+                    Scope::LastPerSubject(filter.to_owned()),
+                    "outbox-relay: reading which keys are parked",
+                ),
+                SubjectRead::Headers(seq) => (
+                    seq.max(1),
+                    true,
+                    Scope::Subjects(filter.to_owned()),
+                    "outbox-relay: reading a parked key's markers",
+                ),
+                SubjectRead::From(seq) => (
+                    seq.max(1),
+                    false,
+                    Scope::Subjects(filter.to_owned()),
+                    "outbox-relay: reading a parked key's run",
+                ),
+            };
+            ClientReader::start_scoped(
+                self,
+                stream,
+                from,
+                u64::MAX,
+                timeout,
+                headers_only,
+                what,
+                scope,
+            )
+            .await
+            .map(|r| Box::new(r) as Box<dyn MessageRead>)
         })
     }
 

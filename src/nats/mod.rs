@@ -16,5 +16,8 @@ mod readback;
 
 pub(crate) use connect::{ConnectError, connect_nats};
 pub use error::{NatsError, NatsErrorKind};
-pub use port::{Answers, HeaderRead, JetStreamPort, NatsPort, StreamTail};
+pub use port::{
+    Answers, HeaderRead, JetStreamPort, MessageRead, NatsPort, StoredMessage, StreamTail,
+    SubjectRead,
+};
 pub(crate) use readback::ClientReader;

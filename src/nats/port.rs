@@ -86,6 +86,26 @@ pub trait JetStreamPort: Send + Sync + 'static {
         timeout: Duration,
     ) -> BoxFuture<'a, Result<Box<dyn HeaderRead>, NatsError>>;
 
+    /// A read of the messages on subjects `filter` matches, one at a time in stream order:
+    /// [`SubjectRead::Last`], the last message of each subject, headers only (which keys are
+    /// parked); [`SubjectRead::From`], every message from a sequence with its payload (a parked
+    /// key's run). The default reads nothing.
+    fn read_subjects<'a>(
+        &'a self,
+        stream: &'a str,
+        filter: &'a str,
+        read: SubjectRead,
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<Box<dyn MessageRead>, NatsError>> {
+        let _ = (stream, filter, read, timeout);
+        Box::pin(async {
+            Err(NatsError::new(
+                NatsErrorKind::Other,
+                "this port reads no subjects",
+            ))
+        })
+    }
+
     /// A JetStream API request (`$JS.API.<subject>`, e.g. `STREAM.INFO.OUTBOX`) with a JSON body,
     /// and the server's JSON answer (a refusal is an answer with an `error` object); `Err` when no
     /// answer came. For the stream's metadata, where the backfill marker lives
@@ -117,6 +137,36 @@ pub trait JetStreamPort: Send + Sync + 'static {
 pub trait HeaderRead: Send {
     /// The next stored message of the range with its sequence, `None` once the range is read.
     fn next(&mut self) -> BoxFuture<'_, Result<Option<(u64, HeaderMap)>, NatsError>>;
+}
+
+/// Which messages a [`JetStreamPort::read_subjects`] takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SubjectRead {
+    /// The last message of each subject, headers only.
+    Last,
+    /// Every message from this sequence on, headers only.
+    Headers(u64),
+    /// Every message from this sequence on, with its payload.
+    From(u64),
+}
+
+/// A stored message as a subject read gives it.
+#[derive(Debug, Clone)]
+pub struct StoredMessage {
+    /// Its stream sequence.
+    pub seq: u64,
+    /// Its subject.
+    pub subject: String,
+    /// Its headers.
+    pub headers: HeaderMap,
+    /// Its payload (empty in a headers-only read).
+    pub payload: Bytes,
+}
+
+/// A read started by [`JetStreamPort::read_subjects`].
+pub trait MessageRead: Send {
+    /// The next message, `None` once the read is done.
+    fn next(&mut self) -> BoxFuture<'_, Result<Option<StoredMessage>, NatsError>>;
 }
 
 /// The stream's tail as [`JetStreamPort::tail`] reads it.

@@ -28,7 +28,7 @@ use futures_util::StreamExt;
 use futures_util::future::BoxFuture;
 
 use super::error::{NatsError, NatsErrorKind, mapped_while};
-use super::port::HeaderRead;
+use super::port::{HeaderRead, MessageRead, StoredMessage};
 
 /// How long the server keeps the consumer once nobody reads it.
 const INACTIVE: Duration = Duration::from_secs(5);
@@ -63,6 +63,21 @@ pub(crate) struct ClientReader {
     /// What the consumers deliver, and their description, for the next one.
     headers_only: bool,
     description: String,
+    /// What the consumers read: the whole stream, or some subjects ([`Scope`]).
+    scope: Scope,
+}
+
+/// Which of the stream's messages a read takes.
+#[derive(Debug, Clone, Default)]
+pub(crate) enum Scope {
+    /// Every message from the start sequence.
+    #[default]
+    All,
+    /// The messages on subjects `filter` matches, from the start sequence.
+    Subjects(String),
+    /// The last message of each subject `filter` matches (the parked keys' ledger): one consumer,
+    /// never rolled over, since a new one could not start from a sequence.
+    LastPerSubject(String),
 }
 
 impl ClientReader {
@@ -98,11 +113,44 @@ impl ClientReader {
         headers_only: bool,
         description: &str,
     ) -> Result<ClientReader, NatsError> {
+        Self::start_scoped(
+            client,
+            stream,
+            from,
+            to,
+            timeout,
+            headers_only,
+            description,
+            Scope::All,
+        )
+        .await
+    }
+
+    /// [`ClientReader::start_with`] over the messages `scope` takes.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn start_scoped(
+        client: &async_nats::Client,
+        stream: &str,
+        from: u64,
+        to: u64,
+        timeout: Duration,
+        headers_only: bool,
+        description: &str,
+        scope: Scope,
+    ) -> Result<ClientReader, NatsError> {
         let context = async_nats::jetstream::ContextBuilder::new()
             .timeout(timeout)
             .build(client.clone());
-        let (sub, consumer, pending) =
-            Self::consumer(client, &context, stream, from, headers_only, description).await?;
+        let (sub, consumer, pending) = Self::consumer(
+            client,
+            &context,
+            stream,
+            from,
+            headers_only,
+            description,
+            &scope,
+        )
+        .await?;
         Ok(ClientReader {
             client: client.clone(),
             context,
@@ -114,9 +162,13 @@ impl ClientReader {
             // Nothing stored from `from` on.
             done: pending == 0,
             timeout,
-            chunk_left: CHUNK,
+            chunk_left: match scope {
+                Scope::LastPerSubject(_) => u64::MAX,
+                _ => CHUNK,
+            },
             headers_only,
             description: description.to_owned(),
+            scope,
         })
     }
 
@@ -129,6 +181,7 @@ impl ClientReader {
         from: u64,
         headers_only: bool,
         description: &str,
+        scope: &Scope,
     ) -> Result<(Subscriber, String, u64), NatsError> {
         let deliver = client.new_inbox();
         let sub = client
@@ -138,8 +191,15 @@ impl ClientReader {
         let config = push::Config {
             deliver_subject: deliver,
             description: Some(description.into()),
-            deliver_policy: DeliverPolicy::ByStartSequence {
-                start_sequence: from,
+            deliver_policy: match scope {
+                Scope::LastPerSubject(_) => DeliverPolicy::LastPerSubject,
+                _ => DeliverPolicy::ByStartSequence {
+                    start_sequence: from,
+                },
+            },
+            filter_subject: match scope {
+                Scope::All => String::new(),
+                Scope::Subjects(f) | Scope::LastPerSubject(f) => f.clone(),
             },
             ack_policy: AckPolicy::None,
             headers_only,
@@ -173,6 +233,7 @@ impl ClientReader {
             from,
             self.headers_only,
             &self.description,
+            &self.scope,
         )
         .await?;
         self.sub = sub;
@@ -303,6 +364,19 @@ fn unexpected(what: String) -> NatsError {
     NatsError::new(NatsErrorKind::Other, what)
 }
 
+impl MessageRead for ClientReader {
+    fn next(&mut self) -> BoxFuture<'_, Result<Option<StoredMessage>, NatsError>> {
+        Box::pin(async move {
+            Ok(self.next_message().await?.map(|(seq, m)| StoredMessage {
+                seq,
+                subject: m.subject.to_string(),
+                headers: m.headers.unwrap_or_default(),
+                payload: m.payload,
+            }))
+        })
+    }
+}
+
 impl HeaderRead for ClientReader {
     fn next(&mut self) -> BoxFuture<'_, Result<Option<(u64, HeaderMap)>, NatsError>> {
         Box::pin(async move {
@@ -363,8 +437,7 @@ mod tests {
         // The server pushes while the reader is busy elsewhere.
         tokio::time::sleep(Duration::from_secs(3)).await;
         let mut expected = 1;
-        while let Some((seq, h)) = r
-            .next()
+        while let Some((seq, h)) = HeaderRead::next(&mut r)
             .await
             .unwrap_or_else(|e| panic!("reading stopped after sequence {}: {e}", expected - 1))
         {

@@ -14,6 +14,7 @@ mod backoff;
 mod connector;
 mod error;
 mod monitor;
+mod parking;
 mod policy;
 mod session;
 mod shutdown;

@@ -107,7 +107,10 @@ impl SourceError {
 /// settled is a defect, everything else restarts.
 pub(crate) fn sink(e: &SinkError) -> Verdict {
     match e {
-        SinkError::Invalid { .. } | SinkError::DeadLetterRefused { .. } => Verdict::Stop,
+        SinkError::Invalid { .. }
+        | SinkError::DeadLetterRefused { .. }
+        | SinkError::ParkedFull { .. }
+        | SinkError::ParkedTooMany { .. } => Verdict::Stop,
         SinkError::Stopped => Verdict::Defect,
         SinkError::AckTimeout(..)
         | SinkError::Publish { .. }
@@ -350,7 +353,7 @@ pub(crate) const TABLE: &[Row] = &[
         decided: "`policy::sink`",
         restarts: "`AckTimeout`, `Publish`, `Forged`, `Unshown`, `CorePublish`, `FenceBroken`, `BatchRefused`; \
                    `Diverged`, `Unproven`, `StoredPastRefused` also set `distrust` (see the fence above)",
-        stops: "`Invalid` (`outbox.on_invalid = \"stop\"`), `DeadLetterRefused` (not even the minimal dead letter \
+        stops: "`Invalid` (`outbox.on_invalid = \"stop\"`), `ParkedFull`, `ParkedTooMany` (`outbox.max_parked_keys` reached), `DeadLetterRefused` (not even the minimal dead letter \
                 is stored)",
         defects: "`Stopped` (the window holds nothing it can settle where it must)",
     },

@@ -97,6 +97,7 @@ impl Session {
         state.history = Some(origin.history.clone());
         state.streaming(metrics, &settings.config().postgres.slot);
         let client = nats.client().cloned();
+        let nats_port = nats.clone();
         let sink = Sink::start(
             nats,
             SinkConfig {
@@ -108,6 +109,14 @@ impl Session {
         )
         .await
         .map_err(policy::from_tail)?;
+        let mut sink = sink;
+        if settings.park_on_invalid {
+            // After the tail: a message stored since would fail this session's first publish
+            // (the fence), so the keys read here are the stream's as the session starts.
+            let parked = super::parking::rebuild(&nats_port, settings).await?;
+            sink.restore_parked(parked);
+        }
+        super::parking::gauges(metrics, sink.parked());
         let guard = crate::stored::service::Guard {
             dead_letter_subject: settings.config().nats.dead_letter_subject.clone(),
             inbox_prefix: settings.config().nats.inbox_prefix.clone(),
@@ -225,6 +234,9 @@ impl Session {
             self.metrics.acked_now();
         }
         self.confirm(state);
+        if any {
+            super::parking::gauges(&self.metrics, self.sink.parked());
+        }
         Ok(())
     }
 
@@ -427,5 +439,6 @@ fn count(metrics: &Metrics, outcome: &Outcome) {
         // Counted with the duplicates: a republish that never had to leave the relay.
         Outcome::AlreadyStored => metrics.published_duplicate.inc(),
         Outcome::DeadLetter { .. } => metrics.dead_letters.inc(),
+        Outcome::Parked { .. } => metrics.parking.parked_total.inc(),
     }
 }

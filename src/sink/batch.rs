@@ -293,7 +293,9 @@ fn message(config: &SinkConfig, event: &OutboxEvent) -> Result<(Outgoing, Sent),
         IdHeader::EventId,
         config.descriptive,
     );
-    let sent = destination::choose(config, event, out.dead_letter.as_deref())?;
+    // Settings refuse parking with atomic batches: no key is ever parked here.
+    let none = &mut crate::parking::ParkedSet::default();
+    let sent = destination::choose(config, none, event, out.dead_letter.as_deref())?;
     Ok((out, sent))
 }
 

@@ -26,6 +26,10 @@ pub(crate) struct SinkConfig {
     pub(crate) dead_letter_subject: String,
     /// `outbox.on_invalid = "stop"`: fail instead of dead-lettering.
     pub(crate) stop_on_invalid: bool,
+    /// `outbox.on_invalid = "park"`: park the event's key instead of dead-lettering it.
+    pub(crate) park_on_invalid: bool,
+    /// `outbox.max_parked_keys`: past it, parking one more key stops the relay.
+    pub(crate) max_parked_keys: usize,
     /// `nats.subject`, parsed.
     pub(crate) template: SubjectTemplate,
     /// Fence the stream (`nats.fence`).
@@ -67,6 +71,9 @@ impl SinkConfig {
             ack_timeout: s.ack_timeout,
             dead_letter_subject: n.dead_letter_subject.clone(),
             stop_on_invalid: s.stop_on_invalid,
+            park_on_invalid: s.park_on_invalid,
+            max_parked_keys: usize::try_from(s.config().outbox.max_parked_keys)
+                .unwrap_or(usize::MAX),
             template: s.subject.clone(),
             fence: n.fence,
             stream: n.stream.clone(),

@@ -1,14 +1,18 @@
 //! Where an event goes: the one place that decides it. An event goes to its own subject, or, when
 //! it cannot be published as it is (a problem the outbox stage recorded, a subject that does not
 //! render, a message too large for the server or the stream, a refusal by the stream for good),
-//! `outbox.on_invalid` decides between its dead letter and a stop ([`choose`], [`refused`]). Every
-//! path asks here: a single message (`envelope.rs`), a member of an atomic batch (`batch.rs`,
-//! `batch/fit.rs`), a message the stream refused later (`settle.rs`). What was decided is kept with
-//! the message in flight ([`Sent`]), so it can be sent again the same way.
+//! `outbox.on_invalid` decides between its dead letter, a stop, and parking its key ([`choose`],
+//! [`refused`]). Every path asks here: a single message (`envelope.rs`), a member of an atomic
+//! batch (`batch.rs`, `batch/fit.rs`), a message the stream refused later (`settle.rs`). What was
+//! decided is kept with the message in flight ([`Sent`]), so it can be sent again the same way.
 //!
-//! Parking (a key whose event could not be published holds every later event of that key on a
-//! parking subject) is a third destination, and belongs here: [`choose`] and [`refused`] are what
-//! it changes.
+//! Parking (`"park"`): a key whose event could not be published is parked in the session's
+//! [`ParkedSet`], and that event and every later event of the key go to the key's parking
+//! subject as parked copies ([`Sent::Parked`]) until a control message releases it. Asking
+//! whether a key is parked costs nothing while no key is (one length check), and a SHA-256 of the
+//! key's values while some are.
+
+use std::borrow::Cow;
 
 use tracing::warn;
 
@@ -16,6 +20,7 @@ use super::config::SinkConfig;
 use super::error::SinkError;
 use crate::event::OutboxEvent;
 use crate::message::Shrink;
+use crate::parking::{Full, KeyHash, ParkedKey, ParkedSet, parked_subject};
 
 /// Where an event's message went, so it can be sent again the same way.
 #[derive(Debug, Clone)]
@@ -29,17 +34,123 @@ pub(crate) enum Sent {
         /// How far down the shrink ladder it went.
         shrink: Shrink,
     },
+    /// A parked copy on its key's parking subject (boxed: rare, and larger than the others).
+    Parked(Box<ParkedAs>),
+}
+
+/// A parked copy's place in its key's run.
+#[derive(Debug, Clone)]
+pub(crate) struct ParkedAs {
+    /// Its parking subject.
+    pub(crate) subject: String,
+    /// The first failure's reason.
+    pub(crate) reason: String,
+    /// The poison's id.
+    pub(crate) behind: String,
+    /// The copy's place in the run (1-based).
+    pub(crate) count: u64,
+    /// The poison's commit time, RFC 3339.
+    pub(crate) since: String,
+    /// The request id of a requeue that parks it again.
+    pub(crate) requeue: Option<String>,
+    /// How far down the shrink ladder it went.
+    pub(crate) shrink: Shrink,
+}
+
+impl ParkedAs {
+    /// The copy of the next event held on `key`, parked as `parked`.
+    fn new(config: &SinkConfig, key: KeyHash, parked: &ParkedKey) -> ParkedAs {
+        ParkedAs {
+            subject: parked_subject(&config.dead_letter_subject, key),
+            reason: parked.reason.clone(),
+            behind: parked.poison.clone(),
+            count: parked.count,
+            since: parked.since.clone(),
+            requeue: None,
+            shrink: Shrink::Keep,
+        }
+    }
+
+    /// The run as the message builder takes it.
+    pub(crate) fn run(&self) -> crate::message::parked::Run<'_> {
+        crate::message::parked::Run {
+            subject: &self.subject,
+            reason: &self.reason,
+            behind: &self.behind,
+            count: self.count,
+            since: &self.since,
+            requeue: self.requeue.as_deref(),
+        }
+    }
+}
+
+impl Sent {
+    /// The `Nats-Msg-Id` the message carries for the event whose id is `msg_id` (what the next
+    /// message's `Nats-Expected-Last-Msg-Id` names): the id itself, `dead-letter:<id>`, or
+    /// `parked:<id>` (`parked:<id>:<request>` when a requeue parked it again).
+    pub(crate) fn wire_id<'a>(&self, msg_id: &'a str) -> Cow<'a, str> {
+        match self {
+            Sent::Event => Cow::Borrowed(msg_id),
+            Sent::DeadLetter { .. } => Cow::Owned(crate::message::dead_letter_id(msg_id)),
+            Sent::Parked(p) => Cow::Owned(crate::message::parked::parked_id(
+                msg_id,
+                p.requeue.as_deref(),
+            )),
+        }
+    }
+
+    /// The reason it is not the routed event, if it is not.
+    pub(crate) fn reason(&self) -> Option<&str> {
+        match self {
+            Sent::Event => None,
+            Sent::DeadLetter { reason, .. } => Some(reason),
+            Sent::Parked(p) => Some(&p.reason),
+        }
+    }
+
+    /// How far down the shrink ladder it went (`Keep` for the routed event).
+    pub(crate) fn shrink(&self) -> Shrink {
+        match self {
+            Sent::Event => Shrink::Keep,
+            Sent::DeadLetter { shrink, .. } => *shrink,
+            Sent::Parked(p) => p.shrink,
+        }
+    }
+
+    /// The same message, shrunk to `shrink` (the routed event has no smaller form).
+    pub(crate) fn shrunk(mut self, to: Shrink) -> Sent {
+        match &mut self {
+            Sent::Event => {}
+            Sent::DeadLetter { shrink, .. } => *shrink = to,
+            Sent::Parked(p) => p.shrink = to,
+        }
+        self
+    }
 }
 
 /// The destination of `event`, whose message was built with `problem` (`Some`: why it cannot be
-/// published as it is, and its message is the dead letter): its own subject, or its dead letter
-/// (`outbox.on_invalid = "dead_letter"`, logged); `Err` to stop (`"stop"`).
+/// published as it is): its own subject, its dead letter (`outbox.on_invalid = "dead_letter"`,
+/// logged), a parked copy (`"park"`: its key is parked, or it parks it now); `Err` to stop
+/// (`"stop"`, or one more parked key than `outbox.max_parked_keys`).
 #[inline]
 pub(crate) fn choose(
     config: &SinkConfig,
+    parked: &mut ParkedSet,
     event: &OutboxEvent,
     problem: Option<&str>,
 ) -> Result<Sent, SinkError> {
+    if config.park_on_invalid {
+        if !parked.is_empty() {
+            let key = KeyHash::of_event(event);
+            if let Some(k) = parked.hold(&key) {
+                return Ok(Sent::Parked(Box::new(ParkedAs::new(config, key, k))));
+            }
+        }
+        return match problem {
+            None => Ok(Sent::Event),
+            Some(reason) => park(config, parked, event, reason),
+        };
+    }
     match problem {
         None => Ok(Sent::Event),
         Some(reason) => {
@@ -53,22 +164,80 @@ pub(crate) fn choose(
 }
 
 /// The message sent for `event` as `sent` cannot be stored (`reason`: too large, or refused by the
-/// stream for good): the reason its dead letter carries and the step of the shrink ladder to go on
-/// below. A routed event becomes its dead letter (`outbox.on_invalid` permitting: `Err` to stop);
-/// a dead letter keeps its first reason and shrinks further.
+/// stream for good): what goes in its place, at the step of the shrink ladder to go on below. A
+/// routed event becomes its dead letter or parks its key (`outbox.on_invalid` permitting: `Err` to
+/// stop); a dead letter or parked copy keeps its first reason and shrinks further.
 pub(crate) fn refused(
     config: &SinkConfig,
+    parked: &mut ParkedSet,
     event: &OutboxEvent,
     sent: &Sent,
     reason: String,
-) -> Result<(String, Shrink), SinkError> {
+) -> Result<Sent, SinkError> {
     match sent {
+        Sent::Event if config.park_on_invalid => park(config, parked, event, &reason),
         Sent::Event => {
             dead_letter(config, event, &reason)?;
-            Ok((reason, Shrink::Keep))
+            Ok(Sent::DeadLetter {
+                reason,
+                shrink: Shrink::Keep,
+            })
         }
-        Sent::DeadLetter { reason, shrink } => Ok((reason.clone(), *shrink)),
+        other => Ok(other.clone()),
     }
+}
+
+/// A routed event sent again behind a refusal (`resend`): when its key was parked since it was
+/// first sent (an event ahead of it was refused for good and parked the key), it goes as a parked
+/// copy instead, so nothing of a parked key reaches its subject after the poison.
+pub(crate) fn again(
+    config: &SinkConfig,
+    parked: &mut ParkedSet,
+    event: &OutboxEvent,
+    sent: &Sent,
+) -> Option<Sent> {
+    if !config.park_on_invalid || parked.is_empty() || !matches!(sent, Sent::Event) {
+        return None;
+    }
+    let key = KeyHash::of_event(event);
+    let k = parked.hold(&key)?;
+    Some(Sent::Parked(Box::new(ParkedAs::new(config, key, k))))
+}
+
+/// Parks `event`'s key at `event` for `reason` (logged): its parked copy is the run's first.
+fn park(
+    config: &SinkConfig,
+    parked: &mut ParkedSet,
+    event: &OutboxEvent,
+    reason: &str,
+) -> Result<Sent, SinkError> {
+    let key = KeyHash::of_event(event);
+    let since = crate::message::rfc3339_micros(event.commit_ts);
+    match parked.park(key, ParkedKey::new(&event.msg_id, reason, since)) {
+        Ok(k) => {
+            warn!(id = %event.msg_id, lsn = %event.commit_lsn, key = %key_text(event), %reason, "parking the event's key");
+            Ok(Sent::Parked(Box::new(ParkedAs::new(config, key, k))))
+        }
+        Err(Full { max }) => Err(SinkError::ParkedFull {
+            id: event.msg_id.clone(),
+            lsn: event.commit_lsn,
+            key: key_text(event),
+            parked: max,
+        }),
+    }
+}
+
+/// The key of `event` as one escaped line, `aggregate_type/aggregate_id` (NULL as `(null)`).
+pub(crate) fn key_text(event: &OutboxEvent) -> String {
+    let part = |v: &Option<String>| match v {
+        None => "(null)".to_owned(),
+        Some(s) => crate::text::cut(&s.escape_debug().to_string(), 256).to_owned(),
+    };
+    format!(
+        "{}/{}",
+        part(&event.aggregate_type),
+        part(&event.aggregate_id)
+    )
 }
 
 /// `outbox.on_invalid`, the one place it is applied: `Ok` means dead-letter the event (and it is
@@ -116,11 +285,15 @@ mod tests {
         }
     }
 
+    fn none() -> ParkedSet {
+        ParkedSet::new(10)
+    }
+
     #[test]
     fn an_event_without_a_problem_goes_to_its_subject_whatever_on_invalid_says() {
-        for on_invalid in [OnInvalid::DeadLetter, OnInvalid::Stop] {
+        for on_invalid in [OnInvalid::DeadLetter, OnInvalid::Stop, OnInvalid::Park] {
             assert!(matches!(
-                choose(&config(on_invalid), &event(), None),
+                choose(&config(on_invalid), &mut none(), &event(), None),
                 Ok(Sent::Event)
             ));
         }
@@ -128,12 +301,85 @@ mod tests {
 
     #[test]
     fn a_problem_is_a_dead_letter_or_a_stop() {
-        let sent = choose(&config(OnInvalid::DeadLetter), &event(), Some("bad token")).unwrap();
+        let sent = choose(
+            &config(OnInvalid::DeadLetter),
+            &mut none(),
+            &event(),
+            Some("bad token"),
+        )
+        .unwrap();
         assert!(
             matches!(&sent, Sent::DeadLetter { reason, shrink: Shrink::Keep } if reason == "bad token")
         );
-        let stop = choose(&config(OnInvalid::Stop), &event(), Some("bad token")).unwrap_err();
+        assert_eq!(sent.wire_id("e-1"), "dead-letter:e-1");
+        let stop = choose(
+            &config(OnInvalid::Stop),
+            &mut none(),
+            &event(),
+            Some("bad token"),
+        )
+        .unwrap_err();
         assert!(matches!(stop, SinkError::Invalid { reason, .. } if reason == "bad token"));
+    }
+
+    #[test]
+    fn in_park_mode_a_problem_parks_the_key_and_holds_its_later_events() {
+        let c = config(OnInvalid::Park);
+        let mut parked = none();
+        let sent = choose(&c, &mut parked, &event(), Some("bad schema")).unwrap();
+        let Sent::Parked(p) = &sent else {
+            panic!("parked: {sent:?}")
+        };
+        assert_eq!(
+            (p.count, p.behind.as_str(), p.reason.as_str()),
+            (1, "e-1", "bad schema")
+        );
+        assert!(p.subject.starts_with("outbox_dead_letter.parked."));
+        assert_eq!(sent.wire_id("e-1"), "parked:e-1");
+        // The next event of the same key, valid, is held behind the poison, with its reason.
+        let mut next = event();
+        next.msg_id = "e-2".into();
+        let Sent::Parked(q) = choose(&c, &mut parked, &next, None).unwrap() else {
+            panic!("held")
+        };
+        assert_eq!(
+            (q.count, q.behind.as_str(), q.reason.as_str()),
+            (2, "e-1", "bad schema")
+        );
+        assert_eq!(q.subject, p.subject);
+        // Another key flows.
+        let mut other = event();
+        other.aggregate_id = Some("4712".into());
+        assert!(matches!(
+            choose(&c, &mut parked, &other, None),
+            Ok(Sent::Event)
+        ));
+        // NULL is a key of its own, not "".
+        other.aggregate_id = None;
+        assert!(matches!(
+            choose(&c, &mut parked, &other, None),
+            Ok(Sent::Event)
+        ));
+        assert_eq!((parked.len(), parked.events()), (1, 2));
+    }
+
+    #[test]
+    fn parking_past_max_parked_keys_stops_naming_the_key_and_the_setting() {
+        let mut c = config(OnInvalid::Park);
+        c.max_parked_keys = 1;
+        let mut parked = ParkedSet::new(1);
+        choose(&c, &mut parked, &event(), Some("bad")).unwrap();
+        let mut other = event();
+        other.aggregate_id = Some("4712\nx".into());
+        let e = choose(&c, &mut parked, &other, Some("bad")).unwrap_err();
+        let text = e.to_string();
+        assert!(matches!(e, SinkError::ParkedFull { .. }));
+        assert!(
+            text.contains("Claim/4712")
+                && text.contains("outbox.max_parked_keys")
+                && !text.contains('\n'),
+            "{text}"
+        );
     }
 
     #[test]
@@ -144,16 +390,35 @@ mod tests {
             shrink: Shrink::DropPayload,
         };
         // Already a dead letter: on_invalid was applied when it became one.
-        let (reason, from) = refused(&c, &event(), &sent, "too large".into()).unwrap();
-        assert_eq!((reason.as_str(), from), ("bad token", Shrink::DropPayload));
-        assert!(refused(&c, &event(), &Sent::Event, "too large".into()).is_err());
-        let (reason, from) = refused(
+        let instead = refused(&c, &mut none(), &event(), &sent, "too large".into()).unwrap();
+        assert_eq!(
+            (instead.reason(), instead.shrink()),
+            (Some("bad token"), Shrink::DropPayload)
+        );
+        assert!(refused(&c, &mut none(), &event(), &Sent::Event, "too large".into()).is_err());
+        let instead = refused(
             &config(OnInvalid::DeadLetter),
+            &mut none(),
             &event(),
             &Sent::Event,
             "too large".into(),
         )
         .unwrap();
-        assert_eq!((reason.as_str(), from), ("too large", Shrink::Keep));
+        assert_eq!(
+            (instead.reason(), instead.shrink()),
+            (Some("too large"), Shrink::Keep)
+        );
+        // In park mode a routed event refused for good parks its key.
+        let mut parked = none();
+        let instead = refused(
+            &config(OnInvalid::Park),
+            &mut parked,
+            &event(),
+            &Sent::Event,
+            "too large".into(),
+        )
+        .unwrap();
+        assert!(matches!(instead, Sent::Parked(_)));
+        assert_eq!(parked.len(), 1);
     }
 }

@@ -21,6 +21,7 @@ use super::window::InFlight;
 use crate::event::OutboxEvent;
 use crate::message::{self, Outgoing, Shrink};
 use crate::nats::NatsErrorKind;
+use crate::parking::ParkedSet;
 use crate::telemetry::Started;
 
 /// An event's message before it is stamped, and what the window keeps of it.
@@ -44,10 +45,12 @@ enum Fitted {
 /// Sends `event`, submitted as `seq` and taking `size` bytes of the window: its message, stamped
 /// with the fence's next expectations, or its dead letter in its place. Returns it as the window
 /// holds it until its ack.
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn send_event(
     publisher: &mut Publisher,
     config: &SinkConfig,
-    fence: Option<&mut Fence>,
+    parked: &mut ParkedSet,
+    mut fence: Option<&mut Fence>,
     seq: u64,
     mut event: Box<OutboxEvent>,
     size: usize,
@@ -57,10 +60,10 @@ pub(super) async fn send_event(
         sent,
         subject,
         span,
-    } = envelope(config, &mut event)?;
-    let (expected, expected_id) = match fence {
+    } = envelope(config, parked, &mut event)?;
+    let (expected, expected_id) = match fence.as_deref_mut() {
         Some(f) => {
-            let e = f.next_expected(&event.msg_id);
+            let e = f.next_expected(&sent.wire_id(&event.msg_id));
             (Some(e.seq), e.id)
         }
         None => (None, None),
@@ -77,7 +80,15 @@ pub(super) async fn send_event(
         Fitted::Sent(ack) => (ack, sent),
         Fitted::TooLarge(why) => {
             let expecting = (expected, expected_id.as_deref());
-            send_in_place(publisher, config, &event, sent, &subject, why, expecting).await?
+            let (ack, instead) = send_in_place(
+                publisher, config, parked, &event, sent, &subject, why, expecting,
+            )
+            .await?;
+            if let Some(f) = fence {
+                // What went in its place has an id of its own: the next message chains to it.
+                f.rechain(&instead.wire_id(&event.msg_id));
+            }
+            (ack, instead)
         }
     };
     Ok(InFlight {
@@ -96,7 +107,11 @@ pub(super) async fn send_event(
 
 /// The routed message for `event` (or its dead letter, where `destination.rs` decides), its trace
 /// span when it is sampled, what was sent, and the subject a dead letter names.
-fn envelope(config: &SinkConfig, event: &mut OutboxEvent) -> Result<Envelope, SinkError> {
+fn envelope(
+    config: &SinkConfig,
+    parked: &mut ParkedSet,
+    event: &mut OutboxEvent,
+) -> Result<Envelope, SinkError> {
     let mut out = message::build_as(
         event,
         &config.template,
@@ -106,18 +121,25 @@ fn envelope(config: &SinkConfig, event: &mut OutboxEvent) -> Result<Envelope, Si
         config.descriptive,
     );
     let span = begin_span(config, event, &mut out);
-    let sent = destination::choose(config, event, out.dead_letter.as_deref())?;
+    let sent = destination::choose(config, parked, event, out.dead_letter.as_deref())?;
     // The subject it was routed to, which a dead letter names in `Outbox-Subject`: kept for
     // dead letters only; a routed event's is rendered again if it is ever refused (rare), so
     // the hot path moves its subject into the publish instead of copying it.
-    let subject = match &sent {
-        Sent::Event => String::new(),
-        Sent::DeadLetter { .. } => out
+    let subject = match (&sent, out.dead_letter.is_some()) {
+        (Sent::Event, _) => String::new(),
+        (_, true) => out
             .headers
             .get(message::SUBJECT)
             .map(|v| v.as_str().to_owned())
             .unwrap_or_default(),
+        (_, false) => out.subject.clone(),
     };
+    if let Sent::Parked(p) = &sent {
+        // A parked copy: the event's own headers as its dead letter would carry them, on the
+        // key's parking subject.
+        let routed = Some(subject.as_str()).filter(|s| !s.is_empty());
+        out = message::parked::parked_copy(event, &p.run(), routed, Shrink::Keep);
+    }
     Ok(Envelope {
         out,
         sent,
@@ -164,9 +186,11 @@ async fn send_fitting(
 
 /// `event`'s message, `sent`, was too large (`too_large` says why): its dead letter goes in its
 /// place, with the same expectations, down the shrink ladder.
+#[allow(clippy::too_many_arguments)]
 async fn send_in_place(
     publisher: &mut Publisher,
     config: &SinkConfig,
+    parked: &mut ParkedSet,
     event: &OutboxEvent,
     sent: Sent,
     subject: &str,
@@ -174,18 +198,18 @@ async fn send_in_place(
     expecting: (Option<u64>, Option<&str>),
 ) -> Result<(u64, Sent), SinkError> {
     let routed = routed_subject(config, event, &sent, subject.to_owned());
-    let (reason, _) = destination::refused(config, event, &sent, too_large)?;
-    let (ack, shrink) = send_dead_letter(
+    // From the top of the ladder: the message as it was is what did not fit.
+    let instead =
+        destination::refused(config, parked, event, &sent, too_large)?.shrunk(Shrink::Keep);
+    send_dead_letter(
         publisher,
         config,
         event,
         Some(&routed).filter(|s| !s.is_empty()).map(String::as_str),
-        &reason,
+        &instead,
         expecting,
-        Shrink::Keep,
     )
-    .await?;
-    Ok((ack, Sent::DeadLetter { reason, shrink }))
+    .await
 }
 
 /// The stream refused `item` for good (`refusal`): its dead letter, or a smaller dead letter than
@@ -193,11 +217,12 @@ async fn send_in_place(
 pub(super) async fn send_refused(
     publisher: &mut Publisher,
     config: &SinkConfig,
+    parked: &mut ParkedSet,
     item: &mut InFlight,
     refusal: String,
 ) -> Result<u64, SinkError> {
     let reason = format!("the stream refused the message: {refusal}");
-    let (reason, from) = destination::refused(config, &item.event, &item.sent, reason)?;
+    let instead = destination::refused(config, parked, &item.event, &item.sent, reason)?;
     if matches!(item.sent, Sent::Event) {
         // The hot path keeps no copy of a routed event's subject: render it again.
         item.subject = routed_subject(
@@ -207,17 +232,16 @@ pub(super) async fn send_refused(
             std::mem::take(&mut item.subject),
         );
     }
-    let (ack, shrink) = send_dead_letter(
+    let (ack, sent) = send_dead_letter(
         publisher,
         config,
         &item.event,
         (!item.subject.is_empty()).then_some(item.subject.as_str()),
-        &reason,
+        &instead,
         (item.expected, item.expected_id.as_deref()),
-        from,
     )
     .await?;
-    item.sent = Sent::DeadLetter { reason, shrink };
+    item.sent = sent;
     Ok(ack)
 }
 
@@ -226,25 +250,16 @@ pub(super) async fn send_refused(
 pub(super) async fn resend(
     publisher: &mut Publisher,
     config: &SinkConfig,
-    item: &InFlight,
+    parked: &mut ParkedSet,
+    item: &mut InFlight,
 ) -> Result<u64, SinkError> {
-    let out = match &item.sent {
-        Sent::Event => message::build_as(
-            &item.event,
-            &config.template,
-            &config.dead_letter_subject,
-            config.cloudevents.as_ref(),
-            message::IdHeader::MsgId,
-            config.descriptive,
-        ),
-        Sent::DeadLetter { reason, shrink } => message::dead_letter(
-            &item.event,
-            &config.dead_letter_subject,
-            reason,
-            (!item.subject.is_empty()).then_some(item.subject.as_str()),
-            *shrink,
-        ),
-    };
+    if let Some(instead) = destination::again(config, parked, &item.event, &item.sent) {
+        // Its key was parked behind a refused event ahead of it since it was first sent.
+        item.subject = routed_subject(config, &item.event, &item.sent, String::new());
+        item.sent = instead;
+    }
+    let subject = (!item.subject.is_empty()).then_some(item.subject.as_str());
+    let out = form(config, &item.event, &item.sent, subject);
     let (target, headers, payload) = stamped(
         out,
         &item.event,
@@ -271,9 +286,42 @@ pub(super) fn routed_subject(
 ) -> String {
     match sent {
         Sent::Event => {
-            message::build(event, &config.template, &config.dead_letter_subject, None).subject
+            let out = message::build(event, &config.template, &config.dead_letter_subject, None);
+            // An event with a problem renders to its dead letter: no subject of its own then.
+            match out.dead_letter {
+                None => out.subject,
+                Some(_) => out
+                    .headers
+                    .get(message::SUBJECT)
+                    .map(|v| v.as_str().to_owned())
+                    .unwrap_or_default(),
+            }
         }
-        Sent::DeadLetter { .. } => known,
+        Sent::DeadLetter { .. } | Sent::Parked(_) => known,
+    }
+}
+
+/// The message `sent` says goes out for `event`: the routed event, its dead letter or its parked
+/// copy, as far down the shrink ladder as `sent` went; `subject`: the one it would have had.
+pub(super) fn form(
+    config: &SinkConfig,
+    event: &OutboxEvent,
+    sent: &Sent,
+    subject: Option<&str>,
+) -> Outgoing {
+    match sent {
+        Sent::Event => message::build_as(
+            event,
+            &config.template,
+            &config.dead_letter_subject,
+            config.cloudevents.as_ref(),
+            message::IdHeader::MsgId,
+            config.descriptive,
+        ),
+        Sent::DeadLetter { reason, shrink } => {
+            message::dead_letter(event, &config.dead_letter_subject, reason, subject, *shrink)
+        }
+        Sent::Parked(p) => message::parked::parked_copy(event, &p.run(), subject, p.shrink),
     }
 }
 
@@ -304,23 +352,24 @@ pub(super) fn stamped(
     (out.subject, headers, out.payload)
 }
 
-/// Queues the dead letter of `event` (it takes the refused message's place in the sequence and in
-/// the chain of ids: it carries the event's `Nats-Msg-Id` and the refused message's `expected`
-/// sequence and id), at the first step of the shrink ladder below `from` that fits the stream's
-/// `max_msg_size` (when known) and that the client accepts: the payload goes first, its size is
-/// what usually cannot be published.
+/// Queues the dead letter or parked copy of `event` that `instead` says (it takes the refused
+/// message's place in the sequence, with the refused message's `expected` sequence and id), at
+/// the first step of the shrink ladder below `instead`'s that fits the stream's `max_msg_size`
+/// (when known) and that the client accepts: the payload goes first, its size is what usually
+/// cannot be published. Returns its token and what was sent.
 pub(super) async fn send_dead_letter(
     publisher: &mut Publisher,
     config: &SinkConfig,
     event: &OutboxEvent,
     subject: Option<&str>,
-    reason: &str,
+    instead: &Sent,
     (expected, expected_id): (Option<u64>, Option<&str>),
-    from: Shrink,
-) -> Result<(u64, Shrink), SinkError> {
+) -> Result<(u64, Sent), SinkError> {
     let mut last = None;
-    for shrink in from.below() {
-        let dl = message::dead_letter(event, &config.dead_letter_subject, reason, subject, shrink);
+    let reason = instead.reason().unwrap_or_default();
+    for shrink in instead.shrink().below() {
+        let sent = instead.clone().shrunk(shrink);
+        let dl = form(config, event, &sent, subject);
         let (target, headers, payload) =
             stamped(dl, event, expected, expected_id, config.history.as_deref());
         if let Some(max) = config.max_msg_size
@@ -332,7 +381,7 @@ pub(super) async fn send_dead_letter(
             continue;
         }
         match publisher.send(target, headers, payload).await {
-            Ok(ack) => return Ok((ack, shrink)),
+            Ok(ack) => return Ok((ack, sent)),
             Err(e) if e.kind() == NatsErrorKind::TooLarge => {
                 last = Some(crate::error_chain::error_chain(&e))
             }

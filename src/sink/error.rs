@@ -167,6 +167,36 @@ pub enum SinkError {
         /// Why the event cannot be published.
         reason: String,
     },
+    /// Parking one more key would pass `outbox.max_parked_keys`: the event is not confirmed.
+    #[error(
+        "event {id} at {lsn} would park key {key}, but {parked} keys are parked already \
+         (outbox.max_parked_keys = {parked}): requeue or discard parked keys (outbox-relay parked), or raise \
+         outbox.max_parked_keys, and start the relay again; nothing is lost"
+    )]
+    ParkedFull {
+        /// The event's message id.
+        id: String,
+        /// The commit LSN of the event's transaction.
+        lsn: crate::Lsn,
+        /// The key, `aggregate_type/aggregate_id` escaped as one line.
+        key: String,
+        /// The bound.
+        parked: usize,
+    },
+    /// The stream shows more parked keys than `outbox.max_parked_keys` (read when a session
+    /// starts).
+    #[error(
+        "stream {stream} holds more than {max} parked keys (outbox.max_parked_keys = {max}), among them \
+         {key}: requeue or discard parked keys (outbox-relay parked), or raise outbox.max_parked_keys"
+    )]
+    ParkedTooMany {
+        /// The stream.
+        stream: String,
+        /// The bound.
+        max: usize,
+        /// A key past the bound, `aggregate_type/aggregate_id` escaped.
+        key: String,
+    },
     /// Not even the minimal dead letter (id and reason) could be stored.
     #[error(
         "event {id} at {lsn} cannot be published ({reason}), and the stream refused even its minimal dead letter \

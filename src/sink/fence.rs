@@ -105,6 +105,12 @@ impl Fence {
         }
     }
 
+    /// The message just counted went out with `id` instead of the id it was counted with (a dead
+    /// letter or parked copy in place of a message too large to send): the next one chains to it.
+    pub(crate) fn rechain(&mut self, id: &str) {
+        self.chain = Some(id.to_owned());
+    }
+
     /// The `Nats-Expected-Last-Sequence` of the next message, which carries no `Nats-Msg-Id` (a
     /// message of an atomic batch, where the server refuses an id expectation): counts it. The
     /// stream's last message id is then empty, so nothing after it can chain by id.

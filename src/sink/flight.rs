@@ -25,6 +25,7 @@ use super::replay_proof::{Skip, Skips, prove_skipped};
 use super::settle::{self, Decision};
 use super::window::{Front, InFlight, Pending, Window, approx_size};
 use crate::event::OutboxEvent;
+use crate::parking::ParkedSet;
 use crate::position::Position;
 
 /// See the module docs.
@@ -37,6 +38,9 @@ pub(super) struct Flight {
     skips: Skips,
     window: Window,
     gate: ProofGate,
+    /// The keys parked (`outbox.on_invalid = "park"`): read from the stream when the session
+    /// starts, changed as this session parks and releases keys.
+    parked: ParkedSet,
 }
 
 /// What a wait for the oldest answer came to.
@@ -55,6 +59,7 @@ impl Flight {
         config: SinkConfig,
         fence: Option<Fence>,
         last_sequence: u64,
+        parked: ParkedSet,
     ) -> Self {
         let window = Window::new(config.max_in_flight, config.max_in_flight_bytes);
         Flight {
@@ -64,7 +69,19 @@ impl Flight {
             skips: Skips::default(),
             window,
             gate: ProofGate::new(last_sequence),
+            parked,
         }
+    }
+
+    /// The keys parked now.
+    #[inline]
+    pub(super) fn parked(&self) -> &ParkedSet {
+        &self.parked
+    }
+
+    /// Starts from the keys the stream shows parked.
+    pub(super) fn restore_parked(&mut self, parked: ParkedSet) {
+        self.parked = parked;
     }
 
     /// The sink's settings.
@@ -114,6 +131,7 @@ impl Flight {
         let item = envelope::send_event(
             &mut self.publisher,
             &self.config,
+            &mut self.parked,
             self.fence.as_mut(),
             seq,
             event,
@@ -328,9 +346,9 @@ impl Flight {
             let token = match settle::decide(item, answer, self.fence.as_ref(), resent) {
                 Decision::Stored { sequence, outcome } => {
                     if let Some(f) = self.fence.as_mut() {
-                        // A dead letter carries the event's `Nats-Msg-Id` too; a batch none.
-                        let id = item.members.is_none().then_some(item.event.msg_id.as_str());
-                        f.stored(sequence, id);
+                        // A dead letter or parked copy carries an id of its own; a batch none.
+                        let id = item.sent.wire_id(&item.event.msg_id);
+                        f.stored(sequence, item.members.is_none().then_some(&*id));
                     }
                     return Ok((outcome, Some((sequence, item.event.position))));
                 }
@@ -339,14 +357,22 @@ impl Flight {
                     return Ok((Outcome::Stored { duplicate: true }, None));
                 }
                 Decision::DeadLetter { refusal } => {
-                    envelope::send_refused(&mut self.publisher, &self.config, item, refusal).await?
+                    envelope::send_refused(
+                        &mut self.publisher,
+                        &self.config,
+                        &mut self.parked,
+                        item,
+                        refusal,
+                    )
+                    .await?
                 }
                 Decision::Resend { expect } => {
                     debug!(id = %item.event.msg_id, expected = ?item.expected, last = expect.seq, last_id = ?expect.id, "republishing behind a duplicate");
                     item.expected = Some(expect.seq);
                     item.expected_id = expect.id;
                     resent = true;
-                    envelope::resend(&mut self.publisher, &self.config, item).await?
+                    envelope::resend(&mut self.publisher, &self.config, &mut self.parked, item)
+                        .await?
                 }
                 Decision::Forged(why) => return Err(self.forged(item, why)),
                 Decision::Fail(e) => return Err(e),
@@ -363,13 +389,15 @@ impl Flight {
     /// answer is not JetStream's. On a fenced stream a duplicate costs no sequence: later
     /// expectations step back by one.
     async fn duplicate(&mut self, item: &InFlight, sequence: u64) -> Result<(), SinkError> {
-        let id = &item.event.msg_id;
+        // JetStream drops a message by its own `Nats-Msg-Id`: a dead letter's or a parked
+        // copy's, not the event's.
+        let id = &*item.sent.wire_id(&item.event.msg_id);
         let holds = self
             .publisher
             .holds(sequence, id, self.gate.last_sequence())
             .await
             .map_err(|source| SinkError::Publish {
-                id: id.clone(),
+                id: item.event.msg_id.clone(),
                 source,
             })?;
         if let super::publish::Holds::No(why) = holds {
@@ -442,10 +470,7 @@ impl Flight {
                 sequence: fence.proof_end(),
                 over: fence.over(),
                 tail,
-                at: Position {
-                    lsn: wal_end,
-                    index: 0,
-                },
+                at: Position::in_transaction(wal_end, 0),
             }),
             None => Ok(()),
         }

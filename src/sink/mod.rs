@@ -117,7 +117,14 @@ impl Sink {
             ))),
             false => Strategy::Single,
         };
-        let flight = Flight::new(publisher, config, opening.fence, opening.last_sequence);
+        let parked = crate::parking::ParkedSet::new(config.max_parked_keys);
+        let flight = Flight::new(
+            publisher,
+            config,
+            opening.fence,
+            opening.last_sequence,
+            parked,
+        );
         Ok(Sink { strategy, flight })
     }
 
@@ -225,6 +232,17 @@ impl Sink {
     /// Messages in the window (published, ack not yet reported).
     pub(crate) fn in_flight(&self) -> usize {
         self.flight.in_flight()
+    }
+
+    /// The keys parked now (`outbox.on_invalid = "park"`).
+    pub(crate) fn parked(&self) -> &crate::parking::ParkedSet {
+        self.flight.parked()
+    }
+
+    /// The keys the stream shows parked, read when the session starts (before anything is
+    /// submitted).
+    pub(crate) fn restore_parked(&mut self, parked: crate::parking::ParkedSet) {
+        self.flight.restore_parked(parked);
     }
 
     /// The highest stream sequence the stream showed so far: the last proven new store, or a

@@ -19,6 +19,12 @@ pub(crate) enum Outcome {
         /// Why the event could not be published as it is.
         reason: String,
     },
+    /// Stored on its key's parking subject as a new message (its key is parked behind an event
+    /// that could not be published, for `reason`).
+    Parked {
+        /// The first failure's reason.
+        reason: String,
+    },
 }
 
 impl Outcome {
@@ -28,7 +34,9 @@ impl Outcome {
     pub(crate) fn is_new(&self) -> bool {
         matches!(
             self,
-            Outcome::Stored { duplicate: false } | Outcome::DeadLetter { .. }
+            Outcome::Stored { duplicate: false }
+                | Outcome::DeadLetter { .. }
+                | Outcome::Parked { .. }
         )
     }
 }

@@ -211,7 +211,10 @@ impl Publisher {
                 }
             }
             Some(h) => {
-                let stored = Stamp::from_headers(&h).id;
+                // JetStream drops by `Nats-Msg-Id` alone: the stored message must carry it.
+                let stored = h
+                    .get(crate::message::NATS_MSG_ID)
+                    .map(|v| v.as_str().to_owned());
                 if stored.as_deref() == Some(id) {
                     Holds::Yes
                 } else {

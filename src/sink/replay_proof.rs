@@ -219,6 +219,11 @@ fn skipped_hash(h: u64, position: Position, id: &str) -> u64 {
     let step = |h: u64, b: u8| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
     let h = position.lsn.0.to_le_bytes().into_iter().fold(h, step);
     let h = position.index.to_le_bytes().into_iter().fold(h, step);
+    // The sub-index only when set: an event's fold is the same as before sub-indexes existed.
+    let h = match position.sub {
+        0 => h,
+        sub => sub.to_le_bytes().into_iter().fold(h ^ 0x5b, step),
+    };
     // A separator, so that ("ab", "c") and ("a", "bc") differ.
     id.bytes().fold(h, step) ^ 0xff
 }

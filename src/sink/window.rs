@@ -317,6 +317,9 @@ pub(super) fn stored_outcome(sent: &Sent) -> Outcome {
             reason: reason.clone(),
         },
         Sent::Event => Outcome::Stored { duplicate: false },
+        Sent::Parked(p) => Outcome::Parked {
+            reason: p.reason.clone(),
+        },
     }
 }
 

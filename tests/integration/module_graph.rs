@@ -64,6 +64,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "http",
             "message",
             "outbox",
+            "parking",
             "sink",
             "slot_scan",
             "stored",

@@ -107,7 +107,7 @@ pub(crate) fn settled(
 ) {
     let mut copies: BTreeMap<&str, Vec<&Stored>> = BTreeMap::new();
     for m in stream.iter().filter(|m| !m.foreign) {
-        if let Some(id) = m.msg_id() {
+        if let Some(id) = m.event_id() {
             copies.entry(id).or_default().push(m);
         }
     }
@@ -206,7 +206,7 @@ pub(crate) fn consumed_away(
     }
     let mut first_stored: HashMap<&str, Vec<Instant>> = HashMap::new();
     for m in stream.iter().filter(|m| !m.foreign) {
-        if let Some(id) = m.msg_id() {
+        if let Some(id) = m.event_id() {
             first_stored.entry(id).or_default().push(m.at);
         }
     }
@@ -383,7 +383,7 @@ fn republished_over(
     let mut reach = std::collections::HashMap::new();
     for (session, first) in first_of {
         let Some(earlier) = first
-            .msg_id()
+            .event_id()
             .and_then(|id| copies.get(id))
             .and_then(|c| c.iter().rev().find(|m| m.seq < first.seq))
         else {

@@ -104,6 +104,15 @@ impl Stored {
             .or_else(|| self.headers.get("Outbox-Event-Id"))
             .map(|v| v.as_str())
     }
+
+    /// The event id the message is for: `Outbox-Event-Id` (a dead letter, a parked copy, a member
+    /// of an atomic batch), else `Nats-Msg-Id`.
+    pub(crate) fn event_id(&self) -> Option<&str> {
+        self.headers
+            .get("Outbox-Event-Id")
+            .or_else(|| self.headers.get(NATS_MSG_ID))
+            .map(|v| v.as_str())
+    }
 }
 
 /// When a forged answer is planted, against JetStream's own.

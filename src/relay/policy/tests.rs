@@ -107,6 +107,8 @@ fn sink_case(e: &SinkError) -> &'static str {
         SinkError::Diverged { .. } => "`Diverged`",
         SinkError::Invalid { .. } => "`Invalid`",
         SinkError::DeadLetterRefused { .. } => "`DeadLetterRefused`",
+        SinkError::ParkedFull { .. } => "`ParkedFull`",
+        SinkError::ParkedTooMany { .. } => "`ParkedTooMany`",
     }
 }
 

@@ -161,7 +161,13 @@ pub(super) fn smaller(
     m: &Membership,
     reason: String,
 ) -> Result<Stamped, SinkError> {
-    let (mut reason, from) = destination::refused(config, &item.event, &item.sent, reason)?;
+    // Settings refuse parking with atomic batches: no key is ever parked here.
+    let none = &mut crate::parking::ParkedSet::default();
+    let instead = destination::refused(config, none, &item.event, &item.sent, reason)?;
+    let (mut reason, from) = (
+        instead.reason().unwrap_or_default().to_owned(),
+        instead.shrink(),
+    );
     for shrink in from.below() {
         let dl = message::dead_letter_as(
             &item.event,
