@@ -114,6 +114,13 @@ enum Command {
               value_parser = clap::value_parser!(u32).range(1..))]
         slot_look: u32,
     },
+    /// List the keys the relay holds back (outbox.on_invalid = "park") as the stream shows them:
+    /// exit 0 when none is parked, 1 when some are, 2 when it could not check.
+    Parked {
+        /// Print one JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+    },
     /// Ask the relay, through the WAL, to requeue or discard a parked key or to requeue one dead
     /// letter (sql/09_requeue.sql's functions), then wait until it has carried that out.
     #[command(group(clap::ArgGroup::new("what").required(true).args(["key", "key_null_id", "event"])))]
@@ -201,6 +208,7 @@ fn main() -> ExitCode {
                 };
                 verify(&settings, &opts, json, json_logs).await
             }
+            Command::Parked { json } => parked(&settings, json, json_logs).await,
             Command::Requeue {
                 key,
                 key_null_id,
@@ -228,8 +236,8 @@ fn main() -> ExitCode {
 /// The settings, or the exit code after saying why not (before logging is set up, so on stderr).
 /// The commands that check events refuse a schema directory that does not load, at once.
 fn load_config(cli: &Cli) -> Result<Settings, ExitCode> {
-    // verify's contract: 2 when it could not check, a configuration that does not load included.
-    let could_not = if matches!(cli.command, Command::Verify { .. }) {
+    // verify's and parked's contract: 2 when they could not check, a configuration that does not load included.
+    let could_not = if matches!(cli.command, Command::Verify { .. } | Command::Parked { .. }) {
         ExitCode::from(2)
     } else {
         ExitCode::FAILURE
@@ -441,6 +449,25 @@ async fn verify(
     }
 }
 
+/// `parked`: one line per parked key and a summary (or one JSON object); 0 none parked, 1 some,
+/// 2 the stream could not be read.
+async fn parked(config: &Settings, json: bool, json_logs: bool) -> ExitCode {
+    match parking_ops::parked(config).await {
+        Ok(report) => {
+            if json {
+                println!("{}", serde_json::to_string(&report).unwrap_or_default());
+            } else {
+                print!("{report}");
+            }
+            ExitCode::from(report.exit_code())
+        }
+        Err(e) => {
+            fail(json_logs, &e);
+            ExitCode::from(2)
+        }
+    }
+}
+
 /// What `requeue`'s `--key`, `--key-null-id`, `--event` and `--discard` ask for (clap lets
 /// exactly one of the first three through).
 fn requeue_request(
@@ -481,7 +508,11 @@ async fn requeue(
     opts: &RequeueOptions,
     json_logs: bool,
 ) -> ExitCode {
-    let _ = opts.force;
+    if !opts.force
+        && let Err(e) = parking_ops::refuse_unparked(config, &request).await
+    {
+        return fail(json_logs, &e);
+    }
     let sent = match parking_ops::send(config, opts.postgres_url.as_deref(), request).await {
         Ok(s) => s,
         Err(e) => return fail(json_logs, &e),

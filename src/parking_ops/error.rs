@@ -55,6 +55,26 @@ pub enum RequeueError {
         /// The login role.
         role: String,
     },
+    /// The key is not parked (and no `--force`).
+    #[error(
+        "{key} is not parked (outbox-relay parked lists what is), so there is nothing to {op}: pass --force to send the request anyway"
+    )]
+    NotParked {
+        /// The key, escaped.
+        key: String,
+        /// `requeue` or `discard`.
+        op: &'static str,
+    },
+    /// Whether the key is parked could not be read from the stream (and no `--force`).
+    #[error(
+        "cannot tell whether {key} is parked: {why}; pass --force to send the request without checking"
+    )]
+    ParkedUnknown {
+        /// The key, escaped.
+        key: String,
+        /// Why not, one line.
+        why: String,
+    },
     /// Any other failure of the call.
     #[error("{function}: {error}")]
     Query {

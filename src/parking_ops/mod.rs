@@ -7,10 +7,12 @@
 mod error;
 mod functions;
 mod key;
+mod parked;
 mod requeue;
 mod wait;
 
 pub use error::RequeueError;
 pub use key::{Key, KeyError};
-pub use requeue::{Request, Sent, send, wait_stored};
+pub use parked::{Parked, ParkedError, ParkedReport, parked};
+pub use requeue::{Request, Sent, refuse_unparked, send, wait_stored};
 pub use wait::Waited;

@@ -12,8 +12,10 @@ use tokio_postgres::error::SqlState;
 use super::error::RequeueError;
 use super::functions::{Function, control_prefix, installed};
 use super::key::Key;
+use super::parked::is_parked;
 use super::wait::Waited;
 use crate::config::Settings;
+use crate::error_chain::error_line;
 use crate::lsn::Lsn;
 use crate::source::{ConnInfo, connect_control, query_error_text};
 use crate::text::shown;
@@ -76,6 +78,28 @@ impl fmt::Display for Sent {
             self.lsn,
             shown(&self.function, 200)
         )
+    }
+}
+
+/// Refuses a requeue or discard of a key the stream does not show parked (the newest message of
+/// its parking subject is no parked copy), or when that cannot be read. A dead letter's requeue is
+/// not checked here: the relay looks for it when it reads the request.
+pub async fn refuse_unparked(settings: &Settings, request: &Request) -> Result<(), RequeueError> {
+    let (key, op) = match request {
+        Request::Requeue(k) => (k, "requeue"),
+        Request::Discard(k) => (k, "discard"),
+        Request::RequeueEvent(_) => return Ok(()),
+    };
+    match is_parked(settings, key).await {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(RequeueError::NotParked {
+            key: key.to_string(),
+            op,
+        }),
+        Err(e) => Err(RequeueError::ParkedUnknown {
+            key: key.to_string(),
+            why: error_line(&e),
+        }),
     }
 }
 

@@ -2,6 +2,7 @@
 //! release functions (`sql.rs`), the `requeue` command that calls them (`requeue.rs`) and the
 //! `parked` command that lists what is parked (`parked.rs`), each against real servers.
 
+mod parked;
 mod requeue;
 mod sql;
 
