@@ -6,7 +6,10 @@
 # claims are approved, the relay retries and keeps its place; when NATS returns every event arrives, in
 # commit order (and `verify` during the outage says those events wait in the slot, none is missing). The
 # payment service "crashes" before acknowledging one event, gets it redelivered, recognises it by its id
-# and pays once.
+# and pays once. Then a bad event parks its key (outbox.on_invalid = "park"): claim 4717's approval fails
+# a schema that still has the old approval limit, so it and the claim's ClaimPaid are held on the key's
+# parking subject while other claims flow; the payment service pays nothing for 4717 until the schema is
+# fixed and `outbox-relay requeue --key Claim/4717` releases both, in order.
 #
 # Starts its own Postgres (wal_level=logical) and nats-server (JetStream) on free loopback ports in a
 # temporary directory, installing them first if missing, and removes everything when it ends.
@@ -182,4 +185,57 @@ grep -vE 'async_nats' "$WORK/relay.log" | sed 's/\x1b\[[0-9;]*m//g; s/^/     /' 
 kill -TERM "$RELAY_PID"
 wait "$RELAY_PID" && note "relay stopped cleanly (exit 0) after confirming everything"
 [ "$(payments)" -eq 6 ]
-say "Done: every approved claim was paid once, including the redelivered e-5531"
+say "Every approved claim was paid once, including the redelivered e-5531"
+
+# --- A poison event parks its key, not the stream -------------------------------------------------
+say "A bad event parks its key: outbox.on_invalid = \"park\""
+# The approval schema still says the old limit of 10,000; the claims team raised it to 50,000.
+mkdir -p "$WORK/schemas"
+schema() { # maximum
+  cat >"$WORK/schemas/ClaimApproved.json" <<JSON
+{"\$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object",
+ "required": ["claim_id", "amount"],
+ "properties": {"claim_id": {"type": "integer"}, "amount": {"type": "number", "maximum": $1}}}
+JSON
+}
+schema 10000
+psql_ -d claims -f "$ROOT/sql/09_requeue.sql" >/dev/null
+note "sql/09_requeue.sql installed: outbox_requeue(), outbox_discard(), outbox_requeue_event()"
+export OUTBOX_RELAY_OUTBOX_ON_INVALID=park
+export OUTBOX_RELAY_OUTBOX_SCHEMAS="$WORK/schemas"
+export OUTBOX_RELAY_HTTP_LISTEN="127.0.0.1:$(free_port)"
+"$RELAY" setup | sed 's/^/   /' # adds the parking subjects to the stream
+"$RELAY" run >>"$WORK/relay.log" 2>&1 &
+RELAY_PID=$!
+PIDS+=("$RELAY_PID")
+sleep 1.5
+
+psql_ -d claims -c "INSERT INTO claims VALUES (4717, 'submitted', 25000), (4718, 'submitted', 1500)"
+approve 4717 e-5537
+psql_ -d claims <<'SQL'
+INSERT INTO outbox (event_id, aggregate_type, aggregate_id, event_type, payload)
+VALUES ('e-5538', 'Claim', '4717', 'ClaimPaid', '{"claim_id": 4717, "status": "paid"}');
+SQL
+note "claims service: recorded e-5538 ClaimPaid for claim 4717 (its approval, e-5537, fails the old schema)"
+approve 4718 e-5539 # another key flows as usual
+sleep 2
+note "outbox-relay parked (exit 1: a key is parked):"
+"$RELAY" parked | sed 's/^/     /' || true
+note "payments made: $(payments): the payment service has seen neither 4717's approval nor its ClaimPaid"
+[ "$(payments)" -eq 7 ] || { echo "demo: only e-5539 should have been paid" >&2; exit 1; }
+
+say "The schema is fixed, and the key requeued"
+schema 50000
+kill -HUP "$RELAY_PID"
+sleep 1
+note "schema ClaimApproved.json: maximum 50000, reloaded with SIGHUP"
+"$RELAY" requeue --key Claim/4717 | sed 's/^/   /'
+wait_payments 8 30
+note "outbox-relay parked after the requeue:"
+"$RELAY" parked | sed 's/^/     /'
+note "payments made: $(payments): claim 4717 paid once its approval arrived, ClaimPaid after it"
+psql_ -d payments -c "SELECT event_id, claim_id, amount FROM payments WHERE claim_id = 4717"
+
+kill -TERM "$RELAY_PID"
+wait "$RELAY_PID" && note "relay stopped cleanly (exit 0)"
+say "Done: every approved claim was paid once, and claim 4717's events arrived in their order after the fix"

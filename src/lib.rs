@@ -56,6 +56,7 @@ pub mod metrics;
 pub mod nats;
 pub mod outbox;
 pub mod parking;
+pub mod parking_ops;
 pub mod pgoutput;
 pub mod position;
 pub mod progress;

@@ -7,11 +7,13 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use outbox_relay::config::{Config, LogFormat, Settings};
 use outbox_relay::error_chain::{error_chain, error_line};
 use outbox_relay::metrics::Metrics;
+use outbox_relay::parking_ops::{self, Key, KeyError, Request};
 use outbox_relay::reload::{Hook, HookError, Reloader};
 use tracing_subscriber::prelude::*;
 use tracing_subscriber::{EnvFilter, Registry, fmt, reload};
@@ -112,6 +114,40 @@ enum Command {
               value_parser = clap::value_parser!(u32).range(1..))]
         slot_look: u32,
     },
+    /// List the keys the relay holds back (outbox.on_invalid = "park") as the stream shows them:
+    /// exit 0 when none is parked, 1 when some are, 2 when it could not check.
+    Parked {
+        /// Print one JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Ask the relay, through the WAL, to requeue or discard a parked key or to requeue one dead
+    /// letter (sql/09_requeue.sql's functions), then wait until it has carried that out.
+    #[command(group(clap::ArgGroup::new("what").required(true).args(["key", "key_null_id", "event"])))]
+    Requeue {
+        /// The parked key: aggregate type, '/', aggregate id (the first '/' splits: Claim/2026/4711
+        /// is type Claim, id 2026/4711).
+        #[arg(long, value_name = "TYPE/ID")]
+        key: Option<String>,
+        /// The parked key of this aggregate type whose aggregate id is NULL.
+        #[arg(long, value_name = "TYPE")]
+        key_null_id: Option<String>,
+        /// The id of a dead-lettered event to publish again.
+        #[arg(long, value_name = "ID")]
+        event: Option<String>,
+        /// Release the key without publishing its parked events.
+        #[arg(long, conflicts_with = "event")]
+        discard: bool,
+        /// Send the request even when the key is not parked (or that cannot be checked).
+        #[arg(long)]
+        force: bool,
+        /// Do not wait for the relay to carry the request out.
+        #[arg(long)]
+        no_wait: bool,
+        /// Connect with this URL instead of postgres.url (a login of the operator role).
+        #[arg(long, value_name = "URL")]
+        postgres_url: Option<String>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -172,6 +208,27 @@ fn main() -> ExitCode {
                 };
                 verify(&settings, &opts, json, json_logs).await
             }
+            Command::Parked { json } => parked(&settings, json, json_logs).await,
+            Command::Requeue {
+                key,
+                key_null_id,
+                event,
+                discard,
+                force,
+                no_wait,
+                postgres_url,
+            } => {
+                let request = match requeue_request(key, key_null_id, event, discard) {
+                    Ok(r) => r,
+                    Err(e) => return fail(json_logs, &e),
+                };
+                let opts = RequeueOptions {
+                    force,
+                    no_wait,
+                    postgres_url,
+                };
+                requeue(&settings, request, &opts, json_logs).await
+            }
         }
     })
 }
@@ -179,8 +236,8 @@ fn main() -> ExitCode {
 /// The settings, or the exit code after saying why not (before logging is set up, so on stderr).
 /// The commands that check events refuse a schema directory that does not load, at once.
 fn load_config(cli: &Cli) -> Result<Settings, ExitCode> {
-    // verify's contract: 2 when it could not check, a configuration that does not load included.
-    let could_not = if matches!(cli.command, Command::Verify { .. }) {
+    // verify's and parked's contract: 2 when they could not check, a configuration that does not load included.
+    let could_not = if matches!(cli.command, Command::Verify { .. } | Command::Parked { .. }) {
         ExitCode::from(2)
     } else {
         ExitCode::FAILURE
@@ -390,6 +447,84 @@ async fn verify(
             ExitCode::from(2)
         }
     }
+}
+
+/// `parked`: one line per parked key and a summary (or one JSON object); 0 none parked, 1 some,
+/// 2 the stream could not be read.
+async fn parked(config: &Settings, json: bool, json_logs: bool) -> ExitCode {
+    match parking_ops::parked(config).await {
+        Ok(report) => {
+            if json {
+                println!("{}", serde_json::to_string(&report).unwrap_or_default());
+            } else {
+                print!("{report}");
+            }
+            ExitCode::from(report.exit_code())
+        }
+        Err(e) => {
+            fail(json_logs, &e);
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// What `requeue`'s `--key`, `--key-null-id`, `--event` and `--discard` ask for (clap lets
+/// exactly one of the first three through).
+fn requeue_request(
+    key: Option<String>,
+    key_null_id: Option<String>,
+    event: Option<String>,
+    discard: bool,
+) -> Result<Request, KeyError> {
+    let key = match (key, key_null_id, event) {
+        (Some(k), _, _) => Key::parse(&k)?,
+        (_, Some(t), _) => Key::null_id(&t)?,
+        (_, _, Some(id)) => return Ok(Request::RequeueEvent(id)),
+        (None, None, None) => unreachable!("clap requires one of --key, --key-null-id, --event"),
+    };
+    Ok(if discard {
+        Request::Discard(key)
+    } else {
+        Request::Requeue(key)
+    })
+}
+
+/// `requeue`'s switches besides what it asks for.
+struct RequeueOptions {
+    force: bool,
+    no_wait: bool,
+    postgres_url: Option<String>,
+}
+
+/// How long `requeue` waits for the relay to carry a request out.
+const REQUEUE_WAIT: Duration = Duration::from_secs(30);
+
+/// `requeue`: one line with the request id and the control message's LSN once it is committed,
+/// then one line saying whether the relay carried it out (within [`REQUEUE_WAIT`]). Exit 0 once
+/// the request is committed, whether or not the wait saw it carried out; 1 when it was not sent.
+async fn requeue(
+    config: &Settings,
+    request: Request,
+    opts: &RequeueOptions,
+    json_logs: bool,
+) -> ExitCode {
+    if !opts.force
+        && let Err(e) = parking_ops::refuse_unparked(config, &request).await
+    {
+        return fail(json_logs, &e);
+    }
+    let sent = match parking_ops::send(config, opts.postgres_url.as_deref(), request).await {
+        Ok(s) => s,
+        Err(e) => return fail(json_logs, &e),
+    };
+    println!("{sent}");
+    if !opts.no_wait {
+        println!(
+            "{}",
+            parking_ops::wait_stored(config, &sent, REQUEUE_WAIT).await
+        );
+    }
+    ExitCode::SUCCESS
 }
 
 /// Reports a failed command with its whole cause chain: with JSON logs first as a JSON log line (so a

@@ -120,7 +120,7 @@ enum NotPosition {
 
 /// Why a GET to the relay's listener got no answer, one line.
 #[derive(Debug, thiserror::Error)]
-enum AskError {
+pub(crate) enum AskError {
     #[error("connecting to {addr}: {cause}")]
     Connect {
         addr: SocketAddr,
@@ -139,8 +139,8 @@ enum AskError {
         addr: SocketAddr,
         cause: Box<dyn std::error::Error + Send + Sync>,
     },
-    #[error("{addr} did not answer within {ASK_TIMEOUT:?}")]
-    Timeout { addr: SocketAddr },
+    #[error("{addr} did not answer within {within:?}")]
+    Timeout { addr: SocketAddr, within: Duration },
 }
 
 impl RelayWord {
@@ -250,8 +250,17 @@ fn since_last_ack(metrics: &str) -> Option<f64> {
         .filter(|v| *v >= 0.0)
 }
 
-/// One GET: the status code and the body, or why not (one line).
+/// One GET within [`ASK_TIMEOUT`]: the status code and the body, or why not (one line).
 async fn get(addr: SocketAddr, path: &str) -> Result<(u16, String), AskError> {
+    get_within(addr, path, ASK_TIMEOUT).await
+}
+
+/// One GET within `within` (a `/wait` is answered only when it ends): as [`get`].
+pub(crate) async fn get_within(
+    addr: SocketAddr,
+    path: &str,
+    within: Duration,
+) -> Result<(u16, String), AskError> {
     let failed = |cause: Box<dyn std::error::Error + Send + Sync>| AskError::Get {
         path: path.to_owned(),
         addr,
@@ -283,9 +292,9 @@ async fn get(addr: SocketAddr, path: &str) -> Result<(u16, String), AskError> {
         conn.abort();
         Ok((status, String::from_utf8_lossy(&body).into_owned()))
     };
-    tokio::time::timeout(ASK_TIMEOUT, request)
+    tokio::time::timeout(within, request)
         .await
-        .unwrap_or(Err(AskError::Timeout { addr }))
+        .unwrap_or(Err(AskError::Timeout { addr, within }))
 }
 
 #[cfg(test)]

@@ -21,7 +21,8 @@ use crate::parking::revive::revive;
 use crate::parking::{KeyHash, ParkedSet};
 use crate::position::Position;
 use crate::progress::Progress;
-use crate::sink::{Sink, SinkError, TailError};
+use crate::sink::{Sink, SinkError};
+use crate::tail::TailError;
 
 use super::error::SessionEnd;
 use super::policy::{self, from_sink};

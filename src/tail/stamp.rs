@@ -25,7 +25,8 @@ pub(crate) struct Stamp {
     pub(crate) position: Option<Position>,
     /// The history `Outbox-Position` names.
     pub(crate) history: Option<History>,
-    /// `Nats-Msg-Id`, or `Outbox-Event-Id` on a message of an atomic batch.
+    /// The event id: `Outbox-Event-Id` (a dead letter, a parked copy, a message of an atomic
+    /// batch), else `Nats-Msg-Id`.
     pub(crate) id: Option<String>,
     /// `;replay-over=N` after the position: the message was published by a session that trusted
     /// no tail, when the stream's last sequence was N ([`crate::position::REPLAY_OVER`]).
@@ -43,7 +44,7 @@ impl Stamp {
         Stamp {
             position,
             history,
-            id: text(message::NATS_MSG_ID).or_else(|| text(message::EVENT_ID)),
+            id: text(message::EVENT_ID).or_else(|| text(message::NATS_MSG_ID)),
             replay_over: stamp.and_then(crate::position::replay_over),
         }
     }

@@ -23,6 +23,7 @@ mod module_graph;
 mod named_relays;
 mod ops;
 mod parking;
+mod parking_ops;
 mod permissions;
 mod platforms;
 mod printed_commands;

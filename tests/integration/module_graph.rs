@@ -77,6 +77,7 @@ const LAYERS: &[(&str, &[&str])] = &[
         &[
             "backfill",
             "check_schemas",
+            "parking_ops",
             "setup",
             "slot_mark",
             "status",
