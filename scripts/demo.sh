@@ -4,8 +4,9 @@
 # The claims service approves claim 4711 and records event e-5531 in the same transaction; the relay
 # publishes it to outbox.Claim; the payment service pays. Then the messaging platform goes down, more
 # claims are approved, the relay retries and keeps its place; when NATS returns every event arrives, in
-# commit order. The payment service "crashes" before acknowledging one event, gets it redelivered,
-# recognises it by its id and pays once.
+# commit order (and `verify` during the outage says those events wait in the slot, none is missing). The
+# payment service "crashes" before acknowledging one event, gets it redelivered, recognises it by its id
+# and pays once.
 #
 # Starts its own Postgres (wal_level=logical) and nats-server (JetStream) on free loopback ports in a
 # temporary directory, installing them first if missing, and removes everything when it ends.
@@ -152,7 +153,14 @@ for i in 2 3 4 5; do approve $((4710 + i)) "e-553$i"; done
 sleep 2
 note "relay status while NATS is down (the slot stays before the unacknowledged events):"
 "$RELAY" status 2>&1 | grep -E '^slot|cannot connect' | sed 's/^/     /' || true
-sleep 4
+note "verify while NATS is down: the stream cannot be read, but the slot shows the four events waiting, not missing"
+VERIFY_DOWN=$("$RELAY" verify 2>/dev/null || true) # exit 2: not everything could be checked
+echo "$VERIFY_DOWN" | grep -vE '^  (what to do|not checked)' | sed 's/^/     /'
+if ! echo "$VERIFY_DOWN" | grep -qx 'waiting: 4' || echo "$VERIFY_DOWN" | grep -q '^missing:'; then
+  echo "demo: verify during the outage should report 4 events waiting and none missing" >&2
+  exit 1
+fi
+sleep 2
 
 say "NATS is back"
 start_nats

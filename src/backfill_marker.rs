@@ -288,7 +288,7 @@ async fn config(js: &dyn JetStreamPort, stream: &str) -> Result<Value, MarkerErr
     let answer = js
         .api_request(format!("STREAM.INFO.{stream}"), Value::Object(Map::new()))
         .await
-        .map_err(read)?;
+        .map_err(|e| read(crate::error_chain::error_chain(&e)))?;
     if let Some(e) = api_error(&answer) {
         return Err(read(e));
     }
@@ -326,7 +326,7 @@ async fn update(
     let answer = js
         .api_request(format!("STREAM.UPDATE.{stream}"), cfg.clone())
         .await
-        .map_err(refused)?;
+        .map_err(|e| refused(crate::error_chain::error_chain(&e)))?;
     match api_error(&answer) {
         Some(e) => Err(refused(e)),
         None => Ok(()),
@@ -334,7 +334,7 @@ async fn update(
 }
 
 /// A JetStream API error answer as `description (code N)`.
-fn api_error(answer: &Value) -> Option<String> {
+pub(crate) fn api_error(answer: &Value) -> Option<String> {
     let e = answer.get("error")?;
     Some(format!(
         "{} (error code {})",

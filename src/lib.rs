@@ -17,11 +17,11 @@
 //!    ▼                                  │
 //!  outbox     relation cache; INSERT → OutboxEvent (id once)  relay/     run: restart loop, backoff, standby
 //!    ▼                                  │                      session  start / run / drain of one session
-//!  route      subject from a template; token checks            monitor  NATS state, slot lag sampler
-//!    ▼                                  │                      error    RelayError (stop) · Restart (retry)
-//!  sink/      one publisher: window (messages + bytes), acks, verify     rows against the stream, read only
-//!    │        fence (skip stored, expected sequence), dead letters
-//!    │        through nats/ (JetStreamPort: the async-nats client, or a simulator)
+//!  sink/      one publisher: where each event goes (its       monitor  NATS state, slot lag sampler
+//!    │        subject, rendered by route, or its dead letter), policy   restart · standby · stop · defect
+//!    │        window (messages + bytes), acks, fence (skip     verify     rows against the stream, read only
+//!    │        stored, expected sequence), atomic batches
+//!    │        through nats/ (JetStreamPort: the async-nats client, or a simulator; NatsError)
 //!    ▼                                  │
 //!  progress   in-order tracker → confirmed LSN = Commit.end_lsn
 //!    └──────────────────────────────────┘

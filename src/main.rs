@@ -81,9 +81,11 @@ enum Command {
         #[arg(long, default_value_t = 1 << 30, value_name = "BYTES")]
         max_lag_bytes: i64,
     },
-    /// Prove delivery by comparing the outbox table's rows with the stream, writing nothing: exit 0
-    /// when every row's event is stored once, in commit order, routed as the template says (with
-    /// --payloads, byte for byte), 1 with the differences, 2 when it could not check.
+    /// Prove delivery from the outbox table, the slot and the stream, telling waiting events from
+    /// missing ones: exit 0 when every row's event is stored once, in commit order, as the template
+    /// routes it (with --payloads, byte for byte) or still waits in the slot, 1 with differences
+    /// (missing, dead-lettered, holes, ...), 2 when it could not check everything; it writes
+    /// nothing but with --record
     Verify {
         /// SQL predicate selecting the rows, e.g. "aggregate_type = 'Claim'" (default: every row).
         #[arg(long = "where", value_name = "SQL")]
@@ -100,6 +102,15 @@ enum Command {
         /// Print one JSON object instead of text.
         #[arg(long)]
         json: bool,
+        /// Store proven_up_to in the outbox table's proof table (sql/05_retention.sql), for
+        /// outbox_prune(..., proven_only => true): the one write verify makes.
+        #[arg(long)]
+        record: bool,
+        /// Decode at most this many changes of the replication slot to tell waiting rows from
+        /// missing ones; rows past it are unknown.
+        #[arg(long, value_name = "CHANGES", default_value_t = outbox_relay::verify::DEFAULT_SLOT_LOOK,
+              value_parser = clap::value_parser!(u32).range(1..))]
+        slot_look: u32,
     },
 }
 
@@ -148,12 +159,16 @@ fn main() -> ExitCode {
                 from_sequence,
                 payloads,
                 json,
+                record,
+                slot_look,
             } => {
                 let opts = outbox_relay::verify::VerifyOptions {
                     where_sql,
                     since,
                     from_sequence,
                     payloads,
+                    record,
+                    slot_look,
                 };
                 verify(&settings, &opts, json, json_logs).await
             }
@@ -347,8 +362,8 @@ async fn status(config: &Settings, json: bool, max_lag_bytes: i64) -> ExitCode {
     }
 }
 
-/// `verify`: the report on stdout (text or JSON), progress on stderr; 0 no differences, 1
-/// differences, 2 could not check.
+/// `verify`: the report on stdout (text or JSON), progress and warnings on stderr; 0 no
+/// differences, 1 differences, 2 could not check (all of it, or some rows).
 async fn verify(
     config: &Settings,
     opts: &outbox_relay::verify::VerifyOptions,
@@ -362,11 +377,13 @@ async fn verify(
             } else {
                 print!("{report}");
             }
-            if report.differences() == 0 {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::FAILURE
+            for w in &report.warnings {
+                eprintln!("outbox-relay: warning: {w}");
             }
+            if let Some(why) = &report.not_checked {
+                eprintln!("outbox-relay: {why}");
+            }
+            ExitCode::from(report.exit_code())
         }
         Err(e) => {
             fail(json_logs, &e);

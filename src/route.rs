@@ -280,11 +280,11 @@ pub(crate) const MAX_TOKEN_BYTES: usize = 256;
 /// The longest literal subject (dead-letter subject, template literals).
 pub(crate) const MAX_SUBJECT_BYTES: usize = 1024;
 
-/// A value as an error shows it: at most 64 characters.
+/// A value as an error shows it: at most 64 bytes, and its length when it is longer.
 fn shown(v: &str) -> String {
-    match v.char_indices().nth(64) {
-        Some((i, _)) => format!("{}... ({} bytes)", &v[..i], v.len()),
-        None => v.to_owned(),
+    match crate::text::shortened(v, 64) {
+        std::borrow::Cow::Borrowed(v) => v.to_owned(),
+        std::borrow::Cow::Owned(cut) => format!("{cut} ({} bytes)", v.len()),
     }
 }
 

@@ -27,6 +27,8 @@ use std::sync::{Arc, RwLock};
 
 use serde_json::Value;
 
+use crate::text::shortened;
+
 mod budget;
 pub use budget::PendingCheck;
 pub(crate) use budget::{BUDGET, INLINE_BYTES};
@@ -232,7 +234,7 @@ impl SchemaSet {
                 };
                 Verdict::Fail(format!(
                     "{event_type}: {pointer}: {} ({})",
-                    shorten(&crate::text::one_line(&e.to_string())),
+                    shortened(&crate::text::one_line(&e.to_string()), MAX_MESSAGE),
                     e.kind().keyword()
                 ))
             }
@@ -268,7 +270,7 @@ fn build_problem(e: &jsonschema::ValidationError<'_>) -> String {
             "{at}: pattern {} is refused: patterns must match in linear time, so lookaround ((?=, (?!, (?<=, \
              (?<!) and backreferences (\\1, \\k<name>) are not supported, nor is a pattern that does not compile; \
              rewrite it without them",
-            shorten(&format!("{pattern:?}"))
+            shortened(&format!("{pattern:?}"), MAX_MESSAGE)
         );
     }
     crate::text::one_line(&e.to_string())
@@ -388,14 +390,6 @@ fn fingerprint(dir: &str, required: bool, texts: &BTreeMap<String, Vec<u8>>) -> 
     let mut h = std::hash::DefaultHasher::new();
     (dir, required, texts).hash(&mut h);
     h.finish()
-}
-
-fn shorten(s: &str) -> String {
-    let cut = crate::text::cut(s, MAX_MESSAGE);
-    if cut.len() == s.len() {
-        return s.to_owned();
-    }
-    format!("{cut}...")
 }
 
 #[cfg(test)]

@@ -9,6 +9,10 @@
 //! and other prefixes are not events, however many come first; the first event is found behind any
 //! number of them up to the bound.
 //!
+//! `verify` looks further: every pending event up to the rows' snapshot, each handed to it as the
+//! look finds it ([`scan_each`]), so that a row whose event the slot still holds is told apart from
+//! a missing one without a clock.
+//!
 //! The look is bounded twice: in changes (`upto_nchanges`; rows are read one at a time, so memory
 //! stays small whatever their size) and in time (`statement_timeout`). When a bound ends it with
 //! WAL still pending and no event found, the answer is "unknown", never "none".
@@ -80,6 +84,9 @@ impl Scan {
         }
     }
 }
+
+/// What a look hands each event it counts to (see [`scan_each`]).
+pub(crate) type Each<'a, 'f> = &'a mut (dyn FnMut(&Found) + Send + 'f);
 
 /// Judges peeked pgoutput rows, in order, as the relay would; events at or before `after` are not
 /// counted (the stream holds them), nor those of transactions committed at or after `before` (the
@@ -168,6 +175,59 @@ pub(crate) async fn scan(
     first_only: bool,
     bound: Bound,
 ) -> Result<Scan, tokio_postgres::Error> {
+    let look = Look {
+        slot,
+        upto,
+        after,
+        first_only,
+        bound,
+    };
+    scan_with(settings, pg, look, None).await
+}
+
+/// [`scan`] of every pending event up to `upto` (none skipped as stored, no early end), handing
+/// each one it counts to `each` as it goes. When the look is retried (the slot was busy), events
+/// are handed again: `each` must not mind.
+pub(crate) async fn scan_each(
+    settings: &Settings,
+    pg: &Client,
+    slot: &str,
+    upto: Option<Lsn>,
+    bound: Bound,
+    each: Each<'_, '_>,
+) -> Result<Scan, tokio_postgres::Error> {
+    let look = Look {
+        slot,
+        upto,
+        after: None,
+        first_only: false,
+        bound,
+    };
+    scan_with(settings, pg, look, Some(each)).await
+}
+
+/// What one look reads: [`scan`]'s arguments.
+struct Look<'a> {
+    slot: &'a str,
+    upto: Option<Lsn>,
+    after: Option<Position>,
+    first_only: bool,
+    bound: Bound,
+}
+
+async fn scan_with(
+    settings: &Settings,
+    pg: &Client,
+    look: Look<'_>,
+    mut each: Option<Each<'_, '_>>,
+) -> Result<Scan, tokio_postgres::Error> {
+    let Look {
+        slot,
+        upto,
+        after,
+        first_only,
+        bound,
+    } = look;
     let partitions = match settings.config().outbox.table.as_str() {
         "" => Vec::new(),
         table => crate::catalog::partitions(pg, table).await?,
@@ -186,7 +246,15 @@ pub(crate) async fn scan(
         let stage = Bound { changes, ..bound };
         scan = loop {
             let mut scanner = Scanner::new(settings, partitions.clone(), after, upto);
-            let ended = peek_into(settings, pg, slot, upto, first_only, stage, &mut scanner).await;
+            let ended = peek_into(
+                settings,
+                pg,
+                slot,
+                (upto, first_only, stage),
+                &mut scanner,
+                each.as_deref_mut(),
+            )
+            .await;
             match ended {
                 Err(e) if in_use(&e) && tokio::time::Instant::now() < deadline => {
                     tokio::time::sleep(Duration::from_millis(250)).await;
@@ -276,10 +344,9 @@ async fn peek_into(
     settings: &Settings,
     pg: &Client,
     slot: &str,
-    upto: Option<Lsn>,
-    first_only: bool,
-    bound: Bound,
+    (upto, first_only, bound): (Option<Lsn>, bool, Bound),
     scanner: &mut Scanner,
+    mut each: Option<Each<'_, '_>>,
 ) -> Result<Option<String>, tokio_postgres::Error> {
     // Logical messages are only decoded when asked for, as the relay asks.
     let outbox = &settings.config().outbox;
@@ -305,8 +372,14 @@ async fn peek_into(
     while let Some(row) = rows.next().await {
         let row = row?;
         let lsn = row.get::<_, String>(0).parse::<Lsn>().unwrap_or(Lsn::ZERO);
+        let counted = scanner.scan.events;
         if let Err(e) = scanner.row(lsn, Bytes::from(row.get::<_, Vec<u8>>(1))) {
             return Ok(Some(e));
+        }
+        if scanner.scan.events > counted
+            && let (Some(each), Some(found)) = (each.as_deref_mut(), &scanner.scan.last)
+        {
+            each(found);
         }
         if first_only && scanner.scan.events > 0 {
             return Ok(None);

@@ -1,6 +1,10 @@
 //! Text helpers for what the relay writes into one-line places (a header value, a log field, an
-//! error line): line breaks out, and a length cut on a character boundary. A leaf: it imports
-//! nothing of the crate, so any module may use it.
+//! error line): line breaks out, and a length cut on a character boundary ([`cut`]; [`shortened`]
+//! where the reader must see that something the relay wrote was cut; [`shown`] for text the relay
+//! did not write, escaped as well). A leaf: it imports nothing of the crate, so any module may use
+//! it.
+
+use std::borrow::Cow;
 
 /// `s` with its line breaks (and the blanks around them) turned into single spaces. Blanks within
 /// a line stay as they are.
@@ -28,6 +32,16 @@ pub(crate) fn cut(s: &str, max: usize) -> &str {
         end -= 1;
     }
     &s[..end]
+}
+
+/// `s` for a message: [`cut`] to at most `max` bytes, with `...` after it when it was cut.
+pub(crate) fn shortened(s: &str, max: usize) -> Cow<'_, str> {
+    let kept = cut(s, max);
+    if kept.len() == s.len() {
+        Cow::Borrowed(s)
+    } else {
+        Cow::Owned(format!("{kept}..."))
+    }
 }
 
 /// `s` as one line a terminal shows as text, at most `max` bytes of it: what a server, a listener
@@ -70,6 +84,14 @@ mod tests {
         assert_eq!(cut("abc", 5), "abc");
         assert_eq!(cut("abc", 2), "ab");
         assert_eq!(cut("aü", 2), "a");
+    }
+
+    #[test]
+    fn shortened_says_it_was_cut() {
+        assert_eq!(shortened("abc", 3), "abc");
+        assert!(matches!(shortened("abc", 3), Cow::Borrowed(_)));
+        assert_eq!(shortened("abcd", 3), "abc...");
+        assert_eq!(shortened("aüb", 2), "a...");
     }
 
     #[test]

@@ -140,9 +140,9 @@ pub enum BackfillError {
         total: u64,
         /// This backfill again (`again`; filled in by the caller that knows the options).
         again: String,
-        /// Why publishing failed.
+        /// Why publishing failed (boxed: the sink's errors are large, and this path is rare).
         #[source]
-        source: SinkError,
+        source: Box<SinkError>,
     },
     /// The outbox stage could not interpret the rows fed to it.
     #[error("backfill")]

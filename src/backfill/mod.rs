@@ -43,7 +43,8 @@
 //! Layout, one role a file: `preflight.rs` (everything tried before a slot is touched), `slot.rs`
 //! (the slot decision, creating and dropping slots), `snapshot.rs` (the queries on the outbox table
 //! and the cursor), `publish.rs` (the copy loop through the stage and the sink), `report.rs` (the
-//! progress line and the report), `error.rs` (why a backfill did not finish); this file runs them
+//! progress line and the report), `error.rs` (why a backfill did not finish), `start.rs` (where a
+//! backfill into a stream with no message begins its history, for `verify`); this file runs them
 //! in order ([`backfill_over`]) and holds the marker's part.
 
 use std::future::Future;
@@ -66,12 +67,14 @@ mod report;
 mod servers;
 mod slot;
 mod snapshot;
+mod start;
 
 pub use error::BackfillError;
 pub use port::{
     BackfillServers, BoxError, Control, CursorError, DropFailure, Prepared, QueryError, SlotMaker,
 };
 pub use report::{BackfillProgress, BackfillReport};
+pub use start::Start;
 
 use error::{SlotLeft, again, left_after_stop};
 use preflight::{Ready, check_options, get_ready};
@@ -154,11 +157,12 @@ pub async fn backfill_over(
     // marker says so to `run`, `setup` and `status`, also if this process is killed.
     let js: &dyn JetStreamPort = &*nats;
     let stream = settings.config().nats.stream.clone();
+    let now = servers.now_micros();
     let marker = Marker::new(
         &slot,
         opts.where_sql.as_deref(),
         opts.order_by.as_deref(),
-        servers.now_micros(),
+        now,
     );
     undo_on_error(
         servers,
@@ -167,6 +171,7 @@ pub async fn backfill_over(
             .map_err(BackfillError::from),
     )
     .await?;
+    record_start(js, &stream, &marker, now).await;
     // Dropping the old slot is not interrupted; creating the new one is cancelled by a stop
     // (Postgres may wait there a long time, for every transaction that was running).
     let created = async {
@@ -320,6 +325,26 @@ pub async fn backfill_over(
         );
     }
     Ok(report)
+}
+
+/// Records where this backfill begins the stream's history, when the stream holds no message
+/// (`start.rs`: `verify` leaves out the rows created before it that it did not select). A failure
+/// is logged, not fatal: it costs `verify` that knowledge, nothing else.
+async fn record_start(js: &dyn JetStreamPort, stream: &str, marker: &Marker, now: i64) {
+    match start::record(js, stream, marker, now).await {
+        Ok(Some(s)) => info!(
+            %stream,
+            sequence = s.sequence,
+            "this backfill begins the stream's history (metadata outbox-relay.start)"
+        ),
+        Ok(None) => {}
+        Err(e) => warn!(
+            %stream,
+            error = %e,
+            "where this backfill begins the stream's history could not be recorded: verify will count the rows \
+             its --where leaves out as missing"
+        ),
+    }
 }
 
 /// Removes this backfill's marker when it stops before changing a slot; a failure is logged (the

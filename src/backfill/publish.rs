@@ -241,7 +241,7 @@ impl Publisher {
             done: self.published,
             total: self.total,
             again: String::new(),
-            source,
+            source: Box::new(source),
         }
     }
 

@@ -2,14 +2,18 @@
 //! one queue to its connection (so wire order is call order), bounded by the caller's timeout;
 //! reads of the stream are JetStream API requests through a context with that timeout, and the
 //! bulk read is an ephemeral push consumer ([`ClientReader`]).
+//!
+//! async-nats has an error type per call, each with kinds of its own; each becomes a [`NatsError`]
+//! as it leaves the client (`mapped`, in `error.rs`): a JetStream refusal by its code (10059, no
+//! such stream: not found), a request by whether it timed out or found no responders.
 
 use std::time::Duration;
 
 use async_nats::HeaderMap;
-use async_nats::jetstream::context::{PublishError, PublishErrorKind};
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 
+use super::error::{NatsError, NatsErrorKind, mapped};
 use super::port::{Answers, HeaderRead, JetStreamPort, StreamTail};
 use super::readback::ClientReader;
 
@@ -25,12 +29,12 @@ impl JetStreamPort for async_nats::Client {
         async_nats::Client::new_inbox(self)
     }
 
-    fn subscribe(&self, subject: String) -> BoxFuture<'_, Result<Answers, String>> {
+    fn subscribe(&self, subject: String) -> BoxFuture<'_, Result<Answers, NatsError>> {
         Box::pin(async move {
             async_nats::Client::subscribe(self, subject)
                 .await
                 .map(|s| Box::pin(s) as Answers)
-                .map_err(|e| e.to_string())
+                .map_err(mapped)
         })
     }
 
@@ -41,7 +45,7 @@ impl JetStreamPort for async_nats::Client {
         headers: HeaderMap,
         payload: Bytes,
         timeout: Duration,
-    ) -> BoxFuture<'_, Result<(), PublishError>> {
+    ) -> BoxFuture<'_, Result<(), NatsError>> {
         Box::pin(async move {
             let sent = match reply {
                 Some(reply) => {
@@ -56,16 +60,13 @@ impl JetStreamPort for async_nats::Client {
             };
             match sent {
                 Ok(Ok(())) => Ok(()),
-                Ok(Err(e))
-                    if e.kind() == async_nats::client::PublishErrorKind::MaxPayloadExceeded =>
-                {
-                    Err(PublishError::with_source(
-                        PublishErrorKind::MaxPayloadExceeded,
-                        e,
-                    ))
-                }
-                Ok(Err(e)) => Err(PublishError::with_source(PublishErrorKind::Other, e)),
-                Err(_) => Err(PublishError::new(PublishErrorKind::TimedOut)),
+                Ok(Err(e)) => Err(mapped(e)),
+                Err(_) => Err(NatsError::new(
+                    NatsErrorKind::TimedOut,
+                    format!(
+                        "the client's queue to the connection took no publish within {timeout:?}"
+                    ),
+                )),
             }
         })
     }
@@ -78,13 +79,13 @@ impl JetStreamPort for async_nats::Client {
         &self,
         subject: String,
         body: serde_json::Value,
-    ) -> BoxFuture<'_, Result<serde_json::Value, String>> {
+    ) -> BoxFuture<'_, Result<serde_json::Value, NatsError>> {
         Box::pin(async move {
             // The default context (its request timeout), as the marker was always read and written.
             async_nats::jetstream::new(self.clone())
                 .request(subject, &body)
                 .await
-                .map_err(|e| e.to_string())
+                .map_err(mapped)
         })
     }
 
@@ -92,13 +93,13 @@ impl JetStreamPort for async_nats::Client {
         &'a self,
         stream: &'a str,
         timeout: Duration,
-    ) -> BoxFuture<'a, Result<u64, String>> {
+    ) -> BoxFuture<'a, Result<u64, NatsError>> {
         Box::pin(async move {
             // `STREAM.INFO`.
             let s = context(self, timeout)
                 .get_stream(stream)
                 .await
-                .map_err(|e| e.to_string())?;
+                .map_err(mapped)?;
             Ok(s.cached_info().state.last_sequence)
         })
     }
@@ -107,10 +108,13 @@ impl JetStreamPort for async_nats::Client {
         &'a self,
         stream: &'a str,
         timeout: Duration,
-    ) -> BoxFuture<'a, Result<StreamTail, Box<dyn std::error::Error + Send + Sync>>> {
+    ) -> BoxFuture<'a, Result<StreamTail, NatsError>> {
         Box::pin(async move {
-            let mut s = context(self, timeout).get_stream(stream).await?;
-            let info = s.info().await?;
+            let mut s = context(self, timeout)
+                .get_stream(stream)
+                .await
+                .map_err(mapped)?;
+            let info = s.info().await.map_err(mapped)?;
             let last_sequence = info.state.last_sequence;
             // -1 (or 0, never set) means no limit of the stream's own.
             let max_msg_size = usize::try_from(info.config.max_message_size)
@@ -143,18 +147,19 @@ impl JetStreamPort for async_nats::Client {
         stream: &'a str,
         seq: u64,
         timeout: Duration,
-    ) -> BoxFuture<'a, Result<Option<HeaderMap>, String>> {
+    ) -> BoxFuture<'a, Result<Option<HeaderMap>, NatsError>> {
         Box::pin(async move {
             use async_nats::jetstream::stream::LastRawMessageErrorKind;
             // No STREAM.INFO first: one request per message.
             let s = context(self, timeout)
                 .get_stream_no_info(stream)
                 .await
-                .map_err(|e| e.to_string())?;
+                .map_err(mapped)?;
             match s.get_raw_message(seq).await {
                 Ok(m) => Ok(Some(m.headers)),
+                // The message is gone (a limit or a purge).
                 Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
-                Err(e) => Err(e.to_string()),
+                Err(e) => Err(mapped(e)),
             }
         })
     }
@@ -165,7 +170,7 @@ impl JetStreamPort for async_nats::Client {
         from: u64,
         to: u64,
         timeout: Duration,
-    ) -> BoxFuture<'a, Result<Box<dyn HeaderRead>, String>> {
+    ) -> BoxFuture<'a, Result<Box<dyn HeaderRead>, NatsError>> {
         Box::pin(async move {
             ClientReader::start(self, stream, from, to, timeout)
                 .await

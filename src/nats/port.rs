@@ -17,29 +17,30 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::HeaderMap;
-use async_nats::jetstream::context::PublishError;
 use bytes::Bytes;
 use futures_util::Stream;
 use futures_util::future::BoxFuture;
+
+use super::error::{NatsError, NatsErrorKind};
 
 /// The answers published to a session's inbox (JetStream's acks), in arrival order; the stream
 /// ends when the subscription does. `Sync` as well, so the sink that holds it is.
 pub type Answers = Pin<Box<dyn Stream<Item = async_nats::Message> + Send + Sync>>;
 
 /// What the sink needs of a NATS connection with JetStream. Every request that waits on the server
-/// takes the longest it may wait; a port that answers at once (the simulation's) ignores it.
+/// takes the longest it may wait; a port that answers at once (the simulation's) ignores it. Every
+/// failure is a [`NatsError`] of a kind ([`NatsErrorKind`](super::NatsErrorKind)).
 pub trait JetStreamPort: Send + Sync + 'static {
     /// A new unique inbox prefix for a session's answers.
     fn new_inbox(&self) -> String;
 
     /// Subscribes to `subject` (a wildcard like `<inbox>.*`) for the answers to publishes.
-    fn subscribe(&self, subject: String) -> BoxFuture<'_, Result<Answers, String>>;
+    fn subscribe(&self, subject: String) -> BoxFuture<'_, Result<Answers, NatsError>>;
 
     /// Queues a publish, waiting at most `timeout` for room in the queue to the connection.
     /// `reply` is set for a publish that awaits JetStream's answer, `None` for a core publish (an
     /// atomic batch member). A message over the server's `max_payload` is refused before it is
-    /// sent, with [`PublishErrorKind::MaxPayloadExceeded`](async_nats::jetstream::context::PublishErrorKind)
-    /// (the sink dead-letters on it).
+    /// sent, with [`NatsErrorKind::TooLarge`] (the sink dead-letters on it).
     fn publish(
         &self,
         subject: String,
@@ -47,7 +48,7 @@ pub trait JetStreamPort: Send + Sync + 'static {
         headers: HeaderMap,
         payload: Bytes,
         timeout: Duration,
-    ) -> BoxFuture<'_, Result<(), PublishError>>;
+    ) -> BoxFuture<'_, Result<(), NatsError>>;
 
     /// The server's `max_payload`.
     fn max_payload(&self) -> usize;
@@ -57,7 +58,7 @@ pub trait JetStreamPort: Send + Sync + 'static {
         &'a self,
         stream: &'a str,
         timeout: Duration,
-    ) -> BoxFuture<'a, Result<u64, String>>;
+    ) -> BoxFuture<'a, Result<u64, NatsError>>;
 
     /// The stream's tail: its last sequence, `max_msg_size` and the last message's headers. The
     /// message is read from the stream leader, so a message just stored is seen.
@@ -65,7 +66,7 @@ pub trait JetStreamPort: Send + Sync + 'static {
         &'a self,
         stream: &'a str,
         timeout: Duration,
-    ) -> BoxFuture<'a, Result<StreamTail, Box<dyn std::error::Error + Send + Sync>>>;
+    ) -> BoxFuture<'a, Result<StreamTail, NatsError>>;
 
     /// The headers of the stream's message `seq`: `None` when it is gone (a limit or a purge).
     fn message_headers<'a>(
@@ -73,7 +74,7 @@ pub trait JetStreamPort: Send + Sync + 'static {
         stream: &'a str,
         seq: u64,
         timeout: Duration,
-    ) -> BoxFuture<'a, Result<Option<HeaderMap>, String>>;
+    ) -> BoxFuture<'a, Result<Option<HeaderMap>, NatsError>>;
 
     /// A read of the stream's messages `from..=to`, headers only, in bulk: every message still
     /// stored, in order, one at a time (a gone message is left out, as a consumer skips it).
@@ -83,7 +84,7 @@ pub trait JetStreamPort: Send + Sync + 'static {
         from: u64,
         to: u64,
         timeout: Duration,
-    ) -> BoxFuture<'a, Result<Box<dyn HeaderRead>, String>>;
+    ) -> BoxFuture<'a, Result<Box<dyn HeaderRead>, NatsError>>;
 
     /// A JetStream API request (`$JS.API.<subject>`, e.g. `STREAM.INFO.OUTBOX`) with a JSON body,
     /// and the server's JSON answer (a refusal is an answer with an `error` object); `Err` when no
@@ -95,9 +96,14 @@ pub trait JetStreamPort: Send + Sync + 'static {
         &self,
         subject: String,
         body: serde_json::Value,
-    ) -> BoxFuture<'_, Result<serde_json::Value, String>> {
+    ) -> BoxFuture<'_, Result<serde_json::Value, NatsError>> {
         let _ = (subject, body);
-        Box::pin(async { Err("this port sends no JetStream API requests".to_owned()) })
+        Box::pin(async {
+            Err(NatsError::new(
+                NatsErrorKind::Other,
+                "this port sends no JetStream API requests",
+            ))
+        })
     }
 
     /// The real connection behind the port, for what a session serves besides publishing (the
@@ -110,7 +116,7 @@ pub trait JetStreamPort: Send + Sync + 'static {
 /// A bulk read started by [`JetStreamPort::read_headers`].
 pub trait HeaderRead: Send {
     /// The next stored message of the range with its sequence, `None` once the range is read.
-    fn next(&mut self) -> BoxFuture<'_, Result<Option<(u64, HeaderMap)>, String>>;
+    fn next(&mut self) -> BoxFuture<'_, Result<Option<(u64, HeaderMap)>, NatsError>>;
 }
 
 /// The stream's tail as [`JetStreamPort::tail`] reads it.

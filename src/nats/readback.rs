@@ -1,5 +1,5 @@
 //! Reading a range of the stream's messages back, headers only, in bulk: what the replay's proof
-//! (`Sink::prove_skipped`, src/sink) compares with the events it skipped. A replay can be as long as
+//! (`prove_skipped`, src/sink/replay_proof.rs) compares with the events it skipped. A replay can be as long as
 //! the largest transaction, so the read holds one message at a time, never the range. `verify`
 //! ([`crate::verify`]) reads the whole stream the same way, with the payloads when it compares them
 //! ([`ClientReader::start_with`], [`ClientReader::next_message`]): a push consumer needs no
@@ -27,6 +27,7 @@ use async_nats::{HeaderMap, StatusCode, Subscriber};
 use futures_util::StreamExt;
 use futures_util::future::BoxFuture;
 
+use super::error::{NatsError, NatsErrorKind, mapped_while};
 use super::port::HeaderRead;
 
 /// How long the server keeps the consumer once nobody reads it.
@@ -73,7 +74,7 @@ impl ClientReader {
         from: u64,
         to: u64,
         timeout: Duration,
-    ) -> Result<ClientReader, String> {
+    ) -> Result<ClientReader, NatsError> {
         Self::start_with(
             client,
             stream,
@@ -96,7 +97,7 @@ impl ClientReader {
         timeout: Duration,
         headers_only: bool,
         description: &str,
-    ) -> Result<ClientReader, String> {
+    ) -> Result<ClientReader, NatsError> {
         let context = async_nats::jetstream::ContextBuilder::new()
             .timeout(timeout)
             .build(client.clone());
@@ -128,12 +129,12 @@ impl ClientReader {
         from: u64,
         headers_only: bool,
         description: &str,
-    ) -> Result<(Subscriber, String, u64), String> {
+    ) -> Result<(Subscriber, String, u64), NatsError> {
         let deliver = client.new_inbox();
         let sub = client
             .subscribe(deliver.clone())
             .await
-            .map_err(|e| format!("subscribing to {deliver}: {e}"))?;
+            .map_err(|e| mapped_while(format!("subscribing to {deliver}"), e))?;
         let config = push::Config {
             deliver_subject: deliver,
             description: Some(description.into()),
@@ -152,14 +153,19 @@ impl ClientReader {
         let consumer = context
             .create_consumer_on_stream(config, stream)
             .await
-            .map_err(|e| format!("creating an ephemeral consumer on stream {stream}: {e}"))?;
+            .map_err(|e| {
+                mapped_while(
+                    format!("creating an ephemeral consumer on stream {stream}"),
+                    e,
+                )
+            })?;
         let info = consumer.cached_info();
         Ok((sub, info.name.clone(), info.num_pending))
     }
 
     /// Goes on with a new consumer from `from` ([`CHUNK`]); the old one's subscription is dropped,
     /// and the server removes the consumer once it is inactive.
-    async fn next_consumer(&mut self, from: u64) -> Result<(), String> {
+    async fn next_consumer(&mut self, from: u64) -> Result<(), NatsError> {
         let (sub, consumer, pending) = Self::consumer(
             &self.client,
             &self.context,
@@ -181,7 +187,7 @@ impl ClientReader {
     /// range is read.
     pub(crate) async fn next_message(
         &mut self,
-    ) -> Result<Option<(u64, async_nats::Message)>, String> {
+    ) -> Result<Option<(u64, async_nats::Message)>, NatsError> {
         let deadline = tokio::time::Instant::now() + self.timeout;
         loop {
             if self.done {
@@ -189,11 +195,19 @@ impl ClientReader {
             }
             let m = match tokio::time::timeout_at(deadline, self.sub.next()).await {
                 Ok(Some(m)) => m,
-                Ok(None) => return Err("the consumer's subscription ended".into()),
+                Ok(None) => {
+                    return Err(NatsError::new(
+                        NatsErrorKind::Closed,
+                        "the consumer's subscription ended",
+                    ));
+                }
                 Err(_) => {
-                    return Err(format!(
-                        "no message from the consumer within {:?} (after {} delivered)",
-                        self.timeout, self.delivered
+                    return Err(NatsError::new(
+                        NatsErrorKind::TimedOut,
+                        format!(
+                            "no message from the consumer within {:?} (after {} delivered)",
+                            self.timeout, self.delivered
+                        ),
                     ));
                 }
             };
@@ -204,7 +218,9 @@ impl ClientReader {
                         self.client
                             .publish(reply, bytes::Bytes::new())
                             .await
-                            .map_err(|e| format!("answering the consumer's flow control: {e}"))?;
+                            .map_err(|e| {
+                                mapped_while("answering the consumer's flow control".into(), e)
+                            })?;
                         continue;
                     }
                     // A heartbeat names the last delivery: one the relay never saw was lost.
@@ -216,17 +232,17 @@ impl ClientReader {
                     if let Some(last) = last
                         && last != self.delivered
                     {
-                        return Err(format!(
+                        return Err(unexpected(format!(
                             "the consumer delivered {last} messages, {} arrived",
                             self.delivered
-                        ));
+                        )));
                     }
                 }
                 Some(status) => {
-                    return Err(format!(
+                    return Err(unexpected(format!(
                         "the consumer answered with status {status} ({})",
                         m.description.as_deref().unwrap_or("no description")
-                    ));
+                    )));
                 }
                 None => {
                     let got = self.delivery(m)?;
@@ -247,25 +263,27 @@ impl ClientReader {
     fn delivery(
         &mut self,
         m: async_nats::Message,
-    ) -> Result<Option<(u64, async_nats::Message)>, String> {
+    ) -> Result<Option<(u64, async_nats::Message)>, NatsError> {
         let m = async_nats::jetstream::Message {
             message: m,
             context: self.context.clone(),
         };
-        let info = m
-            .info()
-            .map_err(|e| format!("a delivery without the consumer's reply subject: {e}"))?;
+        let info = m.info().map_err(|e| {
+            unexpected(format!(
+                "a delivery without the consumer's reply subject: {e}"
+            ))
+        })?;
         if info.stream != self.stream || info.consumer != self.consumer {
-            return Err(format!(
+            return Err(unexpected(format!(
                 "a delivery from consumer {} on stream {}, not this read's",
                 info.consumer, info.stream
-            ));
+            )));
         }
         if info.consumer_sequence != self.delivered + 1 {
-            return Err(format!(
+            return Err(unexpected(format!(
                 "delivery {} arrived after {}: messages were lost on the way",
                 info.consumer_sequence, self.delivered
-            ));
+            )));
         }
         self.delivered = info.consumer_sequence;
         let seq = info.stream_sequence;
@@ -280,8 +298,13 @@ impl ClientReader {
     }
 }
 
+/// Something on the way that no read should see: the read ends with it.
+fn unexpected(what: String) -> NatsError {
+    NatsError::new(NatsErrorKind::Other, what)
+}
+
 impl HeaderRead for ClientReader {
-    fn next(&mut self) -> BoxFuture<'_, Result<Option<(u64, HeaderMap)>, String>> {
+    fn next(&mut self) -> BoxFuture<'_, Result<Option<(u64, HeaderMap)>, NatsError>> {
         Box::pin(async move {
             Ok(self
                 .next_message()

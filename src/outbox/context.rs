@@ -11,6 +11,7 @@
 
 use bytes::Bytes;
 
+use super::headers::HeaderProblem;
 use super::{OutboxStage, StageError, Step};
 use crate::Lsn;
 use crate::event::OutboxEvent;
@@ -50,7 +51,7 @@ impl OutboxStage {
                 self.context.clear();
                 let event = OutboxEvent::dead_letter(
                     &content,
-                    why(problem),
+                    why(problem.to_string()),
                     self.commit_lsn,
                     self.index,
                     self.commit_ts,
@@ -67,27 +68,29 @@ impl OutboxStage {
 const MAX_CONTEXT_BYTES: usize = 64 << 10;
 
 /// The headers of a context message's content, or why it is not one.
-pub(super) fn parse(content: &[u8], cloudevents: bool) -> Result<Vec<(String, String)>, String> {
+pub(super) fn parse(
+    content: &[u8],
+    cloudevents: bool,
+) -> Result<Vec<(String, String)>, HeaderProblem> {
     if content.len() > MAX_CONTEXT_BYTES {
-        return Err(format!(
-            "content is {} bytes, more than {MAX_CONTEXT_BYTES}: a context carries a few headers \
-             (traceparent, tracestate, baggage)",
-            content.len()
-        ));
+        return Err(HeaderProblem::ContentTooLarge {
+            bytes: content.len(),
+            max: MAX_CONTEXT_BYTES,
+        });
     }
     let value: serde_json::Value =
-        serde_json::from_slice(content).map_err(|e| format!("content is not JSON ({e})"))?;
+        serde_json::from_slice(content).map_err(HeaderProblem::ContentNotJson)?;
     let serde_json::Value::Object(map) = value else {
-        return Err("content is not a JSON object".into());
+        return Err(HeaderProblem::ContentNotObject);
     };
     let mut out = Vec::with_capacity(map.len());
     for (k, v) in map {
-        crate::header_name::check(&k, cloudevents)?;
+        crate::header_name::check(&k, cloudevents).map_err(HeaderProblem::Name)?;
         let serde_json::Value::String(v) = v else {
-            return Err(format!("the value of {k:?} is not a string"));
+            return Err(HeaderProblem::NotString(k));
         };
         if v.contains(['\r', '\n']) {
-            return Err(format!("the value of {k:?} contains a line break"));
+            return Err(HeaderProblem::LineBreak(k));
         }
         out.push((k, v));
     }
@@ -134,7 +137,7 @@ mod tests {
             (br#"{"a b": "x"}"#, "not a valid header name"),
             (br#"{"x": "a\nb"}"#, "line break"),
         ] {
-            let e = parse(bad, false).unwrap_err();
+            let e = parse(bad, false).unwrap_err().to_string();
             assert!(e.contains(why), "{bad:?}: {e}");
         }
     }
@@ -142,7 +145,7 @@ mod tests {
     #[test]
     fn a_context_over_64_kib_is_refused_before_it_is_parsed() {
         let big = format!(r#"{{"baggage": "{}"}}"#, "k".repeat(MAX_CONTEXT_BYTES));
-        let e = parse(big.as_bytes(), false).unwrap_err();
+        let e = parse(big.as_bytes(), false).unwrap_err().to_string();
         assert!(e.contains("more than 65536"), "{e}");
         let fits = format!(r#"{{"baggage": "{}"}}"#, "k".repeat(MAX_CONTEXT_BYTES - 20));
         assert!(parse(fits.as_bytes(), false).is_ok());

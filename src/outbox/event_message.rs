@@ -60,7 +60,7 @@ impl OutboxStage {
         );
         let mut problems = Vec::new();
         match parse_message(content) {
-            Err(e) => problems.push(e),
+            Err(e) => problems.push(e.to_string()),
             Ok(m) => self.fill(&mut event, m, content, &mut problems),
         }
         super::context::apply(&mut event.headers, &self.context);
@@ -154,14 +154,25 @@ fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawValu
     <&RawValue>::deserialize(d).map(Some)
 }
 
-fn parse_message(content: &[u8]) -> Result<MessageContent<'_>, String> {
+/// Why a logical message's content is no event.
+#[derive(Debug, thiserror::Error)]
+enum ContentProblem {
+    #[error("content is not a JSON object")]
+    WrongShape,
+    #[error("content is not JSON")]
+    NotJson,
+    #[error("content is not a valid event ({0})")]
+    NotEvent(serde_json::Error),
+}
+
+fn parse_message(content: &[u8]) -> Result<MessageContent<'_>, ContentProblem> {
     // serde_json would also read a struct from an array, by position; the contract is an object.
     if content.trim_ascii_start().first() != Some(&b'{') {
         return Err(if serde_json::from_slice::<&RawValue>(content).is_ok() {
-            "content is not a JSON object".into()
+            ContentProblem::WrongShape
         } else {
-            "content is not JSON".into()
+            ContentProblem::NotJson
         });
     }
-    serde_json::from_slice(content).map_err(|e| format!("content is not a valid event ({e})"))
+    serde_json::from_slice(content).map_err(ContentProblem::NotEvent)
 }

@@ -21,8 +21,9 @@ use crate::source::{
     SystemInfo, TimelineHistory,
 };
 
-use super::error::{RelayError, Restart, SessionEnd, from_source};
-use super::monitor::{AbortOnDrop, watch_nats};
+use super::error::{Restart, SessionEnd};
+use super::monitor::{Background, watch_nats};
+use super::policy::{self, from_source};
 
 /// What a session needs to reach its servers.
 pub trait Connector: Send + Sync {
@@ -55,6 +56,11 @@ pub trait Connector: Send + Sync {
     /// with. The default leaves none.
     fn session_ended(&mut self, walsender_pid: i32, confirmed: Lsn) -> BoxFuture<'_, ()> {
         let _ = (walsender_pid, confirmed);
+        Box::pin(async {})
+    }
+    /// The relay ends: stop and await what the connector runs in the background. The default runs
+    /// nothing.
+    fn close(&mut self) -> BoxFuture<'_, ()> {
         Box::pin(async {})
     }
 }
@@ -108,7 +114,8 @@ impl Start {
 pub(crate) struct Servers {
     settings: Arc<Settings>,
     metrics: Arc<Metrics>,
-    nats: Option<(async_nats::Client, AbortOnDrop<()>)>,
+    /// The NATS client sessions publish through, and the task that watches its connection.
+    nats: Option<(async_nats::Client, Background)>,
 }
 
 impl Servers {
@@ -128,10 +135,11 @@ impl Servers {
     }
 
     fn keep(&mut self, client: async_nats::Client) {
-        let watch = AbortOnDrop(tokio::spawn(watch_nats(
-            client.clone(),
-            Arc::clone(&self.metrics),
-        )));
+        let mut watch = Background::default();
+        watch.spawn(
+            "NATS watcher",
+            watch_nats(client.clone(), Arc::clone(&self.metrics)),
+        );
         self.nats = Some((client, watch));
     }
 }
@@ -154,12 +162,10 @@ pub async fn refuse_under_backfill(
     js: &dyn crate::nats::JetStreamPort,
 ) -> Result<(), SessionEnd> {
     match crate::backfill_marker::refusal_for_run(settings, js).await {
-        Some(problem) => Err(SessionEnd::Fatal(RelayError::Setup(
-            crate::setup::SetupError::Stream {
-                name: settings.config().nats.stream.clone(),
-                problem,
-            },
-        ))),
+        Some(problem) => Err(policy::backfill_unfinished(
+            &settings.config().nats.stream,
+            problem,
+        )),
         None => Ok(()),
     }
 }
@@ -170,14 +176,25 @@ impl Connector for Servers {
             if let Some((c, _)) = &self.nats {
                 return Ok(NatsPort::from(c.clone()));
             }
-            let c = connect_nats(&self.settings).await.map_err(Restart::from)?;
+            let c = connect_nats(&self.settings)
+                .await
+                .map_err(policy::from_connect)?;
             self.keep(c.clone());
             Ok(NatsPort::from(c))
         })
     }
 
     fn nats_failed(&mut self) {
+        // Aborted, not awaited: the next session connects anew meanwhile.
         self.nats = None;
+    }
+
+    fn close(&mut self) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            if let Some((_, watch)) = self.nats.take() {
+                watch.stop().await;
+            }
+        })
     }
 
     fn replication(
@@ -209,7 +226,7 @@ impl Connector for Servers {
                 // session can go on, trusting less.
                 Err(e @ (SourceError::Server { .. } | SourceError::Protocol(_))) => {
                     tracing::warn!(
-                        error = %super::error_chain(&e),
+                        error = %crate::error_chain::error_chain(&e),
                         timeline = system.timeline,
                         "TIMELINE_HISTORY failed: the stream's last message is trusted only if it is from \
                          this timeline, so after a promotion or recovery the replay publishes again what \
@@ -372,7 +389,7 @@ async fn check_slot(
         Ok(tail) => Stored::from_tail(&tail, slot, Some(origin)),
         Err(e) => Stored::Unknown(format!(
             "the stream's tail cannot be read: {}",
-            super::error_chain(&e)
+            crate::error_chain::error_chain(&e)
         )),
     };
     out.judged(slot_mark::check(settings, &pg, slot_at, &stored, reported).await);
@@ -384,27 +401,22 @@ const PARTITION_LOOKUP_TIMEOUT: std::time::Duration = std::time::Duration::from_
 
 /// START_REPLICATION failed. SQLSTATE 55000 (object_not_in_prerequisite_state) covers an invalidated
 /// slot and other prerequisites (e.g. `wal_level`); the slot's own row tells them apart, whatever
-/// language the server's messages are in.
+/// language the server's messages are in. What each means is [`policy::start_refused`]'s.
 async fn classify_start_error(settings: &Settings, e: SourceError) -> SessionEnd {
+    let slot = &settings.config().postgres.slot;
+    let mut invalidated = None;
     if e.sqlstate() == Some("55000") {
-        let slot = &settings.config().postgres.slot;
-        let invalidated = match catalog::connect(settings, "check").await {
+        invalidated = match catalog::connect(settings, "check").await {
             Ok(c) => catalog::slot(&c, slot)
                 .await
                 .ok()
                 .flatten()
-                .and_then(|s| s.invalidated()),
+                .and_then(|s| s.invalidated())
+                .map(|reason| crate::setup::lost_slot_message(settings, &reason)),
             Err(_) => None,
         };
-        if let Some(reason) = invalidated {
-            return SessionEnd::Fatal(RelayError::SlotInvalidated {
-                slot: slot.clone(),
-                message: crate::setup::lost_slot_message(settings, &reason),
-                source: e,
-            });
-        }
     }
-    from_source(e)
+    policy::start_refused(slot, e, invalidated)
 }
 
 #[cfg(test)]

@@ -1,13 +1,13 @@
 //! Why the relay stops or restarts, as types: [`RelayError`] ends `run` (a definite error: a bad
-//! setting, an invalidated slot, a frame that cannot be decoded), [`Restart`] ends one session and
-//! starts the next from the confirmed LSN (transient trouble with Postgres or NATS, or a slot that
-//! another relay holds).
+//! setting, an invalidated slot, a frame that cannot be decoded; or a defect, a bug),
+//! [`Restart`] ends one session and starts the next from the confirmed LSN (transient trouble with
+//! Postgres or NATS, or a slot that another relay holds). Which error becomes which is not decided
+//! here but in `policy.rs`, for every error type; these are the shapes it decides between.
 //!
 //! Each variant carries its source error (`#[source]`), so `main` prints the whole chain, and
 //! [`CauseKind`] gives metric labels and log fields without comparing strings. A restart says itself
 //! which tail it leaves untrusted ([`Restart::distrust`]), so the restart loop does not look into its
-//! variants. Which errors restart and which stop, and where each is decided: docs/architecture.md,
-//! "Errors: restart or stop".
+//! variants. The table of decisions: docs/architecture.md, "Errors: restart or stop".
 
 use crate::Lsn;
 use crate::config::ConfigError;
@@ -15,7 +15,6 @@ use crate::http::BindError;
 use crate::nats::ConnectError;
 use crate::outbox::StageError;
 use crate::pgoutput::DecodeError;
-use crate::progress::OutOfOrderAck;
 use crate::setup::SetupError;
 use crate::sink::{Distrust, SinkError, TailError};
 use crate::source::SourceError;
@@ -69,9 +68,23 @@ pub enum RelayError {
     /// even a minimal dead letter.
     #[error(transparent)]
     Sink(SinkError),
-    /// An ack arrived out of publish order, which would make the confirmed LSN unsafe.
-    #[error(transparent)]
-    Progress(#[from] OutOfOrderAck),
+    /// Something the relay's code rules out happened (an ack out of publish order, a window that
+    /// cannot be settled): a bug. The relay stops rather than go on from a state it cannot reason
+    /// about; nothing past the confirmed position is confirmed.
+    #[error(
+        "outbox-relay stopped on a bug of its own, not on a problem with the servers or the settings; nothing \
+         past the confirmed position was confirmed, and a restart resumes from there. Please report it with this \
+         line"
+    )]
+    Defect(#[source] Box<dyn std::error::Error + Send + Sync>),
+}
+
+impl RelayError {
+    /// Whether it is a defect: a bug of the relay's, which the simulation and the tests count as a
+    /// failure whatever else happened.
+    pub fn is_defect(&self) -> bool {
+        matches!(self, RelayError::Defect(_))
+    }
 }
 
 /// Transient trouble: the session ends and the next starts from the confirmed LSN.
@@ -133,12 +146,6 @@ impl Restart {
     }
 }
 
-impl<T: Into<NatsTrouble>> From<T> for Restart {
-    fn from(e: T) -> Self {
-        Restart::Nats(e.into())
-    }
-}
-
 /// How a session ended.
 #[derive(Debug)]
 pub enum SessionEnd {
@@ -159,26 +166,5 @@ impl From<Restart> for SessionEnd {
 impl From<RelayError> for SessionEnd {
     fn from(e: RelayError) -> Self {
         SessionEnd::Fatal(e)
-    }
-}
-
-/// A replication-source error: a standby wait, a retry, or the end.
-pub fn from_source(e: SourceError) -> SessionEnd {
-    if e.sqlstate() == Some("55006") {
-        SessionEnd::Restart(Restart::SlotHeld(e))
-    } else if e.is_transient() {
-        SessionEnd::Restart(Restart::Postgres(e))
-    } else {
-        SessionEnd::Fatal(RelayError::Source(e))
-    }
-}
-
-/// A sink error: definite ones (`on_invalid = "stop"`, a dead letter that cannot be stored) end the
-/// relay, the rest restart the session.
-pub(crate) fn from_sink(e: SinkError) -> SessionEnd {
-    if e.is_transient() {
-        SessionEnd::Restart(Restart::Nats(NatsTrouble::Sink(e)))
-    } else {
-        SessionEnd::Fatal(RelayError::Sink(e))
     }
 }

@@ -10,9 +10,11 @@
 //! Shutdown: stop reading, wait (bounded by the ack timeout) for the acks in flight, confirm, send the
 //! final status update, end the replication connection cleanly.
 
+mod backoff;
 mod connector;
 mod error;
 mod monitor;
+mod policy;
 mod session;
 mod shutdown;
 mod startup;
@@ -31,12 +33,14 @@ use crate::metrics::Metrics;
 pub use crate::slot_mark::{Consumed, SlotCheck};
 use crate::stored::Positions;
 pub use crate::stored::probe::{PositionProbe, Served, Waited};
+use backoff::{backoff, xorshift};
 use connector::Servers;
 pub use connector::{Connector, Start, refuse_under_backfill};
 use error::CauseKind;
-pub use error::{NatsTrouble, RelayError, Restart, SessionEnd, from_source};
-use monitor::{AbortOnDrop, sample_slot};
-use session::Session;
+pub use error::{NatsTrouble, RelayError, Restart, SessionEnd};
+use monitor::{Background, sample_slot};
+pub use policy::from_source;
+use session::{Session, Shared};
 use shutdown::Shutdown;
 use state::State;
 
@@ -44,11 +48,26 @@ use state::State;
 /// next failure is logged again and backs off from the start.
 const HEALTHY_SESSION: Duration = Duration::from_secs(30);
 
-/// Runs the relay until `shutdown` resolves (then exits cleanly) or a definite error.
+/// Runs the relay until `shutdown` resolves (then exits cleanly) or a definite error. Its
+/// background tasks are stopped and awaited (bounded) before it returns, either way.
 pub async fn run(
     settings: Settings,
     metrics: Arc<Metrics>,
     shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), RelayError> {
+    let mut background = Background::default();
+    let result = run_beside(settings, metrics, shutdown, &mut background).await;
+    background.stop().await;
+    result
+}
+
+/// [`run`], with its background tasks (the position service's waits, the HTTP listener, the slot
+/// sampler) in `background`.
+async fn run_beside(
+    settings: Settings,
+    metrics: Arc<Metrics>,
+    shutdown: impl Future<Output = ()> + Send,
+    background: &mut Background,
 ) -> Result<(), RelayError> {
     let acknowledged = &settings.config().warnings.acknowledged;
     for w in crate::warning::split_acknowledged(settings.warnings.clone(), acknowledged).0 {
@@ -66,25 +85,23 @@ pub async fn run(
         &settings.config().postgres.slot,
         &settings.config().nats.stream,
     );
-    let _waits = AbortOnDrop(tokio::spawn(waits.run()));
+    background.spawn("position waits", waits.run());
     // The listener first: probes should answer while setup waits for the servers.
-    let _http = match settings.config().http.listen.as_str() {
-        "" => None,
-        listen => {
-            let listener = crate::http::bind(listen).await?;
-            Some(AbortOnDrop(tokio::spawn(crate::http::serve(
-                listener,
-                Arc::clone(&metrics),
-                Arc::clone(&positions),
-            ))))
-        }
-    };
+    let listen = settings.config().http.listen.as_str();
+    if !listen.is_empty() {
+        let listener = crate::http::bind(listen).await?;
+        let serve = crate::http::serve(listener, Arc::clone(&metrics), Arc::clone(&positions));
+        background.spawn("HTTP listener", serve);
+    }
     // The slot sampler first too: its connection tells `status` a relay runs while it waits.
-    let _slot_sampler = AbortOnDrop(tokio::spawn(sample_slot(
-        settings.clone(),
-        Arc::clone(&metrics),
-        Arc::clone(&positions),
-    )));
+    background.spawn(
+        "slot sampler",
+        sample_slot(
+            settings.clone(),
+            Arc::clone(&metrics),
+            Arc::clone(&positions),
+        ),
+    );
     // Jitter from the clock's nanoseconds: enough to spread restarts of relays that failed together.
     let mut jitter = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -170,16 +187,20 @@ async fn sessions(
         jitter: jitter_seed | 1,
         stop,
     };
-    let main = relay.main_loop();
-    tokio::pin!(main);
-    tokio::select! {
-        r = &mut main => r,
-        _ = &mut shutdown => {
-            info!("shutdown requested: finishing in-flight publishes");
-            let _ = stop_tx.send(true);
-            main.await
+    let ended = {
+        let main = relay.main_loop();
+        tokio::pin!(main);
+        tokio::select! {
+            r = &mut main => r,
+            _ = &mut shutdown => {
+                info!("shutdown requested: finishing in-flight publishes");
+                let _ = stop_tx.send(true);
+                main.await
+            }
         }
-    }
+    };
+    relay.connector.close().await;
+    ended
 }
 
 /// The restart loop: what it hands each session, and its own backoff.
@@ -193,16 +214,6 @@ pub(crate) struct Relay {
     /// The backoff jitter's xorshift state.
     jitter: u64,
     stop: Shutdown,
-}
-
-/// What the relay hands every session to read: the same for all sessions of the process.
-pub(super) struct Shared {
-    settings: Arc<Settings>,
-    metrics: Arc<Metrics>,
-    /// The stored position, which the streaming session serves (read-your-writes).
-    positions: Arc<Positions>,
-    /// `[telemetry]`: the span exporter, one per process, handed to every session's sink.
-    telemetry: Option<crate::telemetry::Telemetry>,
 }
 
 /// The span exporter when `telemetry.otlp_endpoint` is set. One that cannot start (no thread) is
@@ -316,30 +327,6 @@ impl Relay {
     }
 }
 
-/// Advances a xorshift64 state (never 0) and returns it: the backoff's jitter.
-fn xorshift(state: &mut u64) -> u64 {
-    let mut x = *state;
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    *state = x;
-    x
-}
-
-/// Capped exponential backoff with jitter: 100 ms, 200 ms, … up to 30 s, each ±25 % (`random`
-/// picks where).
-fn backoff(failures: u32, random: u64) -> Duration {
-    let base = 100u64.saturating_mul(1u64 << failures.min(12).saturating_sub(1));
-    let capped = base.min(30_000);
-    let jitter = capped / 4;
-    let offset = if jitter == 0 {
-        0
-    } else {
-        random % (2 * jitter)
-    };
-    Duration::from_millis(capped - jitter + offset)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -356,16 +343,5 @@ mod tests {
             std::future::pending::<()>(),
         );
         assert_send(&f);
-    }
-
-    #[test]
-    fn backoff_grows_and_is_capped() {
-        for f in 1..40 {
-            let d = backoff(f, u64::from(f) * 7919);
-            assert!(d <= Duration::from_millis(30_000 + 7_500), "{f}: {d:?}");
-            assert!(d >= Duration::from_millis(75), "{f}: {d:?}");
-        }
-        assert!(backoff(1, 0) < Duration::from_millis(200));
-        assert!(backoff(20, u64::MAX) >= Duration::from_millis(22_500));
     }
 }

@@ -1,20 +1,62 @@
 //! Background monitors of a running relay: the NATS connection state and the slot's lag, retained WAL
 //! and `wal_status`, for `/metrics` and `/readyz`. They only read; the pipeline never waits for them.
+//!
+//! Every background task of the relay (these, the HTTP listener, the position service's wait task)
+//! runs in a [`Background`], which stops them when the relay ends and waits for them, bounded, so
+//! nothing of a relay runs after `run` returned: the slot sampler's connection, which tells
+//! `status` a relay runs, is closed by then, and the NATS watcher's client is let go.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
+
+use tokio::task::JoinHandle;
+use tracing::debug;
 
 use crate::catalog;
 use crate::config::Settings;
 use crate::metrics::Metrics;
 use crate::source::connect_control;
 
-/// Aborts a background task when dropped.
-pub(super) struct AbortOnDrop<T>(pub tokio::task::JoinHandle<T>);
+/// How long the background tasks together may take to end once stopped.
+const STOP_WAIT: Duration = Duration::from_secs(5);
 
-impl<T> Drop for AbortOnDrop<T> {
+/// Background tasks, stopped and awaited (bounded) by [`Background::stop`]; aborted when dropped
+/// without it (a `run` that ends on an early error, a task of a test that was aborted itself).
+#[derive(Default)]
+pub(super) struct Background(Vec<(&'static str, JoinHandle<()>)>);
+
+impl Background {
+    /// Runs `task`, named `name` for the log, until [`Background::stop`].
+    pub(super) fn spawn(
+        &mut self,
+        name: &'static str,
+        task: impl Future<Output = ()> + Send + 'static,
+    ) {
+        self.0.push((name, tokio::spawn(task)));
+    }
+
+    /// Stops every task and waits until each has ended, at most [`STOP_WAIT`] in all: a task that
+    /// does not end in time is left to the runtime (and logged).
+    pub(super) async fn stop(mut self) {
+        let tasks = std::mem::take(&mut self.0);
+        for (_, task) in &tasks {
+            task.abort();
+        }
+        let deadline = tokio::time::Instant::now() + STOP_WAIT;
+        for (name, task) in tasks {
+            if tokio::time::timeout_at(deadline, task).await.is_err() {
+                debug!(task = name, "background task did not end in time");
+            }
+        }
+    }
+}
+
+impl Drop for Background {
     fn drop(&mut self) {
-        self.0.abort();
+        for (_, task) in &self.0 {
+            task.abort();
+        }
     }
 }
 
@@ -68,5 +110,33 @@ pub(super) async fn sample_slot(
             }
         }
         tokio::time::sleep(Duration::from_secs(5)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Once `stop` returned, every task has ended and dropped what it held (an abort alone leaves
+    /// that to the runtime's next poll of the task).
+    #[tokio::test]
+    async fn stopped_tasks_have_ended_when_stop_returns() {
+        let held = Arc::new(());
+        let mut background = Background::default();
+        for name in ["a", "b"] {
+            let mine = Arc::clone(&held);
+            background.spawn(name, async move {
+                let _mine = mine;
+                std::future::pending::<()>().await;
+            });
+        }
+        tokio::task::yield_now().await;
+        assert_eq!(Arc::strong_count(&held), 3);
+        background.stop().await;
+        assert_eq!(
+            Arc::strong_count(&held),
+            1,
+            "both tasks dropped what they held"
+        );
     }
 }

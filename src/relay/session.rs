@@ -1,8 +1,9 @@
 //! One replication session: [`Session::start`] connects (NATS, then the replication connection),
 //! starts streaming from the confirmed LSN and lets the sink read the stream's tail;
 //! [`Session::run`] moves events from the walsender to the sink and acks back to the slot
-//! ([`Session::on_replication`], [`Session::on_ack`]) until shutdown or trouble, and
-//! [`Session::drain`] waits, bounded, for what is in flight before a clean stop.
+//! ([`Session::on_replication`], [`Session::on_acks`]) until shutdown or trouble, and
+//! [`Session::drain`] waits, bounded, for what is in flight before a clean stop, taking acks the
+//! same way.
 //!
 //! A session is crash-only: it never repairs itself. Any uncertainty ends it with a
 //! [`SessionEnd`], and the relay starts the next one from the confirmed LSN.
@@ -20,18 +21,30 @@ use tokio::time::Instant;
 
 use tracing::warn;
 
-use super::error::{RelayError, Restart, SessionEnd, from_sink, from_source};
+use super::connector::{Connector, Start};
+use super::error::{RelayError, SessionEnd};
+use super::policy::{self, from_sink, from_source};
 use super::shutdown::Shutdown;
 use super::state::State;
-use super::{Connector, Shared, Start};
 use crate::Lsn;
+use crate::config::Settings;
 use crate::metrics::Metrics;
 use crate::outbox::{OutboxStage, Step};
 use crate::pgoutput::Decoder;
 use crate::progress::Progress;
 use crate::sink::{Acked, Origin, Outcome, Sink, SinkConfig};
-use crate::source::{ReplicationEvent, ReplicationStream, SourceError};
+use crate::source::{ReplicationEvent, ReplicationStream, SourceError, SystemInfo};
 use crate::stored::{Positions, Serve};
+
+/// What the relay hands every session to read: the same for all sessions of the process.
+pub(super) struct Shared {
+    pub(super) settings: Arc<Settings>,
+    pub(super) metrics: Arc<Metrics>,
+    /// The stored position, which the streaming session serves (read-your-writes).
+    pub(super) positions: Arc<Positions>,
+    /// `[telemetry]`: the span exporter, one per process, handed to every session's sink.
+    pub(super) telemetry: Option<crate::telemetry::Telemetry>,
+}
 
 /// A running session: the replication stream, the sink and the pure stages between them.
 pub(super) struct Session {
@@ -69,31 +82,7 @@ impl Session {
             history: state.history.clone(),
         };
         let (stream, system) = connector.replication().await?;
-        let moved = start.moved(&system);
-        if moved {
-            warn!(
-                confirmed = %state.confirmed,
-                server_wal_end = %system.xlogpos,
-                system = %system.system_id,
-                timeline = system.timeline,
-                "the server is not where this relay left it (restored, or recovered to a point in time before what this relay confirmed): streaming from the slot's own position"
-            );
-        }
-        // What this process confirmed is kept for the logs, unless it belongs to another history.
-        if moved {
-            state.confirmed = Lsn::ZERO;
-        } else if let Some(before) = &start.history
-            && before.timeline != system.timeline
-        {
-            // A promotion: the new timeline holds everything confirmed on the old one.
-            tracing::info!(
-                confirmed = %state.confirmed,
-                timeline = system.timeline,
-                history = %system.history.to_string().trim_end().replace('\n', "; "),
-                "following a promoted server: timeline {} is this server's history up to its switch point",
-                before.timeline
-            );
-        }
+        where_the_server_is(state, &start, &system);
         // The slot is held: nobody else moves it now. Its position is where the position service
         // starts, and a client that consumed it since the last session is reported here, before
         // anything says this session streams.
@@ -118,7 +107,7 @@ impl Session {
             state.distrust.as_ref(),
         )
         .await
-        .map_err(Restart::from)?;
+        .map_err(policy::from_tail)?;
         let guard = crate::stored::service::Guard {
             dead_letter_subject: settings.config().nats.dead_letter_subject.clone(),
             inbox_prefix: settings.config().nats.inbox_prefix.clone(),
@@ -183,7 +172,9 @@ impl Session {
             }
         };
         if matches!(end, SessionEnd::Shutdown) {
-            self.drain(state, connector).await;
+            if let Some(defect) = self.drain(state, connector).await {
+                return SessionEnd::Fatal(defect);
+            }
         } else {
             self.sink.prove_held().await;
             if let Err(e) = self.take_acks(state) {
@@ -239,7 +230,7 @@ impl Session {
 
     /// One ack, in publish order: progress and metrics.
     fn on_ack(&mut self, state: &mut State, ack: Acked, now: i64) -> Result<(), RelayError> {
-        self.progress.ack(ack.seq)?;
+        self.progress.ack(ack.seq).map_err(policy::from_order)?;
         count(&self.metrics, &ack.outcome);
         if ack.commit_ts != 0 {
             let micros = now - ack.commit_ts;
@@ -287,14 +278,11 @@ impl Session {
         let msg = self
             .decoder
             .decode(data, wal_start)
-            .map_err(|source| RelayError::Decode {
-                confirmed: self.progress.confirmed(),
-                source,
-            })?;
-        let step = self.stage.step(msg).map_err(|source| RelayError::Stage {
-            lsn: wal_start,
-            source,
-        })?;
+            .map_err(|source| policy::from_decode(self.progress.confirmed(), source))?;
+        let step = self
+            .stage
+            .step(msg)
+            .map_err(|source| policy::from_stage(wal_start, source))?;
         match step {
             Step::Begin { .. } => self.progress.begin(),
             Step::Commit { end_lsn, .. } => {
@@ -335,42 +323,33 @@ impl Session {
     }
 
     /// Shutdown: wait, bounded by the ack timeout, for what is in flight, confirm it, and end the
-    /// replication connection cleanly.
-    async fn drain(mut self, state: &mut State, connector: &mut dyn Connector) {
-        let deadline = self.ack_timeout;
-        let progress = &mut self.progress;
-        let sink = &mut self.sink;
-        let metrics = &self.metrics;
+    /// replication connection cleanly. Acks are taken as while streaming ([`Session::on_acks`]).
+    /// Returns a defect met on the way, which outweighs the shutdown.
+    async fn drain(
+        mut self,
+        state: &mut State,
+        connector: &mut dyn Connector,
+    ) -> Option<RelayError> {
         // Events of a transaction whose Commit has not arrived sit in an uncommitted atomic batch:
         // they are never acknowledged, and the next start publishes them again. Events the replay
         // skipped are acknowledged only once it reaches the stream's tail.
-        let uncommitted = sink.uncommitted() as u64 + sink.unverified();
-        let drain = async {
-            loop {
-                if sink.settle().await.is_err() || sink.commit_due().await.is_err() {
-                    break;
-                }
-                while let Some(ack) = sink.acked() {
-                    if progress.ack(ack.seq).is_err() {
-                        return;
-                    }
-                    count(metrics, &ack.outcome);
-                }
-                if progress.in_flight() <= uncommitted {
-                    break;
-                }
-                sink.ready().await;
-            }
-        };
+        let uncommitted = self.sink.uncommitted() as u64 + self.sink.unverified();
         // Acks held for the proof that the stream shows the last new store are not confirmed
         // unless it ends in time: the proof's own request is bounded by the same timeout.
-        if tokio::time::timeout(deadline, drain).await.is_err() {
-            warn!(
-                in_flight = self.progress.in_flight(),
-                unproven = self.sink.held(),
-                "shutdown: acks still missing or not yet shown by the stream; they will be republished on the next start"
-            );
-        }
+        let drained = tokio::time::timeout(self.ack_timeout, self.drain_acks(state, uncommitted));
+        let defect = match drained.await {
+            Err(_) => {
+                warn!(
+                    in_flight = self.progress.in_flight(),
+                    unproven = self.sink.held(),
+                    "shutdown: acks still missing or not yet shown by the stream; they will be republished on the next start"
+                );
+                None
+            }
+            Ok(Err(SessionEnd::Fatal(e))) if e.is_defect() => Some(e),
+            // Trouble while draining ends the drain: the next start publishes what is left.
+            Ok(_) => None,
+        };
         tracing::debug!(
             proofs = self.sink.proofs(),
             "session drained: proofs that the stream shows the last new store"
@@ -382,6 +361,18 @@ impl Session {
             .session_ended(self.stream.backend_pid(), self.stream.confirmed())
             .await;
         let _ = self.stream.stop(Duration::from_secs(5)).await;
+        defect
+    }
+
+    /// Takes acks until what is in flight is only what cannot be acknowledged (`uncommitted`).
+    async fn drain_acks(&mut self, state: &mut State, uncommitted: u64) -> Result<(), SessionEnd> {
+        loop {
+            self.on_acks(state).await?;
+            if self.progress.in_flight() <= uncommitted {
+                return Ok(());
+            }
+            self.sink.ready().await;
+        }
     }
 
     /// Tells the slot what is safe to confirm now.
@@ -398,6 +389,33 @@ impl Session {
         // Stored is what the tracker says, not what the slot was told: waiters need not wait for
         // the next status update.
         self.positions.advance(c, self.sink.last_sequence());
+    }
+}
+
+/// Whether the server a session starts on is where this relay left it ([`Start::moved`]): one that
+/// moved (restored, or recovered to a point in time before what this relay confirmed) is logged,
+/// and what this process confirmed is forgotten, since it belongs to another history; a promoted
+/// one is logged, and what was confirmed kept (the new timeline holds it).
+fn where_the_server_is(state: &mut State, start: &Start, system: &SystemInfo) {
+    if start.moved(system) {
+        warn!(
+            confirmed = %state.confirmed,
+            server_wal_end = %system.xlogpos,
+            system = %system.system_id,
+            timeline = system.timeline,
+            "the server is not where this relay left it (restored, or recovered to a point in time before what this relay confirmed): streaming from the slot's own position"
+        );
+        state.confirmed = Lsn::ZERO;
+    } else if let Some(before) = &start.history
+        && before.timeline != system.timeline
+    {
+        tracing::info!(
+            confirmed = %state.confirmed,
+            timeline = system.timeline,
+            history = %system.history.to_string().trim_end().replace('\n', "; "),
+            "following a promoted server: timeline {} is this server's history up to its switch point",
+            before.timeline
+        );
     }
 }
 

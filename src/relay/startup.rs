@@ -2,12 +2,13 @@
 //! reached, so a relay started during a deploy or a reboot waits for its servers the way a running
 //! relay does, instead of exiting and using up its service manager's restart budget.
 //!
-//! Which failures are worth waiting for is the running relay's own judgement: a Postgres error is
-//! transient when [`SourceError::is_transient`] says so (a refused connection, a server starting
-//! up or shutting down, too many connections), definite otherwise (a wrong password, a missing
-//! database, TLS). For NATS, only "no server could be reached" is waited for; refused credentials,
-//! TLS and an unreadable creds file are settings to fix and end `run` at once. Every check setup
-//! makes on what it found (the table, the publication, the slot, the stream) is definite too.
+//! Which failures are worth waiting for is the relay's policy (`policy.rs`, [`policy::startup`]):
+//! a Postgres error is waited for when the running relay would restart on it (a refused
+//! connection, a server starting up or shutting down, too many connections), not otherwise (a
+//! wrong password, a missing database, TLS). For NATS, only "no server could be reached" is waited
+//! for; refused credentials, TLS and an unreadable creds file are settings to fix and end `run` at
+//! once. Every check setup makes on what it found (the table, the publication, the slot, the
+//! stream) is definite too.
 //!
 //! One log line per change of state (waiting for Postgres, for NATS, reachable again), not one per
 //! attempt; the attempts back off like the restart loop's (0.1 s doubling to 30 s, jittered).
@@ -19,12 +20,12 @@ use std::time::Duration;
 use tracing::{debug, info, warn};
 
 use crate::config::Settings;
-use crate::nats::{ConnectError, connect_nats};
+use crate::nats::connect_nats;
 use crate::setup::{self, SetupError, SetupReport};
-use crate::source::{ServerError, SourceError};
 
-use super::error::CauseKind;
-use super::{RelayError, backoff, xorshift};
+use super::backoff::{backoff, xorshift};
+use super::error::{CauseKind, RelayError};
+use super::policy::{self, Verdict};
 use crate::error_chain::error_chain;
 
 /// Setup, then the NATS client sessions start with, retried while [`transient`] says a server is
@@ -76,67 +77,18 @@ pub(super) async fn wait_for_servers(
     }
 }
 
-/// The server a start-up failure waits for, or `None` when it is definite.
-pub(super) fn transient(e: &SetupError) -> Option<CauseKind> {
-    let postgres = |yes: bool| yes.then_some(CauseKind::Postgres);
-    match e {
-        SetupError::Postgres { source, .. } => postgres(source.is_transient()),
-        SetupError::Nats(c) => nats_unreachable(c).then_some(CauseKind::Nats),
-        SetupError::Query(q) => postgres(query_transient(q)),
-        // A request JetStream did not answer in time: the connection went away during the checks.
-        // Without responders NATS runs without JetStream, which is a setting (`-js`).
-        SetupError::NoJetStream(g) => request_timed_out(g).then_some(CauseKind::Nats),
-        SetupError::Create { source, .. } => {
-            if let Some(q) = source.downcast_ref::<tokio_postgres::Error>() {
-                postgres(query_transient(q))
-            } else if let Some(s) = source.downcast_ref::<SourceError>() {
-                postgres(s.is_transient())
-            } else {
-                None
-            }
-        }
-        SetupError::Prerequisite(_)
-        | SetupError::Publication { .. }
-        | SetupError::Slot { .. }
-        | SetupError::Stream { .. }
-        | SetupError::Taken { .. } => None,
+/// The server a start-up failure waits for, or `None` when it is definite ([`policy::startup`]).
+fn transient(e: &SetupError) -> Option<CauseKind> {
+    match policy::startup(e) {
+        Verdict::Restart(kind) => Some(kind),
+        Verdict::Standby | Verdict::Stop | Verdict::Defect => None,
     }
-}
-
-/// Only an unreachable server: refused credentials, TLS and the creds file are settings.
-fn nats_unreachable(e: &ConnectError) -> bool {
-    matches!(e, ConnectError::Connect { .. })
-}
-
-/// A catalog query failed because the connection did (closed, I/O), or with a SQLSTATE the
-/// replication source calls transient (the same classes: 08, 40, 53, 57P0x, 58).
-fn query_transient(e: &tokio_postgres::Error) -> bool {
-    if e.is_closed() {
-        return true;
-    }
-    if let Some(db) = e.as_db_error() {
-        return ServerError {
-            severity: db.severity().to_owned(),
-            code: db.code().code().to_owned(),
-            message: String::new(),
-            detail: None,
-            hint: None,
-        }
-        .is_transient();
-    }
-    // No server error and not closed: the socket failed underneath.
-    std::error::Error::source(e).is_some_and(|s| s.downcast_ref::<std::io::Error>().is_some())
-}
-
-fn request_timed_out(e: &async_nats::jetstream::context::GetStreamError) -> bool {
-    std::error::Error::source(e)
-        .and_then(|s| s.downcast_ref::<async_nats::RequestError>())
-        .is_some_and(|r| r.kind() == async_nats::RequestErrorKind::TimedOut)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::source::{ServerError, SourceError};
 
     fn source_server(code: &str) -> SourceError {
         SourceError::Server {

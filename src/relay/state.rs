@@ -10,7 +10,8 @@ use crate::Lsn;
 use crate::metrics::Metrics;
 use crate::slot_mark::{Consumed, SlotCheck};
 
-use super::error::{CauseKind, Restart, SessionEnd};
+use super::error::{CauseKind, SessionEnd};
+use super::policy;
 
 /// What outlives a session.
 pub(super) struct State {
@@ -94,7 +95,7 @@ impl State {
             );
             self.consumed = Some(consumed.clone());
         }
-        Err(SessionEnd::Restart(Restart::SlotConsumed(text)))
+        Err(policy::slot_consumed(text))
     }
 
     /// A session stored a new event (or dead letter): the way to the stream works again.

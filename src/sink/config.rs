@@ -1,17 +1,17 @@
 //! The sink's settings ([`SinkConfig`]): its part of the validated configuration, and the two
 //! values it learns when a session starts (the history messages name, the stream's
-//! `max_msg_size`). `outbox.on_invalid` is applied here and nowhere else
-//! ([`SinkConfig::on_invalid`]), so dead letter or stop is one decision for every path.
+//! `max_msg_size`). `outbox.on_invalid` is read here and applied in one place, where an event's
+//! destination is decided (`destination.rs`). A leaf of the sink.
 
 use std::time::Duration;
 
-use tracing::warn;
-
-use super::{SinkError, batch};
 use crate::config::Settings;
-use crate::event::OutboxEvent;
 use crate::message;
 use crate::route::SubjectTemplate;
+
+/// nats-server's default limit of messages in one atomic batch: a longer transaction is split
+/// (`batch.rs`).
+pub(crate) const MAX_BATCH: usize = 1000;
 
 /// Settings the sink needs.
 #[derive(Clone, Debug)]
@@ -81,24 +81,10 @@ impl SinkConfig {
             atomic: n.atomic_transactions,
             atomic_group: (n.atomic_transactions && n.atomic_group_ms > 0)
                 .then(|| Duration::from_millis(n.atomic_group_ms)),
-            max_batch: batch::MAX_BATCH,
+            max_batch: MAX_BATCH,
             history: None,
             max_msg_size: None,
             telemetry: None,
         }
-    }
-
-    /// `outbox.on_invalid`, the one place it is applied: `Ok` means dead-letter the event (and it is
-    /// logged), `Err` means stop.
-    pub(crate) fn on_invalid(&self, event: &OutboxEvent, reason: &str) -> Result<(), SinkError> {
-        if self.stop_on_invalid {
-            return Err(SinkError::Invalid {
-                id: event.msg_id.clone(),
-                lsn: event.commit_lsn,
-                reason: reason.to_owned(),
-            });
-        }
-        warn!(id = %event.msg_id, lsn = %event.commit_lsn, %reason, "dead-lettering event");
-        Ok(())
     }
 }

@@ -1,16 +1,21 @@
-//! Why publishing cannot go on ([`SinkError`]), and what each failure means for the sessions after
-//! it: whether restarting can help ([`SinkError::is_transient`]) and whether the stream's tail is to
-//! be trusted again ([`SinkError::distrust`]). Kept apart from the sink's logic so that the relay,
-//! the backfill and `error.rs` can read the failures without the publisher's machinery.
+//! Why publishing cannot go on ([`SinkError`]), and what a failure means for the sessions after it
+//! that only the sink can say: whether the stream's tail is to be trusted again
+//! ([`SinkError::distrust`]). Whether it restarts the session, stops the relay or is a bug is the
+//! relay's policy (src/relay/policy.rs), decided there for every error type. Kept apart from the
+//! sink's logic so that the relay and the backfill can read the failures without the publisher's
+//! machinery.
+//!
+//! Failures of the NATS seam are [`NatsError`]s of a kind; what the sink finds wrong itself is a
+//! variant of its own: an answer that cannot be JetStream's ([`Forged`], [`SinkError::Forged`]), a
+//! proof that could not be read ([`SinkError::Unshown`]).
 
 use std::time::Duration;
 
-use async_nats::jetstream;
-
-use super::Distrust;
+use super::distrust::Distrust;
+use crate::nats::NatsError;
 use crate::position::Position;
 
-/// Why publishing cannot go on. Transient ones restart the session; [`SinkError::is_transient`].
+/// Why publishing cannot go on.
 #[derive(Debug, thiserror::Error)]
 pub enum SinkError {
     /// No ack arrived within `nats.ack_timeout_ms`; holds the timeout and the message id.
@@ -21,9 +26,35 @@ pub enum SinkError {
     Publish {
         /// The message's `Nats-Msg-Id`.
         id: String,
-        /// The client's error.
+        /// What the NATS seam said.
         #[source]
-        source: jetstream::context::PublishError,
+        source: NatsError,
+    },
+    /// An answer to a publish, or what the stream shows for it, cannot be JetStream's: planted on
+    /// the relay's inbox by another client.
+    #[error("JetStream publish of message {id} failed")]
+    Forged {
+        /// The message's `Nats-Msg-Id` (or, for a proof, `at position P`).
+        id: String,
+        /// What is wrong with the answer.
+        #[source]
+        source: Forged,
+    },
+    /// Reading the stream's message back, to prove the acks that named it, failed.
+    #[error(
+        "JetStream publish of message at position {position} failed: reading back stream {stream} sequence \
+         {sequence} to prove the ack that named it"
+    )]
+    Unshown {
+        /// The `Outbox-Position` of the message the ack named.
+        position: Position,
+        /// The stream.
+        stream: String,
+        /// The sequence the ack named.
+        sequence: u64,
+        /// Why it could not be read.
+        #[source]
+        source: NatsError,
     },
     #[error(
         "the stream's tail is not where the relay left it (message {id} expected last sequence {expected}): a message before it was lost or the stream changed; resynchronising"
@@ -34,18 +65,18 @@ pub enum SinkError {
         id: String,
         /// The `Nats-Expected-Last-Sequence` the message carried.
         expected: u64,
-        /// The client's error.
+        /// JetStream's refusal.
         #[source]
-        source: jetstream::context::PublishError,
+        source: NatsError,
     },
     /// Sending a member of an atomic batch on the connection failed.
     #[error("publish of message {id} (part of an atomic batch) failed")]
     CorePublish {
         /// The message's event id.
         id: String,
-        /// The client's error.
+        /// What the NATS seam said.
         #[source]
-        source: jetstream::context::PublishError,
+        source: NatsError,
     },
     /// JetStream refused an atomic batch for the size of a message in it (its `max_msg_size`,
     /// or headers too large), although the relay measured each against the limit the session
@@ -60,13 +91,11 @@ pub enum SinkError {
         /// JetStream's refusal.
         refusal: String,
     },
-    /// The window is full of messages that cannot be settled (a defect in the relay: the members
-    /// of an open atomic batch filled it).
+    /// The window holds nothing that can be settled where something must be (a defect in the
+    /// relay: the members of an open atomic batch filled it, or the message to settle is not the
+    /// oldest published one).
     #[error("the publish window is full of messages that wait for a batch commit not yet sent")]
     Stopped,
-    /// The atomic-batch path was asked for on a sink built without it (a defect in the relay).
-    #[error("atomic batch requested from a sink without nats.atomic_transactions")]
-    NotAtomic,
     /// A message was refused because the stream's last sequence had moved past the one it expected:
     /// something else stored a message in its place (another writer, or a publish of an earlier
     /// session arriving late), and a message behind it, whose expectation that matched, may be
@@ -198,14 +227,20 @@ impl SinkError {
         };
         Some(Distrust { why, at, look_past })
     }
+}
 
-    /// Whether restarting the pipeline can help.
-    pub(crate) fn is_transient(&self) -> bool {
-        !matches!(
-            self,
-            SinkError::Invalid { .. } | SinkError::DeadLetterRefused { .. }
-        )
-    }
+/// An answer that cannot be JetStream's ack for a publish to `stream`.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "an answer on the relay's inbox is not a JetStream ack for stream {stream}: {why}; another client may be \
+     publishing to the relay's inbox (allow only the relay to publish to its inbox, nats.inbox_prefix; see \
+     docs/operations.md, NATS permissions)"
+)]
+pub struct Forged {
+    /// The relay's stream.
+    pub(crate) stream: String,
+    /// What is wrong with it.
+    pub(crate) why: String,
 }
 
 #[cfg(test)]

@@ -11,128 +11,112 @@
 //!
 //! Each transaction stays all-or-nothing, because the group is: a waiting batch takes the next
 //! transaction's events only once that transaction ended. Until then they are kept back
-//! (`pending`, in the window already), and when they outgrow what the batch can still take, the
+//! ([`Waiting::keep`], in the window already), and when they outgrow what the batch can still take, the
 //! batch is committed and the transaction goes on in a batch of its own, split only if it is
 //! larger than one batch by itself (as without grouping). Order holds: one batch is committed at a
 //! time, each only after the one before it is stored, and its first message carries the fence's
 //! expectation. Resume and the position service see nothing new: every message carries its own
 //! event's `Outbox-Position`, and an event is acknowledged (and its transaction confirmed) only
 //! with its batch's commit.
+//!
+//! This file holds the waiting batch ([`Waiting`]) and the arithmetic of its bound and its fill,
+//! pure; when a transaction's end joins it or commits it is the batcher's (`batch.rs`).
 
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::batch::Held;
-use super::{Sink, SinkError};
+use super::window::Held;
 
 /// A batch that ended at a transaction's end and waits for the transactions after it.
 pub(super) struct Waiting {
     /// When its first transaction ended: it waits no longer than the bound after that.
     since: Instant,
     /// The events of the transaction after it, kept back until that one ends.
-    pub(super) pending: Vec<Held>,
+    kept: Vec<Held>,
 }
 
-impl Sink {
-    /// The transaction ended. Without grouping, its held event commits the batch; with it, the
-    /// batch waits (or takes the transaction that ended, when it was waiting already), and is
-    /// committed here only when it is due ([`Sink::group_due`]).
-    pub(crate) async fn commit(&mut self) -> Result<(), SinkError> {
-        let Some(b) = self.batch.as_mut() else {
-            return Ok(());
+/// What the waiting batch holds so far, the event held back included: messages and window bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Fill {
+    pub(super) messages: usize,
+    pub(super) bytes: usize,
+}
+
+impl Waiting {
+    /// A batch that starts waiting at `since`.
+    pub(super) fn new(since: Instant) -> Self {
+        Waiting {
+            since,
+            kept: Vec::new(),
+        }
+    }
+
+    /// An event of the transaction after it, kept back until that transaction ends.
+    pub(super) fn keep(&mut self, held: Held) {
+        self.kept.push(held);
+    }
+
+    /// The events kept back, taken.
+    pub(super) fn take_kept(&mut self) -> Vec<Held> {
+        std::mem::take(&mut self.kept)
+    }
+
+    /// The events kept back, when the batch is committed.
+    pub(super) fn into_kept(self) -> Vec<Held> {
+        self.kept
+    }
+
+    /// How many events are kept back.
+    pub(super) fn kept(&self) -> usize {
+        self.kept.len()
+    }
+
+    /// When it is due: `bound` after its first transaction ended.
+    pub(super) fn due(&self, bound: Duration) -> Instant {
+        self.since + bound
+    }
+
+    /// Whether the batch, holding `fill`, can still take `n` more events of `size` window bytes
+    /// after the ones kept back: within `room` messages (the batch limit) and `max_bytes` (the
+    /// window).
+    pub(super) fn fits(
+        &self,
+        fill: Fill,
+        n: usize,
+        size: usize,
+        room: usize,
+        max_bytes: usize,
+    ) -> bool {
+        let kept_bytes: usize = self.kept.iter().map(|h| h.size).sum();
+        fill.messages + self.kept.len() + n <= room && fill.bytes + kept_bytes + size <= max_bytes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_group_is_due_its_bound_after_it_began() {
+        let since = Instant::now();
+        let w = Waiting::new(since);
+        assert_eq!(
+            w.due(Duration::from_millis(3)),
+            since + Duration::from_millis(3)
+        );
+        assert_eq!(w.due(Duration::ZERO), since);
+    }
+
+    #[test]
+    fn a_group_takes_events_only_within_the_batch_limit_and_the_window() {
+        let w = Waiting::new(Instant::now());
+        let fill = Fill {
+            messages: 8,
+            bytes: 800,
         };
-        if self.config.atomic_group.is_none() {
-            return match b.held.take() {
-                Some(held) => self.send_held(held, true).await,
-                None => Ok(()),
-            };
-        }
-        match b.waiting.as_mut() {
-            Some(waiting) => {
-                // It fits: `submit_batched` commits the group before a transaction outgrows it.
-                let mut pending = std::mem::take(&mut waiting.pending);
-                let Some(last) = pending.pop() else {
-                    // A transaction without events.
-                    return self.commit_due().await;
-                };
-                let before = b.held.take();
-                for next in before.into_iter().chain(pending) {
-                    self.send_held(next, false).await?;
-                }
-                self.batcher()?.held = Some(last);
-            }
-            None if b.held.is_none() => return Ok(()),
-            None => {
-                b.waiting = Some(Waiting {
-                    since: Instant::now(),
-                    pending: Vec::new(),
-                });
-            }
-        }
-        self.commit_due().await
-    }
-
-    /// Commits the waiting batch if it is due.
-    pub(crate) async fn commit_due(&mut self) -> Result<(), SinkError> {
-        match self.group_due() {
-            Some(due) if Instant::now() >= due => self.close_group().await,
-            _ => Ok(()),
-        }
-    }
-
-    /// When the waiting batch is to be committed: once the batch before it is stored and the
-    /// bound after its first transaction's end passed. `None` while nothing waits, or while the
-    /// batch before it is in flight (its ack comes first, through [`Sink::ready`]).
-    pub(crate) fn group_due(&self) -> Option<Instant> {
-        let b = self.batch.as_ref()?;
-        let waiting = b.waiting.as_ref()?;
-        if b.in_flight > 0 {
-            return None;
-        }
-        Some(waiting.since + self.config.atomic_group.unwrap_or(Duration::ZERO))
-    }
-
-    /// Commits the waiting batch now (after the batch before it is stored), and starts the
-    /// transaction kept back after it in a batch of its own.
-    pub(super) async fn close_group(&mut self) -> Result<(), SinkError> {
-        let Some(waiting) = self.batcher()?.waiting.take() else {
-            return Ok(());
-        };
-        if let Some(held) = self.batcher()?.held.take() {
-            self.send_held(held, true).await?;
-        }
-        for next in waiting.pending {
-            if let Some(held) = self.batcher()?.held.take() {
-                self.send_before(held, next.size).await?;
-            }
-            self.batcher()?.held = Some(next);
-        }
-        Ok(())
-    }
-
-    /// Whether the waiting batch can still take `n` more events of `size` window bytes after the
-    /// ones kept back: within the batch limit and the window.
-    pub(super) fn group_fits(&self, n: usize, size: usize) -> bool {
-        let Some(b) = self.batch.as_ref() else {
-            return false;
-        };
-        let (sent, bytes) = self.open_size();
-        let held = b.held.as_ref().map_or(0, |h| h.size);
-        let (kept, kept_bytes) = b.waiting.as_ref().map_or((0, 0), |w| {
-            (w.pending.len(), w.pending.iter().map(|h| h.size).sum())
-        });
-        sent + usize::from(b.held.is_some()) + kept + n <= self.batch_room()
-            && bytes + held + kept_bytes + size <= self.config.max_in_flight_bytes
-    }
-
-    /// Messages handed to the sink whose batch is not committed yet and will not be unless their
-    /// transaction's Commit arrives: a waiting batch's are committed on shutdown, the ones kept
-    /// back after it are not.
-    pub(crate) fn uncommitted(&self) -> usize {
-        self.batch.as_ref().map_or(0, |b| match &b.waiting {
-            Some(waiting) => waiting.pending.len(),
-            None => self.open_size().0 + usize::from(b.held.is_some()),
-        })
+        assert!(w.fits(fill, 2, 200, 10, 1_000), "exactly both limits");
+        assert!(!w.fits(fill, 3, 10, 10, 1_000), "one message too many");
+        assert!(!w.fits(fill, 1, 201, 10, 1_000), "one byte too many");
     }
 }

@@ -7,15 +7,15 @@ use std::time::Duration;
 
 use futures_util::{FutureExt, StreamExt};
 
-use super::fence::{Stamp, Tail, TailError};
-use crate::nats::NatsPort;
+use super::tail::{Stamp, Tail, TailError};
+use crate::nats::{NatsError, NatsPort};
 
 /// The answers to a session's publishes, from its inbox subscription.
 pub(super) struct Answers(crate::nats::Answers);
 
 impl Answers {
     /// Subscribes to `subject` on `port` for answers.
-    pub(super) async fn subscribe(port: &NatsPort, subject: String) -> Result<Answers, String> {
+    pub(super) async fn subscribe(port: &NatsPort, subject: String) -> Result<Answers, NatsError> {
         port.subscribe(subject).await.map(Answers)
     }
 

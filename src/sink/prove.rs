@@ -11,7 +11,15 @@
 //! (one request per proof, not per ack). Acks that store nothing new (duplicates, events a replay
 //! found stored) are released at once unless an unproven new store is ahead of them: acks are
 //! taken in publish order, and progress confirms in that order anyway.
+//!
+//! [`Gate`] counts, pure and unit-tested below; [`ProofGate`] owns it with the proof in flight,
+//! its result until it is judged, and the highest sequence the stream has shown.
 
+use std::pin::Pin;
+
+use super::error::{Forged, SinkError};
+use super::publish::{Publisher, Showing, Shown};
+use crate::nats::NatsError;
 use crate::position::Position;
 
 /// The last newly stored message of a group of acks, to be shown by the stream.
@@ -46,6 +54,7 @@ pub(super) struct Gate {
 impl Gate {
     /// `count` more acks were settled; `new`: the sequence and position of the last newly stored
     /// message among them, if one was.
+    #[inline]
     pub(super) fn settled(&mut self, count: u64, new: Option<(u64, Position)>) {
         let first = self.pushed;
         self.pushed += count;
@@ -77,11 +86,13 @@ impl Gate {
     }
 
     /// Whether an ack may be handed on now.
+    #[inline]
     pub(super) fn may_take(&self) -> bool {
         self.taken < self.release
     }
 
     /// One ack was handed on.
+    #[inline]
     pub(super) fn took(&mut self) {
         debug_assert!(self.may_take());
         self.taken += 1;
@@ -121,36 +132,223 @@ impl Gate {
     }
 }
 
-/// What the stream shows at a target's sequence.
-#[derive(Debug)]
-pub(super) enum Shown {
-    /// The message's `Outbox-Position`, if it has one.
-    Message(Option<Position>),
-    /// No message there; the stream's last sequence now.
-    Gone { last: u64 },
+/// The gate with the proof it waits for; see the module docs.
+pub(super) struct ProofGate {
+    gate: Gate,
+    /// The proof in flight: reading the stream's message at the gate's target sequence.
+    proof: Option<Showing>,
+    /// Its result, once it came, until [`ProofGate::judge`] judges it.
+    shown: Option<Result<Shown, NatsError>>,
+    /// The highest stream sequence the stream showed: a proven new store, a duplicate checked
+    /// against the stream, or the tail's when fencing, before any ack.
+    last_sequence: u64,
+}
+
+impl ProofGate {
+    /// A gate with nothing settled, the stream shown up to `last_sequence`.
+    pub(super) fn new(last_sequence: u64) -> Self {
+        ProofGate {
+            gate: Gate::default(),
+            proof: None,
+            shown: None,
+            last_sequence,
+        }
+    }
+
+    /// `count` more acks were settled; `new`: the sequence and position of the last newly stored
+    /// message among them ([`Gate::settled`]).
+    #[inline]
+    pub(super) fn settled(&mut self, count: u64, new: Option<(u64, Position)>) {
+        self.gate.settled(count, new);
+    }
+
+    /// Whether an ack may be handed on now.
+    #[inline]
+    pub(super) fn may_take(&self) -> bool {
+        self.gate.may_take()
+    }
+
+    /// One ack was handed on.
+    #[inline]
+    pub(super) fn took(&mut self) {
+        self.gate.took();
+    }
+
+    /// Whether a proof's result waits to be judged.
+    #[inline]
+    pub(super) fn has_result(&self) -> bool {
+        self.shown.is_some()
+    }
+
+    /// The proof in flight, to wait on.
+    #[inline]
+    pub(super) fn in_flight(&mut self) -> Option<&mut Showing> {
+        self.proof.as_mut()
+    }
+
+    /// The proof in flight came back with `shown`.
+    #[inline]
+    pub(super) fn came(&mut self, shown: Result<Shown, NatsError>) {
+        self.proof = None;
+        self.shown = Some(shown);
+    }
+
+    /// Starts the proof of the last new store, when acks of new stores arrived since the last
+    /// proof and none is in flight; polled once at once (it sends the request, and a simulated
+    /// stream answers right away). True when its result is already here, to be judged.
+    pub(super) fn start(&mut self, publisher: &Publisher) -> bool {
+        if self.proof.is_some() || self.shown.is_some() {
+            return false;
+        }
+        let Some(target) = self.gate.start() else {
+            return false;
+        };
+        let mut f = publisher.show(target.sequence);
+        match futures_util::FutureExt::now_or_never(showing(&mut f)) {
+            Some(shown) => {
+                self.shown = Some(shown);
+                true
+            }
+            None => {
+                self.proof = Some(f);
+                false
+            }
+        }
+    }
+
+    /// Judges the proof's result, if it came (polling the one in flight once): the stream shows
+    /// the target, so every ack up to it may be taken; or it does not, and the session ends before
+    /// anything past the last proven message is confirmed.
+    pub(super) fn judge(&mut self, stream: &str) -> Result<(), SinkError> {
+        if self.shown.is_none()
+            && let Some(f) = self.proof.as_mut()
+            && let Some(shown) = futures_util::FutureExt::now_or_never(showing(f))
+        {
+            self.came(shown);
+        }
+        let Some(shown) = self.shown.take() else {
+            return Ok(());
+        };
+        let Some(target) = self.gate.target() else {
+            return Ok(());
+        };
+        let shown = shown.map_err(|source| SinkError::Unshown {
+            position: target.position,
+            stream: stream.to_owned(),
+            sequence: target.sequence,
+            source,
+        })?;
+        verdict(&target, &shown).map_err(|why| SinkError::Forged {
+            id: format!("at position {}", target.position),
+            source: Forged {
+                stream: stream.to_owned(),
+                why: why.to_string(),
+            },
+        })?;
+        self.gate.proven();
+        self.saw(target.sequence);
+        tracing::trace!(
+            sequence = target.sequence,
+            position = %target.position,
+            proofs = self.gate.proofs,
+            "the stream shows the last message stored"
+        );
+        Ok(())
+    }
+
+    /// The stream showed a message at `sequence` (a duplicate checked against it, or a proof).
+    #[inline]
+    pub(super) fn saw(&mut self, sequence: u64) {
+        self.last_sequence = self.last_sequence.max(sequence);
+    }
+
+    /// The highest stream sequence the stream showed so far.
+    #[inline]
+    pub(super) fn last_sequence(&self) -> u64 {
+        self.last_sequence
+    }
+
+    /// Proofs started in this session: one per group of acks of new stores.
+    pub(super) fn proofs(&self) -> u64 {
+        self.gate.proofs
+    }
+
+    /// Settled acks held until the stream shows the last new store among them.
+    pub(super) fn held(&self) -> u64 {
+        self.gate.held()
+    }
+}
+
+/// The proof in flight, to be polled (a mutex only for `Sync`, so never locked: see
+/// [`Showing`]).
+pub(super) fn showing(
+    f: &mut Showing,
+) -> Pin<&mut (dyn std::future::Future<Output = Result<Shown, NatsError>> + Send)> {
+    f.get_mut()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .as_mut()
+}
+
+/// Why what the stream shows does not prove an ack: the stream's own answer to it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(super) enum Mismatch {
+    /// Another of the relay's messages is at the sequence.
+    #[error(
+        "an ack says the message at position {want} is stored at sequence {sequence}, but the stream holds the \
+         message at position {found} there"
+    )]
+    Other {
+        /// The position the ack's message was sent with.
+        want: Position,
+        /// The sequence the ack named.
+        sequence: u64,
+        /// The position of the message the stream holds there.
+        found: Position,
+    },
+    /// A message the relay did not write is at the sequence.
+    #[error(
+        "an ack says the message at position {want} is stored at sequence {sequence}, but the stream holds a \
+         message the relay did not write there"
+    )]
+    Foreign {
+        /// The position the ack's message was sent with.
+        want: Position,
+        /// The sequence the ack named.
+        sequence: u64,
+    },
+    /// The sequence is past the stream's last.
+    #[error(
+        "an ack says the message at position {want} is stored at sequence {sequence}, beyond the stream's last \
+         sequence {last}"
+    )]
+    Beyond {
+        /// The position the ack's message was sent with.
+        want: Position,
+        /// The sequence the ack named.
+        sequence: u64,
+        /// The stream's last sequence.
+        last: u64,
+    },
 }
 
 /// Whether `shown` proves `target` stored: its message carries the target's position, or it is
-/// gone since (limits, purge) at a sequence the stream has reached. The reason otherwise.
-pub(super) fn verdict(target: &Target, shown: &Shown) -> Result<(), String> {
+/// gone since (limits, purge) at a sequence the stream has reached. Why not otherwise.
+pub(super) fn verdict(target: &Target, shown: &Shown) -> Result<(), Mismatch> {
+    let (want, sequence) = (target.position, target.sequence);
     match *shown {
-        Shown::Message(Some(p)) if p == target.position => Ok(()),
-        Shown::Message(Some(p)) => Err(format!(
-            "an ack says the message at position {} is stored at sequence {}, but the stream holds the message at \
-             position {p} there",
-            target.position, target.sequence
-        )),
-        Shown::Message(None) => Err(format!(
-            "an ack says the message at position {} is stored at sequence {}, but the stream holds a message the \
-             relay did not write there",
-            target.position, target.sequence
-        )),
-        Shown::Gone { last } if target.sequence <= last => Ok(()),
-        Shown::Gone { last } => Err(format!(
-            "an ack says the message at position {} is stored at sequence {}, beyond the stream's last sequence \
-             {last}",
-            target.position, target.sequence
-        )),
+        Shown::Message(Some(p)) if p == want => Ok(()),
+        Shown::Message(Some(found)) => Err(Mismatch::Other {
+            want,
+            sequence,
+            found,
+        }),
+        Shown::Message(None) => Err(Mismatch::Foreign { want, sequence }),
+        Shown::Gone { last } if sequence <= last => Ok(()),
+        Shown::Gone { last } => Err(Mismatch::Beyond {
+            want,
+            sequence,
+            last,
+        }),
     }
 }
 
@@ -158,6 +356,7 @@ pub(super) fn verdict(target: &Target, shown: &Shown) -> Result<(), String> {
 mod tests {
     use super::*;
     use crate::Lsn;
+    use crate::sink::publish::Shown;
 
     fn pos(lsn: u64, index: u32) -> Position {
         Position::in_transaction(Lsn(lsn), index)
@@ -251,13 +450,17 @@ mod tests {
             end: 0,
         };
         assert_eq!(verdict(&t, &Shown::Message(Some(pos(750, 2)))), Ok(()));
-        let other = verdict(&t, &Shown::Message(Some(pos(750, 1)))).unwrap_err();
+        let other = verdict(&t, &Shown::Message(Some(pos(750, 1))))
+            .unwrap_err()
+            .to_string();
         assert!(other.contains("holds the message at position"), "{other}");
         assert!(verdict(&t, &Shown::Message(None)).is_err());
         assert_eq!(verdict(&t, &Shown::Gone { last: 19 }), Ok(()));
         assert_eq!(verdict(&t, &Shown::Gone { last: 40 }), Ok(()));
         // Seed 286's planted ack: sequence 19, the stream's last is 18.
-        let beyond = verdict(&t, &Shown::Gone { last: 18 }).unwrap_err();
+        let beyond = verdict(&t, &Shown::Gone { last: 18 })
+            .unwrap_err()
+            .to_string();
         assert!(
             beyond.contains("beyond the stream's last sequence 18"),
             "{beyond}"

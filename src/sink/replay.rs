@@ -8,7 +8,7 @@ use crate::Lsn;
 use crate::position::{History, Position};
 use crate::source::Shared;
 
-use super::fence::{Origin, Stamp, Tail};
+use super::tail::{Origin, Stamp, Tail};
 
 /// What to do with one replayed event.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -283,7 +283,7 @@ impl Replay {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sink::fence::tests::{history, origin, pos, tail};
+    use crate::sink::tail::tests::{history, origin, pos, tail};
     use crate::source::TimelineHistory;
 
     /// A session on `timeline` of a server whose history file says `file`.

@@ -1,47 +1,86 @@
 //! The replay's proof: a fenced session skips the replayed events the stream's tail says are
-//! stored, and reports them stored only once the replay reaches the tail's own event and the
-//! stream's last messages, read back, are exactly those events, in order ([`Sink::prove_skipped`]).
-//! The skipped events are folded into a hash as they are skipped ([`skipped_hash`]) and the
-//! messages read back into the same hash ([`Proof`]), so the proof holds no list of either and its
-//! memory does not grow with the replay. [`Proof`] is pure and unit-tested here; the reading back
-//! goes through the publisher (`publish.rs`).
+//! stored ([`Skips`]), and reports them stored only once the replay reaches the tail's own event
+//! and the stream's last messages, read back, are exactly those events, in order
+//! ([`prove_skipped`]). The skipped events are folded into a hash as they are skipped
+//! ([`skipped_hash`]) and the messages read back into the same hash ([`Proof`]), so the proof holds
+//! no list of either and its memory does not grow with the replay. [`Skips`] and [`Proof`] are pure
+//! and unit-tested here; the reading back goes through the publisher (`publish.rs`).
 
 use tracing::warn;
 
-use super::{Fence, Pending, Replayed, Sink, SinkError, Stamp};
+use super::error::SinkError;
+use super::fence::Fence;
+use super::publish::Publisher;
+use super::replay::Replayed;
+use super::tail::Stamp;
 use crate::event::OutboxEvent;
 use crate::position::Position;
 
-impl Sink {
-    /// Asks the fence's replay about `event` (submitted as `seq`): true when it is stored already,
-    /// so it is not published. Skipped events are reported as stored only once the replay reaches
-    /// the tail's own event; they hold no place in the window meanwhile (a replay can be longer than
-    /// the window), only their count.
-    pub(super) async fn skip_replayed(
+/// The events a fenced replay skipped and not yet proven stored: where they start and their fold.
+/// Pure: the sink asks it about every replayed event ([`Skips::replayed`]) and does the reading
+/// back ([`prove_skipped`]) when it says so.
+#[derive(Debug)]
+pub(super) struct Skips {
+    /// The submit sequence of the first replayed event skipped and not yet proven stored.
+    from: Option<u64>,
+    /// A hash of the (position, id) of the events skipped so far, compared with the stream's
+    /// messages once the replay reaches the tail ([`prove_skipped`]).
+    hash: u64,
+}
+
+/// What to do with a replayed event ([`Skips::replayed`]).
+#[derive(Debug)]
+pub(super) enum Skip {
+    /// Not stored yet: publish it.
+    Publish,
+    /// Stored, if the replay reaches the tail's own event: not published, not yet reported.
+    Skipped,
+    /// The tail's own event: the `count` events from submit sequence `first` (this one included)
+    /// are stored once the stream's messages prove the fold `hash`.
+    Verified {
+        /// The first skipped event's submit sequence.
+        first: u64,
+        /// How many, this one included.
+        count: u64,
+        /// Their fold, with this one's.
+        hash: u64,
+    },
+}
+
+impl Default for Skips {
+    fn default() -> Self {
+        Skips {
+            from: None,
+            hash: SKIPPED_HASH_START,
+        }
+    }
+}
+
+impl Skips {
+    /// Asks the fence's replay about `event` (submitted as `seq`). Skipped events are reported as
+    /// stored only once the replay reaches the tail's own event; they hold no place in the window
+    /// meanwhile (a replay can be longer than the window), only their count. `Err` when the replay
+    /// passed the tail's position without its event ([`SinkError::Diverged`]).
+    pub(super) fn replayed(
         &mut self,
+        fence: &mut Fence,
         seq: u64,
         event: &OutboxEvent,
-    ) -> Result<bool, SinkError> {
-        let Some(fence) = self.fence.as_mut() else {
-            return Ok(false);
-        };
+    ) -> Result<Skip, SinkError> {
         match fence.replayed(event.position, &event.msg_id) {
-            Replayed::Publish => Ok(false),
+            Replayed::Publish => Ok(Skip::Publish),
             Replayed::Skip => {
-                self.skipped_from.get_or_insert(seq);
-                self.skipped_hash = skipped_hash(self.skipped_hash, event.position, &event.msg_id);
-                Ok(true)
+                self.from.get_or_insert(seq);
+                self.hash = skipped_hash(self.hash, event.position, &event.msg_id);
+                Ok(Skip::Skipped)
             }
             Replayed::Verified => {
-                let first = self.skipped_from.take().unwrap_or(seq);
-                let count = seq + 1 - first;
-                let hash = skipped_hash(self.skipped_hash, event.position, &event.msg_id);
-                let started = tokio::time::Instant::now();
-                self.prove_skipped(count, hash).await?;
-                tracing::debug!(events = count, position = %event.position, took_ms = started.elapsed().as_millis() as u64,
-                    "replay reached the stream's tail: skipped events are stored");
-                self.window.push_back(Pending::Stored { first, count });
-                Ok(true)
+                let first = self.from.take().unwrap_or(seq);
+                Ok(Skip::Verified {
+                    first,
+                    count: seq + 1 - first,
+                    hash: skipped_hash(self.hash, event.position, &event.msg_id),
+                })
             }
             Replayed::Diverged { tail, at } => Err(SinkError::Diverged {
                 sequence: fence.proof_end(),
@@ -51,66 +90,75 @@ impl Sink {
             }),
         }
     }
+}
 
-    /// The replay reached the stream's tail: proves that the stream's last `count` messages (those
-    /// that end at the message before a cut-off replay, when the replay verifies that one:
-    /// [`Replay::new`](super::Replay::new)) are exactly the events skipped (with the tail's own),
-    /// in order, by their positions and ids (`hash`). The tail alone cannot tell: a late publish
-    /// of an earlier session can have been stored behind another writer's message, past a gap. The
-    /// messages are read back in bulk, headers only (`src/nats/readback.rs`), one at a time into
-    /// the hash: no limit on `count`, and memory that does not grow with it. Where the bulk read cannot start (a user without the consumer
-    /// permission), they are read one request each, as slow as that is.
-    async fn prove_skipped(&mut self, count: u64, hash: u64) -> Result<(), SinkError> {
-        let sequence = self.fence.as_ref().map_or(0, Fence::proof_end);
-        let over = self.fence.as_ref().and_then(Fence::over);
-        let unproven = |reason: String| SinkError::Unproven {
-            sequence,
-            count,
-            reason,
-            over,
-        };
-        if count > sequence {
-            return Err(unproven("the stream holds fewer messages".into()));
-        }
-        let first = sequence + 1 - count;
-        let mut proof = Proof::new(first);
-        match self.publisher.read(first, sequence).await {
-            Ok(mut reader) => loop {
-                match reader.next().await {
-                    Ok(Some((seq, headers))) => proof.message(seq, &headers).map_err(unproven)?,
-                    Ok(None) => break,
+/// The replay reached the stream's tail: proves that the stream's last `count` messages (those
+/// that end at the message before a cut-off replay, when the replay verifies that one:
+/// [`Replay::new`](super::Replay::new)) are exactly the events skipped (with the tail's own),
+/// in order, by their positions and ids (`hash`). The tail alone cannot tell: a late publish
+/// of an earlier session can have been stored behind another writer's message, past a gap. The
+/// messages are read back in bulk, headers only (`src/nats/readback.rs`), one at a time into
+/// the hash: no limit on `count`, and memory that does not grow with it. Where the bulk read cannot start (a user without the consumer
+/// permission), they are read one request each, as slow as that is.
+pub(super) async fn prove_skipped(
+    publisher: &Publisher,
+    fence: &Fence,
+    stream: &str,
+    count: u64,
+    hash: u64,
+) -> Result<(), SinkError> {
+    let sequence = fence.proof_end();
+    let over = fence.over();
+    let unproven = |reason: String| SinkError::Unproven {
+        sequence,
+        count,
+        reason,
+        over,
+    };
+    let mismatch = |m: Mismatch| unproven(m.to_string());
+    if count > sequence {
+        return Err(unproven("the stream holds fewer messages".into()));
+    }
+    let first = sequence + 1 - count;
+    let mut proof = Proof::new(first);
+    match publisher.read(first, sequence).await {
+        Ok(mut reader) => loop {
+            match reader.next().await {
+                Ok(Some((seq, headers))) => proof.message(seq, &headers).map_err(mismatch)?,
+                Ok(None) => break,
+                Err(e) => {
+                    return Err(unproven(format!(
+                        "reading back message {} failed: {}",
+                        proof.next,
+                        crate::error_chain::error_chain(&e)
+                    )));
+                }
+            }
+        },
+        Err(e) => {
+            warn!(error = %crate::error_chain::error_chain(&e), %stream, first, last = sequence,
+                "cannot read the replay's messages back in bulk: reading them one request each \
+                 (allow the relay's user $JS.API.CONSUMER.CREATE.<stream>; see docs/operations.md, NATS permissions)");
+            for seq in first..=sequence {
+                match publisher.stored(seq).await {
+                    Ok(Some(h)) => proof.message(seq, &h).map_err(mismatch)?,
+                    Ok(None) => {}
                     Err(e) => {
                         return Err(unproven(format!(
-                            "reading back message {} failed: {e}",
-                            proof.next
+                            "reading back message {seq} failed: {}",
+                            crate::error_chain::error_chain(&e)
                         )));
-                    }
-                }
-            },
-            Err(e) => {
-                warn!(error = %e, stream = %self.config.stream, first, last = sequence,
-                    "cannot read the replay's messages back in bulk: reading them one request each \
-                     (allow the relay's user $JS.API.CONSUMER.CREATE.<stream>; see docs/operations.md, NATS permissions)");
-                for seq in first..=sequence {
-                    match self.publisher.stored(seq).await {
-                        Ok(Some(h)) => proof.message(seq, &h).map_err(unproven)?,
-                        Ok(None) => {}
-                        Err(e) => {
-                            return Err(unproven(format!(
-                                "reading back message {seq} failed: {e}"
-                            )));
-                        }
                     }
                 }
             }
         }
-        proof.end(sequence, hash).map_err(unproven)
     }
+    proof.end(sequence, hash).map_err(mismatch)
 }
 
 pub(super) const SKIPPED_HASH_START: u64 = 0xcbf2_9ce4_8422_2325;
 
-/// The stream's side of a replay's proof ([`Sink::prove_skipped`]): the messages read back, in
+/// The stream's side of a replay's proof ([`prove_skipped`]): the messages read back, in
 /// sequence order, folded into the hash the skipped events were folded into.
 struct Proof {
     /// The sequence the next message must have: one skipped means it is gone.
@@ -127,13 +175,13 @@ impl Proof {
     }
 
     /// The stored message `seq`, with `headers`.
-    fn message(&mut self, seq: u64, headers: &async_nats::HeaderMap) -> Result<(), String> {
+    fn message(&mut self, seq: u64, headers: &async_nats::HeaderMap) -> Result<(), Mismatch> {
         if seq != self.next {
-            return Err(format!("message {} is gone", self.next));
+            return Err(Mismatch::Gone(self.next));
         }
         let stamp = Stamp::from_headers(headers);
         let (Some(position), Some(id)) = (stamp.position, stamp.id) else {
-            return Err(format!("message {seq} was not written by the relay"));
+            return Err(Mismatch::Foreign(seq));
         };
         self.hash = skipped_hash(self.hash, position, &id);
         self.next += 1;
@@ -141,15 +189,29 @@ impl Proof {
     }
 
     /// Every message up to `last` was read: they are the events whose fold is `skipped`.
-    fn end(&self, last: u64, skipped: u64) -> Result<(), String> {
+    fn end(&self, last: u64, skipped: u64) -> Result<(), Mismatch> {
         if self.next <= last {
-            return Err(format!("message {} is gone", self.next));
+            return Err(Mismatch::Gone(self.next));
         }
         if self.hash != skipped {
-            return Err("another message, or one missing, among them".into());
+            return Err(Mismatch::Other);
         }
         Ok(())
     }
+}
+
+/// Why the stream's messages are not the events skipped.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum Mismatch {
+    /// A sequence in the range holds no message.
+    #[error("message {0} is gone")]
+    Gone(u64),
+    /// A message without the relay's `Outbox-Position` and id.
+    #[error("message {0} was not written by the relay")]
+    Foreign(u64),
+    /// The fold differs.
+    #[error("another message, or one missing, among them")]
+    Other,
 }
 
 /// Folds an event's position and id into `h` (FNV-1a), in order.
@@ -205,23 +267,14 @@ mod tests {
     #[test]
     fn a_message_gone_first_between_or_last_is_no_proof() {
         let mut p = Proof::new(5);
-        assert_eq!(
-            p.message(6, &headers(100, 0, "a")),
-            Err("message 5 is gone".into())
-        );
+        assert_eq!(p.message(6, &headers(100, 0, "a")), Err(Mismatch::Gone(5)));
         let mut p = Proof::new(5);
         p.message(5, &headers(100, 0, "a")).unwrap();
-        assert_eq!(
-            p.message(7, &headers(100, 1, "b")),
-            Err("message 6 is gone".into())
-        );
+        assert_eq!(p.message(7, &headers(100, 1, "b")), Err(Mismatch::Gone(6)));
         let mut p = Proof::new(5);
         p.message(5, &headers(100, 0, "a")).unwrap();
         p.message(6, &headers(100, 1, "b")).unwrap();
-        assert_eq!(
-            p.end(7, skipped(&EVENTS[..2])),
-            Err("message 7 is gone".into())
-        );
+        assert_eq!(p.end(7, skipped(&EVENTS[..2])), Err(Mismatch::Gone(7)));
     }
 
     #[test]
@@ -229,9 +282,7 @@ mod tests {
         let mut p = Proof::new(1);
         let mut h = async_nats::HeaderMap::new();
         h.insert(message::NATS_MSG_ID, "manual-1");
-        assert_eq!(
-            p.message(1, &h),
-            Err("message 1 was not written by the relay".into())
-        );
+        let e = p.message(1, &h).unwrap_err();
+        assert_eq!(e.to_string(), "message 1 was not written by the relay");
     }
 }

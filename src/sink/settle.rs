@@ -1,344 +1,503 @@
-//! Settling the oldest message of the window from its answer: check the ack, count a duplicate
-//! (the fence's expectations step back), republish what the stream refused (as a dead letter, down
-//! the shrink ladder) or refused behind a duplicate (with the expectation the stream now has), and
-//! report the outcome in order. The window's order is kept: what is sent again here is awaited
-//! here, before anything behind it is settled.
+//! Settling the oldest message of the window from its answer, as a pure decision ([`decide`]):
+//! stored (and how), a duplicate to check against the stream, a refusal for good (its dead letter
+//! goes in its place, down the shrink ladder), a refusal behind a duplicate (sent once more with
+//! the expectation the stream now has), an answer that cannot be JetStream's, or the end of the
+//! session. No I/O and no clock: the sink carries the decision out (`Flight::settle_front`), and
+//! every rule is unit-tested below without a publisher, for single messages and batch commits
+//! alike. The window's order is kept by the sink: what it sends again is awaited before anything
+//! behind it is settled.
 
-use async_nats::jetstream::{
-    self, ErrorCode,
-    context::{PublishError, PublishErrorKind},
-};
-use tracing::{debug, warn};
+use async_nats::jetstream::ErrorCode;
 
-use super::envelope::{Sent, routed_subject, send_dead_letter, stamped};
-use super::publish::{Ack, Forged};
-use super::window::{InFlight, Pending};
-use super::{Outcome, Sink, SinkError, batch};
-use crate::message::{self, Shrink};
+use super::destination::Sent;
+use super::error::SinkError;
+use super::fence::{Expect, Fence};
+use super::outcome::Outcome;
+use super::publish::{Answer, NotAcked};
+use super::window::{InFlight, stored_outcome};
+use crate::nats::{NatsError, NatsErrorKind};
+
+/// What to do with the oldest message, given its answer.
+#[derive(Debug)]
+pub(super) enum Decision {
+    /// Stored as a new message at `sequence`: report `outcome` (the proof gate holds it until the
+    /// stream shows it).
+    Stored {
+        /// The stream sequence the ack named.
+        sequence: u64,
+        /// How the message ended.
+        outcome: Outcome,
+    },
+    /// JetStream says it duplicates the message at `sequence`: report it a duplicate once the
+    /// stream shows that message is the same event (`Publisher::holds`).
+    Duplicate {
+        /// The sequence of the message it duplicates.
+        sequence: u64,
+    },
+    /// The stream refused it for good (`refusal`, JetStream's words): send its dead letter in its
+    /// place, one step further down the shrink ladder than it was.
+    DeadLetter {
+        /// JetStream's refusal.
+        refusal: String,
+    },
+    /// Refused behind a duplicate: send it once more, expecting what the stream is known to hold.
+    Resend {
+        /// The expectation to send it with.
+        expect: Expect,
+    },
+    /// The answer cannot be JetStream's: why.
+    Forged(String),
+    /// The session ends with this error.
+    Fail(SinkError),
+}
+
+/// Decides what the answer to `item`, the oldest message, means. `fence`: the session's fence, if
+/// the stream is fenced; `resent`: `item` was sent once more behind a duplicate already.
+pub(super) fn decide(
+    item: &InFlight,
+    answer: Answer,
+    fence: Option<&Fence>,
+    resent: bool,
+) -> Decision {
+    let e = match answer {
+        Ok(ack) if item.members.is_some() && ack.duplicate => {
+            // A batch cannot be a duplicate: its messages carry no Nats-Msg-Id, the only thing
+            // JetStream deduplicates by. An answer that says so is planted (or not JetStream's),
+            // and it would confirm a batch nobody stored.
+            return Decision::Forged(format!(
+                "it says the atomic batch committed by message {} is a duplicate of sequence {}, but a batch \
+                 carries no Nats-Msg-Id to be a duplicate by",
+                item.event.msg_id, ack.sequence
+            ));
+        }
+        Ok(ack) if ack.duplicate => {
+            return Decision::Duplicate {
+                sequence: ack.sequence,
+            };
+        }
+        Ok(ack) => return stored(item, ack.sequence),
+        Err(NotAcked::Forged(source)) => {
+            return Decision::Fail(SinkError::Forged {
+                id: item.event.msg_id.clone(),
+                source,
+            });
+        }
+        Err(NotAcked::Nats(e)) => e,
+    };
+    if item.members.is_some() {
+        return Decision::Fail(batch_refused(item, e));
+    }
+    refused(item, e, fence, resent)
+}
+
+/// A new store at `sequence`: on a fenced stream it must take exactly the sequence after the one
+/// it expected. Anything else is not JetStream's answer, and ends the session before it can
+/// confirm anything.
+fn stored(item: &InFlight, sequence: u64) -> Decision {
+    match item.expected {
+        Some(e) if sequence != e + 1 => Decision::Forged(format!(
+            "it stores message {} at sequence {sequence}, but the stream's last sequence had to be {e}",
+            item.event.msg_id
+        )),
+        _ => Decision::Stored {
+            sequence,
+            outcome: stored_outcome(&item.sent),
+        },
+    }
+}
+
+/// A single message the stream (or the seam) refused: its dead letter, a resend behind a
+/// duplicate, or the end of the session.
+fn refused(item: &InFlight, e: NatsError, fence: Option<&Fence>, resent: bool) -> Decision {
+    let id = || item.event.msg_id.clone();
+    if let Some(refusal) = refused_for_good(&e) {
+        if let Sent::DeadLetter { reason, shrink } = &item.sent
+            && shrink.smaller().is_none()
+        {
+            return Decision::Fail(SinkError::DeadLetterRefused {
+                id: id(),
+                lsn: item.event.commit_lsn,
+                reason: reason.clone(),
+                refusal,
+            });
+        }
+        return Decision::DeadLetter { refusal };
+    }
+    if let Some(last) = stored_past(&e, item.expected) {
+        return Decision::Fail(SinkError::StoredPastRefused {
+            id: id(),
+            expected: item.expected.unwrap_or(0),
+            last,
+        });
+    }
+    if !refused_by_the_fence(&e) {
+        return Decision::Fail(SinkError::Publish {
+            id: id(),
+            source: e,
+        });
+    }
+    // Refused behind a duplicate: either sent with an expectation that counted the duplicate
+    // (acknowledged after it was sent), or sent with the right one but arriving before the
+    // messages ahead of it were republished, or chained to the id of a message that turned out a
+    // duplicate (10070 with the right sequence: the stream's last message is then the one the acks
+    // named). Either way, send it once more behind what the stream is known to hold; a second
+    // refusal there means the stream really is not where the relay left it.
+    match (item.expected, fence, resent) {
+        (Some(_), Some(f), false) => Decision::Resend {
+            expect: f.behind_last_stored(),
+        },
+        _ => Decision::Fail(SinkError::FenceBroken {
+            id: id(),
+            expected: item.expected.unwrap_or(0),
+            source: e,
+        }),
+    }
+}
+
+/// A batch commit the stream (or the seam) refused: the session ends, and the batch's error says
+/// why.
+fn batch_refused(item: &InFlight, e: NatsError) -> SinkError {
+    let id = item.event.msg_id.clone();
+    if let Some(last) = stored_past(&e, item.expected) {
+        return SinkError::StoredPastRefused {
+            id,
+            expected: item.expected.unwrap_or(0),
+            last,
+        };
+    }
+    // Every message was measured against the stream's limit as the session read it, so the limit
+    // was lowered since: the next session reads it and dead-letters what is over, in its place
+    // (one restart).
+    if let Some(refusal) = refused_for_good(&e) {
+        return SinkError::BatchRefused { id, refusal };
+    }
+    // A batch's first message carries the fence's sequence, and the batch no id expectation.
+    if e.code() == Some(ErrorCode::STREAM_WRONG_LAST_SEQUENCE) {
+        return SinkError::FenceBroken {
+            id,
+            expected: item.expected.unwrap_or(0),
+            source: e,
+        };
+    }
+    SinkError::Publish { id, source: e }
+}
 
 /// JetStream error codes that mean "this message will never be stored as it is"
 /// (nats-server `errors.json`): the message exceeds `max_msg_size` (10054), its headers are too
-/// large (10097).
-fn refused_for_good(e: &PublishError) -> Option<String> {
-    if e.kind() != PublishErrorKind::Other {
-        return None;
-    }
-    let je = std::error::Error::source(e)?.downcast_ref::<jetstream::Error>()?;
-    match je.error_code() {
+/// large (10097). The refusal as JetStream put it.
+fn refused_for_good(e: &NatsError) -> Option<String> {
+    match e.code()? {
         ErrorCode::STREAM_MESSAGE_EXCEEDS_MAXIMUM | ErrorCode::STREAM_HEADER_EXCEEDS_MAXIMUM => {
-            Some(je.to_string())
+            Some(e.cause_text())
         }
         _ => None,
     }
 }
 
-/// For a refusal by the fence (10071), the stream's last sequence when it is past `expected` (it
-/// says "wrong last sequence: N"): something else took a sequence in the message's place. A
-/// refusal whose number cannot be read counts as past: only the stream being behind (a duplicate
-/// or a lost publish before the message) may be repaired by sending again.
-fn stored_past(e: &PublishError, expected: Option<u64>) -> Option<u64> {
-    if e.kind() != PublishErrorKind::WrongLastSequence {
+/// Whether the fence refused it: its expected last sequence (10071) or message id (10070) is not
+/// the stream's.
+fn refused_by_the_fence(e: &NatsError) -> bool {
+    matches!(
+        e.code(),
+        Some(ErrorCode::STREAM_WRONG_LAST_SEQUENCE | ErrorCode::STREAM_WRONG_LAST_MESSAGE_ID)
+    )
+}
+
+/// For a refusal by the fence (10071), the stream's last sequence when it is past `expected`:
+/// something else took a sequence in the message's place. A refusal that names no number counts as
+/// past: only the stream being behind (a duplicate or a lost publish before the message) may be
+/// repaired by sending again.
+fn stored_past(e: &NatsError, expected: Option<u64>) -> Option<u64> {
+    let NatsErrorKind::Refused {
+        code: ErrorCode::STREAM_WRONG_LAST_SEQUENCE,
+        last_sequence,
+    } = e.kind()
+    else {
         return None;
-    }
+    };
     let expected = expected?;
-    let text = std::error::Error::source(e)
-        .and_then(|s| s.downcast_ref::<jetstream::Error>())
-        .map(ToString::to_string)
-        .unwrap_or_default();
-    let last = text
-        .split(" (code")
-        .next()
-        .and_then(|d| d.rsplit(':').next())
-        .and_then(|n| n.trim().parse::<u64>().ok());
-    match last {
+    match last_sequence {
         Some(last) if last <= expected => None,
         Some(last) => Some(last),
         None => Some(u64::MAX),
     }
 }
 
-impl Sink {
-    /// Settles the oldest message, whose answer is `answer`, and reports it (with its batch).
-    pub(super) async fn settle_front(
-        &mut self,
-        answer: Result<Ack, PublishError>,
-    ) -> Result<(), SinkError> {
-        let Some(Pending::Sent(mut item)) = self.window.pop_front() else {
-            return Err(SinkError::Stopped);
-        };
-        self.deadline = None;
-        let outcome = if item.members.is_some() {
-            self.settle_batch(&item, answer).await?
-        } else {
-            self.settle_one(&mut item, answer).await?
-        };
-        self.report(item, outcome);
-        Ok(())
-    }
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Lsn;
+    use crate::message::Shrink;
+    use crate::position::Position;
+    use crate::sink::error::Forged;
+    use crate::sink::publish::Ack;
+    use crate::sink::replay::Replay;
+    use crate::sink::tail::tests::tail;
 
-    /// The ack of a batch's commit settles the whole batch.
-    async fn settle_batch(
-        &mut self,
-        item: &InFlight,
-        answer: Result<Ack, PublishError>,
-    ) -> Result<Outcome, SinkError> {
-        match answer {
-            // A batch cannot be a duplicate: its messages carry no Nats-Msg-Id, the only thing
-            // JetStream deduplicates by. An answer that says so is planted (or not JetStream's),
-            // and it would confirm a batch nobody stored.
-            Ok(ack) if ack.duplicate => Err(SinkError::Publish {
-                id: item.event.msg_id.clone(),
-                source: PublishError::with_source(
-                    PublishErrorKind::Other,
-                    Forged {
-                        stream: self.config.stream.clone(),
-                        why: format!(
-                            "it says the atomic batch committed by message {} is a duplicate of sequence {}, \
-                             but a batch carries no Nats-Msg-Id to be a duplicate by",
-                            item.event.msg_id, ack.sequence
-                        ),
-                    },
-                ),
+    fn item(expected: Option<u64>, sent: Sent, batch: bool) -> InFlight {
+        InFlight {
+            seq: 0,
+            ack: 0,
+            event: Box::new(crate::event::OutboxEvent {
+                id: Some("e-1".into()),
+                aggregate_type: Some("Claim".into()),
+                aggregate_id: Some("4711".into()),
+                event_type: Some("ClaimApproved".into()),
+                payload: bytes::Bytes::from_static(b"{}"),
+                headers: vec![],
+                commit_lsn: Lsn(0x100),
+                index: 0,
+                position: Position::in_transaction(Lsn(0x100), 0),
+                commit_ts: 0,
+                problem: None,
+                msg_id: "e-1".into(),
+                content_type: None,
+                data_schema: None,
+                schema_check: None,
             }),
-            Ok(ack) => {
-                self.check(item, ack).await?;
-                // Held until the stream shows the commit message at that sequence.
-                self.stored_new = Some((ack.sequence, item.event.position));
-                if let Some(f) = self.fence.as_mut() {
-                    f.stored(ack.sequence, None);
-                }
-                Ok(batch::outcome(&item.sent))
-            }
-            Err(e) if let Some(last) = stored_past(&e, item.expected) => {
-                Err(SinkError::StoredPastRefused {
-                    id: item.event.msg_id.clone(),
-                    expected: item.expected.unwrap_or(0),
-                    last,
-                })
-            }
-            // Every message was measured against the stream's limit as the session read it, so
-            // the limit was lowered since: the next session reads it and dead-letters what is
-            // over, in its place (one restart).
-            Err(e) if let Some(refusal) = refused_for_good(&e) => Err(SinkError::BatchRefused {
-                id: item.event.msg_id.clone(),
-                refusal,
-            }),
-            Err(e) if batch::fence_refused(&e) => Err(SinkError::FenceBroken {
-                id: item.event.msg_id.clone(),
-                expected: item.expected.unwrap_or(0),
-                source: e,
-            }),
-            Err(source) => Err(SinkError::Publish {
-                id: item.event.msg_id.clone(),
-                source,
-            }),
+            subject: String::new(),
+            sent,
+            expected,
+            expected_id: None,
+            size: 0,
+            members: batch.then(Vec::new),
+            span: None,
         }
     }
 
-    /// Decides the outcome of a single message from its answer, sending it again as long as that
-    /// can still store it.
-    async fn settle_one(
-        &mut self,
-        item: &mut InFlight,
-        mut answer: Result<Ack, PublishError>,
-    ) -> Result<Outcome, SinkError> {
-        let timeout = self.config.ack_timeout;
-        // Republished once behind the known tail already (see below).
-        let mut refenced = false;
-        loop {
-            let e = match answer {
-                Ok(ack) => {
-                    self.check(item, ack).await?;
-                    if ack.duplicate {
-                        // `check` read the stream for it already.
-                        self.last_sequence = self.last_sequence.max(ack.sequence);
-                        self.duplicate(item);
-                    } else {
-                        // Held until the stream shows it (or a later new store) at its sequence.
-                        self.stored_new = Some((ack.sequence, item.event.position));
-                        if let Some(f) = self.fence.as_mut() {
-                            // A dead letter carries the event's `Nats-Msg-Id` too.
-                            f.stored(ack.sequence, Some(&item.event.msg_id));
-                        }
-                    }
-                    // A dead letter JetStream drops by its id was stored before (an earlier
-                    // session's): a duplicate like any other, neither a new dead letter nor
-                    // progress that could reset the relay's backoff.
-                    return Ok(match &item.sent {
-                        _ if ack.duplicate => Outcome::Stored { duplicate: true },
-                        Sent::DeadLetter { reason, .. } => Outcome::DeadLetter {
-                            reason: reason.clone(),
-                        },
-                        Sent::Event => Outcome::Stored { duplicate: false },
-                    });
-                }
-                Err(e) => e,
-            };
-            let token = if let Some(refusal) = refused_for_good(&e) {
-                self.refused(item, refusal).await?
-            } else if let Some(last) = stored_past(&e, item.expected) {
-                return Err(SinkError::StoredPastRefused {
-                    id: item.event.msg_id.clone(),
-                    expected: item.expected.unwrap_or(0),
-                    last,
-                });
-            } else if matches!(
-                e.kind(),
-                PublishErrorKind::WrongLastSequence | PublishErrorKind::WrongLastMessageId
-            ) {
-                // Refused behind a duplicate: either sent with an expectation that counted the
-                // duplicate (acknowledged after it was sent), or sent with the right one but
-                // arriving before the messages ahead of it were republished, or chained to the id
-                // of a message that turned out a duplicate (10070 with the right sequence: the
-                // stream's last message is then the one the acks named). Either way, send it
-                // once more behind what the stream is known to hold; a second refusal there means
-                // the stream really is not where the relay left it.
-                match (item.expected, self.fence.as_ref(), refenced) {
-                    (Some(_), Some(f), false) => {
-                        let behind = f.behind_last_stored();
-                        debug!(id = %item.event.msg_id, expected = ?item.expected, last = behind.seq, last_id = ?behind.id, "republishing behind a duplicate");
-                        item.expected = Some(behind.seq);
-                        item.expected_id = behind.id;
-                        refenced = true;
-                        self.resend(item).await?
-                    }
-                    _ => {
-                        return Err(SinkError::FenceBroken {
-                            id: item.event.msg_id.clone(),
-                            expected: item.expected.unwrap_or(0),
-                            source: e,
-                        });
-                    }
-                }
-            } else {
-                return Err(SinkError::Publish {
-                    id: item.event.msg_id.clone(),
-                    source: e,
-                });
-            };
-            answer = match self.publisher.wait(token, timeout).await {
-                Some(a) => a,
-                None => return Err(SinkError::AckTimeout(timeout, item.event.msg_id.clone())),
-            };
+    fn ack(sequence: u64, duplicate: bool) -> Answer {
+        Ok(Ack {
+            sequence,
+            duplicate,
+        })
+    }
+
+    fn refusal(code: u64, last_sequence: Option<u64>, text: &str) -> Answer {
+        Err(NotAcked::Nats(NatsError::new(
+            NatsErrorKind::Refused {
+                code: ErrorCode(code),
+                last_sequence,
+            },
+            text.to_owned(),
+        )))
+    }
+
+    fn dead_letter(shrink: Shrink) -> Sent {
+        Sent::DeadLetter {
+            reason: "bad token".into(),
+            shrink,
         }
     }
 
-    /// Checks an ack beyond its form (see `publish.rs`): on a fenced stream a new message takes
-    /// exactly the sequence after the one it expected; a duplicate names a stored message with the
-    /// same id. Anything else is not JetStream's answer, and ends the session before it can
-    /// confirm anything.
-    async fn check(&self, item: &InFlight, ack: Ack) -> Result<(), SinkError> {
-        let forged = |why: String| SinkError::Publish {
-            id: item.event.msg_id.clone(),
-            source: PublishError::with_source(
-                PublishErrorKind::Other,
-                Forged {
-                    stream: self.config.stream.clone(),
-                    why,
-                },
-            ),
-        };
-        if ack.duplicate {
-            return self
-                .publisher
-                .holds(ack.sequence, &item.event.msg_id, self.last_sequence)
-                .await
-                .map_err(forged);
-        }
-        match item.expected {
-            Some(e) if ack.sequence != e + 1 => Err(forged(format!(
-                "it stores message {} at sequence {}, but the stream's last sequence had to be {e}",
-                item.event.msg_id, ack.sequence
-            ))),
-            _ => Ok(()),
-        }
+    /// A fence over a stream whose last sequence is 9, which stored "e-0" at 9 in this session.
+    fn fence() -> Fence {
+        let mut f = Fence::new(&tail(200, 1, "b"), Replay::publishing());
+        f.stored(9, Some("e-0"));
+        f
     }
 
-    /// JetStream dropped the message as a duplicate of one it holds. On a fenced stream that costs
-    /// no sequence: later expectations step back by one.
-    fn duplicate(&mut self, item: &InFlight) {
-        match (self.fence.as_mut(), item.expected) {
-            (Some(f), Some(_)) => {
-                f.duplicate();
-                warn!(id = %item.event.msg_id, lsn = %item.event.commit_lsn, "event id already used by an earlier event: JetStream dropped it as a duplicate");
-            }
-            _ => debug!(id = %item.event.msg_id, "duplicate dropped by JetStream"),
-        }
-    }
-
-    /// The stream refused `item` for good: dead-letter it, or a smaller dead letter than before.
-    async fn refused(&mut self, item: &mut InFlight, refusal: String) -> Result<u64, SinkError> {
-        let (reason, from) = match &item.sent {
-            Sent::Event => {
-                let reason = format!("the stream refused the message: {refusal}");
-                self.config.on_invalid(&item.event, &reason)?;
-                // The hot path keeps no copy of a routed event's subject: render it again.
-                item.subject = routed_subject(
-                    &self.config,
-                    &item.event,
-                    &item.sent,
-                    std::mem::take(&mut item.subject),
-                );
-                (reason, Shrink::Keep)
-            }
-            Sent::DeadLetter { reason, shrink } => {
-                if shrink.smaller().is_none() {
-                    return Err(SinkError::DeadLetterRefused {
-                        id: item.event.msg_id.clone(),
-                        lsn: item.event.commit_lsn,
-                        reason: reason.clone(),
-                        refusal,
-                    });
-                }
-                (reason.clone(), *shrink)
-            }
-        };
-        let (ack, shrink) = send_dead_letter(
-            &mut self.publisher,
-            &self.config,
-            &item.event,
-            (!item.subject.is_empty()).then_some(item.subject.as_str()),
-            &reason,
-            (item.expected, item.expected_id.as_deref()),
-            from,
-        )
-        .await?;
-        item.sent = Sent::DeadLetter { reason, shrink };
-        Ok(ack)
-    }
-
-    /// Sends `item` again as it was last sent (event or dead letter), with its current expectation.
-    async fn resend(&mut self, item: &InFlight) -> Result<u64, SinkError> {
-        let out = match &item.sent {
-            Sent::Event => message::build_as(
-                &item.event,
-                &self.config.template,
-                &self.config.dead_letter_subject,
-                self.config.cloudevents.as_ref(),
-                message::IdHeader::MsgId,
-                self.config.descriptive,
-            ),
-            Sent::DeadLetter { reason, shrink } => message::dead_letter(
-                &item.event,
-                &self.config.dead_letter_subject,
-                reason,
-                (!item.subject.is_empty()).then_some(item.subject.as_str()),
-                *shrink,
-            ),
-        };
-        let (target, headers, payload) = stamped(
-            out,
-            &item.event,
-            item.expected,
-            item.expected_id.as_deref(),
-            self.config.history.as_deref(),
+    #[test]
+    fn an_ack_at_the_expected_sequence_is_a_new_store_of_what_was_sent() {
+        let d = decide(
+            &item(Some(9), Sent::Event, false),
+            ack(10, false),
+            None,
+            false,
         );
-        self.publisher
-            .send(target, headers, payload)
-            .await
-            .map_err(|source| SinkError::Publish {
-                id: item.event.msg_id.clone(),
-                source,
-            })
+        assert!(matches!(
+            d,
+            Decision::Stored {
+                sequence: 10,
+                outcome: Outcome::Stored { duplicate: false }
+            }
+        ));
+        let d = decide(
+            &item(None, dead_letter(Shrink::Keep), false),
+            ack(3, false),
+            None,
+            false,
+        );
+        assert!(
+            matches!(d, Decision::Stored { outcome: Outcome::DeadLetter { reason }, .. } if reason == "bad token")
+        );
+    }
+
+    #[test]
+    fn an_ack_at_another_sequence_than_expected_is_forged() {
+        let d = decide(
+            &item(Some(9), Sent::Event, false),
+            ack(12, false),
+            None,
+            false,
+        );
+        assert!(
+            matches!(&d, Decision::Forged(why) if why.contains("at sequence 12, but the stream's last sequence had to be 9")),
+            "{d:?}"
+        );
+        // A batch commit too.
+        let d = decide(
+            &item(Some(9), Sent::Event, true),
+            ack(12, false),
+            None,
+            false,
+        );
+        assert!(matches!(d, Decision::Forged(_)), "{d:?}");
+    }
+
+    #[test]
+    fn a_duplicate_is_checked_but_a_batch_is_never_one() {
+        let d = decide(
+            &item(Some(9), Sent::Event, false),
+            ack(4, true),
+            None,
+            false,
+        );
+        assert!(matches!(d, Decision::Duplicate { sequence: 4 }), "{d:?}");
+        let d = decide(&item(Some(9), Sent::Event, true), ack(4, true), None, false);
+        assert!(
+            matches!(&d, Decision::Forged(why) if why.contains("a batch carries no Nats-Msg-Id")),
+            "{d:?}"
+        );
+    }
+
+    #[test]
+    fn a_message_too_large_for_the_stream_goes_down_the_dead_letter_ladder() {
+        let too_large = || refusal(10054, None, "message size exceeds maximum allowed");
+        let d = decide(&item(Some(9), Sent::Event, false), too_large(), None, false);
+        assert!(
+            matches!(&d, Decision::DeadLetter { refusal } if refusal == "message size exceeds maximum allowed"),
+            "{d:?}"
+        );
+        let d = decide(
+            &item(Some(9), dead_letter(Shrink::DropPayload), false),
+            refusal(10097, None, "headers too large"),
+            None,
+            false,
+        );
+        assert!(matches!(d, Decision::DeadLetter { .. }), "{d:?}");
+        // The minimal dead letter refused: nothing smaller is left.
+        let d = decide(
+            &item(Some(9), dead_letter(Shrink::Minimal), false),
+            too_large(),
+            None,
+            false,
+        );
+        assert!(
+            matches!(d, Decision::Fail(SinkError::DeadLetterRefused { .. })),
+            "{d:?}"
+        );
+        // A batch measured its members: a refusal for size means the limit changed.
+        let d = decide(&item(Some(9), Sent::Event, true), too_large(), None, false);
+        assert!(
+            matches!(d, Decision::Fail(SinkError::BatchRefused { .. })),
+            "{d:?}"
+        );
+    }
+
+    #[test]
+    fn a_refusal_past_the_expected_sequence_ends_the_session_with_the_last_sequence() {
+        for batch in [false, true] {
+            let d = decide(
+                &item(Some(9), Sent::Event, batch),
+                refusal(10071, Some(11), "wrong last sequence: 11"),
+                Some(&fence()),
+                false,
+            );
+            assert!(
+                matches!(
+                    d,
+                    Decision::Fail(SinkError::StoredPastRefused {
+                        expected: 9,
+                        last: 11,
+                        ..
+                    })
+                ),
+                "{d:?}"
+            );
+        }
+        // No number named: counted as past.
+        let d = decide(
+            &item(Some(9), Sent::Event, false),
+            refusal(10071, None, "wrong last sequence"),
+            Some(&fence()),
+            false,
+        );
+        assert!(
+            matches!(
+                d,
+                Decision::Fail(SinkError::StoredPastRefused { last: u64::MAX, .. })
+            ),
+            "{d:?}"
+        );
+    }
+
+    #[test]
+    fn a_refusal_behind_a_duplicate_is_sent_once_more_behind_what_is_stored() {
+        for code in [10071, 10070] {
+            let d = decide(
+                &item(Some(9), Sent::Event, false),
+                refusal(code, Some(8), "wrong last"),
+                Some(&fence()),
+                false,
+            );
+            assert!(
+                matches!(&d, Decision::Resend { expect } if expect.seq == 9 && expect.id.as_deref() == Some("e-0")),
+                "{code}: {d:?}"
+            );
+            // Refused there too: the stream is not where the relay left it.
+            let d = decide(
+                &item(Some(9), Sent::Event, false),
+                refusal(code, Some(8), "wrong last"),
+                Some(&fence()),
+                true,
+            );
+            assert!(
+                matches!(d, Decision::Fail(SinkError::FenceBroken { .. })),
+                "{d:?}"
+            );
+        }
+        // A batch is never sent again: the fence is broken.
+        let d = decide(
+            &item(Some(9), Sent::Event, true),
+            refusal(10071, Some(8), "wrong last sequence: 8"),
+            Some(&fence()),
+            false,
+        );
+        assert!(
+            matches!(d, Decision::Fail(SinkError::FenceBroken { .. })),
+            "{d:?}"
+        );
+    }
+
+    #[test]
+    fn anything_else_ends_the_session_as_it_is() {
+        let closed = || Err(NotAcked::Nats(NatsError::of(NatsErrorKind::Closed)));
+        for batch in [false, true] {
+            let d = decide(&item(Some(9), Sent::Event, batch), closed(), None, false);
+            assert!(
+                matches!(&d, Decision::Fail(SinkError::Publish { source, .. }) if source.kind() == NatsErrorKind::Closed),
+                "{d:?}"
+            );
+            let forged = Err(NotAcked::Forged(Forged {
+                stream: "OUTBOX".into(),
+                why: "it names no stream".into(),
+            }));
+            let d = decide(&item(Some(9), Sent::Event, batch), forged, None, false);
+            assert!(
+                matches!(d, Decision::Fail(SinkError::Forged { .. })),
+                "{d:?}"
+            );
+        }
+        // Without the fence a 10071 cannot come; if it does, nothing repairs it.
+        let d = decide(
+            &item(None, Sent::Event, false),
+            refusal(10071, Some(8), "wrong last sequence: 8"),
+            None,
+            false,
+        );
+        assert!(
+            matches!(d, Decision::Fail(SinkError::FenceBroken { .. })),
+            "{d:?}"
+        );
     }
 }

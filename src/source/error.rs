@@ -1,9 +1,10 @@
-//! Errors of the replication source, split the way the relay reacts to them.
-//!
-//! *Transient* errors (a dropped connection, a server restart, a slot still held by a dying walsender)
-//! make the relay reconnect and restart from its last confirmed LSN. *Definite* errors (bad password,
-//! missing slot or publication, `wal_level` not logical, an invalidated slot, a frame we cannot decode)
-//! will not go away by retrying: the relay stops with the message, which names what to fix.
+//! Errors of the replication source: what went wrong, with the server's own SQLSTATE where it sent
+//! one. What the relay does about each is decided in one place for every error type, the relay's
+//! policy (src/relay/policy.rs): *transient* errors (a dropped connection, a server restart, a slot
+//! still held by a dying walsender) make the relay reconnect and restart from its last confirmed
+//! LSN; *definite* errors (bad password, missing slot or publication, `wal_level` not logical, an
+//! invalidated slot, a frame we cannot decode) will not go away by retrying: the relay stops with
+//! the message, which names what to fix.
 
 use super::auth_error::AuthError;
 use crate::Lsn;
@@ -33,23 +34,6 @@ impl std::fmt::Display for ServerError {
             write!(f, " hint: {h}")?;
         }
         Ok(())
-    }
-}
-
-impl ServerError {
-    /// Whether retrying can help. SQLSTATE classes from
-    /// <https://www.postgresql.org/docs/current/errcodes-appendix.html>.
-    pub(crate) fn is_transient(&self) -> bool {
-        let class = self.code.get(..2).unwrap_or("");
-        match self.code.as_str() {
-            // object_in_use: "replication slot … is active for PID …" (an old walsender lingers).
-            "55006" => true,
-            // cannot_connect_now (starting up / shutting down), admin/crash shutdown.
-            "57P01" | "57P02" | "57P03" | "57P05" => true,
-            // too_many_connections: another client may leave.
-            "53300" => true,
-            _ => matches!(class, "08" | "40" | "53" | "58"),
-        }
     }
 }
 
@@ -150,32 +134,9 @@ fn describe_hosts(tried: &[(String, SourceError)]) -> String {
 }
 
 impl SourceError {
-    /// True when reconnecting and restarting from the confirmed LSN can succeed.
-    pub fn is_transient(&self) -> bool {
-        match self {
-            SourceError::Io { .. }
-            | SourceError::Timeout { .. }
-            | SourceError::Closed(_)
-            | SourceError::WrongRole { .. } => true,
-            // One host down must not turn another's refusal into a retry: every attempt would
-            // log in with the refused credentials again (an LDAP or PAM account locks, an address
-            // gets banned). Any host that refused them, or TLS, makes the attempt definite.
-            SourceError::NoHost(tried) => {
-                !tried.iter().any(|(_, e)| e.is_refusal())
-                    && tried.iter().any(|(_, e)| e.is_transient())
-            }
-            SourceError::Server { error, .. } => error.is_transient(),
-            SourceError::Auth(_)
-            | SourceError::Tls(_)
-            | SourceError::Protocol(_)
-            | SourceError::Version { .. }
-            | SourceError::BadFrame { .. }
-            | SourceError::FrameTooLarge { .. } => false,
-        }
-    }
-
     /// The server refused the relay's credentials (SQLSTATE class 28, or the client's own
-    /// authentication checks) or TLS failed: settings to fix, which no retry can.
+    /// authentication checks) or TLS failed: settings to fix. A fact about the error, which the
+    /// relay's policy (no retry) and `status` (`AUTHENTICATION FAILED`, not unreachable) both read.
     pub(crate) fn is_refusal(&self) -> bool {
         match self {
             SourceError::Auth(_) | SourceError::Tls(_) => true,
@@ -191,73 +152,5 @@ impl SourceError {
             SourceError::Server { error, .. } => Some(&error.code),
             _ => None,
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn server(code: &str) -> SourceError {
-        SourceError::Server {
-            context: "test",
-            error: Box::new(ServerError {
-                severity: "ERROR".into(),
-                code: code.into(),
-                message: "m".into(),
-                detail: None,
-                hint: None,
-            }),
-        }
-    }
-
-    #[test]
-    fn classifies_sqlstates() {
-        assert!(
-            server("55006").is_transient(),
-            "slot active elsewhere retries"
-        );
-        assert!(server("57P01").is_transient(), "admin shutdown retries");
-        assert!(server("08006").is_transient());
-        assert!(!server("28P01").is_transient(), "bad password is definite");
-        assert!(!server("42704").is_transient(), "missing slot is definite");
-        assert!(
-            !server("55000").is_transient(),
-            "invalidated slot is definite"
-        );
-    }
-
-    /// docs/security.md, finding 4: a multi-host attempt where one host is down and another refused
-    /// the password (or TLS) is definite, whatever the order; all hosts down, or one down and one a
-    /// standby, retry.
-    #[test]
-    fn a_refusal_by_any_host_is_definite() {
-        let down = || SourceError::Io {
-            target: "db1:5432".into(),
-            error: std::io::Error::from(std::io::ErrorKind::ConnectionRefused),
-        };
-        let standby = || SourceError::WrongRole {
-            target: "db3:5432".into(),
-            found: "a standby",
-            wanted: "read-write",
-        };
-        let hosts = |es: Vec<SourceError>| {
-            SourceError::NoHost(es.into_iter().map(|e| ("h".to_owned(), e)).collect())
-        };
-        for refused in [
-            server("28P01"),
-            server("28000"),
-            SourceError::Auth(AuthError::BadSignature(std::io::Error::other("bad proof"))),
-            SourceError::Tls("the server does not support TLS".into()),
-        ] {
-            let e = hosts(vec![down(), refused]);
-            assert!(!e.is_transient(), "{e}");
-            assert!(e.is_refusal(), "{e}");
-        }
-        assert!(!hosts(vec![server("28P01"), down()]).is_transient());
-        assert!(hosts(vec![down(), down()]).is_transient());
-        assert!(hosts(vec![down(), standby()]).is_transient());
-        // A definite error that is not a refusal keeps the old rule: a host down may come back.
-        assert!(hosts(vec![down(), server("3D000")]).is_transient());
     }
 }

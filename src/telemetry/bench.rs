@@ -94,15 +94,15 @@ pub struct Client(http::BlockingClient);
 
 impl Client {
     /// A client POSTing to `url` (`http://`), with the relay's timeouts.
-    pub fn new(url: &str) -> Result<Client, String> {
-        let url = url::Url::parse(url).map_err(|e| e.to_string())?;
+    pub fn new(url: &str) -> Result<Client, Box<dyn std::error::Error + Send + Sync>> {
+        let url = url::Url::parse(url)?;
         http::BlockingClient::new(&url, &[], super::CONNECT_TIMEOUT, super::REQUEST_TIMEOUT)
             .map(Client)
-            .ok_or_else(|| format!("{url}: no host"))
+            .ok_or_else(|| format!("{url}: no host").into())
     }
 
     /// One request, as the export thread sends a batch.
-    pub fn post(&self, body: &[u8]) -> Result<(), String> {
-        self.0.post(body).map_err(|e| e.to_string())
+    pub fn post(&self, body: &[u8]) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+        self.0.post(body)
     }
 }

@@ -16,7 +16,7 @@
 
 use std::hash::{Hash, Hasher};
 
-use super::messages::Messages;
+use super::messages::{Copies, Messages};
 
 /// The hash every side uses: SipHash with fixed keys (`DefaultHasher::new`), the same within one
 /// process, which is all a comparison within one run needs. A row and a message are each two or
@@ -57,51 +57,102 @@ pub(crate) struct RowRec {
     pub(crate) content: u32,
 }
 
-/// What a row's message (or its absence) says about the row.
+/// What a row's messages (or their absence) say about the row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum RowFinding {
     /// No message with its id.
     Absent,
-    /// Its first copy (at this sequence) carries another subject or payload than the row gives:
-    /// the exact second look tells which.
+    /// Its first copy on a subject (at this sequence) carries another subject or payload than the
+    /// row gives: the exact second look tells which.
     Differs(u64),
+    /// Its only copies are dead letters (the first at this sequence): consumers of its subject
+    /// never saw it.
+    DeadLettered(u64),
 }
 
-/// The first message with id hash `id` among `parts` (each part's sequences above the one's
-/// before): its sequence and content hash.
-fn first(parts: &[&Messages], id: u64) -> Option<(u64, u32)> {
-    parts.iter().find_map(|p| p.first(id))
+/// The copies of `id` among `parts` (each part's sequences above the one's before): the first
+/// routed copy and the first dead letter over all parts. Marks the id as a row's in every part.
+fn copies(parts: &[&Messages], id: u64) -> Option<Copies> {
+    let mut all: Option<Copies> = None;
+    for p in parts {
+        let Some(c) = p.copies(id) else { continue };
+        p.mark(id);
+        let a = all.get_or_insert_default();
+        a.routed = a.routed.or(c.routed);
+        a.dead_letter = a.dead_letter.or(c.dead_letter);
+    }
+    all
 }
 
 /// What is wrong with `row`, if anything, given the messages read (`parts`, indexed, in sequence
-/// order): absent, or its first copy carries another content. A dead letter delivers its row
-/// whatever it carries.
+/// order): absent, only dead-lettered, or its first routed copy carries another content. A dead
+/// letter followed by a routed copy (republished after the cause was fixed) is delivered.
 pub(crate) fn check(row: RowRec, parts: &[&Messages]) -> Option<RowFinding> {
-    match first(parts, row.id) {
-        None => Some(RowFinding::Absent),
-        Some((seq, content)) if content != DEAD_LETTER && content != row.content => {
-            Some(RowFinding::Differs(seq))
-        }
-        Some(_) => None,
+    let Some(c) = copies(parts, row.id) else {
+        return Some(RowFinding::Absent);
+    };
+    match (c.routed, c.dead_letter) {
+        (Some((seq, content)), _) if content != row.content => Some(RowFinding::Differs(seq)),
+        (Some(_), _) => None,
+        (None, Some(seq)) => Some(RowFinding::DeadLettered(seq)),
+        (None, None) => Some(RowFinding::Absent),
     }
 }
 
 /// Every second copy among `parts` (indexed, in sequence order): (sequence of the first copy,
-/// sequence of this copy), the first copy being the lowest sequence of its id hash in any part.
+/// sequence of this copy), within one kind: a routed copy after a routed one, a dead letter after a
+/// dead letter. A routed copy after a dead letter is the republished event, not a second copy.
 pub(crate) fn second_copies(parts: &[&Messages]) -> Vec<(u64, u64)> {
     let mut out = Vec::new();
     for (i, part) in parts.iter().enumerate() {
-        for (id, mut seqs) in part.groups() {
-            let Some(first) = first(&parts[..i], id)
-                .map(|(s, _)| s)
-                .or_else(|| seqs.next())
-            else {
-                continue;
-            };
-            out.extend(seqs.map(|later| (first, later)));
+        for group in part.groups() {
+            let earlier = parts[..i].iter().find_map(|p| p.copies(group.id));
+            let [routed, dead] = group.by_kind();
+            let firsts = [
+                earlier.and_then(|c| c.routed.map(|r| r.0)),
+                earlier.and_then(|c| c.dead_letter),
+            ];
+            for (mut seqs, first) in [routed, dead].into_iter().zip(firsts) {
+                let Some(first) = first.or_else(|| seqs.next()) else {
+                    continue;
+                };
+                out.extend(seqs.map(|later| (first, later)));
+            }
         }
     }
     out
+}
+
+/// What the stream holds that no row found, once per event id over all `parts`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Unmatched {
+    /// An event with a routed copy (its first at this sequence).
+    Routed(u64),
+    /// An event stored only as dead letters (the first at this sequence).
+    DeadLetter(u64),
+}
+
+/// Hands `each` every event id among `parts` that no row found ([`check`] marks what rows find),
+/// with what kind of copies it has. Call after every row was checked. Nothing is collected: a
+/// messages-only outbox has as many of them as messages.
+pub(crate) fn unmatched(parts: &[&Messages], mut each: impl FnMut(Unmatched)) {
+    for (i, part) in parts.iter().enumerate() {
+        for group in part.groups() {
+            // Counted where the id first appears; a later part's copy of it is that event's too.
+            if group.matched || parts[..i].iter().any(|p| p.has(group.id)) {
+                continue;
+            }
+            // A dead letter here and a routed copy in a later part: the event was republished.
+            let later = parts[i + 1..].iter().filter_map(|p| p.copies(group.id));
+            let later_routed = later.filter_map(|c| c.routed).map(|r| r.0).next();
+            let [mut routed, mut dead] = group.by_kind();
+            match (routed.next().or(later_routed), dead.next()) {
+                (Some(seq), _) => each(Unmatched::Routed(seq)),
+                (None, Some(seq)) => each(Unmatched::DeadLetter(seq)),
+                (None, None) => {}
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -164,18 +215,66 @@ mod tests {
     }
 
     #[test]
-    fn a_dead_letter_delivers_its_row_and_a_row_without_a_subject_needs_one() {
+    fn a_row_stored_only_as_a_dead_letter_is_dead_lettered_until_republished() {
         let unroutable = RowRec {
             id: hash64(b"e-1"),
             content: DEAD_LETTER,
         };
-        let mut msgs = Messages::new(1, 2);
         let claim = content_hash("outbox.Claim", Some(b"{}"));
+        let mut msgs = Messages::new(1, 5);
         assert!(msgs.push(hash64(b"e-1"), 1, claim));
         assert!(msgs.push(hash64(b"e-2"), 2, DEAD_LETTER));
+        assert!(msgs.push(hash64(b"e-3"), 3, DEAD_LETTER));
+        assert!(msgs.push(hash64(b"e-3"), 4, claim));
+        assert!(msgs.push(hash64(b"e-2"), 5, DEAD_LETTER));
         msgs.index();
-        assert_eq!(check(unroutable, &[&msgs]), Some(RowFinding::Differs(1)));
-        assert_eq!(check(row("e-2", "outbox.Claim", "{}"), &[&msgs]), None);
+        let parts = [&msgs];
+        // A row the template gives no subject, stored on one: misrouted by the second look.
+        assert_eq!(check(unroutable, &parts), Some(RowFinding::Differs(1)));
+        assert_eq!(
+            check(row("e-2", "outbox.Claim", "{}"), &parts),
+            Some(RowFinding::DeadLettered(2))
+        );
+        assert_eq!(check(row("e-3", "outbox.Claim", "{}"), &parts), None);
+        // e-2's second dead letter is a second copy; e-3's routed copy after its dead letter is not.
+        assert_eq!(second_copies(&parts), vec![(2, 5)]);
+    }
+
+    #[test]
+    fn what_no_row_found_is_handed_over_once_per_event_with_its_kind() {
+        let claim = content_hash("s", None);
+        let mut first_read = Messages::new(1, 4);
+        for (id, seq, content) in [
+            ("row", 1, claim),
+            ("m-1", 2, claim),
+            ("m-2", 3, DEAD_LETTER),
+        ] {
+            assert!(first_read.push(hash64(id.as_bytes()), seq, content));
+        }
+        first_read.index();
+        let mut recheck = Messages::new(4, 2);
+        assert!(recheck.push(hash64(b"m-1"), 4, claim));
+        assert!(recheck.push(hash64(b"m-3"), 5, DEAD_LETTER));
+        recheck.index();
+        let parts = [&first_read, &recheck];
+        let found = RowRec {
+            id: hash64(b"row"),
+            content: claim,
+        };
+        assert_eq!(check(found, &parts[..1]), None);
+        let mut seen = Vec::new();
+        unmatched(&parts, |u| seen.push(u));
+        seen.sort_by_key(|u| match u {
+            Unmatched::Routed(s) | Unmatched::DeadLetter(s) => *s,
+        });
+        assert_eq!(
+            seen,
+            vec![
+                Unmatched::Routed(2),
+                Unmatched::DeadLetter(3),
+                Unmatched::DeadLetter(5)
+            ]
+        );
     }
 
     #[test]

@@ -5,10 +5,18 @@
 //! [`MsgRec`]'s 16 bytes plus about one byte of index per message, whatever the ids' length:
 //! ten million messages take about 170 MB.
 //!
+//! Beside the records, one bit per message says whether a row found it ([`Messages::mark`]):
+//! the messages no row found are the stream-only events, and the dead letters among them the
+//! stream-only dead letters (an atomic bit, so a shared borrow marks: 1.25 MB for ten million).
+//!
 //! A sequence is kept as its distance from the part's first sequence (4 bytes, not 8), so one part
 //! covers at most [`MAX_SPAN`] sequences; `verify` refuses a longer range with a line naming
 //! `--from-sequence`. The recheck's few later messages go into a part of their own rather than
 //! growing this one: growing a vector of ten million records would copy it, doubling the peak.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::compare::DEAD_LETTER;
 
 /// One stored message of the relay's: 16 bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,6 +43,40 @@ pub(crate) struct Messages {
     /// are `recs[dir[b]..dir[b + 1]]`.
     dir: Vec<u32>,
     bits: u32,
+    /// After [`Messages::index`]: bit `i` is set once a row found the group starting at `recs[i]`.
+    matched: Vec<AtomicU64>,
+}
+
+/// The copies of one event id in a part: the first routed one and the first dead letter.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Copies {
+    /// Sequence and content hash of the first copy on a subject of its own.
+    pub(crate) routed: Option<(u64, u32)>,
+    /// Sequence of the first copy on the dead-letter subject.
+    pub(crate) dead_letter: Option<u64>,
+}
+
+/// One group of records with one id hash, as [`Messages::groups`] gives it.
+pub(crate) struct Group<'a> {
+    /// The id hash.
+    pub(crate) id: u64,
+    /// Whether a row found it.
+    pub(crate) matched: bool,
+    recs: &'a [MsgRec],
+    base: u64,
+}
+
+impl Group<'_> {
+    /// The sequences of its routed copies, then of its dead letters, each in order.
+    pub(crate) fn by_kind(&self) -> [impl Iterator<Item = u64> + '_; 2] {
+        let kind = |dead: bool| {
+            self.recs
+                .iter()
+                .filter(move |r| (r.content == DEAD_LETTER) == dead)
+                .map(|r| self.base + u64::from(r.offset))
+        };
+        [kind(false), kind(true)]
+    }
 }
 
 impl Messages {
@@ -89,38 +131,81 @@ impl Messages {
             self.dir.push(i as u32);
         }
         self.dir.push(n as u32);
+        self.matched = (0..n.div_ceil(64)).map(|_| AtomicU64::new(0)).collect();
     }
 
     fn bucket(&self, id: u64) -> usize {
         id.checked_shr(64 - self.bits).unwrap_or(0) as usize
     }
 
-    /// The records with id hash `id`, in sequence order (after [`Messages::index`]).
-    fn group(&self, id: u64) -> &[MsgRec] {
+    /// The index of the first record with id hash `id` and the records, in sequence order
+    /// (after [`Messages::index`]).
+    fn group(&self, id: u64) -> (usize, &[MsgRec]) {
         let b = self.bucket(id);
         let (Some(&lo), Some(&hi)) = (self.dir.get(b), self.dir.get(b + 1)) else {
-            return &[];
+            return (0, &[]);
         };
         let bucket = &self.recs[lo as usize..hi as usize];
         let start = bucket.partition_point(|r| r.id < id);
         let len = bucket[start..].partition_point(|r| r.id == id);
-        &bucket[start..start + len]
+        (lo as usize + start, &bucket[start..start + len])
     }
 
     /// The first message with id hash `id`: its sequence and content hash.
+    #[cfg(test)]
     pub(crate) fn first(&self, id: u64) -> Option<(u64, u32)> {
-        self.group(id).first().map(|r| (self.seq(r), r.content))
+        self.group(id).1.first().map(|r| (self.seq(r), r.content))
+    }
+
+    /// The copies with id hash `id` in this part, if it has any.
+    pub(crate) fn copies(&self, id: u64) -> Option<Copies> {
+        let (_, recs) = self.group(id);
+        if recs.is_empty() {
+            return None;
+        }
+        let mut c = Copies::default();
+        for r in recs {
+            match r.content {
+                DEAD_LETTER => c.dead_letter = c.dead_letter.or(Some(self.seq(r))),
+                content => c.routed = c.routed.or(Some((self.seq(r), content))),
+            }
+        }
+        Some(c)
+    }
+
+    /// Notes that a row has id hash `id` (no effect when no message has it).
+    pub(crate) fn mark(&self, id: u64) {
+        let (i, recs) = self.group(id);
+        if !recs.is_empty()
+            && let Some(word) = self.matched.get(i / 64)
+        {
+            word.fetch_or(1 << (i % 64), Ordering::Relaxed);
+        }
+    }
+
+    /// Whether `id` is among this part's messages.
+    pub(crate) fn has(&self, id: u64) -> bool {
+        !self.group(id).1.is_empty()
     }
 
     fn seq(&self, r: &MsgRec) -> u64 {
         self.base + u64::from(r.offset)
     }
 
-    /// Each group of messages with one id hash, as (id hash, sequences in order).
-    pub(crate) fn groups(&self) -> impl Iterator<Item = (u64, impl Iterator<Item = u64>)> {
-        self.recs
-            .chunk_by(|a, b| a.id == b.id)
-            .map(|g| (g[0].id, g.iter().map(|r| self.seq(r))))
+    /// Each group of messages with one id hash (after [`Messages::index`]).
+    pub(crate) fn groups(&self) -> impl Iterator<Item = Group<'_>> {
+        let mut at = 0usize;
+        self.recs.chunk_by(|a, b| a.id == b.id).map(move |g| {
+            let i = at;
+            at += g.len();
+            let bit = self.matched.get(i / 64).map(|w| w.load(Ordering::Relaxed));
+            Group {
+                id: g[0].id,
+                matched: bit.is_some_and(|w| w & (1 << (i % 64)) != 0),
+                recs: g,
+                base: self.base,
+            }
+        })
     }
 }
 
@@ -135,17 +220,21 @@ mod tests {
         let mut m = Messages::new(100, 3000);
         for i in 0..3000u64 {
             let id = (i % 2500).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-            assert!(m.push(id, 100 + i, i as u32));
+            // Content 0 is a dead letter's: these are all routed.
+            assert!(m.push(id, 100 + i, i as u32 + 1));
         }
         m.index();
         for i in 0..2500u64 {
             let id = i.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-            assert_eq!(m.first(id), Some((100 + i, i as u32)), "id {i}");
+            assert_eq!(m.first(id), Some((100 + i, i as u32 + 1)), "id {i}");
         }
         assert_eq!(m.first(12345), None);
         let twice: Vec<(u64, Vec<u64>)> = m
             .groups()
-            .map(|(id, s)| (id, s.collect::<Vec<u64>>()))
+            .map(|g| {
+                let [routed, _] = g.by_kind();
+                (g.id, routed.collect::<Vec<u64>>())
+            })
             .filter(|(_, s)| s.len() > 1)
             .collect();
         assert_eq!(twice.len(), 500);

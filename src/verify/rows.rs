@@ -6,8 +6,14 @@
 //!
 //! Columns are the configured ones (`outbox.*_column`), a partitioned table is read through its
 //! parent. The creation time is the column `created_at` when the table has one (as
-//! `sql/01_outbox_table.sql` creates it): `--since` filters on it, and it tells a row committed in
-//! the last seconds (in flight) and a row older than the stream's first message from a missing one.
+//! `sql/01_outbox_table.sql` creates it; a `timestamp` without time zone is read in the session's
+//! time zone, as `now()` wrote it): `--since` filters on it, it tells a row older than the stream's
+//! first message or the backfill that began the stream from a missing one, and `proven_up_to` is
+//! said in it. Whether a row waits is never decided by it: the slot decides (`slot.rs`).
+//!
+//! The snapshot's WAL position bounds the look into the slot, and its oldest running transaction
+//! (`pg_snapshot_xmin`) goes into the proof `--record` stores: a prune gated on the proof deletes
+//! only rows written by transactions older than it, which this snapshot showed (`proof.rs`).
 
 use futures_util::TryStreamExt;
 use tokio_postgres::{Client, Row};
@@ -21,8 +27,6 @@ use crate::source::quote_ident;
 const FETCH_ROWS: u32 = 5000;
 /// The creation-time column `verify` looks for.
 pub(crate) const CREATED_COLUMN: &str = "created_at";
-/// A row created this recently, not yet in the stream, is in flight rather than missing.
-pub(crate) const IN_FLIGHT_SECS: u32 = 10;
 /// `pg_type.dat`.
 const BYTEA_OID: u32 = 17;
 
@@ -39,6 +43,11 @@ pub(crate) struct Table {
     predicate: String,
     /// The WAL position when the snapshot was taken: every row it shows committed before it.
     pub(crate) snapshot_lsn: Option<Lsn>,
+    /// The snapshot's oldest running transaction (`xid8` as text): every transaction before it
+    /// had ended, and those that committed are in the snapshot.
+    pub(crate) snapshot_xmin: Option<String>,
+    /// `"schema"."<table>_proof"`: where `--record` stores the proof (`sql/05_retention.sql`).
+    pub(crate) proof_table: String,
 }
 
 /// One row as read: the fields in [`Table::select`]'s order.
@@ -47,8 +56,8 @@ pub(crate) struct RowView<'a> {
     pub(crate) aggregate_type: Option<&'a str>,
     pub(crate) event_type: Option<&'a str>,
     pub(crate) aggregate_id: Option<&'a str>,
+    /// The creation time, µs since the Unix epoch.
     pub(crate) created_us: Option<i64>,
-    pub(crate) young: bool,
     pub(crate) payload: &'a [u8],
 }
 
@@ -82,16 +91,7 @@ impl Table {
         pg.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             .await
             .map_err(query_error(&o.table, "BEGIN"))?;
-        let snapshot_lsn = pg
-            .query_one(
-                "SELECT (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() \
-                 ELSE pg_current_wal_lsn() END)::text",
-                &[],
-            )
-            .await
-            .ok()
-            .and_then(|r| r.get::<_, Option<String>>(0))
-            .and_then(|s| s.parse().ok());
+        let (snapshot_lsn, snapshot_xmin) = snapshot_position(pg, &o.table).await?;
         let columns = pg
             .query(
                 "SELECT attname::text, atttypid::oid FROM pg_attribute \
@@ -144,20 +144,19 @@ impl Table {
             has_created,
             predicate,
             snapshot_lsn,
+            snapshot_xmin,
+            proof_table: proof_table(schema, name),
         })
     }
 
-    /// The query: id, aggregate type, event type, aggregate id, created (µs), young, payload.
+    /// The query: id, aggregate type, event type, aggregate id, created (µs), payload.
     fn select(&self, o: &OutboxConfig, payloads: bool) -> String {
         let text = |c: &str| format!("{}::text", quote_ident(c));
-        let (created, young) = if self.has_created {
+        let created = if self.has_created {
             let c = quote_ident(CREATED_COLUMN);
-            (
-                format!("(extract(epoch FROM {c}) * 1000000)::int8"),
-                format!("coalesce({c} > now() - interval '{IN_FLIGHT_SECS} seconds', false)"),
-            )
+            format!("(extract(epoch FROM {c}::timestamptz) * 1000000)::int8")
         } else {
-            ("NULL::int8".into(), "false".into())
+            "NULL::int8".into()
         };
         let payload = match (payloads, self.bytea) {
             (false, _) => "NULL::bytea".into(),
@@ -168,7 +167,7 @@ impl Table {
             ),
         };
         format!(
-            "SELECT {}, {}, {}, {}, {created}, {young}, {payload} FROM {} WHERE {}",
+            "SELECT {}, {}, {}, {}, {created}, {payload} FROM {} WHERE {}",
             text(&o.id_column),
             text(&o.aggregate_type_column),
             text(&o.event_type_column),
@@ -178,20 +177,28 @@ impl Table {
         )
     }
 
-    /// Whether the relay's slot (`slot`) has confirmed past the snapshot: then every row the
-    /// snapshot shows was acknowledged by JetStream, and none is in flight. `false` when unknown.
-    pub(crate) async fn slot_passed_snapshot(&self, pg: &Client, slot: &str) -> bool {
-        let confirmed: Option<Lsn> = pg
-            .query_opt(
-                "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1",
-                &[&slot],
+    /// The creation time (µs since the Unix epoch) up to which the last `--record` proved the rows,
+    /// as this snapshot shows it: `None` without a proof table the role may read, or without a
+    /// proof in it.
+    pub(crate) async fn previous_proof(&self, pg: &Client) -> Option<i64> {
+        let readable: bool = pg
+            .query_one(
+                // Through the OID: for a table that does not exist it is NULL, not an error (an
+                // error would end the snapshot's transaction).
+                "SELECT coalesce(has_table_privilege(to_regclass($1), 'SELECT'), false)",
+                &[&self.proof_table],
             )
             .await
-            .ok()
-            .flatten()
-            .and_then(|r| r.get::<_, Option<String>>(0))
-            .and_then(|s| s.parse().ok());
-        matches!((confirmed, self.snapshot_lsn), (Some(c), Some(w)) if c >= w)
+            .ok()?
+            .get(0);
+        if !readable {
+            return None;
+        }
+        let sql = format!(
+            "SELECT (extract(epoch FROM proven_created_at) * 1000000)::int8 FROM {}",
+            self.proof_table
+        );
+        pg.query_opt(&sql, &[]).await.ok()??.get(0)
     }
 
     /// Reads every matching row through a cursor named `cursor`, calling `each` on each one (it may
@@ -272,8 +279,7 @@ impl Table {
                             event_type: row.get(2),
                             aggregate_id: row.get(3),
                             created_us: row.get(4),
-                            young: row.get(5),
-                            payload: row.get::<_, Option<&[u8]>>(6).unwrap_or_default(),
+                            payload: row.get::<_, Option<&[u8]>>(5).unwrap_or_default(),
                         };
                         if !each(view).await? {
                             return Ok(false);
@@ -292,4 +298,34 @@ impl Table {
             .map_err(query_error(&o.table, "CLOSE"))?;
         Ok(())
     }
+}
+
+/// The snapshot's WAL position and its oldest running transaction: the first query of the
+/// transaction, so the snapshot is taken by it.
+async fn snapshot_position(
+    pg: &Client,
+    table: &str,
+) -> Result<(Option<Lsn>, Option<String>), VerifyError> {
+    let row = pg
+        .query_one(
+            "SELECT (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() \
+             ELSE pg_current_wal_lsn() END)::text, pg_snapshot_xmin(pg_current_snapshot())::text",
+            &[],
+        )
+        .await
+        .map_err(query_error(table, "reading the snapshot's position"))?;
+    let lsn = row.get::<_, Option<String>>(0).and_then(|s| s.parse().ok());
+    Ok((lsn, row.get(1)))
+}
+
+/// The proof table of the outbox table `schema.name`, quoted: `<name>_proof` in its schema, cut
+/// to Postgres' 63 bytes as Postgres cuts the name `sql/05_retention.sql` gives it.
+pub(crate) fn proof_table(schema: &str, name: &str) -> String {
+    let mut proof = format!("{name}_proof");
+    let mut cut = proof.len().min(63);
+    while !proof.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    proof.truncate(cut);
+    format!("{}.{}", quote_ident(schema), quote_ident(&proof))
 }

@@ -5,6 +5,12 @@
 //! becomes a compact record in [`Messages`]; on the way the order of `Outbox-Position` is checked and messages
 //! without the relay's headers are set aside as foreign.
 //!
+//! Every sequence of the range is accounted for on the way: a message (the relay's, a dead letter,
+//! a foreign one) or gone. The consumer delivers the stored messages in order and its own delivery
+//! count has no gap (the reader checks it), so a sequence it skips was deleted: each run of them is
+//! a gap, counted, the first few kept as ranges; whether the stream's limits explain them is for
+//! the caller to say (`limits.rs`).
+//!
 //! Order is judged per history (`Outbox-Position`'s `SYSTEM/TIMELINE/SLOT` part): a message of a
 //! new history (a restore, a new slot) starts the comparison afresh, since positions of different
 //! histories are not comparable. Each message is compared with the relay's message before it, so
@@ -21,7 +27,7 @@ use crate::position::Position;
 /// How long to wait for the next message before giving up on the read.
 const READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// How often progress is reported.
-const PROGRESS_EVERY: Duration = Duration::from_secs(2);
+pub(crate) const PROGRESS_EVERY: Duration = Duration::from_secs(2);
 
 /// What the read of the stream collected.
 #[derive(Debug, Default)]
@@ -38,6 +44,19 @@ pub(crate) struct StreamScan {
     pub(crate) first_read: u64,
     /// The last sequence read (0 before any).
     pub(crate) last_read: u64,
+    /// The end of the last range read (`to`): the next read starts after it.
+    pub(crate) read_to: u64,
+    /// Sequences of the ranges read that are gone (deleted, or removed by a limit).
+    pub(crate) gone: u64,
+    /// The first runs of gone sequences, as (first, last).
+    pub(crate) gone_ranges: Vec<(u64, u64)>,
+    /// The position of the newest of the relay's messages (in stream order) committed before
+    /// [`StreamScan::below`]: what the rows' snapshot can show.
+    pub(crate) newest_below: Option<Position>,
+    /// See `newest_below` (the rows' snapshot's WAL position).
+    below: Option<crate::Lsn>,
+    /// The next sequence expected.
+    next: u64,
     /// The history and position of the relay's last message read.
     prev: Option<(String, Position)>,
     /// Read and hash the payloads (`--payloads`).
@@ -56,7 +75,7 @@ pub(crate) fn event_id(headers: Option<&async_nats::HeaderMap>) -> Option<&str> 
 
 /// `Outbox-Position` split into its history (possibly empty) and position; fields after the
 /// position (`;replay-over=N`) are neither.
-fn split_position(value: &str) -> Option<(&str, Position)> {
+pub(crate) fn split_position(value: &str) -> Option<(&str, Position)> {
     let value = value.split_once(';').map_or(value, |(main, _)| main).trim();
     let mut cut = value.rmatch_indices('/').map(|(i, _)| i);
     let (_, lsn_slash) = (cut.next(), cut.next());
@@ -67,13 +86,31 @@ fn split_position(value: &str) -> Option<(&str, Position)> {
 }
 
 impl StreamScan {
-    /// An empty scan; `payloads`: read and hash the bodies.
-    pub(crate) fn new(payloads: bool, dead_letter_subject: &str) -> StreamScan {
+    /// An empty scan; `payloads`: read and hash the bodies; `below`: the rows' snapshot's WAL
+    /// position, for [`StreamScan::newest_below`].
+    pub(crate) fn new(
+        payloads: bool,
+        dead_letter_subject: &str,
+        below: Option<crate::Lsn>,
+    ) -> StreamScan {
         StreamScan {
             payloads,
             dead_letter_subject: dead_letter_subject.to_owned(),
+            below,
             ..StreamScan::default()
         }
+    }
+
+    /// Accounts for the sequences before `seq` not delivered since the last one: gone.
+    fn gap(&mut self, seq: u64) {
+        // 0: no range is being read (sequences start at 1).
+        if self.next != 0 && seq > self.next {
+            self.gone += seq - self.next;
+            if self.gone_ranges.len() < super::report::EXAMPLES {
+                self.gone_ranges.push((self.next, seq - 1));
+            }
+        }
+        self.next = self.next.max(seq + 1);
     }
 
     /// Reads the stored messages `from..=to` into the scan. `progress` is called now and then with
@@ -89,6 +126,7 @@ impl StreamScan {
         if from > to {
             return Ok(());
         }
+        self.next = from;
         let nats = |what: &str, detail: String| VerifyError::Stream {
             stream: name.to_owned(),
             what: what.to_owned(),
@@ -107,11 +145,11 @@ impl StreamScan {
             "outbox-relay verify: reading the stream",
         )
         .await
-        .map_err(|e| nats("reading", e))?;
+        .map_err(|e| nats("reading", crate::error_chain::error_chain(&e)))?;
         while let Some((seq, m)) = reader
             .next_message()
             .await
-            .map_err(|e| nats("reading", e))?
+            .map_err(|e| nats("reading", crate::error_chain::error_chain(&e)))?
         {
             self.take(seq, m.subject.as_str(), m.headers.as_ref(), &m.payload)
                 .map_err(|e| nats("reading", e))?;
@@ -120,6 +158,9 @@ impl StreamScan {
                 progress(self.messages);
             }
         }
+        // Deleted at the tail: the stream's last sequence stays, its message is gone.
+        self.gap(to + 1);
+        self.read_to = to;
         progress(self.messages);
         Ok(())
     }
@@ -134,6 +175,7 @@ impl StreamScan {
         payload: &[u8],
     ) -> Result<(), String> {
         self.messages += 1;
+        self.gap(seq);
         if self.first_read == 0 {
             self.first_read = seq;
         }
@@ -145,6 +187,9 @@ impl StreamScan {
             self.foreign.push(seq);
             return Ok(());
         };
+        if self.below.is_some_and(|b| position.lsn < b) {
+            self.newest_below = Some(position);
+        }
         match &mut self.prev {
             Some((h, p)) if h == history => {
                 if position <= *p {
@@ -184,7 +229,7 @@ mod tests {
 
     #[test]
     fn one_message_out_of_place_is_one_break_and_a_new_history_starts_afresh() {
-        let mut s = StreamScan::new(false, "dl");
+        let mut s = StreamScan::new(false, "dl", None);
         s.msgs = Messages::new(1, 8);
         let h = "7311/1/outbox_relay";
         for (seq, id, pos) in [
@@ -218,8 +263,30 @@ mod tests {
     }
 
     #[test]
+    fn every_sequence_not_delivered_is_gone_interior_and_tail_and_the_newest_below_is_kept() {
+        let mut s = StreamScan::new(false, "dl", Some(crate::Lsn(0x250)));
+        s.msgs = Messages::new(1, 8);
+        s.next = 1;
+        let h = "7311/1/outbox_relay";
+        for (seq, lsn) in [(1, 0x100), (2, 0x200), (5, 0x300), (6, 0x400)] {
+            let pos = format!("{h}/0/{lsn:X}:0");
+            s.take(
+                seq,
+                "outbox.Claim",
+                Some(&headers(&format!("e-{seq}"), &pos)),
+                b"",
+            )
+            .unwrap();
+        }
+        s.gap(9);
+        assert_eq!(s.gone, 4);
+        assert_eq!(s.gone_ranges, vec![(3, 4), (7, 8)]);
+        assert_eq!(s.newest_below, Some("0/200:0".parse().unwrap()));
+    }
+
+    #[test]
     fn a_replay_over_field_after_the_position_is_still_the_relays_message() {
-        let mut s = StreamScan::new(false, "dl");
+        let mut s = StreamScan::new(false, "dl", None);
         let h = "7311/1/outbox_relay";
         s.take(
             1,

@@ -24,6 +24,7 @@ use async_nats::header::{NATS_BATCH_COMMIT, NATS_BATCH_ID, NATS_BATCH_SEQUENCE};
 use async_nats::{HeaderMap, StatusCode};
 use bytes::Bytes;
 use outbox_relay::message::{EXPECTED_LAST_MSG_ID, EXPECTED_LAST_SEQUENCE, NATS_MSG_ID};
+use outbox_relay::nats::{NatsError, NatsErrorKind};
 use tokio::sync::{Notify, mpsc};
 use tokio::time::Instant;
 
@@ -1026,6 +1027,22 @@ fn wire_size(h: &HeaderMap, payload: usize) -> usize {
     n
 }
 
+/// A request to a server that is down: no answer in time, as the real client reports it.
+fn down() -> NatsError {
+    NatsError::new(
+        NatsErrorKind::TimedOut,
+        "no answer from JetStream (NATS down)",
+    )
+}
+
+/// A request about a stream the server does not have.
+fn no_stream(stream: &str) -> NatsError {
+    NatsError::new(
+        NatsErrorKind::NotFound,
+        format!("stream {stream} not found"),
+    )
+}
+
 /// Why the simulated client could not send a publish.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub(crate) enum SendError {
@@ -1107,10 +1124,13 @@ impl JetStream {
         &self,
         subject: &str,
         body: serde_json::Value,
-    ) -> Result<serde_json::Value, String> {
+    ) -> Result<serde_json::Value, NatsError> {
         let mut s = self.state.lock().unwrap();
         if s.down {
-            return Err("no responders (simulated outage)".into());
+            return Err(NatsError::new(
+                NatsErrorKind::NoResponders,
+                "simulated outage",
+            ));
         }
         let config = |m: &serde_json::Map<String, serde_json::Value>| serde_json::json!({"config": {"name": STREAM, "metadata": m}});
         if subject == format!("STREAM.INFO.{STREAM}") {
@@ -1154,14 +1174,14 @@ impl JetStream {
     }
 
     /// The stream's last sequence and `max_msg_size`, or why they cannot be read.
-    pub(crate) fn stream_state(&self, stream: &str) -> Result<(u64, Option<usize>), String> {
+    pub(crate) fn stream_state(&self, stream: &str) -> Result<(u64, Option<usize>), NatsError> {
         let mut s = self.state.lock().unwrap();
         self.expire(&mut s);
         if s.down {
-            return Err("timed out: no answer from JetStream (NATS down)".into());
+            return Err(down());
         }
         if stream != STREAM {
-            return Err(format!("stream {stream} not found"));
+            return Err(no_stream(stream));
         }
         Ok((s.messages.len() as u64, s.limits.max_msg_size))
     }
@@ -1171,14 +1191,14 @@ impl JetStream {
         &self,
         stream: &str,
         seq: u64,
-    ) -> Result<Option<HeaderMap>, String> {
+    ) -> Result<Option<HeaderMap>, NatsError> {
         let mut s = self.state.lock().unwrap();
         self.expire(&mut s);
         if s.down {
-            return Err("timed out: no answer from JetStream (NATS down)".into());
+            return Err(down());
         }
         if stream != STREAM {
-            return Err(format!("stream {stream} not found"));
+            return Err(no_stream(stream));
         }
         Ok(seq
             .checked_sub(1)
@@ -1195,13 +1215,13 @@ impl JetStream {
         from: u64,
         to: u64,
         max: usize,
-    ) -> Result<Vec<(u64, HeaderMap)>, String> {
+    ) -> Result<Vec<(u64, HeaderMap)>, NatsError> {
         let s = self.state.lock().unwrap();
         if s.down {
-            return Err("timed out: no answer from JetStream (NATS down)".into());
+            return Err(down());
         }
         if stream != STREAM {
-            return Err(format!("stream {stream} not found"));
+            return Err(no_stream(stream));
         }
         // Sorted by sequence: start at the first one at or after `from`.
         let start = s.messages.partition_point(|m| m.seq < from);

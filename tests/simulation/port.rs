@@ -2,17 +2,20 @@
 //! connector hands each session in place of an async-nats client. Every request is answered at
 //! once from the server's state (the timeouts are the relay's to spend, not the simulator's); what
 //! the faults delay, lose or forge are the answers to publishes, which arrive on the inbox
-//! subscription on the simulator's own schedule.
+//! subscription on the simulator's own schedule. Failures are the port's own [`NatsError`]s, of
+//! the kind the real client's would be: a server down is a timeout, a publish on a broken
+//! connection a closed one, a message over `max_payload` too large.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::HeaderMap;
-use async_nats::jetstream::context::{PublishError, PublishErrorKind};
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
-use outbox_relay::nats::{Answers, HeaderRead, JetStreamPort, StreamTail};
+use outbox_relay::nats::{
+    Answers, HeaderRead, JetStreamPort, NatsError, NatsErrorKind, StreamTail,
+};
 
 use super::jetstream::{JetStream, SendError};
 
@@ -32,7 +35,7 @@ impl JetStreamPort for ProcessPort {
         self.js.inbox(self.process)
     }
 
-    fn subscribe(&self, subject: String) -> BoxFuture<'_, Result<Answers, String>> {
+    fn subscribe(&self, subject: String) -> BoxFuture<'_, Result<Answers, NatsError>> {
         Box::pin(async move {
             let mut rx = self.js.subscribe(subject);
             // The receiver's own poll: a wait for an answer behaves as `recv` would.
@@ -48,18 +51,14 @@ impl JetStreamPort for ProcessPort {
         headers: HeaderMap,
         payload: Bytes,
         _: Duration,
-    ) -> BoxFuture<'_, Result<(), PublishError>> {
+    ) -> BoxFuture<'_, Result<(), NatsError>> {
         Box::pin(async move {
             self.js
                 .publish(subject, reply, headers, payload)
                 .map_err(|e| match e {
                     // The kinds the real client's errors are mapped to.
-                    SendError::MaxPayloadExceeded => {
-                        PublishError::with_source(PublishErrorKind::MaxPayloadExceeded, e)
-                    }
-                    SendError::Disconnected => {
-                        PublishError::with_source(PublishErrorKind::BrokenPipe, e)
-                    }
+                    SendError::MaxPayloadExceeded => NatsError::new(NatsErrorKind::TooLarge, e),
+                    SendError::Disconnected => NatsError::new(NatsErrorKind::Closed, e),
                 })
         })
     }
@@ -72,7 +71,7 @@ impl JetStreamPort for ProcessPort {
         &self,
         subject: String,
         body: serde_json::Value,
-    ) -> BoxFuture<'_, Result<serde_json::Value, String>> {
+    ) -> BoxFuture<'_, Result<serde_json::Value, NatsError>> {
         Box::pin(async move { self.js.api(&subject, body) })
     }
 
@@ -80,7 +79,7 @@ impl JetStreamPort for ProcessPort {
         &'a self,
         stream: &'a str,
         _: Duration,
-    ) -> BoxFuture<'a, Result<u64, String>> {
+    ) -> BoxFuture<'a, Result<u64, NatsError>> {
         Box::pin(async move { self.js.stream_state(stream).map(|(last, _)| last) })
     }
 
@@ -88,7 +87,7 @@ impl JetStreamPort for ProcessPort {
         &'a self,
         stream: &'a str,
         _: Duration,
-    ) -> BoxFuture<'a, Result<StreamTail, Box<dyn std::error::Error + Send + Sync>>> {
+    ) -> BoxFuture<'a, Result<StreamTail, NatsError>> {
         Box::pin(async move {
             let (last_sequence, max_msg_size) = self.js.stream_state(stream)?;
             let last = if last_sequence == 0 {
@@ -109,7 +108,7 @@ impl JetStreamPort for ProcessPort {
         stream: &'a str,
         seq: u64,
         _: Duration,
-    ) -> BoxFuture<'a, Result<Option<HeaderMap>, String>> {
+    ) -> BoxFuture<'a, Result<Option<HeaderMap>, NatsError>> {
         Box::pin(async move { self.js.message_headers(stream, seq) })
     }
 
@@ -119,7 +118,7 @@ impl JetStreamPort for ProcessPort {
         from: u64,
         to: u64,
         _: Duration,
-    ) -> BoxFuture<'a, Result<Box<dyn HeaderRead>, String>> {
+    ) -> BoxFuture<'a, Result<Box<dyn HeaderRead>, NatsError>> {
         Box::pin(async move {
             Ok(Box::new(Reader {
                 js: Arc::clone(&self.js),
@@ -143,7 +142,7 @@ struct Reader {
 }
 
 impl HeaderRead for Reader {
-    fn next(&mut self) -> BoxFuture<'_, Result<Option<(u64, HeaderMap)>, String>> {
+    fn next(&mut self) -> BoxFuture<'_, Result<Option<(u64, HeaderMap)>, NatsError>> {
         Box::pin(async move {
             while self.chunk.is_empty() && self.next <= self.to {
                 let got = self

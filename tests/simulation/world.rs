@@ -1144,6 +1144,10 @@ impl World {
         self.positions.forget(p.number);
         let what = match futures_util::FutureExt::now_or_never(p.handle) {
             Some(Ok(Ok(()))) => "the relay stopped without being asked to".to_owned(),
+            // A defect is a bug of the relay's whatever the world did: named as one.
+            Some(Ok(Err(e))) if e.is_defect() => {
+                format!("the relay stopped on a defect: {}", error_chain(&e))
+            }
             Some(Ok(Err(e))) => format!("the relay stopped: {}", error_chain(&e)),
             Some(Err(e)) if e.is_panic() => format!("the relay panicked: {e}"),
             _ => "the relay task ended".to_owned(),
@@ -1196,7 +1200,11 @@ impl World {
             Ok(Ok(Ok(()))) => {}
             Ok(Ok(Err(e))) => self.violations.report(
                 &self.trace,
-                format!("the relay failed while stopping: {}", error_chain(&e)),
+                format!(
+                    "the relay failed while stopping{}: {}",
+                    if e.is_defect() { " on a defect" } else { "" },
+                    error_chain(&e)
+                ),
             ),
             Ok(Err(e)) => self.violations.report(
                 &self.trace,

@@ -13,10 +13,12 @@ use async_nats::header::{
 };
 
 use crate::event::OutboxEvent;
-use crate::message::{self, IdHeader, Outgoing, Shrink};
-use crate::sink::envelope::{Sent, routed_subject, wire_size};
+use crate::message::{self, IdHeader, Outgoing};
+use crate::sink::config::SinkConfig;
+use crate::sink::destination::{self, Sent};
+use crate::sink::envelope::{routed_subject, wire_size};
+use crate::sink::error::SinkError;
 use crate::sink::window::InFlight;
-use crate::sink::{SinkConfig, SinkError};
 
 /// What makes a message a member of its batch: the headers the sink stamps on it as it is sent,
 /// after which its size is final.
@@ -149,7 +151,7 @@ pub(super) fn fit(
 }
 
 /// The dead letter of `item` one step or more down the shrink ladder from what it was sent as (an
-/// event: `reason` says why it cannot go as is, and `outbox.on_invalid` decides), with `m`
+/// event: `reason` says why it cannot go as is, and `destination.rs` decides), with `m`
 /// stamped, that fits `limit`. `subject` is the one it would have had.
 pub(super) fn smaller(
     config: &SinkConfig,
@@ -159,13 +161,7 @@ pub(super) fn smaller(
     m: &Membership,
     reason: String,
 ) -> Result<Stamped, SinkError> {
-    let (mut reason, from) = match &item.sent {
-        Sent::Event => {
-            config.on_invalid(&item.event, &reason)?;
-            (reason, Shrink::Keep)
-        }
-        Sent::DeadLetter { reason, shrink } => (reason.clone(), *shrink),
-    };
+    let (mut reason, from) = destination::refused(config, &item.event, &item.sent, reason)?;
     for shrink in from.below() {
         let dl = message::dead_letter_as(
             &item.event,
@@ -197,8 +193,8 @@ mod tests {
     use super::*;
     use crate::Lsn;
     use crate::config::{Config, OnInvalid};
+    use crate::message::Shrink;
     use crate::position::Position;
-    use crate::sink::window::InFlight;
 
     const HISTORY: &str = "7312345678901234567/1/outbox_relay";
 

@@ -109,10 +109,19 @@ impl InProcessRelay {
             let _ = tx.send(());
         }
         let handle = self.handle.take().expect("relay handle");
-        tokio::time::timeout(Duration::from_secs(30), handle)
+        let ended = tokio::time::timeout(Duration::from_secs(30), handle)
             .await
             .expect("relay did not stop within 30 s")
-            .expect("relay task panicked")
+            .expect("relay task panicked");
+        // A defect is a bug of the relay's, whatever the test expected of it.
+        if let Err(e) = &ended {
+            assert!(
+                !e.is_defect(),
+                "the relay stopped on a defect: {}",
+                outbox_relay::error_chain::error_chain(e)
+            );
+        }
+        ended
     }
 }
 
@@ -278,6 +287,12 @@ impl Drop for RelayProcess {
         if matches!(self.child.try_wait(), Ok(None)) {
             let _ = self.child.kill();
             let _ = self.child.wait();
+        }
+        // A defect is a bug of the relay's, whatever the test expected of it (the words of
+        // `RelayError::Defect`).
+        let stderr = self.stderr();
+        if !std::thread::panicking() && stderr.contains("stopped on a bug of its own") {
+            panic!("the relay stopped on a defect: {stderr}");
         }
     }
 }
