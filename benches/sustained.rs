@@ -22,7 +22,11 @@
 //! `BENCH_SEARCH_STEPS` (3), `BENCH_SUSTAIN_P99_MS` (100), `BENCH_DRAIN_SECS` (30),
 //! `BENCH_WRITERS` (4 connections), `BENCH_PIPELINE` (64 transactions in flight per connection),
 //! `BENCH_RELAY_ALT` (another build of the relay, run after each fixed and `max` phase of this one),
-//! `BENCH_RELAY_WRAPPER` (a command before the relay, e.g. `perf record`). Without `--bench` (`cargo
+//! `BENCH_RELAY_WRAPPER` (a command before the relay, e.g. `perf record`), `BENCH_STORAGE` (`file`, the
+//! stream the relay creates; `memory`: the bench creates the stream in memory before the relay starts,
+//! to tell nats-server's file staging of atomic batches apart from the rest; a bench knob, never a
+//! deployment's), `BENCH_ATOMIC_GROUP_MS` (unset: the relay's default `nats.atomic_group_ms`).
+//! Without `--bench` (`cargo
 //! test --benches`) it runs one 2 s phase at 1,000 events/s, single publishes, one event per
 //! transaction.
 
@@ -103,6 +107,10 @@ struct Knobs {
     pipeline: usize,
     criterion: Criterion,
     alt: Option<String>,
+    /// The stream in memory (`BENCH_STORAGE=memory`), created by the bench before the relay starts.
+    memory: bool,
+    /// `nats.atomic_group_ms` for the relay, when set.
+    group_ms: Option<u64>,
 }
 
 impl Knobs {
@@ -142,6 +150,14 @@ impl Knobs {
             alt: std::env::var("BENCH_RELAY_ALT")
                 .ok()
                 .filter(|p| !p.is_empty()),
+            memory: match std::env::var("BENCH_STORAGE").as_deref() {
+                Err(_) | Ok("" | "file") => false,
+                Ok("memory") => true,
+                Ok(other) => bail!("BENCH_STORAGE: {other:?} is neither file nor memory"),
+            },
+            group_ms: std::env::var("BENCH_ATOMIC_GROUP_MS")
+                .ok()
+                .and_then(|v| v.parse().ok()),
         })
     }
 }
@@ -182,7 +198,8 @@ async fn run(
     let postmaster = postmaster_pid(pg.data_dir())?;
     println!(
         "== sustained load: {:?} events/s × {:?} events per transaction × {}, {} s per phase; {} writer connections, \
-         up to {} transactions in flight each; search for the highest sustained rate: {}; load average {:.2} ==",
+         up to {} transactions in flight each; search for the highest sustained rate: {}; {} stream; atomic_group_ms {}; \
+         load average {:.2} ==",
         knobs.rates,
         knobs.shapes,
         knobs
@@ -195,6 +212,10 @@ async fn run(
         knobs.writers,
         knobs.pipeline,
         if knobs.search { "on" } else { "off" },
+        if knobs.memory { "memory" } else { "file" },
+        knobs
+            .group_ms
+            .map_or_else(|| "default".to_owned(), |g| g.to_string()),
         load_average(),
     );
     let mut bench = Bench {
@@ -390,6 +411,12 @@ impl Bench<'_> {
         if atomic {
             env.push(("OUTBOX_RELAY_NATS_ATOMIC_TRANSACTIONS", "true".to_owned()));
         }
+        if let Some(g) = self.knobs.group_ms {
+            env.push(("OUTBOX_RELAY_NATS_ATOMIC_GROUP_MS", g.to_string()));
+        }
+        if self.knobs.memory {
+            memory_stream(&nats.url(), atomic).await?;
+        }
         let mut relay = RelayChild::spawn_bin(bin, &env)?;
         wait_ready(&mut relay, &listen).await?;
         let walsender = self
@@ -457,6 +484,25 @@ impl Bench<'_> {
         phase.print_line();
         Ok(phase)
     }
+}
+
+/// The stream the relay would create (its default subjects and dead-letter subject), in memory:
+/// the relay finds it and uses it (with a warning that acknowledged events would not survive a
+/// restart of nats-server).
+async fn memory_stream(url: &str, atomic: bool) -> anyhow::Result<()> {
+    use async_nats::jetstream::{self, stream};
+    let js = jetstream::new(async_nats::connect(url).await?);
+    js.create_stream(stream::Config {
+        name: STREAM.to_owned(),
+        subjects: vec!["outbox.*".into(), "outbox_dead_letter".into()],
+        storage: stream::StorageType::Memory,
+        discard: stream::DiscardPolicy::New,
+        duplicate_window: Duration::from_secs(120),
+        allow_atomic_publish: atomic,
+        ..Default::default()
+    })
+    .await?;
+    Ok(())
 }
 
 /// Polls the relay's `/readyz` until it answers 200 (streaming, NATS connected); fails when the relay
