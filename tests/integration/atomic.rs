@@ -243,6 +243,13 @@ async fn kill_9_mid_drain_leaves_only_whole_transactions() {
     let env = relay_env(&config);
     let setup = run_command(&["setup"], &env, Duration::from_secs(60));
     assert!(setup.status.success(), "setup: {}", setup.stderr);
+    assert!(
+        setup
+            .stdout
+            .contains("publishing: atomic transactions (nats.atomic_transactions = true)"),
+        "setup names the publishing mode: {}",
+        setup.stdout
+    );
     let ids = write_transactions(&db, "k", &[PER; TXNS]);
     let js = nats.jetstream().await;
 
