@@ -9,7 +9,9 @@ WORKDIR /src
 ARG OUTBOX_RELAY_COMMIT=unknown
 COPY . .
 # Cache mounts keep the registry and target dir between builds; the binary is copied out of the
-# (unpersisted) target mount in the same step.
+# (unpersisted) target mount in the same step. The release profile (Cargo.toml) strips debug info and
+# symbols, so target/release/outbox-relay is the small binary users ship; a profile with symbols for
+# profiling is `--profile profiling` (target/profiling/), never the image's.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --release --locked --bin outbox-relay \

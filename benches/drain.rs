@@ -30,7 +30,8 @@
 //! `BENCH_BIG=1` (`BENCH_BIG_EVENTS`, 1000000), `BENCH_SCHEMAS` (validation off against on,
 //! `drain/schemas.rs`; `BENCH_SCHEMAS_ONLY=1` runs only that), `BENCH_POLL_INTERVALS_MS` (`5000,100`; empty skips the
 //! polling baseline), `BENCH_RELAY_WRAPPER` (a command prefix for the relay, e.g.
-//! `perf record -g -o relay.data --`; its RSS/CPU are then the wrapper's), `BENCH_HEADERS=1` (what
+//! `perf record -g -o relay.data --`, with `cargo bench --profile profiling` so the relay has
+//! symbols; its RSS/CPU are then the wrapper's), `BENCH_HEADERS=1` (what
 //! each header costs nats-server, `drain/headers.rs`; `BENCH_HEADERS_ONLY=1` runs only that),
 //! `BENCH_IDLE_COST=1` (the relay's CPU at idle and a trickle of events, `drain/trickle.rs`;
 //! `BENCH_IDLE_COST_ONLY=1` runs only that), `BENCH_FAST=1` (fast batch publishing against
@@ -52,8 +53,12 @@ mod fast;
 mod headers;
 #[path = "drain/latency.rs"]
 mod latency;
+#[path = "common/outbox_db.rs"]
+mod outbox_db;
 #[path = "drain/poll.rs"]
 mod poll;
+#[path = "common/relay_child.rs"]
+mod relay_child;
 #[path = "drain/schemas.rs"]
 mod schemas;
 #[path = "drain/shapes.rs"]
@@ -66,7 +71,7 @@ mod telemetry;
 mod trickle;
 
 use std::fs;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use cpu::{cpu_ms, stat_cpu_ms};
@@ -81,6 +86,7 @@ use outbox_relay::source::{
 };
 use outbox_relay::testkit::{NatsServer, PgServer, TestDb};
 use poll::{PgLoad, Poller};
+use relay_child::RelayChild;
 
 const PUBLICATION: &str = "bench_pub";
 const STREAM: &str = "OUTBOX";
@@ -221,17 +227,9 @@ struct Polling {
     latency: Option<Latency>,
 }
 
-/// The outbox table of the relay (sql/01) with a publication and the given slots; no autovacuum (its
-/// WAL would land between the backlog and the end position on some runs only).
+/// The outbox table of the relay (sql/01) with a publication and the given slots.
 fn relay_db_setup(db: &TestDb, slots: &[String]) -> anyhow::Result<()> {
-    let outbox_sql = fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/sql/01_outbox_table.sql"
-    ))?;
-    db.psql(&format!(
-        "{outbox_sql}\nALTER TABLE public.outbox SET (autovacuum_enabled = false);\n\
-         CREATE PUBLICATION {PUBLICATION} FOR TABLE public.outbox WITH (publish = 'insert');"
-    ));
+    outbox_db::outbox_setup(db, PUBLICATION)?;
     for slot in slots {
         db.psql(&format!(
             "SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput')"
@@ -939,63 +937,6 @@ async fn source(db: &TestDb, slot: &str, target: Lsn, events: u64) -> anyhow::Re
         bail!("source saw {inserts} inserts, expected {events}");
     }
     Ok(events as f64 / secs)
-}
-
-/// The relay binary, stopped on drop.
-struct RelayChild {
-    child: Child,
-    _dir: tempfile::TempDir,
-}
-
-impl RelayChild {
-    fn spawn_bin(bin: &str, env: &[(&str, String)]) -> anyhow::Result<RelayChild> {
-        let dir = tempfile::tempdir()?;
-        let wrapper = std::env::var("BENCH_RELAY_WRAPPER").unwrap_or_default();
-        let mut words: Vec<String> = wrapper.split_whitespace().map(str::to_owned).collect();
-        words.push(bin.to_owned());
-        words.push("run".to_owned());
-        let mut cmd = Command::new(&words[0]);
-        cmd.args(&words[1..]);
-        for (k, _) in std::env::vars() {
-            if k.starts_with("OUTBOX_RELAY_") {
-                cmd.env_remove(k);
-            }
-        }
-        cmd.envs(env.iter().map(|(k, v)| (*k, v.as_str())))
-            .stdin(Stdio::null())
-            .stdout(fs::File::create(dir.path().join("stdout"))?)
-            .stderr(fs::File::create(dir.path().join("stderr"))?);
-        let child = cmd.spawn().context("spawn outbox-relay")?;
-        Ok(RelayChild { child, _dir: dir })
-    }
-
-    fn log(&self) -> String {
-        fs::read_to_string(self._dir.path().join("stderr")).unwrap_or_default()
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// SIGTERM (a clean stop; a `perf record` wrapper then writes its data), SIGKILL after 10 s.
-    fn stop(&mut self) {
-        let _ = Command::new("sh")
-            .args(["-c", r#"kill -s TERM "$1" 2>/dev/null"#, "sh"])
-            .arg(self.child.id().to_string())
-            .status();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while matches!(self.child.try_wait(), Ok(None)) && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for RelayChild {
-    fn drop(&mut self) {
-        self.stop();
-    }
 }
 
 /// Peak resident set (VmHWM) of `pid` in MB.

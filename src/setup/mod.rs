@@ -249,6 +249,7 @@ async fn checks(
     let found_stream = stream::check(settings, js, report).await?;
     if mode == Mode::Setup {
         refuse_unfinished_backfill(settings, found_stream.as_ref())?;
+        report.lines.push(stream::publishing(settings));
     }
     // Another relay's slot or subjects (its stream: `stream::check`), or its table or message
     // prefix: refused before anything changes.

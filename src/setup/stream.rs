@@ -392,6 +392,22 @@ pub(super) async fn create(
     ))
 }
 
+/// How events are published, one sentence per mode (`nats.atomic_transactions`), so that setup's
+/// output tells the two apart (docs/configuration.md, "Single publishes or atomic transactions").
+pub(super) fn publishing(settings: &Settings) -> String {
+    if settings.config().nats.atomic_transactions {
+        "publishing: atomic transactions (nats.atomic_transactions = true): each Postgres transaction is \
+         stored whole or not at all as one JetStream atomic batch, its event ids in Outbox-Event-Id (no \
+         duplicate window applies), at a few milliseconds more per lone transaction"
+            .to_owned()
+    } else {
+        "publishing: single publishes (nats.atomic_transactions = false, the default): each event is its \
+         own JetStream message, deduplicated by Nats-Msg-Id within the duplicate window, and a consumer may \
+         see a transaction's first events before its last are stored"
+            .to_owned()
+    }
+}
+
 /// What a stream that setup creates is like: `file storage, subjects …, duplicate window …`.
 pub(super) fn described(settings: &Settings) -> String {
     let n = &settings.config().nats;
@@ -422,6 +438,28 @@ pub(super) fn described(settings: &Settings) -> String {
 mod tests {
     use super::*;
     use async_nats::HeaderMap;
+
+    #[test]
+    fn setup_tells_the_two_publishing_modes_apart_in_one_sentence_each() {
+        let mut c = crate::config::Config::default();
+        let single = publishing(&c.clone().validate().unwrap());
+        c.nats.atomic_transactions = true;
+        let atomic = publishing(&c.validate().unwrap());
+        assert!(
+            single.starts_with("publishing: single publishes"),
+            "{single}"
+        );
+        assert!(
+            atomic.starts_with("publishing: atomic transactions"),
+            "{atomic}"
+        );
+        for line in [&single, &atomic] {
+            assert!(
+                !line.contains(". ") && !line.contains('\n'),
+                "one sentence: {line}"
+            );
+        }
+    }
 
     #[test]
     fn the_commit_lsn_comes_from_its_header_or_else_from_the_position() {

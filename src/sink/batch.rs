@@ -168,8 +168,9 @@ impl Batcher {
     }
 
     /// When the waiting batch is to be committed: once the batch before it is stored (`batches`,
-    /// committed and not yet settled, is 0) and `bound` after its first transaction's end. `None`
-    /// while nothing waits, or while the batch before it is in flight (its ack comes first).
+    /// committed and not yet settled, is 0) and `bound` after its first transaction's end, or at
+    /// once when that end found no batch in flight (`group.rs`). `None` while nothing waits, or
+    /// while the batch before it is in flight (its ack comes first).
     pub(super) fn due(&self, batches: usize, bound: Option<Duration>) -> Option<Instant> {
         let waiting = self.waiting.as_ref()?;
         if batches > 0 {
@@ -249,11 +250,11 @@ impl Batcher {
         }
     }
 
-    /// A transaction ended while grouping: what to send now as members of the waiting batch, in
-    /// order (the event held before, and the ended transaction's events but its last, which is
-    /// held back in turn); a batch that did not wait yet starts waiting. `None`: nothing to do (no
-    /// event since the last commit).
-    fn transaction_ended(&mut self, now: Instant) -> Option<Vec<Held>> {
+    /// A transaction ended while grouping, with `in_flight` batches committed and not yet
+    /// stored: what to send now as members of the waiting batch, in order (the event held before,
+    /// and the ended transaction's events but its last, which is held back in turn); a batch that
+    /// did not wait yet starts waiting. `None`: nothing to do (no event since the last commit).
+    fn transaction_ended(&mut self, now: Instant, in_flight: usize) -> Option<Vec<Held>> {
         match self.waiting.as_mut() {
             Some(waiting) => {
                 // It fits: `submit` commits the group before a transaction outgrows it.
@@ -268,7 +269,7 @@ impl Batcher {
             }
             None if self.held.is_none() => None,
             None => {
-                self.waiting = Some(Waiting::new(now));
+                self.waiting = Some(Waiting::new(now, in_flight));
                 Some(Vec::new())
             }
         }
@@ -360,7 +361,7 @@ impl Batcher {
                 None => Ok(()),
             };
         }
-        let Some(sends) = self.transaction_ended(Instant::now()) else {
+        let Some(sends) = self.transaction_ended(Instant::now(), flight.batches()) else {
             return Ok(());
         };
         for next in sends {
@@ -631,12 +632,13 @@ mod tests {
         let bound = Some(Duration::from_millis(5));
         let mut b = Batcher::new(1 << 20, None);
         assert!(
-            b.transaction_ended(now).is_none(),
+            b.transaction_ended(now, 1).is_none(),
             "nothing since the last commit"
         );
         b.hold(held(0, 10, None));
-        // The first transaction's end: the batch waits, nothing is sent yet.
-        assert_eq!(b.transaction_ended(now).map(|s| s.len()), Some(0));
+        // The first transaction's end, behind a batch in flight: the batch waits, nothing is
+        // sent yet.
+        assert_eq!(b.transaction_ended(now, 1).map(|s| s.len()), Some(0));
         assert_eq!(b.due(0, bound), Some(now + Duration::from_millis(5)));
         assert_eq!(b.due(1, bound), None, "the batch before it is in flight");
         // The next transaction's events are kept back while it is open...
@@ -645,13 +647,28 @@ mod tests {
         assert_eq!(b.uncommitted(), 2, "kept back: not committed on shutdown");
         // ...and join the group whole at its end: the one held before and all but its last go
         // out as members, its last is held.
-        let sends = b.transaction_ended(now).expect("sends");
+        let sends = b.transaction_ended(now, 0).expect("sends");
         assert_eq!(sends.iter().map(|h| h.item.seq).collect::<Vec<_>>(), [0, 1]);
         assert_eq!(b.held.as_ref().map(|h| h.item.seq), Some(2));
         assert_eq!(
-            b.transaction_ended(now).map(|s| s.len()),
+            b.transaction_ended(now, 0).map(|s| s.len()),
             Some(0),
             "a transaction without events"
+        );
+    }
+
+    #[test]
+    fn a_transactions_end_with_nothing_in_flight_is_due_at_once() {
+        let now = Instant::now();
+        let bound = Some(Duration::from_millis(5));
+        let mut b = Batcher::new(1 << 20, None);
+        b.hold(held(0, 10, None));
+        assert_eq!(b.transaction_ended(now, 0).map(|s| s.len()), Some(0));
+        assert_eq!(b.due(0, bound), Some(now), "committed now, not 5 ms later");
+        assert_eq!(
+            b.due(1, bound),
+            None,
+            "never before the batch ahead is stored"
         );
     }
 

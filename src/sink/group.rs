@@ -7,7 +7,10 @@
 //! a second. With it, a transaction's end leaves the batch open, *waiting*: the transactions after
 //! it join it while the batch before it waits for its ack, and for at most the bound after the
 //! first of them ended. It is committed when both are over, or earlier when the next transaction
-//! would not fit the batch limit or the window.
+//! would not fit the batch limit or the window. A group whose first transaction ends with no
+//! batch in flight is committed at once (`Waiting::alone`): nothing is being stored for others
+//! to gather behind, and waiting the bound would only add it to a lone transaction's latency
+//! (the transactions after it gather while it is in flight, as behind any other batch).
 //!
 //! Each transaction stays all-or-nothing, because the group is: a waiting batch takes the next
 //! transaction's events only once that transaction ended. Until then they are kept back
@@ -32,6 +35,10 @@ use super::window::Held;
 pub(super) struct Waiting {
     /// When its first transaction ended: it waits no longer than the bound after that.
     since: Instant,
+    /// No batch was in flight when its first transaction ended: it is due at once. At a low rate
+    /// every transaction is such a group, and the bound was most of what it waited in the relay
+    /// (docs/performance.md, round 5).
+    alone: bool,
     /// The events of the transaction after it, kept back until that one ends.
     kept: Vec<Held>,
 }
@@ -44,10 +51,11 @@ pub(super) struct Fill {
 }
 
 impl Waiting {
-    /// A batch that starts waiting at `since`.
-    pub(super) fn new(since: Instant) -> Self {
+    /// A batch that starts waiting at `since`, behind `in_flight` batches in flight (none: alone).
+    pub(super) fn new(since: Instant, in_flight: usize) -> Self {
         Waiting {
             since,
+            alone: in_flight == 0,
             kept: Vec::new(),
         }
     }
@@ -72,9 +80,14 @@ impl Waiting {
         self.kept.len()
     }
 
-    /// When it is due: `bound` after its first transaction ended.
+    /// When it is due: `bound` after its first transaction ended, or then when it began
+    /// alone.
     pub(super) fn due(&self, bound: Duration) -> Instant {
-        self.since + bound
+        if self.alone {
+            self.since
+        } else {
+            self.since + bound
+        }
     }
 
     /// Whether the batch, holding `fill`, can still take `n` more events of `size` window bytes
@@ -98,9 +111,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_group_is_due_its_bound_after_it_began() {
+    fn a_group_behind_a_batch_in_flight_is_due_its_bound_after_it_began() {
         let since = Instant::now();
-        let w = Waiting::new(since);
+        let w = Waiting::new(since, 1);
         assert_eq!(
             w.due(Duration::from_millis(3)),
             since + Duration::from_millis(3)
@@ -109,8 +122,19 @@ mod tests {
     }
 
     #[test]
+    fn a_group_that_began_with_nothing_in_flight_is_due_at_once() {
+        let since = Instant::now();
+        let w = Waiting::new(since, 0);
+        assert_eq!(
+            w.due(Duration::from_millis(3)),
+            since,
+            "not its bound later"
+        );
+    }
+
+    #[test]
     fn a_group_takes_events_only_within_the_batch_limit_and_the_window() {
-        let w = Waiting::new(Instant::now());
+        let w = Waiting::new(Instant::now(), 1);
         let fill = Fill {
             messages: 8,
             bytes: 800,

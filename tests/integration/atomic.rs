@@ -210,7 +210,8 @@ async fn a_batch_waiting_behind_one_in_flight_is_stored_whole_after_it_without_a
 
     proxy.blackhole(true);
     let a = write_transactions(&db, "a", &[3]);
-    // A waits its bound (1 s: nothing is in flight) and is then committed, into the black hole.
+    // A is committed at once (nothing is in flight, so it does not wait its bound), into the
+    // black hole.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let b = write_transactions(&db, "b", &[2]);
     // Long enough for the relay to see B end (B waits behind A, in flight); well inside B's bound.
@@ -242,6 +243,13 @@ async fn kill_9_mid_drain_leaves_only_whole_transactions() {
     let env = relay_env(&config);
     let setup = run_command(&["setup"], &env, Duration::from_secs(60));
     assert!(setup.status.success(), "setup: {}", setup.stderr);
+    assert!(
+        setup
+            .stdout
+            .contains("publishing: atomic transactions (nats.atomic_transactions = true)"),
+        "setup names the publishing mode: {}",
+        setup.stdout
+    );
     let ids = write_transactions(&db, "k", &[PER; TXNS]);
     let js = nats.jetstream().await;
 
