@@ -175,7 +175,14 @@ async fn spans_continue_the_writers_trace_and_the_messages_name_them() {
     let stored = read_all(&js, stream).await;
     let by_id: BTreeMap<&str, &Stored> = stored
         .iter()
-        .filter_map(|m| Some((m.headers.get("Nats-Msg-Id")?.as_str(), m)))
+        .filter_map(|m| {
+            // The event id: a dead letter's Nats-Msg-Id is its own (`dead-letter:<id>`).
+            let id = m
+                .headers
+                .get("Outbox-Event-Id")
+                .or(m.headers.get("Nats-Msg-Id"))?;
+            Some((id.as_str(), m))
+        })
         .collect();
     let m = |id: &str| {
         *by_id

@@ -24,6 +24,7 @@ use async_nats::header::{NATS_BATCH_COMMIT, NATS_BATCH_ID, NATS_BATCH_SEQUENCE};
 use async_nats::{HeaderMap, StatusCode};
 use bytes::Bytes;
 use outbox_relay::message::{EXPECTED_LAST_MSG_ID, EXPECTED_LAST_SEQUENCE, NATS_MSG_ID};
+use outbox_relay::nats::StoredMessage;
 use outbox_relay::nats::{NatsError, NatsErrorKind};
 use tokio::sync::{Notify, mpsc};
 use tokio::time::Instant;
@@ -115,6 +116,14 @@ impl Stored {
     }
 }
 
+/// The event id a message is for: `Outbox-Event-Id` (a batch message, a dead letter, a parked
+/// copy), else `Nats-Msg-Id`.
+fn event_id(h: &HeaderMap) -> Option<String> {
+    h.get("Outbox-Event-Id")
+        .or_else(|| h.get(NATS_MSG_ID))
+        .map(|v| v.as_str().to_owned())
+}
+
 /// When a forged answer is planted, against JetStream's own.
 #[derive(Clone, Copy, Debug)]
 enum Plant {
@@ -144,7 +153,8 @@ struct State {
     limits: Limits,
     retention: Retention,
     messages: Vec<Stored>,
-    /// When the relay last stored a message with each `Nats-Msg-Id` (looked up, never iterated).
+    /// When the relay last stored a message for each event id (`Outbox-Event-Id`, else
+    /// `Nats-Msg-Id`; looked up, never iterated).
     ids: HashMap<String, Instant>,
     /// `Nats-Msg-Id` → (sequence, stored at): the duplicate window's memory.
     dedup: BTreeMap<String, (u64, Instant)>,
@@ -251,8 +261,8 @@ impl JetStream {
             queue.into_iter().partition(|_| self.dice.chance(0.5));
         s.queue = kept;
         for m in lost {
-            if let Some(id) = m.headers.get(NATS_MSG_ID) {
-                s.facts.lost.insert(id.as_str().to_owned());
+            if let Some(id) = event_id(&m.headers) {
+                s.facts.lost.insert(id);
             }
         }
         trace!(
@@ -302,7 +312,7 @@ impl JetStream {
         trace!(self.trace, "nats up");
     }
 
-    /// Whether the relay stored a message with this `Nats-Msg-Id` at `since` or later (an earlier
+    /// Whether the relay stored a message for this event id at `since` or later (an earlier
     /// one is another event's: an id made of an LSN that a restore reused).
     pub(crate) fn holds(&self, msg_id: &str, since: Instant) -> bool {
         self.state
@@ -556,8 +566,8 @@ impl JetStream {
         {
             trace!(self.trace, "js refused {short}: {why}");
             // Not stored: as good as lost on the way, for what the checks excuse.
-            if let Some(id) = &id {
-                s.facts.lost.insert(id.clone());
+            if let Some(id) = event_id(&m.headers) {
+                s.facts.lost.insert(id);
             }
             Ok(format!(
                 r#"{{"error":{{"code":503,"err_code":10077,"description":"{why}"}}}}"#
@@ -685,12 +695,14 @@ impl JetStream {
         if let Some(id) = &id {
             s.dedup.insert(id.clone(), (seq, now));
         }
-        // What P2 asks about: the event id, also of a batch message (`Outbox-Event-Id`).
-        if let Some(event) = id.clone().or_else(|| {
-            m.headers
-                .get("Outbox-Event-Id")
-                .map(|v| v.as_str().to_owned())
-        }) {
+        // What P2 asks about: the event id, `Outbox-Event-Id` on a batch message, a dead letter
+        // or a parked copy (their `Nats-Msg-Id` is their own), else `Nats-Msg-Id`.
+        if let Some(event) = m
+            .headers
+            .get("Outbox-Event-Id")
+            .map(|v| v.as_str().to_owned())
+            .or_else(|| id.clone())
+        {
             s.ids.insert(event, now);
         }
         s.last_msg_id = id.clone().unwrap_or_default();
@@ -1240,5 +1252,53 @@ impl JetStream {
             .take(max)
             .map(|m| (m.seq, m.headers.clone()))
             .collect())
+    }
+    /// The stream's messages still there on subjects `filter` matches (a subject, or `prefix.>`)
+    /// from sequence `from` on, at most `max`; with `last`, only the last message of each subject
+    /// (then from the start, whole). Payloads only with `payloads`.
+    pub(crate) fn on_subjects(
+        &self,
+        stream: &str,
+        filter: &str,
+        from: u64,
+        max: usize,
+        last: bool,
+        payloads: bool,
+    ) -> Result<Vec<StoredMessage>, NatsError> {
+        let s = self.state.lock().unwrap();
+        if s.down {
+            return Err(down());
+        }
+        if stream != STREAM {
+            return Err(no_stream(stream));
+        }
+        let matches = |subject: &str| match filter.strip_suffix(">") {
+            Some(prefix) => subject.starts_with(prefix) && subject.len() > prefix.len(),
+            None => subject == filter,
+        };
+        let start = s.messages.partition_point(|m| m.seq < from);
+        let hits = s.messages[start..]
+            .iter()
+            .filter(|m| !m.gone && matches(&m.subject));
+        let shown = |m: &Stored| StoredMessage {
+            seq: m.seq,
+            subject: m.subject.clone(),
+            headers: m.headers.clone(),
+            payload: if payloads {
+                m.payload.clone()
+            } else {
+                Bytes::new()
+            },
+        };
+        if !last {
+            return Ok(hits.take(max).map(shown).collect());
+        }
+        let mut lasts: BTreeMap<&str, &Stored> = BTreeMap::new();
+        for m in hits {
+            lasts.insert(&m.subject, m);
+        }
+        let mut out: Vec<StoredMessage> = lasts.into_values().map(shown).collect();
+        out.sort_by_key(|m| m.seq);
+        Ok(out)
     }
 }

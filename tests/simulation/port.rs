@@ -14,7 +14,8 @@ use async_nats::HeaderMap;
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use outbox_relay::nats::{
-    Answers, HeaderRead, JetStreamPort, NatsError, NatsErrorKind, StreamTail,
+    Answers, HeaderRead, JetStreamPort, MessageRead, NatsError, NatsErrorKind, StoredMessage,
+    StreamTail, SubjectRead,
 };
 
 use super::jetstream::{JetStream, SendError};
@@ -112,6 +113,29 @@ impl JetStreamPort for ProcessPort {
         Box::pin(async move { self.js.message_headers(stream, seq) })
     }
 
+    fn read_subjects<'a>(
+        &'a self,
+        stream: &'a str,
+        filter: &'a str,
+        read: SubjectRead,
+        _: Duration,
+    ) -> BoxFuture<'a, Result<Box<dyn MessageRead>, NatsError>> {
+        Box::pin(async move {
+            let from = match read {
+                SubjectRead::Last => 1,
+                SubjectRead::Headers(from) | SubjectRead::From(from) => from.max(1),
+            };
+            Ok(Box::new(SubjectReader {
+                js: Arc::clone(&self.js),
+                stream: stream.to_owned(),
+                filter: filter.to_owned(),
+                read,
+                next: Some(from),
+                chunk: VecDeque::new(),
+            }) as Box<dyn MessageRead>)
+        })
+    }
+
     fn read_headers<'a>(
         &'a self,
         stream: &'a str,
@@ -127,6 +151,43 @@ impl JetStreamPort for ProcessPort {
                 to,
                 chunk: VecDeque::new(),
             }) as Box<dyn HeaderRead>)
+        })
+    }
+}
+
+/// A read of some subjects ([`JetStream::on_subjects`]): the last message of each at once, or
+/// every message from a sequence in chunks.
+struct SubjectReader {
+    js: Arc<JetStream>,
+    stream: String,
+    filter: String,
+    read: SubjectRead,
+    /// The first sequence not asked for yet (`None`: all asked).
+    next: Option<u64>,
+    chunk: VecDeque<StoredMessage>,
+}
+
+impl MessageRead for SubjectReader {
+    fn next(&mut self) -> BoxFuture<'_, Result<Option<StoredMessage>, NatsError>> {
+        Box::pin(async move {
+            while self.chunk.is_empty()
+                && let Some(from) = self.next
+            {
+                let (last, payloads) = match self.read {
+                    SubjectRead::Last => (true, false),
+                    SubjectRead::Headers(_) => (false, false),
+                    SubjectRead::From(_) => (false, true),
+                };
+                let got =
+                    self.js
+                        .on_subjects(&self.stream, &self.filter, from, CHUNK, last, payloads)?;
+                self.next = match got.last() {
+                    Some(m) if !last && got.len() == CHUNK => Some(m.seq + 1),
+                    _ => None,
+                };
+                self.chunk = got.into();
+            }
+            Ok(self.chunk.pop_front())
         })
     }
 }
