@@ -508,6 +508,9 @@ async fn requeue(
     opts: &RequeueOptions,
     json_logs: bool,
 ) -> ExitCode {
+    if let Err(e) = parking_ops::refuse_event(&request) {
+        return fail(json_logs, &e);
+    }
     if !opts.force
         && let Err(e) = parking_ops::refuse_unparked(config, &request).await
     {

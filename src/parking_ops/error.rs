@@ -55,6 +55,15 @@ pub enum RequeueError {
         /// The login role.
         role: String,
     },
+    /// `--event`: this version's relay reads a dead letter's requeue but does not carry it out, so
+    /// sending one would report a release that never happens.
+    #[error(
+        "requeue --event {event}: this version of the relay does not republish a dead letter yet (it would count the request and leave the dead letter): fix the cause and insert the event again with the same id, as docs/recovery.md, \"Requeue one dead letter\", says"
+    )]
+    EventNotCarriedOut {
+        /// The event id, escaped.
+        event: String,
+    },
     /// The key is not parked (and no `--force`).
     #[error(
         "{key} is not parked (outbox-relay parked lists what is), so there is nothing to {op}: pass --force to send the request anyway"

@@ -14,5 +14,5 @@ mod wait;
 pub use error::RequeueError;
 pub use key::{Key, KeyError};
 pub use parked::{Parked, ParkedError, ParkedReport, parked};
-pub use requeue::{Request, Sent, refuse_unparked, send, wait_stored};
+pub use requeue::{Request, Sent, refuse_event, refuse_unparked, send, wait_stored};
 pub use wait::Waited;

@@ -81,6 +81,17 @@ impl fmt::Display for Sent {
     }
 }
 
+/// Refuses a dead letter's requeue, with or without `--force`: this version's relay reads it but
+/// does not carry it out, and `requeue` would then report a release that never happens.
+pub fn refuse_event(request: &Request) -> Result<(), RequeueError> {
+    match request {
+        Request::RequeueEvent(id) => Err(RequeueError::EventNotCarriedOut {
+            event: shown(id, 200),
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// Refuses a requeue or discard of a key the stream does not show parked (the newest message of
 /// its parking subject is no parked copy), or when that cannot be read. A dead letter's requeue is
 /// not checked here: the relay looks for it when it reads the request.
