@@ -38,7 +38,8 @@
 //! per-message acks, `drain/fast.rs`; `BENCH_FAST_ONLY=1` runs only that),
 //! `BENCH_ATOMIC_COST_ONLY=1` (atomic batches' fixed cost in nats-server, `drain/atomic.rs`),
 //! `BENCH_ATOMIC_LATENCY_ONLY=1` (commit → consumer latency of atomic transactions with group commit
-//! on and off, `drain/atomic_latency.rs`). Under `cargo test --benches` (no `--bench` argument) it
+//! on and off, `drain/atomic_latency.rs`), `BENCH_PARK=1` (`on_invalid = "park"` against `dead_letter`
+//! and the cost of a parked event, `drain/parking.rs`; `BENCH_PARK_ONLY=1` runs only that). Under `cargo test --benches` (no `--bench` argument) it
 //! does nothing: starting servers is the tests' job.
 
 #[path = "drain/atomic.rs"]
@@ -55,6 +56,8 @@ mod headers;
 mod latency;
 #[path = "common/outbox_db.rs"]
 mod outbox_db;
+#[path = "drain/parking.rs"]
+mod parking;
 #[path = "drain/poll.rs"]
 mod poll;
 #[path = "common/relay_child.rs"]
@@ -335,6 +338,13 @@ async fn run(pg: &PgServer) -> anyhow::Result<()> {
     }
     if headers_only || idle_only {
         return Ok(());
+    }
+    // What park mode costs (`drain/parking.rs`), on request.
+    if let Some(r) = parking::run(pg).await? {
+        parking::print(&r);
+        if flag("BENCH_PARK_ONLY") {
+            return Ok(());
+        }
     }
     // 0. Transaction shapes × payload sizes (`drain/shapes.rs`).
     let shape_rows = if std::env::var("BENCH_SHAPES").map_or(true, |v| !v.is_empty()) {
