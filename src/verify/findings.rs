@@ -11,6 +11,7 @@ use super::class::Class;
 use super::compare::{Unmatched, hash64, unmatched};
 use super::look::dead_letter_detail;
 use super::messages::Messages;
+use super::parked::ParkedRuns;
 use super::report::{EXAMPLES, Example, VerifyReport};
 use super::side::{Head, StreamSide, stream_error};
 use super::stream::{StreamScan, event_id};
@@ -208,13 +209,15 @@ fn hole(report: &mut VerifyReport, n: u64, (from, to): (u64, u64), why: &str) {
 }
 
 /// Counts the events no row found: stream-only events, and among them those stored only as dead
-/// letters (a difference: consumers of their subject never saw them).
+/// letters (a difference: consumers of their subject never saw them) or only as parked copies
+/// (parked or discarded, as their key's run stands).
 pub(crate) async fn stream_only(
     stream: &Stream,
     parts: &[&Messages],
+    runs: &mut ParkedRuns<'_>,
     report: &mut VerifyReport,
 ) -> Result<(), VerifyError> {
-    let (mut routed, mut dead, mut listed) = (0u64, 0u64, Vec::new());
+    let (mut routed, mut dead, mut listed, mut parked) = (0u64, 0u64, Vec::new(), Vec::new());
     unmatched(parts, |u| match u {
         Unmatched::Routed(_) => routed += 1,
         Unmatched::DeadLetter(seq) => {
@@ -223,8 +226,26 @@ pub(crate) async fn stream_only(
                 listed.push(seq);
             }
         }
+        // Their sequences: 8 bytes each, beside the 16 of each message kept already.
+        Unmatched::Parked(seq) => parked.push(seq),
     });
-    report.add_n(Class::StreamOnly, routed + dead, || None);
+    report.add_n(
+        Class::StreamOnly,
+        routed + dead + parked.len() as u64,
+        || None,
+    );
+    for seq in parked {
+        if let Some((id, (class, sequence, detail))) = runs.class(stream, None, seq).await {
+            let detail = detail.map(|d| format!("{d} (no row)"));
+            report.add(class, || {
+                Some(Example {
+                    event_id: id,
+                    sequence,
+                    detail,
+                })
+            });
+        }
+    }
     for &seq in &listed {
         let m = read(stream, seq).await?;
         report.add(Class::DeadLettered, || {

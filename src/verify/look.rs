@@ -2,7 +2,8 @@
 //! snapshot), and each candidate row is classed by its id, not its hash. A row not in the stream
 //! is classed by [`AbsentRules`] (the slot, the stream's head, the backfill that began it); a row
 //! whose message carries another subject or payload, or that only a dead letter carries, is
-//! compared with that message read again by its sequence, which must carry the row's own id.
+//! compared with that message read again by its sequence, which must carry the row's own id; one
+//! only parked copies carry is parked or discarded as its key's run stands (`parked.rs`).
 //! Every row that is not proven is handed to the proof ([`ProofTracker::unproven`]).
 
 use async_nats::jetstream;
@@ -10,6 +11,7 @@ use async_nats::jetstream;
 use super::VerifyError;
 use super::class::Class;
 use super::compare::{RowFinding, RowRec, hash64};
+use super::parked::ParkedRuns;
 use super::proof::ProofTracker;
 use super::report::{Example, VerifyReport};
 use super::rows::{RowView, Table};
@@ -77,8 +79,8 @@ pub(crate) async fn second_look(
     table: &Table,
     candidates: &[Candidate],
     ctx: &LookCtx<'_>,
-    report: &mut VerifyReport,
-    proof: &mut ProofTracker,
+    runs: &mut ParkedRuns<'_>,
+    (report, proof): (&mut VerifyReport, &mut ProofTracker),
 ) -> Result<(), VerifyError> {
     let o = &ctx.settings.config().outbox;
     table
@@ -95,6 +97,7 @@ pub(crate) async fn second_look(
                 RowFinding::Absent => Some((ctx.rules.class(h, r.created_us), None, None)),
                 RowFinding::Differs(seq) => differs(ctx, &r, id, seq).await,
                 RowFinding::DeadLettered(seq) => dead_lettered(ctx, id, seq).await,
+                RowFinding::Parked(seq) => runs.class(ctx.stream, Some(id), seq).await.map(|f| f.1),
             };
             if let Some((class, sequence, detail)) = found {
                 proof.unproven(r.created_us, Some(class));

@@ -34,6 +34,7 @@ mod findings;
 mod limits;
 mod look;
 mod messages;
+mod parked;
 mod proof;
 mod report;
 mod rows;

@@ -9,6 +9,7 @@ use super::compare::{self, DEAD_LETTER, RowFinding, RowRec, content_hash, hash64
 use super::findings;
 use super::look::{self, AbsentRules, Candidate, LookCtx};
 use super::messages::Messages;
+use super::parked::ParkedRuns;
 use super::proof::{self, ProofTracker};
 use super::report::{Proven, VerifyReport};
 use super::side::{Head, StreamSide};
@@ -56,6 +57,8 @@ pub(super) struct Run<'a, P> {
     unusable_ids: u64,
     /// What explains the messages gone before the stream's first one.
     head: Option<Head>,
+    /// The runs of the parked keys the parked copies belong to.
+    runs: ParkedRuns<'a>,
     report: VerifyReport,
 }
 
@@ -69,6 +72,7 @@ impl<'a, P: FnMut(String)> Run<'a, P> {
     ) -> Self {
         let n = &settings.config().nats;
         let below = rows.as_ref().and_then(|r| r.table.snapshot_lsn);
+        let runs = ParkedRuns::new(settings, &side.nats);
         Run {
             settings,
             opts,
@@ -84,6 +88,7 @@ impl<'a, P: FnMut(String)> Run<'a, P> {
             unproven_ids: Vec::new(),
             unusable_ids: 0,
             head: None,
+            runs,
             report: VerifyReport {
                 stream: n.stream.clone(),
                 fence: n.fence,
@@ -235,7 +240,7 @@ impl<'a, P: FnMut(String)> Run<'a, P> {
                     .into(),
             );
         } else {
-            findings::stream_only(stream, &parts, report).await?;
+            findings::stream_only(stream, &parts, &mut self.runs, report).await?;
         }
         let mut ids: Vec<(u64, Class)> = dup_ids
             .into_iter()
@@ -283,7 +288,16 @@ impl<'a, P: FnMut(String)> Run<'a, P> {
             unproven_ids: &self.unproven_ids,
         };
         let (report, proof) = (&mut self.report, &mut self.proof);
-        look::second_look(&rows.pg, &rows.table, &self.candidates, &ctx, report, proof).await?;
+        let runs = &mut self.runs;
+        look::second_look(
+            &rows.pg,
+            &rows.table,
+            &self.candidates,
+            &ctx,
+            runs,
+            (report, proof),
+        )
+        .await?;
         if let Some(s) = self
             .side
             .start
