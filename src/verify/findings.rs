@@ -14,6 +14,7 @@ use super::messages::Messages;
 use super::parked::ParkedRuns;
 use super::report::{EXAMPLES, Example, VerifyReport};
 use super::side::{Head, StreamSide, stream_error};
+use super::skipped::Skipped;
 use super::stream::{StreamScan, event_id};
 
 /// Out-of-order messages read again for their ids, at most; past it the proof proves nothing.
@@ -163,15 +164,19 @@ pub(crate) fn holes(
             Some(Head {
                 why,
                 before: Some(t),
-            }) => report.skipped.push(format!(
-                "{gone} sequences before the stream's first message ({from}..{to}) are gone: {why} explains those \
-                 stored before {}; rows created after it whose message is gone count as missing",
-                super::report::rfc3339_unix_us(*t)
-            )),
-            Some(h) => report.skipped.push(format!(
-                "{gone} sequences before the stream's first message ({from}..{to}) are gone by {}",
-                h.why
-            )),
+            }) => report.skipped.push(Skipped::HeadBefore {
+                gone,
+                from,
+                to,
+                why: why.clone(),
+                before: super::report::rfc3339_unix_us(*t),
+            }),
+            Some(h) => report.skipped.push(Skipped::Head {
+                gone,
+                from,
+                to,
+                why: h.why.clone(),
+            }),
             None => hole(
                 report,
                 gone,
@@ -184,11 +189,10 @@ pub(crate) fn holes(
         return;
     }
     if let Some(why) = side.limits.explains_inside() {
-        report.skipped.push(format!(
-            "{} sequences inside the stream are gone, which {why} may explain: not counted as holes, and rows \
-             whose message it removed count as missing",
-            scan.gone
-        ));
+        report.skipped.push(Skipped::Inside {
+            gone: scan.gone,
+            why: why.to_owned(),
+        });
         return;
     }
     for &range in &scan.gone_ranges {

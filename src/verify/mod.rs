@@ -40,12 +40,14 @@ mod report;
 mod rows;
 mod run;
 mod side;
+mod skipped;
 mod slot;
 mod stream;
 mod unreachable;
 
 pub use class::Class;
 pub use report::{Example, Proven, VerifyReport};
+pub use skipped::Skipped;
 pub use slot::DEFAULT_SLOT_LOOK;
 
 use messages::MAX_SPAN;

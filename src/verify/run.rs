@@ -13,6 +13,7 @@ use super::parked::ParkedRuns;
 use super::proof::{self, ProofTracker};
 use super::report::{Proven, VerifyReport};
 use super::side::{Head, StreamSide};
+use super::skipped::Skipped;
 use super::slot::{self, Waiting};
 use super::stream::{PROGRESS_EVERY, StreamScan, split_position};
 use super::{ROWS_CURSOR, Rows, VerifyError, VerifyOptions, expected_subject, first_time_us, span};
@@ -234,11 +235,7 @@ impl<'a, P: FnMut(String)> Run<'a, P> {
         findings::foreign(stream, &self.scan.foreign, report).await?;
         findings::holes(&self.side, self.head.as_ref(), &self.scan, report);
         if self.opts.where_sql.is_some() || self.opts.since.is_some() {
-            report.skipped.push(
-                "stream_only and dead letters without a row (--where or --since leave rows out, whose \
-                 messages would count)"
-                    .into(),
-            );
+            report.skipped.push(Skipped::StreamOnlyFiltered);
         } else {
             findings::stream_only(stream, &parts, &mut self.runs, report).await?;
         }
@@ -307,14 +304,12 @@ impl<'a, P: FnMut(String)> Run<'a, P> {
             // Stream metadata anyone allowed to update the stream may write: shown escaped and
             // bounded, never run.
             let shown = |v: &str| crate::text::shown(v, 1024);
-            report.skipped.push(format!(
-                "{} rows created before the backfill that began this stream (slot {}, {}, --where \"{}\") are \
-                 in no message: that backfill did not select them, so they are not the relay's (before_backfill)",
-                report.count(Class::BeforeBackfill),
-                shown(&s.slot),
-                shown(&s.started),
-                shown(s.where_sql.as_deref().unwrap_or_default())
-            ));
+            report.skipped.push(Skipped::BeforeBackfill {
+                rows: report.count(Class::BeforeBackfill),
+                slot: shown(&s.slot),
+                started: shown(&s.started),
+                where_sql: shown(s.where_sql.as_deref().unwrap_or_default()),
+            });
         }
         Ok(())
     }
@@ -325,16 +320,13 @@ impl<'a, P: FnMut(String)> Run<'a, P> {
             return Ok(());
         };
         if self.opts.where_sql.is_some() || self.opts.since.is_some() {
-            self.report
-                .skipped
-                .push("proven_up_to (it is said for a check of every row)".into());
+            self.report.skipped.push(Skipped::ProofFiltered);
             return Ok(());
         }
         if !rows.table.has_created {
-            self.report.skipped.push(format!(
-                "proven_up_to ({} has no created_at column to say it in)",
-                self.settings.config().outbox.table
-            ));
+            self.report.skipped.push(Skipped::ProofNoCreatedAt {
+                table: self.settings.config().outbox.table.clone(),
+            });
             return Ok(());
         }
         let created = self.proof.created_bound();
@@ -392,11 +384,10 @@ impl<'a, P: FnMut(String)> Run<'a, P> {
         r.last_sequence = self.scan.last_read;
         r.checks = vec!["once", "order", "gap_free"];
         if self.unusable_ids > 0 {
-            r.skipped.push(format!(
-                "{} rows without a usable event id (null, empty, over {MAX_ID_BYTES} bytes or with a line break): \
-                 the relay publishes them under a WAL-derived id, which no row can be matched with",
-                self.unusable_ids
-            ));
+            r.skipped.push(Skipped::UnusableIds {
+                rows: self.unusable_ids,
+                max_id_bytes: MAX_ID_BYTES,
+            });
         }
         match &self.rows {
             Some(rows) => {
@@ -405,18 +396,14 @@ impl<'a, P: FnMut(String)> Run<'a, P> {
                 if self.opts.payloads {
                     r.checks.push("payloads");
                 } else {
-                    r.skipped.push("payloads (give --payloads)".into());
+                    r.skipped.push(Skipped::Payloads);
                 }
                 if self.opts.record {
                     proof::record(self.settings, &rows.table, &r.proven_up_to, r.rows).await?;
                 }
                 rows.close().await;
             }
-            None => r.skipped.push(
-                "completeness, waiting, routing and payloads (outbox.table is empty: no rows to compare; \
-                 the events are checked for continuity only, see stream_only)"
-                    .into(),
-            ),
+            None => r.skipped.push(Skipped::NoRows),
         }
         Ok(self.report)
     }
