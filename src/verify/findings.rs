@@ -9,6 +9,7 @@ use async_nats::jetstream::stream::{RawMessageErrorKind, Stream};
 use super::VerifyError;
 use super::class::Class;
 use super::compare::{Unmatched, hash64, unmatched};
+use super::detail::Detail;
 use super::look::dead_letter_detail;
 use super::messages::Messages;
 use super::parked::ParkedRuns;
@@ -65,13 +66,11 @@ pub(crate) async fn duplicates(
         };
         seqs.push(later);
         ids.push(hash64(id.as_bytes()));
-        let detail = match crate::position::replay_over(&b.position) {
-            Some(n) => format!(
-                "first stored at sequence {first}; published again by a replay that trusted no tail (the \
-                 stream's last sequence was {n} when it began)"
-            ),
-            None => format!("first stored at sequence {first}"),
-        };
+        let detail = Detail::SecondCopy {
+            first,
+            replay_over: crate::position::replay_over(&b.position),
+        }
+        .to_string();
         report.add(Class::Duplicates, || {
             Some(Example {
                 event_id: id,
@@ -114,10 +113,12 @@ pub(crate) async fn out_of_order(
             m.map(|m| Example {
                 event_id: m.id.unwrap_or_default(),
                 sequence: Some(seq),
-                detail: Some(format!(
-                    "Outbox-Position {} is not above the message before it",
-                    m.position
-                )),
+                detail: Some(
+                    Detail::NotAbove {
+                        position: m.position,
+                    }
+                    .to_string(),
+                ),
             })
         });
     }
@@ -140,7 +141,7 @@ pub(crate) async fn foreign(
             m.map(|m| Example {
                 event_id: m.id.unwrap_or_default(),
                 sequence: Some(seq),
-                detail: Some(format!("subject {}, no Outbox-Position", m.subject)),
+                detail: Some(Detail::Foreign { subject: m.subject }.to_string()),
             })
         });
     }
@@ -202,12 +203,12 @@ pub(crate) fn holes(
     report.add_n(Class::Holes, scan.gone - listed, || None);
 }
 
-fn hole(report: &mut VerifyReport, n: u64, (from, to): (u64, u64), why: &str) {
+fn hole(report: &mut VerifyReport, n: u64, (from, to): (u64, u64), why: &'static str) {
     report.add_n(Class::Holes, n, || {
         Some(Example {
             event_id: String::new(),
             sequence: Some(from),
-            detail: Some(format!("sequences {from}..{to} gone ({n}), {why}")),
+            detail: Some(Detail::Gone { from, to, n, why }.to_string()),
         })
     });
 }
@@ -240,7 +241,7 @@ pub(crate) async fn stream_only(
     );
     for seq in parked {
         if let Some((id, (class, sequence, detail))) = runs.class(stream, None, seq).await {
-            let detail = detail.map(|d| format!("{d} (no row)"));
+            let detail = detail.map(|d| Detail::NoRow(Box::new(d)).to_string());
             report.add(class, || {
                 Some(Example {
                     event_id: id,
@@ -256,10 +257,9 @@ pub(crate) async fn stream_only(
             m.map(|m| Example {
                 event_id: m.id.unwrap_or_default(),
                 sequence: Some(seq),
-                detail: Some(format!(
-                    "{} (no row)",
-                    dead_letter_detail(&m.subject, &m.headers)
-                )),
+                detail: Some(
+                    Detail::NoRow(Box::new(dead_letter_detail(&m.subject, &m.headers))).to_string(),
+                ),
             })
         });
     }

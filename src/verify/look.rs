@@ -11,6 +11,7 @@ use async_nats::jetstream;
 use super::VerifyError;
 use super::class::Class;
 use super::compare::{RowFinding, RowRec, hash64};
+use super::detail::Detail;
 use super::parked::ParkedRuns;
 use super::proof::ProofTracker;
 use super::report::{Example, VerifyReport};
@@ -105,7 +106,7 @@ pub(crate) async fn second_look(
                     Some(Example {
                         event_id: id.to_owned(),
                         sequence,
-                        detail,
+                        detail: detail.map(|d| d.to_string()),
                     })
                 });
             }
@@ -115,7 +116,7 @@ pub(crate) async fn second_look(
 }
 
 /// A class, the message's sequence and a detail.
-type Found = Option<(Class, Option<u64>, Option<String>)>;
+type Found = Option<(Class, Option<u64>, Option<Detail>)>;
 
 fn unproven_id(ids: &[(u64, Class)], h: u64) -> Option<Class> {
     ids.binary_search_by_key(&h, |x| x.0).ok().map(|k| ids[k].1)
@@ -134,18 +135,14 @@ async fn differs(ctx: &LookCtx<'_>, r: &RowView<'_>, id: &str, seq: u64) -> Foun
             if !(ctx.payloads && m.payload.as_ref() != r.payload) {
                 return None;
             }
-            (
-                Class::PayloadDiffers,
-                "the payload differs from the row's".to_owned(),
-            )
+            (Class::PayloadDiffers, Detail::PayloadDiffers)
         }
-        Some(e) => (
+        template => (
             Class::Misrouted,
-            format!("stored on {}, the template gives {e}", m.subject),
-        ),
-        None => (
-            Class::Misrouted,
-            format!("stored on {}, the row can only be a dead letter", m.subject),
+            Detail::Misrouted {
+                stored_on: m.subject.to_string(),
+                template,
+            },
         ),
     };
     Some((class, Some(seq), Some(detail)))
@@ -165,15 +162,15 @@ async fn dead_lettered(ctx: &LookCtx<'_>, id: &str, seq: u64) -> Found {
 }
 
 /// A dead letter's subject and reason (its `Outbox-Error`, already one bounded line), as a detail.
-pub(crate) fn dead_letter_detail(subject: &str, headers: &async_nats::HeaderMap) -> String {
+pub(crate) fn dead_letter_detail(subject: &str, headers: &async_nats::HeaderMap) -> Detail {
     let reason = headers
         .get("Outbox-Error")
         .map_or("no Outbox-Error header", |v| v.as_str());
-    let would = headers
-        .get("Outbox-Subject")
-        .map(|v| format!(", meant for {}", v.as_str()))
-        .unwrap_or_default();
-    format!("on {subject}{would}: {}", crate::text::one_line(reason))
+    Detail::DeadLetter {
+        subject: subject.to_owned(),
+        meant_for: headers.get("Outbox-Subject").map(|v| v.as_str().to_owned()),
+        reason: crate::text::one_line(reason),
+    }
 }
 
 #[cfg(test)]

@@ -30,6 +30,7 @@ use crate::setup::{self, SetupError};
 
 mod class;
 mod compare;
+mod detail;
 mod findings;
 mod limits;
 mod look;

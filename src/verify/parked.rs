@@ -16,6 +16,7 @@ use async_nats::jetstream;
 
 use super::class::Class;
 use super::compare::event_id;
+use super::detail::Detail;
 use crate::config::Settings;
 use crate::message::ERROR;
 use crate::message::parked::PARKED_BEHIND;
@@ -31,7 +32,7 @@ const READ_TIMEOUT: Duration = Duration::from_secs(30);
 const NO_REQUEST: &str = "\n";
 
 /// What a parked copy says: its class, its sequence and a detail.
-pub(crate) type ParkedFinding = (Class, Option<u64>, Option<String>);
+pub(crate) type ParkedFinding = (Class, Option<u64>, Option<Detail>);
 
 /// The runs of the parked keys met so far.
 pub(crate) struct ParkedRuns<'a> {
@@ -83,26 +84,26 @@ impl<'a> ParkedRuns<'a> {
                 match read.await {
                     Ok(b) => *self.last_marker.entry(key).or_insert(b.after),
                     Err(e) => {
-                        let why = format!(
-                            "on {}: its run could not be read: {}",
-                            m.subject,
-                            crate::error_chain::error_chain(&e)
-                        );
+                        let why = Detail::RunUnread {
+                            subject: m.subject.to_string(),
+                            why: crate::error_chain::error_chain(&e),
+                        };
                         return Some((found, (Class::Unknown, Some(seq), Some(why))));
                     }
                 }
             }
         };
+        let subject = m.subject.to_string();
         let (class, detail) = if seq > after {
             let (behind, reason) = (header(PARKED_BEHIND), header(ERROR));
-            let detail = format!("on {} behind {behind}: {reason}", m.subject);
+            let detail = Detail::Parked {
+                subject,
+                behind,
+                reason,
+            };
             (Class::Parked, detail)
         } else {
-            let detail = format!(
-                "on {}: its run was released at sequence {after} without it",
-                m.subject
-            );
-            (Class::Discarded, detail)
+            (Class::Discarded, Detail::Discarded { subject, at: after })
         };
         Some((found, (class, Some(seq), Some(detail))))
     }
