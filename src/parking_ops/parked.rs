@@ -45,7 +45,8 @@ pub struct Parked {
 }
 
 impl Parked {
-    fn from_entry(e: &ParkedEntry) -> Parked {
+    /// One key as the ledger read it, each field an escaped line of at most 300 bytes.
+    pub(crate) fn from_entry(e: &ParkedEntry) -> Parked {
         let show = |v: &str| shown(v, SHOWN_BYTES);
         Parked {
             aggregate_type: e.aggregate_type.as_deref().map(show),

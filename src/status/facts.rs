@@ -1,6 +1,6 @@
 //! The facts `status` reads, behind one trait ([`Facts`]): the control connection's answers about
 //! the server, the slot, the relay processes, the publication and the stop marks; the look at the
-//! slot's waiting events; the stream; the relay's own word; `run`'s checks; the other hosts. The
+//! slot's waiting events; the stream and its parked keys; the relay's own word; `run`'s checks; the other hosts. The
 //! verdict (`gather.rs` and the rules it calls) reads nothing else, so whatever implements the trait
 //! is judged by the very code an operator's `status` runs: the real servers (`servers.rs`,
 //! [`Servers`](super::Servers), each opened once) or the deterministic simulation's (tests/simulation).
@@ -15,6 +15,7 @@ use crate::nats::NatsPort;
 use crate::position::Position;
 use crate::warning::Warning;
 
+pub use super::parked::{ParkedReadError, ParkedStatus, read_parked};
 pub use super::report::{
     OrphanMark, ServerStatus, StandbyStatus, State, StreamStatus, unknown_stream,
 };
@@ -26,6 +27,12 @@ pub use crate::slot_scan::Scan;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
 pub struct FactError(pub String);
+
+impl From<ParkedReadError> for FactError {
+    fn from(e: ParkedReadError) -> FactError {
+        FactError(e.to_string())
+    }
+}
 
 /// The control connection to Postgres could not be opened: what `status` reports the server as,
 /// and the error line.
@@ -89,6 +96,9 @@ pub trait Facts: Sync {
     ) -> impl Future<Output = Result<Scan, FactError>> + Send;
     /// The stream: its state, counts, limits and dead letters.
     fn stream(&self) -> impl Future<Output = StreamRead> + Send;
+    /// The keys parked on the stream's parking subjects (asked only when the stream exists and
+    /// can hold them: `parked.rs`).
+    fn parked(&self) -> impl Future<Output = Result<ParkedStatus, FactError>> + Send;
     /// The NATS port the stream's tail is read through (`None`: NATS cannot be reached).
     fn nats(&self) -> impl Future<Output = Option<NatsPort>> + Send;
     /// What the relay says of itself on `http.listen` (`None`: nothing listens there, or no

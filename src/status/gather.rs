@@ -12,6 +12,7 @@ use super::checks::{
     server_warnings, stream_warnings,
 };
 use super::facts::{FactError, Facts};
+use super::parked::{parked_problem, reads_parked};
 use super::report::{
     PostgresSide, PublicationStatus, RelayState, RelayStatus, ServerStatus, SlotStatus,
     StandbyStatus, State, Status, StreamStatus,
@@ -45,9 +46,7 @@ pub(super) async fn gather(
         pg.slot.unheld_secs = Some(w.as_secs());
         pg.slot.unheld_measured = Some("watched");
     }
-    let read = facts.stream().await;
-    problems.extend(read.problem);
-    let stream = read.status;
+    let stream = stream_side(facts, settings, &mut problems).await;
     pg.relay.own_word = facts.own_word().await;
     own_word_findings(settings, &mut pg.relay, &mut problems, &mut warnings);
     // A walsender holds the slot, but the relay says it does not stream: its events wait.
@@ -111,6 +110,27 @@ pub(super) async fn gather(
         },
         watch,
     }
+}
+
+/// The stream, with its parked keys when it can hold any: each one is a problem (`parked.rs`).
+async fn stream_side(
+    facts: &impl Facts,
+    settings: &Settings,
+    problems: &mut Vec<String>,
+) -> StreamStatus {
+    let read = facts.stream().await;
+    problems.extend(read.problem);
+    let mut stream = read.status;
+    if stream.state == State::Exists && reads_parked(settings, stream.subjects.as_deref()) {
+        match facts.parked().await {
+            Ok(p) => {
+                problems.extend(parked_problem(&stream.name, &p));
+                stream.parked = Some(p);
+            }
+            Err(e) => problems.push(e.0),
+        }
+    }
+    stream
 }
 
 /// A slot further behind than `max_lag_bytes`, even while a relay streams it: the relay is stalled

@@ -21,8 +21,8 @@
 //! The command is cut by role: this file runs the passes; `facts.rs` is what `status` reads, as a
 //! trait ([`Facts`]), and `servers.rs` its real implementation over the servers, each opened once
 //! ([`Servers`]), through `postgres.rs` and `stream.rs`; `gather.rs` is one pass over the facts in
-//! order; `slot.rs` (the slot), `retention.rs` (WAL retention and stop marks) and `checks.rs`
-//! (everything else) judge, free of I/O; `report.rs` is what is reported, once, and `text.rs` its
+//! order; `slot.rs` (the slot), `retention.rs` (WAL retention and stop marks), `parked.rs` (the
+//! parked keys, read through the parking ledger) and `checks.rs` (everything else) judge; `report.rs` is what is reported, once, and `text.rs` its
 //! text form (`--json` prints the same report). The deterministic simulation implements [`Facts`]
 //! over its servers and runs [`status_over`], so what it checks is the command's own verdict.
 
@@ -31,6 +31,7 @@ use crate::config::Settings;
 mod checks;
 pub mod facts;
 mod gather;
+mod parked;
 mod postgres;
 mod report;
 mod retention;

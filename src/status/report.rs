@@ -126,6 +126,9 @@ pub struct StreamStatus {
     pub(crate) unknown_because: Option<String>,
     /// Dead letters on `nats.dead_letter_subject` (`None`: not known).
     pub(crate) dead_letters: Option<DeadLetters>,
+    /// Keys parked on the parking subjects (`None`: not read, or the stream stores no parking
+    /// subject: `parked.rs`).
+    pub(crate) parked: Option<super::parked::ParkedStatus>,
     /// The stream's metadata (read for the backfill marker; not printed).
     #[serde(skip)]
     pub(crate) metadata: std::collections::HashMap<String, String>,
@@ -281,6 +284,7 @@ pub fn unknown_stream(name: &str) -> StreamStatus {
         discard: None,
         unknown_because: None,
         dead_letters: None,
+        parked: None,
         metadata: Default::default(),
     }
 }

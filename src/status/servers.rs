@@ -10,8 +10,8 @@ use tokio::sync::OnceCell;
 use tokio_postgres::Client;
 
 use super::facts::{
-    FactError, Facts, OrphanMark, PublicationRead, RelayWord, Scan, ServerStatus, SlotRow,
-    StandbyStatus, State, StreamRead, Unreached,
+    FactError, Facts, OrphanMark, ParkedStatus, PublicationRead, RelayWord, Scan, ServerStatus,
+    SlotRow, StandbyStatus, State, StreamRead, Unreached, read_parked,
 };
 use super::{postgres, stream};
 use crate::Lsn;
@@ -165,6 +165,14 @@ impl Facts for Servers<'_> {
 
     async fn stream(&self) -> StreamRead {
         stream::read_stream(self.settings, self.nats_client().await).await
+    }
+
+    async fn parked(&self) -> Result<ParkedStatus, FactError> {
+        let port = self
+            .nats()
+            .await
+            .ok_or_else(|| FactError("NATS unreachable".into()))?;
+        Ok(read_parked(&port, self.settings).await?)
     }
 
     async fn nats(&self) -> Option<NatsPort> {

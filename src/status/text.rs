@@ -176,7 +176,7 @@ impl Status {
         let st = &self.stream;
         match (st.exists, &st.unknown_because) {
             (Some(true), _) => format!(
-                "stream {}: {}, {} messages {} bytes last sequence {} storage {} replicas {} duplicate window {}s{}{}\n",
+                "stream {}: {}, {} messages {} bytes last sequence {} storage {} replicas {} duplicate window {}s{}{}{}\n",
                 st.name,
                 st.state.word(),
                 st.messages.unwrap_or(0),
@@ -190,6 +190,11 @@ impl Status {
                     .as_ref()
                     .filter(|d| d.count > 0)
                     .map(|d| format!(" dead letters {}", d.count))
+                    .unwrap_or_default(),
+                st.parked
+                    .as_ref()
+                    .filter(|p| p.keys > 0)
+                    .map(|p| format!(" parked keys {} ({} events)", p.keys, p.events))
                     .unwrap_or_default()
             ),
             (Some(false), _) => format!("stream {}: MISSING\n", st.name),

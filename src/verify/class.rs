@@ -14,8 +14,13 @@ pub enum Class {
     Unknown,
     /// A row (or, without one, an event) stored only on the dead-letter subject.
     DeadLettered,
-    /// Events held on a parked key. Parking does not exist yet: always 0.
+    /// A row (or, without one, an event) whose only copies are parked, the last in its key's
+    /// current run: held back from its subject's consumers until the key is requeued or
+    /// discarded.
     Parked,
+    /// A row (or event) whose only copies are parked, in a run an operator discarded
+    /// (`outbox-relay requeue --discard`): a decision recorded in the stream, not a loss.
+    Discarded,
     /// Stream sequences in the relay's range that are gone where the stream's limits cannot
     /// explain it (each sequence counted).
     Holes,
@@ -42,7 +47,7 @@ pub enum Class {
 
 impl Class {
     /// Every class, in the order the report shows them.
-    pub const ALL: [Class; 14] = [
+    pub const ALL: [Class; 15] = [
         Class::Missing,
         Class::DeadLettered,
         Class::Parked,
@@ -57,6 +62,7 @@ impl Class {
         Class::OlderThanStream,
         Class::StreamOnly,
         Class::BeforeBackfill,
+        Class::Discarded,
     ];
 
     /// Its key in `--json` and its name in the text report.
@@ -67,6 +73,7 @@ impl Class {
             Class::Unknown => "unknown",
             Class::DeadLettered => "dead_lettered",
             Class::Parked => "parked",
+            Class::Discarded => "discarded",
             Class::Holes => "holes",
             Class::Duplicates => "duplicates",
             Class::OutOfOrder => "out_of_order",
@@ -80,8 +87,10 @@ impl Class {
     }
 
     /// Whether it is a difference (exit 1). `foreign` is one only with the fence: without it other
-    /// writers are allowed. Waiting, unknown, stream-only, older than the stream and before the
-    /// backfill are not: none of them says an event was lost (unknown sets exit 2 instead).
+    /// writers are allowed. Waiting, unknown, stream-only, older than the stream, before the
+    /// backfill and discarded are not: none of them says an event was lost (unknown sets exit 2
+    /// instead; discarded is an operator's decision). Parked is, as dead-lettered is: its
+    /// subject's consumers have not seen it, and the operator has a command to act with.
     pub fn is_difference(self, fence: bool) -> bool {
         match self {
             Class::Missing
@@ -97,7 +106,8 @@ impl Class {
             | Class::Unknown
             | Class::OlderThanStream
             | Class::StreamOnly
-            | Class::BeforeBackfill => false,
+            | Class::BeforeBackfill
+            | Class::Discarded => false,
         }
     }
 
@@ -120,7 +130,14 @@ impl Class {
                 "fix the cause named in Outbox-Error, then republish from the dead-letter subject or \
                  re-insert the row: docs/recovery.md#dead_lettered"
             }
-            Class::Parked => "requeue or discard the parked key: docs/recovery.md#parked",
+            Class::Parked => {
+                "fix the cause named in Outbox-Error, then outbox-relay requeue --key TYPE/ID (or --discard); \
+                 outbox-relay parked lists the keys: docs/recovery.md#parked"
+            }
+            Class::Discarded => {
+                "nothing to do: an operator discarded the key's run; re-insert the rows if they are wanted \
+                 after all: docs/recovery.md#discarded"
+            }
             Class::Holes => {
                 "find who deleted them (nats stream info, the permissions); re-insert the rows of those \
                  that had one: docs/recovery.md#holes"
@@ -188,6 +205,7 @@ mod tests {
             Class::StreamOnly,
             Class::OlderThanStream,
             Class::BeforeBackfill,
+            Class::Discarded,
         ] {
             assert!(!c.is_difference(true), "{c:?}");
         }

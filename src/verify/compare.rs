@@ -28,9 +28,22 @@ pub(crate) fn hash64(bytes: &[u8]) -> u64 {
     h.finish()
 }
 
+/// The relay's event id of a message: `Outbox-Event-Id` (atomic batches, dead letters, parked
+/// copies), else `Nats-Msg-Id`.
+pub(crate) fn event_id(headers: Option<&async_nats::HeaderMap>) -> Option<&str> {
+    let h = headers?;
+    h.get("Outbox-Event-Id")
+        .or_else(|| h.get(async_nats::header::NATS_MESSAGE_ID))
+        .map(|v| v.as_str())
+}
+
 /// The content hash of a dead letter, and of a row the template gives no subject (which only a dead
 /// letter delivers). [`content_hash`] never gives it.
 pub(crate) const DEAD_LETTER: u32 = 0;
+
+/// The content hash of a parked copy (a message on its key's parking subject): the event has not
+/// reached its subject yet. [`content_hash`] never gives it.
+pub(crate) const PARKED: u32 = 1;
 
 /// The hash of what a message carries besides its id: its subject and, with `--payloads`, its body;
 /// 32 bits (both halves of the 64 folded together).
@@ -42,7 +55,7 @@ pub(crate) fn content_hash(subject: &str, payload: Option<&[u8]>) -> u32 {
     }
     let x = h.finish();
     match (x ^ (x >> 32)) as u32 {
-        DEAD_LETTER => 1,
+        DEAD_LETTER | PARKED => 2,
         x => x,
     }
 }
@@ -68,6 +81,9 @@ pub(crate) enum RowFinding {
     /// Its only copies are dead letters (the first at this sequence): consumers of its subject
     /// never saw it.
     DeadLettered(u64),
+    /// It has no copy on a subject of its own, and parked copies (the last at this sequence): its
+    /// key was parked, and whether it still is decides between parked and discarded.
+    Parked(u64),
 }
 
 /// The copies of `id` among `parts` (each part's sequences above the one's before): the first
@@ -80,22 +96,26 @@ fn copies(parts: &[&Messages], id: u64) -> Option<Copies> {
         let a = all.get_or_insert_default();
         a.routed = a.routed.or(c.routed);
         a.dead_letter = a.dead_letter.or(c.dead_letter);
+        a.parked = c.parked.or(a.parked);
     }
     all
 }
 
 /// What is wrong with `row`, if anything, given the messages read (`parts`, indexed, in sequence
-/// order): absent, only dead-lettered, or its first routed copy carries another content. A dead
-/// letter followed by a routed copy (republished after the cause was fixed) is delivered.
+/// order): absent, only parked or dead-lettered, or its first routed copy carries another
+/// content. A copy on its own subject after a dead letter or a parked copy (a dead letter
+/// requeued, a parked key's run requeued, or the row inserted again once the cause was fixed) is
+/// delivered: it is what consumers of its subject see.
 pub(crate) fn check(row: RowRec, parts: &[&Messages]) -> Option<RowFinding> {
     let Some(c) = copies(parts, row.id) else {
         return Some(RowFinding::Absent);
     };
-    match (c.routed, c.dead_letter) {
-        (Some((seq, content)), _) if content != row.content => Some(RowFinding::Differs(seq)),
-        (Some(_), _) => None,
-        (None, Some(seq)) => Some(RowFinding::DeadLettered(seq)),
-        (None, None) => Some(RowFinding::Absent),
+    match (c.routed, c.parked, c.dead_letter) {
+        (Some((seq, content)), ..) if content != row.content => Some(RowFinding::Differs(seq)),
+        (Some(_), ..) => None,
+        (None, Some(seq), _) => Some(RowFinding::Parked(seq)),
+        (None, None, Some(seq)) => Some(RowFinding::DeadLettered(seq)),
+        (None, None, None) => Some(RowFinding::Absent),
     }
 }
 
@@ -130,6 +150,8 @@ pub(crate) enum Unmatched {
     Routed(u64),
     /// An event stored only as dead letters (the first at this sequence).
     DeadLetter(u64),
+    /// An event stored only as parked copies (the last at this sequence).
+    Parked(u64),
 }
 
 /// Hands `each` every event id among `parts` that no row found ([`check`] marks what rows find),
@@ -146,10 +168,15 @@ pub(crate) fn unmatched(parts: &[&Messages], mut each: impl FnMut(Unmatched)) {
             let later = parts[i + 1..].iter().filter_map(|p| p.copies(group.id));
             let later_routed = later.filter_map(|c| c.routed).map(|r| r.0).next();
             let [mut routed, mut dead] = group.by_kind();
-            match (routed.next().or(later_routed), dead.next()) {
-                (Some(seq), _) => each(Unmatched::Routed(seq)),
-                (None, Some(seq)) => each(Unmatched::DeadLetter(seq)),
-                (None, None) => {}
+            let parked = parts[i..].iter().rev().find_map(|p| {
+                let c = p.copies(group.id)?;
+                c.parked
+            });
+            match (routed.next().or(later_routed), parked, dead.next()) {
+                (Some(seq), ..) => each(Unmatched::Routed(seq)),
+                (None, Some(seq), _) => each(Unmatched::Parked(seq)),
+                (None, None, Some(seq)) => each(Unmatched::DeadLetter(seq)),
+                (None, None, None) => {}
             }
         }
     }
@@ -241,6 +268,49 @@ mod tests {
     }
 
     #[test]
+    fn a_parked_event_is_parked_at_its_last_copy_until_a_copy_on_its_subject_delivers_it() {
+        let claim = content_hash("outbox.Claim", Some(b"{}"));
+        let mut first_read = Messages::new(1, 4);
+        // e-1 parked, then parked again by a requeue that found it still invalid; e-2 parked then
+        // requeued onto its subject; e-3 a dead letter requeued onto its subject.
+        for (id, seq, content) in [
+            ("e-1", 1, PARKED),
+            ("e-2", 2, PARKED),
+            ("e-3", 3, DEAD_LETTER),
+            ("e-1", 4, PARKED),
+        ] {
+            assert!(first_read.push(hash64(id.as_bytes()), seq, content));
+        }
+        first_read.index();
+        let mut later = Messages::new(5, 3);
+        assert!(later.push(hash64(b"e-2"), 5, claim));
+        assert!(later.push(hash64(b"e-3"), 6, claim));
+        assert!(later.push(hash64(b"m-1"), 7, PARKED));
+        later.index();
+        let parts = [&first_read, &later];
+        let row = |id: &str| RowRec {
+            id: hash64(id.as_bytes()),
+            content: claim,
+        };
+        assert_eq!(check(row("e-1"), &parts), Some(RowFinding::Parked(4)));
+        assert_eq!(check(row("e-2"), &parts), None, "requeued: delivered");
+        assert_eq!(check(row("e-3"), &parts), None, "a requeued dead letter");
+        assert_eq!(
+            check(row("e-2"), &parts[..1]),
+            Some(RowFinding::Parked(2)),
+            "before its requeue"
+        );
+        assert!(
+            second_copies(&parts).is_empty(),
+            "a parked copy again, or the requeued one, is no second copy"
+        );
+        let mut seen = Vec::new();
+        unmatched(&parts, |u| seen.push(u));
+        assert_eq!(seen, vec![Unmatched::Parked(7)]);
+        assert_ne!(content_hash("", None), PARKED);
+    }
+
+    #[test]
     fn what_no_row_found_is_handed_over_once_per_event_with_its_kind() {
         let claim = content_hash("s", None);
         let mut first_read = Messages::new(1, 4);
@@ -265,7 +335,7 @@ mod tests {
         let mut seen = Vec::new();
         unmatched(&parts, |u| seen.push(u));
         seen.sort_by_key(|u| match u {
-            Unmatched::Routed(s) | Unmatched::DeadLetter(s) => *s,
+            Unmatched::Routed(s) | Unmatched::DeadLetter(s) | Unmatched::Parked(s) => *s,
         });
         assert_eq!(
             seen,

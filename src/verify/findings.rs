@@ -9,10 +9,13 @@ use async_nats::jetstream::stream::{RawMessageErrorKind, Stream};
 use super::VerifyError;
 use super::class::Class;
 use super::compare::{Unmatched, hash64, unmatched};
+use super::detail::Detail;
 use super::look::dead_letter_detail;
 use super::messages::Messages;
+use super::parked::ParkedRuns;
 use super::report::{EXAMPLES, Example, VerifyReport};
 use super::side::{Head, StreamSide, stream_error};
+use super::skipped::Skipped;
 use super::stream::{StreamScan, event_id};
 
 /// Out-of-order messages read again for their ids, at most; past it the proof proves nothing.
@@ -63,13 +66,11 @@ pub(crate) async fn duplicates(
         };
         seqs.push(later);
         ids.push(hash64(id.as_bytes()));
-        let detail = match crate::position::replay_over(&b.position) {
-            Some(n) => format!(
-                "first stored at sequence {first}; published again by a replay that trusted no tail (the \
-                 stream's last sequence was {n} when it began)"
-            ),
-            None => format!("first stored at sequence {first}"),
-        };
+        let detail = Detail::SecondCopy {
+            first,
+            replay_over: crate::position::replay_over(&b.position),
+        }
+        .to_string();
         report.add(Class::Duplicates, || {
             Some(Example {
                 event_id: id,
@@ -112,10 +113,12 @@ pub(crate) async fn out_of_order(
             m.map(|m| Example {
                 event_id: m.id.unwrap_or_default(),
                 sequence: Some(seq),
-                detail: Some(format!(
-                    "Outbox-Position {} is not above the message before it",
-                    m.position
-                )),
+                detail: Some(
+                    Detail::NotAbove {
+                        position: m.position,
+                    }
+                    .to_string(),
+                ),
             })
         });
     }
@@ -138,7 +141,7 @@ pub(crate) async fn foreign(
             m.map(|m| Example {
                 event_id: m.id.unwrap_or_default(),
                 sequence: Some(seq),
-                detail: Some(format!("subject {}, no Outbox-Position", m.subject)),
+                detail: Some(Detail::Foreign { subject: m.subject }.to_string()),
             })
         });
     }
@@ -162,15 +165,19 @@ pub(crate) fn holes(
             Some(Head {
                 why,
                 before: Some(t),
-            }) => report.skipped.push(format!(
-                "{gone} sequences before the stream's first message ({from}..{to}) are gone: {why} explains those \
-                 stored before {}; rows created after it whose message is gone count as missing",
-                super::report::rfc3339_unix_us(*t)
-            )),
-            Some(h) => report.skipped.push(format!(
-                "{gone} sequences before the stream's first message ({from}..{to}) are gone by {}",
-                h.why
-            )),
+            }) => report.skipped.push(Skipped::HeadBefore {
+                gone,
+                from,
+                to,
+                why: why.clone(),
+                before: super::report::rfc3339_unix_us(*t),
+            }),
+            Some(h) => report.skipped.push(Skipped::Head {
+                gone,
+                from,
+                to,
+                why: h.why.clone(),
+            }),
             None => hole(
                 report,
                 gone,
@@ -183,11 +190,10 @@ pub(crate) fn holes(
         return;
     }
     if let Some(why) = side.limits.explains_inside() {
-        report.skipped.push(format!(
-            "{} sequences inside the stream are gone, which {why} may explain: not counted as holes, and rows \
-             whose message it removed count as missing",
-            scan.gone
-        ));
+        report.skipped.push(Skipped::Inside {
+            gone: scan.gone,
+            why: why.to_owned(),
+        });
         return;
     }
     for &range in &scan.gone_ranges {
@@ -197,24 +203,26 @@ pub(crate) fn holes(
     report.add_n(Class::Holes, scan.gone - listed, || None);
 }
 
-fn hole(report: &mut VerifyReport, n: u64, (from, to): (u64, u64), why: &str) {
+fn hole(report: &mut VerifyReport, n: u64, (from, to): (u64, u64), why: &'static str) {
     report.add_n(Class::Holes, n, || {
         Some(Example {
             event_id: String::new(),
             sequence: Some(from),
-            detail: Some(format!("sequences {from}..{to} gone ({n}), {why}")),
+            detail: Some(Detail::Gone { from, to, n, why }.to_string()),
         })
     });
 }
 
 /// Counts the events no row found: stream-only events, and among them those stored only as dead
-/// letters (a difference: consumers of their subject never saw them).
+/// letters (a difference: consumers of their subject never saw them) or only as parked copies
+/// (parked or discarded, as their key's run stands).
 pub(crate) async fn stream_only(
     stream: &Stream,
     parts: &[&Messages],
+    runs: &mut ParkedRuns<'_>,
     report: &mut VerifyReport,
 ) -> Result<(), VerifyError> {
-    let (mut routed, mut dead, mut listed) = (0u64, 0u64, Vec::new());
+    let (mut routed, mut dead, mut listed, mut parked) = (0u64, 0u64, Vec::new(), Vec::new());
     unmatched(parts, |u| match u {
         Unmatched::Routed(_) => routed += 1,
         Unmatched::DeadLetter(seq) => {
@@ -223,18 +231,35 @@ pub(crate) async fn stream_only(
                 listed.push(seq);
             }
         }
+        // Their sequences: 8 bytes each, beside the 16 of each message kept already.
+        Unmatched::Parked(seq) => parked.push(seq),
     });
-    report.add_n(Class::StreamOnly, routed + dead, || None);
+    report.add_n(
+        Class::StreamOnly,
+        routed + dead + parked.len() as u64,
+        || None,
+    );
+    for seq in parked {
+        if let Some((id, (class, sequence, detail))) = runs.class(stream, None, seq).await {
+            let detail = detail.map(|d| Detail::NoRow(Box::new(d)).to_string());
+            report.add(class, || {
+                Some(Example {
+                    event_id: id,
+                    sequence,
+                    detail,
+                })
+            });
+        }
+    }
     for &seq in &listed {
         let m = read(stream, seq).await?;
         report.add(Class::DeadLettered, || {
             m.map(|m| Example {
                 event_id: m.id.unwrap_or_default(),
                 sequence: Some(seq),
-                detail: Some(format!(
-                    "{} (no row)",
-                    dead_letter_detail(&m.subject, &m.headers)
-                )),
+                detail: Some(
+                    Detail::NoRow(Box::new(dead_letter_detail(&m.subject, &m.headers))).to_string(),
+                ),
             })
         });
     }

@@ -2,7 +2,8 @@
 //! snapshot), and each candidate row is classed by its id, not its hash. A row not in the stream
 //! is classed by [`AbsentRules`] (the slot, the stream's head, the backfill that began it); a row
 //! whose message carries another subject or payload, or that only a dead letter carries, is
-//! compared with that message read again by its sequence, which must carry the row's own id.
+//! compared with that message read again by its sequence, which must carry the row's own id; one
+//! only parked copies carry is parked or discarded as its key's run stands (`parked.rs`).
 //! Every row that is not proven is handed to the proof ([`ProofTracker::unproven`]).
 
 use async_nats::jetstream;
@@ -10,6 +11,8 @@ use async_nats::jetstream;
 use super::VerifyError;
 use super::class::Class;
 use super::compare::{RowFinding, RowRec, hash64};
+use super::detail::Detail;
+use super::parked::ParkedRuns;
 use super::proof::ProofTracker;
 use super::report::{Example, VerifyReport};
 use super::rows::{RowView, Table};
@@ -77,8 +80,8 @@ pub(crate) async fn second_look(
     table: &Table,
     candidates: &[Candidate],
     ctx: &LookCtx<'_>,
-    report: &mut VerifyReport,
-    proof: &mut ProofTracker,
+    runs: &mut ParkedRuns<'_>,
+    (report, proof): (&mut VerifyReport, &mut ProofTracker),
 ) -> Result<(), VerifyError> {
     let o = &ctx.settings.config().outbox;
     table
@@ -95,6 +98,7 @@ pub(crate) async fn second_look(
                 RowFinding::Absent => Some((ctx.rules.class(h, r.created_us), None, None)),
                 RowFinding::Differs(seq) => differs(ctx, &r, id, seq).await,
                 RowFinding::DeadLettered(seq) => dead_lettered(ctx, id, seq).await,
+                RowFinding::Parked(seq) => runs.class(ctx.stream, Some(id), seq).await.map(|f| f.1),
             };
             if let Some((class, sequence, detail)) = found {
                 proof.unproven(r.created_us, Some(class));
@@ -102,7 +106,7 @@ pub(crate) async fn second_look(
                     Some(Example {
                         event_id: id.to_owned(),
                         sequence,
-                        detail,
+                        detail: detail.map(|d| d.to_string()),
                     })
                 });
             }
@@ -112,7 +116,7 @@ pub(crate) async fn second_look(
 }
 
 /// A class, the message's sequence and a detail.
-type Found = Option<(Class, Option<u64>, Option<String>)>;
+type Found = Option<(Class, Option<u64>, Option<Detail>)>;
 
 fn unproven_id(ids: &[(u64, Class)], h: u64) -> Option<Class> {
     ids.binary_search_by_key(&h, |x| x.0).ok().map(|k| ids[k].1)
@@ -131,18 +135,14 @@ async fn differs(ctx: &LookCtx<'_>, r: &RowView<'_>, id: &str, seq: u64) -> Foun
             if !(ctx.payloads && m.payload.as_ref() != r.payload) {
                 return None;
             }
-            (
-                Class::PayloadDiffers,
-                "the payload differs from the row's".to_owned(),
-            )
+            (Class::PayloadDiffers, Detail::PayloadDiffers)
         }
-        Some(e) => (
+        template => (
             Class::Misrouted,
-            format!("stored on {}, the template gives {e}", m.subject),
-        ),
-        None => (
-            Class::Misrouted,
-            format!("stored on {}, the row can only be a dead letter", m.subject),
+            Detail::Misrouted {
+                stored_on: m.subject.to_string(),
+                template,
+            },
         ),
     };
     Some((class, Some(seq), Some(detail)))
@@ -162,15 +162,15 @@ async fn dead_lettered(ctx: &LookCtx<'_>, id: &str, seq: u64) -> Found {
 }
 
 /// A dead letter's subject and reason (its `Outbox-Error`, already one bounded line), as a detail.
-pub(crate) fn dead_letter_detail(subject: &str, headers: &async_nats::HeaderMap) -> String {
+pub(crate) fn dead_letter_detail(subject: &str, headers: &async_nats::HeaderMap) -> Detail {
     let reason = headers
         .get("Outbox-Error")
         .map_or("no Outbox-Error header", |v| v.as_str());
-    let would = headers
-        .get("Outbox-Subject")
-        .map(|v| format!(", meant for {}", v.as_str()))
-        .unwrap_or_default();
-    format!("on {subject}{would}: {}", crate::text::one_line(reason))
+    Detail::DeadLetter {
+        subject: subject.to_owned(),
+        meant_for: headers.get("Outbox-Subject").map(|v| v.as_str().to_owned()),
+        reason: crate::text::one_line(reason),
+    }
 }
 
 #[cfg(test)]

@@ -16,7 +16,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::compare::DEAD_LETTER;
+use super::compare::{DEAD_LETTER, PARKED};
 
 /// One stored message of the relay's: 16 bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,6 +54,9 @@ pub(crate) struct Copies {
     pub(crate) routed: Option<(u64, u32)>,
     /// Sequence of the first copy on the dead-letter subject.
     pub(crate) dead_letter: Option<u64>,
+    /// Sequence of the last parked copy (on its key's parking subject): a requeue that finds the
+    /// event still invalid parks it again, so the last one says where it stands.
+    pub(crate) parked: Option<u64>,
 }
 
 /// One group of records with one id hash, as [`Messages::groups`] gives it.
@@ -67,12 +70,13 @@ pub(crate) struct Group<'a> {
 }
 
 impl Group<'_> {
-    /// The sequences of its routed copies, then of its dead letters, each in order.
+    /// The sequences of its routed copies, then of its dead letters, each in order (parked
+    /// copies are neither: a key's run is parked again by each requeue that finds it invalid).
     pub(crate) fn by_kind(&self) -> [impl Iterator<Item = u64> + '_; 2] {
         let kind = |dead: bool| {
             self.recs
                 .iter()
-                .filter(move |r| (r.content == DEAD_LETTER) == dead)
+                .filter(move |r| r.content != PARKED && (r.content == DEAD_LETTER) == dead)
                 .map(|r| self.base + u64::from(r.offset))
         };
         [kind(false), kind(true)]
@@ -167,6 +171,7 @@ impl Messages {
         for r in recs {
             match r.content {
                 DEAD_LETTER => c.dead_letter = c.dead_letter.or(Some(self.seq(r))),
+                PARKED => c.parked = Some(self.seq(r)),
                 content => c.routed = c.routed.or(Some((self.seq(r), content))),
             }
         }
@@ -220,13 +225,13 @@ mod tests {
         let mut m = Messages::new(100, 3000);
         for i in 0..3000u64 {
             let id = (i % 2500).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-            // Content 0 is a dead letter's: these are all routed.
-            assert!(m.push(id, 100 + i, i as u32 + 1));
+            // Content 0 is a dead letter's, 1 a parked copy's: these are all routed.
+            assert!(m.push(id, 100 + i, i as u32 + 2));
         }
         m.index();
         for i in 0..2500u64 {
             let id = i.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-            assert_eq!(m.first(id), Some((100 + i, i as u32 + 1)), "id {i}");
+            assert_eq!(m.first(id), Some((100 + i, i as u32 + 2)), "id {i}");
         }
         assert_eq!(m.first(12345), None);
         let twice: Vec<(u64, Vec<u64>)> = m

@@ -16,8 +16,9 @@
 //! (`compare.rs`), only those with a candidate finding kept; for rows absent, a look into a copy
 //! of the slot (`slot.rs`), then the stream read again past where the first read ended: whatever
 //! the slot had confirmed by then is stored by then; the findings of the stream alone
-//! (`findings.rs`, with `limits.rs`); the exact second look at the candidates (`look.rs`); the
-//! proof (`proof.rs`); the report (`report.rs`, its classes in `class.rs`). With NATS unreachable,
+//! (`findings.rs`, with `limits.rs`); the exact second look at the candidates (`look.rs`, with
+//! `parked.rs` for a parked copy's run); the proof (`proof.rs`); the report (`report.rs`, its
+//! classes in `class.rs`, what was left out in `skipped.rs`, an example's detail in `detail.rs`). With NATS unreachable,
 //! the rows and the slot are still read (`unreachable.rs`): the report says which rows wait, and
 //! exits 2 for the rest.
 
@@ -30,21 +31,25 @@ use crate::setup::{self, SetupError};
 
 mod class;
 mod compare;
+mod detail;
 mod findings;
 mod limits;
 mod look;
 mod messages;
+mod parked;
 mod proof;
 mod report;
 mod rows;
 mod run;
 mod side;
+mod skipped;
 mod slot;
 mod stream;
 mod unreachable;
 
 pub use class::Class;
 pub use report::{Example, Proven, VerifyReport};
+pub use skipped::Skipped;
 pub use slot::DEFAULT_SLOT_LOOK;
 
 use messages::MAX_SPAN;

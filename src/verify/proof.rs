@@ -49,7 +49,8 @@ impl ProofTracker {
     /// about the relay, or that an earlier proof covered, do not hold the proof back).
     pub(crate) fn unproven(&mut self, created: Option<i64>, class: Option<Class>) {
         match class {
-            Some(Class::BeforeBackfill) => return,
+            // Not the relay's, or discarded by an operator: a decision, not a loss.
+            Some(Class::BeforeBackfill | Class::Discarded) => return,
             Some(Class::OlderThanStream)
                 if created.is_some_and(|c| self.previous.is_some_and(|p| c <= p)) =>
             {

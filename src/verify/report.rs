@@ -10,6 +10,7 @@ use std::fmt;
 use serde_json::{Value, json};
 
 use super::class::Class;
+use super::skipped::Skipped;
 use crate::Lsn;
 use crate::error_chain::MAX_LINE;
 use crate::text::shown;
@@ -80,7 +81,7 @@ pub struct VerifyReport {
     /// `payloads`).
     pub checks: Vec<&'static str>,
     /// Checks that did not run, and what was left out, and why.
-    pub skipped: Vec<String>,
+    pub skipped: Vec<Skipped>,
     /// One line each: what kept a check from being complete (a slot that could not be copied).
     pub warnings: Vec<String>,
     /// Whether foreign messages count as a difference (`nats.fence = true`).
@@ -177,7 +178,8 @@ impl VerifyReport {
         o.insert("first_sequence".into(), json!(self.first_sequence));
         o.insert("last_sequence".into(), json!(self.last_sequence));
         o.insert("checks".into(), json!(self.checks));
-        o.insert("skipped".into(), json!(self.skipped));
+        let skipped: Vec<String> = self.skipped.iter().map(ToString::to_string).collect();
+        o.insert("skipped".into(), json!(skipped));
         o.insert("warnings".into(), json!(self.warnings));
         o.insert("differences".into(), json!(self.differences()));
         if let Some(n) = &self.not_checked {

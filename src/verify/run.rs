@@ -9,9 +9,11 @@ use super::compare::{self, DEAD_LETTER, RowFinding, RowRec, content_hash, hash64
 use super::findings;
 use super::look::{self, AbsentRules, Candidate, LookCtx};
 use super::messages::Messages;
+use super::parked::ParkedRuns;
 use super::proof::{self, ProofTracker};
 use super::report::{Proven, VerifyReport};
 use super::side::{Head, StreamSide};
+use super::skipped::Skipped;
 use super::slot::{self, Waiting};
 use super::stream::{PROGRESS_EVERY, StreamScan, split_position};
 use super::{ROWS_CURSOR, Rows, VerifyError, VerifyOptions, expected_subject, first_time_us, span};
@@ -56,6 +58,8 @@ pub(super) struct Run<'a, P> {
     unusable_ids: u64,
     /// What explains the messages gone before the stream's first one.
     head: Option<Head>,
+    /// The runs of the parked keys the parked copies belong to.
+    runs: ParkedRuns<'a>,
     report: VerifyReport,
 }
 
@@ -69,6 +73,7 @@ impl<'a, P: FnMut(String)> Run<'a, P> {
     ) -> Self {
         let n = &settings.config().nats;
         let below = rows.as_ref().and_then(|r| r.table.snapshot_lsn);
+        let runs = ParkedRuns::new(settings, &side.nats);
         Run {
             settings,
             opts,
@@ -84,6 +89,7 @@ impl<'a, P: FnMut(String)> Run<'a, P> {
             unproven_ids: Vec::new(),
             unusable_ids: 0,
             head: None,
+            runs,
             report: VerifyReport {
                 stream: n.stream.clone(),
                 fence: n.fence,
@@ -229,13 +235,9 @@ impl<'a, P: FnMut(String)> Run<'a, P> {
         findings::foreign(stream, &self.scan.foreign, report).await?;
         findings::holes(&self.side, self.head.as_ref(), &self.scan, report);
         if self.opts.where_sql.is_some() || self.opts.since.is_some() {
-            report.skipped.push(
-                "stream_only and dead letters without a row (--where or --since leave rows out, whose \
-                 messages would count)"
-                    .into(),
-            );
+            report.skipped.push(Skipped::StreamOnlyFiltered);
         } else {
-            findings::stream_only(stream, &parts, report).await?;
+            findings::stream_only(stream, &parts, &mut self.runs, report).await?;
         }
         let mut ids: Vec<(u64, Class)> = dup_ids
             .into_iter()
@@ -283,7 +285,16 @@ impl<'a, P: FnMut(String)> Run<'a, P> {
             unproven_ids: &self.unproven_ids,
         };
         let (report, proof) = (&mut self.report, &mut self.proof);
-        look::second_look(&rows.pg, &rows.table, &self.candidates, &ctx, report, proof).await?;
+        let runs = &mut self.runs;
+        look::second_look(
+            &rows.pg,
+            &rows.table,
+            &self.candidates,
+            &ctx,
+            runs,
+            (report, proof),
+        )
+        .await?;
         if let Some(s) = self
             .side
             .start
@@ -293,14 +304,12 @@ impl<'a, P: FnMut(String)> Run<'a, P> {
             // Stream metadata anyone allowed to update the stream may write: shown escaped and
             // bounded, never run.
             let shown = |v: &str| crate::text::shown(v, 1024);
-            report.skipped.push(format!(
-                "{} rows created before the backfill that began this stream (slot {}, {}, --where \"{}\") are \
-                 in no message: that backfill did not select them, so they are not the relay's (before_backfill)",
-                report.count(Class::BeforeBackfill),
-                shown(&s.slot),
-                shown(&s.started),
-                shown(s.where_sql.as_deref().unwrap_or_default())
-            ));
+            report.skipped.push(Skipped::BeforeBackfill {
+                rows: report.count(Class::BeforeBackfill),
+                slot: shown(&s.slot),
+                started: shown(&s.started),
+                where_sql: shown(s.where_sql.as_deref().unwrap_or_default()),
+            });
         }
         Ok(())
     }
@@ -311,16 +320,13 @@ impl<'a, P: FnMut(String)> Run<'a, P> {
             return Ok(());
         };
         if self.opts.where_sql.is_some() || self.opts.since.is_some() {
-            self.report
-                .skipped
-                .push("proven_up_to (it is said for a check of every row)".into());
+            self.report.skipped.push(Skipped::ProofFiltered);
             return Ok(());
         }
         if !rows.table.has_created {
-            self.report.skipped.push(format!(
-                "proven_up_to ({} has no created_at column to say it in)",
-                self.settings.config().outbox.table
-            ));
+            self.report.skipped.push(Skipped::ProofNoCreatedAt {
+                table: self.settings.config().outbox.table.clone(),
+            });
             return Ok(());
         }
         let created = self.proof.created_bound();
@@ -378,11 +384,10 @@ impl<'a, P: FnMut(String)> Run<'a, P> {
         r.last_sequence = self.scan.last_read;
         r.checks = vec!["once", "order", "gap_free"];
         if self.unusable_ids > 0 {
-            r.skipped.push(format!(
-                "{} rows without a usable event id (null, empty, over {MAX_ID_BYTES} bytes or with a line break): \
-                 the relay publishes them under a WAL-derived id, which no row can be matched with",
-                self.unusable_ids
-            ));
+            r.skipped.push(Skipped::UnusableIds {
+                rows: self.unusable_ids,
+                max_id_bytes: MAX_ID_BYTES,
+            });
         }
         match &self.rows {
             Some(rows) => {
@@ -391,18 +396,14 @@ impl<'a, P: FnMut(String)> Run<'a, P> {
                 if self.opts.payloads {
                     r.checks.push("payloads");
                 } else {
-                    r.skipped.push("payloads (give --payloads)".into());
+                    r.skipped.push(Skipped::Payloads);
                 }
                 if self.opts.record {
                     proof::record(self.settings, &rows.table, &r.proven_up_to, r.rows).await?;
                 }
                 rows.close().await;
             }
-            None => r.skipped.push(
-                "completeness, waiting, routing and payloads (outbox.table is empty: no rows to compare; \
-                 the events are checked for continuity only, see stream_only)"
-                    .into(),
-            ),
+            None => r.skipped.push(Skipped::NoRows),
         }
         Ok(self.report)
     }

@@ -19,9 +19,11 @@
 use std::time::Duration;
 
 use super::VerifyError;
-use super::compare::{DEAD_LETTER, content_hash, hash64};
+use super::compare::{DEAD_LETTER, PARKED, content_hash, hash64};
 use super::messages::Messages;
+use crate::message::parked::PARKING;
 use crate::nats::ClientReader;
+use crate::parking::key_of_subject;
 use crate::position::Position;
 
 /// How long to wait for the next message before giving up on the read.
@@ -65,13 +67,7 @@ pub(crate) struct StreamScan {
     dead_letter_subject: String,
 }
 
-/// The relay's event id of a message: `Outbox-Event-Id` (atomic batches), else `Nats-Msg-Id`.
-pub(crate) fn event_id(headers: Option<&async_nats::HeaderMap>) -> Option<&str> {
-    let h = headers?;
-    h.get("Outbox-Event-Id")
-        .or_else(|| h.get(async_nats::header::NATS_MESSAGE_ID))
-        .map(|v| v.as_str())
-}
+pub(crate) use super::compare::event_id;
 
 /// `Outbox-Position` split into its history (possibly empty) and position; fields after the
 /// position (`;replay-over=N`) are neither.
@@ -199,9 +195,16 @@ impl StreamScan {
             }
             prev => *prev = Some((history.to_owned(), position)),
         }
+        let parking = key_of_subject(&self.dead_letter_subject, subject).is_some();
+        // A release marker is no event: it ends its key's run (`parked.rs` reads it).
+        if parking && headers.is_some_and(|h| h.get(PARKING).is_some()) {
+            return Ok(());
+        }
         let dead_letter = subject == self.dead_letter_subject
             || headers.is_some_and(|h| h.get("Outbox-Error").is_some());
-        let content = if dead_letter {
+        let content = if parking {
+            PARKED
+        } else if dead_letter {
             DEAD_LETTER
         } else {
             content_hash(subject, self.payloads.then_some(payload))

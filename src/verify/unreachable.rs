@@ -8,6 +8,7 @@ use super::class::Class;
 use super::compare::hash64;
 use super::report::{Example, VerifyReport};
 use super::run::Ticker;
+use super::skipped::Skipped;
 use super::slot::{self, Waiting};
 use super::{ROWS_CURSOR, Rows, VerifyError, VerifyOptions};
 use crate::config::Settings;
@@ -40,14 +41,9 @@ pub(super) async fn report(
         report.warn(w);
     }
     count_waiting(settings, &rows, &waiting, &mut report, &mut progress).await?;
-    report.skipped.push(
-        "every check of the stream, and of rows the slot does not hold (NATS could not be reached)"
-            .into(),
-    );
+    report.skipped.push(Skipped::StreamUnreachable);
     if opts.record {
-        report
-            .skipped
-            .push("--record (nothing is proven without the stream)".into());
+        report.skipped.push(Skipped::RecordUnreachable);
     }
     rows.close().await;
     Ok(report)

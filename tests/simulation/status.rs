@@ -10,8 +10,8 @@ use outbox_relay::config::Settings;
 use outbox_relay::nats::NatsPort;
 use outbox_relay::position::Position;
 use outbox_relay::status::facts::{
-    FactError, Facts, OrphanMark, PublicationRead, RelayWord, Scan, ServerStatus, SlotRow,
-    StandbyStatus, State, StreamRead, Unreached, unknown_stream,
+    FactError, Facts, OrphanMark, ParkedStatus, PublicationRead, RelayWord, Scan, ServerStatus,
+    SlotRow, StandbyStatus, State, StreamRead, Unreached, read_parked, unknown_stream,
 };
 use outbox_relay::warning::Warning;
 
@@ -123,6 +123,15 @@ impl Facts for SimServers<'_> {
             status,
             problem: None,
         }
+    }
+
+    async fn parked(&self) -> Result<ParkedStatus, FactError> {
+        // The library's own read of the parking subjects, over the simulated JetStream.
+        let port = self
+            .port
+            .as_ref()
+            .ok_or_else(|| FactError("NATS unreachable".into()))?;
+        Ok(read_parked(port, self.settings).await?)
     }
 
     async fn nats(&self) -> Option<NatsPort> {

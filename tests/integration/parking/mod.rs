@@ -4,9 +4,11 @@
 //! after the schema is fixed, a discard, kill -9 while parked and right after the release commits,
 //! a standby taking over while keys are parked, and `max_parked_keys` reached. Shared preamble
 //! here; the stories in `story.rs`, the crashes and the takeover in `crash.rs`, `setup` adding the
-//! parking subjects to an older stream in `setup.rs`.
+//! parking subjects to an older stream in `setup.rs`, what `status` and `verify` say of a
+//! parked key in `ops.rs`.
 
 mod crash;
+mod ops;
 mod setup;
 mod story;
 

@@ -62,3 +62,58 @@ async fn a_dead_lettered_row_and_event_are_a_difference_until_republished() {
     assert_eq!(code, 0, "republished: {json}");
     assert_counts(&json, &[("stream_only", 1)]);
 }
+
+/// A requeued dead letter is delivered: its event on its own subject with its original id
+/// (`Nats-Msg-Id: <id>`) beside the dead letter (`Nats-Msg-Id: dead-letter:<id>`, the id in
+/// `Outbox-Event-Id`). The row inserted again with the same id stores that very state (what
+/// `requeue --event` stores too), at once: the dead letter's own id does not hold the event back
+/// for the duplicate window (the default two minutes here).
+#[tokio::test]
+async fn a_requeued_dead_letter_is_delivered_not_dead_lettered_nor_a_duplicate() {
+    let s = Story::new().await;
+    let relay = InProcessRelay::start_streaming(&s.config, &s.client).await;
+    s.fillers(1, 3, 3).await;
+    let insert = |ty: &'static str| {
+        format!(
+            "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, event_type, payload) \
+             VALUES ('bad-1', '{ty}', '1', 'ClaimApproved', '{{}}')"
+        )
+    };
+    s.client.batch_execute(&insert("Bad Claim")).await.unwrap();
+    s.wait_for_messages(4).await;
+    let (code, json) = s.verify(&[]).await;
+    assert_eq!(code, 1, "{json}");
+    assert_counts(&json, &[("dead_lettered", 1)]);
+
+    // The cause fixed, the event requeued: the row written anew with the same id.
+    s.client
+        .batch_execute(&format!(
+            "DELETE FROM outbox WHERE event_id = 'bad-1'; {}",
+            insert("Claim")
+        ))
+        .await
+        .unwrap();
+    s.wait_for_messages(5).await;
+    relay.stop().await.expect("relay stops cleanly");
+    let all = s.messages().await;
+    let ids: Vec<(&str, &str)> = all
+        .iter()
+        .filter(|m| m.id() == "bad-1")
+        .map(|m| (m.subject.as_str(), m.header("Nats-Msg-Id")))
+        .collect();
+    assert_eq!(
+        ids,
+        [
+            (
+                s.config.nats.dead_letter_subject.as_str(),
+                "dead-letter:bad-1"
+            ),
+            ("outbox.Claim", "bad-1")
+        ],
+        "{all:#?}"
+    );
+    let (code, json) = s.verify(&[]).await;
+    assert_eq!(code, 0, "requeued: {json}");
+    assert_counts(&json, &[]);
+    assert_eq!(json["rows"], 4, "{json}");
+}

@@ -32,13 +32,14 @@ use crate::support::{
 };
 
 /// The classes of the contract, each a count in `--json` (`in_flight` is `waiting`'s old name).
-const CLASSES: [&str; 15] = [
+const CLASSES: [&str; 16] = [
     "missing",
     "in_flight",
     "waiting",
     "unknown",
     "dead_lettered",
     "parked",
+    "discarded",
     "holes",
     "duplicates",
     "out_of_order",
