@@ -23,9 +23,29 @@ pub const DEAD_LETTER_PAYLOAD_DROPPED: &str =
     "payload dropped when dead-lettered: over the stream's limit";
 
 /// The event `copy` holds, republished at `at` by a control message committed at `commit_ts`.
+/// Its key is read from its headers, which hold one line: a key value with a line break comes
+/// back changed ([`revive_of_key`] keeps it).
 pub fn revive(copy: &StoredMessage, at: Position, commit_ts: i64) -> OutboxEvent {
     let id = copy.headers.get(EVENT_ID).map(|v| v.as_str().to_owned());
     revive_as(copy, id, at, commit_ts, "parked", PAYLOAD_DROPPED)
+}
+
+/// [`revive`] for a copy read from the parking subject of the key (`aggregate_type`,
+/// `aggregate_id`) a control message names: every copy there is of that key, so the event takes
+/// the key's values as the request holds them, whole. Its headers hold them on one line (a line
+/// break cannot be in a header), and a value read back from them would hash to another key: the
+/// copy would not be held behind its key's poison, nor parked again on its key's subject.
+pub fn revive_of_key(
+    copy: &StoredMessage,
+    aggregate_type: Option<&str>,
+    aggregate_id: Option<&str>,
+    at: Position,
+    commit_ts: i64,
+) -> OutboxEvent {
+    let mut event = revive(copy, at, commit_ts);
+    event.aggregate_type = aggregate_type.map(str::to_owned);
+    event.aggregate_id = aggregate_id.map(str::to_owned);
+    event
 }
 
 /// The event the dead letter `m` holds, republished at `at` by a `requeue_event` committed at
@@ -208,6 +228,40 @@ mod tests {
             revive_dead_letter(&m, at, 0).problem.as_deref(),
             Some(DEAD_LETTER_PAYLOAD_DROPPED)
         );
+    }
+
+    #[test]
+    fn a_key_with_line_breaks_hashes_as_itself_when_revived_from_its_request() {
+        let mut e = OutboxEvent::at(bytes::Bytes::from_static(b"{}"), Lsn(0x10), 0, 0, None);
+        e.msg_id = "e-1".into();
+        e.aggregate_type = Some("Claim\nType".into());
+        e.aggregate_id = Some("47\r\n11".into());
+        let run = Run {
+            subject: "dl.parked.x",
+            reason: "bad",
+            behind: "e-1",
+            count: 1,
+            since: "2026-01-01T00:00:00Z",
+            requeue: None,
+        };
+        let out = parked_copy(&e, &run, None, Shrink::Keep);
+        let copy = StoredMessage {
+            seq: 1,
+            subject: out.subject,
+            headers: out.headers,
+            payload: out.payload,
+        };
+        let at = Position::in_transaction(Lsn(0x20), 0).with_sub(1);
+        let key = crate::parking::KeyHash::of_event(&e);
+        assert_ne!(
+            crate::parking::KeyHash::of_event(&revive(&copy, at, 0)),
+            key,
+            "the headers hold the values on one line"
+        );
+        let back = revive_of_key(&copy, Some("Claim\nType"), Some("47\r\n11"), at, 0);
+        assert_eq!(crate::parking::KeyHash::of_event(&back), key);
+        let null = revive_of_key(&copy, Some("Claim\nType"), None, at, 0);
+        assert_eq!(null.aggregate_id, None, "NULL stays NULL");
     }
 
     #[test]

@@ -17,7 +17,7 @@ use crate::nats::NatsPort;
 use crate::outbox::OutboxStage;
 use crate::parking::control::{Control, KeyRequest};
 use crate::parking::ledger::{self, RebuildError, rebuild as read_parked};
-use crate::parking::revive::revive;
+use crate::parking::revive::revive_of_key;
 use crate::parking::{KeyHash, ParkedSet};
 use crate::position::Position;
 use crate::progress::Progress;
@@ -155,7 +155,13 @@ pub(super) async fn requeue_run(
             Ok(None) => break Ok(()),
             Err(source) => break Err(read_failed(stream, source)),
         };
-        let mut event = revive(&copy, at.with_sub(sub), commit_ts);
+        let mut event = revive_of_key(
+            &copy,
+            key.aggregate_type.as_deref(),
+            key.aggregate_id.as_deref(),
+            at.with_sub(sub),
+            commit_ts,
+        );
         if event.problem.is_none() {
             r.stage.check_again(&mut event);
         }

@@ -1,4 +1,5 @@
-//! The claim 4711 story, a requeue after the fix, a discard, and `max_parked_keys` reached, with
+//! The claim 4711 story, a requeue after the fix, a discard, `max_parked_keys` reached, and a key
+//! with a line break parked again by a requeue, with
 //! the relay in-process.
 
 use outbox_relay::config::Config;
@@ -257,4 +258,36 @@ async fn past_max_parked_keys_the_relay_stops_naming_the_key_and_nothing_is_lost
         confirmed <= before,
         "the event past the bound is not confirmed: {confirmed} > {before}"
     );
+}
+
+/// A key whose id holds a line break: a requeue while its poison is still invalid parks it again
+/// on the key's own subject, and the key's next event waits behind it there (the headers hold
+/// the id on one line; a copy revived from them alone would park another key and let the next
+/// event through).
+#[tokio::test]
+async fn a_requeue_still_invalid_keeps_a_key_with_a_line_break_parked_on_its_own_subject() {
+    let (db, nats, _dir, config) = world(STRICT).await;
+    let client = db.client().await;
+    let relay = InProcessRelay::start_streaming(&config, &client).await;
+    let claim = "47\n11";
+    insert(&client, "a-1", claim, "ClaimApproved", r#"{"claim": "x"}"#).await;
+    stored(&nats, &config, 1).await;
+    let body = serde_json::json!({"op": "requeue", "aggregate_type": "Claim",
+        "aggregate_id": claim, "request": "r-nl"});
+    client
+        .execute(
+            "SELECT pg_logical_emit_message(true, 'outbox-relay.control', $1::text)",
+            &[&body.to_string()],
+        )
+        .await
+        .expect("requeue");
+    insert(&client, "p-1", claim, "ClaimPaid", r#"{"claim": 1}"#).await;
+    let all = stored(&nats, &config, 4).await;
+    assert_eq!(
+        ids_on(&all, &parking_subject(&config, claim)),
+        ["a-1", "released:r-nl", "a-1", "p-1"],
+        "{all:#?}"
+    );
+    assert!(ids_on(&all, "outbox.Claim").is_empty(), "{all:#?}");
+    relay.stop().await.expect("clean stop");
 }
