@@ -4,7 +4,7 @@
 --
 --   SELECT * FROM outbox_requeue('Claim', '4711');    -- republish the key's parked run, in order, checked again
 --   SELECT * FROM outbox_discard('Claim', '4711');    -- release the key, republishing nothing
---   SELECT * FROM outbox_requeue_event('6f1c…');      -- republish one dead letter (read, not yet carried out by the relay)
+--   SELECT * FROM outbox_requeue_event('6f1c…');      -- republish one dead letter to its subject, checked again
 -- `outbox-relay requeue --key Claim/4711` (or `--event ID`, `--discard`) calls them for you and waits until
 -- the relay has carried the request out. A NULL aggregate id is a key of its own, distinct from '':
 -- outbox_requeue('Claim', NULL).

@@ -508,7 +508,7 @@ async fn requeue(
     opts: &RequeueOptions,
     json_logs: bool,
 ) -> ExitCode {
-    if let Err(e) = parking_ops::refuse_event(&request) {
+    if let Err(e) = parking_ops::refuse_event(config, &request) {
         return fail(json_logs, &e);
     }
     if !opts.force

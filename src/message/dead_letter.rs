@@ -43,11 +43,18 @@ impl Shrink {
     }
 }
 
-/// The `Nats-Msg-Id` of the dead letter of the event whose id is `id`: `dead-letter:<id>`.
-pub(crate) fn dead_letter_id(id: &str) -> String {
-    let mut out = String::with_capacity(DEAD_LETTER_ID_PREFIX.len() + id.len());
+/// The `Nats-Msg-Id` of the dead letter of the event whose id is `id`: `dead-letter:<id>`, or
+/// `dead-letter:<id>:<request>` for the new dead letter of a requeued one still invalid
+/// (`requeue`: the control request's id).
+pub(crate) fn dead_letter_id(id: &str, requeue: Option<&str>) -> String {
+    let extra = requeue.map_or(0, |r| r.len() + 1);
+    let mut out = String::with_capacity(DEAD_LETTER_ID_PREFIX.len() + id.len() + extra);
     out.push_str(DEAD_LETTER_ID_PREFIX);
     out.push_str(id);
+    if let Some(r) = requeue {
+        out.push(':');
+        out.push_str(r);
+    }
     out
 }
 
@@ -105,7 +112,7 @@ pub(crate) fn dead_letter_as(
         let n = names();
         h.insert(
             n.msg_id.clone(),
-            HeaderValue::from(dead_letter_id(&event.msg_id)),
+            HeaderValue::from(dead_letter_id(&event.msg_id, None)),
         );
         h.insert(n.event_id.clone(), HeaderValue::from(event.msg_id.clone()));
     }

@@ -36,7 +36,9 @@ use cloudevents::{
     CE_DATACONTENTTYPE, CE_ID, CE_SOURCE, CE_SPECVERSION, CE_SUBJECT, CE_TIME, CE_TYPE,
     cloudevents_headers,
 };
-pub(crate) use dead_letter::{Shrink, dead_letter, dead_letter_as, dead_letter_id};
+pub(crate) use dead_letter::{
+    DEAD_LETTER_ID_PREFIX, Shrink, dead_letter, dead_letter_as, dead_letter_id,
+};
 
 /// The event id, by which JetStream drops a republished event inside the duplicate window.
 pub const NATS_MSG_ID: &str = "Nats-Msg-Id";

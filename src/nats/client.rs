@@ -197,13 +197,13 @@ impl JetStreamPort for async_nats::Client {
                     seq.max(1),
                     true,
                     Scope::Subjects(filter.to_owned()),
-                    "outbox-relay: reading a parked key's markers",
+                    "outbox-relay: reading the headers on a parking or dead-letter subject",
                 ),
                 SubjectRead::From(seq) => (
                     seq.max(1),
                     false,
                     Scope::Subjects(filter.to_owned()),
-                    "outbox-relay: reading a parked key's run",
+                    "outbox-relay: reading a parked key's run or a dead letter",
                 ),
             };
             ClientReader::start_scoped(

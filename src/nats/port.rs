@@ -87,9 +87,12 @@ pub trait JetStreamPort: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<Box<dyn HeaderRead>, NatsError>>;
 
     /// A read of the messages on subjects `filter` matches, one at a time in stream order:
-    /// [`SubjectRead::Last`], the last message of each subject, headers only (which keys are
-    /// parked); [`SubjectRead::From`], every message from a sequence with its payload (a parked
-    /// key's run). The default reads nothing.
+    /// [`SubjectRead::Last`], the last message of each subject, headers only (whether one key is
+    /// parked: a single subject); [`SubjectRead::Headers`], every message from a sequence, headers
+    /// only (which keys are parked, a key's markers, the dead letters); [`SubjectRead::From`],
+    /// every message from a sequence with its payload (a parked key's run, one dead letter). A
+    /// real port reads the last two in pages, so no length overruns the client. The default reads
+    /// nothing.
     fn read_subjects<'a>(
         &'a self,
         stream: &'a str,

@@ -44,6 +44,20 @@ const HEARTBEAT: Duration = Duration::from_secs(1);
 /// the buffer holds from each consumer cannot lose one that way, whatever the message sizes.
 const CHUNK: u64 = 16_384;
 
+/// [`CHUNK`], or the test-only `OUTBOX_RELAY_TEST_READ_PAGE` (a positive number, read once): a
+/// real-server test makes a read move through many consumers with a few dozen messages. Not a
+/// setting: nothing but a test has a reason to set it.
+fn chunk() -> u64 {
+    static PAGE: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *PAGE.get_or_init(|| {
+        std::env::var("OUTBOX_RELAY_TEST_READ_PAGE")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|&n| n > 0)
+            .unwrap_or(CHUNK)
+    })
+}
+
 /// The read through an ephemeral push consumer; see the module docs. As the port's bulk read
 /// ([`HeaderRead`]) it gives the headers only.
 pub(crate) struct ClientReader {
@@ -75,8 +89,9 @@ pub(crate) enum Scope {
     All,
     /// The messages on subjects `filter` matches, from the start sequence.
     Subjects(String),
-    /// The last message of each subject `filter` matches (the parked keys' ledger): one consumer,
-    /// never rolled over, since a new one could not start from a sequence.
+    /// The last message of each subject `filter` matches (whether one key is parked: one
+    /// subject): one consumer, never rolled over, since a new one could not start from a
+    /// sequence; so not for many subjects.
     LastPerSubject(String),
 }
 
@@ -164,7 +179,7 @@ impl ClientReader {
             timeout,
             chunk_left: match scope {
                 Scope::LastPerSubject(_) => u64::MAX,
-                _ => CHUNK,
+                _ => chunk(),
             },
             headers_only,
             description: description.to_owned(),
@@ -239,7 +254,7 @@ impl ClientReader {
         self.sub = sub;
         self.consumer = consumer;
         self.delivered = 0;
-        self.chunk_left = CHUNK;
+        self.chunk_left = chunk();
         self.done = pending == 0;
         Ok(())
     }

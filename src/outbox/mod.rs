@@ -174,7 +174,7 @@ pub struct OutboxStage {
     /// The open transaction's trace context (`outbox.context_prefix`, `context.rs`): headers for
     /// its events that follow the context message.
     context: Vec<(String, String)>,
-    /// The control prefix, when control messages are read (`outbox.on_invalid = "park"`).
+    /// The control prefix, when control messages are read (every relay session reads them).
     control_prefix: Option<String>,
 }
 

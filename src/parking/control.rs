@@ -23,6 +23,14 @@ pub const MAX_CONTROL_BYTES: usize = 16 * 1024;
 /// The longest request id taken: it names the release marker (`released:<request>`).
 pub const MAX_REQUEST_BYTES: usize = 128;
 
+/// Whether a relay with these settings asks pgoutput for logical messages (`messages 'true'`,
+/// Postgres 14+), and so sees control messages at all: with `outbox.message_prefix` or
+/// `outbox.context_prefix` set, or in park mode. Without, a `requeue_event` would pass it unseen.
+pub fn messages_read(settings: &crate::config::Settings) -> bool {
+    let o = &settings.config().outbox;
+    !o.message_prefix.is_empty() || !o.context_prefix.is_empty() || settings.park_on_invalid
+}
+
 /// The control prefix of a relay named `name` ("" for none).
 pub fn prefix(name: &str) -> String {
     match name {

@@ -9,7 +9,18 @@
 //! Every read goes through the NATS port (`read_subjects`), so the simulation's JetStream answers
 //! it too, and holds one message at a time: the parked set is bounded by
 //! `outbox.max_parked_keys`, a run is read in stream order without being held.
+//!
+//! Which keys are parked is read as every message of the parking subjects in stream order,
+//! headers only, through a read that moves to a new consumer every page (16,384 deliveries):
+//! the last message of each key wins, a release marker takes the key out. A last-per-subject read
+//! (one consumer delivering each subject's newest message) would hold fewer messages, but it
+//! cannot be paged (a second consumer cannot start where the first stopped), and past the client's
+//! buffer (tens of thousands of subjects) deliveries were dropped and the session restarted for
+//! ever. The keys held while reading are those parked at that point of the stream, which the
+//! relay bounded by `outbox.max_parked_keys`: one more ends the read, and the caller's bound
+//! (a stop naming the key, `parked`'s "more") applies.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use async_nats::HeaderMap;
@@ -76,41 +87,58 @@ pub fn mark(h: &HeaderMap) -> Mark {
     }
 }
 
-/// Calls `each` with every parked key the stream shows (one last-per-subject read of
-/// `<dead_letter_subject>.parked.>`, headers only), in no particular order. `each` may stop the
-/// read by returning `Err`.
+/// Calls `each` with every parked key the stream shows (every message of
+/// `<dead_letter_subject>.parked.>` in stream order, headers only, paged: see the module docs),
+/// in no particular order, holding at most `max` + 1 keys: with one more than `max` parked at some
+/// point of the stream the read ends there, and `each` gets `max` + 1 keys (its bound applies).
+/// `each` may stop the calls by returning `Err`.
 pub async fn each_parked<E>(
     port: &NatsPort,
     stream: &str,
     dead_letter_subject: &str,
+    max: usize,
     timeout: Duration,
     mut each: impl FnMut(ParkedEntry) -> Result<(), E>,
 ) -> Result<Result<(), E>, NatsError> {
     let filter = parked_filter(dead_letter_subject);
     let mut read = port
-        .read_subjects(stream, &filter, SubjectRead::Last, timeout)
+        .read_subjects(stream, &filter, SubjectRead::Headers(1), timeout)
         .await?;
+    let mut keys: HashMap<KeyHash, ParkedEntry> = HashMap::new();
     while let Some(m) = read.next().await? {
         let Some(key) = key_of_subject(dead_letter_subject, &m.subject) else {
             continue;
         };
-        if let Mark::Copy(parked) = mark(&m.headers) {
-            let value = |n: &str| {
-                m.headers
-                    .get(n)
-                    .map(|v| crate::text::cut(v.as_str(), MAX_KEY_VALUE_BYTES).to_owned())
-            };
-            let entry = ParkedEntry {
-                key,
-                subject: m.subject.clone(),
-                aggregate_type: value(AGGREGATE_TYPE),
-                aggregate_id: value(AGGREGATE_ID),
-                parked,
-                seq: m.seq,
-            };
-            if let Err(e) = each(entry) {
-                return Ok(Err(e));
+        match mark(&m.headers) {
+            Mark::Copy(parked) => {
+                let value = |n: &str| {
+                    m.headers
+                        .get(n)
+                        .map(|v| crate::text::cut(v.as_str(), MAX_KEY_VALUE_BYTES).to_owned())
+                };
+                let entry = ParkedEntry {
+                    key,
+                    subject: m.subject.clone(),
+                    aggregate_type: value(AGGREGATE_TYPE),
+                    aggregate_id: value(AGGREGATE_ID),
+                    parked,
+                    seq: m.seq,
+                };
+                keys.insert(key, entry);
+                if keys.len() > max {
+                    break;
+                }
             }
+            Mark::Released { .. } => {
+                keys.remove(&key);
+            }
+            // A message the relay did not write changes nothing.
+            Mark::Other => {}
+        }
+    }
+    for entry in keys.into_values() {
+        if let Err(e) = each(entry) {
+            return Ok(Err(e));
         }
     }
     Ok(Ok(()))
@@ -152,7 +180,7 @@ pub async fn rebuild(
     timeout: Duration,
 ) -> Result<ParkedSet, RebuildError> {
     let mut set = ParkedSet::new(max);
-    let read = each_parked(port, stream, dead_letter_subject, timeout, |e| {
+    let read = each_parked(port, stream, dead_letter_subject, max, timeout, |e| {
         set.park(e.key, e.parked.clone())
             .map(|_| ())
             .map_err(|Full { max }| RebuildError::Full {

@@ -8,10 +8,12 @@
 //! reading the stream through the NATS port: a key and its subject (`key.rs`), the parked set a
 //! session holds (`set.rs`), what the stream says is parked and a key's run (`ledger.rs`, the one
 //! reader: `parked`, `status` and `verify` use it too), and a control message's content
-//! (`control.rs`). The messages themselves (a parked copy, a release marker) are built in
+//! (`control.rs`), and one event's dead letter found for a `requeue_event` (`dead_letter.rs`,
+//! with `revive.rs` turning what it reads back into the event). The messages themselves (a parked copy, a release marker) are built in
 //! `message/parked.rs`; where an event goes is decided in the sink (`sink/destination.rs`).
 
 pub mod control;
+pub mod dead_letter;
 pub mod key;
 pub mod ledger;
 pub mod revive;

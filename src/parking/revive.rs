@@ -1,13 +1,16 @@
-//! A parked copy read back from its key's subject as the event it was ([`revive`]), for a requeue:
-//! its id (`Outbox-Event-Id`), its key and type, its own headers (every header outside the relay's
-//! `Nats-` and `Outbox-` names) and its payload, placed at the position of the control message's
-//! expansion it is republished at. A copy the stream's limits shrank (no payload, or headers cut)
-//! cannot be republished as the event it was: it comes back with a problem, so the requeue parks
-//! its key again with that reason. Pure.
+//! A parked copy read back from its key's subject as the event it was ([`revive`]), for a requeue,
+//! and a dead letter likewise ([`revive_dead_letter`], for `requeue_event`): its id
+//! (`Outbox-Event-Id`; an old dead letter's `Nats-Msg-Id`), its key and type, its own headers
+//! (every header outside the relay's `Nats-` and `Outbox-` names) and its payload, placed at the
+//! position of the control message's expansion it is republished at. A copy the stream's limits
+//! shrank (no payload, or headers cut) cannot be republished as the event it was: it comes back
+//! with a problem, so the requeue parks its key again (or dead-letters it again) with that
+//! reason. Pure.
 
 use crate::Lsn;
 use crate::event::OutboxEvent;
-use crate::message::{AGGREGATE_ID, AGGREGATE_TYPE, COMMIT_LSN, EVENT_ID, EVENT_TYPE};
+use crate::message::DEAD_LETTER_ID_PREFIX;
+use crate::message::{AGGREGATE_ID, AGGREGATE_TYPE, COMMIT_LSN, EVENT_ID, EVENT_TYPE, NATS_MSG_ID};
 use crate::message::{PAYLOAD_SIZE, TRUNCATED_HEADERS};
 use crate::nats::StoredMessage;
 use crate::position::Position;
@@ -15,8 +18,73 @@ use crate::position::Position;
 /// The reason a copy whose payload was dropped keeps its key parked.
 pub const PAYLOAD_DROPPED: &str = "payload dropped when parked: over the stream's limit";
 
+/// The reason a dead letter whose payload was dropped is dead-lettered again.
+pub const DEAD_LETTER_PAYLOAD_DROPPED: &str =
+    "payload dropped when dead-lettered: over the stream's limit";
+
 /// The event `copy` holds, republished at `at` by a control message committed at `commit_ts`.
+/// Its key is read from its headers, which hold one line: a key value with a line break comes
+/// back changed ([`revive_of_key`] keeps it).
 pub fn revive(copy: &StoredMessage, at: Position, commit_ts: i64) -> OutboxEvent {
+    let id = copy.headers.get(EVENT_ID).map(|v| v.as_str().to_owned());
+    revive_as(copy, id, at, commit_ts, "parked", PAYLOAD_DROPPED)
+}
+
+/// [`revive`] for a copy read from the parking subject of the key (`aggregate_type`,
+/// `aggregate_id`) a control message names: every copy there is of that key, so the event takes
+/// the key's values as the request holds them, whole. Its headers hold them on one line (a line
+/// break cannot be in a header), and a value read back from them would hash to another key: the
+/// copy would not be held behind its key's poison, nor parked again on its key's subject.
+pub fn revive_of_key(
+    copy: &StoredMessage,
+    aggregate_type: Option<&str>,
+    aggregate_id: Option<&str>,
+    at: Position,
+    commit_ts: i64,
+) -> OutboxEvent {
+    let mut event = revive(copy, at, commit_ts);
+    event.aggregate_type = aggregate_type.map(str::to_owned);
+    event.aggregate_id = aggregate_id.map(str::to_owned);
+    event
+}
+
+/// The event the dead letter `m` holds, republished at `at` by a `requeue_event` committed at
+/// `commit_ts`; an old dead letter (from before dead letters had ids of their own) has no
+/// `Outbox-Event-Id`, and its `Nats-Msg-Id` is the event's id.
+pub fn revive_dead_letter(m: &StoredMessage, at: Position, commit_ts: i64) -> OutboxEvent {
+    let id = dead_letter_event_id(&m.headers).map(str::to_owned);
+    revive_as(
+        m,
+        id,
+        at,
+        commit_ts,
+        "dead-lettered",
+        DEAD_LETTER_PAYLOAD_DROPPED,
+    )
+}
+
+/// The event id a dead letter's headers name: `Outbox-Event-Id`, or (an old dead letter) its
+/// `Nats-Msg-Id` when that is not a dead letter's own id.
+pub fn dead_letter_event_id(h: &async_nats::HeaderMap) -> Option<&str> {
+    match h.get(EVENT_ID) {
+        Some(v) => Some(v.as_str()),
+        None => h
+            .get(NATS_MSG_ID)
+            .map(|v| v.as_str())
+            .filter(|id| !id.starts_with(DEAD_LETTER_ID_PREFIX)),
+    }
+}
+
+/// The event `copy` holds with the id `id`, as [`revive`] says; `kept`: how it was kept (for a
+/// problem's reason), `dropped`: the reason when its payload was dropped.
+fn revive_as(
+    copy: &StoredMessage,
+    id: Option<String>,
+    at: Position,
+    commit_ts: i64,
+    kept: &str,
+    dropped: &str,
+) -> OutboxEvent {
     let h = &copy.headers;
     let text = |n: &str| h.get(n).map(|v| v.as_str().to_owned());
     let commit_lsn = text(COMMIT_LSN)
@@ -24,7 +92,7 @@ pub fn revive(copy: &StoredMessage, at: Position, commit_ts: i64) -> OutboxEvent
         .unwrap_or(at.lsn);
     let mut event = OutboxEvent::at(copy.payload.clone(), commit_lsn, at.index, commit_ts, None);
     event.position = at;
-    event.id = text(EVENT_ID);
+    event.id = id;
     event.msg_id = event.id.clone().unwrap_or_default();
     event.aggregate_type = text(AGGREGATE_TYPE);
     event.aggregate_id = text(AGGREGATE_ID);
@@ -42,13 +110,13 @@ pub fn revive(copy: &StoredMessage, at: Position, commit_ts: i64) -> OutboxEvent
         }
     }
     if h.get(PAYLOAD_SIZE).is_some() {
-        event.problem = Some(PAYLOAD_DROPPED.to_owned());
+        event.problem = Some(dropped.to_owned());
     } else if let Some(cut) = text(TRUNCATED_HEADERS) {
         event.problem = Some(format!(
-            "headers cut when parked ({cut}): over the stream's limit"
+            "headers cut when {kept} ({cut}): over the stream's limit"
         ));
     } else if event.id.is_none() {
-        event.problem = Some("a parked copy without Outbox-Event-Id".to_owned());
+        event.problem = Some(format!("a message {kept} without Outbox-Event-Id"));
         event.msg_id = crate::event::message_id(None, commit_lsn, at.index, &copy.payload);
     }
     event
@@ -110,6 +178,90 @@ mod tests {
         assert_eq!(e.headers, vec![("tenant".to_owned(), "t1".to_owned())]);
         assert_eq!(&e.payload[..], br#"{"claim":4711}"#);
         assert!(e.problem.is_none());
+    }
+
+    #[test]
+    fn a_dead_letter_comes_back_as_its_event_and_an_old_one_by_its_nats_msg_id() {
+        let at = Position::in_transaction(Lsn(0x2_0000_0000), 4);
+        let mut e = OutboxEvent::at(bytes::Bytes::from_static(b"{}"), Lsn(0x10), 0, 0, None);
+        e.msg_id = "e-5".into();
+        e.headers = vec![("tenant".into(), "t1".into())];
+        let out = crate::message::dead_letter(&e, "dl", "bad", Some("outbox.Claim"), Shrink::Keep);
+        let mut m = StoredMessage {
+            seq: 3,
+            subject: out.subject,
+            headers: out.headers,
+            payload: out.payload,
+        };
+        assert_eq!(
+            m.headers.get(NATS_MSG_ID).unwrap().as_str(),
+            "dead-letter:e-5"
+        );
+        let back = revive_dead_letter(&m, at, 0);
+        assert_eq!(
+            (back.msg_id.as_str(), back.problem.as_deref()),
+            ("e-5", None)
+        );
+        assert_eq!(back.headers, vec![("tenant".to_owned(), "t1".to_owned())]);
+        // A dead letter from before dead letters had ids of their own.
+        m.headers.insert(NATS_MSG_ID, "e-5");
+        let mut old = async_nats::HeaderMap::new();
+        for (n, vs) in m.headers.iter() {
+            let name: &str = n.as_ref();
+            if !name.eq_ignore_ascii_case(EVENT_ID) {
+                for v in vs {
+                    old.append(n.clone(), v.clone());
+                }
+            }
+        }
+        m.headers = old;
+        assert_eq!(dead_letter_event_id(&m.headers), Some("e-5"));
+        assert_eq!(revive_dead_letter(&m, at, 0).msg_id, "e-5");
+        let dropped = crate::message::dead_letter(&e, "dl", "bad", None, Shrink::DropPayload);
+        let m = StoredMessage {
+            seq: 4,
+            subject: dropped.subject,
+            headers: dropped.headers,
+            payload: dropped.payload,
+        };
+        assert_eq!(
+            revive_dead_letter(&m, at, 0).problem.as_deref(),
+            Some(DEAD_LETTER_PAYLOAD_DROPPED)
+        );
+    }
+
+    #[test]
+    fn a_key_with_line_breaks_hashes_as_itself_when_revived_from_its_request() {
+        let mut e = OutboxEvent::at(bytes::Bytes::from_static(b"{}"), Lsn(0x10), 0, 0, None);
+        e.msg_id = "e-1".into();
+        e.aggregate_type = Some("Claim\nType".into());
+        e.aggregate_id = Some("47\r\n11".into());
+        let run = Run {
+            subject: "dl.parked.x",
+            reason: "bad",
+            behind: "e-1",
+            count: 1,
+            since: "2026-01-01T00:00:00Z",
+            requeue: None,
+        };
+        let out = parked_copy(&e, &run, None, Shrink::Keep);
+        let copy = StoredMessage {
+            seq: 1,
+            subject: out.subject,
+            headers: out.headers,
+            payload: out.payload,
+        };
+        let at = Position::in_transaction(Lsn(0x20), 0).with_sub(1);
+        let key = crate::parking::KeyHash::of_event(&e);
+        assert_ne!(
+            crate::parking::KeyHash::of_event(&revive(&copy, at, 0)),
+            key,
+            "the headers hold the values on one line"
+        );
+        let back = revive_of_key(&copy, Some("Claim\nType"), Some("47\r\n11"), at, 0);
+        assert_eq!(crate::parking::KeyHash::of_event(&back), key);
+        let null = revive_of_key(&copy, Some("Claim\nType"), None, at, 0);
+        assert_eq!(null.aggregate_id, None, "NULL stays NULL");
     }
 
     #[test]

@@ -93,6 +93,9 @@ pub struct ParkedSet {
     /// id of its own (`parked:<id>:<request>`), or JetStream would drop it as the first copy's
     /// duplicate.
     requeue: Option<String>,
+    /// Whether that request republishes a dead letter (`requeue_event`): a still-invalid event is
+    /// then a new dead letter (`dead-letter:<id>:<request>`), whatever `outbox.on_invalid` says.
+    of_dead_letter: bool,
 }
 
 impl ParkedSet {
@@ -102,6 +105,7 @@ impl ParkedSet {
             keys: HashMap::new(),
             max,
             requeue: None,
+            of_dead_letter: false,
         }
     }
 
@@ -113,6 +117,19 @@ impl ParkedSet {
     /// Sets (or, with `None`, ends) the request whose run is being republished.
     pub fn set_requeue(&mut self, request: Option<String>) {
         self.requeue = request;
+        self.of_dead_letter = false;
+    }
+
+    /// Sets (or, with `None`, ends) the request republishing a dead letter (`requeue_event`).
+    pub fn set_requeue_dead_letter(&mut self, request: Option<String>) {
+        self.of_dead_letter = request.is_some();
+        self.requeue = request;
+    }
+
+    /// The request republishing a dead letter now, if one is: a still-invalid event becomes a
+    /// new dead letter of its own, never a stop and never a parked key.
+    pub fn requeue_of_dead_letter(&self) -> Option<&str> {
+        self.requeue.as_deref().filter(|_| self.of_dead_letter)
     }
 
     /// Nothing parked: the hot path's one check, before it hashes any key.

@@ -55,12 +55,12 @@ pub enum RequeueError {
         /// The login role.
         role: String,
     },
-    /// `--event`: this version's relay reads a dead letter's requeue but does not carry it out, so
-    /// sending one would report a release that never happens.
+    /// `--event` to a relay that asks Postgres for no logical messages: it would pass the request
+    /// unseen, and `requeue` would report it stored.
     #[error(
-        "requeue --event {event}: this version of the relay does not republish a dead letter yet (it would count the request and leave the dead letter): fix the cause and insert the event again with the same id, as docs/recovery.md, \"Requeue one dead letter\", says"
+        "requeue --event {event}: this relay reads no logical messages (outbox.message_prefix and outbox.context_prefix are both \"\"), so it would never see the request: set outbox.message_prefix (default \"outbox\") and restart the relay, or republish the dead letter as docs/recovery.md, \"Requeue one dead letter\", says"
     )]
-    EventNotCarriedOut {
+    NoMessages {
         /// The event id, escaped.
         event: String,
     },

@@ -1,5 +1,5 @@
-//! `outbox-relay parked`: the parked keys as the stream shows them (the parking ledger's one
-//! last-per-subject read of `<dead_letter_subject>.parked.>`, headers only), each with its key
+//! `outbox-relay parked`: the parked keys as the stream shows them (the parking ledger's paged read
+//! of `<dead_letter_subject>.parked.>`, headers only), each with its key
 //! (escaped), the count of its parked events, since when, the reason, the poison event's id and its
 //! parking subject; and whether one named key is parked (`requeue`'s check), from the newest message
 //! of that key's own parking subject. Read-only, with the relay's NATS user.
@@ -154,7 +154,7 @@ pub async fn parked(settings: &Settings) -> Result<ParkedReport, ParkedError> {
         events: 0,
         more: false,
     };
-    let read = each_parked(&port, stream, dead_letter, READ_TIMEOUT, |e| {
+    let read = each_parked(&port, stream, dead_letter, max, READ_TIMEOUT, |e| {
         if report.parked.len() >= max {
             report.more = true;
             return Err(());

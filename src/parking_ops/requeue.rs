@@ -81,13 +81,16 @@ impl fmt::Display for Sent {
     }
 }
 
-/// Refuses a dead letter's requeue, with or without `--force`: this version's relay reads it but
-/// does not carry it out, and `requeue` would then report a release that never happens.
-pub fn refuse_event(request: &Request) -> Result<(), RequeueError> {
+/// Refuses a dead letter's requeue, with or without `--force`, when the relay these settings
+/// describe asks Postgres for no logical messages: it would never see the request, and `requeue`
+/// would then report it stored.
+pub fn refuse_event(settings: &Settings, request: &Request) -> Result<(), RequeueError> {
     match request {
-        Request::RequeueEvent(id) => Err(RequeueError::EventNotCarriedOut {
-            event: shown(id, 200),
-        }),
+        Request::RequeueEvent(id) if !crate::parking::control::messages_read(settings) => {
+            Err(RequeueError::NoMessages {
+                event: shown(id, 200),
+            })
+        }
         _ => Ok(()),
     }
 }

@@ -244,12 +244,9 @@ impl Connector for Servers {
             // Proto v1 is enough: no streaming of in-progress transactions (the relay publishes
             // only committed transactions), and v1 keeps the decoding identical on every server.
             options.proto_version = Some(1);
-            // Logical messages are events (or trace context) only with a prefix; without one they
-            // would be decoded for nothing.
-            options.messages = !settings.config().outbox.message_prefix.is_empty()
-                || !settings.config().outbox.context_prefix.is_empty()
-                // Control messages release parked keys.
-                || settings.park_on_invalid;
+            // Logical messages are events (or trace context) only with a prefix, or release
+            // parked keys; without any they would be decoded for nothing.
+            options.messages = crate::parking::control::messages_read(settings);
             let stream_config = StreamConfig {
                 status_interval: settings.status_interval,
                 channel_capacity: 1024,

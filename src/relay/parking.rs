@@ -7,7 +7,7 @@
 //! the run read back and republished ([`requeue_run`]). The I/O the outbox stage asks for, as for a
 //! partition lookup.
 
-use tracing::{info, warn};
+use tracing::info;
 
 use crate::config::Settings;
 use crate::event::OutboxEvent;
@@ -17,7 +17,7 @@ use crate::nats::NatsPort;
 use crate::outbox::OutboxStage;
 use crate::parking::control::{Control, KeyRequest};
 use crate::parking::ledger::{self, RebuildError, rebuild as read_parked};
-use crate::parking::revive::revive;
+use crate::parking::revive::revive_of_key;
 use crate::parking::{KeyHash, ParkedSet};
 use crate::position::Position;
 use crate::progress::Progress;
@@ -65,22 +65,35 @@ pub(super) struct Requeue<'a> {
     pub(super) settings: &'a Settings,
 }
 
-/// What a control message asks of the session: a key to release and how, or nothing to do
-/// (`requeue_event`, which this version reads but does not carry out: counted and warned).
-pub(super) fn release_of(
-    control: Control,
-    at: Position,
-    metrics: &Metrics,
-) -> Option<(KeyRequest, Release)> {
+/// What a control message asks of the session.
+pub(super) enum Asked {
+    /// A key to release, and how.
+    Release(KeyRequest, Release),
+    /// One dead letter to republish.
+    DeadLetter {
+        /// The event's id.
+        event_id: String,
+        /// The request id.
+        request: String,
+    },
+    /// Nothing this relay does (counted and logged).
+    Nothing,
+}
+
+/// What `control` at `at` asks of the session: a key's requeue or discard only in park mode (no
+/// other mode parks a key, and the stream need not store the parking subjects then: counted and
+/// logged as nothing to do); a dead letter's requeue in every mode.
+pub(super) fn asked(control: Control, at: Position, park: bool, metrics: &Metrics) -> Asked {
     let op = control.op();
     match control {
-        Control::Requeue(k) => Some((k, Release::Requeued)),
-        Control::Discard(k) => Some((k, Release::Discarded)),
-        Control::RequeueEvent { event_id, request } => {
-            warn!(%event_id, %request, position = %at, "requeue_event is not carried out by this version: the dead letter stays");
+        Control::Requeue(k) | Control::Discard(k) if !park => {
+            info!(request = %k.request, position = %at, key = %key_text(&k), "control message for a key, but outbox.on_invalid is not \"park\": nothing to release");
             metrics.parking.control(op, ControlResult::Nothing);
-            None
+            Asked::Nothing
         }
+        Control::Requeue(k) => Asked::Release(k, Release::Requeued),
+        Control::Discard(k) => Asked::Release(k, Release::Discarded),
+        Control::RequeueEvent { event_id, request } => Asked::DeadLetter { event_id, request },
     }
 }
 
@@ -142,7 +155,13 @@ pub(super) async fn requeue_run(
             Ok(None) => break Ok(()),
             Err(source) => break Err(read_failed(stream, source)),
         };
-        let mut event = revive(&copy, at.with_sub(sub), commit_ts);
+        let mut event = revive_of_key(
+            &copy,
+            key.aggregate_type.as_deref(),
+            key.aggregate_id.as_deref(),
+            at.with_sub(sub),
+            commit_ts,
+        );
         if event.problem.is_none() {
             r.stage.check_again(&mut event);
         }
@@ -154,6 +173,41 @@ pub(super) async fn requeue_run(
     };
     r.sink.set_requeue(None);
     result
+}
+
+/// Republishes the dead letter of `event_id` at `at` (sub-index 0), for control request
+/// `request`: found on exactly `nats.dead_letter_subject` (the newest of that event), read back
+/// as the event it was, checked again against today's schemas and handed to the sink, which
+/// routes it to its subject with its own id as `Nats-Msg-Id` (a second copy after a crash is
+/// then JetStream's duplicate, or the fence's replay skip), or, still invalid, to a new dead
+/// letter `dead-letter:<id>:<request>` with the new reason. `false` (nothing sent) when the
+/// stream holds no dead letter of it.
+pub(super) async fn requeue_dead_letter(
+    r: Requeue<'_>,
+    event_id: &str,
+    request: &str,
+    at: Position,
+    commit_ts: i64,
+) -> Result<bool, SessionEnd> {
+    let c = r.settings.config();
+    let (stream, dl) = (&c.nats.stream, &c.nats.dead_letter_subject);
+    let found =
+        crate::parking::dead_letter::find(r.port, stream, dl, event_id, r.settings.ack_timeout)
+            .await
+            .map_err(|source| read_failed(stream, source))?;
+    let Some(letter) = found else {
+        return Ok(false);
+    };
+    let mut event = crate::parking::revive::revive_dead_letter(&letter, at, commit_ts);
+    if event.problem.is_none() {
+        r.stage.check_again(&mut event);
+    }
+    r.sink.set_requeue_dead_letter(Some(request.to_owned()));
+    let seq = r.progress.publish();
+    let sent = r.sink.submit(seq, Box::new(event)).await;
+    r.sink.set_requeue_dead_letter(None);
+    sent.map_err(from_sink)?;
+    Ok(true)
 }
 
 /// The parking subjects could not be read: the session restarts, as for the stream's tail.

@@ -368,9 +368,16 @@ impl Session {
         commit_ts: i64,
     ) -> Result<(), SessionEnd> {
         let op = control.op();
-        let Some((key, release)) = parking::release_of(control, at, &self.metrics) else {
-            return Ok(());
-        };
+        let (key, release) =
+            match parking::asked(control, at, self.settings.park_on_invalid, &self.metrics) {
+                parking::Asked::Release(key, release) => (key, release),
+                parking::Asked::DeadLetter { event_id, request } => {
+                    return self
+                        .requeue_dead_letter(state, &event_id, &request, at, commit_ts)
+                        .await;
+                }
+                parking::Asked::Nothing => return Ok(()),
+            };
         self.store_all(state).await?;
         let found = parking::bounds_of(&self.port, &self.settings, &self.metrics, &key, op, at);
         let Some(bounds) = found.await? else {
@@ -396,6 +403,41 @@ impl Session {
         self.metrics
             .parking
             .control(op, crate::metrics::ControlResult::Applied);
+        Ok(())
+    }
+
+    /// A `requeue_event` control message at `at`, carried out once everything before it is
+    /// stored: the event's dead letter republished ([`parking::requeue_dead_letter`]), or, when
+    /// the stream holds none, a warning naming the LSN (counted), never a stop.
+    async fn requeue_dead_letter(
+        &mut self,
+        state: &mut State,
+        event_id: &str,
+        request: &str,
+        at: crate::position::Position,
+        commit_ts: i64,
+    ) -> Result<(), SessionEnd> {
+        use crate::metrics::{ControlOp, ControlResult};
+        self.store_all(state).await?;
+        let parts = parking::Requeue {
+            sink: &mut self.sink,
+            stage: &mut self.stage,
+            progress: &mut self.progress,
+            port: &self.port,
+            settings: &self.settings,
+        };
+        let result = if parking::requeue_dead_letter(parts, event_id, request, at, commit_ts)
+            .await?
+        {
+            tracing::info!(%request, position = %at, event_id = %crate::text::cut(event_id, 200), "requeued a dead letter");
+            ControlResult::Applied
+        } else {
+            warn!(%request, lsn = %at.lsn, position = %at, event_id = %crate::text::cut(event_id, 200), "requeue_event: the stream holds no dead letter of this event on the dead-letter subject: nothing republished");
+            ControlResult::Nothing
+        };
+        self.metrics
+            .parking
+            .control(ControlOp::RequeueEvent, result);
         Ok(())
     }
 
@@ -482,17 +524,14 @@ impl Session {
 }
 
 /// The outbox stage of a session: the settings' table and prefixes, schemas, the partition lookup,
-/// and control messages with `outbox.on_invalid = "park"`.
+/// and control messages (a key's release in park mode, a dead letter's requeue in every mode).
 fn stage(settings: &Settings, metrics: &Arc<Metrics>) -> OutboxStage {
     let c = settings.config();
     let stage = OutboxStage::new(&c.outbox)
         .with_cloudevents(c.nats.cloudevents)
         .with_schemas(&settings.schemas, Arc::clone(&metrics.schemas))
         .with_partition_lookup();
-    match settings.park_on_invalid {
-        true => stage.with_control(crate::parking::control::prefix(&c.name)),
-        false => stage,
-    }
+    stage.with_control(crate::parking::control::prefix(&c.name))
 }
 
 /// Whether the server a session starts on is where this relay left it ([`Start::moved`]): one that

@@ -285,7 +285,11 @@ fn batch_room(config: &SinkConfig) -> usize {
 /// The message for `event` in a batch (event id in `Outbox-Event-Id`), or its dead letter when the
 /// event has a problem (`destination.rs`). Its size is checked when it is sent, with every header
 /// stamped ([`fit`]).
-fn message(config: &SinkConfig, event: &OutboxEvent) -> Result<(Outgoing, Sent), SinkError> {
+fn message(
+    config: &SinkConfig,
+    event: &OutboxEvent,
+    requeue: Option<&str>,
+) -> Result<(Outgoing, Sent), SinkError> {
     let out = message::build_as(
         event,
         &config.template,
@@ -294,8 +298,10 @@ fn message(config: &SinkConfig, event: &OutboxEvent) -> Result<(Outgoing, Sent),
         IdHeader::EventId,
         config.descriptive,
     );
-    // Settings refuse parking with atomic batches: no key is ever parked here.
+    // Settings refuse parking with atomic batches: no key is ever parked here. A dead letter
+    // requeued (`requeue`: its request) and still invalid is dead-lettered again, never a stop.
     let none = &mut crate::parking::ParkedSet::default();
+    none.set_requeue_dead_letter(requeue.map(str::to_owned));
     let sent = destination::choose(config, none, event, out.dead_letter.as_deref())?;
     Ok((out, sent))
 }
@@ -330,7 +336,8 @@ impl Batcher {
             self.send_before(flight, held, size).await?;
         }
         let size = flight.reserve(size).await?;
-        let (mut out, sent) = message(flight.config(), &event)?;
+        let requeue = flight.parked().requeue_of_dead_letter();
+        let (mut out, sent) = message(flight.config(), &event, requeue)?;
         let span = begin_span(flight.config(), &mut event, &mut out);
         // Batch messages carry no `Nats-Msg-Id`, and the server refuses an id expectation inside
         // a batch: the chain is by sequence only, one expectation per batch (its first message).
@@ -515,6 +522,18 @@ mod tests {
         config
     }
 
+    #[test]
+    fn a_requeued_dead_letter_still_invalid_in_a_batch_is_dead_lettered_again_not_a_stop() {
+        let mut c = config(100, 1 << 20);
+        c.stop_on_invalid = true;
+        let mut event = held(1, 0, None).item.event;
+        event.problem = Some("still bad".into());
+        assert!(message(&c, &event, None).is_err(), "on_invalid = stop");
+        let (out, sent) = message(&c, &event, Some("r-1")).unwrap();
+        assert!(matches!(sent, Sent::DeadLetter { .. }), "{sent:?}");
+        assert_eq!(out.subject, c.dead_letter_subject);
+    }
+
     /// Event `i` of a transaction, held back with `size` window bytes and the fence's `expected`.
     fn held(i: u32, size: usize, expected: Option<u64>) -> Held {
         let event = Box::new(OutboxEvent {
@@ -534,7 +553,7 @@ mod tests {
             data_schema: None,
             schema_check: None,
         });
-        let (out, sent) = message(&config(100, 1 << 20), &event).unwrap();
+        let (out, sent) = message(&config(100, 1 << 20), &event, None).unwrap();
         Held {
             item: InFlight {
                 seq: u64::from(i),

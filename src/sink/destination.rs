@@ -33,6 +33,10 @@ pub(crate) enum Sent {
         reason: String,
         /// How far down the shrink ladder it went.
         shrink: Shrink,
+        /// The request of the `requeue_event` that found the event still invalid: the dead
+        /// letter's id is then `dead-letter:<id>:<request>`, so JetStream does not drop it as the
+        /// first dead letter's duplicate.
+        requeue: Option<Box<str>>,
     },
     /// A parked copy on its key's parking subject (boxed: rare, and larger than the others).
     Parked(Box<ParkedAs>),
@@ -109,7 +113,9 @@ impl Sent {
     pub(crate) fn wire_id<'a>(&self, msg_id: &'a str) -> Cow<'a, str> {
         match self {
             Sent::Event => Cow::Borrowed(msg_id),
-            Sent::DeadLetter { .. } => Cow::Owned(crate::message::dead_letter_id(msg_id)),
+            Sent::DeadLetter { requeue, .. } => {
+                Cow::Owned(crate::message::dead_letter_id(msg_id, requeue.as_deref()))
+            }
             Sent::Parked(p) => Cow::Owned(crate::message::parked::parked_id(
                 msg_id,
                 p.requeue.as_deref(),
@@ -171,18 +177,15 @@ pub(crate) fn choose(
         }
         return match problem {
             None => Ok(Sent::Event),
-            Some(reason) => park(config, parked, event, reason),
+            Some(reason) if parked.requeue_of_dead_letter().is_none() => {
+                park(config, parked, event, reason)
+            }
+            Some(reason) => dead_letter(config, parked, event, reason.to_owned()),
         };
     }
     match problem {
         None => Ok(Sent::Event),
-        Some(reason) => {
-            dead_letter(config, event, reason)?;
-            Ok(Sent::DeadLetter {
-                reason: reason.to_owned(),
-                shrink: Shrink::Keep,
-            })
-        }
+        Some(reason) => dead_letter(config, parked, event, reason.to_owned()),
     }
 }
 
@@ -198,14 +201,10 @@ pub(crate) fn refused(
     reason: String,
 ) -> Result<Sent, SinkError> {
     match sent {
-        Sent::Event if config.park_on_invalid => park(config, parked, event, &reason),
-        Sent::Event => {
-            dead_letter(config, event, &reason)?;
-            Ok(Sent::DeadLetter {
-                reason,
-                shrink: Shrink::Keep,
-            })
+        Sent::Event if config.park_on_invalid && parked.requeue_of_dead_letter().is_none() => {
+            park(config, parked, event, &reason)
         }
+        Sent::Event => dead_letter(config, parked, event, reason),
         other => Ok(other.clone()),
     }
 }
@@ -269,18 +268,34 @@ pub(crate) fn key_text(event: &OutboxEvent) -> String {
     )
 }
 
-/// `outbox.on_invalid`, the one place it is applied: `Ok` means dead-letter the event (and it is
-/// logged), `Err` means stop.
-fn dead_letter(config: &SinkConfig, event: &OutboxEvent, reason: &str) -> Result<(), SinkError> {
-    if config.stop_on_invalid {
+/// `outbox.on_invalid`, the one place it is applied: the event's dead letter (logged), or `Err`
+/// to stop. A dead letter being requeued (`requeue_event`) that is still invalid is never a stop:
+/// it goes to a new dead letter with an id of its own (`dead-letter:<id>:<request>`).
+fn dead_letter(
+    config: &SinkConfig,
+    parked: &ParkedSet,
+    event: &OutboxEvent,
+    reason: String,
+) -> Result<Sent, SinkError> {
+    let requeue = parked.requeue_of_dead_letter();
+    if config.stop_on_invalid && requeue.is_none() {
         return Err(SinkError::Invalid {
             id: event.msg_id.clone(),
             lsn: event.commit_lsn,
-            reason: reason.to_owned(),
+            reason,
         });
     }
-    warn!(id = %event.msg_id, lsn = %event.commit_lsn, %reason, "dead-lettering event");
-    Ok(())
+    match requeue {
+        None => warn!(id = %event.msg_id, lsn = %event.commit_lsn, %reason, "dead-lettering event"),
+        Some(r) => {
+            warn!(id = %event.msg_id, request = %r, %reason, "a requeued dead letter is still invalid: dead-lettering it again")
+        }
+    }
+    Ok(Sent::DeadLetter {
+        reason,
+        shrink: Shrink::Keep,
+        requeue: requeue.map(Box::from),
+    })
 }
 
 #[cfg(test)]
@@ -329,6 +344,43 @@ mod tests {
     }
 
     #[test]
+    fn a_requeued_dead_letter_still_invalid_is_a_new_dead_letter_of_its_own_in_every_mode() {
+        for on_invalid in [OnInvalid::DeadLetter, OnInvalid::Stop, OnInvalid::Park] {
+            let mut parked = none();
+            parked.set_requeue_dead_letter(Some("r-1".into()));
+            let c = config(on_invalid);
+            let sent = choose(&c, &mut parked, &event(), Some("still bad")).unwrap();
+            assert!(
+                matches!(&sent, Sent::DeadLetter { reason, requeue: Some(r), .. } if reason == "still bad" && &**r == "r-1"),
+                "{on_invalid:?}: {sent:?}"
+            );
+            assert_eq!(sent.wire_id("e-1"), "dead-letter:e-1:r-1");
+            assert!(parked.is_empty(), "{on_invalid:?}: no key parked");
+            let refused = refused(&c, &mut parked, &event(), &Sent::Event, "too large".into());
+            assert_eq!(
+                refused.unwrap().wire_id("e-1"),
+                "dead-letter:e-1:r-1",
+                "{on_invalid:?}"
+            );
+            // Valid now: to its subject, with its own id.
+            let ok = choose(&c, &mut parked, &event(), None).unwrap();
+            assert_eq!(ok.wire_id("e-1"), "e-1");
+            parked.set_requeue_dead_letter(None);
+            assert!(parked.requeue_of_dead_letter().is_none());
+        }
+    }
+
+    #[test]
+    fn a_requeued_dead_letter_of_a_parked_key_waits_behind_its_poison() {
+        let c = config(OnInvalid::Park);
+        let mut parked = none();
+        choose(&c, &mut parked, &event(), Some("bad")).unwrap();
+        parked.set_requeue_dead_letter(Some("r-2".into()));
+        let sent = choose(&c, &mut parked, &event(), None).unwrap();
+        assert_eq!(sent.wire_id("e-1"), "parked:e-1:r-2");
+    }
+
+    #[test]
     fn a_problem_is_a_dead_letter_or_a_stop() {
         let sent = choose(
             &config(OnInvalid::DeadLetter),
@@ -338,7 +390,7 @@ mod tests {
         )
         .unwrap();
         assert!(
-            matches!(&sent, Sent::DeadLetter { reason, shrink: Shrink::Keep } if reason == "bad token")
+            matches!(&sent, Sent::DeadLetter { reason, shrink: Shrink::Keep, requeue: None } if reason == "bad token")
         );
         assert_eq!(sent.wire_id("e-1"), "dead-letter:e-1");
         let stop = choose(
@@ -417,6 +469,7 @@ mod tests {
         let sent = Sent::DeadLetter {
             reason: "bad token".into(),
             shrink: Shrink::DropPayload,
+            requeue: None,
         };
         // Already a dead letter: on_invalid was applied when it became one.
         let instead = refused(&c, &mut none(), &event(), &sent, "too large".into()).unwrap();

@@ -178,6 +178,7 @@ fn envelope(
         let routed = Some(subject.as_str()).filter(|s| !s.is_empty());
         out = message::parked::parked_copy(event, &p.run(), routed, Shrink::Keep);
     }
+    own_id(&mut out, event, &sent);
     Ok(Envelope {
         out,
         sent,
@@ -356,8 +357,11 @@ pub(super) fn form(
             message::IdHeader::MsgId,
             config.descriptive,
         ),
-        Sent::DeadLetter { reason, shrink } => {
-            message::dead_letter(event, &config.dead_letter_subject, reason, subject, *shrink)
+        Sent::DeadLetter { reason, shrink, .. } => {
+            let mut out =
+                message::dead_letter(event, &config.dead_letter_subject, reason, subject, *shrink);
+            own_id(&mut out, event, sent);
+            out
         }
         Sent::Parked(p) => message::parked::parked_copy(event, &p.run(), subject, p.shrink),
         Sent::Marker(m) => message::parked::release_marker(
@@ -367,6 +371,21 @@ pub(super) fn form(
             event.aggregate_type.as_deref(),
             event.aggregate_id.as_deref(),
         ),
+    }
+}
+
+/// The dead letter of a requeued dead letter still invalid gets its own id,
+/// `dead-letter:<id>:<request>` (the first dead letter holds `dead-letter:<id>`, and JetStream would
+/// drop the new one as its duplicate); every other message keeps the id it was built with.
+fn own_id(out: &mut Outgoing, event: &OutboxEvent, sent: &Sent) {
+    if let Sent::DeadLetter {
+        requeue: Some(_), ..
+    } = sent
+    {
+        out.headers.insert(
+            message::NATS_MSG_ID,
+            async_nats::HeaderValue::from(sent.wire_id(&event.msg_id).as_ref()),
+        );
     }
 }
 

@@ -179,6 +179,11 @@ impl Flight {
         self.parked.set_requeue(request);
     }
 
+    /// Sets (or ends) the request republishing a dead letter (`requeue_event`).
+    pub(super) fn set_requeue_dead_letter(&mut self, request: Option<String>) {
+        self.parked.set_requeue_dead_letter(request);
+    }
+
     /// Takes a place for a message of `size` bytes in the window, settling the oldest messages
     /// while it is full. Returns the bytes taken.
     pub(super) async fn reserve(&mut self, size: usize) -> Result<usize, SinkError> {

@@ -254,6 +254,12 @@ impl Sink {
         self.flight.set_requeue(request);
     }
 
+    /// Sets (or ends, `None`) the control request republishing a dead letter (`requeue_event`):
+    /// while it is set, an event still invalid goes to a new dead letter of its own.
+    pub(crate) fn set_requeue_dead_letter(&mut self, request: Option<String>) {
+        self.flight.set_requeue_dead_letter(request);
+    }
+
     /// The keys parked now (`outbox.on_invalid = "park"`).
     pub(crate) fn parked(&self) -> &crate::parking::ParkedSet {
         self.flight.parked()

@@ -111,7 +111,7 @@ fn stored(item: &InFlight, sequence: u64) -> Decision {
 fn refused(item: &InFlight, e: NatsError, fence: Option<&Fence>, resent: bool) -> Decision {
     let id = || item.event.msg_id.clone();
     if let Some(refusal) = refused_for_good(&e) {
-        if let Sent::DeadLetter { reason, shrink } = &item.sent
+        if let Sent::DeadLetter { reason, shrink, .. } = &item.sent
             && shrink.smaller().is_none()
         {
             return Decision::Fail(SinkError::DeadLetterRefused {
@@ -286,6 +286,7 @@ mod tests {
         Sent::DeadLetter {
             reason: "bad token".into(),
             shrink,
+            requeue: None,
         }
     }
 

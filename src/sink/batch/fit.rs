@@ -179,7 +179,12 @@ pub(super) fn smaller(
         );
         let stamped = Stamped::new(dl, m, &item.event, config.history.as_deref());
         if stamped.too_large(limit).is_none() {
-            item.sent = Sent::DeadLetter { reason, shrink };
+            // A batch member's id is in Outbox-Event-Id, not Nats-Msg-Id: no id of its own.
+            item.sent = Sent::DeadLetter {
+                reason,
+                shrink,
+                requeue: None,
+            };
             item.subject = subject.unwrap_or_default().to_owned();
             return Ok(stamped);
         }
@@ -344,7 +349,7 @@ mod tests {
         let mut it = item(e);
         let o = out(&c, &it.event);
         let s = fit(&c, limit(size - 1), &mut it, o, &m).unwrap();
-        let Sent::DeadLetter { reason, shrink } = &it.sent else {
+        let Sent::DeadLetter { reason, shrink, .. } = &it.sent else {
             panic!("not dead-lettered: {:?}", it.sent);
         };
         assert_eq!(*shrink, Shrink::DropPayload);
@@ -434,7 +439,7 @@ mod tests {
         let mut it = item(e);
         let o = out(&c, &it.event);
         let s = fit(&c, limit(1024 * 1024), &mut it, o, &m).unwrap();
-        let Sent::DeadLetter { reason, shrink } = &it.sent else {
+        let Sent::DeadLetter { reason, shrink, .. } = &it.sent else {
             panic!("{:?}", it.sent);
         };
         assert_eq!(*shrink, Shrink::DropPayload);
@@ -465,11 +470,12 @@ mod tests {
         it.sent = Sent::DeadLetter {
             reason: "aggregate_type is not a subject token".into(),
             shrink: Shrink::Keep,
+            requeue: None,
         };
         let o = out(&c, &it.event);
         assert!(o.dead_letter.is_some());
         let s = fit(&c, limit(1024), &mut it, o, &m).unwrap();
-        let Sent::DeadLetter { reason, shrink } = &it.sent else {
+        let Sent::DeadLetter { reason, shrink, .. } = &it.sent else {
             panic!("{:?}", it.sent);
         };
         assert_eq!(*shrink, Shrink::DropPayload);

@@ -2,13 +2,17 @@
 //! 4711 story (an approval that fails its schema parks the claim; its payment waits behind it on
 //! the parking subject, never on `outbox.Claim`, while claim 4712 flows), a requeue through the WAL
 //! after the schema is fixed, a discard, kill -9 while parked and right after the release commits,
-//! a standby taking over while keys are parked, and `max_parked_keys` reached. Shared preamble
+//! a standby taking over while keys are parked, and `max_parked_keys` reached; a dead letter's
+//! requeue in `dead_letter` mode (`requeue_event.rs`); the parked set rebuilt across many read
+//! pages (`rebuild.rs`). Shared preamble
 //! here; the stories in `story.rs`, the crashes and the takeover in `crash.rs`, `setup` adding the
 //! parking subjects to an older stream in `setup.rs`, what `status` and `verify` say of a
 //! parked key in `ops.rs`.
 
 mod crash;
 mod ops;
+mod rebuild;
+mod requeue_event;
 mod setup;
 mod story;
 

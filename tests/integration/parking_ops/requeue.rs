@@ -172,24 +172,23 @@ async fn requeue_names_the_missing_script_then_sends_each_request_and_waits_for_
     );
     let discarded = request_of(&null_id.stdout);
 
-    // A dead letter's requeue is refused until the relay carries it out: sending it would print a
-    // release that never happens.
+    // A dead letter's requeue is sent as outbox_requeue_event(event_id): whether the stream holds
+    // the dead letter is the relay's to find when it reads the request.
     let event = run_command(&["requeue", "--event", "e-1", "--no-wait"], &env, LIMIT);
-    assert_eq!(event.status.code(), Some(1), "{}", event.stdout);
+    assert_eq!(event.status.code(), Some(0), "{}", event.stderr);
     assert!(
-        event
-            .stderr
-            .contains("does not republish a dead letter yet")
-            && event.stdout.is_empty(),
+        event.stdout.starts_with("requeue event e-1: request "),
         "{}",
-        event.stderr
+        event.stdout
     );
+    let event_request = request_of(&event.stdout);
 
     assert_eq!(
         contents(&client, &watch, &watch_publication).await,
         vec![
             json!({"op": "requeue", "aggregate_type": "Claim", "aggregate_id": "2026/4711", "request": requeued}),
             json!({"op": "discard", "aggregate_type": "Claim", "aggregate_id": null, "request": discarded}),
+            json!({"op": "requeue_event", "event_id": "e-1", "request": event_request}),
         ]
     );
     drop(relay);
