@@ -64,6 +64,7 @@ pub async fn read_parked(
         port,
         &c.nats.stream,
         &c.nats.dead_letter_subject,
+        max,
         READ_TIMEOUT,
         |e| {
             if st.keys as usize >= max {
