@@ -375,10 +375,9 @@ async fn slot_active(client: &Client, slot: &str) -> bool {
 #[tokio::test]
 async fn status_asks_the_relay_and_says_nats_is_down_while_postgres_still_shows_streaming() {
     let addr = free_addr();
-    let listen = addr.clone();
     let s = Scenario::builder()
         .text_ids()
-        .config(move |c| c.http.listen = listen)
+        .http_listen(&addr)
         .start()
         .await;
     let env = s.env();

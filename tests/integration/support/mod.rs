@@ -30,4 +30,4 @@ pub(crate) use relay::{
     current_wal_lsn, default_outbox_sql, read_all, relay_config, relay_env, run_command,
     slot_exists, stream_count,
 };
-pub(crate) use scenario::Scenario;
+pub(crate) use scenario::{Scenario, ScenarioBuilder};

@@ -165,6 +165,13 @@ impl ScenarioBuilder {
         self.sql(&default_outbox_sql())
     }
 
+    /// An HTTP listener on `addr` (`free_addr()`), for the tests that ask `/position`, `/wait` or
+    /// the health endpoints.
+    pub(crate) fn http_listen(self, addr: &str) -> Self {
+        let addr = addr.to_owned();
+        self.config(move |c| c.http.listen = addr)
+    }
+
     /// Changes the relay's configuration (after the changes given before).
     pub(crate) fn config(mut self, change: impl FnOnce(&mut Config) + 'static) -> Self {
         self.tweaks.push(Box::new(change));
