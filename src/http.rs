@@ -65,7 +65,7 @@ pub(crate) async fn bind(listen: &str) -> Result<TcpListener, BindError> {
         })
 }
 
-/// Serves until the task is dropped.
+/// Serves until the task is dropped: each accepted connection, within the caps, on its own task.
 pub(crate) async fn serve(listener: TcpListener, metrics: Arc<Metrics>, positions: Arc<Positions>) {
     let slots = Arc::new(Mutex::new(Slots::default()));
     let mut last_emfile = None;
@@ -73,19 +73,7 @@ pub(crate) async fn serve(listener: TcpListener, metrics: Arc<Metrics>, position
         let (stream, peer) = match listener.accept().await {
             Ok(s) => s,
             Err(e) => {
-                // Out of descriptors (EMFILE/ENFILE) starves the Postgres and NATS connections too:
-                // an operator must see it.
-                if matches!(e.raw_os_error(), Some(libc::ENFILE | libc::EMFILE)) {
-                    // Once a minute at most: the condition lasts, the log must not flood.
-                    if last_emfile
-                        .is_none_or(|t: std::time::Instant| t.elapsed() > Duration::from_secs(60))
-                    {
-                        warn!(error = %e, "http listener cannot accept: out of file descriptors");
-                        last_emfile = Some(std::time::Instant::now());
-                    }
-                } else {
-                    debug!(error = %e, "http accept failed");
-                }
+                accept_failed(&e, &mut last_emfile);
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             }
@@ -95,57 +83,86 @@ pub(crate) async fn serve(listener: TcpListener, metrics: Arc<Metrics>, position
             debug!(%peer, "http connection refused: too many open");
             continue;
         };
+        tokio::spawn(connection(
+            stream,
+            peer,
+            slot,
+            Arc::clone(&metrics),
+            Arc::clone(&positions),
+            Arc::clone(&slots),
+        ));
+    }
+}
+
+/// An accept that failed. Out of descriptors (EMFILE/ENFILE) starves the Postgres and NATS
+/// connections too: an operator must see it, once a minute at most (the condition lasts, the log
+/// must not flood). Anything else is for debugging.
+fn accept_failed(e: &std::io::Error, last_emfile: &mut Option<std::time::Instant>) {
+    if matches!(e.raw_os_error(), Some(libc::ENFILE | libc::EMFILE)) {
+        if last_emfile.is_none_or(|t| t.elapsed() > Duration::from_secs(60)) {
+            warn!(error = %e, "http listener cannot accept: out of file descriptors");
+            *last_emfile = Some(std::time::Instant::now());
+        }
+    } else {
+        debug!(error = %e, "http accept failed");
+    }
+}
+
+/// One connection, holding its `slot` until it ends: one request, closed when it is done or when
+/// it takes longer than [`CONNECTION_TIMEOUT`] (plus what a wait extended it by).
+async fn connection(
+    stream: tokio::net::TcpStream,
+    peer: SocketAddr,
+    slot: Slot,
+    metrics: Arc<Metrics>,
+    positions: Arc<Positions>,
+    slots: Arc<Mutex<Slots>>,
+) {
+    let _slot = slot;
+    // A wait may hold its connection past CONNECTION_TIMEOUT, by its own bounded timeout.
+    let (extend, mut extended) = tokio::sync::watch::channel(Duration::ZERO);
+    let service = service_fn(move |req| {
         let metrics = Arc::clone(&metrics);
         let positions = Arc::clone(&positions);
         let slots = Arc::clone(&slots);
-        tokio::spawn(async move {
-            let _slot = slot;
-            // A wait may hold its connection past CONNECTION_TIMEOUT, by its own bounded timeout.
-            let (extend, mut extended) = tokio::sync::watch::channel(Duration::ZERO);
-            let service = service_fn(move |req| {
-                let metrics = Arc::clone(&metrics);
-                let positions = Arc::clone(&positions);
-                let slots = Arc::clone(&slots);
-                let extend = extend.clone();
-                async move {
-                    Ok::<_, Infallible>(match req.uri().path() {
-                        "/wait" if is_get(&req) => {
-                            let held = WaitHeld {
-                                slots,
-                                peer: peer.ip(),
-                            };
-                            wait(req, &metrics, &positions, &extend, held).await
-                        }
-                        _ => respond(&req, &metrics, &positions),
-                    })
+        let extend = extend.clone();
+        async move {
+            Ok::<_, Infallible>(match req.uri().path() {
+                "/wait" if is_get(&req) => {
+                    let held = WaitHeld {
+                        slots,
+                        peer: peer.ip(),
+                    };
+                    wait(req, &metrics, &positions, &extend, held).await
                 }
-            });
-            let conn = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(HEADER_READ_TIMEOUT)
-                .max_buf_size(MAX_BUF)
-                // One request per connection: no idle keep-alive connections to hold open.
-                .keep_alive(false)
-                .serve_connection(TokioIo::new(stream), service);
-            tokio::pin!(conn);
-            let opened = tokio::time::Instant::now();
-            loop {
-                let deadline = opened + CONNECTION_TIMEOUT + *extended.borrow_and_update();
-                tokio::select! {
-                    r = &mut conn => {
-                        if let Err(e) = r {
-                            debug!(%peer, error = %e, "http connection ended");
-                        }
-                        break;
-                    }
-                    () = tokio::time::sleep_until(deadline) => {
-                        debug!(%peer, "http connection closed: too slow");
-                        break;
-                    }
-                    Ok(()) = extended.changed() => {}
+                _ => respond(&req, &metrics, &positions),
+            })
+        }
+    });
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .max_buf_size(MAX_BUF)
+        // One request per connection: no idle keep-alive connections to hold open.
+        .keep_alive(false)
+        .serve_connection(TokioIo::new(stream), service);
+    tokio::pin!(conn);
+    let opened = tokio::time::Instant::now();
+    loop {
+        let deadline = opened + CONNECTION_TIMEOUT + *extended.borrow_and_update();
+        tokio::select! {
+            r = &mut conn => {
+                if let Err(e) = r {
+                    debug!(%peer, error = %e, "http connection ended");
                 }
+                break;
             }
-        });
+            () = tokio::time::sleep_until(deadline) => {
+                debug!(%peer, "http connection closed: too slow");
+                break;
+            }
+            Ok(()) = extended.changed() => {}
+        }
     }
 }
 

@@ -165,72 +165,80 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    runtime.block_on(async move {
-        match cli.command {
-            Command::Run => run(cli.config, settings, log_filter, json_logs).await,
-            Command::Setup { check: false } => setup(&settings, json_logs).await,
-            Command::Setup { check: true } => setup_check(&settings, json_logs).await,
-            Command::Backfill {
+    runtime.block_on(command(cli, settings, log_filter, json_logs))
+}
+
+/// Carries out the command line's command (the runtime is up, logging is set up).
+async fn command(
+    cli: Cli,
+    settings: Settings,
+    log_filter: FilterHandle,
+    json_logs: bool,
+) -> ExitCode {
+    match cli.command {
+        Command::Run => run(cli.config, settings, log_filter, json_logs).await,
+        Command::Setup { check: false } => setup(&settings, json_logs).await,
+        Command::Setup { check: true } => setup_check(&settings, json_logs).await,
+        Command::Backfill {
+            where_sql,
+            order_by,
+            replace_slot,
+        } => {
+            let opts = outbox_relay::backfill::BackfillOptions {
                 where_sql,
                 order_by,
                 replace_slot,
-            } => {
-                let opts = outbox_relay::backfill::BackfillOptions {
-                    where_sql,
-                    order_by,
-                    replace_slot,
-                };
-                backfill(&settings, opts, json_logs).await
-            }
-            Command::CheckSchemas { where_sql } => {
-                check_schemas(&settings, where_sql.as_deref(), json_logs).await
-            }
-            Command::Status {
-                json,
-                max_lag_bytes,
-            } => status(&settings, json, max_lag_bytes).await,
-            Command::Verify {
+            };
+            backfill(&settings, opts, json_logs).await
+        }
+        Command::CheckSchemas { where_sql } => {
+            check_schemas(&settings, where_sql.as_deref(), json_logs).await
+        }
+        Command::Status {
+            json,
+            max_lag_bytes,
+        } => status(&settings, json, max_lag_bytes).await,
+        Command::Verify {
+            where_sql,
+            since,
+            from_sequence,
+            payloads,
+            json,
+            record,
+            slot_look,
+        } => {
+            let opts = outbox_relay::verify::VerifyOptions {
                 where_sql,
                 since,
                 from_sequence,
                 payloads,
-                json,
                 record,
                 slot_look,
-            } => {
-                let opts = outbox_relay::verify::VerifyOptions {
-                    where_sql,
-                    since,
-                    from_sequence,
-                    payloads,
-                    record,
-                    slot_look,
-                };
-                verify(&settings, &opts, json, json_logs).await
-            }
-            Command::Parked { json } => parked(&settings, json, json_logs).await,
-            Command::Requeue {
-                key,
-                key_null_id,
-                event,
-                discard,
+            };
+            verify(&settings, &opts, json, json_logs).await
+        }
+        Command::Parked { json } => parked(&settings, json, json_logs).await,
+        Command::Requeue {
+            key,
+            key_null_id,
+            event,
+            discard,
+            force,
+            no_wait,
+            postgres_url,
+        } => {
+            let request = match requeue_request(key, key_null_id, event, discard) {
+                Ok(r) => r,
+                Err(e) => return fail(json_logs, &e),
+            };
+            let opts = RequeueOptions {
                 force,
                 no_wait,
                 postgres_url,
-            } => {
-                let request = match requeue_request(key, key_null_id, event, discard) {
-                    Ok(r) => r,
-                    Err(e) => return fail(json_logs, &e),
-                };
-                let opts = RequeueOptions {
-                    force,
-                    no_wait,
-                    postgres_url,
-                };
-                requeue(&settings, request, &opts, json_logs).await
-            }
+            };
+            requeue(&settings, request, &opts, json_logs).await
         }
-    })
+    }
 }
 
 /// The settings, or the exit code after saying why not (before logging is set up, so on stderr).

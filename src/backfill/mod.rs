@@ -48,6 +48,7 @@
 //! in order ([`backfill_over`]) and holds the marker's part.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
@@ -136,22 +137,12 @@ pub async fn backfill_over(
     tokio::pin!(stop);
     check_options(settings, &opts)?;
     let slot = settings.config().postgres.slot.clone();
-    let prepared = tokio::select! {
-        biased;
-        signal = &mut stop => return Err(BackfillError::StoppedEarly { signal }),
-        p = servers.prepare() => p?,
-    };
-    let started = Instant::now();
-    let ready = tokio::select! {
-        biased;
-        signal = &mut stop => Err(BackfillError::StoppedEarly { signal }),
-        r = get_ready(settings, &prepared, &opts, servers) => r,
-    };
+    let (prepared, started, ready) = prepare(settings, &opts, servers, stop.as_mut()).await?;
     let Ready {
         control,
         nats,
         replace: replaced_slot,
-    } = undo_on_error(servers, ready).await?;
+    } = ready;
     let stream = settings.config().nats.stream.clone();
     let marker = set_marker(servers, &*nats, &stream, &slot, &opts).await?;
     let run = Run {
@@ -163,33 +154,13 @@ pub async fn backfill_over(
         marker: &marker,
         control: &*control,
     };
-    // Dropping the old slot is not interrupted; creating the new one is cancelled by a stop
-    // (Postgres may wait there a long time, for every transaction that was running).
-    let created = async {
-        if replaced_slot {
-            drop_existing_slot(run.control, &slot).await?;
-        }
-        create_slot(settings, run.control, servers, stop.as_mut()).await
-    };
-    let creation = match created.await {
-        Ok(c) => c,
-        Err(e) => {
-            // No slot was dropped: nothing changed, and the marker goes again (before what setup
-            // created, the stream perhaps, is removed). With the old slot dropped, the marker stays:
-            // only another backfill makes a slot with no gap.
-            if !replaced_slot || matches!(e, BackfillError::DropSlot { .. }) {
-                clear_marker(run.js, &stream, &marker).await;
-                servers.undo().await;
+    let (repl, system, consistent_point, snapshot) =
+        match run.new_slot(replaced_slot, servers, stop.as_mut()).await? {
+            Creation::Done(new) => new,
+            Creation::Stopped { signal, created } => {
+                return Err(run.stopped_creating(replaced_slot, signal, created).await);
             }
-            return Err(e);
-        }
-    };
-    let (repl, system, consistent_point, snapshot) = match creation {
-        Creation::Done(new) => new,
-        Creation::Stopped { signal, created } => {
-            return Err(run.stopped_creating(replaced_slot, signal, created).await);
-        }
-    };
+        };
     info!(%slot, %consistent_point, %snapshot, "slot created; reading the rows of its snapshot");
     // Creating the slot waits for every transaction that holds a transaction id on the server to
     // end; the rate is measured from here.
@@ -224,6 +195,31 @@ pub async fn backfill_over(
     Ok(report)
 }
 
+/// The steps before anything changes, each cancelled by `stop`: setup's checks and what it
+/// creates (`servers.prepare`), then the connections and the options' checks against the servers
+/// (undoing what `prepare` created when they fail). Also returns when `prepare` ended, where the
+/// slot's wait is measured from.
+async fn prepare(
+    settings: &Settings,
+    opts: &BackfillOptions,
+    servers: &mut dyn BackfillServers,
+    mut stop: Pin<&mut impl Future<Output = &'static str>>,
+) -> Result<(Prepared, Instant, Ready), BackfillError> {
+    let prepared = tokio::select! {
+        biased;
+        signal = &mut stop => return Err(BackfillError::StoppedEarly { signal }),
+        p = servers.prepare() => p?,
+    };
+    let started = Instant::now();
+    let ready = tokio::select! {
+        biased;
+        signal = &mut stop => Err(BackfillError::StoppedEarly { signal }),
+        r = get_ready(settings, &prepared, opts, servers) => r,
+    };
+    let ready = undo_on_error(servers, ready).await?;
+    Ok((prepared, started, ready))
+}
+
 /// What the steps after the slot decision share: the settings and options, the slot, the stream
 /// and the marker this backfill set, and the servers it reaches them through.
 struct Run<'a> {
@@ -237,6 +233,35 @@ struct Run<'a> {
 }
 
 impl Run<'_> {
+    /// Drops the old slot (`replaced_slot`) and creates the new one. Dropping is not
+    /// interrupted; creating is cancelled by a stop (Postgres may wait there a long time, for
+    /// every transaction that was running).
+    async fn new_slot(
+        &self,
+        replaced_slot: bool,
+        servers: &mut dyn BackfillServers,
+        stop: Pin<&mut impl Future<Output = &'static str>>,
+    ) -> Result<Creation, BackfillError> {
+        let created = async {
+            if replaced_slot {
+                drop_existing_slot(self.control, self.slot).await?;
+            }
+            create_slot(self.settings, self.control, servers, stop).await
+        };
+        let e = match created.await {
+            Ok(c) => return Ok(c),
+            Err(e) => e,
+        };
+        // No slot was dropped: nothing changed, and the marker goes again (before what setup
+        // created, the stream perhaps, is removed). With the old slot dropped, the marker stays:
+        // only another backfill makes a slot with no gap.
+        if !replaced_slot || matches!(e, BackfillError::DropSlot { .. }) {
+            clear_marker(self.js, self.stream, self.marker).await;
+            servers.undo().await;
+        }
+        Err(e)
+    }
+
     /// A stop while the slot was being created: the slot the cancelled walsender may have
     /// finished after all goes too; with no old slot dropped, so does the marker, and nothing
     /// changed.

@@ -17,7 +17,8 @@ pub(super) struct Applied {
     pub(super) keys: Vec<(String, String)>,
 }
 
-/// Sets `section.key` from every `OUTBOX_RELAY_SECTION_KEY`.
+/// Sets `section.key` from every `OUTBOX_RELAY_SECTION_KEY`. The settings are not listed by hand:
+/// `Config::default()`'s table is the list, and each key's default gives its variable's type.
 pub(super) fn apply_env(
     table: &mut toml::Table,
     env: impl IntoIterator<Item = (String, String)>,
@@ -52,55 +53,72 @@ pub(super) fn apply_env(
             var: var.clone(),
             reason,
         };
-        let typed = match default {
-            toml::Value::Integer(_) => toml::Value::Integer(
-                value
-                    .trim()
-                    .parse()
-                    .map_err(|_| env_error(format!("{value:?} is not a whole number")))?,
-            ),
-            toml::Value::Boolean(_) => {
-                toml::Value::Boolean(match value.trim().to_ascii_lowercase().as_str() {
-                    "true" | "1" | "yes" | "on" => true,
-                    "false" | "0" | "no" | "off" => false,
-                    _ => return Err(env_error(format!("{value:?} is not true or false"))),
-                })
-            }
-            // Lists are comma-separated: `OUTBOX_RELAY_OUTBOX_HEADER_COLUMNS=tenant_id,trace_id`.
-            toml::Value::Array(_) => toml::Value::Array(
-                value
-                    .split(',')
-                    .map(str::trim)
-                    .filter(|s| !s.is_empty())
-                    .map(|s| toml::Value::String(s.to_owned()))
-                    .collect(),
-            ),
-            _ => toml::Value::String(value.clone()),
-        };
-        // Check the value alone, so a bad enum word names this variable, not the file.
-        let mut alone = toml::Table::new();
-        let mut sect = toml::Table::new();
-        sect.insert(key.to_owned(), typed.clone());
-        alone.insert(section.to_owned(), toml::Value::Table(sect));
-        if let Err(e) = Config::deserialize_table(alone) {
-            return Err(env_error(single_spaced(e.message())));
-        }
-        let section_table = table
-            .entry(section.to_owned())
-            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
-        match section_table {
-            toml::Value::Table(t) => {
-                t.insert(key.to_owned(), typed);
-                applied.keys.push((format!("{section}.{key}"), var.clone()));
-            }
-            _ => {
-                return Err(env_error(format!(
-                    "the config file's {section} is not a table"
-                )));
-            }
-        }
+        let typed = typed_like(default, &value).map_err(env_error)?;
+        check_alone(section, key, &typed).map_err(env_error)?;
+        set_in_section(table, section, key, typed).map_err(env_error)?;
+        applied.keys.push((format!("{section}.{key}"), var.clone()));
     }
     Ok(applied)
+}
+
+/// `value` typed like the key's `default`: a whole number, a yes/no word, a comma-separated list
+/// (`OUTBOX_RELAY_OUTBOX_HEADER_COLUMNS=tenant_id,trace_id`), or else a string as it is. The
+/// error is the reason, for the variable's one-line error.
+fn typed_like(default: &toml::Value, value: &str) -> Result<toml::Value, String> {
+    Ok(match default {
+        toml::Value::Integer(_) => toml::Value::Integer(
+            value
+                .trim()
+                .parse()
+                .map_err(|_| format!("{value:?} is not a whole number"))?,
+        ),
+        toml::Value::Boolean(_) => {
+            toml::Value::Boolean(match value.trim().to_ascii_lowercase().as_str() {
+                "true" | "1" | "yes" | "on" => true,
+                "false" | "0" | "no" | "off" => false,
+                _ => return Err(format!("{value:?} is not true or false")),
+            })
+        }
+        toml::Value::Array(_) => toml::Value::Array(
+            value
+                .split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(|s| toml::Value::String(s.to_owned()))
+                .collect(),
+        ),
+        _ => toml::Value::String(value.to_owned()),
+    })
+}
+
+/// Checks the value alone, so a bad enum word names this variable, not the file.
+fn check_alone(section: &str, key: &str, typed: &toml::Value) -> Result<(), String> {
+    let mut alone = toml::Table::new();
+    let mut sect = toml::Table::new();
+    sect.insert(key.to_owned(), typed.clone());
+    alone.insert(section.to_owned(), toml::Value::Table(sect));
+    Config::deserialize_table(alone)
+        .map(drop)
+        .map_err(|e| single_spaced(e.message()))
+}
+
+/// Sets `section.key` in the file's table, making the section when the file has none.
+fn set_in_section(
+    table: &mut toml::Table,
+    section: &str,
+    key: &str,
+    typed: toml::Value,
+) -> Result<(), String> {
+    let section_table = table
+        .entry(section.to_owned())
+        .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+    match section_table {
+        toml::Value::Table(t) => {
+            t.insert(key.to_owned(), typed);
+            Ok(())
+        }
+        _ => Err(format!("the config file's {section} is not a table")),
+    }
 }
 
 /// The variable of the real setting closest to `rest` (`section_key`, lower case), when it is close.

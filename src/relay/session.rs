@@ -72,6 +72,18 @@ pub(super) struct Session {
     pub(crate) started: Instant,
 }
 
+/// What the position service must never answer on (the dead-letter subject, the inbox and reply
+/// prefixes), and where it counts refusals.
+fn serve_guard(shared: &Shared) -> crate::stored::service::Guard {
+    let nats = &shared.settings.config().nats;
+    crate::stored::service::Guard {
+        dead_letter_subject: nats.dead_letter_subject.clone(),
+        inbox_prefix: nats.inbox_prefix.clone(),
+        reply_prefixes: nats.service_reply_prefixes.clone(),
+        metrics: Arc::clone(&shared.metrics),
+    }
+}
+
 impl Session {
     /// Connects and starts streaming from `state.confirmed`.
     pub(super) async fn start(
@@ -129,15 +141,9 @@ impl Session {
             sink.restore_parked(parked);
         }
         parking::gauges(metrics, sink.parked());
-        let guard = crate::stored::service::Guard {
-            dead_letter_subject: settings.config().nats.dead_letter_subject.clone(),
-            inbox_prefix: settings.config().nats.inbox_prefix.clone(),
-            reply_prefixes: settings.config().nats.service_reply_prefixes.clone(),
-            metrics: Arc::clone(metrics),
-        };
         let serve = Serve::start(
             &shared.positions,
-            client.as_ref().map(|c| (c, guard)),
+            client.as_ref().map(|c| (c, serve_guard(shared))),
             stream.reported(),
             check.confirmed,
             sink.last_sequence(),
@@ -270,6 +276,20 @@ impl Session {
         Ok(())
     }
 
+    /// A keepalive from the walsender, at `wal_end`.
+    fn on_keepalive(&mut self, state: &mut State, wal_end: Lsn) -> Result<(), SessionEnd> {
+        // Between transactions only: within one, the walsender's position is not past the
+        // transaction's own commit yet, but nothing here depends on that.
+        if !self.progress.in_transaction()
+            && let Err(e) = self.sink.keepalive(wal_end)
+        {
+            return Err(from_sink(e));
+        }
+        self.progress.keepalive(wal_end);
+        self.confirm(state);
+        Ok(())
+    }
+
     /// One message from the walsender.
     async fn on_replication(
         &mut self,
@@ -283,16 +303,7 @@ impl Session {
         }
         let (wal_start, data) = match ev {
             ReplicationEvent::Keepalive { wal_end, .. } => {
-                // Between transactions only: within one, the walsender's position is not past
-                // the transaction's own commit yet, but nothing here depends on that.
-                if !self.progress.in_transaction()
-                    && let Err(e) = self.sink.keepalive(wal_end)
-                {
-                    return Err(from_sink(e));
-                }
-                self.progress.keepalive(wal_end);
-                self.confirm(state);
-                return Ok(());
+                return self.on_keepalive(state, wal_end);
             }
             ReplicationEvent::XLogData {
                 wal_start, data, ..

@@ -237,7 +237,8 @@ enum Mode {
     Backfill,
 }
 
-/// Every check, before any change.
+/// Every check, before any change: Postgres, the stream, the other relays, then whether the slot is
+/// created (not for a backfill, which leaves the slot to its caller).
 async fn checks(
     settings: &Settings,
     pg: &Client,
@@ -251,11 +252,36 @@ async fn checks(
         refuse_unfinished_backfill(settings, found_stream.as_ref())?;
         report.lines.push(stream::publishing(settings));
     }
-    // Another relay's slot or subjects (its stream: `stream::check`), or its table or message
-    // prefix: refused before anything changes.
+    let database = check_overlap(settings, pg, js, &found, found_stream.is_none(), report).await?;
+    let create_slot = match mode {
+        Mode::Backfill => false,
+        Mode::Setup | Mode::Status => {
+            slot_to_create(settings, pg, &found, found_stream.as_ref(), report).await?
+        }
+    };
+    let add_parked = mode != Mode::Backfill && found_stream.as_ref().is_some_and(|f| f.add_parked);
+    Ok(Checked {
+        found,
+        database,
+        create_stream: found_stream.is_none(),
+        create_slot,
+        add_parked,
+    })
+}
+
+/// Another relay's slot or subjects (its stream: `stream::check`), or its table or message prefix:
+/// refused before anything changes. Returns this database's stamp for the stream's metadata.
+async fn check_overlap(
+    settings: &Settings,
+    pg: &Client,
+    js: &jetstream::Context,
+    found: &postgres::Found,
+    stream_missing: bool,
+    report: &mut SetupReport,
+) -> Result<Option<String>, SetupError> {
     let database = overlap::database_stamp(pg).await;
     overlap::check_other_relays(settings, pg, js, database.as_deref(), report).await?;
-    if found_stream.is_none() {
+    if stream_missing {
         overlap::check_new_stream(
             settings,
             js,
@@ -265,30 +291,21 @@ async fn checks(
         )
         .await?;
     }
+    Ok(database)
+}
+
+/// Whether the slot is to be created: not when it exists (its line says where it stands), refused
+/// when it is missing and may not be created, or when the stream shows it was lost.
+async fn slot_to_create(
+    settings: &Settings,
+    pg: &Client,
+    found: &postgres::Found,
+    found_stream: Option<&stream::FoundStream>,
+    report: &mut SetupReport,
+) -> Result<bool, SetupError> {
     let slot = &settings.config().postgres.slot;
-    if mode == Mode::Backfill {
-        return Ok(Checked {
-            found,
-            database,
-            create_stream: found_stream.is_none(),
-            create_slot: false,
-            add_parked: false,
-        });
-    }
-    let create_slot = match &found.slot {
-        Some(s) => {
-            report.slot_confirmed = s
-                .confirmed_flush_lsn
-                .as_deref()
-                .and_then(|l| l.parse().ok());
-            report.lines.push(format!(
-                "slot {slot}: exists (confirmed {}, wal_status {})",
-                s.confirmed_flush_lsn.as_deref().unwrap_or("-"),
-                s.wal_status.as_deref().unwrap_or("-")
-            ));
-            false
-        }
-        None if !settings.config().postgres.create_slot => {
+    let Some(s) = &found.slot else {
+        if !settings.config().postgres.create_slot {
             return Err(SetupError::Slot {
                 name: slot.clone(),
                 problem: format!(
@@ -297,47 +314,66 @@ async fn checks(
                 ),
             });
         }
-        None => {
-            // P9: a new slot starts at the current WAL position; whatever committed between the
-            // old slot's position and now would never reach the stream.
-            if let Some((seq, lsn)) = found_stream.as_ref().and_then(|s| s.relay_events.clone()) {
-                return Err(SetupError::Slot {
-                    name: slot.clone(),
-                    problem: format!(
-                        "does not exist, but stream {} already holds this outbox's events (last: sequence {seq}, \
-                         commit LSN {}): the slot was dropped or lost, and events committed since may be missing. \
-                         Recover with {} (publishes the outbox rows in the new slot's snapshot; JetStream drops \
-                         those it holds); see docs/recovery.md",
-                        settings.config().nats.stream,
-                        crate::text::shown(&lsn, 80),
-                        settings.command("backfill")
-                    ),
-                });
-            }
-            if !settings.config().outbox.messages_only()
-                && postgres::table_has_rows(settings, pg).await?
-            {
-                report.warnings.push(Warning::new(
-                    "rows-before-slot",
-                    format!(
-                        "table {} already holds rows: they were committed before the slot exists, so `run` \
-                         will not publish them. To publish them too, run {} before the first `run` \
-                         (docs/recovery.md)",
-                        settings.config().outbox.table,
-                        settings.command("backfill --replace-slot")
-                    ),
-                ));
-            }
-            true
-        }
+        refuse_lost_slot(settings, found_stream)?;
+        warn_rows_before_slot(settings, pg, report).await?;
+        return Ok(true);
     };
-    Ok(Checked {
-        found,
-        database,
-        create_stream: found_stream.is_none(),
-        create_slot,
-        add_parked: found_stream.as_ref().is_some_and(|f| f.add_parked),
+    report.slot_confirmed = s
+        .confirmed_flush_lsn
+        .as_deref()
+        .and_then(|l| l.parse().ok());
+    report.lines.push(format!(
+        "slot {slot}: exists (confirmed {}, wal_status {})",
+        s.confirmed_flush_lsn.as_deref().unwrap_or("-"),
+        s.wal_status.as_deref().unwrap_or("-")
+    ));
+    Ok(false)
+}
+
+/// P9: a new slot starts at the current WAL position; whatever committed between the old slot's
+/// position and now would never reach the stream. So a stream that already holds this outbox's
+/// events refuses a new slot, and says how to recover.
+fn refuse_lost_slot(
+    settings: &Settings,
+    found_stream: Option<&stream::FoundStream>,
+) -> Result<(), SetupError> {
+    let Some((seq, lsn)) = found_stream.and_then(|s| s.relay_events.clone()) else {
+        return Ok(());
+    };
+    Err(SetupError::Slot {
+        name: settings.config().postgres.slot.clone(),
+        problem: format!(
+            "does not exist, but stream {} already holds this outbox's events (last: sequence {seq}, \
+             commit LSN {}): the slot was dropped or lost, and events committed since may be missing. \
+             Recover with {} (publishes the outbox rows in the new slot's snapshot; JetStream drops \
+             those it holds); see docs/recovery.md",
+            settings.config().nats.stream,
+            crate::text::shown(&lsn, 80),
+            settings.command("backfill")
+        ),
     })
+}
+
+/// Rows already in the table were committed before the new slot exists: `run` will not publish
+/// them, which is said as a warning with the command that would.
+async fn warn_rows_before_slot(
+    settings: &Settings,
+    pg: &Client,
+    report: &mut SetupReport,
+) -> Result<(), SetupError> {
+    if !settings.config().outbox.messages_only() && postgres::table_has_rows(settings, pg).await? {
+        report.warnings.push(Warning::new(
+            "rows-before-slot",
+            format!(
+                "table {} already holds rows: they were committed before the slot exists, so `run` \
+                 will not publish them. To publish them too, run {} before the first `run` \
+                 (docs/recovery.md)",
+                settings.config().outbox.table,
+                settings.command("backfill --replace-slot")
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// A backfill of this slot has begun and not finished (its marker stands on the stream): its slot

@@ -21,8 +21,8 @@ use outbox_relay::config::Config;
 use tokio::task::JoinHandle;
 
 use crate::support::{
-    InProcessRelay, NatsServer, PgServer, RelayProcess, TEXT_ID_OUTBOX_SQL, TestDb, read_all,
-    relay_config, relay_env, run_command, slot_exists, stream_count, wait_for,
+    InProcessRelay, NatsServer, PgServer, RelayProcess, Scenario, TestDb, read_all, relay_config,
+    relay_env, run_command, slot_exists, stream_count, wait_for,
 };
 
 const LIMIT: Duration = Duration::from_secs(120);
@@ -55,6 +55,16 @@ async fn js(nats: &NatsServer) -> jetstream::Context {
             .await
             .expect("connect to NATS"),
     )
+}
+
+/// A scenario with the text-id outbox table after `setup` (publication, slot and stream made),
+/// taken apart: database, NATS server, config, JetStream context.
+async fn set_up_text_ids() -> (TestDb, NatsServer, Config, jetstream::Context) {
+    let s = Scenario::builder().text_ids().start().await;
+    let settings = s.config.validate().unwrap();
+    outbox_relay::setup::setup(&settings).await.expect("setup");
+    let (db, nats, config, _client, js, _slot, _stream) = s.into_parts();
+    (db, nats, config, js)
 }
 
 /// Message ids in the stream, with how often each is stored.
@@ -215,18 +225,13 @@ async fn adoption_of_a_polled_table_has_no_gap_and_no_overlap() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn recovery_after_a_lost_slot_republishes_without_new_copies() {
     const N: u64 = 10_000;
-    let db = TestDb::create(PgServer::shared()).await;
-    let nats = NatsServer::start();
-    db.psql(TEXT_ID_OUTBOX_SQL);
-    let config = relay_config(&db, &nats);
+    let (db, _nats, config, js) = set_up_text_ids().await;
     let settings = config.validate().unwrap();
-    outbox_relay::setup::setup(&settings).await.expect("setup");
     db.psql(&format!(
         "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, event_type, payload) \
          SELECT 'e-' || i, 'Claim', i::text, 'ClaimApproved', jsonb_build_object('claim', i) \
          FROM generate_series(1, {N}) AS i"
     ));
-    let js = js(&nats).await;
     // The live drain rate of the same rows, as the baseline.
     let t = Instant::now();
     let relay = InProcessRelay::start(config.clone());
@@ -292,16 +297,16 @@ const STOP_AFTER: u64 = 3_000;
 
 /// A table of `INTERRUPTED_ROWS` rows `<prefix>-1…`, and the relay's config for it.
 async fn interrupted_setup(prefix: &str) -> (TestDb, NatsServer, Config, jetstream::Context) {
-    let db = TestDb::create(PgServer::shared()).await;
-    let nats = NatsServer::start();
-    db.psql(TEXT_ID_OUTBOX_SQL);
-    db.psql(&format!(
-        "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, event_type, payload) \
-         SELECT '{prefix}-' || i, 'Claim', i::text, 'ClaimApproved', jsonb_build_object('claim', i, 'pad', repeat('x', 200)) \
-         FROM generate_series(1, {INTERRUPTED_ROWS}) AS i"
-    ));
-    let config = relay_config(&db, &nats);
-    let js = js(&nats).await;
+    let s = Scenario::builder()
+        .text_ids()
+        .sql(&format!(
+            "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, event_type, payload) \
+             SELECT '{prefix}-' || i, 'Claim', i::text, 'ClaimApproved', jsonb_build_object('claim', i, 'pad', repeat('x', 200)) \
+             FROM generate_series(1, {INTERRUPTED_ROWS}) AS i"
+        ))
+        .start()
+        .await;
+    let (db, nats, config, _client, js, _slot, _stream) = s.into_parts();
     (db, nats, config, js)
 }
 
@@ -630,17 +635,16 @@ async fn a_waiting_relay_does_not_take_the_slot_of_a_killed_backfill() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn backfill_is_refused_while_a_relay_streams() {
-    let db = TestDb::create(PgServer::shared()).await;
-    let nats = NatsServer::start();
-    db.psql(TEXT_ID_OUTBOX_SQL);
-    db.psql(
-        "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, event_type, payload) \
-         VALUES ('r-1', 'Claim', '1', 'ClaimApproved', '{}')",
-    );
-    let config = relay_config(&db, &nats);
+    let s = Scenario::builder()
+        .text_ids()
+        .sql(
+            "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, event_type, payload) \
+             VALUES ('r-1', 'Claim', '1', 'ClaimApproved', '{}')",
+        )
+        .start()
+        .await;
+    let (_db, _nats, config, client, js, slot, _stream) = s.into_parts();
     let relay = InProcessRelay::start(config.clone());
-    let client = db.client().await;
-    let slot = config.postgres.slot.clone();
     // A slot being created is active before it has a consistent point (confirmed_flush_lsn NULL).
     wait_for("the relay to stream", LIMIT, || async {
         client
@@ -665,7 +669,6 @@ async fn backfill_is_refused_while_a_relay_streams() {
         .await
         .map(slot_state)
         .unwrap();
-    let js = js(&nats).await;
     let messages = stream_count(&js, &config.nats.stream).await;
     for replace in [false, true] {
         let settings = config.validate().unwrap();
@@ -881,13 +884,8 @@ async fn shipped_partitioned_outbox_creates_and_drops_months_while_streaming() {
 /// was (same position), creates nothing, and names the option; the relay then resumes from it.
 #[tokio::test]
 async fn a_typo_in_where_or_order_by_leaves_the_slot_as_it_was() {
-    let db = TestDb::create(PgServer::shared()).await;
-    let nats = NatsServer::start();
-    db.psql(TEXT_ID_OUTBOX_SQL);
-    let config = relay_config(&db, &nats);
+    let (db, _nats, config, js) = set_up_text_ids().await;
     let settings = config.validate().unwrap();
-    outbox_relay::setup::setup(&settings).await.expect("setup");
-    let js = js(&nats).await;
     let relay = InProcessRelay::start(config.clone());
     db.psql(
         "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, event_type, payload) \
@@ -969,13 +967,8 @@ async fn a_typo_in_where_or_order_by_leaves_the_slot_as_it_was() {
 /// creates the slot and publishes nothing, and `run` goes on with the events written after it.
 #[tokio::test]
 async fn the_documented_major_upgrade_procedure_works() {
-    let db = TestDb::create(PgServer::shared()).await;
-    let nats = NatsServer::start();
-    db.psql(TEXT_ID_OUTBOX_SQL);
-    let config = relay_config(&db, &nats);
+    let (db, _nats, config, js) = set_up_text_ids().await;
     let settings = config.validate().unwrap();
-    outbox_relay::setup::setup(&settings).await.expect("setup");
-    let js = js(&nats).await;
     let insert = |id: &str| {
         db.psql(&format!(
             "INSERT INTO outbox (event_id, aggregate_type, aggregate_id, event_type, payload) \

@@ -11,23 +11,25 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, stream};
 use outbox_relay::Lsn;
-use outbox_relay::config::Config;
 use serde_json::Value;
 use tokio_postgres::Client;
 
 use crate::hostile::wait_for_active_slot;
 use crate::ops::{free_addr, try_get, wait_for_status};
 use crate::support::{
-    InProcessRelay, NatsServer, PgServer, TEXT_ID_OUTBOX_SQL, TestDb, current_wal_lsn, read_all,
+    InProcessRelay, NatsServer, PgServer, Scenario, TestDb, current_wal_lsn, read_all,
     relay_config, relay_env, run_command, stream_count, unique, wait_for,
 };
 
 const LIMIT: Duration = Duration::from_secs(60);
 
-async fn text_id_db() -> TestDb {
-    let db = TestDb::create(PgServer::shared()).await;
-    db.psql(TEXT_ID_OUTBOX_SQL);
-    db
+/// A scenario with the text-id outbox whose relay serves HTTP on `addr` (`free_addr()`).
+async fn http_scenario(addr: &str) -> Scenario {
+    Scenario::builder()
+        .text_ids()
+        .http_listen(addr)
+        .start()
+        .await
 }
 
 /// Inserts one event in its own transaction and returns `pg_current_wal_lsn()` taken after the
@@ -127,10 +129,8 @@ async fn get_slow(addr: &str, path: &str) -> (u16, String) {
 /// token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn thirty_writes_each_read_their_own_event_after_a_wait() {
-    let db = text_id_db().await;
-    let nats = NatsServer::start();
-    let config = relay_config(&db, &nats);
-    let client = db.client().await;
+    let s = Scenario::builder().text_ids().start().await;
+    let (_db, nats, config, client, _js, _slot, _stream) = s.into_parts();
     let relay = InProcessRelay::start(config.clone());
     wait_for_active_slot(&client, &config.postgres.slot).await;
     let nc = nats.client().await;
@@ -194,10 +194,8 @@ async fn thirty_writes_each_read_their_own_event_after_a_wait() {
 /// a wait still open when the relay stops gets a 503 service error then, not silence.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn far_waits_time_out_bad_requests_name_the_field_and_ping_answers() {
-    let db = text_id_db().await;
-    let nats = NatsServer::start();
-    let config = relay_config(&db, &nats);
-    let client = db.client().await;
+    let s = Scenario::builder().text_ids().start().await;
+    let (_db, nats, config, client, _js, _slot, _stream) = s.into_parts();
     let relay = InProcessRelay::start(config.clone());
     wait_for_active_slot(&client, &config.postgres.slot).await;
     let nc = nats.client().await;
@@ -296,12 +294,9 @@ async fn far_waits_time_out_bad_requests_name_the_field_and_ping_answers() {
 /// for writes made after.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_codes_and_a_standby_that_serves_once_it_takes_over() {
-    let db = text_id_db().await;
-    let nats = NatsServer::start();
-    let mut config = relay_config(&db, &nats);
     let active_addr = free_addr();
-    config.http.listen = active_addr.clone();
-    let client = db.client().await;
+    let s = http_scenario(&active_addr).await;
+    let (_db, nats, config, client, _js, _slot, _stream) = s.into_parts();
     let active = InProcessRelay::start(config.clone());
     wait_for_active_slot(&client, &config.postgres.slot).await;
     wait_for_status(&active_addr, "/position", 200, 30).await;
@@ -391,12 +386,15 @@ async fn http_codes_and_a_standby_that_serves_once_it_takes_over() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn partitions_agree_with_nats_server_partition_mapping() {
     const N: u32 = 7;
-    let db = text_id_db().await;
-    let nats = NatsServer::start();
-    let mut config = relay_config(&db, &nats);
-    config.nats.subject = "outbox.{aggregate_type}.{partition}".into();
-    config.nats.partitions = N;
-    let client = db.client().await;
+    let s = Scenario::builder()
+        .text_ids()
+        .config(|c| {
+            c.nats.subject = "outbox.{aggregate_type}.{partition}".into();
+            c.nats.partitions = N;
+        })
+        .start()
+        .await;
+    let (_db, nats, config, client, _js, _slot, _stream) = s.into_parts();
     let ids: Vec<String> = (0..300)
         .map(|i| match i % 4 {
             0 => i.to_string(),
@@ -468,11 +466,10 @@ async fn partitions_agree_with_nats_server_partition_mapping() {
 /// configuration error naming the key.
 #[tokio::test]
 async fn setup_warns_about_partitions_the_stream_does_not_cover() {
-    let db = text_id_db().await;
-    let nats = NatsServer::start();
-    let mut config: Config = relay_config(&db, &nats);
+    let s = Scenario::builder().text_ids().start().await;
+    let (_db, _nats, mut config, _client, js, _slot, _stream) = s.into_parts();
+    // Invalid on purpose (no nats.partitions): `setup` must refuse it until it is set.
     config.nats.subject = "outbox.{aggregate_type}.{partition}".into();
-    let js = nats.jetstream().await;
     js.create_stream(stream::Config {
         name: config.nats.stream.clone(),
         subjects: vec![
@@ -647,12 +644,9 @@ async fn the_position_service_refuses_reply_subjects_it_must_never_publish_to() 
 /// `src/stored/mod.rs`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn position_right_after_a_restart_is_the_slots_own() {
-    let db = text_id_db().await;
-    let nats = NatsServer::start();
-    let mut config = relay_config(&db, &nats);
     let addr = free_addr();
-    config.http.listen = addr.clone();
-    let client = db.client().await;
+    let s = http_scenario(&addr).await;
+    let (_db, nats, config, client, _js, _slot, _stream) = s.into_parts();
     let js = jetstream::new(nats.client().await);
     let relay = InProcessRelay::start(config.clone());
     wait_for_active_slot(&client, &config.postgres.slot).await;
@@ -712,12 +706,9 @@ async fn position_right_after_a_restart_is_the_slots_own() {
 /// is counted. A normal wait on both still answers once its event is stored.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oversized_wait_requests_are_refused_on_nats_and_http() {
-    let db = text_id_db().await;
-    let nats = NatsServer::start();
-    let mut config = relay_config(&db, &nats);
     let addr = free_addr();
-    config.http.listen = addr.clone();
-    let client = db.client().await;
+    let s = http_scenario(&addr).await;
+    let (_db, nats, config, client, _js, _slot, _stream) = s.into_parts();
     let relay = InProcessRelay::start(config.clone());
     wait_for_active_slot(&client, &config.postgres.slot).await;
     let nc = nats.client().await;

@@ -11,20 +11,21 @@ use tokio::task::block_in_place;
 use tokio_postgres::Client;
 
 use crate::support::{
-    InProcessRelay, NatsServer, PgServer, RelayProcess, Stored, TEXT_ID_OUTBOX_SQL, TestDb,
+    InProcessRelay, NatsServer, PgServer, RelayProcess, Scenario, ScenarioBuilder, Stored, TestDb,
     read_all, relay_config, relay_env, run_command, stream_count, wait_for,
 };
 
-/// A database with the text-id outbox (plus a tenant column) and a claims table.
-async fn db_with_outbox() -> TestDb {
-    let db = TestDb::create(PgServer::shared()).await;
-    db.psql(TEXT_ID_OUTBOX_SQL);
-    db.psql(
-        "ALTER TABLE public.outbox ADD COLUMN tenant_id int;
-         CREATE TABLE claims (id bigint PRIMARY KEY, status text NOT NULL);
-         INSERT INTO claims SELECT g, 'open' FROM generate_series(4711, 4720) g;",
-    );
-    db
+/// The text-id outbox (plus a tenant column) and a claims table; logical messages under the
+/// prefix `outbox` are events too.
+fn events_scenario() -> ScenarioBuilder {
+    Scenario::builder()
+        .text_ids()
+        .sql(
+            "ALTER TABLE public.outbox ADD COLUMN tenant_id int;
+             CREATE TABLE claims (id bigint PRIMARY KEY, status text NOT NULL);
+             INSERT INTO claims SELECT g, 'open' FROM generate_series(4711, 4720) g;",
+        )
+        .config(|c| c.outbox.message_prefix = "outbox".into())
 }
 
 fn message_config(db: &TestDb, nats: &NatsServer) -> Config {
@@ -76,11 +77,11 @@ async fn insert_row(client: &impl tokio_postgres::GenericClient, id: &str, paylo
 /// with its subject, id, headers and payload; the message's payload is the JSON text as written.
 #[tokio::test]
 async fn row_message_row_of_one_transaction_arrive_in_write_order() {
-    let db = db_with_outbox().await;
-    let nats = NatsServer::start();
-    let mut config = message_config(&db, &nats);
-    config.outbox.headers_column = "headers".into();
-    let mut client = db.client().await;
+    let s = events_scenario()
+        .config(|c| c.outbox.headers_column = "headers".into())
+        .start()
+        .await;
+    let (_db, nats, config, mut client, _js, _slot, _stream) = s.into_parts();
     let relay = InProcessRelay::start_streaming(&config, &client).await;
 
     let payload = r#"{"claim_id": 4711,   "note":"spaces kept"}"#;
@@ -120,10 +121,8 @@ async fn row_message_row_of_one_transaction_arrive_in_write_order() {
 /// non-transactional message are dead-lettered with their reasons, and the next event still flows.
 #[tokio::test]
 async fn rollback_other_prefix_and_malformed_messages() {
-    let db = db_with_outbox().await;
-    let nats = NatsServer::start();
-    let config = message_config(&db, &nats);
-    let mut client = db.client().await;
+    let s = events_scenario().start().await;
+    let (_db, nats, config, mut client, _js, _slot, _stream) = s.into_parts();
     let relay = InProcessRelay::start_streaming(&config, &client).await;
 
     let tx = client.transaction().await.unwrap();
@@ -395,14 +394,16 @@ async fn kill_9_during_a_backlog_of_message_events() {
 /// message, and the message parses as a binary-mode CloudEvent by the NATS binding's rules.
 #[tokio::test]
 async fn header_columns_and_cloudevents_headers() {
-    let db = db_with_outbox().await;
-    let nats = NatsServer::start();
-    let mut config = message_config(&db, &nats);
-    config.outbox.headers_column = "headers".into();
-    config.outbox.header_columns = vec!["tenant_id:Tenant-Id".into(), "aggregate_id".into()];
-    config.nats.cloudevents = true;
-    config.nats.cloudevents_source = "/claims service".into();
-    let client = db.client().await;
+    let s = events_scenario()
+        .config(|c| {
+            c.outbox.headers_column = "headers".into();
+            c.outbox.header_columns = vec!["tenant_id:Tenant-Id".into(), "aggregate_id".into()];
+            c.nats.cloudevents = true;
+            c.nats.cloudevents_source = "/claims service".into();
+        })
+        .start()
+        .await;
+    let (_db, nats, config, client, _js, _slot, _stream) = s.into_parts();
     let relay = InProcessRelay::start_streaming(&config, &client).await;
 
     let before = utc_now(&client).await;
@@ -478,12 +479,14 @@ async fn header_columns_and_cloudevents_headers() {
 /// publishes the next event once, in order.
 #[tokio::test]
 async fn without_descriptive_headers_events_carry_id_and_position_and_the_relay_resumes() {
-    let db = db_with_outbox().await;
-    let nats = NatsServer::start();
-    let mut config = message_config(&db, &nats);
-    config.nats.descriptive_headers = false;
-    config.outbox.headers_column = "headers".into();
-    let client = db.client().await;
+    let s = events_scenario()
+        .config(|c| {
+            c.nats.descriptive_headers = false;
+            c.outbox.headers_column = "headers".into();
+        })
+        .start()
+        .await;
+    let (_db, nats, config, client, _js, _slot, _stream) = s.into_parts();
     let relay = InProcessRelay::start_streaming(&config, &client).await;
     insert_row(&client, "e-5531", r#"{"claim_id": 4711}"#).await;
     emit(

@@ -15,13 +15,15 @@ use tokio_postgres::Client;
 
 use crate::ops::{free_addr, try_get, wait_for_status};
 use crate::support::{
-    Finished, NatsServer, PgServer, RelayProcess, TEXT_ID_OUTBOX_SQL, TestDb, read_all,
+    Finished, NatsServer, PgServer, RelayProcess, Scenario, TEXT_ID_OUTBOX_SQL, TestDb, read_all,
     relay_config, relay_env, run_command, stream_count, wait_for,
 };
 use crate::truth::{good as insert, set};
 
 const LIMIT: Duration = Duration::from_secs(60);
 
+/// A database on `server` (a private one: the shared server's tests begin with a `Scenario`) with
+/// the text-id outbox table.
 async fn text_id_db(server: &PgServer) -> TestDb {
     let db = TestDb::create(server).await;
     db.psql(TEXT_ID_OUTBOX_SQL);
@@ -105,15 +107,13 @@ async fn assert_waiting(p: &mut RelayProcess, addr: &str) {
 /// for it instead of exiting; an event written meanwhile is published once NATS is back.
 #[tokio::test]
 async fn a_relay_started_while_nats_is_down_waits_and_then_publishes() {
-    let db = text_id_db(PgServer::shared()).await;
-    let nats = NatsServer::start();
-    let config = relay_config(&db, &nats);
-    let mut env = relay_env(&config);
+    let s = Scenario::builder().text_ids().start().await;
+    let mut env = s.env();
     let setup = run_command(&["setup"], &env, LIMIT);
     assert!(setup.status.success(), "setup: {}", setup.stderr);
     let addr = free_addr();
     set(&mut env, "OUTBOX_RELAY_HTTP_LISTEN", &addr);
-    let client = db.client().await;
+    let (_db, nats, config, client, _js, _slot, _stream) = s.into_parts();
 
     nats.stop();
     let mut p = RelayProcess::spawn(&["run"], &env);
@@ -240,10 +240,8 @@ async fn a_tls_refusal_on_the_control_connection_ends_run() {
             });
         }
     });
-    let db = text_id_db(PgServer::shared()).await;
-    let nats = NatsServer::start();
-    let config = relay_config(&db, &nats);
-    let mut env = relay_env(&config);
+    let s = Scenario::builder().text_ids().start().await;
+    let mut env = s.env();
     set(
         &mut env,
         "OUTBOX_RELAY_POSTGRES_URL",
@@ -304,13 +302,10 @@ async fn a_setting_that_cannot_work_still_ends_run_at_once() {
 /// one line, and keeps publishing. A file that no longer parses is reported and changes nothing.
 #[tokio::test]
 async fn sighup_reloads_the_log_level_names_what_needs_a_restart_and_keeps_running() {
-    let db = text_id_db(PgServer::shared()).await;
-    let nats = NatsServer::start();
-    let config = relay_config(&db, &nats);
-    let env = relay_env(&config);
-    let client = db.client().await;
-    let js = nats.jetstream().await;
-    let stream = &config.nats.stream;
+    let s = Scenario::builder().text_ids().start().await;
+    let env = s.env();
+    let (_db, _nats, _config, client, js, _slot, stream) = s.into_parts();
+    let stream = &stream;
     let dir = tempfile::tempdir().expect("tempdir");
     let file = dir.path().join("relay.toml");
     std::fs::write(&file, "[log]\nlevel = \"info\"\n").expect("write config");
@@ -379,15 +374,14 @@ async fn slot_active(client: &Client, slot: &str) -> bool {
 /// exit 1, and `relay.own_word` in JSON; while NATS was up it said "ready" with the stored LSN.
 #[tokio::test]
 async fn status_asks_the_relay_and_says_nats_is_down_while_postgres_still_shows_streaming() {
-    let db = text_id_db(PgServer::shared()).await;
-    let nats = NatsServer::start();
-    let mut config = relay_config(&db, &nats);
     let addr = free_addr();
-    config.http.listen = addr.clone();
-    let env = relay_env(&config);
-    let slot = config.postgres.slot.clone();
-    let client = db.client().await;
-    let js = nats.jetstream().await;
+    let s = Scenario::builder()
+        .text_ids()
+        .http_listen(&addr)
+        .start()
+        .await;
+    let env = s.env();
+    let (_db, nats, config, client, js, slot, _stream) = s.into_parts();
     let mut p = RelayProcess::run(&config);
     wait_for_log(&mut p, "streaming").await;
     insert(&client, "before-outage").await;
@@ -449,11 +443,9 @@ async fn status_asks_the_relay_and_says_nats_is_down_while_postgres_still_shows_
 /// `max_msgs` 5 and `discard: new` holding 4 events is "80 % full", and what a full one does.
 #[tokio::test]
 async fn status_shows_the_streams_limits_and_warns_when_it_is_80_percent_full() {
-    let db = text_id_db(PgServer::shared()).await;
-    let nats = NatsServer::start();
-    let config = relay_config(&db, &nats);
-    let env = relay_env(&config);
-    let js = nats.jetstream().await;
+    let s = Scenario::builder().text_ids().start().await;
+    let env = s.env();
+    let (_db, _nats, config, client, js, _slot, _stream) = s.into_parts();
     js.create_stream(jetstream::stream::Config {
         name: config.nats.stream.clone(),
         subjects: vec!["outbox.*".into(), config.nats.dead_letter_subject.clone()],
@@ -464,7 +456,6 @@ async fn status_shows_the_streams_limits_and_warns_when_it_is_80_percent_full() 
     })
     .await
     .expect("create the stream");
-    let client = db.client().await;
     let mut p = RelayProcess::run(&config);
     wait_for_log(&mut p, "streaming").await;
     let ids = ["f-1", "f-2", "f-3", "f-4"];
@@ -495,13 +486,9 @@ async fn status_shows_the_streams_limits_and_warns_when_it_is_80_percent_full() 
 /// unknown: `null` in JSON, not `false` or 0, and `unknown: NATS unreachable (…)` in text.
 #[tokio::test]
 async fn status_during_a_nats_outage_says_the_relay_retries_and_the_stream_is_unknown() {
-    let db = text_id_db(PgServer::shared()).await;
-    let nats = NatsServer::start();
-    let config = relay_config(&db, &nats);
-    let env = relay_env(&config);
-    let slot = config.postgres.slot.clone();
-    let client = db.client().await;
-    let js = nats.jetstream().await;
+    let s = Scenario::builder().text_ids().start().await;
+    let env = s.env();
+    let (_db, nats, config, client, js, slot, _stream) = s.into_parts();
     let mut p = RelayProcess::run(&config);
     wait_for_log(&mut p, "streaming").await;
     insert(&client, "before-outage").await;

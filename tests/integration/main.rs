@@ -17,6 +17,7 @@ mod foreign_consumer;
 mod ha;
 mod hostile;
 mod lifecycle;
+mod long_functions;
 mod message_default;
 mod migrating;
 mod module_graph;

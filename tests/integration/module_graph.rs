@@ -87,7 +87,8 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("the relay, which wires them", &["relay"]),
 ];
 
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+/// Every `.rs` file under `dir`, at any depth (`long_functions.rs` reads `src/` with it too).
+pub(crate) fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     for entry in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("read {}: {e}", dir.display())) {
         let path = entry.expect("dir entry").path();
         if path.is_dir() {

@@ -15,17 +15,10 @@ use outbox_relay::Lsn;
 use tokio_postgres::Client;
 
 use crate::support::{
-    Finished, InProcessRelay, NatsServer, PgServer, RelayProcess, Stored, TEXT_ID_OUTBOX_SQL,
-    TestDb, confirmed_flush, current_wal_lsn, default_outbox_sql, read_all, relay_config,
-    relay_env, run_command, slot_exists, stream_count, wait_for,
+    Finished, InProcessRelay, NatsServer, PgServer, RelayProcess, Scenario, Stored,
+    TEXT_ID_OUTBOX_SQL, TestDb, confirmed_flush, current_wal_lsn, default_outbox_sql, read_all,
+    relay_config, relay_env, run_command, slot_exists, stream_count, wait_for,
 };
-
-/// A database on the shared server with the text-id outbox table.
-async fn text_id_db() -> TestDb {
-    let db = TestDb::create(PgServer::shared()).await;
-    db.psql(TEXT_ID_OUTBOX_SQL);
-    db
-}
 
 /// Inserts one outbox row in the current transaction (or as its own, on a plain client).
 async fn insert_event(
@@ -87,6 +80,35 @@ async fn wait_for_count(js: &async_nats::jetstream::Context, stream: &str, n: u6
     .await;
 }
 
+/// P2 while a commit is unacknowledged: watches the slot for five seconds and fails as soon as it
+/// is confirmed at `after` (the WAL's position after `what`) or past it. Returns the highest
+/// position it was confirmed at.
+async fn max_confirmed_below(client: &Client, slot: &str, after: Lsn, what: &str) -> Lsn {
+    let mut max_confirmed = Lsn::ZERO;
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(5) {
+        let c = confirmed_flush(client, slot).await.expect("slot exists");
+        max_confirmed = max_confirmed.max(c);
+        assert!(
+            c < after,
+            "P2: confirmed_flush_lsn {c} reached {after}, the WAL's position after {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    max_confirmed
+}
+
+/// Waits until the slot is confirmed past `commit` (`what`'s commit LSN) and at `end` or beyond.
+async fn wait_confirmed_past(client: &Client, slot: &str, commit: Lsn, end: Lsn, what: &str) {
+    let what = format!("the slot to confirm past {what}");
+    wait_for(&what, Duration::from_secs(30), || async {
+        confirmed_flush(client, slot)
+            .await
+            .is_some_and(|c| c > commit && c >= end)
+    })
+    .await;
+}
+
 fn ids(messages: &[Stored]) -> Vec<&str> {
     messages.iter().map(Stored::id).collect()
 }
@@ -110,21 +132,19 @@ fn assert_unique_ids(messages: &[Stored]) {
 /// returns all six events are in the stream once, in commit order (P1, P3, P4), and the slot moves on.
 #[tokio::test]
 async fn claim_4711_story_survives_a_nats_outage_in_order_and_once() {
-    let db = text_id_db().await;
-    db.psql(
-        "CREATE TABLE claims (id bigint PRIMARY KEY, status text NOT NULL);
-         INSERT INTO claims SELECT g, 'open' FROM generate_series(4711, 4716) g;",
-    );
-    let nats = NatsServer::start();
-    let config = relay_config(&db, &nats);
-    let stream = config.nats.stream.clone();
-    let slot = config.postgres.slot.clone();
-    let mut client = db.client().await;
+    let s = Scenario::builder()
+        .text_ids()
+        .sql(
+            "CREATE TABLE claims (id bigint PRIMARY KEY, status text NOT NULL);
+             INSERT INTO claims SELECT g, 'open' FROM generate_series(4711, 4716) g;",
+        )
+        .start()
+        .await;
+    let (_db, nats, config, mut client, js, slot, stream) = s.into_parts();
     let relay = InProcessRelay::start(config);
     wait_for_slot(&client, &slot).await;
 
     approve_claim(&mut client, 4711, "e-5531").await;
-    let js = nats.jetstream().await;
     wait_for_count(&js, &stream, 1, 30).await;
     let first = read_all(&js, &stream).await;
     assert_eq!(first.len(), 1);
@@ -157,17 +177,8 @@ async fn claim_4711_story_survives_a_nats_outage_in_order_and_once() {
         }
     }
     let after_writes = current_wal_lsn(&client).await;
-    let mut max_confirmed_during_outage = Lsn::ZERO;
-    let outage = Instant::now();
-    while outage.elapsed() < Duration::from_secs(5) {
-        let c = confirmed_flush(&client, &slot).await.expect("slot exists");
-        max_confirmed_during_outage = max_confirmed_during_outage.max(c);
-        assert!(
-            c < after_first_unacked,
-            "P2: confirmed_flush_lsn {c} passed the unacknowledged commit of e-5532 (WAL was at {after_first_unacked} after it)"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let max_confirmed_during_outage =
+        max_confirmed_below(&client, &slot, after_first_unacked, "e-5532's commit").await;
     assert!(
         relay.metrics.reconnects.get() > 0,
         "the relay never noticed NATS was down"
@@ -201,14 +212,12 @@ async fn claim_4711_story_survives_a_nats_outage_in_order_and_once() {
         all[1].commit_lsn()
     );
     let last_commit = all[5].commit_lsn();
-    wait_for(
-        "the slot to confirm past the last approval",
-        Duration::from_secs(30),
-        || async {
-            confirmed_flush(&client, &slot)
-                .await
-                .is_some_and(|c| c > last_commit && c >= after_writes)
-        },
+    wait_confirmed_past(
+        &client,
+        &slot,
+        last_commit,
+        after_writes,
+        "the last approval",
     )
     .await;
     relay.stop().await.expect("relay stops cleanly");
@@ -220,18 +229,14 @@ async fn claim_4711_story_survives_a_nats_outage_in_order_and_once() {
 /// The publication here publishes every operation, so the relay really sees the updates and deletes.
 #[tokio::test]
 async fn rollbacks_never_publish_and_updates_deletes_are_ignored() {
-    let db = text_id_db().await;
+    let s = Scenario::builder().text_ids().start().await;
+    let (db, _nats, config, mut client, js, _slot, stream) = s.into_parts();
     db.psql(&format!(
         "CREATE PUBLICATION {} FOR TABLE public.outbox",
         db.publication_name()
     ));
-    let nats = NatsServer::start();
-    let config = relay_config(&db, &nats);
-    let stream = config.nats.stream.clone();
-    let mut client = db.client().await;
     let relay = InProcessRelay::start(config.clone());
     wait_for_slot(&client, &config.postgres.slot).await;
-    let js = nats.jetstream().await;
 
     insert_event(&client, "a-1", "Claim", "1", "ClaimApproved", r#"{"n": 1}"#).await;
     wait_for_count(&js, &stream, 1, 30).await;
@@ -284,11 +289,8 @@ async fn rollbacks_never_publish_and_updates_deletes_are_ignored() {
 async fn concurrent_writers_arrive_in_commit_order() {
     const WRITERS: usize = 4;
     const TXNS: usize = 50;
-    let db = text_id_db().await;
-    let nats = NatsServer::start();
-    let config = relay_config(&db, &nats);
-    let stream = config.nats.stream.clone();
-    let client = db.client().await;
+    let s = Scenario::builder().text_ids().start().await;
+    let (db, _nats, config, client, js, _slot, stream) = s.into_parts();
     let relay = InProcessRelay::start(config.clone());
     wait_for_slot(&client, &config.postgres.slot).await;
 
@@ -315,7 +317,6 @@ async fn concurrent_writers_arrive_in_commit_order() {
         .flat_map(|w| (0..TXNS).map(move |t| events_in(w, t)))
         .sum();
 
-    let js = nats.jetstream().await;
     wait_for_count(&js, &stream, total as u64, 60).await;
     let all = read_all(&js, &stream).await;
     assert_eq!(all.len(), total);
@@ -377,12 +378,8 @@ async fn concurrent_writers_arrive_in_commit_order() {
 /// acknowledged; once NATS is back and the event stored, it does.
 #[tokio::test]
 async fn slot_is_not_confirmed_past_an_unacknowledged_event() {
-    let db = text_id_db().await;
-    let nats = NatsServer::start();
-    let config = relay_config(&db, &nats);
-    let stream = config.nats.stream.clone();
-    let slot = config.postgres.slot.clone();
-    let client = db.client().await;
+    let s = Scenario::builder().text_ids().start().await;
+    let (_db, nats, config, client, _js, slot, stream) = s.into_parts();
     let relay = InProcessRelay::start(config);
     wait_for_slot(&client, &slot).await;
     wait_for("the relay to stream", Duration::from_secs(30), || async {
@@ -401,17 +398,8 @@ async fn slot_is_not_confirmed_past_an_unacknowledged_event() {
     )
     .await;
     let after_commit = current_wal_lsn(&client).await;
-    let mut max_confirmed = Lsn::ZERO;
-    let start = Instant::now();
-    while start.elapsed() < Duration::from_secs(5) {
-        let c = confirmed_flush(&client, &slot).await.expect("slot exists");
-        max_confirmed = max_confirmed.max(c);
-        assert!(
-            c < after_commit,
-            "P2: confirmed_flush_lsn {c} reached {after_commit} (WAL after the unacknowledged commit)"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let max_confirmed =
+        max_confirmed_below(&client, &slot, after_commit, "the unacknowledged commit").await;
 
     nats.start_again();
     let js = nats.jetstream().await;
@@ -423,14 +411,12 @@ async fn slot_is_not_confirmed_past_an_unacknowledged_event() {
         max_confirmed <= commit,
         "P2: confirmed {max_confirmed} passed the commit at {commit} before its ack"
     );
-    wait_for(
-        "the slot to confirm past the acknowledged commit",
-        Duration::from_secs(30),
-        || async {
-            confirmed_flush(&client, &slot)
-                .await
-                .is_some_and(|c| c > commit && c >= after_commit)
-        },
+    wait_confirmed_past(
+        &client,
+        &slot,
+        commit,
+        after_commit,
+        "the acknowledged commit",
     )
     .await;
     relay.stop().await.expect("relay stops cleanly");
@@ -441,10 +427,8 @@ async fn slot_is_not_confirmed_past_an_unacknowledged_event() {
 #[tokio::test]
 async fn kill_9_mid_backlog_loses_nothing_and_stores_no_duplicates() {
     const EVENTS: u64 = 20_000;
-    let db = text_id_db().await;
-    let nats = NatsServer::start();
-    let config = relay_config(&db, &nats);
-    let stream = config.nats.stream.clone();
+    let s = Scenario::builder().text_ids().start().await;
+    let (db, _nats, config, client, js, slot, stream) = s.into_parts();
     let env = relay_env(&config);
     let setup = run_command(&["setup"], &env, Duration::from_secs(60));
     assert!(setup.status.success(), "setup: {}", setup.stderr);
@@ -460,9 +444,6 @@ async fn kill_9_mid_backlog_loses_nothing_and_stores_no_duplicates() {
          END $$;"
     ));
 
-    let js = nats.jetstream().await;
-    let client = db.client().await;
-    let slot = config.postgres.slot.clone();
     let slot_start = confirmed_flush(&client, &slot).await.expect("slot exists");
     // Frequent status updates, so the kill lands after the slot moved: the restart then begins in
     // the middle of the backlog, not at its start.
@@ -547,12 +528,8 @@ async fn kill_9_mid_backlog_loses_nothing_and_stores_no_duplicates() {
 /// `run` on SIGTERM: waits for the acks in flight, confirms, exits 0; the slot is past the last commit.
 #[tokio::test]
 async fn sigterm_confirms_everything_and_exits_0() {
-    let db = text_id_db().await;
-    let nats = NatsServer::start();
-    let config = relay_config(&db, &nats);
-    let stream = config.nats.stream.clone();
-    let slot = config.postgres.slot.clone();
-    let client = db.client().await;
+    let s = Scenario::builder().text_ids().start().await;
+    let (db, _nats, config, client, js, slot, stream) = s.into_parts();
     let mut relay = RelayProcess::run(&config);
     wait_for_slot(&client, &slot).await;
 
@@ -568,7 +545,6 @@ async fn sigterm_confirms_everything_and_exits_0() {
          END $$;",
     );
     let after_writes = current_wal_lsn(&client).await;
-    let js = nats.jetstream().await;
     wait_for_count(&js, &stream, 1_000, 60).await;
 
     relay.signal("TERM");
@@ -642,13 +618,9 @@ async fn assert_nothing_created(
 /// nothing; an unreachable NATS ends `setup` so (`run` waits for it).
 #[tokio::test]
 async fn configuration_errors_are_one_clear_line_and_change_nothing() {
-    let db = TestDb::create(PgServer::shared()).await;
-    let nats = NatsServer::start();
-    let config = relay_config(&db, &nats);
+    let s = Scenario::builder().start().await;
+    let (db, nats, config, client, js, slot, stream) = s.into_parts();
     let env = relay_env(&config);
-    let (slot, stream) = (config.postgres.slot.clone(), config.nats.stream.clone());
-    let client = db.client().await;
-    let js = nats.jetstream().await;
     let limit = Duration::from_secs(60);
 
     // An unknown key in the file.
@@ -809,11 +781,8 @@ async fn setup_is_idempotent_and_status_reports_health() {
 /// reason; the next event is still delivered.
 #[tokio::test]
 async fn bad_aggregate_type_is_dead_lettered_and_the_next_event_delivered() {
-    let db = text_id_db().await;
-    let nats = NatsServer::start();
-    let config = relay_config(&db, &nats);
-    let stream = config.nats.stream.clone();
-    let client = db.client().await;
+    let s = Scenario::builder().text_ids().start().await;
+    let (_db, _nats, config, client, js, _slot, stream) = s.into_parts();
     let relay = InProcessRelay::start(config.clone());
     wait_for_slot(&client, &config.postgres.slot).await;
 
@@ -835,7 +804,6 @@ async fn bad_aggregate_type_is_dead_lettered_and_the_next_event_delivered() {
         r#"{"n": 2}"#,
     )
     .await;
-    let js = nats.jetstream().await;
     wait_for_count(&js, &stream, 2, 30).await;
     let all = read_all(&js, &stream).await;
     assert_eq!(ids(&all), ["bad-1", "good-1"]);

@@ -13,17 +13,14 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use crate::support::{
-    InProcessRelay, NatsServer, PgServer, Proxy, TEXT_ID_OUTBOX_SQL, TestDb, confirmed_flush,
-    current_wal_lsn, read_all, relay_config, stream_count, wait_for,
-};
+use crate::support::{InProcessRelay, Proxy, Scenario, Stored, wait_for};
 
 const EVENTS: u64 = 30_000;
 const LIMIT: u64 = 25_000;
 
 /// One transaction of `n` events, ids `<prefix>-NNNNNN`.
-fn write_one_transaction(db: &TestDb, prefix: &str, n: u64) {
-    db.psql(&format!(
+fn write_one_transaction(s: &Scenario, prefix: &str, n: u64) {
+    s.db.psql(&format!(
         "INSERT INTO public.outbox (event_id, aggregate_type, aggregate_id, event_type, payload)
          SELECT '{prefix}-' || lpad(i::text, 6, '0'), 'Claim', i::text, 'ClaimApproved',
                 jsonb_build_object('n', i)
@@ -31,63 +28,54 @@ fn write_one_transaction(db: &TestDb, prefix: &str, n: u64) {
     ));
 }
 
-async fn stream_max_messages(js: &async_nats::jetstream::Context, stream: &str, max: i64) {
-    let mut s = js.get_stream(stream).await.expect("stream");
-    let mut config = s.info().await.expect("stream info").config.clone();
+/// Sets the stream's `max_msgs` (-1: no limit); setup made it discard new messages past it.
+async fn stream_max_messages(s: &Scenario, max: i64) {
+    let mut stream = s.js.get_stream(&s.stream).await.expect("stream");
+    let mut config = stream.info().await.expect("stream info").config.clone();
     config.max_messages = max;
-    js.update_stream(config)
+    s.js.update_stream(config)
         .await
         .expect("update the stream's max_msgs");
 }
 
 async fn a_stalled_replay_past_20_000_events_is_proven(atomic: bool) {
-    let db = TestDb::create(PgServer::shared()).await;
-    db.psql(TEXT_ID_OUTBOX_SQL);
-    let nats = NatsServer::start();
-    let mut config = relay_config(&db, &nats);
-    config.postgres.status_interval_ms = 100;
-    config.nats.duplicate_window_secs = 2;
-    config.nats.atomic_transactions = atomic;
-    config.nats.fence = true;
-    let stream = config.nats.stream.clone();
-    let slot = config.postgres.slot.clone();
-    let client = db.client().await;
-    let relay = InProcessRelay::start_streaming(&config, &client).await;
-    let js = nats.jetstream().await;
+    let s = Scenario::builder()
+        .text_ids()
+        .config(move |c| {
+            c.postgres.status_interval_ms = 100;
+            c.nats.duplicate_window_secs = 2;
+            c.nats.atomic_transactions = atomic;
+            c.nats.fence = true;
+        })
+        .start()
+        .await;
+    let relay = s.relay().await;
     // Setup made the stream (discard new); now it stops at LIMIT messages.
-    stream_max_messages(&js, &stream, LIMIT as i64).await;
-    write_one_transaction(&db, "p", EVENTS);
-    let end = current_wal_lsn(&client).await;
+    stream_max_messages(&s, LIMIT as i64).await;
+    write_one_transaction(&s, "p", EVENTS);
+    let end = s.wal_lsn().await;
 
     wait_for(
         "the stream to fill up to its max_msgs",
         Duration::from_secs(120),
-        || async { stream_count(&js, &stream).await >= LIMIT },
+        || async { s.count().await >= LIMIT },
     )
     .await;
     // The relay is refused at the limit and restarts; let the duplicate window pass, so nothing
     // but the relay's own proof stands between a republish and a second copy.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    assert_eq!(
-        stream_count(&js, &stream).await,
-        LIMIT,
-        "stalled at the limit"
-    );
+    assert_eq!(s.count().await, LIMIT, "stalled at the limit");
     assert!(
-        confirmed_flush(&client, &slot).await.unwrap() < end,
+        s.confirmed().await.unwrap() < end,
         "the transaction is not confirmed while part of it is refused"
     );
-    stream_max_messages(&js, &stream, -1).await;
+    stream_max_messages(&s, -1).await;
 
     let started = Instant::now();
-    wait_for(
+    s.wait_confirmed_within(
         "the slot to be confirmed past the transaction",
+        end,
         Duration::from_secs(180),
-        || async {
-            confirmed_flush(&client, &slot)
-                .await
-                .is_some_and(|c| c >= end)
-        },
     )
     .await;
     eprintln!(
@@ -99,12 +87,18 @@ async fn a_stalled_replay_past_20_000_events_is_proven(atomic: bool) {
         "the relay's read-back consumer to be gone",
         Duration::from_secs(20),
         || async {
-            let mut s = js.get_stream(&stream).await.expect("stream");
-            s.info().await.expect("stream info").state.consumer_count == 0
+            let mut stream = s.js.get_stream(&s.stream).await.expect("stream");
+            stream
+                .info()
+                .await
+                .expect("stream info")
+                .state
+                .consumer_count
+                == 0
         },
     )
     .await;
-    let all = read_all(&js, &stream).await;
+    let all = s.read_all().await;
     let mut copies: BTreeMap<&str, u32> = BTreeMap::new();
     for m in &all {
         *copies.entry(m.id()).or_default() += 1;
@@ -130,29 +124,90 @@ async fn a_stalled_replay_of_25_000_atomic_batch_events_is_proven_not_published_
     a_stalled_replay_past_20_000_events_is_proven(true).await;
 }
 
-/// One transaction per id: `Claim` events with payload `{"id": …}`.
-fn write_each(db: &TestDb, ids: &[&str]) {
-    for id in ids {
-        db.psql(&format!(
-            "INSERT INTO public.outbox (event_id, aggregate_type, aggregate_id, event_type, payload)
-             VALUES ('{id}', 'Claim', '4711', 'ClaimApproved', '{{\"id\": \"{id}\"}}');"
-        ));
-    }
-}
-
 /// Drops the slot `slot` once no walsender holds it (a stopped relay's may linger a moment).
-async fn drop_slot(client: &tokio_postgres::Client, slot: &str) {
+async fn drop_slot(s: &Scenario, slot: &str) {
     wait_for(
         &format!("slot {slot} dropped"),
         Duration::from_secs(30),
         || async {
-            client
+            s.client
                 .execute("SELECT pg_drop_replication_slot($1)", &[&slot])
                 .await
                 .is_ok()
         },
     )
     .await;
+}
+
+/// The scenario's slot as it is now, copied to `<slot>_saved`, after a relay made it and stopped:
+/// [`set_slot_back`] brings it back, to replay from before every event written since.
+async fn save_slot(s: &Scenario) {
+    let relay = s.relay().await;
+    relay.stop().await.expect("relay stops cleanly");
+    s.client
+        .execute(
+            "SELECT pg_copy_logical_replication_slot($1, $2)",
+            &[&s.slot, &format!("{}_saved", s.slot)],
+        )
+        .await
+        .expect("copy the slot");
+}
+
+/// The slot set back to where [`save_slot`] saved it (a crash before the confirmation reached the
+/// server).
+async fn set_slot_back(s: &Scenario) {
+    let saved = format!("{}_saved", s.slot);
+    drop_slot(s, &s.slot).await;
+    s.client
+        .execute(
+            "SELECT pg_copy_logical_replication_slot($1, $2)",
+            &[&saved, &s.slot],
+        )
+        .await
+        .expect("copy the saved slot back");
+    drop_slot(s, &saved).await;
+}
+
+/// A scenario with atomic batches and the fence. With `one_batch_per_transaction`, a replay is cut
+/// off part way, its first copies stored one transaction at a time until the stream is full.
+/// Grouped, the replay's transactions would share one batch that the full stream refuses whole,
+/// leaving no copy behind to test.
+async fn atomic_scenario(one_batch_per_transaction: bool) -> Scenario {
+    Scenario::builder()
+        .text_ids()
+        .config(move |c| {
+            c.postgres.status_interval_ms = 100;
+            c.nats.atomic_transactions = true;
+            if one_batch_per_transaction {
+                c.nats.atomic_group_ms = 0;
+            }
+            c.nats.fence = true;
+        })
+        .start()
+        .await
+}
+
+/// Each message's sequence, event id, and the tail a replay that trusted no tail was published
+/// over (`;replay-over=N` in `Outbox-Position`).
+fn ids_and_replays(all: &[Stored]) -> Vec<(u64, String, Option<String>)> {
+    all.iter()
+        .map(|m| {
+            let replay = m
+                .header("Outbox-Position")
+                .split_once(";replay-over=")
+                .map(|(_, n)| n.to_owned());
+            (m.seq, m.id().to_owned(), replay)
+        })
+        .collect()
+}
+
+/// The stream's event ids, in stream order.
+async fn ids(s: &Scenario) -> Vec<String> {
+    s.read_all()
+        .await
+        .iter()
+        .map(|m| m.id().to_owned())
+        .collect()
 }
 
 /// A replay that trusted no tail and was cut off leaves its last copy, at an old position, behind
@@ -168,79 +223,31 @@ async fn drop_slot(client: &tokio_postgres::Client, slot: &str) {
 /// the stream's `max_msgs` (discard new). The session after it finds e-2's copy as the tail.
 #[tokio::test]
 async fn a_cut_off_replays_last_copy_is_not_taken_for_the_streams_end() {
-    let db = TestDb::create(PgServer::shared()).await;
-    db.psql(TEXT_ID_OUTBOX_SQL);
-    let nats = NatsServer::start();
-    let mut config = relay_config(&db, &nats);
-    config.postgres.status_interval_ms = 100;
-    config.nats.atomic_transactions = true;
-    // One batch per transaction: the scenario needs a replay cut off part way, its first copies
-    // stored one transaction at a time until the stream is full. Grouped, the replay's transactions
-    // would share one batch that the full stream refuses whole, leaving no copy behind to test.
-    config.nats.atomic_group_ms = 0;
-    config.nats.fence = true;
-    let stream = config.nats.stream.clone();
-    let slot = config.postgres.slot.clone();
-    let saved = format!("{slot}_saved");
-    let client = db.client().await;
-    let js = nats.jetstream().await;
-
+    let s = atomic_scenario(true).await;
     // The slot, saved before any event, to set it back with later.
-    let relay = InProcessRelay::start_streaming(&config, &client).await;
-    relay.stop().await.expect("relay stops cleanly");
-    client
-        .execute(
-            "SELECT pg_copy_logical_replication_slot($1, $2)",
-            &[&slot, &saved],
-        )
-        .await
-        .expect("copy the slot");
+    save_slot(&s).await;
 
-    write_each(&db, &["e-1", "e-2", "e-3", "e-4", "e-5"]);
-    let end = current_wal_lsn(&client).await;
-    let relay = InProcessRelay::start_streaming(&config, &client).await;
-    wait_for("e-1..e-5 confirmed", Duration::from_secs(60), || async {
-        confirmed_flush(&client, &slot)
-            .await
-            .is_some_and(|c| c >= end)
-    })
-    .await;
+    s.write_each(&["e-1", "e-2", "e-3", "e-4", "e-5"]);
+    let end = s.wal_lsn().await;
+    let relay = s.relay().await;
+    s.wait_confirmed("e-1..e-5 confirmed", end).await;
     relay.stop().await.expect("relay stops cleanly");
-    assert_eq!(stream_count(&js, &stream).await, 5);
+    assert_eq!(s.count().await, 5);
 
     // Set the slot back before e-1, delete message 1, and let the stream take two more messages.
-    drop_slot(&client, &slot).await;
-    client
-        .execute(
-            "SELECT pg_copy_logical_replication_slot($1, $2)",
-            &[&saved, &slot],
-        )
-        .await
-        .expect("copy the saved slot back");
-    drop_slot(&client, &saved).await;
-    let s = js.get_stream(&stream).await.expect("stream");
-    s.delete_message(1).await.expect("delete message 1");
-    stream_max_messages(&js, &stream, 6).await;
+    set_slot_back(&s).await;
+    let stream = s.js.get_stream(&s.stream).await.expect("stream");
+    stream.delete_message(1).await.expect("delete message 1");
+    stream_max_messages(&s, 6).await;
 
-    let relay = InProcessRelay::start_streaming(&config, &client).await;
+    let relay = s.relay().await;
     wait_for(
         "the replay that trusts no tail to store e-1 and e-2 again and be cut off",
         Duration::from_secs(60),
-        || async { stream_count(&js, &stream).await >= 6 },
+        || async { s.count().await >= 6 },
     )
     .await;
-    let ids = |all: &[crate::support::Stored]| {
-        all.iter()
-            .map(|m| {
-                let replay = m
-                    .header("Outbox-Position")
-                    .split_once(";replay-over=")
-                    .map(|(_, n)| n.to_owned());
-                (m.seq, m.id().to_owned(), replay)
-            })
-            .collect::<Vec<_>>()
-    };
-    let cut_off = ids(&read_all(&js, &stream).await);
+    let cut_off = ids_and_replays(&s.read_all().await);
     assert_eq!(
         cut_off,
         [
@@ -256,29 +263,17 @@ async fn a_cut_off_replays_last_copy_is_not_taken_for_the_streams_end() {
 
     // The next session (the relay restarts after the refusal) proves e-3..e-5 stored from message
     // 5 on and confirms past them, with the stream still full: nothing of them is sent again.
-    wait_for(
+    s.wait_confirmed(
         "the slot confirmed past e-5 without publishing e-3..e-5 again",
-        Duration::from_secs(60),
-        || async {
-            confirmed_flush(&client, &slot)
-                .await
-                .is_some_and(|c| c >= end)
-        },
+        end,
     )
     .await;
-    stream_max_messages(&js, &stream, -1).await;
-    write_each(&db, &["e-6"]);
-    let end = current_wal_lsn(&client).await;
-    wait_for("e-6 confirmed", Duration::from_secs(60), || async {
-        confirmed_flush(&client, &slot)
-            .await
-            .is_some_and(|c| c >= end)
-    })
-    .await;
-    let all = ids(&read_all(&js, &stream).await);
-    let stored: Vec<&str> = all.iter().map(|(_, id, _)| id.as_str()).collect();
+    stream_max_messages(&s, -1).await;
+    s.write_each(&["e-6"]);
+    let end = s.wal_lsn().await;
+    s.wait_confirmed("e-6 confirmed", end).await;
     assert_eq!(
-        stored,
+        ids(&s).await,
         ["e-2", "e-3", "e-4", "e-5", "e-1", "e-2", "e-6"],
         "e-3..e-5 once; only what the replay that trusted no tail sent twice"
     );
@@ -305,63 +300,28 @@ async fn a_cut_off_replays_last_copy_is_not_taken_for_the_streams_end() {
 /// e-3 and e-4.
 #[tokio::test]
 async fn a_failed_look_past_a_cut_off_replay_falls_back_to_its_tail() {
-    let db = TestDb::create(PgServer::shared()).await;
-    db.psql(TEXT_ID_OUTBOX_SQL);
-    let nats = NatsServer::start();
-    let mut config = relay_config(&db, &nats);
-    config.postgres.status_interval_ms = 100;
-    config.nats.atomic_transactions = true;
-    // One batch per transaction: the scenario needs a replay cut off part way, its first copies
-    // stored one transaction at a time until the stream is full. Grouped, the replay's transactions
-    // would share one batch that the full stream refuses whole, leaving no copy behind to test.
-    config.nats.atomic_group_ms = 0;
-    config.nats.fence = true;
-    let stream = config.nats.stream.clone();
-    let slot = config.postgres.slot.clone();
-    let saved = format!("{slot}_saved");
-    let client = db.client().await;
-    let js = nats.jetstream().await;
+    let s = atomic_scenario(true).await;
+    save_slot(&s).await;
 
-    let relay = InProcessRelay::start_streaming(&config, &client).await;
-    relay.stop().await.expect("relay stops cleanly");
-    client
-        .execute(
-            "SELECT pg_copy_logical_replication_slot($1, $2)",
-            &[&slot, &saved],
-        )
-        .await
-        .expect("copy the slot");
-
-    write_each(&db, &["e-1", "e-2"]);
-    let lost_at = current_wal_lsn(&client).await;
-    write_each(&db, &["e-3", "e-4"]);
-    let end = current_wal_lsn(&client).await;
+    s.write_each(&["e-1", "e-2"]);
+    let lost_at = s.wal_lsn().await;
+    s.write_each(&["e-3", "e-4"]);
+    let end = s.wal_lsn().await;
 
     // The relay's message for an event of a lost history, at a position between e-2 and e-3.
-    publish_lost_history_message(&client, &js, &slot, lost_at).await;
-    stream_max_messages(&js, &stream, 3).await;
+    publish_lost_history_message(&s, lost_at).await;
+    stream_max_messages(&s, 3).await;
 
-    let relay = InProcessRelay::start_streaming(&config, &client).await;
+    let relay = s.relay().await;
     wait_for(
         "the replay that trusts no tail to store e-1 and e-2 again and be cut off",
         Duration::from_secs(60),
-        || async { stream_count(&js, &stream).await >= 3 },
+        || async { s.count().await >= 3 },
     )
     .await;
     relay.stop().await.expect("relay stops cleanly");
-    let ids = |all: &[crate::support::Stored]| {
-        all.iter()
-            .map(|m| {
-                let replay = m
-                    .header("Outbox-Position")
-                    .split_once(";replay-over=")
-                    .map(|(_, n)| n.to_owned());
-                (m.seq, m.id().to_owned(), replay)
-            })
-            .collect::<Vec<_>>()
-    };
     assert_eq!(
-        ids(&read_all(&js, &stream).await),
+        ids_and_replays(&s.read_all().await),
         [
             (1, "e-lost".into(), None),
             (2, "e-1".into(), Some("1".into())),
@@ -372,31 +332,13 @@ async fn a_failed_look_past_a_cut_off_replay_falls_back_to_its_tail() {
 
     // Set the slot back before e-1 (the confirmation of e-1 and e-2 may have reached the server)
     // and lift the limit: a new process, with no memory of the first one's distrust, starts.
-    drop_slot(&client, &slot).await;
-    client
-        .execute(
-            "SELECT pg_copy_logical_replication_slot($1, $2)",
-            &[&saved, &slot],
-        )
-        .await
-        .expect("copy the saved slot back");
-    drop_slot(&client, &saved).await;
-    stream_max_messages(&js, &stream, -1).await;
-    let relay = InProcessRelay::start_streaming(&config, &client).await;
-    wait_for("e-4 confirmed", Duration::from_secs(60), || async {
-        confirmed_flush(&client, &slot)
-            .await
-            .is_some_and(|c| c >= end)
-    })
-    .await;
+    set_slot_back(&s).await;
+    stream_max_messages(&s, -1).await;
+    let relay = s.relay().await;
+    s.wait_confirmed("e-4 confirmed", end).await;
     relay.stop().await.expect("relay stops cleanly");
-    let stored: Vec<String> = read_all(&js, &stream)
-        .await
-        .iter()
-        .map(|m| m.id().to_owned())
-        .collect();
     assert_eq!(
-        stored,
+        ids(&s).await,
         ["e-lost", "e-1", "e-2", "e-3", "e-4"],
         "e-1 and e-2 proven by their copies, not stored a third time"
     );
@@ -415,37 +357,18 @@ async fn a_failed_look_past_a_cut_off_replay_falls_back_to_its_tail() {
 /// e-3, and the failed look past it) and store nothing again.
 #[tokio::test]
 async fn a_distrust_of_a_tail_the_stream_has_since_passed_is_dropped() {
-    let db = TestDb::create(PgServer::shared()).await;
-    db.psql(TEXT_ID_OUTBOX_SQL);
-    let nats = NatsServer::start();
-    let mut config = relay_config(&db, &nats);
-    config.postgres.status_interval_ms = 100;
-    config.nats.atomic_transactions = true;
-    config.nats.fence = true;
-    let stream = config.nats.stream.clone();
-    let slot = config.postgres.slot.clone();
-    let saved = format!("{slot}_saved");
-    let client = db.client().await;
-    let js = nats.jetstream().await;
-    let proxy = Proxy::start(nats.port());
-    let mut config_a = config.clone();
+    let s = atomic_scenario(false).await;
+    let proxy = Proxy::start(s.nats.port());
+    let mut config_a = s.config.clone();
     config_a.nats.url = proxy.nats_url();
 
-    let relay = InProcessRelay::start_streaming(&config, &client).await;
-    relay.stop().await.expect("relay stops cleanly");
-    client
-        .execute(
-            "SELECT pg_copy_logical_replication_slot($1, $2)",
-            &[&slot, &saved],
-        )
-        .await
-        .expect("copy the slot");
-    write_each(&db, &["e-1", "e-2"]);
-    let lost_at = current_wal_lsn(&client).await;
-    write_each(&db, &["e-3"]);
-    let end = current_wal_lsn(&client).await;
-    publish_lost_history_message(&client, &js, &slot, lost_at).await;
-    stream_max_messages(&js, &stream, 1).await;
+    save_slot(&s).await;
+    s.write_each(&["e-1", "e-2"]);
+    let lost_at = s.wal_lsn().await;
+    s.write_each(&["e-3"]);
+    let end = s.wal_lsn().await;
+    publish_lost_history_message(&s, lost_at).await;
+    stream_max_messages(&s, 1).await;
 
     // A: the replay passes message 1's position without it; the next sessions trust no tail and
     // are refused by the full stream.
@@ -458,52 +381,21 @@ async fn a_distrust_of_a_tail_the_stream_has_since_passed_is_dropped() {
     .await;
     proxy.refuse(true);
     proxy.cut();
-    stream_max_messages(&js, &stream, -1).await;
+    stream_max_messages(&s, -1).await;
 
     // B stores e-1..e-3 again (trusting no tail, for the same reason) and confirms them.
-    let b = InProcessRelay::start(config.clone());
-    wait_for(
-        "relay B to confirm e-3",
-        Duration::from_secs(60),
-        || async {
-            confirmed_flush(&client, &slot)
-                .await
-                .is_some_and(|c| c >= end)
-        },
-    )
-    .await;
+    let b = InProcessRelay::start(s.config.clone());
+    s.wait_confirmed("relay B to confirm e-3", end).await;
     b.stop().await.expect("relay B stops cleanly");
-    let ids = |all: Vec<crate::support::Stored>| {
-        all.iter().map(|m| m.id().to_owned()).collect::<Vec<_>>()
-    };
-    assert_eq!(
-        ids(read_all(&js, &stream).await),
-        ["e-lost", "e-1", "e-2", "e-3"]
-    );
+    assert_eq!(ids(&s).await, ["e-lost", "e-1", "e-2", "e-3"]);
 
-    drop_slot(&client, &slot).await;
-    client
-        .execute(
-            "SELECT pg_copy_logical_replication_slot($1, $2)",
-            &[&saved, &slot],
-        )
-        .await
-        .expect("copy the saved slot back");
-    drop_slot(&client, &saved).await;
+    set_slot_back(&s).await;
     proxy.refuse(false);
-    wait_for(
-        "relay A to confirm e-3",
-        Duration::from_secs(120),
-        || async {
-            confirmed_flush(&client, &slot)
-                .await
-                .is_some_and(|c| c >= end)
-        },
-    )
-    .await;
+    s.wait_confirmed_within("relay A to confirm e-3", end, Duration::from_secs(120))
+        .await;
     a.stop().await.expect("relay A stops cleanly");
     assert_eq!(
-        ids(read_all(&js, &stream).await),
+        ids(&s).await,
         ["e-lost", "e-1", "e-2", "e-3"],
         "relay A proved B's copies instead of storing e-1..e-3 once more"
     );
@@ -512,13 +404,9 @@ async fn a_distrust_of_a_tail_the_stream_has_since_passed_is_dropped() {
 /// What a restore from a disk snapshot leaves in the stream: the relay's message for an event
 /// (`e-lost`) the restored database never committed, stamped with this database's history at
 /// `at`, a position its WAL has since passed with other events.
-async fn publish_lost_history_message(
-    client: &tokio_postgres::Client,
-    js: &async_nats::jetstream::Context,
-    slot: &str,
-    at: outbox_relay::Lsn,
-) {
-    let system: String = client
+async fn publish_lost_history_message(s: &Scenario, at: outbox_relay::Lsn) {
+    let system: String = s
+        .client
         .query_one(
             "SELECT system_identifier::text FROM pg_control_system()",
             &[],
@@ -526,7 +414,8 @@ async fn publish_lost_history_message(
         .await
         .expect("system identifier")
         .get(0);
-    let timeline: i32 = client
+    let timeline: i32 = s
+        .client
         .query_one("SELECT timeline_id FROM pg_control_checkpoint()", &[])
         .await
         .expect("timeline")
@@ -535,9 +424,9 @@ async fn publish_lost_history_message(
     headers.insert("Nats-Msg-Id", "e-lost");
     headers.insert(
         "Outbox-Position",
-        format!("{system}/{timeline}/{slot}/{at}:0").as_str(),
+        format!("{system}/{timeline}/{}/{at}:0", s.slot).as_str(),
     );
-    js.publish_with_headers("outbox.Claim", headers, "{}".into())
+    s.js.publish_with_headers("outbox.Claim", headers, "{}".into())
         .await
         .expect("publish")
         .await

@@ -38,8 +38,8 @@ fn xid() -> impl Strategy<Value = Option<u32>> {
     proptest::option::of(any::<u32>())
 }
 
-/// Messages whose layout depends on stream state (the `[X]` prefix).
-fn change_message() -> impl Strategy<Value = Message> {
+/// A Relation message, with up to four columns.
+fn relation() -> impl Strategy<Value = Message> {
     let column = (any::<u8>(), name(), any::<u32>(), any::<i32>()).prop_map(
         |(flags, name, type_oid, type_modifier)| Column {
             flags,
@@ -48,7 +48,7 @@ fn change_message() -> impl Strategy<Value = Message> {
             type_modifier,
         },
     );
-    let relation = (
+    (
         xid(),
         any::<u32>(),
         name(),
@@ -65,9 +65,13 @@ fn change_message() -> impl Strategy<Value = Message> {
                 replica_identity,
                 columns,
             })
-        });
+        })
+}
+
+/// Messages whose layout depends on stream state (the `[X]` prefix).
+fn change_message() -> impl Strategy<Value = Message> {
     prop_oneof![
-        relation,
+        relation(),
         (xid(), any::<u32>(), name(), name()).prop_map(|(xid, id, namespace, name)| {
             Message::Type {
                 xid,
@@ -122,10 +126,19 @@ fn change_message() -> impl Strategy<Value = Message> {
     ]
 }
 
-/// Transaction-framing messages (no xid prefix).
+/// Transaction-framing messages (no xid prefix), weighted as if every variant were one arm of a
+/// single union (3 + 4 + 3).
 fn frame_message() -> impl Strategy<Value = Message> {
+    prop_oneof![
+        3 => transaction_frame(),
+        4 => stream_frame(),
+        3 => prepare_frame(),
+    ]
+}
+
+/// Begin, Commit and Origin.
+fn transaction_frame() -> impl Strategy<Value = Message> {
     let ts = any::<i64>;
-    let abort_info = proptest::option::of((lsn(), ts()));
     prop_oneof![
         (lsn(), ts(), any::<u32>()).prop_map(|(final_lsn, commit_ts, xid)| Message::Begin {
             final_lsn,
@@ -141,6 +154,14 @@ fn frame_message() -> impl Strategy<Value = Message> {
             }
         }),
         (lsn(), name()).prop_map(|(commit_lsn, name)| Message::Origin { commit_lsn, name }),
+    ]
+}
+
+/// The frames of a streamed transaction (protocol 2 and later).
+fn stream_frame() -> impl Strategy<Value = Message> {
+    let ts = any::<i64>;
+    let abort_info = proptest::option::of((lsn(), ts()));
+    prop_oneof![
         (any::<u32>(), any::<bool>())
             .prop_map(|(xid, first_segment)| { Message::StreamStart { xid, first_segment } }),
         Just(Message::StreamStop),
@@ -161,6 +182,13 @@ fn frame_message() -> impl Strategy<Value = Message> {
                 abort_ts: info.map(|(_, t)| t),
             }
         }),
+    ]
+}
+
+/// The frames of two-phase commit (protocol 3 and later).
+fn prepare_frame() -> impl Strategy<Value = Message> {
+    let ts = any::<i64>;
+    prop_oneof![
         (lsn(), lsn(), ts(), any::<u32>(), name()).prop_map(
             |(prepare_lsn, end_lsn, prepare_ts, xid, gid)| Message::BeginPrepare {
                 prepare_lsn,

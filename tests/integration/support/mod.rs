@@ -9,12 +9,16 @@
 //!   PG 17+), for high-availability tests; see `src/testkit/pg_pair.rs`.
 //! - `NatsServer::start()` is a JetStream server per test.
 //! - `TestDb::create(server)` is a database per test, with its own slot and publication names.
+//! - `Scenario::builder()…start()` is the usual beginning of an end-to-end test: a database on the shared
+//!   Postgres with the test's SQL, a JetStream server, the relay's config with the test's changes,
+//!   and the clients (`scenario.rs`).
 
 #![allow(dead_code)]
 
 mod otlp;
 mod proxy;
 mod relay;
+mod scenario;
 
 pub(crate) use otlp::{OtlpReceiver, ReceivedSpan};
 pub(crate) use outbox_relay::testkit::{
@@ -26,3 +30,4 @@ pub(crate) use relay::{
     current_wal_lsn, default_outbox_sql, read_all, relay_config, relay_env, run_command,
     slot_exists, stream_count,
 };
+pub(crate) use scenario::{Scenario, ScenarioBuilder};
