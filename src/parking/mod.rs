@@ -14,6 +14,8 @@
 pub mod control;
 pub mod key;
 pub mod ledger;
+#[cfg(feature = "test-support")]
+pub mod mutation;
 pub mod revive;
 pub mod set;
 

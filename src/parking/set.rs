@@ -93,6 +93,10 @@ pub struct ParkedSet {
     /// id of its own (`parked:<id>:<request>`), or JetStream would drop it as the first copy's
     /// duplicate.
     requeue: Option<String>,
+    /// `SIM_MUTATION=memory` (`mutation.rs`): the stream's last sequence when the session began;
+    /// the run copies up to it are not in this session's memory.
+    #[cfg(feature = "test-support")]
+    pub memory_from: u64,
 }
 
 impl ParkedSet {
@@ -102,6 +106,8 @@ impl ParkedSet {
             keys: HashMap::new(),
             max,
             requeue: None,
+            #[cfg(feature = "test-support")]
+            memory_from: 0,
         }
     }
 

@@ -32,6 +32,7 @@
 mod backfill;
 mod check;
 mod jetstream;
+mod parking;
 mod port;
 mod postgres;
 mod rng;
