@@ -824,18 +824,11 @@ impl Postgres {
         };
         let big = d.chance(0.01);
         let edge = s.params.edge.filter(|_| d.chance(0.01));
-        let event_type = d.pick(&["Created", "Paid", "Shipped"]);
-        // Park worlds: a schema poison now and then (from a generator of its own, so that the
-        // other worlds draw as before), and a large row surely over the limit.
-        let schema_poison = s.params.park.is_some()
-            && s.schema_broken
-            && event_type == super::parking::SCHEMA_TYPE
-            && self.poison.chance(0.15);
-        let payload = if let (Some(limit), true) = (s.params.park, big) {
+        // Park worlds: a large row surely over the limit (from a generator of its own, so that
+        // the other worlds draw as before).
+        let mut payload = if let (Some(limit), true) = (s.params.park, big) {
             let pad = "x".repeat(limit + self.poison.range(1, 4_000) as usize);
             format!(r#"{{"n": {n}, "pad": "{pad}"}}"#)
-        } else if schema_poison {
-            format!(r#"{{"n": {n}, "bad": true}}"#)
         } else if let Some(limit) = edge {
             // Up to 1,200 bytes below the limit: the member's headers take some hundreds.
             let wrapper = format!(r#"{{"n": {n}, "pad": ""}}"#).len();
@@ -848,6 +841,16 @@ impl Postgres {
             format!(r#"{{"n": {n}}}"#)
         };
         let big = big || edge.is_some();
+        let event_type = d.pick(&["Created", "Paid", "Shipped"]);
+        // Park worlds: a schema poison now and then.
+        let schema_poison = s.params.park.is_some()
+            && s.schema_broken
+            && !big
+            && event_type == super::parking::SCHEMA_TYPE
+            && self.poison.chance(0.15);
+        if schema_poison {
+            payload = format!(r#"{{"n": {n}, "bad": true}}"#);
+        }
         let aggregate_id = format!("a{}", n % 17);
         let row = vec![
             text(&id),
