@@ -16,6 +16,8 @@ pub mod control;
 pub mod dead_letter;
 pub mod key;
 pub mod ledger;
+#[cfg(feature = "test-support")]
+pub mod mutation;
 pub mod revive;
 pub mod set;
 

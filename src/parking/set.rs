@@ -96,6 +96,10 @@ pub struct ParkedSet {
     /// Whether that request republishes a dead letter (`requeue_event`): a still-invalid event is
     /// then a new dead letter (`dead-letter:<id>:<request>`), whatever `outbox.on_invalid` says.
     of_dead_letter: bool,
+    /// `SIM_MUTATION=memory` (`mutation.rs`): the stream's last sequence when the session began;
+    /// the run copies up to it are not in this session's memory.
+    #[cfg(feature = "test-support")]
+    pub memory_from: u64,
 }
 
 impl ParkedSet {
@@ -106,6 +110,8 @@ impl ParkedSet {
             max,
             requeue: None,
             of_dead_letter: false,
+            #[cfg(feature = "test-support")]
+            memory_from: 0,
         }
     }
 

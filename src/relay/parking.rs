@@ -31,7 +31,12 @@ use super::policy::{self, from_sink};
 pub(super) async fn rebuild(port: &NatsPort, settings: &Settings) -> Result<ParkedSet, SessionEnd> {
     let c = settings.config();
     let max = usize::try_from(c.outbox.max_parked_keys).unwrap_or(usize::MAX);
-    read_parked(
+    #[cfg(feature = "test-support")]
+    if crate::parking::mutation::on(crate::parking::mutation::Mutation::NoRebuild) {
+        return Ok(ParkedSet::new(max));
+    }
+    #[allow(unused_mut)]
+    let mut set = read_parked(
         port,
         &c.nats.stream,
         &c.nats.dead_letter_subject,
@@ -44,7 +49,15 @@ pub(super) async fn rebuild(port: &NatsPort, settings: &Settings) -> Result<Park
         RebuildError::Full { stream, max, key } => {
             policy::from_sink(SinkError::ParkedTooMany { stream, max, key })
         }
-    })
+    })?;
+    #[cfg(feature = "test-support")]
+    if crate::parking::mutation::on(crate::parking::mutation::Mutation::RunFromMemory) {
+        set.memory_from = port
+            .last_sequence(&c.nats.stream, settings.ack_timeout)
+            .await
+            .map_err(|source| read_failed(&c.nats.stream, source))?;
+    }
+    Ok(set)
 }
 
 /// Sets the parking gauges from `parked`.
@@ -155,6 +168,12 @@ pub(super) async fn requeue_run(
             Ok(None) => break Ok(()),
             Err(source) => break Err(read_failed(stream, source)),
         };
+        #[cfg(feature = "test-support")]
+        if crate::parking::mutation::on(crate::parking::mutation::Mutation::RunFromMemory)
+            && copy.seq <= r.sink.parked().memory_from
+        {
+            continue;
+        }
         let mut event = revive_of_key(
             &copy,
             key.aggregate_type.as_deref(),

@@ -95,6 +95,10 @@ pub(crate) struct Excuses<'a> {
     /// With atomic transactions: the most messages one batch holds (the server's 1,000, and never
     /// more than the window); `None` without them.
     pub atomic_room: Option<usize>,
+    /// `outbox.on_invalid = "park"`: where an event must go is the per-key oracle's to judge
+    /// (`parking.rs`), and an event is stored once per role (parked copy, requeued, parked again):
+    /// P3 counts copies by their `Nats-Msg-Id`.
+    pub park: bool,
 }
 
 /// P1, P3, P4 and P7 over the settled world.
@@ -134,10 +138,13 @@ pub(crate) fn settled(
                 order.push((unit.start, e.index, first.seq, &e.msg_id));
             }
             if let (Some(tp), Must::Routed(subject), false) = (&e.context, &e.must, backfilled) {
-                let carried = mine.iter().any(|m| {
-                    &m.subject == subject
-                        && m.headers.get("traceparent").map(|v| v.as_str()) == Some(tp.as_str())
-                });
+                // Parked (never on its subject), it is the per-key oracle's.
+                let parked_only = excuses.park && mine.iter().all(|m| &m.subject != subject);
+                let carried = parked_only
+                    || mine.iter().any(|m| {
+                        &m.subject == subject
+                            && m.headers.get("traceparent").map(|v| v.as_str()) == Some(tp.as_str())
+                    });
                 if !carried {
                     v.report(
                         trace,
@@ -149,6 +156,7 @@ pub(crate) fn settled(
                 }
             }
             match &e.must {
+                _ if excuses.park => {}
                 Must::Routed(subject) if !mine.iter().any(|m| &m.subject == subject) => v.report(
                     trace,
                     format!(
@@ -184,7 +192,17 @@ pub(crate) fn settled(
     }
     atomic_whole(units, &copies, excuses, trace, v);
     let trusted = trusted_again(units, &copies, excuses);
-    p3_second_copies(stream, &copies, excuses, &trusted, trace, v);
+    if excuses.park {
+        let mut wire: BTreeMap<&str, Vec<&Stored>> = BTreeMap::new();
+        for m in stream.iter().filter(|m| !m.foreign) {
+            if let Some(id) = m.msg_id() {
+                wire.entry(id).or_default().push(m);
+            }
+        }
+        p3_second_copies(stream, &wire, excuses, &trusted, trace, v);
+    } else {
+        p3_second_copies(stream, &copies, excuses, &trusted, trace, v);
+    }
     p4_commit_order(order, excuses, trace, v);
 }
 

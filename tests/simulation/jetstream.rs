@@ -501,7 +501,12 @@ impl JetStream {
         let now = Instant::now();
         let id = m.headers.get(NATS_MSG_ID).map(|v| v.as_str().to_owned());
         let short = short(id.as_deref());
-        let covered = m.subject.starts_with("outbox.") || m.subject == DEAD_LETTER_SUBJECT;
+        // The stream of a park world stores `<dead letter subject>.parked.>` too (`setup` adds it).
+        let covered = m.subject.starts_with("outbox.")
+            || m.subject == DEAD_LETTER_SUBJECT
+            || m.subject
+                .strip_prefix(DEAD_LETTER_SUBJECT)
+                .is_some_and(|rest| rest.starts_with(".parked."));
         let last = s.messages.len() as u64;
         let answer: Result<String, StatusCode> = if m.headers.get(NATS_BATCH_ID).is_some() {
             match self.batch(&mut s, m) {

@@ -85,6 +85,34 @@ pub(crate) struct Expected {
     pub context: Option<String>,
     /// A row of the outbox table (a backfill reads it again), not a logical message.
     pub row: bool,
+    /// Its key (`aggregate_type`, `aggregate_id`): what parks with it (`parking.rs`).
+    pub key: (String, String),
+    /// Why it cannot be published as it is, when the world wrote it so on purpose (park worlds).
+    pub poison: Option<Poison>,
+}
+
+/// Why an event cannot be published as it is, as the world wrote it: what a park world's oracle
+/// (`parking.rs`) expects of it, at first and when a requeue checks it again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Poison {
+    /// Its payload fails its type's schema until the operator fixes the schema.
+    Schema,
+    /// Its aggregate type is no subject token: never publishable.
+    Token,
+    /// Over the stream's size limit (its parked copy loses the payload): never publishable.
+    Size,
+    /// A non-transactional outbox message: atomic with nothing, never publishable.
+    Stray,
+}
+
+/// A release the world wrote: a control message (`parking.rs`), in its own transaction.
+#[derive(Clone, Debug)]
+pub(crate) struct Release {
+    /// Where its commit record starts: its place among the units.
+    pub start: u64,
+    pub discard: bool,
+    pub key: (String, String),
+    pub request: String,
 }
 
 /// A unit of work the walsender sends whole: a committed transaction with outbox events, or a
@@ -126,6 +154,9 @@ pub(crate) struct PgParams {
     /// `max_msg_size` and the server's `max_payload`). Now and then a row's payload is drawn just
     /// below it, where the headers the relay stamps on a member decide whether it fits.
     pub edge: Option<usize>,
+    /// A park world (`outbox.on_invalid = "park"`): the size a message must fit (the smaller of
+    /// `max_msg_size` and `max_payload`); a large row is then drawn over it, a sure poison.
+    pub park: Option<usize>,
 }
 
 enum Change {
@@ -134,6 +165,8 @@ enum Change {
     Event(Bytes),
     /// A transactional trace context message (`CONTEXT_PREFIX`).
     Context(Bytes),
+    /// A transactional control message (`CONTROL_PREFIX`), as sql/09's functions write it.
+    Control(Bytes),
     Orders(Vec<TupleValue>),
     /// A delete of an outbox row: its key (the other columns are placeholders, as pgoutput sends a
     /// default replica identity's old key).
@@ -311,6 +344,10 @@ struct State {
     deleted: usize,
     /// Backfills (`backfill.rs` in this directory).
     pub(super) backfill: super::backfill::PgBackfill,
+    /// Park worlds: the releases written, in commit order.
+    releases: Vec<Release>,
+    /// Park worlds: applications still write payloads their type's schema refuses.
+    schema_broken: bool,
 }
 
 /// How far a walk over the units ([`Postgres::units_below`]) has come: the units before `next`, in
@@ -327,6 +364,8 @@ pub(crate) type StatusHook = Box<dyn Fn(&Postgres) + Send + Sync>;
 pub(crate) struct Postgres {
     state: Mutex<State>,
     dice: Dice,
+    /// Park worlds' poison draws: a generator of its own, so that other worlds draw as before.
+    poison: Dice,
     trace: Arc<Trace>,
     js: Arc<JetStream>,
     violations: Arc<Violations>,
@@ -521,7 +560,8 @@ impl Postgres {
         js: Arc<JetStream>,
         violations: Arc<Violations>,
     ) -> Arc<Self> {
-        let system_id = format!("73{:017}", dice.range(0, 99_999_999_999_999_999));
+        let drawn = dice.range(0, 99_999_999_999_999_999);
+        let system_id = format!("73{drawn:017}");
         Arc::new(Postgres {
             state: Mutex::new(State {
                 apps: vec![None; params.apps],
@@ -555,7 +595,10 @@ impl Postgres {
                 consumptions: Vec::new(),
                 deleted: 0,
                 backfill: Default::default(),
+                releases: Vec::new(),
+                schema_broken: true,
             }),
+            poison: Dice::new(drawn ^ 0x706f_6973_6f6e),
             dice,
             trace,
             js,
@@ -781,7 +824,12 @@ impl Postgres {
         };
         let big = d.chance(0.01);
         let edge = s.params.edge.filter(|_| d.chance(0.01));
-        let payload = if let Some(limit) = edge {
+        // Park worlds: a large row surely over the limit (from a generator of its own, so that
+        // the other worlds draw as before).
+        let mut payload = if let (Some(limit), true) = (s.params.park, big) {
+            let pad = "x".repeat(limit + self.poison.range(1, 4_000) as usize);
+            format!(r#"{{"n": {n}, "pad": "{pad}"}}"#)
+        } else if let Some(limit) = edge {
             // Up to 1,200 bytes below the limit: the member's headers take some hundreds.
             let wrapper = format!(r#"{{"n": {n}, "pad": ""}}"#).len();
             let pad = "x".repeat((limit - d.range(0, 1_200) as usize).saturating_sub(wrapper));
@@ -793,11 +841,22 @@ impl Postgres {
             format!(r#"{{"n": {n}}}"#)
         };
         let big = big || edge.is_some();
+        let event_type = d.pick(&["Created", "Paid", "Shipped"]);
+        // Park worlds: a schema poison now and then.
+        let schema_poison = s.params.park.is_some()
+            && s.schema_broken
+            && !big
+            && event_type == super::parking::SCHEMA_TYPE
+            && self.poison.chance(0.15);
+        if schema_poison {
+            payload = format!(r#"{{"n": {n}, "bad": true}}"#);
+        }
+        let aggregate_id = format!("a{}", n % 17);
         let row = vec![
             text(&id),
             text(ty),
-            text(&format!("a{}", n % 17)),
-            text(d.pick(&["Created", "Paid", "Shipped"])),
+            text(&aggregate_id),
+            text(event_type),
             text(&payload),
             text("2026-12-02 00:00:00+00"),
             TupleValue::Null,
@@ -807,6 +866,13 @@ impl Postgres {
             (false, true) => Must::Either,
             (false, false) => Must::Routed(format!("outbox.{ty}")),
         };
+        let poison = match (bad, big, schema_poison) {
+            (true, _, _) => Some(Poison::Token),
+            (false, true, _) => Some(Poison::Size),
+            (false, false, true) => Some(Poison::Schema),
+            _ => None,
+        }
+        .filter(|_| s.params.park.is_some());
         let size = 120 + payload.len() as u64;
         let idx = s.append(size, Body::Change(Change::Outbox(row)));
         let open = s.open.get_mut(&xid).unwrap();
@@ -819,6 +885,8 @@ impl Postgres {
             must,
             context,
             row: true,
+            key: (ty.to_owned(), aggregate_id),
+            poison,
         });
     }
 
@@ -843,6 +911,8 @@ impl Postgres {
             must: Must::Routed(format!("outbox.{ty}")),
             context,
             row: false,
+            key: (ty.to_owned(), format!("m{n}")),
+            poison: None,
         });
     }
 
@@ -887,6 +957,8 @@ impl Postgres {
                 must: Must::DeadLetter(Some(Bytes::from(payload))),
                 context: None,
                 row: false,
+                key: ("order".to_owned(), format!("s{n}")),
+                poison: s.params.park.map(|_| Poison::Stray),
             }],
             what: format!("non-transactional message at {}", Lsn(end)),
         });
@@ -925,6 +997,70 @@ impl Postgres {
                 what: format!("transaction {xid} committed at {}", Lsn(start)),
             });
         }
+    }
+
+    /// `SELECT outbox_requeue(type, id)` (or `outbox_discard`), in a transaction of its own:
+    /// the control message with the content sql/09 builds. Returns whether it committed (not
+    /// while the server is down).
+    pub(crate) fn release(&self, discard: bool, key: &(String, String), request: &str) -> bool {
+        let mut s = self.state.lock().unwrap();
+        if s.is_down() {
+            return false;
+        }
+        let content = serde_json::json!({
+            "op": if discard { "discard" } else { "requeue" },
+            "aggregate_type": key.0,
+            "aggregate_id": key.1,
+            "request": request,
+        })
+        .to_string();
+        let xid = s.next_xid;
+        s.next_xid += 1;
+        let mut open = Open::default();
+        open.changes.push(s.append(
+            48 + content.len() as u64,
+            Body::Change(Change::Control(Bytes::from(content))),
+        ));
+        s.open.insert(xid, open);
+        self.commit(&mut s, xid);
+        let start = s.wal.last().map_or(0, |r| r.start);
+        trace!(
+            self.trace,
+            "pg {} of {}/{} (request {request}) commits at {}",
+            if discard { "discard" } else { "requeue" },
+            key.0,
+            key.1,
+            Lsn(start)
+        );
+        s.releases.push(Release {
+            start,
+            discard,
+            key: key.clone(),
+            request: request.to_owned(),
+        });
+        true
+    }
+
+    /// The releases written so far, in commit order.
+    pub(crate) fn releases(&self) -> Vec<Release> {
+        self.state.lock().unwrap().releases.clone()
+    }
+
+    /// The applications stop writing payloads the schema refuses (they were fixed).
+    pub(crate) fn schema_fixed_in_apps(&self) {
+        self.state.lock().unwrap().schema_broken = false;
+    }
+
+    /// The keys of the poisoned events committed so far (what an operator sees parked).
+    pub(crate) fn poisoned_keys(&self) -> Vec<(String, String)> {
+        let s = self.state.lock().unwrap();
+        let mut keys: Vec<(String, String)> = Vec::new();
+        for e in s.units.iter().flat_map(|u| &u.events) {
+            if e.poison.is_some_and(|p| p != Poison::Stray) && !keys.contains(&e.key) {
+                keys.push(e.key.clone());
+            }
+        }
+        keys
     }
 
     /// The slot as a checkpoint writes it to disk.
@@ -2029,6 +2165,16 @@ fn decode(
                             transactional: true,
                             lsn: Lsn(change.end),
                             prefix: CONTEXT_PREFIX.into(),
+                            content: content.clone(),
+                        },
+                    ),
+                    Change::Control(content) => (
+                        None,
+                        Message::Message {
+                            xid: None,
+                            transactional: true,
+                            lsn: Lsn(change.end),
+                            prefix: outbox_relay::parking::control::CONTROL_PREFIX.into(),
                             content: content.clone(),
                         },
                     ),

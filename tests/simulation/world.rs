@@ -126,6 +126,8 @@ pub(crate) const FAULTS: &[(&str, u64)] = &[
     ("consume", 2),
     // An episode of a fifth of the worlds rather than a fault that strikes ([`World::backfill`]).
     ("backfill", 0),
+    // A mode of a quarter of the worlds rather than a fault that strikes ([`Modes::park`]).
+    ("park", 0),
 ];
 
 /// The faults a run may use.
@@ -213,6 +215,10 @@ pub(crate) struct Modes {
     /// waits as a standby and takes over when the other is killed or stopped; then a new standby
     /// starts. Faults strike the process started first.
     pub standby: bool,
+    /// `outbox.on_invalid = "park"` (with the fence, without atomic transactions), a schema for
+    /// `Paid` events, poison events and releases (`parking.rs`). Drawn from a generator of its
+    /// own, so the rest of a world is drawn as before it.
+    pub park: bool,
 }
 
 impl Modes {
@@ -225,6 +231,7 @@ impl Modes {
             atomic: fence && d.chance(0.25),
             atomic_group_ms: 0,
             standby: faults.has("standby") && d.chance(0.25),
+            park: false,
         }
     }
 
@@ -277,6 +284,7 @@ impl Scenario {
                 big_transactions: d.pick(&[0.0, 0.0, 0.002, 0.01]),
                 context: d.chance(0.3),
                 edge: None,
+                park: None,
             },
             chaos: if calm {
                 Chaos::default()
@@ -328,6 +336,10 @@ impl Scenario {
         c.nats.atomic_transactions = self.modes.atomic;
         c.nats.atomic_group_ms = self.modes.atomic_group_ms;
         c.postgres.status_interval_ms = self.status_interval_ms;
+        if self.modes.park {
+            c.outbox.on_invalid = outbox_relay::config::OnInvalid::Park;
+            c.outbox.schemas = super::parking::schema_dirs().0.clone();
+        }
         c.validate().expect("simulation settings are valid")
     }
 }
@@ -737,6 +749,8 @@ struct World {
     chaos: Chaos,
     /// Backfill runs so far.
     backfills: u64,
+    /// Park worlds: the operator who releases keys (also right before some faults).
+    park: Option<Arc<super::parking::Operator>>,
 }
 
 /// Runs the world of `seed` on its own runtime with a paused clock.
@@ -778,6 +792,25 @@ async fn world(seed: u64, faults: &FaultSet, trace: Arc<Trace>) -> Outcome {
     }
     // The retention job (its own generator: worlds without it run as they did before it).
     let retention_job = Dice::new(seed ^ 0x7265_7465_6e74_696f);
+    // A quarter of the worlds park keys (their own generator): the fence on, single publishes, no
+    // backfill, no huge transaction, a stream that keeps everything (its parking subjects are the
+    // record of what is parked).
+    let park_dice = Dice::new(seed ^ 0x7061_726b_6b65_7973);
+    if faults.has("park") && park_dice.chance(0.25) {
+        sc.modes.park = true;
+        sc.modes.fence = true;
+        sc.modes.atomic = false;
+        sc.modes.atomic_group_ms = 0;
+        sc.pg.edge = None;
+        sc.huge = None;
+        sc.modes.retention = Retention::default();
+        backfill_at = None;
+        let l = &sc.limits;
+        sc.pg.park = Some(
+            l.max_msg_size
+                .map_or(l.max_payload, |m| m.min(l.max_payload)),
+        );
+    }
     // Not beside a backfill: the simulated table's snapshot does not know deleted rows.
     sc.pg.publish_deletes = sc.huge.is_none() && backfill_at.is_none() && retention_job.chance(0.3);
     trace!(trace, "seed {seed}: {sc:?}");
@@ -812,6 +845,9 @@ async fn world(seed: u64, faults: &FaultSet, trace: Arc<Trace>) -> Outcome {
         backfilled: false,
         chaos: sc.chaos,
         backfills: 0,
+        park: sc.modes.park.then(|| {
+            super::parking::Operator::new(Arc::clone(&pg), park_dice.clone(), Arc::clone(&trace))
+        }),
     };
     // The position services are asked after every status update and every 100 to 500 ms,
     // at times from a generator of their own: asking draws nothing from the world's.
@@ -869,6 +905,10 @@ async fn world(seed: u64, faults: &FaultSet, trace: Arc<Trace>) -> Outcome {
             }
         }
     });
+    if let Some(op) = &w.park {
+        let fix_at = Instant::now() + park_dice.millis(0, sc.faults_for.as_millis() as u64);
+        tokio::spawn(Arc::clone(op).run(w.settings.clone(), Arc::clone(&writing), fix_at));
+    }
     // With a publication that publishes deletes, a retention job deletes old outbox rows now and
     // then: changes that are not events, which a look for waiting events must see past.
     let retention = tokio::spawn({
@@ -997,10 +1037,21 @@ async fn world(seed: u64, faults: &FaultSet, trace: Arc<Trace>) -> Outcome {
                 confirmations: &pg.confirmations(),
                 fence: sc.modes.fence,
                 atomic_room: sc.modes.atomic.then(|| sc.max_in_flight.clamp(1, 1000)),
+                park: sc.modes.park,
             },
             &trace,
             &violations,
         );
+        if let Some(op) = &w.park {
+            super::parking::check(
+                &units,
+                &pg.releases(),
+                op.fixed_at(),
+                &stream,
+                &trace,
+                &violations,
+            );
+        }
         check::counted(w.metrics.dead_letters.get(), &stream, &trace, &violations);
     }
     trace!(
@@ -1499,7 +1550,7 @@ impl World {
             })
             .map(|(n, _)| *n)
             .unwrap();
-        if (self.huge_pending.load(Ordering::Relaxed) || self.backfilled)
+        if (self.huge_pending.load(Ordering::Relaxed) || self.backfilled || self.park.is_some())
             && matches!(
                 name,
                 "restore"
@@ -1518,6 +1569,12 @@ impl World {
                 "FAULT {name} held back: the huge transaction is pending, or a backfill replaced the slot"
             );
             return;
+        }
+        // Park worlds: now and then a release races the fault.
+        if let Some(op) = &self.park
+            && op.races()
+        {
+            op.release();
         }
         trace!(self.trace, "FAULT {name}");
         let d = self.dice.clone();
