@@ -123,7 +123,10 @@ pub(crate) fn dead_letter_as(
     let payload = if shrink == Shrink::Keep {
         event.payload.clone()
     } else {
-        h.insert(PAYLOAD_SIZE, event.payload.len().to_string().as_str());
+        // A revived copy whose payload was dropped before carries the first size on.
+        if h.get(PAYLOAD_SIZE).is_none() {
+            h.insert(PAYLOAD_SIZE, event.payload.len().to_string().as_str());
+        }
         Bytes::new()
     };
     Outgoing {

@@ -115,6 +115,16 @@ fn revive_as(
         event.problem = Some(format!(
             "headers cut when {kept} ({cut}): over the stream's limit"
         ));
+    }
+    if event.problem.is_some() {
+        // The copy parked (or dead-lettered) again from this event is small enough to keep
+        // whole, so no shrink would mark it: it carries the marks on, or the next requeue would
+        // read its empty payload or cut headers as the event's own and publish them.
+        for name in [PAYLOAD_SIZE, TRUNCATED_HEADERS] {
+            if let Some(v) = text(name) {
+                event.headers.push((name.to_owned(), v));
+            }
+        }
     } else if event.id.is_none() {
         event.problem = Some(format!("a message {kept} without Outbox-Event-Id"));
         event.msg_id = crate::event::message_id(None, commit_lsn, at.index, &copy.payload);
@@ -262,6 +272,48 @@ mod tests {
         assert_eq!(crate::parking::KeyHash::of_event(&back), key);
         let null = revive_of_key(&copy, Some("Claim\nType"), None, at, 0);
         assert_eq!(null.aggregate_id, None, "NULL stays NULL");
+    }
+
+    #[test]
+    fn a_copy_parked_again_without_its_payload_cannot_be_requeued_either() {
+        let at = Position::in_transaction(Lsn(0x2_0000_0000), 4).with_sub(1);
+        let first = revive(&copy_of(Shrink::DropPayload), at, 0);
+        let run = Run {
+            subject: "dl.parked.x",
+            reason: PAYLOAD_DROPPED,
+            behind: "e-9",
+            count: 1,
+            since: "2026-01-01T00:00:00Z",
+            requeue: Some("r-1"),
+        };
+        // Parked again by the first requeue: its empty payload fits, so it is kept whole.
+        let out = parked_copy(&first, &run, None, Shrink::Keep);
+        let again = StoredMessage {
+            seq: 9,
+            subject: out.subject,
+            headers: out.headers,
+            payload: out.payload,
+        };
+        let second = revive(&again, at, 0);
+        assert_eq!(
+            second.problem.as_deref(),
+            Some(PAYLOAD_DROPPED),
+            "a second requeue would publish the empty payload as the event"
+        );
+        let mut cut = copy_of(Shrink::Keep);
+        cut.headers.insert(TRUNCATED_HEADERS, "tenant");
+        let first = revive(&cut, at, 0);
+        let out = parked_copy(&first, &run, None, Shrink::Keep);
+        let again = StoredMessage {
+            seq: 10,
+            subject: out.subject,
+            headers: out.headers,
+            payload: out.payload,
+        };
+        assert!(
+            revive(&again, at, 0).problem.is_some(),
+            "a second requeue would publish the cut headers as the event's"
+        );
     }
 
     #[test]

@@ -63,8 +63,9 @@ fn env_u64(name: &str) -> Option<u64> {
 }
 
 /// Every fault (see the module docs) but park worlds (`parking.rs`), which are opt-in
-/// (`SIM_FAULTS=all`) until their two failing seeds of the first 40 (10 and 25) are explained: an
-/// oracle's mistake or a defect of the relay's parking is not known yet.
+/// (`SIM_FAULTS=all`) until seed 549 of the first 600 is explained: the relay stops on a defect of
+/// its own (an ack out of publish order) after a replay that skips nothing republished a parked
+/// copy behind a duplicate. Seeds 10 and 25 of the first 40 are explained and pass.
 const DEFAULT_FAULTS: &str = "all,-park";
 
 fn faults() -> FaultSet {

@@ -8,8 +8,9 @@
 //! functions do (a transactional logical message under `outbox-relay.control`, `requeue` or
 //! `discard` of a key), at random times and right before some faults (kills, stops, cuts,
 //! outages), and once in the world fixes the schema: the applications stop writing refused
-//! payloads, the operator waits until the slot has passed everything written before (so every
-//! event and release of the broken era was decided under the broken schema), then puts the fixed
+//! payloads, the operator waits until the transactions open then that hold a refused payload have
+//! ended and the slot has passed everything written until then (so every event and release of the
+//! broken era was decided under the broken schema), then puts the fixed
 //! schema in force (`SchemasHook`, what SIGHUP does). A requeue after the fix republishes a schema
 //! poison; one before leaves the key parked at it with the new reason.
 //!
@@ -161,19 +162,30 @@ impl Operator {
     async fn fix(&self, settings: &Settings, writing: &AtomicBool) {
         *self.phase.lock().unwrap() = Phase::Waiting;
         self.pg.schema_fixed_in_apps();
-        let flushed = self.pg.flushed();
         trace!(
             self.trace,
             "PARK the applications are fixed at {}; the operator waits for the slot",
-            outbox_relay::Lsn(flushed)
+            outbox_relay::Lsn(self.pg.flushed())
         );
+        // The broken era ends with the last commit of a refused payload: a transaction open at
+        // the fix that holds one commits later (seed 25 once: its event reached the relay after
+        // the schema fix and was published, where the model parked it).
         let until = Instant::now() + Duration::from_secs(120);
-        while self.pg.slot_confirmed() < flushed {
+        let mut era_end = None;
+        loop {
+            if era_end.is_none() && !self.pg.schema_poison_open() {
+                era_end = Some(self.pg.flushed());
+            }
+            if era_end.is_some_and(|end| self.pg.slot_confirmed() >= end) {
+                break;
+            }
             if Instant::now() >= until || !writing.load(Ordering::Relaxed) {
                 trace!(
                     self.trace,
-                    "PARK the schema stays strict: the slot did not pass {}",
-                    outbox_relay::Lsn(flushed)
+                    "PARK the schema stays strict: the slot did not pass the broken era ({})",
+                    era_end.map_or("a refused payload still uncommitted".to_owned(), |end| {
+                        outbox_relay::Lsn(end).to_string()
+                    })
                 );
                 *self.phase.lock().unwrap() = Phase::Never;
                 return;

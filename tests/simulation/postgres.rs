@@ -1051,6 +1051,17 @@ impl Postgres {
         self.state.lock().unwrap().schema_broken = false;
     }
 
+    /// Whether a transaction still open holds a payload the strict schema refuses: written
+    /// before the applications were fixed, it commits after, so the WAL flushed at the fix does
+    /// not cover it.
+    pub(crate) fn schema_poison_open(&self) -> bool {
+        let s = self.state.lock().unwrap();
+        s.open
+            .values()
+            .flat_map(|o| &o.events)
+            .any(|e| e.poison == Some(Poison::Schema))
+    }
+
     /// The keys of the poisoned events committed so far (what an operator sees parked).
     pub(crate) fn poisoned_keys(&self) -> Vec<(String, String)> {
         let s = self.state.lock().unwrap();
