@@ -64,6 +64,52 @@ pub(crate) struct Shares {
     pub(crate) capacity: f64,
 }
 
+impl Shares {
+    /// Every share as (JSON name, words for the progress line, value), in the order both print
+    /// them: the one list the line, the table and the JSON read, so a party added here shows in
+    /// all three.
+    pub(crate) fn parties(&self) -> [(&'static str, &'static str, f64); 11] {
+        [
+            ("writer_client", "writers", self.writer_client),
+            ("writer_backends", "writer backends", self.writer_backends),
+            ("walsender", "walsender", self.walsender),
+            ("relay", "relay", self.relay),
+            ("nats_server", "nats-server", self.nats),
+            ("consumer", "consumer", self.consumer),
+            ("postgres_other", "postgres other", self.postgres_other),
+            ("bench_other", "bench other", self.bench_other),
+            ("not_ours", "not ours", self.not_ours),
+            ("machine", "machine", self.machine),
+            ("capacity", "of", self.capacity),
+        ]
+    }
+
+    /// `writers 11, writer backends 18, …, machine 100 of 200` for the progress line.
+    pub(crate) fn text(&self) -> String {
+        let parts: Vec<String> = self
+            .parties()
+            .iter()
+            .map(|(_, words, v)| format!("{words} {v:.0}"))
+            .collect();
+        // "machine N" and "of M" read as one phrase.
+        let (head, tail) = parts.split_at(parts.len() - 2);
+        format!("{}; {}", head.join(", "), tail.join(" "))
+    }
+
+    /// `{"writer_client":11.0,…,"capacity":200}` for the JSON line.
+    pub(crate) fn json(&self) -> String {
+        let parts: Vec<String> = self
+            .parties()
+            .iter()
+            .map(|(name, _, v)| match *name {
+                "capacity" => format!("\"{name}\":{v:.0}"),
+                _ => format!("\"{name}\":{v:.1}"),
+            })
+            .collect();
+        format!("{{{}}}", parts.join(","))
+    }
+}
+
 impl Snapshot {
     pub(crate) fn take(p: &Pids) -> Snapshot {
         let (machine_busy, machine_total, cores) = machine_jiffies();

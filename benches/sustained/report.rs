@@ -187,12 +187,10 @@ impl Phase {
 
     /// One line while the bench runs.
     pub(crate) fn print_line(&self) {
-        let s = &self.shares;
         println!(
             "{} {} {} {}/s x{} for {:.0} s: achieved {:.0}/s, received {} of {}{}; commit -> stored {} ms; \
              commit -> received {} ms (last 5 s p99 {:.2}); change (clock_timestamp() in the INSERT) -> stored {} ms; writers' round trip p99 {:.2} ms, at most {:.1} ms behind schedule; \
-             CPU % of a core: writers {:.0}+{:.0}, walsender {:.0}, relay {:.0}, nats-server {:.0}, consumer {:.0}, \
-             postgres other {:.0}, bench other {:.0}, not ours {:.0}; machine {:.0} of {:.0}; load {:.1} -> {:.1}; {}",
+             CPU % of a core: {}; load {:.1} -> {:.1}; {}",
             self.variant,
             self.kind,
             self.mode(),
@@ -216,17 +214,7 @@ impl Phase {
             self.change_stored.text(),
             self.written.round_trip_p99_ms,
             self.written.behind_max_ms,
-            s.writer_client,
-            s.writer_backends,
-            s.walsender,
-            s.relay,
-            s.nats,
-            s.consumer,
-            s.postgres_other,
-            s.bench_other,
-            s.not_ours,
-            s.machine,
-            s.capacity,
+            self.shares.text(),
             self.loadavg.0,
             self.loadavg.1,
             if self.kept_up {
@@ -238,9 +226,8 @@ impl Phase {
     }
 
     fn json(&self) -> String {
-        let s = &self.shares;
         format!(
-            r#"{{"kind":"{}","variant":"{}","mode":"{}","per_txn":{},"rate":{},"secs":{:.0},"events":{},"achieved_eps":{:.0},"received":{},"before_commit_returned":{},"stored":{},"received_latency":{},"change_stored":{},"tail_p99_ms":{:.3},"writer_round_trip_p99_ms":{:.3},"writer_behind_max_ms":{:.1},"cpu_pct":{{"writer_client":{:.1},"writer_backends":{:.1},"walsender":{:.1},"relay":{:.1},"nats_server":{:.1},"consumer":{:.1},"postgres_other":{:.1},"bench_other":{:.1},"not_ours":{:.1},"machine":{:.1},"capacity":{:.0}}},"loadavg":[{:.2},{:.2}],"kept_up":{}}}"#,
+            r#"{{"kind":"{}","variant":"{}","mode":"{}","per_txn":{},"rate":{},"secs":{:.0},"events":{},"achieved_eps":{:.0},"received":{},"before_commit_returned":{},"stored":{},"received_latency":{},"change_stored":{},"tail_p99_ms":{:.3},"writer_round_trip_p99_ms":{:.3},"writer_behind_max_ms":{:.1},"cpu_pct":{},"loadavg":[{:.2},{:.2}],"kept_up":{}}}"#,
             self.kind,
             self.variant,
             self.mode(),
@@ -257,17 +244,7 @@ impl Phase {
             self.tail_p99_ms,
             self.written.round_trip_p99_ms,
             self.written.behind_max_ms,
-            s.writer_client,
-            s.writer_backends,
-            s.walsender,
-            s.relay,
-            s.nats,
-            s.consumer,
-            s.postgres_other,
-            s.bench_other,
-            s.not_ours,
-            s.machine,
-            s.capacity,
+            self.shares.json(),
             self.loadavg.0,
             self.loadavg.1,
             self.kept_up,
@@ -288,14 +265,22 @@ pub(crate) fn print(phases: &[Phase]) {
     );
     println!("|---|---:|---:|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|");
     for p in phases.iter().filter(|p| p.kind != "probe") {
-        let s = &p.shares;
         let rate = if p.kind == "max" {
             format!("**max** {}", p.load.rate)
         } else {
             p.load.rate.to_string()
         };
+        // The table's CPU columns: the writers' two shares in one cell, then the pipeline's parties
+        // and the rest, as the header names them (bench other, machine and capacity are left out).
+        let cpu: Vec<String> = p
+            .shares
+            .parties()
+            .iter()
+            .filter(|(name, _, _)| !matches!(*name, "bench_other" | "machine" | "capacity"))
+            .map(|(_, _, v)| format!("{v:.0}"))
+            .collect();
         println!(
-            "| {}{} | {} | {} | {:.0} | {} | {} | {} | {:.0} + {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.1}–{:.1} |",
+            "| {}{} | {} | {} | {:.0} | {} | {} | {} | {} + {} | {:.1}–{:.1} |",
             p.mode(),
             if p.variant == "relay" {
                 String::new()
@@ -308,14 +293,8 @@ pub(crate) fn print(phases: &[Phase]) {
             p.stored.text(),
             p.total.text(),
             if p.kept_up { "yes" } else { "**no**" },
-            s.writer_client,
-            s.writer_backends,
-            s.walsender,
-            s.relay,
-            s.nats,
-            s.consumer,
-            s.postgres_other,
-            s.not_ours,
+            cpu[0],
+            cpu[1..].join(" | "),
             p.loadavg.0,
             p.loadavg.1,
         );
