@@ -68,8 +68,8 @@ pub mod schema;
 mod secret_file;
 pub mod setup;
 pub mod sink;
-mod slot_mark;
-mod slot_scan;
+pub mod slot_mark;
+pub mod slot_scan;
 pub mod source;
 pub mod status;
 pub(crate) mod stored;
@@ -86,9 +86,3 @@ pub mod verify;
 pub mod warning;
 
 pub use lsn::Lsn;
-/// The stop mark's judgement over the deterministic simulation's servers.
-#[cfg(feature = "test-support")]
-pub use slot_mark::{SimMark, sim_check as sim_slot_check};
-/// The look at a slot's changes over the deterministic simulation's servers.
-#[cfg(feature = "test-support")]
-pub use slot_scan::sim_scan;

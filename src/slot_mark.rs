@@ -26,16 +26,23 @@
 //! not retain itself. What it cannot see: a relay that died without ending its session (kill -9,
 //! a crash, Postgres going away first) leaves no mark, and a stream whose last message is gone or
 //! not the relay's gives nothing to compare with; both are said in the log, never guessed.
+//!
+//! The session's start reads the mark through a port ([`MarkPort`]: where it stands, a peek of it,
+//! dropping it): [`PgMarks`] over a control connection, or the deterministic simulation's Postgres,
+//! so both run [`at_start`] and the rule behind it.
 
 use std::fmt;
+use std::future::Future;
 use std::time::Duration;
 
 use tokio_postgres::Client;
 
 use crate::Lsn;
 use crate::config::Settings;
+use crate::nats::NatsPort;
 use crate::position::Position;
-use crate::slot_scan::{self, Bound, Found};
+use crate::slot_scan::{self, Bound, Found, PeekPort, SlotPeek};
+use crate::source::SystemInfo;
 use crate::tail::{Origin, Tail};
 
 /// The mark's name: the slot's with `_mark`, cut to Postgres' 63 bytes.
@@ -160,18 +167,74 @@ async fn mark_position(pg: &Client, mark: &str) -> Result<Option<Lsn>, tokio_pos
         .and_then(|t| t.parse().ok()))
 }
 
+/// The stop mark as a session's start reads it: where it stands, a peek of its changes, and
+/// dropping it. The real port is [`PgMarks`]; the deterministic simulation's reads its own Postgres.
+pub trait MarkPort: Send {
+    /// What a read failed with (said in the log as why the mark could not be judged).
+    type Error: fmt::Display + Send;
+    /// The peek of the mark's changes.
+    type Peek: PeekPort<Error = Self::Error>;
+    /// The mark's `confirmed_flush_lsn` (`None`: there is no mark).
+    fn position(&mut self) -> impl Future<Output = Result<Option<Lsn>, Self::Error>> + Send;
+    /// The mark's changes, to be looked at ([`scan_mark`]).
+    fn peek(&mut self) -> &mut Self::Peek;
+    /// Drops the mark if there is one.
+    fn drop_mark(&mut self) -> impl Future<Output = Result<(), Self::Error>> + Send;
+}
+
+/// The real [`MarkPort`]: the mark of `postgres.slot`, over a control connection.
+pub(crate) struct PgMarks<'a> {
+    settings: &'a Settings,
+    pg: &'a Client,
+    peek: SlotPeek<'a>,
+}
+
+impl<'a> PgMarks<'a> {
+    /// The mark of `settings`' slot, over `pg`.
+    pub(crate) fn new(settings: &'a Settings, pg: &'a Client) -> Self {
+        PgMarks {
+            settings,
+            pg,
+            peek: peek_mark(settings, pg),
+        }
+    }
+}
+
+/// Peeks of the mark of `settings`' slot over `pg` (`status` looks at it through this too).
+pub(crate) fn peek_mark<'a>(settings: &'a Settings, pg: &'a Client) -> SlotPeek<'a> {
+    SlotPeek::new(settings, pg, name(&settings.config().postgres.slot))
+}
+
+impl<'a> MarkPort for PgMarks<'a> {
+    type Error = tokio_postgres::Error;
+    type Peek = SlotPeek<'a>;
+
+    async fn position(&mut self) -> Result<Option<Lsn>, tokio_postgres::Error> {
+        mark_at(self.settings, self.pg).await
+    }
+
+    fn peek(&mut self) -> &mut SlotPeek<'a> {
+        &mut self.peek
+    }
+
+    async fn drop_mark(&mut self) -> Result<(), tokio_postgres::Error> {
+        drop_mark(self.settings, self.pg).await
+    }
+}
+
 /// Judges the mark against the slot at `slot_at` and what the stream holds, without dropping it:
 /// the relay's start decides what to keep ([`check`]); `status` judges through [`judge_from`] over
 /// its own servers' answers ([`mark_at`], [`scan_mark`]).
-pub(crate) async fn judge(
+async fn judge<M: MarkPort>(
     settings: &Settings,
-    pg: &Client,
+    marks: &mut M,
     slot_at: Lsn,
     stored: &Stored,
-) -> Result<Check, tokio_postgres::Error> {
-    let mark_at = mark_at(settings, pg).await?;
-    judge_from(settings, mark_at, slot_at, stored, |after| {
-        scan_mark(settings, pg, slot_at, after)
+) -> Result<Check, M::Error> {
+    let mark_at = marks.position().await?;
+    let peek = marks.peek();
+    judge_from(settings, mark_at, slot_at, stored, move |after| {
+        scan_mark(settings, peek, slot_at, after)
     })
     .await
 }
@@ -184,24 +247,15 @@ pub(crate) async fn mark_at(
     mark_position(pg, &name(&settings.config().postgres.slot)).await
 }
 
-/// The outbox events the mark holds up to `slot_at`, past `after`, within [`Bound::DEFAULT`].
-pub(crate) async fn scan_mark(
+/// The outbox events the mark (peeked through `peek`) holds up to `slot_at`, past `after`, within
+/// [`Bound::DEFAULT`].
+pub async fn scan_mark<P: PeekPort>(
     settings: &Settings,
-    pg: &Client,
+    peek: &mut P,
     slot_at: Lsn,
     after: Option<Position>,
-) -> Result<slot_scan::Scan, tokio_postgres::Error> {
-    let mark = name(&settings.config().postgres.slot);
-    slot_scan::scan(
-        settings,
-        pg,
-        &mark,
-        Some(slot_at),
-        after,
-        false,
-        Bound::DEFAULT,
-    )
-    .await
+) -> Result<slot_scan::Scan, P::Error> {
+    slot_scan::scan(settings, peek, Some(slot_at), after, false, Bound::DEFAULT).await
 }
 
 /// [`judge`] once the mark's position (`mark_at`, `None`: no mark) is known; `scan` counts the
@@ -284,7 +338,7 @@ impl SlotCheck {
 /// Whether a session start keeps the mark after `found`: evidence stays; anything else goes, also
 /// when it could not be judged: a mark left behind a streaming session would keep WAL for as long
 /// as that session lasts.
-fn keeps(found: &Result<Check, impl std::error::Error>) -> bool {
+fn keeps<E>(found: &Result<Check, E>) -> bool {
     matches!(found, Ok(Check::Consumed(_) | Check::NoMark))
 }
 
@@ -309,22 +363,57 @@ fn still_reported<E>(
 
 /// The start of a session that holds the slot at `slot_at`: [`judge`], then drops the mark unless
 /// it holds evidence (also what this process `reported` of it before, [`still_reported`]).
-pub(crate) async fn check(
+async fn check<M: MarkPort>(
     settings: &Settings,
-    pg: &Client,
+    marks: &mut M,
     slot_at: Lsn,
     stored: &Stored,
     reported: Option<&Consumed>,
-) -> Result<Check, tokio_postgres::Error> {
-    let mut found = judge(settings, pg, slot_at, stored).await;
+) -> Result<Check, M::Error> {
+    let mut found = judge(settings, marks, slot_at, stored).await;
     if let (Ok(Check::Unknown(_)), Some(_)) = (&found, reported) {
-        let mark_at = mark_position(pg, &name(&settings.config().postgres.slot)).await?;
+        let mark_at = marks.position().await?;
         found = still_reported(found, mark_at, reported);
     }
     if !keeps(&found) {
-        drop_mark(settings, pg).await?;
+        marks.drop_mark().await?;
     }
     found
+}
+
+/// What the start of a session that holds the slot at `slot_at` finds (`Connector::slot_check`,
+/// `system`: what its `IDENTIFY_SYSTEM` said): the stream's tail read through `nats` and trusted by
+/// the replay's rule, then the mark read through `marks`, judged against it, and dropped unless it
+/// holds evidence ([`check`]).
+pub async fn at_start<M: MarkPort>(
+    settings: &Settings,
+    system: &SystemInfo,
+    nats: &NatsPort,
+    slot_at: Lsn,
+    marks: &mut M,
+    reported: Option<&Consumed>,
+) -> SlotCheck {
+    let slot = &settings.config().postgres.slot;
+    let origin = Origin::of(
+        &system.system_id,
+        system.timeline,
+        system.xlogpos,
+        &system.history,
+        slot,
+    );
+    let stored =
+        match crate::tail::read_tail(nats, &settings.config().nats.stream, settings.ack_timeout)
+            .await
+        {
+            Ok(tail) => Stored::from_tail(&tail, slot, Some(&origin)),
+            Err(e) => Stored::Unknown(format!(
+                "the stream's tail cannot be read: {}",
+                crate::error_chain::error_chain(&e)
+            )),
+        };
+    let mut out = SlotCheck::at(slot_at);
+    out.judged(check(settings, marks, slot_at, &stored, reported).await);
+    out
 }
 
 /// Drops the mark if there is one. A mark `status` is peeking at is busy for a few seconds at
@@ -392,72 +481,6 @@ pub(crate) async fn leave(
         )
         .await?;
     Ok(made > 0)
-}
-
-/// The stop mark as the deterministic simulation's Postgres keeps it (tests/simulation): where it
-/// stands, and its changes up to the slot's position as `pg_logical_slot_peek_binary_changes` hands
-/// them (each change's LSN and pgoutput message), one list per transaction, so that the look's
-/// bound ends at a transaction's end as the server's does.
-#[cfg(feature = "test-support")]
-pub struct SimMark {
-    /// The mark's `confirmed_flush_lsn`.
-    pub at: Lsn,
-    /// Its changes up to the slot's position.
-    pub changes: Vec<Vec<(Lsn, bytes::Bytes)>>,
-}
-
-/// `Connector::slot_check` over the simulation's servers: the stream's tail read through `nats`,
-/// the mark judged by the relay's own rule ([`judge_from`]) and its own decoder and outbox stage
-/// ([`slot_scan::Scanner`], within the same bound). Returns what the session's start finds (the
-/// slot at `slot_at`) and whether the mark is to be dropped ([`check`]'s rule, with what this
-/// process `reported` before).
-#[cfg(feature = "test-support")]
-pub async fn sim_check(
-    settings: &Settings,
-    nats: &crate::nats::NatsPort,
-    system: &crate::source::SystemInfo,
-    slot_at: Lsn,
-    mark: Option<SimMark>,
-    reported: Option<&Consumed>,
-) -> (SlotCheck, bool) {
-    let slot = &settings.config().postgres.slot;
-    let origin = Origin::of(
-        &system.system_id,
-        system.timeline,
-        system.xlogpos,
-        &system.history,
-        slot,
-    );
-    let stored =
-        match crate::tail::read_tail(nats, &settings.config().nats.stream, settings.ack_timeout)
-            .await
-        {
-            Ok(tail) => Stored::from_tail(&tail, slot, Some(&origin)),
-            Err(e) => Stored::Unknown(format!(
-                "the stream's tail cannot be read: {}",
-                crate::error_chain::error_chain(&e)
-            )),
-        };
-    let (mark_at, changes) = match mark {
-        Some(m) => (Some(m.at), m.changes),
-        None => (None, Vec::new()),
-    };
-    let found = judge_from(settings, mark_at, slot_at, &stored, |after| async move {
-        Ok::<_, std::convert::Infallible>(slot_scan::scan_changes(
-            settings,
-            &changes,
-            Some(slot_at),
-            after,
-            false,
-            Bound::DEFAULT,
-        ))
-    })
-    .await;
-    let found = still_reported(found, mark_at, reported);
-    let drop = !keeps(&found);
-    let mut out = SlotCheck::at(slot_at);
-    out.judged(found);
-    (out, drop)
 }
 
 #[cfg(test)]

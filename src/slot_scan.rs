@@ -16,12 +16,17 @@
 //! The look is bounded twice: in changes (`upto_nchanges`; rows are read one at a time, so memory
 //! stays small whatever their size) and in time (`statement_timeout`). When a bound ends it with
 //! WAL still pending and no event found, the answer is "unknown", never "none".
+//!
+//! The look reads through a port ([`PeekPort`], `slot_scan/port.rs`): the real one peeks a slot on
+//! a control connection (`slot_scan/postgres.rs`), the deterministic simulation's hands over its
+//! own Postgres's records, so both run this file's judgement and its staged looks.
 
-use std::time::Duration;
+mod port;
+mod postgres;
+
+use std::ops::ControlFlow;
 
 use bytes::Bytes;
-use futures_util::StreamExt;
-use tokio_postgres::Client;
 
 use crate::Lsn;
 use crate::config::Settings;
@@ -29,23 +34,8 @@ use crate::outbox::{OutboxStage, Step};
 use crate::pgoutput::Decoder;
 use crate::position::Position;
 
-/// How far a look may go.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Bound {
-    /// At most this many pgoutput rows (the server ends at the first transaction boundary past it).
-    pub(crate) changes: u32,
-    /// At most this long (the session's `statement_timeout`).
-    pub(crate) timeout: Duration,
-}
-
-impl Bound {
-    /// What `status` and the relay's start allow: a look must answer within seconds, and the
-    /// server keeps what it decoded (up to this many changes) in a tuplestore until it is read.
-    pub(crate) const DEFAULT: Bound = Bound {
-        changes: 20_000,
-        timeout: Duration::from_secs(10),
-    };
-}
+pub use port::{Bound, PeekFailed, PeekPort, Rows};
+pub(crate) use postgres::{SlotPeek, in_use};
 
 /// The first, cheap look of a search for the first event (see [`scan`]).
 const FIRST_LOOK: u32 = 64;
@@ -181,111 +171,76 @@ pub(crate) enum Unreadable {
     },
 }
 
-/// Peeks `slot` (which the caller must not need to stay unacquired: pass a copy or a mark) up to
-/// `upto` (the end of the WAL when `None`) and counts the outbox events past `after`. With
-/// `first_only` it stops at the first. `Err` only when the query could not be made at all.
-pub(crate) async fn scan(
+/// Peeks through `port` up to `upto` (the end of the WAL when `None`) and counts the outbox events
+/// past `after`. With `first_only` it stops at the first. `Err` only when the look could not be
+/// set up at all.
+pub(crate) async fn scan<P: PeekPort>(
     settings: &Settings,
-    pg: &Client,
-    slot: &str,
+    port: &mut P,
     upto: Option<Lsn>,
     after: Option<Position>,
     first_only: bool,
     bound: Bound,
-) -> Result<Scan, tokio_postgres::Error> {
+) -> Result<Scan, P::Error> {
     let look = Look {
-        slot,
         upto,
         after,
         first_only,
         bound,
     };
-    scan_with(settings, pg, look, None).await
+    scan_with(settings, port, look, None).await
+}
+
+/// What `status` asks of a slot no one streams: every event waiting in it, within
+/// [`Bound::DEFAULT`] (the real servers' port peeks a copy of the slot: `status/postgres.rs`).
+pub async fn waiting<P: PeekPort>(settings: &Settings, port: &mut P) -> Result<Scan, P::Error> {
+    scan(settings, port, None, None, false, Bound::DEFAULT).await
 }
 
 /// [`scan`] of every pending event up to `upto` (none skipped as stored, no early end), handing
-/// each one it counts to `each` as it goes. When the look is retried (the slot was busy), events
-/// are handed again: `each` must not mind.
-pub(crate) async fn scan_each(
+/// each one it counts to `each` as it goes.
+pub(crate) async fn scan_each<P: PeekPort>(
     settings: &Settings,
-    pg: &Client,
-    slot: &str,
+    port: &mut P,
     upto: Option<Lsn>,
     bound: Bound,
     each: Each<'_, '_>,
-) -> Result<Scan, tokio_postgres::Error> {
+) -> Result<Scan, P::Error> {
     let look = Look {
-        slot,
         upto,
         after: None,
         first_only: false,
         bound,
     };
-    scan_with(settings, pg, look, Some(each)).await
+    scan_with(settings, port, look, Some(each)).await
 }
 
 /// What one look reads: [`scan`]'s arguments.
-struct Look<'a> {
-    slot: &'a str,
+#[derive(Clone, Copy)]
+struct Look {
     upto: Option<Lsn>,
     after: Option<Position>,
     first_only: bool,
     bound: Bound,
 }
 
-async fn scan_with(
+async fn scan_with<P: PeekPort>(
     settings: &Settings,
-    pg: &Client,
-    look: Look<'_>,
+    port: &mut P,
+    look: Look,
     mut each: Option<Each<'_, '_>>,
-) -> Result<Scan, tokio_postgres::Error> {
-    let Look {
-        slot,
-        upto,
-        after,
-        first_only,
-        bound,
-    } = look;
-    let partitions = match settings.config().outbox.table.as_str() {
-        "" => Vec::new(),
-        table => crate::catalog::partitions(pg, table).await?,
-    };
-    pg.batch_execute(&format!(
-        "SET statement_timeout = {}",
-        bound.timeout.as_millis()
-    ))
-    .await?;
-    // A slot can be peeked by one backend at a time: a mark that `status` and a starting relay
-    // look at together is busy for one of them for as long as the other's look takes (at most the
-    // bound). Wait for it rather than report "unknown".
-    let deadline = tokio::time::Instant::now() + bound.timeout + Duration::from_secs(2);
+) -> Result<Scan, P::Error> {
+    let partitions = port.begin(look.bound).await?;
     let mut scan = Scan::default();
-    for changes in stages(first_only, bound) {
-        let stage = Bound { changes, ..bound };
-        scan = loop {
-            let mut scanner = Scanner::new(settings, partitions.clone(), after, upto);
-            let ended = peek_into(
-                settings,
-                pg,
-                slot,
-                (upto, first_only, stage),
-                &mut scanner,
-                each.as_deref_mut(),
-            )
-            .await;
-            match ended {
-                Err(e) if in_use(&e) && tokio::time::Instant::now() < deadline => {
-                    tokio::time::sleep(Duration::from_millis(250)).await;
-                }
-                Err(e) => break scanner.finish(Some(server_words(&e, stage))),
-                Ok(unfinished) => break scanner.finish(unfinished),
-            }
-        };
+    for changes in stages(look.first_only, look.bound) {
+        let mut scanner = Scanner::new(settings, partitions.clone(), look.after, look.upto);
+        let unfinished = look_once(port, look, changes, &mut scanner, each.as_deref_mut()).await;
+        scan = scanner.finish(unfinished);
         if scan.any().is_some() {
             break;
         }
     }
-    let _ = pg.batch_execute("RESET statement_timeout").await;
+    port.end().await;
     Ok(scan)
 }
 
@@ -301,121 +256,43 @@ fn stages(first_only: bool, bound: Bound) -> Vec<u32> {
     }
 }
 
-/// [`scan`] over changes already read: `transactions` are the rows a peek hands over, one list
-/// per transaction (the server's bound ends at a transaction's end), in order. The same looks, the
-/// same judgement and the same bound; the deterministic simulation's Postgres hands its WAL this
-/// way, so that what `status` and the relay's start conclude is checked against its own records.
-#[cfg(any(test, feature = "test-support"))]
-pub(crate) fn scan_changes(
-    settings: &Settings,
-    transactions: &[Vec<(Lsn, Bytes)>],
-    upto: Option<Lsn>,
-    after: Option<Position>,
-    first_only: bool,
-    bound: Bound,
-) -> Scan {
-    let mut scan = Scan::default();
-    for changes in stages(first_only, bound) {
-        let mut scanner = Scanner::new(settings, Vec::new(), after, upto);
-        let unfinished = feed(&mut scanner, transactions, changes, first_only);
-        scan = scanner.finish(unfinished);
-        if scan.any().is_some() {
-            break;
-        }
-    }
-    scan
-}
-
-/// [`scan_changes`] as `status` and the stop mark's look ask it (every event, within
-/// [`Bound::DEFAULT`]), for the deterministic simulation's servers.
-#[cfg(feature = "test-support")]
-pub fn sim_scan(
-    settings: &Settings,
-    transactions: &[Vec<(Lsn, Bytes)>],
-    upto: Option<Lsn>,
-    after: Option<Position>,
-) -> Scan {
-    scan_changes(settings, transactions, upto, after, false, Bound::DEFAULT)
-}
-
-/// Feeds whole transactions to `scanner` until `changes` rows are judged, as a peek with
-/// `upto_nchanges` does; returns why the look ended early, if it did.
-#[cfg(any(test, feature = "test-support"))]
-fn feed(
-    scanner: &mut Scanner,
-    transactions: &[Vec<(Lsn, Bytes)>],
+/// One peek of at most `changes` rows, fed to `scanner` (each event it counts handed to `each`);
+/// returns why the look ended early, if it did: a row it cannot judge, the port's failure, or the
+/// bound reached with changes perhaps still pending.
+async fn look_once<P: PeekPort>(
+    port: &mut P,
+    look: Look,
     changes: u32,
-    first_only: bool,
-) -> Option<String> {
-    for transaction in transactions {
-        if scanner.rows() >= u64::from(changes) {
-            break;
-        }
-        for (lsn, data) in transaction {
-            if let Err(e) = scanner.row(*lsn, data.clone()) {
-                return Some(e.to_string());
-            }
-            if first_only && scanner.scan.events > 0 {
-                return None;
-            }
-        }
-    }
-    beyond(scanner.rows(), changes)
-}
-
-/// The slot is held by another backend (SQLSTATE 55006, "replication slot … is active for PID …").
-pub(crate) fn in_use(e: &tokio_postgres::Error) -> bool {
-    e.code() == Some(&tokio_postgres::error::SqlState::OBJECT_IN_USE)
-}
-
-/// Feeds the peek's rows to `scanner`; returns why the look ended early, if it did, or the
-/// server's error.
-async fn peek_into(
-    settings: &Settings,
-    pg: &Client,
-    slot: &str,
-    (upto, first_only, bound): (Option<Lsn>, bool, Bound),
     scanner: &mut Scanner,
     mut each: Option<Each<'_, '_>>,
-) -> Result<Option<String>, tokio_postgres::Error> {
-    // Logical messages are only decoded when asked for, as the relay asks.
-    let outbox = &settings.config().outbox;
-    let messages = if outbox.message_prefix.is_empty() && outbox.context_prefix.is_empty() {
-        "false"
-    } else {
-        "true"
-    };
-    let upto = upto.map(|l| l.to_string());
-    let changes = i32::try_from(bound.changes).unwrap_or(i32::MAX);
-    let publication = settings.config().postgres.publication.clone();
-    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] =
-        [&slot, &upto, &changes, &publication, &messages];
-    let rows = pg
-        .query_raw(
-            "SELECT lsn::text, data FROM pg_logical_slot_peek_binary_changes($1, $2::text::pg_lsn, $3, \
-             'proto_version', '1', 'publication_names', $4, 'messages', $5)",
-            params,
-        )
+) -> Option<String> {
+    // Set when a row ends the peek: `Some(why)` for a row that cannot be judged, `None` for the
+    // first event of a look that wants only that.
+    let mut stopped: Option<Option<String>> = None;
+    let peeked = port
+        .peek(look.upto, changes, &mut |lsn: Lsn, data: Bytes| {
+            let counted = scanner.scan.events;
+            if let Err(e) = scanner.row(lsn, data) {
+                stopped = Some(Some(e.to_string()));
+                return ControlFlow::Break(());
+            }
+            if scanner.scan.events > counted
+                && let (Some(each), Some(found)) = (each.as_deref_mut(), &scanner.scan.last)
+            {
+                each(found);
+            }
+            if look.first_only && scanner.scan.events > 0 {
+                stopped = Some(None);
+                return ControlFlow::Break(());
+            }
+            ControlFlow::Continue(())
+        })
         .await;
-    let rows = rows?;
-    tokio::pin!(rows);
-    while let Some(row) = rows.next().await {
-        let row = row?;
-        let lsn = row.get::<_, String>(0).parse::<Lsn>().unwrap_or(Lsn::ZERO);
-        let counted = scanner.scan.events;
-        if let Err(e) = scanner.row(lsn, Bytes::from(row.get::<_, Vec<u8>>(1))) {
-            return Ok(Some(e.to_string()));
-        }
-        if scanner.scan.events > counted
-            && let (Some(each), Some(found)) = (each.as_deref_mut(), &scanner.scan.last)
-        {
-            each(found);
-        }
-        if first_only && scanner.scan.events > 0 {
-            return Ok(None);
-        }
+    match (stopped, peeked) {
+        (Some(why), _) => why,
+        (None, Err(failed)) => Some(failed.0),
+        (None, Ok(())) => beyond(scanner.rows(), changes),
     }
-    Ok(beyond(scanner.rows(), bound.changes))
 }
 
 /// Why a look that judged `rows` rows under a bound of `changes` is unfinished, if it is: the server
@@ -424,18 +301,6 @@ async fn peek_into(
 pub(crate) fn beyond(rows: u64, changes: u32) -> Option<String> {
     (rows >= u64::from(changes))
         .then(|| format!("more than {changes} changes are pending; only the first were looked at"))
-}
-
-/// The server's reason, in words a problem line can carry.
-fn server_words(e: &tokio_postgres::Error, bound: Bound) -> String {
-    match e.as_db_error() {
-        Some(d) if d.code() == &tokio_postgres::error::SqlState::QUERY_CANCELED => format!(
-            "decoding the pending WAL took longer than {} s",
-            bound.timeout.as_secs()
-        ),
-        Some(d) => d.message().to_owned(),
-        None => e.to_string(),
-    }
 }
 
 #[cfg(test)]
@@ -598,8 +463,49 @@ mod tests {
         assert_eq!(past.last.unwrap().id, "m-3");
     }
 
-    #[test]
-    fn a_look_over_changes_in_hand_reads_past_a_first_look_of_deletes_to_its_bound() {
+    /// Changes in hand, one list per transaction, handed over as the server's peek does: whole
+    /// transactions until the bound is reached.
+    struct InHand<'a>(&'a [Vec<(Lsn, Bytes)>]);
+
+    impl PeekPort for InHand<'_> {
+        type Error = std::convert::Infallible;
+
+        async fn begin(&mut self, _: Bound) -> Result<Vec<u32>, Self::Error> {
+            Ok(Vec::new())
+        }
+
+        async fn peek(
+            &mut self,
+            _: Option<Lsn>,
+            changes: u32,
+            rows: Rows<'_, '_>,
+        ) -> Result<(), PeekFailed> {
+            let mut handed = 0u64;
+            for transaction in self.0 {
+                if handed >= u64::from(changes) {
+                    break;
+                }
+                for (lsn, data) in transaction {
+                    handed += 1;
+                    if rows(*lsn, data.clone()).is_break() {
+                        return Ok(());
+                    }
+                }
+            }
+            Ok(())
+        }
+
+        async fn end(&mut self) {}
+    }
+
+    async fn first_in_hand(transactions: &[Vec<(Lsn, Bytes)>], bound: Bound) -> Scan {
+        let port = &mut InHand(transactions);
+        let Ok(scan) = scan(&settings(), port, None, None, true, bound).await;
+        scan
+    }
+
+    #[tokio::test]
+    async fn a_look_over_changes_in_hand_reads_past_a_first_look_of_deletes_to_its_bound() {
         let delete = Message::Delete {
             xid: None,
             relation_id: 16384,
@@ -618,7 +524,7 @@ mod tests {
         for i in 1..30 {
             transactions.push(rows(txn(0x1000 + i * 0x100, vec![delete.clone()])));
         }
-        let quiet = scan_changes(&settings(), &transactions, None, None, true, Bound::DEFAULT);
+        let quiet = first_in_hand(&transactions, Bound::DEFAULT).await;
         assert_eq!(quiet.any(), Some(false), "{quiet:?}");
         transactions.push(rows(txn(
             0x4000,
@@ -628,13 +534,13 @@ mod tests {
                 new: row("e-5531"),
             }],
         )));
-        let found = scan_changes(&settings(), &transactions, None, None, true, Bound::DEFAULT);
+        let found = first_in_hand(&transactions, Bound::DEFAULT).await;
         assert_eq!(found.first.map(|f| f.id).as_deref(), Some("e-5531"));
         let short = Bound {
             changes: FIRST_LOOK,
             ..Bound::DEFAULT
         };
-        let bounded = scan_changes(&settings(), &transactions, None, None, true, short);
+        let bounded = first_in_hand(&transactions, short).await;
         assert_eq!(
             bounded.any(),
             None,

@@ -14,12 +14,11 @@ use crate::metrics::Metrics;
 use crate::nats::NatsPort;
 use crate::nats::connect_nats;
 use crate::position::History;
-use crate::slot_mark::{self, Consumed, SlotCheck, Stored};
+use crate::slot_mark::{self, Consumed, PgMarks, SlotCheck};
 use crate::source::{
     PgOutputOptions, ReplConnection, ReplicationStream, Shared, SourceError, StreamConfig,
     SystemInfo, TimelineHistory,
 };
-use crate::tail::{Origin, read_tail};
 
 use super::error::{Restart, SessionEnd};
 use super::monitor::{Background, watch_nats};
@@ -281,16 +280,9 @@ impl Connector for Servers {
     ) -> BoxFuture<'a, SlotCheck> {
         Box::pin(async move {
             let nats = self.nats.as_ref().map(|(c, _)| c.clone());
-            let origin = Origin::of(
-                &system.system_id,
-                system.timeline,
-                system.xlogpos,
-                &system.history,
-                &self.settings.config().postgres.slot,
-            );
             tokio::time::timeout(
                 SLOT_CHECK_TIMEOUT,
-                check_slot(&self.settings, nats, &origin, reported),
+                check_slot(&self.settings, nats, system, reported),
             )
             .await
             .unwrap_or_else(|_| SlotCheck {
@@ -358,11 +350,12 @@ const SLOT_CHECK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(4
 const MARK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The production [`Connector::slot_check`]: the slot's position on a control connection, then the
-/// stop mark judged against the stream's tail.
+/// stop mark judged against the stream's tail ([`slot_mark::at_start`], the mark read through
+/// [`PgMarks`] on the same connection).
 async fn check_slot(
     settings: &Settings,
     nats: Option<async_nats::Client>,
-    origin: &Origin,
+    system: &SystemInfo,
     reported: Option<&Consumed>,
 ) -> SlotCheck {
     let mut out = SlotCheck::default();
@@ -389,16 +382,8 @@ async fn check_slot(
         return out;
     };
     let nats = NatsPort::from(nats);
-    let stored = match read_tail(&nats, &settings.config().nats.stream, settings.ack_timeout).await
-    {
-        Ok(tail) => Stored::from_tail(&tail, slot, Some(origin)),
-        Err(e) => Stored::Unknown(format!(
-            "the stream's tail cannot be read: {}",
-            crate::error_chain::error_chain(&e)
-        )),
-    };
-    out.judged(slot_mark::check(settings, &pg, slot_at, &stored, reported).await);
-    out
+    let marks = &mut PgMarks::new(settings, &pg);
+    slot_mark::at_start(settings, system, &nats, slot_at, marks, reported).await
 }
 
 /// How long the partition lookup may take (connect and query) before the session restarts.

@@ -175,16 +175,8 @@ pub(super) async fn events_waiting(
         &[&settings.config().postgres.slot, &copy],
     )
     .await?;
-    let peeked = slot_scan::scan(
-        settings,
-        pg,
-        &copy,
-        None,
-        None,
-        false,
-        slot_scan::Bound::DEFAULT,
-    )
-    .await;
+    let peeked =
+        slot_scan::waiting(settings, &mut slot_scan::SlotPeek::new(settings, pg, &copy)).await;
     let _ = pg
         .query("SELECT pg_drop_replication_slot($1)", &[&copy])
         .await;

@@ -158,7 +158,8 @@ impl Facts for Servers<'_> {
     }
 
     async fn scan_mark(&self, slot_at: Lsn, after: Option<Position>) -> Result<Scan, FactError> {
-        crate::slot_mark::scan_mark(self.settings, self.client().await?, slot_at, after)
+        let peek = &mut crate::slot_mark::peek_mark(self.settings, self.client().await?);
+        crate::slot_mark::scan_mark(self.settings, peek, slot_at, after)
             .await
             .map_err(|e| FactError(crate::source::query_error_text(&e)))
     }

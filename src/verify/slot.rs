@@ -156,7 +156,8 @@ async fn peek(
         timeout: LOOK_TIMEOUT,
     };
     let mut each = |f: &slot_scan::Found| pending.push(hash64(f.id.as_bytes()));
-    let scan = slot_scan::scan_each(settings, pg, copy, snapshot, bound, &mut each).await;
+    let port = &mut slot_scan::SlotPeek::new(settings, pg, copy);
+    let scan = slot_scan::scan_each(settings, port, snapshot, bound, &mut each).await;
     pending.sort_unstable();
     pending.dedup();
     let why = match scan {

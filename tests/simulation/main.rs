@@ -33,6 +33,7 @@ mod backfill;
 mod check;
 mod jetstream;
 mod parking;
+mod peek;
 mod port;
 mod postgres;
 mod rng;

@@ -1678,7 +1678,7 @@ impl Postgres {
     }
 
     /// The mark and what a peek of it up to `slot_at` hands over, as pgoutput (`None`: no mark).
-    pub(crate) fn mark_view(&self, slot_at: u64) -> Option<outbox_relay::SimMark> {
+    pub(crate) fn mark_view(&self, slot_at: u64) -> Option<super::peek::MarkView> {
         let s = self.state.lock().unwrap();
         mark_of(&s, slot_at)
     }
@@ -1909,9 +1909,9 @@ fn identify(s: &State) -> SystemInfo {
 }
 
 /// The stop mark and what a peek of it up to `slot_at` hands over (`None`: no mark).
-fn mark_of(s: &State, slot_at: u64) -> Option<outbox_relay::SimMark> {
+fn mark_of(s: &State, slot_at: u64) -> Option<super::peek::MarkView> {
     let mark = s.mark?;
-    Some(outbox_relay::SimMark {
+    Some(super::peek::MarkView {
         at: Lsn(mark.at),
         changes: peek(s, mark.at, slot_at, usize::MAX),
     })

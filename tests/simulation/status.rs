@@ -14,6 +14,9 @@ use outbox_relay::status::facts::{
     SlotRow, StandbyStatus, State, StreamRead, Unreached, read_parked, unknown_stream,
 };
 use outbox_relay::warning::Warning;
+use outbox_relay::{slot_mark, slot_scan};
+
+use super::peek::InHand;
 
 /// The slot as the simulated Postgres holds it at one moment: what `pg_replication_slots` and
 /// `pg_stat_activity` would show, and what a peek of a copy of it hands over, one list of (LSN,
@@ -26,7 +29,7 @@ pub(crate) struct SlotView {
     /// Its changes from `confirmed` on (at least as far as the look's bound reaches).
     pub(crate) changes: Vec<Vec<(Lsn, bytes::Bytes)>>,
     /// The stop mark, with its changes up to `confirmed`.
-    pub(crate) mark: Option<outbox_relay::SimMark>,
+    pub(crate) mark: Option<super::peek::MarkView>,
     /// The relay processes connected to Postgres (their connections' `outbox-relay/SLOT/PID`).
     pub(crate) relay_pids: Vec<u32>,
 }
@@ -63,12 +66,8 @@ impl Facts for SimServers<'_> {
     }
 
     async fn waiting(&self) -> Result<Scan, FactError> {
-        Ok(outbox_relay::sim_scan(
-            self.settings,
-            &self.view.changes,
-            None,
-            None,
-        ))
+        let Ok(scan) = slot_scan::waiting(self.settings, &mut InHand(&self.view.changes[..])).await;
+        Ok(scan)
     }
 
     async fn unheld_secs(&self) -> Result<Option<u64>, FactError> {
@@ -101,12 +100,9 @@ impl Facts for SimServers<'_> {
 
     async fn scan_mark(&self, slot_at: Lsn, after: Option<Position>) -> Result<Scan, FactError> {
         let changes = self.view.mark.as_ref().map_or(&[][..], |m| &m.changes[..]);
-        Ok(outbox_relay::sim_scan(
-            self.settings,
-            changes,
-            Some(slot_at),
-            after,
-        ))
+        let Ok(scan) =
+            slot_mark::scan_mark(self.settings, &mut InHand(changes), slot_at, after).await;
+        Ok(scan)
     }
 
     async fn stream(&self) -> StreamRead {

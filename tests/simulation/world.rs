@@ -94,6 +94,7 @@ use tokio::time::Instant;
 
 use super::check::{self, Violations};
 use super::jetstream::{Chaos, JetStream, Limits, Retention, STREAM};
+use super::peek::SimMarks;
 use super::port::ProcessPort;
 use super::postgres::{PgParams, Postgres, UnitCursor};
 use super::rng::Dice;
@@ -413,8 +414,8 @@ impl Connector for SimConnector {
     }
 
     /// The session holds the slot: its position (what the position service starts from), and the
-    /// stop mark judged by the relay's own rule against the stream's tail; the mark is dropped
-    /// unless it holds evidence, as `slot_mark::check` drops it.
+    /// stop mark judged by the relay's own start (`slot_mark::at_start`) against the stream's tail,
+    /// read through the simulated Postgres (`peek.rs`); the mark is dropped unless it holds evidence.
     fn slot_check<'a>(
         &'a mut self,
         system: &'a SystemInfo,
@@ -430,20 +431,17 @@ impl Connector for SimConnector {
                 js: Arc::clone(&self.js),
                 process: self.process,
             });
-            let mark = self.pg.mark_view(slot_at);
-            let (check, drop) = outbox_relay::sim_slot_check(
-                &self.settings,
-                &port,
+            let marks = &mut SimMarks::of(&self.pg, slot_at);
+            let settings = &self.settings;
+            outbox_relay::slot_mark::at_start(
+                settings,
                 system,
+                &port,
                 Lsn(slot_at),
-                mark,
+                marks,
                 reported,
             )
-            .await;
-            if drop {
-                self.pg.drop_mark("the relay's start");
-            }
-            check
+            .await
         })
     }
 
