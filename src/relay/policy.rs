@@ -114,6 +114,7 @@ pub(crate) fn sink(e: &SinkError) -> Verdict {
         | SinkError::ParkedTooMany { .. } => Verdict::Stop,
         SinkError::Stopped => Verdict::Defect,
         SinkError::AckTimeout(..)
+        | SinkError::Interrupted { .. }
         | SinkError::Publish { .. }
         | SinkError::Forged { .. }
         | SinkError::Unshown { .. }
@@ -352,7 +353,8 @@ pub(crate) const TABLE: &[Row] = &[
     Row {
         error: "Publishing (`SinkError`)",
         decided: "`policy::sink`",
-        restarts: "`AckTimeout`, `Publish`, `Forged`, `Unshown`, `CorePublish`, `FenceBroken`, `BatchRefused`; \
+        restarts: "`AckTimeout`, `Publish`, `Forged`, `Unshown`, `CorePublish`, `FenceBroken`, `BatchRefused`, \
+                   `Interrupted` (a clean stop while a message's settling waited); \
                    `Diverged`, `Unproven`, `StoredPastRefused` also set `distrust` (see the fence above)",
         stops: "`Invalid` (`outbox.on_invalid = \"stop\"`), `ParkedFull`, `ParkedTooMany` (`outbox.max_parked_keys` reached), `DeadLetterRefused` (not even the minimal dead letter \
                 is stored)",

@@ -96,6 +96,19 @@ pub enum SinkError {
     /// oldest published one).
     #[error("the publish window is full of messages that wait for a batch commit not yet sent")]
     Stopped,
+    /// Settling message `id` was given up half-way: the step carrying it out (waiting for the
+    /// answer to a copy sent again, or reading the stream about a duplicate) was dropped, as a
+    /// clean stop drops a step that waits. The message left the window unreported, so nothing
+    /// behind it may be reported in this session (acks go to progress in publish order); the
+    /// next session publishes it again.
+    #[error(
+        "settling message {id} was interrupted while it waited for JetStream: nothing behind it is reported in \
+         this session, and the next start publishes it again"
+    )]
+    Interrupted {
+        /// The message's event id.
+        id: String,
+    },
     /// A message was refused because the stream's last sequence had moved past the one it expected:
     /// something else stored a message in its place (another writer, or a publish of an earlier
     /// session arriving late), and a message behind it, whose expectation that matched, may be

@@ -41,6 +41,11 @@ pub(super) struct Flight {
     /// The keys parked (`outbox.on_invalid = "park"`): read from the stream when the session
     /// starts, changed as this session parks and releases keys.
     parked: ParkedSet,
+    /// The id of the message whose settling waits (for the answer to a copy sent again, or for
+    /// the stream's word on a duplicate), taken off the window and not yet reported. Still set
+    /// when a settle starts, the step that waited was dropped (a clean stop drops a step
+    /// waiting for room): that message is never reported, so nothing behind it may be.
+    interrupted: Option<String>,
 }
 
 /// What a wait for the oldest answer came to.
@@ -70,6 +75,7 @@ impl Flight {
             window,
             gate: ProofGate::new(last_sequence),
             parked,
+            interrupted: None,
         }
     }
 
@@ -227,6 +233,10 @@ impl Flight {
     /// Never resolves with nothing in flight and nothing due. Cancel safe: an answer taken off the
     /// inbox is kept, and the proof stays in flight.
     pub(super) async fn ready(&mut self, due: Option<Instant>) {
+        if self.interrupted.is_some() {
+            // Settling fails at once: nothing is worth waiting for.
+            return;
+        }
         loop {
             if self.gate.may_take() || self.gate.has_result() {
                 return;
@@ -312,6 +322,7 @@ impl Flight {
 
     /// Settles, in order, every message of the window whose answer is here.
     async fn settle_window(&mut self) -> Result<(), SinkError> {
+        self.not_interrupted()?;
         loop {
             let token = match self.window.front() {
                 Front::Empty => return Ok(()),
@@ -333,6 +344,7 @@ impl Flight {
 
     /// Waits (bounded by the ack timeout) for the oldest message's answer and settles it.
     async fn settle_oldest(&mut self) -> Result<(), SinkError> {
+        self.not_interrupted()?;
         let token = match self.window.front() {
             // Only members of the open batch are in flight: they wait for their commit, which
             // the batch limits send before the window fills.
@@ -346,6 +358,16 @@ impl Flight {
         match self.publisher.wait(token, self.config.ack_timeout).await {
             Some(answer) => self.settle_front(answer).await,
             None => Err(self.timed_out()),
+        }
+    }
+
+    /// Fails when an earlier settle was dropped half-way ([`Flight::interrupted`]): the message it
+    /// held is not reported, so settling anything behind it would hand progress an ack out of
+    /// publish order.
+    fn not_interrupted(&self) -> Result<(), SinkError> {
+        match &self.interrupted {
+            Some(id) => Err(SinkError::Interrupted { id: id.clone() }),
+            None => Ok(()),
         }
     }
 
@@ -367,7 +389,11 @@ impl Flight {
         let Some(mut item) = self.window.pop_sent() else {
             return Err(SinkError::Stopped);
         };
+        // Cancel safety: `item` is off the window now. A decision that waits marks it first
+        // (`interrupted`), and only its report clears the mark; a step dropped in between
+        // leaves it, and nothing behind `item` is settled in this session.
         let (outcome, new) = self.carry_out(&mut item, answer).await?;
+        self.interrupted = None;
         let count = self
             .window
             .settled(item, outcome, self.config.telemetry.as_ref());
@@ -385,7 +411,11 @@ impl Flight {
         let timeout = self.config.ack_timeout;
         let mut resent = false;
         loop {
-            let token = match settle::decide(item, answer, self.fence.as_ref(), resent) {
+            let decision = settle::decide(item, answer, self.fence.as_ref(), resent);
+            if decision.waits() && self.interrupted.is_none() {
+                self.interrupted = Some(item.event.msg_id.clone());
+            }
+            let token = match decision {
                 Decision::Stored { sequence, outcome } => {
                     if let Some(f) = self.fence.as_mut() {
                         // A dead letter or parked copy carries an id of its own; a batch none.

@@ -51,6 +51,17 @@ pub(super) enum Decision {
     Fail(SinkError),
 }
 
+impl Decision {
+    /// Whether carrying it out waits (for JetStream's answer to what it sends again, or for the
+    /// stream's word on a duplicate): a wait the sink's caller may drop half-way.
+    pub(super) fn waits(&self) -> bool {
+        matches!(
+            self,
+            Decision::Duplicate { .. } | Decision::DeadLetter { .. } | Decision::Resend { .. }
+        )
+    }
+}
+
 /// Decides what the answer to `item`, the oldest message, means. `fence`: the session's fence, if
 /// the stream is fenced; `resent`: `item` was sent once more behind a duplicate already.
 pub(super) fn decide(

@@ -95,6 +95,7 @@ fn source_case(e: &SourceError) -> &'static str {
 fn sink_case(e: &SinkError) -> &'static str {
     match e {
         SinkError::AckTimeout(..) => "`AckTimeout`",
+        SinkError::Interrupted { .. } => "`Interrupted`",
         SinkError::Publish { .. } => "`Publish`",
         SinkError::Forged { .. } => "`Forged`",
         SinkError::Unshown { .. } => "`Unshown`",
@@ -186,6 +187,7 @@ fn sink_examples() -> Vec<SinkError> {
     let at = Position::in_transaction(Lsn(0x100), 0);
     vec![
         SinkError::AckTimeout(Duration::from_secs(5), "e-1".into()),
+        SinkError::Interrupted { id: "e-1".into() },
         SinkError::Publish {
             id: "e-1".into(),
             source: nats(),
@@ -345,7 +347,7 @@ fn every_variant_has_an_example() {
     let sources = names(source_examples().iter().map(source_case).collect());
     assert_eq!(sources.len(), 12, "{sources:?}");
     let sinks = names(sink_examples().iter().map(sink_case).collect());
-    assert_eq!(sinks.len(), 13, "{sinks:?}");
+    assert_eq!(sinks.len(), 14, "{sinks:?}");
     let setups = names(setup_examples().iter().map(setup_case).collect());
     // `Nats`, `Query` and `NoJetStream` wrap async-nats and tokio-postgres errors that cannot be
     // made without a server: their verdicts are tested by `startup.rs`'s tests and real servers.
