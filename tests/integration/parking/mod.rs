@@ -10,6 +10,7 @@
 //! parked key in `ops.rs`.
 
 mod crash;
+mod marks;
 mod ops;
 mod rebuild;
 mod requeue_event;
