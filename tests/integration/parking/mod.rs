@@ -13,6 +13,7 @@ mod cloudevents;
 mod crash;
 mod marks;
 mod ops;
+mod read_page;
 mod rebuild;
 mod requeue_event;
 mod setup;
