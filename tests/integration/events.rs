@@ -17,7 +17,7 @@ use crate::support::{
 
 /// The text-id outbox (plus a tenant column) and a claims table; logical messages under the
 /// prefix `outbox` are events too.
-fn events_scenario() -> ScenarioBuilder {
+fn events_scenario() -> ScenarioBuilder<'static> {
     Scenario::builder()
         .text_ids()
         .sql(

@@ -15,9 +15,8 @@ use tokio_postgres::Client;
 
 use crate::hostile::wait_for_active_slot;
 use crate::support::{
-    Finished, InProcessRelay, NatsServer, PgServer, RelayProcess, TEXT_ID_OUTBOX_SQL, TestDb,
-    default_outbox_sql, relay_config, relay_env, run_command, slot_exists, stream_count, unique,
-    wait_for,
+    Finished, InProcessRelay, PgServer, RelayProcess, Scenario, run_command, slot_exists,
+    stream_count, unique, wait_for,
 };
 
 const LIMIT: Duration = Duration::from_secs(60);
@@ -112,10 +111,14 @@ pub(crate) async fn wait_for_status(addr: &str, path: &str, want: u16, secs: u64
     }
 }
 
-async fn text_id_db() -> TestDb {
-    let db = TestDb::create(PgServer::shared()).await;
-    db.psql(TEXT_ID_OUTBOX_SQL);
-    db
+/// A text-id outbox, a JetStream server and the relay's configuration, with `http.listen` at
+/// `addr` when given.
+async fn text_ids(addr: Option<&str>) -> Scenario {
+    let builder = Scenario::builder().text_ids();
+    match addr {
+        Some(addr) => builder.http_listen(addr).start().await,
+        None => builder.start().await,
+    }
 }
 
 async fn insert_events(client: &Client, ids: &[String]) {
@@ -140,14 +143,11 @@ fn ids(prefix: &str, n: usize) -> Vec<String> {
 /// sampled slot lag shows the unconfirmed WAL; after it every event is counted once.
 #[tokio::test]
 async fn metrics_move_while_events_flow_and_freeze_while_nats_is_down() {
-    let db = text_id_db().await;
-    let nats = NatsServer::start();
-    let mut config = relay_config(&db, &nats);
     let addr = free_addr();
-    config.http.listen = addr.clone();
-    let slot = config.postgres.slot.clone();
-    let client = db.client().await;
-    let relay = InProcessRelay::start(config);
+    let s = text_ids(Some(&addr)).await;
+    let (nats, slot) = (&s.nats, s.slot.clone());
+    let client = s.db.client().await;
+    let relay = InProcessRelay::start(s.config.clone());
     wait_for_status(&addr, "/readyz", 200, 60).await;
     wait_for_active_slot(&client, &slot).await;
 
@@ -215,12 +215,10 @@ async fn metrics_move_while_events_flow_and_freeze_while_nats_is_down() {
 /// 200 as long as the process runs; anything else is 404.
 #[tokio::test]
 async fn readyz_follows_nats_healthz_stays_up_unknown_path_is_404() {
-    let db = text_id_db().await;
-    let nats = NatsServer::start();
-    let mut config = relay_config(&db, &nats);
     let addr = free_addr();
-    config.http.listen = addr.clone();
-    let relay = InProcessRelay::start(config);
+    let s = text_ids(Some(&addr)).await;
+    let nats = &s.nats;
+    let relay = InProcessRelay::start(s.config.clone());
     wait_for_status(&addr, "/readyz", 200, 60).await;
     assert_eq!(get(&addr, "/healthz").await.0, 200);
     let (status, body) = get(&addr, "/nope").await;
@@ -271,12 +269,10 @@ fn is_string_or_null(v: &Value) -> bool {
 /// gone; exit 1 when NATS cannot be reached, with the slot still reported.
 #[tokio::test]
 async fn status_json_has_its_shape_and_exit_code_follows_health() {
-    let db = TestDb::create(PgServer::shared()).await;
-    db.psql(&default_outbox_sql());
-    let nats = NatsServer::start();
-    let config = relay_config(&db, &nats);
-    let env = relay_env(&config);
-    let slot = config.postgres.slot.clone();
+    let s = Scenario::builder().default_outbox().start().await;
+    let (db, config) = (&s.db, &s.config);
+    let env = s.env();
+    let slot = s.slot.clone();
     let setup = run_command(&["setup"], &env, LIMIT);
     assert!(setup.status.success(), "setup: {}", setup.stderr);
 
@@ -484,15 +480,14 @@ pub(crate) async fn run_until_waiting(env: &[(String, String)]) -> Finished {
 #[tokio::test]
 async fn logs_never_show_passwords_and_json_logs_are_json() {
     let server = PgServer::shared();
-    let db = text_id_db().await;
+    let s = text_ids(None).await;
+    let (db, nats) = (&s.db, &s.nats);
     let role = unique("relay_pw");
     db.psql(&format!(
         "CREATE ROLE {role} SUPERUSER LOGIN PASSWORD '{PG_PASSWORD}'"
     ));
-    let nats = NatsServer::start();
-    let config = relay_config(&db, &nats);
-    let (slot, stream) = (config.postgres.slot.clone(), config.nats.stream.clone());
-    let mut env = relay_env(&config);
+    let (slot, stream) = (s.slot.clone(), s.stream.clone());
+    let mut env = s.env();
     set(
         &mut env,
         "OUTBOX_RELAY_POSTGRES_URL",
@@ -584,19 +579,17 @@ async fn logs_never_show_passwords_and_json_logs_are_json() {
     db.psql(&format!(
         "REASSIGN OWNED BY {role} TO postgres; DROP OWNED BY {role};"
     ));
-    drop(db);
+    drop(s);
     server.psql("postgres", &format!("DROP ROLE IF EXISTS {role}"));
 }
 
 /// An `http.listen` address that is taken: `run` exits non-zero with one stderr line naming the key.
 #[tokio::test]
 async fn http_listen_in_use_is_one_clear_line() {
-    let db = text_id_db().await;
-    let nats = NatsServer::start();
-    let config = relay_config(&db, &nats);
+    let s = text_ids(None).await;
     let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let addr = taken.local_addr().unwrap().to_string();
-    let mut env = relay_env(&config);
+    let mut env = s.env();
     set(&mut env, "OUTBOX_RELAY_HTTP_LISTEN", &addr);
     let f = run_command(&["run"], &env, LIMIT);
     assert!(!f.status.success(), "run with {addr} taken succeeded");
@@ -612,10 +605,8 @@ async fn http_listen_in_use_is_one_clear_line() {
 /// and `/readyz` turns 200.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn standby_shows_in_metrics_and_readyz_until_it_takes_over() {
-    let db = text_id_db().await;
-    let nats = NatsServer::start();
-    let config = relay_config(&db, &nats);
-    let client = db.client().await;
+    let s = text_ids(None).await;
+    let (config, client) = (&s.config, s.db.client().await);
     let active = InProcessRelay::start(config.clone());
     wait_for_active_slot(&client, &config.postgres.slot).await;
 
@@ -643,14 +634,12 @@ async fn standby_shows_in_metrics_and_readyz_until_it_takes_over() {
 /// about the publication.
 #[tokio::test]
 async fn status_finds_an_event_that_waits_behind_a_retention_delete() {
-    let db = text_id_db().await;
-    let client = db.client().await;
+    let s = text_ids(None).await;
+    let (db, client) = (&s.db, s.db.client().await);
     // Rows from before the slot: a retention job's to delete, not events that wait.
     insert_events(&client, &ids("old", 3)).await;
-    let nats = NatsServer::start();
-    let config = relay_config(&db, &nats);
-    let env = relay_env(&config);
-    let publication = &config.postgres.publication;
+    let env = s.env();
+    let publication = &s.config.postgres.publication;
     let setup = run_command(&["setup"], &env, LIMIT);
     assert!(setup.status.success(), "setup: {}", setup.stderr);
     // The rows from before the slot are not events that wait (the one problem is that no relay
@@ -698,14 +687,13 @@ async fn status_finds_an_event_that_waits_behind_a_retention_delete() {
 /// exits 1 saying the slot cannot be checked for waiting events, and `events_waiting` is `null`.
 #[tokio::test]
 async fn status_is_unknown_not_healthy_when_its_look_ends_at_the_bound() {
-    let db = text_id_db().await;
+    let s = text_ids(None).await;
+    let (db, config) = (&s.db, &s.config);
     db.psql(
         "INSERT INTO public.outbox (event_id, aggregate_type, aggregate_id, event_type, payload) \
          SELECT 'old-' || i, 'Claim', '1', 'x', '{}' FROM generate_series(1, 20001) i",
     );
-    let nats = NatsServer::start();
-    let config = relay_config(&db, &nats);
-    let env = relay_env(&config);
+    let env = s.env();
     let setup = run_command(&["setup"], &env, LIMIT);
     assert!(setup.status.success(), "setup: {}", setup.stderr);
     db.psql(&format!(

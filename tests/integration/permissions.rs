@@ -12,25 +12,34 @@ use std::time::Duration;
 
 use async_nats::{ConnectOptions, Event};
 use futures_util::StreamExt;
-use outbox_relay::config::Config;
 use tokio::sync::mpsc;
 use tokio_postgres::NoTls;
 
 use crate::support::{
-    InProcessRelay, NatsServer, PgServer, TestDb, confirmed_flush, current_wal_lsn,
-    default_outbox_sql, read_all, relay_config, relay_env, run_command, server_major, stream_count,
-    unique, wait_for,
+    InProcessRelay, NatsServer, PgServer, ROLE_PASSWORD, Scenario, ScenarioBuilder,
+    confirmed_flush, current_wal_lsn, read_all, run_command, server_major, sql_file, stream_count,
+    wait_for,
 };
 
 const LIMIT: Duration = Duration::from_secs(60);
-const PG_PASSWORD: &str = "writer-pw";
 
-/// The binary's environment for messages only with prefix `outbox`.
-fn messages_env(config: &Config) -> Vec<(String, String)> {
-    let mut env = relay_env(config);
-    env.push(("OUTBOX_RELAY_OUTBOX_MESSAGE_PREFIX".into(), "outbox".into()));
-    env.push(("OUTBOX_RELAY_OUTBOX_TABLE".into(), String::new()));
-    env
+/// Messages only, with prefix `outbox`: no outbox table.
+fn messages_only(builder: ScenarioBuilder<'_>) -> ScenarioBuilder<'_> {
+    builder.config(|c| {
+        c.outbox.message_prefix = "outbox".into();
+        c.outbox.table = String::new();
+    })
+}
+
+/// A client logged in as `role` ([`Scenario::login_role`]) on the scenario's database, with
+/// `params` added to its URL.
+async fn connect_as(s: &Scenario, role: &str, params: &str) -> tokio_postgres::Client {
+    let url = PgServer::shared().url_as(role, ROLE_PASSWORD, s.db.name());
+    let (client, connection) = tokio_postgres::connect(&format!("{url}{params}"), NoTls)
+        .await
+        .unwrap_or_else(|e| panic!("connect as {role}: {e}"));
+    tokio::spawn(connection);
+    client
 }
 
 /// The line `setup` and `status` print while PUBLIC may execute `pg_logical_emit_message`.
@@ -70,21 +79,11 @@ async fn direct_calls(client: &tokio_postgres::Client) -> Vec<String> {
 /// warning is gone.
 #[tokio::test]
 async fn sql_06_stops_direct_emit_messages_and_setup_and_status_warn_until_it_ran() {
-    let server = PgServer::shared();
-    let db = TestDb::create(server).await;
-    let writer = unique("writer");
-    db.psql(&format!(
-        "CREATE ROLE {writer} LOGIN PASSWORD '{PG_PASSWORD}'"
-    ));
-    let nats = NatsServer::start();
-    let config = relay_config(&db, &nats);
-    let env = messages_env(&config);
-    let (as_writer, connection) =
-        tokio_postgres::connect(&server.url_as(&writer, PG_PASSWORD, db.name()), NoTls)
-            .await
-            .expect("connect as the writer");
-    tokio::spawn(connection);
-    let calls = direct_calls(&db.client().await).await;
+    let mut s = messages_only(Scenario::builder()).start().await;
+    let writer = s.login_role("writer", None);
+    let env = s.env();
+    let as_writer = connect_as(&s, &writer, "").await;
+    let calls = direct_calls(&s.client).await;
     // Text and bytea content, each with `flush` on PG 17+.
     assert_eq!(calls.len(), 2, "{calls:?}");
     let flush = server_major() >= 17;
@@ -117,9 +116,8 @@ async fn sql_06_stops_direct_emit_messages_and_setup_and_status_warn_until_it_ra
         status.stdout
     );
 
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/sql/06_outbox_message.sql");
-    let script = std::fs::read_to_string(path).expect("read sql/06");
-    db.psql(&format!("\\set writer_role {writer}\n{script}"));
+    let script = sql_file("06_outbox_message.sql");
+    s.db.psql(&format!("\\set writer_role {writer}\n{script}"));
 
     // After: not directly, each overload…
     for call in &calls {
@@ -146,9 +144,6 @@ async fn sql_06_stops_direct_emit_messages_and_setup_and_status_warn_until_it_ra
     assert_eq!(emit_warning(&setup.stdout), None, "{}", setup.stdout);
     let status = run_command(&["status"], &env, LIMIT);
     assert_eq!(emit_warning(&status.stdout), None, "{}", status.stdout);
-    drop(as_writer);
-    drop(db);
-    server.psql("postgres", &format!("DROP ROLE IF EXISTS {writer}"));
 }
 
 /// docs/security.md, finding 7: any session may call itself `outbox-relay/<slot>/<pid>`. A role
@@ -156,27 +151,13 @@ async fn sql_06_stops_direct_emit_messages_and_setup_and_status_warn_until_it_ra
 /// (pid 4242)": only sessions of the relay's own role, and the slot's walsender, are believed.
 #[tokio::test]
 async fn status_believes_no_application_name_of_another_role() {
-    let server = PgServer::shared();
-    let db = TestDb::create(server).await;
-    db.psql(&default_outbox_sql());
-    let nobody = unique("nobody");
-    db.psql(&format!(
-        "CREATE ROLE {nobody} LOGIN PASSWORD '{PG_PASSWORD}'"
-    ));
-    let nats = NatsServer::start();
-    let config = relay_config(&db, &nats);
-    let env = relay_env(&config);
+    let mut s = Scenario::builder().default_outbox().start().await;
+    let nobody = s.login_role("nobody", None);
+    let env = s.env();
     let setup = run_command(&["setup"], &env, LIMIT);
     assert!(setup.status.success(), "setup: {}", setup.stderr);
-    let url = format!(
-        "{}?application_name=outbox-relay/{}/4242",
-        server.url_as(&nobody, PG_PASSWORD, db.name()),
-        config.postgres.slot
-    );
-    let (impostor, connection) = tokio_postgres::connect(&url, NoTls)
-        .await
-        .expect("connect as a role with no rights");
-    tokio::spawn(connection);
+    let params = format!("?application_name=outbox-relay/{}/4242", s.slot);
+    let impostor = connect_as(&s, &nobody, &params).await;
     let name: String = impostor
         .query_one("SELECT current_setting('application_name')", &[])
         .await
@@ -194,9 +175,6 @@ async fn status_believes_no_application_name_of_another_role() {
         "{}",
         status.stdout
     );
-    drop(impostor);
-    drop(db);
-    server.psql("postgres", &format!("DROP ROLE IF EXISTS {nobody}"));
 }
 
 /// The warning `setup` and `status` print while PUBLIC may execute a SECURITY DEFINER helper.
@@ -214,24 +192,14 @@ fn helper_warning(stdout: &str) -> Option<&str> {
 /// naming it; once revoked, neither does.
 #[tokio::test]
 async fn the_helpers_are_never_executable_by_public_and_setup_warns_while_they_are() {
-    let server = PgServer::shared();
-    let db = TestDb::create(server).await;
-    let nobody = unique("nobody");
-    db.psql(&format!(
-        "CREATE ROLE {nobody} LOGIN PASSWORD '{PG_PASSWORD}'"
-    ));
-    let nats = NatsServer::start();
-    let config = relay_config(&db, &nats);
-    let env = messages_env(&config);
-    for script in ["06_outbox_message.sql", "08_outbox_context.sql"] {
-        let path = format!("{}/sql/{script}", env!("CARGO_MANIFEST_DIR"));
-        db.psql(&std::fs::read_to_string(&path).expect("read the script"));
-    }
-    let (as_nobody, connection) =
-        tokio_postgres::connect(&server.url_as(&nobody, PG_PASSWORD, db.name()), NoTls)
-            .await
-            .expect("connect as a role with no grants");
-    tokio::spawn(connection);
+    let mut s = messages_only(Scenario::builder())
+        .sql(&sql_file("06_outbox_message.sql"))
+        .sql(&sql_file("08_outbox_context.sql"))
+        .start()
+        .await;
+    let nobody = s.login_role("nobody", None);
+    let env = s.env();
+    let as_nobody = connect_as(&s, &nobody, "").await;
     for call in [
         "SELECT outbox_message('Claim', '4711', 'ClaimApproved', '{\"amount\": 1000000}')",
         "SELECT outbox_context('00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01')",
@@ -247,7 +215,7 @@ async fn the_helpers_are_never_executable_by_public_and_setup_warns_while_they_a
     let setup = run_command(&["setup"], &env, LIMIT);
     assert!(setup.status.success(), "setup: {}", setup.stderr);
     assert_eq!(helper_warning(&setup.stdout), None, "{}", setup.stdout);
-    db.psql(
+    s.db.psql(
         "GRANT EXECUTE ON FUNCTION public.outbox_message(text, text, text, jsonb, jsonb, text) TO PUBLIC",
     );
     let setup = run_command(&["setup"], &env, LIMIT);
@@ -266,9 +234,6 @@ async fn the_helpers_are_never_executable_by_public_and_setup_warns_while_they_a
         "status warns as setup does:\n{}",
         status.stdout
     );
-    drop(as_nobody);
-    drop(db);
-    server.psql("postgres", &format!("DROP ROLE IF EXISTS {nobody}"));
 }
 
 /// docs/security.md, finding 6: with only `outbox.context_prefix` set (no `message_prefix`), every
@@ -277,12 +242,8 @@ async fn the_helpers_are_never_executable_by_public_and_setup_warns_while_they_a
 /// `outbox.context_prefix` and the REVOKE, until sql/06 revoked it; then neither warns.
 #[tokio::test]
 async fn setup_and_status_warn_while_every_role_may_emit_context_messages() {
-    let server = PgServer::shared();
-    let db = TestDb::create(server).await;
-    db.psql(&default_outbox_sql());
-    let nats = NatsServer::start();
-    let config = relay_config(&db, &nats);
-    let mut env = relay_env(&config);
+    let s = Scenario::builder().default_outbox().start().await;
+    let mut env = s.env();
     env.push((
         "OUTBOX_RELAY_OUTBOX_CONTEXT_PREFIX".into(),
         "outbox-context".into(),
@@ -307,9 +268,7 @@ async fn setup_and_status_warn_while_every_role_may_emit_context_messages() {
         status.stdout
     );
 
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/sql/06_outbox_message.sql");
-    let script = std::fs::read_to_string(path).expect("read sql/06");
-    db.psql(&script);
+    s.db.psql(&sql_file("06_outbox_message.sql"));
     let setup = run_command(&["setup"], &env, LIMIT);
     assert!(setup.status.success(), "setup: {}", setup.stderr);
     assert_eq!(emit_warning(&setup.stdout), None, "{}", setup.stdout);
@@ -331,6 +290,19 @@ pub(crate) fn documented_nats_config() -> String {
         .expect("the section prints a nats-server configuration");
     let (block, _) = block.split_once("\n```").expect("the block ends");
     block.to_owned()
+}
+
+/// A scenario on a NATS server with the documented configuration, the relay its documented user
+/// with the stream's name and inbox prefix the permissions are written for (the scenario's own
+/// JetStream client connects as that user too; [`Scenario::env`] carries all three to the binary).
+pub(crate) fn documented(builder: ScenarioBuilder<'_>) -> ScenarioBuilder<'_> {
+    builder
+        .nats_config(&documented_nats_config())
+        .nats_user(RELAY_USER, RELAY_PASSWORD)
+        .config(|c| {
+            c.nats.stream = "OUTBOX".into();
+            c.nats.inbox_prefix = INBOX_PREFIX.into();
+        })
 }
 
 /// The names and passwords of the documented configuration.
@@ -395,23 +367,10 @@ async fn the_documented_nats_permissions_let_the_relay_work_and_keep_others_off_
             && conf.contains(INBOX_PREFIX),
         "the documented configuration names the users this test connects as:\n{conf}"
     );
-    let nats = NatsServer::start_with_config(&conf);
-    let db = TestDb::create(PgServer::shared()).await;
-    db.psql(&default_outbox_sql());
-    let mut config = relay_config(&db, &nats);
-    // The names the documented permissions are written for.
-    config.nats.stream = "OUTBOX".into();
-    config.nats.user = RELAY_USER.into();
-    config.nats.password = RELAY_PASSWORD.into();
-    config.nats.inbox_prefix = INBOX_PREFIX.into();
-    let mut env = relay_env(&config);
-    for (k, v) in [
-        ("OUTBOX_RELAY_NATS_USER", RELAY_USER),
-        ("OUTBOX_RELAY_NATS_PASSWORD", RELAY_PASSWORD),
-        ("OUTBOX_RELAY_NATS_INBOX_PREFIX", INBOX_PREFIX),
-    ] {
-        env.push((k.into(), v.into()));
-    }
+    let s = documented(Scenario::builder().default_outbox())
+        .start()
+        .await;
+    let env = s.env();
     let setup = run_command(&["setup"], &env, LIMIT);
     assert!(
         setup.status.success(),
@@ -419,20 +378,15 @@ async fn the_documented_nats_permissions_let_the_relay_work_and_keep_others_off_
         setup.stderr
     );
 
-    let (service, mut errors) = service_client(&nats).await;
+    let (service, mut errors) = service_client(&s.nats).await;
     let js = async_nats::jetstream::new(service.clone());
     // A core subscriber of the stream's subjects sees the relay's publishes and their reply subjects.
     let mut seen = service.subscribe("outbox.*").await.expect("subscribe");
     service.flush().await.expect("flush");
 
-    let client = db.client().await;
-    let relay = InProcessRelay::start(config.clone());
-    wait_for("the relay's slot", LIMIT, || async {
-        confirmed_flush(&client, &config.postgres.slot)
-            .await
-            .is_some()
-    })
-    .await;
+    let client = &s.client;
+    let relay = InProcessRelay::start(s.config.clone());
+    s.wait_slot_made().await;
     let insert = "INSERT INTO public.outbox (aggregate_type, aggregate_id, event_type, payload) \
                   VALUES ('Claim', $1, 'ClaimApproved', '{}')";
     client.execute(insert, &[&"4711"]).await.expect("insert");
@@ -481,8 +435,8 @@ async fn the_documented_nats_permissions_let_the_relay_work_and_keep_others_off_
     // The service's user waits for its write through the position service (registered a moment
     // after the session started: no responders until then), and cannot take the service's subjects.
     client.execute(insert, &[&"4712"]).await.expect("insert");
-    let token = current_wal_lsn(&client).await;
-    let wait = format!("outbox-relay.{}.wait", config.postgres.slot);
+    let token = current_wal_lsn(client).await;
+    let wait = format!("outbox-relay.{}.wait", s.slot);
     let body = format!(r#"{{"lsn": "{token}", "timeout_ms": 20000}}"#);
     let deadline = std::time::Instant::now() + LIMIT;
     let answer = loop {
@@ -527,23 +481,13 @@ async fn the_documented_nats_permissions_let_the_relay_work_and_keep_others_off_
 /// naming the permission, and leaves the slot and the stream as they were.
 #[tokio::test]
 async fn backfill_as_the_documented_relay_user_names_the_permission_and_changes_nothing() {
-    let nats = NatsServer::start_with_config(&documented_nats_config());
-    let db = TestDb::create(PgServer::shared()).await;
-    db.psql(&default_outbox_sql());
-    let mut config = relay_config(&db, &nats);
-    config.nats.stream = "OUTBOX".into();
-    let mut env = relay_env(&config);
-    for (k, v) in [
-        ("OUTBOX_RELAY_NATS_USER", RELAY_USER),
-        ("OUTBOX_RELAY_NATS_PASSWORD", RELAY_PASSWORD),
-        ("OUTBOX_RELAY_NATS_INBOX_PREFIX", INBOX_PREFIX),
-    ] {
-        env.push((k.into(), v.into()));
-    }
+    let s = documented(Scenario::builder().default_outbox())
+        .start()
+        .await;
+    let env = s.env();
     let setup = run_command(&["setup"], &env, LIMIT);
     assert!(setup.status.success(), "setup: {}", setup.stderr);
-    let client = db.client().await;
-    let before = confirmed_flush(&client, &config.postgres.slot).await;
+    let before = s.confirmed().await;
     assert!(before.is_some(), "setup created the slot");
 
     let out = run_command(&["backfill", "--replace-slot"], &env, LIMIT);
@@ -558,11 +502,7 @@ async fn backfill_as_the_documented_relay_user_names_the_permission_and_changes_
         line.contains("backfill marker") && line.contains("$JS.API.STREAM.UPDATE.OUTBOX"),
         "{line}"
     );
-    assert_eq!(
-        confirmed_flush(&client, &config.postgres.slot).await,
-        before,
-        "the slot is as it was"
-    );
+    assert_eq!(s.confirmed().await, before, "the slot is as it was");
     let status = run_command(&["status", "--json"], &env, LIMIT);
     let v: serde_json::Value = serde_json::from_str(&status.stdout).expect("status --json");
     assert!(v["backfill"].is_null(), "no marker was set: {v}");
@@ -576,25 +516,15 @@ async fn backfill_as_the_documented_relay_user_names_the_permission_and_changes_
 #[tokio::test]
 async fn the_documented_nats_permissions_let_a_resumed_session_read_its_replay_back_in_bulk() {
     const EVENTS: u64 = 200;
-    let nats = NatsServer::start_with_config(&documented_nats_config());
-    let db = TestDb::create(PgServer::shared()).await;
-    db.psql(&default_outbox_sql());
-    let mut config = relay_config(&db, &nats);
-    config.nats.stream = "OUTBOX".into();
-    let mut env = relay_env(&config);
-    for (k, v) in [
-        ("OUTBOX_RELAY_NATS_USER", RELAY_USER),
-        ("OUTBOX_RELAY_NATS_PASSWORD", RELAY_PASSWORD),
-        ("OUTBOX_RELAY_NATS_INBOX_PREFIX", INBOX_PREFIX),
-    ] {
-        env.push((k.into(), v.into()));
-    }
+    let s = documented(Scenario::builder().default_outbox())
+        .start()
+        .await;
+    let env = s.env();
     let setup = run_command(&["setup"], &env, LIMIT);
     assert!(setup.status.success(), "setup: {}", setup.stderr);
-    let (service, _errors) = service_client(&nats).await;
+    let (service, _errors) = service_client(&s.nats).await;
     let js = async_nats::jetstream::new(service);
-    let client = db.client().await;
-    let slot = config.postgres.slot.clone();
+    let (client, slot) = (&s.client, &s.slot);
     // A relay killed right after JetStream acked the whole transaction, before its next status
     // update (at most a second later) confirmed it: the next one replays it. Tried again in the
     // rare case the update came first.
@@ -609,7 +539,7 @@ async fn the_documented_nats_permissions_let_a_resumed_session_read_its_replay_b
             .await
             .expect("insert");
         stored += EVENTS;
-        let lsn = current_wal_lsn(&client).await;
+        let lsn = current_wal_lsn(client).await;
         let mut first = crate::support::RelayProcess::spawn(&["run"], &env);
         let deadline = std::time::Instant::now() + LIMIT;
         while stream_count(&js, "OUTBOX").await < stored {
@@ -622,7 +552,7 @@ async fn the_documented_nats_permissions_let_a_resumed_session_read_its_replay_b
         }
         first.signal("KILL");
         assert!(first.wait(LIMIT).is_some(), "kill -9");
-        if confirmed_flush(&client, &slot).await.expect("slot") < lsn {
+        if confirmed_flush(client, slot).await.expect("slot") < lsn {
             end = Some(lsn);
             break;
         }
@@ -631,7 +561,7 @@ async fn the_documented_nats_permissions_let_a_resumed_session_read_its_replay_b
 
     let mut second = crate::support::RelayProcess::spawn(&["run"], &env);
     wait_for("the slot confirmed past the transaction", LIMIT, || async {
-        confirmed_flush(&client, &slot)
+        confirmed_flush(client, slot)
             .await
             .is_some_and(|c| c >= end)
     })

@@ -294,23 +294,21 @@ async fn an_acknowledged_warning_is_left_out_by_name() {
 #[tokio::test]
 async fn the_commands_a_parked_key_offers_carry_the_config_and_act_on_its_relay() {
     use crate::parking::{STRICT, insert, stored, world};
-    let (db, nats, dir, config) = world(STRICT).await;
-    db.psql(&crate::parking_ops::requeue_sql_with(&[(
-        "operator_role",
-        &unique("op"),
-    )]));
-    let client = db.client().await;
-    let relay = crate::support::InProcessRelay::start_streaming(&config, &client).await;
+    let mut s = world(STRICT).await;
+    s.install_operator_role(&[]);
+    let (nats, config) = (&s.nats, &s.config);
+    let relay = s.relay().await;
     insert(
-        &client,
+        &s.client,
         "a-4711",
         "4711",
         "ClaimApproved",
         r#"{"claim": "x"}"#,
     )
     .await;
-    stored(&nats, &config, 1).await;
+    stored(nats, config, 1).await;
     relay.stop().await.expect("clean stop");
+    let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("relay.toml");
     std::fs::write(
         &file,

@@ -10,25 +10,22 @@ use std::time::Duration;
 
 use serde_json::Value;
 use std::io::{Read, Write};
-use tokio_postgres::Client;
 
 use crate::hostile::wait_for_active_slot;
 use crate::named_relays::write;
 use crate::ops::{free_addr, try_get, wait_for_status};
 use crate::support::{
-    Finished, NatsServer, PgServer, RelayProcess, TEXT_ID_OUTBOX_SQL, TestDb, relay_config,
-    relay_env, run_command, slot_exists, stream_count, wait_for,
+    Finished, NatsServer, PgServer, RelayProcess, Scenario, TestDb, run_command, slot_exists,
+    wait_for,
 };
-use crate::truth::{good, json, set, text_id_db};
+use crate::truth::{good, json, set};
 
 const LIMIT: Duration = Duration::from_secs(90);
 
 /// A database with the text-id outbox, a NATS of the test's own, and a relay configuration for
-/// them (the test's own slot, publication and stream).
+/// them (the test's own slot, publication and stream), as parts.
 pub(crate) async fn servers() -> (TestDb, NatsServer, outbox_relay::config::Config) {
-    let db = text_id_db().await;
-    let nats = NatsServer::start();
-    let config = relay_config(&db, &nats);
+    let (db, nats, config, ..) = Scenario::builder().text_ids().start().await.into_parts();
     (db, nats, config)
 }
 
@@ -64,19 +61,11 @@ fn warning_names(v: &Value) -> Vec<String> {
 /// Runs `run` until it has published one event (`before-stop`) into the empty stream, stops it
 /// with SIGTERM (a clean stop of a session that confirmed, which leaves the stop mark) and checks it
 /// exited 0.
-async fn run_and_stop(
-    env: &[(String, String)],
-    client: &Client,
-    nats: &NatsServer,
-    config: &outbox_relay::config::Config,
-) {
+async fn run_and_stop(env: &[(String, String)], s: &Scenario) {
     let mut p = RelayProcess::spawn(&["run"], env);
-    wait_for_active_slot(client, &config.postgres.slot).await;
-    good(client, "before-stop").await;
-    wait_for("the event", LIMIT, || async {
-        stream_count(&nats.jetstream().await, &config.nats.stream).await == 1
-    })
-    .await;
+    wait_for_active_slot(&s.client, &s.slot).await;
+    good(&s.client, "before-stop").await;
+    wait_for("the event", LIMIT, || async { s.count().await == 1 }).await;
     p.signal("TERM");
     assert_eq!(
         p.wait(LIMIT).and_then(|s| s.code()),
@@ -92,11 +81,10 @@ async fn run_and_stop(
 /// slot within the grace period (a restart) leaves the status healthy.
 #[tokio::test]
 async fn no_relay_holding_the_slot_past_the_grace_period_is_a_problem_even_with_nothing_waiting() {
-    let (db, nats, config) = servers().await;
-    let client = db.client().await;
-    let mut env = relay_env(&config);
+    let s = Scenario::builder().text_ids().start().await;
+    let mut env = s.env();
     set_up(&env);
-    run_and_stop(&env, &client, &nats, &config).await;
+    run_and_stop(&env, &s).await;
 
     set(&mut env, "OUTBOX_RELAY_STATUS_GRACE_SECS", "1");
     // Before 17 status watches the slot for the grace period; from 17 on it reads since when the
@@ -119,7 +107,7 @@ async fn no_relay_holding_the_slot_past_the_grace_period_is_a_problem_even_with_
         .find(|p| p.contains("no relay"))
         .unwrap_or_else(|| panic!("a problem says no relay holds the slot: {v:#}"));
     assert!(
-        unheld.contains(&config.postgres.slot) && unheld.contains("status.grace_secs 1"),
+        unheld.contains(&s.slot) && unheld.contains("status.grace_secs 1"),
         "{unheld}"
     );
     assert!(v["slot"]["unheld_secs"].as_u64().is_some(), "{v:#}");
@@ -161,16 +149,18 @@ async fn no_relay_holding_the_slot_past_the_grace_period_is_a_problem_even_with_
 /// events that wait in the held slot counted.
 #[tokio::test]
 async fn waiting_events_are_counted_and_text_and_json_agree_while_nats_is_down() {
-    let (db, nats, mut config) = servers().await;
     let addr = free_addr();
-    config.http.listen = addr.clone();
-    // The session outlives NATS until a publish times out: long enough for status to look.
-    config.nats.ack_timeout_ms = 120_000;
-    let env = relay_env(&config);
-    let client = db.client().await;
+    let s = Scenario::builder()
+        .text_ids()
+        .http_listen(&addr)
+        // The session outlives NATS until a publish times out: long enough for status to look.
+        .config(|c| c.nats.ack_timeout_ms = 120_000)
+        .start()
+        .await;
+    let env = s.env();
     set_up(&env);
     for id in ["w-1", "w-2", "w-3"] {
-        good(&client, id).await;
+        good(&s.client, id).await;
     }
     let f = run_command(&["status", "--json"], &env, LIMIT);
     let v = json(&f);
@@ -183,23 +173,21 @@ async fn waiting_events_are_counted_and_text_and_json_agree_while_nats_is_down()
         "{text}"
     );
 
-    let mut p = RelayProcess::run(&config);
-    wait_for("the three events", LIMIT, || async {
-        stream_count(&nats.jetstream().await, &config.nats.stream).await == 3
-    })
-    .await;
+    let mut p = s.run_binary();
+    wait_for("the three events", LIMIT, || async { s.count().await == 3 }).await;
     wait_for_status(&addr, "/readyz", 200, 30).await;
-    nats.stop();
+    s.nats.stop();
     wait_for_status(&addr, "/readyz", 503, 30).await;
-    good(&client, "w-4").await;
-    good(&client, "w-5").await;
+    good(&s.client, "w-4").await;
+    good(&s.client, "w-5").await;
     let f = run_command(&["status", "--json"], &env, LIMIT);
     let text = run_command(&["status"], &env, LIMIT);
     let v = json(&f);
-    let held: bool = client
+    let held: bool = s
+        .client
         .query_one(
             "SELECT coalesce((SELECT active FROM pg_replication_slots WHERE slot_name = $1), false)",
-            &[&config.postgres.slot],
+            &[&s.slot],
         )
         .await
         .unwrap()
@@ -226,18 +214,14 @@ async fn waiting_events_are_counted_and_text_and_json_agree_while_nats_is_down()
 /// newest one's event and reason, and `stream.dead_letters` has them.
 #[tokio::test]
 async fn dead_letters_in_the_stream_are_counted_with_the_newest_reason() {
-    let (db, nats, config) = servers().await;
-    let env = relay_env(&config);
-    let client = db.client().await;
-    let mut p = RelayProcess::run(&config);
-    wait_for_active_slot(&client, &config.postgres.slot).await;
+    let s = Scenario::builder().text_ids().start().await;
+    let env = s.env();
+    let mut p = s.run_binary();
+    wait_for_active_slot(&s.client, &s.slot).await;
     for (id, aggregate_type) in [("dl-1", "Bad Type"), ("ok-1", "Claim"), ("dl-2", "a.b")] {
-        write(&client, id, aggregate_type).await;
+        write(&s.client, id, aggregate_type).await;
     }
-    wait_for("three messages", LIMIT, || async {
-        stream_count(&nats.jetstream().await, &config.nats.stream).await == 3
-    })
-    .await;
+    wait_for("three messages", LIMIT, || async { s.count().await == 3 }).await;
     let f = run_command(&["status", "--json"], &env, LIMIT);
     let text = run_command(&["status"], &env, LIMIT).stdout;
     p.signal("TERM");
@@ -268,8 +252,8 @@ async fn dead_letters_in_the_stream_are_counted_with_the_newest_reason() {
 /// and then `lost`: problems naming `backfill`.
 #[tokio::test]
 async fn wal_retention_limits_are_warned_about_and_an_endangered_slot_names_backfill() {
-    let (_db, _nats, config) = servers().await;
-    let env = relay_env(&config);
+    let s = Scenario::builder().text_ids().start().await;
+    let env = s.env();
     let setup = set_up(&env);
     assert!(
         setup
@@ -303,11 +287,8 @@ async fn wal_retention_limits_are_warned_about_and_an_endangered_slot_names_back
         "ALTER SYSTEM SET max_slot_wal_keep_size = '1MB';\nALTER SYSTEM SET max_wal_size = '256MB';\n\
          SELECT pg_reload_conf();",
     );
-    let db = TestDb::create(&server).await;
-    db.psql(TEXT_ID_OUTBOX_SQL);
-    let own_nats = NatsServer::start();
-    let config = relay_config(&db, &own_nats);
-    let env = relay_env(&config);
+    let own = Scenario::builder().text_ids().on(&server).start().await;
+    let env = own.env();
     if server.version_num() >= 180000 {
         server.psql(
             "postgres",
@@ -329,7 +310,7 @@ async fn wal_retention_limits_are_warned_about_and_an_endangered_slot_names_back
             "{v:#}"
         );
     }
-    db.psql(
+    own.db.psql(
         "CREATE TABLE filler (x text); \
          INSERT INTO filler SELECT repeat('x', 1000) FROM generate_series(1, 40000); \
          SELECT pg_switch_wal();",
@@ -348,7 +329,8 @@ async fn wal_retention_limits_are_warned_about_and_an_endangered_slot_names_back
             .any(|p| p.contains("backfill --replace-slot")),
         "{wal_status}: a problem names backfill: {v:#}"
     );
-    db.psql("CHECKPOINT; INSERT INTO filler SELECT 'x' FROM generate_series(1, 10); CHECKPOINT;");
+    own.db
+        .psql("CHECKPOINT; INSERT INTO filler SELECT 'x' FROM generate_series(1, 10); CHECKPOINT;");
     let f = run_command(&["status", "--json"], &env, LIMIT);
     let v = json(&f);
     if v["slot"]["wal_status"] == "lost" {
@@ -366,18 +348,16 @@ async fn wal_retention_limits_are_warned_about_and_an_endangered_slot_names_back
 /// keeps and the SQL that drops it; run as given, that SQL removes it.
 #[tokio::test]
 async fn a_stop_mark_whose_slot_is_gone_is_a_problem_with_the_sql_that_drops_it() {
-    let (db, nats, config) = servers().await;
-    let env = relay_env(&config);
-    let client = db.client().await;
-    let slot = config.postgres.slot.clone();
-    let mark = format!("{slot}_mark");
-    run_and_stop(&env, &client, &nats, &config).await;
+    let s = Scenario::builder().text_ids().start().await;
+    let env = s.env();
+    let mark = format!("{}_mark", s.slot);
+    run_and_stop(&env, &s).await;
     assert!(
-        slot_exists(&client, &mark).await,
+        slot_exists(&s.client, &mark).await,
         "a clean stop leaves the mark"
     );
-    client
-        .execute("SELECT pg_drop_replication_slot($1)", &[&slot])
+    s.client
+        .execute("SELECT pg_drop_replication_slot($1)", &[&s.slot])
         .await
         .unwrap();
     let f = run_command(&["status", "--json"], &env, LIMIT);
@@ -390,8 +370,8 @@ async fn a_stop_mark_whose_slot_is_gone_is_a_problem_with_the_sql_that_drops_it(
         .find(|p| p.starts_with(&format!("stop mark {mark} keeps")))
         .unwrap_or_else(|| panic!("{v:#}"));
     assert!(line.ends_with(&drop), "{line}");
-    db.psql(&drop);
-    assert!(!slot_exists(&client, &mark).await);
+    s.db.psql(&drop);
+    assert!(!slot_exists(&s.client, &mark).await);
     let v = json(&run_command(&["status", "--json"], &env, LIMIT));
     assert_eq!(v["orphan_marks"], Value::Array(Vec::new()), "{v:#}");
 }
@@ -437,20 +417,22 @@ fn fake_listener(addr: &str, slot: &str, stream: &str, stored_lsn: &str) {
 /// plain values: neither lie reaches the report, which says why the listener is not believed.
 #[tokio::test]
 async fn the_relays_own_word_is_taken_only_from_a_listener_of_this_slot_that_postgres_shows() {
-    let (db, _nats, mut config) = servers().await;
     let addr = free_addr();
-    config.http.listen = addr.clone();
-    let env = relay_env(&config);
-    let client = db.client().await;
+    let s = Scenario::builder()
+        .text_ids()
+        .http_listen(&addr)
+        .start()
+        .await;
+    let env = s.env();
     set_up(&env);
     fake_listener(
         &addr,
-        &config.postgres.slot,
-        &config.nats.stream,
+        &s.slot,
+        &s.stream,
         "0/1\nrelay: streaming (pid 1)\nhealthy",
     );
     assert_eq!(try_get(&addr, "/readyz").await.map(|r| r.0), Some(200));
-    good(&client, "waits").await;
+    good(&s.client, "waits").await;
     let f = run_command(&["status"], &env, LIMIT);
     assert_eq!(f.status.code(), Some(1), "{}", f.stdout);
     let lines: Vec<&str> = f.stdout.lines().collect();
@@ -474,10 +456,10 @@ async fn the_relays_own_word_is_taken_only_from_a_listener_of_this_slot_that_pos
     // Another relay's listener, while this slot's relay streams (without a listener of its own).
     let other = free_addr();
     fake_listener(&other, "claims_slot", "CLAIMS", "0/1");
-    let mut running = config.clone();
+    let mut running = s.config.clone();
     running.http.listen = String::new();
     let mut p = RelayProcess::run(&running);
-    wait_for_active_slot(&client, &config.postgres.slot).await;
+    wait_for_active_slot(&s.client, &s.slot).await;
     let mut asks_other = env.clone();
     set(&mut asks_other, "OUTBOX_RELAY_HTTP_LISTEN", &other);
     let f = run_command(&["status", "--json"], &asks_other, LIMIT);
@@ -500,9 +482,9 @@ async fn the_relays_own_word_is_taken_only_from_a_listener_of_this_slot_that_pos
 /// from, not `postgres.url`.
 #[tokio::test]
 async fn refused_credentials_are_named_as_such_with_the_variable_to_check() {
-    let (db, _nats, config) = servers().await;
+    let s = Scenario::builder().text_ids().start().await;
     let server = PgServer::shared();
-    let mut env = relay_env(&config);
+    let mut env = s.env();
     set(
         &mut env,
         "OUTBOX_RELAY_POSTGRES_URL",
@@ -510,7 +492,7 @@ async fn refused_credentials_are_named_as_such_with_the_variable_to_check() {
             "postgres://scram_user:wrong@{}:{}/{}?sslmode=disable",
             server.host(),
             server.port(),
-            db.name()
+            s.db.name()
         ),
     );
     let f = run_command(&["status"], &env, LIMIT);

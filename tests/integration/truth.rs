@@ -17,16 +17,15 @@ use tokio_postgres::Client;
 use crate::hostile::wait_for_active_slot;
 use crate::ops::free_addr;
 use crate::support::{
-    Finished, InProcessRelay, NatsServer, PgServer, RelayProcess, TEXT_ID_OUTBOX_SQL, TestDb,
-    relay_config, relay_env, run_command, slot_exists, stream_count, unique, wait_for,
+    Finished, InProcessRelay, NatsServer, PgServer, RelayProcess, Scenario, TestDb, run_command,
+    slot_exists, unique, wait_for,
 };
 
 const LIMIT: Duration = Duration::from_secs(60);
 
-pub(crate) async fn text_id_db() -> TestDb {
-    let db = TestDb::create(PgServer::shared()).await;
-    db.psql(TEXT_ID_OUTBOX_SQL);
-    db
+/// A database with the text-id outbox, a JetStream server and the relay's configuration.
+async fn text_ids() -> Scenario {
+    Scenario::builder().text_ids().start().await
 }
 
 pub(crate) async fn good(client: &Client, id: &str) {
@@ -68,31 +67,24 @@ pub(crate) fn json(f: &Finished) -> Value {
 /// still created without asking.
 #[tokio::test]
 async fn lost_slot_behind_a_stream_with_events_needs_backfill() {
-    let db = text_id_db().await;
-    let nats = NatsServer::start();
-    let config = relay_config(&db, &nats);
-    let client = db.client().await;
-    let js = nats.jetstream().await;
-    let slot = &config.postgres.slot;
-    assert!(!slot_exists(&client, slot).await);
+    let s = text_ids().await;
+    let (client, slot) = (&s.client, &s.slot);
+    assert!(!slot_exists(client, slot).await);
 
     // First start, empty stream: the slot is created on its own.
-    let relay = InProcessRelay::start(config.clone());
-    wait_for_active_slot(&client, slot).await;
+    let relay = InProcessRelay::start(s.config.clone());
+    wait_for_active_slot(client, slot).await;
     assert!(!relay.is_finished());
-    good(&client, "a").await;
-    wait_for("event a", LIMIT, || async {
-        stream_count(&js, &config.nats.stream).await == 1
-    })
-    .await;
+    good(client, "a").await;
+    wait_for("event a", LIMIT, || async { s.count().await == 1 }).await;
     relay.stop().await.expect("the relay stops cleanly");
 
-    good(&client, "b").await;
+    good(client, "b").await;
     client
         .execute("SELECT pg_drop_replication_slot($1)", &[slot])
         .await
         .expect("drop the slot");
-    let f = run_command(&["run"], &relay_env(&config), LIMIT);
+    let f = run_command(&["run"], &s.env(), LIMIT);
     assert_eq!(f.status.code(), Some(1), "{}", f.stderr);
     let last = f.stderr.trim().lines().last().unwrap_or("").to_owned();
     assert!(
@@ -102,10 +94,10 @@ async fn lost_slot_behind_a_stream_with_events_needs_backfill() {
     );
     assert!(last.contains(slot.as_str()), "names the slot: {last}");
     assert!(
-        !slot_exists(&client, slot).await,
+        !slot_exists(client, slot).await,
         "no slot was created quietly"
     );
-    assert_eq!(stream_count(&js, &config.nats.stream).await, 1);
+    assert_eq!(s.count().await, 1);
 }
 
 /// Stream sizing and P9: `setup` creates the stream with the configured age and size limits, and a
@@ -113,38 +105,36 @@ async fn lost_slot_behind_a_stream_with_events_needs_backfill() {
 /// metadata names the slot): a lost slot behind it needs `backfill`, it is never replaced quietly.
 #[tokio::test]
 async fn a_stream_emptied_by_its_limits_still_guards_a_lost_slot() {
-    let db = text_id_db().await;
-    let nats = NatsServer::start();
-    let mut config = relay_config(&db, &nats);
-    config.nats.max_age_secs = 2;
-    config.nats.duplicate_window_secs = 1;
-    config.nats.max_bytes = 10 << 20;
-    let settings = config.validate().expect("valid");
-    let client = db.client().await;
-    let js = nats.jetstream().await;
-    let slot = &config.postgres.slot;
+    let s = Scenario::builder()
+        .text_ids()
+        .config(|c| {
+            c.nats.max_age_secs = 2;
+            c.nats.duplicate_window_secs = 1;
+            c.nats.max_bytes = 10 << 20;
+        })
+        .start()
+        .await;
+    let settings = s.config.validate().expect("valid");
+    let (client, slot) = (&s.client, &s.slot);
     outbox_relay::setup::setup(&settings).await.expect("setup");
-    let info = js
-        .get_stream(&config.nats.stream)
-        .await
-        .expect("stream")
-        .info()
-        .await
-        .expect("info")
-        .clone();
+    let info =
+        s.js.get_stream(&s.stream)
+            .await
+            .expect("stream")
+            .info()
+            .await
+            .expect("info")
+            .clone();
     assert_eq!(info.config.max_age, Duration::from_secs(2));
     assert_eq!(info.config.max_bytes, 10 << 20);
     assert_eq!(info.config.discard, stream::DiscardPolicy::New);
 
-    let relay = InProcessRelay::start(config.clone());
-    good(&client, "a").await;
-    wait_for("event a", LIMIT, || async {
-        stream_count(&js, &config.nats.stream).await == 1
-    })
-    .await;
+    let relay = InProcessRelay::start(s.config.clone());
+    good(client, "a").await;
+    wait_for("event a", LIMIT, || async { s.count().await == 1 }).await;
     relay.stop().await.expect("the relay stops cleanly");
     wait_for("the age limit to remove event a", LIMIT, || async {
-        stream_count(&js, &config.nats.stream).await == 0
+        s.count().await == 0
     })
     .await;
 
@@ -156,7 +146,7 @@ async fn a_stream_emptied_by_its_limits_still_guards_a_lost_slot() {
     let text = e.to_string();
     assert!(text.contains("backfill"), "names the recovery: {text}");
     assert!(
-        !slot_exists(&client, slot).await,
+        !slot_exists(client, slot).await,
         "no slot was created behind an emptied stream"
     );
 }
@@ -165,13 +155,10 @@ async fn a_stream_emptied_by_its_limits_still_guards_a_lost_slot() {
 /// replicas on a single server, and a stream whose subjects overlap another stream's.
 #[tokio::test]
 async fn failed_setup_leaves_nothing_behind() {
-    let db = text_id_db().await;
-    let nats = NatsServer::start();
-    let config = relay_config(&db, &nats);
-    let client = db.client().await;
-    let js = nats.jetstream().await;
+    let s = text_ids().await;
+    let (js, config) = (&s.js, &s.config);
     let nothing_left = |what: &'static str| {
-        let (client, js, config) = (&client, &js, &config);
+        let client = &s.client;
         async move {
             assert!(
                 !slot_exists(client, &config.postgres.slot).await,
@@ -188,7 +175,7 @@ async fn failed_setup_leaves_nothing_behind() {
         }
     };
 
-    let mut env = relay_env(&config);
+    let mut env = s.env();
     set(&mut env, "OUTBOX_RELAY_NATS_STREAM_REPLICAS", "3");
     let f = run_command(&["setup"], &env, LIMIT);
     assert_eq!(
@@ -211,7 +198,7 @@ async fn failed_setup_leaves_nothing_behind() {
     })
     .await
     .expect("another application's stream");
-    let f = run_command(&["setup"], &relay_env(&config), LIMIT);
+    let f = run_command(&["setup"], &s.env(), LIMIT);
     assert_eq!(
         f.status.code(),
         Some(1),
@@ -234,11 +221,8 @@ async fn failed_setup_leaves_nothing_behind() {
 /// unreachable → still JSON, `postgres.state = "unreachable"`.
 #[tokio::test]
 async fn status_tells_each_failure_by_its_name() {
-    let db = text_id_db().await;
-    let nats = NatsServer::start();
-    let config = relay_config(&db, &nats);
-    let client = db.client().await;
-    let env = relay_env(&config);
+    let s = text_ids().await;
+    let env = s.env();
     let setup = run_command(&["setup"], &env, LIMIT);
     assert_eq!(setup.status.code(), Some(0), "{}", setup.stderr);
 
@@ -254,7 +238,7 @@ async fn status_tells_each_failure_by_its_name() {
         f.stdout
     );
 
-    good(&client, "waiting-1").await;
+    good(&s.client, "waiting-1").await;
     let f = run_command(&["status"], &env, LIMIT);
     assert_eq!(
         f.status.code(),
@@ -316,7 +300,7 @@ async fn status_tells_each_failure_by_its_name() {
         f.stdout
     );
 
-    nats.stop();
+    s.nats.stop();
     let f = run_command(&["status", "--json"], &env, LIMIT);
     assert_eq!(f.status.code(), Some(1));
     let v = json(&f);
@@ -329,12 +313,8 @@ async fn status_tells_each_failure_by_its_name() {
 /// carry no ANSI escape codes.
 #[tokio::test]
 async fn kubernetes_variables_run_a_near_miss_warns_file_logs_are_plain() {
-    let db = text_id_db().await;
-    let nats = NatsServer::start();
-    let config = relay_config(&db, &nats);
-    let client = db.client().await;
-    let js = nats.jetstream().await;
-    let mut env = relay_env(&config);
+    let s = text_ids().await;
+    let mut env = s.env();
     set(&mut env, "OUTBOX_RELAY_SERVICE_HOST", "10.0.0.1");
     set(&mut env, "OUTBOX_RELAY_SERVICE_PORT", "9187");
     set(
@@ -344,12 +324,9 @@ async fn kubernetes_variables_run_a_near_miss_warns_file_logs_are_plain() {
     );
     set(&mut env, "OUTBOX_RELAY_NATS_STREEM", "TYPO");
     let mut p = RelayProcess::spawn(&["run"], &env);
-    wait_for_active_slot(&client, &config.postgres.slot).await;
-    good(&client, "k8s-1").await;
-    wait_for("the event", LIMIT, || async {
-        stream_count(&js, &config.nats.stream).await == 1
-    })
-    .await;
+    wait_for_active_slot(&s.client, &s.slot).await;
+    good(&s.client, "k8s-1").await;
+    wait_for("the event", LIMIT, || async { s.count().await == 1 }).await;
     p.signal("TERM");
     assert_eq!(
         p.wait(LIMIT).and_then(|s| s.code()),
@@ -422,22 +399,20 @@ async fn bad_log_level_and_json_log_failures_end_with_the_plain_line() {
 /// 1 to 4 (sampled every millisecond).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_flight_gauge_never_exceeds_max_in_flight() {
-    let db = text_id_db().await;
-    let nats = NatsServer::start();
-    let js = nats.jetstream().await;
-    let mut config = relay_config(&db, &nats);
+    let s = text_ids().await;
+    let mut config = s.config.clone();
     // The slot first, so the backlog written before each relay starts is in it.
-    let setup = run_command(&["setup"], &relay_env(&config), LIMIT);
+    let setup = run_command(&["setup"], &s.env(), LIMIT);
     assert_eq!(setup.status.code(), Some(0), "{}", setup.stderr);
     let mut total = 0u64;
     for max in 1..=4usize {
-        crate::faults::write_backlog(&db, &format!("w{max}"), 300);
+        crate::faults::write_backlog(&s.db, &format!("w{max}"), 300);
         total += 300;
         config.nats.max_in_flight = max;
         let relay = InProcessRelay::start(config.clone());
         let mut peak = 0;
         let deadline = std::time::Instant::now() + LIMIT;
-        while stream_count(&js, &config.nats.stream).await < total {
+        while s.count().await < total {
             for _ in 0..50 {
                 peak = peak.max(relay.metrics.in_flight.get());
                 tokio::time::sleep(Duration::from_millis(1)).await;
@@ -460,17 +435,15 @@ async fn in_flight_gauge_never_exceeds_max_in_flight() {
 /// failure says a password is required.
 #[tokio::test]
 async fn libpq_environment_and_password_file_supply_the_password() {
-    let db = text_id_db().await;
-    let nats = NatsServer::start();
-    let config = relay_config(&db, &nats);
+    let s = text_ids().await;
     let server = PgServer::shared();
     let url = format!(
         "postgres://scram_user@{}:{}/{}?sslmode=disable",
         server.host(),
         server.port(),
-        db.name()
+        s.db.name()
     );
-    let mut env = relay_env(&config);
+    let mut env = s.env();
     env.retain(|(k, _)| k != "OUTBOX_RELAY_POSTGRES_URL");
     env.push(("OUTBOX_RELAY_POSTGRES_URL".into(), url));
     // No password anywhere (HOME points at an empty directory: no ~/.pgpass).
@@ -578,12 +551,11 @@ async fn the_outbox_table_script_is_quiet_on_a_fresh_install() {
 #[tokio::test]
 async fn setup_on_a_table_with_rows_names_backfill() {
     for rows in [false, true] {
-        let nats = NatsServer::start();
-        let db = text_id_db().await;
+        let s = text_ids().await;
         if rows {
-            good(&db.client().await, "written-before-setup").await;
+            good(&s.client, "written-before-setup").await;
         }
-        let settings = relay_config(&db, &nats).validate().expect("valid");
+        let settings = s.config.validate().expect("valid");
         let report = outbox_relay::setup::setup(&settings).await.expect("setup");
         let warned = report
             .warnings

@@ -6,7 +6,7 @@
 
 use outbox_relay::config::{Config, OnInvalid};
 
-use super::{FIXED, STRICT, control, insert, stored, world, write_schema};
+use super::{FIXED, STRICT, control, insert, stored, world};
 use crate::support::{InProcessRelay, Stored};
 
 /// The one message on `subject` whose event id is `id`.
@@ -30,12 +30,12 @@ fn with_cloudevents(mut config: Config, on_invalid: OnInvalid) -> Config {
 #[tokio::test]
 async fn a_requeued_parked_event_and_a_requeued_dead_letter_keep_their_content_type() {
     for mode in [OnInvalid::Park, OnInvalid::DeadLetter] {
-        let (db, nats, dir, config) = world(STRICT).await;
-        let config = with_cloudevents(config, mode);
-        let client = db.client().await;
-        let relay = InProcessRelay::start_streaming(&config, &client).await;
+        let s = world(STRICT).await;
+        let config = with_cloudevents(s.config.clone(), mode);
+        let (client, nats) = (&s.client, &s.nats);
+        let relay = InProcessRelay::start_streaming(&config, client).await;
         insert(
-            &client,
+            client,
             "a-4711",
             "4711",
             "ClaimApproved",
@@ -43,14 +43,14 @@ async fn a_requeued_parked_event_and_a_requeued_dead_letter_keep_their_content_t
         )
         .await;
         insert(
-            &client,
+            client,
             "a-4712",
             "4712",
             "ClaimApproved",
             r#"{"claim": 4712}"#,
         )
         .await;
-        let all = stored(&nats, &config, 2).await;
+        let all = stored(nats, &config, 2).await;
         let direct = one(&all, "outbox.Claim", "a-4712");
         let want = direct.header("ce-datacontenttype").to_owned();
         assert_eq!(want, "application/json", "{mode:?}");
@@ -63,10 +63,10 @@ async fn a_requeued_parked_event_and_a_requeued_dead_letter_keep_their_content_t
 
         // The contract is fixed (read at the start), then the event is released.
         relay.stop().await.expect("clean stop");
-        write_schema(dir.path(), FIXED);
-        let relay = InProcessRelay::start_streaming(&config, &client).await;
+        s.write_schema("ClaimApproved", FIXED);
+        let relay = InProcessRelay::start_streaming(&config, client).await;
         match mode {
-            OnInvalid::Park => control(&client, "requeue", "4711", "r-1").await,
+            OnInvalid::Park => control(client, "requeue", "4711", "r-1").await,
             _ => {
                 let body = serde_json::json!({"op": "requeue_event", "event_id": "a-4711",
                     "request": "r-1"});
@@ -80,7 +80,7 @@ async fn a_requeued_parked_event_and_a_requeued_dead_letter_keep_their_content_t
             }
         }
         let n = if mode == OnInvalid::Park { 4 } else { 3 };
-        let all = stored(&nats, &config, n).await;
+        let all = stored(nats, &config, n).await;
         let requeued = one(&all, "outbox.Claim", "a-4711");
         assert_eq!(requeued.header("ce-id"), "a-4711", "{mode:?}");
         assert_eq!(

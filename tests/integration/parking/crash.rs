@@ -4,21 +4,8 @@
 
 use std::time::Duration;
 
-use outbox_relay::config::Config;
-
-use super::{FIXED, STRICT, control, ids_on, insert, parking_subject, stored, world, write_schema};
-use crate::support::{RelayProcess, confirmed_flush, relay_env, wait_for};
-
-/// The binary, with the park-mode settings the environment of `relay_env` leaves out.
-fn run(config: &Config) -> RelayProcess {
-    let mut env = relay_env(config);
-    env.push(("OUTBOX_RELAY_OUTBOX_ON_INVALID".into(), "park".into()));
-    env.push((
-        "OUTBOX_RELAY_OUTBOX_SCHEMAS".into(),
-        config.outbox.schemas.clone(),
-    ));
-    RelayProcess::spawn(&["run"], &env)
-}
+use super::{FIXED, STRICT, control, ids_on, insert, parking_subject, stored, world};
+use crate::support::RelayProcess;
 
 fn kill_9(p: &mut RelayProcess) {
     p.signal("KILL");
@@ -27,37 +14,26 @@ fn kill_9(p: &mut RelayProcess) {
 
 #[tokio::test]
 async fn kill_9_while_parked_and_right_after_the_release_loses_nothing_and_keeps_order() {
-    let (db, nats, dir, config) = world(STRICT).await;
-    let client = db.client().await;
-    let mut relay = run(&config);
-    let slot = config.postgres.slot.clone();
-    wait_for("the relay's slot", super::LIMIT, || async {
-        confirmed_flush(&client, &slot).await.is_some()
-    })
-    .await;
+    let s = world(STRICT).await;
+    let client = &s.client;
+    let mut relay = s.run_binary();
+    s.wait_slot_made().await;
     insert(
-        &client,
+        client,
         "a-4711",
         "4711",
         "ClaimApproved",
         r#"{"claim": "4711"}"#,
     )
     .await;
-    insert(&client, "p-4711", "4711", "ClaimPaid", r#"{"claim": 4711}"#).await;
-    stored(&nats, &config, 2).await;
+    insert(client, "p-4711", "4711", "ClaimPaid", r#"{"claim": 4711}"#).await;
+    stored(&s.nats, &s.config, 2).await;
     kill_9(&mut relay);
     // While it is down, the claim goes on; the next start must still hold it.
-    insert(
-        &client,
-        "n-4711",
-        "4711",
-        "ClaimNoted",
-        r#"{"claim": 4711}"#,
-    )
-    .await;
-    let mut relay = run(&config);
-    let all = stored(&nats, &config, 3).await;
-    let parking = parking_subject(&config, "4711");
+    insert(client, "n-4711", "4711", "ClaimNoted", r#"{"claim": 4711}"#).await;
+    let mut relay = s.run_binary();
+    let all = stored(&s.nats, &s.config, 3).await;
+    let parking = parking_subject(&s.config, "4711");
     assert_eq!(
         ids_on(&all, &parking),
         ["a-4711", "p-4711", "n-4711"],
@@ -65,21 +41,21 @@ async fn kill_9_while_parked_and_right_after_the_release_loses_nothing_and_keeps
     );
     assert!(ids_on(&all, "outbox.Claim").is_empty(), "{all:#?}");
     // The release commits, and the relay dies at once; the fixed contract is in force after.
-    write_schema(dir.path(), FIXED);
+    s.write_schema("ClaimApproved", FIXED);
     kill_9(&mut relay);
-    let mut relay = run(&config);
-    control(&client, "requeue", "4711", "r-9").await;
+    let mut relay = s.run_binary();
+    control(client, "requeue", "4711", "r-9").await;
     kill_9(&mut relay);
-    let _relay = run(&config);
+    let _relay = s.run_binary();
     insert(
-        &client,
+        client,
         "c-4711",
         "4711",
         "ClaimClosed",
         r#"{"claim": 4711}"#,
     )
     .await;
-    let all = stored(&nats, &config, 8).await;
+    let all = stored(&s.nats, &s.config, 8).await;
     assert_eq!(
         ids_on(&all, "outbox.Claim"),
         ["a-4711", "p-4711", "n-4711", "c-4711"],
@@ -94,16 +70,12 @@ async fn kill_9_while_parked_and_right_after_the_release_loses_nothing_and_keeps
 
 #[tokio::test]
 async fn a_standby_taking_over_keeps_the_parked_keys() {
-    let (db, nats, _dir, config) = world(STRICT).await;
-    let client = db.client().await;
-    let mut a = run(&config);
-    let slot = config.postgres.slot.clone();
-    wait_for("the relay's slot", super::LIMIT, || async {
-        confirmed_flush(&client, &slot).await.is_some()
-    })
-    .await;
+    let s = world(STRICT).await;
+    let client = &s.client;
+    let mut a = s.run_binary();
+    s.wait_slot_made().await;
     insert(
-        &client,
+        client,
         "a-4711",
         "4711",
         "ClaimApproved",
@@ -111,24 +83,24 @@ async fn a_standby_taking_over_keeps_the_parked_keys() {
     )
     .await;
     insert(
-        &client,
+        client,
         "a-4712",
         "4712",
         "ClaimApproved",
         r#"{"claim": 4712}"#,
     )
     .await;
-    stored(&nats, &config, 2).await;
+    stored(&s.nats, &s.config, 2).await;
     // The standby waits while A holds the slot, then takes over when A is killed.
-    let mut b = run(&config);
+    let mut b = s.run_binary();
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(b.is_running(), "the standby exited: {}", b.stderr());
     kill_9(&mut a);
-    insert(&client, "p-4711", "4711", "ClaimPaid", r#"{"claim": 4711}"#).await;
-    insert(&client, "p-4712", "4712", "ClaimPaid", r#"{"claim": 4712}"#).await;
-    let all = stored(&nats, &config, 4).await;
+    insert(client, "p-4711", "4711", "ClaimPaid", r#"{"claim": 4711}"#).await;
+    insert(client, "p-4712", "4712", "ClaimPaid", r#"{"claim": 4712}"#).await;
+    let all = stored(&s.nats, &s.config, 4).await;
     assert_eq!(
-        ids_on(&all, &parking_subject(&config, "4711")),
+        ids_on(&all, &parking_subject(&s.config, "4711")),
         ["a-4711", "p-4711"],
         "the standby parks 4711's payment behind its approval: {all:#?}"
     );

@@ -19,15 +19,14 @@ mod requeue_event;
 mod setup;
 mod story;
 
-use std::path::Path;
 use std::time::Duration;
 
-use outbox_relay::config::{Config, OnInvalid};
+use outbox_relay::config::Config;
 use outbox_relay::parking::{KeyHash, parked_subject};
 use tokio_postgres::Client;
 
-use crate::support::{NatsServer, PgServer, Stored, TEXT_ID_OUTBOX_SQL, TestDb, read_all};
-use crate::support::{relay_config, stream_count, wait_for};
+use crate::support::{NatsServer, Scenario, Stored, read_all};
+use crate::support::{stream_count, wait_for};
 
 pub(super) const LIMIT: Duration = Duration::from_secs(60);
 
@@ -40,21 +39,13 @@ pub(super) const FIXED: &str = r#"{"type": "object", "required": ["claim"],
 
 /// A database with a text-id outbox, a NATS server, a schema directory with `schema` as
 /// ClaimApproved's, and a park-mode configuration for them.
-pub(super) async fn world(schema: &str) -> (TestDb, NatsServer, tempfile::TempDir, Config) {
-    let db = TestDb::create(PgServer::shared()).await;
-    db.psql(TEXT_ID_OUTBOX_SQL);
-    let nats = NatsServer::start();
-    let dir = tempfile::tempdir().expect("tempdir");
-    write_schema(dir.path(), schema);
-    let mut config = relay_config(&db, &nats);
-    config.outbox.schemas = dir.path().display().to_string();
-    config.outbox.on_invalid = OnInvalid::Park;
-    config.validate().expect("park config is valid");
-    (db, nats, dir, config)
-}
-
-pub(super) fn write_schema(dir: &Path, schema: &str) {
-    std::fs::write(dir.join("ClaimApproved.json"), schema).expect("write schema");
+pub(super) async fn world(schema: &str) -> Scenario {
+    Scenario::builder()
+        .text_ids()
+        .schema("ClaimApproved", schema)
+        .park()
+        .start()
+        .await
 }
 
 /// Inserts event `id` of claim `claim`.

@@ -3,36 +3,36 @@
 //! the count in `--json`, and `verify` counts its rows `parked` (exit 1), until a requeue (the
 //! rows delivered) or a discard (the rows `discarded`, exit 0) releases it.
 
-use outbox_relay::config::{Config, Settings};
+use outbox_relay::config::Settings;
 use serde_json::Value;
 
-use super::{FIXED, STRICT, control, insert, parking_subject, stored, world, write_schema};
-use crate::support::{InProcessRelay, NatsServer, TestDb, read_all, wait_for};
+use super::{FIXED, STRICT, control, insert, parking_subject, stored, world};
+use crate::support::{InProcessRelay, Scenario, wait_for};
 
 /// claim 4711 approved with a claim that breaks the schema (parked), then paid (parked behind it);
 /// claim 4712 approved properly (flows). The relay is left running.
-async fn park_4711(db: &TestDb, nats: &NatsServer, config: &Config) -> InProcessRelay {
-    let client = db.client().await;
-    let relay = InProcessRelay::start_streaming(config, &client).await;
+async fn park_4711(s: &Scenario) -> InProcessRelay {
+    let client = &s.client;
+    let relay = s.relay().await;
     insert(
-        &client,
+        client,
         "a-4711",
         "4711",
         "ClaimApproved",
         r#"{"claim": "x"}"#,
     )
     .await;
-    insert(&client, "p-4711", "4711", "ClaimPaid", r#"{"claim": 4711}"#).await;
+    insert(client, "p-4711", "4711", "ClaimPaid", r#"{"claim": 4711}"#).await;
     insert(
-        &client,
+        client,
         "a-4712",
         "4712",
         "ClaimApproved",
         r#"{"claim": 4712}"#,
     )
     .await;
-    let all = stored(nats, config, 3).await;
-    let parking = parking_subject(config, "4711");
+    let all = stored(&s.nats, &s.config, 3).await;
+    let parking = parking_subject(&s.config, "4711");
     assert_eq!(
         all.iter().filter(|m| m.subject == parking).count(),
         2,
@@ -76,9 +76,9 @@ fn parked_problems(s: &outbox_relay::status::Status) -> Vec<&String> {
 #[tokio::test]
 async fn status_and_verify_report_a_parked_key_until_it_is_requeued_or_discarded() {
     for release in ["requeue", "discard"] {
-        let (db, nats, dir, config) = world(STRICT).await;
-        let settings = config.validate().expect("valid");
-        let relay = park_4711(&db, &nats, &config).await;
+        let w = world(STRICT).await;
+        let settings = w.config.validate().expect("valid");
+        let relay = park_4711(&w).await;
 
         let (s, v) = status(&settings).await;
         let parked = parked_problems(&s);
@@ -123,17 +123,15 @@ async fn status_and_verify_report_a_parked_key_until_it_is_requeued_or_discarded
         // key parked. A requeue validates again: the schema is fixed first (read at the start).
         let relay = if release == "requeue" {
             relay.stop().await.expect("clean stop");
-            write_schema(dir.path(), FIXED);
-            InProcessRelay::start_streaming(&config, &db.client().await).await
+            w.write_schema("ClaimApproved", FIXED);
+            w.relay().await
         } else {
             relay
         };
-        let client = db.client().await;
-        control(&client, release, "4711", &format!("r-{release}")).await;
-        let js = nats.jetstream().await;
-        let parking = parking_subject(&config, "4711");
+        control(&w.client, release, "4711", &format!("r-{release}")).await;
+        let parking = parking_subject(&w.config, "4711");
         wait_for(&format!("the {release} marker"), super::LIMIT, || async {
-            read_all(&js, &config.nats.stream)
+            w.read_all()
                 .await
                 .iter()
                 .any(|m| m.subject == parking && m.headers.contains_key("Outbox-Parking"))
@@ -147,7 +145,7 @@ async fn status_and_verify_report_a_parked_key_until_it_is_requeued_or_discarded
         );
         assert_eq!(v["stream"]["parked"]["keys"], 0, "{release}: {v}");
         if release == "requeue" {
-            stored(&nats, &config, 6).await;
+            stored(&w.nats, &w.config, 6).await;
         }
         let (code, v) = verify(&settings).await;
         let want: Vec<(String, u64)> = match release {

@@ -4,46 +4,33 @@
 //! the binary cargo builds for the tests has that feature. It says so when it uses the page: a
 //! build without the feature fails here instead of leaving `rebuild.rs` to read one page and pass.
 
-use outbox_relay::config::Config;
-
 use super::{LIMIT, STRICT, insert, stored, world};
-use crate::support::{RelayProcess, confirmed_flush, relay_env, wait_for};
+use crate::support::{RelayProcess, Scenario, wait_for};
 
-fn run(config: &Config) -> RelayProcess {
-    let mut env = relay_env(config);
-    env.push(("OUTBOX_RELAY_OUTBOX_ON_INVALID".into(), "park".into()));
-    env.push((
-        "OUTBOX_RELAY_OUTBOX_SCHEMAS".into(),
-        config.outbox.schemas.clone(),
-    ));
+fn run(s: &Scenario) -> RelayProcess {
+    let mut env = s.env();
     env.push(("OUTBOX_RELAY_TEST_READ_PAGE".into(), "8".into()));
     RelayProcess::spawn(&["run"], &env)
 }
 
 #[tokio::test]
 async fn the_tests_binary_reads_the_test_read_page() {
-    let (db, nats, _dir, config) = world(STRICT).await;
-    let client = db.client().await;
-    let mut relay = run(&config);
-    wait_for("the relay's slot", LIMIT, || async {
-        confirmed_flush(&client, &config.postgres.slot)
-            .await
-            .is_some()
-    })
-    .await;
+    let s = world(STRICT).await;
+    let mut relay = run(&s);
+    s.wait_slot_made().await;
     insert(
-        &client,
+        &s.client,
         "a-4711",
         "4711",
         "ClaimApproved",
         r#"{"claim": "x"}"#,
     )
     .await;
-    stored(&nats, &config, 1).await;
+    stored(&s.nats, &s.config, 1).await;
     relay.signal("TERM");
     assert!(relay.wait(LIMIT).is_some(), "stopped");
     // Started again, it reads the parked key back from the stream, through the test's page.
-    let mut relay = run(&config);
+    let mut relay = run(&s);
     let said = "stream reads take 8 messages per consumer (a test build)";
     wait_for("the binary to use the test read page", LIMIT, || async {
         relay.stderr().contains(said)

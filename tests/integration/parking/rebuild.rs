@@ -7,36 +7,26 @@
 
 use std::time::Duration;
 
-use outbox_relay::config::Config;
-
 use super::{STRICT, control, ids_on, parking_subject, stored, world};
-use crate::support::{RelayProcess, confirmed_flush, relay_env, wait_for};
+use crate::support::{RelayProcess, Scenario};
 
 const KEYS: u32 = 50;
 const RELEASED: u32 = 5;
 
-fn run(config: &Config) -> RelayProcess {
-    let mut env = relay_env(config);
-    env.push(("OUTBOX_RELAY_OUTBOX_ON_INVALID".into(), "park".into()));
-    env.push((
-        "OUTBOX_RELAY_OUTBOX_SCHEMAS".into(),
-        config.outbox.schemas.clone(),
-    ));
+/// The binary reading 8 deliveries a page.
+fn run(s: &Scenario) -> RelayProcess {
+    let mut env = s.env();
     env.push(("OUTBOX_RELAY_TEST_READ_PAGE".into(), "8".into()));
     RelayProcess::spawn(&["run"], &env)
 }
 
 #[tokio::test]
 async fn a_restart_rebuilds_every_parked_key_across_many_read_pages() {
-    let (db, nats, _dir, config) = world(STRICT).await;
-    let client = db.client().await;
-    let mut relay = run(&config);
-    let slot = config.postgres.slot.clone();
-    wait_for("the relay's slot", super::LIMIT, || async {
-        confirmed_flush(&client, &slot).await.is_some()
-    })
-    .await;
-    client
+    let s = world(STRICT).await;
+    let client = &s.client;
+    let mut relay = run(&s);
+    s.wait_slot_made().await;
+    s.client
         .execute(
             "INSERT INTO public.outbox (event_id, aggregate_type, aggregate_id, event_type, payload) \
              SELECT 'a-' || g, 'Claim', g::text, 'ClaimApproved', '{\"claim\": \"x\"}'::jsonb \
@@ -45,16 +35,16 @@ async fn a_restart_rebuilds_every_parked_key_across_many_read_pages() {
         )
         .await
         .expect("insert the approvals");
-    stored(&nats, &config, u64::from(KEYS)).await;
+    stored(&s.nats, &s.config, u64::from(KEYS)).await;
     for k in 1..=RELEASED {
-        control(&client, "discard", &k.to_string(), &format!("d-{k}")).await;
+        control(client, "discard", &k.to_string(), &format!("d-{k}")).await;
     }
-    stored(&nats, &config, u64::from(KEYS + RELEASED)).await;
+    stored(&s.nats, &s.config, u64::from(KEYS + RELEASED)).await;
     relay.signal("TERM");
     assert!(relay.wait(Duration::from_secs(30)).is_some(), "stopped");
 
-    let mut relay = run(&config);
-    client
+    let mut relay = run(&s);
+    s.client
         .execute(
             "INSERT INTO public.outbox (event_id, aggregate_type, aggregate_id, event_type, payload) \
              SELECT 'p-' || g, 'Claim', g::text, 'ClaimPaid', jsonb_build_object('claim', g) \
@@ -63,7 +53,7 @@ async fn a_restart_rebuilds_every_parked_key_across_many_read_pages() {
         )
         .await
         .expect("insert the payments");
-    let all = stored(&nats, &config, u64::from(2 * KEYS + RELEASED)).await;
+    let all = stored(&s.nats, &s.config, u64::from(2 * KEYS + RELEASED)).await;
     let released: Vec<String> = (1..=RELEASED).map(|k| format!("p-{k}")).collect();
     assert_eq!(
         ids_on(&all, "outbox.Claim"),
@@ -74,7 +64,7 @@ async fn a_restart_rebuilds_every_parked_key_across_many_read_pages() {
     for k in RELEASED + 1..=KEYS {
         let (a, p) = (format!("a-{k}"), format!("p-{k}"));
         assert_eq!(
-            ids_on(&all, &parking_subject(&config, &k.to_string())),
+            ids_on(&all, &parking_subject(&s.config, &k.to_string())),
             [a.as_str(), p.as_str()],
             "claim {k} still parked after the restart"
         );

@@ -7,63 +7,25 @@
 
 use std::time::Duration;
 
-use outbox_relay::config::Config;
-
-use super::{FIXED, LIMIT, STRICT, insert, stored, write_schema};
-use crate::parking_ops::requeue_sql_with;
-use crate::support::{
-    NatsServer, PgServer, RelayProcess, Stored, TEXT_ID_OUTBOX_SQL, TestDb, confirmed_flush,
-    relay_config, relay_env, run_command, unique, wait_for,
-};
+use super::{FIXED, LIMIT, STRICT, insert, stored};
+use crate::support::{RelayProcess, Scenario, Stored, run_command, wait_for};
 
 /// A text-id outbox with sql/09 installed, NATS, ClaimApproved's contract `schema`, and a
 /// `dead_letter`-mode configuration whose position service `requeue` can ask.
-async fn world(schema: &str) -> (TestDb, NatsServer, tempfile::TempDir, Config) {
-    let db = TestDb::create(PgServer::shared()).await;
-    db.psql(TEXT_ID_OUTBOX_SQL);
-    db.psql(&requeue_sql_with(&[("operator_role", &unique("op"))]));
-    let nats = NatsServer::start();
-    let dir = tempfile::tempdir().expect("tempdir");
-    write_schema(dir.path(), schema);
-    let mut config = relay_config(&db, &nats);
-    config.outbox.schemas = dir.path().display().to_string();
-    config.outbox.headers_column = "headers".into();
-    config.http.listen = crate::ops::free_addr();
-    config.validate().expect("config is valid");
-    (db, nats, dir, config)
-}
-
-/// The environment the binary and the commands run with (the schemas directory included).
-fn env(config: &Config) -> Vec<(String, String)> {
-    let mut env = relay_env(config);
-    env.push((
-        "OUTBOX_RELAY_OUTBOX_SCHEMAS".into(),
-        config.outbox.schemas.clone(),
-    ));
-    env.push((
-        "OUTBOX_RELAY_OUTBOX_HEADERS_COLUMN".into(),
-        config.outbox.headers_column.clone(),
-    ));
-    env
-}
-
-fn run(config: &Config) -> RelayProcess {
-    RelayProcess::spawn(&["run"], &env(config))
+async fn world(schema: &str) -> Scenario {
+    Scenario::builder()
+        .text_ids()
+        .operator_role()
+        .schema("ClaimApproved", schema)
+        .http_listen(&crate::ops::free_addr())
+        .config(|c| c.outbox.headers_column = "headers".into())
+        .start()
+        .await
 }
 
 fn stop(p: &mut RelayProcess, signal: &str) {
     p.signal(signal);
     assert!(p.wait(Duration::from_secs(30)).is_some(), "stopped");
-}
-
-/// Waits until the relay has made its slot: what is committed after is the relay's.
-async fn slot_made(client: &tokio_postgres::Client, config: &Config) {
-    wait_for("the relay's slot", LIMIT, || async {
-        confirmed_flush(client, &config.postgres.slot)
-            .await
-            .is_some()
-    })
-    .await;
 }
 
 /// Messages on `subject` whose event id is `id`.
@@ -87,12 +49,12 @@ async fn requeue_event(client: &tokio_postgres::Client, id: &str, request: &str)
 
 #[tokio::test]
 async fn a_dead_letter_requeued_after_the_fix_arrives_on_its_subject_with_its_own_id() {
-    let (db, nats, dir, config) = world(STRICT).await;
-    let client = db.client().await;
-    let mut relay = run(&config);
-    slot_made(&client, &config).await;
-    let dl = config.nats.dead_letter_subject.clone();
-    client
+    let s = world(STRICT).await;
+    let client = &s.client;
+    let mut relay = s.run_binary();
+    s.wait_slot_made().await;
+    let dl = s.config.nats.dead_letter_subject.clone();
+    s.client
         .execute(
             "INSERT INTO public.outbox (event_id, aggregate_type, aggregate_id, event_type, payload, headers) \
              VALUES ('a-4711', 'Claim', '4711', 'ClaimApproved', '{\"claim\": \"4711\"}', '{\"tenant\": \"t1\"}')",
@@ -101,20 +63,20 @@ async fn a_dead_letter_requeued_after_the_fix_arrives_on_its_subject_with_its_ow
         .await
         .expect("insert a-4711");
     insert(
-        &client,
+        client,
         "b-4712",
         "4712",
         "ClaimApproved",
         r#"{"claim": false}"#,
     )
     .await;
-    let all = stored(&nats, &config, 2).await;
+    let all = stored(&s.nats, &s.config, 2).await;
     assert_eq!(on(&all, &dl, "a-4711").len(), 1, "dead-lettered: {all:#?}");
 
     // An id the stream holds no dead letter of: a warning naming the LSN, and the relay goes on.
-    requeue_event(&client, "no-such-event", "r-0").await;
-    insert(&client, "c-4713", "4713", "ClaimPaid", r#"{"claim": 4713}"#).await;
-    let all = stored(&nats, &config, 3).await;
+    requeue_event(client, "no-such-event", "r-0").await;
+    insert(client, "c-4713", "4713", "ClaimPaid", r#"{"claim": 4713}"#).await;
+    let all = stored(&s.nats, &s.config, 3).await;
     assert_eq!(on(&all, "outbox.Claim", "c-4713").len(), 1, "{all:#?}");
     assert!(relay.is_running(), "{}", relay.stderr());
     assert!(
@@ -124,10 +86,10 @@ async fn a_dead_letter_requeued_after_the_fix_arrives_on_its_subject_with_its_ow
     );
 
     // The contract is fixed (a restart reads it); b-4712's payload still fails it.
-    write_schema(dir.path(), FIXED);
+    s.write_schema("ClaimApproved", FIXED);
     stop(&mut relay, "TERM");
-    let mut relay = run(&config);
-    let addr = config.http.listen.clone();
+    let mut relay = s.run_binary();
+    let addr = s.config.http.listen.clone();
     wait_for("the relay's /position", LIMIT, || async {
         matches!(
             crate::ops::try_get(&addr, "/position").await,
@@ -135,8 +97,8 @@ async fn a_dead_letter_requeued_after_the_fix_arrives_on_its_subject_with_its_ow
         )
     })
     .await;
-    requeue_event(&client, "b-4712", "r-b").await;
-    let sent = run_command(&["requeue", "--event", "a-4711"], &env(&config), LIMIT);
+    requeue_event(client, "b-4712", "r-b").await;
+    let sent = run_command(&["requeue", "--event", "a-4711"], &s.env(), LIMIT);
     assert_eq!(
         sent.status.code(),
         Some(0),
@@ -153,7 +115,7 @@ async fn a_dead_letter_requeued_after_the_fix_arrives_on_its_subject_with_its_ow
         sent.stdout,
         relay.stderr()
     );
-    let all = stored(&nats, &config, 5).await;
+    let all = stored(&s.nats, &s.config, 5).await;
     let routed = on(&all, "outbox.Claim", "a-4711");
     assert_eq!(routed.len(), 1, "{all:#?}");
     let a = routed[0];
@@ -176,33 +138,32 @@ async fn a_dead_letter_requeued_after_the_fix_arrives_on_its_subject_with_its_ow
 
 #[tokio::test]
 async fn kill_9_right_after_the_requeue_commits_still_republishes_the_dead_letter_once() {
-    let (db, nats, dir, config) = world(STRICT).await;
-    let client = db.client().await;
-    let mut relay = run(&config);
-    slot_made(&client, &config).await;
+    let s = world(STRICT).await;
+    let client = &s.client;
+    let mut relay = s.run_binary();
+    s.wait_slot_made().await;
     insert(
-        &client,
+        client,
         "a-4711",
         "4711",
         "ClaimApproved",
         r#"{"claim": "4711"}"#,
     )
     .await;
-    stored(&nats, &config, 1).await;
-    write_schema(dir.path(), FIXED);
+    stored(&s.nats, &s.config, 1).await;
+    s.write_schema("ClaimApproved", FIXED);
     stop(&mut relay, "KILL");
-    let mut relay = run(&config);
-    requeue_event(&client, "a-4711", "r-9").await;
+    let mut relay = s.run_binary();
+    requeue_event(client, "a-4711", "r-9").await;
     stop(&mut relay, "KILL");
-    let mut relay = run(&config);
-    insert(&client, "p-4711", "4711", "ClaimPaid", r#"{"claim": 4711}"#).await;
-    let js = nats.jetstream().await;
+    let mut relay = s.run_binary();
+    insert(client, "p-4711", "4711", "ClaimPaid", r#"{"claim": 4711}"#).await;
     wait_for("ClaimPaid on outbox.Claim", LIMIT, || async {
-        let all = crate::support::read_all(&js, &config.nats.stream).await;
+        let all = s.read_all().await;
         !on(&all, "outbox.Claim", "p-4711").is_empty()
     })
     .await;
-    let all = crate::support::read_all(&js, &config.nats.stream).await;
+    let all = s.read_all().await;
     assert_eq!(
         all.iter()
             .filter(|m| m.subject == "outbox.Claim")

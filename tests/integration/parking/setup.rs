@@ -9,8 +9,8 @@ use super::{STRICT, world};
 
 #[tokio::test]
 async fn setup_adds_the_parking_subjects_to_an_older_stream_and_check_says_so() {
-    let (_db, nats, _dir, config) = world(STRICT).await;
-    let js = nats.jetstream().await;
+    let s = world(STRICT).await;
+    let (js, config) = (s.js.clone(), &s.config);
     let dl = config.nats.dead_letter_subject.clone();
     js.create_stream(stream::Config {
         name: config.nats.stream.clone(),

@@ -2,20 +2,16 @@
 //! with a line break parked again by a requeue, with
 //! the relay in-process.
 
-use outbox_relay::config::Config;
-
-use super::{FIXED, STRICT, control, ids_on, insert, parking_subject, stored, world, write_schema};
-use crate::support::{
-    InProcessRelay, NatsServer, TestDb, confirmed_flush, current_wal_lsn, wait_for,
-};
+use super::{FIXED, STRICT, control, ids_on, insert, parking_subject, stored, world};
+use crate::support::{InProcessRelay, Scenario, wait_for};
 
 /// claim 4711: submitted (flows), approved with a claim that breaks the schema (parks the key),
 /// paid (parked behind it); claim 4712 approved properly (flows).
-async fn the_story(db: &TestDb, nats: &NatsServer, config: &Config) -> InProcessRelay {
-    let client = db.client().await;
-    let relay = InProcessRelay::start_streaming(config, &client).await;
+async fn the_story(s: &Scenario) -> InProcessRelay {
+    let client = &s.client;
+    let relay = s.relay().await;
     insert(
-        &client,
+        client,
         "s-4711",
         "4711",
         "ClaimSubmitted",
@@ -23,32 +19,32 @@ async fn the_story(db: &TestDb, nats: &NatsServer, config: &Config) -> InProcess
     )
     .await;
     insert(
-        &client,
+        client,
         "a-4711",
         "4711",
         "ClaimApproved",
         r#"{"claim": "4711"}"#,
     )
     .await;
-    insert(&client, "p-4711", "4711", "ClaimPaid", r#"{"claim": 4711}"#).await;
+    insert(client, "p-4711", "4711", "ClaimPaid", r#"{"claim": 4711}"#).await;
     insert(
-        &client,
+        client,
         "a-4712",
         "4712",
         "ClaimApproved",
         r#"{"claim": 4712}"#,
     )
     .await;
-    stored(nats, config, 4).await;
+    stored(&s.nats, &s.config, 4).await;
     relay
 }
 
 #[tokio::test]
 async fn an_invalid_approval_parks_its_claim_and_the_payment_waits_behind_it() {
-    let (db, nats, _dir, config) = world(STRICT).await;
-    let relay = the_story(&db, &nats, &config).await;
-    let all = stored(&nats, &config, 4).await;
-    let parking = parking_subject(&config, "4711");
+    let s = world(STRICT).await;
+    let relay = the_story(&s).await;
+    let all = stored(&s.nats, &s.config, 4).await;
+    let parking = parking_subject(&s.config, "4711");
     assert_eq!(
         ids_on(&all, "outbox.Claim"),
         ["s-4711", "a-4712"],
@@ -75,19 +71,9 @@ async fn an_invalid_approval_parks_its_claim_and_the_payment_waits_behind_it() {
         "the payload as stored"
     );
     // The slot advanced past everything: parked events are stored.
-    let client = db.client().await;
-    let wal = current_wal_lsn(&client).await;
-    let slot = config.postgres.slot.clone();
-    wait_for(
-        "the slot confirmed past the parked events",
-        super::LIMIT,
-        || async {
-            confirmed_flush(&client, &slot)
-                .await
-                .is_some_and(|c| c >= wal)
-        },
-    )
-    .await;
+    let wal = s.wal_lsn().await;
+    s.wait_confirmed("the slot confirmed past the parked events", wal)
+        .await;
     let m = &relay.metrics;
     wait_for("the parking gauges", super::LIMIT, || async {
         m.parking.keys.get() == 1 && m.parking.events.get() == 2
@@ -98,39 +84,32 @@ async fn an_invalid_approval_parks_its_claim_and_the_payment_waits_behind_it() {
 
 #[tokio::test]
 async fn a_requeue_after_the_fix_publishes_the_run_in_order_with_the_original_ids() {
-    let (db, nats, dir, config) = world(STRICT).await;
-    let relay = the_story(&db, &nats, &config).await;
+    let s = world(STRICT).await;
+    let client = &s.client;
+    let relay = the_story(&s).await;
     relay.stop().await.expect("clean stop");
     // The contract is fixed; the relay starts again and reads the parked key from the stream.
-    write_schema(dir.path(), FIXED);
-    let client = db.client().await;
-    let relay = InProcessRelay::start_streaming(&config, &client).await;
-    insert(
-        &client,
-        "n-4711",
-        "4711",
-        "ClaimNoted",
-        r#"{"claim": 4711}"#,
-    )
-    .await;
-    let all = stored(&nats, &config, 5).await;
-    let parking = parking_subject(&config, "4711");
+    s.write_schema("ClaimApproved", FIXED);
+    let relay = s.relay().await;
+    insert(client, "n-4711", "4711", "ClaimNoted", r#"{"claim": 4711}"#).await;
+    let all = stored(&s.nats, &s.config, 5).await;
+    let parking = parking_subject(&s.config, "4711");
     assert_eq!(
         ids_on(&all, &parking),
         ["a-4711", "p-4711", "n-4711"],
         "still parked after the restart: the parked set is rebuilt from the stream"
     );
     assert_eq!(all.last().unwrap().header("Outbox-Parked-Count"), "3");
-    control(&client, "requeue", "4711", "r-1").await;
+    control(client, "requeue", "4711", "r-1").await;
     insert(
-        &client,
+        client,
         "c-4711",
         "4711",
         "ClaimClosed",
         r#"{"claim": 4711}"#,
     )
     .await;
-    let all = stored(&nats, &config, 10).await;
+    let all = stored(&s.nats, &s.config, 10).await;
     assert_eq!(
         ids_on(&all, "outbox.Claim"),
         ["s-4711", "a-4712", "a-4711", "p-4711", "n-4711", "c-4711"],
@@ -150,19 +129,19 @@ async fn a_requeue_after_the_fix_publishes_the_run_in_order_with_the_original_id
 
 #[tokio::test]
 async fn a_discard_releases_the_key_without_republishing_its_run() {
-    let (db, nats, _dir, config) = world(STRICT).await;
-    let relay = the_story(&db, &nats, &config).await;
-    let client = db.client().await;
-    control(&client, "discard", "4711", "r-2").await;
+    let s = world(STRICT).await;
+    let client = &s.client;
+    let relay = the_story(&s).await;
+    control(client, "discard", "4711", "r-2").await;
     insert(
-        &client,
+        client,
         "c-4711",
         "4711",
         "ClaimClosed",
         r#"{"claim": 4711}"#,
     )
     .await;
-    let all = stored(&nats, &config, 6).await;
+    let all = stored(&s.nats, &s.config, 6).await;
     assert_eq!(
         ids_on(&all, "outbox.Claim"),
         ["s-4711", "a-4712", "c-4711"],
@@ -175,11 +154,11 @@ async fn a_discard_releases_the_key_without_republishing_its_run() {
 
 #[tokio::test]
 async fn a_requeue_of_a_key_that_is_not_parked_does_nothing() {
-    let (db, nats, _dir, config) = world(STRICT).await;
-    let relay = the_story(&db, &nats, &config).await;
-    let client = db.client().await;
-    control(&client, "requeue", "4712", "r-3").await;
-    client
+    let s = world(STRICT).await;
+    let client = &s.client;
+    let relay = the_story(&s).await;
+    control(client, "requeue", "4712", "r-3").await;
+    s.client
         .execute(
             "SELECT pg_logical_emit_message(true, 'outbox-relay.control', 'not json')",
             &[],
@@ -187,14 +166,14 @@ async fn a_requeue_of_a_key_that_is_not_parked_does_nothing() {
         .await
         .unwrap();
     insert(
-        &client,
+        client,
         "c-4712",
         "4712",
         "ClaimClosed",
         r#"{"claim": 4712}"#,
     )
     .await;
-    let all = stored(&nats, &config, 5).await;
+    let all = stored(&s.nats, &s.config, 5).await;
     assert_eq!(
         all.len(),
         5,
@@ -217,21 +196,21 @@ async fn a_requeue_of_a_key_that_is_not_parked_does_nothing() {
 
 #[tokio::test]
 async fn past_max_parked_keys_the_relay_stops_naming_the_key_and_nothing_is_lost() {
-    let (db, nats, _dir, mut config) = world(STRICT).await;
-    config.outbox.max_parked_keys = 1;
-    let client = db.client().await;
-    let relay = InProcessRelay::start_streaming(&config, &client).await;
+    let mut s = world(STRICT).await;
+    s.config.outbox.max_parked_keys = 1;
+    let client = &s.client;
+    let relay = s.relay().await;
     insert(
-        &client,
+        client,
         "a-4711",
         "4711",
         "ClaimApproved",
         r#"{"claim": "x"}"#,
     )
     .await;
-    stored(&nats, &config, 1).await;
+    stored(&s.nats, &s.config, 1).await;
     insert(
-        &client,
+        client,
         "a-4712",
         "4712",
         "ClaimApproved",
@@ -253,12 +232,13 @@ async fn past_max_parked_keys_the_relay_stops_naming_the_key_and_nothing_is_lost
     // Still in the slot: the relay's slot holds it for the next start. (Comparing the confirmed
     // position with the WAL position before the insert raced keepalives, which confirm the WAL of
     // other databases of the shared server while nothing is in flight.)
-    let (slot, publication) = (&config.postgres.slot, &config.postgres.publication);
+    let (slot, publication) = (&s.config.postgres.slot, &s.config.postgres.publication);
     wait_for(
         "the slot to hold a-4712 (not confirmed)",
         super::LIMIT,
         || async {
-            let rows = client
+            let rows = s
+                .client
                 .query(
                     "SELECT data FROM pg_logical_slot_peek_binary_changes($1, NULL, NULL, \
                  'proto_version', '1', 'publication_names', $2)",
@@ -283,25 +263,25 @@ async fn past_max_parked_keys_the_relay_stops_naming_the_key_and_nothing_is_lost
 /// event through).
 #[tokio::test]
 async fn a_requeue_still_invalid_keeps_a_key_with_a_line_break_parked_on_its_own_subject() {
-    let (db, nats, _dir, config) = world(STRICT).await;
-    let client = db.client().await;
-    let relay = InProcessRelay::start_streaming(&config, &client).await;
+    let s = world(STRICT).await;
+    let client = &s.client;
+    let relay = s.relay().await;
     let claim = "47\n11";
-    insert(&client, "a-1", claim, "ClaimApproved", r#"{"claim": "x"}"#).await;
-    stored(&nats, &config, 1).await;
+    insert(client, "a-1", claim, "ClaimApproved", r#"{"claim": "x"}"#).await;
+    stored(&s.nats, &s.config, 1).await;
     let body = serde_json::json!({"op": "requeue", "aggregate_type": "Claim",
         "aggregate_id": claim, "request": "r-nl"});
-    client
+    s.client
         .execute(
             "SELECT pg_logical_emit_message(true, 'outbox-relay.control', $1::text)",
             &[&body.to_string()],
         )
         .await
         .expect("requeue");
-    insert(&client, "p-1", claim, "ClaimPaid", r#"{"claim": 1}"#).await;
-    let all = stored(&nats, &config, 4).await;
+    insert(client, "p-1", claim, "ClaimPaid", r#"{"claim": 1}"#).await;
+    let all = stored(&s.nats, &s.config, 4).await;
     assert_eq!(
-        ids_on(&all, &parking_subject(&config, claim)),
+        ids_on(&all, &parking_subject(&s.config, claim)),
         ["a-1", "released:r-nl", "a-1", "p-1"],
         "{all:#?}"
     );

@@ -12,8 +12,7 @@ use async_nats::jetstream::{self, stream};
 use outbox_relay::parking::{KeyHash, parked_subject};
 use serde_json::Value;
 
-use super::requeue_sql_with;
-use crate::support::{NatsServer, PgServer, TestDb, relay_config, relay_env, run_command, unique};
+use crate::support::{Scenario, run_command};
 
 const LIMIT: Duration = Duration::from_secs(60);
 const DEAD_LETTER: &str = "outbox_dead_letter";
@@ -77,14 +76,11 @@ async fn publish(
 
 #[tokio::test]
 async fn parked_lists_each_parked_key_from_the_stream_and_requeue_refuses_a_released_one() {
-    let server = PgServer::shared();
-    let db = TestDb::create(server).await;
-    let nats = NatsServer::start();
-    let config = relay_config(&db, &nats);
-    let env = relay_env(&config);
-    let js = nats.jetstream().await;
+    let mut s = Scenario::builder().start().await;
+    let env = s.env();
+    let js = s.js.clone();
     js.create_stream(stream::Config {
-        name: config.nats.stream.clone(),
+        name: s.stream.clone(),
         subjects: vec![
             "outbox.>".into(),
             DEAD_LETTER.into(),
@@ -105,10 +101,7 @@ async fn parked_lists_each_parked_key_from_the_stream_and_requeue_refuses_a_rele
     );
     assert_eq!(
         none.stdout,
-        format!(
-            "parked: no key is parked in stream {}\n",
-            config.nats.stream
-        )
+        format!("parked: no key is parked in stream {}\n", s.stream)
     );
 
     let claim = ("Claim", Some("2026/4711"));
@@ -198,8 +191,7 @@ async fn parked_lists_each_parked_key_from_the_stream_and_requeue_refuses_a_rele
     );
 
     // requeue: a released key is refused, a parked one goes through.
-    let op = unique("op");
-    db.psql(&requeue_sql_with(&[("operator_role", &op)]));
+    s.install_operator_role(&[]);
     let refused = run_command(&["requeue", "--key", "Claim/4712"], &env, LIMIT);
     assert_eq!(refused.status.code(), Some(1), "{}", refused.stdout);
     // The command it offers names the variables this one ran with (they set the stream).
@@ -243,7 +235,7 @@ async fn parked_lists_each_parked_key_from_the_stream_and_requeue_refuses_a_rele
     );
 
     // NATS gone: parked cannot check (2), requeue cannot tell (1, naming --force).
-    nats.stop();
+    s.nats.stop();
     let down = run_command(&["parked"], &env, LIMIT);
     assert_eq!(down.status.code(), Some(2), "{}", down.stdout);
     assert!(
@@ -264,6 +256,4 @@ async fn parked_lists_each_parked_key_from_the_stream_and_requeue_refuses_a_rele
         "{}",
         unknown.stderr
     );
-    drop(db);
-    server.psql("postgres", &format!("DROP ROLE IF EXISTS {op}"));
 }

@@ -10,63 +10,20 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use tokio_postgres::Client;
 
-use super::requeue_sql_with;
+use super::{emitted, watch_messages};
 use crate::ops::{free_addr, try_get};
-use crate::support::{
-    NatsServer, PgServer, RelayProcess, TestDb, default_outbox_sql, relay_config, relay_env,
-    run_command, unique, wait_for,
-};
+use crate::support::{PgServer, ROLE_PASSWORD, Scenario, run_command, wait_for};
 
 const LIMIT: Duration = Duration::from_secs(90);
 
-/// A pgoutput slot of the test's own that keeps every control message for it to read.
-async fn watch_messages(client: &Client, db: &TestDb) -> (String, String) {
-    let (slot, publication) = (
-        format!("{}_watch", db.slot_name()),
-        format!("{}_watch", db.publication_name()),
-    );
-    client
-        .batch_execute(&format!("CREATE PUBLICATION {publication}"))
-        .await
-        .expect("create an empty publication");
-    client
-        .query_one(
-            "SELECT lsn FROM pg_create_logical_replication_slot($1, 'pgoutput')",
-            &[&slot],
-        )
-        .await
-        .expect("create the watching slot");
-    (slot, publication)
-}
-
 /// The control messages' contents the watching slot holds, in order (the relay's own slot has
 /// passed them by then).
-async fn contents(client: &Client, slot: &str, publication: &str) -> Vec<Value> {
-    use outbox_relay::pgoutput::{Decoder, Message};
-    let rows = client
-        .query(
-            "SELECT data FROM pg_logical_slot_peek_binary_changes($1, NULL, NULL, \
-             'proto_version', '1', 'publication_names', $2, 'messages', 'true')",
-            &[&slot, &publication],
-        )
+async fn contents(client: &Client, watch: &(String, String)) -> Vec<Value> {
+    emitted(client, watch)
         .await
-        .expect("peek the watching slot");
-    let mut decoder = Decoder::new();
-    rows.iter()
-        .filter_map(|r| {
-            let data: Vec<u8> = r.get(0);
-            match decoder
-                .decode(bytes::Bytes::from(data), outbox_relay::Lsn(0))
-                .expect("decodes")
-            {
-                Message::Message {
-                    prefix, content, ..
-                } if prefix.starts_with("outbox-relay.control") => {
-                    Some(serde_json::from_slice(&content).expect("JSON content"))
-                }
-                _ => None,
-            }
-        })
+        .into_iter()
+        .filter(|m| m.prefix.starts_with("outbox-relay.control"))
+        .map(|m| m.content)
         .collect()
 }
 
@@ -93,14 +50,13 @@ fn one_error_line(stderr: &str) -> &str {
 /// that relay has stored past the request's transaction.
 #[tokio::test]
 async fn requeue_names_the_missing_script_then_sends_each_request_and_waits_for_the_relay() {
-    let server = PgServer::shared();
-    let db = TestDb::create(server).await;
-    db.psql(&default_outbox_sql());
-    let nats = NatsServer::start();
-    let mut config = relay_config(&db, &nats);
     let addr = free_addr();
-    config.http.listen = addr.clone();
-    let env = relay_env(&config);
+    let mut s = Scenario::builder()
+        .default_outbox()
+        .http_listen(&addr)
+        .start()
+        .await;
+    let env = s.env();
 
     let missing = run_command(&["requeue", "--key", "Claim/4711", "--force"], &env, LIMIT);
     assert_eq!(missing.status.code(), Some(1), "{}", missing.stdout);
@@ -111,11 +67,9 @@ async fn requeue_names_the_missing_script_then_sends_each_request_and_waits_for_
         "{line}"
     );
 
-    let op = unique("op");
-    db.psql(&requeue_sql_with(&[("operator_role", &op)]));
-    let client = db.client().await;
-    let (watch, watch_publication) = watch_messages(&client, &db).await;
-    let relay = RelayProcess::run(&config);
+    s.install_operator_role(&[]);
+    let watch = watch_messages(&s.client, &s.db).await;
+    let relay = s.run_binary();
     wait_for("the relay's /position", LIMIT, || async {
         matches!(try_get(&addr, "/position").await, Some((200, _)))
     })
@@ -184,7 +138,7 @@ async fn requeue_names_the_missing_script_then_sends_each_request_and_waits_for_
     let event_request = request_of(&event.stdout);
 
     assert_eq!(
-        contents(&client, &watch, &watch_publication).await,
+        contents(&s.client, &watch).await,
         vec![
             json!({"op": "requeue", "aggregate_type": "Claim", "aggregate_id": "2026/4711", "request": requeued}),
             json!({"op": "discard", "aggregate_type": "Claim", "aggregate_id": null, "request": discarded}),
@@ -192,9 +146,6 @@ async fn requeue_names_the_missing_script_then_sends_each_request_and_waits_for_
         ]
     );
     drop(relay);
-    drop(client);
-    drop(db);
-    server.psql("postgres", &format!("DROP ROLE IF EXISTS {op}"));
 }
 
 /// Installed for another relay's name, `requeue` says so and how to install it for this one; a
@@ -202,15 +153,10 @@ async fn requeue_names_the_missing_script_then_sends_each_request_and_waits_for_
 #[tokio::test]
 async fn requeue_names_another_relays_prefix_and_the_grant_a_refused_login_needs() {
     let server = PgServer::shared();
-    let db = TestDb::create(server).await;
-    let nats = NatsServer::start();
-    let config = relay_config(&db, &nats);
-    let mut env = relay_env(&config);
-    let op = unique("op");
-    db.psql(&requeue_sql_with(&[
-        ("operator_role", &op),
-        ("relay_name", "orders"),
-    ]));
+    let mut s = Scenario::builder().start().await;
+    let mut env = s.env();
+    s.install_operator_role(&[("relay_name", "orders")]);
+    let op = s.operator().to_owned();
 
     let other = run_command(&["requeue", "--key", "Claim/4711", "--force"], &env, LIMIT);
     assert_eq!(other.status.code(), Some(1), "{}", other.stdout);
@@ -223,10 +169,8 @@ async fn requeue_names_another_relays_prefix_and_the_grant_a_refused_login_needs
     );
 
     env.push(("OUTBOX_RELAY_NAME".into(), "orders".into()));
-    let (nobody, member) = (unique("nobody"), unique("member"));
-    db.psql(&format!(
-        "CREATE ROLE {nobody} LOGIN PASSWORD 'pw'; CREATE ROLE {member} LOGIN PASSWORD 'pw' IN ROLE {op}"
-    ));
+    let nobody = s.login_role("nobody", None);
+    let member = s.login_role("member", Some(&op));
     let refused = run_command(
         &[
             "requeue",
@@ -234,7 +178,7 @@ async fn requeue_names_another_relays_prefix_and_the_grant_a_refused_login_needs
             "Claim/4711",
             "--force",
             "--postgres-url",
-            &server.url_as(&nobody, "pw", db.name()),
+            &server.url_as(&nobody, ROLE_PASSWORD, s.db.name()),
         ],
         &env,
         LIMIT,
@@ -255,7 +199,7 @@ async fn requeue_names_another_relays_prefix_and_the_grant_a_refused_login_needs
             "--force",
             "--no-wait",
             "--postgres-url",
-            &server.url_as(&member, "pw", db.name()),
+            &server.url_as(&member, ROLE_PASSWORD, s.db.name()),
         ],
         &env,
         LIMIT,
@@ -265,12 +209,5 @@ async fn requeue_names_another_relays_prefix_and_the_grant_a_refused_login_needs
         allowed.stdout.starts_with("requeue Claim/4711: request "),
         "{}",
         allowed.stdout
-    );
-    drop(db);
-    server.psql(
-        "postgres",
-        &format!(
-            "DROP ROLE IF EXISTS {nobody}; DROP ROLE IF EXISTS {member}; DROP ROLE IF EXISTS {op}"
-        ),
     );
 }

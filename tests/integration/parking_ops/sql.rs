@@ -5,14 +5,12 @@
 //! `messages 'true'` and decoded by the relay's own decoder. A relay's name makes the prefix, and
 //! values that look like SQL or JSON injection (quotes, line breaks) arrive as string data.
 
-use bytes::Bytes;
 use outbox_relay::Lsn;
-use outbox_relay::pgoutput::{Decoder, Message};
-use serde_json::{Value, json};
+use serde_json::json;
 use tokio_postgres::{Client, NoTls};
 
-use super::{requeue_sql, requeue_sql_with};
-use crate::support::{PgServer, TestDb, unique};
+use super::{emitted, watch_messages};
+use crate::support::{PgServer, Scenario, TestDb, requeue_sql, requeue_sql_with};
 
 const PG_PASSWORD: &str = "operator-pw";
 
@@ -84,70 +82,6 @@ async fn the_functions_install_again_and_only_the_operator_role_may_call_them() 
     }
 }
 
-/// One control message as a pgoutput slot hands it over.
-#[derive(Debug)]
-struct Emitted {
-    transactional: bool,
-    lsn: Lsn,
-    prefix: String,
-    content: Value,
-}
-
-/// A pgoutput slot (with an empty publication: messages need no table) on `db`.
-async fn message_slot(client: &Client, db: &TestDb) -> (String, String) {
-    let (slot, publication) = (db.slot_name(), db.publication_name());
-    client
-        .batch_execute(&format!("CREATE PUBLICATION {publication}"))
-        .await
-        .expect("create an empty publication");
-    client
-        .query_one(
-            "SELECT lsn FROM pg_create_logical_replication_slot($1, 'pgoutput')",
-            &[&slot],
-        )
-        .await
-        .expect("create the slot");
-    (slot, publication)
-}
-
-/// Every logical message the slot would hand over now, decoded.
-async fn emitted(client: &Client, slot: &str, publication: &str) -> Vec<Emitted> {
-    let rows = client
-        .query(
-            "SELECT data FROM pg_logical_slot_peek_binary_changes($1, NULL, NULL, \
-             'proto_version', '1', 'publication_names', $2, 'messages', 'true')",
-            &[&slot, &publication],
-        )
-        .await
-        .expect("peek the slot");
-    let mut decoder = Decoder::new();
-    rows.iter()
-        .filter_map(|r| {
-            let data: Vec<u8> = r.get(0);
-            match decoder.decode(Bytes::from(data), Lsn(0)).expect("decodes") {
-                Message::Message {
-                    transactional,
-                    lsn,
-                    prefix,
-                    content,
-                    ..
-                } => Some(Emitted {
-                    transactional,
-                    lsn,
-                    prefix,
-                    content: serde_json::from_slice(&content).unwrap_or_else(|e| {
-                        panic!(
-                            "content is JSON: {e}: {}",
-                            String::from_utf8_lossy(&content)
-                        )
-                    }),
-                }),
-                _ => None,
-            }
-        })
-        .collect()
-}
-
 /// Calls `call` (which returns request and lsn) and says what it returned.
 async fn call(
     client: &Client,
@@ -166,31 +100,28 @@ async fn call(
 /// the JSON of its op (no other key; a NULL aggregate id as JSON null), at the LSN it returns.
 #[tokio::test]
 async fn each_function_emits_one_transactional_control_message_with_exactly_its_json() {
-    let server = PgServer::shared();
-    let db = TestDb::create(server).await;
-    let op = unique("op");
-    db.psql(&requeue_sql_with(&[("operator_role", &op)]));
-    let client = db.client().await;
-    let (slot, publication) = message_slot(&client, &db).await;
+    let s = Scenario::builder().operator_role().start().await;
+    let client = &s.client;
+    let watch = watch_messages(client, &s.db).await;
     let (requeue, requeue_lsn) = call(
-        &client,
+        client,
         "SELECT request::text, lsn::text FROM outbox_requeue($1, $2)",
         &[&"Claim", &"4711"],
     )
     .await;
     let (discard, discard_lsn) = call(
-        &client,
+        client,
         "SELECT request::text, lsn::text FROM outbox_discard($1, $2)",
         &[&"Claim", &None::<&str>],
     )
     .await;
     let (event, event_lsn) = call(
-        &client,
+        client,
         "SELECT request::text, lsn::text FROM outbox_requeue_event($1)",
         &[&"6f1c-e1"],
     )
     .await;
-    let got = emitted(&client, &slot, &publication).await;
+    let got = emitted(client, &watch).await;
     assert_eq!(got.len(), 3, "one message a call: {got:?}");
     let want = [
         (
@@ -223,9 +154,6 @@ async fn each_function_emits_one_transactional_control_message_with_exactly_its_
             .is_some_and(|m| m.contains("needs its aggregate type")),
         "{refused:?}"
     );
-    drop(client);
-    drop(db);
-    server.psql("postgres", &format!("DROP ROLE IF EXISTS {op}"));
 }
 
 /// `-v relay_name=orders` makes the prefix `outbox-relay.control.orders`; a type and id full of
@@ -233,33 +161,29 @@ async fn each_function_emits_one_transactional_control_message_with_exactly_its_
 /// with a line naming `relay_name`.
 #[tokio::test]
 async fn a_relays_name_makes_the_prefix_and_injection_looking_values_arrive_as_data() {
-    let server = PgServer::shared();
-    let db = TestDb::create(server).await;
-    let op = unique("op");
-    db.psql(&requeue_sql_with(&[
-        ("operator_role", &op),
-        ("relay_name", "orders"),
-    ]));
-    let client = db.client().await;
-    let (slot, publication) = message_slot(&client, &db).await;
+    let mut s = Scenario::builder().start().await;
+    s.install_operator_role(&[("relay_name", "orders")]);
+    let client = &s.client;
+    let watch = watch_messages(client, &s.db).await;
     let hostile_type = "Cl'aim\", \"op\": \"discard";
     let hostile_id = "4711'); SELECT pg_logical_emit_message(true, 'x', 'y'); --\n\"}\\";
     let (request, _) = call(
-        &client,
+        client,
         "SELECT request::text, lsn::text FROM outbox_requeue($1, $2)",
         &[&hostile_type, &hostile_id],
     )
     .await;
-    let got = emitted(&client, &slot, &publication).await;
+    let got = emitted(client, &watch).await;
     assert_eq!(got.len(), 1, "{got:?}");
     assert_eq!(got[0].prefix, "outbox-relay.control.orders");
     assert_eq!(
         got[0].content,
         json!({"op": "requeue", "aggregate_type": hostile_type, "aggregate_id": hostile_id, "request": request})
     );
+    let (db, op) = (&s.db, s.operator());
     let bad = std::panic::catch_unwind(|| {
         db.psql(&requeue_sql_with(&[
-            ("operator_role", &op),
+            ("operator_role", op),
             ("relay_name", "Orders-2"),
         ]))
     })
@@ -269,7 +193,4 @@ async fn a_relays_name_makes_the_prefix_and_injection_looking_values_arrive_as_d
         text.contains("relay_name 'Orders-2' must be a relay's name"),
         "{text}"
     );
-    drop(client);
-    drop(db);
-    server.psql("postgres", &format!("DROP ROLE IF EXISTS {op}"));
 }

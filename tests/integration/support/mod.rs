@@ -11,7 +11,9 @@
 //! - `TestDb::create(server)` is a database per test, with its own slot and publication names.
 //! - `Scenario::builder()…start()` is the usual beginning of an end-to-end test: a database on the shared
 //!   Postgres with the test's SQL, a JetStream server, the relay's config with the test's changes,
-//!   and the clients (`scenario.rs`).
+//!   and the clients (`scenario.rs`); the builder also takes a private Postgres, a NATS server with
+//!   a configuration and credentials, schemas and parking, and sql/09's operator role.
+//! - `sql_file`, `requeue_sql_with`: the repository's SQL scripts as tests install them (`sql.rs`).
 
 #![allow(dead_code)]
 
@@ -19,6 +21,7 @@ mod otlp;
 mod proxy;
 mod relay;
 mod scenario;
+mod sql;
 
 pub(crate) use otlp::{OtlpReceiver, ReceivedSpan};
 pub(crate) use outbox_relay::testkit::{
@@ -30,4 +33,5 @@ pub(crate) use relay::{
     current_wal_lsn, default_outbox_sql, read_all, relay_config, relay_env, run_command,
     slot_exists, stream_count,
 };
-pub(crate) use scenario::{Scenario, ScenarioBuilder};
+pub(crate) use scenario::{ROLE_PASSWORD, Scenario, ScenarioBuilder};
+pub(crate) use sql::{requeue_sql, requeue_sql_with, sql_file};

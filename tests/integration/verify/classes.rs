@@ -52,18 +52,13 @@ async fn a_clean_stream_of_100_000_events_reports_nothing() {
 async fn a_message_deleted_from_the_stream_is_missing_and_its_sequence_a_hole() {
     let s = Story::published(10, 10).await;
     let seq = s
-        .messages()
+        .read_all()
         .await
         .iter()
         .find(|m| m.id() == "e-5531")
         .expect("e-5531 stored")
         .seq;
-    let stream = s
-        .js()
-        .await
-        .get_stream(&s.config.nats.stream)
-        .await
-        .unwrap();
+    let stream = s.stream().await;
     assert!(stream.delete_message(seq).await.unwrap());
     let (code, json) = s.verify(&[]).await;
     assert_eq!(code, 1, "{json}");
@@ -86,14 +81,13 @@ async fn a_message_deleted_from_the_stream_is_missing_and_its_sequence_a_hole() 
 #[tokio::test]
 async fn a_duplicate_published_by_another_client_is_a_duplicate_not_a_break_of_order() {
     let s = Story::published(10, 10).await;
-    let messages = s.messages().await;
+    let messages = s.read_all().await;
     let original = messages.iter().find(|m| m.id() == "e-5531").unwrap();
     // Another client republishes e-5531 as it is, without Nats-Msg-Id (which JetStream would
     // deduplicate within its window) but with the event id consumers deduplicate on.
     let mut h = headers_of(original, &["Nats-Msg-Id"]);
     h.insert("Outbox-Event-Id", "e-5531");
-    let js = s.js().await;
-    let copy = publish(&js, &original.subject, h, original.payload_str()).await;
+    let copy = publish(&s.js, &original.subject, h, original.payload_str()).await;
     let (code, json) = s.verify(&[]).await;
     assert_eq!(code, 1, "{json}");
     assert_exactly(&json, "duplicates", 1, "e-5531");
@@ -106,13 +100,12 @@ async fn a_duplicate_published_by_another_client_is_a_duplicate_not_a_break_of_o
 #[tokio::test]
 async fn a_pair_stored_out_of_order_by_another_client_is_one_break() {
     let s = Story::published(10, 10).await;
-    let messages = s.messages().await;
+    let messages = s.read_all().await;
     let last = messages.last().unwrap();
     let position = last.header("Outbox-Position");
     let (history, place) = position.rsplit_once('/').unwrap();
     let (lsn_lo, _) = place.split_once(':').unwrap();
     let lo = u64::from_str_radix(lsn_lo, 16).unwrap();
-    let js = s.js().await;
     // x-2's position is after x-1's, and it is stored first.
     for (id, offset) in [("x-2", 0x200u64), ("x-1", 0x100)] {
         let mut h = headers_of(last, &["Nats-Msg-Id", "Outbox-Position"]);
@@ -121,7 +114,7 @@ async fn a_pair_stored_out_of_order_by_another_client_is_one_break() {
             "Outbox-Position",
             format!("{history}/{:X}:0", lo + offset).as_str(),
         );
-        publish(&js, "outbox.Claim", h, "{}").await;
+        publish(&s.js, "outbox.Claim", h, "{}").await;
     }
     let (code, json) = s.verify(&[]).await;
     assert_eq!(code, 1, "{json}");
@@ -137,10 +130,9 @@ async fn a_pair_stored_out_of_order_by_another_client_is_one_break() {
 #[tokio::test]
 async fn a_foreign_message_is_foreign() {
     let s = Story::published(10, 10).await;
-    let js = s.js().await;
     let mut h = HeaderMap::new();
     h.insert("Nats-Msg-Id", "f-1");
-    let seq = publish(&js, "outbox.Claim", h, r#"{"not": "the relay's"}"#).await;
+    let seq = publish(&s.js, "outbox.Claim", h, r#"{"not": "the relay's"}"#).await;
     let (code, json) = s.verify(&[]).await;
     assert_eq!(code, 1, "{json}");
     assert_exactly(&json, "foreign", 1, "f-1");
@@ -152,9 +144,9 @@ async fn a_row_inserted_before_the_slot_existed_is_missing() {
     let s = Story::new().await;
     // Written before the relay created its slot: the slot starts after it, so it is never sent.
     s.e5531().await;
-    let relay = InProcessRelay::start_streaming(&s.config, &s.client).await;
+    let relay = s.relay().await;
     s.fillers(1, 20, 10).await;
-    s.wait_for_messages(20).await;
+    s.wait_messages(20).await;
     relay.stop().await.expect("relay stops cleanly");
     let (code, json) = s.verify(&[]).await;
     assert_eq!(code, 1, "{json}");
@@ -162,7 +154,7 @@ async fn a_row_inserted_before_the_slot_existed_is_missing() {
     assert_eq!(json["rows"], 21);
 
     // The recovery docs/recovery.md gives: the row written anew while the relay runs.
-    let relay = InProcessRelay::start_streaming(&s.config, &s.client).await;
+    let relay = s.relay().await;
     s.client
         .batch_execute(
             "WITH gone AS (DELETE FROM public.outbox WHERE event_id IN ('e-5531') RETURNING *) \
@@ -170,7 +162,7 @@ async fn a_row_inserted_before_the_slot_existed_is_missing() {
         )
         .await
         .unwrap();
-    s.wait_for_messages(21).await;
+    s.wait_messages(21).await;
     relay.stop().await.expect("relay stops cleanly");
     let (code, json) = s.verify(&["--payloads"]).await;
     assert_eq!(code, 0, "after the recovery: {json}");
@@ -179,14 +171,14 @@ async fn a_row_inserted_before_the_slot_existed_is_missing() {
 #[tokio::test]
 async fn a_payload_changed_in_flight_differs_with_payloads_only() {
     let s = Story::new().await;
-    let relay = InProcessRelay::start_streaming(&s.config, &s.client).await;
+    let relay = s.relay().await;
     s.fillers(1, 10, 5).await;
-    s.wait_for_messages(10).await;
+    s.wait_messages(10).await;
     relay.stop().await.expect("relay stops cleanly");
     // The row is committed while the relay is stopped; a hand-made message carries it on, with
     // the relay's headers and the next position, but another amount.
     s.e5531().await;
-    let messages = s.messages().await;
+    let messages = s.read_all().await;
     let last = messages.last().unwrap();
     let (history, place) = last.header("Outbox-Position").rsplit_once('/').unwrap();
     let (lsn_lo, _) = place.split_once(':').unwrap();
@@ -208,8 +200,7 @@ async fn a_payload_changed_in_flight_differs_with_payloads_only() {
         .get(0);
     let changed = stored.replace("125000", "1");
     assert_ne!(stored, changed);
-    let js = s.js().await;
-    let seq = publish(&js, "outbox.Claim", h, &changed).await;
+    let seq = publish(&s.js, "outbox.Claim", h, &changed).await;
 
     let (code, json) = s.verify(&["--payloads"]).await;
     assert_eq!(code, 1, "{json}");
@@ -227,13 +218,13 @@ async fn a_payload_changed_in_flight_differs_with_payloads_only() {
 #[tokio::test]
 async fn a_message_on_another_subject_than_the_template_gives_is_misrouted() {
     let s = Story::new().await;
-    let relay = InProcessRelay::start_streaming(&s.config, &s.client).await;
+    let relay = s.relay().await;
     s.fillers(1, 10, 5).await;
-    s.wait_for_messages(10).await;
+    s.wait_messages(10).await;
     relay.stop().await.expect("relay stops cleanly");
     // e-5531 is committed while the relay is stopped and carried on by hand to outbox.Other.
     s.e5531().await;
-    let messages = s.messages().await;
+    let messages = s.read_all().await;
     let last = messages.last().unwrap();
     let (history, place) = last.header("Outbox-Position").rsplit_once('/').unwrap();
     let lo = u64::from_str_radix(place.split_once(':').unwrap().0, 16).unwrap();
@@ -243,8 +234,7 @@ async fn a_message_on_another_subject_than_the_template_gives_is_misrouted() {
         "Outbox-Position",
         format!("{history}/{:X}:0", lo + 0x100).as_str(),
     );
-    let js = s.js().await;
-    let seq = publish(&js, "outbox.Other", h, STORY_PAYLOAD).await;
+    let seq = publish(&s.js, "outbox.Other", h, STORY_PAYLOAD).await;
     let (code, json) = s.verify(&[]).await;
     assert_eq!(code, 1, "{json}");
     assert_exactly(&json, "misrouted", 1, "e-5531");
@@ -304,43 +294,26 @@ async fn what_cannot_be_checked_exits_2_with_one_line_naming_it() {
 
 #[tokio::test]
 async fn the_relays_documented_nats_user_can_verify() {
-    use crate::permissions::{INBOX_PREFIX, RELAY_PASSWORD, RELAY_USER, documented_nats_config};
-    let db = TestDb::create(PgServer::shared()).await;
-    db.psql(TEXT_ID_OUTBOX_SQL);
-    let nats = NatsServer::start_with_config(&documented_nats_config());
-    let mut config = relay_config(&db, &nats);
-    // The names the documented permissions are written for.
-    config.nats.stream = "OUTBOX".into();
-    config.nats.user = RELAY_USER.into();
-    config.nats.password = RELAY_PASSWORD.into();
-    config.nats.inbox_prefix = INBOX_PREFIX.into();
-    let client = db.client().await;
-    let s = Story {
-        _db: db,
-        nats,
-        config,
-        client,
-    };
-    let env = [
-        ("OUTBOX_RELAY_NATS_USER", RELAY_USER),
-        ("OUTBOX_RELAY_NATS_PASSWORD", RELAY_PASSWORD),
-        ("OUTBOX_RELAY_NATS_INBOX_PREFIX", INBOX_PREFIX),
-    ];
+    // The scenario's environment carries the relay's user, its password and its inbox prefix to
+    // setup and verify.
+    let s = Story::of(crate::permissions::documented(
+        Scenario::builder().text_ids(),
+    ))
+    .await;
     let setup = {
-        let mut vars = relay_env(&s.config);
-        vars.extend(env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
+        let vars = s.env();
         tokio::task::spawn_blocking(move || run_command(&["setup"], &vars, Duration::from_secs(60)))
             .await
             .unwrap()
     };
     assert!(setup.status.success(), "setup: {}", setup.stderr);
-    let relay = InProcessRelay::start_streaming(&s.config, &s.client).await;
+    let relay = s.relay().await;
     s.fillers(1, 50, 10).await;
     s.e5531().await;
     // (Confirmed means stored; this NATS admits only the documented users, not the test's client.)
-    s.wait_confirmed().await;
+    s.wait_all_confirmed().await;
     // While the relay runs (its slot active): the look into the slot copies it, never takes it.
-    let done = s.verify_with(&["--payloads"], &env).await;
+    let done = s.verify_with(&["--payloads"], &[]).await;
     relay.stop().await.expect("relay stops cleanly");
     println!(
         "verify as the relay's user: {:?}\n{}\n{}",

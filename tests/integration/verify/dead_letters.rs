@@ -6,10 +6,16 @@ use super::*;
 
 #[tokio::test]
 async fn a_dead_lettered_row_and_event_are_a_difference_until_republished() {
-    let mut s = Story::with_sql_file("06_outbox_message.sql").await;
-    // A short duplicate window, so the republished copies are not dropped as the dead letters'.
-    s.config.nats.duplicate_window_secs = 1;
-    let relay = InProcessRelay::start_streaming(&s.config, &s.client).await;
+    let s = Story::of(
+        Scenario::builder()
+            .text_ids()
+            .sql(&sql_file("06_outbox_message.sql"))
+            // A short duplicate window, so the republished copies are not dropped as the dead
+            // letters'.
+            .config(|c| c.nats.duplicate_window_secs = 1),
+    )
+    .await;
+    let relay = s.relay().await;
     s.fillers(1, 5, 5).await;
     // "Bad Claim" is no subject token (whitespace): the relay dead-letters both.
     s.client
@@ -21,7 +27,7 @@ async fn a_dead_lettered_row_and_event_are_a_difference_until_republished() {
         .await
         .unwrap();
     s.fillers(6, 5, 5).await;
-    s.wait_for_messages(12).await;
+    s.wait_messages(12).await;
     relay.stop().await.expect("relay stops cleanly");
 
     let (code, json) = s.verify(&[]).await;
@@ -46,7 +52,7 @@ async fn a_dead_lettered_row_and_event_are_a_difference_until_republished() {
     // The recovery of docs/recovery.md: the cause fixed, the row written anew and the event emitted
     // again with the same ids, once the duplicate window has passed since the dead letters.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let relay = InProcessRelay::start_streaming(&s.config, &s.client).await;
+    let relay = s.relay().await;
     s.client
         .batch_execute(
             "WITH gone AS (DELETE FROM outbox WHERE event_id = 'bad-1' RETURNING *) \
@@ -56,7 +62,7 @@ async fn a_dead_lettered_row_and_event_are_a_difference_until_republished() {
         )
         .await
         .unwrap();
-    s.wait_for_messages(14).await;
+    s.wait_messages(14).await;
     relay.stop().await.expect("relay stops cleanly");
     let (code, json) = s.verify(&[]).await;
     assert_eq!(code, 0, "republished: {json}");
@@ -71,7 +77,7 @@ async fn a_dead_lettered_row_and_event_are_a_difference_until_republished() {
 #[tokio::test]
 async fn a_requeued_dead_letter_is_delivered_not_dead_lettered_nor_a_duplicate() {
     let s = Story::new().await;
-    let relay = InProcessRelay::start_streaming(&s.config, &s.client).await;
+    let relay = s.relay().await;
     s.fillers(1, 3, 3).await;
     let insert = |ty: &'static str| {
         format!(
@@ -80,7 +86,7 @@ async fn a_requeued_dead_letter_is_delivered_not_dead_lettered_nor_a_duplicate()
         )
     };
     s.client.batch_execute(&insert("Bad Claim")).await.unwrap();
-    s.wait_for_messages(4).await;
+    s.wait_messages(4).await;
     let (code, json) = s.verify(&[]).await;
     assert_eq!(code, 1, "{json}");
     assert_counts(&json, &[("dead_lettered", 1)]);
@@ -93,9 +99,9 @@ async fn a_requeued_dead_letter_is_delivered_not_dead_lettered_nor_a_duplicate()
         ))
         .await
         .unwrap();
-    s.wait_for_messages(5).await;
+    s.wait_messages(5).await;
     relay.stop().await.expect("relay stops cleanly");
-    let all = s.messages().await;
+    let all = s.read_all().await;
     let ids: Vec<(&str, &str)> = all
         .iter()
         .filter(|m| m.id() == "bad-1")

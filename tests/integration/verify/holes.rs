@@ -9,7 +9,7 @@ use super::*;
 #[tokio::test]
 async fn messages_deleted_with_and_without_a_row_are_holes() {
     let s = Story::with_sql_file("06_outbox_message.sql").await;
-    let relay = InProcessRelay::start_streaming(&s.config, &s.client).await;
+    let relay = s.relay().await;
     s.fillers(1, 5, 5).await;
     s.client
         .query_one(
@@ -19,7 +19,7 @@ async fn messages_deleted_with_and_without_a_row_are_holes() {
         .await
         .unwrap();
     s.fillers(6, 5, 5).await;
-    s.wait_for_messages(11).await;
+    s.wait_messages(11).await;
     relay.stop().await.expect("relay stops cleanly");
     let (row_seq, message_seq) = (s.seq_of("e-3").await, s.seq_of("m-1").await);
     let stream = s.stream().await;
@@ -60,7 +60,7 @@ async fn a_head_deleted_under_setups_default_limits_is_missing_not_older_than_th
 #[tokio::test]
 async fn a_head_trimmed_by_max_msgs_with_discard_old_is_older_than_the_stream() {
     let s = Story::published(10, 10).await;
-    let js = s.js().await;
+    let js = &s.js;
     let mut cfg = s.stream().await.info().await.unwrap().config.clone();
     cfg.discard = DiscardPolicy::Old;
     cfg.max_messages = 15;

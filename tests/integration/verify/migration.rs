@@ -36,9 +36,11 @@ async fn orders(s: &Story, n: u32, age: &str, sent: bool) {
 
 #[tokio::test]
 async fn after_the_switch_from_a_poller_the_rows_it_had_sent_are_not_missing() {
-    let mut s = Story::with_sql(&[POLLER_TABLE]).await;
-    s.config.outbox.table = "public.outbox_event".into();
-    s.config.outbox.message_prefix = String::new();
+    let s = Story::of(Scenario::builder().sql(POLLER_TABLE).config(|c| {
+        c.outbox.table = "public.outbox_event".into();
+        c.outbox.message_prefix = String::new();
+    }))
+    .await;
     orders(&s, 300, "2 hours", true).await;
     orders(&s, 200, "1 hour", false).await;
 
@@ -51,16 +53,13 @@ async fn after_the_switch_from_a_poller_the_rows_it_had_sent_are_not_missing() {
     };
     let report = backfill(&settings, opts, |_| {}).await.expect("backfill");
     assert_eq!(report.stored, 200);
-    let relay = InProcessRelay::start_streaming(&s.config, &s.client).await;
+    let relay = s.relay().await;
     orders(&s, 50, "0 seconds", false).await;
-    s.wait_for_messages(250).await;
+    s.wait_messages(250).await;
     relay.stop().await.expect("relay stops cleanly");
 
-    let env = [
-        ("OUTBOX_RELAY_OUTBOX_TABLE", "public.outbox_event"),
-        ("OUTBOX_RELAY_OUTBOX_MESSAGE_PREFIX", ""),
-    ];
-    let (code, json, _) = s.verify_env(&["--payloads"], &env).await;
+    // The scenario's environment names the poller's table and no message prefix.
+    let (code, json) = s.verify(&["--payloads"]).await;
     assert_eq!(code, 0, "{json}");
     assert_eq!(
         (json["rows"].as_u64(), json["messages"].as_u64()),

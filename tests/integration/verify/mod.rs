@@ -18,18 +18,14 @@ mod proof;
 mod stream_only;
 mod waiting;
 
+use std::ops::Deref;
 use std::time::Duration;
 
 use async_nats::HeaderMap;
 use async_nats::jetstream;
-use outbox_relay::config::Config;
 use serde_json::Value;
 
-use crate::support::{
-    Finished, InProcessRelay, NatsServer, PgServer, Stored, TEXT_ID_OUTBOX_SQL, TestDb,
-    confirmed_flush, current_wal_lsn, read_all, relay_config, relay_env, run_command, stream_count,
-    wait_for,
-};
+use crate::support::{Finished, Scenario, ScenarioBuilder, Stored, run_command, sql_file};
 
 /// The classes of the contract, each a count in `--json` (`in_flight` is `waiting`'s old name).
 const CLASSES: [&str; 16] = [
@@ -53,44 +49,32 @@ const CLASSES: [&str; 16] = [
 
 const STORY_PAYLOAD: &str = r#"{"claim_id": 4711, "status": "approved", "amount_cents": 125000}"#;
 
-/// A database with the text-id outbox and servers for one test.
-struct Story {
-    /// Kept for the test's length: the database goes with it.
-    _db: TestDb,
-    nats: NatsServer,
-    config: Config,
-    client: tokio_postgres::Client,
+/// A scenario with the steps of verify's stories: fillers, e-5531, the relay publishing them, and
+/// `verify` run as the binary against the scenario's servers.
+struct Story(Scenario);
+
+impl Deref for Story {
+    type Target = Scenario;
+
+    fn deref(&self) -> &Scenario {
+        &self.0
+    }
 }
 
 impl Story {
-    async fn new() -> Story {
-        Story::with_sql(&[TEXT_ID_OUTBOX_SQL]).await
+    /// A story on the scenario `builder` makes.
+    async fn of(builder: ScenarioBuilder<'_>) -> Story {
+        Story(builder.start().await)
     }
 
-    /// A database with these scripts run (e.g. the outbox table and a file of sql/).
-    async fn with_sql(scripts: &[&str]) -> Story {
-        let db = TestDb::create(PgServer::shared()).await;
-        for s in scripts {
-            db.psql(s);
-        }
-        let nats = NatsServer::start();
-        let config = relay_config(&db, &nats);
-        let client = db.client().await;
-        Story {
-            _db: db,
-            nats,
-            config,
-            client,
-        }
+    /// A database with the text-id outbox.
+    async fn new() -> Story {
+        Story::of(Scenario::builder().text_ids()).await
     }
 
     /// A database with the text-id outbox and `sql/<file>`.
     async fn with_sql_file(file: &str) -> Story {
-        Story::with_sql(&[TEXT_ID_OUTBOX_SQL, &sql_file(file)]).await
-    }
-
-    fn psql(&self, sql: &str) -> String {
-        self._db.psql(sql)
+        Story::of(Scenario::builder().text_ids().sql(&sql_file(file))).await
     }
 
     /// `n` filler events `e-<from>..`, one transaction each `per_tx` rows.
@@ -124,43 +108,23 @@ impl Story {
             .unwrap();
     }
 
-    async fn js(&self) -> jetstream::Context {
-        self.nats.jetstream().await
-    }
-
-    async fn wait_for_messages(&self, n: u64) {
-        let js = self.js().await;
-        let stream = self.config.nats.stream.clone();
-        wait_for(
-            &format!("{n} messages in {stream}"),
-            // A minute, and more for a long story (100,000 events on a loaded 2-core machine).
-            Duration::from_secs(60 + n / 500),
-            || async { stream_count(&js, &stream).await >= n },
-        )
-        .await;
-    }
-
     /// The relay publishes `before` fillers, e-5531, `after` fillers, and stops.
     async fn published(before: u32, after: u32) -> Story {
         let s = Story::new().await;
-        let relay = InProcessRelay::start_streaming(&s.config, &s.client).await;
+        let relay = s.relay().await;
         s.fillers(1, before, 100).await;
         s.e5531().await;
         s.fillers(10_000, after, 100).await;
-        s.wait_for_messages(u64::from(before + after + 1)).await;
+        s.wait_messages(u64::from(before + after + 1)).await;
         relay.stop().await.expect("relay stops cleanly");
         s
     }
 
-    async fn messages(&self) -> Vec<Stored> {
-        read_all(&self.js().await, &self.config.nats.stream).await
-    }
-
-    /// `outbox-relay verify --json ARGS` with `env` added to the test's: how it ended.
+    /// `outbox-relay verify --json ARGS` with `env` added to the scenario's: how it ended.
     async fn verify_with(&self, args: &[&str], env: &[(&str, &str)]) -> Finished {
         let mut all = vec!["verify".to_owned(), "--json".to_owned()];
         all.extend(args.iter().map(|a| (*a).to_owned()));
-        let mut vars = relay_env(&self.config);
+        let mut vars = self.env();
         vars.extend(env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
         tokio::task::spawn_blocking(move || {
             let args: Vec<&str> = all.iter().map(String::as_str).collect();
@@ -192,52 +156,33 @@ impl Story {
 
     /// The relay publishes the filler events `fillers` (five a transaction) and stops.
     async fn relay_publishes(&self, fillers: std::ops::Range<u32>) {
-        let relay = InProcessRelay::start_streaming(&self.config, &self.client).await;
+        let relay = self.relay().await;
         let n = fillers.end - fillers.start;
         self.fillers(fillers.start, n, 5).await;
-        self.wait_for_messages(u64::from(n)).await;
+        self.wait_messages(u64::from(n)).await;
         relay.stop().await.expect("relay stops cleanly");
     }
 
     /// Waits until the relay's slot has confirmed everything written so far.
-    async fn wait_confirmed(&self) {
-        let target = current_wal_lsn(&self.client).await;
-        let slot = self.config.postgres.slot.clone();
-        wait_for(
-            "the slot confirmed past the last event",
-            Duration::from_secs(60),
-            || async {
-                confirmed_flush(&self.client, &slot)
-                    .await
-                    .is_some_and(|c| c >= target)
-            },
-        )
-        .await;
+    async fn wait_all_confirmed(&self) {
+        let end = self.wal_lsn().await;
+        self.wait_confirmed("the slot confirmed past the last event", end)
+            .await;
     }
 
     async fn stream(&self) -> jetstream::stream::Stream {
-        self.js()
-            .await
-            .get_stream(&self.config.nats.stream)
-            .await
-            .unwrap()
+        self.js.get_stream(&self.stream).await.unwrap()
     }
 
     /// The stream sequence of the message with event id `id`.
     async fn seq_of(&self, id: &str) -> u64 {
-        self.messages()
+        self.read_all()
             .await
             .iter()
             .find(|m| m.id() == id)
             .unwrap_or_else(|| panic!("{id} stored"))
             .seq
     }
-}
-
-/// The text of `sql/<file>`.
-fn sql_file(file: &str) -> String {
-    let path = format!("{}/sql/{file}", env!("CARGO_MANIFEST_DIR"));
-    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {path}: {e}"))
 }
 
 /// Headers of a stored message as a map to publish again, without `skip` and the fence's

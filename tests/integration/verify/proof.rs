@@ -34,12 +34,12 @@ async fn remaining(s: &Story) -> Vec<String> {
 #[tokio::test]
 async fn record_then_a_proof_gated_prune_keeps_the_dead_letter_the_waiting_row_and_all_after() {
     let s = Story::with_sql_file("05_retention.sql").await;
-    let relay = InProcessRelay::start_streaming(&s.config, &s.client).await;
+    let relay = s.relay().await;
     rows_created(&s, 1..11, "Claim", "3 days").await;
     // A dead letter ("Bad Claim" is no subject token), then more rows after it.
     rows_created(&s, 50..51, "Bad Claim", "2 days").await;
     rows_created(&s, 20..30, "Claim", "1 day").await;
-    s.wait_for_messages(21).await;
+    s.wait_messages(21).await;
     relay.stop().await.expect("relay stops cleanly");
     // Written while the relay is stopped: waiting in the slot.
     rows_created(&s, 60..61, "Claim", "2 hours").await;
@@ -62,7 +62,7 @@ async fn record_then_a_proof_gated_prune_keeps_the_dead_letter_the_waiting_row_a
     assert_eq!(proven["created_at"], stored.as_str(), "{json}");
 
     // Everything may go by age (keep 0): the proof alone keeps the rest.
-    s.psql("CALL outbox_prune(interval '0 seconds', 3, proven_only => true);");
+    s.db.psql("CALL outbox_prune(interval '0 seconds', 3, proven_only => true);");
     let left = remaining(&s).await;
     let mut want = vec!["e-50".to_owned()];
     want.extend((20..30).map(|i| format!("e-{i}")));
@@ -70,7 +70,7 @@ async fn record_then_a_proof_gated_prune_keeps_the_dead_letter_the_waiting_row_a
     assert_eq!(left, want, "only e-1..e-10, proven, were deleted");
 
     // Without a proof, a proven-only prune deletes nothing.
-    s.psql(
+    s.db.psql(
         "DELETE FROM outbox_proof; CALL outbox_prune(interval '0 seconds', proven_only => true);",
     );
     assert_eq!(remaining(&s).await.len(), 12);
@@ -82,7 +82,7 @@ async fn a_row_whose_transaction_was_open_while_verify_read_is_never_pruned_by_i
     s.relay_publishes(1..11).await;
     // A transaction that began before verify read the rows and commits after it, with a creation
     // time long before the proof: verify never saw its row.
-    let late = s._db.client().await;
+    let late = s.db.client().await;
     late.batch_execute(
         "BEGIN; INSERT INTO outbox (event_id, aggregate_type, aggregate_id, event_type, payload, created_at) \
          VALUES ('late-1', 'Claim', '1', 'ClaimApproved', '{}', now() - interval '3 days')",
@@ -92,6 +92,6 @@ async fn a_row_whose_transaction_was_open_while_verify_read_is_never_pruned_by_i
     let (code, json) = s.verify(&["--record"]).await;
     assert_eq!(code, 0, "{json}");
     late.batch_execute("COMMIT").await.unwrap();
-    s.psql("CALL outbox_prune(interval '0 seconds', proven_only => true);");
+    s.db.psql("CALL outbox_prune(interval '0 seconds', proven_only => true);");
     assert_eq!(remaining(&s).await, vec!["late-1".to_owned()]);
 }

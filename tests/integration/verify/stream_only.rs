@@ -9,21 +9,16 @@ use super::*;
 
 #[tokio::test]
 async fn a_messages_only_outbox_runs_the_checks_that_need_no_rows_and_says_so() {
-    let db = TestDb::create(PgServer::shared()).await;
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/sql/06_outbox_message.sql");
-    db.psql(&std::fs::read_to_string(path).unwrap());
-    let nats = NatsServer::start();
-    let mut config = relay_config(&db, &nats);
-    config.outbox.table = String::new();
-    config.outbox.message_prefix = "outbox".into();
-    let client = db.client().await;
-    let s = Story {
-        _db: db,
-        nats,
-        config,
-        client,
-    };
-    let relay = InProcessRelay::start_streaming(&s.config, &s.client).await;
+    let s = Story::of(
+        Scenario::builder()
+            .sql(&sql_file("06_outbox_message.sql"))
+            .config(|c| {
+                c.outbox.table = String::new();
+                c.outbox.message_prefix = "outbox".into();
+            }),
+    )
+    .await;
+    let relay = s.relay().await;
     for claim in 4711..4716 {
         s.client
             .query_one(
@@ -33,13 +28,10 @@ async fn a_messages_only_outbox_runs_the_checks_that_need_no_rows_and_says_so() 
             .await
             .unwrap();
     }
-    s.wait_for_messages(5).await;
+    s.wait_messages(5).await;
     relay.stop().await.expect("relay stops cleanly");
-    let env = [
-        ("OUTBOX_RELAY_OUTBOX_TABLE", ""),
-        ("OUTBOX_RELAY_OUTBOX_MESSAGE_PREFIX", "outbox"),
-    ];
-    let clean = s.verify_with(&[], &env).await;
+    // The scenario's environment carries the empty table and the prefix.
+    let clean = s.verify_with(&[], &[]).await;
     println!("messages only: {:?} {}", clean.status.code(), clean.stdout);
     assert_eq!(
         clean.status.code(),
@@ -64,8 +56,8 @@ async fn a_messages_only_outbox_runs_the_checks_that_need_no_rows_and_says_so() 
     // The checks that ran do check: a foreign message is found without any rows.
     let mut h = HeaderMap::new();
     h.insert("Nats-Msg-Id", "f-1");
-    publish(&s.js().await, "outbox.Claim", h, "{}").await;
-    let foreign = s.verify_with(&[], &env).await;
+    publish(&s.js, "outbox.Claim", h, "{}").await;
+    let foreign = s.verify_with(&[], &[]).await;
     assert_eq!(
         foreign.status.code(),
         Some(1),
@@ -80,12 +72,13 @@ async fn a_messages_only_outbox_runs_the_checks_that_need_no_rows_and_says_so() 
 
 #[tokio::test]
 async fn an_outbox_emit_outbox_keeps_no_rows_and_its_events_are_stream_only() {
-    let s = Story::with_sql(&[
-        &crate::support::default_outbox_sql(),
-        &sql_file("04_write_event.sql"),
-    ])
+    let s = Story::of(
+        Scenario::builder()
+            .default_outbox()
+            .sql(&sql_file("04_write_event.sql")),
+    )
     .await;
-    let relay = InProcessRelay::start_streaming(&s.config, &s.client).await;
+    let relay = s.relay().await;
     for claim in 4711..4717 {
         s.client
             .query_one(
@@ -95,7 +88,7 @@ async fn an_outbox_emit_outbox_keeps_no_rows_and_its_events_are_stream_only() {
             .await
             .unwrap();
     }
-    s.wait_for_messages(6).await;
+    s.wait_messages(6).await;
     relay.stop().await.expect("relay stops cleanly");
     let (code, json) = s.verify(&[]).await;
     assert_eq!(code, 0, "{json}");
@@ -106,10 +99,10 @@ async fn an_outbox_emit_outbox_keeps_no_rows_and_its_events_are_stream_only() {
     );
     assert_counts(&json, &[("stream_only", 6)]);
     // The checks that need no row still run: a second copy of one of them is found.
-    let m = s.messages().await.remove(2);
+    let m = s.read_all().await.remove(2);
     let mut h = headers_of(&m, &["Nats-Msg-Id"]);
     h.insert("Outbox-Event-Id", m.id());
-    publish(&s.js().await, &m.subject, h, m.payload_str()).await;
+    publish(&s.js, &m.subject, h, m.payload_str()).await;
     let (code, json) = s.verify(&[]).await;
     assert_eq!(code, 1, "{json}");
     assert_counts(&json, &[("stream_only", 6), ("duplicates", 1)]);

@@ -33,8 +33,8 @@ async fn events_of_a_relay_stopped_for_longer_than_any_timeout_are_waiting_not_m
     assert!(json["proven_up_to"]["created_at"].is_string(), "{json}");
 
     // Once the relay runs, they arrive: clean.
-    let relay = InProcessRelay::start_streaming(&s.config, &s.client).await;
-    s.wait_for_messages(23).await;
+    let relay = s.relay().await;
+    s.wait_messages(23).await;
     relay.stop().await.expect("relay stops cleanly");
     let (code, json) = s.verify(&[]).await;
     assert_eq!(code, 0, "{json}");
@@ -66,10 +66,10 @@ async fn a_look_that_its_bound_ends_leaves_the_rows_it_did_not_reach_unknown_nev
 #[tokio::test]
 async fn events_written_while_nats_is_down_are_reported_waiting_and_the_run_exits_2() {
     let s = Story::new().await;
-    let relay = InProcessRelay::start_streaming(&s.config, &s.client).await;
+    let relay = s.relay().await;
     s.fillers(1, 10, 5).await;
-    s.wait_for_messages(10).await;
-    s.wait_confirmed().await;
+    s.wait_messages(10).await;
+    s.wait_all_confirmed().await;
     s.nats.stop();
     // The claims service goes on approving claims: the relay cannot publish them.
     approved_an_hour_ago(&s, 4).await;
@@ -88,7 +88,7 @@ async fn events_written_while_nats_is_down_are_reported_waiting_and_the_run_exit
     assert!(stderr.contains("could not be read"), "{stderr}");
 
     s.nats.start_again();
-    s.wait_for_messages(14).await;
+    s.wait_messages(14).await;
     relay.stop().await.expect("relay stops cleanly");
     let (code, json) = s.verify(&[]).await;
     assert_eq!(code, 0, "after the outage: {json}");
@@ -102,14 +102,14 @@ async fn a_slot_that_cannot_be_copied_leaves_rows_unknown_with_one_warning_line(
     approved_an_hour_ago(&s, 2).await;
     // A role that may read the table but not use replication slots.
     let role = format!("verifier_{}", s.config.postgres.slot);
-    s.psql(&format!(
+    s.db.psql(&format!(
         "CREATE ROLE {role} LOGIN PASSWORD 'verify-pw'; GRANT SELECT ON public.outbox TO {role};"
     ));
-    let url = PgServer::shared().url_as(&role, "verify-pw", s._db.name());
+    let url = crate::support::PgServer::shared().url_as(&role, "verify-pw", s.db.name());
     let (code, json, stderr) = s
         .verify_env(&[], &[("OUTBOX_RELAY_POSTGRES_URL", &url)])
         .await;
-    s.psql(&format!("DROP OWNED BY {role}; DROP ROLE {role};"));
+    s.db.psql(&format!("DROP OWNED BY {role}; DROP ROLE {role};"));
     assert_eq!(code, 2, "{json}");
     assert_counts(&json, &[("unknown", 2)]);
     let warnings: Vec<&str> = stderr.lines().filter(|l| l.contains("warning:")).collect();
