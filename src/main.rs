@@ -532,7 +532,9 @@ async fn requeue(
     if !opts.no_wait {
         println!(
             "{}",
-            parking_ops::wait_stored(config, &sent, REQUEUE_WAIT).await
+            parking_ops::wait_stored(config, &sent, REQUEUE_WAIT)
+                .await
+                .line(config)
         );
     }
     ExitCode::SUCCESS

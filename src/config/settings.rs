@@ -342,7 +342,10 @@ fn check_parking(o: &super::OutboxConfig, n: &super::NatsConfig) -> Result<(), C
         // A batch member cannot go to a parking subject on its own: the batch is stored whole.
         return Err(invalid(
             "outbox.on_invalid",
-            "\"park\" does not work with nats.atomic_transactions = true yet: choose one of the two",
+            "\"park\" cannot be used with nats.atomic_transactions = true: a parked key's events would \
+             leave their transaction's batch, which JetStream stores whole or not at all, and split the \
+             transaction; set nats.atomic_transactions = false to park keys, or keep atomic batches with \
+             outbox.on_invalid = \"dead_letter\" (or \"stop\")",
         ));
     }
     if o.on_invalid == OnInvalid::Park && !n.fence {

@@ -585,3 +585,32 @@ fn park_mode_has_its_keys_and_variables_and_needs_the_fence() {
         "{e}"
     );
 }
+
+#[test]
+fn park_with_atomic_transactions_is_refused_in_one_line_naming_both_and_the_way_out() {
+    for env in [
+        &[][..],
+        &[
+            ("OUTBOX_RELAY_OUTBOX_ON_INVALID", "park"),
+            ("OUTBOX_RELAY_NATS_ATOMIC_TRANSACTIONS", "true"),
+        ][..],
+    ] {
+        let file = if env.is_empty() {
+            "[outbox]\non_invalid = \"park\"\n[nats]\natomic_transactions = true\n"
+        } else {
+            ""
+        };
+        let e = load(file, env).unwrap_err().to_string();
+        for part in [
+            "outbox.on_invalid",
+            "OUTBOX_RELAY_OUTBOX_ON_INVALID",
+            "nats.atomic_transactions = true",
+            "split the transaction",
+            "set nats.atomic_transactions = false to park keys",
+            "outbox.on_invalid = \"dead_letter\"",
+        ] {
+            assert!(e.contains(part), "{part:?} not in {e}");
+        }
+        assert!(!e.contains('\n'), "{e}");
+    }
+}

@@ -8,7 +8,8 @@ use async_nats::HeaderMap;
 use async_nats::header::HeaderValue;
 use bytes::Bytes;
 
-use super::{Descriptive, ERROR, IdHeader, Outgoing, PAYLOAD_SIZE, SUBJECT, TRUNCATED_HEADERS};
+use super::TRUNCATED_HEADERS;
+use super::{CONTENT_TYPE, Descriptive, ERROR, IdHeader, Outgoing, PAYLOAD_SIZE, SUBJECT};
 use super::{headers, names};
 use crate::event::OutboxEvent;
 use crate::text::{cut, one_line};
@@ -119,6 +120,11 @@ pub(crate) fn dead_letter_as(
     h.insert(ERROR, cap(&ascii(&one_line(reason))).as_str());
     if let Some(s) = subject.filter(|_| shrink != Shrink::Minimal) {
         h.insert(SUBJECT, cap(s).as_str());
+    }
+    // What the event's `ce-datacontenttype` was (or would have been): a requeue reads the payload
+    // back as bytes, and the column's type is not in the stream otherwise.
+    if let Some(ct) = event.content_type.filter(|_| shrink != Shrink::Minimal) {
+        h.insert(CONTENT_TYPE, ct);
     }
     let payload = if shrink == Shrink::Keep {
         event.payload.clone()

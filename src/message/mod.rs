@@ -62,6 +62,9 @@ pub(crate) const SUBJECT: &str = "Outbox-Subject";
 pub(crate) const PAYLOAD_SIZE: &str = "Outbox-Payload-Size";
 /// On a shrunk dead letter: the headers whose values were cut to fit.
 pub(crate) const TRUNCATED_HEADERS: &str = "Outbox-Truncated-Headers";
+/// On a dead letter or a parked copy: the payload's media type (from the payload column's type),
+/// which a requeue restores as the event's `ce-datacontenttype`; the copy itself is no CloudEvent.
+pub(crate) const CONTENT_TYPE: &str = "Outbox-Content-Type";
 /// Set by the sink when the stream is fenced (see `fence`).
 pub const EXPECTED_LAST_SEQUENCE: &str = "Nats-Expected-Last-Sequence";
 /// Set by the sink on a fenced stream on every message after the first of a session: the previous
@@ -252,6 +255,17 @@ fn headers(event: &OutboxEvent, id: IdHeader, descriptive: Descriptive) -> Heade
         h.insert(k.as_str(), v.as_str());
     }
     h
+}
+
+/// The media type an `Outbox-Content-Type` value names, as the relay's own constant; `None` for a
+/// value the relay never writes (the event then has no content type, as a `bytea` payload).
+pub(crate) fn content_type_of(value: &str) -> Option<&'static str> {
+    [
+        crate::event::JSON_CONTENT_TYPE,
+        crate::event::TEXT_CONTENT_TYPE,
+    ]
+    .into_iter()
+    .find(|t| *t == value)
 }
 
 /// Header values cannot hold line breaks (they would end the header block).

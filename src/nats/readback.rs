@@ -44,18 +44,34 @@ const HEARTBEAT: Duration = Duration::from_secs(1);
 /// the buffer holds from each consumer cannot lose one that way, whatever the message sizes.
 const CHUNK: u64 = 16_384;
 
-/// [`CHUNK`], or the test-only `OUTBOX_RELAY_TEST_READ_PAGE` (a positive number, read once): a
-/// real-server test makes a read move through many consumers with a few dozen messages. Not a
-/// setting: nothing but a test has a reason to set it.
+/// [`CHUNK`], or in a build with the feature `test-support` (the tests' build, never a release)
+/// `OUTBOX_RELAY_TEST_READ_PAGE` (a positive number, read once): a real-server test makes a read
+/// move through many consumers with a few dozen messages. Not a setting, and not read by a release
+/// binary at all: nothing but a test has a reason to set it, and an input no document lists has
+/// no place in what operators run. The binary says when it uses it, so a test can tell that its
+/// build reads the variable (tests/integration/parking/read_page.rs).
+#[cfg(feature = "test-support")]
 fn chunk() -> u64 {
     static PAGE: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
     *PAGE.get_or_init(|| {
-        std::env::var("OUTBOX_RELAY_TEST_READ_PAGE")
+        let page = std::env::var("OUTBOX_RELAY_TEST_READ_PAGE")
             .ok()
             .and_then(|v| v.parse().ok())
-            .filter(|&n| n > 0)
-            .unwrap_or(CHUNK)
+            .filter(|&n| n > 0);
+        if let Some(page) = page {
+            tracing::warn!(
+                page,
+                "OUTBOX_RELAY_TEST_READ_PAGE: stream reads take {page} messages per consumer (a test build)"
+            );
+        }
+        page.unwrap_or(CHUNK)
     })
+}
+
+/// [`CHUNK`]: a release build reads no variable for it.
+#[cfg(not(feature = "test-support"))]
+fn chunk() -> u64 {
+    CHUNK
 }
 
 /// The read through an ephemeral push consumer; see the module docs. As the port's bulk read

@@ -136,7 +136,12 @@ pub async fn each_parked<E>(
             Mark::Other => {}
         }
     }
-    for entry in keys.into_values() {
+    // In the order of their parking subjects, as `parked` and `status` say: a map's own order
+    // differs from one process to the next (the simulation's replay of a seed saw `status` name
+    // another first key).
+    let mut entries: Vec<ParkedEntry> = keys.into_values().collect();
+    entries.sort_unstable_by(|a, b| a.subject.cmp(&b.subject));
+    for entry in entries {
         if let Err(e) = each(entry) {
             return Ok(Err(e));
         }

@@ -11,7 +11,7 @@ use crate::Lsn;
 use crate::event::OutboxEvent;
 use crate::message::DEAD_LETTER_ID_PREFIX;
 use crate::message::{AGGREGATE_ID, AGGREGATE_TYPE, COMMIT_LSN, EVENT_ID, EVENT_TYPE, NATS_MSG_ID};
-use crate::message::{PAYLOAD_SIZE, TRUNCATED_HEADERS};
+use crate::message::{CONTENT_TYPE, PAYLOAD_SIZE, TRUNCATED_HEADERS, content_type_of};
 use crate::nats::StoredMessage;
 use crate::position::Position;
 
@@ -90,7 +90,16 @@ fn revive_as(
     let commit_lsn = text(COMMIT_LSN)
         .and_then(|l| l.parse::<Lsn>().ok())
         .unwrap_or(at.lsn);
-    let mut event = OutboxEvent::at(copy.payload.clone(), commit_lsn, at.index, commit_ts, None);
+    // The payload's media type, recorded on the copy (`ce-datacontenttype` when published); a
+    // copy from before it was recorded has none.
+    let content_type = text(CONTENT_TYPE).and_then(|v| content_type_of(&v));
+    let mut event = OutboxEvent::at(
+        copy.payload.clone(),
+        commit_lsn,
+        at.index,
+        commit_ts,
+        content_type,
+    );
     event.position = at;
     event.id = id;
     event.msg_id = event.id.clone().unwrap_or_default();
@@ -314,6 +323,55 @@ mod tests {
             revive(&again, at, 0).problem.is_some(),
             "a second requeue would publish the cut headers as the event's"
         );
+    }
+
+    #[test]
+    fn a_revived_copy_or_dead_letter_has_the_events_content_type_again() {
+        let at = Position::in_transaction(Lsn(0x2_0000_0000), 4).with_sub(1);
+        let mut e = OutboxEvent::at(
+            bytes::Bytes::from_static(b"{}"),
+            Lsn(0x10),
+            0,
+            0,
+            Some(crate::event::JSON_CONTENT_TYPE),
+        );
+        e.msg_id = "e-5".into();
+        let run = Run {
+            subject: "dl.parked.x",
+            reason: "bad",
+            behind: "e-5",
+            count: 1,
+            since: "2026-01-01T00:00:00Z",
+            requeue: None,
+        };
+        let stored = |out: crate::message::Outgoing| StoredMessage {
+            seq: 1,
+            subject: out.subject,
+            headers: out.headers,
+            payload: out.payload,
+        };
+        let copy = stored(parked_copy(&e, &run, None, Shrink::Keep));
+        assert_eq!(revive(&copy, at, 0).content_type, e.content_type);
+        let letter = stored(crate::message::dead_letter(
+            &e,
+            "dl",
+            "bad",
+            None,
+            Shrink::Keep,
+        ));
+        assert_eq!(
+            revive_dead_letter(&letter, at, 0).content_type,
+            e.content_type
+        );
+        e.content_type = Some(crate::event::TEXT_CONTENT_TYPE);
+        let copy = stored(parked_copy(&e, &run, None, Shrink::Keep));
+        assert_eq!(revive(&copy, at, 0).content_type, e.content_type);
+        // A bytea payload has none; a value the relay never writes gives none.
+        e.content_type = None;
+        let mut copy = stored(parked_copy(&e, &run, None, Shrink::Keep));
+        assert_eq!(revive(&copy, at, 0).content_type, None);
+        copy.headers.insert(CONTENT_TYPE, "text/html");
+        assert_eq!(revive(&copy, at, 0).content_type, None);
     }
 
     #[test]

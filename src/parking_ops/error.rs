@@ -66,11 +66,13 @@ pub enum RequeueError {
     },
     /// The key is not parked (and no `--force`).
     #[error(
-        "{key} is not parked (outbox-relay parked lists what is), so there is nothing to {op}: pass --force to send the request anyway"
+        "{key} is not parked ({parked} lists what is), so there is nothing to {op}: pass --force to send the request anyway"
     )]
     NotParked {
         /// The key, escaped.
         key: String,
+        /// `outbox-relay parked` with the `--config` this command ran with.
+        parked: String,
         /// `requeue` or `discard`.
         op: &'static str,
     },

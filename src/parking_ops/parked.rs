@@ -88,6 +88,9 @@ pub struct ParkedReport {
     pub events: u64,
     /// Whether the stream shows more keys than were listed (`outbox.max_parked_keys`).
     pub more: bool,
+    /// The command that releases a key, with the `--config` (and variables) this one ran with.
+    #[serde(skip)]
+    pub requeue: String,
 }
 
 impl ParkedReport {
@@ -109,8 +112,8 @@ impl fmt::Display for ParkedReport {
         let keys = self.parked.len();
         writeln!(
             f,
-            "parked: {keys} key{} ({} events){} in stream {}; fix the cause, then outbox-relay requeue --key \
-             TYPE/ID (or --discard): docs/recovery.md, \"A parked key\"",
+            "parked: {keys} key{} ({} events){} in stream {}; fix the cause, then {} (or --discard): \
+             docs/recovery.md, \"A parked key\"",
             if keys == 1 { "" } else { "s" },
             self.events,
             if self.more {
@@ -118,7 +121,8 @@ impl fmt::Display for ParkedReport {
             } else {
                 ""
             },
-            self.stream
+            self.stream,
+            self.requeue
         )
     }
 }
@@ -153,6 +157,7 @@ pub async fn parked(settings: &Settings) -> Result<ParkedReport, ParkedError> {
         parked: Vec::new(),
         events: 0,
         more: false,
+        requeue: settings.command("requeue --key TYPE/ID"),
     };
     let read = each_parked(&port, stream, dead_letter, max, READ_TIMEOUT, |e| {
         if report.parked.len() >= max {

@@ -108,6 +108,7 @@ pub async fn refuse_unparked(settings: &Settings, request: &Request) -> Result<(
         Ok(true) => Ok(()),
         Ok(false) => Err(RequeueError::NotParked {
             key: key.to_string(),
+            parked: settings.command("parked"),
             op,
         }),
         Err(e) => Err(RequeueError::ParkedUnknown {

@@ -8,7 +8,6 @@
 //! the message's own LSN: the relay's stored LSN is a commit's end (or, while idle, the WAL end a
 //! keepalive reports), and only a position past the commit says the transaction was carried out.
 
-use std::fmt;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -38,27 +37,28 @@ pub enum Waited {
     NotYet(Option<Lsn>),
 }
 
-impl fmt::Display for Waited {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+impl Waited {
+    /// The outcome as one line for the operator; the commands it offers carry the `--config`
+    /// (and name the variables) `requeue` ran with, so that a copied one asks the same relay.
+    pub fn line(&self, settings: &Settings) -> String {
         match self {
-            Waited::NoListener => write!(
-                f,
-                "not waited: http.listen is empty, so no relay can be asked; `outbox-relay parked` shows when the key is released"
+            Waited::NoListener => format!(
+                "not waited: http.listen is empty, so no relay can be asked; {} shows when the key is released",
+                settings.command("parked")
             ),
-            Waited::NotAsked(why) => write!(
-                f,
-                "not waited: {why}; the request waits in the slot until a relay reads it (`outbox-relay parked` shows when)"
+            Waited::NotAsked(why) => format!(
+                "not waited: {why}; the request waits in the slot until a relay reads it ({} shows when)",
+                settings.command("parked")
             ),
-            Waited::Stored(lsn) => write!(
-                f,
+            Waited::Stored(lsn) => format!(
                 "carried out: the relay has stored through {lsn}, past the request's transaction"
             ),
             Waited::NotYet(stored) => {
                 let stored = stored.map_or("an unknown LSN".to_owned(), |l| l.to_string());
-                write!(
-                    f,
+                format!(
                     "not carried out yet: the relay had stored through {stored}; the request is committed and waits in the \
-                     slot (`outbox-relay status` shows why the relay is behind)"
+                     slot ({} shows why the relay is behind)",
+                    settings.command("status")
                 )
             }
         }
@@ -148,6 +148,8 @@ mod tests {
 
     #[test]
     fn every_outcome_is_one_line() {
+        let mut settings = crate::config::Config::default().validate().unwrap();
+        settings.origin.file = Some("/etc/relay-b.toml".into());
         for w in [
             Waited::NoListener,
             Waited::NotAsked("why".into()),
@@ -155,7 +157,20 @@ mod tests {
             Waited::NotYet(None),
             Waited::NotYet(Some(Lsn(2))),
         ] {
-            assert!(!w.to_string().contains('\n'), "{w}");
+            let line = w.line(&settings);
+            assert!(!line.contains('\n'), "{line}");
+            // Every command offered carries the --config requeue ran with.
+            assert_eq!(
+                line.matches("`outbox-relay ").count(),
+                line.matches("`outbox-relay --config /etc/relay-b.toml ")
+                    .count(),
+                "{line}"
+            );
         }
+        assert!(
+            Waited::NoListener
+                .line(&settings)
+                .contains("`outbox-relay --config /etc/relay-b.toml parked` shows")
+        );
     }
 }

@@ -124,7 +124,7 @@ async fn stream_side(
     if stream.state == State::Exists && reads_parked(settings, stream.subjects.as_deref()) {
         match facts.parked().await {
             Ok(p) => {
-                problems.extend(parked_problem(&stream.name, &p));
+                problems.extend(parked_problem(settings, &stream.name, &p));
                 stream.parked = Some(p);
             }
             Err(e) => problems.push(e.0),

@@ -120,9 +120,14 @@ pub(super) fn reads_parked(settings: &Settings, subjects: Option<&[String]>) -> 
 }
 
 /// Any parked key, as a problem: how many, since when, the first one and its reason, and the two
-/// commands that list and release them. No clock in the line (the age is in `--json`), so the
-/// same stream reads as the same line.
-pub(super) fn parked_problem(stream: &str, p: &ParkedStatus) -> Option<String> {
+/// commands that list and release them, with the `--config` (and the variables) `status` ran with:
+/// copied without them, they would read or release another relay's keys. No clock in the line (the
+/// age is in `--json`), so the same stream reads as the same line.
+pub(super) fn parked_problem(
+    settings: &Settings,
+    stream: &str,
+    p: &ParkedStatus,
+) -> Option<String> {
     let first = p.first.first()?;
     let more = if p.more {
         ", and more past outbox.max_parked_keys"
@@ -131,13 +136,15 @@ pub(super) fn parked_problem(stream: &str, p: &ParkedStatus) -> Option<String> {
     };
     Some(format!(
         "stream {stream}: {} parked key{} ({} event{}{more}) held back from their consumers since {}, \
-         the first {first}; list them with outbox-relay parked, fix the cause, then outbox-relay requeue --key \
-         TYPE/ID (or --discard): docs/recovery.md, \"A parked key\"",
+         the first {first}; list them with {}, fix the cause, then {} (or --discard): \
+         docs/recovery.md, \"A parked key\"",
         p.keys,
         if p.keys == 1 { "" } else { "s" },
         p.events,
         if p.events == 1 { "" } else { "s" },
         p.oldest_since.as_deref().unwrap_or("an unknown time"),
+        settings.command("parked"),
+        settings.command("requeue --key TYPE/ID"),
     ))
 }
 
@@ -159,7 +166,11 @@ mod tests {
 
     #[test]
     fn a_parked_key_is_a_problem_naming_both_commands_and_none_is_not() {
-        assert_eq!(parked_problem("OUTBOX", &ParkedStatus::default()), None);
+        let mut settings = crate::config::Config::default().validate().unwrap();
+        assert_eq!(
+            parked_problem(&settings, "OUTBOX", &ParkedStatus::default()),
+            None
+        );
         let p = ParkedStatus {
             keys: 3,
             events: 7,
@@ -168,17 +179,26 @@ mod tests {
             first: vec![parked("2026-01-02T00:00:00Z")],
             more: true,
         };
-        let line = parked_problem("OUTBOX", &p).unwrap();
+        let line = parked_problem(&settings, "OUTBOX", &p).unwrap();
         for part in [
             "stream OUTBOX: 3 parked keys (7 events, and more past outbox.max_parked_keys)",
             "since 2026-01-01T00:00:00Z",
             "Claim/4711: 2 events parked since 2026-01-02T00:00:00Z behind e-7001",
-            "outbox-relay parked",
-            "outbox-relay requeue --key TYPE/ID",
+            "`outbox-relay parked`",
+            "`outbox-relay requeue --key TYPE/ID`",
         ] {
             assert!(line.contains(part), "{part:?} not in {line}");
         }
         assert!(!line.contains('\n'));
+        // Run with --config: both commands carry it, or they act on the default relay's stream.
+        settings.origin.file = Some("/etc/relay b.toml".into());
+        let line = parked_problem(&settings, "OUTBOX", &p).unwrap();
+        for part in [
+            "list them with `outbox-relay --config '/etc/relay b.toml' parked`",
+            "then `outbox-relay --config '/etc/relay b.toml' requeue --key TYPE/ID` (or --discard)",
+        ] {
+            assert!(line.contains(part), "{part:?} not in {line}");
+        }
     }
 
     #[test]

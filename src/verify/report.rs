@@ -90,6 +90,10 @@ pub struct VerifyReport {
     pub proven_up_to: Proven,
     /// Why part of the check could not run at all (NATS unreachable): exit 2 with this line.
     pub not_checked: Option<String>,
+    /// `outbox-relay parked` and `outbox-relay requeue --key TYPE/ID` as `verify`'s settings print
+    /// them (`Settings::command`: its `--config` and variables), for the recoveries that name them;
+    /// `None`: the plain words.
+    pub commands: Option<[String; 2]>,
 }
 
 impl VerifyReport {
@@ -198,7 +202,7 @@ impl VerifyReport {
         let found = Class::ALL.iter().filter(|c| self.count(**c) > 0);
         Value::Object(
             found
-                .map(|c| (c.key().to_owned(), json!(c.recovery())))
+                .map(|c| (c.key().to_owned(), json!(self.recovery(*c))))
                 .collect(),
         )
     }
@@ -254,7 +258,19 @@ impl VerifyReport {
         if n > shown && c != Class::Holes && c != Class::StreamOnly {
             writeln!(f, "  … and {} more", n - shown)?;
         }
-        writeln!(f, "  what to do: {}", c.recovery())
+        writeln!(f, "  what to do: {}", self.recovery(c))
+    }
+
+    /// What to do about `c`, the commands it names with the `--config` `verify` ran with: copied
+    /// without it, they would read and release the default relay's keys.
+    fn recovery(&self, c: Class) -> String {
+        let text = c.recovery();
+        match &self.commands {
+            Some([parked, requeue]) => text
+                .replace("outbox-relay requeue --key TYPE/ID", requeue)
+                .replace("outbox-relay parked", parked),
+            None => text.to_owned(),
+        }
     }
 
     /// The text report's last line.
@@ -326,6 +342,31 @@ mod tests {
                     detail: None,
                 })
             });
+        }
+    }
+
+    #[test]
+    fn a_recovery_names_its_commands_with_the_config_verify_ran_with() {
+        let mut r = VerifyReport::default();
+        r.add(Class::Parked, || None);
+        let plain = r.to_json()["recoveries"]["parked"].to_string();
+        assert!(
+            plain.contains("then outbox-relay requeue --key TYPE/ID"),
+            "{plain}"
+        );
+        r.commands = Some([
+            "`outbox-relay --config /r.toml parked`".into(),
+            "`outbox-relay --config /r.toml requeue --key TYPE/ID`".into(),
+        ]);
+        let text = r.to_string();
+        for r in [r.to_json()["recoveries"]["parked"].to_string(), text] {
+            assert!(
+                r.contains(
+                    "then `outbox-relay --config /r.toml requeue --key TYPE/ID` (or --discard); \
+                     `outbox-relay --config /r.toml parked` lists the keys"
+                ),
+                "{r}"
+            );
         }
     }
 

@@ -93,6 +93,10 @@ impl<'a, P: FnMut(String)> Run<'a, P> {
             report: VerifyReport {
                 stream: n.stream.clone(),
                 fence: n.fence,
+                commands: Some([
+                    settings.command("parked"),
+                    settings.command("requeue --key TYPE/ID"),
+                ]),
                 ..VerifyReport::default()
             },
         }

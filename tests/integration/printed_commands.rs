@@ -2,8 +2,9 @@
 //! `--config` it was run with and names the `OUTBOX_RELAY_*` variables that set keys (47#11);
 //! nothing read from stream metadata reaches the terminal unescaped, and the backfill marker's
 //! `--where` is never offered as a command to run (48#7); errors say how to fix (47#12: a missing
-//! SELECT grant for `backfill`, a `/wait` for an LSN past the server's WAL end); and a warning an
-//! operator accepts can be acknowledged by its name (47#13).
+//! SELECT grant for `backfill`, a `/wait` for an LSN past the server's WAL end); a warning an
+//! operator accepts can be acknowledged by its name (47#13); and the commands a parked key's
+//! problem offers (`parked`, `requeue --key`), run as printed, act on the same relay (issue 50).
 
 use std::time::Duration;
 
@@ -284,4 +285,119 @@ async fn an_acknowledged_warning_is_left_out_by_name() {
         "{}",
         f.stderr
     );
+}
+
+/// The commands a parked key's problem offers, run as printed: `status --config FILE` used to offer
+/// `outbox-relay parked` and `outbox-relay requeue --key TYPE/ID` without the file, which read the
+/// default stream and call the default database. Each command `status`, `verify`, `parked` and
+/// `requeue` print carries the file; run with it and nothing else, they act on this relay's key.
+#[tokio::test]
+async fn the_commands_a_parked_key_offers_carry_the_config_and_act_on_its_relay() {
+    use crate::parking::{STRICT, insert, stored, world};
+    let mut s = world(STRICT).await;
+    s.install_operator_role(&[]);
+    let (nats, config) = (&s.nats, &s.config);
+    let relay = s.relay().await;
+    insert(
+        &s.client,
+        "a-4711",
+        "4711",
+        "ClaimApproved",
+        r#"{"claim": "x"}"#,
+    )
+    .await;
+    stored(nats, config, 1).await;
+    relay.stop().await.expect("clean stop");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("relay.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[postgres]\nurl = {:?}\nslot = {:?}\npublication = {:?}\n\
+             [nats]\nurl = {:?}\nstream = {:?}\n[http]\nlisten = \"\"\n\
+             [outbox]\non_invalid = \"park\"\nschemas = {:?}\n",
+            config.postgres.url,
+            config.postgres.slot,
+            config.postgres.publication,
+            config.nats.url,
+            config.nats.stream,
+            config.outbox.schemas,
+        ),
+    )
+    .unwrap();
+    let file = file.display().to_string();
+
+    let status = with_file(&["status"], &file);
+    let line = status
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("problem: ") && l.contains("parked key"))
+        .unwrap_or_else(|| panic!("{}", status.stdout));
+    let offered = commands_in(line);
+    assert_eq!(offered.len(), 2, "{line}");
+    for c in &offered {
+        assert!(
+            c.starts_with(&format!("outbox-relay --config {file} ")),
+            "printed without the file: {c}"
+        );
+    }
+    // `verify` names the same two in what to do about the parked events.
+    let verify = with_file(&["verify"], &file);
+    let what = verify
+        .stdout
+        .lines()
+        .find(|l| l.contains("what to do:") && l.contains("requeue --key"))
+        .unwrap_or_else(|| panic!("{}{}", verify.stdout, verify.stderr));
+    let mut named = commands_in(what);
+    named.reverse();
+    assert_eq!(named, offered, "{what}");
+    // As printed, with no variable: this relay's stream.
+    let parked = run_printed(&offered[0], &[]);
+    assert_eq!(
+        parked.status.code(),
+        Some(1),
+        "{}{}",
+        parked.stdout,
+        parked.stderr
+    );
+    assert!(parked.stdout.contains("Claim/4711"), "{}", parked.stdout);
+    let summary = parked.stdout.lines().last().unwrap_or("");
+    assert_eq!(commands_in(summary), [offered[1].clone()], "{summary}");
+    // This relay's database: the key is parked there, and the request is committed.
+    let key = offered[1].replace("TYPE/ID", "Claim/4711");
+    let sent = run_printed(&key, &["--no-wait"]);
+    assert_eq!(sent.status.code(), Some(0), "{}", sent.stderr);
+    assert!(
+        sent.stdout.starts_with("requeue Claim/4711: request "),
+        "{}",
+        sent.stdout
+    );
+    // A key that is not parked: the command it offers carries the file too.
+    let not = run_printed(&offered[1].replace("TYPE/ID", "Claim/4712"), &[]);
+    assert_eq!(not.status.code(), Some(1), "{}", not.stdout);
+    let listed = commands_in(&not.stderr);
+    assert_eq!(
+        listed,
+        [format!("outbox-relay --config {file} parked")],
+        "{}",
+        not.stderr
+    );
+    assert_eq!(run_printed(&listed[0], &[]).status.code(), Some(1));
+}
+
+/// The backquoted commands in `line`.
+fn commands_in(line: &str) -> Vec<String> {
+    line.split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|c| c.starts_with("outbox-relay "))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// `command` as printed (`outbox-relay` and plain words, as the test's paths are), plus `extra`.
+fn run_printed(command: &str, extra: &[&str]) -> Finished {
+    let mut args: Vec<&str> = command.split_whitespace().skip(1).collect();
+    args.extend_from_slice(extra);
+    run_command(&args, &[], LIMIT)
 }

@@ -9,8 +9,11 @@
 //! parking subjects to an older stream in `setup.rs`, what `status` and `verify` say of a
 //! parked key in `ops.rs`.
 
+mod cloudevents;
 mod crash;
+mod marks;
 mod ops;
+mod read_page;
 mod rebuild;
 mod requeue_event;
 mod setup;

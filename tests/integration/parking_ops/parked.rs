@@ -194,10 +194,16 @@ async fn parked_lists_each_parked_key_from_the_stream_and_requeue_refuses_a_rele
     s.install_operator_role(&[]);
     let refused = run_command(&["requeue", "--key", "Claim/4712"], &env, LIMIT);
     assert_eq!(refused.status.code(), Some(1), "{}", refused.stdout);
-    assert_eq!(
-        refused.stderr.trim(),
-        "outbox-relay: Claim/4712 is not parked (outbox-relay parked lists what is), so there is nothing to \
-         requeue: pass --force to send the request anyway"
+    // The command it offers names the variables this one ran with (they set the stream).
+    let line = refused.stderr.trim();
+    assert!(
+        line.starts_with(
+            "outbox-relay: Claim/4712 is not parked (`outbox-relay parked` (with OUTBOX_RELAY_"
+        ) && line.ends_with(
+            "set as for this command) lists what is), so there is nothing to requeue: pass --force to \
+             send the request anyway"
+        ),
+        "{line}"
     );
     let sent = run_command(
         &["requeue", "--key", "Claim/2026/4711", "--no-wait"],
