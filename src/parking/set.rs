@@ -24,6 +24,11 @@ pub struct ParkedKey {
     pub count: u64,
     /// The poison's commit time, RFC 3339 (`Outbox-Parked-Since`).
     pub since: String,
+    /// The poison's place in commit order, when this process parked the key (`None` when the key
+    /// was read back from the stream: its poison is stored, so it comes before every event the
+    /// session sends). An event sent before the key was parked and sent again behind a refusal is
+    /// held only by a poison that comes before it ([`ParkedSet::holds`]).
+    pub at: Option<crate::position::Position>,
 }
 
 impl ParkedKey {
@@ -34,7 +39,14 @@ impl ParkedKey {
             reason: bounded_reason(reason),
             count: 1,
             since: cut(&since, 64).to_owned(),
+            at: None,
         }
+    }
+
+    /// The same key, its poison at `at` in commit order.
+    pub fn at(mut self, at: crate::position::Position) -> ParkedKey {
+        self.at = Some(at);
+        self
     }
 }
 
@@ -165,6 +177,16 @@ impl ParkedSet {
         let k = self.keys.get_mut(key)?;
         k.count += 1;
         Some(k)
+    }
+
+    /// Whether `key` is parked by a poison that comes before `position` in commit order (or by one
+    /// read back from the stream, which comes before everything the session sends). A key parked by
+    /// a later event does not hold an earlier one: that event was sent before the poison, and
+    /// holding it when it is sent again would put it behind the poison in the key's run.
+    pub fn holds(&self, key: &KeyHash, position: crate::position::Position) -> bool {
+        self.keys
+            .get(key)
+            .is_some_and(|k| k.at.is_none_or(|at| at < position))
     }
 
     /// Parks `key` as `parked` (a new run, or a run re-parked by a requeue); [`Full`] when that

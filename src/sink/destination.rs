@@ -215,8 +215,9 @@ pub(crate) fn refused(
 }
 
 /// A routed event sent again behind a refusal (`resend`): when its key was parked since it was
-/// first sent (an event ahead of it was refused for good and parked the key), it goes as a parked
-/// copy instead, so nothing of a parked key reaches its subject after the poison.
+/// first sent by an event ahead of it (refused for good), it goes as a parked copy instead, so
+/// nothing of a parked key reaches its subject after the poison. A key parked by an event after
+/// it does not hold it: it goes to its subject, before its poison, as in commit order.
 pub(crate) fn again(
     config: &SinkConfig,
     parked: &mut ParkedSet,
@@ -227,6 +228,11 @@ pub(crate) fn again(
         return None;
     }
     let key = KeyHash::of_event(event);
+    // Parked by an event after this one (refused for good while this one waited): this one was
+    // sent before its poison and goes to its subject as first decided.
+    if !parked.holds(&key, event.position) {
+        return None;
+    }
     let requeue = parked.requeue().map(str::to_owned);
     let k = parked.hold(&key)?;
     Some(Sent::Parked(Box::new(ParkedAs::new(
@@ -244,7 +250,10 @@ fn park(
     let key = KeyHash::of_event(event);
     let since = crate::message::rfc3339_micros(event.commit_ts);
     let requeue = parked.requeue().map(str::to_owned);
-    match parked.park(key, ParkedKey::new(&event.msg_id, reason, since)) {
+    match parked.park(
+        key,
+        ParkedKey::new(&event.msg_id, reason, since).at(event.position),
+    ) {
         Ok(k) => {
             warn!(id = %event.msg_id, lsn = %event.commit_lsn, key = %key_text(event), %reason, "parking the event's key");
             Ok(Sent::Parked(Box::new(ParkedAs::new(
@@ -507,5 +516,42 @@ mod tests {
         .unwrap();
         assert!(matches!(instead, Sent::Parked(_)));
         assert_eq!(parked.len(), 1);
+    }
+
+    #[test]
+    fn an_event_sent_again_is_held_only_by_a_poison_before_it() {
+        let c = config(OnInvalid::Park);
+        let at = |index: u32, id: &str| {
+            let mut e = event();
+            e.index = index;
+            e.position = crate::position::Position::in_transaction(crate::Lsn(0x100), index);
+            e.msg_id = id.into();
+            e
+        };
+        let (before, poison, after) = (at(0, "e-0"), at(1, "e-1"), at(2, "e-2"));
+        let mut parked = none();
+        // e-0 went out as an event; while it waited, e-1 (after it) parked the key.
+        let sent = choose(&c, &mut parked, &poison, Some("bad schema")).unwrap();
+        assert!(matches!(sent, Sent::Parked(_)));
+        // e-0 sent again behind a refusal: it comes before its poison, so it goes to its subject.
+        assert!(
+            again(&c, &mut parked, &before, &Sent::Event).is_none(),
+            "an event before the poison was parked behind it"
+        );
+        // An event after the poison, sent again, is held behind it.
+        assert!(matches!(
+            again(&c, &mut parked, &after, &Sent::Event),
+            Some(Sent::Parked(_))
+        ));
+        assert_eq!(parked.events(), 2);
+        // A key read back from the stream (no place known) holds everything the session sends.
+        let mut rebuilt = none();
+        rebuilt
+            .park(
+                KeyHash::of_event(&before),
+                ParkedKey::new("e-9", "bad", "2026-01-01T00:00:00Z".into()),
+            )
+            .unwrap();
+        assert!(again(&c, &mut rebuilt, &before, &Sent::Event).is_some());
     }
 }

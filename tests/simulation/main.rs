@@ -63,17 +63,12 @@ fn env_u64(name: &str) -> Option<u64> {
     )
 }
 
-/// Every fault (see the module docs) but park worlds (`parking.rs`), which are opt-in
-/// (`SIM_FAULTS=all`) until seed 2627 is fixed: the per-key oracle finds events of four keys
-/// (claim/a1, order/a11, order/a3, order/a1) missing from their subjects. Likely a relay defect,
-/// not yet fixed: an event in flight (order/a1's ebae12ee…375) was refused by the fence, a later
-/// event of its key (c06ec734…397, over max_msg_size) parked the key meanwhile, and the resend
-/// behind the duplicate (`destination::again`) parked the earlier event too, behind a poison that
-/// comes after it in commit order. Seeds 10, 25 and 549 are explained and pass (549: a clean
-/// stop dropped the wait for a parked copy's answer after the copy left the window, and the drain
-/// reported the message behind it; a settle dropped half-way now ends the session's settling), as
-/// do seeds 1-2626 with `SIM_FAULTS=all`.
-const DEFAULT_FAULTS: &str = "all,-park";
+/// Every fault (see the module docs), park worlds (`parking.rs`) included. Park worlds were opt-in
+/// while seeds failed in them; each is explained and fixed: seed 10 (a copy parked again without
+/// its payload lost its mark), 25 (the world's schema fix), 549 (a clean stop dropped a settle
+/// half-way and the drain reported the message behind the lost one) and 2627 (an event sent again
+/// behind a refusal was parked behind a poison that comes after it in commit order).
+const DEFAULT_FAULTS: &str = "all";
 
 fn faults() -> FaultSet {
     let spec = std::env::var("SIM_FAULTS").unwrap_or_else(|_| DEFAULT_FAULTS.into());
