@@ -338,6 +338,7 @@ impl PgServer {
         let log = self.data_dir.join("server.log");
         let deadline = Instant::now() + READY_TIMEOUT;
         loop {
+            let logged_before = fs::metadata(&log).map_or(0, |m| m.len() as usize);
             let mut child = self.spawn_postmaster(&log)?;
             process::write_pid_file(&self.pid_file, child.id());
             loop {
@@ -345,7 +346,8 @@ impl PgServer {
                     let _ = fs::remove_file(&self.pid_file);
                     let tail = process::log_tail(&log, 3000);
                     // After a crash the killed backends may hold the old shared memory for a moment.
-                    if tail.contains("shared memory block is still in use")
+                    // Only this attempt's lines count.
+                    if shared_memory_still_held(&process::log_since(&log, logged_before))
                         && Instant::now() < deadline
                     {
                         std::thread::sleep(Duration::from_millis(200));
@@ -714,4 +716,27 @@ pub(crate) fn url_encode(s: &str) -> String {
             _ => format!("%{b:02X}"),
         })
         .collect()
+}
+
+/// Whether a start failed only because killed backends still hold the old server's shared memory.
+/// The server names the block between the words: "pre-existing shared memory block (key K, ID I)
+/// is still in use".
+fn shared_memory_still_held(log: &str) -> bool {
+    log.lines()
+        .any(|l| l.contains("pre-existing shared memory block") && l.contains("is still in use"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shared_memory_still_held;
+
+    #[test]
+    fn a_start_refused_for_held_shared_memory_is_recognised_from_the_servers_own_line() {
+        let refused = "2026-12-07 01:18:16.459 UTC [8263] FATAL:  pre-existing shared memory block \
+                       (key 10486078, ID 2228232) is still in use\n\
+                       2026-12-07 01:18:16.459 UTC [8263] HINT:  Terminate any old server processes";
+        assert!(shared_memory_still_held(refused));
+        let other = "FATAL:  could not create lock file \"postmaster.pid\": File exists";
+        assert!(!shared_memory_still_held(other));
+    }
 }

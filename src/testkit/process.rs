@@ -115,6 +115,13 @@ pub(crate) fn log_tail(path: &Path, n: usize) -> String {
     String::from_utf8_lossy(&text[start..]).into_owned()
 }
 
+/// What a log file gained after its first `offset` bytes (all of it when it shrank).
+pub(crate) fn log_since(path: &Path, offset: usize) -> String {
+    let text = fs::read(path).unwrap_or_default();
+    let start = if offset <= text.len() { offset } else { 0 };
+    String::from_utf8_lossy(&text[start..]).into_owned()
+}
+
 /// Puts a server command in its own process group; see the module comment.
 pub(crate) fn own_group(cmd: &mut Command) -> &mut Command {
     cmd.process_group(0)
