@@ -374,13 +374,8 @@ async fn slot_active(client: &Client, slot: &str) -> bool {
 /// exit 1, and `relay.own_word` in JSON; while NATS was up it said "ready" with the stored LSN.
 #[tokio::test]
 async fn status_asks_the_relay_and_says_nats_is_down_while_postgres_still_shows_streaming() {
-    let addr = free_addr();
-    let s = Scenario::builder()
-        .text_ids()
-        .http_listen(&addr)
-        .start()
-        .await;
-    let env = s.env();
+    let s = Scenario::listening().await;
+    let (addr, env) = (s.http_addr(), s.env());
     let (_db, nats, config, client, js, slot, _stream) = s.into_parts();
     let mut p = RelayProcess::run(&config);
     wait_for_log(&mut p, "streaming").await;

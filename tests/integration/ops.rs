@@ -14,18 +14,13 @@ use tokio::net::TcpStream;
 use tokio_postgres::Client;
 
 use crate::hostile::wait_for_active_slot;
+pub(crate) use crate::support::free_addr;
 use crate::support::{
     Finished, InProcessRelay, PgServer, RelayProcess, Scenario, run_command, slot_exists,
     stream_count, unique, wait_for,
 };
 
 const LIMIT: Duration = Duration::from_secs(60);
-
-/// A port nothing listens on right now.
-pub(crate) fn free_addr() -> String {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-    l.local_addr().expect("local addr").to_string()
-}
 
 /// `GET path` with HTTP/1.0; `None` if the connection fails. Returns the status code and the body.
 pub(crate) async fn try_get(addr: &str, path: &str) -> Option<(u16, String)> {

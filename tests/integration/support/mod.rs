@@ -13,6 +13,7 @@
 //!   Postgres with the test's SQL, a JetStream server, the relay's config with the test's changes,
 //!   and the clients (`scenario.rs`); the builder also takes a private Postgres, a NATS server with
 //!   a configuration and credentials, schemas and parking, and sql/09's operator role.
+//!   `Scenario::listening()` is the one with an HTTP listener on a `free_addr()`.
 //! - `sql_file`, `requeue_sql_with`: the repository's SQL scripts as tests install them (`sql.rs`).
 
 #![allow(dead_code)]
@@ -35,3 +36,9 @@ pub(crate) use relay::{
 };
 pub(crate) use scenario::{ROLE_PASSWORD, Scenario, ScenarioBuilder};
 pub(crate) use sql::{requeue_sql, requeue_sql_with, sql_file};
+
+/// A loopback address nothing listens on right now, for a listener of the test's.
+pub(crate) fn free_addr() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    l.local_addr().expect("local addr").to_string()
+}
