@@ -53,12 +53,9 @@ async fn wait_metric(addr: &str, series: &str, want: f64) {
 
 /// Stops the relay with SIGTERM (it must exit 0) and returns its log.
 fn stop(mut relay: RelayProcess) -> String {
-    relay.signal("TERM");
-    let status = relay
-        .wait(Duration::from_secs(30))
-        .unwrap_or_else(|| panic!("no exit after SIGTERM: {}", relay.stderr()));
-    assert_eq!(status.code(), Some(0), "{}", relay.stderr());
-    relay.stderr()
+    let f = relay.terminate(Duration::from_secs(30));
+    assert_eq!(f.status.code(), Some(0), "{}", f.stderr);
+    f.stderr
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

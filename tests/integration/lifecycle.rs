@@ -72,16 +72,9 @@ async fn wait_for_ids(js: &jetstream::Context, stream: &str, ids: &[&str]) {
 
 /// SIGTERM and exit 0; returns what the relay wrote.
 fn stop(mut p: RelayProcess) -> Finished {
-    p.signal("TERM");
-    let status = p
-        .wait(LIMIT)
-        .unwrap_or_else(|| panic!("no exit after SIGTERM: {}", p.stderr()));
-    assert_eq!(status.code(), Some(0), "{}", p.stderr());
-    Finished {
-        status,
-        stdout: p.stdout(),
-        stderr: p.stderr(),
-    }
+    let f = p.terminate(LIMIT);
+    assert_eq!(f.status.code(), Some(0), "{}", f.stderr);
+    f
 }
 
 /// While it waits: the process runs, `/healthz` is 200, `/readyz` is 503, and the waiting line was
