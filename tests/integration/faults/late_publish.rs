@@ -28,6 +28,17 @@ use crate::support::{
     wait_for,
 };
 
+/// A text-id database, a NATS server, a proxy to it, and the relay's config, which publishes
+/// through the proxy.
+async fn behind_proxy() -> (TestDb, NatsServer, Proxy, Config) {
+    let db = text_id_db(PgServer::shared()).await;
+    let nats = NatsServer::start();
+    let proxy = Proxy::start(nats.port());
+    let mut config = relay_config(&db, &nats);
+    config.nats.url = proxy.nats_url();
+    (db, nats, proxy, config)
+}
+
 /// The relay with `config`, fenced (the default) and with an ack timeout long enough that the
 /// test's hold of its publishes does not end the session (the expectations are what is tested),
 /// started and streaming, once the first three events (`a-…`) are stored: the relay, a client of
@@ -58,11 +69,7 @@ async fn three_stored(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_stored_in_the_place_of_a_refused_one_lets_nothing_past_it() {
-    let db = text_id_db(PgServer::shared()).await;
-    let nats = NatsServer::start();
-    let proxy = Proxy::start(nats.port());
-    let mut config = relay_config(&db, &nats);
-    config.nats.url = proxy.nats_url();
+    let (db, nats, proxy, mut config) = behind_proxy().await;
     let (stream, dead_subject) = (
         config.nats.stream.clone(),
         config.nats.dead_letter_subject.clone(),
@@ -134,11 +141,7 @@ async fn a_message_stored_in_the_place_of_a_refused_one_lets_nothing_past_it() {
 /// has sent B's commit to the relay, and a moment more for the relay to send it if it would.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_intruder_in_the_place_of_a_refused_batch_lets_no_later_batch_past_it() {
-    let db = text_id_db(PgServer::shared()).await;
-    let nats = NatsServer::start();
-    let proxy = Proxy::start(nats.port());
-    let mut config = relay_config(&db, &nats);
-    config.nats.url = proxy.nats_url();
+    let (db, nats, proxy, mut config) = behind_proxy().await;
     config.nats.atomic_transactions = true;
     let (stream, dead_subject) = (
         config.nats.stream.clone(),
