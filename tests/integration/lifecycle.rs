@@ -77,6 +77,19 @@ fn stop(mut p: RelayProcess) -> Finished {
     f
 }
 
+/// Once the server is back: `/readyz` is 200, and the relay, stopped, said once that the servers
+/// are reachable.
+async fn assert_back(p: RelayProcess, addr: &str) {
+    wait_for_status(addr, "/readyz", 200, 60).await;
+    let f = stop(p);
+    assert_eq!(
+        lines_with(&f.stderr, "servers reachable"),
+        1,
+        "{}",
+        f.stderr
+    );
+}
+
 /// While it waits: the process runs, `/healthz` is 200, `/readyz` is 503, and the waiting line was
 /// written once although several attempts failed.
 async fn assert_waiting(p: &mut RelayProcess, addr: &str) {
@@ -121,14 +134,7 @@ async fn a_relay_started_while_nats_is_down_waits_and_then_publishes() {
     nats.start_again();
     let js = nats.jetstream().await;
     wait_for_ids(&js, &config.nats.stream, &["while-nats-down"]).await;
-    wait_for_status(&addr, "/readyz", 200, 60).await;
-    let f = stop(p);
-    assert_eq!(
-        lines_with(&f.stderr, "servers reachable"),
-        1,
-        "{}",
-        f.stderr
-    );
+    assert_back(p, &addr).await;
 }
 
 /// The same with Postgres down: the relay waits, and publishes both an event written before the
@@ -164,14 +170,7 @@ async fn a_relay_started_while_postgres_is_down_waits_and_then_publishes() {
         &["before-pg-down", "after-pg-back"],
     )
     .await;
-    wait_for_status(&addr, "/readyz", 200, 60).await;
-    let f = stop(p);
-    assert_eq!(
-        lines_with(&f.stderr, "servers reachable"),
-        1,
-        "{}",
-        f.stderr
-    );
+    assert_back(p, &addr).await;
 }
 
 /// docs/security.md, finding 4: a multi-host `postgres.url` whose first host is down and whose
