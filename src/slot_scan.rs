@@ -18,9 +18,12 @@
 //! WAL still pending and no event found, the answer is "unknown", never "none".
 //!
 //! The look reads through a port ([`PeekPort`], `slot_scan/port.rs`): the real one peeks a slot on
-//! a control connection (`slot_scan/postgres.rs`), the deterministic simulation's hands over its
-//! own Postgres's records, so both run this file's judgement and its staged looks.
+//! a control connection (`slot_scan/postgres.rs`); for tests, `InHand` (`slot_scan/in_hand.rs`,
+//! feature `test-support`) hands over changes already read, the deterministic simulation's own
+//! Postgres's records among them, so all run this file's judgement and its staged looks.
 
+#[cfg(feature = "test-support")]
+mod in_hand;
 mod port;
 mod postgres;
 
@@ -34,6 +37,8 @@ use crate::outbox::{OutboxStage, Step};
 use crate::pgoutput::Decoder;
 use crate::position::Position;
 
+#[cfg(feature = "test-support")]
+pub use in_hand::{InHand, Transactions};
 pub use port::{Bound, PeekFailed, PeekPort, Rows};
 pub(crate) use postgres::{SlotPeek, in_use};
 
@@ -461,41 +466,6 @@ mod tests {
         assert_eq!(past.events, 1);
         assert_eq!(past.first.as_ref().unwrap().id, "m-3");
         assert_eq!(past.last.unwrap().id, "m-3");
-    }
-
-    /// Changes in hand, one list per transaction, handed over as the server's peek does: whole
-    /// transactions until the bound is reached.
-    struct InHand<'a>(&'a [Vec<(Lsn, Bytes)>]);
-
-    impl PeekPort for InHand<'_> {
-        type Error = std::convert::Infallible;
-
-        async fn begin(&mut self, _: Bound) -> Result<Vec<u32>, Self::Error> {
-            Ok(Vec::new())
-        }
-
-        async fn peek(
-            &mut self,
-            _: Option<Lsn>,
-            changes: u32,
-            rows: Rows<'_, '_>,
-        ) -> Result<(), PeekFailed> {
-            let mut handed = 0u64;
-            for transaction in self.0 {
-                if handed >= u64::from(changes) {
-                    break;
-                }
-                for (lsn, data) in transaction {
-                    handed += 1;
-                    if rows(*lsn, data.clone()).is_break() {
-                        return Ok(());
-                    }
-                }
-            }
-            Ok(())
-        }
-
-        async fn end(&mut self) {}
     }
 
     async fn first_in_hand(transactions: &[Vec<(Lsn, Bytes)>], bound: Bound) -> Scan {

@@ -315,27 +315,13 @@ pub async fn read_run(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::message::parked::{Release, Run, parked_copy, release_marker};
+    use crate::message::parked::{Release, parked_copy, release_marker};
+    use crate::parking::revive::tests::{event, run};
 
     #[test]
     fn a_parked_copy_and_a_marker_read_back_as_what_they_are() {
-        let mut e = crate::event::OutboxEvent::at(
-            bytes::Bytes::from_static(b"{}"),
-            crate::Lsn(0x10),
-            0,
-            0,
-            None,
-        );
-        e.msg_id = "e-2".into();
-        let run = Run {
-            subject: "dl.parked.x",
-            reason: "bad",
-            behind: "e-1",
-            count: 2,
-            since: "2026-01-01T00:00:00Z",
-            requeue: None,
-        };
-        let copy = parked_copy(&e, &run, None, crate::message::Shrink::Keep);
+        let e = event("e-2", None);
+        let copy = parked_copy(&e, &run("e-1", 2), None, crate::message::Shrink::Keep);
         let Mark::Copy(k) = mark(&copy.headers) else {
             panic!("a copy")
         };

@@ -142,10 +142,40 @@ fn revive_as(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
-    use crate::message::Shrink;
     use crate::message::parked::{Run, parked_copy};
+    use crate::message::{Outgoing, Shrink};
+
+    /// Event `msg_id` with `{}` as its payload, of `content_type`, committed at 0/10.
+    pub(crate) fn event(msg_id: &str, content_type: Option<&'static str>) -> OutboxEvent {
+        let payload = bytes::Bytes::from_static(b"{}");
+        let mut e = OutboxEvent::at(payload, Lsn(0x10), 0, 0, content_type);
+        e.msg_id = msg_id.into();
+        e
+    }
+
+    /// The `count`th event of a run parked on `dl.parked.x` behind `behind`, for the reason `bad`.
+    pub(crate) fn run(behind: &str, count: u64) -> Run<'_> {
+        Run {
+            subject: "dl.parked.x",
+            reason: "bad",
+            behind,
+            count,
+            since: "2026-01-01T00:00:00Z",
+            requeue: None,
+        }
+    }
+
+    /// `out` as the stream stores it, at `seq`.
+    fn stored(seq: u64, out: Outgoing) -> StoredMessage {
+        StoredMessage {
+            seq,
+            subject: out.subject,
+            headers: out.headers,
+            payload: out.payload,
+        }
+    }
 
     fn copy_of(shrink: Shrink) -> StoredMessage {
         let mut e = OutboxEvent::at(
@@ -161,21 +191,9 @@ mod tests {
         e.aggregate_id = Some("4711".into());
         e.event_type = Some("ClaimPaid".into());
         e.headers = vec![("tenant".into(), "t1".into())];
-        let run = Run {
-            subject: "dl.parked.x",
-            reason: "bad",
-            behind: "e-1",
-            count: 2,
-            since: "2026-01-01T00:00:00Z",
-            requeue: None,
-        };
+        let run = run("e-1", 2);
         let out = parked_copy(&e, &run, Some("outbox.Claim"), shrink);
-        StoredMessage {
-            seq: 7,
-            subject: out.subject,
-            headers: out.headers,
-            payload: out.payload,
-        }
+        stored(7, out)
     }
 
     #[test]
@@ -202,16 +220,10 @@ mod tests {
     #[test]
     fn a_dead_letter_comes_back_as_its_event_and_an_old_one_by_its_nats_msg_id() {
         let at = Position::in_transaction(Lsn(0x2_0000_0000), 4);
-        let mut e = OutboxEvent::at(bytes::Bytes::from_static(b"{}"), Lsn(0x10), 0, 0, None);
-        e.msg_id = "e-5".into();
+        let mut e = event("e-5", None);
         e.headers = vec![("tenant".into(), "t1".into())];
         let out = crate::message::dead_letter(&e, "dl", "bad", Some("outbox.Claim"), Shrink::Keep);
-        let mut m = StoredMessage {
-            seq: 3,
-            subject: out.subject,
-            headers: out.headers,
-            payload: out.payload,
-        };
+        let mut m = stored(3, out);
         assert_eq!(
             m.headers.get(NATS_MSG_ID).unwrap().as_str(),
             "dead-letter:e-5"
@@ -237,12 +249,7 @@ mod tests {
         assert_eq!(dead_letter_event_id(&m.headers), Some("e-5"));
         assert_eq!(revive_dead_letter(&m, at, 0).msg_id, "e-5");
         let dropped = crate::message::dead_letter(&e, "dl", "bad", None, Shrink::DropPayload);
-        let m = StoredMessage {
-            seq: 4,
-            subject: dropped.subject,
-            headers: dropped.headers,
-            payload: dropped.payload,
-        };
+        let m = stored(4, dropped);
         assert_eq!(
             revive_dead_letter(&m, at, 0).problem.as_deref(),
             Some(DEAD_LETTER_PAYLOAD_DROPPED)
@@ -251,25 +258,12 @@ mod tests {
 
     #[test]
     fn a_key_with_line_breaks_hashes_as_itself_when_revived_from_its_request() {
-        let mut e = OutboxEvent::at(bytes::Bytes::from_static(b"{}"), Lsn(0x10), 0, 0, None);
-        e.msg_id = "e-1".into();
+        let mut e = event("e-1", None);
         e.aggregate_type = Some("Claim\nType".into());
         e.aggregate_id = Some("47\r\n11".into());
-        let run = Run {
-            subject: "dl.parked.x",
-            reason: "bad",
-            behind: "e-1",
-            count: 1,
-            since: "2026-01-01T00:00:00Z",
-            requeue: None,
-        };
+        let run = run("e-1", 1);
         let out = parked_copy(&e, &run, None, Shrink::Keep);
-        let copy = StoredMessage {
-            seq: 1,
-            subject: out.subject,
-            headers: out.headers,
-            payload: out.payload,
-        };
+        let copy = stored(1, out);
         let at = Position::in_transaction(Lsn(0x20), 0).with_sub(1);
         let key = crate::parking::KeyHash::of_event(&e);
         assert_ne!(
@@ -288,21 +282,13 @@ mod tests {
         let at = Position::in_transaction(Lsn(0x2_0000_0000), 4).with_sub(1);
         let first = revive(&copy_of(Shrink::DropPayload), at, 0);
         let run = Run {
-            subject: "dl.parked.x",
             reason: PAYLOAD_DROPPED,
-            behind: "e-9",
-            count: 1,
-            since: "2026-01-01T00:00:00Z",
             requeue: Some("r-1"),
+            ..run("e-9", 1)
         };
         // Parked again by the first requeue: its empty payload fits, so it is kept whole.
         let out = parked_copy(&first, &run, None, Shrink::Keep);
-        let again = StoredMessage {
-            seq: 9,
-            subject: out.subject,
-            headers: out.headers,
-            payload: out.payload,
-        };
+        let again = stored(9, out);
         let second = revive(&again, at, 0);
         assert_eq!(
             second.problem.as_deref(),
@@ -313,12 +299,7 @@ mod tests {
         cut.headers.insert(TRUNCATED_HEADERS, "tenant");
         let first = revive(&cut, at, 0);
         let out = parked_copy(&first, &run, None, Shrink::Keep);
-        let again = StoredMessage {
-            seq: 10,
-            subject: out.subject,
-            headers: out.headers,
-            payload: out.payload,
-        };
+        let again = stored(10, out);
         assert!(
             revive(&again, at, 0).problem.is_some(),
             "a second requeue would publish the cut headers as the event's"
@@ -328,47 +309,24 @@ mod tests {
     #[test]
     fn a_revived_copy_or_dead_letter_has_the_events_content_type_again() {
         let at = Position::in_transaction(Lsn(0x2_0000_0000), 4).with_sub(1);
-        let mut e = OutboxEvent::at(
-            bytes::Bytes::from_static(b"{}"),
-            Lsn(0x10),
-            0,
-            0,
-            Some(crate::event::JSON_CONTENT_TYPE),
-        );
-        e.msg_id = "e-5".into();
-        let run = Run {
-            subject: "dl.parked.x",
-            reason: "bad",
-            behind: "e-5",
-            count: 1,
-            since: "2026-01-01T00:00:00Z",
-            requeue: None,
-        };
-        let stored = |out: crate::message::Outgoing| StoredMessage {
-            seq: 1,
-            subject: out.subject,
-            headers: out.headers,
-            payload: out.payload,
-        };
-        let copy = stored(parked_copy(&e, &run, None, Shrink::Keep));
+        let mut e = event("e-5", Some(crate::event::JSON_CONTENT_TYPE));
+        let run = run("e-5", 1);
+        let copy = stored(1, parked_copy(&e, &run, None, Shrink::Keep));
         assert_eq!(revive(&copy, at, 0).content_type, e.content_type);
-        let letter = stored(crate::message::dead_letter(
-            &e,
-            "dl",
-            "bad",
-            None,
-            Shrink::Keep,
-        ));
+        let letter = stored(
+            1,
+            crate::message::dead_letter(&e, "dl", "bad", None, Shrink::Keep),
+        );
         assert_eq!(
             revive_dead_letter(&letter, at, 0).content_type,
             e.content_type
         );
         e.content_type = Some(crate::event::TEXT_CONTENT_TYPE);
-        let copy = stored(parked_copy(&e, &run, None, Shrink::Keep));
+        let copy = stored(1, parked_copy(&e, &run, None, Shrink::Keep));
         assert_eq!(revive(&copy, at, 0).content_type, e.content_type);
         // A bytea payload has none; a value the relay never writes gives none.
         e.content_type = None;
-        let mut copy = stored(parked_copy(&e, &run, None, Shrink::Keep));
+        let mut copy = stored(1, parked_copy(&e, &run, None, Shrink::Keep));
         assert_eq!(revive(&copy, at, 0).content_type, None);
         copy.headers.insert(CONTENT_TYPE, "text/html");
         assert_eq!(revive(&copy, at, 0).content_type, None);

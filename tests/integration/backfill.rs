@@ -86,6 +86,13 @@ async fn run_backfill(config: &Config, opts: BackfillOptions) -> BackfillReport 
     })
 }
 
+/// The ids of `outbox_event`'s rows where `condition` holds.
+async fn polled_ids(client: &tokio_postgres::Client, condition: &str) -> HashSet<String> {
+    let sql = format!("SELECT event_id::text FROM outbox_event WHERE {condition}");
+    let rows = client.query(&sql, &[]).await.expect("read outbox_event");
+    rows.iter().map(|r| r.get(0)).collect()
+}
+
 /// Inserts one row per transaction into `outbox_event` until stopped; returns the ids it committed.
 fn start_writer(db: &TestDb, stop: Arc<AtomicBool>) -> JoinHandle<Vec<String>> {
     let url = db.url();
@@ -127,26 +134,8 @@ async fn adoption_of_a_polled_table_has_no_gap_and_no_overlap() {
          FROM generate_series(1, 400) AS i",
     );
     let client = db.client().await;
-    let published: HashSet<String> = client
-        .query(
-            "SELECT event_id::text FROM outbox_event WHERE published_at IS NOT NULL",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
-    let waiting: HashSet<String> = client
-        .query(
-            "SELECT event_id::text FROM outbox_event WHERE published_at IS NULL",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let published = polled_ids(&client, "published_at IS NOT NULL").await;
+    let waiting = polled_ids(&client, "published_at IS NULL").await;
     assert_eq!((published.len(), waiting.len()), (100, 300));
 
     let mut config = relay_config(&db, &nats);

@@ -8,11 +8,10 @@ use std::time::Duration;
 
 use async_nats::jetstream;
 
-use crate::hostile::{good, http_get, metric, set, text_id_db};
-use crate::ops::free_addr;
+use crate::hostile::{good, http_get, metric};
 use crate::support::{
-    NatsServer, RelayProcess, confirmed_flush, current_wal_lsn, read_all, relay_config, relay_env,
-    run_command, slot_exists, wait_for,
+    RelayProcess, Scenario, confirmed_flush, current_wal_lsn, read_all, run_command, slot_exists,
+    wait_for,
 };
 
 const LIMIT: Duration = Duration::from_secs(60);
@@ -29,6 +28,18 @@ async fn ids_in(js: &jetstream::Context, stream: &str) -> Vec<String> {
         .collect()
 }
 
+/// The relay binary run with `env`, streaming, once it has stored e-1.
+async fn stored_e1(s: &Scenario, env: &[(String, String)]) -> RelayProcess {
+    let relay = RelayProcess::spawn(&["run"], env);
+    wait_metric(&s.http_addr(), STREAMING, 1.0).await;
+    good(&s.client, "e-1").await;
+    wait_for("e-1 stored", LIMIT, || async {
+        ids_in(&s.js, &s.stream).await == ["e-1"]
+    })
+    .await;
+    relay
+}
+
 /// The metric's value, once `/metrics` answers with it.
 async fn wait_metric(addr: &str, series: &str, want: f64) {
     wait_for(&format!("{series} = {want}"), LIMIT, || async {
@@ -42,12 +53,9 @@ async fn wait_metric(addr: &str, series: &str, want: f64) {
 
 /// Stops the relay with SIGTERM (it must exit 0) and returns its log.
 fn stop(mut relay: RelayProcess) -> String {
-    relay.signal("TERM");
-    let status = relay
-        .wait(Duration::from_secs(30))
-        .unwrap_or_else(|| panic!("no exit after SIGTERM: {}", relay.stderr()));
-    assert_eq!(status.code(), Some(0), "{}", relay.stderr());
-    relay.stderr()
+    let f = relay.terminate(Duration::from_secs(30));
+    assert_eq!(f.status.code(), Some(0), "{}", f.stderr);
+    f.stderr
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -100,29 +108,15 @@ async fn consumed_by_another_client(
     consume: impl Fn(&str, &str, outbox_relay::Lsn) -> String,
     recovery: Recovery,
 ) {
-    let db = text_id_db().await;
-    db.psql("CREATE TABLE public.orders (id bigserial PRIMARY KEY, note text)");
-    let nats = NatsServer::start();
-    let mut config = relay_config(&db, &nats);
-    config.http.listen = free_addr();
-    let addr = config.http.listen.clone();
-    let mut env = relay_env(&config);
-    set(&mut env, "OUTBOX_RELAY_HTTP_LISTEN", &addr);
-    let slot = config.postgres.slot.clone();
+    let s = Scenario::listening().await;
+    s.db.psql("CREATE TABLE public.orders (id bigserial PRIMARY KEY, note text)");
+    let (db, config, client, js) = (&s.db, &s.config, &s.client, &s.js);
+    let (addr, env, slot, stream) = (s.http_addr(), s.env(), s.slot.clone(), s.stream.clone());
     let mark = format!("{slot}_mark");
-    let stream = config.nats.stream.clone();
-    let client = db.client().await;
-    let js = jetstream::new(nats.client().await);
 
     // A relay stores an event; then an idle period: other tables are written and the slot is
     // confirmed past the event, at the walsender's keepalive positions.
-    let relay = RelayProcess::spawn(&["run"], &env);
-    wait_metric(&addr, STREAMING, 1.0).await;
-    good(&client, "e-1").await;
-    wait_for("e-1 stored", LIMIT, || async {
-        ids_in(&js, &stream).await == ["e-1"]
-    })
-    .await;
+    let relay = stored_e1(&s, &env).await;
     for i in 0..50 {
         client
             .execute(
@@ -132,9 +126,9 @@ async fn consumed_by_another_client(
             .await
             .expect("insert an order");
     }
-    let idle_end = current_wal_lsn(&client).await;
+    let idle_end = current_wal_lsn(client).await;
     wait_for("the idle slot confirmed past the orders", LIMIT, || async {
-        confirmed_flush(&client, &slot)
+        confirmed_flush(client, &slot)
             .await
             .is_some_and(|c| c >= idle_end)
     })
@@ -154,9 +148,9 @@ async fn consumed_by_another_client(
     assert!(!log.contains(REPORT), "a normal restart reported: {log}");
 
     // While no relay runs, events are committed and another client advances the slot past them.
-    good(&client, "e-2").await;
-    good(&client, "e-3").await;
-    let past = current_wal_lsn(&client).await;
+    good(client, "e-2").await;
+    good(client, "e-3").await;
+    let past = current_wal_lsn(client).await;
     wait_for("the slot released by the stopped relay", LIMIT, || async {
         client
             .query_one(
@@ -197,14 +191,14 @@ async fn consumed_by_another_client(
             backfill.stderr
         );
         assert!(
-            !slot_exists(&client, &mark).await,
+            !slot_exists(client, &mark).await,
             "the backfill left the mark of the slot it replaced"
         );
         let relay = RelayProcess::spawn(&["run"], &env);
         wait_metric(&addr, STREAMING, 1.0).await;
-        good(&client, "e-4").await;
+        good(client, "e-4").await;
         wait_for("every event stored once", LIMIT, || async {
-            ids_in(&js, &stream).await == ["e-1", "e-2", "e-3", "e-4"]
+            ids_in(js, &stream).await == ["e-1", "e-2", "e-3", "e-4"]
         })
         .await;
         let log = stop(relay);
@@ -229,9 +223,9 @@ async fn consumed_by_another_client(
     let status = run_command(&["status"], &env, LIMIT);
     assert_eq!(status.status.code(), Some(1), "{}", status.stdout);
     assert!(status.stdout.contains(REPORT), "{}", status.stdout);
-    assert_eq!(ids_in(&js, &stream).await, ["e-1"]);
+    assert_eq!(ids_in(js, &stream).await, ["e-1"]);
 
-    assert!(slot_exists(&client, &mark).await, "the evidence stays");
+    assert!(slot_exists(client, &mark).await, "the evidence stays");
 
     // Dropping the mark accepts the gap: the relay streams again, and says nothing more.
     // The relay peeks the mark at each retry; the drop waits for a moment it is not.
@@ -244,9 +238,9 @@ async fn consumed_by_another_client(
     .await;
     wait_metric(&addr, CONSUMED, 0.0).await;
     wait_metric(&addr, STREAMING, 1.0).await;
-    good(&client, "e-4").await;
+    good(client, "e-4").await;
     wait_for("e-4 stored", LIMIT, || async {
-        ids_in(&js, &stream).await == ["e-1", "e-4"]
+        ids_in(js, &stream).await == ["e-1", "e-4"]
     })
     .await;
     stop(relay);
@@ -257,30 +251,16 @@ async fn consumed_by_another_client(
 /// stream on past the gap before anyone saw the report.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_consumed_slot_stays_reported_after_the_streams_last_message_is_gone() {
-    let db = text_id_db().await;
-    let nats = NatsServer::start();
-    let mut config = relay_config(&db, &nats);
-    config.http.listen = free_addr();
-    let addr = config.http.listen.clone();
-    let mut env = relay_env(&config);
-    set(&mut env, "OUTBOX_RELAY_HTTP_LISTEN", &addr);
-    let slot = config.postgres.slot.clone();
+    let s = Scenario::listening().await;
+    let (db, client, js) = (&s.db, &s.client, &s.js);
+    let (addr, env, slot, stream) = (s.http_addr(), s.env(), s.slot.clone(), s.stream.clone());
     let mark = format!("{slot}_mark");
-    let stream = config.nats.stream.clone();
-    let client = db.client().await;
-    let js = jetstream::new(nats.client().await);
 
     // A relay stores e-1 and stops cleanly (the mark); another client advances the slot past e-2.
-    let relay = RelayProcess::spawn(&["run"], &env);
-    wait_metric(&addr, STREAMING, 1.0).await;
-    good(&client, "e-1").await;
-    wait_for("e-1 stored", LIMIT, || async {
-        ids_in(&js, &stream).await == ["e-1"]
-    })
-    .await;
+    let relay = stored_e1(&s, &env).await;
     stop(relay);
-    good(&client, "e-2").await;
-    let past = current_wal_lsn(&client).await;
+    good(client, "e-2").await;
+    let past = current_wal_lsn(client).await;
     wait_for("the slot released by the stopped relay", LIMIT, || async {
         client
             .query_one(
@@ -332,7 +312,7 @@ async fn a_consumed_slot_stays_reported_after_the_streams_last_message_is_gone()
         relay.stderr()
     );
     assert_eq!(metric(&body, CONSUMED), Some(1.0), "the report stands");
-    assert!(slot_exists(&client, &mark).await, "the evidence stays");
+    assert!(slot_exists(client, &mark).await, "the evidence stays");
 
     // Dropping the mark accepts the gap, as before.
     wait_for("the stop mark dropped by the operator", LIMIT, || async {
@@ -343,9 +323,9 @@ async fn a_consumed_slot_stays_reported_after_the_streams_last_message_is_gone()
     })
     .await;
     wait_metric(&addr, STREAMING, 1.0).await;
-    good(&client, "e-3").await;
+    good(client, "e-3").await;
     wait_for("e-3 stored, after the gap", LIMIT, || async {
-        ids_in(&js, &stream).await == ["e-3"]
+        ids_in(js, &stream).await == ["e-3"]
     })
     .await;
     stop(relay);

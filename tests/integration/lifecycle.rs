@@ -72,16 +72,22 @@ async fn wait_for_ids(js: &jetstream::Context, stream: &str, ids: &[&str]) {
 
 /// SIGTERM and exit 0; returns what the relay wrote.
 fn stop(mut p: RelayProcess) -> Finished {
-    p.signal("TERM");
-    let status = p
-        .wait(LIMIT)
-        .unwrap_or_else(|| panic!("no exit after SIGTERM: {}", p.stderr()));
-    assert_eq!(status.code(), Some(0), "{}", p.stderr());
-    Finished {
-        status,
-        stdout: p.stdout(),
-        stderr: p.stderr(),
-    }
+    let f = p.terminate(LIMIT);
+    assert_eq!(f.status.code(), Some(0), "{}", f.stderr);
+    f
+}
+
+/// Once the server is back: `/readyz` is 200, and the relay, stopped, said once that the servers
+/// are reachable.
+async fn assert_back(p: RelayProcess, addr: &str) {
+    wait_for_status(addr, "/readyz", 200, 60).await;
+    let f = stop(p);
+    assert_eq!(
+        lines_with(&f.stderr, "servers reachable"),
+        1,
+        "{}",
+        f.stderr
+    );
 }
 
 /// While it waits: the process runs, `/healthz` is 200, `/readyz` is 503, and the waiting line was
@@ -128,14 +134,7 @@ async fn a_relay_started_while_nats_is_down_waits_and_then_publishes() {
     nats.start_again();
     let js = nats.jetstream().await;
     wait_for_ids(&js, &config.nats.stream, &["while-nats-down"]).await;
-    wait_for_status(&addr, "/readyz", 200, 60).await;
-    let f = stop(p);
-    assert_eq!(
-        lines_with(&f.stderr, "servers reachable"),
-        1,
-        "{}",
-        f.stderr
-    );
+    assert_back(p, &addr).await;
 }
 
 /// The same with Postgres down: the relay waits, and publishes both an event written before the
@@ -171,14 +170,7 @@ async fn a_relay_started_while_postgres_is_down_waits_and_then_publishes() {
         &["before-pg-down", "after-pg-back"],
     )
     .await;
-    wait_for_status(&addr, "/readyz", 200, 60).await;
-    let f = stop(p);
-    assert_eq!(
-        lines_with(&f.stderr, "servers reachable"),
-        1,
-        "{}",
-        f.stderr
-    );
+    assert_back(p, &addr).await;
 }
 
 /// docs/security.md, finding 4: a multi-host `postgres.url` whose first host is down and whose
@@ -374,13 +366,8 @@ async fn slot_active(client: &Client, slot: &str) -> bool {
 /// exit 1, and `relay.own_word` in JSON; while NATS was up it said "ready" with the stored LSN.
 #[tokio::test]
 async fn status_asks_the_relay_and_says_nats_is_down_while_postgres_still_shows_streaming() {
-    let addr = free_addr();
-    let s = Scenario::builder()
-        .text_ids()
-        .http_listen(&addr)
-        .start()
-        .await;
-    let env = s.env();
+    let s = Scenario::listening().await;
+    let (addr, env) = (s.http_addr(), s.env());
     let (_db, nats, config, client, js, slot, _stream) = s.into_parts();
     let mut p = RelayProcess::run(&config);
     wait_for_log(&mut p, "streaming").await;

@@ -9,8 +9,6 @@
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio_postgres::Client;
 
 use crate::hostile::wait_for_active_slot;
@@ -18,31 +16,9 @@ use crate::support::{
     Finished, InProcessRelay, PgServer, RelayProcess, Scenario, run_command, slot_exists,
     stream_count, unique, wait_for,
 };
+pub(crate) use crate::support::{free_addr, http_get as try_get};
 
 const LIMIT: Duration = Duration::from_secs(60);
-
-/// A port nothing listens on right now.
-pub(crate) fn free_addr() -> String {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-    l.local_addr().expect("local addr").to_string()
-}
-
-/// `GET path` with HTTP/1.0; `None` if the connection fails. Returns the status code and the body.
-pub(crate) async fn try_get(addr: &str, path: &str) -> Option<(u16, String)> {
-    let mut s = TcpStream::connect(addr).await.ok()?;
-    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes())
-        .await
-        .ok()?;
-    let mut buf = Vec::new();
-    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut buf))
-        .await
-        .ok()?
-        .ok()?;
-    let text = String::from_utf8_lossy(&buf).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n")?;
-    let status = head.split_whitespace().nth(1)?.parse().ok()?;
-    Some((status, body.to_owned()))
-}
 
 async fn get(addr: &str, path: &str) -> (u16, String) {
     try_get(addr, path)
@@ -442,15 +418,7 @@ async fn run_with_one_event(
     })
     .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
-    p.signal("TERM");
-    let status = p
-        .wait(Duration::from_secs(30))
-        .unwrap_or_else(|| panic!("no exit after SIGTERM: {}", p.stderr()));
-    Finished {
-        status,
-        stdout: p.stdout(),
-        stderr: p.stderr(),
-    }
+    p.terminate(Duration::from_secs(30))
 }
 
 /// Runs the binary's `run` until it logs that it waits for a server at start, then stops it with
@@ -463,16 +431,9 @@ pub(crate) async fn run_until_waiting(env: &[(String, String)]) -> Finished {
     })
     .await;
     assert!(p.is_running(), "the relay exited: {}", p.stderr());
-    p.signal("TERM");
-    let status = p
-        .wait(Duration::from_secs(30))
-        .unwrap_or_else(|| panic!("no exit after SIGTERM: {}", p.stderr()));
-    assert_eq!(status.code(), Some(0), "{}", p.stderr());
-    Finished {
-        status,
-        stdout: p.stdout(),
-        stderr: p.stderr(),
-    }
+    let f = p.terminate(Duration::from_secs(30));
+    assert_eq!(f.status.code(), Some(0), "{}", f.stderr);
+    f
 }
 
 /// With debug logs, `setup`, `run` (text and JSON logs), `status` and failing connections never show

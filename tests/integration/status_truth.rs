@@ -417,13 +417,8 @@ fn fake_listener(addr: &str, slot: &str, stream: &str, stored_lsn: &str) {
 /// plain values: neither lie reaches the report, which says why the listener is not believed.
 #[tokio::test]
 async fn the_relays_own_word_is_taken_only_from_a_listener_of_this_slot_that_postgres_shows() {
-    let addr = free_addr();
-    let s = Scenario::builder()
-        .text_ids()
-        .http_listen(&addr)
-        .start()
-        .await;
-    let env = s.env();
+    let s = Scenario::listening().await;
+    let (addr, env) = (s.http_addr(), s.env());
     set_up(&env);
     fake_listener(
         &addr,

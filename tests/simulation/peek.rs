@@ -1,7 +1,7 @@
-//! The simulated Postgres's answers to the library's looks at a slot: [`InHand`] is a
-//! `slot_scan::PeekPort` over changes the simulator already read out of its WAL (what
-//! `pg_logical_slot_peek_binary_changes` hands over), and [`SimMarks`] the `slot_mark::MarkPort`
-//! over its stop mark. Through them `status` (`status.rs`) and the relay's start (`world.rs`'s
+//! The simulated Postgres's answers to the library's looks at a slot: the changes the simulator
+//! already read out of its WAL (what `pg_logical_slot_peek_binary_changes` hands over) go to the
+//! library's own `slot_scan::InHand` port, and [`SimMarks`] is the `slot_mark::MarkPort` over its
+//! stop mark. Through them `status` (`status.rs`) and the relay's start (`world.rs`'s
 //! `slot_check`) run the library's own looks and its own judgement of the mark; only the server's
 //! answers are simulated.
 
@@ -11,51 +11,11 @@ use std::sync::Arc;
 use bytes::Bytes;
 use outbox_relay::Lsn;
 use outbox_relay::slot_mark::MarkPort;
-use outbox_relay::slot_scan::{Bound, PeekFailed, PeekPort, Rows};
 
 use super::postgres::Postgres;
 
-/// Changes in hand, one list of (LSN, pgoutput message) per transaction, in order: the simulated
-/// server's WAL from the peeked slot's position on, cut where the look's `upto` ends (borrowed, or
-/// owned when read once ahead of the look).
-pub(crate) struct InHand<C>(pub(crate) C);
-
-/// The changes of [`InHand`].
-type Transactions = [Vec<(Lsn, Bytes)>];
-
-impl<C: AsRef<Transactions> + Send + Sync> PeekPort for InHand<C> {
-    type Error = Infallible;
-
-    /// The simulated outbox table has no partitions, and its server no statement timeout.
-    async fn begin(&mut self, _: Bound) -> Result<Vec<u32>, Infallible> {
-        Ok(Vec::new())
-    }
-
-    /// Whole transactions, as the server's `upto_nchanges` hands them: the bound is checked only
-    /// between transactions, so the one that reaches it is handed over to its end.
-    async fn peek(
-        &mut self,
-        _upto: Option<Lsn>,
-        changes: u32,
-        rows: Rows<'_, '_>,
-    ) -> Result<(), PeekFailed> {
-        let mut handed = 0u64;
-        for transaction in self.0.as_ref() {
-            if handed >= u64::from(changes) {
-                break;
-            }
-            for (lsn, data) in transaction {
-                handed += 1;
-                if rows(*lsn, data.clone()).is_break() {
-                    return Ok(());
-                }
-            }
-        }
-        Ok(())
-    }
-
-    async fn end(&mut self) {}
-}
+/// The simulated server's peek: the library's in-hand port (`status.rs` looks through it too).
+pub(crate) use outbox_relay::slot_scan::InHand;
 
 /// The stop mark as the simulated Postgres keeps it: where it stands, and its changes up to the
 /// slot's position, one list per transaction.

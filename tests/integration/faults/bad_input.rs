@@ -90,6 +90,19 @@ impl Rig {
         .await;
     }
 
+    /// Creates the relay's stream before the relay does, on the subjects it publishes to, with
+    /// the test's `change` (a limit that refuses what the test sends).
+    async fn create_stream(&self, change: impl FnOnce(&mut stream::Config)) {
+        let mut config = stream::Config {
+            name: self.config.nats.stream.clone(),
+            subjects: vec!["outbox.*".into(), DEAD_LETTER.into()],
+            duplicate_window: Duration::from_secs(120),
+            ..Default::default()
+        };
+        change(&mut config);
+        self.js.create_stream(config).await.expect("create stream");
+    }
+
     /// Waits for `n` messages and reads them.
     async fn messages(&self, n: usize) -> Vec<Stored> {
         let stream = &self.config.nats.stream;
@@ -115,6 +128,18 @@ fn assert_dead_letter(m: &Stored, id: &str, error_mentions: &str) {
         "Outbox-Error of {id} names {error_mentions}: {error}"
     );
     assert!(!error.contains('\n'));
+}
+
+/// A payload of 3 kB, over the 2048 bytes of a test stream's `max_msg_size`.
+fn over_2048() -> String {
+    format!(r#"{{"pad": "{}"}}"#, "x".repeat(3_000))
+}
+
+/// Event `refused`'s dead letter, for `reason`, without its payload `big` but with its size.
+fn assert_refused_without_payload(m: &Stored, reason: &str, big: &str) {
+    assert_dead_letter(m, "refused", reason);
+    assert!(m.payload.is_empty());
+    assert_eq!(m.header("Outbox-Payload-Size"), big.len().to_string());
 }
 
 fn assert_delivered(m: &Stored, id: &str) {
@@ -228,25 +253,14 @@ async fn over_max_payload_is_dead_lettered_without_its_payload() {
 #[tokio::test]
 async fn message_refused_by_the_stream_is_dead_lettered() {
     let rig = Rig::new(TEXT_ID_OUTBOX_SQL, NatsServer::start()).await;
-    rig.js
-        .create_stream(stream::Config {
-            name: rig.config.nats.stream.clone(),
-            subjects: vec!["outbox.*".into(), DEAD_LETTER.into()],
-            max_message_size: 2048,
-            duplicate_window: Duration::from_secs(120),
-            ..Default::default()
-        })
-        .await
-        .expect("create stream");
+    rig.create_stream(|s| s.max_message_size = 2048).await;
     let relay = rig.start().await;
-    let big = format!(r#"{{"pad": "{}"}}"#, "x".repeat(3_000));
+    let big = over_2048();
     rig.insert(Some("refused"), Some("Claim"), Some("ClaimApproved"), &big)
         .await;
     rig.good("good-1").await;
     let all = rig.messages(2).await;
-    assert_dead_letter(&all[0], "refused", "refused");
-    assert!(all[0].payload.is_empty());
-    assert_eq!(all[0].header("Outbox-Payload-Size"), big.len().to_string());
+    assert_refused_without_payload(&all[0], "refused", &big);
     assert_delivered(&all[1], "good-1");
     report("stream refuses (max_msg_size 2048, 3 kB)", 2, 1);
     relay.stop().await.expect("relay stops cleanly");
@@ -260,18 +274,9 @@ async fn message_refused_by_the_stream_is_dead_lettered() {
 async fn message_over_the_streams_max_msg_size_keeps_its_place_without_the_fence() {
     let mut rig = Rig::new(TEXT_ID_OUTBOX_SQL, NatsServer::start()).await;
     rig.config.nats.fence = false;
-    rig.js
-        .create_stream(stream::Config {
-            name: rig.config.nats.stream.clone(),
-            subjects: vec!["outbox.*".into(), DEAD_LETTER.into()],
-            max_message_size: 2048,
-            duplicate_window: Duration::from_secs(120),
-            ..Default::default()
-        })
-        .await
-        .expect("create stream");
+    rig.create_stream(|s| s.max_message_size = 2048).await;
     let relay = rig.start().await;
-    let big = format!(r#"{{"pad": "{}"}}"#, "x".repeat(3_000));
+    let big = over_2048();
     rig.client
         .batch_execute(&format!(
             "BEGIN; \
@@ -292,9 +297,7 @@ async fn message_over_the_streams_max_msg_size_keeps_its_place_without_the_fence
         order, expected,
         "P4: the dead letter keeps the refused event's place"
     );
-    assert_dead_letter(&all[0], "refused", "max_msg_size");
-    assert!(all[0].payload.is_empty());
-    assert_eq!(all[0].header("Outbox-Payload-Size"), big.len().to_string());
+    assert_refused_without_payload(&all[0], "max_msg_size", &big);
     for m in &all[1..] {
         assert_eq!(m.subject, "outbox.Claim", "{m:?}");
     }
@@ -313,19 +316,13 @@ async fn message_over_the_streams_max_msg_size_keeps_its_place_without_the_fence
 async fn message_over_the_streams_max_msg_size_is_dead_lettered_in_an_atomic_batch() {
     let mut rig = Rig::new(TEXT_ID_OUTBOX_SQL, NatsServer::start()).await;
     rig.config.nats.atomic_transactions = true;
-    rig.js
-        .create_stream(stream::Config {
-            name: rig.config.nats.stream.clone(),
-            subjects: vec!["outbox.*".into(), DEAD_LETTER.into()],
-            max_message_size: 2048,
-            duplicate_window: Duration::from_secs(120),
-            allow_atomic_publish: true,
-            ..Default::default()
-        })
-        .await
-        .expect("create stream");
+    rig.create_stream(|s| {
+        s.max_message_size = 2048;
+        s.allow_atomic_publish = true;
+    })
+    .await;
     let relay = rig.start().await;
-    let big = format!(r#"{{"pad": "{}"}}"#, "x".repeat(3_000));
+    let big = over_2048();
     rig.client
         .batch_execute(&format!(
             "BEGIN; \
@@ -342,9 +339,7 @@ async fn message_over_the_streams_max_msg_size_is_dead_lettered_in_an_atomic_bat
     rig.good("good-1").await;
     let all = rig.messages(4).await;
     assert_delivered(&all[0], "before");
-    assert_dead_letter(&all[1], "refused", "max_msg_size");
-    assert!(all[1].payload.is_empty());
-    assert_eq!(all[1].header("Outbox-Payload-Size"), big.len().to_string());
+    assert_refused_without_payload(&all[1], "max_msg_size", &big);
     assert_delivered(&all[2], "after");
     assert_delivered(&all[3], "good-1");
     report(
@@ -448,17 +443,11 @@ async fn on_invalid_stop_stops_at_the_event_and_confirms_nothing_past_it() {
 async fn a_republished_dead_letter_is_a_duplicate_and_does_not_reset_the_backoff() {
     let mut rig = Rig::new(TEXT_ID_OUTBOX_SQL, NatsServer::start()).await;
     rig.config.nats.fence = false;
-    rig.js
-        .create_stream(stream::Config {
-            name: rig.config.nats.stream.clone(),
-            subjects: vec!["outbox.*".into(), DEAD_LETTER.into()],
-            max_messages: 1,
-            discard: stream::DiscardPolicy::New,
-            duplicate_window: Duration::from_secs(120),
-            ..Default::default()
-        })
-        .await
-        .expect("create stream");
+    rig.create_stream(|s| {
+        s.max_messages = 1;
+        s.discard = stream::DiscardPolicy::New;
+    })
+    .await;
     let relay = rig.start().await;
     rig.client
         .batch_execute(

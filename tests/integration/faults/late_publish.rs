@@ -17,25 +17,39 @@
 
 use std::time::Duration;
 
+use async_nats::jetstream;
+use outbox_relay::config::Config;
 use tokio::task::block_in_place;
+use tokio_postgres::Client;
 
 use super::{assert_all_stored_once_in_order, text_id_db, wait_for_slot, write_backlog};
 use crate::support::{
-    InProcessRelay, NatsServer, PgServer, Proxy, read_all, relay_config, stream_count, wait_for,
+    InProcessRelay, NatsServer, PgServer, Proxy, TestDb, read_all, relay_config, stream_count,
+    wait_for,
 };
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_message_stored_in_the_place_of_a_refused_one_lets_nothing_past_it() {
+/// A text-id database, a NATS server, a proxy to it, and the relay's config, which publishes
+/// through the proxy.
+async fn behind_proxy() -> (TestDb, NatsServer, Proxy, Config) {
     let db = text_id_db(PgServer::shared()).await;
     let nats = NatsServer::start();
     let proxy = Proxy::start(nats.port());
     let mut config = relay_config(&db, &nats);
     config.nats.url = proxy.nats_url();
+    (db, nats, proxy, config)
+}
+
+/// The relay with `config`, fenced (the default) and with an ack timeout long enough that the
+/// test's hold of its publishes does not end the session (the expectations are what is tested),
+/// started and streaming, once the first three events (`a-…`) are stored: the relay, a client of
+/// its database, a JetStream context straight to the server (past the proxy), and their ids.
+async fn three_stored(
+    db: &TestDb,
+    nats: &NatsServer,
+    config: &mut Config,
+) -> (InProcessRelay, Client, jetstream::Context, Vec<String>) {
     assert!(config.nats.fence, "the fenced stream is the default");
-    // The hold below must not end the session: its expectations are what is tested.
     config.nats.ack_timeout_ms = 15_000;
-    let stream = config.nats.stream.clone();
-    let dead_subject = config.nats.dead_letter_subject.clone();
     let relay = InProcessRelay::start(config.clone());
     let client = db.client().await;
     wait_for_slot(&client, &config.postgres.slot).await;
@@ -43,14 +57,24 @@ async fn a_message_stored_in_the_place_of_a_refused_one_lets_nothing_past_it() {
         relay.metrics.streaming.get() == 1
     })
     .await;
-    // Directly to the server, past the proxy.
     let js = nats.jetstream().await;
-
-    let first = block_in_place(|| write_backlog(&db, "a", 3));
+    let first = block_in_place(|| write_backlog(db, "a", 3));
+    let stream = &config.nats.stream;
     wait_for("the first events", Duration::from_secs(30), || async {
-        stream_count(&js, &stream).await >= 3
+        stream_count(&js, stream).await >= 3
     })
     .await;
+    (relay, client, js, first)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_stored_in_the_place_of_a_refused_one_lets_nothing_past_it() {
+    let (db, nats, proxy, mut config) = behind_proxy().await;
+    let (stream, dead_subject) = (
+        config.nats.stream.clone(),
+        config.nats.dead_letter_subject.clone(),
+    );
+    let (relay, _client, js, first) = three_stored(&db, &nats, &mut config).await;
 
     // The session read the tail long ago; what it publishes now is held on the way.
     proxy.blackhole(true);
@@ -117,33 +141,14 @@ async fn a_message_stored_in_the_place_of_a_refused_one_lets_nothing_past_it() {
 /// has sent B's commit to the relay, and a moment more for the relay to send it if it would.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_intruder_in_the_place_of_a_refused_batch_lets_no_later_batch_past_it() {
-    let db = text_id_db(PgServer::shared()).await;
-    let nats = NatsServer::start();
-    let proxy = Proxy::start(nats.port());
-    let mut config = relay_config(&db, &nats);
-    config.nats.url = proxy.nats_url();
+    let (db, nats, proxy, mut config) = behind_proxy().await;
     config.nats.atomic_transactions = true;
-    assert!(config.nats.fence, "the fenced stream is the default");
-    // The hold below must not end the session: its expectations are what is tested.
-    config.nats.ack_timeout_ms = 15_000;
-    let stream = config.nats.stream.clone();
-    let dead_subject = config.nats.dead_letter_subject.clone();
+    let (stream, dead_subject) = (
+        config.nats.stream.clone(),
+        config.nats.dead_letter_subject.clone(),
+    );
     let slot = config.postgres.slot.clone();
-    let relay = InProcessRelay::start(config.clone());
-    let client = db.client().await;
-    wait_for_slot(&client, &slot).await;
-    wait_for("the relay to stream", Duration::from_secs(30), || async {
-        relay.metrics.streaming.get() == 1
-    })
-    .await;
-    // Directly to the server, past the proxy.
-    let js = nats.jetstream().await;
-
-    let first = block_in_place(|| write_backlog(&db, "a", 3));
-    wait_for("the first events", Duration::from_secs(30), || async {
-        stream_count(&js, &stream).await >= 3
-    })
-    .await;
+    let (relay, client, js, first) = three_stored(&db, &nats, &mut config).await;
 
     proxy.blackhole(true);
     // A (b-000001) then B (b-000002), a batch of one each.

@@ -17,7 +17,9 @@ use super::{
 };
 use crate::faults::assert_all_stored_once_in_order_within;
 use crate::ops::free_addr;
-use crate::support::{NatsServer, RelayProcess, relay_config, relay_env, stream_count, wait_for};
+use crate::support::{
+    NatsServer, RelayProcess, Scenario, relay_config, relay_env, stream_count, wait_for,
+};
 
 const MIB: u64 = 1 << 20;
 
@@ -244,13 +246,9 @@ async fn closed_within(mut s: TcpStream, started: Instant, max: Duration) -> Dur
 /// cut at the cap (the ones over it closed at once), RSS hardly moves, and `/healthz` answers after.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_idle_slow_loris_and_a_flood_of_partial_requests_are_cut_off() {
-    let db = text_id_db().await;
-    let nats = NatsServer::start();
-    let config = relay_config(&db, &nats);
-    let addr = free_addr();
-    let mut env = relay_env(&config);
-    set(&mut env, "OUTBOX_RELAY_HTTP_LISTEN", &addr);
-    let relay = RelayProcess::spawn(&["run"], &env);
+    let s = Scenario::listening().await;
+    let addr = s.http_addr();
+    let relay = s.run_binary();
     wait_http(&addr, "/healthz", 200).await;
     let max = Duration::from_secs(15);
 
@@ -353,13 +351,9 @@ async fn http_idle_slow_loris_and_a_flood_of_partial_requests_are_cut_off() {
 /// gets 200. A stalled connection from a third address is cut within the ~1 s header timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn probes_from_another_peer_answer_under_a_flood_of_slow_connections() {
-    let db = text_id_db().await;
-    let nats = NatsServer::start();
-    let config = relay_config(&db, &nats);
-    let addr = free_addr();
-    let mut env = relay_env(&config);
-    set(&mut env, "OUTBOX_RELAY_HTTP_LISTEN", &addr);
-    let relay = RelayProcess::spawn(&["run"], &env);
+    let s = Scenario::listening().await;
+    let addr = s.http_addr();
+    let relay = s.run_binary();
     wait_http(&addr, "/healthz", 200).await;
     let target: std::net::SocketAddr = addr.parse().expect("listen address");
 

@@ -24,10 +24,9 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream;
 use outbox_relay::config::Config;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio_postgres::Client;
 
+pub(crate) use crate::support::http_get;
 use crate::support::{
     Finished, InProcessRelay, PgServer, Stored, TEXT_ID_OUTBOX_SQL, TestDb, read_all, stream_count,
     wait_for,
@@ -132,25 +131,6 @@ pub(crate) fn percent_encode(s: &str) -> String {
             }
         })
         .collect()
-}
-
-/// `GET path` over HTTP/1.0; the status code and body, `None` if the connection fails.
-pub(crate) async fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
-    let mut s = TcpStream::connect(addr).await.ok()?;
-    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes())
-        .await
-        .ok()?;
-    let mut buf = Vec::new();
-    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut buf))
-        .await
-        .ok()?
-        .ok()?;
-    let text = String::from_utf8_lossy(&buf).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n")?;
-    Some((
-        head.split_whitespace().nth(1)?.parse().ok()?,
-        body.to_owned(),
-    ))
 }
 
 /// The value of one series in a Prometheus text body.

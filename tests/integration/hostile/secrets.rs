@@ -33,15 +33,7 @@ async fn run_briefly(
         stream_count(js, stream).await > before
     })
     .await;
-    p.signal("TERM");
-    let status = p
-        .wait(Duration::from_secs(30))
-        .unwrap_or_else(|| panic!("no exit after SIGTERM: {}", p.stderr()));
-    Finished {
-        status,
-        stdout: p.stdout(),
-        stderr: p.stderr(),
-    }
+    p.terminate(Duration::from_secs(30))
 }
 
 #[tokio::test]

@@ -15,9 +15,8 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::{LIMIT, http_get, metric, proc_kb, set, text_id_db, wait_http};
-use crate::ops::free_addr;
-use crate::support::{NatsServer, RelayProcess, relay_config, relay_env, wait_for};
+use super::{LIMIT, http_get, metric, proc_kb, wait_http};
+use crate::support::{RelayProcess, Scenario, wait_for};
 
 /// The flood of the finding: 120,000 waits from one client.
 const FLOOD: usize = 120_000;
@@ -29,21 +28,16 @@ struct Serving {
     client: async_nats::Client,
     addr: String,
     prefix: String,
-    _nats: NatsServer,
-    _db: crate::support::TestDb,
+    _servers: Scenario,
 }
 
 async fn serving() -> Serving {
-    let db = text_id_db().await;
-    let nats = NatsServer::start();
-    let config = relay_config(&db, &nats);
-    let addr = free_addr();
-    let mut env = relay_env(&config);
-    set(&mut env, "OUTBOX_RELAY_HTTP_LISTEN", &addr);
-    let relay = RelayProcess::spawn(&["run"], &env);
+    let s = Scenario::listening().await;
+    let addr = s.http_addr();
+    let relay = s.run_binary();
     wait_http(&addr, "/position", 200).await;
-    let client = nats.client().await;
-    let prefix = format!("outbox-relay.{}", config.postgres.slot);
+    let client = s.nats.client().await;
+    let prefix = format!("outbox-relay.{}", s.slot);
     wait_for("the position service", LIMIT, || async {
         let req = async_nats::Request::new().timeout(Some(Duration::from_secs(1)));
         client
@@ -57,8 +51,7 @@ async fn serving() -> Serving {
         client,
         addr,
         prefix,
-        _nats: nats,
-        _db: db,
+        _servers: s,
     }
 }
 

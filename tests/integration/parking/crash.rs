@@ -4,7 +4,9 @@
 
 use std::time::Duration;
 
-use super::{FIXED, STRICT, control, ids_on, insert, parking_subject, stored, world};
+use super::{
+    FIXED, STRICT, approve, close, control, ids_on, insert, parking_subject, stored, world,
+};
 use crate::support::RelayProcess;
 
 fn kill_9(p: &mut RelayProcess) {
@@ -18,14 +20,7 @@ async fn kill_9_while_parked_and_right_after_the_release_loses_nothing_and_keeps
     let client = &s.client;
     let mut relay = s.run_binary();
     s.wait_slot_made().await;
-    insert(
-        client,
-        "a-4711",
-        "4711",
-        "ClaimApproved",
-        r#"{"claim": "4711"}"#,
-    )
-    .await;
+    approve(client, "4711", r#"{"claim": "4711"}"#).await;
     insert(client, "p-4711", "4711", "ClaimPaid", r#"{"claim": 4711}"#).await;
     stored(&s.nats, &s.config, 2).await;
     kill_9(&mut relay);
@@ -47,14 +42,7 @@ async fn kill_9_while_parked_and_right_after_the_release_loses_nothing_and_keeps
     control(client, "requeue", "4711", "r-9").await;
     kill_9(&mut relay);
     let _relay = s.run_binary();
-    insert(
-        client,
-        "c-4711",
-        "4711",
-        "ClaimClosed",
-        r#"{"claim": 4711}"#,
-    )
-    .await;
+    close(client, "4711").await;
     let all = stored(&s.nats, &s.config, 8).await;
     assert_eq!(
         ids_on(&all, "outbox.Claim"),
@@ -74,22 +62,8 @@ async fn a_standby_taking_over_keeps_the_parked_keys() {
     let client = &s.client;
     let mut a = s.run_binary();
     s.wait_slot_made().await;
-    insert(
-        client,
-        "a-4711",
-        "4711",
-        "ClaimApproved",
-        r#"{"claim": "4711"}"#,
-    )
-    .await;
-    insert(
-        client,
-        "a-4712",
-        "4712",
-        "ClaimApproved",
-        r#"{"claim": 4712}"#,
-    )
-    .await;
+    approve(client, "4711", r#"{"claim": "4711"}"#).await;
+    approve(client, "4712", r#"{"claim": 4712}"#).await;
     stored(&s.nats, &s.config, 2).await;
     // The standby waits while A holds the slot, then takes over when A is killed.
     let mut b = s.run_binary();

@@ -25,7 +25,7 @@ use outbox_relay::config::Config;
 use outbox_relay::parking::{KeyHash, parked_subject};
 use tokio_postgres::Client;
 
-use crate::support::{NatsServer, Scenario, Stored, read_all};
+use crate::support::{NatsServer, RelayProcess, Scenario, Stored, read_all};
 use crate::support::{stream_count, wait_for};
 
 pub(super) const LIMIT: Duration = Duration::from_secs(60);
@@ -64,6 +64,26 @@ pub(super) async fn insert(
         )
         .await
         .unwrap_or_else(|e| panic!("insert {id}: {e}"));
+}
+
+/// Inserts claim `claim`'s approval, event `a-<claim>` with `payload`.
+pub(super) async fn approve(client: &Client, claim: &str, payload: &str) {
+    let id = format!("a-{claim}");
+    insert(client, &id, claim, "ClaimApproved", payload).await;
+}
+
+/// Inserts claim `claim`'s closing, event `c-<claim>`, valid under every contract.
+pub(super) async fn close(client: &Client, claim: &str) {
+    let (id, payload) = (format!("c-{claim}"), format!(r#"{{"claim": {claim}}}"#));
+    insert(client, &id, claim, "ClaimClosed", &payload).await;
+}
+
+/// The binary's `run` for `s`, reading 8 deliveries a page (the test-only
+/// `OUTBOX_RELAY_TEST_READ_PAGE`), so that a parked set of a few dozen keys takes many pages.
+pub(super) fn run_paged(s: &Scenario) -> RelayProcess {
+    let mut env = s.env();
+    env.push(("OUTBOX_RELAY_TEST_READ_PAGE".into(), "8".into()));
+    RelayProcess::spawn(&["run"], &env)
 }
 
 /// Emits a control message as sql/09's functions do.

@@ -6,7 +6,7 @@
 use outbox_relay::config::Settings;
 use serde_json::Value;
 
-use super::{FIXED, STRICT, control, insert, parking_subject, stored, world};
+use super::{FIXED, STRICT, approve, control, insert, parking_subject, stored, world};
 use crate::support::{InProcessRelay, Scenario, wait_for};
 
 /// claim 4711 approved with a claim that breaks the schema (parked), then paid (parked behind it);
@@ -14,23 +14,9 @@ use crate::support::{InProcessRelay, Scenario, wait_for};
 async fn park_4711(s: &Scenario) -> InProcessRelay {
     let client = &s.client;
     let relay = s.relay().await;
-    insert(
-        client,
-        "a-4711",
-        "4711",
-        "ClaimApproved",
-        r#"{"claim": "x"}"#,
-    )
-    .await;
+    approve(client, "4711", r#"{"claim": "x"}"#).await;
     insert(client, "p-4711", "4711", "ClaimPaid", r#"{"claim": 4711}"#).await;
-    insert(
-        client,
-        "a-4712",
-        "4712",
-        "ClaimApproved",
-        r#"{"claim": 4712}"#,
-    )
-    .await;
+    approve(client, "4712", r#"{"claim": 4712}"#).await;
     let all = stored(&s.nats, &s.config, 3).await;
     let parking = parking_subject(&s.config, "4711");
     assert_eq!(

@@ -4,33 +4,20 @@
 //! the binary cargo builds for the tests has that feature. It says so when it uses the page: a
 //! build without the feature fails here instead of leaving `rebuild.rs` to read one page and pass.
 
-use super::{LIMIT, STRICT, insert, stored, world};
-use crate::support::{RelayProcess, Scenario, wait_for};
-
-fn run(s: &Scenario) -> RelayProcess {
-    let mut env = s.env();
-    env.push(("OUTBOX_RELAY_TEST_READ_PAGE".into(), "8".into()));
-    RelayProcess::spawn(&["run"], &env)
-}
+use super::{LIMIT, STRICT, approve, run_paged, stored, world};
+use crate::support::wait_for;
 
 #[tokio::test]
 async fn the_tests_binary_reads_the_test_read_page() {
     let s = world(STRICT).await;
-    let mut relay = run(&s);
+    let mut relay = run_paged(&s);
     s.wait_slot_made().await;
-    insert(
-        &s.client,
-        "a-4711",
-        "4711",
-        "ClaimApproved",
-        r#"{"claim": "x"}"#,
-    )
-    .await;
+    approve(&s.client, "4711", r#"{"claim": "x"}"#).await;
     stored(&s.nats, &s.config, 1).await;
     relay.signal("TERM");
     assert!(relay.wait(LIMIT).is_some(), "stopped");
     // Started again, it reads the parked key back from the stream, through the test's page.
-    let mut relay = run(&s);
+    let mut relay = run_paged(&s);
     let said = "stream reads take 8 messages per consumer (a test build)";
     wait_for("the binary to use the test read page", LIMIT, || async {
         relay.stderr().contains(said)

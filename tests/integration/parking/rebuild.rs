@@ -7,24 +7,16 @@
 
 use std::time::Duration;
 
-use super::{STRICT, control, ids_on, parking_subject, stored, world};
-use crate::support::{RelayProcess, Scenario};
+use super::{STRICT, control, ids_on, parking_subject, run_paged, stored, world};
 
 const KEYS: u32 = 50;
 const RELEASED: u32 = 5;
-
-/// The binary reading 8 deliveries a page.
-fn run(s: &Scenario) -> RelayProcess {
-    let mut env = s.env();
-    env.push(("OUTBOX_RELAY_TEST_READ_PAGE".into(), "8".into()));
-    RelayProcess::spawn(&["run"], &env)
-}
 
 #[tokio::test]
 async fn a_restart_rebuilds_every_parked_key_across_many_read_pages() {
     let s = world(STRICT).await;
     let client = &s.client;
-    let mut relay = run(&s);
+    let mut relay = run_paged(&s);
     s.wait_slot_made().await;
     s.client
         .execute(
@@ -43,7 +35,7 @@ async fn a_restart_rebuilds_every_parked_key_across_many_read_pages() {
     relay.signal("TERM");
     assert!(relay.wait(Duration::from_secs(30)).is_some(), "stopped");
 
-    let mut relay = run(&s);
+    let mut relay = run_paged(&s);
     s.client
         .execute(
             "INSERT INTO public.outbox (event_id, aggregate_type, aggregate_id, event_type, payload) \

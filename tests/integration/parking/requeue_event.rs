@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use super::{FIXED, LIMIT, STRICT, insert, stored};
+use super::{FIXED, LIMIT, STRICT, approve, insert, stored};
 use crate::support::{RelayProcess, Scenario, Stored, run_command, wait_for};
 
 /// A text-id outbox with sql/09 installed, NATS, ClaimApproved's contract `schema`, and a
@@ -142,14 +142,7 @@ async fn kill_9_right_after_the_requeue_commits_still_republishes_the_dead_lette
     let client = &s.client;
     let mut relay = s.run_binary();
     s.wait_slot_made().await;
-    insert(
-        client,
-        "a-4711",
-        "4711",
-        "ClaimApproved",
-        r#"{"claim": "4711"}"#,
-    )
-    .await;
+    approve(client, "4711", r#"{"claim": "4711"}"#).await;
     stored(&s.nats, &s.config, 1).await;
     s.write_schema("ClaimApproved", FIXED);
     stop(&mut relay, "KILL");

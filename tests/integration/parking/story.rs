@@ -2,7 +2,9 @@
 //! with a line break parked again by a requeue, with
 //! the relay in-process.
 
-use super::{FIXED, STRICT, control, ids_on, insert, parking_subject, stored, world};
+use super::{
+    FIXED, STRICT, approve, close, control, ids_on, insert, parking_subject, stored, world,
+};
 use crate::support::{InProcessRelay, Scenario, wait_for};
 
 /// claim 4711: submitted (flows), approved with a claim that breaks the schema (parks the key),
@@ -18,23 +20,9 @@ async fn the_story(s: &Scenario) -> InProcessRelay {
         r#"{"claim": 4711}"#,
     )
     .await;
-    insert(
-        client,
-        "a-4711",
-        "4711",
-        "ClaimApproved",
-        r#"{"claim": "4711"}"#,
-    )
-    .await;
+    approve(client, "4711", r#"{"claim": "4711"}"#).await;
     insert(client, "p-4711", "4711", "ClaimPaid", r#"{"claim": 4711}"#).await;
-    insert(
-        client,
-        "a-4712",
-        "4712",
-        "ClaimApproved",
-        r#"{"claim": 4712}"#,
-    )
-    .await;
+    approve(client, "4712", r#"{"claim": 4712}"#).await;
     stored(&s.nats, &s.config, 4).await;
     relay
 }
@@ -101,14 +89,7 @@ async fn a_requeue_after_the_fix_publishes_the_run_in_order_with_the_original_id
     );
     assert_eq!(all.last().unwrap().header("Outbox-Parked-Count"), "3");
     control(client, "requeue", "4711", "r-1").await;
-    insert(
-        client,
-        "c-4711",
-        "4711",
-        "ClaimClosed",
-        r#"{"claim": 4711}"#,
-    )
-    .await;
+    close(client, "4711").await;
     let all = stored(&s.nats, &s.config, 10).await;
     assert_eq!(
         ids_on(&all, "outbox.Claim"),
@@ -133,14 +114,7 @@ async fn a_discard_releases_the_key_without_republishing_its_run() {
     let client = &s.client;
     let relay = the_story(&s).await;
     control(client, "discard", "4711", "r-2").await;
-    insert(
-        client,
-        "c-4711",
-        "4711",
-        "ClaimClosed",
-        r#"{"claim": 4711}"#,
-    )
-    .await;
+    close(client, "4711").await;
     let all = stored(&s.nats, &s.config, 6).await;
     assert_eq!(
         ids_on(&all, "outbox.Claim"),
@@ -165,14 +139,7 @@ async fn a_requeue_of_a_key_that_is_not_parked_does_nothing() {
         )
         .await
         .unwrap();
-    insert(
-        client,
-        "c-4712",
-        "4712",
-        "ClaimClosed",
-        r#"{"claim": 4712}"#,
-    )
-    .await;
+    close(client, "4712").await;
     let all = stored(&s.nats, &s.config, 5).await;
     assert_eq!(
         all.len(),
@@ -200,23 +167,9 @@ async fn past_max_parked_keys_the_relay_stops_naming_the_key_and_nothing_is_lost
     s.config.outbox.max_parked_keys = 1;
     let client = &s.client;
     let relay = s.relay().await;
-    insert(
-        client,
-        "a-4711",
-        "4711",
-        "ClaimApproved",
-        r#"{"claim": "x"}"#,
-    )
-    .await;
+    approve(client, "4711", r#"{"claim": "x"}"#).await;
     stored(&s.nats, &s.config, 1).await;
-    insert(
-        client,
-        "a-4712",
-        "4712",
-        "ClaimApproved",
-        r#"{"claim": "y"}"#,
-    )
-    .await;
+    approve(client, "4712", r#"{"claim": "y"}"#).await;
     wait_for("the relay to stop", super::LIMIT, || async {
         relay.is_finished()
     })

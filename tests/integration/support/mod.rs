@@ -13,16 +13,20 @@
 //!   Postgres with the test's SQL, a JetStream server, the relay's config with the test's changes,
 //!   and the clients (`scenario.rs`); the builder also takes a private Postgres, a NATS server with
 //!   a configuration and credentials, schemas and parking, and sql/09's operator role.
+//!   `Scenario::listening()` is the one with an HTTP listener on a `free_addr()`.
+//! - `free_addr`, `http_get`: an address for the relay's HTTP listener and a GET of it (`http.rs`).
 //! - `sql_file`, `requeue_sql_with`: the repository's SQL scripts as tests install them (`sql.rs`).
 
 #![allow(dead_code)]
 
+mod http;
 mod otlp;
 mod proxy;
 mod relay;
 mod scenario;
 mod sql;
 
+pub(crate) use http::{free_addr, http_get};
 pub(crate) use otlp::{OtlpReceiver, ReceivedSpan};
 pub(crate) use outbox_relay::testkit::{
     NatsServer, PgPair, PgServer, SyncedSlot, TestDb, process, server_major, unique, wait_for,

@@ -260,6 +260,20 @@ impl RelayProcess {
         process::signal(i64::from(self.child.id()), name);
     }
 
+    /// SIGTERM, then the exit (panics, with what the relay wrote, if there is none within
+    /// `timeout`): its status and output. The caller asserts the exit code it expects.
+    pub(crate) fn terminate(&mut self, timeout: Duration) -> Finished {
+        self.signal("TERM");
+        let status = self
+            .wait(timeout)
+            .unwrap_or_else(|| panic!("no exit after SIGTERM: {}", self.stderr()));
+        Finished {
+            status,
+            stdout: self.stdout(),
+            stderr: self.stderr(),
+        }
+    }
+
     /// Waits up to `timeout` for the exit; `None` if still running.
     pub(crate) fn wait(&mut self, timeout: Duration) -> Option<ExitStatus> {
         if process::wait_exit(&mut self.child, timeout) {

@@ -36,8 +36,8 @@ use outbox_relay::config::{Config, OnInvalid};
 
 use super::{
     InProcessRelay, NatsServer, PgServer, RelayProcess, Stored, TEXT_ID_OUTBOX_SQL, TestDb,
-    confirmed_flush, current_wal_lsn, default_outbox_sql, read_all, relay_config, relay_env,
-    requeue_sql_with, stream_count, unique, wait_for,
+    confirmed_flush, current_wal_lsn, default_outbox_sql, free_addr, read_all, relay_config,
+    relay_env, requeue_sql_with, stream_count, unique, wait_for,
 };
 
 /// How long a scenario's waits for the slot wait at the most before the test fails.
@@ -143,6 +143,23 @@ impl Scenario {
             operator_role: false,
             tweaks: Vec::new(),
         }
+    }
+
+    /// A text-id outbox ([`ScenarioBuilder::text_ids`]) and the relay's HTTP listener on a free
+    /// loopback address ([`Scenario::http_addr`]): the start of a test that asks the relay's
+    /// endpoints, or `status` what the relay itself says.
+    pub(crate) async fn listening() -> Scenario {
+        let addr = free_addr();
+        Scenario::builder()
+            .text_ids()
+            .http_listen(&addr)
+            .start()
+            .await
+    }
+
+    /// `http.listen`: where the relay's HTTP endpoints are (`listening`, `http_listen`).
+    pub(crate) fn http_addr(&self) -> String {
+        self.config.http.listen.clone()
     }
 
     /// The relay on a task, returned once its slot has a consistent point (rows written before
