@@ -109,6 +109,14 @@ pub(super) fn asked(control: Control, at: Position, park: bool, metrics: &Metric
         }
         Control::Requeue(k) => Asked::Release(k, Release::Requeued),
         Control::Discard(k) => Asked::Release(k, Release::Discarded),
+        #[cfg(feature = "test-support")]
+        Control::RequeueEvent { .. }
+            if crate::parking::mutation::on(
+                crate::parking::mutation::Mutation::IgnoreRequeueEvent,
+            ) =>
+        {
+            Asked::Nothing
+        }
         Control::RequeueEvent { event_id, request } => Asked::DeadLetter { event_id, request },
     }
 }
