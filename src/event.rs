@@ -51,6 +51,11 @@ pub struct OutboxEvent {
     pub position: Position,
     /// The transaction's commit time (µs since 2000-01-01, from Begin), for commit → ack latency.
     pub commit_ts: i64,
+    /// An event republished from a copy (a requeue of a parked copy or a dead letter): its own
+    /// transaction's commit time, read back from the copy's `Outbox-Commit-Time`, while
+    /// `commit_ts` is the request's (the relay's latency, and when a copy parked again was
+    /// parked). `None` for every other event, and for a copy written before the header existed.
+    pub original_commit_ts: Option<i64>,
     /// Why this event must go to the dead-letter subject; `None` for a good event.
     pub problem: Option<String>,
     /// The `Nats-Msg-Id`, computed once ([`message_id`]).
@@ -86,6 +91,7 @@ impl OutboxEvent {
             index,
             position: Position::in_transaction(commit_lsn, index),
             commit_ts,
+            original_commit_ts: None,
             problem: None,
             msg_id: String::new(),
             content_type,
@@ -114,6 +120,12 @@ impl OutboxEvent {
                 Some(JSON_CONTENT_TYPE),
             )
         }
+    }
+
+    /// When the event's own transaction committed (µs since 2000-01-01): `ce-time` and a copy's
+    /// `Outbox-Commit-Time`. A requeued event keeps its own, not the request's.
+    pub(crate) fn own_commit_ts(&self) -> i64 {
+        self.original_commit_ts.unwrap_or(self.commit_ts)
     }
 
     /// This event as one outside any transaction, from the logical message `content` whose record

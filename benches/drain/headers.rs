@@ -130,6 +130,7 @@ impl Headers {
                 position: Position::in_transaction(Lsn(0), 0),
                 // 2026-12-02 09:30 UTC in µs since 2000-01-01: a commit time as Begin carries it.
                 commit_ts: 849_519_000_000_000,
+                original_commit_ts: None,
                 problem: None,
                 msg_id: String::new(),
                 content_type: Some(JSON_CONTENT_TYPE),

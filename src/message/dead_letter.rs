@@ -9,7 +9,8 @@ use async_nats::header::HeaderValue;
 use bytes::Bytes;
 
 use super::TRUNCATED_HEADERS;
-use super::{CONTENT_TYPE, Descriptive, ERROR, IdHeader, Outgoing, PAYLOAD_SIZE, SUBJECT};
+use super::{COMMIT_TIME, CONTENT_TYPE, Descriptive, ERROR, IdHeader, Outgoing, PAYLOAD_SIZE};
+use super::{SUBJECT, rfc3339_micros};
 use super::{headers, names};
 use crate::event::OutboxEvent;
 use crate::text::{cut, one_line};
@@ -125,6 +126,13 @@ pub(crate) fn dead_letter_as(
     // back as bytes, and the column's type is not in the stream otherwise.
     if let Some(ct) = event.content_type.filter(|_| shrink != Shrink::Minimal) {
         h.insert(CONTENT_TYPE, ct);
+    }
+    // Likewise its `ce-time`: the copy is republished later, at the request's commit, and the
+    // event's own commit time is in the stream nowhere else (a copy parked again after a failed
+    // requeue carries the first one on). 27 bytes, never a row's text.
+    let committed = event.own_commit_ts();
+    if committed != 0 && shrink != Shrink::Minimal {
+        h.insert(COMMIT_TIME, rfc3339_micros(committed).as_str());
     }
     let payload = if shrink == Shrink::Keep {
         event.payload.clone()

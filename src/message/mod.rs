@@ -31,11 +31,11 @@ use crate::event::OutboxEvent;
 use crate::route::SubjectTemplate;
 use crate::text::one_line;
 pub use cloudevents::CloudEvents;
-pub(crate) use cloudevents::rfc3339_micros;
 use cloudevents::{
     CE_DATACONTENTTYPE, CE_ID, CE_SOURCE, CE_SPECVERSION, CE_SUBJECT, CE_TIME, CE_TYPE,
     cloudevents_headers,
 };
+pub(crate) use cloudevents::{parse_rfc3339_micros, rfc3339_micros};
 pub(crate) use dead_letter::{
     DEAD_LETTER_ID_PREFIX, Shrink, dead_letter, dead_letter_as, dead_letter_id,
 };
@@ -65,6 +65,9 @@ pub(crate) const TRUNCATED_HEADERS: &str = "Outbox-Truncated-Headers";
 /// On a dead letter or a parked copy: the payload's media type (from the payload column's type),
 /// which a requeue restores as the event's `ce-datacontenttype`; the copy itself is no CloudEvent.
 pub(crate) const CONTENT_TYPE: &str = "Outbox-Content-Type";
+/// On a dead letter or a parked copy: the event's own commit time, RFC 3339 with microseconds in
+/// UTC (as `ce-time` writes it), which a requeue restores as the republished event's `ce-time`.
+pub(crate) const COMMIT_TIME: &str = "Outbox-Commit-Time";
 /// Set by the sink when the stream is fenced (see `fence`).
 pub const EXPECTED_LAST_SEQUENCE: &str = "Nats-Expected-Last-Sequence";
 /// Set by the sink on a fenced stream on every message after the first of a session: the previous
@@ -295,6 +298,7 @@ mod tests {
             index: 0,
             position: crate::position::Position::in_transaction(Lsn(0x1_0000_00A0), 0),
             commit_ts: 0,
+            original_commit_ts: None,
             problem: None,
             msg_id: "e-5531".into(),
             content_type: Some("application/json"),

@@ -149,7 +149,7 @@ pub async fn each_parked<E>(
     Ok(Ok(()))
 }
 
-/// The stream shows more parked keys than `outbox.max_parked_keys`.
+/// Why the parked set could not be rebuilt from the stream.
 #[derive(Debug, thiserror::Error)]
 pub enum RebuildError {
     /// The parking subjects could not be read.
@@ -161,10 +161,11 @@ pub enum RebuildError {
         #[source]
         source: NatsError,
     },
-    /// More keys are parked than the bound allows.
+    /// More keys are parked than the bound allows. What to do is the relay's to say
+    /// (`SinkError::ParkedTooMany`): only it knows the command, with its `--config`, that lists
+    /// this relay's keys.
     #[error(
-        "stream {stream} holds more than {max} parked keys (outbox.max_parked_keys = {max}), among them \
-         {key}: requeue or discard parked keys (outbox-relay parked), or raise outbox.max_parked_keys"
+        "stream {stream} holds more than {max} parked keys (outbox.max_parked_keys = {max}), among them {key}"
     )]
     Full {
         /// The stream.

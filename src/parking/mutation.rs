@@ -7,7 +7,9 @@
 //!   stream: the copies parked before the session started (held by an earlier process) are lost;
 //! - `no_rebuild`: a session starts with no key parked (the parked set is not rebuilt from the
 //!   stream);
-//! - `unchecked`: a later event of a parked key goes to its own subject (the key is not checked).
+//! - `unchecked`: a later event of a parked key goes to its own subject (the key is not checked);
+//! - `no_requeue_event`: a `requeue_event` control message is ignored (nothing republished, no
+//!   dead letter written again).
 
 use std::sync::OnceLock;
 
@@ -20,6 +22,8 @@ pub enum Mutation {
     NoRebuild,
     /// `unchecked`.
     KeyUnchecked,
+    /// `no_requeue_event`.
+    IgnoreRequeueEvent,
 }
 
 /// Whether `SIM_MUTATION` names `m`. An unknown name panics with the names there are: a count
@@ -31,6 +35,9 @@ pub fn on(m: Mutation) -> bool {
         Ok("memory") => Some(Mutation::RunFromMemory),
         Ok("no_rebuild") => Some(Mutation::NoRebuild),
         Ok("unchecked") => Some(Mutation::KeyUnchecked),
-        Ok(other) => panic!("SIM_MUTATION={other:?}: memory, no_rebuild or unchecked"),
+        Ok("no_requeue_event") => Some(Mutation::IgnoreRequeueEvent),
+        Ok(other) => {
+            panic!("SIM_MUTATION={other:?}: memory, no_rebuild, unchecked or no_requeue_event")
+        }
     }) == Some(m)
 }

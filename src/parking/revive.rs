@@ -1,7 +1,8 @@
 //! A parked copy read back from its key's subject as the event it was ([`revive`]), for a requeue,
 //! and a dead letter likewise ([`revive_dead_letter`], for `requeue_event`): its id
 //! (`Outbox-Event-Id`; an old dead letter's `Nats-Msg-Id`), its key and type, its own headers
-//! (every header outside the relay's `Nats-` and `Outbox-` names) and its payload, placed at the
+//! (every header outside the relay's `Nats-` and `Outbox-` names), its payload and its own commit
+//! time (`Outbox-Commit-Time`, which its `ce-time` says, not the request's), placed at the
 //! position of the control message's expansion it is republished at. A copy the stream's limits
 //! shrank (no payload, or headers cut) cannot be republished as the event it was: it comes back
 //! with a problem, so the requeue parks its key again (or dead-letters it again) with that
@@ -11,6 +12,7 @@ use crate::Lsn;
 use crate::event::OutboxEvent;
 use crate::message::DEAD_LETTER_ID_PREFIX;
 use crate::message::{AGGREGATE_ID, AGGREGATE_TYPE, COMMIT_LSN, EVENT_ID, EVENT_TYPE, NATS_MSG_ID};
+use crate::message::{COMMIT_TIME, parse_rfc3339_micros};
 use crate::message::{CONTENT_TYPE, PAYLOAD_SIZE, TRUNCATED_HEADERS, content_type_of};
 use crate::nats::StoredMessage;
 use crate::position::Position;
@@ -101,6 +103,11 @@ fn revive_as(
         content_type,
     );
     event.position = at;
+    // Its own commit time (`ce-time`), in the relay's own form only; a copy from before it was
+    // recorded, or with another value, is published with the request's, as before.
+    event.original_commit_ts = h
+        .get(COMMIT_TIME)
+        .and_then(|v| parse_rfc3339_micros(v.as_str()));
     event.id = id;
     event.msg_id = event.id.clone().unwrap_or_default();
     event.aggregate_type = text(AGGREGATE_TYPE);
@@ -330,6 +337,98 @@ pub(crate) mod tests {
         assert_eq!(revive(&copy, at, 0).content_type, None);
         copy.headers.insert(CONTENT_TYPE, "text/html");
         assert_eq!(revive(&copy, at, 0).content_type, None);
+    }
+
+    #[test]
+    fn a_revived_copy_or_dead_letter_keeps_its_own_commit_time_for_ce_time() {
+        // 2024-02-29 13:45:06.000789 UTC, and the request's commit a day later.
+        const COMMITTED: i64 = 762_529_506_000_789;
+        const REQUEST: i64 = COMMITTED + 86_400_000_000;
+        let at = Position::in_transaction(Lsn(0x2_0000_0000), 4).with_sub(1);
+        let mut e = OutboxEvent::at(
+            bytes::Bytes::from_static(b"{}"),
+            Lsn(0x10),
+            0,
+            COMMITTED,
+            None,
+        );
+        e.msg_id = "e-5".into();
+        e.event_type = Some("ClaimApproved".into());
+        let run = Run {
+            subject: "dl.parked.x",
+            reason: "bad",
+            behind: "e-5",
+            count: 1,
+            since: "2024-02-29T13:45:06.000789Z",
+            requeue: None,
+        };
+        let stored = |out: crate::message::Outgoing| StoredMessage {
+            seq: 1,
+            subject: out.subject,
+            headers: out.headers,
+            payload: out.payload,
+        };
+        let ce_time = |e: &OutboxEvent| {
+            let template = crate::route::SubjectTemplate::parse("outbox.x").unwrap();
+            let ce = crate::message::CloudEvents::new("/s");
+            let m = crate::message::build(e, &template, "dl", Some(&ce));
+            m.headers.get("ce-time").map(|v| v.as_str().to_owned())
+        };
+        let copy = stored(parked_copy(&e, &run, None, Shrink::Keep));
+        assert_eq!(
+            copy.headers.get(COMMIT_TIME).map(|v| v.as_str()),
+            Some("2024-02-29T13:45:06.000789Z")
+        );
+        let back = revive(&copy, at, REQUEST);
+        assert_eq!(
+            (back.commit_ts, back.original_commit_ts),
+            (REQUEST, Some(COMMITTED))
+        );
+        assert_eq!(
+            ce_time(&back).as_deref(),
+            Some("2024-02-29T13:45:06.000789Z")
+        );
+        let letter = stored(crate::message::dead_letter(
+            &e,
+            "dl",
+            "bad",
+            None,
+            Shrink::Keep,
+        ));
+        let back = revive_dead_letter(&letter, at, REQUEST);
+        assert_eq!(
+            ce_time(&back).as_deref(),
+            Some("2024-02-29T13:45:06.000789Z")
+        );
+        // Parked again by a requeue: the copy carries the first commit time on, not the request's.
+        let again = stored(parked_copy(&back, &run, None, Shrink::Keep));
+        assert_eq!(
+            revive(&again, at, REQUEST + 1).original_commit_ts,
+            Some(COMMITTED)
+        );
+        // A copy from before the header, or with a value the relay never writes: the request's
+        // time, as before.
+        let mut old = copy.clone();
+        old.headers.insert(COMMIT_TIME, "2024-02-29T13:45:06Z");
+        for c in [
+            stored(parked_copy(
+                &OutboxEvent {
+                    commit_ts: 0,
+                    ..e.clone()
+                },
+                &run,
+                None,
+                Shrink::Keep,
+            )),
+            old,
+        ] {
+            let back = revive(&c, at, REQUEST);
+            assert_eq!(back.original_commit_ts, None, "{:?}", c.headers);
+            assert_eq!(
+                ce_time(&back).as_deref(),
+                Some("2024-03-01T13:45:06.000789Z")
+            );
+        }
     }
 
     #[test]

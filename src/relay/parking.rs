@@ -46,9 +46,12 @@ pub(super) async fn rebuild(port: &NatsPort, settings: &Settings) -> Result<Park
     .await
     .map_err(|e| match e {
         RebuildError::Read { stream, source } => policy::from_tail(TailError { stream, source }),
-        RebuildError::Full { stream, max, key } => {
-            policy::from_sink(SinkError::ParkedTooMany { stream, max, key })
-        }
+        RebuildError::Full { stream, max, key } => policy::from_sink(SinkError::ParkedTooMany {
+            stream,
+            max,
+            key,
+            command: settings.command("parked"),
+        }),
     })?;
     #[cfg(feature = "test-support")]
     if crate::parking::mutation::on(crate::parking::mutation::Mutation::RunFromMemory) {
@@ -106,6 +109,14 @@ pub(super) fn asked(control: Control, at: Position, park: bool, metrics: &Metric
         }
         Control::Requeue(k) => Asked::Release(k, Release::Requeued),
         Control::Discard(k) => Asked::Release(k, Release::Discarded),
+        #[cfg(feature = "test-support")]
+        Control::RequeueEvent { .. }
+            if crate::parking::mutation::on(
+                crate::parking::mutation::Mutation::IgnoreRequeueEvent,
+            ) =>
+        {
+            Asked::Nothing
+        }
         Control::RequeueEvent { event_id, request } => Asked::DeadLetter { event_id, request },
     }
 }

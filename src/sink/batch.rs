@@ -547,6 +547,7 @@ mod tests {
             index: i,
             position: Position::in_transaction(Lsn(0x100), i),
             commit_ts: 0,
+            original_commit_ts: None,
             problem: None,
             msg_id: format!("e-{i}"),
             content_type: None,

@@ -30,6 +30,10 @@ pub(crate) struct SinkConfig {
     pub(crate) park_on_invalid: bool,
     /// `outbox.max_parked_keys`: past it, parking one more key stops the relay.
     pub(crate) max_parked_keys: usize,
+    /// The command that lists the parked keys, as the relay was started (its `--config` file and
+    /// the variables that set keys): the stop past `max_parked_keys` prints it, and one copied
+    /// without them would list another relay's keys.
+    pub(crate) parked_command: String,
     /// `nats.subject`, parsed.
     pub(crate) template: SubjectTemplate,
     /// Fence the stream (`nats.fence`).
@@ -74,6 +78,7 @@ impl SinkConfig {
             park_on_invalid: s.park_on_invalid,
             max_parked_keys: usize::try_from(s.config().outbox.max_parked_keys)
                 .unwrap_or(usize::MAX),
+            parked_command: s.command("parked"),
             template: s.subject.clone(),
             fence: n.fence,
             stream: n.stream.clone(),

@@ -265,6 +265,7 @@ fn park(
             lsn: event.commit_lsn,
             key: key_text(event),
             parked: max,
+            command: config.parked_command.clone(),
         }),
     }
 }
@@ -335,6 +336,7 @@ mod tests {
             index: 0,
             position: crate::position::Position::in_transaction(crate::Lsn(0x100), 0),
             commit_ts: 0,
+            original_commit_ts: None,
             problem: None,
             msg_id: "e-1".into(),
             content_type: None,
@@ -459,8 +461,14 @@ mod tests {
     }
 
     #[test]
-    fn parking_past_max_parked_keys_stops_naming_the_key_and_the_setting() {
-        let mut c = config(OnInvalid::Park);
+    fn parking_past_max_parked_keys_stops_naming_the_key_the_setting_and_the_command() {
+        let mut settings = {
+            let mut c = Config::default();
+            c.outbox.on_invalid = OnInvalid::Park;
+            c.validate().unwrap()
+        };
+        settings.origin.file = Some("/etc/relay b.toml".into());
+        let mut c = SinkConfig::from_settings(&settings);
         c.max_parked_keys = 1;
         let mut parked = ParkedSet::new(1);
         choose(&c, &mut parked, &event(), Some("bad")).unwrap();
@@ -472,6 +480,7 @@ mod tests {
         assert!(
             text.contains("Claim/4712")
                 && text.contains("outbox.max_parked_keys")
+                && text.contains("(`outbox-relay --config '/etc/relay b.toml' parked` lists them)")
                 && !text.contains('\n'),
             "{text}"
         );

@@ -183,7 +183,7 @@ pub enum SinkError {
     /// Parking one more key would pass `outbox.max_parked_keys`: the event is not confirmed.
     #[error(
         "event {id} at {lsn} would park key {key}, but {parked} keys are parked already \
-         (outbox.max_parked_keys = {parked}): requeue or discard parked keys (outbox-relay parked), or raise \
+         (outbox.max_parked_keys = {parked}): requeue or discard parked keys ({command} lists them), or raise \
          outbox.max_parked_keys, and start the relay again; nothing is lost"
     )]
     ParkedFull {
@@ -195,12 +195,14 @@ pub enum SinkError {
         key: String,
         /// The bound.
         parked: usize,
+        /// The command that lists the parked keys, with the relay's `--config` (`Settings::command`).
+        command: String,
     },
     /// The stream shows more parked keys than `outbox.max_parked_keys` (read when a session
     /// starts).
     #[error(
         "stream {stream} holds more than {max} parked keys (outbox.max_parked_keys = {max}), among them \
-         {key}: requeue or discard parked keys (outbox-relay parked), or raise outbox.max_parked_keys"
+         {key}: requeue or discard parked keys ({command} lists them), or raise outbox.max_parked_keys"
     )]
     ParkedTooMany {
         /// The stream.
@@ -209,6 +211,8 @@ pub enum SinkError {
         max: usize,
         /// A key past the bound, `aggregate_type/aggregate_id` escaped.
         key: String,
+        /// The command that lists the parked keys, with the relay's `--config` (`Settings::command`).
+        command: String,
     },
     /// Not even the minimal dead letter (id and reason) could be stored.
     #[error(

@@ -260,6 +260,7 @@ mod tests {
                 index: 0,
                 position: Position::in_transaction(Lsn(0x100), 0),
                 commit_ts: 0,
+                original_commit_ts: None,
                 problem: None,
                 msg_id: "e-1".into(),
                 content_type: None,

@@ -309,23 +309,7 @@ async fn the_commands_a_parked_key_offers_carry_the_config_and_act_on_its_relay(
     stored(nats, config, 1).await;
     relay.stop().await.expect("clean stop");
     let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("relay.toml");
-    std::fs::write(
-        &file,
-        format!(
-            "[postgres]\nurl = {:?}\nslot = {:?}\npublication = {:?}\n\
-             [nats]\nurl = {:?}\nstream = {:?}\n[http]\nlisten = \"\"\n\
-             [outbox]\non_invalid = \"park\"\nschemas = {:?}\n",
-            config.postgres.url,
-            config.postgres.slot,
-            config.postgres.publication,
-            config.nats.url,
-            config.nats.stream,
-            config.outbox.schemas,
-        ),
-    )
-    .unwrap();
-    let file = file.display().to_string();
+    let file = park_file(&dir, config, "");
 
     let status = with_file(&["status"], &file);
     let line = status
@@ -383,6 +367,93 @@ async fn the_commands_a_parked_key_offers_carry_the_config_and_act_on_its_relay(
         not.stderr
     );
     assert_eq!(run_printed(&listed[0], &[]).status.code(), Some(1));
+}
+
+/// The stops past `outbox.max_parked_keys` (a new key while the set is full; a start that finds
+/// more parked keys in the stream than the bound) told the operator to run `outbox-relay parked`
+/// without the `--config` the relay ran with: copied, it read the default stream. They print the
+/// command as the relay was started; run as printed, it lists this relay's parked keys.
+#[tokio::test]
+async fn the_stops_past_max_parked_keys_print_a_parked_command_that_lists_this_relays_keys() {
+    use crate::parking::{STRICT, insert, stored, world};
+    let s = world(STRICT).await;
+    let (nats, config) = (&s.nats, &s.config);
+    let dir = tempfile::tempdir().unwrap();
+    let file = park_file(&dir, config, "max_parked_keys = 1\n");
+    let wanted = [format!("outbox-relay --config {file} parked")];
+
+    // Full: claim 4711 parked, claim 4712 would be the second key.
+    let mut relay = RelayProcess::spawn(&["--config", &file, "run"], &[]);
+    s.wait_slot_made().await;
+    let poison = r#"{"claim": "x"}"#;
+    insert(&s.client, "a-4711", "4711", "ClaimApproved", poison).await;
+    stored(nats, config, 1).await;
+    insert(&s.client, "a-4712", "4712", "ClaimApproved", poison).await;
+    let stop = stop_line(&mut relay, "would park key Claim/4712");
+    assert_eq!(commands_in(&stop), wanted, "{stop}");
+    let listed = run_printed(&wanted[0], &[]);
+    assert_eq!(
+        listed.status.code(),
+        Some(1),
+        "{}{}",
+        listed.stdout,
+        listed.stderr
+    );
+    assert!(listed.stdout.contains("Claim/4711"), "{}", listed.stdout);
+
+    // Raised to 2, claim 4712 parks; lowered to 1 again, the start finds two parked keys.
+    park_file(&dir, config, "max_parked_keys = 2\n");
+    let mut relay = RelayProcess::spawn(&["--config", &file, "run"], &[]);
+    stored(nats, config, 2).await;
+    relay.signal("TERM");
+    relay.wait(LIMIT).expect("a clean stop");
+    park_file(&dir, config, "max_parked_keys = 1\n");
+    let mut relay = RelayProcess::spawn(&["--config", &file, "run"], &[]);
+    let stop = stop_line(&mut relay, "holds more than 1 parked keys");
+    assert_eq!(commands_in(&stop), wanted, "{stop}");
+    let listed = run_printed(&wanted[0], &[]);
+    assert_eq!(listed.status.code(), Some(1), "{}", listed.stdout);
+    // Listed up to the same bound, and the rest counted: this relay's stream, not the default's.
+    assert!(
+        (listed.stdout.contains("Claim/4711") || listed.stdout.contains("Claim/4712"))
+            && listed.stdout.contains("more past outbox.max_parked_keys"),
+        "{}",
+        listed.stdout
+    );
+}
+
+/// `config`'s servers and names in `dir`'s relay.toml, in park mode with `config`'s schemas and
+/// `outbox` (more `[outbox]` lines); its path.
+fn park_file(dir: &tempfile::TempDir, config: &Config, outbox: &str) -> String {
+    let file = dir.path().join("relay.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[postgres]\nurl = {:?}\nslot = {:?}\npublication = {:?}\n\
+             [nats]\nurl = {:?}\nstream = {:?}\n[http]\nlisten = \"\"\n\
+             [outbox]\non_invalid = \"park\"\nschemas = {:?}\n{outbox}",
+            config.postgres.url,
+            config.postgres.slot,
+            config.postgres.publication,
+            config.nats.url,
+            config.nats.stream,
+            config.outbox.schemas,
+        ),
+    )
+    .unwrap();
+    file.display().to_string()
+}
+
+/// Waits for `relay` to stop (a failure), and returns its stderr line holding `words`.
+fn stop_line(relay: &mut RelayProcess, words: &str) -> String {
+    let status = relay.wait(LIMIT).expect("the relay stops");
+    let stderr = relay.stderr();
+    assert!(!status.success(), "{stderr}");
+    stderr
+        .lines()
+        .find(|l| l.contains(words))
+        .unwrap_or_else(|| panic!("no line with {words:?}: {stderr}"))
+        .to_owned()
 }
 
 /// The backquoted commands in `line`.

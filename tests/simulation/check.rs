@@ -99,6 +99,10 @@ pub(crate) struct Excuses<'a> {
     /// (`parking.rs`), and an event is stored once per role (parked copy, requeued, parked again):
     /// P3 counts copies by their `Nats-Msg-Id`.
     pub park: bool,
+    /// Dead letters are requeued (`requeue_event.rs`): a requeued event and a dead letter
+    /// dead-lettered again are stored once each beside its dead letter, so P3 counts copies by
+    /// their `Nats-Msg-Id` as in park worlds.
+    pub requeue_event: bool,
 }
 
 /// P1, P3, P4 and P7 over the settled world.
@@ -192,7 +196,7 @@ pub(crate) fn settled(
     }
     atomic_whole(units, &copies, excuses, trace, v);
     let trusted = trusted_again(units, &copies, excuses);
-    if excuses.park {
+    if excuses.park || excuses.requeue_event {
         let mut wire: BTreeMap<&str, Vec<&Stored>> = BTreeMap::new();
         for m in stream.iter().filter(|m| !m.foreign) {
             if let Some(id) = m.msg_id() {

@@ -36,6 +36,7 @@ mod parking;
 mod peek;
 mod port;
 mod postgres;
+mod requeue_event;
 mod rng;
 mod status;
 mod trace;

@@ -1014,16 +1014,7 @@ impl Postgres {
             "request": request,
         })
         .to_string();
-        let xid = s.next_xid;
-        s.next_xid += 1;
-        let mut open = Open::default();
-        open.changes.push(s.append(
-            48 + content.len() as u64,
-            Body::Change(Change::Control(Bytes::from(content))),
-        ));
-        s.open.insert(xid, open);
-        self.commit(&mut s, xid);
-        let start = s.wal.last().map_or(0, |r| r.start);
+        let start = self.control(&mut s, content);
         trace!(
             self.trace,
             "pg {} of {}/{} (request {request}) commits at {}",
@@ -1039,6 +1030,42 @@ impl Postgres {
             request: request.to_owned(),
         });
         true
+    }
+
+    /// A control message with `content`, in a transaction of its own; where its commit starts.
+    fn control(&self, s: &mut State, content: String) -> u64 {
+        let xid = s.next_xid;
+        s.next_xid += 1;
+        let mut open = Open::default();
+        open.changes.push(s.append(
+            48 + content.len() as u64,
+            Body::Change(Change::Control(Bytes::from(content))),
+        ));
+        s.open.insert(xid, open);
+        self.commit(s, xid);
+        s.wal.last().map_or(0, |r| r.start)
+    }
+
+    /// `SELECT outbox_requeue_event(event_id)` in a transaction of its own, as sql/09 writes it
+    /// (`requeue_event.rs`). Returns where its commit starts, `None` while the server is down.
+    pub(crate) fn requeue_event(&self, event_id: &str, request: &str) -> Option<u64> {
+        let mut s = self.state.lock().unwrap();
+        if s.is_down() {
+            return None;
+        }
+        let content = serde_json::json!({
+            "op": "requeue_event",
+            "event_id": event_id,
+            "request": request,
+        })
+        .to_string();
+        let start = self.control(&mut s, content);
+        trace!(
+            self.trace,
+            "pg requeue_event of {event_id} (request {request}) commits at {}",
+            Lsn(start)
+        );
+        Some(start)
     }
 
     /// The releases written so far, in commit order.

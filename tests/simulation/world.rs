@@ -129,6 +129,8 @@ pub(crate) const FAULTS: &[(&str, u64)] = &[
     ("backfill", 0),
     // A mode of a quarter of the worlds rather than a fault that strikes ([`Modes::park`]).
     ("park", 0),
+    // `outbox_requeue_event` requests in a quarter of the other worlds (`requeue_event.rs`).
+    ("requeue_event", 0),
 ];
 
 /// The faults a run may use.
@@ -749,6 +751,9 @@ struct World {
     backfills: u64,
     /// Park worlds: the operator who releases keys (also right before some faults).
     park: Option<Arc<super::parking::Operator>>,
+    /// `requeue_event` worlds: the operator who requeues dead letters (also right before some
+    /// faults).
+    requeue: Option<Arc<super::requeue_event::Requeuer>>,
 }
 
 /// Runs the world of `seed` on its own runtime with a paused clock.
@@ -809,6 +814,19 @@ async fn world(seed: u64, faults: &FaultSet, trace: Arc<Trace>) -> Outcome {
                 .map_or(l.max_payload, |m| m.min(l.max_payload)),
         );
     }
+    // A quarter of the other `dead_letter` worlds requeue dead letters (their own generator):
+    // without atomic batches, a huge transaction or a backfill, in a stream that keeps
+    // everything (a dead letter must still be there when its request is carried out).
+    let requeue_dice = Dice::new(seed ^ 0x7265_7175_6575_6576);
+    let requeue_event = faults.has("requeue_event")
+        && !sc.modes.park
+        && !sc.modes.atomic
+        && sc.huge.is_none()
+        && backfill_at.is_none()
+        && requeue_dice.chance(0.25);
+    if requeue_event {
+        sc.modes.retention = Retention::default();
+    }
     // Not beside a backfill: the simulated table's snapshot does not know deleted rows.
     sc.pg.publish_deletes = sc.huge.is_none() && backfill_at.is_none() && retention_job.chance(0.3);
     trace!(trace, "seed {seed}: {sc:?}");
@@ -845,6 +863,9 @@ async fn world(seed: u64, faults: &FaultSet, trace: Arc<Trace>) -> Outcome {
         backfills: 0,
         park: sc.modes.park.then(|| {
             super::parking::Operator::new(Arc::clone(&pg), park_dice.clone(), Arc::clone(&trace))
+        }),
+        requeue: requeue_event.then(|| {
+            super::requeue_event::Requeuer::new(Arc::clone(&pg), requeue_dice, Arc::clone(&trace))
         }),
     };
     // The position services are asked after every status update and every 100 to 500 ms,
@@ -906,6 +927,10 @@ async fn world(seed: u64, faults: &FaultSet, trace: Arc<Trace>) -> Outcome {
     if let Some(op) = &w.park {
         let fix_at = Instant::now() + park_dice.millis(0, sc.faults_for.as_millis() as u64);
         tokio::spawn(Arc::clone(op).run(w.settings.clone(), Arc::clone(&writing), fix_at));
+    }
+    if let Some(rq) = &w.requeue {
+        trace!(trace, "requeue_event: the operator requeues dead letters");
+        tokio::spawn(Arc::clone(rq).run(Arc::clone(&writing)));
     }
     // With a publication that publishes deletes, a retention job deletes old outbox rows now and
     // then: changes that are not events, which a look for waiting events must see past.
@@ -1036,10 +1061,14 @@ async fn world(seed: u64, faults: &FaultSet, trace: Arc<Trace>) -> Outcome {
                 fence: sc.modes.fence,
                 atomic_room: sc.modes.atomic.then(|| sc.max_in_flight.clamp(1, 1000)),
                 park: sc.modes.park,
+                requeue_event,
             },
             &trace,
             &violations,
         );
+        if let Some(rq) = &w.requeue {
+            super::requeue_event::check(&units, &rq.requests(), &stream, &trace, &violations);
+        }
         if let Some(op) = &w.park {
             super::parking::check(
                 &units,
@@ -1548,7 +1577,10 @@ impl World {
             })
             .map(|(n, _)| *n)
             .unwrap();
-        if (self.huge_pending.load(Ordering::Relaxed) || self.backfilled || self.park.is_some())
+        if (self.huge_pending.load(Ordering::Relaxed)
+            || self.backfilled
+            || self.park.is_some()
+            || self.requeue.is_some())
             && matches!(
                 name,
                 "restore"
@@ -1568,11 +1600,16 @@ impl World {
             );
             return;
         }
-        // Park worlds: now and then a release races the fault.
+        // Park worlds: now and then a release races the fault; `requeue_event` worlds a request.
         if let Some(op) = &self.park
             && op.races()
         {
             op.release();
+        }
+        if let Some(rq) = &self.requeue
+            && rq.races()
+        {
+            rq.request();
         }
         trace!(self.trace, "FAULT {name}");
         let d = self.dice.clone();

@@ -230,6 +230,7 @@ mod tests {
             index: 3,
             position: Position::in_transaction(Lsn(0x1_0000_00A0), 3),
             commit_ts: 0,
+            original_commit_ts: None,
             problem: None,
             msg_id: "e-5531".into(),
             content_type: Some("application/json"),

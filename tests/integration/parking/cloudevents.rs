@@ -1,8 +1,10 @@
 //! A requeued event is the CloudEvent it would have been, against real servers: with
 //! `nats.cloudevents = true`, an event parked (then `requeue` of its key) or dead-lettered (then
 //! `requeue_event`) arrives on its subject with the `ce-datacontenttype` an event published
-//! directly from the same column carries. The parked copy and the dead letter are no CloudEvents;
-//! they keep the media type in `Outbox-Content-Type`, which the requeue reads back.
+//! directly from the same column carries, and the `ce-time` of its own transaction (an event
+//! committed in the same transaction and published directly says which), not the request's. The
+//! parked copy and the dead letter are no CloudEvents; they keep the media type in
+//! `Outbox-Content-Type` and the commit time in `Outbox-Commit-Time`, which the requeue reads back.
 
 use outbox_relay::config::{Config, OnInvalid};
 
@@ -28,12 +30,14 @@ fn with_cloudevents(mut config: Config, on_invalid: OnInvalid) -> Config {
 }
 
 #[tokio::test]
-async fn a_requeued_parked_event_and_a_requeued_dead_letter_keep_their_content_type() {
+async fn a_requeued_parked_event_and_a_requeued_dead_letter_keep_their_content_type_and_time() {
     for mode in [OnInvalid::Park, OnInvalid::DeadLetter] {
         let s = world(STRICT).await;
         let config = with_cloudevents(s.config.clone(), mode);
         let (client, nats) = (&s.client, &s.nats);
         let relay = InProcessRelay::start_streaming(&config, client).await;
+        // One transaction: a-4712, published directly, carries the commit time a-4711 has too.
+        client.batch_execute("BEGIN").await.expect("begin");
         insert(
             client,
             "a-4711",
@@ -50,16 +54,20 @@ async fn a_requeued_parked_event_and_a_requeued_dead_letter_keep_their_content_t
             r#"{"claim": 4712}"#,
         )
         .await;
+        client.batch_execute("COMMIT").await.expect("commit");
         let all = stored(nats, &config, 2).await;
         let direct = one(&all, "outbox.Claim", "a-4712");
         let want = direct.header("ce-datacontenttype").to_owned();
         assert_eq!(want, "application/json", "{mode:?}");
+        let committed = direct.header("ce-time").to_owned();
+        assert!(committed.ends_with('Z'), "{mode:?}: {direct:?}");
         let kept = all.iter().find(|m| m.id() == "a-4711").unwrap();
         assert!(
             !kept.headers.contains_key("ce-datacontenttype"),
             "{mode:?}: a parked copy or dead letter is no CloudEvent: {kept:?}"
         );
         assert_eq!(kept.header("Outbox-Content-Type"), want, "{mode:?}");
+        assert_eq!(kept.header("Outbox-Commit-Time"), committed, "{mode:?}");
 
         // The contract is fixed (read at the start), then the event is released.
         relay.stop().await.expect("clean stop");
@@ -88,10 +96,17 @@ async fn a_requeued_parked_event_and_a_requeued_dead_letter_keep_their_content_t
             Some(&want),
             "{mode:?}: the requeued event lost its content type: {requeued:?}"
         );
-        assert!(
-            !requeued.headers.contains_key("Outbox-Content-Type"),
-            "{mode:?}: the relay's mark stays on the copy: {requeued:?}"
+        assert_eq!(
+            requeued.header("ce-time"),
+            committed,
+            "{mode:?}: the requeued event has the request's commit time: {requeued:?}"
         );
+        for mark in ["Outbox-Content-Type", "Outbox-Commit-Time"] {
+            assert!(
+                !requeued.headers.contains_key(mark),
+                "{mode:?}: the relay's mark {mark} stays on the copy: {requeued:?}"
+            );
+        }
         relay.stop().await.expect("clean stop");
     }
 }
