@@ -339,12 +339,13 @@ pub(crate) mod tests {
         assert_eq!(revive(&copy, at, 0).content_type, None);
     }
 
-    #[test]
-    fn a_revived_copy_or_dead_letter_keeps_its_own_commit_time_for_ce_time() {
-        // 2024-02-29 13:45:06.000789 UTC, and the request's commit a day later.
-        const COMMITTED: i64 = 762_529_506_000_789;
-        const REQUEST: i64 = COMMITTED + 86_400_000_000;
-        let at = Position::in_transaction(Lsn(0x2_0000_0000), 4).with_sub(1);
+    // 2024-02-29 13:45:06.000789 UTC, and the request's commit a day later.
+    const COMMITTED: i64 = 762_529_506_000_789;
+    const REQUEST: i64 = COMMITTED + 86_400_000_000;
+    const COMMITTED_TEXT: &str = "2024-02-29T13:45:06.000789Z";
+
+    /// An event committed at `COMMITTED`, the run it parks in, and where the request stands.
+    fn committed_event() -> (OutboxEvent, Run<'static>, Position) {
         let mut e = OutboxEvent::at(
             bytes::Bytes::from_static(b"{}"),
             Lsn(0x10),
@@ -359,36 +360,45 @@ pub(crate) mod tests {
             reason: "bad",
             behind: "e-5",
             count: 1,
-            since: "2024-02-29T13:45:06.000789Z",
+            since: COMMITTED_TEXT,
             requeue: None,
         };
-        let stored = |out: crate::message::Outgoing| StoredMessage {
+        let at = Position::in_transaction(Lsn(0x2_0000_0000), 4).with_sub(1);
+        (e, run, at)
+    }
+
+    fn stored_out(out: crate::message::Outgoing) -> StoredMessage {
+        StoredMessage {
             seq: 1,
             subject: out.subject,
             headers: out.headers,
             payload: out.payload,
-        };
-        let ce_time = |e: &OutboxEvent| {
-            let template = crate::route::SubjectTemplate::parse("outbox.x").unwrap();
-            let ce = crate::message::CloudEvents::new("/s");
-            let m = crate::message::build(e, &template, "dl", Some(&ce));
-            m.headers.get("ce-time").map(|v| v.as_str().to_owned())
-        };
-        let copy = stored(parked_copy(&e, &run, None, Shrink::Keep));
+        }
+    }
+
+    /// The `ce-time` the event would be published with.
+    fn ce_time(e: &OutboxEvent) -> Option<String> {
+        let template = crate::route::SubjectTemplate::parse("outbox.x").unwrap();
+        let ce = crate::message::CloudEvents::new("/s");
+        let m = crate::message::build(e, &template, "dl", Some(&ce));
+        m.headers.get("ce-time").map(|v| v.as_str().to_owned())
+    }
+
+    #[test]
+    fn a_revived_copy_or_dead_letter_keeps_its_own_commit_time_for_ce_time() {
+        let (e, run, at) = committed_event();
+        let copy = stored_out(parked_copy(&e, &run, None, Shrink::Keep));
         assert_eq!(
             copy.headers.get(COMMIT_TIME).map(|v| v.as_str()),
-            Some("2024-02-29T13:45:06.000789Z")
+            Some(COMMITTED_TEXT)
         );
         let back = revive(&copy, at, REQUEST);
         assert_eq!(
             (back.commit_ts, back.original_commit_ts),
             (REQUEST, Some(COMMITTED))
         );
-        assert_eq!(
-            ce_time(&back).as_deref(),
-            Some("2024-02-29T13:45:06.000789Z")
-        );
-        let letter = stored(crate::message::dead_letter(
+        assert_eq!(ce_time(&back).as_deref(), Some(COMMITTED_TEXT));
+        let letter = stored_out(crate::message::dead_letter(
             &e,
             "dl",
             "bad",
@@ -396,30 +406,28 @@ pub(crate) mod tests {
             Shrink::Keep,
         ));
         let back = revive_dead_letter(&letter, at, REQUEST);
-        assert_eq!(
-            ce_time(&back).as_deref(),
-            Some("2024-02-29T13:45:06.000789Z")
-        );
+        assert_eq!(ce_time(&back).as_deref(), Some(COMMITTED_TEXT));
         // Parked again by a requeue: the copy carries the first commit time on, not the request's.
-        let again = stored(parked_copy(&back, &run, None, Shrink::Keep));
+        let again = stored_out(parked_copy(&back, &run, None, Shrink::Keep));
         assert_eq!(
             revive(&again, at, REQUEST + 1).original_commit_ts,
             Some(COMMITTED)
         );
+    }
+
+    #[test]
+    fn a_copy_without_a_commit_time_of_the_relays_form_gets_the_requests_time() {
+        let (e, run, at) = committed_event();
         // A copy from before the header, or with a value the relay never writes: the request's
         // time, as before.
-        let mut old = copy.clone();
+        let mut old = stored_out(parked_copy(&e, &run, None, Shrink::Keep));
         old.headers.insert(COMMIT_TIME, "2024-02-29T13:45:06Z");
+        let unstamped = OutboxEvent {
+            commit_ts: 0,
+            ..e.clone()
+        };
         for c in [
-            stored(parked_copy(
-                &OutboxEvent {
-                    commit_ts: 0,
-                    ..e.clone()
-                },
-                &run,
-                None,
-                Shrink::Keep,
-            )),
+            stored_out(parked_copy(&unstamped, &run, None, Shrink::Keep)),
             old,
         ] {
             let back = revive(&c, at, REQUEST);
