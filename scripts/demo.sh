@@ -14,7 +14,8 @@
 # Starts its own Postgres (wal_level=logical) and nats-server (JetStream) on free loopback ports in a
 # temporary directory, installing them first if missing, and removes everything when it ends.
 #
-# It builds the relay and the demo's payment service first (cargo build, debug). With
+# It builds the relay and the demo's payment service first (cargo build, debug, where cargo builds:
+# CARGO_TARGET_DIR or a config's build.target-dir if set, else target/). With
 # OUTBOX_RELAY_BIN=/path/to/outbox-relay it runs that binary instead and builds only the payment service.
 set -euo pipefail
 
@@ -33,6 +34,7 @@ say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 note() { printf '   %s\n' "$*"; }
 
 bash scripts/install-deps.sh >/dev/null
+TARGET_DIR=$(bash scripts/target-dir.sh)
 
 if [ -n "$PREBUILT" ]; then
   say "Building the demo's payment service (the relay: $PREBUILT)"
@@ -41,9 +43,9 @@ if [ -n "$PREBUILT" ]; then
 else
   say "Building outbox-relay and the demo's payment service"
   cargo build --quiet --bin outbox-relay --example payment_service
-  RELAY="$ROOT/target/debug/outbox-relay"
+  RELAY="$TARGET_DIR/debug/outbox-relay"
 fi
-PAYMENT="$ROOT/target/debug/examples/payment_service"
+PAYMENT="$TARGET_DIR/debug/examples/payment_service"
 
 WORK=$(mktemp -d /tmp/outbox-relay-demo.XXXXXX)
 chmod 755 "$WORK"

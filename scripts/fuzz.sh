@@ -6,7 +6,8 @@
 # Targets: pgoutput (the decoder) and framing (the replication stream's framing, then the decoder).
 # Each starts from its committed seed corpus, fuzz/corpus/<target>/ (frames captured from a real
 # Postgres by `cargo run --example fuzz_corpus`), which stays read-only: what a run finds goes to
-# fuzz/target/corpus/<target>/ and is kept for the next run.
+# fuzz/target/corpus/<target>/ and is kept for the next run. The targets are built where cargo builds
+# (CARGO_TARGET_DIR or a config's build.target-dir if set, else fuzz/target/).
 # Exit non-zero when the fuzzer finds an input that panics; the input is saved under fuzz/artifacts/.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -15,6 +16,8 @@ secs=${1:-60}
 targets=(pgoutput:4096 framing:8192)
 per_target=$(( secs / ${#targets[@]} ))
 if [ "$per_target" -lt 1 ]; then per_target=1; fi
+# Cargo's own answer, asked before RUSTFLAGS is set.
+target_dir=$(bash scripts/target-dir.sh fuzz/Cargo.toml)
 
 export RUSTFLAGS="--cfg fuzzing -Cdebug-assertions -Coverflow-checks -Cpasses=sancov-module \
 -Cllvm-args=-sanitizer-coverage-level=4 -Cllvm-args=-sanitizer-coverage-inline-8bit-counters \
@@ -22,7 +25,7 @@ export RUSTFLAGS="--cfg fuzzing -Cdebug-assertions -Coverflow-checks -Cpasses=sa
 # An explicit --target keeps RUSTFLAGS off build scripts and proc macros (as cargo-fuzz does): they
 # run on the host and must not be instrumented.
 host=$(rustc -vV | sed -n 's/^host: //p')
-echo "building the fuzz targets (fuzz/target/$host)"
+echo "building the fuzz targets ($target_dir/$host)"
 cargo build --quiet --release --manifest-path fuzz/Cargo.toml --bins --target "$host"
 
 for entry in "${targets[@]}"; do
@@ -35,7 +38,7 @@ for entry in "${targets[@]}"; do
   log=fuzz/artifacts/$name/last-run.log
   status=0
   # libFuzzer adds new inputs to the first corpus directory only.
-  "fuzz/target/$host/release/$name" -max_total_time="$per_target" -max_len="$max_len" \
+  "$target_dir/$host/release/$name" -max_total_time="$per_target" -max_len="$max_len" \
     -print_final_stats=1 -artifact_prefix="fuzz/artifacts/$name/" "$work" "$seeds" >"$log" 2>&1 \
     || status=$?
   grep -E '^(#[0-9]+ +(INITED|DONE)|stat::number_of_executed_units|SUMMARY|thread .* panicked)' "$log" \

@@ -31,6 +31,8 @@ use crate::text::shortened;
 
 mod budget;
 pub use budget::PendingCheck;
+#[cfg(feature = "test-support")]
+pub use budget::check_on_the_calling_thread;
 pub(crate) use budget::{BUDGET, INLINE_BYTES};
 
 /// How much of a validator's message a reason keeps: a message may quote the whole failing value.

@@ -191,7 +191,10 @@ async fn sessions(
     let ended = {
         let main = relay.main_loop();
         tokio::pin!(main);
+        // Biased (no draw from tokio's per-runtime generator, so a simulated seed replays): a main
+        // loop that ended says why, even when a shutdown came at the same instant.
         tokio::select! {
+            biased;
             r = &mut main => r,
             _ = &mut shutdown => {
                 info!("shutdown requested: finishing in-flight publishes");
@@ -280,8 +283,9 @@ impl Relay {
                     }
                     let delay = self.restarting(&restart);
                     tokio::select! {
-                        _ = tokio::time::sleep(delay) => {}
+                        biased;
                         _ = self.stop.requested() => return Ok(()),
+                        _ = tokio::time::sleep(delay) => {}
                     }
                 }
             }

@@ -26,6 +26,20 @@ pub(crate) const INLINE_BYTES: usize = 16 * 1024;
 /// the relay away from its connections for seconds does.
 pub(crate) const BUDGET: Duration = Duration::from_secs(5);
 
+/// Test support: large checks run on the calling thread ([`check_on_the_calling_thread`]).
+#[cfg(feature = "test-support")]
+static ON_THE_CALLING_THREAD: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+/// Test support (feature `test-support`, never in a release build): from now on every large check
+/// of this process runs on the calling thread, with no budget. For the deterministic simulation: a
+/// check on the blocking pool ends at a moment of real time, so how many steps the world's other
+/// tasks took meanwhile, and with them the world's draws, changed from one run of a seed to the next.
+#[cfg(feature = "test-support")]
+pub fn check_on_the_calling_thread() {
+    ON_THE_CALLING_THREAD.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// A check the stage left for later: the set in force when the event arrived, and where failures
 /// are counted.
 #[derive(Clone)]
@@ -64,6 +78,10 @@ impl PendingCheck {
     ) -> Verdict {
         let len = payload.len();
         let (set, bytea) = (self.set, self.bytea);
+        #[cfg(feature = "test-support")]
+        if ON_THE_CALLING_THREAD.load(std::sync::atomic::Ordering::Relaxed) {
+            return set.check(event_type, &payload, bytea);
+        }
         let checking = {
             let event_type = event_type.to_owned();
             tokio::task::spawn_blocking(move || set.check(&event_type, &payload, bytea))

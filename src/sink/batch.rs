@@ -111,12 +111,14 @@ impl Batcher {
         Batcher {
             max_payload,
             max_msg_size,
+            // Fixed width: the id's length, and so a batch's size and what fits in it, is the same
+            // in every process (a replayed simulation seed is the run it replays).
             prefix: format!(
-                "or{:x}-{:x}",
+                "or{:08x}-{:016x}",
                 std::process::id(),
                 std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |d| d.as_nanos())
+                    .map_or(0, |d| d.as_nanos() as u64)
             ),
             next: 0,
             open: None,

@@ -531,10 +531,14 @@ async fn write_loop(
     let mut buf = BytesMut::with_capacity(64);
     let mut last_flush = 0u64;
     loop {
+        // Biased, like every `select!` on the relay's path: tokio's unbiased pick draws from a
+        // generator seeded anew by each runtime, so two runs of one simulated world made different
+        // numbers of status updates and parted. Stop first; a wake-up and a tick send the same update.
         let stopping = tokio::select! {
-            _ = tick.tick() => false,
-            _ = shared.reply_now.notified() => false,
+            biased;
             _ = &mut stop => true,
+            _ = shared.reply_now.notified() => false,
+            _ = tick.tick() => false,
         };
         let write = shared.received.load(Ordering::Acquire);
         let flush = shared.confirmed.load(Ordering::Acquire);

@@ -43,7 +43,7 @@ mod trace;
 mod world;
 
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
 use world::FaultSet;
@@ -52,8 +52,12 @@ use world::FaultSet;
 const DEFAULT_SEEDS: u64 = 600;
 /// The first seed, so that CI runs the same worlds every time; move it to explore new ones.
 const DEFAULT_SEED_START: u64 = 1;
-/// The seeds the determinism test runs twice.
-const REPLAYED_SEEDS: [u64; 3] = [3, 11, 25];
+/// The seeds the replay test runs both ways (`SIM_SEED`'s and the runner's): a spread of worlds,
+/// park worlds among them (10, 25, 549 and 2627 are the seeds park worlds once failed; 2627 parted
+/// between the two ways while tokio's unbiased `select!` drew from a generator of its own).
+const REPLAYED_SEEDS: [u64; 16] = [
+    3, 10, 11, 25, 37, 58, 101, 149, 233, 377, 549, 610, 987, 1597, 2584, 2627,
+];
 
 fn env_u64(name: &str) -> Option<u64> {
     let v = std::env::var(name).ok()?;
@@ -78,6 +82,8 @@ fn faults() -> FaultSet {
 
 /// One seed; a panic anywhere in it (the simulators, the relay) is a failure of that seed.
 fn run_seed(seed: u64, faults: &FaultSet, keep_trace: bool) -> Result<world::Outcome, String> {
+    // A large payload's schema check on the blocking pool would end at a moment of real time.
+    outbox_relay::schema::check_on_the_calling_thread();
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         world::run(seed, faults, keep_trace)
     }))
@@ -89,8 +95,50 @@ fn run_seed(seed: u64, faults: &FaultSet, keep_trace: bool) -> Result<world::Out
     })
 }
 
+/// The command that replays `seed` as this run made it: the settings that choose the world
+/// (`SIM_FAULTS`, `SIM_MUTATION`) as they were set, so that the replay is the failing run.
 fn replay_line(seed: u64) -> String {
-    format!("replay: SIM_SEED={seed} cargo test --test simulation -- --nocapture")
+    let mut env = String::new();
+    for name in ["SIM_FAULTS", "SIM_MUTATION"] {
+        if let Ok(v) = std::env::var(name) {
+            env.push_str(&format!("{name}={v} "));
+        }
+    }
+    format!("replay: {env}SIM_SEED={seed} cargo test --release --test simulation -- --nocapture")
+}
+
+/// What a run of a seed comes to, compared between a replay and the runner: its verdict, its size,
+/// what it published and what it traced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Fingerprint {
+    /// "ok", the first violation, or the panic.
+    verdict: String,
+    units: usize,
+    stored: usize,
+    published: u64,
+    /// The trace's digest and its number of lines.
+    trace: (u64, u64),
+}
+
+impl Fingerprint {
+    fn of(outcome: &Result<world::Outcome, String>) -> Fingerprint {
+        match outcome {
+            Ok(o) => Fingerprint {
+                verdict: o.violations.first().cloned().unwrap_or_else(|| "ok".into()),
+                units: o.units,
+                stored: o.stored,
+                published: o.published,
+                trace: o.trace.digest(),
+            },
+            Err(p) => Fingerprint {
+                verdict: format!("panicked: {p}"),
+                units: 0,
+                stored: 0,
+                published: 0,
+                trace: (0, 0),
+            },
+        }
+    }
 }
 
 /// A failed seed: its first violation, and the report printed for it.
@@ -120,11 +168,64 @@ fn failure(seed: u64, outcome: Result<world::Outcome, String>) -> Option<Failure
     }
 }
 
+/// `SIM_SEED`: one seed on the calling thread, its whole trace kept.
+fn replay(seed: u64, faults: &FaultSet) -> Result<world::Outcome, String> {
+    run_seed(seed, faults, true)
+}
+
+/// What the runner made of its seeds.
+struct Sweep {
+    done: u64,
+    /// Sorted by seed.
+    failed: Vec<Failure>,
+    /// Every seed run, sorted by seed.
+    runs: Vec<(u64, Fingerprint)>,
+}
+
+/// The multi-seed runner: `seeds` (ascending) on two threads, each with its own runtimes (the
+/// worlds are independent), no trace kept. Unless `keep_going`, after a failure only lower seeds
+/// still run, so the seed reported is the first failing one.
+fn sweep(seeds: &[u64], faults: &FaultSet, keep_going: bool) -> Sweep {
+    let next = AtomicUsize::new(0);
+    let lowest_failed = AtomicU64::new(u64::MAX);
+    let failed = Mutex::new(Vec::<Failure>::new());
+    let runs = Mutex::new(Vec::<(u64, Fingerprint)>::new());
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| {
+                loop {
+                    let Some(&seed) = seeds.get(next.fetch_add(1, Ordering::Relaxed)) else {
+                        return;
+                    };
+                    if !keep_going && seed > lowest_failed.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    let outcome = run_seed(seed, faults, false);
+                    runs.lock().unwrap().push((seed, Fingerprint::of(&outcome)));
+                    if let Some(f) = failure(seed, outcome) {
+                        lowest_failed.fetch_min(seed, Ordering::Relaxed);
+                        failed.lock().unwrap().push(f);
+                    }
+                }
+            });
+        }
+    });
+    let mut failed = failed.into_inner().unwrap();
+    failed.sort_by_key(|f| f.seed);
+    let mut runs = runs.into_inner().unwrap();
+    runs.sort_by_key(|r| r.0);
+    Sweep {
+        done: runs.len() as u64,
+        failed,
+        runs,
+    }
+}
+
 #[test]
 fn seeds_keep_the_promises() {
     let faults = faults();
     if let Some(seed) = env_u64("SIM_SEED") {
-        let outcome = run_seed(seed, &faults, true);
+        let outcome = replay(seed, &faults);
         if let Ok(o) = &outcome {
             for line in o.trace.all() {
                 println!("{line}");
@@ -144,40 +245,13 @@ fn seeds_keep_the_promises() {
     let count = env_u64("SIM_SEEDS").unwrap_or(DEFAULT_SEEDS);
     let keep_going = std::env::var_os("SIM_KEEP_GOING").is_some();
     let started = Instant::now();
-    // Two threads, each with its own runtimes: the worlds are independent. After a failure only
-    // lower seeds still run, so the seed reported is the first failing one.
-    let next = AtomicU64::new(first);
-    let lowest_failed = AtomicU64::new(u64::MAX);
-    let done = AtomicU64::new(0);
-    let failed = Mutex::new(Vec::<Failure>::new());
-    std::thread::scope(|s| {
-        for _ in 0..2 {
-            s.spawn(|| {
-                loop {
-                    let seed = next.fetch_add(1, Ordering::Relaxed);
-                    if seed >= first + count
-                        || (!keep_going && seed > lowest_failed.load(Ordering::Relaxed))
-                    {
-                        return;
-                    }
-                    let f = failure(seed, run_seed(seed, &faults, false));
-                    done.fetch_add(1, Ordering::Relaxed);
-                    if let Some(f) = f {
-                        lowest_failed.fetch_min(seed, Ordering::Relaxed);
-                        failed.lock().unwrap().push(f);
-                    }
-                }
-            });
-        }
-    });
+    let seeds: Vec<u64> = (first..first + count).collect();
+    let Sweep { done, failed, .. } = sweep(&seeds, &faults, keep_going);
     let secs = started.elapsed().as_secs_f64();
-    let done = done.load(Ordering::Relaxed);
     println!(
         "simulation: {done} seeds from {first} in {secs:.1} s ({:.1} seeds/s)",
         done as f64 / secs
     );
-    let mut failed = failed.into_inner().unwrap();
-    failed.sort_by_key(|f| f.seed);
     if keep_going {
         for f in &failed {
             println!("failed seed {}: {}", f.seed, f.first);
@@ -195,24 +269,31 @@ fn seeds_keep_the_promises() {
     }
 }
 
+/// A seed replayed with `SIM_SEED` is the run the runner made of it: same verdict, same units of
+/// work, same stream, same trace. Each seed runs once each way, the runner's on its worker threads
+/// and the replay on the test's, each world on a runtime of its own: whatever a run takes from
+/// outside its seed (a generator tokio seeds anew per runtime, a map's per-process order, the wall
+/// clock) parts the two.
 #[test]
 fn a_seed_replays_the_same_run() {
     let faults = faults();
-    for seed in REPLAYED_SEEDS {
-        let a = run_seed(seed, &faults, true).expect("first run");
-        let b = run_seed(seed, &faults, true).expect("second run");
-        if a.trace.digest() != b.trace.digest() {
-            let (x, y) = (a.trace.all(), b.trace.all());
-            let at = x
-                .iter()
-                .zip(&y)
-                .position(|(l, r)| l != r)
-                .unwrap_or(x.len().min(y.len()));
-            panic!(
-                "seed {seed} ran differently the second time, from line {at}:\n  first:  {}\n  second: {}",
-                x.get(at).map_or("<end>", String::as_str),
-                y.get(at).map_or("<end>", String::as_str)
-            );
+    let swept = sweep(&REPLAYED_SEEDS, &faults, true);
+    let mut parted = Vec::new();
+    for (seed, ran) in &swept.runs {
+        let again = replay(*seed, &faults);
+        let replayed = Fingerprint::of(&again);
+        if &replayed != ran {
+            parted.push(format!(
+                "seed {seed}: the runner made {ran:?}, the replay {replayed:?}"
+            ));
         }
     }
+    assert_eq!(swept.runs.len(), REPLAYED_SEEDS.len(), "every seed ran");
+    assert!(
+        parted.is_empty(),
+        "{} of {} seeds replayed a different run than the runner's:\n{}",
+        parted.len(),
+        REPLAYED_SEEDS.len(),
+        parted.join("\n")
+    );
 }

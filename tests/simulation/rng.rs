@@ -18,7 +18,12 @@ impl Dice {
         Dice(Arc::new(Mutex::new(seed)))
     }
 
+    #[track_caller]
     pub(crate) fn next_u64(&self) -> u64 {
+        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        if *ON.get_or_init(|| std::env::var_os("SIM_DICE_LOG").is_some()) {
+            eprintln!("dice {}", std::panic::Location::caller());
+        }
         let mut s = self.0.lock().unwrap();
         *s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = *s;
@@ -29,6 +34,7 @@ impl Dice {
 
     /// Uniform in `lo..hi` (`lo` when the range is empty). The modulo bias is far below anything
     /// a simulation run could notice.
+    #[track_caller]
     pub(crate) fn range(&self, lo: u64, hi: u64) -> u64 {
         if hi <= lo {
             lo
@@ -38,16 +44,19 @@ impl Dice {
     }
 
     /// True with probability `p`.
+    #[track_caller]
     pub(crate) fn chance(&self, p: f64) -> bool {
         ((self.next_u64() >> 11) as f64) < p * (1u64 << 53) as f64
     }
 
     /// One of `items`.
+    #[track_caller]
     pub(crate) fn pick<T: Copy>(&self, items: &[T]) -> T {
         items[self.range(0, items.len() as u64) as usize]
     }
 
     /// A duration uniform in `lo..hi` milliseconds.
+    #[track_caller]
     pub(crate) fn millis(&self, lo: u64, hi: u64) -> Duration {
         Duration::from_millis(self.range(lo, hi))
     }

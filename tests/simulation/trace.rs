@@ -3,9 +3,12 @@
 //! determinism test compares between two runs of one seed.
 //!
 //! Only what the simulators see is traced (writes, deliveries, confirmations, faults), never how
-//! often a relay timer fired: tokio's `select!` picks among ready branches at random (its seed
-//! cannot be set without `--cfg tokio_unstable`), so the number of status updates the relay sends at
-//! one instant may vary between runs while everything they say stays the same.
+//! often a relay timer fired. A run depends on its seed alone: the relay's `select!`s on the
+//! simulated path are biased (an unbiased one picks with a generator tokio seeds anew per runtime,
+//! which cannot be set without `--cfg tokio_unstable`), and a large payload's schema check runs on
+//! the runtime's thread (`outbox_relay::schema::check_on_the_calling_thread`), not on the blocking
+//! pool, whose answer came at a moment of real time. `SIM_DICE_LOG=1` prints where each draw is
+//! made (stderr): two runs of a seed that part, part at the first line their logs differ.
 
 use std::collections::VecDeque;
 use std::fmt::Write as _;
@@ -78,6 +81,38 @@ impl Trace {
         let inner = self.inner.lock().unwrap();
         (inner.digest, inner.lines)
     }
+}
+
+/// FNV-1a over the stream as it ends: each message's sequence, subject, headers and payload, so
+/// that two runs of a seed compare by what they published, not only by what they traced.
+pub(crate) fn published(stream: &[super::jetstream::Stored]) -> u64 {
+    let mut digest = 0xcbf2_9ce4_8422_2325_u64;
+    let mut eat = |bytes: &[u8]| {
+        for b in bytes {
+            digest = (digest ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3);
+        }
+    };
+    for m in stream {
+        eat(&m.seq.to_le_bytes());
+        eat(m.subject.as_bytes());
+        // A header map's own order differs from one run to the next: by name.
+        let mut headers: Vec<_> = m.headers.iter().map(|(n, v)| (n.to_string(), v)).collect();
+        headers.sort_by(|a, b| a.0.cmp(&b.0));
+        for (name, values) in headers {
+            eat(name.as_bytes());
+            for v in values {
+                // An atomic batch's id names the process and its start (`Nats-Batch-Id`): only
+                // its length is the run's.
+                if name == "Nats-Batch-Id" {
+                    eat(&v.as_str().len().to_le_bytes());
+                } else {
+                    eat(v.as_str().as_bytes());
+                }
+            }
+        }
+        eat(&m.payload);
+    }
+    digest
 }
 
 /// `trace!(t, "...", args)`: one line in `t`.

@@ -355,6 +355,8 @@ pub(crate) struct Outcome {
     pub units: usize,
     /// Messages in the stream at the end.
     pub stored: usize,
+    /// A digest of the stream at the end (`trace::published`): what a replay must publish again.
+    pub published: u64,
 }
 
 /// The relay's way to the simulated servers.
@@ -1094,6 +1096,7 @@ async fn world(seed: u64, faults: &FaultSet, trace: Arc<Trace>) -> Outcome {
         trace,
         units: units.len(),
         stored: stream.len(),
+        published: super::trace::published(&stream),
     }
 }
 
