@@ -346,34 +346,15 @@ pub(crate) mod tests {
 
     /// An event committed at `COMMITTED`, the run it parks in, and where the request stands.
     fn committed_event() -> (OutboxEvent, Run<'static>, Position) {
-        let mut e = OutboxEvent::at(
-            bytes::Bytes::from_static(b"{}"),
-            Lsn(0x10),
-            0,
-            COMMITTED,
-            None,
-        );
-        e.msg_id = "e-5".into();
+        let mut e = event("e-5", None);
+        e.commit_ts = COMMITTED;
         e.event_type = Some("ClaimApproved".into());
         let run = Run {
-            subject: "dl.parked.x",
-            reason: "bad",
-            behind: "e-5",
-            count: 1,
             since: COMMITTED_TEXT,
-            requeue: None,
+            ..run("e-5", 1)
         };
         let at = Position::in_transaction(Lsn(0x2_0000_0000), 4).with_sub(1);
         (e, run, at)
-    }
-
-    fn stored_out(out: crate::message::Outgoing) -> StoredMessage {
-        StoredMessage {
-            seq: 1,
-            subject: out.subject,
-            headers: out.headers,
-            payload: out.payload,
-        }
     }
 
     /// The `ce-time` the event would be published with.
@@ -387,7 +368,7 @@ pub(crate) mod tests {
     #[test]
     fn a_revived_copy_or_dead_letter_keeps_its_own_commit_time_for_ce_time() {
         let (e, run, at) = committed_event();
-        let copy = stored_out(parked_copy(&e, &run, None, Shrink::Keep));
+        let copy = stored(1, parked_copy(&e, &run, None, Shrink::Keep));
         assert_eq!(
             copy.headers.get(COMMIT_TIME).map(|v| v.as_str()),
             Some(COMMITTED_TEXT)
@@ -398,17 +379,14 @@ pub(crate) mod tests {
             (REQUEST, Some(COMMITTED))
         );
         assert_eq!(ce_time(&back).as_deref(), Some(COMMITTED_TEXT));
-        let letter = stored_out(crate::message::dead_letter(
-            &e,
-            "dl",
-            "bad",
-            None,
-            Shrink::Keep,
-        ));
+        let letter = stored(
+            1,
+            crate::message::dead_letter(&e, "dl", "bad", None, Shrink::Keep),
+        );
         let back = revive_dead_letter(&letter, at, REQUEST);
         assert_eq!(ce_time(&back).as_deref(), Some(COMMITTED_TEXT));
         // Parked again by a requeue: the copy carries the first commit time on, not the request's.
-        let again = stored_out(parked_copy(&back, &run, None, Shrink::Keep));
+        let again = stored(1, parked_copy(&back, &run, None, Shrink::Keep));
         assert_eq!(
             revive(&again, at, REQUEST + 1).original_commit_ts,
             Some(COMMITTED)
@@ -420,14 +398,14 @@ pub(crate) mod tests {
         let (e, run, at) = committed_event();
         // A copy from before the header, or with a value the relay never writes: the request's
         // time, as before.
-        let mut old = stored_out(parked_copy(&e, &run, None, Shrink::Keep));
+        let mut old = stored(1, parked_copy(&e, &run, None, Shrink::Keep));
         old.headers.insert(COMMIT_TIME, "2024-02-29T13:45:06Z");
         let unstamped = OutboxEvent {
             commit_ts: 0,
             ..e.clone()
         };
         for c in [
-            stored_out(parked_copy(&unstamped, &run, None, Shrink::Keep)),
+            stored(1, parked_copy(&unstamped, &run, None, Shrink::Keep)),
             old,
         ] {
             let back = revive(&c, at, REQUEST);
