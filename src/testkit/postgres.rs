@@ -359,7 +359,7 @@ impl PgServer {
                         log.display()
                     ));
                 }
-                if self.is_ready() {
+                if self.is_ready(&child) {
                     return Ok(child);
                 }
                 if Instant::now() > deadline {
@@ -399,14 +399,19 @@ impl PgServer {
             .map_err(|e| format!("spawn {}: {e}", self.bin_dir.join("postgres").display()))
     }
 
-    fn is_ready(&self) -> bool {
-        Command::new(self.client_bin_dir.join("pg_isready"))
-            .args(["-q", "-h", HOST, "-U", "postgres", "-d", "postgres", "-p"])
-            .arg(self.port.to_string())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
+    /// Ready when this start's postmaster says so in its `postmaster.pid` and the port answers. The
+    /// file comes first: a port answering alone could be another server's (ours failed to bind it),
+    /// and the file left by a killed server names a dead pid.
+    fn is_ready(&self, child: &Child) -> bool {
+        let pid_file = fs::read_to_string(self.data_dir.join("postmaster.pid")).unwrap_or_default();
+        postmaster_ready(&pid_file, child.id())
+            && Command::new(self.client_bin_dir.join("pg_isready"))
+                .args(["-q", "-h", HOST, "-U", "postgres", "-d", "postgres", "-p"])
+                .arg(self.port.to_string())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
     }
 
     /// Reads the version and creates the password roles. `md5_user` is created under
@@ -726,9 +731,18 @@ fn shared_memory_still_held(log: &str) -> bool {
         .any(|l| l.contains("pre-existing shared memory block") && l.contains("is still in use"))
 }
 
+/// Whether `postmaster.pid`'s text says the postmaster `pid` accepts connections: line 1 is its pid,
+/// line 8 its status (`starting`, `stopping`, `ready` or `standby`), which the server sets once it
+/// listens and accepts (a hot standby included).
+fn postmaster_ready(pid_file: &str, pid: u32) -> bool {
+    let lines: Vec<&str> = pid_file.lines().collect();
+    lines.first().map(|l| l.trim()) == Some(pid.to_string().as_str())
+        && lines.get(7).map(|l| l.trim()) == Some("ready")
+}
+
 #[cfg(test)]
 mod tests {
-    use super::shared_memory_still_held;
+    use super::{postmaster_ready, shared_memory_still_held};
 
     #[test]
     fn a_start_refused_for_held_shared_memory_is_recognised_from_the_servers_own_line() {
@@ -738,5 +752,20 @@ mod tests {
         assert!(shared_memory_still_held(refused));
         let other = "FATAL:  could not create lock file \"postmaster.pid\": File exists";
         assert!(!shared_memory_still_held(other));
+    }
+
+    #[test]
+    fn only_this_starts_postmaster_saying_ready_counts_as_ready() {
+        let file = |pid: u32, status: &str| {
+            format!(
+                "{pid}\n/tmp/data\n1765000000\n41000\n/tmp\n127.0.0.1\n  1234  5678\n{status}\n"
+            )
+        };
+        assert!(postmaster_ready(&file(4242, "ready   "), 4242));
+        assert!(!postmaster_ready(&file(4242, "starting"), 4242));
+        assert!(!postmaster_ready(&file(4242, "stopping"), 4242));
+        // A killed server's file, still saying ready, names its own pid, not this start's.
+        assert!(!postmaster_ready(&file(4111, "ready   "), 4242));
+        assert!(!postmaster_ready("", 4242));
     }
 }

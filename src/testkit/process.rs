@@ -6,12 +6,14 @@
 //! tiny `sh` loop that outlives a panicking or SIGKILLed test binary, then stops the server (whose pid
 //! it reads from a file, because restarts change it) and removes its directory.
 
+use std::collections::BTreeSet;
 use std::fs;
 use std::net::TcpListener;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
@@ -19,13 +21,36 @@ use std::time::{Duration, Instant};
 /// to prove nothing was left running.
 pub(crate) const DIR_PREFIX: &str = "outbox-relay-test-";
 
-/// A free TCP port on 127.0.0.1. There is a small race until the server binds it; the starters retry
-/// with a new port when the first start fails.
+/// A free TCP port on 127.0.0.1 that no server of this test process has had. There is a small race
+/// until the server binds it; the starters retry with a new port when the first start fails.
+///
+/// A server keeps its port across `stop` and `start`, and while it is stopped the port is free to the
+/// kernel: another test's server could be handed it and answer in its place (a pair's primary was once
+/// reached on a port another test's server held, "the database system is shutting down"). So a port
+/// is handed out once per process.
 pub(crate) fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("bind 127.0.0.1:0 to find a free port")
-        .port()
+    static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
+    pick_unused(&mut handed_out, || {
+        TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("bind 127.0.0.1:0 to find a free port")
+            .port()
+    })
+}
+
+/// The first port from `kernel` that is not in `handed_out`, recorded there.
+fn pick_unused(handed_out: &mut BTreeSet<u16>, mut kernel: impl FnMut() -> u16) -> u16 {
+    for _ in 0..10_000 {
+        let port = kernel();
+        if handed_out.insert(port) {
+            return port;
+        }
+    }
+    panic!(
+        "no port the kernel offered was new to this test process ({} handed out)",
+        handed_out.len()
+    );
 }
 
 /// Creates `$TMPDIR/outbox-relay-test-[<tag>-]<kind>-<pid>-<n>`, mode 0755 so a server running as
@@ -186,5 +211,26 @@ pub(crate) fn remove_dir(path: &PathBuf) {
         && e.kind() != std::io::ErrorKind::NotFound
     {
         eprintln!("warning: could not remove {}: {e}", path.display());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pick_unused;
+    use std::collections::BTreeSet;
+
+    #[test]
+    fn a_port_handed_out_once_is_not_handed_out_again() {
+        let mut handed_out = BTreeSet::new();
+        let mut offers = [40001, 40001, 40002].into_iter();
+        assert_eq!(
+            pick_unused(&mut handed_out, || offers.next().unwrap()),
+            40001
+        );
+        // The kernel offers 40001 again (its server is stopped, the port free): it is skipped.
+        assert_eq!(
+            pick_unused(&mut handed_out, || offers.next().unwrap()),
+            40002
+        );
     }
 }
