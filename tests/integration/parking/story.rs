@@ -241,3 +241,39 @@ async fn a_requeue_still_invalid_keeps_a_key_with_a_line_break_parked_on_its_own
     assert!(ids_on(&all, "outbox.Claim").is_empty(), "{all:#?}");
     relay.stop().await.expect("clean stop");
 }
+
+/// A key whose id is 20,000 bytes (an outbox column holds any text) parks like any other, and
+/// sql/09's `outbox_discard` releases it: the relay reads the control message the function wrote,
+/// however long the key it names, and the key's next event flows.
+#[tokio::test]
+async fn a_key_with_a_huge_id_is_released_through_the_sql_function() {
+    let s = Scenario::builder()
+        .text_ids()
+        .schema("ClaimApproved", STRICT)
+        .park()
+        .operator_role()
+        .start()
+        .await;
+    let client = &s.client;
+    let relay = s.relay().await;
+    let claim = format!("4711-{}", "x".repeat(20_000));
+    insert(client, "a-1", &claim, "ClaimApproved", r#"{"claim": "x"}"#).await;
+    insert(client, "p-1", &claim, "ClaimPaid", r#"{"claim": 1}"#).await;
+    stored(&s.nats, &s.config, 2).await;
+    client
+        .query_one("SELECT request FROM outbox_discard('Claim', $1)", &[&claim])
+        .await
+        .expect("outbox_discard");
+    insert(client, "c-1", &claim, "ClaimClosed", r#"{"claim": 1}"#).await;
+    wait_for("ClaimClosed on outbox.Claim", super::LIMIT, || async {
+        ids_on(&s.read_all().await, "outbox.Claim") == ["c-1"]
+    })
+    .await;
+    let all = s.read_all().await;
+    assert_eq!(
+        ids_on(&all, &parking_subject(&s.config, &claim))[..2],
+        ["a-1", "p-1"],
+        "{all:#?}"
+    );
+    relay.stop().await.expect("clean stop");
+}
