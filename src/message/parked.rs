@@ -126,11 +126,18 @@ pub fn release_marker(
     h.insert(NATS_MSG_ID, HeaderValue::from(released_id(request)));
     h.insert(PARKING, release.as_str());
     h.insert(CONTROL_ID, HeaderValue::from(header_value(request)));
+    // The key's values say whose marker it is, for people: nothing reads them back (the subject
+    // names the key). Cut like a shrunk dead letter's headers, since a marker has no smaller form:
+    // one over the stream's or the server's limit would stop the relay at every start.
+    let value = |v: &str| {
+        let v = header_value(v);
+        crate::text::cut(&v, super::dead_letter::MAX_DEAD_LETTER_HEADER).to_owned()
+    };
     if let Some(v) = aggregate_type {
-        h.insert(AGGREGATE_TYPE, HeaderValue::from(header_value(v)));
+        h.insert(AGGREGATE_TYPE, HeaderValue::from(value(v)));
     }
     if let Some(v) = aggregate_id {
-        h.insert(AGGREGATE_ID, HeaderValue::from(header_value(v)));
+        h.insert(AGGREGATE_ID, HeaderValue::from(value(v)));
     }
     Outgoing {
         subject: subject.to_owned(),
@@ -205,5 +212,27 @@ mod tests {
         assert_eq!(m.headers.get(PARKING).unwrap().as_str(), "discarded");
         assert_eq!(m.headers.get(CONTROL_ID).unwrap().as_str(), "r-1");
         assert!(m.headers.get(AGGREGATE_ID).is_none());
+    }
+
+    #[test]
+    fn a_release_marker_of_a_huge_key_stays_small() {
+        // A key may be as long as a control message (1 MiB); the marker has no smaller form, and
+        // one over the stream's max_msg_size or the server's max_payload stopped the relay at its
+        // every start (the release could never be stored).
+        let id = "4711".repeat(200_000);
+        let m = release_marker(
+            "dl.parked.00",
+            "r-1",
+            Release::Requeued,
+            Some(&id),
+            Some(&id),
+        );
+        let size: usize = m
+            .headers
+            .iter()
+            .flat_map(|(_, vs)| vs.iter().map(|v| v.as_str().len()))
+            .sum();
+        assert!(size <= 4096, "{size} bytes of header values");
+        assert!(id.starts_with(m.headers.get(AGGREGATE_ID).unwrap().as_str()));
     }
 }
