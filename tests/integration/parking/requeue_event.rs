@@ -3,7 +3,8 @@
 //! the schema is fixed, `requeue --event` republishes it to `outbox.Claim` with its own id as
 //! `Nats-Msg-Id` and its original headers; one still invalid becomes a new dead letter
 //! (`dead-letter:<id>:<request>`) with the new reason; an unknown id is a warning and the relay
-//! goes on; and kill -9 right after the control message commits still gets the event there, once.
+//! goes on; kill -9 right after the control message commits still gets the event there, once; and
+//! with `nats.atomic_transactions = true` a request after an event of its own transaction.
 
 use std::time::Duration;
 
