@@ -9,6 +9,7 @@
 //! parking subjects to an older stream in `setup.rs`, what `status` and `verify` say of a
 //! parked key in `ops.rs`.
 
+mod aged;
 mod cloudevents;
 mod crash;
 mod marks;
