@@ -456,7 +456,7 @@ impl Session {
     /// later), taking the acks as they come: the stream then shows what is parked. Events of the
     /// control message's own transaction in an atomic batch are not waited for: their batch is
     /// committed only at the transaction's Commit, after this, so their acks cannot come first
-    /// (waiting for them stalled the session for good, without a line: nothing was in the window).
+    /// (waiting for them stalled the session for good, without a line).
     async fn store_all(&mut self, state: &mut State) -> Result<(), SessionEnd> {
         loop {
             self.on_acks(state).await?;
