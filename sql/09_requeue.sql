@@ -19,6 +19,9 @@
 -- commits (never if it rolls back), and survives any crash of the relay, since the slot keeps the message
 -- until the relay has stored what it expands to.
 --
+-- A request is at most 1 MiB of JSON, what the relay reads: a key longer than that is refused with an
+-- error (the relay would ignore the message, and the caller believe the key released).
+--
 -- Privileges: SECURITY DEFINER, EXECUTE revoked from PUBLIC and granted to the operator role only. Through
 -- them a caller can emit nothing but a well-formed control message under the fixed prefix. Anyone who can
 -- call pg_logical_emit_message directly can emit a control message too (docs/security.md): sql/06 revokes
@@ -76,17 +79,26 @@ SECURITY DEFINER
 -- A SECURITY DEFINER function must not resolve names through the caller's search_path.
 SET search_path = pg_catalog, pg_temp
 AS $body$
+DECLARE
+    content text;
 BEGIN
     IF aggregate_type IS NULL THEN
         RAISE EXCEPTION 'a parked key needs its aggregate type (the aggregate id may be NULL)';
     END IF;
     request := gen_random_uuid();
-    -- transactional = true: decoded at commit, in commit order, never if the transaction rolls back.
-    lsn := pg_logical_emit_message(true, %3$L, jsonb_build_object(
+    content := jsonb_build_object(
         'op', %4$L,
         'aggregate_type', aggregate_type,
         'aggregate_id', aggregate_id,
-        'request', request::text)::text);
+        'request', request::text)::text;
+    -- The relay reads a control message of at most 1 MiB and ignores a longer one (with a warning):
+    -- refused here, or the caller would believe a release the relay never carries out.
+    IF octet_length(content) > 1048576 THEN
+        RAISE EXCEPTION 'the key is too long for a control message: %% bytes, over the 1048576 (1 MiB) the relay reads',
+            octet_length(content);
+    END IF;
+    -- transactional = true: decoded at commit, in commit order, never if the transaction rolls back.
+    lsn := pg_logical_emit_message(true, %3$L, content);
 END
 $body$
 $ddl$, :'requeue_schema', f.name, :'control_prefix', f.op)

@@ -28,6 +28,12 @@ pub const PARKING: &str = "Outbox-Parking";
 /// On a release marker: the control message's request id.
 pub const CONTROL_ID: &str = "Outbox-Control-Id";
 
+/// On a parked copy and a release marker: `never` (per-message TTL, which `setup` allows on the
+/// stream in park mode), so that the stream's `max_age` never removes them: they are the only
+/// record of a parked event, and of a release (without the marker, a restart would find the key
+/// parked again).
+pub const NATS_TTL: &str = "Nats-TTL";
+
 /// What a parked copy's `Nats-Msg-Id` starts with.
 pub const PARKED_ID_PREFIX: &str = "parked:";
 /// What a release marker's `Nats-Msg-Id` starts with.
@@ -110,6 +116,7 @@ pub(crate) fn parked_copy(
         HeaderValue::from(itoa::Buffer::new().format(run.count)),
     );
     h.insert(PARKED_SINCE, HeaderValue::from(run.since.to_owned()));
+    h.insert(NATS_TTL, "never");
     out
 }
 
@@ -125,12 +132,20 @@ pub fn release_marker(
     let mut h = HeaderMap::new();
     h.insert(NATS_MSG_ID, HeaderValue::from(released_id(request)));
     h.insert(PARKING, release.as_str());
+    h.insert(NATS_TTL, "never");
     h.insert(CONTROL_ID, HeaderValue::from(header_value(request)));
+    // The key's values say whose marker it is, for people: nothing reads them back (the subject
+    // names the key). Cut like a shrunk dead letter's headers, since a marker has no smaller form:
+    // one over the stream's or the server's limit would stop the relay at every start.
+    let value = |v: &str| {
+        let v = header_value(v);
+        crate::text::cut(&v, super::dead_letter::MAX_DEAD_LETTER_HEADER).to_owned()
+    };
     if let Some(v) = aggregate_type {
-        h.insert(AGGREGATE_TYPE, HeaderValue::from(header_value(v)));
+        h.insert(AGGREGATE_TYPE, HeaderValue::from(value(v)));
     }
     if let Some(v) = aggregate_id {
-        h.insert(AGGREGATE_ID, HeaderValue::from(header_value(v)));
+        h.insert(AGGREGATE_ID, HeaderValue::from(value(v)));
     }
     Outgoing {
         subject: subject.to_owned(),
@@ -176,6 +191,11 @@ mod tests {
         assert_eq!(h(PARKED_BEHIND).as_deref(), Some("e-1"));
         assert_eq!(h(PARKED_COUNT).as_deref(), Some("3"));
         assert_eq!(h(PARKED_SINCE).as_deref(), Some("2026-01-01T00:00:00Z"));
+        assert_eq!(
+            h(NATS_TTL).as_deref(),
+            Some("never"),
+            "max_age never removes it"
+        );
         assert_eq!(h(super::super::ERROR).as_deref(), Some(run.reason));
         assert_eq!(h(super::super::SUBJECT).as_deref(), Some("outbox.Claim"));
         assert_eq!(h(AGGREGATE_ID).as_deref(), Some("4711"));
@@ -204,6 +224,29 @@ mod tests {
         assert_eq!(m.headers.get(NATS_MSG_ID).unwrap().as_str(), "released:r-1");
         assert_eq!(m.headers.get(PARKING).unwrap().as_str(), "discarded");
         assert_eq!(m.headers.get(CONTROL_ID).unwrap().as_str(), "r-1");
+        assert_eq!(m.headers.get(NATS_TTL).unwrap().as_str(), "never");
         assert!(m.headers.get(AGGREGATE_ID).is_none());
+    }
+
+    #[test]
+    fn a_release_marker_of_a_huge_key_stays_small() {
+        // A key may be as long as a control message (1 MiB); the marker has no smaller form, and
+        // one over the stream's max_msg_size or the server's max_payload stopped the relay at its
+        // every start (the release could never be stored).
+        let id = "4711".repeat(200_000);
+        let m = release_marker(
+            "dl.parked.00",
+            "r-1",
+            Release::Requeued,
+            Some(&id),
+            Some(&id),
+        );
+        let size: usize = m
+            .headers
+            .iter()
+            .flat_map(|(_, vs)| vs.iter().map(|v| v.as_str().len()))
+            .sum();
+        assert!(size <= 4096, "{size} bytes of header values");
+        assert!(id.starts_with(m.headers.get(AGGREGATE_ID).unwrap().as_str()));
     }
 }

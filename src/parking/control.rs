@@ -16,9 +16,12 @@ use crate::metrics::ControlOp;
 /// The control prefix every relay reads: with a `name`, `<CONTROL_PREFIX>.<name>`.
 pub const CONTROL_PREFIX: &str = "outbox-relay.control";
 
-/// The largest control message content read, in bytes: a key, an id and a request id fit many
-/// times over.
-pub const MAX_CONTROL_BYTES: usize = 16 * 1024;
+/// The largest control message content read, in bytes. It bounds the JSON parse, not memory (the
+/// decoder holds the message whole already), and must take any key an operator may need to
+/// release: an outbox column holds any text, and a key parks whatever its length, so 16 KiB left a
+/// key with a longer id parked for good (sql/09's functions refuse a longer request, with this
+/// number, rather than write one the relay ignores).
+pub const MAX_CONTROL_BYTES: usize = 1024 * 1024;
 
 /// The longest request id taken: it names the release marker (`released:<request>`).
 pub const MAX_REQUEST_BYTES: usize = 128;

@@ -453,11 +453,15 @@ impl Session {
     }
 
     /// Waits until everything handed to the sink so far is stored (or, replayed, proven so
-    /// later), taking the acks as they come: the stream then shows what is parked.
+    /// later), taking the acks as they come: the stream then shows what is parked. Events of the
+    /// control message's own transaction in an atomic batch are not waited for: their batch is
+    /// committed only at the transaction's Commit, after this, so their acks cannot come first
+    /// (waiting for them stalled the session for good, without a line).
     async fn store_all(&mut self, state: &mut State) -> Result<(), SessionEnd> {
         loop {
             self.on_acks(state).await?;
-            if self.progress.in_flight() <= self.sink.unverified() {
+            let waits_for_commit = self.sink.uncommitted() as u64 + self.sink.unverified();
+            if self.progress.in_flight() <= waits_for_commit {
                 return Ok(());
             }
             self.sink.ready().await;

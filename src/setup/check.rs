@@ -38,6 +38,9 @@ fn plan(settings: &Settings, checked: &Checked, report: &mut SetupReport) {
     if checked.add_parked {
         would(super::stream::parked_change(settings));
     }
+    if checked.allow_ttl {
+        would(super::stream::ttl_change(settings));
+    }
     if checked.found.create_publication {
         let publication = &config.postgres.publication;
         would(if config.outbox.messages_only() {

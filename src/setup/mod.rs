@@ -226,6 +226,8 @@ struct Checked {
     create_slot: bool,
     /// Add the parking subjects to the existing stream (`stream::add_parked`).
     add_parked: bool,
+    /// Allow per-message TTL on the existing stream (`stream::allow_ttl`).
+    allow_ttl: bool,
 }
 
 /// Whose checks: `setup` (and `run`), `status` (the same, but it reports an unfinished backfill
@@ -260,12 +262,14 @@ async fn checks(
         }
     };
     let add_parked = mode != Mode::Backfill && found_stream.as_ref().is_some_and(|f| f.add_parked);
+    let allow_ttl = mode != Mode::Backfill && found_stream.as_ref().is_some_and(|f| f.allow_ttl);
     Ok(Checked {
         found,
         database,
         create_stream: found_stream.is_none(),
         create_slot,
         add_parked,
+        allow_ttl,
     })
 }
 
@@ -406,6 +410,7 @@ async fn apply(
         create_stream,
         create_slot,
         add_parked,
+        allow_ttl,
     } = checked;
     let slot = &settings.config().postgres.slot;
     let mut created = Created::default();
@@ -418,6 +423,9 @@ async fn apply(
         }
         if add_parked {
             report.lines.push(stream::add_parked(settings, js).await?);
+        }
+        if allow_ttl {
+            report.lines.push(stream::allow_ttl(settings, js).await?);
         }
         if found.create_publication {
             report

@@ -39,6 +39,10 @@ pub(super) struct FoundStream {
     /// With `outbox.on_invalid = "park"`, the stream does not store the parking subjects
     /// (`<dead_letter_subject>.parked.>`): `setup` (and `run`, which runs it first) adds them.
     pub(crate) add_parked: bool,
+    /// With `outbox.on_invalid = "park"`, the stream does not allow per-message TTL: `setup`
+    /// allows it ([`allow_ttl`]), so parked copies and release markers can carry `Nats-TTL:
+    /// never` and outlive `max_age` (the stream is the only record of a parked event).
+    pub(crate) allow_ttl: bool,
 }
 
 /// Checks the stream; `None` when it must be created.
@@ -77,10 +81,12 @@ pub(super) async fn check(
             .subjects
             .iter()
             .any(|f| subject_covers(f, &probe));
+    let allow_ttl = settings.park_on_invalid && !info.config.allow_message_ttl;
     Ok(Some(FoundStream {
         relay_events,
         backfill_refusal,
         add_parked,
+        allow_ttl,
     }))
 }
 
@@ -312,6 +318,56 @@ pub(super) async fn add_parked(
     ))
 }
 
+/// The change [`allow_ttl`] makes, as `setup --check` words it.
+pub(super) fn ttl_change(settings: &Settings) -> String {
+    format!(
+        "stream {}: would allow per-message TTL ({TTL_WHY})",
+        settings.config().nats.stream
+    )
+}
+
+/// Why park mode needs per-message TTL, as setup's lines say it.
+const TTL_WHY: &str = "outbox.on_invalid = \"park\": parked events and release markers carry \
+                       Nats-TTL: never, so the stream's max_age never removes them";
+
+/// Allows per-message TTL on the existing stream (`outbox.on_invalid = "park"`): without it a
+/// key parked longer than `max_age` lost its parked events, and a restart found it released.
+pub(super) async fn allow_ttl(
+    settings: &Settings,
+    js: &jetstream::Context,
+) -> Result<String, SetupError> {
+    let n = &settings.config().nats;
+    let refused = |why: String| {
+        problem(
+            &n.stream,
+            format!(
+                "does not allow per-message TTL, which outbox.on_invalid = \"park\" needs so that max_age never \
+                 removes a parked event, and setup could not allow it ({}): run `outbox-relay setup` with the right \
+                 to edit the stream, or set \"allow_msg_ttl\": true in its configuration (nats-server 2.11 or later)",
+                crate::text::shown(&why, 512)
+            ),
+        )
+    };
+    let mut s = js
+        .get_stream(&n.stream)
+        .await
+        .map_err(|e| refused(e.to_string()))?;
+    let mut config = s
+        .info()
+        .await
+        .map_err(|e| refused(e.to_string()))?
+        .config
+        .clone();
+    config.allow_message_ttl = true;
+    js.update_stream(config)
+        .await
+        .map_err(|e| refused(e.to_string()))?;
+    Ok(format!(
+        "stream {}: per-message TTL allowed ({TTL_WHY})",
+        n.stream
+    ))
+}
+
 /// Creates the stream.
 pub(super) async fn create(
     settings: &Settings,
@@ -342,6 +398,8 @@ pub(super) async fn create(
         },
         num_replicas: n.stream_replicas,
         allow_atomic_publish: n.atomic_transactions,
+        // Parked copies and release markers carry `Nats-TTL: never` (`allow_ttl`).
+        allow_message_ttl: settings.park_on_invalid,
         metadata: HashMap::from([
             (
                 META_SLOT.to_owned(),

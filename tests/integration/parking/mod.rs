@@ -4,11 +4,12 @@
 //! after the schema is fixed, a discard, kill -9 while parked and right after the release commits,
 //! a standby taking over while keys are parked, and `max_parked_keys` reached; a dead letter's
 //! requeue in `dead_letter` mode (`requeue_event.rs`); the parked set rebuilt across many read
-//! pages (`rebuild.rs`). Shared preamble
+//! pages (`rebuild.rs`); a key parked longer than the stream's `max_age` (`aged.rs`). Shared preamble
 //! here; the stories in `story.rs`, the crashes and the takeover in `crash.rs`, `setup` adding the
 //! parking subjects to an older stream in `setup.rs`, what `status` and `verify` say of a
 //! parked key in `ops.rs`.
 
+mod aged;
 mod cloudevents;
 mod crash;
 mod marks;

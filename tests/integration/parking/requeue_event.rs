@@ -3,7 +3,8 @@
 //! the schema is fixed, `requeue --event` republishes it to `outbox.Claim` with its own id as
 //! `Nats-Msg-Id` and its original headers; one still invalid becomes a new dead letter
 //! (`dead-letter:<id>:<request>`) with the new reason; an unknown id is a warning and the relay
-//! goes on; and kill -9 right after the control message commits still gets the event there, once.
+//! goes on; kill -9 right after the control message commits still gets the event there, once; and
+//! with `nats.atomic_transactions = true` a request after an event of its own transaction.
 
 use std::time::Duration;
 
@@ -164,6 +165,53 @@ async fn kill_9_right_after_the_requeue_commits_still_republishes_the_dead_lette
             .collect::<Vec<_>>(),
         ["a-4711", "p-4711"],
         "the requeued event once, before what was committed after it: {all:#?}"
+    );
+    stop(&mut relay, "TERM");
+}
+
+/// With `nats.atomic_transactions = true` (where `requeue_event` works too), a transaction that
+/// writes an event and then asks for a dead letter's requeue: the relay must not wait for the
+/// event's ack before its transaction's batch is committed (it never comes): both reach
+/// `outbox.Claim`, the requeued one after the event, and the relay does not restart.
+#[tokio::test]
+async fn with_atomic_transactions_a_requeue_after_an_event_of_its_transaction_is_carried_out() {
+    let s = Scenario::builder()
+        .text_ids()
+        .schema("ClaimApproved", STRICT)
+        .config(|c| c.nats.atomic_transactions = true)
+        .start()
+        .await;
+    let client = &s.client;
+    let mut relay = s.run_binary();
+    s.wait_slot_made().await;
+    approve(client, "4711", r#"{"claim": "4711"}"#).await;
+    stored(&s.nats, &s.config, 1).await;
+    s.write_schema("ClaimApproved", FIXED);
+    stop(&mut relay, "TERM");
+    let mut relay = s.run_binary();
+    let body = serde_json::json!({"op": "requeue_event", "event_id": "a-4711", "request": "r-a"});
+    client
+        .batch_execute(&format!(
+            "BEGIN; \
+             INSERT INTO public.outbox (event_id, aggregate_type, aggregate_id, event_type, payload) \
+             VALUES ('p-4712', 'Claim', '4712', 'ClaimPaid', '{{\"claim\": 4712}}'); \
+             SELECT pg_logical_emit_message(true, 'outbox-relay.control', '{body}'); \
+             COMMIT"
+        ))
+        .await
+        .expect("event and requeue_event in one transaction");
+    let all = stored(&s.nats, &s.config, 3).await;
+    let routed: Vec<&str> = all
+        .iter()
+        .filter(|m| m.subject == "outbox.Claim")
+        .map(Stored::id)
+        .collect();
+    assert_eq!(routed, ["p-4712", "a-4711"], "{all:#?}");
+    assert!(relay.is_running(), "{}", relay.stderr());
+    assert!(
+        !relay.stderr().contains("pipeline stopped"),
+        "no restart: {}",
+        relay.stderr()
     );
     stop(&mut relay, "TERM");
 }

@@ -1,4 +1,5 @@
-//! The claim 4711 story, a requeue after the fix, a discard, `max_parked_keys` reached, and a key
+//! The claim 4711 story, a requeue after the fix, a discard, `max_parked_keys` reached, a key with a
+//! 20,000-byte id released through sql/09 (its marker fitting an 8 KiB `max_msg_size`), and a key
 //! with a line break parked again by a requeue, with
 //! the relay in-process.
 
@@ -240,4 +241,91 @@ async fn a_requeue_still_invalid_keeps_a_key_with_a_line_break_parked_on_its_own
     );
     assert!(ids_on(&all, "outbox.Claim").is_empty(), "{all:#?}");
     relay.stop().await.expect("clean stop");
+}
+
+/// A key whose id is 20,000 bytes (an outbox column holds any text) parks like any other, and
+/// sql/09's `outbox_discard` releases it: the relay reads the control message the function wrote,
+/// however long the key it names, and the key's next event flows.
+#[tokio::test]
+async fn a_key_with_a_huge_id_is_released_through_the_sql_function() {
+    let s = huge_key_world().await;
+    let relay = s.relay().await;
+    let claim = huge_key_parked(&s).await;
+    let client = &s.client;
+    client
+        .query_one("SELECT request FROM outbox_discard('Claim', $1)", &[&claim])
+        .await
+        .expect("outbox_discard");
+    insert(client, "c-1", &claim, "ClaimClosed", r#"{"claim": 1}"#).await;
+    wait_for("ClaimClosed on outbox.Claim", super::LIMIT, || async {
+        ids_on(&s.read_all().await, "outbox.Claim") == ["c-1"]
+    })
+    .await;
+    relay.stop().await.expect("clean stop");
+}
+
+/// The same key in a stream whose `max_msg_size` (8 KiB) its values alone pass: its parked copies
+/// shrink to fit, and so does its release marker (a marker with the key's values whole was refused,
+/// and the relay stopped at every start, the release never stored).
+#[tokio::test]
+async fn a_huge_keys_release_marker_fits_the_streams_max_msg_size() {
+    let s = huge_key_world().await;
+    let dl = s.config.nats.dead_letter_subject.clone();
+    s.js.create_stream(async_nats::jetstream::stream::Config {
+        name: s.config.nats.stream.clone(),
+        subjects: vec!["outbox.>".into(), dl.clone(), format!("{dl}.parked.>")],
+        max_message_size: 8192,
+        ..Default::default()
+    })
+    .await
+    .expect("a stream with an 8 KiB max_msg_size");
+    let relay = s.relay().await;
+    let claim = huge_key_parked(&s).await;
+    let row = s
+        .client
+        .query_one(
+            "SELECT request::text FROM outbox_discard('Claim', $1)",
+            &[&claim],
+        )
+        .await
+        .expect("outbox_discard");
+    let marker = format!("released:{}", row.get::<_, String>(0));
+    let parking = parking_subject(&s.config, &claim);
+    wait_for("the release marker", super::LIMIT, || async {
+        ids_on(&s.read_all().await, &parking).contains(&marker.as_str())
+    })
+    .await;
+    relay.stop().await.expect("clean stop");
+}
+
+/// A park-mode world with sql/09 installed.
+async fn huge_key_world() -> Scenario {
+    Scenario::builder()
+        .text_ids()
+        .schema("ClaimApproved", STRICT)
+        .park()
+        .operator_role()
+        .start()
+        .await
+}
+
+/// Parks the key `Claim`/`4711-xxx…` (20,005 bytes) with two events; returns its id.
+async fn huge_key_parked(s: &Scenario) -> String {
+    let claim = format!("4711-{}", "x".repeat(20_000));
+    insert(
+        &s.client,
+        "a-1",
+        &claim,
+        "ClaimApproved",
+        r#"{"claim": "x"}"#,
+    )
+    .await;
+    insert(&s.client, "p-1", &claim, "ClaimPaid", r#"{"claim": 1}"#).await;
+    let all = stored(&s.nats, &s.config, 2).await;
+    assert_eq!(
+        ids_on(&all, &parking_subject(&s.config, &claim)),
+        ["a-1", "p-1"],
+        "{all:#?}"
+    );
+    claim
 }

@@ -154,6 +154,19 @@ async fn each_function_emits_one_transactional_control_message_with_exactly_its_
             .is_some_and(|m| m.contains("needs its aggregate type")),
         "{refused:?}"
     );
+    // A key the relay would not read (its control message over 1 MiB) is refused, not written.
+    let long = "x".repeat(1024 * 1024);
+    let refused = client
+        .query_one("SELECT * FROM outbox_discard('Claim', $1)", &[&long])
+        .await
+        .expect_err("a key longer than a control message may be");
+    let message = refused.as_db_error().map(|d| d.message().to_owned());
+    assert!(
+        message
+            .as_deref()
+            .is_some_and(|m| m.contains("too long for a control message")),
+        "{refused:?}"
+    );
 }
 
 /// `-v relay_name=orders` makes the prefix `outbox-relay.control.orders`; a type and id full of
