@@ -280,6 +280,12 @@ impl VerifyReport {
     /// The text report's last line.
     fn verdict(&self) -> String {
         let waiting = self.count(Class::Waiting);
+        let discarded = match self.count(Class::Discarded) {
+            0 => String::new(),
+            n => format!(
+                "; {n} discarded by an operator (requeue --discard), never published to their subjects"
+            ),
+        };
         match (self.differences(), &self.not_checked) {
             (n, _) if n > 0 => format!("{n} differences: what to do is in {RECOVERY}"),
             (_, Some(why)) => format!("not everything could be checked: {why}"),
@@ -289,7 +295,12 @@ impl VerifyReport {
             ),
             _ if waiting > 0 => format!(
                 "no differences: every event stored arrived once and in order; {waiting} wait in the slot \
-                 (the relay has not published them yet)"
+                 (the relay has not published them yet){discarded}"
+            ),
+            // Discarded events never reached their subjects: "every event arrived" would be untrue.
+            _ if self.rows > 0 && !discarded.is_empty() => format!(
+                "no differences: every event not discarded arrived once and in order ({} rows checked){discarded}",
+                self.rows
             ),
             _ if self.rows > 0 => format!(
                 "every event arrived once and in order ({} rows checked)",
@@ -352,6 +363,22 @@ mod tests {
                 })
             });
         }
+    }
+
+    #[test]
+    fn discarded_events_are_not_said_to_have_arrived() {
+        let mut r = VerifyReport {
+            rows: 10,
+            ..VerifyReport::default()
+        };
+        r.add(Class::Discarded, || None);
+        r.add(Class::Discarded, || None);
+        let text = r.to_string();
+        let last = text.lines().last().unwrap_or_default();
+        assert!(
+            !last.starts_with("every event arrived") && last.contains("2 discarded by an operator"),
+            "{last}"
+        );
     }
 
     #[test]
