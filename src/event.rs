@@ -53,8 +53,8 @@ pub struct OutboxEvent {
     pub commit_ts: i64,
     /// An event republished from a copy (a requeue of a parked copy or a dead letter): its own
     /// transaction's commit time, read back from the copy's `Outbox-Commit-Time`, while
-    /// `commit_ts` is the request's (the relay's latency, and when a copy parked again was
-    /// parked). `None` for every other event, and for a copy written before the header existed.
+    /// `commit_ts` is the request's (the relay's latency). `None` for every other event, and for a
+    /// copy written before the header existed.
     pub original_commit_ts: Option<i64>,
     /// Why this event must go to the dead-letter subject; `None` for a good event.
     pub problem: Option<String>,

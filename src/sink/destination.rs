@@ -248,7 +248,9 @@ fn park(
     reason: &str,
 ) -> Result<Sent, SinkError> {
     let key = KeyHash::of_event(event);
-    let since = crate::message::rfc3339_micros(event.commit_ts);
+    // Since the poison committed: a copy parked again by a failed requeue keeps its own commit
+    // time, so the key does not look freshly parked after each attempt.
+    let since = crate::message::rfc3339_micros(event.own_commit_ts());
     let requeue = parked.requeue().map(str::to_owned);
     match parked.park(
         key,

@@ -56,7 +56,11 @@ pub(super) fn missing_problems(
 /// The dead letters the stream holds, as a warning naming how many and the newest (its sequence,
 /// time, event id and reason): events the relay could not publish as they are, which consumers of
 /// the events' own subjects never see (P7).
-pub(super) fn dead_letter_warning(stream: &StreamStatus, warnings: &mut Vec<Warning>) {
+pub(super) fn dead_letter_warning(
+    settings: &Settings,
+    stream: &StreamStatus,
+    warnings: &mut Vec<Warning>,
+) {
     let Some(d) = stream.dead_letters.as_ref().filter(|d| d.count > 0) else {
         return;
     };
@@ -76,13 +80,14 @@ pub(super) fn dead_letter_warning(stream: &StreamStatus, warnings: &mut Vec<Warn
     warnings.push(Warning::new(
         "dead-letters",
         format!(
-            "stream {} holds {} dead letter{} on {}{newest}: fix the writer, then insert the events that matter again \
-             with a new id (docs/operations.md, OutboxRelayDeadLetters); this warning stays while the stream keeps \
-             them",
+            "stream {} holds {} dead letter{} on {}{newest}: fix the cause, then {} for each event that matters (or \
+             insert its row again with the same id) (docs/operations.md, OutboxRelayDeadLetters); this warning stays \
+             while the stream keeps them, requeued or not (outbox-relay verify tells which were)",
             stream.name,
             d.count,
             if d.count == 1 { "" } else { "s" },
-            d.subject
+            d.subject,
+            settings.command("requeue --event ID"),
         ),
     ));
 }

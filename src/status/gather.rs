@@ -77,7 +77,7 @@ pub(super) async fn gather(
     retention_warnings(settings, &pg, &mut warnings);
     orphan_mark_problems(&pg.orphan_marks, &mut problems);
     stream_warnings(settings, &stream, &mut warnings);
-    dead_letter_warning(&stream, &mut warnings);
+    dead_letter_warning(settings, &stream, &mut warnings);
     server_warnings(settings, &pg, &mut warnings);
     let standbys = facts.standbys(pg.server.host.as_deref()).await;
     standby_warnings(&standbys, &pg.slot, &mut warnings);

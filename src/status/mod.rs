@@ -57,9 +57,18 @@ pub async fn status(settings: &Settings, max_lag_bytes: i64) -> Status {
 /// [`status`] over `facts`: the real servers ([`Servers`]) or a simulation's.
 pub async fn status_over(facts: &impl Facts, settings: &Settings, max_lag_bytes: i64) -> Status {
     let first = gather::gather(facts, settings, max_lag_bytes, None).await;
-    let (Some(grace), true) = (first.watch, first.status.problems.is_empty()) else {
+    let Some(grace) = first.watch else {
         return first.status;
     };
+    if !first.status.problems.is_empty() {
+        // Watching would not change the verdict (already unhealthy), but the problems alone would
+        // hide that no relay holds the slot behind them: a parked key's advice, say, while no
+        // relay runs to carry a requeue out.
+        let mut s = first.status;
+        let line = slot::unwatched_problem(settings, &s.relay, &s.stream, grace);
+        s.problems.push(line);
+        return s;
+    }
     match gather::watch_unheld(facts, settings, grace).await {
         Ok(None) => {
             gather::gather(facts, settings, max_lag_bytes, None)

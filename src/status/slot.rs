@@ -151,6 +151,25 @@ fn unheld_finding(
     }
 }
 
+/// Before Postgres 17, with other problems found, `status` does not watch an unheld slot (the
+/// verdict is unhealthy already), so how long no relay has held it is unknown: said as a problem
+/// all the same, with what to do, so the other problems do not hide a relay that is gone.
+pub(super) fn unwatched_problem(
+    settings: &Settings,
+    relay: &RelayStatus,
+    stream: &StreamStatus,
+    grace: std::time::Duration,
+) -> String {
+    let slot_name = &settings.config().postgres.slot;
+    let what = retrying_note(relay, stream)
+        .unwrap_or_else(|| format!("if none takes it, start {}", settings.command("run")));
+    format!(
+        "no relay holds slot {slot_name} (Postgres before 17 does not record since when, and status did not \
+         watch it for status.grace_secs {} s because of the problems above): {what}",
+        grace.as_secs()
+    )
+}
+
 /// A relay that runs and retries needs its servers, not a start: what to say instead.
 pub(super) fn retrying_note(relay: &RelayStatus, stream: &StreamStatus) -> Option<String> {
     (relay.state == RelayState::Retrying).then(|| {

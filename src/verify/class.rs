@@ -127,8 +127,8 @@ impl Class {
                  docs/recovery.md#unknown"
             }
             Class::DeadLettered => {
-                "fix the cause named in Outbox-Error, then republish from the dead-letter subject or \
-                 re-insert the row: docs/recovery.md#dead_lettered"
+                "fix the cause named in Outbox-Error, then outbox-relay requeue --event ID for each (or re-insert \
+                 the row with the same id): docs/recovery.md#dead_lettered"
             }
             Class::Parked => {
                 "fix the cause named in Outbox-Error, then outbox-relay requeue --key TYPE/ID (or --discard); \

@@ -91,8 +91,8 @@ pub struct VerifyReport {
     /// Why part of the check could not run at all (NATS unreachable): exit 2 with this line.
     pub not_checked: Option<String>,
     /// `outbox-relay parked` and `outbox-relay requeue --key TYPE/ID` as `verify`'s settings print
-    /// them (`Settings::command`: its `--config` and variables), for the recoveries that name them;
-    /// `None`: the plain words.
+    /// them (`Settings::command`: its `--config` and variables), for the recoveries that name them
+    /// (`requeue --event ID` is the second with its arguments swapped); `None`: the plain words.
     pub commands: Option<[String; 2]>,
 }
 
@@ -267,6 +267,10 @@ impl VerifyReport {
         let text = c.recovery();
         match &self.commands {
             Some([parked, requeue]) => text
+                .replace(
+                    "outbox-relay requeue --event ID",
+                    &requeue.replace("requeue --key TYPE/ID", "requeue --event ID"),
+                )
                 .replace("outbox-relay requeue --key TYPE/ID", requeue)
                 .replace("outbox-relay parked", parked),
             None => text.to_owned(),
@@ -276,6 +280,12 @@ impl VerifyReport {
     /// The text report's last line.
     fn verdict(&self) -> String {
         let waiting = self.count(Class::Waiting);
+        let discarded = match self.count(Class::Discarded) {
+            0 => String::new(),
+            n => format!(
+                "; {n} discarded by an operator (requeue --discard), never published to their subjects"
+            ),
+        };
         match (self.differences(), &self.not_checked) {
             (n, _) if n > 0 => format!("{n} differences: what to do is in {RECOVERY}"),
             (_, Some(why)) => format!("not everything could be checked: {why}"),
@@ -285,7 +295,12 @@ impl VerifyReport {
             ),
             _ if waiting > 0 => format!(
                 "no differences: every event stored arrived once and in order; {waiting} wait in the slot \
-                 (the relay has not published them yet)"
+                 (the relay has not published them yet){discarded}"
+            ),
+            // Discarded events never reached their subjects: "every event arrived" would be untrue.
+            _ if self.rows > 0 && !discarded.is_empty() => format!(
+                "no differences: every event not discarded arrived once and in order ({} rows checked){discarded}",
+                self.rows
             ),
             _ if self.rows > 0 => format!(
                 "every event arrived once and in order ({} rows checked)",
@@ -298,14 +313,19 @@ impl VerifyReport {
 
 impl fmt::Display for VerifyReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // A stream that could not be read has no count: "0 messages" would say it is empty.
+        let stream = if self.not_checked.is_some() {
+            format!("stream {} not read", self.stream)
+        } else {
+            format!(
+                "{} messages in stream {} (sequences {}..{})",
+                self.messages, self.stream, self.first_sequence, self.last_sequence
+            )
+        };
         writeln!(
             f,
-            "verify: {} rows, {} messages in stream {} (sequences {}..{}); checks: {}",
+            "verify: {} rows, {stream}; checks: {}",
             self.rows,
-            self.messages,
-            self.stream,
-            self.first_sequence,
-            self.last_sequence,
             self.checks.join(", ")
         )?;
         for s in &self.skipped {
@@ -343,6 +363,52 @@ mod tests {
                 })
             });
         }
+    }
+
+    #[test]
+    fn discarded_events_are_not_said_to_have_arrived() {
+        let mut r = VerifyReport {
+            rows: 10,
+            ..VerifyReport::default()
+        };
+        r.add(Class::Discarded, || None);
+        r.add(Class::Discarded, || None);
+        let text = r.to_string();
+        let last = text.lines().last().unwrap_or_default();
+        assert!(
+            !last.starts_with("every event arrived") && last.contains("2 discarded by an operator"),
+            "{last}"
+        );
+    }
+
+    #[test]
+    fn a_stream_that_could_not_be_read_is_not_called_empty() {
+        let r = VerifyReport {
+            rows: 4,
+            stream: "OUTBOX".into(),
+            not_checked: Some("the stream could not be read (NATS down)".into()),
+            ..VerifyReport::default()
+        };
+        let first = r.to_string().lines().next().unwrap_or_default().to_owned();
+        assert!(
+            first.starts_with("verify: 4 rows, stream OUTBOX not read;"),
+            "{first}"
+        );
+    }
+
+    #[test]
+    fn a_dead_letters_recovery_names_requeue_event_with_the_config_verify_ran_with() {
+        let mut r = VerifyReport::default();
+        r.add(Class::DeadLettered, || None);
+        r.commands = Some([
+            "`outbox-relay --config /r.toml parked`".into(),
+            "`outbox-relay --config /r.toml requeue --key TYPE/ID`".into(),
+        ]);
+        let text = r.to_string();
+        assert!(
+            text.contains("then `outbox-relay --config /r.toml requeue --event ID` for each"),
+            "{text}"
+        );
     }
 
     #[test]

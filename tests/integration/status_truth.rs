@@ -241,7 +241,10 @@ async fn dead_letters_in_the_stream_are_counted_with_the_newest_reason() {
         .find(|l| l.starts_with("warning[dead-letters]:"))
         .unwrap_or_else(|| panic!("{text}"));
     assert!(
-        line.contains("holds 2 dead letters") && line.contains("event dl-2"),
+        line.contains("holds 2 dead letters")
+            && line.contains("event dl-2")
+            && line.contains("requeue --event ID`")
+            && !line.contains("new id"),
         "{line}"
     );
 }

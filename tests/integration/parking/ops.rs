@@ -143,3 +143,43 @@ async fn status_and_verify_report_a_parked_key_until_it_is_requeued_or_discarded
         relay.stop().await.expect("clean stop");
     }
 }
+
+/// Before Postgres 17, `status` watched a slot no relay holds only when nothing else was wrong, so
+/// with a key parked a relay that had stopped was named by no problem: the parked key's advice
+/// (requeue) was all an operator read, and no relay ran to carry a requeue out. From 17 on the
+/// slot's `inactive_since` says how long (a warning within the grace period).
+#[tokio::test]
+async fn with_a_key_parked_a_stopped_relay_is_named_among_the_problems() {
+    let w = world(STRICT).await;
+    let settings = w.config.validate().expect("valid");
+    park_4711(&w).await.stop().await.expect("clean stop");
+    let slot = &settings.config().postgres.slot;
+    wait_for("the slot released", super::LIMIT, || async {
+        let active: bool = w
+            .client
+            .query_one(
+                "SELECT active FROM pg_replication_slots WHERE slot_name = $1",
+                &[slot],
+            )
+            .await
+            .expect("slot row")
+            .get(0);
+        !active
+    })
+    .await;
+    let version: String = w
+        .client
+        .query_one("SHOW server_version_num", &[])
+        .await
+        .expect("version")
+        .get(0);
+    let (s, v) = status(&settings).await;
+    assert_eq!(parked_problems(&s).len(), 1, "{:?}", s.problems());
+    assert_eq!(v["relay"]["state"], "not_running", "{v:#}");
+    let named = s.problems().iter().any(|p| {
+        p.starts_with(&format!("no relay holds slot {slot} ")) && p.contains("start `outbox-relay")
+    });
+    if version.parse::<u32>().is_ok_and(|n| n < 170000) {
+        assert!(named, "{:?}", s.problems());
+    }
+}

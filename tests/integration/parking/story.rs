@@ -1,7 +1,7 @@
 //! The claim 4711 story, a requeue after the fix, a discard, `max_parked_keys` reached, a key with a
 //! 20,000-byte id released through sql/09 (its marker fitting an 8 KiB `max_msg_size`), and a key
-//! with a line break parked again by a requeue, with
-//! the relay in-process.
+//! with a line break parked again by a requeue, a requeue still invalid keeping the key's
+//! parked-since time, with the relay in-process.
 
 use super::{
     FIXED, STRICT, approve, close, control, ids_on, insert, parking_subject, stored, world,
@@ -328,4 +328,33 @@ async fn huge_key_parked(s: &Scenario) -> String {
         "{all:#?}"
     );
     claim
+}
+
+/// A requeue while the poison is still invalid parks the key again behind the same poison: the
+/// key has been held since that event committed, not since the request. The copy parked again
+/// keeps the poison's commit time as `Outbox-Parked-Since`, which `parked`, `status` and the
+/// oldest-age gauge read (a failed attempt must not make a key look freshly parked).
+#[tokio::test]
+async fn a_requeue_still_invalid_keeps_the_keys_parked_since() {
+    let s = world(STRICT).await;
+    let client = &s.client;
+    let relay = s.relay().await;
+    approve(client, "4711", r#"{"claim": "x"}"#).await;
+    let first = stored(&s.nats, &s.config, 1).await;
+    let since = first[0].header("Outbox-Parked-Since").to_owned();
+    assert_eq!(since, first[0].header("Outbox-Commit-Time"), "{first:#?}");
+    control(client, "requeue", "4711", "r-1").await;
+    let all = stored(&s.nats, &s.config, 3).await;
+    let subject = parking_subject(&s.config, "4711");
+    assert_eq!(
+        ids_on(&all, &subject),
+        ["a-4711", "released:r-1", "a-4711"],
+        "{all:#?}"
+    );
+    assert_eq!(
+        all[2].header("Outbox-Parked-Since"),
+        since,
+        "parked again behind the same poison: {all:#?}"
+    );
+    relay.stop().await.expect("clean stop");
 }
