@@ -26,6 +26,8 @@ pub(crate) struct Limits {
     pub(crate) max_age: Option<Duration>,
     /// What can remove messages anywhere (and so at the head too).
     pub(crate) anywhere: Option<String>,
+    /// The stream allows per-message TTLs (`allow_msg_ttl`; setup allows them in park mode).
+    pub(crate) ttl: bool,
 }
 
 impl Limits {
@@ -59,7 +61,23 @@ impl Limits {
             by_count: words(by_count),
             max_age: (!c.max_age.is_zero()).then_some(c.max_age),
             anywhere: words(anywhere),
+            ttl: c.allow_message_ttl,
         }
+    }
+
+    /// Rows created before the time this returns (µs) may have had their message removed by
+    /// `max_age` *inside* the stream, not only at its head: with per-message TTLs allowed, a message
+    /// older than `max_age` stays at the head when it carries `Nats-TTL: never` (park mode's parked
+    /// copies and release markers do), while those stored after it age out. The same horizon as at
+    /// the head: `now - max_age`, and only in a stream created before it. `None` without TTLs or
+    /// `max_age`, or in a younger stream.
+    pub(crate) fn aged_inside_before(&self, created_unix_us: i64, now_unix_us: i64) -> Option<i64> {
+        if !self.ttl {
+            return None;
+        }
+        let max_age = i64::try_from(self.max_age?.as_micros()).unwrap_or(i64::MAX);
+        let horizon = now_unix_us.saturating_sub(max_age);
+        (created_unix_us < horizon).then_some(horizon)
     }
 
     /// What removes messages from the head whatever their age, if anything.
@@ -130,5 +148,36 @@ mod tests {
             Limits::of(&queue).explains_inside(),
             Some("retention workqueue")
         );
+    }
+
+    #[test]
+    fn with_ttls_allowed_max_age_explains_rows_gone_inside_the_stream_before_its_horizon() {
+        let day = Duration::from_secs(86_400);
+        let us = |d: Duration| d.as_micros() as i64;
+        let now = us(Duration::from_secs(100 * 86_400));
+        let parked = Config {
+            max_age: day,
+            allow_message_ttl: true,
+            ..Config::default()
+        };
+        let week_old = now - us(7 * day);
+        assert_eq!(
+            Limits::of(&parked).aged_inside_before(week_old, now),
+            Some(now - us(day))
+        );
+        // A stream younger than max_age has lost nothing to age.
+        let hour_old = now - us(Duration::from_secs(3_600));
+        assert_eq!(Limits::of(&parked).aged_inside_before(hour_old, now), None);
+        // Without TTLs, age removes from the head only (the head's own rule).
+        let plain = Config {
+            allow_message_ttl: false,
+            ..parked.clone()
+        };
+        assert_eq!(Limits::of(&plain).aged_inside_before(week_old, now), None);
+        let forever = Config {
+            max_age: Duration::ZERO,
+            ..parked
+        };
+        assert_eq!(Limits::of(&forever).aged_inside_before(week_old, now), None);
     }
 }

@@ -58,6 +58,9 @@ pub(super) struct Run<'a, P> {
     unusable_ids: u64,
     /// What explains the messages gone before the stream's first one.
     head: Option<Head>,
+    /// Rows created before this (µs) may have lost their message to `max_age` inside the stream
+    /// (per-message TTLs allowed: `StreamSide::aged_inside_before`).
+    aged_inside: Option<i64>,
     /// The runs of the parked keys the parked copies belong to.
     runs: ParkedRuns<'a>,
     report: VerifyReport,
@@ -89,6 +92,7 @@ impl<'a, P: FnMut(String)> Run<'a, P> {
             unproven_ids: Vec::new(),
             unusable_ids: 0,
             head: None,
+            aged_inside: None,
             runs,
             report: VerifyReport {
                 stream: n.stream.clone(),
@@ -130,6 +134,7 @@ impl<'a, P: FnMut(String)> Run<'a, P> {
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_micros() as i64);
         self.head = self.side.head_explained(self.opts.from_sequence, now);
+        self.aged_inside = self.side.aged_inside_before(now);
         Ok(())
     }
 
@@ -265,14 +270,16 @@ impl<'a, P: FnMut(String)> Run<'a, P> {
             return Ok(());
         }
         self.candidates.sort_unstable_by_key(|c| c.row.id);
-        // Rows created before the first message read, and (max_age) before its horizon.
-        let older_than = match &self.head {
+        // Rows created before the first message read, and (max_age) before its horizon; with
+        // per-message TTLs, also rows before max_age's horizon whose message went inside the stream.
+        let at_head = match &self.head {
             Some(h) => {
                 let first = first_time_us(&self.side.stream, self.scan.first_read).await;
                 Some(h.before.map_or(first, |b| first.min(b)))
             }
             None => None,
         };
+        let older_than = at_head.max(self.aged_inside);
         let before_backfill = match (&self.side.start, rows.table.has_created) {
             (Some(s), true) if s.selective() => Some(s.started_unix_us),
             _ => None,

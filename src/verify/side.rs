@@ -122,6 +122,14 @@ impl StreamSide {
         })
     }
 
+    /// Rows created before the time this returns (µs) may have lost their message to `max_age`
+    /// anywhere in the stream: with per-message TTLs allowed, a message that never expires can hold
+    /// the head while those after it age out ([`Limits::aged_inside_before`]).
+    pub(crate) fn aged_inside_before(&self, now_unix_us: i64) -> Option<i64> {
+        self.limits
+            .aged_inside_before(self.created_unix_us, now_unix_us)
+    }
+
     /// The stream's last sequence now.
     pub(crate) async fn last_sequence(&mut self) -> Result<u64, VerifyError> {
         let name = self.stream.cached_info().config.name.clone();
