@@ -64,6 +64,10 @@ SELECT format('DO %L', format('BEGIN RAISE EXCEPTION USING MESSAGE = %L; END',
 SELECT CASE WHEN :'relay_name' = '' THEN 'outbox-relay.control'
             ELSE 'outbox-relay.control.' || :'relay_name' END AS control_prefix \gset
 
+-- One transaction from here: a new function is executable by PUBLIC until the REVOKE below, and a run that
+-- fails part way must leave nothing (no role, no function) behind.
+BEGIN;
+
 SELECT format('CREATE ROLE %I NOLOGIN', :'operator_role')
  WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = :'operator_role') \gexec
 
@@ -153,3 +157,5 @@ SELECT DISTINCT format('GRANT EXECUTE ON FUNCTION %s TO %s', p.oid::regprocedure
    AND f.oid = format('%I.outbox_requeue(text, text)', :'requeue_schema')::regprocedure
    AND NOT (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.oid = f.proowner)
  ORDER BY 1 \gexec
+
+COMMIT;

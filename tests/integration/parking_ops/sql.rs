@@ -3,7 +3,8 @@
 //! grant (42501), and each function writes exactly one transactional logical message whose prefix
 //! and JSON content are the relay's control message, read back from a pgoutput slot with
 //! `messages 'true'` and decoded by the relay's own decoder. A relay's name makes the prefix, and
-//! values that look like SQL or JSON injection (quotes, line breaks) arrive as string data.
+//! values that look like SQL or JSON injection (quotes, line breaks) arrive as string data. The script
+//! installs in one transaction: a run failing part way leaves nothing behind.
 
 use outbox_relay::Lsn;
 use serde_json::json;
@@ -205,5 +206,26 @@ async fn a_relays_name_makes_the_prefix_and_injection_looking_values_arrive_as_d
     assert!(
         text.contains("relay_name 'Orders-2' must be a relay's name"),
         "{text}"
+    );
+}
+
+/// The script installs in one transaction: a run that fails part way leaves nothing behind, so no
+/// moment exists in which its functions are there but still executable by PUBLIC (a new function
+/// is, until the script's REVOKE). Shown by a run that fails at the functions (their schema does not
+/// exist) after the step that creates the operator role: the role must not be left either.
+#[tokio::test]
+async fn a_run_that_fails_part_way_leaves_nothing_installed() {
+    let db = TestDb::create(PgServer::shared()).await;
+    let failed = std::panic::catch_unwind(|| {
+        db.psql(&requeue_sql_with(&[
+            ("operator_role", "ops_half_installed"),
+            ("requeue_schema", "no_such_schema"),
+        ]))
+    });
+    assert!(failed.is_err(), "the functions' schema does not exist");
+    assert_eq!(
+        db.psql("SELECT count(*) FROM pg_roles WHERE rolname = 'ops_half_installed'"),
+        "0",
+        "the role created before the failing step was rolled back with it"
     );
 }
