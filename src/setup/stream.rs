@@ -298,20 +298,7 @@ pub(super) async fn add_parked(
             ),
         )
     };
-    let mut s = js
-        .get_stream(&n.stream)
-        .await
-        .map_err(|e| refused(e.to_string()))?;
-    let mut config = s
-        .info()
-        .await
-        .map_err(|e| refused(e.to_string()))?
-        .config
-        .clone();
-    config.subjects.push(filter.clone());
-    js.update_stream(config)
-        .await
-        .map_err(|e| refused(e.to_string()))?;
+    edit(js, &n.stream, |c| c.subjects.push(filter.clone()), refused).await?;
     Ok(format!(
         "stream {}: subject {filter} added (outbox.on_invalid = \"park\": the parking subjects)",
         n.stream
@@ -348,8 +335,23 @@ pub(super) async fn allow_ttl(
             ),
         )
     };
+    edit(js, &n.stream, |c| c.allow_message_ttl = true, refused).await?;
+    Ok(format!(
+        "stream {}: per-message TTL allowed ({TTL_WHY})",
+        n.stream
+    ))
+}
+
+/// Reads the stream's configuration, applies `change` and updates the stream; any failure is
+/// `refused` with the server's words.
+async fn edit(
+    js: &jetstream::Context,
+    stream: &str,
+    change: impl FnOnce(&mut jetstream::stream::Config),
+    refused: impl Fn(String) -> SetupError,
+) -> Result<(), SetupError> {
     let mut s = js
-        .get_stream(&n.stream)
+        .get_stream(stream)
         .await
         .map_err(|e| refused(e.to_string()))?;
     let mut config = s
@@ -358,14 +360,11 @@ pub(super) async fn allow_ttl(
         .map_err(|e| refused(e.to_string()))?
         .config
         .clone();
-    config.allow_message_ttl = true;
+    change(&mut config);
     js.update_stream(config)
         .await
         .map_err(|e| refused(e.to_string()))?;
-    Ok(format!(
-        "stream {}: per-message TTL allowed ({TTL_WHY})",
-        n.stream
-    ))
+    Ok(())
 }
 
 /// Creates the stream.

@@ -10,12 +10,9 @@ use serde_json::Value;
 use super::{STRICT, approve, close, ids_on, insert, parking_subject};
 use crate::support::{Scenario, run_command, wait_for};
 
-/// A key parked longer than the stream's `max_age`: its parked events must not age out of the
-/// stream (they are the only record of them, the slot is past them), and after a restart the
-/// key's next event still waits behind its poison.
-#[tokio::test]
-async fn a_key_parked_longer_than_max_age_stays_parked_across_a_restart() {
-    let s = Scenario::builder()
+/// A park-mode world whose stream removes messages after 2 s (`max_age`).
+async fn aging_world() -> Scenario {
+    Scenario::builder()
         .text_ids()
         .schema("ClaimApproved", STRICT)
         .park()
@@ -24,7 +21,15 @@ async fn a_key_parked_longer_than_max_age_stays_parked_across_a_restart() {
             c.nats.duplicate_window_secs = 1;
         })
         .start()
-        .await;
+        .await
+}
+
+/// A key parked longer than the stream's `max_age`: its parked events must not age out of the
+/// stream (they are the only record of them, the slot is past them), and after a restart the
+/// key's next event still waits behind its poison.
+#[tokio::test]
+async fn a_key_parked_longer_than_max_age_stays_parked_across_a_restart() {
+    let s = aging_world().await;
     let relay = s.relay().await;
     insert(
         &s.client,
@@ -67,16 +72,7 @@ async fn a_key_parked_longer_than_max_age_stays_parked_across_a_restart() {
 /// event was lost).
 #[tokio::test]
 async fn verify_calls_an_event_aged_out_behind_a_parked_copy_older_than_the_stream() {
-    let s = Scenario::builder()
-        .text_ids()
-        .schema("ClaimApproved", STRICT)
-        .park()
-        .config(|c| {
-            c.nats.max_age_secs = 2;
-            c.nats.duplicate_window_secs = 1;
-        })
-        .start()
-        .await;
+    let s = aging_world().await;
     let relay = s.relay().await;
     approve(&s.client, "4711", r#"{"claim": "x"}"#).await;
     approve(&s.client, "4712", r#"{"claim": 4712}"#).await;

@@ -141,12 +141,7 @@ async fn a_dead_letter_requeued_after_the_fix_arrives_on_its_subject_with_its_ow
 async fn kill_9_right_after_the_requeue_commits_still_republishes_the_dead_letter_once() {
     let s = world(STRICT).await;
     let client = &s.client;
-    let mut relay = s.run_binary();
-    s.wait_slot_made().await;
-    approve(client, "4711", r#"{"claim": "4711"}"#).await;
-    stored(&s.nats, &s.config, 1).await;
-    s.write_schema("ClaimApproved", FIXED);
-    stop(&mut relay, "KILL");
+    dead_lettered_then_fixed(&s, "KILL").await;
     let mut relay = s.run_binary();
     requeue_event(client, "a-4711", "r-9").await;
     stop(&mut relay, "KILL");
@@ -182,12 +177,7 @@ async fn with_atomic_transactions_a_requeue_after_an_event_of_its_transaction_is
         .start()
         .await;
     let client = &s.client;
-    let mut relay = s.run_binary();
-    s.wait_slot_made().await;
-    approve(client, "4711", r#"{"claim": "4711"}"#).await;
-    stored(&s.nats, &s.config, 1).await;
-    s.write_schema("ClaimApproved", FIXED);
-    stop(&mut relay, "TERM");
+    dead_lettered_then_fixed(&s, "TERM").await;
     let mut relay = s.run_binary();
     let body = serde_json::json!({"op": "requeue_event", "event_id": "a-4711", "request": "r-a"});
     client
@@ -214,4 +204,15 @@ async fn with_atomic_transactions_a_requeue_after_an_event_of_its_transaction_is
         relay.stderr()
     );
     stop(&mut relay, "TERM");
+}
+
+/// Runs the relay until claim 4711's approval, which breaks the schema, is a dead letter, then
+/// fixes the schema and stops the relay with `signal`.
+async fn dead_lettered_then_fixed(s: &Scenario, signal: &str) {
+    let mut relay = s.run_binary();
+    s.wait_slot_made().await;
+    approve(&s.client, "4711", r#"{"claim": "4711"}"#).await;
+    stored(&s.nats, &s.config, 1).await;
+    s.write_schema("ClaimApproved", FIXED);
+    stop(&mut relay, signal);
 }
