@@ -72,9 +72,14 @@ impl Limits {
     /// the head: `now - max_age`, and only in a stream created before it. `None` without TTLs or
     /// `max_age`, or in a younger stream.
     pub(crate) fn aged_inside_before(&self, created_unix_us: i64, now_unix_us: i64) -> Option<i64> {
-        if !self.ttl {
-            return None;
-        }
+        self.ttl
+            .then(|| self.age_horizon(created_unix_us, now_unix_us))
+            .flatten()
+    }
+
+    /// `now - max_age` (µs), before which `max_age` may have removed messages, for a stream created
+    /// before it; `None` without `max_age` or in a younger stream.
+    pub(crate) fn age_horizon(&self, created_unix_us: i64, now_unix_us: i64) -> Option<i64> {
         let max_age = i64::try_from(self.max_age?.as_micros()).unwrap_or(i64::MAX);
         let horizon = now_unix_us.saturating_sub(max_age);
         (created_unix_us < horizon).then_some(horizon)

@@ -90,10 +90,10 @@ pub struct VerifyReport {
     pub proven_up_to: Proven,
     /// Why part of the check could not run at all (NATS unreachable): exit 2 with this line.
     pub not_checked: Option<String>,
-    /// `outbox-relay parked` and `outbox-relay requeue --key TYPE/ID` as `verify`'s settings print
-    /// them (`Settings::command`: its `--config` and variables), for the recoveries that name them
-    /// (`requeue --event ID` is the second with its arguments swapped); `None`: the plain words.
-    pub commands: Option<[String; 2]>,
+    /// `outbox-relay parked`, `outbox-relay requeue --key TYPE/ID` and `outbox-relay requeue --event
+    /// ID` as `verify`'s settings print them (`Settings::command`: its `--config` and variables), for
+    /// the recoveries that name them; `None`: the plain words.
+    pub commands: Option<[String; 3]>,
 }
 
 impl VerifyReport {
@@ -266,12 +266,9 @@ impl VerifyReport {
     fn recovery(&self, c: Class) -> String {
         let text = c.recovery();
         match &self.commands {
-            Some([parked, requeue]) => text
-                .replace(
-                    "outbox-relay requeue --event ID",
-                    &requeue.replace("requeue --key TYPE/ID", "requeue --event ID"),
-                )
-                .replace("outbox-relay requeue --key TYPE/ID", requeue)
+            Some([parked, requeue_key, requeue_event]) => text
+                .replace("outbox-relay requeue --event ID", requeue_event)
+                .replace("outbox-relay requeue --key TYPE/ID", requeue_key)
                 .replace("outbox-relay parked", parked),
             None => text.to_owned(),
         }
@@ -403,6 +400,7 @@ mod tests {
         r.commands = Some([
             "`outbox-relay --config /r.toml parked`".into(),
             "`outbox-relay --config /r.toml requeue --key TYPE/ID`".into(),
+            "`outbox-relay --config /r.toml requeue --event ID`".into(),
         ]);
         let text = r.to_string();
         assert!(
@@ -423,6 +421,7 @@ mod tests {
         r.commands = Some([
             "`outbox-relay --config /r.toml parked`".into(),
             "`outbox-relay --config /r.toml requeue --key TYPE/ID`".into(),
+            "`outbox-relay --config /r.toml requeue --event ID`".into(),
         ]);
         let text = r.to_string();
         for r in [r.to_json()["recoveries"]["parked"].to_string(), text] {

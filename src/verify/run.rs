@@ -100,6 +100,7 @@ impl<'a, P: FnMut(String)> Run<'a, P> {
                 commands: Some([
                     settings.command("parked"),
                     settings.command("requeue --key TYPE/ID"),
+                    settings.command("requeue --event ID"),
                 ]),
                 ..VerifyReport::default()
             },

@@ -114,9 +114,8 @@ impl StreamSide {
             return any(why);
         }
         let max_age = self.limits.max_age?;
-        let horizon =
-            now_unix_us.saturating_sub(i64::try_from(max_age.as_micros()).unwrap_or(i64::MAX));
-        (self.created_unix_us < horizon).then(|| Head {
+        let horizon = self.limits.age_horizon(self.created_unix_us, now_unix_us)?;
+        Some(Head {
             why: format!("max_age {}s", max_age.as_secs()),
             before: Some(horizon),
         })
